@@ -1,0 +1,268 @@
+"""Config loading: `load_config("configs/<data>/<model>.py:arg", overrides)`.
+
+A config file defines `get_config(arg=None)` returning an ml_collections ConfigDict built on
+`base_config()`. Overrides are `key=value` strings with dotted keys, parsed with the type of the
+existing field; unknown keys, wrong types and inconsistent values raise `ConfigError` with one
+sentence, before anything is built or compiled.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import pathlib
+from collections.abc import Iterable, Sequence
+
+import ml_collections
+
+from lra_core.errors import ConfigError
+
+TASKS = ("lm", "mlm", "classify", "retrieval", "image_ar", "diffusion")
+DTYPES = ("float32", "bfloat16", "float16")
+MESH_AXES = ("data", "fsdp", "tensor")
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Logical axis name -> mesh axes. Parameters carry logical names (see models/layers.py);
+# these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
+# over `fsdp` and Megatron-style splitting of heads / MLP width / vocabulary over `tensor`.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("length", None),
+    ("head_dim", None),
+)
+
+
+def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+                optim: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """The fields every experiment has; config files fill in model, data and sizes."""
+  from lra_core import optim as optim_lib  # local: optim imports nothing from here
+
+  c = ml_collections.ConfigDict()
+  c.task = task
+  c.model = model
+  c.data = data
+  with c.data.unlocked():
+    if "num_threads" not in c.data:
+      c.data.num_threads = 2  # host threads reading and batching examples
+    if "prefetch" not in c.data:
+      c.data.prefetch = 4     # batches read ahead of the train step
+  c.train = ml_collections.ConfigDict(dict(
+      steps=1000,
+      batch_size=32,          # global batch, in sequences
+      eval_batch_size=0,      # 0 -> batch_size
+      seq_len=512,
+      update_len=0,           # lm: optimizer step per window of this many tokens; 0 -> seq_len
+      grad_accum_steps=1,     # micro-batches per optimizer step
+      seed=0,
+      log_every=50,
+      eval_every=500,         # 0 -> only at the end
+      eval_batches=0,         # 0 -> the whole validation split
+      checkpoint_every=500,   # 0 -> only at the end
+      keep_checkpoints=3,
+      test_at_end=True,       # evaluate the test split after the last step
+      nan_check=True,         # stop at the first non-finite loss / gradient / parameter
+  ))
+  c.optim = optim if optim is not None else optim_lib.default_config()
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.sharding = ml_collections.ConfigDict(dict(rules=DEFAULT_RULES))
+  c.mlm = ml_collections.ConfigDict(dict(
+      mask_rate=0.15,         # BERT: 15% of tokens are predicted ...
+      replace_mask=0.8,       # ... of which 80% become [MASK],
+      replace_random=0.1,     # 10% a random token, the rest stay unchanged
+      mask_id=-1,             # -1 -> model.vocab_size - 1
+  ))
+  return c
+
+
+def tiny_train(config: ml_collections.ConfigDict, seq_len: int) -> None:
+  """The `tiny` training settings: a few steps on short sequences, one device, seconds on a CPU."""
+  config.train.update(dict(steps=4, batch_size=8, seq_len=seq_len, log_every=2, eval_every=0,
+                           eval_batches=2, checkpoint_every=0))
+  config.optim.warmup_steps = min(config.optim.warmup_steps, 2)
+  config.mesh.data = 1
+
+
+def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
+  """Splits a config arg like 'tiny,plus' into parts, each of which must be in `allowed`."""
+  parts = {p for p in (arg or "").split(",") if p}
+  unknown = parts - set(allowed)
+  if unknown:
+    raise ConfigError(f"config arg {sorted(unknown)[0]!r} is not known; expected a comma-separated "
+                      f"subset of {list(allowed)}.")
+  return parts
+
+
+def resolve_path(path: str) -> pathlib.Path:
+  """A config path as given, else relative to the project root (so it works from any cwd)."""
+  p = pathlib.Path(path).expanduser()
+  if p.exists() or p.is_absolute():
+    return p
+  return PROJECT_ROOT / p
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+  path, sep, arg = spec.rpartition(":")
+  if sep and path.endswith(".py"):
+    return path, arg
+  return spec, None
+
+
+def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
+  """Loads `path[:arg]`, applies `key=value` overrides, validates, and returns a locked config."""
+  path, arg = split_spec(spec)
+  file = resolve_path(path)
+  if not file.is_file():
+    raise ConfigError(f"config file {path!r} does not exist.")
+  module_name = "lra_core_config_" + hashlib.md5(str(file).encode()).hexdigest()[:12]
+  module_spec = importlib.util.spec_from_file_location(module_name, file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config file {path!r} defines no get_config(arg).")
+  config = module.get_config(arg) if arg is not None else module.get_config()
+  config = ml_collections.ConfigDict(config)  # a copy: never mutate what the file returned
+  apply_overrides(config, overrides)
+  validate(config)
+  config.lock()
+  return config
+
+
+def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for k, v in config.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      keys += flat_keys(v, prefix + k + ".")
+    else:
+      keys.append(prefix + k)
+  return keys
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
+  for item in overrides:
+    key, sep, text = item.partition("=")
+    key = key.strip().removeprefix("--config.").removeprefix("config.")
+    if not sep or not key:
+      raise ConfigError(f"override {item!r} is not of the form key=value.")
+    *parents, leaf = key.split(".")
+    node = config
+    for i, name in enumerate(parents + [leaf]):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        close = difflib.get_close_matches(key, flat_keys(config), n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}" if close else ""
+        raise ConfigError(f"unknown config key {key!r}{hint}.")
+      if i < len(parents):
+        node = node[name]
+    current = node[leaf]
+    if isinstance(current, ml_collections.ConfigDict):
+      raise ConfigError(f"config key {key!r} is a section; set one of its fields instead.")
+    with node.unlocked():
+      node[leaf] = parse_value(key, text, current)
+
+
+def parse_value(key: str, text: str, current):
+  """Parses `text` with the type of the field's current value."""
+  text = text.strip()
+  kind = type(current)
+  try:
+    if isinstance(current, bool):
+      lowered = text.lower()
+      if lowered in ("true", "1", "yes"):
+        return True
+      if lowered in ("false", "0", "no"):
+        return False
+      raise ValueError
+    if isinstance(current, int):
+      return int(text.replace("_", ""))
+    if isinstance(current, float):
+      return float(text)
+    if isinstance(current, str):
+      if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+      return text
+    value = ast.literal_eval(text)
+    if isinstance(current, (tuple, list)):
+      if not isinstance(value, (tuple, list)):
+        value = (value,)
+      return kind(value)
+    return value
+  except (ValueError, SyntaxError):
+    article = "an" if kind.__name__[0] in "aeiou" else "a"
+    raise ConfigError(f"config key {key!r} expects {article} {kind.__name__}, got {text!r}.") from None
+
+
+def _positive(config, *keys: str) -> None:
+  for key in keys:
+    section, name = key.split(".")
+    value = config[section][name]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+
+
+@functools.cache
+def _model_names() -> tuple[str, ...]:
+  models_dir = PROJECT_ROOT / "models"
+  return tuple(sorted(p.stem for p in models_dir.glob("*.py") if not p.stem.startswith("_")))
+
+
+def model_module(name: str):
+  """The module `models/<name>.py`, which must define `Model`."""
+  if not isinstance(name, str) or name not in _model_names():
+    raise ConfigError(f"model.name {name!r} is not a module in models/; "
+                      f"available: {list(_model_names())}.")
+  module = importlib.import_module(f"models.{name}")
+  if not hasattr(module, "Model"):
+    raise ConfigError(f"models/{name}.py defines no Model class.")
+  return module
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Cross-field checks shared by all configs, then the optimizer's and the model's."""
+  from lra_core import optim as optim_lib
+  from lra_core import data as data_lib
+
+  for section in ("model", "data", "train", "optim", "mesh"):
+    if section not in config:
+      raise ConfigError(f"config has no {section!r} section; build it with lra_core.config.base_config.")
+  if config.task not in TASKS:
+    raise ConfigError(f"task {config.task!r} is not one of {TASKS}.")
+  _positive(config, "train.steps", "train.batch_size", "train.seq_len", "train.grad_accum_steps",
+            "train.keep_checkpoints", "train.log_every")
+  train = config.train
+  for key in ("eval_every", "eval_batches", "checkpoint_every", "eval_batch_size", "update_len"):
+    if train[key] < 0:
+      raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
+  if train.batch_size % train.grad_accum_steps:
+    raise ConfigError(f"train.batch_size {train.batch_size} is not a multiple of "
+                      f"train.grad_accum_steps {train.grad_accum_steps}.")
+  if train.update_len:
+    if config.task not in ("lm", "image_ar"):
+      raise ConfigError(f"train.update_len applies to autoregressive tasks only, not task {config.task!r}.")
+    if train.seq_len % train.update_len:
+      raise ConfigError(f"train.seq_len {train.seq_len} is not a multiple of train.update_len "
+                        f"{train.update_len}.")
+  for axis in MESH_AXES:
+    size = config.mesh.get(axis)
+    if not isinstance(size, int) or (size < 1 and size != -1):
+      raise ConfigError(f"mesh.{axis} must be a positive integer or -1 (all remaining devices), "
+                        f"got {size!r}.")
+  if list(config.mesh.values()).count(-1) > 1:
+    raise ConfigError("at most one mesh axis may be -1.")
+  if config.model.get("dtype", "float32") not in DTYPES:
+    raise ConfigError(f"model.dtype {config.model.dtype!r} is not one of {DTYPES}.")
+
+  optim_lib.validate_config(config)
+  # Only the name here: the dataset's own checks look at files, which a config that is loaded
+  # to count parameters or to build a model need not have; the trainer runs them before compiling.
+  data_lib.dataset_module(config.data.name)
+  module = model_module(config.model.get("name"))
+  if hasattr(module, "validate_config"):
+    module.validate_config(config)

@@ -1,0 +1,25 @@
+"""Error types for mistakes a user can fix: each carries one sentence that names the bad value.
+
+Everything the framework raises on bad input derives from `UserError`, so callers (and the
+property tests) can tell a clear refusal from a bug.
+"""
+
+
+class UserError(Exception):
+  """Base class: bad input, stated in one sentence."""
+
+
+class ConfigError(UserError, ValueError):
+  """A config key, type or value is wrong or inconsistent with another."""
+
+
+class DataError(UserError, ValueError):
+  """A dataset is missing, empty, corrupt or does not match the config."""
+
+
+class CheckpointError(UserError, RuntimeError):
+  """A checkpoint is missing, incomplete or does not match the model."""
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+  """A loss, gradient or parameter became NaN or Inf."""

@@ -1,0 +1,17 @@
+"""Models are looked up by name: `config.model.name` -> `models/<name>.py`, class `Model`.
+
+Adding an architecture is one file in models/ (a `Model(config, *, rngs)` nnx.Module, and
+optionally `validate_config(config)`) plus configs; the trainer needs no edit.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from lra_core.config import model_module
+
+
+def build_model(config, seed: int = 0) -> nnx.Module:
+  """A freshly initialised model for `config` (parameters float32, from `seed`)."""
+  module = model_module(config.model.name)
+  return module.Model(config, rngs=nnx.Rngs(params=seed))
