@@ -1,0 +1,388 @@
+"""Optimizers and learning-rate schedules built from `config.optim` (optax).
+
+One main recipe (optimizer + schedule + decoupled weight decay + clipping) applies to every
+parameter, except those claimed by a parameter group (`groups`), which get their own transform.
+
+Settings from the papers (set them in config files; cite the table there too):
+
+* Transformer-VQ (Lingle 2024, appendix C.1-C.2, Table 10): AdamW b1 0.9, b2 0.98,
+  eps 1e-9, global-norm clip 0.1, lr 4e-4 (enwik8, ImageNet64 190M), weight decay 2e-4 on
+  enwik8 and 0 elsewhere, not applied to 1-D tensors and on a constant schedule
+  (`weight_decay_schedule='constant'`); Adafactor with relative step sizes, update clip 1.0,
+  lr 0.01, beta1 0 (`momentum=0`), beta2_t = 1 - t^-0.8 (`decay_rate=0.8`) for PG-19 and
+  ImageNet64 1.2B; linear warmup 10k steps, then cosine decay to 0.1x (`min_lr_ratio=0.1`);
+  total steps 125k / 500k (Table 10). Codebooks (`c_sum`, `c_count`) are moved by SGD with
+  lr 1 on "gradients" that equal p - EMA target: a group
+  `{'name': 'codebook', 'pattern': r'(^|/)c_(sum|count)$', 'optimizer': 'sgd', 'lr': 1.0}`.
+* Long Range Arena (Tay et al. 2021, appendix; public configs): Adam b1 0.9, b2 0.98,
+  eps 1e-9 with decoupled weight decay scaled by the learning rate
+  (`weight_decay_schedule='lr'`), schedule constant * linear_warmup * rsqrt_decay
+  (`schedule='rsqrt'`: `lr` is the constant factor, not the peak).
+
+Conventions:
+
+* 'adam' is an alias of 'adamw': both apply decoupled weight decay, so weight_decay 0 gives
+  plain Adam.
+* Weight decay never touches parameters with ndim < 2 (biases, norm scales, scalars).
+  `weight_decay_schedule='lr'` subtracts lr(t) * wd * p (optax adamw, LRA);
+  'constant' subtracts wd * p every step whatever the learning rate (Transformer-VQ).
+* Groups: each is a dict with 'name', 'pattern' (regex searched in the '/'-joined parameter
+  path, see `param_paths`), 'optimizer' ('sgd' | 'adamw' | 'adam' | 'adafactor' | 'none' =
+  frozen) and 'lr' (not needed for 'none'); optional keys are listed in `GROUP_DEFAULTS` and
+  `GROUP_INHERITED`. The first group whose pattern matches a path claims it; a group that
+  matches no parameter is an error. Unlike the main recipe, a group defaults to a constant
+  lr with no warmup, no weight decay and no momentum, because groups exist mostly for
+  parameters that are not trained by the loss (EMA codebooks, frozen tables).
+* Clipping (`clip_norm`) applies to the main group only, and its global norm is taken over the
+  main group's gradients only: group transforms see raw updates, so codebook EMA deltas are
+  never clipped and never inflate the norm that clips the rest.
+"""
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from lra_core.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
+GROUP_OPTIMIZERS = OPTIMIZERS + ("none",)
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+WEIGHT_DECAY_SCHEDULES = ("lr", "constant")
+MAIN_LABEL = "main"
+
+# Group keys that do NOT fall back to the main settings when left out.
+GROUP_DEFAULTS = {
+    "schedule": "constant",
+    "warmup_steps": 0,
+    "decay_steps": 0,
+    "min_lr_ratio": 0.0,
+    "weight_decay": 0.0,
+    "weight_decay_schedule": "lr",
+    "momentum": 0.0,
+}
+# Optimizer internals a group shares with the main settings unless it names them.
+GROUP_INHERITED = ("b1", "b2", "eps", "factored", "min_dim_size_to_factor", "decay_rate",
+                   "clipping_threshold", "multiply_by_parameter_scale", "factored_eps")
+_GROUP_REQUIRED = ("name", "pattern", "optimizer")
+_GROUP_KEYS = frozenset(_GROUP_REQUIRED + ("lr",) + tuple(GROUP_DEFAULTS) + GROUP_INHERITED)
+
+# key: (low, low_inclusive, high, high_inclusive); None means unbounded.
+_RANGES = {
+    "lr": (0.0, True, None, False),
+    "warmup_steps": (0, True, None, False),
+    "decay_steps": (0, True, None, False),
+    "min_lr_ratio": (0.0, True, 1.0, True),
+    "b1": (0.0, True, 1.0, False),
+    "b2": (0.0, True, 1.0, False),
+    "eps": (0.0, True, None, False),
+    "weight_decay": (0.0, True, None, False),
+    "clip_norm": (0.0, True, None, False),
+    "momentum": (0.0, True, 1.0, False),
+    "min_dim_size_to_factor": (1, True, None, False),
+    "decay_rate": (0.0, False, 1.0, True),
+    "clipping_threshold": (0.0, True, None, False),
+    "factored_eps": (0.0, True, None, False),
+}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `config.optim` section; every field has a concrete type for overrides."""
+  c = ml_collections.ConfigDict()
+  c.name = "adamw"  # 'adamw' | 'adam' (alias) | 'adafactor' | 'sgd'
+  c.lr = 1e-3  # peak lr; for schedule 'rsqrt' the constant factor
+  c.schedule = "cosine"  # 'cosine' | 'linear' | 'constant' | 'rsqrt'
+  c.warmup_steps = 0  # linear warmup from 0
+  c.decay_steps = 0  # step where cosine/linear reach the floor; 0 -> train.steps
+  c.min_lr_ratio = 0.0  # floor of cosine/linear decay, as a fraction of lr
+  c.b1 = 0.9  # Adam
+  c.b2 = 0.98
+  c.eps = 1e-9
+  c.weight_decay = 0.0  # decoupled; never on params with ndim < 2
+  c.weight_decay_schedule = "lr"  # 'lr': lr(t) * wd * p; 'constant': wd * p
+  c.clip_norm = 0.0  # global-norm clipping of the main group; 0 disables
+  c.momentum = 0.0  # SGD heavy ball / Adafactor first moment; 0 = none
+  # Adafactor (Shazeer & Stern 2018).
+  c.factored = True  # factored second moments for matrices
+  c.min_dim_size_to_factor = 128  # smaller matrices keep a full second moment
+  c.decay_rate = 0.8  # beta2_t = 1 - t^-decay_rate
+  c.clipping_threshold = 1.0  # update clipping by block RMS; 0 disables
+  c.multiply_by_parameter_scale = True  # relative step sizes
+  c.factored_eps = 1e-30  # added to squared gradients
+  c.groups = ()  # tuple of group dicts; see the module docstring
+  return c
+
+
+def param_paths(params: Any) -> Any:
+  """Returns a pytree like `params` whose leaves are '/'-joined key paths ('layers/0/q')."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: _join_path(path), params)
+
+
+def _join_path(path: tuple[Any, ...]) -> str:
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      parts.append(k.name)
+    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+      parts.append(str(k.key))
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError (one sentence) for a bad `config.optim` or `config.train.steps`."""
+  total_steps = _total_steps(config)
+  main = _main_settings(config.optim)
+  _check_settings("optim", "name", main, OPTIMIZERS, total_steps)
+  groups = config.optim.groups
+  if not isinstance(groups, (tuple, list)):
+    raise ConfigError(f"optim.groups {groups!r} is not a tuple; expected a tuple of dicts.")
+  names = set()
+  for i, group in enumerate(groups):
+    where = f"optim.groups[{i}]"
+    settings = _group_settings(main, group, where)
+    if settings["name"] in names or settings["name"] == MAIN_LABEL:
+      raise ConfigError(f"{where} name {settings['name']!r} is reserved or already used; "
+                        f"expected a unique name other than {MAIN_LABEL!r}.")
+    names.add(settings["name"])
+    _check_settings(where, "optimizer", settings, GROUP_OPTIMIZERS, total_steps)
+
+
+def _total_steps(config: ml_collections.ConfigDict) -> int:
+  steps = config.train.steps
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise ConfigError(f"train.steps {steps!r} is not a positive integer; expected >= 1.")
+  return steps
+
+
+def _main_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+  d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  d.pop("groups", None)
+  # Same key as in groups, where 'name' is the group's name.
+  d["optimizer"] = d.pop("name")
+  return d
+
+
+def _group_settings(main: Mapping[str, Any], group: Any, where: str) -> dict[str, Any]:
+  """Resolves a group dict against GROUP_DEFAULTS and the main settings."""
+  if not isinstance(group, Mapping) and not hasattr(group, "to_dict"):
+    raise ConfigError(f"{where} {group!r} is not a dict; expected a dict with keys "
+                      f"{', '.join(_GROUP_REQUIRED)} and lr.")
+  group = dict(group.to_dict() if hasattr(group, "to_dict") else group)
+  for key in group:
+    if key not in _GROUP_KEYS:
+      raise ConfigError(f"{where} key {key!r} is not a group setting; expected one of "
+                        f"{', '.join(sorted(_GROUP_KEYS))} (clip_norm applies to the main "
+                        "group only).")
+  for key in _GROUP_REQUIRED:
+    if key not in group:
+      raise ConfigError(f"{where} {group!r} has no {key!r}; expected keys "
+                        f"{', '.join(_GROUP_REQUIRED)}.")
+  if group["optimizer"] != "none" and "lr" not in group:
+    raise ConfigError(f"{where} ({group['name']!r}) has no lr; expected an lr for optimizer "
+                      f"{group['optimizer']!r}.")
+  settings = {k: main[k] for k in GROUP_INHERITED}
+  settings.update(GROUP_DEFAULTS)
+  settings["lr"] = 0.0
+  settings.update(group)
+  for key in ("name", "pattern"):
+    if not isinstance(settings[key], str) or not settings[key]:
+      raise ConfigError(f"{where} {key} {settings[key]!r} is not a non-empty string; expected "
+                        "a string.")
+  try:
+    re.compile(settings["pattern"])
+  except re.error as e:
+    raise ConfigError(f"{where} pattern {settings['pattern']!r} is not a valid regular "
+                      f"expression ({e}); expected a Python regex.") from None
+  return settings
+
+
+def _check_settings(where: str, opt_key: str, s: Mapping[str, Any],
+                    optimizers: tuple[str, ...], total_steps: int) -> None:
+  """Checks one resolved set of settings; `opt_key` names the optimizer key in messages."""
+  _check_choice(where, opt_key, s["optimizer"], optimizers)
+  _check_choice(where, "schedule", s["schedule"], SCHEDULES)
+  _check_choice(where, "weight_decay_schedule", s["weight_decay_schedule"],
+                WEIGHT_DECAY_SCHEDULES)
+  defaults = default_config()
+  for key in _RANGES:
+    if key not in s:  # clip_norm exists in the main settings only
+      continue
+    _check_type(where, key, s[key], type(defaults[key]))
+    _check_range(where, key, s[key])
+  for key in ("factored", "multiply_by_parameter_scale"):
+    _check_type(where, key, s[key], bool)
+  warmup, schedule = s["warmup_steps"], s["schedule"]
+  if schedule in ("cosine", "linear"):
+    horizon = s["decay_steps"] or total_steps
+    if warmup > horizon:
+      raise ConfigError(f"{where}.warmup_steps {warmup} exceeds the {schedule} decay horizon "
+                        f"{horizon} (decay_steps, or train.steps when it is 0); expected "
+                        f"warmup_steps <= {horizon}.")
+  if schedule == "rsqrt" and warmup < 1:
+    raise ConfigError(f"{where}.warmup_steps {warmup} is not positive; schedule rsqrt "
+                      "expected warmup_steps >= 1.")
+
+
+def _check_choice(where: str, key: str, value: Any, choices: tuple[str, ...]) -> None:
+  if value not in choices:
+    raise ConfigError(f"{where}.{key} {value!r} is unknown; expected one of "
+                      f"{', '.join(repr(c) for c in choices)}.")
+
+
+def _check_type(where: str, key: str, value: Any, expected: type) -> None:
+  ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+  if expected is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if not ok:
+    raise ConfigError(f"{where}.{key} {value!r} has type {type(value).__name__}; expected "
+                      f"{expected.__name__}.")
+
+
+def _check_range(where: str, key: str, value: float) -> None:
+  lo, lo_incl, hi, hi_incl = _RANGES[key]
+  bad = (not math.isfinite(value) or value < lo or (value == lo and not lo_incl)
+         or (hi is not None and (value > hi or (value == hi and not hi_incl))))
+  if bad:
+    lo_s = f"{'[' if lo_incl else '('}{lo}"
+    hi_s = f"{hi}{']' if hi_incl else ')'}" if hi is not None else "inf)"
+    raise ConfigError(f"{where}.{key} {value!r} is out of range; expected a value in "
+                      f"{lo_s}, {hi_s}.")
+
+
+# ------------------------------------------------------------------------------- schedules
+
+
+def make_schedule(cfg_optim: Any, total_steps: int) -> optax.Schedule:
+  """Learning rate at each step for the main settings of `cfg_optim` (the optim section)."""
+  return _schedule(_main_settings(cfg_optim), total_steps)
+
+
+def _schedule(s: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Builds lr(step) from resolved settings; step 0 gives 0 under warmup, never NaN."""
+  lr, kind = float(s["lr"]), s["schedule"]
+  warmup = int(s["warmup_steps"])
+  horizon = int(s["decay_steps"]) or int(total_steps)
+  floor = float(s["min_lr_ratio"])
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    # warmup 0 means no warmup: the ratio is 1 from step 0.
+    warm = jnp.minimum(1.0, step / warmup) if warmup > 0 else jnp.float32(1.0)
+    if kind == "constant":
+      return lr * warm
+    if kind == "rsqrt":
+      return lr * warm * jax.lax.rsqrt(jnp.maximum(step, float(warmup)))
+    # max(.., 1) keeps the division finite when warmup fills the whole horizon.
+    frac = jnp.clip((step - warmup) / max(horizon - warmup, 1), 0.0, 1.0)
+    if kind == "cosine":
+      decay = 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+    else:
+      decay = 1.0 - frac
+    return lr * warm * (floor + (1.0 - floor) * decay)
+
+  return schedule
+
+
+# ------------------------------------------------------------------------------ optimizers
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns the transform for `config.optim` and the main group's lr schedule (for logging).
+
+  Params are a nested dict of arrays; groups are told apart by their '/'-joined paths.
+  """
+  validate_config(config)
+  total_steps = _total_steps(config)
+  main = _main_settings(config.optim)
+  main_schedule = _schedule(main, total_steps)
+  main_tx = _transform(main, main_schedule)
+  if main["clip_norm"] > 0:
+    main_tx = optax.chain(optax.clip_by_global_norm(main["clip_norm"]), main_tx)
+  groups = [_group_settings(main, g, f"optim.groups[{i}]")
+            for i, g in enumerate(config.optim.groups)]
+  if not groups:
+    return main_tx, main_schedule
+  transforms = {MAIN_LABEL: main_tx}
+  for g in groups:
+    if g["optimizer"] == "none":
+      transforms[g["name"]] = optax.set_to_zero()
+    else:
+      transforms[g["name"]] = _transform(g, _schedule(g, total_steps))
+  tx = optax.multi_transform(transforms, _labeler(groups))
+  return tx, main_schedule
+
+
+def _labeler(groups: list[dict[str, Any]]) -> Callable[[Any], Any]:
+  """Maps a params tree to group labels; the first matching group wins."""
+  compiled = [(g["name"], re.compile(g["pattern"]), g["pattern"]) for g in groups]
+
+  def label_of(path: str) -> str:
+    for name, regex, _ in compiled:
+      if regex.search(path):
+        return name
+    return MAIN_LABEL
+
+  def labels(params: Any) -> Any:
+    tree = jax.tree.map(label_of, param_paths(params))
+    used = set(jax.tree.leaves(tree))
+    for name, _, pattern in compiled:
+      # A typo in a pattern would otherwise silently hand codebooks to the main optimizer.
+      if name not in used:
+        raise ConfigError(f"optim group {name!r} pattern {pattern!r} matches no parameter "
+                          "path; expected at least one match (see param_paths).")
+    return tree
+
+  return labels
+
+
+def _transform(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
+  """Optimizer core, then the learning rate and decoupled weight decay."""
+  core = _core(s)
+  wd = float(s["weight_decay"])
+  if wd == 0.0:
+    return optax.chain(core, optax.scale_by_learning_rate(schedule))
+  if s["weight_decay_schedule"] == "lr":
+    return optax.chain(core, optax.add_decayed_weights(wd, mask=_decay_mask),
+                       optax.scale_by_learning_rate(schedule))
+  # Added after the lr sign flip, so a negative rate subtracts wd * p at every step.
+  return optax.chain(core, optax.scale_by_learning_rate(schedule),
+                     optax.add_decayed_weights(-wd, mask=_decay_mask))
+
+
+def _decay_mask(params: Any) -> Any:
+  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def _core(s: Mapping[str, Any]) -> optax.GradientTransformation:
+  """The descent direction before the learning rate: positive, like a gradient."""
+  name = s["optimizer"]
+  momentum = float(s["momentum"])
+  if name in ("adamw", "adam"):
+    return optax.scale_by_adam(b1=s["b1"], b2=s["b2"], eps=s["eps"])
+  if name == "sgd":
+    return optax.trace(decay=momentum) if momentum > 0 else optax.identity()
+  parts = [optax.scale_by_factored_rms(
+      factored=s["factored"], decay_rate=s["decay_rate"],
+      min_dim_size_to_factor=s["min_dim_size_to_factor"], epsilon=s["factored_eps"])]
+  if s["clipping_threshold"] > 0:
+    parts.append(optax.clip_by_block_rms(s["clipping_threshold"]))
+  if s["multiply_by_parameter_scale"]:
+    parts.append(optax.scale_by_param_block_rms())
+  if momentum > 0:
+    parts.append(optax.ema(momentum, debias=False))
+  return optax.chain(*parts)
