@@ -1,0 +1,67 @@
+"""Datasets as random-access sources of examples, looked up by `config.data.name`.
+
+A dataset module (registered in `DATASETS`) exposes
+
+  make_source(config, split) -> Source   # split in {"train", "validation", "test"}
+  validate_config(config) -> None        # optional: raise ConfigError before any work
+
+A `Source` has `__len__`, `__getitem__(i) -> dict[str, np.ndarray]` (one example, fixed
+shapes for a given config) and `info: DataInfo`. Example fields by task:
+
+  lm, image_ar : inputs int32[T], targets int32[T], weights float32[T]
+  mlm          : inputs int32[T], weights float32[T] (1 = real token)
+  classify     : inputs int32[T], mask bool[T], targets int32[], weights float32[]
+  retrieval    : inputs int32[2,T], mask bool[2,T], targets int32[], weights float32[]
+
+An all-zero example is padding: its weights are zero, so the pipeline pads a final partial
+evaluation batch with zeros and metrics stay exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Protocol
+
+import numpy as np
+
+from lra_core.errors import ConfigError
+
+# data.name -> module implementing make_source (and optionally validate_config).
+DATASETS = {
+    "listops": "lra_core.data.lra.listops",
+    "retrieval": "lra_core.data.lra.retrieval",
+    "bytes": "lra_core.data.bytes",
+}
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataInfo:
+  """What a model and a task need to know about a dataset."""
+  vocab_size: int
+  num_classes: int = 0          # classification tasks only
+  unit: str = "token"           # what one target is: bits-per-<unit> is reported for LMs
+  pad_id: int = 0
+  vocab: tuple[str, ...] = ()   # id -> token string, where the dataset has a small vocabulary
+
+
+class Source(Protocol):
+  info: DataInfo
+
+  def __len__(self) -> int: ...
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]: ...
+
+
+def dataset_module(name: str):
+  if name not in DATASETS:
+    raise ConfigError(f"data.name {name!r} is not a known dataset; expected one of {sorted(DATASETS)}.")
+  return importlib.import_module(DATASETS[name])
+
+
+def make_source(config, split: str) -> Source:
+  if split not in SPLITS:
+    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  return dataset_module(config.data.name).make_source(config, split)
