@@ -1,0 +1,229 @@
+"""Byte-level language modelling over one file (enwik8-style data).
+
+The file holds raw bytes, or is a `.zip` with one member (the layout of `enwik8.zip`), or a
+`.gz`. It is cut into contiguous train / validation / test byte ranges by
+`data.split_fractions`; with (0.9, 0.05, 0.05) the full 10^8-byte enwik8 splits at 90M / 95M,
+the usual boundaries. Ids are the raw byte values (vocabulary 256, no offset).
+
+Example i of a split starting at byte s reads the T+1 bytes [s + i*T, s + i*T + T]:
+
+  inputs  int32[T]    bytes s + i*T     ... s + i*T + T - 1
+  targets int32[T]    bytes s + i*T + 1 ... s + i*T + T      (inputs shifted by one)
+  weights float32[T]  all ones
+
+so consecutive windows share one byte and a split of n bytes gives (n - 1) // T examples.
+The `mlm` task reads the same windows and ignores `targets`.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import math
+import os
+import zipfile
+from collections.abc import Iterable, Sequence
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from lra_core.data import SPLITS, DataInfo
+from lra_core.errors import ConfigError, DataError
+
+VOCAB_SIZE = 256
+TASKS = ("lm", "mlm")
+
+_DEFAULTS = dict(
+    name="bytes",
+    dir="",
+    path="",        # full path of the file; when empty, dir/filename
+    filename="",
+    split_fractions=(0.9, 0.05, 0.05),  # train, validation, test
+)
+
+# Ranges already logged, so building the three splits logs the layout once.
+_LOGGED: set[tuple] = set()
+
+
+def data_config(**overrides) -> ml_collections.ConfigDict:
+  """Returns the `data` config section, with `overrides` applied to its known fields."""
+  config = ml_collections.ConfigDict(_DEFAULTS)
+  for key, value in overrides.items():
+    if key not in _DEFAULTS:
+      raise ConfigError(f"data.{key} is not a field of the bytes dataset; "
+                        f"expected one of {sorted(_DEFAULTS)}.")
+    try:
+      config[key] = value
+    except TypeError as e:
+      expected = type(_DEFAULTS[key]).__name__
+      raise ConfigError(
+          f"data.{key}={value!r} has type {type(value).__name__}; expected {expected}.") from e
+  return config
+
+
+def encode(text: str) -> list[int]:
+  """UTF-8 bytes of `text` as ids."""
+  return list(text.encode("utf-8"))
+
+
+def decode(ids: Iterable[int]) -> str:
+  """Text of byte ids; invalid UTF-8 (e.g. a window cut mid-character) becomes U+FFFD."""
+  if not hasattr(ids, "__len__"):
+    ids = list(ids)
+  ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+  if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
+    bad = ids[(ids < 0) | (ids >= VOCAB_SIZE)][0]
+    raise DataError(f"byte id {int(bad)} is outside [0, {VOCAB_SIZE}).")
+  return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+def file_path(data: ml_collections.ConfigDict) -> str:
+  """The file a `data` section points at: `path`, else `dir/filename`."""
+  if data.path:
+    return os.path.expanduser(data.path)
+  if not data.filename:
+    raise ConfigError("data.path and data.filename are both empty; expected the file holding the bytes.")
+  return os.path.join(os.path.expanduser(data.dir), data.filename)
+
+
+def load_bytes(path: str) -> np.ndarray:
+  """All bytes of the file as uint8[N]: memory-mapped when raw, decompressed once when .zip/.gz."""
+  if not os.path.isfile(path):
+    raise DataError(f"byte file {path!r} does not exist.")
+  stat = os.stat(path)
+  if stat.st_size == 0:
+    raise DataError(f"byte file {path!r} is empty.")
+  # The key holds size and mtime so a rewritten file is read again.
+  data = _load_cached(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+  if data.size == 0:
+    raise DataError(f"byte file {path!r} decompresses to zero bytes.")
+  return data
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
+  del size, mtime_ns
+  lower = path.lower()
+  if lower.endswith(".zip"):
+    try:
+      with zipfile.ZipFile(path) as archive:
+        members = [m for m in archive.infolist() if not m.is_dir()]
+        if len(members) != 1:
+          names = [m.filename for m in members]
+          raise DataError(f"zip file {path!r} holds members {names}; expected exactly one.")
+        raw = archive.read(members[0])
+    except zipfile.BadZipFile as e:
+      raise DataError(f"zip file {path!r} is not a readable zip archive ({e}).") from e
+    return np.frombuffer(raw, dtype=np.uint8)
+  if lower.endswith(".gz"):
+    try:
+      with gzip.open(path, "rb") as f:
+        raw = f.read()
+    except (OSError, EOFError) as e:
+      raise DataError(f"gzip file {path!r} is not a readable gzip stream ({e}).") from e
+    return np.frombuffer(raw, dtype=np.uint8)
+  return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def split_ranges(num_bytes: int, fractions: Sequence[float]) -> dict[str, tuple[int, int]]:
+  """Contiguous [start, stop) byte ranges of train, validation and test, in file order."""
+  _check_fractions(fractions)
+  edges = [0]
+  total = 0.0
+  for f in fractions[:-1]:
+    total += f
+    edges.append(int(round(num_bytes * total)))
+  edges.append(num_bytes)
+  return {split: (edges[k], edges[k + 1]) for k, split in enumerate(SPLITS)}
+
+
+def _check_fractions(fractions: Sequence[float]) -> None:
+  if len(fractions) != len(SPLITS):
+    raise ConfigError(f"data.split_fractions {tuple(fractions)} has {len(fractions)} entries; "
+                      f"expected 3 (train, validation, test).")
+  if any(not f > 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-6):
+    raise ConfigError(f"data.split_fractions {tuple(fractions)} must be positive and sum to 1.")
+
+
+def _seq_len(config) -> int:
+  seq_len = config.train.seq_len
+  if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+    raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
+  return int(seq_len)
+
+
+def _check_split(path: str, split: str, span: tuple[int, int], seq_len: int) -> None:
+  length = span[1] - span[0]
+  if length < seq_len + 1:
+    raise DataError(f"split {split!r} of {path!r} holds {length} bytes; expected at least "
+                    f"train.seq_len + 1 = {seq_len + 1} for one window.")
+
+
+def validate_config(config) -> None:
+  """Checks fractions, file and that every split holds at least one window of T+1 bytes."""
+  task = config.get("task", "lm")
+  if task not in TASKS:
+    raise ConfigError(f"task {task!r} cannot use the bytes dataset; expected one of {TASKS}.")
+  seq_len = _seq_len(config)
+  _check_fractions(config.data.split_fractions)
+  path = file_path(config.data)
+  ranges = split_ranges(load_bytes(path).size, config.data.split_fractions)
+  for split, span in ranges.items():
+    _check_split(path, split, span, seq_len)
+
+
+class ByteWindows:
+  """Windows of T+1 bytes over [start, stop) of one file; random access, nothing copied.
+
+  Pickling keeps only the path, so a data-loader worker maps (or decompresses) the file itself.
+  """
+
+  info = DataInfo(vocab_size=VOCAB_SIZE, unit="byte")
+
+  def __init__(self, path: str, start: int, stop: int, seq_len: int, data: np.ndarray | None = None):
+    self.path, self.start, self.stop, self.seq_len = path, start, stop, seq_len
+    self._data = data
+
+  @property
+  def data(self) -> np.ndarray:
+    if self._data is None:
+      self._data = load_bytes(self.path)
+    return self._data
+
+  def __len__(self) -> int:
+    return max(0, (self.stop - self.start - 1) // self.seq_len)
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    n = len(self)
+    if not -n <= index < n:
+      raise IndexError(f"example {index} is out of range for {n} windows.")
+    begin = self.start + (int(index) % n) * self.seq_len
+    window = np.asarray(self.data[begin:begin + self.seq_len + 1], dtype=np.int32)
+    return {
+        "inputs": window[:-1],
+        "targets": window[1:],
+        "weights": np.ones(self.seq_len, np.float32),
+    }
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state["_data"] = None
+    return state
+
+
+def make_source(config, split: str) -> ByteWindows:
+  """The `split` windows of the file named by `config.data`, each `train.seq_len` long."""
+  if split not in SPLITS:
+    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  seq_len = _seq_len(config)
+  path = file_path(config.data)
+  data = load_bytes(path)
+  ranges = split_ranges(data.size, config.data.split_fractions)
+  _check_split(path, split, ranges[split], seq_len)
+  key = (os.path.abspath(path), data.size, tuple(ranges.items()))
+  if key not in _LOGGED:
+    _LOGGED.add(key)
+    logging.info("bytes %s: %d bytes; %s", path, data.size,
+                 ", ".join(f"{s} [{a}, {b})" for s, (a, b) in ranges.items()))
+  return ByteWindows(path, *ranges[split], seq_len, data=data)
