@@ -1,0 +1,68 @@
+"""Softmax dot-product attention as pure functions (the quadratic reference for every model).
+
+Shapes: B batch, Tq / Tk query / key time, H query heads, K key-value heads (H % K == 0;
+K == 1 is multi-query attention), D head width. Masks are built from explicit positions, so a
+full forward pass and cached decoding (keys in a ring buffer, empty slots at position -1) use
+the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+MASK_VALUE = -1e30  # large finite value: fully masked rows stay NaN-free
+
+
+def attention_mask(q_pos: Array, k_pos: Array, *, causal: bool, window: int = 0,
+                   k_valid: Array | None = None) -> Array:
+  """bool, broadcastable to [B,Tq,Tk]: which keys each query may read.
+
+  q_pos: int[Tq] or [B,Tq]; k_pos: int[Tk] or [B,Tk], negative = empty cache slot.
+  causal: keys at positions <= the query's. window > 0: only the `window` most recent keys
+  (causal) or keys within distance < window on either side (bidirectional).
+  k_valid: bool[B,Tk], False for padding.
+  """
+  q_pos = q_pos[None] if q_pos.ndim == 1 else q_pos
+  k_pos = k_pos[None] if k_pos.ndim == 1 else k_pos
+  q, k = q_pos[:, :, None], k_pos[:, None, :]
+  mask = k >= 0
+  if causal:
+    mask &= k <= q
+  if window:
+    mask &= (q - k < window) if causal else (jnp.abs(q - k) < window)
+  if k_valid is not None:
+    mask &= k_valid[:, None, :]
+  return mask
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+                          bias: Array | None = None, scale: float | None = None,
+                          probs_fn: Callable[[Array], Array] | None = None) -> Array:
+  """softmax(q k^T * scale + bias, masked) v.
+
+  q: [B,Tq,H,D]  k: [B,Tk,K,D]  v: [B,Tk,K,Dv]  mask: bool[B|1,Tq,Tk]  bias: [H|1,Tq,Tk]
+  -> [B,Tq,H,Dv]. `probs_fn` transforms the attention weights (e.g. dropout).
+  """
+  b, tq, h, d = q.shape
+  kv_heads = k.shape[2]
+  if h % kv_heads:
+    raise ValueError(f"query heads {h} are not a multiple of key-value heads {kv_heads}.")
+  if k.shape[:2] != v.shape[:2] or k.shape[2] != v.shape[2] or k.shape[-1] != d:
+    raise ValueError(f"incompatible attention shapes q {q.shape}, k {k.shape}, v {v.shape}.")
+  scale = d ** -0.5 if scale is None else scale
+  qg = q.reshape(b, tq, kv_heads, h // kv_heads, d)
+  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    logits = logits + bias.reshape(-1, kv_heads if bias.shape[0] == h else 1,
+                                   h // kv_heads if bias.shape[0] == h else 1, *bias.shape[1:])
+  if mask is not None:
+    logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if probs_fn is not None:
+    probs = probs_fn(probs)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", probs.astype(v.dtype), v)
+  return out.reshape(b, tq, h, v.shape[-1])

@@ -1,0 +1,88 @@
+"""Multi-head, multi-query and sliding-window softmax attention with a decoding cache.
+
+The cache holds keys and values of the last S positions in a ring buffer, S = window for
+sliding-window attention (constant memory per token) or the maximum length otherwise; each slot
+remembers its position, so masking in decoding is the same position arithmetic as in training.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels.attention import attention_mask, dot_product_attention
+from lra_core.sharding import constrain
+from models.blocks.layers import Dense
+from models.blocks.positions import apply_rope
+
+Array = jax.Array
+
+
+class Attention(nnx.Module):
+  """Self-attention: H query heads over K key-value heads (K = H multi-head, K = 1 multi-query).
+
+  causal: autoregressive mask. window > 0: sliding window (see kernels.attention.attention_mask).
+  rope: rotary embedding of q and k on the first `rope_fraction` of each head.
+  """
+
+  def __init__(self, features: int, num_heads: int, head_dim: int, *, num_kv_heads: int = 0,
+               causal: bool = False, window: int = 0, rope: bool = False,
+               rope_max_wavelength: float = 1e4, rope_fraction: float = 1.0, use_bias: bool = False,
+               dropout: float = 0.0, dtype=jnp.float32, rngs: nnx.Rngs):
+    kv_heads = num_kv_heads or num_heads
+    if num_heads % kv_heads:
+      raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}.")
+    self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
+    self.causal, self.window, self.rope = causal, window, rope
+    self.rope_max_wavelength, self.rope_fraction = rope_max_wavelength, rope_fraction
+    kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.query = Dense(features, (num_heads, head_dim), axes=("embed", "heads", "head_dim"), **kw)
+    self.key = Dense(features, (kv_heads, head_dim), axes=("embed", "kv_heads", "head_dim"), **kw)
+    self.value = Dense(features, (kv_heads, head_dim), axes=("embed", "kv_heads", "head_dim"), **kw)
+    self.out = Dense((num_heads, head_dim), features, axes=("heads", "head_dim", "embed"), **kw)
+    self.dropout = nnx.Dropout(dropout)
+
+  def _qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+    q, k, v = self.query(x), self.key(x), self.value(x)
+    if self.rope:
+      kw = dict(max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction)
+      q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
+    return (constrain(q, ("batch", "length", "heads", "head_dim")),
+            constrain(k, ("batch", "length", "kv_heads", "head_dim")), v)
+
+  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """x: [B,T,D]; positions: int[T] or [B,T] (default 0..T-1); mask: bool[B,T], False = padding."""
+    t = x.shape[1]
+    positions = jnp.arange(t) if positions is None else positions
+    q, k, v = self._qkv(x, positions)
+    m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask)
+    probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
+    y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
+    return self.out(y)
+
+  def cache_len(self, max_len: int) -> int:
+    return min(self.window, max_len) if self.window else max_len
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict[str, Array]:
+    if not self.causal:
+      raise ValueError("decoding needs causal attention; this layer is bidirectional.")
+    s = self.cache_len(max_len)
+    shape = (batch_size, s, self.num_kv_heads, self.head_dim)
+    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype),
+            "pos": jnp.full((s,), -1, jnp.int32)}
+
+  def decode(self, x: Array, cache: dict[str, Array], position: Array) -> tuple[Array, dict[str, Array]]:
+    """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache."""
+    positions = position[None]
+    q, k, v = self._qkv(x, positions)
+    slot = position % cache["pos"].shape[0]
+    cache = {
+        "key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
+        "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
+        "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0),
+    }
+    m = attention_mask(positions, cache["pos"], causal=True, window=self.window)
+    y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
+    return self.out(y), cache

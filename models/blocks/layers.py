@@ -1,0 +1,164 @@
+"""Shared building blocks: dense projections, embeddings, norms and MLPs.
+
+Every parameter carries `logical_axes` metadata (names such as 'embed', 'mlp', 'heads',
+'vocab'); `lra_core.sharding` maps them to mesh axes with the rules in the config, so no layer
+knows about devices. Parameters are stored in `param_dtype` (float32) and cast to the compute
+`dtype` when used; norms and softmax statistics are computed in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+default_kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequence[str | None],
+          dtype=jnp.float32) -> nnx.Param:
+  """A parameter with logical axis names (one per dimension) for sharding."""
+  if len(axes) != len(shape):
+    raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}.")
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype), logical_axes=tuple(axes))
+
+
+def as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
+  return (x,) if isinstance(x, int) else tuple(x)
+
+
+class Dense(nnx.Module):
+  """y = x W (+ b), contracting the trailing `in_features` axes of x.
+
+  `in_features` / `out_features` may be tuples, e.g. (D,) -> (H, Dh) for a head projection
+  or (H, Dh) -> (D,) for the output projection; `axes` names all kernel dimensions.
+  """
+
+  def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
+               axes: Sequence[str | None], use_bias: bool = False, dtype=jnp.float32,
+               kernel_init: Initializer | None = None, rngs: nnx.Rngs):
+    self.in_features, self.out_features = as_tuple(in_features), as_tuple(out_features)
+    n_in, n_out = len(self.in_features), len(self.out_features)
+    if kernel_init is None:
+      kernel_init = jax.nn.initializers.variance_scaling(
+          1.0, "fan_in", "truncated_normal", in_axis=tuple(range(n_in)),
+          out_axis=tuple(range(n_in, n_in + n_out)))
+    self.kernel = param(rngs, kernel_init, self.in_features + self.out_features, axes)
+    self.bias = (param(rngs, jax.nn.initializers.zeros, self.out_features, tuple(axes)[n_in:])
+                 if use_bias else None)
+    self.dtype = dtype
+
+  def __call__(self, x: Array) -> Array:
+    n_in = len(self.in_features)
+    if x.shape[x.ndim - n_in:] != self.in_features:
+      raise ValueError(f"Dense expects trailing input shape {self.in_features}, got {x.shape}.")
+    dims = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+    y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (dims, ((), ())))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+class Embed(nnx.Module):
+  """Token embedding [V, D]; `attend` reuses the table as a tied output projection."""
+
+  def __init__(self, vocab_size: int, features: int, *, dtype=jnp.float32, scale_by_sqrt_dim: bool = True,
+               rngs: nnx.Rngs):
+    # Unit-variance outputs after the sqrt(D) scaling, so sinusoids and embeddings are comparable.
+    init = jax.nn.initializers.normal(stddev=features ** -0.5)
+    self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
+    self.scale = features ** 0.5 if scale_by_sqrt_dim else 1.0
+    self.dtype = dtype
+
+  def __call__(self, ids: Array) -> Array:
+    return (jnp.take(self.embedding[...], ids, axis=0) * self.scale).astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+
+
+class LayerNorm(nnx.Module):
+  def __init__(self, features: int, *, eps: float = 1e-6, use_bias: bool = True, rngs: nnx.Rngs):
+    self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",))
+    self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",)) if use_bias else None
+    self.eps = eps
+
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...]
+    if self.bias is not None:
+      y = y + self.bias[...]
+    return y.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, features: int, *, eps: float = 1e-6, use_scale: bool = True, rngs: nnx.Rngs):
+    self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",)) if use_scale else None
+    self.eps = eps
+
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
+    if self.scale is not None:
+      y = y * self.scale[...]
+    return y.astype(x.dtype)
+
+
+class ScaleNorm(nnx.Module):
+  """Nguyen & Salazar (2019): one learned scalar times x / rms(x) (as FLASH's pseudocode)."""
+
+  def __init__(self, features: int, *, eps: float = 1e-5, rngs: nnx.Rngs):
+    del features
+    self.scale = param(rngs, jax.nn.initializers.ones, (), ())
+    self.eps = eps
+
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps) * self.scale[...]
+    return y.astype(x.dtype)
+
+
+NORMS = {"layer": LayerNorm, "rms": RMSNorm, "scale": ScaleNorm}
+
+
+def make_norm(kind: str, features: int, *, rngs: nnx.Rngs) -> nnx.Module:
+  if kind not in NORMS:
+    raise ValueError(f"norm {kind!r} is not one of {sorted(NORMS)}.")
+  return NORMS[kind](features, rngs=rngs)
+
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+}
+
+
+class MLP(nnx.Module):
+  """Feed-forward block: act(x W_u) W_o, or with `glu` the gated form (act(x W_u) * x W_v) W_o."""
+
+  def __init__(self, features: int, hidden: int, *, activation: str = "gelu", glu: bool = False,
+               use_bias: bool = False, dropout: float = 0.0, dtype=jnp.float32, rngs: nnx.Rngs):
+    if activation not in ACTIVATIONS:
+      raise ValueError(f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}.")
+    self.activation = activation
+    self.up = Dense(features, hidden, axes=("embed", "mlp"), use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.gate = (Dense(features, hidden, axes=("embed", "mlp"), use_bias=use_bias, dtype=dtype, rngs=rngs)
+                 if glu else None)
+    self.down = Dense(hidden, features, axes=("mlp", "embed"), use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout)
+
+  def __call__(self, x: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    h = ACTIVATIONS[self.activation](self.up(x))
+    if self.gate is not None:
+      h = h * self.gate(x)
+    return self.down(self.dropout(h, rngs=rngs))

@@ -1,0 +1,79 @@
+"""Position information: sinusoids, scaled sinusoids, learned tables and rotary embeddings.
+
+Positions are explicit integer arrays, so the same code serves a full forward pass
+(positions 0..T-1) and cached decoding (one position at a time).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.blocks.layers import param
+
+Array = jax.Array
+
+
+def sinusoid(positions: Array, dim: int, max_wavelength: float = 1e4) -> Array:
+  """[..., T] int -> [..., T, dim] float32: concat(sin(p w), cos(p w)), w_i = max_wavelength^(-i/(dim/2))."""
+  half = dim // 2
+  inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def apply_rope(x: Array, positions: Array, *, max_wavelength: float = 1e4, fraction: float = 1.0) -> Array:
+  """Rotary embedding on the first `fraction` of the last axis of x [B,T,H,D] (positions [B,T] or [T]).
+
+  Dimension pairs (i, i + d/2) of the rotated part are rotated by angle p * w_i, so
+  <rope(q, m), rope(k, n)> depends on m - n only.
+  """
+  d = x.shape[-1]
+  rot = int(d * fraction) // 2 * 2
+  if rot == 0:
+    return x
+  angles = sinusoid(positions, rot, max_wavelength)  # [.., T, rot]
+  sin, cos = jnp.split(angles, 2, axis=-1)
+  if positions.ndim == 1:
+    sin, cos = sin[None], cos[None]
+  sin, cos = sin[:, :, None, :], cos[:, :, None, :]  # broadcast over heads
+  x_rot, x_pass = x[..., :rot].astype(jnp.float32), x[..., rot:]
+  x1, x2 = jnp.split(x_rot, 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  return jnp.concatenate([rotated, x_pass], axis=-1) if rot < d else rotated
+
+
+class AbsolutePositions(nnx.Module):
+  """Absolute position embedding added to token embeddings.
+
+  kind: 'learned' (a [max_len, D] table), 'sinusoid' (fixed), 'scaled_sinusoid' (fixed sinusoid
+  times a learned scalar initialised to D^-0.5, as FLASH) or 'none'.
+  """
+
+  KINDS = ("learned", "sinusoid", "scaled_sinusoid", "none")
+
+  def __init__(self, kind: str, features: int, max_len: int, *, max_wavelength: float = 1e4,
+               dtype=jnp.float32, rngs: nnx.Rngs):
+    if kind not in self.KINDS:
+      raise ValueError(f"position kind {kind!r} is not one of {self.KINDS}.")
+    self.kind, self.features, self.max_len = kind, features, max_len
+    self.max_wavelength, self.dtype = max_wavelength, dtype
+    self.table = (param(rngs, jax.nn.initializers.normal(0.02), (max_len, features), (None, "embed"))
+                  if kind == "learned" else None)
+    self.scale = (param(rngs, jax.nn.initializers.constant(features ** -0.5), (), ())
+                  if kind == "scaled_sinusoid" else None)
+
+  def __call__(self, positions: Array) -> Array | None:
+    """positions [B,T] or [T] -> [B|1, T, D], or None for kind 'none'."""
+    if self.kind == "none":
+      return None
+    if positions.ndim == 1:
+      positions = positions[None]
+    if self.kind == "learned":
+      out = jnp.take(self.table[...], positions, axis=0, mode="clip")
+    else:
+      out = sinusoid(positions, self.features, self.max_wavelength)
+      if self.scale is not None:
+        out = out * self.scale[...]
+    return out.astype(self.dtype)

@@ -1,0 +1,197 @@
+"""Transformer baselines: Transformer, Transformer+ (RoPE) and Transformer++ (RoPE + GLU).
+
+One pre-norm stack serves every task: a causal decoder for `lm` / `image_ar` (with a KV-cache
+`init_decode_state` / `decode_step`), a bidirectional encoder for `mlm`, `classify` (CLS or mean
+pooling) and two-tower `retrieval`. The variants follow Table 8 of the FLASH paper:
+  transformer   : learned absolute positions, GELU MLP, LayerNorm
+  transformer+  : scaled sinusoid + RoPE, GELU MLP
+  transformer++ : scaled sinusoid + RoPE, GELU-gated GLU
+Options: multi-head / multi-query (num_kv_heads), sliding-window attention (window).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from lra_core.errors import ConfigError
+from lra_core.sharding import constrain
+from models.blocks.attention import Attention
+from models.blocks.heads import POOLING, TaskHead, fold_towers
+from models.blocks.layers import ACTIVATIONS, MLP, NORMS, Embed, make_norm, param
+from models.blocks.positions import AbsolutePositions
+
+Array = jax.Array
+
+VARIANTS = {
+    "transformer": dict(position="learned", rope=False, mlp="mlp"),
+    "transformer+": dict(position="scaled_sinusoid", rope=True, mlp="mlp"),
+    "transformer++": dict(position="scaled_sinusoid", rope=True, mlp="glu"),
+}
+
+
+def model_config(variant: str = "transformer", **overrides) -> ml_collections.ConfigDict:
+  """The `config.model` section; `variant` picks position / MLP settings from VARIANTS."""
+  if variant not in VARIANTS:
+    raise ConfigError(f"transformer variant {variant!r} is not one of {sorted(VARIANTS)}.")
+  c = ml_collections.ConfigDict(dict(
+      name="transformer",
+      variant=variant,
+      vocab_size=256,
+      num_classes=0,           # classification tasks
+      d_model=256,
+      num_layers=4,
+      num_heads=4,
+      num_kv_heads=0,          # 0 -> num_heads; 1 -> multi-query attention
+      head_dim=0,              # 0 -> d_model // num_heads
+      d_ff=1024,
+      max_len=0,               # longest position; 0 -> train.seq_len
+      position="learned",      # learned | sinusoid | scaled_sinusoid | none
+      rope=False,
+      rope_max_wavelength=1e4,
+      rope_fraction=1.0,
+      mlp="mlp",               # mlp | glu
+      activation="gelu",
+      norm="layer",            # layer | rms | scale
+      window=0,                # sliding-window attention; 0 -> full
+      dropout=0.0,             # residual and embedding dropout
+      attention_dropout=0.0,
+      pooling="mean",          # classify / retrieval: cls | mean | max
+      classifier_hidden=0,     # 0 -> d_model
+      tie_embeddings=False,
+      use_bias=False,
+      dtype="float32",         # compute dtype; parameters stay float32
+  ))
+  c.update(VARIANTS[variant])
+  c.update(overrides)
+  return c
+
+
+def validate_config(config) -> None:
+  m = config.model
+  if m.variant not in VARIANTS:
+    raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
+  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"):
+    if m[key] <= 0:
+      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  if not m.head_dim and m.d_model % m.num_heads:
+    raise ConfigError(f"model.d_model {m.d_model} is not a multiple of model.num_heads {m.num_heads} "
+                      "(or set model.head_dim).")
+  if m.num_kv_heads and m.num_heads % m.num_kv_heads:
+    raise ConfigError(f"model.num_heads {m.num_heads} is not a multiple of model.num_kv_heads {m.num_kv_heads}.")
+  if m.rope and (m.head_dim or m.d_model // m.num_heads) % 2:
+    raise ConfigError("RoPE needs an even head dimension.")
+  choices = {"position": AbsolutePositions.KINDS, "mlp": ("mlp", "glu"), "norm": tuple(NORMS),
+             "activation": tuple(ACTIVATIONS), "pooling": POOLING}
+  for key, allowed in choices.items():
+    if m[key] not in allowed:
+      raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
+  if m.max_len and m.max_len < config.train.seq_len:
+    raise ConfigError(f"model.max_len {m.max_len} is shorter than train.seq_len {config.train.seq_len}.")
+  if config.task in ("classify", "retrieval") and m.num_classes < 2:
+    raise ConfigError(f"model.num_classes must be >= 2 for task {config.task!r}, got {m.num_classes}.")
+  if m.window < 0:
+    raise ConfigError(f"model.window must be >= 0, got {m.window}.")
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + Attn(norm(x)), then x + MLP(norm(x))."""
+
+  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
+    head_dim = m.head_dim or m.d_model // m.num_heads
+    self.attn_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+    self.attn = Attention(m.d_model, m.num_heads, head_dim, num_kv_heads=m.num_kv_heads, causal=causal,
+                          window=m.window, rope=m.rope, rope_max_wavelength=m.rope_max_wavelength,
+                          rope_fraction=m.rope_fraction, use_bias=m.use_bias,
+                          dropout=m.attention_dropout, dtype=dtype, rngs=rngs)
+    self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+    self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
+                   dtype=dtype, rngs=rngs)
+    self.dropout = nnx.Dropout(m.dropout)
+
+  def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None) -> Array:
+    x = x + self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs), rngs=rngs)
+    x = x + self.dropout(self.mlp(self.mlp_norm(x), rngs=rngs), rngs=rngs)
+    return constrain(x, ("batch", "length", "embed"))
+
+  def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
+    h, cache = self.attn.decode(self.attn_norm(x), cache, position)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class Model(nnx.Module):
+  """inputs int32[B,T] ([B,2,T] for retrieval) -> logits [B,T,V] (token tasks) or [B,C]."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    m = config.model
+    self.task = config.task
+    self.causal = config.task in ("lm", "image_ar")
+    self.dtype = jnp.dtype(m.dtype)
+    self.max_len = m.max_len or config.train.seq_len
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
+    use_cls = config.task in ("classify", "retrieval") and m.pooling == "cls"
+    # The CLS vector sits at position 0 and shifts the tokens by one.
+    self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None
+    self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype,
+                                       rngs=rngs)
+    self.embed_dropout = nnx.Dropout(m.dropout)
+    self.blocks = nnx.List([Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs)
+                            for _ in range(m.num_layers)])
+    self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+    self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,
+                         pooling=m.pooling, hidden=m.classifier_hidden,
+                         embed=self.embed if m.tie_embeddings else None, dtype=self.dtype, rngs=rngs)
+
+  def _embed(self, tokens: Array, positions: Array) -> Array:
+    x = self.embed(tokens)
+    pos = self.positions(positions)
+    return x if pos is None else x + pos
+
+  def __call__(self, inputs: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    if self.task == "retrieval":
+      inputs, mask = fold_towers(inputs, mask)
+    x, mask = self.encode(inputs, mask=mask, rngs=rngs)
+    return self.head(x, mask)
+
+  def encode(self, inputs: Array, *, mask: Array | None = None,
+             rngs: nnx.Rngs | None = None) -> tuple[Array, Array | None]:
+    """Final features [B,T(+1 with CLS),D] of inputs [B,T], and the matching mask."""
+    b, t = inputs.shape
+    if t > self.max_len:
+      raise ValueError(f"input length {t} exceeds model max_len {self.max_len}.")
+    offset = int(self.cls is not None)
+    positions = jnp.arange(t + offset)
+    x = self._embed(inputs, positions[offset:])
+    if self.cls is not None:
+      cls = self.cls[...].astype(x.dtype)[None, None]
+      pos0 = self.positions(positions[:1])
+      cls = cls if pos0 is None else cls + pos0
+      x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, x.shape[-1])), x], axis=1)
+      mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
+    x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
+    for block in self.blocks:
+      x = block(x, positions=positions, mask=mask, rngs=rngs)
+    return self.final_norm(x), mask
+
+  # -- decoding (causal models) --------------------------------------------------------------
+
+  def init_decode_state(self, batch_size: int, max_len: int) -> dict:
+    if not self.causal:
+      raise ValueError(f"decoding needs a causal model; task {self.task!r} builds an encoder.")
+    if self.positions.kind == "learned" and max_len > self.max_len:
+      raise ValueError(f"max_len {max_len} exceeds the learned position table ({self.max_len}).")
+    return {"index": jnp.zeros((), jnp.int32),
+            "layers": [blk.attn.init_cache(batch_size, max_len, self.dtype) for blk in self.blocks]}
+
+  def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V], next state."""
+    position = state["index"]
+    x = self._embed(tokens, position[None])
+    caches = []
+    for block, cache in zip(self.blocks, state["layers"]):
+      x, cache = block.decode(x, cache, position)
+      caches.append(cache)
+    return self.head(self.final_norm(x)), {"index": position + 1, "layers": caches}
