@@ -1,0 +1,92 @@
+"""Pieces that train, evaluate and sample share: data setup and checks, host-to-device
+batches, and the evaluation loop."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_core import data as data_lib
+from lra_core import sharding
+from lra_core.data import pipeline
+from lra_core.errors import ConfigError
+from lra_core.state import to_host
+from lra_core.steps import make_eval_step
+from lra_core.tasks import Task, make_task
+
+
+def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
+  """Validates the dataset settings, opens the splits and builds the task (no compilation)."""
+  data_module = data_lib.dataset_module(config.data.name)
+  if hasattr(data_module, "validate_config"):
+    data_module.validate_config(config)
+  sources = {split: data_lib.make_source(config, split) for split in splits}
+  pipeline.log_sizes(config, sources)
+  info = next(iter(sources.values())).info
+  check_compatible(config, info, mesh)
+  return sources, make_task(config, info)
+
+
+def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
+  """Cross-checks between config, data and devices that need the data or the mesh."""
+  m, t = config.model, config.train
+  if m.get("vocab_size", info.vocab_size) < info.vocab_size:
+    raise ConfigError(f"model.vocab_size {m.vocab_size} is smaller than the {config.data.name} "
+                      f"vocabulary ({info.vocab_size} ids).")
+  if config.task == "mlm":
+    mask_id = config.mlm.mask_id if config.mlm.mask_id >= 0 else m.vocab_size - 1
+    if mask_id < info.vocab_size:
+      raise ConfigError(f"mlm mask id {mask_id} is a real {config.data.name} token; set model.vocab_size "
+                        f"to at least {info.vocab_size + 1} or mlm.mask_id outside the data vocabulary.")
+  if info.num_classes and m.get("num_classes", info.num_classes) != info.num_classes:
+    raise ConfigError(f"model.num_classes {m.num_classes} does not match the {info.num_classes} classes "
+                      f"of {config.data.name}.")
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  micro = t.batch_size // t.grad_accum_steps
+  if micro % shards:
+    raise ConfigError(f"micro-batch size {micro} (train.batch_size {t.batch_size} / grad_accum_steps "
+                      f"{t.grad_accum_steps}) is not a multiple of the {shards} data-parallel shards.")
+  eval_bs = t.eval_batch_size or t.batch_size
+  if eval_bs % shards:
+    raise ConfigError(f"eval batch size {eval_bs} is not a multiple of the {shards} data-parallel shards.")
+
+
+def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
+  """This process's rows -> global arrays sharded over the batch mesh axes."""
+  process_count = jax.process_count()
+  out = {}
+  for name, local in batch.items():
+    shape = (local.shape[0] * process_count,) + local.shape[1:] if local.ndim else ()
+    spec = sharding.batch_spec(rules, mesh, shape) if local.ndim else sharding.P()
+    out[name] = jax.make_array_from_process_local_data(sharding.NamedSharding(mesh, spec), local, shape)
+  return out
+
+
+class Evaluator:
+  """Runs the eval step over a split and turns metric sums into values."""
+
+  def __init__(self, config, spec, task, mesh, sources):
+    self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
+    self.rules = config.sharding.rules
+    self.batch_size = config.train.eval_batch_size or config.train.batch_size
+    self.readers = {split: pipeline.BatchReader(config, src, train=False, batch_size=self.batch_size)
+                    for split, src in sources.items()}
+    self.step = jax.jit(make_eval_step(config, spec, task))
+
+  def __call__(self, state: dict, split: str, limit: int = 0) -> dict[str, float]:
+    reader = self.readers[split]
+    carry = None
+    if self.spec.has_carry:
+      model_carry = self.spec.abstract["carry"]
+      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype), model_carry)
+    totals = None
+    n = reader.num_eval_batches(limit)
+    it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads,
+                          prefetch=self.config.data.prefetch)
+    for local in it:
+      batch = to_device(local, self.mesh, self.rules)
+      metrics, carry = self.step(state["params"], state["model_state"], batch, carry)
+      totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
+    sums = {k: tuple(float(x) for x in to_host(v)) for k, v in totals.items()}
+    return self.task.finalize(sums)

@@ -1,0 +1,149 @@
+"""Named device meshes and logical-axis sharding.
+
+The mesh has axes ('data', 'fsdp', 'tensor') sized from `config.mesh` (-1 = all remaining
+devices). Parameters carry logical axis names (models/layers.py); `config.sharding.rules` maps
+each logical name to mesh axes. A dimension whose size the mesh axes do not divide is
+replicated instead, so small models run unchanged on any mesh. Activations are constrained with
+`constrain(x, logical_axes)`, a no-op outside `activate(mesh, rules)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from lra_core.config import MESH_AXES
+from lra_core.errors import ConfigError
+
+Rules = Sequence[tuple[str, str | Sequence[str] | None]]
+_ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("mesh", default=None)
+
+
+def mesh_shape(mesh_config, num_devices: int) -> dict[str, int]:
+  """Axis sizes; -1 takes all remaining devices. Fixed sizes may use fewer devices than exist."""
+  sizes = {axis: int(mesh_config[axis]) for axis in MESH_AXES}
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  if -1 in sizes.values():
+    if num_devices % fixed:
+      raise ConfigError(f"mesh {sizes} cannot use {num_devices} devices: {num_devices} is not a "
+                        f"multiple of {fixed}.")
+    sizes = {a: (num_devices // fixed if s == -1 else s) for a, s in sizes.items()}
+  elif fixed > num_devices:
+    raise ConfigError(f"mesh {sizes} needs {fixed} devices, but only {num_devices} are available.")
+  return sizes
+
+
+def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = mesh_shape(mesh_config, len(devices))
+  shape = tuple(sizes[a] for a in MESH_AXES)
+  if math.prod(shape) < len(devices):
+    if jax.process_count() > 1:
+      raise ConfigError(f"mesh {sizes} uses {math.prod(shape)} of {len(devices)} devices; a multi-process "
+                        "run must use all of them (set one mesh axis to -1).")
+    devices = devices[:math.prod(shape)]
+  try:
+    from jax.experimental import mesh_utils  # topology-aware device order on TPU/GPU
+    grid = mesh_utils.create_device_mesh(shape, devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices).reshape(shape)
+  # Auto axes: GSPMD propagates shardings from the annotations below (Explicit axes would not).
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh,
+                    shape: Sequence[int] | None = None) -> P:
+  """Maps logical axis names to a PartitionSpec; each mesh axis is used at most once."""
+  table = dict((name, target) for name, target in rules)
+  used: set[str] = set()
+  spec = []
+  for i, name in enumerate(axes):
+    target = table.get(name) if name is not None else None
+    targets = (target,) if isinstance(target, str) else tuple(target or ())
+    targets = tuple(t for t in targets if t not in used and mesh.shape.get(t, 1) > 1)
+    size = math.prod(mesh.shape[t] for t in targets)
+    if shape is not None and shape[i] % size:
+      targets = ()
+    used.update(targets)
+    spec.append(targets[0] if len(targets) == 1 else (targets or None))
+  return P(*spec)
+
+
+def variable_specs(state: nnx.State, rules: Rules, mesh: Mesh) -> dict:
+  """Pure dict of PartitionSpecs for an (abstract) nnx.State of Variables with `logical_axes`."""
+
+  def spec(v):
+    axes = v.get_metadata().get("logical_axes")
+    value = v.get_value()
+    if axes is None:
+      return P()
+    return logical_to_spec(axes, rules, mesh, value.shape)
+
+  specs = jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return nnx.State(specs).to_pure_dict() if not isinstance(specs, dict) else specs
+
+
+def batch_spec(rules: Rules, mesh: Mesh, shape: Sequence[int]) -> P:
+  """Leading axis over the 'batch' mesh axes, the rest replicated."""
+  return logical_to_spec(("batch",) + (None,) * (len(shape) - 1), rules, mesh, shape)
+
+
+def _key_name(k) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def match_param_specs(tree, params: dict, param_specs: dict):
+  """Specs for a tree that mirrors parameters (e.g. optimizer moments).
+
+  A leaf whose path ends with a parameter's path and has that parameter's shape gets its spec;
+  anything else (counters, factored second moments) is replicated.
+  """
+  by_path = {}
+  for (path, p), (_, s) in zip(jax.tree_util.tree_leaves_with_path(params),
+                               jax.tree_util.tree_leaves_with_path(param_specs, is_leaf=lambda x: isinstance(x, P))):
+    by_path[tuple(_key_name(k) for k in path)] = (tuple(p.shape), s)
+
+  def spec(path, leaf):
+    names = tuple(_key_name(k) for k in path)
+    for start in range(len(names)):
+      hit = by_path.get(names[start:])
+      if hit is not None and hit[0] == tuple(np.shape(leaf)):
+        return hit[1]
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
+  """Makes `constrain` annotate activations for `mesh` (while tracing inside this context)."""
+  token = _ACTIVE.set((mesh, tuple(rules)))
+  try:
+    yield
+  finally:
+    _ACTIVE.reset(token)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  active = _ACTIVE.get()
+  if active is None:
+    return x
+  mesh, rules = active
+  if mesh.size == 1:
+    return x
+  spec = logical_to_spec(axes, rules, mesh, x.shape)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def named(mesh: Mesh, specs):
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))

@@ -1,0 +1,102 @@
+"""The train state as a plain pytree, its shapes and shardings, and its fingerprint.
+
+  state = {"step": int32[], "rng": uint32[2] (root key data), "params": {...},
+           "opt_state": optax state, "model_state": {...} (non-parameter variables),
+           "carry": {...} (only for models that carry state between update windows)}
+
+Plain dicts of arrays keep checkpoints readable without the model code and let orbax restore
+onto any mesh from an abstract target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from lra_core import sharding
+from lra_core.registry import build_model
+
+
+@dataclasses.dataclass
+class StateSpec:
+  """Everything static about a model's train state."""
+  train_graphdef: Any          # module structure in train mode (dropout on)
+  eval_graphdef: Any           # the same in eval mode
+  abstract: dict               # ShapeDtypeStructs of the state
+  shardings: dict              # NamedShardings of the state
+  init: Callable[[], dict]     # jitted: builds a fresh, sharded state
+  has_carry: bool
+  num_params: int
+
+
+def split_model(model: nnx.Module):
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  return graphdef, params, rest
+
+
+def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, seed: int | None = None) -> StateSpec:
+  """Shapes by eval_shape, shardings from logical axes, and a jitted sharded initializer."""
+  seed = config.train.seed if seed is None else seed
+  rules = config.sharding.rules
+  batch_size = config.train.batch_size
+
+  abstract_model = nnx.eval_shape(lambda: build_model(config, seed=seed))
+  has_carry = hasattr(abstract_model, "init_carry")
+  abstract_model.train()
+  train_graphdef, abs_params, abs_rest = split_model(abstract_model)
+  abstract_model.eval()
+  eval_graphdef, _, _ = split_model(abstract_model)
+
+  param_specs = sharding.variable_specs(abs_params, rules, mesh)
+  rest_specs = sharding.variable_specs(abs_rest, rules, mesh)
+  params_pure = abs_params.to_pure_dict()
+
+  def init() -> dict:
+    model = build_model(config, seed=seed)
+    _, params, rest = split_model(model)
+    params = params.to_pure_dict()
+    state = {"step": jnp.zeros((), jnp.int32),
+             "rng": jax.random.key_data(jax.random.key(seed)),
+             "params": params, "opt_state": tx.init(params), "model_state": rest.to_pure_dict()}
+    if has_carry:
+      state["carry"] = model.init_carry(batch_size)
+    return state
+
+  abstract = jax.eval_shape(init)
+  specs = {"step": P(), "rng": P(), "params": param_specs, "model_state": rest_specs,
+           "opt_state": sharding.match_param_specs(abstract["opt_state"], params_pure, param_specs)}
+  if has_carry:
+    specs["carry"] = jax.tree.map(lambda x: sharding.batch_spec(rules, mesh, x.shape), abstract["carry"])
+  shardings = sharding.named(mesh, specs)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params_pure))
+  with sharding.activate(mesh, rules):
+    init_fn = jax.jit(init, out_shardings=shardings)
+  return StateSpec(train_graphdef, eval_graphdef, abstract, shardings, init_fn, has_carry, num_params)
+
+
+def to_host(x) -> np.ndarray:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def param_checksum(params) -> float:
+  """A float fingerprint of all parameters, equal for equal parameters on any mesh.
+
+  Computed on the host in float64 in a fixed leaf order, so device count and reduction order
+  do not change it; each leaf is weighted by its position so swapped tensors differ.
+  """
+  total = 0.0
+  for i, leaf in enumerate(jax.tree.leaves(params)):
+    x = to_host(leaf).astype(np.float64)
+    total += (i + 1) * (float(x.sum()) + float(np.square(x).sum()))
+  return total

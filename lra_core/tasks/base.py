@@ -1,0 +1,94 @@
+"""The task interface: what the trainer needs from an objective.
+
+The trainer never branches on the task or the model. A task
+  - `prepare(batch, key)`: per-step preprocessing on device (e.g. MLM masking), before the batch
+    is split into micro-batches;
+  - `normalizer(batch)`: the total loss weight of the whole batch, so that summing gradients of
+    micro-batch losses `sum / normalizer` gives exactly the full-batch gradient;
+  - `loss_and_metrics(model, batch, *, normalizer, rngs, carry)`: scalar loss, metric sums and the
+    model state carried to the next update window (None for models without one).
+Metrics are (sum, weight) pairs, summed over batches and devices, and turned into values by
+`finalize`, so an evaluation over many batches is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lra_core.data import DataInfo
+
+Array = jax.Array
+Metrics = dict[str, tuple[Array, Array]]
+
+
+def weighted_cross_entropy(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array, Array]:
+  """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32)."""
+  logits = logits.astype(jnp.float32)
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  return (nll * weights).sum(), (correct * weights).sum(), weights.sum()
+
+
+def classification_loss(model: nnx.Module, logits: Array, batch: dict[str, Array],
+                        normalizer: Array) -> tuple[Array, Metrics]:
+  """Weighted cross-entropy / normalizer plus the model's auxiliary losses, and metric sums."""
+  nll, correct, weight = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
+  loss = nll / normalizer + aux_losses(model)
+  return loss, {"loss": (nll, weight), "accuracy": (correct, weight)}
+
+
+def aux_losses(model: nnx.Module) -> Array:
+  """Sum of the auxiliary losses the model sowed during its forward pass (e.g. VQ commitment).
+
+  Models add them with `self.sow(nnx.Intermediate, "aux_loss", value)`; popping them here
+  keeps the module state clean for the next call.
+  """
+  sown = nnx.pop(model, nnx.Intermediate)
+  total = jnp.zeros((), jnp.float32)
+  for path, value in nnx.to_flat_state(sown):
+    if "aux_loss" in path:
+      for v in jax.tree.leaves(value):
+        total = total + jnp.asarray(v, jnp.float32).sum()
+  return total
+
+
+class Task:
+  """Base class; subclasses implement `loss_and_metrics` and may override the rest."""
+
+  name = "task"
+  metric_names: tuple[str, ...] = ("loss", "accuracy")
+
+  def __init__(self, config, info: DataInfo):
+    self.config, self.info = config, info
+
+  def prepare(self, batch: dict[str, Array], key: Array) -> dict[str, Array]:
+    del key
+    return batch
+
+  def normalizer(self, batch: dict[str, Array]) -> Array:
+    return jnp.maximum(batch["weights"].astype(jnp.float32).sum(), 1.0)
+
+  def loss_and_metrics(self, model: nnx.Module, batch: dict[str, Array], *, normalizer: Array,
+                       rngs: nnx.Rngs | None, carry: Any = None) -> tuple[Array, Metrics, Any]:
+    raise NotImplementedError
+
+  def finalize(self, sums: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """(sum, weight) pairs -> metric values; adds derived metrics (perplexity, bits)."""
+    return {k: (s / w if w else float("nan")) for k, (s, w) in sums.items()}
+
+
+class TokenTask(Task):
+  """Per-token prediction: adds perplexity and bits per <unit> (byte, token, dim) to the loss."""
+
+  def finalize(self, sums):
+    out = super().finalize(sums)
+    if "loss" in out:
+      out["perplexity"] = math.exp(min(out["loss"], 700.0))
+      out[f"bits_per_{self.info.unit}"] = out["loss"] / math.log(2.0)
+    return out

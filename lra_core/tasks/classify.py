@@ -1,0 +1,18 @@
+"""Sequence classification (`classify`) and two-tower matching (`retrieval`).
+
+Both read inputs / mask / targets / weights; the model decides how towers are encoded
+(see models/heads.py), so the objective is the same cross-entropy.
+"""
+
+from __future__ import annotations
+
+from lra_core.tasks.base import Task, classification_loss
+
+
+class ClassifyTask(Task):
+  name = "classify"
+
+  def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
+    logits = model(batch["inputs"], mask=batch["mask"], rngs=rngs)
+    loss, metrics = classification_loss(model, logits, batch, normalizer)
+    return loss, metrics, carry

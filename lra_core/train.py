@@ -1,0 +1,177 @@
+"""The one trainer: mesh -> data -> shapes -> shardings -> init -> step -> resume -> loop.
+
+  python -m lra_core.train --config=configs/lra/listops/transformer.py:tiny --workdir=/tmp/run
+  python -m lra_core.train                       # the embedded default: ListOps on CPU
+
+Every model and task goes through this file unchanged: models are found by name
+(lra_core.registry), objectives live in lra_core/tasks, datasets in lra_core/data.
+A workdir with a checkpoint resumes automatically; the run ends with summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+from lra_core import data as data_lib
+from lra_core import cli, experiment, optim, sharding
+from lra_core.checkpoint import Checkpointer
+from lra_core.data import pipeline
+from lra_core.errors import TrainingDiverged
+from lra_core.metrics import MetricWriter, Progress
+from lra_core.state import make_state_spec, param_checksum
+from lra_core.steps import make_train_step
+
+DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
+DEFAULT_WORKDIR = "runs/listops_default"
+
+
+def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int | None = None) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
+
+  stop_at_step: leave after saving a checkpoint at this step (an interrupted run, for tests and
+  for splitting a job across allocations); the summary is then {"stopped_at": step}.
+  """
+  workdir = pathlib.Path(workdir)
+  writer = MetricWriter(workdir)
+  writer.write_json("config.json", {"config": config.to_dict()})
+  t = config.train
+  total_steps = t.steps
+
+  # ----------------------------------------------------------------------------- Mesh
+  mesh = sharding.make_mesh(config.mesh)
+  rules = config.sharding.rules
+  logging.info("mesh %s over %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size,
+               jax.devices()[0].platform, jax.process_count())
+
+  # ----------------------------------------------------------------------------- Data
+  sources, task = experiment.setup_data(config, data_lib.SPLITS, mesh)
+  train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
+
+  # ----------------------------------------------------------------------------- Shapes, shardings, init
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  logging.info("model %s: %s parameters", config.model.name, f"{spec.num_params:,}")
+
+  # ----------------------------------------------------------------------------- Steps
+  with sharding.activate(mesh, rules):
+    train_step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
+                         out_shardings=(spec.shardings, None))
+    evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
+
+    # --------------------------------------------------------------------------- Resume
+    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
+    start = ckpt.latest_step()
+    if start is None:
+      state = spec.init()
+      start = 0
+    else:
+      state, meta = ckpt.restore(start, spec.abstract)
+      logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+
+    # --------------------------------------------------------------------------- Loop
+    windows = pipeline.num_windows(config)
+    tokens_per_step = t.batch_size * t.seq_len // windows
+    progress = Progress(start, total_steps, tokens_per_step)
+    batches = pipeline.iterate(train_reader, start, total_steps, num_threads=config.data.num_threads,
+                               prefetch=config.data.prefetch)
+    stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+    pending, log_sums, last_saved = None, {}, start
+    t_start = time.perf_counter()
+    for step in range(start, stop):
+      batch = experiment.to_device(next(batches), mesh, rules)
+      state, metrics = train_step(state, batch)
+      # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
+      # one step late at most, before any checkpoint is written.
+      if pending is not None:
+        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
+      pending = (step + 1, metrics)
+      done = step + 1
+      if done % t.log_every == 0 or done == stop:
+        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
+        pending = None
+        logged = _finish_log(task, log_sums)
+        log_sums.clear()
+        writer.write(done, logged)
+        progress.update(done, logged)
+      else:
+        progress.update(done)
+      if t.eval_every and done % t.eval_every == 0 and done < total_steps:
+        val = evaluate(state, "validation", t.eval_batches)
+        writer.write(done, {f"val_{k}": v for k, v in val.items()})
+        logging.info("step %d validation: %s", done, _fmt(val))
+      if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
+        if pending is not None:
+          _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
+          pending = None
+        ckpt.save(done, state, {"next_batch": done})
+        last_saved = done
+    progress.close()
+    train_time = time.perf_counter() - t_start
+    if stop < total_steps:
+      ckpt.close()
+      writer.close()
+      return {"stopped_at": stop}
+
+    # --------------------------------------------------------------------------- Final evaluation
+    summary = {"step": total_steps, "num_params": spec.num_params}
+    summary.update({f"val_{k}": v for k, v in evaluate(state, "validation", t.eval_batches).items()})
+    if t.test_at_end:
+      summary.update({f"test_{k}": v for k, v in evaluate(state, "test").items()})
+    ckpt.close()
+  summary["param_checksum"] = param_checksum(state["params"])
+  if stop > start:
+    summary["train_time_s"] = train_time
+    summary["tokens_per_s"] = (stop - start) * tokens_per_step / max(train_time, 1e-9)
+  writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
+  writer.write_json("summary.json", summary)
+  writer.close()
+  logging.info("done: %s", _fmt(summary))
+  return summary
+
+
+def _check_and_accumulate(step: int, metrics: dict, sums: dict, nan_check: bool, last_saved: int,
+                          ckpt: Checkpointer) -> None:
+  host = jax.device_get(metrics)
+  if nan_check:
+    for name in ("objective", "grad_norm", "param_norm"):
+      value = float(host[name])
+      if not np.isfinite(value):
+        where = (f"the last good checkpoint is step {last_saved} in {ckpt.directory}" if last_saved
+                 else "no checkpoint was written yet")
+        raise TrainingDiverged(f"non-finite {name} ({value}) at step {step}; {where}.")
+  for name, value in host.items():
+    value = np.asarray(value, np.float64)
+    if value.shape == (2,):  # (sum, weight) pairs add up
+      s, w = sums.get(name, (0.0, 0.0))
+      sums[name] = (s + value[0], w + value[1])
+    else:  # scalars: keep the latest
+      sums[name] = (float(value), None)
+
+
+def _finish_log(task, sums: dict) -> dict[str, float]:
+  pairs = {k: v for k, v in sums.items() if v[1] is not None}
+  out = {f"train_{k}": v for k, v in task.finalize(pairs).items()}
+  out.update({k: v[0] for k, v in sums.items() if v[1] is None})
+  return out
+
+
+def _fmt(metrics: dict) -> str:
+  return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+def main(argv=None) -> None:
+  args = cli.parse(argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR,
+                   prog="python -m lra_core.train")
+  logging.info("config %s, workdir %s", args.spec, args.workdir)
+  summary = train_and_evaluate(args.config, args.workdir)
+  shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
+  print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")
+
+
+if __name__ == "__main__":
+  cli.run(main)
