@@ -1,0 +1,325 @@
+"""Sampling from autoregressive models: logit filters and a compiled generation loop.
+
+Any model that follows the autoregressive protocol of CONTRACT.md works here:
+
+  logits = model(tokens)                                  # int32[B,T] -> float[B,T,V]
+  state = model.init_decode_state(batch_size, max_len)    # pytree of arrays
+  logits_t, state = model.decode_step(tokens[:, t:t+1], state)   # float[B,1,V], new state
+
+`filter_logits` and `sample_token` are pure functions on logits; `generate` runs prefill and
+sampling as two `lax.scan`s inside one jitted program, cached per shapes and sampling mode.
+
+Shapes: B batch, P prompt length, N new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lra_core.errors import UserError
+
+__all__ = ["DecodingError", "filter_logits", "sample_token", "generate"]
+
+
+class DecodingError(UserError, ValueError):
+  """A sampling setting, prompt or model does not fit what decoding expects."""
+
+
+# ---------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------
+
+def _as_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
+  """Returns `value` as a Python int (numpy integers welcome, bools and floats not)."""
+  if isinstance(value, bool):
+    raise DecodingError(f"{name} {value!r} must be an integer{hint}")
+  try:
+    value = operator.index(value)
+  except TypeError:
+    raise DecodingError(f"{name} {value!r} must be an integer{hint}") from None
+  if minimum is not None and value < minimum:
+    raise DecodingError(f"{name} {value} must be >= {minimum}{hint}")
+  return value
+
+
+def _check_settings(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
+  """Validates the sampling settings and returns them as plain Python numbers."""
+  try:
+    temperature = float(temperature)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    raise DecodingError(f"temperature {temperature!r} is not a Python number") from None
+  if not math.isfinite(temperature) or temperature < 0:
+    raise DecodingError(f"temperature {temperature} must be finite and >= 0 (0 = greedy)")
+  top_k = _as_int("top_k", top_k, minimum=0, hint=" (0 disables top-k)")
+  top_k = min(top_k, 2**31 - 1)  # it travels as int32; any k >= V means keep all anyway
+  try:
+    top_p = float(top_p)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    raise DecodingError(f"top_p {top_p!r} is not a Python number") from None
+  if not 0.0 < top_p <= 1.0:
+    raise DecodingError(f"top_p {top_p} must be in (0, 1] (1 disables nucleus filtering)")
+  return temperature, top_k, top_p
+
+
+def _mode(temperature: float, top_k: int, top_p: float) -> str:
+  """The part of the settings that changes the program; their values stay traced, so a
+  sweep over temperature or top_p compiles once."""
+  if temperature == 0.0:
+    return "greedy"
+  if top_k == 0 and top_p >= 1.0:
+    return "plain"
+  return "filtered"
+
+
+def _as_float(logits: jax.Array) -> jax.Array:
+  # Sampling resolution matters more than memory here: bf16 logits would merge close
+  # probabilities, so work in at least float32.
+  logits = jnp.asarray(logits)
+  return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# Pure functions on logits
+# ---------------------------------------------------------------------------------------
+
+def filter_logits(
+    logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
+  """Applies temperature, then top-k, then nucleus (top-p) filtering.
+
+  Args:
+    logits: float[..., V].
+    temperature: logits are divided by it; 0 keeps only the argmax (the T -> 0 limit).
+    top_k: keep the k largest logits; 0 (or k >= V) keeps all.
+    top_p: keep the smallest set of most likely tokens whose probability (after temperature
+      and top-k) reaches top_p; the argmax is always kept. 1 keeps all.
+
+  Ties are broken toward the lower token id, so the kept set is deterministic and top-k
+  keeps exactly min(k, V) tokens. Filtered entries get the smallest finite value of the
+  dtype rather than -inf, so a softmax over them never produces NaN.
+
+  Returns:
+    float[..., V] (at least float32).
+  """
+  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
+  return _filter_logits(_as_float(logits), temperature, top_k, top_p,
+                        mode=_mode(temperature, top_k, top_p))
+
+
+@functools.partial(jax.jit, static_argnames=("mode",))
+def _filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                   top_p: jax.Array, *, mode: str) -> jax.Array:
+  """filter_logits with traced settings; `mode` (from _mode) picks the program."""
+  if mode == "greedy":
+    temperature, top_k, top_p = 1.0, 1, 1.0
+  logits = logits / temperature
+  if mode == "plain":
+    return logits
+
+  vocab = logits.shape[-1]
+  fill = jnp.finfo(logits.dtype).min
+  # A stable descending sort gives every token a distinct rank, ties going to the lower id.
+  order = jnp.argsort(logits, axis=-1, descending=True, stable=True)
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  keep_sorted = jnp.arange(vocab) < jnp.where(top_k > 0, top_k, vocab)
+  probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_logits, fill), axis=-1)
+  # Mass strictly before each token: a token is needed while that mass is below top_p.
+  # It is exactly 0 at rank 0, so the argmax survives any rounding. top_p == 1 must skip
+  # the test: rounding can push the mass before a rare last token to 1.0.
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = keep_sorted & ((mass_before < top_p) | (top_p >= 1.0))
+  keep = jnp.put_along_axis(
+      jnp.zeros(keep_sorted.shape, dtype=bool), order, keep_sorted, axis=-1, inplace=False)
+  return jnp.where(keep, logits, fill)
+
+
+def sample_token(
+    key: jax.Array,
+    logits: jax.Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> jax.Array:
+  """Draws one token per row from the filtered distribution.
+
+  Args:
+    key: a PRNG key (unused when temperature == 0).
+    logits: float[B,V] (any leading shape [...,V] works).
+    temperature, top_k, top_p: as in `filter_logits`; temperature 0 is greedy argmax.
+
+  Returns:
+    int32[B]: token ids.
+  """
+  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
+  return _sample_token(key, _as_float(logits), temperature, top_k, top_p,
+                       mode=_mode(temperature, top_k, top_p))
+
+
+@functools.partial(jax.jit, static_argnames=("mode",))
+def _sample_token(key: jax.Array, logits: jax.Array, temperature: jax.Array,
+                  top_k: jax.Array, top_p: jax.Array, *, mode: str) -> jax.Array:
+  if mode == "greedy":
+    # argmax returns the first maximum: the same tie rule as filter_logits.
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  filtered = _filter_logits(logits, temperature, top_k, top_p, mode=mode)
+  return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------
+
+@functools.partial(
+    jax.jit, static_argnums=(0,),
+    static_argnames=("max_new_tokens", "mode", "eos_id", "pad_id"))
+def _generate_compiled(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    prompt: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    *,
+    max_new_tokens: int,
+    mode: str,
+    eos_id: int | None,
+    pad_id: int,
+) -> jax.Array:
+  """prompt int32[B,P] -> int32[B,P+N]: the prompt and its sampled continuation."""
+  model = nnx.merge(graphdef, params)
+  # Only this traced copy is switched to eval mode; the caller's module keeps its mode.
+  model.eval()
+  batch, prompt_len = prompt.shape
+  state = model.init_decode_state(batch, prompt_len + max_new_tokens)
+
+  def step(state: Any, tokens: jax.Array) -> tuple[jax.Array, Any]:
+    """tokens int32[B] -> logits float[B,V], next state."""
+    logits, state = model.decode_step(tokens[:, None], state)
+    if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
+      raise DecodingError(
+          f"{type(model).__name__}.decode_step returned logits of shape {logits.shape}; "
+          f"expected [B,1,V] with B={batch}")
+    return _as_float(logits[:, 0]), state
+
+  def sample(key: jax.Array, logits: jax.Array) -> jax.Array:
+    return _sample_token(key, logits, temperature, top_k, top_p, mode=mode)
+
+  # Prefill. Only the last position's logits are needed, so they ride in the carry instead
+  # of stacking [P,B,V] outputs.
+  logits_spec, _ = jax.eval_shape(step, state, prompt[:, 0])
+
+  def prefill_body(carry, tokens):
+    state, _ = carry
+    logits, state = step(state, tokens)
+    return (state, logits), None
+
+  init_logits = jnp.zeros(logits_spec.shape, logits_spec.dtype)
+  (state, logits), _ = jax.lax.scan(prefill_body, (state, init_logits), prompt.T)
+
+  # Sampling. The first token comes from the prefill logits, so the model sees
+  # P + N - 1 tokens and the last sampled token is never fed back.
+  keys = jax.random.split(key, max_new_tokens)
+  first = sample(keys[0], logits)
+  if eos_id is None:
+    done = jnp.zeros((batch,), dtype=bool)
+  else:
+    done = first == eos_id
+
+  def decode_body(carry, step_key):
+    state, prev, done = carry
+    logits, state = step(state, prev)
+    token = sample(step_key, logits)
+    if eos_id is not None:
+      # Finished rows keep decoding (the batch moves in lockstep) but emit padding, which
+      # is also what they are fed: their later tokens never reach the output.
+      token = jnp.where(done, pad_id, token)
+      done = done | (token == eos_id)
+    return (state, token, done), token
+
+  _, rest = jax.lax.scan(decode_body, (state, first, done), keys[1:])
+  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
+
+
+def _check_key(key: Any) -> None:
+  if not isinstance(key, jax.Array):
+    raise DecodingError(f"key {key!r} is not a PRNG key; pass e.g. jax.random.key(0)")
+  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  raw = not typed and key.dtype == jnp.uint32 and key.ndim == 1  # (2,) threefry, (4,) rbg
+  if not (typed and key.shape == () or raw):
+    raise DecodingError(
+        f"key has dtype {key.dtype} and shape {key.shape}; expected a single PRNG key "
+        "(jax.random.key(seed) or jax.random.PRNGKey(seed))")
+
+
+def generate(
+    model: nnx.Module,
+    prompt: jax.Array,
+    *,
+    max_new_tokens: int,
+    key: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+) -> jax.Array:
+  """Samples a continuation of `prompt` from an autoregressive model.
+
+  The prompt is fed through `model.decode_step` token by token (prefill), then
+  `max_new_tokens` tokens are sampled, each fed back for the next step. All prompts in a
+  batch share the length P: there is no per-row prompt length, so pad or bucket prompts of
+  different lengths before calling. The model runs in eval mode (on a traced copy; `model`
+  itself is not changed).
+
+  The whole loop is one jitted program, compiled once per model structure, B, P,
+  max_new_tokens, eos_id, pad_id and sampling mode (greedy, unfiltered, or with top-k /
+  top-p); new parameters, keys, or values of temperature, top_k and top_p reuse it.
+
+  Args:
+    model: an nnx.Module with `init_decode_state(batch_size, max_len)` and
+      `decode_step(tokens[B,1], state) -> (logits[B,1,V], state)`; max_len is P + N.
+    prompt: int[B,P] token ids, P >= 1.
+    max_new_tokens: N >= 0.
+    key: a PRNG key; the same key gives the same samples.
+    temperature, top_k, top_p: as in `filter_logits`; temperature 0 is greedy.
+    eos_id: if set, a row that emits eos_id keeps it and gets pad_id at every later
+      position (pad_id is also what that row's model copy is fed, so it must be a valid id).
+    pad_id: padding token after EOS.
+
+  Returns:
+    int32[B, P + N]: the prompt followed by the generated tokens.
+  """
+  for name in ("init_decode_state", "decode_step"):
+    if not callable(getattr(model, name, None)):
+      raise DecodingError(
+          f"model {type(model).__name__} has no method {name}; generate needs the "
+          "autoregressive decode protocol (init_decode_state, decode_step)")
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise DecodingError(
+        f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P]")
+  if prompt.shape[0] < 1 or prompt.shape[1] < 1:
+    raise DecodingError(f"prompt shape {prompt.shape} needs B >= 1 and P >= 1 tokens")
+  max_new_tokens = _as_int("max_new_tokens", max_new_tokens, minimum=0)
+  eos_id = None if eos_id is None else _as_int("eos_id", eos_id)
+  pad_id = _as_int("pad_id", pad_id)
+  _check_key(key)
+  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
+  prompt = prompt.astype(jnp.int32)
+  if max_new_tokens == 0:
+    return prompt
+
+  graphdef, params = nnx.split(model)
+  return _generate_compiled(
+      graphdef, params, prompt, key, temperature, top_k, top_p,
+      max_new_tokens=max_new_tokens, mode=_mode(temperature, top_k, top_p),
+      eos_id=eos_id, pad_id=pad_id)
