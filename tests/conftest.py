@@ -1,0 +1,13 @@
+"""Test setup: 8 host CPU devices (for sharding tests) and a persistent compile cache."""
+
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (must come after XLA_FLAGS)
+
+_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
+jax.config.update("jax_compilation_cache_dir", str(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

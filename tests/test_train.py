@@ -1,0 +1,147 @@
+"""End-to-end runs of the one trainer: every task, resume, checkpoints, accumulation, CLI."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import lra_core
+from lra_core.metrics import read_metrics
+from lra_core.train import train_and_evaluate
+
+LISTOPS = "configs/lra/listops/transformer.py:tiny"
+ENWIK8 = "configs/enwik8/transformer.py:tiny"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  rng = np.random.default_rng(0)
+  words = np.array(["alpha", "beta", "gamma", "delta", "the", "a", "of", "and"])
+  path = tmp_path_factory.mktemp("text") / "corpus.txt"
+  path.write_text(" ".join(rng.choice(words, size=6000)))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def aan_dir(tmp_path_factory):
+  """A small retrieval set in the LRA AAN TSV layout: label, id1, id2, text1, text2."""
+  rng = np.random.default_rng(1)
+  folder = tmp_path_factory.mktemp("aan")
+  topics = ["graph parsing", "speech tagging", "neural translation", "topic models"]
+  for name, n in (("train", 64), ("eval", 16), ("test", 16)):
+    lines = []
+    for i in range(n):
+      a, b = rng.integers(len(topics), size=2)
+      lines.append(f"{int(a == b)}\tid{i}a\tid{i}b\tA paper on {topics[a]}.\tWe study {topics[b]} here.")
+    (folder / f"new_aan_pairs.{name}.tsv").write_text("\n".join(lines) + "\n")
+  return str(folder)
+
+
+def listops(cache_dir, *overrides):
+  return lra_core.load_config(LISTOPS, [f"data.cache_dir={cache_dir}", *overrides])
+
+
+def test_classify_end_to_end_writes_all_outputs(tmp_path, cache_dir):
+  summary = train_and_evaluate(listops(cache_dir, "train.eval_every=2"), tmp_path)
+  assert 0.0 <= summary["test_accuracy"] <= 1.0 and np.isfinite(summary["test_loss"])
+  assert np.isfinite(summary["param_checksum"])
+  assert json.loads((tmp_path / "summary.json").read_text())["param_checksum"] == summary["param_checksum"]
+  assert json.loads((tmp_path / "config.json").read_text())["config"]["task"] == "classify"
+  records = read_metrics(tmp_path)
+  assert [r["step"] for r in records if "train_loss" in r] == [2, 4]
+  assert any("val_accuracy" in r for r in records)
+  assert list((tmp_path / "tensorboard").iterdir())
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4]
+
+
+def test_stopped_and_resumed_run_matches_uninterrupted(tmp_path, cache_dir):
+  config = listops(cache_dir, "train.steps=6", "model.dropout=0.1")
+  full = train_and_evaluate(config, tmp_path / "full")
+  assert train_and_evaluate(config, tmp_path / "split", stop_at_step=3) == {"stopped_at": 3}
+  resumed = train_and_evaluate(config, tmp_path / "split")
+  assert resumed["param_checksum"] == full["param_checksum"]
+  assert resumed["test_loss"] == full["test_loss"]
+  # Running a finished workdir again changes nothing.
+  assert train_and_evaluate(config, tmp_path / "split")["param_checksum"] == full["param_checksum"]
+
+
+def test_lm_with_update_windows_and_grad_accumulation(tmp_path, text_file):
+  overrides = [f"data.path={text_file}", "train.steps=4", "train.eval_batches=1"]
+  plain = train_and_evaluate(lra_core.load_config(ENWIK8, overrides), tmp_path / "plain")
+  assert {"test_bits_per_byte", "test_perplexity", "val_loss"} <= set(plain)
+  assert plain["test_bits_per_byte"] == pytest.approx(plain["test_loss"] / np.log(2))
+  windows = train_and_evaluate(lra_core.load_config(ENWIK8, overrides + ["train.update_len=16"]),
+                               tmp_path / "windows")
+  assert np.isfinite(windows["test_loss"])
+  # Accumulating 2 micro-batches gives the full-batch gradient (without dropout). SGD, because
+  # Adam's first steps are sign-like and would amplify float rounding in near-zero gradients.
+  sgd = overrides + ["optim.name=sgd", "optim.lr=0.5", "optim.clip_norm=0.0", "model.dropout=0.0"]
+  full = train_and_evaluate(lra_core.load_config(ENWIK8, sgd), tmp_path / "full")
+  accum = train_and_evaluate(lra_core.load_config(ENWIK8, sgd + ["train.grad_accum_steps=2"]), tmp_path / "accum")
+  assert accum["param_checksum"] == pytest.approx(full["param_checksum"], rel=1e-7)
+  assert accum["param_checksum"] != pytest.approx(plain["param_checksum"], rel=1e-7)
+
+
+def test_mlm_end_to_end(tmp_path, text_file):
+  config = lra_core.load_config("configs/enwik8/transformer.py:tiny,mlm", [f"data.path={text_file}"])
+  summary = train_and_evaluate(config, tmp_path)
+  assert np.isfinite(summary["test_loss"]) and 0 <= summary["test_accuracy"] <= 1
+
+
+def test_retrieval_end_to_end(tmp_path, aan_dir):
+  config = lra_core.load_config("configs/lra/retrieval/transformer.py:tiny", [f"data.dir={aan_dir}"])
+  summary = train_and_evaluate(config, tmp_path)
+  assert 0 <= summary["test_accuracy"] <= 1
+
+
+def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file):
+  from lra_core.evaluate import evaluate
+  from lra_core.sample import sample
+  config = lra_core.load_config(ENWIK8, [f"data.path={text_file}"])
+  summary = train_and_evaluate(config, tmp_path)
+  result = evaluate(config, tmp_path, "test")
+  assert result["step"] == 4 and result["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
+  assert (tmp_path / "eval_test_4.json").exists()
+  texts = sample(config, tmp_path, prompt="the ", num_samples=2, max_new_tokens=5, temperature=0.0)
+  assert texts[0] == texts[1] and texts[0].startswith("the ")
+
+
+def test_data_and_model_mismatch_is_a_clear_error(tmp_path, cache_dir):
+  with pytest.raises(lra_core.ConfigError, match="model.vocab_size 8 is smaller"):
+    train_and_evaluate(listops(cache_dir, "model.vocab_size=8"), tmp_path)
+  with pytest.raises(lra_core.ConfigError, match="num_classes 4 does not match"):
+    train_and_evaluate(listops(cache_dir, "model.num_classes=4"), tmp_path)
+
+
+def test_non_finite_loss_stops_with_step_and_metric(tmp_path, cache_dir):
+  config = listops(cache_dir, "optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0",
+                   "train.log_every=1")
+  with pytest.raises(lra_core.TrainingDiverged, match=r"non-finite \w+ \(\w+\) at step \d"):
+    train_and_evaluate(config, tmp_path)
+
+
+def run_cli(*args, cwd=None):
+  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_cli_reports_config_errors_in_one_sentence(tmp_path):
+  proc = run_cli("lra_core.train", f"--config={LISTOPS}", "--config.train.stepz=3", f"--workdir={tmp_path}")
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.seq_len'."]
+
+
+def test_cli_trains_tiny_config_from_another_directory(tmp_path, cache_dir):
+  proc = run_cli("lra_core.train", f"--config={LISTOPS}", f"--workdir={tmp_path / 'run'}",
+                 f"--config.data.cache_dir={cache_dir}", "--config.train.steps=2", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "test_accuracy=" in proc.stdout
+  assert (tmp_path / "run" / "summary.json").exists()
