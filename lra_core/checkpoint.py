@@ -35,8 +35,12 @@ class Checkpointer:
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=force)
 
-  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
-    """-> (state placed as `abstract_state`'s shardings say, meta)."""
+  def restore(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
+    """-> (state placed as `abstract_state`'s shardings say, meta).
+
+    Without `abstract_state` the arrays come back as saved (for inspection, not for training:
+    containers such as optax states are then plain lists and dicts).
+    """
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from lra_core.data import Source
+from lra_core.errors import ConfigError, DataError
 
 WINDOWED_TASKS = ("lm", "image_ar")
 
@@ -58,13 +59,14 @@ class BatchReader:
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
     if batch_size % self.process_count:
-      raise ValueError(f"batch size {batch_size} is not a multiple of the process count {self.process_count}.")
+      raise ConfigError(f"batch size {batch_size} is not a multiple of the process count {self.process_count}.")
     if len(source) == 0:
-      raise ValueError("the data source is empty.")
+      raise DataError("the data source is empty.")
     self.source, self.batch_size, self.train = source, batch_size, train
     self.local_batch = batch_size // self.process_count
     self.windows = num_windows(config)
     self.seq_len = config.train.seq_len
+    self._rows = functools.lru_cache(maxsize=2)(self._read_rows)  # windows of a batch read it once
     examples = grain.MapDataset.source(source)
     self.examples = examples.shuffle(seed=config.train.seed).repeat() if train else examples
     self._zero = {k: np.zeros_like(v) for k, v in source[0].items()}
@@ -74,8 +76,7 @@ class BatchReader:
       return self._zero
     return self.examples[i]
 
-  @functools.lru_cache(maxsize=2)  # consecutive windows of one sequence batch read it once
-  def _rows(self, j: int) -> dict[str, np.ndarray]:
+  def _read_rows(self, j: int) -> dict[str, np.ndarray]:
     first = j * self.batch_size + self.process_index * self.local_batch
     return stack([self._example(first + r) for r in range(self.local_batch)])
 
