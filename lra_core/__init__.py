@@ -6,9 +6,10 @@
 """
 
 from lra_core.config import load_config
-from lra_core.errors import CheckpointError, ConfigError, DataError, TrainingDiverged, UserError
+from lra_core.errors import (CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged,
+                             UserError)
 from lra_core.registry import build_model
 
 __all__ = ["load_config", "build_model", "UserError", "ConfigError", "DataError", "CheckpointError",
-           "TrainingDiverged"]
+           "DecodingError", "TrainingDiverged"]
 __version__ = "0.1.0"

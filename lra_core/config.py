@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
+from lra_core import data as data_lib
+from lra_core import optim as optim_lib
 from lra_core.errors import ConfigError
 
 TASKS = ("lm", "mlm", "classify", "retrieval", "image_ar", "diffusion")
@@ -44,8 +46,6 @@ DEFAULT_RULES = (
 def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
                 optim: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
   """The fields every experiment has; config files fill in model, data and sizes."""
-  from lra_core import optim as optim_lib  # local: optim imports nothing from here
-
   c = ml_collections.ConfigDict()
   c.task = task
   c.model = model
@@ -226,9 +226,6 @@ def model_module(name: str):
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Cross-field checks shared by all configs, then the optimizer's and the model's."""
-  from lra_core import optim as optim_lib
-  from lra_core import data as data_lib
-
   for section in ("model", "data", "train", "optim", "mesh"):
     if section not in config:
       raise ConfigError(f"config has no {section!r} section; build it with lra_core.config.base_config.")

@@ -23,13 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.errors import UserError
+from lra_core.errors import DecodingError
 
 __all__ = ["DecodingError", "filter_logits", "sample_token", "generate"]
-
-
-class DecodingError(UserError, ValueError):
-  """A sampling setting, prompt or model does not fit what decoding expects."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,3 +23,7 @@ class CheckpointError(UserError, RuntimeError):
 
 class TrainingDiverged(UserError, FloatingPointError):
   """A loss, gradient or parameter became NaN or Inf."""
+
+
+class DecodingError(UserError, ValueError):
+  """A sampling setting, prompt or model does not fit what decoding expects."""

@@ -76,10 +76,11 @@ class Evaluator:
 
   def __call__(self, state: dict, split: str, limit: int = 0) -> dict[str, float]:
     reader = self.readers[split]
+    # Every autoregressive eval batch starts with reset=True, so this only fixes the shapes.
     carry = None
     if self.spec.has_carry:
-      model_carry = self.spec.abstract["carry"]
-      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype), model_carry)
+      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype),
+                           self.spec.abstract["carry"])
     totals = None
     n = reader.num_eval_batches(limit)
     it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads,

@@ -77,8 +77,7 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
   shardings = sharding.named(mesh, specs)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params_pure))
-  with sharding.activate(mesh, rules):
-    init_fn = jax.jit(init, out_shardings=shardings)
+  init_fn = jax.jit(init, out_shardings=shardings)  # traced (and constrained) on first call
   return StateSpec(train_graphdef, eval_graphdef, abstract, shardings, init_fn, has_carry, num_params)
 
 

@@ -10,6 +10,7 @@ A workdir with a checkpoint resumes automatically; the run ends with summary.jso
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import time
@@ -38,7 +39,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   """
   workdir = pathlib.Path(workdir)
   writer = MetricWriter(workdir)
-  writer.write_json("config.json", {"config": config.to_dict()})
+  writer.write_json("config.json", config.to_dict())
   t = config.train
   total_steps = t.steps
 
@@ -67,18 +68,18 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
     start = ckpt.latest_step()
     if start is None:
-      state = spec.init()
-      start = 0
+      state, start, next_batch = spec.init(), 0, 0
     else:
       state, meta = ckpt.restore(start, spec.abstract)
-      logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+      next_batch = meta["next_batch"]
+      logging.info("resuming at step %d (data position %d)", start, next_batch)
 
     # --------------------------------------------------------------------------- Loop
     windows = pipeline.num_windows(config)
     tokens_per_step = t.batch_size * t.seq_len // windows
     progress = Progress(start, total_steps, tokens_per_step)
-    batches = pipeline.iterate(train_reader, start, total_steps, num_threads=config.data.num_threads,
-                               prefetch=config.data.prefetch)
+    batches = pipeline.iterate(train_reader, next_batch, next_batch + total_steps - start,
+                               num_threads=config.data.num_threads, prefetch=config.data.prefetch)
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     pending, log_sums, last_saved = None, {}, start
     t_start = time.perf_counter()
@@ -108,7 +109,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
         if pending is not None:
           _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
           pending = None
-        ckpt.save(done, state, {"next_batch": done})
+        ckpt.save(done, state, {"next_batch": next_batch + done - start})
         last_saved = done
     progress.close()
     train_time = time.perf_counter() - t_start
@@ -127,6 +128,9 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   if stop > start:
     summary["train_time_s"] = train_time
     summary["tokens_per_s"] = (stop - start) * tokens_per_step / max(train_time, 1e-9)
+  elif (workdir / "summary.json").exists():  # a finished run evaluated again: keep its timing
+    previous = json.loads((workdir / "summary.json").read_text())
+    summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s") if k in previous})
   writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
   writer.write_json("summary.json", summary)
   writer.close()

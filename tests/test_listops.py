@@ -215,7 +215,7 @@ def test_validate_config_errors(tmp_path):
                     (dict(num_val=0), "num_val"), (dict(max_depth=2, min_length=20), "longest")):
     with pytest.raises(ConfigError, match=name):
       listops.validate_config(_config(generate=True, **bad))
-  with pytest.raises(ConfigError, match="unknown field"):
+  with pytest.raises(ConfigError, match="is not a field of the listops dataset"):
     listops.data_config(max_len=5)
 
 

@@ -76,8 +76,12 @@ def test_update_windows_split_sequences_along_time():
   np.testing.assert_array_equal(whole % 100, np.tile(np.arange(8), (2, 1)))
   assert len({tuple(ids(w)) for w in windows[:4]}) == 1  # one sequence batch
   assert windows[4]["targets"].shape == (2, 2)
-  # Classification has no windows.
+  # One window per sequence: every batch starts afresh. Classification has no windows at all.
+  whole_reader = pipeline.BatchReader(make_config(seq_len=8), Numbers(10, 8), train=True, batch_size=2)
+  assert all(bool(whole_reader(s)["reset"]) for s in range(3))
   assert pipeline.num_windows(make_config(task="classify", update_len=2)) == 1
+  classify = pipeline.BatchReader(make_config(task="classify"), Numbers(10, 8), train=True, batch_size=2)
+  assert "reset" not in classify(0)
 
 
 def test_eval_covers_the_split_once_and_pads_with_zero_weight():

@@ -54,7 +54,7 @@ def test_classify_end_to_end_writes_all_outputs(tmp_path, cache_dir):
   assert 0.0 <= summary["test_accuracy"] <= 1.0 and np.isfinite(summary["test_loss"])
   assert np.isfinite(summary["param_checksum"])
   assert json.loads((tmp_path / "summary.json").read_text())["param_checksum"] == summary["param_checksum"]
-  assert json.loads((tmp_path / "config.json").read_text())["config"]["task"] == "classify"
+  assert json.loads((tmp_path / "config.json").read_text())["task"] == "classify"
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records if "train_loss" in r] == [2, 4]
   assert any("val_accuracy" in r for r in records)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core import optim
+from models import transformer
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:
@@ -14,3 +15,13 @@ def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.Con
                 weight_decay=weight_decay, weight_decay_schedule="lr"))
   return c
 
+
+
+def lra_transformer(parts: set[str], **sizes) -> ml_collections.ConfigDict:
+  """The LRA Transformer encoder (dropout 0.1, CLS pooling); args plus / plusplus pick
+  Transformer+ / Transformer++. The plain one uses fixed sinusoids, as LRA's encoders do."""
+  variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
+  model = transformer.model_config(variant, pooling="cls", dropout=0.1, attention_dropout=0.1, **sizes)
+  if variant == "transformer":
+    model.position = "sinusoid"
+  return model

@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 from typing import Protocol
 
+import ml_collections
 import numpy as np
 
 from lra_core.errors import ConfigError
@@ -65,3 +66,18 @@ def make_source(config, split: str) -> Source:
   if split not in SPLITS:
     raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
   return dataset_module(config.data.name).make_source(config, split)
+
+
+def config_section(defaults: dict, overrides: dict) -> ml_collections.ConfigDict:
+  """A dataset's `config.data` section: its defaults with `overrides` on known fields only."""
+  section = ml_collections.ConfigDict(defaults)
+  for key, value in overrides.items():
+    if key not in defaults:
+      raise ConfigError(f"data.{key} is not a field of the {defaults['name']} dataset; "
+                        f"expected one of {sorted(defaults)}.")
+    try:
+      section[key] = value
+    except TypeError as e:
+      raise ConfigError(f"data.{key}={value!r} has type {type(value).__name__}; "
+                        f"expected {type(defaults[key]).__name__}.") from e
+  return section

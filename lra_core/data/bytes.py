@@ -28,7 +28,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo
+from lra_core.data import SPLITS, DataInfo, config_section
 from lra_core.errors import ConfigError, DataError
 
 VOCAB_SIZE = 256
@@ -48,18 +48,7 @@ _LOGGED: set[tuple] = set()
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
   """Returns the `data` config section, with `overrides` applied to its known fields."""
-  config = ml_collections.ConfigDict(_DEFAULTS)
-  for key, value in overrides.items():
-    if key not in _DEFAULTS:
-      raise ConfigError(f"data.{key} is not a field of the bytes dataset; "
-                        f"expected one of {sorted(_DEFAULTS)}.")
-    try:
-      config[key] = value
-    except TypeError as e:
-      expected = type(_DEFAULTS[key]).__name__
-      raise ConfigError(
-          f"data.{key}={value!r} has type {type(value).__name__}; expected {expected}.") from e
-  return config
+  return config_section(_DEFAULTS, overrides)
 
 
 def encode(text: str) -> list[int]:

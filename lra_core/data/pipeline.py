@@ -6,8 +6,9 @@ process reads only its own rows of it. So a run on any number of processes sees 
 batches, and resuming needs nothing but the step (stored with grain's iterator state).
 
 For autoregressive tasks with `train.update_len` < `seq_len` each sequence batch is cut into
-update windows along time; batch s is window s % n of sequence batch s // n and carries
-`reset` = (window == 0), which tells the trainer to start the carried model state afresh.
+update windows along time; batch s is window s % n of sequence batch s // n. Autoregressive
+batches carry `reset` = (window == 0), which tells the trainer to start the carried model
+state afresh (for every batch when there is one window per sequence).
 Evaluation batches are unshuffled, cover the split once, and pad the last batch with all-zero
 (zero-weight) examples.
 """
@@ -41,9 +42,8 @@ def stack(examples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def window(batch: dict[str, np.ndarray], index: int, count: int, seq_len: int) -> dict[str, np.ndarray]:
-  """Window `index` of `count` along the time axis (axis 1) of every [B, seq_len, ...] field."""
-  if count == 1:
-    return batch
+  """Window `index` of `count` along the time axis (axis 1) of every [B, seq_len, ...] field,
+  with `reset` = whether it starts a sequence (always, for one window per sequence)."""
   size = seq_len // count
   out = {k: (v[:, index * size:(index + 1) * size] if v.ndim >= 2 and v.shape[1] == seq_len else v)
          for k, v in batch.items()}
@@ -65,6 +65,7 @@ class BatchReader:
     self.source, self.batch_size, self.train = source, batch_size, train
     self.local_batch = batch_size // self.process_count
     self.windows = num_windows(config)
+    self.autoregressive = config.task in WINDOWED_TASKS
     self.seq_len = config.train.seq_len
     self._rows = functools.lru_cache(maxsize=2)(self._read_rows)  # windows of a batch read it once
     examples = grain.MapDataset.source(source)
@@ -82,7 +83,8 @@ class BatchReader:
 
   def __call__(self, s: int) -> dict[str, np.ndarray]:
     j, w = divmod(s, self.windows)
-    return window(self._rows(j), w, self.windows, self.seq_len)
+    rows = self._rows(j)
+    return window(rows, w, self.windows, self.seq_len) if self.autoregressive else rows
 
   def num_eval_batches(self, limit: int = 0) -> int:
     n = math.ceil(len(self.source) / self.batch_size) * self.windows

@@ -11,20 +11,15 @@ Settings: LRA public matching config (4 layers, d 128, 4 heads, MLP 512, length 
 document, batch 32, 5000 steps, lr factor 0.05 with rsqrt decay after 8000 warmup, wd 0.1).
 """
 
-from configs.lra.common import lra_optim
+from configs.lra.common import lra_optim, lra_transformer
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data.lra import retrieval
-from models import transformer
 
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
-  variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
-  model = transformer.model_config(variant, vocab_size=retrieval.VOCAB_SIZE, num_classes=2, d_model=128,
-                                   num_layers=4, num_heads=4, d_ff=512, pooling="cls",
-                                   classifier_hidden=512, dropout=0.1, attention_dropout=0.1)
-  if variant == "transformer":
-    model.position = "sinusoid"  # LRA's encoders use fixed sinusoids unless told to learn them
+  model = lra_transformer(parts, vocab_size=retrieval.VOCAB_SIZE, num_classes=2, d_model=128, num_layers=4,
+                          num_heads=4, d_ff=512, classifier_hidden=512)
   config = base_config(task="retrieval", model=model, data=retrieval.data_config(),
                        optim=lra_optim(lr=0.05, warmup=8000, weight_decay=0.1))
   config.train.update(dict(steps=5000, batch_size=32, seq_len=4000, eval_every=500, checkpoint_every=1000))

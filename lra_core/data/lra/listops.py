@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import DataInfo
+from lra_core.data import DataInfo, config_section
 from lra_core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -290,26 +290,22 @@ class Source:
 # ----------------------------------------------------------------------------- config
 
 
+_DEFAULTS = dict(
+    name="listops",
+    dir="",           # folder holding basic_{train,val,test}.tsv
+    generate=False,   # with dir "": generate the set below once into cache_dir and use it
+    cache_dir="",     # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+    seed=0, num_train=96000, num_val=2000, num_test=2000,
+    max_depth=10, max_args=10, min_length=500, max_length=2000)
+
+
 def data_config(**overrides) -> ml_collections.ConfigDict:
   """The `config.data` section for ListOps; defaults are the official generator's flags."""
-  cfg = ml_collections.ConfigDict(dict(
-      name="listops",
-      dir="",           # folder holding basic_{train,val,test}.tsv
-      generate=False,   # with dir "": generate the set below once into cache_dir and use it
-      cache_dir="",     # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
-      seed=0, num_train=96000, num_val=2000, num_test=2000,
-      max_depth=10, max_args=10, min_length=500, max_length=2000))
-  unknown = sorted(set(overrides) - set(cfg.keys()))
-  if unknown:
-    raise ConfigError(f"data_config got unknown field(s) {unknown}; "
-                      f"expected some of {sorted(cfg.keys())}.")
-  cfg.update(overrides)
-  return cfg
+  return config_section(_DEFAULTS, overrides)
 
 
 def _generator_settings(data) -> dict[str, int]:
-  defaults = data_config()
-  return {k: data.get(k, defaults[k]) for k in GENERATOR_FIELDS}
+  return {k: data.get(k, _DEFAULTS[k]) for k in GENERATOR_FIELDS}
 
 
 def cache_folder(data) -> pathlib.Path:
@@ -397,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv into --out")
   gen.add_argument("--out", required=True)
   for name in GENERATOR_FIELDS:
-    gen.add_argument(f"--{name}", type=int, default=data_config()[name])
+    gen.add_argument(f"--{name}", type=int, default=_DEFAULTS[name])
   stats = commands.add_parser("stats", help="print size, token lengths and labels of TSV files")
   stats.add_argument("files", nargs="+")
   args = parser.parse_args(argv)
