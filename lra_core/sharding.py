@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from lra_core.config import MESH_AXES
@@ -78,16 +78,11 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh,
 
 def variable_specs(state: nnx.State, rules: Rules, mesh: Mesh) -> dict:
   """Pure dict of PartitionSpecs for an (abstract) nnx.State of Variables with `logical_axes`."""
-
-  def spec(v):
-    axes = v.get_metadata().get("logical_axes")
-    value = v.get_value()
-    if axes is None:
-      return P()
-    return logical_to_spec(axes, rules, mesh, value.shape)
-
-  specs = jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  return nnx.State(specs).to_pure_dict() if not isinstance(specs, dict) else specs
+  flat = {}
+  for path, var in nnx.to_flat_state(state):
+    axes = var.get_metadata().get("logical_axes")
+    flat[path] = P() if axes is None else logical_to_spec(axes, rules, mesh, var.get_value().shape)
+  return traverse_util.unflatten_dict(flat)
 
 
 def batch_spec(rules: Rules, mesh: Mesh, shape: Sequence[int]) -> P:

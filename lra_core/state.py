@@ -56,15 +56,15 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
 
   param_specs = sharding.variable_specs(abs_params, rules, mesh)
   rest_specs = sharding.variable_specs(abs_rest, rules, mesh)
-  params_pure = abs_params.to_pure_dict()
+  params_pure = nnx.to_pure_dict(abs_params)
 
   def init() -> dict:
     model = build_model(config, seed=seed)
     _, params, rest = split_model(model)
-    params = params.to_pure_dict()
+    params = nnx.to_pure_dict(params)
     state = {"step": jnp.zeros((), jnp.int32),
              "rng": jax.random.key_data(jax.random.key(seed)),
-             "params": params, "opt_state": tx.init(params), "model_state": rest.to_pure_dict()}
+             "params": params, "opt_state": tx.init(params), "model_state": nnx.to_pure_dict(rest)}
     if has_carry:
       state["carry"] = model.init_carry(batch_size)
     return state

@@ -49,7 +49,7 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
     loss, metrics, carry = task.loss_and_metrics(model, batch, normalizer=normalizer,
                                                  rngs=nnx.Rngs(dropout=key), carry=carry)
     _, _, new_model_state = split_model(model)
-    return loss, (metrics, new_model_state.to_pure_dict(), carry)
+    return loss, (metrics, nnx.to_pure_dict(new_model_state), carry)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -20,8 +20,9 @@ def naive_attention(q, k, v, allowed):
       kh = hi // group
       logits = q[bi, :, hi] @ k[bi, :, kh].T / np.sqrt(d)
       logits = np.where(allowed[bi], logits, -np.inf)
-      w = np.exp(logits - logits.max(-1, keepdims=True))
-      w /= w.sum(-1, keepdims=True)
+      with np.errstate(invalid="ignore"):  # rows with no allowed key become NaN, compared nowhere
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
       out[bi, :, hi] = w @ v[bi, :, kh]
   return out
 
