@@ -13,6 +13,7 @@ Metrics are (sum, weight) pairs, summed over batches and devices, and turned int
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any
 
@@ -58,7 +59,7 @@ def aux_losses(model: nnx.Module) -> Array:
   return total
 
 
-class Task:
+class Task(abc.ABC):
   """Base class; subclasses implement `loss_and_metrics` and may override the rest."""
 
   name = "task"
@@ -74,9 +75,10 @@ class Task:
   def normalizer(self, batch: dict[str, Array]) -> Array:
     return jnp.maximum(batch["weights"].astype(jnp.float32).sum(), 1.0)
 
+  @abc.abstractmethod
   def loss_and_metrics(self, model: nnx.Module, batch: dict[str, Array], *, normalizer: Array,
                        rngs: nnx.Rngs | None, carry: Any = None) -> tuple[Array, Metrics, Any]:
-    raise NotImplementedError
+    """-> (scalar loss to differentiate, metric (sum, weight) pairs, carried state)."""
 
   def finalize(self, sums: dict[str, tuple[float, float]]) -> dict[str, float]:
     """(sum, weight) pairs -> metric values; adds derived metrics (perplexity, bits)."""
