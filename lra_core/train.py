@@ -82,19 +82,25 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
                                num_threads=config.data.num_threads, prefetch=config.data.prefetch)
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     pending, log_sums, last_saved = None, {}, start
+
+    def flush() -> None:
+      """Checks and adds up the metrics of the last dispatched step, if not done yet."""
+      nonlocal pending
+      if pending is not None:
+        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
+        pending = None
+
     t_start = time.perf_counter()
     for step in range(start, stop):
       batch = experiment.to_device(next(batches), mesh, rules)
       state, metrics = train_step(state, batch)
       # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
       # one step late at most, before any checkpoint is written.
-      if pending is not None:
-        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
-      pending = (step + 1, metrics)
+      flush()
       done = step + 1
+      pending = (done, metrics)
       if done % t.log_every == 0 or done == stop:
-        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
-        pending = None
+        flush()
         logged = _finish_log(task, log_sums)
         log_sums.clear()
         writer.write(done, logged)
@@ -106,9 +112,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
         writer.write(done, {f"val_{k}": v for k, v in val.items()})
         logging.info("step %d validation: %s", done, _fmt(val))
       if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
-        if pending is not None:
-          _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
-          pending = None
+        flush()
         ckpt.save(done, state, {"next_batch": next_batch + done - start})
         last_saved = done
     progress.close()
