@@ -36,27 +36,43 @@ def weighted_cross_entropy(logits: Array, targets: Array, weights: Array) -> tup
   return (nll * weights).sum(), (correct * weights).sum(), weights.sum()
 
 
-def classification_loss(model: nnx.Module, logits: Array, batch: dict[str, Array],
-                        normalizer: Array) -> tuple[Array, Metrics]:
-  """Weighted cross-entropy / normalizer plus the model's auxiliary losses, and metric sums."""
-  nll, correct, weight = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
-  loss = nll / normalizer + aux_losses(model)
-  return loss, {"loss": (nll, weight), "accuracy": (correct, weight)}
+Aux = tuple[Array, dict[str, Array]]
 
 
-def aux_losses(model: nnx.Module) -> Array:
-  """Sum of the auxiliary losses the model sowed during its forward pass (e.g. VQ commitment).
+def apply_model(model: nnx.Module, *args, **kwargs) -> tuple[Any, Aux]:
+  """Calls the model and collects what it sowed: (output, (auxiliary loss, auxiliary metrics)).
 
-  Models add them with `self.sow(nnx.Intermediate, "aux_loss", value)`; popping them here
-  keeps the module state clean for the next call.
+  Models add auxiliary losses with `self.sow(nnx.Intermediate, "aux_loss", scalar)` (e.g. VQ
+  commitment) and metrics with `self.sow(nnx.Intermediate, "aux_metrics", {name: scalar})`
+  (averaged per batch like any metric). Values sown by repeated calls are summed.
   """
-  sown = nnx.pop(model, nnx.Intermediate)
+  out, sown = nnx.capture(model, nnx.Intermediate)(*args, **kwargs)
   total = jnp.zeros((), jnp.float32)
+  metrics: dict[str, Array] = {}
   for path, value in nnx.to_flat_state(sown):
     if "aux_loss" in path:
       for v in jax.tree.leaves(value):
         total = total + jnp.asarray(v, jnp.float32).sum()
-  return total
+    elif "aux_metrics" in path:
+      for record in value.get_value():
+        for name, v in record.items():
+          metrics[name] = metrics.get(name, 0.0) + jnp.asarray(v, jnp.float32)
+  return out, (total, metrics)
+
+
+def classification_loss(logits: Array, batch: dict[str, Array], normalizer: Array,
+                        aux: Aux) -> tuple[Array, Metrics]:
+  """Weighted cross-entropy / normalizer plus the model's auxiliary losses, and metric sums.
+
+  An auxiliary loss is a mean over this batch's tokens; it is weighted by the batch's share of
+  the normalizer, so that micro-batch losses still sum to the full-batch objective.
+  """
+  nll, correct, weight = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
+  aux_loss, aux_metrics = aux
+  loss = (nll + aux_loss * weight) / normalizer
+  metrics = {"loss": (nll, weight), "accuracy": (correct, weight)}
+  metrics.update({name: (value, jnp.ones((), jnp.float32)) for name, value in aux_metrics.items()})
+  return loss, metrics
 
 
 class Task(abc.ABC):

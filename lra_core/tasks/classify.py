@@ -6,13 +6,13 @@ Both read inputs / mask / targets / weights; the model decides how towers are en
 
 from __future__ import annotations
 
-from lra_core.tasks.base import Task, classification_loss
+from lra_core.tasks.base import Task, apply_model, classification_loss
 
 
 class ClassifyTask(Task):
   name = "classify"
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
-    logits = model(batch["inputs"], mask=batch["mask"], rngs=rngs)
-    loss, metrics = classification_loss(model, logits, batch, normalizer)
+    logits, aux = apply_model(model, batch["inputs"], mask=batch["mask"], rngs=rngs)
+    loss, metrics = classification_loss(logits, batch, normalizer, aux)
     return loss, metrics, carry

@@ -12,7 +12,7 @@ of words is `word_loss`, whose exponential is the word-level perplexity PG-19 re
 
 from __future__ import annotations
 
-from lra_core.tasks.base import TokenTask, classification_loss
+from lra_core.tasks.base import TokenTask, apply_model, classification_loss
 
 
 class LMTask(TokenTask):
@@ -20,10 +20,10 @@ class LMTask(TokenTask):
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
     if carry is not None:
-      logits, carry = model(batch["inputs"], carry=carry, rngs=rngs)
+      (logits, carry), aux = apply_model(model, batch["inputs"], carry=carry, rngs=rngs)
     else:
-      logits = model(batch["inputs"], rngs=rngs)
-    loss, metrics = classification_loss(model, logits, batch, normalizer)
+      logits, aux = apply_model(model, batch["inputs"], rngs=rngs)
+    loss, metrics = classification_loss(logits, batch, normalizer, aux)
     if "words" in batch:  # text corpora: per-word loss = total token loss / number of words
       metrics["word_loss"] = (metrics["loss"][0], (batch["words"] * batch["weights"]).sum())
     return loss, metrics, carry

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.tasks.base import TokenTask, classification_loss
+from lra_core.tasks.base import TokenTask, apply_model, classification_loss
 
 
 def mask_tokens(key, tokens, valid, *, mask_rate, replace_mask, replace_random, mask_id, vocab_size):
@@ -42,6 +42,6 @@ class MLMTask(TokenTask):
     return {"inputs": inputs, "targets": targets, "weights": weights, "valid": valid}
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
-    logits = model(batch["inputs"], mask=batch["valid"], rngs=rngs)
-    loss, metrics = classification_loss(model, logits, batch, normalizer)
+    logits, aux = apply_model(model, batch["inputs"], mask=batch["valid"], rngs=rngs)
+    loss, metrics = classification_loss(logits, batch, normalizer, aux)
     return loss, metrics, carry

@@ -99,8 +99,10 @@ class LayerNorm(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-  def __init__(self, features: int, *, eps: float = 1e-6, use_scale: bool = True, rngs: nnx.Rngs):
+  def __init__(self, features: int, *, eps: float = 1e-6, use_scale: bool = True, use_bias: bool = False,
+               rngs: nnx.Rngs):
     self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",)) if use_scale else None
+    self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",)) if use_bias else None
     self.eps = eps
 
   def __call__(self, x: Array) -> Array:
@@ -108,6 +110,8 @@ class RMSNorm(nnx.Module):
     y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
     if self.scale is not None:
       y = y * self.scale[...]
+    if self.bias is not None:
+      y = y + self.bias[...]
     return y.astype(x.dtype)
 
 
