@@ -1,0 +1,451 @@
+"""Transformer-VQ (Lingle 2024): a decoder of gated attention units whose keys are vector-quantized,
+so that dense softmax attention runs in linear time with a compressive cache.
+
+Each unit (GAU, Remark 3.2): x~ = RMSNorm(x); q = RMS(x~ W_q) Dk^-1/4; k likewise; v = silu(x~ W_v);
+g = silu(x~ W_g); out = (VQAttn(q, STVQ(k), v) * g) W_o, added to x. There is no MLP: N units of
+width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.vq_attention`.
+
+  attention   'vq' (the paper) | 'full' (unquantized quadratic attention, the paper's baseline)
+  head_type   'shga' (single-head GAU) | 'mha' | 'mqa' (Dv split across heads; mqa shares k, v)
+  reduction   'serial' | 'matmul' | 'assoc' (cache variables across blocks); input_scan=True
+              instead runs the whole stack one block at a time (lax.scan over blocks)
+  compressive False: sliding window over the last block_len keys only (the Table 2 ablation)
+
+Codebooks are EMA k-means (rate `ema_rate`), updated in the training forward pass from
+statistics summed over the (global) batch and all blocks of the update window; keys get a
+straight-through estimator and a commitment loss (coefficient `commit_coef`). With update
+windows the model carries each unit's cache (previous block + per-code counts and means) to the
+next window with a stop-gradient; LayerDrop and sinusoid-dropout masks are drawn once per sequence
+and reused across its windows, residual dropout per window.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from kernels import vq_attention as vq
+from lra_core import optim
+from lra_core.config import tiny_train
+from lra_core.errors import ConfigError
+from lra_core.sharding import constrain
+from models.blocks.layers import Dense, Embed, RMSNorm, param
+from models.blocks.positions import sinusoid
+
+Array = jax.Array
+HEAD_TYPES = ("shga", "mha", "mqa")
+ATTENTIONS = ("vq", "full")
+
+_proj_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  """The `config.model` section (defaults: a small enwik8-style model)."""
+  c = ml_collections.ConfigDict(dict(
+      name="transformer_vq",
+      vocab_size=256,
+      d_model=256,
+      d_k=128,                 # key width (per head)
+      d_v=512,                 # value / gate width (all heads together); the paper uses 2 d_model
+      num_layers=4,            # number of GAUs (the paper's N; two GAUs ~ one transformer layer)
+      num_heads=1,
+      head_type="shga",        # shga | mha | mqa
+      attention="vq",          # vq | full
+      n_code=512,              # codebook size S
+      block_len=512,           # L; also the local window of exact attention and XL biases
+      reduction="serial",      # serial | matmul | assoc
+      input_scan=False,        # process the stack one block at a time
+      compressive=True,        # False: sliding window only (no codebook cache)
+      rel_bias=True,           # Transformer-XL relative biases inside the local window
+      abs_position=False,      # scaled sinusoid added to embeddings (image models)
+      wavelength=1e5,          # sinusoid maximum wavelength (appendix C.2)
+      commit_coef=1e-4,        # beta
+      ema_rate=0.99,           # gamma
+      dropsin=0.0,             # dropout on the XL sinusoids (per sequence)
+      dropres=0.0,             # dropout on each unit's residual branch
+      droplyr=0.0,             # LayerDrop per unit and sequence row
+      final_norm=False,        # RMSNorm before the classifier (large models)
+      tie_embeddings=False,    # classifier = embedding^T scaled by d_model^-1/2 (large models)
+      impl="xla",              # xla | pallas (attention core)
+      dtype="float32",
+  ))
+  c.update(overrides)
+  return c
+
+
+def validate_config(config) -> None:
+  m, t = config.model, config.train
+  if config.task not in ("lm", "image_ar"):
+    raise ConfigError(f"transformer_vq is a decoder for tasks 'lm' and 'image_ar', not {config.task!r}.")
+  for key in ("vocab_size", "d_model", "d_k", "d_v", "num_layers", "num_heads", "n_code", "block_len"):
+    if m[key] <= 0:
+      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  choices = {"head_type": HEAD_TYPES, "attention": ATTENTIONS, "reduction": vq.REDUCTIONS, "impl": vq.IMPLS}
+  for key, allowed in choices.items():
+    if m[key] not in allowed:
+      raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
+  if m.head_type == "shga" and m.num_heads != 1:
+    raise ConfigError(f"head_type 'shga' is single-head; model.num_heads is {m.num_heads}.")
+  if m.d_v % m.num_heads:
+    raise ConfigError(f"model.d_v {m.d_v} is not a multiple of model.num_heads {m.num_heads}.")
+  window = t.update_len or t.seq_len
+  if window % m.block_len:
+    raise ConfigError(f"update window {window} (train.update_len or train.seq_len) is not a multiple of "
+                      f"model.block_len {m.block_len}.")
+  if m.input_scan and m.attention != "vq":
+    raise ConfigError("model.input_scan needs attention 'vq' (full attention has no per-block cache).")
+  if m.impl == "pallas":
+    raise ConfigError("model.impl 'pallas' has no VQ-attention kernel yet; use 'xla'.")
+  for key in ("dropsin", "dropres", "droplyr"):
+    if not 0.0 <= m[key] < 1.0:
+      raise ConfigError(f"model.{key} must be in [0, 1), got {m[key]}.")
+
+
+def dropout(x: Array, rate: float, key: Array | None, shape=None) -> Array:
+  """Inverted dropout with an explicit key (None = off); `shape` broadcasts one mask (e.g. per row)."""
+  if key is None or rate == 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape if shape is None else shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def rms(x: Array, eps: float = 1e-6) -> Array:
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def ema_targets(c_sum: Array, c_count: Array, k_sum: Array, count: Array, rate: float) -> tuple[Array, Array]:
+  """EMA k-means step: new = rate * old + (1 - rate) * statistics of this window."""
+  return rate * c_sum + (1.0 - rate) * k_sum, rate * c_count + (1.0 - rate) * count
+
+
+def codebook_usage(count: Array) -> tuple[Array, Array]:
+  """Perplexity of the code assignment distribution and the number of unused codes, per head. count [..., S]."""
+  p = count / jnp.maximum(count.sum(-1, keepdims=True), 1.0)
+  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
+  return jnp.exp(entropy), jnp.sum(count == 0, -1).astype(jnp.float32)
+
+
+class Codebook(nnx.Variable):
+  """EMA k-means statistics: model state updated by the forward pass, never by the optimizer."""
+
+
+class VectorQuantizer(nnx.Module):
+  """Per-head codebook C = c_sum / c_count, learned by EMA k-means (no gradient)."""
+
+  def __init__(self, num_heads: int, n_code: int, d_k: int, *, ema_rate: float, rngs: nnx.Rngs):
+    # Keys are RMS-normalised and scaled by Dk^-1/4, so their coordinates have that scale.
+    init = jax.random.normal(rngs.params(), (num_heads, n_code, d_k)) * d_k ** -0.25
+    self.c_sum = Codebook(init, logical_axes=(None, None, None))
+    self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=(None, None))
+    self.ema_rate = ema_rate
+
+  def codebook(self) -> Array:
+    return jax.lax.stop_gradient(self.c_sum[...] / jnp.maximum(self.c_count[...], 0.01)[..., None])
+
+  def update(self, k_sum: Array, count: Array) -> None:
+    self.c_sum[...], self.c_count[...] = ema_targets(self.c_sum[...], self.c_count[...], k_sum, count,
+                                                     self.ema_rate)
+
+
+class GAU(nnx.Module):
+  """One gated attention unit with VQ (or full) attention and its own codebook."""
+
+  def __init__(self, m, *, dtype, rngs: nnx.Rngs):
+    d, h = m.d_model, m.num_heads
+    self.h, self.hk = h, (1 if m.head_type == "mqa" else h)
+    self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
+    self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
+    self.compressive, self.n_code = m.compressive, m.n_code
+    self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
+    self.norm = RMSNorm(d, use_bias=True, rngs=rngs)
+    kw = dict(dtype=dtype, kernel_init=_proj_init, rngs=rngs)
+    self.q_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "kv"), **kw)
+    self.k_proj = Dense(d, (self.hk, m.d_k), axes=("embed", "heads", "kv"), **kw)
+    self.v_proj = Dense(d, (self.hk, self.dv_head), axes=("embed", "heads", "kv"), **kw)
+    self.g_proj = Dense(d, m.d_v, axes=("embed", "mlp"), **kw)
+    self.out_proj = Dense(m.d_v, d, axes=("mlp", "embed"), **kw)
+    if m.rel_bias:
+      self.r_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "kv"), **kw)
+      self.xl_u = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "kv"))
+      self.xl_v = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "kv"))
+    else:
+      self.r_proj = self.xl_u = self.xl_v = None
+    self.quantizer = (VectorQuantizer(self.hk, m.n_code, m.d_k, ema_rate=m.ema_rate, rngs=rngs)
+                      if m.attention == "vq" else None)
+
+  def projections(self, x: Array) -> tuple[Array, Array, Array, Array]:
+    h = self.norm(x)
+    scale = self.d_k ** -0.25
+    q, k = rms(self.q_proj(h)) * scale, rms(self.k_proj(h)) * scale
+    return q, k, jax.nn.silu(self.v_proj(h)), jax.nn.silu(self.g_proj(h))
+
+  def relative(self, q: Array, key: Array | None) -> tuple[tuple[Array, Array] | None, Array]:
+    """(rel_q, r table [H, L+1, Dk]) for the XL position term, and the content query q + u."""
+    if self.r_proj is None:
+      return None, q
+    scale = self.d_k ** -0.25
+    table = sinusoid(jnp.arange(self.block_len + 1), self.r_proj.in_features[0], self.wavelength)
+    table = dropout(table, self.dropsin, key)
+    r = self.r_proj(table.astype(self.r_proj.dtype)).transpose(1, 0, 2) * scale
+    return (q + self.xl_v[...] * scale, r), q + self.xl_u[...] * scale
+
+  def quantize(self, k: Array) -> tuple[Array, Array, Array, Array]:
+    """Straight-through keys, codes, the commitment loss (mean over B,T of sum over heads) and the codebook."""
+    codebook = self.quantizer.codebook()
+    z, _ = vq.quantize(jax.lax.stop_gradient(k), codebook)
+    c_z = vq.codewords(z, codebook).astype(k.dtype)
+    commit = jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)).mean()
+    return k + jax.lax.stop_gradient(c_z - k), z, commit, codebook
+
+  def __call__(self, x: Array, carry: dict | None, *, sin_key: Array | None,
+               res_key: Array | None) -> tuple[Array, dict | None, dict]:
+    """x [B,T,D] -> residual branch [B,T,D], carry after the window, EMA statistics and commit loss."""
+    b, t, _ = x.shape
+    q, k, v, g = self.projections(x)
+    rel, q_content = self.relative(q, sin_key)
+    aux = {}
+    if self.quantizer is not None:
+      k_hat, z, commit, codebook = self.quantize(k)
+      out, carry = vq.vq_attention_blocks(q_content, k_hat, z, v, codebook, block_len=self.block_len,
+                                          reduction=self.reduction, carry=carry, rel=rel,
+                                          compressive=self.compressive)
+      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32)          # [B,T,Hk,S]
+      aux = {"commit": commit, "count": onehot.sum((0, 1)),
+             "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32))}
+    else:
+      out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel)
+    out = out.reshape(b, t, self.d_v) * g
+    return dropout(self.out_proj(out), self.dropres, res_key), carry, aux
+
+  # -- decoding ----------------------------------------------------------------------------------
+
+  def init_decode_state(self, batch_size: int, max_len: int, dtype) -> dict:
+    if self.quantizer is not None:
+      return vq.init_decode_state(batch_size, self.block_len, self.hk, self.n_code, self.d_k, self.dv_head,
+                                  dtype)
+    return {"k": jnp.zeros((batch_size, max_len, self.hk, self.d_k), dtype),
+            "v": jnp.zeros((batch_size, max_len, self.hk, self.dv_head), dtype)}
+
+  def decode(self, x: Array, state: dict, position: Array) -> tuple[Array, dict]:
+    q, k, v, g = self.projections(x)
+    rel, q_content = self.relative(q, None)
+    if self.quantizer is not None:
+      codebook = self.quantizer.codebook()
+      z, _ = vq.quantize(k, codebook)
+      out, state = vq.decode_step(q_content, vq.codewords(z, codebook).astype(k.dtype), z, v, codebook, state,
+                                  rel=rel, compressive=self.compressive)
+    else:
+      keys = jax.lax.dynamic_update_slice_in_dim(state["k"], k.astype(state["k"].dtype), position, axis=1)
+      values = jax.lax.dynamic_update_slice_in_dim(state["v"], v.astype(state["v"].dtype), position, axis=1)
+      state = {"k": keys, "v": values}
+      out = _attend_cache(q_content, keys, values, position, rel)
+    return self.out_proj(out.reshape(x.shape[0], 1, self.d_v) * g), state
+
+
+def _attend_cache(q: Array, keys: Array, values: Array, position: Array, rel) -> Array:
+  """Full attention of one query [B,1,H,Dk] over a [B,N,Hk,.] cache filled up to `position`."""
+  hk = keys.shape[2]
+  qg = vq._group(q, hk).astype(jnp.float32)
+  scores = jnp.einsum("bihgk,bjhk->bhgij", qg, keys.astype(jnp.float32))
+  distance = (position - jnp.arange(keys.shape[1]))[None, :]
+  if rel is not None:
+    rel_q, table = rel
+    rq = vq._group(rel_q, hk).transpose(0, 2, 3, 1, 4)
+    scores = scores + vq.relative_bias(rq, vq._group(table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3),
+                                       distance)
+  weights = jax.nn.softmax(jnp.where(distance >= 0, scores, -vq.MASK), axis=-1)
+  out = jnp.einsum("bhgij,bjhv->bihgv", weights, values.astype(jnp.float32))
+  return out.reshape(q.shape[:3] + (values.shape[-1],)).astype(values.dtype)
+
+
+class Model(nnx.Module):
+  """tokens int32[B,T] -> logits float32[B,T,V]; with `carry`, also the state for the next window."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    m = self.m = ml_collections.FrozenConfigDict(config.model)
+    self.dtype = jnp.dtype(m.dtype)
+    self.deterministic = False   # set by .train() / .eval(): EMA updates and dropout only in training
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
+    self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
+    self.units = nnx.List([GAU(m, dtype=self.dtype, rngs=rngs) for _ in range(m.num_layers)])
+    self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
+    self.classifier = (None if m.tie_embeddings else
+                       Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True,
+                             kernel_init=_proj_init, rngs=rngs))
+
+  # -- carried state -------------------------------------------------------------------------------
+
+  @property
+  def init_carry(self):
+    """Cache carried across update windows; only VQ attention has one (a property, so that
+    `hasattr(model, 'init_carry')` tells the trainer whether to keep a carry)."""
+    if self.m.attention != "vq":
+      raise AttributeError("full attention carries no state between update windows")
+    return self._init_carry
+
+  def _init_carry(self, batch_size: int) -> dict:
+    m = self.m
+    units = [vq.init_carry(batch_size, m.block_len, u.hk, m.n_code, m.d_k, u.dv_head, self.dtype)
+             for u in self.units]
+    return {"units": units, "offset": jnp.zeros((batch_size,), jnp.int32),
+            "seq_key": jnp.zeros((batch_size, 2), jnp.uint32)}
+
+  # -- forward -------------------------------------------------------------------------------------
+
+  def _embed(self, tokens: Array, positions: Array) -> Array:
+    x = self.embed(tokens)
+    if self.pos_scale is not None:
+      pe = sinusoid(positions, self.m.d_model, self.m.wavelength) * self.pos_scale[...]
+      x = x + pe.astype(x.dtype)
+    return x
+
+  def _logits(self, x: Array) -> Array:
+    if self.final_norm is not None:
+      x = self.final_norm(x)
+    if self.classifier is None:
+      return self.embed.attend(x).astype(jnp.float32) * self.m.d_model ** -0.5
+    return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
+
+  def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None):
+    """All units over x [B,T,D]; returns x, carries, summed commit loss and per-unit EMA statistics."""
+    m = self.m
+    commit, stats, new = jnp.zeros((), jnp.float32), [], []
+    for i, unit in enumerate(self.units):
+      sin_key = lyr_key = rk = None
+      if seq_key is not None:
+        sin_key, lyr_key = jax.random.fold_in(seq_key, 2 * i), jax.random.fold_in(seq_key, 2 * i + 1)
+        rk = jax.random.fold_in(res_key, i)
+      h, c, aux = unit(x, carries[i], sin_key=sin_key, res_key=rk)
+      x = x + dropout(h, m.droplyr, lyr_key, shape=(x.shape[0], 1, 1))
+      x = constrain(x, ("batch", "length", "embed"))
+      new.append(c)
+      if aux:
+        commit = commit + aux["commit"]
+        stats.append((aux["k_sum"], aux["count"]))
+    return x, new, commit, stats
+
+  def __call__(self, inputs: Array, *, carry: dict | None = None, rngs: nnx.Rngs | None = None,
+               mask: Array | None = None):
+    del mask  # causal model: padding only ever follows real tokens
+    m = self.m
+    b, t = inputs.shape
+    state = carry if carry is not None else (self._init_carry(b) if m.attention == "vq" else None)
+    offset = jnp.zeros((b,), jnp.int32) if state is None else state["offset"]
+    seq_key = res_key = None
+    training = not self.deterministic and rngs is not None
+    if training:
+      fresh = jax.random.key_data(rngs.dropout())
+      stored = fresh if state is None else jnp.where(offset[0] == 0, fresh, state["seq_key"][0])
+      seq_key, res_key = jax.random.wrap_key_data(stored), rngs.dropout()
+    x = self._embed(inputs, offset[:, None] + jnp.arange(t)[None])
+    carries = [None] * len(self.units) if state is None else state["units"]
+
+    if m.input_scan:
+      x, carries, commit, stats = self._scan_blocks(x, carries, seq_key, res_key)
+    else:
+      x, carries, commit, stats = self._stack(x, carries, seq_key, res_key)
+
+    if stats:
+      self._codebook_step(stats, commit)
+    logits = self._logits(x)
+    if carry is None:
+      return logits
+    new = {"units": carries, "offset": offset + t,
+           "seq_key": jnp.broadcast_to(seq_key_data(seq_key, state), state["seq_key"].shape)}
+    return logits, jax.tree.map(jax.lax.stop_gradient, new)
+
+  def _scan_blocks(self, x, carries, seq_key, res_key):
+    """Input scanning: the whole stack one block at a time, carrying each unit's cache."""
+    b, t, d = x.shape
+    l = self.m.block_len
+    blocks = x.reshape(b, t // l, l, d).swapaxes(0, 1)
+
+    def body(carry, xs):
+      caches, commit, stats = carry
+      xb, n = xs
+      rk = None if res_key is None else jax.random.fold_in(res_key, n)
+      y, caches, c, s = self._stack(xb, caches, seq_key, rk)
+      stats = [(a[0] + b_[0], a[1] + b_[1]) for a, b_ in zip(stats, s)]
+      return (caches, commit + c, stats), y
+
+    zero_stats = [(jnp.zeros_like(u.quantizer.c_sum[...]), jnp.zeros_like(u.quantizer.c_count[...]))
+                  for u in self.units]
+    (carries, commit, stats), ys = jax.lax.scan(
+        body, (carries, jnp.zeros((), jnp.float32), zero_stats), (blocks, jnp.arange(t // l)))
+    return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit / (t // l), stats
+
+  def _codebook_step(self, stats: list, commit: Array) -> None:
+    """EMA update (training only), commitment loss and codebook usage metrics."""
+    usage = [codebook_usage(count) for _, count in stats]
+    self.sow(nnx.Intermediate, "aux_loss", self.m.commit_coef * commit)
+    self.sow(nnx.Intermediate, "aux_metrics", {
+        "commit_loss": commit,
+        "codebook_perplexity": jnp.mean(jnp.stack([p.mean() for p, _ in usage])),
+        "codebook_unused": jnp.mean(jnp.stack([u.mean() for _, u in usage]))})
+    if not self.deterministic:
+      for unit, (k_sum, count) in zip(self.units, stats):
+        unit.quantizer.update(k_sum, count)
+
+  # -- decoding ------------------------------------------------------------------------------------
+
+  def init_decode_state(self, batch_size: int, max_len: int) -> dict:
+    return {"index": jnp.zeros((), jnp.int32),
+            "units": [u.init_decode_state(batch_size, max_len, self.dtype) for u in self.units]}
+
+  def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V], next state."""
+    position = state["index"]
+    x = self._embed(tokens, position[None, None])
+    new = []
+    for unit, s in zip(self.units, state["units"]):
+      h, s = unit.decode(x, s, position)
+      x = x + h
+      new.append(s)
+    return self._logits(x), {"index": position + 1, "units": new}
+
+
+def seq_key_data(seq_key: Array | None, state: dict) -> Array:
+  return state["seq_key"][0] if seq_key is None else jax.random.key_data(seq_key)
+
+
+# -- paper settings (Table 10 and appendix C of Lingle 2024) ------------------------------------------
+
+PAPER_SIZES = {
+    "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),
+    "1.3B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
+    "1.2B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
+}
+
+
+def paper_optim(name: str, weight_decay: float = 0.0) -> ml_collections.ConfigDict:
+  """Appendix C.1: AdamW (b1 .9, b2 .98, eps 1e-9, lr 4e-4, clip 0.1) or Adafactor (lr 0.01);
+  10k warmup, cosine decay to 0.1x; weight decay (where used) on a constant schedule."""
+  c = optim.default_config()
+  c.update(dict(schedule="cosine", warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=weight_decay))
+  if name == "adamw":
+    c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1,
+                  weight_decay_schedule="constant"))
+  else:
+    c.update(dict(name="adafactor", lr=0.01, momentum=0.0, decay_rate=0.8, clipping_threshold=1.0,
+                  multiply_by_parameter_scale=True, clip_norm=0.0))
+  return c
+
+
+def parameter_counts(config) -> dict[str, int]:
+  """Trainable parameters, codebook statistics (c_sum, c_count) and their total, from shapes only."""
+  from lra_core.registry import build_model
+  model = nnx.eval_shape(lambda: build_model(config))
+  count = lambda state: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
+  params, codebooks = count(nnx.state(model, nnx.Param)), count(nnx.state(model, Codebook))
+  return {"params": params, "codebook": codebooks, "total": params + codebooks}
+
+
+def tiny(config: ml_collections.ConfigDict, *, seq_len: int, update_len: int) -> None:
+  """The `tiny` size: same code paths (cache across windows, all dropouts), seconds on a CPU."""
+  config.model.update(dict(d_model=32, d_k=16, d_v=64, num_layers=2, n_code=16, block_len=8))
+  tiny_train(config, seq_len=seq_len)
+  config.train.update_len = update_len

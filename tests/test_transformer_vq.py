@@ -1,0 +1,264 @@
+"""Transformer-VQ against its oracles: the quadratic definition of VQ-attention, one block vs many,
+carried windows vs one long forward, token-by-token decoding vs the full forward, causality, and the
+closed-form EMA k-means target."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra_core
+from kernels import vq_attention as vq
+from lra_core.errors import ConfigError
+from lra_core.tasks.base import apply_model
+from models import transformer_vq as tvq
+
+ATOL = 1e-5
+
+
+def rand(key, shape, scale=1.0):
+  return jax.random.normal(jax.random.PRNGKey(key), shape) * scale
+
+
+def qkvc(b=2, t=24, h=2, hk=2, dk=8, dv=5, s=7):
+  return rand(0, (b, t, h, dk)), rand(1, (b, t, hk, dk)), rand(2, (b, t, hk, dv)), rand(3, (hk, s, dk))
+
+
+# -- the attention core -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", vq.REDUCTIONS)
+@pytest.mark.parametrize("block_len,hk", [(4, 2), (3, 1), (24, 2)])
+def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, block_len, hk):
+  q, k, v, c = qkvc(hk=hk)
+  w = rand(4, (v.shape[-1],))
+  fast = jax.jit(lambda *a: vq.vq_attention(*a, block_len=block_len, reduction=reduction))
+  np.testing.assert_allclose(fast(q, k, v, c), vq.vq_attention_reference(q, k, v, c), atol=ATOL)
+  grads = [jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2, 3)))(q, k, v, c)
+           for f in (fast, vq.vq_attention_reference)]
+  for name, a, b in zip("qkvc", *grads):
+    np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
+  assert not np.any(grads[0][2] == 0)  # values get real gradients
+
+
+def test_reductions_agree_on_long_sequences_with_large_scores():
+  # Scores in the hundreds: exp would overflow without the max shift and the running means.
+  q, k, v, c = qkvc(t=64, s=16)
+  ref = vq.vq_attention_reference(q * 7, k * 7, v, c * 7)
+  for r in vq.REDUCTIONS:
+    out = jax.jit(lambda *a: vq.vq_attention(*a, block_len=8, reduction=r))(q * 7, k * 7, v, c * 7)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, atol=2e-4)  # float32 rounding of scores ~ 400
+
+
+@pytest.mark.parametrize("compressive", [True, False])
+def test_windowed_core_equals_dense_attention_with_xl_biases(compressive):
+  q, k, v, c = qkvc()
+  z, _ = vq.quantize(k, c)
+  k_hat = vq.codewords(z, c)
+  rel = (rand(5, q.shape), rand(6, (q.shape[2], 5, q.shape[3])))     # window L = 4
+  fast = jax.jit(lambda q, kh, v, rq: vq.vq_attention_blocks(q, kh, z, v, c, block_len=4, rel=(rq, rel[1]),
+                                                             compressive=compressive)[0])
+  dense = jax.jit(lambda q, kh, v, rq: vq.dense_attention(q, kh, v, window=4, rel=(rq, rel[1]),
+                                                          sliding=not compressive))
+  np.testing.assert_allclose(fast(q, k_hat, v, rel[0]), dense(q, k_hat, v, rel[0]), atol=ATOL)
+  w = rand(7, (v.shape[-1],))
+  # Keys older than the previous block reach the output only through the (constant) codebook, so
+  # their gradient is the dense one only in the sliding-window form.
+  argnums = (0, 2, 3) if compressive else (0, 1, 2, 3)
+  ga = jax.jit(jax.grad(lambda *a: (fast(*a) * w).sum(), argnums=argnums))(q, k_hat, v, rel[0])
+  gb = jax.jit(jax.grad(lambda *a: (dense(*a) * w).sum(), argnums=argnums))(q, k_hat, v, rel[0])
+  for a, b in zip(ga, gb):
+    np.testing.assert_allclose(a, b, atol=ATOL)
+
+
+def test_carry_and_decode_continue_the_blockwise_computation():
+  q, k, v, c = qkvc()
+  z, _ = vq.quantize(k, c)
+  k_hat = vq.codewords(z, c)
+  rq, table = rand(5, q.shape), rand(6, (q.shape[2], 5, q.shape[3]))
+  full, _ = vq.vq_attention_blocks(q, k_hat, z, v, c, block_len=4, rel=(rq, table))
+  parts, carry = [], None
+  for sl in (slice(0, 8), slice(8, 12), slice(12, 24)):
+    out, carry = jax.jit(vq.vq_attention_blocks, static_argnames="block_len")(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, block_len=4,
+                                        rel=(rq[:, sl], table), carry=carry)
+    parts.append(out)
+  np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=ATOL)
+  state = vq.init_decode_state(2, 4, 2, c.shape[1], q.shape[-1], v.shape[-1])
+  step = jax.jit(lambda *a: vq.decode_step(*a[:6], rel=(a[6], table)))
+  steps = []
+  for t in range(q.shape[1]):
+    sl = slice(t, t + 1)
+    out, state = step(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, state, rq[:, sl])
+    steps.append(out)
+  np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=ATOL)
+
+
+def test_kernel_shape_errors_are_clear():
+  q, k, v, c = qkvc()
+  with pytest.raises(ValueError, match="not a multiple of block_len 5"):
+    vq.vq_attention(q, k, v, c, block_len=5)
+  with pytest.raises(ValueError, match="codebook must be"):
+    vq.vq_attention(q, k, v, c[:, :, :3], block_len=4)
+  with pytest.raises(ValueError, match="reduction 'scan'"):
+    vq.vq_attention(q, k, v, c, block_len=4, reduction="scan")
+
+
+# -- the model ---------------------------------------------------------------------------------------
+
+def make_model(seq_len=32, seed=0, **model):
+  overrides = [f"train.seq_len={seq_len}", "train.update_len=0"] + [f"model.{k}={v}" for k, v in model.items()]
+  config = lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", overrides)
+  return config, lra_core.build_model(config, seed=seed)
+
+
+@nnx.jit
+def fwd(model, x, carry=None, rngs=None):
+  """The model's forward pass (jitted; what it sows is collected and dropped)."""
+  return apply_model(model, x, carry=carry, rngs=rngs)[0]
+
+
+@nnx.jit
+def decode(model, token, state):
+  return model.decode_step(token, state)
+
+
+def tokens(b=2, t=32, seed=1):
+  return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, 256)
+
+
+VARIANTS = [dict(), dict(reduction="matmul"), dict(reduction="assoc"), dict(input_scan=True),
+            dict(compressive=False), dict(head_type="mqa", num_heads=2), dict(head_type="mha", num_heads=4),
+            dict(abs_position=True, final_norm=True, tie_embeddings=True), dict(attention="full")]
+
+
+def ids(v):
+  return ",".join(f"{k}={x}" for k, x in v.items()) or "default"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=ids)
+def test_decode_equals_forward_and_no_future_leakage(variant):
+  _, model = make_model(**variant)
+  model.eval()
+  x = tokens()
+  logits = fwd(model, x)
+  state = model.init_decode_state(2, 32)
+  steps = []
+  for t in range(32):
+    out, state = decode(model, x[:, t:t + 1], state)
+    steps.append(out)
+  np.testing.assert_allclose(jnp.concatenate(steps, 1), logits, atol=1e-4)
+  changed = x.at[:, 20:].set((x[:, 20:] + 7) % 256)
+  np.testing.assert_allclose(fwd(model, changed)[:, :20], logits[:, :20], atol=1e-6)
+  assert not np.allclose(fwd(model, changed)[:, 20:], logits[:, 20:])
+
+
+def test_one_block_equals_many_blocks_with_the_same_parameters():
+  # Without XL biases (whose window is the block) the result cannot depend on the block length.
+  _, small = make_model(block_len=4, rel_bias=False)
+  _, whole = make_model(block_len=32, rel_bias=False)
+  nnx.update(whole, nnx.state(small))
+  small.eval(), whole.eval()
+  x = tokens()
+  np.testing.assert_allclose(fwd(whole, x), fwd(small, x), atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(input_scan=True), dict(reduction="assoc")], ids=ids)
+def test_carried_windows_equal_one_long_forward(variant):
+  _, model = make_model(**variant)
+  model.eval()
+  x = tokens()
+  full = fwd(model, x)
+  carry, parts = model.init_carry(2), []
+  for w in range(4):
+    out, carry = fwd(model, x[:, 8 * w:8 * w + 8], carry=carry)
+    parts.append(out)
+  np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=1e-5)
+  np.testing.assert_array_equal(carry["offset"], [32, 32])
+
+
+def test_input_scan_equals_parallel_blocks():
+  _, a = make_model()
+  _, b = make_model(input_scan=True)
+  a.eval(), b.eval()
+  np.testing.assert_allclose(fwd(a, tokens()), fwd(b, tokens()), atol=1e-5)
+
+
+def test_ema_update_equals_closed_form_target():
+  _, model = make_model(num_layers=1, dropres=0.0, dropsin=0.0, droplyr=0.0)
+  model.train()
+  unit = model.units[0]
+  x = tokens()
+  old_sum, old_count = unit.quantizer.c_sum[...], unit.quantizer.c_count[...]
+  codebook = unit.quantizer.codebook()
+  _, k, _, _ = nnx.jit(lambda m, x: m.units[0].projections(m._embed(x, jnp.arange(32)[None])))(model, x)
+  z, _ = vq.quantize(k, codebook)
+  onehot = jax.nn.one_hot(z, codebook.shape[1])                       # [B,T,H,S]
+  gamma = model.m.ema_rate
+  want_count = gamma * old_count + (1 - gamma) * onehot.sum((0, 1))
+  want_sum = gamma * old_sum + (1 - gamma) * jnp.einsum("bths,bthk->hsk", onehot, k)
+  _, (loss, metrics) = nnx.jit(lambda m, x: apply_model(m, x, rngs=nnx.Rngs(dropout=0)))(model, x)
+  np.testing.assert_allclose(unit.quantizer.c_count[...], want_count, atol=1e-5)
+  np.testing.assert_allclose(unit.quantizer.c_sum[...], want_sum, atol=1e-5)
+  perplexity, unused = tvq.codebook_usage(onehot.sum((0, 1)))
+  np.testing.assert_allclose(metrics["codebook_perplexity"], perplexity.mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["codebook_unused"], unused.mean())
+  commit = jnp.sum(jnp.square(k - vq.codewords(z, codebook)), axis=(-2, -1)).mean()
+  np.testing.assert_allclose(loss, model.m.commit_coef * commit, rtol=1e-5)
+  # Evaluation leaves the codebook alone.
+  model.eval()
+  before = unit.quantizer.c_sum[...]
+  fwd(model, x)
+  np.testing.assert_array_equal(unit.quantizer.c_sum[...], before)
+
+
+def test_ema_statistics_cover_every_window_block_in_input_scan_mode():
+  _, parallel = make_model(num_layers=1)
+  _, scanned = make_model(num_layers=1, input_scan=True)
+  for m in (parallel, scanned):
+    m.train()
+    fwd(m, tokens(), rngs=nnx.Rngs(dropout=0))
+  np.testing.assert_allclose(scanned.units[0].quantizer.c_count[...], parallel.units[0].quantizer.c_count[...],
+                             atol=1e-5)
+
+
+def test_commitment_and_straight_through_gradients_reach_the_key_projection():
+  _, model = make_model(num_layers=1, commit_coef=0.0)
+  model.train()
+  x = tokens()
+
+  def loss(m):
+    return apply_model(m, x, rngs=nnx.Rngs(dropout=0))[0].mean()
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  assert float(jnp.abs(grads.units[0].k_proj.kernel[...]).max()) > 0
+
+
+def test_sequence_masks_are_reused_across_windows_and_redrawn_per_sequence():
+  _, model = make_model(droplyr=0.5, dropsin=0.5, dropres=0.0)
+  model.train()
+  x = tokens()
+  carry = model.init_carry(2)
+  _, carry1 = fwd(model, x[:, :16], carry=carry, rngs=nnx.Rngs(dropout=1))
+  _, carry2 = fwd(model, x[:, 16:], carry=carry1, rngs=nnx.Rngs(dropout=2))
+  np.testing.assert_array_equal(carry1["seq_key"], carry2["seq_key"])
+  _, carry3 = fwd(model, x[:, :16], carry=model.init_carry(2), rngs=nnx.Rngs(dropout=3))
+  assert not np.array_equal(carry3["seq_key"], carry1["seq_key"])
+
+
+def test_config_errors_are_clear():
+  with pytest.raises(ConfigError, match="not a multiple of model.block_len 8"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["train.update_len=12", "train.seq_len=48"])
+  with pytest.raises(ConfigError, match="single-head"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.num_heads=2"])
+  with pytest.raises(ConfigError, match="reduction"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.reduction=scan"])
+
+
+@pytest.mark.parametrize("spec,paper", [("configs/enwik8/transformer_vq.py", 190e6),
+                                        ("configs/pg19/transformer_vq.py", 1.3e9),
+                                        ("configs/imagenet64/transformer_vq.py:large", 1.2e9),
+                                        ("configs/imagenet64/transformer_vq.py", 190e6)])
+def test_paper_parameter_counts(spec, paper):
+  counts = tvq.parameter_counts(lra_core.load_config(spec))
+  assert abs(counts["total"] - paper) / paper < 0.05, counts
