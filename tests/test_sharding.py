@@ -19,15 +19,19 @@ SPEC = "configs/enwik8/transformer.py:tiny,plusplus"
 TOLERANCE = dict(rtol=2e-5, atol=2e-6)
 
 
-def batches(num, batch_size=8, seq_len=64):
+def batches(num, batch_size=8, seq_len=64, windows=1):
+  """Random token batches; with windows > 1, consecutive update windows of one sequence batch."""
   rng = np.random.default_rng(0)
-  for _ in range(num):
+  for i in range(num):
     tokens = rng.integers(0, 256, size=(batch_size, seq_len + 1)).astype(np.int32)
-    yield {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((batch_size, seq_len), np.float32)}
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((batch_size, seq_len), np.float32)}
+    if windows > 1:
+      batch["reset"] = np.asarray(i % windows == 0)
+    yield batch
 
 
-def train(mesh_overrides, steps=3, extra=()):
-  config = lra_core.load_config(SPEC, [*mesh_overrides, "model.dropout=0.1", *extra])
+def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1):
+  config = lra_core.load_config(spec, [*mesh_overrides, *extra])
   mesh = sharding.make_mesh(config.mesh)
   rules = config.sharding.rules
   tx, schedule = optim.make_optimizer(config)
@@ -37,20 +41,24 @@ def train(mesh_overrides, steps=3, extra=()):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
     state = spec.init()
     losses = []
-    for batch in batches(steps):
+    for batch in batches(steps, seq_len=config.train.update_len or config.train.seq_len, windows=windows):
       state, metrics = step(state, to_device(batch, mesh, rules))
       losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
   return config, mesh, spec, state, losses
 
 
+ONE_DEVICE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
+EIGHT_DEVICES = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
+
+
 @pytest.fixture(scope="module")
 def single():
-  return train(["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"])
+  return train(ONE_DEVICE, extra=["model.dropout=0.1"])
 
 
 @pytest.fixture(scope="module")
 def sharded():
-  return train(["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"])
+  return train(EIGHT_DEVICES, extra=["model.dropout=0.1"])
 
 
 def test_sharded_step_equals_single_device(single, sharded):
@@ -71,6 +79,22 @@ def test_sharded_step_equals_single_device(single, sharded):
   mu = state8["opt_state"]
   moments = [x for x in jax.tree.leaves(mu) if x.shape == embedding.shape]
   assert moments and all(m.sharding.spec == P("tensor", "fsdp") for m in moments)
+
+
+def test_transformer_vq_sharded_windows_equal_single_device():
+  """Codebook EMA statistics, the carried cache and the commitment loss are global-batch quantities:
+  8-way data/FSDP/tensor sharding must not change them (no pmap-style per-device statistics)."""
+  spec = "configs/enwik8/transformer_vq.py:tiny"
+  drop = ["model.dropres=0.1", "model.droplyr=0.2", "model.dropsin=0.1"]
+  _, _, _, state1, losses1 = train(ONE_DEVICE, steps=6, extra=drop, spec=spec, windows=4)
+  _, mesh, _, state8, losses8 = train(EIGHT_DEVICES, steps=6, extra=drop, spec=spec, windows=4)
+  assert mesh.size == 8
+  np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
+  for part in ("params", "model_state", "carry"):
+    for a, b in zip(jax.tree.leaves(state8[part]), jax.tree.leaves(state1[part])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+  counts = state1["model_state"]["units"][0]["quantizer"]["c_count"]
+  assert not np.allclose(np.asarray(counts), 1.0)  # the codebooks did move
 
 
 def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sharded):
