@@ -1,0 +1,113 @@
+"""scripts/bench.py times the trainer's train step and writes markdown / JSON tables."""
+
+import importlib.util
+import json
+
+import jax
+import pytest
+
+from lra_core.config import PROJECT_ROOT
+from lra_core.errors import ConfigError
+
+spec = importlib.util.spec_from_file_location("bench", PROJECT_ROOT / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+ENWIK8 = "configs/enwik8/transformer.py:tiny"
+VARIANTS = ("base:", "narrow:model.d_model=32,model.d_ff=64")
+SEQ_LENS = (16, 32)
+# For every row: a smaller step and an unoptimised XLA backend compile 2x faster on CPU (cold
+# compiles are most of this file's time); the harness is what is tested here.
+SMALL = ("model.num_layers=1", "model.dropout=0.0")
+FAST = {"xla_backend_optimization_level": 0}
+
+
+@pytest.fixture(scope="module")
+def bench_run():
+  variants = [bench.parse_variant(v) for v in VARIANTS]
+  return bench.run(ENWIK8, overrides=SMALL, variants=variants, seq_lens=SEQ_LENS, steps=2, warmup=1,
+                   matmul_size=256, compiler_options=FAST)
+
+
+def test_parse_variant_keeps_commas_inside_values():
+  assert bench.parse_variant("base:") == bench.Variant("base", ())
+  assert bench.parse_variant("v:a.b=(1, 2),c.d=3") == bench.Variant("v", ("a.b=(1, 2)", "c.d=3"))
+  with pytest.raises(ConfigError):
+    bench.parse_variant(":a=1")
+  with pytest.raises(ConfigError):
+    bench.parse_variant("v:nonsense")
+
+
+def test_bench_config_sets_length_batch_and_one_window():
+  overrides = ["model.max_len=64", "train.update_len=16"]
+  config = bench.bench_config(ENWIK8, overrides, seq_len=128, batch_size=2)
+  t = config.train
+  assert (t.seq_len, t.batch_size, t.update_len, t.grad_accum_steps) == (128, 2, 0, 1)
+  assert config.model.max_len == 128  # a pinned position table grows with the length
+  assert bench.bench_config(ENWIK8, seq_len=128).model.max_len == 0  # 0 (= seq_len) stays 0
+
+
+def test_rows_time_every_variant_and_length(bench_run):
+  rows, peak = bench_run
+  assert peak > 0
+  expected = [(v.split(":")[0], t) for v in VARIANTS for t in SEQ_LENS]
+  assert [(r["variant"], r["seq_len"]) for r in rows] == expected
+  for r in rows:
+    assert r["status"] == "ok" and r["batch_size"] == 1
+    assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["compile_s"] > 0
+    assert r["tokens_per_s"] == pytest.approx(r["seq_len"] / (r["step_ms"] / 1e3))
+    assert len(r["step_ms_all"]) == 2
+    assert r["memory_bytes"] > 0 and r["memory_kind"] == "host RSS"
+    assert r["flops_per_step"] > 0 and 0 < r["peak_fraction"] == pytest.approx(r["flops_per_s"] / peak)
+    assert 4.0 < r["loss"] < 8.0  # random bytes: about log(256) = 5.5
+  base, narrow = rows[0], rows[2]
+  assert narrow["num_params"] < base["num_params"] and narrow["flops_per_step"] < base["flops_per_step"]
+  assert rows[1]["flops_per_step"] > base["flops_per_step"]  # longer sequence, more work
+
+
+def test_table_has_one_line_per_row_and_marks_oom(bench_run):
+  rows, _ = bench_run
+  oom = dict(rows[0], status="OOM", error="RESOURCE_EXHAUSTED: out of memory")
+  lines = bench.format_table(rows + [oom]).splitlines()
+  assert lines[0].startswith("| variant | T | batch | tokens/s | step ms (median) | compile s | peak memory MiB")
+  assert len(lines) == 2 + len(rows) + 1
+  assert [line.split("|")[1:3] for line in lines[2:6]] == [[f" {v.split(':')[0]} ", f" {t} "]
+                                                         for v in VARIANTS for t in SEQ_LENS]
+  assert lines[-1].split("|")[4].strip() == "OOM"
+
+
+def test_out_of_memory_becomes_a_row(monkeypatch):
+  oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9 bytes.")
+  assert bench.is_oom(oom) and bench.is_oom(MemoryError())
+  assert not bench.is_oom(ValueError("RESOURCE_EXHAUSTED"))  # only XLA's runtime error counts
+
+  def fail(spec):
+    raise oom
+
+  monkeypatch.setattr(bench, "init_state", fail)
+  config = bench.bench_config(ENWIK8, SMALL, seq_len=16)
+  row = bench.time_train_step(config, steps=1, warmup=0, compiler_options=FAST)  # compile cached above
+  assert row["status"] == "OOM" and row["stage"] == "run"
+  assert row["error"].startswith("RESOURCE_EXHAUSTED")
+  assert row["xla_memory_bytes"] > 0
+  monkeypatch.setattr(bench, "init_state", lambda spec: 1 / 0)
+  with pytest.raises(ZeroDivisionError):  # anything else is a bug and propagates
+    bench.time_train_step(config, steps=1, warmup=0, compiler_options=FAST)
+
+
+def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
+  out, raw = tmp_path / "docs" / "bench.md", tmp_path / "rows.json"
+  argv = [f"--config={ENWIK8}", *(f"--override={o}" for o in SMALL), "--variant", "base:", "--seq_lens=16",
+          "--steps=2", "--warmup=1", "--matmul_size=256", "--compiler_option=xla_backend_optimization_level=0",
+          f"--out={out}", f"--json={raw}"]
+  rows = bench.main(argv)
+  assert [r["status"] for r in rows] == ["ok"] and rows[0]["compiler_options"] == FAST
+  printed = capsys.readouterr().out
+  assert printed.startswith("machine: cpu") and "command: python scripts/bench.py --config=" in printed
+  assert "| base | 16 | 1 |" in printed
+  bench.main(argv + ["--title=second", "--override=train.log_every=7"])  # same step: cached
+  text = out.read_text()
+  assert text.startswith(f"### {ENWIK8}\n") and "\n### second\n" in text
+  assert text.count("| base | 16 | 1 |") == 2
+  data = json.loads(raw.read_text())
+  assert data["rows"][0]["seq_len"] == 16 and data["matmul_flops_per_s"] > 0
