@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from kernels import vq_attention as vq
+from kernels import vq
 from lra_core import optim
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError

@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 import fixtures.enwik8
+import kernels
 import lra_core
-from kernels import vq_attention as vq
+from kernels import vq
+from lra_core import decoding
 from lra_core.errors import ConfigError
 from lra_core.tasks.base import apply_model
 from lra_core.train import train_and_evaluate
@@ -34,7 +36,7 @@ def qkvc(b=2, t=24, h=2, hk=2, dk=8, dv=5, s=7):
 def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, block_len, hk):
   q, k, v, c = qkvc(hk=hk)
   w = rand(4, (v.shape[-1],))
-  fast = jax.jit(lambda *a: vq.vq_attention(*a, block_len=block_len, reduction=reduction))
+  fast = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=block_len, reduction=reduction))
   np.testing.assert_allclose(fast(q, k, v, c), vq.vq_attention_reference(q, k, v, c), atol=ATOL)
   grads = [jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2, 3)))(q, k, v, c)
            for f in (fast, vq.vq_attention_reference)]
@@ -281,3 +283,20 @@ def test_trainer_runs_update_windows_and_resumes_exactly(tmp_path):
     assert np.isfinite(whole[key]), key
   logged = (tmp_path / "whole" / "metrics.jsonl").read_text()
   assert "train_codebook_perplexity" in logged and "train_commit_loss" in logged
+
+
+def test_greedy_and_nucleus_generation():
+  _, model = make_model()
+  model.eval()
+  prompt = tokens(t=5)
+  out = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(0), temperature=0.0)
+  expected = prompt
+  for _ in range(12):  # greedy = argmax of the full forward pass on the growing sequence
+    nxt = jnp.argmax(fwd(model, jnp.pad(expected, ((0, 0), (0, 32 - expected.shape[1]))))[:, expected.shape[1] - 1],
+                     -1)
+    expected = jnp.concatenate([expected, nxt[:, None].astype(expected.dtype)], 1)
+  np.testing.assert_array_equal(out, expected)
+  a = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(1), top_p=0.9)
+  b = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(1), top_p=0.9)
+  np.testing.assert_array_equal(a, b)
+  assert a.shape == (2, 17) and int(a.max()) < 256
