@@ -316,12 +316,25 @@ def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
   if rel is not None:
     rel_q, rel_table = rel
     rq = _group(rel_q, hk).transpose(0, 2, 3, 1, 4)
-    scores = scores + relative_bias(rq, _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3), distance)
+    by_distance = jnp.einsum("...hgik,hgdk->...hgid", rq.astype(jnp.float32),
+                             _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3).astype(jnp.float32))
+    scores = scores + band_to_matrix(by_distance)
   if sliding:
     keep = keep & (distance <= window)
   weights = jax.nn.softmax(jnp.where(keep, scores, -MASK), axis=-1)
   out = jnp.einsum("bhgij,bjhv->bihgv", weights, v.astype(jnp.float32))
   return out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
+
+
+def band_to_matrix(by_distance: Array) -> Array:
+  """[..., T, W+1] values at distances 0..W -> [..., T, T] with out[i, j] = by_distance[i, i - j]
+  for 0 <= i - j <= W and 0 elsewhere, by skewing (Transformer-XL's relative shift) instead of
+  a T x T gather."""
+  *lead, t, w1 = by_distance.shape
+  w = w1 - 1
+  rev = jnp.pad(jnp.flip(by_distance, -1), [(0, 0)] * len(lead) + [(0, 0), (0, t)])   # [..., T, W+1+T]
+  flat = rev.reshape(*lead, t * (w1 + t))[..., :t * (w + t)]
+  return flat.reshape(*lead, t, w + t)[..., w:]
 
 
 def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array) -> Array:

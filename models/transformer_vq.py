@@ -139,8 +139,8 @@ class VectorQuantizer(nnx.Module):
   def __init__(self, num_heads: int, n_code: int, d_k: int, *, ema_rate: float, rngs: nnx.Rngs):
     # Keys are RMS-normalised and scaled by Dk^-1/4, so their coordinates have that scale.
     init = jax.random.normal(rngs.params(), (num_heads, n_code, d_k)) * d_k ** -0.25
-    self.c_sum = Codebook(init, logical_axes=(None, None, None))
-    self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=(None, None))
+    self.c_sum = Codebook(init, logical_axes=("kv_heads", None, "head_dim"))
+    self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=("kv_heads", None))
     self.ema_rate = ema_rate
 
   def codebook(self) -> Array:
@@ -163,15 +163,15 @@ class GAU(nnx.Module):
     self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
     self.norm = RMSNorm(d, use_bias=True, rngs=rngs)
     kw = dict(dtype=dtype, kernel_init=_proj_init, rngs=rngs)
-    self.q_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "kv"), **kw)
-    self.k_proj = Dense(d, (self.hk, m.d_k), axes=("embed", "heads", "kv"), **kw)
-    self.v_proj = Dense(d, (self.hk, self.dv_head), axes=("embed", "heads", "kv"), **kw)
+    self.q_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "head_dim"), **kw)
+    self.k_proj = Dense(d, (self.hk, m.d_k), axes=("embed", "kv_heads", "head_dim"), **kw)
+    self.v_proj = Dense(d, (self.hk, self.dv_head), axes=("embed", "kv_heads", "head_dim"), **kw)
     self.g_proj = Dense(d, m.d_v, axes=("embed", "mlp"), **kw)
     self.out_proj = Dense(m.d_v, d, axes=("mlp", "embed"), **kw)
     if m.rel_bias:
-      self.r_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "kv"), **kw)
-      self.xl_u = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "kv"))
-      self.xl_v = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "kv"))
+      self.r_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "head_dim"), **kw)
+      self.xl_u = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "head_dim"))
+      self.xl_v = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "head_dim"))
     else:
       self.r_proj = self.xl_u = self.xl_v = None
     self.quantizer = (VectorQuantizer(self.hk, m.n_code, m.d_k, ema_rate=m.ema_rate, rngs=rngs)

@@ -300,3 +300,12 @@ def test_greedy_and_nucleus_generation():
   b = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(1), top_p=0.9)
   np.testing.assert_array_equal(a, b)
   assert a.shape == (2, 17) and int(a.max()) < 256
+
+
+@pytest.mark.parametrize("t,window", [(10, 4), (4, 8)])
+def test_band_skew_places_each_distance_on_its_diagonal(t, window):
+  by_distance = np.asarray(rand(8, (2, 3, t, window + 1)))
+  distance = np.arange(t)[:, None] - np.arange(t)[None, :]
+  gathered = np.take_along_axis(by_distance, np.broadcast_to(np.clip(distance, 0, window), (2, 3, t, t)), -1)
+  want = np.where((distance >= 0) & (distance <= window), gathered, 0.0)
+  np.testing.assert_array_equal(vq.band_to_matrix(jnp.asarray(by_distance)), want)
