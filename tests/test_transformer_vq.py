@@ -9,6 +9,8 @@ import pytest
 from flax import nnx
 
 import fixtures.enwik8
+import fixtures.imagenet64
+import fixtures.pg19
 import kernels
 import lra_core
 from kernels import vq
@@ -309,3 +311,11 @@ def test_band_skew_places_each_distance_on_its_diagonal(t, window):
   gathered = np.take_along_axis(by_distance, np.broadcast_to(np.clip(distance, 0, window), (2, 3, t, t)), -1)
   want = np.where((distance >= 0) & (distance <= window), gathered, 0.0)
   np.testing.assert_array_equal(vq.band_to_matrix(jnp.asarray(by_distance)), want)
+
+
+@pytest.mark.parametrize("fixture,spec", [(fixtures.pg19, "configs/pg19/transformer_vq.py:tiny"),
+                                          (fixtures.imagenet64, "configs/imagenet64/transformer_vq.py:tiny,large")])
+def test_tiny_configs_train_on_their_datasets(tmp_path, fixture, spec):
+  config = lra_core.load_config(spec, fixture.build(tmp_path) + ["train.steps=2", "train.eval_batches=1"])
+  summary = train_and_evaluate(config, tmp_path / "run")
+  assert np.isfinite(summary["test_loss"]) and np.isfinite(summary["val_codebook_perplexity"])
