@@ -177,8 +177,10 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   if rel is not None:
     rel_q, rel_table = rel
     rq = blocks(_group(rel_q, hk)).transpose(0, 1, 3, 4, 2, 5)      # [B,R,Hk,G,L,Dk]
-    scores = scores + relative_bias(rq, _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3),
-                                    distance)
+    table = _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3)
+    by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
+    # Key j of the [previous, present] window is at distance L + i - j: skew the distance axis.
+    scores = scores + skew(jnp.flip(by_distance, -1), 2 * l)
   scores = jnp.where(keep, scores, -MASK)
 
   # Cache variables: block n sees the carried cache, the carried previous block and blocks <= n-2.
@@ -326,15 +328,22 @@ def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
   return out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
 
 
+def skew(x: Array, width: int) -> Array:
+  """[..., I, C] -> [..., I, width] with out[i, k] = x[i, k - i] for 0 <= k - i < C, else 0.
+
+  Row i is shifted right by i through one pad and reshape (Transformer-XL's relative shift), so
+  no gather (and no scatter in the backward pass) is needed. Needs width >= C + I - 2.
+  """
+  *lead, i, c = x.shape
+  flat = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (0, width + 1 - c)]).reshape(*lead, i * (width + 1))
+  return flat[..., :i * width].reshape(*lead, i, width)
+
+
 def band_to_matrix(by_distance: Array) -> Array:
-  """[..., T, W+1] values at distances 0..W -> [..., T, T] with out[i, j] = by_distance[i, i - j]
-  for 0 <= i - j <= W and 0 elsewhere, by skewing (Transformer-XL's relative shift) instead of
-  a T x T gather."""
-  *lead, t, w1 = by_distance.shape
-  w = w1 - 1
-  rev = jnp.pad(jnp.flip(by_distance, -1), [(0, 0)] * len(lead) + [(0, 0), (0, t)])   # [..., T, W+1+T]
-  flat = rev.reshape(*lead, t * (w1 + t))[..., :t * (w + t)]
-  return flat.reshape(*lead, t, w + t)[..., w:]
+  """[..., T, W+1] values at distances 0..W -> [..., T, T]: out[i, j] = by_distance[i, i - j] for
+  0 <= i - j <= W, else 0."""
+  t, w = by_distance.shape[-2], by_distance.shape[-1] - 1
+  return skew(jnp.flip(by_distance, -1), w + t)[..., w:]
 
 
 def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array) -> Array:
