@@ -69,7 +69,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       droplyr=0.0,             # LayerDrop per unit and sequence row
       final_norm=False,        # RMSNorm before the classifier (large models)
       tie_embeddings=False,    # classifier = embedding^T scaled by d_model^-1/2 (large models)
-      impl="xla",              # xla | pallas (attention core)
+      impl="xla",              # attention core implementation: one of kernels.vq.IMPLS
       dtype="float32",
   ))
   c.update(overrides)
@@ -97,8 +97,6 @@ def validate_config(config) -> None:
                       f"model.block_len {m.block_len}.")
   if m.input_scan and m.attention != "vq":
     raise ConfigError("model.input_scan needs attention 'vq' (full attention has no per-block cache).")
-  if m.impl == "pallas":
-    raise ConfigError("model.impl 'pallas' has no VQ-attention kernel yet; use 'xla'.")
   for key in ("dropsin", "dropres", "droplyr"):
     if not 0.0 <= m[key] < 1.0:
       raise ConfigError(f"model.{key} must be in [0, 1), got {m[key]}.")

@@ -319,3 +319,11 @@ def test_tiny_configs_train_on_their_datasets(tmp_path, fixture, spec):
   config = lra_core.load_config(spec, fixture.build(tmp_path) + ["train.steps=2", "train.eval_batches=1"])
   summary = train_and_evaluate(config, tmp_path / "run")
   assert np.isfinite(summary["test_loss"]) and np.isfinite(summary["val_codebook_perplexity"])
+
+
+def test_unknown_impl_is_refused_before_compiling():
+  with pytest.raises(ConfigError, match="model.impl 'triton' is not one of"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.impl=triton"])
+  q, k, v, c = qkvc()
+  with pytest.raises(ValueError, match="impl 'triton'"):
+    vq.vq_attention(q, k, v, c, block_len=4, impl="triton")
