@@ -108,9 +108,14 @@ def relative_bias(rel_q: Array, rel_table: Array, distance: Array) -> Array:
   return jnp.where((distance >= 0) & (distance <= window), bias, 0.0)
 
 
-def _group(x: Array, num_kv_heads: int) -> Array:
+def group_heads(x: Array, num_kv_heads: int) -> Array:
   """[..., H, D] -> [..., Hk, G, D]."""
   return x.reshape(x.shape[:-2] + (num_kv_heads, x.shape[-2] // num_kv_heads, x.shape[-1]))
+
+
+def group_table(rel_table: Array, num_kv_heads: int) -> Array:
+  """Relative position table [H, W+1, Dk] -> [Hk, G, W+1, Dk]."""
+  return group_heads(rel_table.transpose(1, 0, 2), num_kv_heads).transpose(1, 2, 0, 3)
 
 
 def _softmax_combine(recent: Array, recent_v: Array, cache: Array | None, cache_mean: Array | None) -> Array:
@@ -159,7 +164,7 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   def blocks(x):
     return x.reshape((b, r, l) + x.shape[2:])
 
-  qb, kb, zb, vb = blocks(_group(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
+  qb, kb, zb, vb = blocks(group_heads(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
   k_prev = jnp.concatenate([carry["k"][:, None].astype(kb.dtype), kb[:, :-1]], axis=1)
   v_prev = jnp.concatenate([carry["v"][:, None].astype(vb.dtype), vb[:, :-1]], axis=1)
   z_prev = jnp.concatenate([carry["z"][:, None], zb[:, :-1]], axis=1)
@@ -176,8 +181,8 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   scores = jnp.einsum("brihgk,brjhk->brhgij", qb, recent_k.astype(jnp.float32))
   if rel is not None:
     rel_q, rel_table = rel
-    rq = blocks(_group(rel_q, hk)).transpose(0, 1, 3, 4, 2, 5)      # [B,R,Hk,G,L,Dk]
-    table = _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3)
+    rq = blocks(group_heads(rel_q, hk)).transpose(0, 1, 3, 4, 2, 5)      # [B,R,Hk,G,L,Dk]
+    table = group_table(rel_table, hk)
     by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
     # Key j of the [previous, present] window is at distance L + i - j: skew the distance axis.
     scores = scores + skew(jnp.flip(by_distance, -1), 2 * l)
@@ -240,7 +245,7 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
   values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), slot, axis=1)
   codes = jax.lax.dynamic_update_slice_in_dim(codes, z, slot, axis=1)
 
-  qg = _group(q, hk).astype(jnp.float32)[:, None]                          # [B,1,1,Hk,G,Dk]
+  qg = group_heads(q, hk).astype(jnp.float32)[:, None]                          # [B,1,1,Hk,G,Dk]
   distance = (slot - jnp.arange(2 * l))[None, :]                            # [1,2L]
   keep = (codes != s).transpose(0, 2, 1)[:, None, :, None, None, :]
   if not compressive:
@@ -248,8 +253,8 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
   scores = jnp.einsum("brihgk,bjhk->brhgij", qg, keys.astype(jnp.float32))
   if rel is not None:
     rel_q, rel_table = rel
-    rq = _group(rel_q, hk)[:, None].transpose(0, 1, 3, 4, 2, 5)
-    scores = scores + relative_bias(rq, _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3),
+    rq = group_heads(rel_q, hk)[:, None].transpose(0, 1, 3, 4, 2, 5)
+    scores = scores + relative_bias(rq, group_table(rel_table, hk),
                                     distance)
   scores = jnp.where(keep, scores, -MASK)
   cache_scores = cache_mean = None
@@ -309,15 +314,15 @@ def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
   """
   b, t, h, _ = q.shape
   hk = k.shape[2]
-  qg = _group(q, hk).astype(jnp.float32)
+  qg = group_heads(q, hk).astype(jnp.float32)
   scores = jnp.einsum("bihgk,bjhk->bhgij", qg, k.astype(jnp.float32))
   distance = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
   keep = distance >= 0
   if rel is not None:
     rel_q, rel_table = rel
-    rq = _group(rel_q, hk).transpose(0, 2, 3, 1, 4)
+    rq = group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
     by_distance = jnp.einsum("...hgik,hgdk->...hgid", rq.astype(jnp.float32),
-                             _group(rel_table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3).astype(jnp.float32))
+                             group_table(rel_table, hk).astype(jnp.float32))
     scores = scores + band_to_matrix(by_distance)
   if sliding:
     keep = keep & (distance <= window)

@@ -32,7 +32,7 @@ from lra_core import optim
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
 from lra_core.sharding import constrain
-from models.blocks.layers import Dense, Embed, RMSNorm, param
+from models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize
 from models.blocks.positions import sinusoid
 
 Array = jax.Array
@@ -110,11 +110,6 @@ def dropout(x: Array, rate: float, key: Array | None, shape=None) -> Array:
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
-def rms(x: Array, eps: float = 1e-6) -> Array:
-  x32 = x.astype(jnp.float32)
-  return (x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)).astype(x.dtype)
-
-
 def ema_targets(c_sum: Array, c_count: Array, k_sum: Array, count: Array, rate: float) -> tuple[Array, Array]:
   """EMA k-means step: new = rate * old + (1 - rate) * statistics of this window."""
   return rate * c_sum + (1.0 - rate) * k_sum, rate * c_count + (1.0 - rate) * count
@@ -178,7 +173,7 @@ class GAU(nnx.Module):
   def projections(self, x: Array) -> tuple[Array, Array, Array, Array]:
     h = self.norm(x)
     scale = self.d_k ** -0.25
-    q, k = rms(self.q_proj(h)) * scale, rms(self.k_proj(h)) * scale
+    q, k = rms_normalize(self.q_proj(h)) * scale, rms_normalize(self.k_proj(h)) * scale
     return q, k, jax.nn.silu(self.v_proj(h)), jax.nn.silu(self.g_proj(h))
 
   def relative(self, q: Array, key: Array | None) -> tuple[tuple[Array, Array] | None, Array]:
@@ -247,13 +242,13 @@ class GAU(nnx.Module):
 def _attend_cache(q: Array, keys: Array, values: Array, position: Array, rel) -> Array:
   """Full attention of one query [B,1,H,Dk] over a [B,N,Hk,.] cache filled up to `position`."""
   hk = keys.shape[2]
-  qg = vq._group(q, hk).astype(jnp.float32)
+  qg = vq.group_heads(q, hk).astype(jnp.float32)
   scores = jnp.einsum("bihgk,bjhk->bhgij", qg, keys.astype(jnp.float32))
   distance = (position - jnp.arange(keys.shape[1]))[None, :]
   if rel is not None:
     rel_q, table = rel
-    rq = vq._group(rel_q, hk).transpose(0, 2, 3, 1, 4)
-    scores = scores + vq.relative_bias(rq, vq._group(table.transpose(1, 0, 2), hk).transpose(1, 2, 0, 3),
+    rq = vq.group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
+    scores = scores + vq.relative_bias(rq, vq.group_table(table, hk),
                                        distance)
   weights = jax.nn.softmax(jnp.where(distance >= 0, scores, -vq.MASK), axis=-1)
   out = jnp.einsum("bhgij,bjhv->bihgv", weights, values.astype(jnp.float32))

@@ -56,6 +56,19 @@ class DataInfo:
   vocab: tuple[str, ...] = ()   # id -> token string, where the dataset has a small vocabulary
 
 
+def check_index(index: int, n: int, items: str = "examples") -> int:
+  """A sequence-style index into `n` items (negative counts from the end) -> 0..n-1; else IndexError."""
+  if not -n <= index < n:
+    raise IndexError(f"example {index} is out of range for {n} {items}.")
+  return int(index) % n
+
+
+def labelled_example(inputs: np.ndarray, mask: np.ndarray, label) -> dict[str, np.ndarray]:
+  """The fields of one classification example: inputs int32, mask bool, targets int32[], weights 1."""
+  return {"inputs": np.asarray(inputs, np.int32), "mask": np.asarray(mask, bool),
+          "targets": np.asarray(label, np.int32), "weights": np.asarray(1.0, np.float32)}
+
+
 class Source(Protocol):
   info: DataInfo
 

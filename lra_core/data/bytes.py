@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, config_section
+from lra_core.data import SPLITS, DataInfo, check_index, config_section
 from lra_core.errors import ConfigError, DataError
 
 VOCAB_SIZE = 256
@@ -184,10 +184,7 @@ class ByteWindows:
     return max(0, (self.stop - self.start - 1) // self.seq_len)
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    n = len(self)
-    if not -n <= index < n:
-      raise IndexError(f"example {index} is out of range for {n} windows.")
-    begin = self.start + (int(index) % n) * self.seq_len
+    begin = self.start + check_index(index, len(self), "windows") * self.seq_len
     window = np.asarray(self.data[begin:begin + self.seq_len + 1], dtype=np.int32)
     return {
         "inputs": window[:-1],

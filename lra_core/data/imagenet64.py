@@ -41,7 +41,7 @@ import re
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, cache, config_section, files
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
@@ -299,18 +299,14 @@ class PixelSequences:
 
   def tokens(self, index: int) -> tuple[np.ndarray, int]:
     """(int32[T] pixel tokens in the configured order, 0-based label) of image `index`."""
-    n = len(self)
-    if not -n <= index < n:
-      raise IndexError(f"example {index} is out of range for {n} images.")
-    image, label = self.images[int(index) % n]
+    image, label = self.images[check_index(index, len(self), "images")]
     image = downsample(image, self.image_size)
     return to_tokens(image, self.order, self.patch_size).astype(np.int32), label
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     tokens, label = self.tokens(index)
     if self.task == "classify":
-      return {"inputs": tokens, "mask": np.ones(self.seq_len, bool),
-              "targets": np.asarray(label, np.int32), "weights": np.asarray(1.0, np.float32)}
+      return labelled_example(tokens, np.ones(self.seq_len, bool), label)
     return {"inputs": np.concatenate([np.full(1, START, np.int32), tokens[:-1]]),
             "targets": tokens, "weights": np.ones(self.seq_len, np.float32)}
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from lra_core.data import DataInfo
+from lra_core.data import DataInfo, check_index
 from lra_core.data.tokenizer import Tokenizer, encode_documents
 from lra_core.errors import DataError
 
@@ -107,10 +107,7 @@ class CorpusSequences:
     return begin, begin + self.seq_len + self.lm
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    n = len(self)
-    if not -n <= index < n:
-      raise IndexError(f"example {index} is out of range for {n} sequences.")
-    begin, end = self._span(int(index) % n)
+    begin, end = self._span(check_index(index, len(self), "sequences"))
     length = self.seq_len + self.lm
     row = np.full(length, self.tokenizer.pad_id, np.int32)
     row[:end - begin] = self.corpus.tokens[begin:end]

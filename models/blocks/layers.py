@@ -82,6 +82,12 @@ class Embed(nnx.Module):
     return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
 
 
+def rms_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """x / rms(x) over the last axis, computed in float32 (norms without gain, e.g. on q and k)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 class LayerNorm(nnx.Module):
   def __init__(self, features: int, *, eps: float = 1e-6, use_bias: bool = True, rngs: nnx.Rngs):
     self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",))
@@ -106,8 +112,7 @@ class RMSNorm(nnx.Module):
     self.eps = eps
 
   def __call__(self, x: Array) -> Array:
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
+    y = rms_normalize(x.astype(jnp.float32), self.eps)
     if self.scale is not None:
       y = y * self.scale[...]
     if self.bias is not None:
@@ -124,8 +129,7 @@ class ScaleNorm(nnx.Module):
     self.eps = eps
 
   def __call__(self, x: Array) -> Array:
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps) * self.scale[...]
+    y = rms_normalize(x.astype(jnp.float32), self.eps) * self.scale[...]
     return y.astype(x.dtype)
 
 

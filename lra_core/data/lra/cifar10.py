@@ -51,7 +51,8 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, cache, config_section, files, tfds_source
+from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
+                           tfds_source)
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
@@ -238,15 +239,7 @@ def load_release(location: pathlib.Path, grayscale: bool = True, size: int = SID
 
 
 def _example(inputs: np.ndarray, label: int) -> dict[str, np.ndarray]:
-  inputs = np.asarray(inputs, np.int32)
-  return {"inputs": inputs, "mask": np.ones(inputs.shape, bool), "targets": np.asarray(label, np.int32),
-          "weights": np.asarray(1.0, np.float32)}
-
-
-def _check_index(index: int, n: int) -> int:
-  if not -n <= index < n:
-    raise IndexError(f"example {index} is out of range for {n} images.")
-  return int(index) % n
+  return labelled_example(inputs, np.ones(np.shape(inputs), bool), label)
 
 
 class Images:
@@ -261,7 +254,7 @@ class Images:
     return self.stop - self.start
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    i = self.start + _check_index(index, len(self))
+    i = self.start + check_index(index, len(self), "images")
     return _example(self.inputs[i], self.labels[i])
 
   def __getstate__(self):
@@ -292,7 +285,7 @@ class TfdsImages:
     return self._len
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    index = _check_index(index, len(self))
+    index = check_index(index, len(self), "images")
     if self._source is None:
       self._source = tfds_source.open_split(TFDS_NAME, self.spec, self.data_dir)
     record = self._source[index]

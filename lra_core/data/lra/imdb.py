@@ -40,7 +40,8 @@ from collections.abc import Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, cache, config_section, files, tfds_source
+from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
+                           tfds_source)
 from lra_core.errors import ConfigError, DataError
 
 ARCHIVE = "aclImdb_v1.tar.gz"
@@ -198,14 +199,7 @@ def _example(text: np.ndarray, label: int, seq_len: int) -> dict[str, np.ndarray
   n = min(len(text), seq_len)
   inputs[:n] = text[:n]
   inputs[:n] += BYTE_OFFSET
-  return {"inputs": inputs, "mask": inputs != 0, "targets": np.asarray(label, np.int32),
-          "weights": np.asarray(1.0, np.float32)}
-
-
-def _check_index(index: int, n: int) -> int:
-  if not -n <= index < n:
-    raise IndexError(f"example {index} is out of range for {n} reviews.")
-  return int(index) % n
+  return labelled_example(inputs, inputs != 0, label)
 
 
 class Reviews:
@@ -225,7 +219,7 @@ class Reviews:
     return np.diff(self.offsets)
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    index = _check_index(index, len(self))
+    index = check_index(index, len(self), "reviews")
     begin, end = self.offsets[index], self.offsets[index + 1]
     return _example(self.text[begin:min(end, begin + self.seq_len)], self.labels[index], self.seq_len)
 
@@ -257,7 +251,7 @@ class TfdsReviews:
     return self._len
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    index = _check_index(index, len(self))
+    index = check_index(index, len(self), "reviews")
     if self._source is None:
       self._source = tfds_source.open_split(TFDS_NAME, self.split, self.data_dir)
     record = self._source[index]

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import DataInfo, config_section
+from lra_core.data import DataInfo, check_index, config_section, labelled_example
 from lra_core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -274,17 +274,12 @@ class Source:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     """-> inputs int32[T], mask bool[T] (True = real token), targets int32[], weights float32[]."""
-    n = len(self.examples)
-    if not -n <= index < n:
-      raise IndexError(f"index {index} is out of range for {n} examples.")
-    index %= n
+    index = check_index(index, len(self.examples))
     start, stop = self.examples.offsets[index:index + 2]
     stop = min(stop, start + self.seq_len)
     inputs = np.zeros(self.seq_len, np.int32)
     inputs[:stop - start] = self.examples.tokens[start:stop]
-    return {"inputs": inputs, "mask": inputs != 0,
-            "targets": np.asarray(self.examples.labels[index], np.int32),
-            "weights": np.asarray(1.0, np.float32)}
+    return labelled_example(inputs, inputs != 0, self.examples.labels[index])
 
 
 # ----------------------------------------------------------------------------- config

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, cache, config_section, files
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
 
@@ -275,15 +275,9 @@ class Source:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     """-> inputs int32[T] (pixels 0..255), mask bool[T], targets int32[] (0/1), weights float32[]."""
-    n = len(self.indices)
-    if not -n <= index < n:
-      raise IndexError(f"index {index} is out of range for {n} examples.")
-    row = self.indices[index]
+    row = self.indices[check_index(index, len(self.indices))]
     arrays = self.arrays
-    return {"inputs": arrays["pixels"][row].astype(np.int32),
-            "mask": np.ones(self.seq_len, bool),
-            "targets": np.asarray(arrays["labels"][row], np.int32),
-            "weights": np.asarray(1.0, np.float32)}
+    return labelled_example(arrays["pixels"][row], np.ones(self.seq_len, bool), arrays["labels"][row])
 
   def __getstate__(self):
     state = dict(self.__dict__)

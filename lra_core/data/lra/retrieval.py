@@ -28,7 +28,7 @@ import os
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, config_section
+from lra_core.data import SPLITS, DataInfo, check_index, config_section, labelled_example
 from lra_core.errors import ConfigError, DataError
 
 FILES = {
@@ -149,10 +149,7 @@ class RetrievalPairs:
     return len(self.labels)
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    n = len(self)
-    if not -n <= index < n:
-      raise IndexError(f"example {index} is out of range for {n} pairs.")
-    index = int(index) % n
+    index = check_index(index, len(self), "pairs")
     inputs = np.zeros((2, self.seq_len), np.int32)
     mask = np.zeros((2, self.seq_len), bool)
     for k in range(2):
@@ -160,12 +157,7 @@ class RetrievalPairs:
       inputs[k, :end - begin] = self.buffer[begin:end]
       inputs[k, :end - begin] += BYTE_OFFSET
       mask[k, :end - begin] = True
-    return {
-        "inputs": inputs,
-        "mask": mask,
-        "targets": np.asarray(self.labels[index], np.int32),
-        "weights": np.asarray(1.0, np.float32),
-    }
+    return labelled_example(inputs, mask, self.labels[index])
 
 
 def make_source(config, split: str) -> RetrievalPairs:
