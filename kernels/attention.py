@@ -66,3 +66,40 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     probs = probs_fn(probs)
   out = jnp.einsum("bkgqs,bskd->bqkgd", probs.astype(v.dtype), v)
   return out.reshape(b, tq, h, v.shape[-1])
+
+
+def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,
+                    k_valid: Array | None = None, scale: float | None = None,
+                    probs_fn: Callable[[Array], Array] | None = None) -> Array:
+  """Sliding-window attention in O(T window): equals `dot_product_attention` with
+  `attention_mask(arange(T), arange(T), causal=causal, window=window, k_valid=k_valid)`.
+
+  Queries go in blocks of `window`; each block reads its own and the previous key block (and the
+  next one when bidirectional), which covers every key within the window. Shapes as
+  `dot_product_attention` with Tq = Tk = T; k_valid: bool[B,T], False = padding.
+  """
+  b, t, h, _ = q.shape
+  w = window
+  n = -(-t // w)
+  pad = n * w - t
+  valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
+
+  def blocks(x, fill=0):  # [B,T,...] -> [B,N,W,...], padded at the end
+    x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
+    return x.reshape(b, n, w, *x.shape[2:])
+
+  def neighbours(x, fill):  # [B,N,W,...] -> [B,N,S*W,...]: previous (, own, next) blocks
+    side = jnp.full_like(x[:, :1], fill)
+    parts = [jnp.concatenate([side, x[:, :-1]], 1), x]
+    if not causal:
+      parts.append(jnp.concatenate([x[:, 1:], side], 1))
+    return jnp.concatenate(parts, 2)
+
+  q_pos = blocks(jnp.broadcast_to(jnp.arange(t), (b, t)), -1)
+  k_pos = neighbours(q_pos, -1)
+  mask = attention_mask(q_pos.reshape(b * n, w), k_pos.reshape(b * n, -1), causal=causal, window=w,
+                        k_valid=neighbours(blocks(valid), False).reshape(b * n, -1))
+  flat = lambda x: x.reshape(b * n, -1, *x.shape[3:])
+  out = dot_product_attention(flat(blocks(q)), flat(neighbours(blocks(k), 0)), flat(neighbours(blocks(v), 0)),
+                              mask=mask, scale=scale, probs_fn=probs_fn)
+  return out.reshape(b, n * w, h, -1)[:, :t]

@@ -96,16 +96,25 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.window must be >= 0, got {m.window}.")
 
 
-class Block(nnx.Module):
-  """Pre-norm residual block: x + Attn(norm(x)), then x + MLP(norm(x))."""
+def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
+  head_dim = m.head_dim or m.d_model // m.num_heads
+  return Attention(m.d_model, m.num_heads, head_dim, num_kv_heads=m.num_kv_heads, causal=causal,
+                   window=m.window, rope=m.rope, rope_max_wavelength=m.rope_max_wavelength,
+                   rope_fraction=m.rope_fraction, use_bias=m.use_bias, dropout=m.attention_dropout,
+                   dtype=dtype, rngs=rngs)
 
-  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
-    head_dim = m.head_dim or m.d_model // m.num_heads
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)).
+
+  The token mixer is softmax attention here; other families pass their own (any module with
+  `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
+  `decode(x, cache, position)`).
+  """
+
+  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
     self.attn_norm = make_norm(m.norm, m.d_model, rngs=rngs)
-    self.attn = Attention(m.d_model, m.num_heads, head_dim, num_kv_heads=m.num_kv_heads, causal=causal,
-                          window=m.window, rope=m.rope, rope_max_wavelength=m.rope_max_wavelength,
-                          rope_fraction=m.rope_fraction, use_bias=m.use_bias,
-                          dropout=m.attention_dropout, dtype=dtype, rngs=rngs)
+    self.attn = mixer(m, causal=causal, dtype=dtype, rngs=rngs)
     self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
     self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
                    dtype=dtype, rngs=rngs)
@@ -123,7 +132,12 @@ class Block(nnx.Module):
 
 
 class Model(nnx.Module):
-  """inputs int32[B,T] ([B,2,T] for retrieval) -> logits [B,T,V] (token tasks) or [B,C]."""
+  """inputs int32[B,T] ([B,2,T] for retrieval) -> logits [B,T,V] (token tasks) or [B,C].
+
+  Subclasses swap the token mixer through the `mixer` class attribute (see Block).
+  """
+
+  mixer = staticmethod(softmax_attention)
 
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     m = config.model
@@ -138,7 +152,7 @@ class Model(nnx.Module):
     self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype,
                                        rngs=rngs)
     self.embed_dropout = nnx.Dropout(m.dropout)
-    self.blocks = nnx.List([Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs)
+    self.blocks = nnx.List([Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer)
                             for _ in range(m.num_layers)])
     self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
     self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels.attention import attention_mask, dot_product_attention
+from kernels.attention import attention_mask, dot_product_attention, local_attention
 from lra_core.sharding import constrain
 from models.blocks.layers import Dense
 from models.blocks.positions import apply_rope
@@ -57,9 +57,12 @@ class Attention(nnx.Module):
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     q, k, v = self._qkv(x, positions)
-    m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask)
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
-    y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
+    if self.window and t > self.window:  # banded, O(T window); positions are consecutive here
+      y = local_attention(q, k, v, window=self.window, causal=self.causal, k_valid=mask, probs_fn=probs_fn)
+    else:
+      m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask)
+      y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
     return self.out(y)
 
   def cache_len(self, max_len: int) -> int:

@@ -33,15 +33,18 @@ def apply_rope(x: Array, positions: Array, *, max_wavelength: float = 1e4, fract
   rot = int(d * fraction) // 2 * 2
   if rot == 0:
     return x
-  angles = sinusoid(positions, rot, max_wavelength)  # [.., T, rot]
-  sin, cos = jnp.split(angles, 2, axis=-1)
-  if positions.ndim == 1:
-    sin, cos = sin[None], cos[None]
-  sin, cos = sin[:, :, None, :], cos[:, :, None, :]  # broadcast over heads
-  x_rot, x_pass = x[..., :rot].astype(jnp.float32), x[..., rot:]
-  x1, x2 = jnp.split(x_rot, 2, axis=-1)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-  return jnp.concatenate([rotated, x_pass], axis=-1) if rot < d else rotated
+  inv_freq = max_wavelength ** (-jnp.arange(rot // 2, dtype=jnp.float32) / (rot // 2))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [.., T, rot/2]
+  angles = (angles[None] if positions.ndim == 1 else angles)[:, :, None, :]  # broadcast over heads
+  rotated = rotate_pairs(x[..., :rot], angles)
+  return jnp.concatenate([rotated, x[..., rot:]], axis=-1) if rot < d else rotated
+
+
+def rotate_pairs(x: Array, angles: Array) -> Array:
+  """Rotates dimension pairs (i, i + d/2) of x [..., d] by angles [..., d/2] (broadcastable)."""
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  sin, cos = jnp.sin(angles), jnp.cos(angles)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 class AbsolutePositions(nnx.Module):
