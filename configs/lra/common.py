@@ -5,7 +5,8 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core import optim
-from models import transformer
+from lra_core.errors import ConfigError
+from models import latte, transformer
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:
@@ -25,3 +26,30 @@ def lra_transformer(parts: set[str], **sizes) -> ml_collections.ConfigDict:
   if variant == "transformer":
     model.position = "sinusoid"
   return model
+
+
+LATTE_ARGS = tuple(latte.VARIANTS)
+
+
+def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dropout: float,
+              **sizes) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+  """Bidirectional Latte for LRA (Dolga et al., Table 7 and Section 4.4): 6 layers, 4 heads,
+  fixed sinusoids added to the tokens, mean pooling; the variant is one of LATTE_ARGS (default
+  `latte`, the Table 3 rows are latte, latte_rglru++ and latte_rglru_swa++). `rope`: Table 7's
+  "Embed." column, RoPE on the sliding window (else the window reads only the sinusoids). The
+  feed-forward width (4 D) and the window (128) are not in Table 7; we take the authors' blocks and
+  the LM setting. Table 7 gives no schedule: AdamW with linear warmup and cosine decay, as Table 5.
+  Returns (model, optim) sections."""
+  chosen = parts & set(LATTE_ARGS)
+  if len(chosen) > 1:
+    raise ConfigError(f"config args {sorted(chosen)} are different Latte variants; give one of them.")
+  variant = chosen.pop() if chosen else "latte"
+  model = latte.model_config(variant, num_layers=6, num_heads=4, position="sinusoid", rope=rope, vapor=False,
+                             dropout=dropout, tie_embeddings=False, **sizes)
+  model.d_ff = 4 * model.d_model
+  if model.window:
+    model.window = 128
+  opt = optim.default_config()
+  opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=1000, b1=0.9, b2=0.999, eps=1e-8,
+                  weight_decay=weight_decay, weight_decay_schedule="lr"))
+  return model, opt

@@ -1,0 +1,31 @@
+"""LRA Pathfinder (32 x 32, hard) with bidirectional Latte (Dolga et al., Table 7).
+
+  python -m lra_core.train --config=configs/lra/pathfinder/latte.py:latte_rglru_swa++ \
+      --config.data.dir=/path/to/lra_release/pathfinder32/ --workdir=runs/pathfinder_latte
+
+Args: one of configs.lra.common.LATTE_ARGS (default latte), tiny.
+Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 64, weight decay 0.03, dropout 0.2,
+200 epochs of the 160k training images, absolute positions only (no RoPE on the window).
+"""
+
+from configs.lra.common import LATTE_ARGS, lra_latte
+from lra_core.config import base_config, config_arg
+from lra_core.data.lra import pathfinder
+from models import latte
+
+TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 160_000, 64, 200
+
+
+def get_config(arg=None):
+  parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
+  model, opt = lra_latte(parts, rope=False, lr=1e-3, weight_decay=0.03, dropout=0.2,
+                         vocab_size=pathfinder.VOCAB_SIZE, num_classes=pathfinder.NUM_CLASSES, d_model=256,
+                         num_latents=256, classifier_hidden=256)
+  config = base_config(task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=32),
+                       optim=opt)
+  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=32 * 32,
+                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=10 * TRAIN_EXAMPLES // BATCH_SIZE))
+  if "tiny" in parts:
+    config.data.resolution = 16
+    latte.tiny(config, seq_len=16 * 16)
+  return config

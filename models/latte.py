@@ -1,0 +1,343 @@
+"""Latte (Dolga et al., "Latte: Latent Attention for Linear Time Transformers").
+
+The transformer stack of models/transformer.py with its token mixer replaced by latent attention
+(kernels.causal_latte / kernels.bidirectional_latte): L latent states split across H heads, query
+and key projections D -> L and value / output D -> D, all without bias. The variants of Table 1:
+
+  latte              LayerNorm, GELU MLP, VAPOR rotations of the values (Appendix B.3)
+  latte++            RMSNorm, GELU-gated GLU MLP ("++"), VAPOR
+  latte_conv++       "++" with a depthwise 1D convolution (kernel K) before the latent
+                     probabilities (eq. 17)
+  latte_rglru++      "++" with an RG-LRU layer (Griffin, De et al. 2024) there instead
+  latte_conv_swa++   Latte-Macchiato (Def. 3): state 0 is sliding-window softmax attention with
+  latte_rglru_swa++  RoPE, mixed with the L latent states under one softmax over L + 1 states
+
+The convolution and the RG-LRU feed only the latent probabilities (q and k logits); values and
+the window attention's q, k read the block input, so the window attention is the plain local
+attention a pre-trained model would bring (Section 4.5). Bidirectional models (classification,
+MLM) use Def. 1, a centred convolution, the RG-LRU run in both directions, and a window on both
+sides. Causal models decode in constant memory per token: the eq. 12 state per layer, the
+convolution's last K - 1 inputs or the RG-LRU state, and a ring buffer of `window` keys/values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from kernels import latte as latte_kernels
+from kernels.attention import attention_mask, dot_product_attention, local_attention
+from lra_core.errors import ConfigError
+from models import transformer
+from models.blocks.layers import Dense, param
+from models.blocks.positions import apply_rope, rotate_pairs
+
+Array = jax.Array
+
+VARIANTS = {
+    "latte": dict(norm="layer", mlp="mlp", mixer="none", window=0, vapor=True),
+    "latte++": dict(norm="rms", mlp="glu", mixer="none", window=0, vapor=True),
+    "latte_conv++": dict(norm="rms", mlp="glu", mixer="conv", window=0, vapor=False),
+    "latte_conv_swa++": dict(norm="rms", mlp="glu", mixer="conv", window=128, vapor=False),
+    "latte_rglru++": dict(norm="rms", mlp="glu", mixer="rglru", window=0, vapor=False),
+    "latte_rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False),
+}
+MIXERS = ("none", "conv", "rglru")
+
+
+def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDict:
+  """The `config.model` section; `variant` picks the Table 1 settings from VARIANTS."""
+  if variant not in VARIANTS:
+    raise ConfigError(f"latte variant {variant!r} is not one of {sorted(VARIANTS)}.")
+  c = transformer.model_config("transformer", position="none", tie_embeddings=True, pooling="mean")
+  c.update(dict(
+      name="latte",
+      variant=variant,
+      num_latents=128,         # L, split across the heads (L / H each)
+      mixer="none",            # what feeds the latent probabilities: none | conv | rglru
+      conv_kernel=3,           # K of eq. 17
+      rglru_c=8.0,             # Griffin's constant c in a_t = a^(c r_t)
+      vapor=False,             # Value-Acting POsitional Rotations (Appendix B.3)
+      rope=True,               # RoPE on the window attention's q and k (Latte-Macchiato)
+      chunk=0,                 # time chunk of causal Latte; 0 -> per backend (kernels.latte)
+  ))
+  c.update(VARIANTS[variant])
+  c.update(overrides)
+  return c
+
+
+def validate_config(config) -> None:
+  m = config.model
+  if m.variant not in VARIANTS:
+    raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
+  if m.mixer not in MIXERS:
+    raise ConfigError(f"model.mixer {m.mixer!r} is not one of {list(MIXERS)}.")
+  if m.num_latents <= 0 or m.num_latents % m.num_heads:
+    raise ConfigError(f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
+                      f"{m.num_heads} (the latent states are split across heads).")
+  if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2 and (m.vapor or m.rope and m.window):
+    raise ConfigError(f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width "
+                      "(VAPOR and RoPE rotate pairs).")
+  if m.mixer == "conv" and m.conv_kernel < 1:
+    raise ConfigError(f"model.conv_kernel must be >= 1, got {m.conv_kernel}.")
+  if m.chunk < 0:
+    raise ConfigError(f"model.chunk must be >= 0, got {m.chunk}.")
+  transformer.validate_config(_as_transformer(config))
+
+
+def _as_transformer(config):
+  """The shared fields checked by the transformer validator (its variant table does not apply)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.model.variant, c.model.rope = "transformer", False
+  return c
+
+
+# -- what feeds the latent probabilities (Section 2.4) --------------------------------------------
+
+class Conv(nnx.Module):
+  """Depthwise 1D convolution y_t = sum_i w_i x_{t-i} + b (eq. 17); centred when bidirectional."""
+
+  def __init__(self, features: int, kernel: int, *, causal: bool, rngs: nnx.Rngs):
+    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=1)
+    self.kernel = param(rngs, init, (kernel, features), (None, "embed"))
+    self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",))
+    self.causal = causal
+
+  def __call__(self, x: Array) -> Array:
+    k, t = self.kernel.shape[0], x.shape[1]
+    before = k - 1 if self.causal else k - 1 - k // 2  # centred: taps reach k // 2 ahead
+    xp = jnp.pad(x, ((0, 0), (before, k - 1 - before), (0, 0)))
+    w = self.kernel[...].astype(x.dtype)
+    # tap i reads x_{t - i} (shifted by k // 2 when centred)
+    return sum(xp[:, k - 1 - i:k - 1 - i + t] * w[i] for i in range(k)) + self.bias[...].astype(x.dtype)
+
+  def init_state(self, batch: int, dtype) -> Array:
+    return jnp.zeros((batch, self.kernel.shape[0] - 1, self.kernel.shape[1]), dtype)
+
+  def step(self, x: Array, state: Array) -> tuple[Array, Array]:
+    """x [B,D] with the last K-1 inputs [B,K-1,D] (oldest first) -> y [B,D], next state."""
+    window = jnp.concatenate([state, x[:, None]], axis=1)          # x_{t-K+1} .. x_t
+    w = self.kernel[...].astype(x.dtype)[::-1]                     # w_{K-1} .. w_0
+    return (window * w).sum(1) + self.bias[...].astype(x.dtype), window[:, 1:]
+
+
+class RGLRU(nnx.Module):
+  """Real-Gated Linear Recurrent Unit (Griffin, De et al. 2024, Section 2.4):
+  r_t = sigmoid(W_a x_t + b_a), i_t = sigmoid(W_x x_t + b_x), a_t = sigmoid(Lambda)^(c r_t),
+  h_t = a_t h_{t-1} + sqrt(1 - a_t^2) (i_t x_t). Gates are block-diagonal (one block per head);
+  a^c starts uniform in [0.9, 0.999]. Bidirectional: the mean of a forward and a backward pass."""
+
+  def __init__(self, features: int, blocks: int, *, c: float, causal: bool, rngs: nnx.Rngs):
+    width = features // blocks
+    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
+                                                batch_axis=(0,))
+    zeros = jax.nn.initializers.zeros
+    self.input_gate = param(rngs, init, (blocks, width, width), ("heads", None, None))
+    self.input_bias = param(rngs, zeros, (blocks, width), ("heads", None))
+    self.recurrence_gate = param(rngs, init, (blocks, width, width), ("heads", None, None))
+    self.recurrence_bias = param(rngs, zeros, (blocks, width), ("heads", None))
+
+    def a_init(key, shape, dtype):
+      a = jax.random.uniform(key, shape, dtype, 0.9, 0.999) ** (1.0 / c)
+      return jnp.log(a) - jnp.log1p(-a)  # Lambda = logit(a)
+
+    self.a_param = param(rngs, a_init, (features,), ("embed",))
+    self.c, self.causal, self.blocks = c, causal, blocks
+
+  def _coefficients(self, x: Array) -> tuple[Array, Array]:
+    """x [..., D] -> (a_t, b_t) of h_t = a_t h_{t-1} + b_t, float32."""
+    x32 = x.astype(jnp.float32)
+    xb = x32.reshape(*x.shape[:-1], self.blocks, -1)
+    gate = lambda w, b: jax.nn.sigmoid(jnp.einsum("...hi,hij->...hj", xb, w[...]) + b[...]).reshape(x.shape)
+    r, i = gate(self.recurrence_gate, self.recurrence_bias), gate(self.input_gate, self.input_bias)
+    log_a = -self.c * jax.nn.softplus(-self.a_param[...]) * r
+    # sqrt(1 - a^2) from expm1, floored so its gradient stays finite when a_t rounds to 1
+    scale = jnp.sqrt(jnp.maximum(-jnp.expm1(2.0 * log_a), 1e-12))
+    return jnp.exp(log_a), scale * i * x32
+
+  def __call__(self, x: Array) -> Array:
+    a, b = self._coefficients(x)
+    combine = lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1])
+    h = jax.lax.associative_scan(combine, (a, b), axis=1)[1]
+    if not self.causal:
+      h = 0.5 * (h + jax.lax.associative_scan(combine, (a, b), axis=1, reverse=True)[1])
+    return h.astype(x.dtype)
+
+  def init_state(self, batch: int, dtype) -> Array:
+    return jnp.zeros((batch, self.a_param.shape[0]), jnp.float32)
+
+  def step(self, x: Array, h: Array) -> tuple[Array, Array]:
+    a, b = self._coefficients(x)
+    h = a * h + b
+    return h.astype(x.dtype), h
+
+
+# -- the token mixer ---------------------------------------------------------------------------------
+
+class LatteAttention(nnx.Module):
+  """Latent attention over H heads of L/H latent states; with `window` > 0, Latte-Macchiato."""
+
+  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
+    h, d = m.num_heads, m.d_model
+    latents, width = m.num_latents // h, d // h
+    self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
+    self.chunk = m.chunk or None
+    self.shape = (h, latents, width)
+    kw = dict(dtype=dtype, rngs=rngs)
+    if m.mixer == "conv":
+      self.mixer = Conv(d, m.conv_kernel, causal=causal, rngs=rngs)
+    elif m.mixer == "rglru":
+      self.mixer = RGLRU(d, h, c=m.rglru_c, causal=causal, rngs=rngs)
+    else:
+      self.mixer = None
+    # Macchiato: one more query logit per head, for state 0 (the window attention).
+    self.query = Dense(d, (h, latents + bool(m.window)), axes=("embed", "heads", "latents"), **kw)
+    self.key = Dense(d, (h, latents), axes=("embed", "heads", "latents"), **kw)
+    self.value = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
+    if m.window:
+      self.window_query = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
+      self.window_key = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
+    self.out = Dense((h, width), d, axes=("heads", "head_dim", "embed"), **kw)
+    # VAPOR: a learnable block-diagonal rotation R; R^t acts on the values (eq. 22). Angles start
+    # at RoPE's frequencies.
+    self.vapor = (param(rngs, lambda key, shape, dtype: jnp.broadcast_to(
+        1e4 ** (-jnp.arange(shape[1], dtype=dtype) / shape[1]), shape), (h, width // 2), ("heads", None))
+                  if m.vapor else None)
+
+  def _rotate(self, x: Array, positions: Array, sign: float) -> Array:
+    """x [B,T,H,W] times R^(sign * position)."""
+    if self.vapor is None:
+      return x
+    return rotate_pairs(x, sign * positions.astype(jnp.float32)[:, None, None] * self.vapor[...])
+
+  def _project(self, x: Array, y: Array, positions: Array) -> tuple[Array, ...]:
+    """x: block input; y: what the latent probabilities read -> q logits, k logits, values."""
+    return self.query(y), self.key(y), self._rotate(self.value(x), positions, -1.0)
+
+  def _mix(self, q: Array, latent: Array, local: Array | None) -> Array:
+    """Latte-Macchiato, eq. 13: p(0|t) local + sum_{l>=1} p(l|t) latte_l, p over L + 1 states.
+    The latent kernels normalise over l >= 1, so their output is scaled by 1 - p(0|t)."""
+    if local is None:
+      return latent
+    p0 = jax.nn.sigmoid(q[..., 0] - jax.nn.logsumexp(q[..., 1:].astype(jnp.float32), -1))[..., None]
+    return (p0 * local + (1.0 - p0) * latent).astype(latent.dtype)
+
+  def _window_qk(self, x: Array, positions: Array) -> tuple[Array, Array]:
+    q, k = self.window_query(x), self.window_key(x)
+    if self.rope:
+      q, k = apply_rope(q, positions), apply_rope(k, positions)
+    return q, k
+
+  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """x: [B,T,D]; positions int[T] (consecutive); mask bool[B,T], False = padding (bidirectional)."""
+    del rngs
+    t = x.shape[1]
+    positions = jnp.arange(t) if positions is None else positions
+    if mask is not None and not self.causal:
+      x = jnp.where(mask[..., None], x, 0)  # padding feeds nothing into the convolution / RG-LRU
+    y = x if self.mixer is None else self.mixer(x)
+    q, k, v = self._project(x, y, positions)
+    lq = q[..., 1:] if self.window else q
+    if self.causal:
+      latent = latte_kernels.causal_latte(lq, k, v, chunk=self.chunk)
+    else:
+      latent = latte_kernels.bidirectional_latte(lq, k, v, mask=mask)
+    latent = self._rotate(latent, positions, 1.0)
+    local = None
+    if self.window:
+      wq, wk = self._window_qk(x, positions)
+      local = local_attention(wq, wk, self._rotate(v, positions, 1.0), window=self.window,
+                              causal=self.causal, k_valid=mask)
+    return self.out(self._mix(q, latent, local))
+
+  # -- decoding ------------------------------------------------------------------------------------
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+    if not self.causal:
+      raise ValueError("decoding needs causal Latte; this layer is bidirectional.")
+    h, latents, width = self.shape
+    cache = {"latte": latte_kernels.init_latte_state(batch_size, h, latents, width)}
+    if self.mixer is not None:
+      cache["mixer"] = self.mixer.init_state(batch_size, dtype)
+    if self.window:
+      s = min(self.window, max_len)
+      cache["window"] = {"key": jnp.zeros((batch_size, s, h, width), dtype),
+                         "value": jnp.zeros((batch_size, s, h, width), dtype),
+                         "pos": jnp.full((s,), -1, jnp.int32)}
+    return cache
+
+  def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
+    """One step. x: [B,1,D] at `position` -> y [B,1,D], next cache (constant size)."""
+    positions = position[None]
+    cache = dict(cache)
+    y = x
+    if self.mixer is not None:
+      y, cache["mixer"] = self.mixer.step(x[:, 0], cache["mixer"])
+      y = y[:, None]
+    q, k, v = self._project(x, y, positions)
+    lq = q[..., 1:] if self.window else q
+    latent, cache["latte"] = latte_kernels.latte_step(lq[:, 0], k[:, 0], v[:, 0], cache["latte"])
+    latent = self._rotate(latent[:, None], positions, 1.0)
+    local = None
+    if self.window:
+      wq, wk = self._window_qk(x, positions)
+      ring = cache["window"]
+      slot = position % ring["pos"].shape[0]
+      ring = {"key": jax.lax.dynamic_update_slice_in_dim(ring["key"], wk.astype(ring["key"].dtype), slot, 1),
+              "value": jax.lax.dynamic_update_slice_in_dim(
+                  ring["value"], self._rotate(v, positions, 1.0).astype(ring["value"].dtype), slot, 1),
+              "pos": jax.lax.dynamic_update_index_in_dim(ring["pos"], position, slot, 0)}
+      cache["window"] = ring
+      m = attention_mask(positions, ring["pos"], causal=True, window=self.window)
+      local = dot_product_attention(wq, ring["key"].astype(wq.dtype), ring["value"].astype(wq.dtype), mask=m)
+    return self.out(self._mix(q, latent, local)), cache
+
+
+class Model(transformer.Model):
+  """The transformer stack (embeddings, pre-norm blocks, task heads, decoding) with Latte mixers."""
+
+  mixer = staticmethod(LatteAttention)
+
+
+# -- paper sizes ---------------------------------------------------------------------------------------
+
+# Table 1 (OpenWebText, GPT-2 BPE, tied embeddings) with Table 5's sizes: 12 layers, 8 heads,
+# feed-forward 3072, L = 128, window 128, K = 3. Table 5 prints the width as 756, which is not a
+# multiple of 8 heads; the counts of Table 1 fit 768.
+PAPER_LM = dict(d_model=768, num_layers=12, num_heads=8, d_ff=3072, num_latents=128, conv_kernel=3)
+PAPER_COUNTS = {"latte": 111e6, "latte++": 140e6, "latte_conv++": 140e6, "latte_conv_swa++": 153e6,
+                "latte_rglru++": 139e6, "latte_rglru_swa++": 153e6}
+
+
+def parameter_count(config) -> int:
+  """Trainable parameters, from shapes only (jax.eval_shape)."""
+  from lra_core.registry import build_model
+  model = nnx.eval_shape(lambda: build_model(config))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def lm_config(variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: int, steps: int,
+              dropout: float) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict, dict]:
+  """(model, optim, train) sections of a Table 5 language-modelling column: tied embeddings, RoPE on
+  the window, VAPOR where no convolution / RG-LRU breaks position invariance, AdamW with linear
+  warmup and cosine decay, weight decay 0.01 (Table 5 gives no Adam betas: we use 0.9 / 0.95)."""
+  from lra_core import optim
+  model = model_config(variant, vocab_size=vocab_size, dropout=dropout, **sizes)
+  opt = optim.default_config()
+  opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=warmup, b1=0.9, b2=0.95, eps=1e-8,
+                  weight_decay=0.01, clip_norm=1.0))
+  return model, opt, dict(steps=steps, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+
+
+def tiny(config: ml_collections.ConfigDict, *, seq_len: int) -> None:
+  """The `tiny` size: every code path of the variant (window, mixer, chunks), seconds on a CPU."""
+  from lra_core.config import tiny_train
+  m = config.model
+  m.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, num_latents=8, chunk=4,
+                window=min(m.window, 8), classifier_hidden=32))
+  tiny_train(config, seq_len=seq_len)
