@@ -399,7 +399,13 @@ def _options(items: Sequence[str]) -> dict:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="config file[:arg], as for lra_core.train")
+  parser.add_argument("--config", default="", help="config file[:arg], as for lra_core.train")
+  parser.add_argument("--cores", default="", help="comma-separated attention cores to time alone instead of "
+                      "a train step (see scripts/bench_cores.py), e.g. causal_latte,causal_attention")
+  parser.add_argument("--heads", type=int, default=4, help="--cores: heads")
+  parser.add_argument("--width", type=int, default=128, help="--cores: value width of all heads together")
+  parser.add_argument("--latents", type=int, default=128, help="--cores: Latte's latent states, all heads")
+  parser.add_argument("--backward", action="store_true", help="--cores: time forward + backward")
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                       help="config override for every variant (repeatable)")
   parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
@@ -420,15 +426,25 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   cli.setup_logging()
   if args.batch_size < 1:
     raise ConfigError(f"--batch_size {args.batch_size} is not positive.")
-  variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
-  names = [v.name for v in variants]
-  if len(set(names)) != len(names):
-    raise ConfigError(f"variant names {names} repeat; expected distinct names.")
-  rows, peak = run(args.config, overrides=args.override, variants=variants, seq_lens=_ints(args.seq_lens),
-                   batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                   matmul_size=args.matmul_size, compiler_options=_options(args.compiler_option),
-                   log=lambda s: print(s, file=sys.stderr, flush=True))
-  machine, command, table = machine_line(peak, args.matmul_size), command_line(argv), format_table(rows)
+  if bool(args.config) == bool(args.cores):
+    raise ConfigError("give either --config (time a train step) or --cores (time attention cores).")
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  if args.cores:
+    from scripts import bench_cores
+    rows = bench_cores.run(re.split(r",(?![^,:]*=)", args.cores), seq_lens=_ints(args.seq_lens),
+                           batch_size=args.batch_size, heads=args.heads, width=args.width, latents=args.latents,
+                           steps=args.steps, warmup=args.warmup, backward=args.backward, log=log)
+    peak, table = None, bench_cores.format_table(rows)
+  else:
+    variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+      raise ConfigError(f"variant names {names} repeat; expected distinct names.")
+    rows, peak = run(args.config, overrides=args.override, variants=variants, seq_lens=_ints(args.seq_lens),
+                     batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                     matmul_size=args.matmul_size, compiler_options=_options(args.compiler_option), log=log)
+    table = format_table(rows)
+  machine, command = machine_line(peak, args.matmul_size), command_line(argv)
   print(f"{machine}\ncommand: {command}\n\n{table}")
   if args.out:
     out = pathlib.Path(args.out)
@@ -436,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     previous = out.read_text() if out.exists() else ""
     sep = "" if not previous else ("\n" if previous.endswith("\n") else "\n\n")
     with out.open("a") as f:
-      f.write(sep + markdown_section(args.title or args.config, machine, command, table))
+      f.write(sep + markdown_section(args.title or args.config or args.cores, machine, command, table))
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(
         {"machine": machine, "command": command, "matmul_flops_per_s": peak, "rows": rows}, indent=1) + "\n")

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import lra_core  # noqa: E402
-from models import transformer_vq  # noqa: E402
+from models import latte, transformer_vq  # noqa: E402
 
 # (config spec, the paper's count, where the paper states it)
 PAPER = [
@@ -21,15 +21,22 @@ PAPER = [
     ("configs/pg19/transformer_vq.py", 1.3e9, "Transformer-VQ Table 10, PG-19"),
     ("configs/imagenet64/transformer_vq.py", 190e6, "Transformer-VQ Table 10, ImageNet64 (small)"),
     ("configs/imagenet64/transformer_vq.py:large", 1.2e9, "Transformer-VQ Table 10, ImageNet64 (large)"),
-]
+] + [(f"configs/c4/latte.py:{variant}", count, f"Latte Table 1, {variant}")
+     for variant, count in latte.PAPER_COUNTS.items()]
+
+
+def counts(config) -> dict[str, int]:
+  if config.model.name == "transformer_vq":
+    return transformer_vq.parameter_counts(config)
+  n = latte.parameter_count(config)
+  return {"params": n, "codebook": 0, "total": n}
 
 
 def rows() -> list[dict]:
   out = []
   for spec, paper, source in PAPER:
-    counts = transformer_vq.parameter_counts(lra_core.load_config(spec))
-    out.append(dict(spec=spec, source=source, paper=paper, **counts,
-                    gap=(counts["total"] - paper) / paper))
+    c = counts(lra_core.load_config(spec))
+    out.append(dict(spec=spec, source=source, paper=paper, **c, gap=(c["total"] - paper) / paper))
   return out
 
 

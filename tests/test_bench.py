@@ -111,3 +111,18 @@ def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
   assert text.count("| base | 16 | 1 |") == 2
   data = json.loads(raw.read_text())
   assert data["rows"][0]["seq_len"] == 16 and data["matmul_flops_per_s"] > 0
+
+
+def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
+  out = tmp_path / "cores.md"
+  rows = bench.main(["--cores=causal_attention,causal_latte:chunk=4,bidirectional_latte,window_attention:window=4",
+                     "--seq_lens=16", "--heads=2", "--width=8", "--latents=6", "--steps=1", "--warmup=0",
+                     f"--out={out}"])
+  assert [r["variant"] for r in rows] == ["causal_attention", "causal_latte:chunk=4", "bidirectional_latte",
+                                          "window_attention:window=4"]
+  assert all(r["status"] == "ok" and r["ms"] > 0 and r["seq_len"] == 16 for r in rows)
+  assert "| `causal_latte:chunk=4` | 16 | 1 |" in out.read_text()
+  with pytest.raises(ConfigError, match="either --config"):
+    bench.main(["--cores=causal_latte", f"--config={ENWIK8}"])
+  with pytest.raises(ConfigError, match="core 'flash' is not one of"):
+    bench.main(["--cores=flash"])

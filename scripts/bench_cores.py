@@ -1,0 +1,121 @@
+"""Times attention cores alone (the Latte paper's Figures 8-10 setting): forward, or forward + backward.
+
+  python scripts/bench.py --cores=causal_latte,causal_latte:chunk=1,causal_attention \
+      --seq_lens=512,1024,2048,4096,16384 --batch_size=2 --heads=4 --width=128 --latents=128
+
+Cores: causal_latte / bidirectional_latte (kernels.latte; `:chunk=C` sets the time chunk of the
+causal scan, 1 = the paper's token-by-token recurrence), causal_attention / attention (softmax
+attention with a causal / no mask, kernels.dot_product_attention, quadratic) and
+window_attention (`:window=W`, kernels.local_attention). `--width` and `--latents` are totals
+split across `--heads`, as the paper's benchmark code splits them. Inputs are random normal
+float32 [B,T,H,*]; each row reports the median time of the jitted call, XLA's planned memory
+(arguments + outputs + temporaries) and XLA's FLOP count.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+import kernels
+from kernels.attention import attention_mask
+from lra_core.errors import ConfigError
+
+CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention")
+
+
+def parse_core(text: str) -> tuple[str, dict[str, int]]:
+  """'name:key=value,...' -> (name, int options)."""
+  name, _, rest = text.partition(":")
+  if name not in CORES:
+    raise ConfigError(f"core {name!r} is not one of {list(CORES)}.")
+  options = {}
+  for item in filter(None, rest.split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or not value.strip().isdigit():
+      raise ConfigError(f"core option {item!r} is not of the form key=integer.")
+    options[key.strip()] = int(value)
+  return name, options
+
+
+def core_fn(name: str, options: dict[str, int]) -> Callable:
+  """f(q, k, v) for the core; q, k hold latent logits for Latte and head vectors otherwise."""
+  if name == "causal_latte":
+    return lambda q, k, v: kernels.causal_latte(q, k, v, chunk=options.get("chunk"))
+  if name == "bidirectional_latte":
+    return lambda q, k, v: kernels.bidirectional_latte(q, k, v)
+  if name == "window_attention":
+    return lambda q, k, v: kernels.local_attention(q, k, v, window=options.get("window", 128), causal=True)
+  causal = name == "causal_attention"
+
+  def attention(q, k, v):
+    t = q.shape[1]
+    mask = attention_mask(jnp.arange(t), jnp.arange(t), causal=True) if causal else None
+    return kernels.dot_product_attention(q, k, v, mask=mask)
+
+  return attention
+
+
+def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: int, latents: int,
+              steps: int, warmup: int, backward: bool = False) -> dict:
+  from scripts.bench import _median_seconds, cost_flops, is_oom, xla_memory_bytes
+  name, options = parse_core(label)
+  b, t, h = batch_size, seq_len, heads
+  if width % h or latents % h:
+    raise ConfigError(f"--width {width} and --latents {latents} must be multiples of --heads {h}.")
+  qk_dim = latents // h if name.endswith("latte") else width // h
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, k = (jax.random.normal(key, (b, t, h, qk_dim)) for key in keys[:2])
+  v = jax.random.normal(keys[2], (b, t, h, width // h))
+  fn = core_fn(name, options)
+  if backward:
+    fn = jax.grad(lambda q, k, v, f=fn: f(q, k, v).sum(), argnums=(0, 1, 2))
+  row = {"variant": label, "seq_len": t, "batch_size": b, "backward": backward}
+  compiled = None
+  try:
+    compiled = jax.jit(fn).lower(q, k, v).compile()
+    median, times = _median_seconds(lambda: compiled(q, k, v), steps=steps, warmup=warmup)
+  except Exception as e:
+    if not is_oom(e):
+      raise
+    gc.collect()
+    row.update(status="OOM", error=str(e).strip().splitlines()[0][:300])
+    return row
+  flops = cost_flops(compiled)
+  row.update(status="ok", ms=1e3 * median, ms_all=[1e3 * s for s in times], memory_bytes=xla_memory_bytes(compiled),
+             flops=flops, tokens_per_s=b * t / median)
+  return row
+
+
+def format_table(rows: Sequence[dict]) -> str:
+  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | GFLOP | time / first core |",
+           "|---|---|---|---|---|---|---|---|"]
+  first = {}
+  for r in rows:
+    if r["status"] == "ok":
+      first.setdefault(r["seq_len"], r["ms"])
+  for r in rows:
+    cells = [f"`{r['variant']}`", str(r["seq_len"]), str(r["batch_size"])]
+    if r["status"] != "ok":
+      cells += [r["status"]] + ["-"] * 4
+    else:
+      mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2 ** 20:,.0f}"
+      gflop = "-" if r["flops"] is None else f"{r['flops'] / 1e9:,.2f}"
+      cells += [f"{r['ms']:.2f}", f"{r['tokens_per_s']:,.0f}", mem, gflop, f"{r['ms'] / first[r['seq_len']]:.2f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def run(cores: Sequence[str], *, seq_lens: Sequence[int], log=None, **shape) -> list[dict]:
+  rows = []
+  for t in seq_lens:  # by length, so each length's rows share a baseline in the ratio column
+    for label in cores:
+      row = time_core(label, seq_len=t, **shape)
+      rows.append(row)
+      if log:
+        log(f"{label} T={t}: " + (f"{row['ms']:.2f} ms" if row["status"] == "ok" else row["status"]))
+      gc.collect()
+  return rows
