@@ -40,9 +40,9 @@ def _check(q: Array, k: Array, v: Array, mask: Array | None = None) -> None:
     raise ValueError(f"latte mask must be bool [B,T] = {q.shape[:2]}, got {mask.shape}.")
 
 
-def _check_impl(impl: str, allowed=IMPLS) -> None:
-  if impl not in allowed:
-    raise ValueError(f"impl {impl!r} is not one of {allowed}.")
+def _check_impl(impl: str) -> None:
+  if impl not in IMPLS:
+    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
 
 
 # -- bidirectional (Def. 1) ---------------------------------------------------------------------
@@ -51,7 +51,7 @@ def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = No
                         impl: str = "xla") -> Array:
   """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding."""
   _check(q, k, v, mask)
-  _check_impl(impl, ("xla",))
+  _check_impl(impl)
   k = k.astype(f32)
   if mask is not None:
     k = jnp.where(mask[:, :, None, None], k, NEG)
