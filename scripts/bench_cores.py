@@ -8,8 +8,8 @@ causal scan, 1 = the paper's token-by-token recurrence), causal_attention / atte
 attention with a causal / no mask, kernels.dot_product_attention, quadratic) and
 window_attention (`:window=W`, kernels.local_attention). `--width` and `--latents` are totals
 split across `--heads`, as the paper's benchmark code splits them. Inputs are random normal
-float32 [B,T,H,*]; each row reports the median time of the jitted call, XLA's planned memory
-(arguments + outputs + temporaries) and XLA's FLOP count.
+float32 [B,T,H,*]; each row reports the median time of the jitted call and XLA's planned memory
+(arguments + outputs + temporaries).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def core_fn(name: str, options: dict[str, int]) -> Callable:
 
 def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: int, latents: int,
               steps: int, warmup: int, backward: bool = False) -> dict:
-  from scripts.bench import _median_seconds, cost_flops, is_oom, xla_memory_bytes
+  from scripts.bench import _median_seconds, is_oom, xla_memory_bytes
   name, options = parse_core(label)
   b, t, h = batch_size, seq_len, heads
   if width % h or latents % h:
@@ -84,15 +84,15 @@ def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: i
     gc.collect()
     row.update(status="OOM", error=str(e).strip().splitlines()[0][:300])
     return row
-  flops = cost_flops(compiled)
   row.update(status="ok", ms=1e3 * median, ms_all=[1e3 * s for s in times], memory_bytes=xla_memory_bytes(compiled),
-             flops=flops, tokens_per_s=b * t / median)
+             tokens_per_s=b * t / median)
   return row
 
 
 def format_table(rows: Sequence[dict]) -> str:
-  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | GFLOP | time / first core |",
-           "|---|---|---|---|---|---|---|---|"]
+  """Markdown rows; the last column is the first core's time at the same length over this row's."""
+  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | speed-up vs first core |",
+           "|---|---|---|---|---|---|---|"]
   first = {}
   for r in rows:
     if r["status"] == "ok":
@@ -100,11 +100,10 @@ def format_table(rows: Sequence[dict]) -> str:
   for r in rows:
     cells = [f"`{r['variant']}`", str(r["seq_len"]), str(r["batch_size"])]
     if r["status"] != "ok":
-      cells += [r["status"]] + ["-"] * 4
+      cells += [r["status"]] + ["-"] * 3
     else:
       mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2 ** 20:,.0f}"
-      gflop = "-" if r["flops"] is None else f"{r['flops'] / 1e9:,.2f}"
-      cells += [f"{r['ms']:.2f}", f"{r['tokens_per_s']:,.0f}", mem, gflop, f"{r['ms'] / first[r['seq_len']]:.2f}"]
+      cells += [f"{r['ms']:,.2f}", f"{r['tokens_per_s']:,.0f}", mem, f"{first[r['seq_len']] / r['ms']:,.1f}x"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
