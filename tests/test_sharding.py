@@ -97,6 +97,20 @@ def test_transformer_vq_sharded_windows_equal_single_device():
   assert not np.allclose(np.asarray(counts), 1.0)  # the codebooks did move
 
 
+def test_latte_macchiato_sharded_equals_single_device():
+  """The causal Latte scan, RG-LRU, banded window attention and head-split latents under 8-way
+  data / FSDP / tensor sharding give the single-device losses and parameters."""
+  spec = "configs/c4/latte.py:tiny,latte_rglru_swa++"
+  _, _, _, state1, losses1 = train(ONE_DEVICE, spec=spec, extra=["model.dropout=0.1"])
+  _, mesh, sharded_spec, state8, losses8 = train(EIGHT_DEVICES, spec=spec, extra=["model.dropout=0.1"])
+  assert mesh.size == 8
+  np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
+  for a, b in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+  query = sharded_spec.shardings["params"]["blocks"][0]["attn"]["query"]["kernel"]
+  assert query.spec == P("fsdp", "tensor", None)  # [embed, heads, latents]: heads split over tensor
+
+
 def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sharded):
   _, _, _, state8, _ = sharded
   _, _, spec1, _, _ = single
