@@ -30,9 +30,10 @@ import ml_collections
 from flax import nnx
 
 from kernels import latte as latte_kernels
-from kernels.attention import attention_mask, dot_product_attention, local_attention
+from kernels.attention import local_attention
 from lra_core.errors import ConfigError
 from models import transformer
+from models.blocks.attention import attend_cache, empty_cache, write_cache
 from models.blocks.layers import Dense, param
 from models.blocks.positions import apply_rope, rotate_pairs
 
@@ -68,6 +69,14 @@ def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDi
   c.update(VARIANTS[variant])
   c.update(overrides)
   return c
+
+
+def variant_from_args(parts: set[str]) -> str:
+  """The one variant named among a config's args (default `latte`)."""
+  chosen = parts & set(VARIANTS)
+  if len(chosen) > 1:
+    raise ConfigError(f"config args {sorted(chosen)} are different Latte variants; give one of them.")
+  return chosen.pop() if chosen else "latte"
 
 
 def validate_config(config) -> None:
@@ -214,10 +223,6 @@ class LatteAttention(nnx.Module):
       return x
     return rotate_pairs(x, sign * positions.astype(jnp.float32)[:, None, None] * self.vapor[...])
 
-  def _project(self, x: Array, y: Array, positions: Array) -> tuple[Array, ...]:
-    """x: block input; y: what the latent probabilities read -> q logits, k logits, values."""
-    return self.query(y), self.key(y), self._rotate(self.value(x), positions, -1.0)
-
   def _mix(self, q: Array, latent: Array, local: Array | None) -> Array:
     """Latte-Macchiato, eq. 13: p(0|t) local + sum_{l>=1} p(l|t) latte_l, p over L + 1 states.
     The latent kernels normalise over l >= 1, so their output is scaled by 1 - p(0|t)."""
@@ -240,19 +245,18 @@ class LatteAttention(nnx.Module):
     positions = jnp.arange(t) if positions is None else positions
     if mask is not None and not self.causal:
       x = jnp.where(mask[..., None], x, 0)  # padding feeds nothing into the convolution / RG-LRU
-    y = x if self.mixer is None else self.mixer(x)
-    q, k, v = self._project(x, y, positions)
-    lq = q[..., 1:] if self.window else q
+    y = x if self.mixer is None else self.mixer(x)  # the latent logits read y, the values x
+    q, k, v = self.query(y), self.key(y), self.value(x)
+    lq, rotated = (q[..., 1:] if self.window else q), self._rotate(v, positions, -1.0)
     if self.causal:
-      latent = latte_kernels.causal_latte(lq, k, v, chunk=self.chunk)
+      latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk)
     else:
-      latent = latte_kernels.bidirectional_latte(lq, k, v, mask=mask)
+      latent = latte_kernels.bidirectional_latte(lq, k, rotated, mask=mask)
     latent = self._rotate(latent, positions, 1.0)
     local = None
     if self.window:
       wq, wk = self._window_qk(x, positions)
-      local = local_attention(wq, wk, self._rotate(v, positions, 1.0), window=self.window,
-                              causal=self.causal, k_valid=mask)
+      local = local_attention(wq, wk, v, window=self.window, causal=self.causal, k_valid=mask)
     return self.out(self._mix(q, latent, local))
 
   # -- decoding ------------------------------------------------------------------------------------
@@ -265,10 +269,7 @@ class LatteAttention(nnx.Module):
     if self.mixer is not None:
       cache["mixer"] = self.mixer.init_state(batch_size, dtype)
     if self.window:
-      s = min(self.window, max_len)
-      cache["window"] = {"key": jnp.zeros((batch_size, s, h, width), dtype),
-                         "value": jnp.zeros((batch_size, s, h, width), dtype),
-                         "pos": jnp.full((s,), -1, jnp.int32)}
+      cache["window"] = empty_cache(batch_size, min(self.window, max_len), h, width, dtype)
     return cache
 
   def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
@@ -279,22 +280,16 @@ class LatteAttention(nnx.Module):
     if self.mixer is not None:
       y, cache["mixer"] = self.mixer.step(x[:, 0], cache["mixer"])
       y = y[:, None]
-    q, k, v = self._project(x, y, positions)
+    q, k, v = self.query(y), self.key(y), self.value(x)
     lq = q[..., 1:] if self.window else q
-    latent, cache["latte"] = latte_kernels.latte_step(lq[:, 0], k[:, 0], v[:, 0], cache["latte"])
+    rotated = self._rotate(v, positions, -1.0)
+    latent, cache["latte"] = latte_kernels.latte_step(lq[:, 0], k[:, 0], rotated[:, 0], cache["latte"])
     latent = self._rotate(latent[:, None], positions, 1.0)
     local = None
     if self.window:
       wq, wk = self._window_qk(x, positions)
-      ring = cache["window"]
-      slot = position % ring["pos"].shape[0]
-      ring = {"key": jax.lax.dynamic_update_slice_in_dim(ring["key"], wk.astype(ring["key"].dtype), slot, 1),
-              "value": jax.lax.dynamic_update_slice_in_dim(
-                  ring["value"], self._rotate(v, positions, 1.0).astype(ring["value"].dtype), slot, 1),
-              "pos": jax.lax.dynamic_update_index_in_dim(ring["pos"], position, slot, 0)}
-      cache["window"] = ring
-      m = attention_mask(positions, ring["pos"], causal=True, window=self.window)
-      local = dot_product_attention(wq, ring["key"].astype(wq.dtype), ring["value"].astype(wq.dtype), mask=m)
+      cache["window"] = write_cache(cache["window"], wk, v, position)
+      local = attend_cache(wq, cache["window"], position, window=self.window)
     return self.out(self._mix(q, latent, local)), cache
 
 

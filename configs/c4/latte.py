@@ -19,7 +19,6 @@ latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++; tiny (bytes, 2
 from lra_core.config import base_config, config_arg
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
-from lra_core.errors import ConfigError
 from models import latte
 
 VOCAB = 50267
@@ -28,10 +27,7 @@ SPM_MODEL = "spm_bpe50k.model"  # relative: resolved under data.dir
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + tuple(latte.VARIANTS))
-  variants = parts & set(latte.VARIANTS)
-  if len(variants) > 1:
-    raise ConfigError(f"config args {sorted(variants)} are different Latte variants; give one of them.")
-  model, opt, train = latte.lm_config(variants.pop() if variants else "latte", vocab_size=VOCAB,
+  model, opt, train = latte.lm_config(latte.variant_from_args(parts), vocab_size=VOCAB,
                                       sizes=latte.PAPER_LM, lr=6e-4, warmup=2000, steps=100_000, dropout=0.0)
   config = base_config(task="lm", model=model, data=c4.data_config(tokenizer=SPM_MODEL, packing="concat"),
                        optim=opt)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core import optim
-from lra_core.errors import ConfigError
 from models import latte, transformer
 
 
@@ -40,11 +39,7 @@ def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dr
   feed-forward width (4 D) and the window (128) are not in Table 7; we take the authors' blocks and
   the LM setting. Table 7 gives no schedule: AdamW with linear warmup and cosine decay, as Table 5.
   Returns (model, optim) sections."""
-  chosen = parts & set(LATTE_ARGS)
-  if len(chosen) > 1:
-    raise ConfigError(f"config args {sorted(chosen)} are different Latte variants; give one of them.")
-  variant = chosen.pop() if chosen else "latte"
-  model = latte.model_config(variant, num_layers=6, num_heads=4, position="sinusoid", rope=rope, vapor=False,
+  model = latte.model_config(latte.variant_from_args(parts), num_layers=6, num_heads=4, position="sinusoid", rope=rope, vapor=False,
                              dropout=dropout, tie_embeddings=False, **sizes)
   model.d_ff = 4 * model.d_model
   if model.window:
@@ -53,3 +48,10 @@ def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dr
   opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=1000, b1=0.9, b2=0.999, eps=1e-8,
                   weight_decay=weight_decay, weight_decay_schedule="lr"))
   return model, opt
+
+
+def epochs(train_examples: int, batch_size: int, num_epochs: int, *, checkpoint_epochs: int = 1) -> dict:
+  """`config.train` settings for `num_epochs` epochs, evaluating once per epoch."""
+  epoch = train_examples // batch_size
+  return dict(steps=num_epochs * epoch, batch_size=batch_size, eval_every=epoch,
+              checkpoint_every=checkpoint_epochs * epoch)

@@ -17,7 +17,6 @@ Args (comma-separated): one variant of models.latte.VARIANTS (default latte), ti
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
-from lra_core.errors import ConfigError
 from models import latte
 
 VOCAB = 50267
@@ -27,10 +26,7 @@ SIZES = dict(d_model=512, num_layers=12, num_heads=8, d_ff=2048, num_latents=128
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + tuple(latte.VARIANTS))
-  variants = parts & set(latte.VARIANTS)
-  if len(variants) > 1:
-    raise ConfigError(f"config args {sorted(variants)} are different Latte variants; give one of them.")
-  model, opt, train = latte.lm_config(variants.pop() if variants else "latte", vocab_size=VOCAB, sizes=SIZES,
+  model, opt, train = latte.lm_config(latte.variant_from_args(parts), vocab_size=VOCAB, sizes=SIZES,
                                       lr=2.5e-4, warmup=2000, steps=300_000, dropout=0.2)
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
   config.train.update(dict(batch_size=4, seq_len=5000, **train))

@@ -71,21 +71,30 @@ class Attention(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict[str, Array]:
     if not self.causal:
       raise ValueError("decoding needs causal attention; this layer is bidirectional.")
-    s = self.cache_len(max_len)
-    shape = (batch_size, s, self.num_kv_heads, self.head_dim)
-    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype),
-            "pos": jnp.full((s,), -1, jnp.int32)}
+    return empty_cache(batch_size, self.cache_len(max_len), self.num_kv_heads, self.head_dim, dtype)
 
   def decode(self, x: Array, cache: dict[str, Array], position: Array) -> tuple[Array, dict[str, Array]]:
     """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache."""
-    positions = position[None]
-    q, k, v = self._qkv(x, positions)
-    slot = position % cache["pos"].shape[0]
-    cache = {
-        "key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
-        "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
-        "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0),
-    }
-    m = attention_mask(positions, cache["pos"], causal=True, window=self.window)
-    y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
-    return self.out(y), cache
+    q, k, v = self._qkv(x, position[None])
+    cache = write_cache(cache, k, v, position)
+    return self.out(attend_cache(q, cache, position, window=self.window)), cache
+
+
+def empty_cache(batch_size: int, size: int, heads: int, width: int, dtype=jnp.float32) -> dict[str, Array]:
+  """A ring buffer of `size` key / value slots [B,S,K,D], each remembering its position (-1: empty)."""
+  shape = (batch_size, size, heads, width)
+  return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype), "pos": jnp.full((size,), -1, jnp.int32)}
+
+
+def write_cache(cache: dict[str, Array], k: Array, v: Array, position: Array) -> dict[str, Array]:
+  """Stores k, v [B,1,K,D] of `position` in ring-buffer slot position % S."""
+  slot = position % cache["pos"].shape[0]
+  return {"key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
+          "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
+          "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0)}
+
+
+def attend_cache(q: Array, cache: dict[str, Array], position: Array, *, window: int = 0) -> Array:
+  """Causal (optionally windowed) attention of q [B,1,H,D] at `position` over the cached keys."""
+  m = attention_mask(position[None], cache["pos"], causal=True, window=window)
+  return dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)

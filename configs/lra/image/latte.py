@@ -9,7 +9,7 @@ Table 7: 6 layers, 4 heads, L 40, D 512, lr 1e-3, batch 32, weight decay 0.05, d
 for cifar10 has L 512; we follow the paper's table.
 """
 
-from configs.lra.common import LATTE_ARGS, lra_latte
+from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
 from lra_core.data.lra import cifar10
 from models import latte
@@ -23,8 +23,7 @@ def get_config(arg=None):
                          vocab_size=cifar10.VOCAB_SIZE, num_classes=cifar10.NUM_CLASSES, d_model=512,
                          num_latents=40, classifier_hidden=512)
   config = base_config(task="classify", model=model, data=cifar10.data_config(), optim=opt)
-  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=cifar10.PIXELS,
-                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=10 * TRAIN_EXAMPLES // BATCH_SIZE))
+  config.train.update(seq_len=cifar10.PIXELS, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:
     config.data.image_size = 16
     latte.tiny(config, seq_len=16 * 16)

@@ -9,7 +9,7 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-3, batch 64, weight decay 0.01, d
 50 epochs of the 96k training expressions, RoPE on the window; length 2000 as LRA.
 """
 
-from configs.lra.common import LATTE_ARGS, lra_latte
+from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
 from lra_core.data.lra import listops
 from models import latte
@@ -22,8 +22,7 @@ def get_config(arg=None):
   model, opt = lra_latte(parts, rope=True, lr=1e-3, weight_decay=0.01, dropout=0.1, vocab_size=listops.VOCAB_SIZE,
                          num_classes=listops.NUM_CLASSES, d_model=128, num_latents=40, classifier_hidden=128)
   config = base_config(task="classify", model=model, data=listops.data_config(), optim=opt)
-  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=2000,
-                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=TRAIN_EXAMPLES // BATCH_SIZE))
+  config.train.update(seq_len=2000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
     config.data.update(dict(generate=True, num_train=200, num_val=40, num_test=40, max_depth=4, max_args=5,
                             min_length=16, max_length=64))

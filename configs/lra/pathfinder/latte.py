@@ -8,7 +8,7 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 64, weight decay 0.03, 
 200 epochs of the 160k training images, absolute positions only (no RoPE on the window).
 """
 
-from configs.lra.common import LATTE_ARGS, lra_latte
+from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
 from lra_core.data.lra import pathfinder
 from models import latte
@@ -23,8 +23,7 @@ def get_config(arg=None):
                          num_latents=256, classifier_hidden=256)
   config = base_config(task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=32),
                        optim=opt)
-  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=32 * 32,
-                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=10 * TRAIN_EXAMPLES // BATCH_SIZE))
+  config.train.update(seq_len=32 * 32, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:
     config.data.resolution = 16
     latte.tiny(config, seq_len=16 * 16)

@@ -9,7 +9,7 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-4, batch 32, weight decay 0.01, d
 20 epochs of AAN's 147,086 training pairs, RoPE on the window; 4000 bytes per document.
 """
 
-from configs.lra.common import LATTE_ARGS, lra_latte
+from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
 from lra_core.data.lra import retrieval
 from models import latte
@@ -23,8 +23,7 @@ def get_config(arg=None):
                          vocab_size=retrieval.VOCAB_SIZE, num_classes=2, d_model=128, num_latents=40,
                          classifier_hidden=128)
   config = base_config(task="retrieval", model=model, data=retrieval.data_config(), optim=opt)
-  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=4000,
-                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=TRAIN_EXAMPLES // BATCH_SIZE))
+  config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
     latte.tiny(config, seq_len=64)
   return config

@@ -8,7 +8,7 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 32, weight decay 0.05, 
 32 epochs of the 25k reviews, RoPE on the window; 4000 bytes (Appendix A.2.2).
 """
 
-from configs.lra.common import LATTE_ARGS, lra_latte
+from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
 from lra_core.data.lra import imdb
 from models import latte
@@ -21,8 +21,7 @@ def get_config(arg=None):
   model, opt = lra_latte(parts, rope=True, lr=1e-3, weight_decay=0.05, dropout=0.1, vocab_size=imdb.VOCAB_SIZE,
                          num_classes=imdb.NUM_CLASSES, d_model=256, num_latents=256, classifier_hidden=256)
   config = base_config(task="classify", model=model, data=imdb.data_config(), optim=opt)
-  config.train.update(dict(steps=EPOCHS * TRAIN_EXAMPLES // BATCH_SIZE, batch_size=BATCH_SIZE, seq_len=4000,
-                           eval_every=TRAIN_EXAMPLES // BATCH_SIZE, checkpoint_every=TRAIN_EXAMPLES // BATCH_SIZE))
+  config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
     latte.tiny(config, seq_len=64)
   return config
