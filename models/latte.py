@@ -22,8 +22,6 @@ convolution's last K - 1 inputs or the RG-LRU state, and a ring buffer of `windo
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -307,13 +305,6 @@ class Model(transformer.Model):
 PAPER_LM = dict(d_model=768, num_layers=12, num_heads=8, d_ff=3072, num_latents=128, conv_kernel=3)
 PAPER_COUNTS = {"latte": 111e6, "latte++": 140e6, "latte_conv++": 140e6, "latte_conv_swa++": 153e6,
                 "latte_rglru++": 139e6, "latte_rglru_swa++": 153e6}
-
-
-def parameter_count(config) -> int:
-  """Trainable parameters, from shapes only (jax.eval_shape)."""
-  from lra_core.registry import build_model
-  model = nnx.eval_shape(lambda: build_model(config))
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def lm_config(variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: int, steps: int,

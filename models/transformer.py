@@ -52,7 +52,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
-      mlp="mlp",               # mlp | glu
+      mlp="mlp",               # mlp | glu | none (blocks that mix and feed forward in one, e.g. GAU)
       activation="gelu",
       norm="layer",            # layer | rms | scale
       window=0,                # sliding-window attention; 0 -> full
@@ -83,7 +83,7 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.num_heads {m.num_heads} is not a multiple of model.num_kv_heads {m.num_kv_heads}.")
   if m.rope and (m.head_dim or m.d_model // m.num_heads) % 2:
     raise ConfigError("RoPE needs an even head dimension.")
-  choices = {"position": AbsolutePositions.KINDS, "mlp": ("mlp", "glu"), "norm": tuple(NORMS),
+  choices = {"position": AbsolutePositions.KINDS, "mlp": ("mlp", "glu", "none"), "norm": tuple(NORMS),
              "activation": tuple(ACTIVATIONS), "pooling": POOLING}
   for key, allowed in choices.items():
     if m[key] not in allowed:
@@ -105,7 +105,7 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)).
+  """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)) (no MLP with mlp "none").
 
   The token mixer is softmax attention here; other families pass their own (any module with
   `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
@@ -115,20 +115,24 @@ class Block(nnx.Module):
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
     self.attn_norm = make_norm(m.norm, m.d_model, rngs=rngs)
     self.attn = mixer(m, causal=causal, dtype=dtype, rngs=rngs)
-    self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
-    self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
-                   dtype=dtype, rngs=rngs)
+    if m.mlp == "none":
+      self.mlp_norm = self.mlp = None
+    else:
+      self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+      self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
+                     dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(m.dropout)
 
   def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None) -> Array:
     x = x + self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs), rngs=rngs)
-    x = x + self.dropout(self.mlp(self.mlp_norm(x), rngs=rngs), rngs=rngs)
+    if self.mlp is not None:
+      x = x + self.dropout(self.mlp(self.mlp_norm(x), rngs=rngs), rngs=rngs)
     return constrain(x, ("batch", "length", "embed"))
 
   def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
     h, cache = self.attn.decode(self.attn_norm(x), cache, position)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), cache
+    return (x if self.mlp is None else x + self.mlp(self.mlp_norm(x))), cache
 
 
 class Model(nnx.Module):

@@ -22,13 +22,24 @@ PAPER = [
     ("configs/imagenet64/transformer_vq.py", 190e6, "Transformer-VQ Table 10, ImageNet64 (small)"),
     ("configs/imagenet64/transformer_vq.py:large", 1.2e9, "Transformer-VQ Table 10, ImageNet64 (large)"),
 ] + [(f"configs/c4/latte.py:{variant}", count, f"Latte Table 1, {variant}")
-     for variant, count in latte.PAPER_COUNTS.items()]
+     for variant, count in latte.PAPER_COUNTS.items()] + [
+    ("configs/c4/flash.py", 112e6, "FLASH Table 8, FLASH (C4 MLM)"),
+    ("configs/c4/flash_quad.py", 112e6, "FLASH Table 8, FLASH-Quad (C4 MLM)"),
+    ("configs/c4/flash.py:performer", 110e6, "FLASH Table 8, Performer (C4 MLM)"),
+    ("configs/c4/transformer.py:mlm", 110e6, "FLASH Table 8, Transformer (C4 MLM)"),
+    ("configs/c4/transformer.py:mlm,plus", 110e6, "FLASH Table 8, Transformer+ (C4 MLM)"),
+    ("configs/c4/transformer.py:mlm,plusplus", 110e6, "FLASH Table 8, Transformer++ (C4 MLM)"),
+    ("configs/pg19/flash.py", 496e6, "FLASH Table 10, FLASH (PG-19)"),
+    ("configs/pg19/flash.py:flash_quad", 496e6, "FLASH Table 10, FLASH-Quad (PG-19)"),
+    ("configs/pg19/transformer.py:flash", 486e6, "FLASH Table 10, Transformer+ (PG-19)"),
+    ("configs/pg19/transformer.py:flash,plusplus", 486e6, "FLASH Table 10, Transformer++ (PG-19)"),
+]
 
 
 def counts(config) -> dict[str, int]:
   if config.model.name == "transformer_vq":
     return transformer_vq.parameter_counts(config)
-  n = latte.parameter_count(config)
+  n = lra_core.registry.parameter_count(config)
   return {"params": n, "codebook": 0, "total": n}
 
 

@@ -14,6 +14,7 @@ import kernels
 import lra_core
 from kernels import latte as lk
 from kernels.attention import attention_mask, dot_product_attention
+from lra_core import registry
 from lra_core.errors import ConfigError
 from lra_core.train import train_and_evaluate
 from models import latte
@@ -244,7 +245,7 @@ def test_config_errors_are_clear():
 @pytest.mark.parametrize("variant", sorted(latte.PAPER_COUNTS))
 def test_table1_parameter_counts_within_five_percent(variant):
   config = lra_core.load_config(f"configs/c4/latte.py:{variant}")
-  count, paper = latte.parameter_count(config), latte.PAPER_COUNTS[variant]
+  count, paper = registry.parameter_count(config), latte.PAPER_COUNTS[variant]
   assert abs(count - paper) / paper < 0.05, (variant, count, paper)
 
 

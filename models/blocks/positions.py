@@ -80,3 +80,36 @@ class AbsolutePositions(nnx.Module):
       if self.scale is not None:
         out = out * self.scale[...]
     return out.astype(self.dtype)
+
+
+class RelativePositionBias(nnx.Module):
+  """FLASH's relative position bias b[i, j] = f(i - j), one scalar per pair (Code 4 of the paper).
+
+  kind 'toeplitz': a learned weight per distance in (-n, n): 2n - 1 weights, N(0, 0.02); the paper
+                   builds this for n < 512.
+  kind 'rope':     <rope(a, i), rope(b, j)> with learned a, b [width] (N(0, 0.02)), a function of
+                   i - j at any distance; the paper's choice for n >= 512.
+  'auto' picks by n as the paper does.
+  """
+
+  KINDS = ("auto", "toeplitz", "rope")
+
+  def __init__(self, n: int, *, kind: str = "auto", width: int = 128, rngs: nnx.Rngs):
+    if kind not in self.KINDS:
+      raise ValueError(f"relative bias kind {kind!r} is not one of {self.KINDS}.")
+    self.kind = ("toeplitz" if n < 512 else "rope") if kind == "auto" else kind
+    self.n = n
+    init = jax.nn.initializers.normal(0.02)
+    if self.kind == "toeplitz":
+      self.weight = param(rngs, init, (2 * n - 1,), (None,))
+    else:
+      self.a = param(rngs, init, (width,), (None,))
+      self.b = param(rngs, init, (width,), (None,))
+
+  def __call__(self, q_positions: Array, k_positions: Array) -> Array:
+    """int[I], int[J] -> float32[I, J]."""
+    if self.kind == "toeplitz":
+      distance = jnp.clip(q_positions[:, None] - k_positions[None, :], 1 - self.n, self.n - 1)
+      return self.weight[...][distance + self.n - 1]
+    rope = lambda w, pos: apply_rope(jnp.broadcast_to(w[...], (1, pos.shape[0], 1, w.shape[0])), pos)[0, :, 0]
+    return rope(self.a, q_positions) @ rope(self.b, k_positions).T

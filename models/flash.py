@@ -1,0 +1,255 @@
+"""FLASH (Hua et al. 2022, "Transformer Quality in Linear Time") and its comparison models.
+
+The transformer stack of models/transformer.py (embeddings, scaled-sinusoid positions, pre-norm
+residual blocks, task heads, decoding) with other token mixers. Variants:
+
+  flash_quad        FLASH-Quad: a stack of gated attention units (GAU, Section 2), no MLP
+  flash             FLASH: GAUs with mixed chunk attention (Section 3.2), linear in T
+  flash_local       FLASH (Local Only), Figure 7: the per-chunk quadratic part alone
+  flash_global      FLASH (Global Only), Figure 7: the cross-chunk linear part alone
+  mc_transformer++  MC-TFM++ (Figure 7, Table 5): Transformer++ whose attention is mixed chunk,
+                    multi-head softmax inside chunks plus multi-head linear attention across them
+  performer         Performer with the ReLU kernel and RoPE (Tables 8-9), causal by prefix sums
+
+A GAU (Code 6 / Code 8 of the paper): norm, one dense layer to u, v (width e = expansion x d) and
+z (width s = 128), all through SiLU; per-dim scale and offset of z give quad_q, quad_k (and lin_q,
+lin_k for FLASH), gamma ~ N(0, .02), beta = 0; RoPE on all of them at absolute positions;
+  local   relu(quad_q quad_k^T / n + rel_bias)^2 v   inside a chunk (causal mask when causal)
+  global  lin_q (sum over chunks of lin_k^T v / n)   all chunks, or only earlier ones when causal
+out = dense(u * (local + global)) + x. Weight init N(0, .02), biases 0.
+
+Normalisation, fixed by design: n is the chunk size C for the chunked variants and the model's
+max_len (the training length) for FLASH-Quad, never the length of the batch at hand. Code 6
+divides by the current length, which changes every score when a sequence is evaluated at another
+length than it was trained at, padded, or decoded one token at a time (the pitfall of
+JunnYu/FLASHQuad_pytorch#1). With n fixed, decoding equals the forward pass and padding does not
+move the real tokens. The relative bias is T5-free: Code 4's Toeplitz table for n < 512 and its
+RoPE-built bias otherwise, over positions inside a chunk.
+
+Decoding with constant memory per token (chunked variants): the global sum over finished chunks,
+the current chunk's partial sum and its keys and values (kernels.flash.chunk_step).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from kernels import flash as flash_kernels
+from lra_core.errors import ConfigError
+from models import transformer
+from models.blocks.attention import Attention
+from models.blocks.layers import Dense, param
+from models.blocks.positions import RelativePositionBias, apply_rope
+
+Array = jax.Array
+
+# gau: GAU blocks (no MLP); local / linear: the two parts of mixed chunk attention; chunked:
+# False = one chunk of max_len (FLASH-Quad's quadratic attention).
+VARIANTS = {
+    "flash_quad": dict(gau=True, local=True, linear=False, chunked=False),
+    "flash": dict(gau=True, local=True, linear=True, chunked=True),
+    "flash_local": dict(gau=True, local=True, linear=False, chunked=True),
+    "flash_global": dict(gau=True, local=False, linear=True, chunked=True),
+    "mc_transformer++": dict(gau=False, local=True, linear=True, chunked=True),
+    "performer": dict(gau=False, local=False, linear=True, chunked=True),
+}
+GAU_INIT = jax.nn.initializers.normal(0.02)
+
+
+def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDict:
+  """The `config.model` section (Table 8 sizes at d 768 by default)."""
+  if variant not in VARIANTS:
+    raise ConfigError(f"flash variant {variant!r} is not one of {sorted(VARIANTS)}.")
+  gau = VARIANTS[variant]["gau"]
+  c = transformer.model_config("transformer++" if variant == "mc_transformer++" else "transformer+")
+  c.update(dict(
+      name="flash",
+      variant=variant,
+      vocab_size=32128,
+      d_model=768,
+      num_layers=24 if gau else 12,  # GAUs, or attention + MLP blocks
+      num_heads=12,                  # multi-head variants
+      d_ff=2 * 3072 // 3 if variant == "mc_transformer++" else 3072,
+      mlp="none" if gau else c.mlp,
+      activation="silu" if gau else "gelu",
+      expansion=2,                   # GAU: e = expansion x d_model
+      qk_dim=128,                    # GAU: s, the shared width of z, q and k
+      chunk=256,                     # C of mixed chunk attention (Table 6: 256; PG-19: 512)
+      rel_bias="auto",               # GAU relative bias: auto | toeplitz | rope | none
+      tie_embeddings=True,
+  ))
+  c.update(overrides)
+  return c
+
+
+def validate_config(config) -> None:
+  m = config.model
+  if m.variant not in VARIANTS:
+    raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
+  v = VARIANTS[m.variant]
+  if v["chunked"] and m.chunk <= 0:
+    raise ConfigError(f"model.chunk must be positive for variant {m.variant!r}, got {m.chunk}.")
+  if v["gau"]:
+    if m.mlp != "none":
+      raise ConfigError(f"model.mlp must be 'none' for GAU variants (a GAU is attention and MLP in one), "
+                        f"got {m.mlp!r}.")
+    if m.expansion <= 0 or m.qk_dim <= 0 or m.qk_dim % 2:
+      raise ConfigError(f"model.expansion must be positive and model.qk_dim positive and even (RoPE), got "
+                        f"{m.expansion} and {m.qk_dim}.")
+    if m.rel_bias not in RelativePositionBias.KINDS + ("none",):
+      raise ConfigError(f"model.rel_bias {m.rel_bias!r} is not one of "
+                        f"{list(RelativePositionBias.KINDS + ('none',))}.")
+  elif m.num_kv_heads not in (0, m.num_heads):
+    raise ConfigError(f"variant {m.variant!r} needs multi-head attention: model.num_kv_heads must be 0.")
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.model.variant = "transformer++" if m.mlp == "glu" else "transformer+"
+  c.model.mlp = "mlp" if m.mlp == "none" else m.mlp
+  transformer.validate_config(c)
+
+
+class GAU(nnx.Module):
+  """Gated attention unit over [B,T,D]; mixed chunk attention for the chunked variants."""
+
+  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
+    v = VARIANTS[m.variant]
+    d, e, s = m.d_model, m.expansion * m.d_model, m.qk_dim
+    self.causal, self.local, self.linear, self.e, self.s = causal, v["local"], v["linear"], e, s
+    self.chunked = v["chunked"]
+    self.chunk = m.chunk if self.chunked else m.max_len
+    self.scale = 1.0 / self.chunk  # the fixed n of relu^2(q k / n + b) and of lin_k^T v / n
+    kw = dict(use_bias=True, kernel_init=GAU_INIT, dtype=dtype, rngs=rngs)
+    self.proj = Dense(d, 2 * e + s, axes=("embed", "mlp"), **kw)
+    self.out = Dense(e, d, axes=("mlp", "embed"), **kw)
+    heads = 2 * self.local + 2 * self.linear  # quad_q, quad_k, lin_q, lin_k
+    self.gamma = param(rngs, GAU_INIT, (heads, s), (None, None))
+    self.beta = param(rngs, jax.nn.initializers.zeros, (heads, s), (None, None))
+    self.rel_bias = (RelativePositionBias(self.chunk, kind=m.rel_bias, width=s, rngs=rngs)
+                     if self.local and m.rel_bias != "none" else None)
+
+  def _project(self, x: Array, positions: Array) -> tuple[Array, Array, list[Array | None]]:
+    """-> u, v [B,T,1,E] and quad_q, quad_k, lin_q, lin_k [B,T,1,S] (None where unused)."""
+    uvz = jax.nn.silu(self.proj(x))
+    u, v, z = jnp.split(uvz, [self.e, 2 * self.e], axis=-1)
+    heads = z[..., None, :] * self.gamma[...].astype(z.dtype) + self.beta[...].astype(z.dtype)  # [B,T,n,S]
+    heads = apply_rope(heads, positions)
+    parts = [heads[..., i:i + 1, :] for i in range(heads.shape[-2])]
+    qk = (parts[:2] if self.local else [None, None]) + (parts[-2:] if self.linear else [None, None])
+    return u[..., None, :], v[..., None, :], qk
+
+  def _bias(self, length: int) -> Array | None:
+    if self.rel_bias is None:
+      return None
+    pos = jnp.arange(length)
+    return self.rel_bias(pos, pos)
+
+  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """x [B,T,D]; positions int[T] consecutive; mask bool[B,T], False = padding."""
+    del rngs
+    t = x.shape[1]
+    positions = jnp.arange(t) if positions is None else positions
+    u, v, (qq, qk, lq, lk) = self._project(x, positions)
+    y = flash_kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=self.chunk, causal=self.causal,
+                                            quad_scale=self.scale, lin_scale=self.scale,
+                                            bias=self._bias(min(self.chunk, t)), mask=mask)
+    return self.out((u * y)[..., 0, :])
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+    if not self.causal:
+      raise ValueError("decoding needs a causal GAU; this layer is bidirectional.")
+    if not self.chunked and max_len > self.chunk:
+      raise ValueError(f"max_len {max_len} exceeds the model's max_len {self.chunk} (FLASH-Quad attends to "
+                       "all of it).")
+    return flash_kernels.init_chunk_state(batch_size, 1, self.chunk, self.s, self.e, local=self.local,
+                                          linear=self.linear, dtype=dtype)
+
+  def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
+    """One step. x [B,1,D] at `position` -> y [B,1,D], next cache (constant size when chunked)."""
+    u, v, qk = self._project(x, position[None])
+    row = None
+    if self.rel_bias is not None:
+      row = self.rel_bias((position % self.chunk)[None], jnp.arange(self.chunk))[0]
+    y, cache = flash_kernels.chunk_step(*(None if a is None else a[:, 0] for a in qk), v[:, 0], cache, position,
+                                        chunk=self.chunk, quad_scale=self.scale, lin_scale=self.scale,
+                                        bias_row=row)
+    return self.out((u * y[:, None])[:, :, 0]), cache
+
+
+class ChunkedAttention(Attention):
+  """Multi-head attention in chunks (heads, projections and RoPE of blocks.Attention):
+
+  mc_transformer++  softmax(q k^T / sqrt(Dh)) inside each chunk plus linear attention across
+                    chunks with lin_q, lin_k a per-head scale and offset of q and k (FLASH's
+                    recipe applied to MHSA; gamma ~ N(0, .02), beta 0) and the fixed 1 / C;
+  performer         normalised linear attention with ReLU features (kernels.flash.linear_attention).
+  """
+
+  def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
+    head_dim = m.head_dim or m.d_model // m.num_heads
+    super().__init__(m.d_model, m.num_heads, head_dim, causal=causal, rope=m.rope,
+                     rope_max_wavelength=m.rope_max_wavelength, rope_fraction=m.rope_fraction,
+                     use_bias=m.use_bias, dtype=dtype, rngs=rngs)
+    self.chunk, self.performer = m.chunk, m.variant == "performer"
+    if not self.performer:
+      self.gamma = param(rngs, GAU_INIT, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
+      self.beta = param(rngs, jax.nn.initializers.zeros, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
+
+  def _linear_qk(self, q: Array, k: Array) -> tuple[Array, Array]:
+    gamma, beta = self.gamma[...].astype(q.dtype), self.beta[...].astype(q.dtype)
+    return q * gamma[0] + beta[0], k * gamma[1] + beta[1]
+
+  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    del rngs
+    positions = jnp.arange(x.shape[1]) if positions is None else positions
+    q, k, v = self._qkv(x, positions)
+    if self.performer:
+      return self.out(flash_kernels.linear_attention(q, k, v, causal=self.causal, chunk=self.chunk, mask=mask))
+    lq, lk = self._linear_qk(q, k)
+    y = flash_kernels.mixed_chunk_attention(q, k, lq, lk, v, chunk=self.chunk, causal=self.causal,
+                                            quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
+                                            mask=mask, kernel="softmax")
+    return self.out(y)
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+    if not self.causal:
+      raise ValueError("decoding needs causal attention; this layer is bidirectional.")
+    h, dh = self.num_heads, self.head_dim
+    return flash_kernels.init_chunk_state(batch_size, h, self.chunk, dh, dh + self.performer, dtype=dtype)
+
+  def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
+    q, k, v = (a[:, 0] for a in self._qkv(x, position[None]))
+    if self.performer:
+      y, cache = flash_kernels.linear_step(q, k, v, cache, position, chunk=self.chunk)
+    else:
+      lq, lk = self._linear_qk(q, k)
+      y, cache = flash_kernels.chunk_step(q, k, lq, lk, v, cache, position, chunk=self.chunk,
+                                          quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
+                                          kernel="softmax")
+    return self.out(y[:, None]), cache
+
+
+def token_mixer(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> nnx.Module:
+  mixer = GAU if VARIANTS[m.variant]["gau"] else ChunkedAttention
+  return mixer(m, causal=causal, dtype=dtype, rngs=rngs)
+
+
+class Model(transformer.Model):
+  """The transformer stack with GAU or chunked multi-head mixers (see the module docstring)."""
+
+  mixer = staticmethod(token_mixer)
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    if not config.model.max_len:  # FLASH-Quad's fixed n is the training length
+      config = ml_collections.ConfigDict(config.to_dict())
+      config.model.max_len = config.train.seq_len
+    super().__init__(config, rngs=rngs)
+
+
+# -- paper sizes ----------------------------------------------------------------------------------------
+
+# Parameter counts of Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024), in millions.
+PAPER_COUNTS = {"c4": {"flash_quad": 112e6, "flash": 112e6}, "pg19": {"flash_quad": 496e6, "flash": 496e6}}

@@ -1,0 +1,246 @@
+"""FLASH (models/flash.py, kernels/flash.py) against quadratic oracles, causality, decoding, padding."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+import fixtures.c4
+import fixtures.c4_mlm
+import fixtures.pg19
+import kernels
+import lra_core
+from kernels import flash as fk
+from lra_core import registry
+from lra_core.errors import ConfigError
+from lra_core.train import train_and_evaluate
+from models import flash
+from models.blocks.positions import RelativePositionBias
+from scripts import param_counts
+
+
+def rand(seed, shape, scale=1.0):
+  return scale * jax.random.normal(jax.random.key(seed), shape)
+
+
+def qkv(t, heads=1, s=6, e=5, b=2):
+  return [rand(i, (b, t, heads, s)) for i in range(4)] + [rand(4, (b, t, heads, e))]
+
+
+def mixed_chunk_oracle(qq, qk, lq, lk, v, *, chunk, causal, bias):
+  """Eqs. 7-8 as one T x T matrix: relu^2 inside a chunk, lin_q lin_k^T / C to other chunks."""
+  t = v.shape[1]
+  pos = np.arange(t)
+  same, i = pos[:, None] // chunk == pos[None, :] // chunk, pos % chunk
+  local = jnp.square(jax.nn.relu(jnp.einsum("bihs,bjhs->bhij", qq, qk) / chunk + bias[i[:, None], i[None, :]]))
+  local = local * same * ((pos[:, None] >= pos[None, :]) if causal else 1)
+  glob = jnp.einsum("bihs,bjhs->bhij", lq, lk) / chunk
+  glob = glob * ((pos[:, None] // chunk > pos[None, :] // chunk) if causal else 1)
+  return jnp.einsum("bhij,bjhe->bihe", local + glob, v)
+
+
+# -- kernels -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t,chunk", [(16, 4), (13, 4), (7, 1), (12, 5), (9, 9)])
+def test_mixed_chunk_equals_quadratic_matrix(t, chunk, causal):
+  args = qkv(t)
+  bias = rand(9, (chunk, chunk), 0.3)
+  got = kernels.mixed_chunk_attention(*args, chunk=chunk, causal=causal, quad_scale=1 / chunk,
+                                      lin_scale=1 / chunk, bias=bias)
+  np.testing.assert_allclose(got, mixed_chunk_oracle(*args, chunk=chunk, causal=causal, bias=bias), atol=2e-5)
+
+
+def test_one_chunk_reduces_to_quadratic_gau_values_and_gradients():
+  """chunk = T, causal: no earlier chunk, so FLASH's attention is FLASH-Quad's relu^2(q k / n + b) v."""
+  qq, qk, lq, lk, v = qkv(12)
+  bias = rand(9, (12, 12), 0.3)
+  w = rand(7, v.shape)  # a loss that weighs every output differently
+  mixed = lambda qq, qk, v: (w * kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=12, causal=True,
+                                                               quad_scale=1 / 12, lin_scale=1 / 12, bias=bias)).sum()
+  quad = lambda qq, qk, v: (w * kernels.relu2_attention(qq, qk, v, scale=1 / 12, bias=bias, causal=True)).sum()
+  np.testing.assert_allclose(mixed(qq, qk, v), quad(qq, qk, v), rtol=1e-6)
+  for a, b in zip(jax.grad(mixed, argnums=(0, 1, 2))(qq, qk, v), jax.grad(quad, argnums=(0, 1, 2))(qq, qk, v)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["relu2", "softmax"])
+def test_padding_keys_contribute_nothing(kernel):
+  qq, qk, lq, lk, v = qkv(13)
+  kw = dict(chunk=4, causal=False, quad_scale=0.25, lin_scale=0.25, kernel=kernel)
+  mask = jnp.broadcast_to(jnp.arange(13) < 9, (2, 13))
+  padded = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, mask=mask, **kw)
+  cut = kernels.mixed_chunk_attention(*(x[:, :9] for x in (qq, qk, lq, lk, v)), **kw)
+  np.testing.assert_allclose(padded[:, :9], cut, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["relu2", "softmax"])
+def test_chunk_step_equals_forward(kernel):
+  qq, qk, lq, lk, v = qkv(11, heads=2)
+  bias = rand(9, (4, 4), 0.3)
+  kw = dict(quad_scale=0.25, lin_scale=0.25, kernel=kernel)
+  full = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=4, causal=True, bias=bias, **kw)
+  state = fk.init_chunk_state(2, 2, 4, 6, 5)
+  for t in range(11):
+    y, state = fk.chunk_step(qq[:, t], qk[:, t], lq[:, t], lk[:, t], v[:, t], state, jnp.int32(t), chunk=4,
+                             bias_row=bias[t % 4], **kw)
+    np.testing.assert_allclose(y, full[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_equals_quadratic_form_and_steps(causal):
+  q, k, _, _, v = qkv(13, heads=2)
+  mask = jnp.broadcast_to(jnp.arange(13) < 10, (2, 13))
+  for m in (None, mask):
+    np.testing.assert_allclose(kernels.linear_attention(q, k, v, causal=causal, chunk=4, mask=m),
+                               fk.linear_attention_reference(q, k, v, causal=causal, mask=m), atol=1e-5)
+  if causal:
+    full = kernels.linear_attention(q, k, v, causal=True, chunk=4)
+    state = fk.init_chunk_state(2, 2, 4, 6, 6)
+    for t in range(13):
+      y, state = fk.linear_step(q[:, t], k[:, t], v[:, t], state, jnp.int32(t), chunk=4)
+      np.testing.assert_allclose(y, full[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,n", [("toeplitz", 8), ("rope", 8)])
+def test_relative_bias_depends_on_distance_only(kind, n):
+  bias = RelativePositionBias(n, kind=kind, rngs=nnx.Rngs(params=0))
+  pos = jnp.arange(n)
+  b = bias(pos, pos)
+  np.testing.assert_allclose(bias(pos + 5, pos + 5), b, atol=1e-5)
+  np.testing.assert_allclose(b[1:, 1:], b[:-1, :-1], atol=1e-5)   # Toeplitz
+  assert RelativePositionBias(511, rngs=nnx.Rngs(params=0)).kind == "toeplitz"
+  assert RelativePositionBias(512, rngs=nnx.Rngs(params=0)).kind == "rope"
+
+
+# -- the model -----------------------------------------------------------------------------------------------
+
+CAUSAL_VARIANTS = sorted(flash.VARIANTS)
+
+
+def make_config(task="lm", variant="flash", seq_len=16, **model):
+  c = ml_collections.ConfigDict()
+  c.task = task
+  defaults = dict(vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48, qk_dim=8, chunk=4,
+                  num_classes=3 if task == "classify" else 0, norm="layer")
+  c.model = flash.model_config(variant, **{**defaults, **model})
+  c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
+  flash.validate_config(c)
+  return c
+
+
+def make_model(config, seed=0):
+  model = flash.Model(config, rngs=nnx.Rngs(params=seed))
+  model.eval()
+  return model
+
+
+def tokens(b=2, t=16, seed=1):
+  return jax.random.randint(jax.random.key(seed), (b, t), 0, 23)
+
+
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_decoder_is_causal_and_decode_matches_forward(variant):
+  model = make_model(make_config(variant=variant))
+  x = tokens()
+  logits = model(x)
+  assert logits.shape == (2, 16, 23)
+  for t in (0, 3, 6, 13):  # inside and at the ends of chunks (4)
+    perturbed = x.at[:, t + 1:].set((x[:, t + 1:] + 5) % 23)
+    np.testing.assert_allclose(model(perturbed)[:, :t + 1], logits[:, :t + 1], atol=1e-6)
+    assert not np.allclose(model(perturbed)[:, t + 1:], logits[:, t + 1:], atol=1e-4)
+  step = jax.jit(lambda tok, st: model.decode_step(tok, st))
+  state = model.init_decode_state(2, 16)
+  outs = []
+  for i in range(16):
+    out, state = step(x[:, i:i + 1], state)
+    outs.append(out)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-4)
+
+
+def test_decode_state_has_constant_size_and_quad_is_bounded():
+  model = make_model(make_config(variant="flash"))
+  size = lambda st: sum(x.size for x in jax.tree.leaves(st))
+  assert size(model.init_decode_state(2, 16)) == size(model.init_decode_state(2, 4096))
+  with pytest.raises(ValueError, match="exceeds the model's max_len 16"):
+    make_model(make_config(variant="flash_quad")).init_decode_state(2, 17)
+
+
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_bidirectional_padding_does_not_change_real_tokens(variant):
+  model = make_model(make_config(task="classify", variant=variant))
+  x = tokens()
+  pooled = model(x[:, :10], mask=jnp.ones((2, 10), bool))
+  padded = jnp.concatenate([x[:, :10], x[:, 10:] * 0 + 7], 1)
+  mask = jnp.broadcast_to(jnp.arange(16) < 10, (2, 16))
+  np.testing.assert_allclose(model(padded, mask=mask), pooled, atol=1e-5)
+  features, _ = model.encode(padded, mask=mask)
+  np.testing.assert_allclose(features[:, :10], model.encode(x[:, :10])[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_flash_with_one_chunk_and_no_global_part_is_flash_quad(task):
+  """FLASH with C = T and lin_q = lin_k = 0 computes FLASH-Quad exactly (same other weights)."""
+  quad = make_model(make_config(task=task, variant="flash_quad"))
+  model = make_model(make_config(task=task, variant="flash", chunk=16), seed=3)
+  source = dict(nnx.to_flat_state(nnx.state(quad, nnx.Param)))
+  target = nnx.state(model, nnx.Param)
+  for path, variable in nnx.to_flat_state(target):
+    value = source[path].get_value()
+    if path[-1] in ("gamma", "beta"):  # rows quad_q, quad_k from FLASH-Quad; lin_q, lin_k zero
+      value = jnp.concatenate([value, jnp.zeros_like(value)])
+    variable.set_value(value)
+  nnx.update(model, target)
+  x = tokens()
+  np.testing.assert_allclose(model(x), quad(x), atol=1e-5)
+
+
+def test_gau_follows_the_papers_shapes_and_init():
+  config = make_config(variant="flash", d_model=32, expansion=2, qk_dim=8)
+  gau = make_model(config).blocks[0].attn
+  assert gau.proj.kernel.shape == (32, 2 * 64 + 8) and gau.out.kernel.shape == (64, 32)
+  assert gau.gamma.shape == (4, 8) and not np.any(gau.beta[...])
+  assert make_model(make_config(variant="flash_quad")).blocks[0].attn.gamma.shape == (2, 8)
+  assert make_model(config).blocks[0].mlp is None  # a GAU is attention and MLP in one
+
+
+def test_config_errors_are_clear():
+  with pytest.raises(ConfigError, match="flash variant 'flashy' is not one of"):
+    flash.model_config("flashy")
+  with pytest.raises(ConfigError, match="model.chunk must be positive"):
+    make_config(chunk=0)
+  with pytest.raises(ConfigError, match="model.mlp must be 'none'"):
+    make_config(mlp="glu")
+  with pytest.raises(ConfigError, match="qk_dim positive and even"):
+    make_config(qk_dim=7)
+  with pytest.raises(ConfigError, match="different FLASH variants"):
+    lra_core.load_config("configs/c4/flash.py:flash,performer")
+
+
+@pytest.mark.parametrize("spec,paper", [("configs/c4/flash.py", 112e6), ("configs/c4/flash_quad.py", 112e6),
+                                        ("configs/c4/flash.py:performer", 110e6),
+                                        ("configs/pg19/flash.py", 496e6),
+                                        ("configs/pg19/flash.py:flash_quad", 496e6)])
+def test_paper_parameter_counts_within_three_percent(spec, paper):
+  count = registry.parameter_count(lra_core.load_config(spec))
+  assert abs(count - paper) / paper < 0.03, (spec, count)
+  assert any(row[0] == spec for row in param_counts.PAPER)
+
+
+def test_tiny_mlm_config_trains_and_resumes_exactly(tmp_path):
+  overrides = fixtures.c4_mlm.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
+  config = lra_core.load_config("configs/c4/flash.py:tiny", overrides)
+  whole = train_and_evaluate(config, tmp_path / "whole")
+  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
+  assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
+  assert np.isfinite(whole["test_loss"])
+
+
+@pytest.mark.parametrize("fixture,spec", [(fixtures.c4, "configs/c4/flash_quad.py:tiny,lm"),
+                                          (fixtures.pg19, "configs/pg19/flash.py:tiny,mc_transformer++"),
+                                          (fixtures.pg19, "configs/pg19/flash.py:tiny,performer")])
+def test_tiny_lm_configs_train(tmp_path, fixture, spec):
+  summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
+  assert np.isfinite(summary["test_loss"])
