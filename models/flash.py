@@ -104,9 +104,10 @@ def validate_config(config) -> None:
                         f"{list(RelativePositionBias.KINDS + ('none',))}.")
   elif m.num_kv_heads not in (0, m.num_heads):
     raise ConfigError(f"variant {m.variant!r} needs multi-head attention: model.num_kv_heads must be 0.")
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = ml_collections.ConfigDict(config.to_dict())  # the shared fields, checked by the transformer's rules
   c.model.variant = "transformer++" if m.mlp == "glu" else "transformer+"
-  c.model.mlp = "mlp" if m.mlp == "none" else m.mlp
+  if v["gau"]:  # a GAU has one head of width qk_dim and no MLP
+    c.model.update(dict(mlp="mlp", num_heads=1, head_dim=0, num_kv_heads=0))
   transformer.validate_config(c)
 
 

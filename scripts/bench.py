@@ -291,18 +291,29 @@ def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: floa
   return row
 
 
+def variant_config(spec: str, variant: Variant) -> tuple[str, list[str]]:
+  """(config spec, overrides) of a variant: an override `config=<spec>` replaces the --config."""
+  specs = [o.partition("=")[2].strip() for o in variant.overrides if o.partition("=")[0].strip() == "config"]
+  rest = [o for o in variant.overrides if o.partition("=")[0].strip() != "config"]
+  return (specs[-1] if specs else spec), rest
+
+
 def run(spec: str, *, overrides: Sequence[str] = (), variants: Sequence[Variant] = (Variant("default"),),
-        seq_lens: Sequence[int] = (2048,), batch_size: int = 1, steps: int = 5, warmup: int = 2,
-        matmul_size: int = 0, compiler_options: dict | None = None,
+        seq_lens: Sequence[int] = (2048,), batch_size: int = 1, tokens_per_batch: int = 0, steps: int = 5,
+        warmup: int = 2, matmul_size: int = 0, compiler_options: dict | None = None,
         log: Callable[[str], None] | None = None) -> tuple[list[dict], float]:
   """Times every variant at every length; -> (rows, matmul FLOP/s), fractions filled in.
 
-  The matmul yardstick runs after the rows, so its buffers do not set their memory marks.
+  tokens_per_batch > 0 sets the batch of length T to max(1, tokens_per_batch // T) (the papers'
+  fixed tokens per step); otherwise every length uses batch_size. The matmul yardstick runs after
+  the rows, so its buffers do not set their memory marks.
   """
   rows = []
   for variant in variants:
+    variant_spec, variant_overrides = variant_config(spec, variant)
     for seq_len in seq_lens:
-      config = bench_config(spec, [*overrides, *variant.overrides], seq_len=seq_len, batch_size=batch_size)
+      batch = max(1, tokens_per_batch // seq_len) if tokens_per_batch else batch_size
+      config = bench_config(variant_spec, [*overrides, *variant_overrides], seq_len=seq_len, batch_size=batch)
       row = {"variant": variant.name, "overrides": list(variant.overrides)}
       row.update(time_train_step(config, steps=steps, warmup=warmup, compiler_options=compiler_options))
       rows.append(row)
@@ -409,9 +420,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                       help="config override for every variant (repeatable)")
   parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help="a named set of overrides (repeatable; default: one variant 'default')")
+                      help="a named set of overrides (repeatable; default: one variant 'default'); "
+                      "the override config=<spec> gives the variant its own config file")
   parser.add_argument("--seq_lens", default="2048", help="comma-separated sequence lengths")
   parser.add_argument("--batch_size", type=int, default=1)
+  parser.add_argument("--tokens_per_batch", type=int, default=0,
+                      help="if > 0: batch max(1, N // T) at length T instead of --batch_size")
   parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
   parser.add_argument("--matmul_size", type=int, default=0, help="matmul yardstick size; 0: 2048 on CPU, "
@@ -441,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if len(set(names)) != len(names):
       raise ConfigError(f"variant names {names} repeat; expected distinct names.")
     rows, peak = run(args.config, overrides=args.override, variants=variants, seq_lens=_ints(args.seq_lens),
-                     batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                     batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch, steps=args.steps, warmup=args.warmup,
                      matmul_size=args.matmul_size, compiler_options=_options(args.compiler_option), log=log)
     table = format_table(rows)
   machine, command = machine_line(peak, args.matmul_size), command_line(argv)

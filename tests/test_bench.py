@@ -47,6 +47,15 @@ def test_bench_config_sets_length_batch_and_one_window():
   assert bench.bench_config(ENWIK8, seq_len=128).model.max_len == 0  # 0 (= seq_len) stays 0
 
 
+def test_variant_may_name_its_own_config_and_batches_follow_tokens_per_batch():
+  own = bench.parse_variant("quad:config=configs/c4/flash_quad.py:tiny,lm,model.num_layers=1")
+  assert bench.variant_config(ENWIK8, own) == ("configs/c4/flash_quad.py:tiny,lm", ["model.num_layers=1"])
+  assert bench.variant_config(ENWIK8, bench.Variant("base")) == (ENWIK8, [])
+  rows, _ = bench.run(ENWIK8, overrides=SMALL, variants=[own], seq_lens=(16, 32), tokens_per_batch=64, steps=1,
+                      warmup=0, matmul_size=64, compiler_options=FAST)
+  assert [(r["seq_len"], r["batch_size"], r["status"]) for r in rows] == [(16, 4, "ok"), (32, 2, "ok")]
+
+
 def test_rows_time_every_variant_and_length(bench_run):
   rows, peak = bench_run
   assert peak > 0
