@@ -24,7 +24,6 @@ Args (comma-separated):
 """
 
 from configs.c4.transformer import EMBED_VOCAB, T5_VOCAB_MODEL
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
@@ -42,10 +41,7 @@ def make(arg, default: str):
   mlm = "lm" not in parts
   model = flash.model_config(variant, vocab_size=EMBED_VOCAB, d_model=768, num_heads=12,
                              norm="scale" if mlm else "layer", chunk=512 if "c512" in parts else 256)
-  opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                  weight_decay_schedule="lr", clip_norm=0.1, schedule="linear", warmup_steps=10_000,
-                  min_lr_ratio=0.0))
+  opt = flash.paper_optim()
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
   config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=opt)
   config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,

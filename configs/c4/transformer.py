@@ -29,12 +29,11 @@ Args (comma-separated):
   tiny            bytes tokenizer, 2 layers, d 64, context 64, 4 steps.
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import transformer
+from models import flash, transformer
 
 T5_VOCAB_MODEL = "sentencepiece.model"  # relative: resolved under data.dir
 EMBED_VOCAB = 32128                     # T5's padded embedding size for its 32000-piece vocabulary
@@ -51,10 +50,7 @@ def get_config(arg=None):
                                    tie_embeddings=True)
   if mlm and variant != "transformer":
     model.norm = "scale"  # Table 8: ScaleNorm for every MLM model except the vanilla Transformer
-  opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                  weight_decay_schedule="lr", clip_norm=0.0 if variant == "transformer" else 0.1,
-                  schedule="linear", warmup_steps=10_000, min_lr_ratio=0.0))
+  opt = flash.paper_optim(clip=variant != "transformer")  # FLASH Tables 6-7
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
   config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=opt)
   config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,

@@ -20,7 +20,6 @@ FLASH-Quad), tiny (bytes tokenizer, 2 layers, d 32, context 64, chunk 16).
 
 from configs.c4.flash import tiny
 from configs.pg19.transformer import SPM_MODEL, SPM_VOCAB
-from lra_core import optim
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
@@ -39,10 +38,7 @@ def get_config(arg=None):
     model.num_layers = 72
   else:  # 36 attention + 36 MLP layers, like the Transformer+ / ++ of Table 10
     model.update(dict(num_layers=36, d_ff=4096 * 2 // 3 if model.mlp == "glu" else 4096))
-  opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                  weight_decay_schedule="lr", clip_norm=0.1, schedule="linear", warmup_steps=10_000,
-                  min_lr_ratio=0.0))
+  opt = flash.paper_optim()
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
   config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192, eval_every=5000,
                            eval_batches=50, checkpoint_every=5000))

@@ -43,7 +43,7 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import transformer
+from models import flash, transformer
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir
@@ -73,9 +73,7 @@ def get_config(arg=None):
     if variant == "transformer":
       config.model.update(transformer.VARIANTS["transformer+"], variant="transformer+")
     config.model.update(dict(d_model=1024, num_layers=36, num_heads=16, d_ff=4096, norm="layer", dropout=0.0))
-    config.optim.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                             weight_decay_schedule="lr", clip_norm=0.1, schedule="linear",
-                             warmup_steps=10_000, min_lr_ratio=0.0))
+    config.optim = flash.paper_optim()
     config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192))
 
   if variant == "transformer++":
