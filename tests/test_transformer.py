@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import oracles
 from models import transformer
 
 
@@ -43,20 +44,8 @@ def test_decoder_is_causal_and_decode_matches_forward(case):
   logits = model(tokens)
   assert logits.shape == (2, 12, 23) and logits.dtype == jnp.float32
 
-  # No leakage: changing tokens after t leaves logits at <= t unchanged.
-  t = 5
-  perturbed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 23)
-  np.testing.assert_allclose(model(perturbed)[:, :t + 1], logits[:, :t + 1], atol=1e-6)
-  assert not np.allclose(model(perturbed)[:, t + 1:], logits[:, t + 1:], atol=1e-3)
-
-  # Stepping decode_step through the tokens reproduces the full forward pass.
-  step = jax.jit(lambda tok, st: model.decode_step(tok, st))
-  state = model.init_decode_state(2, 12)
-  outs = []
-  for i in range(12):
-    out, state = step(tokens[:, i:i + 1], state)
-    outs.append(out)
-  np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-4)
+  oracles.assert_no_future_leakage(model, tokens, logits, (5,), vocab=23, shift=7, changed_atol=1e-3)
+  oracles.assert_decode_matches_forward(model, tokens, logits)
 
 
 def test_sliding_window_cache_is_bounded_and_decodes_past_it():

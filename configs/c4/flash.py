@@ -23,9 +23,8 @@ Args (comma-separated):
   tiny            bytes tokenizer, 2 layers, d 32, context 64, chunk 16, 4 steps.
 """
 
-from configs.c4.transformer import EMBED_VOCAB, T5_VOCAB_MODEL
-from lra_core.config import base_config, config_arg, tiny_train
-from lra_core.data import c4
+from configs.c4.transformer import EMBED_VOCAB, flash_setting
+from lra_core.config import config_arg, tiny_train
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from models import flash
@@ -41,11 +40,7 @@ def make(arg, default: str):
   mlm = "lm" not in parts
   model = flash.model_config(variant, vocab_size=EMBED_VOCAB, d_model=768, num_heads=12,
                              norm="scale" if mlm else "layer", chunk=512 if "c512" in parts else 256)
-  opt = flash.paper_optim()
-  data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
-  config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=opt)
-  config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  config = flash_setting(model, mlm=mlm)
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
     tiny(config)

@@ -39,6 +39,16 @@ T5_VOCAB_MODEL = "sentencepiece.model"  # relative: resolved under data.dir
 EMBED_VOCAB = 32128                     # T5's padded embedding size for its 32000-piece vocabulary
 
 
+def flash_setting(model, *, mlm: bool, clip: bool = True):
+  """FLASH's C4 setting around `model` (Tables 6-7): MLM on whole documents packed per row, or causal
+  LM on concatenated ones; context 512 at 2^18 tokens per step, 125k steps, the paper's optimizer."""
+  data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
+  config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=flash.paper_optim(clip=clip))
+  config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,
+                           eval_batches=50, checkpoint_every=5000))
+  return config
+
+
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus", "mlm", "lm"))
   if {"mlm", "lm"} <= parts:
@@ -50,11 +60,7 @@ def get_config(arg=None):
                                    tie_embeddings=True)
   if mlm and variant != "transformer":
     model.norm = "scale"  # Table 8: ScaleNorm for every MLM model except the vanilla Transformer
-  opt = flash.paper_optim(clip=variant != "transformer")  # FLASH Tables 6-7
-  data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
-  config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=opt)
-  config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  config = flash_setting(model, mlm=mlm, clip=variant != "transformer")
 
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
