@@ -80,6 +80,19 @@ class Attention(nnx.Module):
     return self.out(attend_cache(q, cache, position, window=self.window)), cache
 
 
+  def decode_block(self, x: Array, cache: dict[str, Array], positions: Array,
+                   slot: Array) -> tuple[Array, dict[str, Array]]:
+    """S tokens at once. x: [B,S,D], positions: int32[S], written to slots slot..slot+S-1; each
+    query sees the cached keys whose position is <= its own (equal positions see each other)."""
+    q, k, v = self._qkv(x, positions)
+    cache = {"key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
+             "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
+             "pos": jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), slot, 0)}
+    m = attention_mask(positions, cache["pos"], causal=True, window=self.window)
+    y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
+    return self.out(y), cache
+
+
 def empty_cache(batch_size: int, size: int, heads: int, width: int, dtype=jnp.float32) -> dict[str, Array]:
   """A ring buffer of `size` key / value slots [B,S,K,D], each remembering its position (-1: empty)."""
   shape = (batch_size, size, heads, width)

@@ -1,0 +1,410 @@
+"""FIT: Far-reaching Interleaved Transformers (Chen & Li 2023), as an encoder and as FIT-AR.
+
+Data tokens are split into t groups of n; each group owns m learned latents. A layer string such
+as `L(4)G(2)L(4)G(2)L(4)` lists blocks: L(a) local layers on the data tokens of each group,
+then (when G(b) follows) the group's latents read their data (`l2x`), b global layers run over
+the latents of all groups, and the data read their group's latents back (`x2l`, not after the
+last block). Data and latents have their own widths; every layer is pre-LN; the cross-attentions
+normalise queries and keys / values, add a residual and have no MLP (pix2seq's FIT).
+
+FIT-AR (section 3.2, Algorithm 2): local layers are causal, global layers see whole groups up to
+their own (group-causal), and before `x2l` the latents are shifted one group right, so the data
+of group i read the latents of group i-1 (group 0 reads zeros). `overlap` k > 0 (Appendix D)
+prepends the last k tokens of the previous group to each group as conditioning-only prefix tokens.
+Decoding keeps, per token, a local KV cache of one group and the previous group's latents; when a
+group is complete its latents are computed once and the global layers extend a cache over groups.
+
+Inputs: the encoder splits a sequence into groups of `group_size` (grouping "1d") or an image
+(raster pixels, `image_channels` values each) into `group_side` x `group_side` blocks ("2d").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from kernels.attention import dot_product_attention
+from lra_core.errors import ConfigError
+from models.blocks.heads import POOLING, TaskHead, fold_towers
+from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
+from models.transformer import Block
+
+Array = jax.Array
+CAUSAL_TASKS = ("lm", "image_ar")
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(dict(
+      name="fit",
+      vocab_size=256,
+      num_classes=0,
+      layers="L(4)G(2)L(4)G(2)L(4)",
+      grouping="1d",           # 1d: consecutive tokens | 2d: square image blocks
+      group_size=64,           # 1d: data tokens per group (n)
+      image_channels=1,        # 2d: tokens per pixel
+      group_side=8,            # 2d: a group is a group_side x group_side block of pixels
+      latents_per_group=8,     # m
+      overlap=0,               # FIT-AR: prefix tokens from the previous group (Appendix D)
+      d_model=256,             # data (local) layers
+      num_heads=4,
+      d_ff=1024,
+      d_latent=256,            # latent (global) layers
+      latent_heads=4,
+      latent_d_ff=1024,
+      max_len=0,               # longest sequence; 0 -> train.seq_len (sizes the latent table)
+      activation="gelu",
+      use_bias=True,
+      dropout=0.0,
+      attention_dropout=0.0,
+      pooling="mean",          # classify / retrieval over the final data tokens
+      classifier_hidden=0,
+      tie_embeddings=True,
+      dtype="float32",
+  ))
+  c.update(overrides)
+  return c
+
+
+# -- layer strings and grouping (pure functions) ----------------------------------------------------
+
+_BLOCK = re.compile(r"L\((\d+)\)(?:G\((\d+)\))?")
+
+
+def parse_layers(spec: str) -> list[tuple[int, int]]:
+  """'L(4)G(2)L(4)' -> [(4, 2), (4, 0)]: (local, global) layers per block."""
+  text = spec.replace(" ", "")
+  if not text or _BLOCK.sub("", text):
+    raise ConfigError(f"model.layers {spec!r} is not a string of blocks like 'L(4)G(2)L(4)'.")
+  blocks = [(int(a), int(b or 0)) for a, b in _BLOCK.findall(text)]
+  if any(g == 0 for _, g in blocks[:-1]):
+    raise ConfigError(f"model.layers {spec!r}: every block but the last needs global layers, e.g. L(4)G(2).")
+  return blocks
+
+
+def group_2d(x: Array, side: int, channels: int, group_side: int) -> Array:
+  """[B, S*S*C, ...] raster pixels -> [B, (S/g)^2, g*g*C, ...]: each group one g x g block."""
+  b, rest = x.shape[0], x.shape[2:]
+  s, g = side, group_side
+  x = x.reshape(b, s // g, g, s // g, g, channels, *rest)
+  x = jnp.moveaxis(x, 2, 3)  # [B, S/g, S/g, g, g, C, ...]
+  return x.reshape(b, (s // g) ** 2, g * g * channels, *rest)
+
+
+def ungroup_2d(x: Array, side: int, channels: int, group_side: int) -> Array:
+  """Inverse of `group_2d`."""
+  b, rest = x.shape[0], x.shape[3:]
+  s, g = side, group_side
+  x = x.reshape(b, s // g, s // g, g, g, channels, *rest)
+  x = jnp.moveaxis(x, 3, 2)
+  return x.reshape(b, s * s * channels, *rest)
+
+
+def group_1d(x: Array, group_size: int, overlap: int = 0, pad_value=0) -> tuple[Array, Array]:
+  """[B, L, ...] -> ([B, t, k+n, ...], valid bool[B, t, k+n]); L is padded to t*n at the end and
+  each group starts with the last k = overlap items of the previous group (none for group 0)."""
+  b, length, rest = x.shape[0], x.shape[1], x.shape[2:]
+  t = -(-length // group_size)
+  pad = t * group_size - length
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * len(rest), constant_values=pad_value)
+  valid = jnp.broadcast_to(jnp.arange(t * group_size) < length, (b, t * group_size))
+  x = x.reshape(b, t, group_size, *rest)
+  valid = valid.reshape(b, t, group_size)
+  if overlap:
+    prev = jnp.pad(x[:, :-1, group_size - overlap:], [(0, 0), (1, 0)] + [(0, 0)] * (len(rest) + 1),
+                   constant_values=pad_value)
+    prev_valid = jnp.arange(t)[:, None].repeat(overlap, 1)[None] > 0
+    x = jnp.concatenate([prev, x], axis=2)
+    valid = jnp.concatenate([jnp.broadcast_to(prev_valid, (b, t, overlap)), valid], axis=2)
+  return x, valid
+
+
+def shift_latents(latents: Array) -> Array:
+  """[B,t,m,d]: group i gets the latents of group i-1, group 0 zeros (FIT-AR's causal x2l)."""
+  return jnp.pad(latents[:, :-1], [(0, 0), (1, 0), (0, 0), (0, 0)])
+
+
+def group_causal_positions(t: int, m: int) -> Array:
+  """Position of each of the t*m latents for the global layers' causal mask: its group index, so
+  a latent sees all latents of its own and earlier groups."""
+  return jnp.repeat(jnp.arange(t), m)
+
+
+# -- modules ----------------------------------------------------------------------------------------
+
+class CrossAttention(nnx.Module):
+  """x + MHA(LN(x), LN(y)): queries from one stream (width dq), keys / values from the other (dkv),
+  `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count)."""
+
+  def __init__(self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs):
+    hd = width // heads
+    kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.q_norm = LayerNorm(dq, rngs=rngs)
+    self.kv_norm = LayerNorm(dkv, rngs=rngs)
+    self.query = Dense(dq, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.key = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.value = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.out = Dense((heads, hd), dq, axes=("heads", "head_dim", "embed"), **kw)
+
+  def kv(self, y: Array) -> tuple[Array, Array]:
+    y = self.kv_norm(y)
+    return self.key(y), self.value(y)
+
+  def __call__(self, x: Array, y: Array | None = None, *, kv: tuple[Array, Array] | None = None,
+               k_valid: Array | None = None) -> Array:
+    """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]."""
+    k, v = self.kv(y) if kv is None else kv
+    mask = None if k_valid is None else k_valid[:, None, :]
+    return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))
+
+
+class FeedForwardBlock(nnx.Module):
+  """x + MLP(LN(x)): a local layer without self-attention (RIN, the FIT denoiser)."""
+
+  def __init__(self, m, *, dtype, rngs: nnx.Rngs):
+    self.mlp_norm = make_norm("layer", m.d_model, rngs=rngs)
+    self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, use_bias=m.use_bias, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x: Array, *, positions=None, mask=None, rngs: nnx.Rngs | None = None) -> Array:
+    del positions, mask
+    return x + self.mlp(self.mlp_norm(x), rngs=rngs)
+
+
+def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
+  """The transformer-block settings of one stream (data or latents)."""
+  return ml_collections.ConfigDict(dict(
+      d_model=width, num_heads=heads, num_kv_heads=0, head_dim=0, d_ff=d_ff, norm="layer", mlp="mlp",
+      activation=m.activation, use_bias=m.use_bias, dropout=m.dropout, attention_dropout=m.attention_dropout,
+      window=0, rope=False, rope_max_wavelength=1e4, rope_fraction=1.0))
+
+
+class FITBlock(nnx.Module):
+  """One L(a)G(b) block: local layers, then (b > 0) l2x, global layers and (not last) x2l."""
+
+  def __init__(self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True,
+               dtype, rngs: nnx.Rngs):
+    xm = stack_config(m, m.d_model, m.num_heads, m.d_ff)
+    lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff)
+    make_local = ((lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs)) if local_attention
+                  else (lambda: FeedForwardBlock(xm, dtype=dtype, rngs=rngs)))
+    self.local = nnx.List([make_local() for _ in range(local)])
+    self.global_layers = nnx.List([Block(lm, causal=causal, dtype=dtype, rngs=rngs) for _ in range(global_)])
+    cross = dict(heads=min(m.num_heads, m.latent_heads), width=min(m.d_model, m.d_latent), use_bias=m.use_bias,
+                 dtype=dtype, rngs=rngs)
+    self.l2x = CrossAttention(m.d_latent, m.d_model, **cross) if global_ else None
+    self.x2l = CrossAttention(m.d_model, m.d_latent, **cross) if global_ and not last else None
+
+
+def validate_config(config) -> None:
+  m = config.model
+  for key in ("vocab_size", "d_model", "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff",
+              "latents_per_group"):
+    if m[key] <= 0:
+      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  for width, heads in (("d_model", "num_heads"), ("d_latent", "latent_heads")):
+    if m[width] % m[heads]:
+      raise ConfigError(f"model.{width} {m[width]} is not a multiple of model.{heads} {m[heads]}.")
+  if min(m.d_model, m.d_latent) % min(m.num_heads, m.latent_heads):
+    raise ConfigError("the cross-attention width min(d_model, d_latent) is not a multiple of "
+                      "min(num_heads, latent_heads).")
+  parse_layers(m.layers)
+  choices = {"grouping": ("1d", "2d"), "activation": tuple(ACTIVATIONS), "pooling": POOLING}
+  for key, allowed in choices.items():
+    if m[key] not in allowed:
+      raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
+  causal = config.task in CAUSAL_TASKS
+  seq_len = m.max_len or config.train.seq_len
+  if m.max_len and m.max_len < config.train.seq_len:
+    raise ConfigError(f"model.max_len {m.max_len} is shorter than train.seq_len {config.train.seq_len}.")
+  if m.grouping == "2d":
+    if causal:
+      raise ConfigError("FIT-AR groups a 1-D sequence (model.grouping '1d'); order the pixels by patches in "
+                        "the data (data.order 'patches') instead.")
+    side = math.isqrt(seq_len // m.image_channels)
+    if side * side * m.image_channels != seq_len:
+      raise ConfigError(f"sequence length {seq_len} is not a square image of {m.image_channels} channels.")
+    if m.group_side <= 0 or side % m.group_side:
+      raise ConfigError(f"model.group_side {m.group_side} does not divide the image side {side}.")
+  elif m.group_size <= 0:
+    raise ConfigError(f"model.group_size must be positive, got {m.group_size}.")
+  if not 0 <= m.overlap < m.group_size or (m.overlap and not causal):
+    raise ConfigError(f"model.overlap {m.overlap} must be in [0, group_size) and is for FIT-AR only.")
+  if config.task in ("classify", "retrieval") and m.num_classes < 2:
+    raise ConfigError(f"model.num_classes must be >= 2 for task {config.task!r}, got {m.num_classes}.")
+
+
+class Model(nnx.Module):
+  """inputs int32[B,L] -> logits [B,L,V] (FIT-AR, tasks lm / image_ar) or [B,C] (encoder)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    m = config.model
+    self.task = config.task
+    self.causal = config.task in CAUSAL_TASKS
+    self.dtype = jnp.dtype(m.dtype)
+    self.max_len = m.max_len or config.train.seq_len
+    self.grouping, self.channels, self.group_side = m.grouping, m.image_channels, m.group_side
+    self.overlap, self.m = m.overlap, m.latents_per_group
+    if m.grouping == "2d":
+      self.side = math.isqrt(self.max_len // m.image_channels)
+      self.group_size = m.group_side ** 2 * m.image_channels
+    else:
+      self.side, self.group_size = 0, m.group_size
+    self.max_groups = -(-self.max_len // self.group_size)
+    self.spec = parse_layers(m.layers)
+    normal = jax.nn.initializers.truncated_normal(0.02)
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
+    # One data position table shared by all groups; one latent table for all groups' latents.
+    self.data_positions = param(rngs, normal, (self.overlap + self.group_size, m.d_model), (None, "embed"))
+    self.latents = param(rngs, normal, (self.max_groups * self.m, m.d_latent), (None, "embed"))
+    self.embed_dropout = nnx.Dropout(m.dropout)
+    self.blocks = nnx.List([FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype,
+                                     rngs=rngs) for i, (a, b) in enumerate(self.spec)])
+    self.final_norm = LayerNorm(m.d_model, rngs=rngs)
+    self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,
+                         pooling=m.pooling, hidden=m.classifier_hidden,
+                         embed=self.embed if m.tie_embeddings and self.causal else None, dtype=self.dtype,
+                         rngs=rngs)
+
+  # -- forward ----------------------------------------------------------------------------------
+
+  def __call__(self, inputs: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    if self.task == "retrieval":
+      inputs, mask = fold_towers(inputs, mask)
+    length = inputs.shape[1]
+    if length > self.max_len:
+      raise ValueError(f"input length {length} exceeds model max_len {self.max_len}.")
+    if self.grouping == "2d":
+      side = math.isqrt(length // self.channels)
+      if side * side * self.channels != length or side % self.group_side:
+        raise ValueError(f"input length {length} is not a square image of side divisible by {self.group_side}.")
+      tokens = group_2d(inputs, side, self.channels, self.group_side)
+      valid = (jnp.ones(inputs.shape, bool) if mask is None
+               else group_2d(mask, side, self.channels, self.group_side))
+    else:
+      tokens, valid = group_1d(inputs, self.group_size, self.overlap)
+      if mask is not None:
+        valid = valid & group_1d(mask, self.group_size, self.overlap, pad_value=False)[0]
+    x = self.forward_groups(tokens, valid, rngs=rngs)  # [B,t,k+n,D]
+    if self.causal:
+      logits = self.head(x[:, :, self.overlap:])
+      return logits.reshape(logits.shape[0], -1, logits.shape[-1])[:, :length]
+    b = x.shape[0]
+    return self.head(x.reshape(b, -1, x.shape[-1]), valid.reshape(b, -1))
+
+  def forward_groups(self, tokens: Array, valid: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    """tokens int32[B,t,n] (valid: bool, False = padding) -> final data features [B,t,n,D]."""
+    b, t, n = tokens.shape
+    x = self.embed(tokens) + self.data_positions[...].astype(self.dtype)
+    x = self.embed_dropout(x, rngs=rngs).reshape(b * t, n, -1)
+    kv_valid = valid.reshape(b * t, n)
+    latents = jnp.broadcast_to(self.latents[:t * self.m].astype(self.dtype), (b, t * self.m, self.latents.shape[-1]))
+    # Global layers: group-causal positions (FIT-AR), or skip groups that are all padding.
+    gpos = group_causal_positions(t, self.m)
+    gmask = None if self.causal else jnp.repeat(valid.any(-1), self.m, axis=1)
+    local_pos = jnp.arange(n)
+    for blk in self.blocks:
+      for layer in blk.local:
+        x = layer(x, positions=local_pos, mask=kv_valid, rngs=rngs)
+      if blk.l2x is None:
+        continue
+      lat = blk.l2x(latents.reshape(b * t, self.m, -1), x, k_valid=kv_valid)
+      latents = lat.reshape(b, t * self.m, -1)
+      for layer in blk.global_layers:
+        latents = layer(latents, positions=gpos, mask=gmask, rngs=rngs)
+      if blk.x2l is not None:
+        grouped = latents.reshape(b, t, self.m, -1)
+        source = shift_latents(grouped) if self.causal else grouped
+        x = blk.x2l(x, source.reshape(b * t, self.m, -1))
+    return self.final_norm(x).reshape(b, t, n, -1)
+
+  # -- decoding (FIT-AR) --------------------------------------------------------------------------
+
+  def init_decode_state(self, batch_size: int, max_len: int) -> dict:
+    if not self.causal:
+      raise ValueError(f"decoding needs FIT-AR (task lm / image_ar); task {self.task!r} builds an encoder.")
+    if max_len > self.max_groups * self.group_size:
+      raise ValueError(f"max_len {max_len} exceeds the latent table ({self.max_groups} groups of "
+                       f"{self.group_size} tokens).")
+    groups = -(-max_len // self.group_size)
+    width = self.overlap + self.group_size
+    zeros = jnp.zeros((batch_size, self.m, self.latents.shape[-1]), self.dtype)
+    state = {"index": jnp.zeros((), jnp.int32), "prefix": jnp.zeros((batch_size, self.overlap), jnp.int32),
+             "local": [], "group_x": [], "prev_kv": [], "global": []}
+    for blk in self.blocks:
+      state["local"].append([layer.attn.init_cache(batch_size, width, self.dtype) for layer in blk.local])
+      if blk.l2x is not None:
+        state["group_x"].append(jnp.zeros((batch_size, width, self.embed.embedding.shape[-1]), self.dtype))
+        state["global"].append([layer.attn.init_cache(batch_size, groups * self.m, self.dtype)
+                                for layer in blk.global_layers])
+      if blk.x2l is not None:
+        state["prev_kv"].append(blk.x2l.kv(zeros))  # group 0 reads zero latents
+    return state
+
+  def _data_step(self, x: Array, state: dict, positions: Array) -> tuple[Array, dict]:
+    """Data tokens x [B,S,D] at in-group `positions` [S] through all blocks, extending the local
+    caches and the per-block group features."""
+    slot = positions[0]
+    local, group_x = [], []
+    for i, blk in enumerate(self.blocks):
+      caches = []
+      for layer, cache in zip(blk.local, state["local"][i]):
+        h, cache = layer.attn.decode_block(layer.attn_norm(x), cache, positions, slot)
+        x = x + h
+        x = x + layer.mlp(layer.mlp_norm(x))
+        caches.append(cache)
+      local.append(caches)
+      if blk.l2x is not None:
+        group_x.append(jax.lax.dynamic_update_slice_in_dim(state["group_x"][len(group_x)], x, slot, 1))
+      if blk.x2l is not None:
+        x = blk.x2l(x, kv=state["prev_kv"][len(group_x) - 1])
+    return x, {**state, "local": local, "group_x": group_x}
+
+  def _finish_group(self, state: dict, group: Array) -> dict:
+    """Latents of the completed `group`: l2x over its data, global layers over the group cache;
+    then the next group's prefix tokens (overlap) go through the data path."""
+    b = state["prefix"].shape[0]
+    lat = jax.lax.dynamic_slice_in_dim(self.latents[...], group * self.m, self.m).astype(self.dtype)
+    lat = jnp.broadcast_to(lat, (b,) + lat.shape)
+    width = self.overlap + self.group_size
+    kv_valid = jnp.broadcast_to((jnp.arange(width) >= self.overlap) | (group > 0), (b, width))
+    gpos = jnp.full((self.m,), group, jnp.int32)
+    prev_kv, global_caches, j = [], [], 0
+    for blk in self.blocks:
+      if blk.l2x is None:
+        continue
+      lat = blk.l2x(lat, state["group_x"][j], k_valid=kv_valid)
+      caches = []
+      for layer, cache in zip(blk.global_layers, state["global"][j]):
+        h, cache = layer.attn.decode_block(layer.attn_norm(lat), cache, gpos, group * self.m)
+        lat = lat + h
+        lat = lat + layer.mlp(layer.mlp_norm(lat))
+        caches.append(cache)
+      global_caches.append(caches)
+      if blk.x2l is not None:
+        prev_kv.append(blk.x2l.kv(lat))
+      j += 1
+    state = {**state, "prev_kv": prev_kv, "global": global_caches,
+             "local": [[{**c, "pos": jnp.full_like(c["pos"], -1)} for c in caches] for caches in state["local"]]}
+    if self.overlap:
+      positions = jnp.arange(self.overlap)
+      x = self.embed(state["prefix"]) + self.data_positions[:self.overlap].astype(self.dtype)
+      _, state = self._data_step(x, state, positions)
+    return state
+
+  def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V], next state."""
+    index = state["index"]
+    offset = index % self.group_size
+    position = (self.overlap + offset)[None]
+    x = self.embed(tokens) + jax.lax.dynamic_slice_in_dim(self.data_positions[...], position[0], 1).astype(self.dtype)
+    x, state = self._data_step(x, state, position)
+    logits = self.head(self.final_norm(x))
+    if self.overlap:
+      state["prefix"] = jnp.concatenate([state["prefix"][:, 1:], tokens.astype(jnp.int32)], axis=1)
+    state = jax.lax.cond(offset == self.group_size - 1, lambda s: self._finish_group(s, index // self.group_size),
+                         lambda s: s, state)
+    return logits, {**state, "index": index + 1}
