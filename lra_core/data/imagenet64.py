@@ -30,6 +30,8 @@ Example fields by `task`:
             targets int32[T] (0..255), weights float32[T] (ones); bits per dim reported
   classify  inputs int32[T] (0..255), mask bool[T] (all True), targets int32[] (label - 1,
             0..999), weights float32[]
+  diffusion the classify fields; inputs are the raster pixels of the image to denoise (order
+            "raster": the denoiser cuts its own patches) and targets its class
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ CHANNELS = 3
 ROW_LEN = CHANNELS * SIZE * SIZE   # 12288 bytes per image
 NUM_CLASSES = 1000
 START = 256               # image_ar: the token before the first pixel
-TASKS = ("image_ar", "classify")
+TASKS = ("image_ar", "classify", "diffusion")
 SOURCES = ("npz", "tfds")
 ORDERS = ("raster", "patches")
 TFDS_NAME = "imagenet_resized/64x64"
@@ -305,7 +307,7 @@ class PixelSequences:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     tokens, label = self.tokens(index)
-    if self.task == "classify":
+    if self.task in ("classify", "diffusion"):
       return labelled_example(tokens, np.ones(self.seq_len, bool), label)
     return {"inputs": np.concatenate([np.full(1, START, np.int32), tokens[:-1]]),
             "targets": tokens, "weights": np.ones(self.seq_len, np.float32)}
@@ -320,6 +322,9 @@ def _check_settings(config) -> None:
     raise ConfigError(f"data.source {d.source!r} is not one of {SOURCES}.")
   if d.order not in ORDERS:
     raise ConfigError(f"data.order {d.order!r} is not one of {ORDERS}.")
+  if task == "diffusion" and d.order != "raster":
+    raise ConfigError(f"task 'diffusion' reads images in data.order 'raster', not {d.order!r} "
+                      f"(the denoiser makes its own patches).")
   size = d.image_size
   if not isinstance(size, int) or size < 1 or SIZE % size:
     raise ConfigError(f"data.image_size {size!r} is not a divisor of {SIZE} (e.g. 8, 16, 32, 64).")

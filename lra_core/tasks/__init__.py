@@ -5,6 +5,7 @@ from __future__ import annotations
 from lra_core.errors import ConfigError
 from lra_core.tasks.base import Task
 from lra_core.tasks.classify import ClassifyTask
+from lra_core.tasks.diffusion import DiffusionTask
 from lra_core.tasks.lm import ImageARTask, LMTask
 from lra_core.tasks.mlm import MLMTask
 
@@ -14,6 +15,7 @@ TASKS: dict[str, type[Task]] = {
     "mlm": MLMTask,
     "classify": ClassifyTask,
     "retrieval": ClassifyTask,
+    "diffusion": DiffusionTask,
 }
 
 
