@@ -282,7 +282,7 @@ class Model(nnx.Module):
       if side * side * self.channels != length or side % self.group_side:
         raise ValueError(f"input length {length} is not a square image of side divisible by {self.group_side}.")
       tokens = group_2d(inputs, side, self.channels, self.group_side)
-      valid = (jnp.ones(inputs.shape, bool) if mask is None
+      valid = (jnp.ones(tokens.shape, bool) if mask is None
                else group_2d(mask, side, self.channels, self.group_side))
     else:
       tokens, valid = group_1d(inputs, self.group_size, self.overlap)

@@ -33,6 +33,7 @@ PAPER = [
     ("configs/pg19/flash.py:flash_quad", 496e6, "FLASH Table 10, FLASH-Quad (PG-19)"),
     ("configs/pg19/transformer.py:flash", 486e6, "FLASH Table 10, Transformer+ (PG-19)"),
     ("configs/pg19/transformer.py:flash,plusplus", 486e6, "FLASH Table 10, Transformer++ (PG-19)"),
+    ("configs/imagenet64/fit_ar.py", 153e6, "FIT Table 4, FIT-AR (ImageNet64)"),
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core import optim
-from models import latte, transformer
+from models import fit, latte, transformer
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:
@@ -48,6 +48,26 @@ def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dr
   opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=1000, b1=0.9, b2=0.999, eps=1e-8,
                   weight_decay=weight_decay, weight_decay_schedule="lr"))
   return model, opt
+
+
+def lra_fit(config: ml_collections.ConfigDict, *, group: int, latents_per_group: int,
+            image: bool = False) -> ml_collections.ConfigDict:
+  """Turns a task's Transformer config into FIT with the same local layers (FIT Table 2: the ViT's
+  layers become the local layers, split into two blocks around global layers): N layers of the
+  baseline -> L(ceil(N/2))G(g)L(floor(N/2)), g = 2 for N >= 4 else 1. Data and latents keep the
+  baseline's width, heads (head width d / heads), MLP, dropout and classifier; training settings
+  are unchanged. 1-D tasks split the sequence into groups of `group` tokens; `image` tasks block
+  the square image into `group` x `group` pixel groups."""
+  m = config.model
+  first = -(-m.num_layers // 2)
+  layers = f"L({first})G({2 if m.num_layers >= 4 else 1})L({m.num_layers - first})"
+  grouping = dict(grouping="2d", group_side=group) if image else dict(grouping="1d", group_size=group)
+  config.model = fit.model_config(
+      vocab_size=m.vocab_size, num_classes=m.num_classes, layers=layers, latents_per_group=latents_per_group,
+      d_model=m.d_model, num_heads=m.num_heads, d_ff=m.d_ff, d_latent=m.d_model, latent_heads=m.num_heads,
+      latent_d_ff=m.d_ff, dropout=m.dropout, attention_dropout=m.attention_dropout,
+      classifier_hidden=m.classifier_hidden, pooling="mean", tie_embeddings=False, **grouping)
+  return config
 
 
 def epochs(train_examples: int, batch_size: int, num_epochs: int, *, checkpoint_epochs: int = 1) -> dict:

@@ -1,0 +1,22 @@
+"""LRA Text (IMDB bytes, 4000 tokens) with FIT (Chen & Li 2023) as the encoder.
+
+  python -m lra_core.train --config=configs/lra/text/fit.py \
+      --config.data.dir=/path/to/folder_with_aclImdb --workdir=runs/lra_text_fit
+
+FIT has no LRA setting; this one is ours. The task's Transformer config (configs/lra/text/transformer.py)
+gives the data, optimizer, schedule, dropout, widths and classifier; its N layers become FIT's local
+layers around global layers (configs.lra.common.lra_fit). Grouping: 4000 bytes -> 32 groups of 128 (the last padded), 16 latents per group.
+
+Args: tiny (the Transformer's tiny setting; groups of 16 tokens, 4 latents per group).
+"""
+
+from configs.lra.common import lra_fit
+from configs.lra.text import transformer
+from lra_core.config import config_arg
+
+
+def get_config(arg=None):
+  parts = config_arg(arg, ("tiny",))
+  if "tiny" in parts:
+    return lra_fit(transformer.get_config("tiny"), group=16, latents_per_group=4)
+  return lra_fit(transformer.get_config(), group=128, latents_per_group=16)

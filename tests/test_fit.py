@@ -1,0 +1,206 @@
+"""FIT and FIT-AR (models/fit.py): grouping, causality, decoding, special cases, configs."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+import fixtures.cifar10
+import fixtures.imagenet64
+import fixtures.listops
+import lra_core
+import oracles
+from lra_core import registry
+from lra_core.errors import ConfigError
+from lra_core.train import train_and_evaluate
+from models import fit, transformer
+from scripts import param_counts
+
+VOCAB = 13
+
+
+def make_config(task="lm", seq_len=16, **model):
+  c = ml_collections.ConfigDict()
+  c.task = task
+  defaults = dict(vocab_size=VOCAB, layers="L(1)G(1)L(1)G(1)L(1)", group_size=4, latents_per_group=2,
+                  d_model=16, num_heads=2, d_ff=32, d_latent=24, latent_heads=3, latent_d_ff=40,
+                  num_classes=3 if task == "classify" else 0)
+  c.model = fit.model_config(**{**defaults, **model})
+  c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
+  fit.validate_config(c)
+  return c
+
+
+def make_model(config, seed=0):
+  model = fit.Model(config, rngs=nnx.Rngs(params=seed))
+  model.eval()
+  return model
+
+
+def tokens(b=2, t=14, seed=1):
+  return jax.random.randint(jax.random.key(seed), (b, t), 0, VOCAB)
+
+
+# -- pure functions ------------------------------------------------------------------------------------------
+
+def test_layer_strings():
+  assert fit.parse_layers("L(8)G(2)L(8)G(2)L(8)G(2)L(8)") == [(8, 2)] * 3 + [(8, 0)]
+  assert fit.parse_layers("L(4)") == [(4, 0)]
+  for bad in ("L(4)L(4)", "G(2)L(4)", "L4G2", "L(4)G(2)X", ""):
+    with pytest.raises(ConfigError, match="model.layers"):
+      fit.parse_layers(bad)
+
+
+def test_2d_grouping_keeps_neighbours_together_and_round_trips():
+  side, channels, g = 8, 3, 4
+  rows, cols, chans = np.meshgrid(np.arange(side), np.arange(side), np.arange(channels), indexing="ij")
+  coords = np.stack([rows, cols, chans], -1).reshape(1, side * side * channels, 3)  # raster order
+  grouped = np.asarray(fit.group_2d(jnp.asarray(coords), side, channels, g))
+  assert grouped.shape == (1, (side // g) ** 2, g * g * channels, 3)
+  for index, group in enumerate(grouped[0]):
+    r, c = divmod(index, side // g)  # groups in raster order of blocks
+    assert set(map(tuple, group[:, :2])) == {(r * g + i, c * g + j) for i in range(g) for j in range(g)}
+    assert len({tuple(x) for x in group}) == g * g * channels  # every pixel value once
+  np.testing.assert_array_equal(fit.ungroup_2d(jnp.asarray(grouped), side, channels, g), coords)
+
+
+def test_1d_grouping_pads_the_end_and_prefixes_the_previous_groups_tail():
+  x = jnp.arange(1, 11)[None]  # 10 tokens, groups of 4, overlap 2
+  groups, valid = fit.group_1d(x, 4, overlap=2)
+  np.testing.assert_array_equal(groups[0], [[0, 0, 1, 2, 3, 4], [3, 4, 5, 6, 7, 8], [7, 8, 9, 10, 0, 0]])
+  np.testing.assert_array_equal(valid[0], [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+
+
+def test_shift_latents_moves_each_group_one_right():
+  lat = jnp.arange(1, 4, dtype=jnp.float32).reshape(1, 3, 1, 1) * jnp.ones((1, 3, 2, 2))
+  np.testing.assert_array_equal(fit.shift_latents(lat)[0, :, 0, 0], [0, 1, 2])
+
+
+# -- FIT-AR ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_fit_ar_is_causal_and_decode_matches_forward(overlap):
+  """Groups of 4: cuts inside groups, at their ends and right after; 14 tokens (a partial group)."""
+  model = make_model(make_config(overlap=overlap))
+  x = tokens()
+  logits = model(x)
+  assert logits.shape == (2, 14, VOCAB)
+  oracles.assert_no_future_leakage(model, x, logits, (0, 2, 3, 4, 7, 8, 11, 12), vocab=VOCAB, shift=5,
+                                   changed_atol=1e-5)
+  oracles.assert_decode_matches_forward(model, x, logits)
+
+
+def test_fit_ar_data_reads_the_previous_groups_latents():
+  """The next group's first token depends on every token of the group before (through latents)."""
+  model = make_model(make_config())
+  x = tokens()
+  base = model(x)
+  for t in range(4):  # any token of group 0 changes the prediction at position 4 (group 1)
+    out = model(x.at[:, t].set((x[:, t] + 1) % VOCAB))
+    assert not np.allclose(out[:, 4], base[:, 4], atol=1e-6), t
+
+
+def test_decode_state_per_token_work_is_bounded_by_the_group():
+  model = make_model(make_config(seq_len=64))
+  short, long = model.init_decode_state(1, 16), model.init_decode_state(1, 64)
+  sizes = lambda st, key: sum(x.size for x in jax.tree.leaves(st[key]))
+  for key in ("local", "group_x", "prev_kv"):  # what every token touches: one group and m latents
+    assert sizes(short, key) == sizes(long, key)
+  assert sizes(long, "global") == 4 * sizes(short, "global")  # one slot of m latents per group
+  with pytest.raises(ValueError, match="exceeds the latent table"):
+    model.init_decode_state(1, 65)
+
+
+# -- special cases and the encoder -----------------------------------------------------------------------------
+
+def copy_params(source, target):
+  nnx.update(target, nnx.state(source, nnx.Param))
+
+
+@pytest.mark.parametrize("task", ["lm", "classify"])
+def test_one_group_with_only_local_layers_is_a_transformer(task):
+  """FIT with a single group of all T tokens and layers L(N) (no global layers, so no latents) is the
+  plain pre-LN transformer stack: same weights, same outputs. (One group per token instead leaves each
+  token alone in its group, with all mixing through latents; that is a different network.)"""
+  t, n = 16, 3
+  cfg = make_config(task, layers=f"L({n})", group_size=t, pooling="mean")
+  model = make_model(cfg)
+  tc = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=t)))
+  tc.model = transformer.model_config("transformer", vocab_size=VOCAB, d_model=16, num_layers=n, num_heads=2,
+                                      d_ff=32, use_bias=True, position="learned", pooling="mean",
+                                      tie_embeddings=task == "lm", num_classes=cfg.model.num_classes)
+  base = transformer.Model(tc, rngs=nnx.Rngs(params=1))
+  base.eval()
+  copy_params(model.embed, base.embed)
+  base.positions.table.set_value(model.data_positions[...])
+  for mine, theirs in zip(model.blocks[0].local, base.blocks):
+    copy_params(mine, theirs)
+  copy_params(model.final_norm, base.final_norm)
+  copy_params(model.head, base.head)
+  x = tokens(t=t)
+  if task == "lm":
+    np.testing.assert_allclose(model(x), base(x), atol=1e-5)
+  else:
+    mask = jnp.broadcast_to(jnp.arange(t) < 11, (2, t))
+    np.testing.assert_allclose(model(x, mask=mask), base(x, mask=mask), atol=1e-5)
+
+
+def test_encoder_ignores_padding_even_whole_padded_groups():
+  model = make_model(make_config("classify", seq_len=20))
+  x = tokens(t=20)
+  real = model(x[:, :10])  # 3 groups, the last partial
+  mask = jnp.broadcast_to(jnp.arange(20) < 10, (2, 20))
+  np.testing.assert_allclose(model(x.at[:, 10:].set(7), mask=mask), real, atol=1e-5)
+
+
+def test_2d_encoder_is_the_1d_encoder_on_grouped_pixels():
+  cfg2d = make_config("classify", seq_len=64, grouping="2d", image_channels=1, group_side=4)
+  cfg1d = make_config("classify", seq_len=64, group_size=16)
+  model2d, model1d = make_model(cfg2d), make_model(cfg1d)
+  copy_params(model2d, model1d)
+  x = tokens(t=64)
+  flat = fit.group_2d(x, 8, 1, 4).reshape(2, 64)
+  np.testing.assert_allclose(model2d(x), model1d(flat), atol=1e-6)
+  assert not np.allclose(model2d(x), model1d(x), atol=1e-4)
+
+
+def test_config_errors_are_clear():
+  with pytest.raises(ConfigError, match="every block but the last needs global layers"):
+    make_config(layers="L(2)L(2)")
+  with pytest.raises(ConfigError, match="overlap 2 must be in .* FIT-AR only"):
+    make_config("classify", overlap=2)
+  with pytest.raises(ConfigError, match="not a square image"):
+    make_config("classify", seq_len=48, grouping="2d", group_side=2)
+  with pytest.raises(ConfigError, match="group_side 3 does not divide the image side 8"):
+    make_config("classify", seq_len=64, grouping="2d", group_side=3)
+  with pytest.raises(ConfigError, match="FIT-AR groups a 1-D sequence"):
+    make_config("lm", seq_len=64, grouping="2d", group_side=4)
+  with pytest.raises(ConfigError, match="d_latent 24 is not a multiple of model.latent_heads 5"):
+    make_config(latent_heads=5)
+
+
+# -- configs ---------------------------------------------------------------------------------------------------
+
+def test_imagenet64_fit_ar_has_table_4s_153m_parameters():
+  count = registry.parameter_count(lra_core.load_config("configs/imagenet64/fit_ar.py"))
+  assert abs(count - 153e6) / 153e6 < 0.05, count
+  assert any(row[0] == "configs/imagenet64/fit_ar.py" for row in param_counts.PAPER)
+
+
+@pytest.mark.parametrize("arg", ["tiny", "tiny,overlap"])
+def test_tiny_fit_ar_trains_and_resumes_exactly(tmp_path, arg):
+  overrides = fixtures.imagenet64.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
+  config = lra_core.load_config(f"configs/imagenet64/fit_ar.py:{arg}", overrides)
+  whole = train_and_evaluate(config, tmp_path / "whole")
+  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
+  assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
+  assert np.isfinite(whole["test_bits_per_dim"])
+
+
+@pytest.mark.parametrize("fixture,spec", [(fixtures.listops, "configs/lra/listops/fit.py:tiny"),
+                                          (fixtures.cifar10, "configs/lra/image/fit.py:tiny")])
+def test_tiny_lra_configs_train(tmp_path, fixture, spec):
+  summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
+  assert np.isfinite(summary["test_loss"])
