@@ -195,7 +195,8 @@ def _generate_compiled(
   # Only this traced copy is switched to eval mode; the caller's module keeps its mode.
   model.eval()
   batch, prompt_len = prompt.shape
-  state = model.init_decode_state(batch, prompt_len + max_new_tokens)
+  # The last sampled token is never fed back: the model sees P + N - 1 positions.
+  state = model.init_decode_state(batch, prompt_len + max_new_tokens - 1)
 
   def step(state: Any, tokens: jax.Array) -> tuple[jax.Array, Any]:
     """tokens int32[B] -> logits float[B,V], next state."""

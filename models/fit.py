@@ -254,7 +254,7 @@ class Model(nnx.Module):
     else:
       self.side, self.group_size = 0, m.group_size
     self.max_groups = -(-self.max_len // self.group_size)
-    self.spec = parse_layers(m.layers)
+    self.spec = tuple(parse_layers(m.layers))
     normal = jax.nn.initializers.truncated_normal(0.02)
     self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
     # One data position table shared by all groups; one latent table for all groups' latents.

@@ -1,6 +1,7 @@
 """FIT and FIT-AR (models/fit.py): grouping, causality, decoding, special cases, configs."""
 
 import jax
+import matplotlib.pyplot as plt
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -14,6 +15,7 @@ import lra_core
 import oracles
 from lra_core import registry
 from lra_core.errors import ConfigError
+from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
 from models import fit, transformer
 from scripts import param_counts
@@ -197,6 +199,11 @@ def test_tiny_fit_ar_trains_and_resumes_exactly(tmp_path, arg):
   assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
   assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
   assert np.isfinite(whole["test_bits_per_dim"])
+  if arg == "tiny":  # pixel-by-pixel sampling through decode_step, written as a PNG grid
+    images = sample_images(config, tmp_path / "whole", num_samples=3, seed=1)
+    assert images.shape == (3, 8, 8, 3) and images.dtype == np.uint8
+    save_grid(images, str(tmp_path / "grid.png"), columns=3)
+    assert plt.imread(tmp_path / "grid.png").shape[:2] == (10, 28)
 
 
 @pytest.mark.parametrize("fixture,spec", [(fixtures.listops, "configs/lra/listops/fit.py:tiny"),
