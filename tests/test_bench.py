@@ -135,3 +135,19 @@ def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
     bench.main(["--cores=causal_latte", f"--config={ENWIK8}"])
   with pytest.raises(ConfigError, match="core 'flash' is not one of"):
     bench.main(["--cores=flash"])
+
+
+def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
+  from scripts import bench_decode
+  out = tmp_path / "decode.md"
+  rows = bench_decode.main(["--config=configs/imagenet64/fit_ar.py:tiny", "--variant", "fit:",
+                            "--variant", "tpp:config=configs/imagenet64/transformer.py:tiny,plusplus",
+                            "--context_lens=96,192", "--tokens=48", "--repeats=1", "--warmup=0", f"--out={out}"])
+  assert [(r["variant"], r["context"]) for r in rows] == [("fit", 96), ("fit", 192), ("tpp", 96), ("tpp", 192)]
+  assert all(r["ms_per_token"] > 0 for r in rows)
+  fit_state, tpp_state = [r["state_mib"] for r in rows[:2]], [r["state_mib"] for r in rows[2:]]
+  assert tpp_state[1] == pytest.approx(2 * tpp_state[0], rel=1e-3)  # a KV cache of L slots
+  assert fit_state[1] < 2 * fit_state[0]  # one group's cache plus latents: grows more slowly
+  assert out.read_text().count("| fit |") == 2 and "ms / token" in capsys.readouterr().out
+  with pytest.raises(ConfigError, match="--tokens 500 exceeds the context length 96"):
+    bench_decode.main(["--config=configs/imagenet64/fit_ar.py:tiny", "--context_lens=96", "--tokens=500"])
