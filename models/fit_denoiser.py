@@ -174,7 +174,7 @@ class Model(nnx.Module):
     _, groups_side, self.group_patches = patch_grid(m)
     self.num_groups, self.m = groups_side ** 2, m.latents_per_group
     self.self_condition = m.self_condition
-    self.spec = parse_layers(m.layers)
+    self.spec = tuple(parse_layers(m.layers))
     patch_dim = m.patch_size ** 2 * m.image_channels
     normal = jax.nn.initializers.truncated_normal(0.02)
     kw = dict(use_bias=True, dtype=self.dtype, rngs=rngs)
