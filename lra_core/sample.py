@@ -85,9 +85,11 @@ def sample_images(config, workdir, *, num_samples: int = 16, temperature: float 
   return imagenet64.to_image(np.asarray(out[:, 1:]), d.image_size, d.order, d.patch_size)
 
 
-def save_grid(images: np.ndarray, path: str, columns: int = 0) -> None:
-  """uint8 [N,S,S,C] -> one PNG, `columns` images per row (default: a near-square grid), 1-pixel gaps."""
+def save_grid(images: np.ndarray, path: str, columns: int = 0, scale: int = 1) -> None:
+  """uint8 [N,S,S,C] -> one PNG, `columns` images per row (default: a near-square grid), 1-pixel gaps;
+  each pixel drawn as a `scale` x `scale` square."""
   import matplotlib.image
+  images = np.repeat(np.repeat(np.asarray(images), scale, axis=1), scale, axis=2)
   n, s, _, c = images.shape
   cols = columns or int(np.ceil(np.sqrt(n)))
   rows = -(-n // cols)
@@ -110,13 +112,14 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--png", default="", help="image_ar: write the sampled images to this PNG grid")
+    parser.add_argument("--png_scale", type=int, default=1, help="--png: pixels per image pixel")
 
   args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample")
   e = args.extra
   if e.png:
     images = sample_images(args.config, args.workdir, num_samples=e.num_samples, temperature=e.temperature,
                            top_k=e.top_k, top_p=e.top_p, seed=e.seed, step=e.step)
-    save_grid(images, e.png)
+    save_grid(images, e.png, scale=e.png_scale)
     print(f"wrote {len(images)} samples to {e.png}")
     return
   texts = sample(args.config, args.workdir, prompt=e.prompt, num_samples=e.num_samples,

@@ -202,8 +202,8 @@ def test_tiny_fit_ar_trains_and_resumes_exactly(tmp_path, arg):
   if arg == "tiny":  # pixel-by-pixel sampling through decode_step, written as a PNG grid
     images = sample_images(config, tmp_path / "whole", num_samples=3, seed=1)
     assert images.shape == (3, 8, 8, 3) and images.dtype == np.uint8
-    save_grid(images, str(tmp_path / "grid.png"), columns=3)
-    assert plt.imread(tmp_path / "grid.png").shape[:2] == (10, 28)
+    save_grid(images, str(tmp_path / "grid.png"), columns=3, scale=2)
+    assert plt.imread(tmp_path / "grid.png").shape[:2] == (18, 52)
 
 
 @pytest.mark.parametrize("fixture,spec", [(fixtures.listops, "configs/lra/listops/fit.py:tiny"),
