@@ -199,18 +199,23 @@ class FITBlock(nnx.Module):
     self.x2l = CrossAttention(m.d_model, m.d_latent, **cross) if global_ and not last else None
 
 
-def validate_config(config) -> None:
-  m = config.model
-  for key in ("vocab_size", "d_model", "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff",
-              "latents_per_group"):
-    if m[key] <= 0:
-      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+def validate_widths(m) -> None:
+  """Each stream's width splits into its heads, and the cross-attention's into its own."""
   for width, heads in (("d_model", "num_heads"), ("d_latent", "latent_heads")):
     if m[width] % m[heads]:
       raise ConfigError(f"model.{width} {m[width]} is not a multiple of model.{heads} {m[heads]}.")
   if min(m.d_model, m.d_latent) % min(m.num_heads, m.latent_heads):
     raise ConfigError("the cross-attention width min(d_model, d_latent) is not a multiple of "
                       "min(num_heads, latent_heads).")
+
+
+def validate_config(config) -> None:
+  m = config.model
+  for key in ("vocab_size", "d_model", "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff",
+              "latents_per_group"):
+    if m[key] <= 0:
+      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  validate_widths(m)
   parse_layers(m.layers)
   choices = {"grouping": ("1d", "2d"), "activation": tuple(ACTIVATIONS), "pooling": POOLING}
   for key, allowed in choices.items():

@@ -28,7 +28,7 @@ from lra_core import diffusion
 from lra_core.errors import ConfigError
 from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param
 from models.blocks.positions import sinusoid
-from models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d
+from models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
 
 Array = jax.Array
 
@@ -131,12 +131,7 @@ def validate_config(config) -> None:
               "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff"):
     if not isinstance(m[key], int) or m[key] <= 0:
       raise ConfigError(f"model.{key} must be a positive integer, got {m[key]!r}.")
-  for width, heads in (("d_model", "num_heads"), ("d_latent", "latent_heads")):
-    if m[width] % m[heads]:
-      raise ConfigError(f"model.{width} {m[width]} is not a multiple of model.{heads} {m[heads]}.")
-  if min(m.d_model, m.d_latent) % min(m.num_heads, m.latent_heads):
-    raise ConfigError("the cross-attention width min(d_model, d_latent) is not a multiple of "
-                      "min(num_heads, latent_heads).")
+  validate_widths(m)
   if m.d_latent % 8:
     raise ConfigError(f"model.d_latent {m.d_latent} is not a multiple of 8 (the noise level embedding "
                       f"uses d_latent / 4 sinusoid channels, half sine and half cosine).")
