@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core import optim
+from lra_core.config import config_arg
 from models import fit, latte, transformer
 
 
@@ -48,6 +49,15 @@ def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dr
   opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=1000, b1=0.9, b2=0.999, eps=1e-8,
                   weight_decay=weight_decay, weight_decay_schedule="lr"))
   return model, opt
+
+
+def lra_fit_config(arg: str | None, baseline, *, group: int, latents_per_group: int, tiny: tuple[int, int],
+                   image: bool = False) -> ml_collections.ConfigDict:
+  """A task's `configs/lra/<task>/fit.py` config: `lra_fit` on its Transformer config `baseline`
+  (the module), with (group, latents) = `tiny` for the arg `tiny`."""
+  if "tiny" in config_arg(arg, ("tiny",)):
+    return lra_fit(baseline.get_config("tiny"), group=tiny[0], latents_per_group=tiny[1], image=image)
+  return lra_fit(baseline.get_config(), group=group, latents_per_group=latents_per_group, image=image)
 
 
 def lra_fit(config: ml_collections.ConfigDict, *, group: int, latents_per_group: int,

@@ -10,13 +10,9 @@ layers around global layers (configs.lra.common.lra_fit). Grouping: the 32x32 im
 Args: tiny (the Transformer's tiny setting; blocks of 4 x 4 pixels, 2 latents per group).
 """
 
-from configs.lra.common import lra_fit
+from configs.lra.common import lra_fit_config
 from configs.lra.pathfinder import transformer
-from lra_core.config import config_arg
 
 
 def get_config(arg=None):
-  parts = config_arg(arg, ("tiny",))
-  if "tiny" in parts:
-    return lra_fit(transformer.get_config("tiny"), group=4, latents_per_group=2, image=True)
-  return lra_fit(transformer.get_config(), group=8, latents_per_group=8, image=True)
+  return lra_fit_config(arg, transformer, group=8, latents_per_group=8, tiny=(4, 2), image=True)

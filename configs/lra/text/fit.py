@@ -10,13 +10,9 @@ layers around global layers (configs.lra.common.lra_fit). Grouping: 4000 bytes -
 Args: tiny (the Transformer's tiny setting; groups of 16 tokens, 4 latents per group).
 """
 
-from configs.lra.common import lra_fit
+from configs.lra.common import lra_fit_config
 from configs.lra.text import transformer
-from lra_core.config import config_arg
 
 
 def get_config(arg=None):
-  parts = config_arg(arg, ("tiny",))
-  if "tiny" in parts:
-    return lra_fit(transformer.get_config("tiny"), group=16, latents_per_group=4)
-  return lra_fit(transformer.get_config(), group=128, latents_per_group=16)
+  return lra_fit_config(arg, transformer, group=128, latents_per_group=16, tiny=(16, 4))
