@@ -62,6 +62,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       classifier_hidden=0,     # 0 -> d_model
       tie_embeddings=False,
       use_bias=False,
+      parallel_residual=False, # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
       dtype="float32",         # compute dtype; parameters stay float32
   ))
   c.update(VARIANTS[variant])
@@ -105,7 +106,8 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)) (no MLP with mlp "none").
+  """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)) (no MLP with mlp "none");
+  with `parallel_residual` both read the block input: x + Mix(norm1(x)) + MLP(norm2(x)) (GPT-NeoX).
 
   The token mixer is softmax attention here; other families pass their own (any module with
   `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
@@ -122,17 +124,28 @@ class Block(nnx.Module):
       self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
                      dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(m.dropout)
+    self.parallel = bool(m.get("parallel_residual", False))
+
+  def _add_mlp(self, x: Array, h: Array, rngs: nnx.Rngs | None = None) -> Array:
+    """x + h, plus the MLP of x (parallel residual) or of x + h (sequential)."""
+    y = x + h
+    if self.mlp is None:
+      return y
+    return y + self.dropout(self.mlp(self.mlp_norm(x if self.parallel else y), rngs=rngs), rngs=rngs)
 
   def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None) -> Array:
-    x = x + self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs), rngs=rngs)
-    if self.mlp is not None:
-      x = x + self.dropout(self.mlp(self.mlp_norm(x), rngs=rngs), rngs=rngs)
-    return constrain(x, ("batch", "length", "embed"))
+    h = self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs), rngs=rngs)
+    return constrain(self._add_mlp(x, h, rngs), ("batch", "length", "embed"))
 
-  def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
-    h, cache = self.attn.decode(self.attn_norm(x), cache, position)
-    x = x + h
-    return (x if self.mlp is None else x + self.mlp(self.mlp_norm(x))), cache
+  def decode(self, x: Array, cache: dict, position: Array, **kwargs) -> tuple[Array, dict]:
+    """One token; kwargs go to the mixer's decode (e.g. `k_valid` of softmax attention)."""
+    h, cache = self.attn.decode(self.attn_norm(x), cache, position, **kwargs)
+    return self._add_mlp(x, h), cache
+
+  def decode_block(self, x: Array, cache: dict, positions: Array, slot: Array, **kwargs) -> tuple[Array, dict]:
+    """Several tokens at once into cache slots slot.. (softmax attention; see Attention.decode_block)."""
+    h, cache = self.attn.decode_block(self.attn_norm(x), cache, positions, slot, **kwargs)
+    return self._add_mlp(x, h), cache
 
 
 class Model(nnx.Module):

@@ -73,22 +73,24 @@ class Attention(nnx.Module):
       raise ValueError("decoding needs causal attention; this layer is bidirectional.")
     return empty_cache(batch_size, self.cache_len(max_len), self.num_kv_heads, self.head_dim, dtype)
 
-  def decode(self, x: Array, cache: dict[str, Array], position: Array) -> tuple[Array, dict[str, Array]]:
-    """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache."""
+  def decode(self, x: Array, cache: dict[str, Array], position: Array, *,
+             k_valid: Array | None = None) -> tuple[Array, dict[str, Array]]:
+    """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache.
+    k_valid: bool[B,S] per cache slot (after this write), False = a key this row must not read."""
     q, k, v = self._qkv(x, position[None])
     cache = write_cache(cache, k, v, position)
-    return self.out(attend_cache(q, cache, position, window=self.window)), cache
+    return self.out(attend_cache(q, cache, position, window=self.window, k_valid=k_valid)), cache
 
-
-  def decode_block(self, x: Array, cache: dict[str, Array], positions: Array,
-                   slot: Array) -> tuple[Array, dict[str, Array]]:
+  def decode_block(self, x: Array, cache: dict[str, Array], positions: Array, slot: Array, *,
+                   k_valid: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """S tokens at once. x: [B,S,D], positions: int32[S], written to slots slot..slot+S-1; each
-    query sees the cached keys whose position is <= its own (equal positions see each other)."""
+    query sees the cached keys whose position is <= its own (equal positions see each other).
+    k_valid: bool[B,cache size] as in `decode`."""
     q, k, v = self._qkv(x, positions)
     cache = {"key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
              "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
              "pos": jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), slot, 0)}
-    m = attention_mask(positions, cache["pos"], causal=True, window=self.window)
+    m = attention_mask(positions, cache["pos"], causal=True, window=self.window, k_valid=k_valid)
     y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
     return self.out(y), cache
 
@@ -107,7 +109,9 @@ def write_cache(cache: dict[str, Array], k: Array, v: Array, position: Array) ->
           "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0)}
 
 
-def attend_cache(q: Array, cache: dict[str, Array], position: Array, *, window: int = 0) -> Array:
-  """Causal (optionally windowed) attention of q [B,1,H,D] at `position` over the cached keys."""
-  m = attention_mask(position[None], cache["pos"], causal=True, window=window)
+def attend_cache(q: Array, cache: dict[str, Array], position: Array, *, window: int = 0,
+                 k_valid: Array | None = None) -> Array:
+  """Causal (optionally windowed) attention of q [B,1,H,D] at `position` over the cached keys
+  (k_valid: bool[B,S], False = a slot this row must not read)."""
+  m = attention_mask(position[None], cache["pos"], causal=True, window=window, k_valid=k_valid)
   return dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
