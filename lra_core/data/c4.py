@@ -23,7 +23,8 @@ and concatenated, each followed by eos; a split's token stream is built once int
 It is held in memory while it is built (2 bytes per token), so for the full train split name a
 subset of the 1024 shards in `data.train_files`.
 
-Examples (`packing.CorpusSequences`), T = train.seq_len:
+Examples (`packing.CorpusSequences`; documents padded to whole blocks with `data.block_padding`),
+T = train.seq_len:
 
   lm   inputs, targets int32[T]; weights, words float32[T]; segment_ids int32[T]
   mlm  inputs int32[T]; weights float32[T]; segment_ids int32[T] -- rows of whole documents with
@@ -70,6 +71,8 @@ _DEFAULTS = dict(
     tfds_splits=("train", "validation", ""),  # train, validation, test ("" -> validation)
     tokenizer="bytes",  # "bytes" or a SentencePiece .model path
     packing="concat",   # concat | pack; masked LM reads packed rows of whole documents
+    block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
+                        # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
     cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 

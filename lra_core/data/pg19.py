@@ -18,7 +18,8 @@ order from files, in stored order from tfds. The token stream of a split is buil
 memory-mapped from the cache afterwards. Metrics are per "byte" with the bytes tokenizer (the
 one eos per book counts as a byte) and per "token" otherwise.
 
-Examples (`packing.CorpusSequences`, `data.packing` "concat" or "pack"), T = train.seq_len:
+Examples (`packing.CorpusSequences`, `data.packing` "concat" or "pack", documents padded to whole
+blocks with `data.block_padding`), T = train.seq_len:
 
   lm   inputs, targets int32[T]; weights, words float32[T]; segment_ids int32[T]
   mlm  inputs int32[T]; weights float32[T]; segment_ids int32[T]
@@ -58,6 +59,8 @@ _DEFAULTS = dict(
     tfds_dir="",        # tfds data_dir holding pg19/0.1.1 (source "tfds"); "" -> ~/tensorflow_datasets
     tokenizer="bytes",  # "bytes" or a SentencePiece .model path
     packing="concat",   # concat | pack (see lra_core/data/packing.py)
+    block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
+                        # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
     cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 

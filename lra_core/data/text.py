@@ -7,6 +7,7 @@ import logging
 import os
 import pathlib
 import time
+import zlib
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,7 +22,7 @@ SOURCES = ("files", "tfds")
 
 
 def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
-  """Task, sequence length, packing and source: the checks that need no files."""
+  """Task, sequence length, packing, block padding and source: the checks that need no files."""
   task = config.get("task", "lm")
   if task not in tasks:
     raise ConfigError(f"task {task!r} cannot use the {config.data.name} dataset; expected one of {tasks}.")
@@ -30,8 +31,24 @@ def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
     raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
   if config.data.packing not in PACKINGS:
     raise ConfigError(f"data.packing {config.data.packing!r} is not one of {PACKINGS}.")
+  block = block_padding(config.data)
+  if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 0:
+    raise ConfigError(f"data.block_padding {block!r} must be a non-negative integer (0 turns it off).")
+  if block and seq_len % block:
+    raise ConfigError(f"train.seq_len {seq_len} is not a multiple of data.block_padding {block}.")
   if config.data.source not in SOURCES:
     raise ConfigError(f"data.source {config.data.source!r} is not one of {SOURCES}.")
+
+
+def block_padding(data):
+  """data.block_padding, 0 for a data section written before the setting existed."""
+  return data.get("block_padding", 0)
+
+
+def padding_seed(name: str) -> int:
+  """The block-padding seed of the stream `name` ("pg19-train"): fixed, so runs and restarts pad
+  alike, and independent of train.seed, so evaluation data is the same for every run."""
+  return zlib.crc32(name.encode("utf-8"))
 
 
 def tokenizer_spec(data) -> str:
@@ -75,7 +92,7 @@ class TextSource(CorpusSequences):
     self.tokenizer_spec, self.doc_ids = tokenizer_spec, doc_ids
 
   def __getstate__(self):
-    state = dict(self.__dict__, tokenizer=None, corpus=dict(vars(self.corpus)))
+    state = dict(super().__getstate__(), tokenizer=None, corpus=dict(vars(self.corpus)))
     state["doc_ids"] = _mapped_name(state["doc_ids"])
     state["corpus"] = {k: _mapped_name(v) for k, v in state["corpus"].items()}
     return state
@@ -137,4 +154,5 @@ def corpus_source(config, name: str, key: dict, documents: Callable[[], Iterator
                  unit_name, len(corpus.tokens), spec, how, where, cache.cache_root(data.cache_dir) / entry)
   unit = "byte" if spec == "bytes" else "token"
   return TextSource(corpus, spec, int(config.train.seq_len), doc_ids=arrays["doc_ids"], packing=data.packing,
-                    lm=config.get("task", "lm") == "lm", unit=unit, name=f"{name} ({where})")
+                    lm=config.get("task", "lm") == "lm", unit=unit, name=f"{name} ({where})",
+                    block_padding=int(block_padding(data)), padding_seed=padding_seed(name))
