@@ -6,8 +6,17 @@ Any model that follows the autoregressive protocol of CONTRACT.md works here:
   state = model.init_decode_state(batch_size, max_len)    # pytree of arrays
   logits_t, state = model.decode_step(tokens[:, t:t+1], state)   # float[B,1,V], new state
 
-`filter_logits` and `sample_token` are pure functions on logits; `generate` runs prefill and
-sampling as two `lax.scan`s inside one jitted program, cached per shapes and sampling mode.
+and optionally a parallel prompt prefill, equal to P decode steps up to float rounding:
+
+  logits_last, state = model.prefill(tokens[:, :P], state)   # float[B,1,V] of position P-1
+
+A model may decline prefill (e.g. a subclass whose mixer has no parallel decode) by raising
+NotImplementedError when it is called, before doing any work; `generate` then prefills with
+decode_step.
+
+`filter_logits` and `sample_token` are pure functions on logits; `generate` runs the prefill
+(one `prefill` call, or a `lax.scan` of decode_step) and sampling (a `lax.scan`) inside one
+jitted program, cached per shapes and sampling mode.
 
 Shapes: B batch, P prompt length, N new tokens, V vocabulary.
 """
@@ -17,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -210,17 +219,7 @@ def _generate_compiled(
   def sample(key: jax.Array, logits: jax.Array) -> jax.Array:
     return _sample_token(key, logits, temperature, top_k, top_p, mode=mode)
 
-  # Prefill. Only the last position's logits are needed, so they ride in the carry instead
-  # of stacking [P,B,V] outputs.
-  logits_spec, _ = jax.eval_shape(step, state, prompt[:, 0])
-
-  def prefill_body(carry, tokens):
-    state, _ = carry
-    logits, state = step(state, tokens)
-    return (state, logits), None
-
-  init_logits = jnp.zeros(logits_spec.shape, logits_spec.dtype)
-  (state, logits), _ = jax.lax.scan(prefill_body, (state, init_logits), prompt.T)
+  state, logits = _prefill(model, state, prompt, step)
 
   # Sampling. The first token comes from the prefill logits, so the model sees
   # P + N - 1 tokens and the last sampled token is never fed back.
@@ -244,6 +243,39 @@ def _generate_compiled(
 
   _, rest = jax.lax.scan(decode_body, (state, first, done), keys[1:])
   return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
+
+
+def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
+             step: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
+             ) -> tuple[Any, jax.Array]:
+  """Feeds the whole prompt (`step` is one decode step) -> (state, float logits[B,V] of its
+  last position)."""
+  batch = prompt.shape[0]
+  prefill = getattr(model, "prefill", None)
+  if callable(prefill):
+    try:
+      logits, new_state = prefill(prompt, state)
+    except NotImplementedError:
+      pass  # the model declines; decode_step below
+    else:
+      if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
+        raise DecodingError(
+            f"{type(model).__name__}.prefill returned logits of shape {logits.shape}; "
+            f"expected [B,1,V] with B={batch}")
+      return new_state, _as_float(logits[:, 0])
+
+  # Only the last position's logits are needed, so they ride in the carry instead of
+  # stacking [P,B,V] outputs.
+  logits_spec, _ = jax.eval_shape(step, state, prompt[:, 0])
+
+  def body(carry, tokens):
+    state, _ = carry
+    logits, state = step(state, tokens)
+    return (state, logits), None
+
+  init_logits = jnp.zeros(logits_spec.shape, logits_spec.dtype)
+  (state, logits), _ = jax.lax.scan(body, (state, init_logits), prompt.T)
+  return state, logits
 
 
 def _check_key(key: Any) -> None:
@@ -271,11 +303,13 @@ def generate(
 ) -> jax.Array:
   """Samples a continuation of `prompt` from an autoregressive model.
 
-  The prompt is fed through `model.decode_step` token by token (prefill), then
-  `max_new_tokens` tokens are sampled, each fed back for the next step. All prompts in a
-  batch share the length P: there is no per-row prompt length, so pad or bucket prompts of
-  different lengths before calling. The model runs in eval mode (on a traced copy; `model`
-  itself is not changed).
+  The prompt is fed through `model.prefill` in one call if the model has it (and does
+  not decline), else through `model.decode_step` token by token; then `max_new_tokens`
+  tokens are sampled, each fed back for the next step. Both prefills give the same logits
+  up to float rounding, so greedy outputs agree unless two top logits are within that
+  rounding. All prompts in a batch share the length P: there is no per-row prompt length,
+  so pad or bucket prompts of different lengths before calling. The model runs in eval
+  mode (on a traced copy; `model` itself is not changed).
 
   The whole loop is one jitted program, compiled once per model structure, B, P,
   max_new_tokens, eos_id, pad_id and sampling mode (greedy, unfiltered, or with top-k /
@@ -283,7 +317,8 @@ def generate(
 
   Args:
     model: an nnx.Module with `init_decode_state(batch_size, max_len)` and
-      `decode_step(tokens[B,1], state) -> (logits[B,1,V], state)`; max_len is P + N.
+      `decode_step(tokens[B,1], state) -> (logits[B,1,V], state)`, optionally
+      `prefill(tokens[B,P], state) -> (logits[B,1,V], state)`; max_len is P + N - 1.
     prompt: int[B,P] token ids, P >= 1.
     max_new_tokens: N >= 0.
     key: a PRNG key; the same key gives the same samples.

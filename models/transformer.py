@@ -1,8 +1,9 @@
 """Transformer baselines: Transformer, Transformer+ (RoPE) and Transformer++ (RoPE + GLU).
 
 One pre-norm stack serves every task: a causal decoder for `lm` / `image_ar` (with a KV-cache
-`init_decode_state` / `decode_step`), a bidirectional encoder for `mlm`, `classify` (CLS or mean
-pooling) and two-tower `retrieval`. The variants follow Table 8 of the FLASH paper:
+`init_decode_state` / `decode_step` and a one-pass prompt `prefill`), a bidirectional encoder for
+`mlm`, `classify` (CLS or mean pooling) and two-tower `retrieval`. The variants follow Table 8 of
+the FLASH paper:
   transformer   : learned absolute positions, GELU MLP, LayerNorm
   transformer+  : scaled sinusoid + RoPE, GELU MLP
   transformer++ : scaled sinusoid + RoPE, GELU-gated GLU
@@ -226,3 +227,71 @@ class Model(nnx.Module):
       x, cache = block.decode(x, cache, position)
       caches.append(cache)
     return self.head(self.final_norm(x)), {"index": position + 1, "layers": caches}
+
+  def prefill(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens int32[B,P] at positions state['index'].. in one pass per chunk -> logits float32[B,1,V]
+    of the last one and the state advanced by P: what P decode_steps give, up to float rounding.
+
+    As for decode_step, index + P must not exceed the max_len given to init_decode_state. Windowed
+    layers whose ring buffer wraps go chunk by chunk, `window` tokens at a time (see _prefill_block).
+    Raises NotImplementedError, before any work, when a block's mixer is not plain softmax attention
+    (subclasses that swap it, including Attention subclasses with their own decode), so that
+    decoding.generate falls back to decode_step.
+    """
+    for block in self.blocks:
+      if type(block.attn) is not Attention:  # subclasses (e.g. flash.ChunkedAttention) decode differently
+        raise NotImplementedError(
+            f"{type(self).__name__}.prefill needs softmax attention; {type(block.attn).__name__} has no "
+            "parallel decode, use decode_step.")
+    length = tokens.shape[1]
+    chunk = min([length] + [block.attn.window for block, cache in zip(self.blocks, state["layers"])
+                            if _ring_wraps(block.attn, cache)])
+    last = (length - 1) // chunk * chunk  # start of the final chunk; full chunks before it
+    if last:
+      chunks = tokens[:, :last].reshape(tokens.shape[0], last // chunk, chunk).swapaxes(0, 1)
+      state, _ = jax.lax.scan(lambda s, t: (self._prefill_chunk(t, s)[1], None), state, chunks)
+    x, state = self._prefill_chunk(tokens[:, last:], state)
+    return self.head(self.final_norm(x[:, -1:])), state
+
+  def _prefill_chunk(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens [B,C] -> final-block features [B,C,D] and the state advanced by C."""
+    index = state["index"]
+    positions = index + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    x = self._embed(tokens, positions)
+    caches = []
+    for block, cache in zip(self.blocks, state["layers"]):
+      x, cache = _prefill_block(block, x, cache, positions)
+      caches.append(cache)
+    return x, {"index": index + tokens.shape[1], "layers": caches}
+
+
+def _ring_wraps(attn: Attention, cache: dict) -> bool:
+  """Whether the cache is a sliding window's ring buffer that decoding overwrites (False when
+  max_len < window: then it holds every position, as for full attention)."""
+  return 0 < attn.window <= cache["pos"].shape[0]
+
+
+def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tuple[Array, dict]:
+  """block.decode_block of C consecutive positions, leaving the cache C decode steps would leave.
+
+  A cache that does not wrap has free slots index..index+C-1, so the keys go straight in. A wrapping
+  ring buffer would evict keys the chunk's first queries still read (position index reads back to
+  index - window + 1, whose slot the token after it overwrites), so the chunk attends over the
+  buffer extended by C slots, and each slot then keeps its newest position. C <= window bounds the
+  extension, as the forward pass bounds its band.
+  """
+  size, count = cache["pos"].shape[0], positions.shape[0]
+  if not _ring_wraps(block.attn, cache):
+    return block.decode_block(x, cache, positions, positions[0])
+  widths = [(0, 0), (0, count), (0, 0), (0, 0)]  # [B,S,K,D]
+  extended = {"key": jnp.pad(cache["key"], widths), "value": jnp.pad(cache["value"], widths),
+              "pos": jnp.concatenate([cache["pos"], jnp.full((count,), -1, jnp.int32)])}
+  x, extended = block.decode_block(x, extended, positions, size)
+  # Slot s ends with the newest chunk position p = s (mod size), if p is in the chunk (p >= index);
+  # otherwise it keeps what it held.
+  index, final = positions[0], positions[-1]
+  slots = jnp.arange(size, dtype=jnp.int32)
+  newest = final - (final - slots) % size
+  source = jnp.where(newest >= index, size + newest - index, slots)
+  return x, {"key": jnp.take(extended["key"], source, axis=1),
+             "value": jnp.take(extended["value"], source, axis=1), "pos": extended["pos"][source]}
