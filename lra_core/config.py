@@ -70,6 +70,7 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
       keep_checkpoints=3,
       test_at_end=True,       # evaluate the test split after the last step
       nan_check=True,         # stop at the first non-finite loss / gradient / parameter
+      init_from="",           # a workdir whose latest parameters start a fresh run (uptraining)
   ))
   c.optim = optim if optim is not None else optim_lib.default_config()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

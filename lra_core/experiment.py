@@ -3,15 +3,22 @@ batches, and the evaluation loop."""
 
 from __future__ import annotations
 
+import json
+import logging
+import pathlib
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import sharding
+from lra_core import optim, sharding
+from lra_core.checkpoint import restore_params
+from lra_core.config import model_module
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError
-from lra_core.state import to_host
+from lra_core.state import make_state_spec, to_host
 from lra_core.steps import make_eval_step
 from lra_core.tasks import Task, make_task
 
@@ -91,3 +98,33 @@ class Evaluator:
       totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
     sums = {k: tuple(float(x) for x in to_host(v)) for k, v in totals.items()}
     return self.task.finalize(sums)
+
+
+def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
+  """`state` with its parameters taken from the latest checkpoint in `source_workdir`.
+
+  The source run's own config.json rebuilds its state for restoring. A model module with
+  `uptrain_params(params, source_params, config)` maps the source parameters onto its own (e.g. a
+  Block Transformer from a vanilla Transformer); otherwise the two models must have the same
+  parameter shapes. The optimizer state stays fresh (it starts at zero either way).
+  """
+  path = pathlib.Path(source_workdir).expanduser()
+  if not (path / "config.json").is_file():
+    raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
+  source_config = ml_collections.ConfigDict(json.loads((path / "config.json").read_text()))
+  source_tx, _ = optim.make_optimizer(source_config)
+  source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
+  module = model_module(config.model.name)
+  params = jax.device_get(state["params"])
+  source_params = jax.device_get(source["params"])
+  if hasattr(module, "uptrain_params"):
+    params = module.uptrain_params(params, source_params, config)
+  else:
+    mine, theirs = jax.tree.structure(params), jax.tree.structure(source_params)
+    shapes = [np.shape(x) for x in jax.tree.leaves(params)] == [np.shape(x) for x in jax.tree.leaves(source_params)]
+    if mine != theirs or not shapes:
+      raise ConfigError(f"train.init_from {source_workdir!r} holds a {source_config.model.name} model whose "
+                        f"parameters do not match this {config.model.name} model.")
+    params = source_params
+  logging.info("parameters initialised from %s (step %d)", path, step)
+  return dict(state, params=jax.device_put(params, spec.shardings["params"]))

@@ -69,6 +69,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     start = ckpt.latest_step()
     if start is None:
       state, start, next_batch = spec.init(), 0, 0
+      if t.init_from:
+        state = experiment.warm_start(config, spec, state, t.init_from, mesh)
     else:
       state, meta = ckpt.restore(start, spec.abstract)
       next_batch = meta["next_batch"]

@@ -27,10 +27,16 @@ Array = jax.Array
 Metrics = dict[str, tuple[Array, Array]]
 
 
+def token_nll(logits: Array, targets: Array) -> Array:
+  """-log p(target) per token, float32 [...]; logits [..., V]."""
+  logits = logits.astype(jnp.float32)
+  return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+
+
 def weighted_cross_entropy(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array, Array]:
   """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32)."""
   logits = logits.astype(jnp.float32)
-  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  nll = token_nll(logits, targets)
   correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
   weights = weights.astype(jnp.float32)
   return (nll * weights).sum(), (correct * weights).sum(), weights.sum()

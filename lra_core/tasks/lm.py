@@ -8,11 +8,17 @@ it where the data marks the first window of a sequence.
 Text corpora mark the tokens that begin a word (`words`); the summed token loss over the number
 of words is `word_loss`, whose exponential is the word-level perplexity PG-19 results quote
 (Rae et al. 2020).
+
+A model that predicts tokens in blocks (`block_len` attribute, e.g. the Block Transformer) also
+gets the loss at each position within a block, `block_pos{j}_loss` for j = 1..block_len (the
+Block Transformer paper's Figure 3d); windows start on a block boundary.
 """
 
 from __future__ import annotations
 
-from lra_core.tasks.base import TokenTask, apply_model, classification_loss
+import jax.numpy as jnp
+
+from lra_core.tasks.base import TokenTask, apply_model, classification_loss, token_nll
 
 
 class LMTask(TokenTask):
@@ -26,9 +32,24 @@ class LMTask(TokenTask):
     loss, metrics = classification_loss(logits, batch, normalizer, aux)
     if "words" in batch:  # text corpora: per-word loss = total token loss / number of words
       metrics["word_loss"] = (metrics["loss"][0], (batch["words"] * batch["weights"]).sum())
+    block_len = getattr(model, "block_len", 0)
+    if block_len:
+      metrics.update(loss_by_block_position(logits, batch, block_len))
     return loss, metrics, carry
 
 
 class ImageARTask(LMTask):
   """Pixels (x channels) as tokens; bits per dim is the figure of merit."""
   name = "image_ar"
+
+
+def loss_by_block_position(logits, batch, block_len: int) -> dict:
+  """(sum, weight) of the loss on targets at each position 1..block_len within their block; the
+  target of input position t is token t + 1."""
+  nll = token_nll(logits, batch["targets"]) * batch["weights"]
+  position = (jnp.arange(nll.shape[-1]) + 1) % block_len
+  out = {}
+  for j in range(block_len):
+    at = (position == j).astype(nll.dtype)
+    out[f"block_pos{j + 1}_loss"] = ((nll * at).sum(), (batch["weights"] * at).sum())
+  return out

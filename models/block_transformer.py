@@ -1,0 +1,507 @@
+"""Block Transformer (Ho et al. 2024): global-to-local language modelling for fast inference.
+
+Three parts (Section 2):
+  embedder       L_B tokens -> one input block embedding [D]: `lookup` (L_B token embeddings of
+                 width D / L_B, concatenated; the paper's choice), `encoder` (a small bidirectional
+                 transformer over the block, outputs concatenated and projected) or `cls` (the same
+                 encoder read through CLS tokens, padding masked) - Appendix F.1.
+  block_decoder  a causal transformer over block embeddings; its output for block i is the context
+                 embedding that conditions the tokens of block i + 1.
+  token_decoder  a causal transformer inside one block that sees the context embedding only:
+                 `prefix` (a linear map to R prefix vectors, input [P_1..P_R, t_1..t_{L_B-1}]),
+                 `summation` (MEGABYTE: L_B projections added to the inputs) or `cross`
+                 (cross-attention to L_B projected states) - Appendix F.2.
+Both decoders are Pythia / GPT-NeoX layers: parallel residual, LayerNorm, GELU MLP of 4D, biases,
+rotary embedding on 25% of each head. Non-embedding size = 2 nL (12 D^2 + 13 D) (Table 3).
+
+The contract's token interface holds: `model(tokens)[:, t]` predicts token t + 1 from tokens <= t.
+If t ends a block, that is the first output of the next block's token decoder (context of the
+block holding t); otherwise the token decoder of t's own block. Block 0's tokens read a learned
+start context, so every position is predicted (the authors' code trains on blocks >= 1 only).
+
+Padding: a block of nothing but `pad_id` tokens is absent - no block reads it and the block after
+it reads the start context - so prompts of different lengths can share a batch by left padding and
+a row's predictions do not depend on how many whole pad blocks precede it. Padding inside a block
+is a token like any other (Appendix H; train with `data.block_padding`), so the block alignment of
+a prompt changes predictions.
+
+Decoding: `decode_step` takes one token at a time (CONTRACT.md); `generate` (below) is the fast
+batched path: the block decoder runs once per block with a KV cache over blocks, the token decoder
+with a fresh cache of R + L_B - 1 slots per block and no prefill of the prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from lra_core import decoding
+from lra_core.errors import ConfigError, DecodingError
+from models import transformer
+from models.blocks.attention import empty_cache
+from models.blocks.heads import TaskHead
+from models.blocks.layers import Dense, Embed, make_norm, param
+from models.blocks.positions import AbsolutePositions
+from models.fit import CrossAttention
+
+Array = jax.Array
+
+EMBEDDERS = ("lookup", "encoder", "cls")
+TOKEN_DECODERS = ("prefix", "summation", "cross")
+# Parameters that map tokens in or out (not counted in the paper's non-embedding sizes).
+EMBEDDING_PARAMS = ("embedder", "token_embed", "head", "context_proj", "start_context", "block_start")
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(dict(
+      name="block_transformer",
+      vocab_size=50304,          # Pythia's padded GPT-NeoX vocabulary (Appendix G.1)
+      pad_id=0,
+      block_len=4,               # L_B
+      embedder="lookup",         # lookup | encoder | cls
+      embed_width=0,             # lookup: token embedding width; 0 -> d_model / block_len
+      encoder_width=256,         # encoder / cls embedders: RoBERTa-like, 3 layers of 256 (F.1)
+      encoder_layers=3,
+      encoder_heads=4,
+      num_cls=3,
+      token_decoder="prefix",    # prefix | summation | cross
+      prefix_len=2,              # R
+      d_model=256,               # block decoder
+      num_layers=3,
+      num_heads=8,
+      d_ff=0,                    # 0 -> 4 d_model
+      token_d_model=0,           # token decoder; 0 -> the block decoder's value
+      token_num_layers=0,
+      token_num_heads=0,
+      token_d_ff=0,
+      rope_fraction=0.25,
+      rope_max_wavelength=1e4,
+      parallel_residual=True,
+      use_bias=True,
+      norm="layer",
+      activation="gelu",
+      tie_embeddings=False,      # token decoder output tied to its input embedding (Pythia: untied)
+      dropout=0.0,
+      dtype="float32",
+  ))
+  c.update(overrides)
+  return c
+
+
+def _token_sizes(m) -> tuple[int, int, int, int]:
+  d = m.token_d_model or m.d_model
+  return d, m.token_num_layers or m.num_layers, m.token_num_heads or m.num_heads, m.token_d_ff or 4 * d
+
+
+def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
+  """transformer.Block settings of one Pythia-style stack."""
+  return transformer.model_config(
+      "transformer", d_model=width, num_heads=heads, d_ff=d_ff, position="none", rope=True,
+      rope_fraction=m.rope_fraction, rope_max_wavelength=m.rope_max_wavelength, norm=m.norm,
+      activation=m.activation, use_bias=m.use_bias, parallel_residual=m.parallel_residual, dropout=m.dropout)
+
+
+def validate_config(config) -> None:
+  m = config.model
+  if config.task != "lm":
+    raise ConfigError(f"block_transformer is a causal language model; task {config.task!r} is not 'lm'.")
+  for key in ("vocab_size", "block_len", "d_model", "num_layers", "num_heads"):
+    if m[key] <= 0:
+      raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  if m.embedder not in EMBEDDERS:
+    raise ConfigError(f"model.embedder {m.embedder!r} is not one of {list(EMBEDDERS)}.")
+  if m.token_decoder not in TOKEN_DECODERS:
+    raise ConfigError(f"model.token_decoder {m.token_decoder!r} is not one of {list(TOKEN_DECODERS)}.")
+  if m.token_decoder == "prefix" and m.prefix_len < 1:
+    raise ConfigError(f"model.prefix_len must be >= 1 for the prefix token decoder, got {m.prefix_len}.")
+  if m.embedder == "lookup" and not m.embed_width and m.d_model % m.block_len:
+    raise ConfigError(f"model.d_model {m.d_model} is not a multiple of model.block_len {m.block_len} "
+                      "(the lookup embedder concatenates block_len embeddings; or set model.embed_width).")
+  if not 0 <= m.pad_id < m.vocab_size:
+    raise ConfigError(f"model.pad_id {m.pad_id} is outside the vocabulary [0, {m.vocab_size}).")
+  dt, _, ht, _ = _token_sizes(m)
+  widths = [("", m.d_model, m.num_heads), ("token_", dt, ht)]
+  if m.embedder != "lookup":
+    widths.append(("encoder_", m.encoder_width, m.encoder_heads))
+  for prefix, width, heads in widths:
+    if width % heads or (width // heads) % 2:
+      raise ConfigError(f"model.{prefix}d_model {width} must split into model.{prefix}num_heads {heads} heads "
+                        "of an even width.")
+  if config.train.seq_len % m.block_len:
+    raise ConfigError(f"train.seq_len {config.train.seq_len} is not a multiple of model.block_len {m.block_len}.")
+  padding = config.data.get("block_padding", 0)
+  if padding and padding != m.block_len:
+    raise ConfigError(f"data.block_padding {padding} differs from model.block_len {m.block_len}.")
+
+
+class Stack(nnx.Module):
+  """Causal Pythia-style layers and a final norm; with `memory_width`, each layer first
+  cross-attends to a memory (the cross-attention token decoder)."""
+
+  def __init__(self, s, num_layers: int, *, memory_width: int = 0, dtype, rngs: nnx.Rngs):
+    self.layers = nnx.List([transformer.Block(s, causal=True, dtype=dtype, rngs=rngs) for _ in range(num_layers)])
+    self.cross = (nnx.List([CrossAttention(s.d_model, memory_width, heads=s.num_heads, width=s.d_model,
+                                           use_bias=s.use_bias, dtype=dtype, rngs=rngs)
+                            for _ in range(num_layers)]) if memory_width else None)
+    self.final_norm = make_norm(s.norm, s.d_model, rngs=rngs)
+    self.heads, self.head_dim = s.num_heads, s.d_model // s.num_heads
+
+  def _cross(self, i: int, x: Array, memory: Array | None) -> Array:
+    return x if self.cross is None else self.cross[i](x, memory)
+
+  def __call__(self, x: Array, *, mask: Array | None = None, memory: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    positions = jnp.arange(x.shape[1])
+    for i, layer in enumerate(self.layers):
+      x = layer(self._cross(i, x, memory), positions=positions, mask=mask, rngs=rngs)
+    return self.final_norm(x)
+
+  def init_cache(self, batch_size: int, size: int, dtype) -> list[dict]:
+    return [empty_cache(batch_size, size, self.heads, self.head_dim, dtype) for _ in self.layers]
+
+  def decode_block(self, x: Array, caches: list[dict], positions: Array, slot, *,
+                   k_valid: Array | None = None, memory: Array | None = None) -> tuple[Array, list[dict]]:
+    """x [B,S,D] at `positions` written to cache slots slot..slot+S-1 (S = 1 is one decode step)."""
+    kw = {} if k_valid is None else {"k_valid": k_valid}
+    out = []
+    for i, (layer, cache) in enumerate(zip(self.layers, caches)):
+      x, cache = layer.decode_block(self._cross(i, x, memory), cache, positions, slot, **kw)
+      out.append(cache)
+    return self.final_norm(x), out
+
+
+class LookupEmbedder(nnx.Module):
+  """Concatenated token embeddings of width `width` (D / L_B in the paper); a projection to D
+  when L_B * width != D (uptraining from a vanilla model, Appendix G.8)."""
+
+  def __init__(self, vocab: int, block_len: int, width: int, d_model: int, *, dtype, rngs: nnx.Rngs):
+    self.table = Embed(vocab, width, dtype=dtype, rngs=rngs)
+    self.proj = (Dense(block_len * width, d_model, axes=(None, "embed"), dtype=dtype, rngs=rngs)
+                 if block_len * width != d_model else None)
+
+  def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    """blocks int[B,N,L] -> [B,N,D]."""
+    e = self.table(blocks)
+    e = e.reshape(*blocks.shape[:-1], -1)
+    return e if self.proj is None else self.proj(e)
+
+
+class EncoderEmbedder(nnx.Module):
+  """A small bidirectional transformer over each block (Appendix F.1): the token outputs
+  (`encoder`) or `num_cls` CLS outputs (`cls`, padding masked) concatenated and projected to D."""
+
+  def __init__(self, m, *, dtype, rngs: nnx.Rngs):
+    w = m.encoder_width
+    self.num_cls = m.num_cls if m.embedder == "cls" else 0
+    self.pad_id = m.pad_id
+    s = transformer.model_config("transformer", d_model=w, num_heads=m.encoder_heads, d_ff=4 * w, norm=m.norm,
+                                 activation=m.activation, use_bias=m.use_bias)
+    self.embed = Embed(m.vocab_size, w, dtype=dtype, rngs=rngs)
+    self.positions = AbsolutePositions("learned", w, m.block_len + self.num_cls, dtype=dtype, rngs=rngs)
+    self.cls = param(rngs, jax.nn.initializers.normal(1.0), (self.num_cls, w), (None, "embed")) if self.num_cls else None
+    self.layers = nnx.List([transformer.Block(s, causal=False, dtype=dtype, rngs=rngs)
+                            for _ in range(m.encoder_layers)])
+    self.final_norm = make_norm(m.norm, w, rngs=rngs)
+    read = self.num_cls or m.block_len
+    self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
+
+  def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    lead = blocks.shape[:-1]
+    tokens = blocks.reshape(-1, blocks.shape[-1])
+    x, mask = self.embed(tokens), None
+    if self.cls is not None:
+      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (x.shape[0], *self.cls.shape))
+      x = jnp.concatenate([cls, x], axis=1)
+      mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), tokens != self.pad_id], axis=1)
+    positions = jnp.arange(x.shape[1])
+    x = x + self.positions(positions)
+    for layer in self.layers:
+      x = layer(x, positions=positions, mask=mask, rngs=rngs)
+    x = self.final_norm(x)
+    x = x[:, :self.num_cls] if self.cls is not None else x
+    return self.proj(x.reshape(*lead, -1))
+
+
+class Model(nnx.Module):
+  """tokens int32[B,T] -> logits float32[B,T,V]; see the module docstring."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    m = config.model
+    validate_config(config)
+    self.dtype = jnp.dtype(m.dtype)
+    self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
+    self.kind = m.token_decoder
+    d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
+    self.token_width = dt
+    kw = dict(dtype=self.dtype, rngs=rngs)
+    if m.embedder == "lookup":
+      self.embedder = LookupEmbedder(m.vocab_size, m.block_len, m.embed_width or d // m.block_len, d, **kw)
+    else:
+      self.embedder = EncoderEmbedder(m, **kw)
+    self.block_decoder = Stack(stack_config(m, d, m.num_heads, m.d_ff or 4 * d), m.num_layers, **kw)
+    # Block 0 (and a block after an absent one) reads this in place of a context embedding.
+    self.start_context = param(rngs, jax.nn.initializers.normal(1.0), (d,), ("embed",))
+    # prefix: R vectors from the context; summation / cross: L_B states (Appendix F.2).
+    self.lead = m.prefix_len if self.kind == "prefix" else 1
+    projected = m.prefix_len if self.kind == "prefix" else m.block_len
+    self.context_proj = Dense(d, (projected, dt), axes=("embed", None, "embed"), use_bias=m.use_bias, **kw)
+    self.block_start = (None if self.kind == "prefix" else
+                        param(rngs, jax.nn.initializers.normal(1.0), (dt,), ("embed",)))
+    self.token_embed = Embed(m.vocab_size, dt, **kw)
+    self.token_decoder = Stack(stack_config(m, dt, ht, fft), nt, memory_width=dt if self.kind == "cross" else 0, **kw)
+    self.head = TaskHead("lm", dt, vocab_size=m.vocab_size, embed=self.token_embed if m.tie_embeddings else None,
+                         **kw)
+
+  # -- pieces shared by the forward pass and decoding ------------------------------------------
+
+  def _contexts(self, h: Array, valid: Array) -> Array:
+    """Block decoder outputs [..., D] -> the context each next block reads (start if absent)."""
+    start = self.start_context[...].astype(h.dtype)
+    return jnp.where(valid[..., None], h, start)
+
+  def _lead(self, context: Array) -> tuple[Array, Array | None]:
+    """context [B',D] -> the token decoder's first `lead` inputs [B',lead,Dt] (R prefix vectors, or
+    the block-start vector plus projection 0 for summation) and the cross-attention memory."""
+    proj = self.context_proj(context)                                   # [B',R|L,Dt]
+    if self.kind == "prefix":
+      return proj, None
+    start = jnp.broadcast_to(self.block_start[...].astype(proj.dtype), (proj.shape[0], 1, proj.shape[-1]))
+    if self.kind == "summation":
+      return start + proj[:, :1], None
+    return start, proj
+
+  def _token_inputs(self, context: Array, tokens: Array, offset) -> Array:
+    """Inputs for the block's tokens [B',K] at offsets offset.. in the block (K < L_B); token i
+    sits at decoder position lead + offset + i, where summation adds projection offset + i + 1."""
+    e = self.token_embed(tokens)
+    if self.kind == "summation":
+      proj = self.context_proj(context)
+      e = e + jax.lax.dynamic_slice_in_dim(proj, offset + 1, tokens.shape[1], axis=1).astype(e.dtype)
+    return e
+
+  def _blocks(self, tokens: Array) -> tuple[Array, Array]:
+    """int[B,T] -> blocks int[B,N,L] (the last right-padded) and which blocks hold a real token."""
+    b, t = tokens.shape
+    n = -(-t // self.block_len)
+    tokens = jnp.pad(tokens, ((0, 0), (0, n * self.block_len - t)), constant_values=self.pad_id)
+    blocks = tokens.reshape(b, n, self.block_len)
+    return blocks, (blocks != self.pad_id).any(-1)
+
+  def _check_tokens(self, tokens: Array) -> None:
+    if tokens.ndim != 2:
+      raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
+
+  # -- forward --------------------------------------------------------------------------------
+
+  def __call__(self, tokens: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    del mask  # padding is the pad token itself
+    self._check_tokens(tokens)
+    b, t = tokens.shape
+    n, L = -(-t // self.block_len), self.block_len
+    blocks, valid = self._blocks(tokens)
+    h = self.block_decoder(self.embedder(blocks, rngs=rngs), mask=valid, rngs=rngs)
+    start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
+    contexts = jnp.concatenate([start, self._contexts(h, valid)], axis=1)           # [B,N+1,D]
+    # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
+    # (block N lies past the input: only its first output, which reads no token, is used).
+    targets = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)
+    contexts = contexts.reshape(b * (n + 1), -1)
+    lead, memory = self._lead(contexts)
+    x = jnp.concatenate([lead, self._token_inputs(contexts, targets[:, :, :L - 1].reshape(b * (n + 1), -1), 0)
+                         .astype(lead.dtype)], axis=1)
+    y = self.token_decoder(x, memory=memory, rngs=rngs)[:, self.lead - 1:self.lead - 1 + L]
+    # Output j of target block i predicts token iL + j, i.e. it is the logit at position iL + j - 1.
+    y = y.reshape(b, (n + 1) * L, -1)[:, 1:t + 1]
+    return self.head(y)
+
+  # -- one token at a time (CONTRACT.md) ------------------------------------------------------
+
+  def _start_block(self, context: Array, batch_size: int) -> tuple[Array, dict]:
+    """Runs the token decoder's lead inputs for a new block: (logits of the block's first token
+    [B,1,V], token-decoder state)."""
+    x, memory = self._lead(context)
+    caches = self.token_decoder.init_cache(batch_size, self.lead + self.block_len - 1, self.dtype)
+    y, caches = self.token_decoder.decode_block(x, caches, jnp.arange(self.lead), 0, memory=memory)
+    return self.head(y[:, -1:]), {"caches": caches, "context": context, "memory": memory}
+
+  def init_decode_state(self, batch_size: int, max_len: int) -> dict:
+    num_blocks = max(1, -(-max_len // self.block_len))
+    start = jnp.broadcast_to(self.start_context[...].astype(self.dtype), (batch_size, self.start_context.shape[0]))
+    _, token_state = self._start_block(start, batch_size)
+    return {"index": jnp.zeros((), jnp.int32),
+            "block": jnp.full((batch_size, self.block_len), self.pad_id, jnp.int32),
+            "block_caches": self.block_decoder.init_cache(batch_size, num_blocks, self.dtype),
+            "block_valid": jnp.zeros((batch_size, num_blocks), bool),
+            "token": token_state}
+
+  def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
+    """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V] for the next token."""
+    t = state["index"]
+    j = t % self.block_len
+    block = jax.lax.dynamic_update_slice_in_dim(state["block"], tokens.astype(jnp.int32), j, 1)
+    state = dict(state, block=block, index=t + 1)
+
+    def inside(state):  # the token decoder reads token t at its position lead + j
+      token_state = state["token"]
+      x = self._token_inputs(token_state["context"], tokens, j)
+      y, caches = self.token_decoder.decode_block(x, token_state["caches"], (self.lead + j)[None],
+                                                  self.lead + j, memory=token_state["memory"])
+      return self.head(y), dict(state, token=dict(token_state, caches=caches))
+
+    def finish(state):  # block complete: one block-decoder step, then the next block's lead inputs
+      logits, state = self.advance_block(state, t // self.block_len)
+      return logits, state
+
+    return jax.lax.cond(j == self.block_len - 1, finish, inside, state)
+
+  def advance_block(self, state: dict, k: Array) -> tuple[Array, dict]:
+    """The block in state['block'] is block k: embed it, run one block-decoder step, start the
+    token decoder of block k + 1. -> (logits of block k + 1's first token [B,1,V], state)."""
+    block = state["block"]
+    valid = (block != self.pad_id).any(-1)
+    block_valid = jax.lax.dynamic_update_slice_in_dim(state["block_valid"], valid[:, None], k, 1)
+    e = self.embedder(block[:, None])
+    h, caches = self.block_decoder.decode_block(e, state["block_caches"], k[None], k, k_valid=block_valid)
+    logits, token_state = self._start_block(self._contexts(h[:, 0], valid), block.shape[0])
+    return logits, dict(state, block_caches=caches, block_valid=block_valid, token=token_state,
+                        block=jnp.full_like(block, self.pad_id))
+
+
+# -- fast batched generation ----------------------------------------------------------------------
+
+def generate(model: Model, prompt: Array, *, max_new_tokens: int, key: Array, prompt_lengths=None,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None) -> Array:
+  """Samples continuations of prompts of any length; returns the new tokens int32[B,N].
+
+  Row b's prompt is prompt[b, :prompt_lengths[b]] (default: the whole row). Each is left-padded
+  with pad tokens to end on the same block boundary: whole blocks of padding are absent, so a row
+  generates the same as it would alone. The block decoder reads the prompt blocks in one pass, then
+  runs once per generated block with a KV cache over blocks; the token decoder starts each block
+  with a fresh cache of R + L_B - 1 slots and never sees the prompt (no prefill). Greedy output
+  equals repeated full-forward argmax over the left-padded prompt. A row that emits eos_id gets
+  pad_id afterwards. Sampling settings as `lra_core.decoding.generate`.
+  """
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer) or 0 in prompt.shape:
+    raise DecodingError(f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P], P >= 1.")
+  b, p = prompt.shape
+  lengths = jnp.full((b,), p, jnp.int32) if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)
+  if lengths.shape != (b,) or int(lengths.min()) < 0 or int(lengths.max()) > p:
+    raise DecodingError(f"prompt_lengths must be {b} values in [0, {p}], got {prompt_lengths}.")
+  if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
+    raise DecodingError(f"prompt token ids must lie in [0, {model.vocab_size}), got "
+                        f"[{int(prompt.min())}, {int(prompt.max())}].")
+  max_new_tokens = decoding._as_int("max_new_tokens", max_new_tokens, minimum=1)
+  eos_id = None if eos_id is None else decoding._as_int("eos_id", eos_id)
+  decoding._check_key(key)
+  temperature, top_k, top_p = decoding._check_settings(temperature, top_k, top_p)
+  graphdef, params = nnx.split(model)
+  return _generate(graphdef, params, prompt.astype(jnp.int32), lengths, key, temperature, top_k, top_p,
+                   max_new_tokens=max_new_tokens, mode=decoding._mode(temperature, top_k, top_p), eos_id=eos_id)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "mode", "eos_id"))
+def _generate(graphdef, params, prompt, lengths, key, temperature, top_k, top_p, *, max_new_tokens: int,
+              mode: str, eos_id: int | None) -> Array:
+  model = nnx.merge(graphdef, params)
+  model.eval()
+  L, pad, lead = model.block_len, model.pad_id, model.lead
+  b, p = prompt.shape
+  prompt_blocks, new_blocks = -(-p // L), -(-max_new_tokens // L)
+  width = prompt_blocks * L
+  # Right-align every prompt at `width`: left padding up to a block boundary.
+  index = jnp.arange(width)[None] - (width - lengths[:, None])
+  aligned = jnp.where(index >= 0, jnp.take_along_axis(prompt, jnp.clip(index, 0, p - 1), axis=1), pad)
+
+  blocks = aligned.reshape(b, prompt_blocks, L)
+  valid = (blocks != pad).any(-1)
+  block_valid = jnp.zeros((b, prompt_blocks + new_blocks), bool).at[:, :prompt_blocks].set(valid)
+  caches = model.block_decoder.init_cache(b, prompt_blocks + new_blocks, model.dtype)
+  h, caches = model.block_decoder.decode_block(model.embedder(blocks), caches, jnp.arange(prompt_blocks), 0,
+                                               k_valid=block_valid)
+  context = model._contexts(h[:, -1], valid[:, -1])
+
+  def sample(key, logits):
+    return decoding._sample_token(key, logits[:, 0].astype(jnp.float32), temperature, top_k, top_p, mode=mode)
+
+  def one_block(carry, xs):
+    caches, block_valid, context, done = carry
+    keys, k = xs
+    logits, token_state = model._start_block(context, b)
+    tokens = []
+    for j in range(L):
+      if j:  # the token decoder reads the previous token at position lead + j - 1
+        x = model._token_inputs(context, tokens[-1][:, None], j - 1)
+        y, token_caches = model.token_decoder.decode_block(x, token_state["caches"], jnp.array([lead + j - 1]),
+                                                           lead + j - 1, memory=token_state["memory"])
+        token_state = dict(token_state, caches=token_caches)
+        logits = model.head(y)
+      token = sample(keys[j], logits)
+      if eos_id is not None:
+        token = jnp.where(done, pad, token)
+        done = done | (token == eos_id)
+      tokens.append(token)
+    block = jnp.stack(tokens, axis=1)
+    valid = (block != pad).any(-1)
+    block_valid = jax.lax.dynamic_update_slice_in_dim(block_valid, valid[:, None], k, 1)
+    h, caches = model.block_decoder.decode_block(model.embedder(block[:, None]), caches, k[None], k,
+                                                 k_valid=block_valid)
+    return (caches, block_valid, model._contexts(h[:, 0], valid), done), block
+
+  keys = jax.random.split(key, new_blocks * L).reshape(new_blocks, L)
+  carry = (caches, block_valid, context, jnp.zeros((b,), bool))
+  _, out = jax.lax.scan(one_block, carry, (keys, prompt_blocks + jnp.arange(new_blocks)))
+  return out.transpose(1, 0, 2).reshape(b, new_blocks * L)[:, :max_new_tokens]
+
+
+# -- uptraining from a vanilla transformer (Section 3.7, Appendix N) ------------------------------
+
+def vanilla_config(config) -> ml_collections.ConfigDict:
+  """The `config.model` of the vanilla Transformer this Block Transformer can be uptrained from:
+  the same family (Pythia layers) and width, with num_layers + token_num_layers layers."""
+  m = config.model
+  return transformer.model_config(
+      "transformer", vocab_size=m.vocab_size, d_model=m.d_model, num_layers=m.num_layers + _token_sizes(m)[1],
+      num_heads=m.num_heads, d_ff=m.d_ff or 4 * m.d_model, position="none", rope=True,
+      rope_fraction=m.rope_fraction, rope_max_wavelength=m.rope_max_wavelength, norm=m.norm,
+      activation=m.activation, use_bias=m.use_bias, parallel_residual=m.parallel_residual,
+      tie_embeddings=m.tie_embeddings, dropout=m.dropout)
+
+
+def uptrain_params(params: dict, vanilla: dict, config) -> dict:
+  """Block Transformer parameters initialised from a vanilla Transformer's (pure dicts).
+
+  The vanilla layers split in half: the lower ones become the block decoder, the upper ones the
+  token decoder (Appendix N (1)). The lookup embedder reads the vanilla embedding (embed_width =
+  d_model) and its projection averages the block's L_B embeddings (N (2)); the prefix map copies
+  the context embedding into every prefix vector (N (3)); the token decoder's embedding, final
+  norm and output head are the vanilla ones. Everything else keeps its fresh initialisation.
+  """
+  m = config.model
+  d, (dt, nt, _, _) = m.d_model, _token_sizes(m)
+  layers = len(vanilla["blocks"])
+  if m.embedder != "lookup" or m.token_decoder != "prefix" or (m.embed_width or 0) != d or dt != d:
+    raise ConfigError("uptraining needs the lookup embedder with model.embed_width = model.d_model, the prefix "
+                      "token decoder and equal block / token decoder widths.")
+  if layers != m.num_layers + nt or vanilla["embed"]["embedding"].shape != (m.vocab_size, d):
+    raise ConfigError(f"the vanilla model ({layers} layers, embedding {vanilla['embed']['embedding'].shape}) does "
+                      f"not split into {m.num_layers} + {nt} layers of width {d} over {m.vocab_size} tokens.")
+  out = jax.tree.map(lambda x: x, params)
+  for i in range(m.num_layers):
+    out["block_decoder"]["layers"][i] = vanilla["blocks"][i]
+  for i in range(nt):
+    out["token_decoder"]["layers"][i] = vanilla["blocks"][m.num_layers + i]
+  out["block_decoder"]["final_norm"] = out["token_decoder"]["final_norm"] = vanilla["final_norm"]
+  out["embedder"]["table"] = out["token_embed"] = vanilla["embed"]
+  out["head"] = vanilla["head"]
+  average = jnp.tile(jnp.eye(d), (m.block_len, 1)) / m.block_len               # [L*D, D]
+  out["embedder"]["proj"]["kernel"] = average.astype(params["embedder"]["proj"]["kernel"].dtype)
+  copies = jnp.broadcast_to(jnp.eye(d)[:, None, :], (d, m.prefix_len, d))       # [D, R, D]
+  out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
+  if "bias" in out["context_proj"]:
+    out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
+  return out
