@@ -483,6 +483,9 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   """
   m = config.model
   d, (dt, nt, _, _) = m.d_model, _token_sizes(m)
+  if not {"blocks", "embed", "final_norm", "head"} <= set(vanilla):
+    raise ConfigError("the source model is not a vanilla transformer; uptraining starts from one "
+                      "(e.g. configs/c4/block_transformer.py:<size>,vanilla).")
   layers = len(vanilla["blocks"])
   if m.embedder != "lookup" or m.token_decoder != "prefix" or (m.embed_width or 0) != d or dt != d:
     raise ConfigError("uptraining needs the lookup embedder with model.embed_width = model.d_model, the prefix "
