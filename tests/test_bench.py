@@ -151,3 +151,18 @@ def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
   assert out.read_text().count("| fit |") == 2 and "ms / token" in capsys.readouterr().out
   with pytest.raises(ConfigError, match="--tokens 500 exceeds the context length 96"):
     bench_decode.main(["--config=configs/imagenet64/fit_ar.py:tiny", "--context_lens=96", "--tokens=500"])
+
+
+def test_bench_generate_times_block_and_vanilla_generation(tmp_path, capsys):
+  from scripts import bench_generate
+  out = tmp_path / "generate.md"
+  rows = bench_generate.main(["--config=configs/c4/block_transformer.py:tiny", "--variant", "block:",
+                              "--variant", "vanilla:config=configs/c4/block_transformer.py:tiny,vanilla",
+                              "--batch_sizes=2", "--settings=32:8", "--repeats=1", "--warmup=0", f"--out={out}"])
+  assert [(r["variant"], r["prompt"], r["new"]) for r in rows] == [("block", 32, 8), ("vanilla", 32, 8)]
+  assert all(r["tokens_per_s"] > 0 for r in rows)
+  block, vanilla = rows
+  assert block["state_mib"] < vanilla["state_mib"] / 2  # a KV cache over blocks, not tokens
+  assert out.read_text().count("| 1.0x |") == 1 and "generated tokens/s" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="not PROMPT:NEW"):
+    bench_generate.parse_settings("2048-128")
