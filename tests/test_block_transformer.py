@@ -193,7 +193,7 @@ def test_config_errors_are_clear():
     make_config(token_decoder="sum")
   with pytest.raises(ConfigError, match="pad_id 17 is outside the vocabulary"):
     make_config(pad_id=17)
-  with pytest.raises(ConfigError, match="give one model size"):
+  with pytest.raises(ConfigError, match="give one model size of .*; got \\['19m', '5m'\\]"):
     lra_core.load_config(f"{SPEC}:5m,19m")
   with pytest.raises(ConfigError, match="no MEGABYTE model"):
     lra_core.load_config(f"{SPEC}:302m,megabyte")
