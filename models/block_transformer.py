@@ -236,7 +236,6 @@ class Model(nnx.Module):
     self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
     self.kind = m.token_decoder
     d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
-    self.token_width = dt
     kw = dict(dtype=self.dtype, rngs=rngs)
     if m.embedder == "lookup":
       self.embedder = LookupEmbedder(m.vocab_size, m.block_len, m.embed_width or d // m.block_len, d, **kw)
@@ -248,7 +247,7 @@ class Model(nnx.Module):
     # prefix: R vectors from the context; summation / cross: L_B states (Appendix F.2).
     self.lead = m.prefix_len if self.kind == "prefix" else 1
     projected = m.prefix_len if self.kind == "prefix" else m.block_len
-    self.context_proj = Dense(d, (projected, dt), axes=("embed", None, "embed"), use_bias=m.use_bias, **kw)
+    self.context_proj = Dense(d, (projected, dt), axes=("embed", None, None), use_bias=m.use_bias, **kw)
     self.block_start = (None if self.kind == "prefix" else
                         param(rngs, jax.nn.initializers.normal(1.0), (dt,), ("embed",)))
     self.token_embed = Embed(m.vocab_size, dt, **kw)
