@@ -10,9 +10,8 @@ and optionally a parallel prompt prefill, equal to P decode steps up to float ro
 
   logits_last, state = model.prefill(tokens[:, :P], state)   # float[B,1,V] of position P-1
 
-A model may decline prefill (e.g. a subclass whose mixer has no parallel decode) by raising
-NotImplementedError when it is called, before doing any work; `generate` then prefills with
-decode_step.
+`generate` uses it where the model's `can_prefill` is true (a transformer whose subclass keeps
+plain softmax attention); otherwise it prefills with decode_step.
 
 `filter_logits` and `sample_token` are pure functions on logits; `generate` runs the prefill
 (one `prefill` call, or a `lax.scan` of decode_step) and sampling (a `lax.scan`) inside one
@@ -251,18 +250,13 @@ def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
   """Feeds the whole prompt (`step` is one decode step) -> (state, float logits[B,V] of its
   last position)."""
   batch = prompt.shape[0]
-  prefill = getattr(model, "prefill", None)
-  if callable(prefill):
-    try:
-      logits, new_state = prefill(prompt, state)
-    except NotImplementedError:
-      pass  # the model declines; decode_step below
-    else:
-      if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
-        raise DecodingError(
-            f"{type(model).__name__}.prefill returned logits of shape {logits.shape}; "
-            f"expected [B,1,V] with B={batch}")
-      return new_state, _as_float(logits[:, 0])
+  if getattr(model, "can_prefill", False):
+    logits, new_state = model.prefill(prompt, state)
+    if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
+      raise DecodingError(
+          f"{type(model).__name__}.prefill returned logits of shape {logits.shape}; "
+          f"expected [B,1,V] with B={batch}")
+    return new_state, _as_float(logits[:, 0])
 
   # Only the last position's logits are needed, so they ride in the carry instead of
   # stacking [P,B,V] outputs.
@@ -303,8 +297,8 @@ def generate(
 ) -> jax.Array:
   """Samples a continuation of `prompt` from an autoregressive model.
 
-  The prompt is fed through `model.prefill` in one call if the model has it (and does
-  not decline), else through `model.decode_step` token by token; then `max_new_tokens`
+  The prompt is fed through `model.prefill` in one call if the model's `can_prefill` is
+  true, else through `model.decode_step` token by token; then `max_new_tokens`
   tokens are sampled, each fed back for the next step. Both prefills give the same logits
   up to float rounding, so greedy outputs agree unless two top logits are within that
   rounding. All prompts in a batch share the length P: there is no per-row prompt length,
@@ -317,8 +311,8 @@ def generate(
 
   Args:
     model: an nnx.Module with `init_decode_state(batch_size, max_len)` and
-      `decode_step(tokens[B,1], state) -> (logits[B,1,V], state)`, optionally
-      `prefill(tokens[B,P], state) -> (logits[B,1,V], state)`; max_len is P + N - 1.
+      `decode_step(tokens[B,1], state) -> (logits[B,1,V], state)`, optionally `can_prefill`
+      and `prefill(tokens[B,P], state) -> (logits[B,1,V], state)`; max_len is P + N - 1.
     prompt: int[B,P] token ids, P >= 1.
     max_new_tokens: N >= 0.
     key: a PRNG key; the same key gives the same samples.

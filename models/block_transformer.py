@@ -25,9 +25,7 @@ a row's predictions do not depend on how many whole pad blocks precede it. Paddi
 is a token like any other (Appendix H; train with `data.block_padding`), so the block alignment of
 a prompt changes predictions.
 
-Decoding: `decode_step` takes one token at a time (CONTRACT.md); `generate` (below) is the fast
-batched path: the block decoder runs once per block with a KV cache over blocks, the token decoder
-with a fresh cache of R + L_B - 1 slots per block and no prefill of the prompt.
+Decoding: `decode_step` takes one token at a time (CONTRACT.md); `generate` is the fast batched path.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ Array = jax.Array
 
 EMBEDDERS = ("lookup", "encoder", "cls")
 TOKEN_DECODERS = ("prefix", "summation", "cross")
-# Parameters that map tokens in or out (not counted in the paper's non-embedding sizes).
+# Parameters that map tokens in or out (not in the paper's non-embedding sizes).
 EMBEDDING_PARAMS = ("embedder", "token_embed", "head", "context_proj", "start_context", "block_start")
 
 
@@ -285,20 +283,16 @@ class Model(nnx.Module):
   def _blocks(self, tokens: Array) -> tuple[Array, Array]:
     """int[B,T] -> blocks int[B,N,L] (the last right-padded) and which blocks hold a real token."""
     b, t = tokens.shape
-    n = -(-t // self.block_len)
-    tokens = jnp.pad(tokens, ((0, 0), (0, n * self.block_len - t)), constant_values=self.pad_id)
-    blocks = tokens.reshape(b, n, self.block_len)
+    tokens = jnp.pad(tokens, ((0, 0), (0, -t % self.block_len)), constant_values=self.pad_id)
+    blocks = tokens.reshape(b, -1, self.block_len)
     return blocks, (blocks != self.pad_id).any(-1)
-
-  def _check_tokens(self, tokens: Array) -> None:
-    if tokens.ndim != 2:
-      raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
 
   # -- forward --------------------------------------------------------------------------------
 
   def __call__(self, tokens: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
     del mask  # padding is the pad token itself
-    self._check_tokens(tokens)
+    if tokens.ndim != 2:
+      raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
     b, t = tokens.shape
     n, L = -(-t // self.block_len), self.block_len
     blocks, valid = self._blocks(tokens)
@@ -352,8 +346,7 @@ class Model(nnx.Module):
       return self.head(y), dict(state, token=dict(token_state, caches=caches))
 
     def finish(state):  # block complete: one block-decoder step, then the next block's lead inputs
-      logits, state = self.advance_block(state, t // self.block_len)
-      return logits, state
+      return self.advance_block(state, t // self.block_len)
 
     return jax.lax.cond(j == self.block_len - 1, finish, inside, state)
 
@@ -463,12 +456,10 @@ def vanilla_config(config) -> ml_collections.ConfigDict:
   """The `config.model` of the vanilla Transformer this Block Transformer can be uptrained from:
   the same family (Pythia layers) and width, with num_layers + token_num_layers layers."""
   m = config.model
-  return transformer.model_config(
-      "transformer", vocab_size=m.vocab_size, d_model=m.d_model, num_layers=m.num_layers + _token_sizes(m)[1],
-      num_heads=m.num_heads, d_ff=m.d_ff or 4 * m.d_model, position="none", rope=True,
-      rope_fraction=m.rope_fraction, rope_max_wavelength=m.rope_max_wavelength, norm=m.norm,
-      activation=m.activation, use_bias=m.use_bias, parallel_residual=m.parallel_residual,
-      tie_embeddings=m.tie_embeddings, dropout=m.dropout)
+  c = stack_config(m, m.d_model, m.num_heads, m.d_ff or 4 * m.d_model)
+  c.update(dict(vocab_size=m.vocab_size, num_layers=m.num_layers + _token_sizes(m)[1],
+                tie_embeddings=m.tie_embeddings))
+  return c
 
 
 def uptrain_params(params: dict, vanilla: dict, config) -> dict:

@@ -228,21 +228,24 @@ class Model(nnx.Module):
       caches.append(cache)
     return self.head(self.final_norm(x)), {"index": position + 1, "layers": caches}
 
+  @property
+  def can_prefill(self) -> bool:
+    """Whether every block's mixer is plain softmax attention: subclasses that swap it, including
+    Attention subclasses with their own decode (flash.ChunkedAttention), have no parallel prefill."""
+    return self.causal and all(type(block.attn) is Attention for block in self.blocks)
+
   def prefill(self, tokens: Array, state: dict) -> tuple[Array, dict]:
     """tokens int32[B,P] at positions state['index'].. in one pass per chunk -> logits float32[B,1,V]
     of the last one and the state advanced by P: what P decode_steps give, up to float rounding.
 
     As for decode_step, index + P must not exceed the max_len given to init_decode_state. Windowed
     layers whose ring buffer wraps go chunk by chunk, `window` tokens at a time (see _prefill_block).
-    Raises NotImplementedError, before any work, when a block's mixer is not plain softmax attention
-    (subclasses that swap it, including Attention subclasses with their own decode), so that
-    decoding.generate falls back to decode_step.
+    Only for models whose `can_prefill` is true; decoding.generate checks it and otherwise
+    feeds the prompt through decode_step.
     """
-    for block in self.blocks:
-      if type(block.attn) is not Attention:  # subclasses (e.g. flash.ChunkedAttention) decode differently
-        raise NotImplementedError(
-            f"{type(self).__name__}.prefill needs softmax attention; {type(block.attn).__name__} has no "
-            "parallel decode, use decode_step.")
+    if not self.can_prefill:
+      raise ValueError(f"{type(self).__name__}.prefill needs plain softmax attention in every block; "
+                       "use decode_step.")
     length = tokens.shape[1]
     chunk = min([length] + [block.attn.window for block, cache in zip(self.blocks, state["layers"])
                             if _ring_wraps(block.attn, cache)])

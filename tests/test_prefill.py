@@ -121,7 +121,8 @@ def test_models_with_other_mixers_decline_prefill_and_still_generate(module, var
   """flash.ChunkedAttention subclasses Attention but decodes differently: it must not be
   prefilled through Attention.decode_block."""
   model = _build(module.Model, _other_mixer_config(module, variant, **extra))
-  with pytest.raises(NotImplementedError):
+  assert not model.can_prefill
+  with pytest.raises(ValueError, match="needs plain softmax attention"):
     model.prefill(_tokens(1, 3), {"index": 0, "layers": []})
   prompt = _tokens(2, 6, seed=3)
   out = np.asarray(decoding.generate(model, prompt, max_new_tokens=4, key=jax.random.key(0),
