@@ -382,6 +382,26 @@ def markdown_section(title: str, machine: str, command: str, table: str) -> str:
   return f"### {title}\n\n{machine}  \ncommand: `{command}`\n\n{table}\n"
 
 
+def add_report_args(parser) -> None:
+  """--title / --out / --json, as every benchmark script reports."""
+  parser.add_argument("--title", default="")
+  parser.add_argument("--out", default="", help="markdown file to append the table to")
+  parser.add_argument("--json", default="", help="file to write the raw rows to")
+
+
+def publish(script: str, argv: Sequence[str], table: str, rows: Sequence[dict], args) -> None:
+  """Prints the table under the machine line and command, and appends / writes it where asked."""
+  machine = machine_line()
+  command = " ".join(["python", script, *argv])
+  print(f"{machine}\ncommand: {command}\n\n{table}")
+  if args.out:
+    with pathlib.Path(args.out).open("a") as f:
+      f.write("\n" + markdown_section(args.title or args.config, machine, command, table))
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command, "rows": list(rows)},
+                                                  indent=1))
+
+
 def _ints(text: str) -> list[int]:
   try:
     values = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]

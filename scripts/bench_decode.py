@@ -17,7 +17,6 @@ not on the cached values; the timed window spans whole groups. Reported: the med
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -32,8 +31,8 @@ from lra_core import cli  # noqa: E402
 from lra_core.config import load_config  # noqa: E402
 from lra_core.errors import ConfigError  # noqa: E402
 from lra_core.registry import build_model  # noqa: E402
-from scripts.bench import (Variant, _ints, _median_seconds, machine_line, markdown_section,  # noqa: E402
-                           parse_variant, variant_config)
+from scripts.bench import (Variant, _ints, _median_seconds, add_report_args,  # noqa: E402
+                           parse_variant, publish, variant_config)
 
 MiB = 2 ** 20
 
@@ -91,9 +90,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--batch_size", type=int, default=1)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=1)
-  parser.add_argument("--title", default="")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw rows to")
+  add_report_args(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
@@ -106,15 +103,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                                     repeats=args.repeats, warmup=args.warmup)}
       print(f"{variant.name} L={context}: {row['ms_per_token']:.2f} ms/token", file=sys.stderr, flush=True)
       rows.append(row)
-  machine = machine_line()
-  command = " ".join(["python", "scripts/bench_decode.py", *argv])
-  table = format_table(rows)
-  print(f"{machine}\ncommand: {command}\n\n{table}")
-  if args.out:
-    with pathlib.Path(args.out).open("a") as f:
-      f.write("\n" + markdown_section(args.title or args.config, machine, command, table))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command, "rows": rows}, indent=1))
+  publish("scripts/bench_decode.py", argv, format_table(rows), rows, args)
   return rows
 
 

@@ -17,7 +17,6 @@ the size of the decode state at full length (KV caches: what memory per sample m
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -29,8 +28,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lra_core import cli, decoding  # noqa: E402
 from lra_core.config import load_config, model_module  # noqa: E402
 from lra_core.registry import build_model, non_embedding_parameter_count  # noqa: E402
-from scripts.bench import (Variant, _ints, _median_seconds, is_oom, machine_line, markdown_section,  # noqa: E402
-                           parse_variant, variant_config)
+from scripts.bench import (Variant, _ints, _median_seconds, is_oom, add_report_args,  # noqa: E402
+                           parse_variant, publish, variant_config)
 
 MiB = 2 ** 20
 
@@ -96,9 +95,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--settings", default="2048:128,128:2048", help="PROMPT:NEW pairs")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--warmup", type=int, default=1)
-  parser.add_argument("--title", default="")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw rows to")
+  add_report_args(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
@@ -119,15 +116,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
           row["oom"], shown = True, "OOM"
         print(f"{variant.name} batch {batch_size} prompt {prompt_len} new {new}: {shown}", file=sys.stderr, flush=True)
         rows.append(row)
-  machine = machine_line()
-  command = " ".join(["python", "scripts/bench_generate.py", *argv])
-  table = format_table(rows)
-  print(f"{machine}\ncommand: {command}\n\n{table}")
-  if args.out:
-    with pathlib.Path(args.out).open("a") as f:
-      f.write("\n" + markdown_section(args.title or args.config, machine, command, table))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command, "rows": rows}, indent=1))
+  publish("scripts/bench_generate.py", argv, format_table(rows), rows, args)
   return rows
 
 

@@ -14,6 +14,7 @@ import lra_core
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.registry import non_embedding_parameter_count
+from lra_core.tasks.base import token_nll
 from lra_core.tasks.lm import loss_by_block_position
 from lra_core.train import train_and_evaluate
 from models import block_transformer as bt
@@ -161,7 +162,7 @@ def test_generate_rejects_bad_input():
 def test_loss_by_block_position_splits_the_loss():
   logits = jax.random.normal(jax.random.key(0), (2, 8, VOCAB))
   batch = {"targets": tokens(t=8), "weights": jnp.ones((2, 8)).at[1, 5].set(0.0)}
-  parts = loss_by_block_position(logits, batch, L)
+  parts = loss_by_block_position(token_nll(logits, batch["targets"]), batch, L)
   assert sorted(parts) == [f"block_pos{j}_loss" for j in range(1, L + 1)]
   nll = -jax.nn.log_softmax(logits)[jnp.arange(2)[:, None], jnp.arange(8), batch["targets"]] * batch["weights"]
   np.testing.assert_allclose(sum(float(s) for s, _ in parts.values()), float(nll.sum()), rtol=1e-6)

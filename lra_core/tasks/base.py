@@ -33,10 +33,12 @@ def token_nll(logits: Array, targets: Array) -> Array:
   return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
 
 
-def weighted_cross_entropy(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array, Array]:
-  """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32)."""
+def weighted_cross_entropy(logits: Array, targets: Array, weights: Array, *,
+                           nll: Array | None = None) -> tuple[Array, Array, Array]:
+  """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32);
+  `nll`: the per-token NLL if the caller has it already."""
   logits = logits.astype(jnp.float32)
-  nll = token_nll(logits, targets)
+  nll = token_nll(logits, targets) if nll is None else nll
   correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
   weights = weights.astype(jnp.float32)
   return (nll * weights).sum(), (correct * weights).sum(), weights.sum()
@@ -67,13 +69,14 @@ def apply_model(model: nnx.Module, *args, **kwargs) -> tuple[Any, Aux]:
 
 
 def classification_loss(logits: Array, batch: dict[str, Array], normalizer: Array,
-                        aux: Aux) -> tuple[Array, Metrics]:
+                        aux: Aux, *, nll: Array | None = None) -> tuple[Array, Metrics]:
   """Weighted cross-entropy / normalizer plus the model's auxiliary losses, and metric sums.
 
   An auxiliary loss is a mean over this batch's tokens; it is weighted by the batch's share of
-  the normalizer, so that micro-batch losses still sum to the full-batch objective.
+  the normalizer, so that micro-batch losses still sum to the full-batch objective. `nll`: the
+  per-token NLL if the caller has it already.
   """
-  nll, correct, weight = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
+  nll, correct, weight = weighted_cross_entropy(logits, batch["targets"], batch["weights"], nll=nll)
   aux_loss, aux_metrics = aux
   loss = (nll + aux_loss * weight) / normalizer
   metrics = {"loss": (nll, weight), "accuracy": (correct, weight)}

@@ -29,12 +29,13 @@ class LMTask(TokenTask):
       (logits, carry), aux = apply_model(model, batch["inputs"], carry=carry, rngs=rngs)
     else:
       logits, aux = apply_model(model, batch["inputs"], rngs=rngs)
-    loss, metrics = classification_loss(logits, batch, normalizer, aux)
+    block_len = getattr(model, "block_len", 0)
+    nll = token_nll(logits, batch["targets"]) if block_len else None  # computed once, used twice
+    loss, metrics = classification_loss(logits, batch, normalizer, aux, nll=nll)
     if "words" in batch:  # text corpora: per-word loss = total token loss / number of words
       metrics["word_loss"] = (metrics["loss"][0], (batch["words"] * batch["weights"]).sum())
-    block_len = getattr(model, "block_len", 0)
     if block_len:
-      metrics.update(loss_by_block_position(logits, batch, block_len))
+      metrics.update(loss_by_block_position(nll, batch, block_len))
     return loss, metrics, carry
 
 
@@ -43,10 +44,10 @@ class ImageARTask(LMTask):
   name = "image_ar"
 
 
-def loss_by_block_position(logits, batch, block_len: int) -> dict:
-  """(sum, weight) of the loss on targets at each position 1..block_len within their block; the
-  target of input position t is token t + 1."""
-  nll = token_nll(logits, batch["targets"]) * batch["weights"]
+def loss_by_block_position(nll, batch, block_len: int) -> dict:
+  """Per-token NLL [B,T] -> (sum, weight) of the loss on targets at each position 1..block_len
+  within their block; the target of input position t is token t + 1."""
+  nll = nll * batch["weights"]
   position = (jnp.arange(nll.shape[-1]) + 1) % block_len
   out = {}
   for j in range(block_len):
