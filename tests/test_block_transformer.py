@@ -241,8 +241,3 @@ def test_tiny_configs_train_resume_and_uptrain(tmp_path, caplog):
     train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
                        tmp_path / "wrong")
 
-
-def test_tiny_megabyte_config_with_an_encoder_embedder_trains(tmp_path):
-  overrides = fixtures.c4.build(tmp_path) + ["train.seq_len=32", "train.steps=2"]
-  summary = train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,megabyte,encoder", overrides), tmp_path / "run")
-  assert np.isfinite(summary["test_loss"])
