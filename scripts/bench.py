@@ -382,6 +382,14 @@ def markdown_section(title: str, machine: str, command: str, table: str) -> str:
   return f"### {title}\n\n{machine}  \ncommand: `{command}`\n\n{table}\n"
 
 
+def add_model_args(parser, variant_help: str) -> None:
+  """--config / --override / --variant of the generation benchmarks."""
+  parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
+  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
+                      help=variant_help)
+
+
 def add_report_args(parser) -> None:
   """--title / --out / --json, as every benchmark script reports."""
   parser.add_argument("--title", default="")

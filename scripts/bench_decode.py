@@ -31,7 +31,7 @@ from lra_core import cli  # noqa: E402
 from lra_core.config import load_config  # noqa: E402
 from lra_core.errors import ConfigError  # noqa: E402
 from lra_core.registry import build_model  # noqa: E402
-from scripts.bench import (Variant, _ints, _median_seconds, add_report_args,  # noqa: E402
+from scripts.bench import (Variant, _ints, _median_seconds, add_model_args, add_report_args,  # noqa: E402
                            parse_variant, publish, variant_config)
 
 MiB = 2 ** 20
@@ -81,10 +81,7 @@ def format_table(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog="python scripts/bench_decode.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help="as scripts/bench.py: named overrides, config=<spec> for another config file")
+  add_model_args(parser, "as scripts/bench.py: named overrides, config=<spec> for another config file")
   parser.add_argument("--context_lens", default="1024,4096", help="comma-separated context lengths L")
   parser.add_argument("--tokens", type=int, default=64, help="decoded (timed) tokens per call")
   parser.add_argument("--batch_size", type=int, default=1)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lra_core import cli, decoding  # noqa: E402
 from lra_core.config import load_config, model_module  # noqa: E402
 from lra_core.registry import build_model, non_embedding_parameter_count  # noqa: E402
-from scripts.bench import (Variant, _ints, _median_seconds, is_oom, add_report_args,  # noqa: E402
+from scripts.bench import (Variant, _ints, _median_seconds, is_oom, add_model_args, add_report_args,  # noqa: E402
                            parse_variant, publish, variant_config)
 
 MiB = 2 ** 20
@@ -87,10 +87,7 @@ def format_table(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog="python scripts/bench_generate.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help="as scripts/bench.py; the last variant is the baseline of the speed-up column")
+  add_model_args(parser, "as scripts/bench.py; the last variant is the baseline of the speed-up column")
   parser.add_argument("--batch_sizes", default="1,32")
   parser.add_argument("--settings", default="2048:128,128:2048", help="PROMPT:NEW pairs")
   parser.add_argument("--repeats", type=int, default=3)
