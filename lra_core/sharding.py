@@ -4,7 +4,8 @@ The mesh has axes ('data', 'fsdp', 'tensor') sized from `config.mesh` (-1 = all 
 devices). Parameters carry logical axis names (models/layers.py); `config.sharding.rules` maps
 each logical name to mesh axes. A dimension whose size the mesh axes do not divide is
 replicated instead, so small models run unchanged on any mesh. Activations are constrained with
-`constrain(x, logical_axes)`, a no-op outside `activate(mesh, rules)`.
+`constrain(x, logical_axes)`, a no-op outside `activate(mesh, rules)`; inside it the Pallas
+kernels run per device through `jax.shard_map` (kernels/_pallas.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from flax import nnx, traverse_util
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from kernels._pallas import per_device_mesh
 from lra_core.config import MESH_AXES
 from lra_core.errors import ConfigError
 
@@ -117,10 +119,13 @@ def match_param_specs(tree, params: dict, param_specs: dict):
 
 @contextlib.contextmanager
 def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
-  """Makes `constrain` annotate activations for `mesh` (while tracing inside this context)."""
+  """Makes `constrain` annotate activations for `mesh` (while tracing inside this context), and runs
+  the Pallas kernels per device with batch and heads split as the rules say."""
   token = _ACTIVE.set((mesh, tuple(rules)))
+  table = dict(rules)
   try:
-    yield
+    with per_device_mesh(mesh, batch=table.get("batch"), heads=table.get("heads")):
+      yield
   finally:
     _ACTIVE.reset(token)
 
