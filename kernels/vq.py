@@ -25,7 +25,7 @@ import jax.numpy as jnp
 Array = jax.Array
 MASK = 1e30
 REDUCTIONS = ("serial", "matmul", "assoc")
-IMPLS = ("xla",)  # the Pallas kernel joins here
+IMPLS = ("xla", "pallas")
 
 sg = jax.lax.stop_gradient
 
@@ -141,25 +141,62 @@ def _softmax_combine(recent: Array, recent_v: Array, cache: Array | None, cache_
   return out
 
 
+def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) -> Array:
+  """Transformer-XL position term for every query block against its [previous, present] keys.
+
+  rel = (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) -> float32 [B,R,Hk,G,L,2L]: key j of the window
+  is at distance L + i - j from query i; distances 0..L get (q + v).r_d, the rest 0.
+  """
+  rel_q, rel_table = rel
+  b, t = rel_q.shape[:2]
+  l = block_len
+  rq = group_heads(rel_q, num_kv_heads).reshape(b, t // l, l, num_kv_heads, -1, rel_q.shape[-1])
+  rq = rq.transpose(0, 1, 3, 4, 2, 5)                                          # [B,R,Hk,G,L,Dk]
+  table = group_table(rel_table, num_kv_heads)
+  by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
+  return skew(jnp.flip(by_distance, -1), 2 * l)
+
+
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         reduction: str = "serial", carry: dict | None = None,
                         rel: tuple[Array, Array] | None = None,
-                        compressive: bool = True) -> tuple[Array, dict]:
+                        compressive: bool = True, impl: str = "xla") -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
   q [B,T,H,Dk]; k_hat [B,T,Hk,Dk] (quantized keys; straight-through gradients are the
   caller's choice); z int32 [B,T,Hk]; v [B,T,Hk,Dv]; codebook [Hk,S,Dk] scores the compressed
   keys. `rel` = (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) adds Transformer-XL position biases at
   distances 0..L; older keys get content scores only. `compressive=False` drops the codebook
-  cache: a sliding window over the last L+1 positions (the paper's ablation).
+  cache: a sliding window over the last L+1 positions (the paper's ablation). `impl="pallas"`
+  runs the fused kernel of kernels/vq_pallas.py (its scan is serial: `reduction` must be "serial").
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
+  b, t, _, dk = q.shape
+  hk, s = codebook.shape[0], codebook.shape[1]
+  if carry is None:
+    carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
+  bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
+  if impl == "pallas":
+    if reduction != "serial":
+      raise ValueError(f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be "
+                       f"'serial', got {reduction!r}.")
+    from kernels import vq_pallas  # the kernel module builds on this one
+    return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
+                                         compressive=compressive)
+  if impl != "xla":
+    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
+  return cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
+                          compressive=compressive)
+
+
+def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
+                     bias: Array | None, *, block_len: int, reduction: str,
+                     compressive: bool) -> tuple[Array, dict]:
+  """`vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output."""
   b, t, h, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   l = block_len
   r = t // l
-  if carry is None:
-    carry = init_carry(b, l, hk, s, dk, v.shape[-1], k_hat.dtype)
 
   def blocks(x):
     return x.reshape((b, r, l) + x.shape[2:])
@@ -179,13 +216,8 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   if not compressive:
     keep = keep & (distance <= l)
   scores = jnp.einsum("brihgk,brjhk->brhgij", qb, recent_k.astype(jnp.float32))
-  if rel is not None:
-    rel_q, rel_table = rel
-    rq = blocks(group_heads(rel_q, hk)).transpose(0, 1, 3, 4, 2, 5)      # [B,R,Hk,G,L,Dk]
-    table = group_table(rel_table, hk)
-    by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
-    # Key j of the [previous, present] window is at distance L + i - j: skew the distance axis.
-    scores = scores + skew(jnp.flip(by_distance, -1), 2 * l)
+  if bias is not None:
+    scores = scores + bias
   scores = jnp.where(keep, scores, -MASK)
 
   # Cache variables: block n sees the carried cache, the carried previous block and blocks <= n-2.
@@ -299,7 +331,7 @@ def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: in
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   z, _ = quantize(sg(k), sg(codebook))
   out, _ = vq_attention_blocks(q, codewords(z, codebook), z, v, codebook, block_len=block_len,
-                               reduction=reduction)
+                               reduction=reduction, impl=impl)
   return out
 
 

@@ -87,6 +87,9 @@ def validate_config(config) -> None:
   for key, allowed in choices.items():
     if m[key] not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
+  if m.impl == "pallas" and (m.attention != "vq" or m.reduction != "serial"):
+    raise ConfigError(f"model.impl 'pallas' is the VQ kernel, a serial scan over blocks: it needs attention 'vq' "
+                      f"and reduction 'serial', got {m.attention!r} and {m.reduction!r}.")
   if m.head_type == "shga" and m.num_heads != 1:
     raise ConfigError(f"head_type 'shga' is single-head; model.num_heads is {m.num_heads}.")
   if m.d_v % m.num_heads:
@@ -152,7 +155,7 @@ class GAU(nnx.Module):
     self.h, self.hk = h, (1 if m.head_type == "mqa" else h)
     self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
     self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
-    self.compressive, self.n_code = m.compressive, m.n_code
+    self.compressive, self.n_code, self.impl = m.compressive, m.n_code, m.impl
     self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
     self.norm = RMSNorm(d, use_bias=True, rngs=rngs)
     kw = dict(dtype=dtype, kernel_init=_proj_init, rngs=rngs)
@@ -205,7 +208,7 @@ class GAU(nnx.Module):
       k_hat, z, commit, codebook = self.quantize(k)
       out, carry = vq.vq_attention_blocks(q_content, k_hat, z, v, codebook, block_len=self.block_len,
                                           reduction=self.reduction, carry=carry, rel=rel,
-                                          compressive=self.compressive)
+                                          compressive=self.compressive, impl=self.impl)
       onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32)          # [B,T,Hk,S]
       aux = {"commit": commit, "count": onehot.sum((0, 1)),
              "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32))}

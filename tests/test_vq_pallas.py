@@ -1,0 +1,156 @@
+"""The VQ-attention Pallas kernel (interpret mode on CPU) against the XLA forms and the quadratic
+definition: values, gradients, the carried cache, both grid drivers, bf16, a sharded mesh, and the
+trainer end to end."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fixtures.enwik8
+import kernels
+import lra_core
+from kernels import _pallas, vq, vq_pallas
+from lra_core.errors import ConfigError
+from lra_core.train import train_and_evaluate
+
+
+O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
+
+
+def jit(fn):
+  return jax.jit(fn, compiler_options=O0)
+
+
+def inputs(b, t, h, hk, dk, dv, s, dtype=jnp.float32, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(ks[0], (b, t, h, dk)).astype(dtype)
+  k = jax.random.normal(ks[1], (b, t, hk, dk)).astype(dtype)
+  v = jax.random.normal(ks[2], (b, t, hk, dv)).astype(dtype)
+  codebook = jax.random.normal(ks[3], (hk, s, dk)).astype(dtype)
+  return q, k, v, codebook
+
+
+def loss_of(fn):
+  """A scalar whose gradient weights every output element differently."""
+  return lambda *args: jnp.sum(jnp.sin(fn(*args).astype(jnp.float32) * 3.0))
+
+
+# (T, L, S, H, Hk, driver, dtype, atol): odd T, several block lengths, S in {64, 512}, MQA and MHA.
+CASES = [(15, 5, 64, 2, 1, "grid", jnp.float32, 1e-5),
+         (24, 8, 512, 2, 2, "loop", jnp.float32, 1e-5),
+         (16, 4, 64, 4, 2, "grid", jnp.bfloat16, 3e-2)]
+
+
+@pytest.mark.parametrize("t,block_len,s,h,hk,driver,dtype,atol", CASES)
+def test_kernel_equals_quadratic_definition_values_and_gradients(t, block_len, s, h, hk, driver, dtype, atol):
+  q, k, v, codebook = inputs(2, t, h, hk, 8, 6, s, dtype)
+  z, _ = vq.quantize(k, codebook)
+
+  def kernel(q, v, codebook):
+    carry = vq.init_carry(2, block_len, hk, s, 8, 6, dtype)
+    out, _ = vq_pallas.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block_len, carry=carry,
+                                           driver=driver)
+    return out
+
+  def reference(q, v, codebook):
+    return vq.dense_attention(q, vq.codewords(z, codebook), v)
+
+  got, want = jit(kernel)(q, v, codebook), jit(reference)(q, v, codebook)
+  assert got.dtype == dtype
+  np.testing.assert_allclose(np.float32(got), np.float32(want), atol=atol)
+  # Gradients: the kernel's backward is the XLA form's VJP; the reference is the quadratic one.
+  for g_got, g_want in zip(jit(jax.grad(loss_of(kernel), argnums=(0, 1, 2)))(q, v, codebook),
+                           jit(jax.grad(loss_of(reference), argnums=(0, 1, 2)))(q, v, codebook)):
+    scale = float(jnp.abs(g_want.astype(jnp.float32)).max())
+    np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=atol * max(scale, 1.0) * 3)
+
+
+@pytest.mark.parametrize("driver,compressive", [("grid", True), ("loop", False)])
+def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
+  """Two windows, the second continuing from the first's carry, with XL biases and MQA."""
+  b, t, h, hk, dk, dv, s, l = 2, 12, 2, 1, 8, 6, 16, 4
+  q, k, v, codebook = inputs(b, 2 * t, h, hk, dk, dv, s)
+  z, _ = vq.quantize(k, codebook)
+  k_hat = vq.codewords(z, codebook)
+  rel_q = jax.random.normal(jax.random.key(7), q.shape)
+  table = jax.random.normal(jax.random.key(8), (h, l + 1, dk))
+
+  def two_windows(impl, q, v, codebook, rel_q, table):
+    carry, outs = None, []
+    for w in (slice(0, t), slice(t, 2 * t)):
+      out, carry = vq.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l,
+                                          carry=carry, rel=(rel_q[:, w], table), compressive=compressive,
+                                          impl=impl)
+      outs.append(out)
+    return jnp.concatenate(outs, 1), carry
+
+  args = (q, v, codebook, rel_q, table)
+  run = {impl: jit(lambda *a, impl=impl: two_windows(impl, *a)) for impl in ("xla", "pallas")}
+  with _force_driver(driver):
+    (got, got_carry), (want, want_carry) = run["pallas"](*args), run["xla"](*args)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    for key in want_carry:
+      np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
+    grad = {impl: jit(jax.grad(loss_of(lambda *a, impl=impl: two_windows(impl, *a)[0]), argnums=(0, 1, 2, 3, 4)))
+            for impl in ("xla", "pallas")}
+    for g_got, g_want in zip(grad["pallas"](*args), grad["xla"](*args)):
+      np.testing.assert_allclose(g_got, g_want, atol=2e-5)
+
+
+class _force_driver:
+  """Makes vq_pallas use one driver whatever the backend (the public path takes no driver argument)."""
+
+  def __init__(self, name):
+    self.name = name
+
+  def __enter__(self):
+    self.saved = _pallas.driver
+    _pallas.driver = lambda name=None: self.name
+
+  def __exit__(self, *exc):
+    _pallas.driver = self.saved
+
+
+def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
+  q, k, v, codebook = inputs(4, 16, 2, 2, 8, 6, 64)
+
+  def run():  # fresh functions per call: the mesh context is read while tracing
+    f = lambda q, k, v, codebook: kernels.vq_attention(q, k, v, codebook, block_len=4, impl="pallas")
+    grads = jit(jax.grad(loss_of(f), argnums=(0, 2, 3)))(q, k, v, codebook)
+    return str(jax.make_jaxpr(f)(q, k, v, codebook)), jit(f)(q, k, v, codebook), grads
+
+  jaxpr, want, want_grads = run()
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+    sharded_jaxpr, got, got_grads = run()
+  assert "shard_map" in sharded_jaxpr and "shard_map" not in jaxpr
+  assert "f32[1,1,16,6]" in sharded_jaxpr  # one batch row and one head per device
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  for g_got, g_want in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g_got, g_want, atol=1e-5)
+
+
+def test_model_trains_with_the_kernel_as_with_xla(tmp_path):
+  """enwik8 tiny, update windows with a carried cache, data-parallel over 8 devices: equal losses."""
+  data = fixtures.enwik8.build(tmp_path)
+  losses = {}
+  for impl in ("xla", "pallas"):
+    overrides = data + ["train.seq_len=32", "train.update_len=16", "train.steps=4", "train.log_every=1",
+                        "train.eval_every=0", f"model.impl={impl}"]
+    config = lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", overrides)
+    assert train_and_evaluate(config, tmp_path / impl, stop_at_step=3) == {"stopped_at": 3}  # no evaluation
+    rows = [json.loads(line) for line in (tmp_path / impl / "metrics.jsonl").read_text().splitlines()]
+    losses[impl] = [r["train_loss"] for r in rows if "train_loss" in r]
+  assert len(losses["xla"]) == 3
+  np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=1e-5)
+
+
+def test_kernel_settings_are_checked():
+  q, k, v, codebook = inputs(1, 8, 1, 1, 4, 4, 8)
+  with pytest.raises(ValueError, match="reduction must be 'serial'"):
+    kernels.vq_attention(q, k, v, codebook, block_len=4, reduction="assoc", impl="pallas")
+  with pytest.raises(ConfigError, match="model.impl 'pallas' is the VQ kernel"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.reduction=matmul"])
