@@ -14,6 +14,7 @@ quadratic form written as one T x T matrix, the oracle of the tests.
 Decoding keeps, per layer, the global sum over finished chunks, the current chunk's partial sum
 and the current chunk's keys and values: memory O(C (S + E) + S E) per head, whatever the length.
 Padding (mask False) contributes nothing to either part; padded rows return garbage.
+`impl="pallas"` runs mixed chunk attention as one Pallas kernel (kernels/flash_pallas.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 LOCAL_KERNELS = ("relu2", "softmax", "linear")
+IMPLS = ("xla", "pallas")
 
 
 def _local_weights(scores: Array, allowed: Array, kernel: str) -> Array:
@@ -60,14 +62,22 @@ def relu2_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array |
 def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin_k: Array | None,
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
                           bias: Array | None = None, mask: Array | None = None,
-                          kernel: str = "relu2") -> Array:
+                          kernel: str = "relu2", impl: str = "xla") -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
   quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C] relative bias inside a chunk
   (sliced when T < C); mask bool[B,T], False = padding. lin_q = lin_k = None drops the global part
   (FLASH local-only); quad_q = None drops the local part (global-only). T need not be a multiple
-  of C: the tail is padded and cut off. -> [B,T,H,E]
+  of C: the tail is padded and cut off. impl: "xla" (this function) or "pallas" (one kernel,
+  kernels/flash_pallas.py). -> [B,T,H,E]
   """
+  if impl == "pallas":
+    from kernels import flash_pallas  # the kernel module builds on this one
+    return flash_pallas.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, chunk=chunk, causal=causal,
+                                              quad_scale=quad_scale, lin_scale=lin_scale, bias=bias, mask=mask,
+                                              kernel=kernel)
+  if impl != "xla":
+    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   b, t = v.shape[:2]
   c = min(chunk, t)
   g = -(-t // c)
@@ -100,21 +110,23 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
 
 
 def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, chunk: int = 64,
-                     mask: Array | None = None, eps: float = 1e-6) -> Array:
+                     mask: Array | None = None, eps: float = 1e-6, impl: str = "xla") -> Array:
   """Normalised linear attention with feature map relu (Performer's ReLU kernel, Choromanski et al.):
 
     y_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps),  j <= i when causal.
 
   The causal prefix sums are computed chunk by chunk (exact: an intra-chunk matrix plus the
   exclusive cumulative sum of the previous chunks), the denominator as one more value column.
-  q, k [B,T,H,S], v [B,T,H,E] -> [B,T,H,E].
+  q, k [B,T,H,S], v [B,T,H,E] -> [B,T,H,E]. impl as in mixed_chunk_attention.
   """
+  if impl not in IMPLS:
+    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   fq, fk = jax.nn.relu(q), jax.nn.relu(k)
   ones = jnp.ones((*v.shape[:-1], 1), v.dtype)
   # Non-causal: the global sum already covers every chunk, so there is no local part.
   local_q = fq if causal else None
   both = mixed_chunk_attention(local_q, fk, fq, fk, jnp.concatenate([v, ones], -1), chunk=chunk, causal=causal,
-                               quad_scale=1.0, lin_scale=1.0, mask=mask, kernel="linear")
+                               quad_scale=1.0, lin_scale=1.0, mask=mask, kernel="linear", impl=impl)
   num, den = both[..., :-1].astype(jnp.float32), both[..., -1:].astype(jnp.float32)
   return (num / (den + eps)).astype(v.dtype)
 

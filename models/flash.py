@@ -28,6 +28,8 @@ RoPE-built bias otherwise, over positions inside a chunk.
 
 Decoding with constant memory per token (chunked variants): the global sum over finished chunks,
 the current chunk's partial sum and its keys and values (kernels.flash.chunk_step).
+`model.impl = "pallas"` runs the forward pass's attention core as one Pallas kernel
+(kernels/flash_pallas.py); decoding stays XLA.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDi
       qk_dim=128,                    # GAU: s, the shared width of z, q and k
       chunk=256,                     # C of mixed chunk attention (Table 6: 256; PG-19: 512)
       rel_bias="auto",               # GAU relative bias: auto | toeplitz | rope | none
+      impl="xla",                    # attention core: one of kernels.flash.IMPLS
       tie_embeddings=True,
   ))
   c.update(overrides)
@@ -89,6 +92,8 @@ def validate_config(config) -> None:
   m = config.model
   if m.variant not in VARIANTS:
     raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
+  if m.impl not in flash_kernels.IMPLS:
+    raise ConfigError(f"model.impl {m.impl!r} is not one of {list(flash_kernels.IMPLS)}.")
   v = VARIANTS[m.variant]
   if v["chunked"] and m.chunk <= 0:
     raise ConfigError(f"model.chunk must be positive for variant {m.variant!r}, got {m.chunk}.")
@@ -118,7 +123,7 @@ class GAU(nnx.Module):
     v = VARIANTS[m.variant]
     d, e, s = m.d_model, m.expansion * m.d_model, m.qk_dim
     self.causal, self.local, self.linear, self.e, self.s = causal, v["local"], v["linear"], e, s
-    self.chunked = v["chunked"]
+    self.chunked, self.impl = v["chunked"], m.impl
     self.chunk = m.chunk if self.chunked else m.max_len
     self.scale = 1.0 / self.chunk  # the fixed n of relu^2(q k / n + b) and of lin_k^T v / n
     kw = dict(use_bias=True, kernel_init=GAU_INIT, dtype=dtype, rngs=rngs)
@@ -155,7 +160,7 @@ class GAU(nnx.Module):
     u, v, (qq, qk, lq, lk) = self._project(x, positions)
     y = flash_kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=self.chunk, causal=self.causal,
                                             quad_scale=self.scale, lin_scale=self.scale,
-                                            bias=self._bias(min(self.chunk, t)), mask=mask)
+                                            bias=self._bias(min(self.chunk, t)), mask=mask, impl=self.impl)
     return self.out((u * y)[..., 0, :])
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -193,7 +198,7 @@ class ChunkedAttention(Attention):
     super().__init__(m.d_model, m.num_heads, head_dim, causal=causal, rope=m.rope,
                      rope_max_wavelength=m.rope_max_wavelength, rope_fraction=m.rope_fraction,
                      use_bias=m.use_bias, dtype=dtype, rngs=rngs)
-    self.chunk, self.performer = m.chunk, m.variant == "performer"
+    self.chunk, self.performer, self.impl = m.chunk, m.variant == "performer", m.impl
     if not self.performer:
       self.gamma = param(rngs, GAU_INIT, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
       self.beta = param(rngs, jax.nn.initializers.zeros, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
@@ -208,11 +213,12 @@ class ChunkedAttention(Attention):
     positions = jnp.arange(x.shape[1]) if positions is None else positions
     q, k, v = self._qkv(x, positions)
     if self.performer:
-      return self.out(flash_kernels.linear_attention(q, k, v, causal=self.causal, chunk=self.chunk, mask=mask))
+      return self.out(flash_kernels.linear_attention(q, k, v, causal=self.causal, chunk=self.chunk, mask=mask,
+                                                     impl=self.impl))
     lq, lk = self._linear_qk(q, k)
     y = flash_kernels.mixed_chunk_attention(q, k, lq, lk, v, chunk=self.chunk, causal=self.causal,
                                             quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
-                                            mask=mask, kernel="softmax")
+                                            mask=mask, kernel="softmax", impl=self.impl)
     return self.out(y)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:

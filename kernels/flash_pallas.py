@@ -1,0 +1,257 @@
+"""FLASH's mixed chunk attention as one Pallas kernel: the running key-value sum stays on chip.
+
+`kernels.flash.mixed_chunk_attention` (XLA) builds lin_k^T v for every chunk and their exclusive
+cumulative sum, a [B,G,H,S,E] float32 tensor in HBM. This kernel walks the G chunks of one
+(batch, head) and computes, for chunk g of C positions,
+
+  local   kernel(quad_scale q k^T + bias) v      [C,C] scores of the chunk against itself, with
+                                                 the causal and padding masks (relu2 / softmax / linear)
+  global  lin_q KV                               KV [S,E] float32, a sum of lin_scale lin_k^T v
+
+Causal: KV is the sum over chunks 0..g-1, carried on chip and updated after its use (an
+exclusive prefix). Non-causal: KV is the total over all chunks, one XLA einsum in the wrapper
+(padding keys excluded); the kernel only reads it. Either part may be absent, as in the reference.
+Scores and sums accumulate in float32; the output has v's dtype.
+
+Drivers (kernels/_pallas.py): "grid" runs (B, H, G) with KV in scratch across the chunk axis;
+"loop" runs (B, H) and loops over the chunks of whole [T, D] slices, KV a loop value. Both call
+`_chunk_step`.
+
+Layout: head-major inside ([B,H,T,S]); T is padded to a multiple of C and cut afterwards. The
+padding mask (`mask` and the padded tail) arrives as float32, a row [1,T] for the local keys and a
+column [T,1] for the keys summed into KV, so the kernel transposes nothing.
+
+Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
+(`kernels.flash.mixed_chunk_attention(..., impl="xla")`), recomputed from the inputs: training
+memory is the XLA path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S
+and E should be powers of two.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import _pallas
+from kernels import flash as flash_xla
+
+Array = jax.Array
+f32 = jnp.float32
+MASK = 1e30
+# Kernel operands in a fixed order; a call passes the ones its parts need.
+OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias")
+STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
+
+
+def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
+  """2-D matmul in float32 contracting a's axis contract[0] with b's axis contract[1]."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), preferred_element_type=f32)
+
+
+def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
+  """Local attention weights from float32 scores [C,C]; positions not allowed get weight 0."""
+  if kernel == "relu2":
+    w = jnp.square(jnp.maximum(scores, 0.0))
+  elif kernel == "softmax":
+    if allowed is not None:
+      scores = jnp.where(allowed, scores, -MASK)
+    w = jnp.exp(scores - scores.max(-1, keepdims=True))
+    w = w / w.sum(-1, keepdims=True)
+  else:
+    w = scores
+  return w if allowed is None else jnp.where(allowed, w, 0.0)
+
+
+def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: str, quad_scale: float,
+                lin_scale: float) -> tuple[Array, Array | None]:
+  """One chunk. qq, qk, lq, lk [C,S] (None where the part is absent); v [C,E]; row [1,C] and col
+  [C,1] float, > 0 for a real key (None: all real); bias [C,C] or None; kv [S,E] float32 (the
+  earlier chunks' sum when causal, the total otherwise) -> (out [C,E] float32, kv after this chunk)."""
+  out = None
+  if qq is not None:
+    c = qq.shape[0]
+    scores = _dot(qq, qk, (1, 1)) * quad_scale
+    if bias is not None:
+      scores = scores + bias.astype(f32)
+    allowed = None if row is None else jnp.broadcast_to(row > 0, (c, c))
+    if causal:
+      tril = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1) <= jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+      allowed = tril if allowed is None else allowed & tril
+    out = _dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
+  if lq is not None:
+    part = _dot(lq.astype(f32), kv)
+    out = part if out is None else out + part
+    if causal:  # after its use: chunk g reads chunks 0..g-1
+      keys = lk if col is None else jnp.where(col > 0, lk, jnp.zeros_like(lk))
+      kv = kv + _dot(keys, v, (0, 0)) * lin_scale
+  return out, kv
+
+
+def _grid_kernel(*refs, names: tuple[str, ...], carried: bool, **statics):
+  """Grid (B, H, G), G sequential; a causal KV lives in scratch across the chunk axis."""
+  ins = dict(zip(names, refs))
+  o_ref, *scratch = refs[len(names):]
+  load = lambda name: ins[name][...] if name in ins else None
+  if carried:
+    (kv_ref,) = scratch
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+      kv_ref[...] = jnp.zeros(kv_ref.shape, f32)
+
+    kv = kv_ref[...]
+  else:
+    kv = load("kv")
+  out, kv = _chunk_step(kv, *(load(n) for n in STEP), **statics)
+  o_ref[...] = out.astype(o_ref.dtype)
+  if carried:
+    kv_ref[...] = kv
+
+
+def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_chunks: int, **statics):
+  """Grid (B, H); the kernel loops over the G chunks of its whole [T, D] slices, KV a loop value."""
+  ins = dict(zip(names, refs))
+  o_ref = refs[len(names)]
+  c = chunk
+  total, bias = (ins[n][...] if n in ins else None for n in ("kv", "bias"))
+
+  def chunk_of(name, r):
+    if name == "bias":
+      return bias
+    if name not in ins:
+      return None
+    if name == "row":
+      return ins[name][:, pl.ds(r * c, c)]
+    return ins[name][pl.ds(r * c, c), :]
+
+  def body(r, kv):
+    out, kv = _chunk_step(kv if carried else total, *(chunk_of(n, r) for n in STEP), **statics)
+    o_ref[pl.ds(r * c, c), :] = out.astype(o_ref.dtype)
+    return kv if carried else None
+
+  init = jnp.zeros((ins["lq"].shape[-1], o_ref.shape[-1]), f32) if carried else None
+  jax.lax.fori_loop(0, num_chunks, body, init)
+
+
+def _forward(args: dict[str, Array], *, chunk: int, causal: bool, kernel: str, quad_scale: float, lin_scale: float,
+             driver: str, interpret: bool) -> Array:
+  """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
+  row [B,1,T]; col [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
+  b, h, t, e = args["v"].shape
+  c, g = chunk, t // chunk
+  names = tuple(n for n in OPERANDS if n in args)
+  carried = causal and "lq" in args
+  s = args["lq"].shape[-1] if "lq" in args else 0
+  statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale)
+  out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
+  if driver == "grid":
+    time = lambda bb, hh, rr: (bb, hh, rr, 0)
+    index = {"kv": lambda bb, hh, rr: (bb, hh, 0, 0), "row": lambda bb, hh, rr: (bb, 0, rr),
+             "col": lambda bb, hh, rr: (bb, rr, 0), "bias": lambda bb, hh, rr: (0, 0)}
+    block = {"kv": (None, None, s, e), "row": (None, 1, c), "col": (None, c, 1), "bias": (c, c)}
+    in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
+    call = pl.pallas_call(
+        functools.partial(_grid_kernel, names=names, carried=carried, **statics), out_shape=out_shape,
+        grid=(b, h, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, e), time),
+        scratch_shapes=[_pallas.scratch((s, e), f32)] if carried else [],
+        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret,
+        name="mixed_chunk_attention")
+  else:
+    whole = lambda bb, hh: (bb, hh, 0, 0)
+    index = {"row": lambda bb, hh: (bb, 0, 0), "col": lambda bb, hh: (bb, 0, 0), "bias": lambda bb, hh: (0, 0)}
+    block = {"row": (None, 1, t), "col": (None, t, 1), "bias": (c, c)}
+    in_specs = [pl.BlockSpec(block.get(n, (None, None) + args[n].shape[2:]), index.get(n, whole)) for n in names]
+    call = pl.pallas_call(
+        functools.partial(_loop_kernel, names=names, carried=carried, chunk=c, num_chunks=g, **statics),
+        out_shape=out_shape, grid=(b, h), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, t, e), whole),
+        compiler_params=_pallas.compiler_params(2, sequential=False), interpret=interpret,
+        name="mixed_chunk_attention")
+  return call(*(args[n] for n in names))
+
+
+def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, causal, quad_scale, lin_scale, kernel,
+                 driver, interpret) -> Array:
+  """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out."""
+  b, t, h, _ = v.shape
+  c = min(chunk, t)
+  g = -(-t // c)
+  pad = g * c - t
+  head_major = lambda x: jnp.pad(x.transpose(0, 2, 1, 3), [(0, 0), (0, 0), (0, pad), (0, 0)])
+  keep = None
+  if mask is not None or pad:
+    keep = jnp.ones((b, t), f32) if mask is None else mask.astype(f32)
+    keep = jnp.pad(keep, [(0, 0), (0, pad)])
+  args = {"v": head_major(v)}
+  if quad_q is not None:
+    args.update(qq=head_major(quad_q), qk=head_major(quad_k))
+    if keep is not None:
+      args["row"] = keep[:, None, :]
+    if bias is not None:
+      args["bias"] = bias[:c, :c]
+  if lin_q is not None:
+    args["lq"] = head_major(lin_q)
+    if causal:
+      args["lk"] = head_major(lin_k)
+      if keep is not None:
+        args["col"] = keep[:, :, None]
+    else:  # every chunk reads the total: one einsum here, nothing to carry in the kernel
+      keys = lin_k if mask is None else jnp.where(mask[:, :, None, None], lin_k, jnp.zeros_like(lin_k))
+      args["kv"] = jnp.einsum("bths,bthe->bhse", keys, v, preferred_element_type=f32) * lin_scale
+  dims = {n: {"row": "b..", "col": "b..", "bias": ".."}.get(n, "bh..") for n in args}
+  run = functools.partial(_forward, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
+                          lin_scale=lin_scale, driver=driver, interpret=interpret)
+  out = _pallas.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
+  return out[:, :, :t].transpose(0, 2, 1, 3)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
+  return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, **dict(statics))
+
+
+def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
+  out = _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)
+  return out, (quad_q, quad_k, lin_q, lin_k, v, bias, mask)
+
+
+def _attention_bwd(statics, residuals, cotangent):
+  *floats, mask = residuals
+  d = {k: x for k, x in statics if k not in ("driver", "interpret")}
+
+  def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
+    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, impl="xla", **d)
+
+  _, vjp = jax.vjp(xla, *floats)
+  return vjp(cotangent) + (None,)  # the mask gets no gradient
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None,
+                          v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
+                          bias: Array | None = None, mask: Array | None = None, kernel: str = "relu2",
+                          driver: str | None = None, interpret: bool | None = None) -> Array:
+  """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
+  (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T] -> [B,T,H,E]);
+  `driver` and `interpret` default to `_pallas.driver()` and `_pallas.interpret_default()`."""
+  if kernel not in flash_xla.LOCAL_KERNELS:
+    raise ValueError(f"local kernel {kernel!r} is not one of {flash_xla.LOCAL_KERNELS}.")
+  b, t, h, _ = v.shape
+  c = min(chunk, t)
+  for name, x in (("quad_q", quad_q), ("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k)):
+    if x is not None and (x.ndim != 4 or x.shape[:3] != (b, t, h)):
+      raise ValueError(f"{name} has shape {x.shape}; expected [B,T,H,S] with B, T, H = {(b, t, h)} as in v.")
+  if quad_q is not None and bias is not None and (bias.ndim != 2 or min(bias.shape) < c):
+    raise ValueError(f"bias has shape {bias.shape}; expected [C,C] with C >= {c}.")
+  if mask is not None and mask.shape != (b, t):
+    raise ValueError(f"mask has shape {mask.shape}; expected [B,T] = {(b, t)}.")
+  if quad_q is None and lin_q is None:
+    return jnp.zeros_like(v)
+  statics = (("chunk", chunk), ("causal", causal), ("quad_scale", quad_scale), ("lin_scale", lin_scale),
+             ("kernel", kernel), ("driver", _pallas.driver(driver)),
+             ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+  return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)

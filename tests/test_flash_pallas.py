@@ -1,0 +1,189 @@
+"""FLASH's mixed chunk attention kernel (interpret mode on CPU) == the XLA form and the quadratic
+oracles, per device under a mesh, and in the trainer: values and gradients, both drivers, float32
+and bfloat16."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels
+import lra_core
+from kernels import _pallas
+from kernels import flash as fk
+from kernels import flash_pallas
+from lra_core import optim, sharding
+from lra_core.data import DataInfo
+from lra_core.errors import ConfigError
+from lra_core.experiment import to_device
+from lra_core.state import make_state_spec
+from lra_core.steps import make_train_step
+from lra_core.tasks import make_task
+
+# Tolerances relative to the largest magnitude of the reference (at least 1).
+# float32: both sides accumulate in float32 in another order. bfloat16: inputs and outputs in bf16,
+# sums in float32, one rounding to bf16 (2^-8 relative) at the end, so an output may differ by an ulp.
+F32, BF16 = 1e-5, 1e-2
+O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
+
+
+def run(fn, *args):
+  """fn(*args), jitted and compiled at -O0."""
+  return jax.jit(fn, compiler_options=O0)(*args)
+
+
+def inputs(b=2, t=37, h=2, s=8, e=6, chunk=8, dtype=jnp.float32):
+  """quad_q, quad_k, lin_q, lin_k [B,T,H,S], v [B,T,H,E], bias [C,C], and a padding mask whose second
+  row keeps about half of the positions (a padded tail of whole and partial chunks). numpy draws
+  them: no compilation outside the functions under test."""
+  rng = np.random.default_rng(0)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape).astype(dtype))
+  qk = [normal(b, t, h, s) for _ in range(4)]
+  v, bias = normal(b, t, h, e), jnp.asarray((0.3 * rng.standard_normal((chunk, chunk))).astype(dtype))
+  lengths = np.array([t, t // 2 + 1] + [t] * (b - 2))
+  return qk, v, bias, jnp.asarray(np.arange(t)[None] < lengths[:, None])
+
+
+def value_and_grads(fn, *args):
+  """fn(*args) and the gradients of a position- and channel-weighted sum of it to every argument."""
+  y, vjp = jax.vjp(fn, *args)
+  weights = jnp.cos(jnp.arange(y.shape[-1]) + jnp.arange(y.shape[1])[:, None, None])
+  return y, vjp((weights * jnp.ones_like(y, jnp.float32)).astype(y.dtype))
+
+
+def assert_close(got, want, tolerance):
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert a.dtype == b.dtype
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, rtol=0, atol=tolerance * max(1.0, np.abs(b).max()))
+
+
+# -- the kernel against the XLA form ------------------------------------------------------------------------
+
+# (causal, kernel, T, C, parts, bias, mask, driver, dtype): odd T and multiples of C, C 4 to 16,
+# local-only and global-only. linear_attention below adds the non-causal global-only form.
+CASES = [(True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32),
+         (True, "softmax", 32, 4, "both", False, True, "loop", jnp.float32),
+         (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32),
+         (False, "relu2", 32, 8, "local", True, False, "loop", jnp.float32),
+         (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32),
+         (True, "relu2", 37, 8, "both", True, True, "loop", jnp.bfloat16),
+         (False, "softmax", 32, 16, "both", False, True, "grid", jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype", CASES)
+def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts, with_bias, with_mask, driver,
+                                                dtype):
+  (qq, qk, lq, lk), v, bias, mask = inputs(t=t, chunk=chunk, dtype=dtype)
+  kw = dict(chunk=chunk, causal=causal, quad_scale=8 ** -0.5 if kernel == "softmax" else 1 / chunk,
+            lin_scale=1 / chunk, mask=mask if with_mask else None, kernel=kernel)
+
+  def attention(impl):
+    def fn(qq, qk, lq, lk, v, bias):
+      if parts == "local":
+        lq = lk = None
+      if parts == "global":
+        qq = None
+      if impl == "xla":
+        return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, **kw)
+    return fn
+
+  args = (qq, qk, lq, lk, v, bias if with_bias else None)
+  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)),
+                  *args)
+  assert got[0].dtype == dtype
+  assert_close(got, want, F32 if dtype == jnp.float32 else BF16)
+
+
+def test_one_chunk_without_the_global_part_is_quadratic_attention():
+  """C >= T: the local part alone is relu2_attention (relu2 causal, softmax bidirectional; bias, padding)."""
+  (qq, qk, _, _), v, bias, mask = inputs(t=13, chunk=16)
+
+  def both(qq, qk, v, bias):
+    out = []
+    for causal, kernel, driver in ((True, "relu2", "loop"), (False, "softmax", "grid")):
+      kw = dict(causal=causal, mask=mask, kernel=kernel)
+      fast = lambda qq, qk, v, bias: flash_pallas.mixed_chunk_attention(
+          qq, qk, None, None, v, chunk=16, quad_scale=0.25, lin_scale=1.0, bias=bias, driver=driver, **kw)
+      oracle = lambda qq, qk, v, bias: fk.relu2_attention(qq, qk, v, scale=0.25, bias=bias[:13, :13], **kw)
+      out.append((value_and_grads(fast, qq, qk, v, bias), value_and_grads(oracle, qq, qk, v, bias)))
+    return out
+
+  for got, want in run(both, qq, qk, v, bias):
+    assert_close(got, want, F32)
+
+
+def test_linear_attention_kernel_equals_quadratic_form():
+  (q, k, _, _), v, _, mask = inputs(t=13)
+
+  def both(q, k, v):
+    return [(value_and_grads(lambda *a: kernels.linear_attention(*a, causal=causal, chunk=4, mask=mask,
+                                                                 impl="pallas"), q, k, v),
+             value_and_grads(lambda *a: fk.linear_attention_reference(*a, causal=causal, mask=mask), q, k, v))
+            for causal in (True, False)]
+
+  for got, want in run(both, q, k, v):
+    assert_close(got, want, F32)
+
+
+# -- per device under a mesh ---------------------------------------------------------------------------------
+
+def test_kernel_runs_per_device_under_a_mesh():
+  """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the unsharded values and gradients."""
+  assert jax.device_count() == 8
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  (qq, qk, lq, lk), v, bias, mask = inputs(b=4, t=13, chunk=4)
+
+  def both(*args):
+    return [value_and_grads(lambda *a: kernels.mixed_chunk_attention(
+        *a[:5], bias=a[5], chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, mask=mask, impl="pallas"),
+        *args) for causal in (True, False)]
+
+  args = (qq, qk, lq, lk, v, bias)
+  plain = run(both, *args)
+  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+    fn = lambda *a: both(*a)  # a new function: traced (and sharded) inside the context
+    assert str(jax.make_jaxpr(fn)(*args)).count("shard_map") == 2
+    sharded = run(fn, *args)
+  assert_close(sharded, plain, F32)
+
+
+# -- the model in the trainer ---------------------------------------------------------------------------------
+
+def test_tiny_flash_trains_the_same_with_the_kernel():
+  """Three trainer steps (lra_core.steps) of FLASH's tiny PG-19 config on random bytes, per impl."""
+  losses = {}
+  state = None
+  for impl in ("xla", "pallas"):
+    config = lra_core.load_config("configs/pg19/flash.py:tiny", [f"model.impl={impl}"])
+    mesh = sharding.make_mesh(config.mesh)
+    tx, schedule = optim.make_optimizer(config)
+    spec = make_state_spec(config, mesh, tx)
+    task = make_task(config, DataInfo(vocab_size=config.model.vocab_size))
+    rng = np.random.default_rng(0)
+    b, t = config.train.batch_size, config.train.seq_len
+    with sharding.activate(mesh, config.sharding.rules):
+      step = jax.jit(make_train_step(config, spec, task, tx, schedule), compiler_options=O0)
+      state = spec.init.lower().compile(O0)() if state is None else state  # impl changes no parameter
+      losses[impl] = []
+      impl_state = state
+      for _ in range(3):
+        tokens = rng.integers(1, config.model.vocab_size, size=(b, t + 1)).astype(np.int32)
+        batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((b, t), np.float32)}
+        impl_state, metrics = step(impl_state, to_device(batch, mesh, config.sharding.rules))
+        losses[impl].append(float(metrics["loss"][0] / metrics["loss"][1]))
+  np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=1e-4)
+  assert losses["pallas"][-1] != losses["pallas"][0]  # the parameters moved
+
+
+def test_bad_impl_is_a_clear_error():
+  (q, k, _, _), v, _, _ = inputs(t=8)
+  with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
+    kernels.mixed_chunk_attention(q, k, None, None, v, chunk=4, causal=True, quad_scale=1.0, lin_scale=1.0,
+                                  impl="triton")
+  with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
+    kernels.linear_attention(q, k, v, causal=True, impl="triton")
+  with pytest.raises(ConfigError, match=r"model.impl 'triton' is not one of \['xla', 'pallas'\]"):
+    lra_core.load_config("configs/pg19/flash.py:tiny", ["model.impl=triton"])
