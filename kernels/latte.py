@@ -15,7 +15,8 @@ running max m of the logits (Appendix B.2), so every exponent is <= 0 whatever t
 Inside a chunk the weights exp(k_s - m_t), s <= t, are formed exactly (C x C per latent) and
 contracted with matmuls; C = 1 is the paper's token-by-token recurrence (eq. 21, Appendix D), which
 `latte_step` uses for decoding in constant memory. Work is O(T L (C + D)). The `*_reference`
-functions are the quadratic formulas the tests compare against.
+functions are the quadratic formulas the tests compare against. impl="pallas" runs the kernels of
+kernels/latte_pallas.py (same results; their backward is this file's XLA form).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
-IMPLS = ("xla",)  # the Pallas kernel joins here
+IMPLS = ("xla", "pallas")
 NEG = -1e30  # finite stand-in for log(0): exp underflows to 0 without inf - inf
 
 f32 = jnp.float32
@@ -45,6 +46,12 @@ def _check_impl(impl: str) -> None:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
 
 
+def masked_keys(k: Array, mask: Array | None) -> Array:
+  """k in float32 with the padding (mask False) at NEG: no weight in a softmax over time."""
+  k = k.astype(f32)
+  return k if mask is None else jnp.where(mask[:, :, None, None], k, NEG)
+
+
 # -- bidirectional (Def. 1) ---------------------------------------------------------------------
 
 def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None,
@@ -52,19 +59,17 @@ def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = No
   """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding."""
   _check(q, k, v, mask)
   _check_impl(impl)
-  k = k.astype(f32)
-  if mask is not None:
-    k = jnp.where(mask[:, :, None, None], k, NEG)
-  summary = jnp.einsum("bthl,bthd->bhld", jax.nn.softmax(k, axis=1), v.astype(f32))
+  if impl == "pallas":
+    from kernels import latte_pallas  # the kernel module builds on this one
+    return latte_pallas.bidirectional_latte(q, k, v, mask=mask)
+  summary = jnp.einsum("bthl,bthd->bhld", jax.nn.softmax(masked_keys(k, mask), axis=1), v.astype(f32))
   return jnp.einsum("bthl,bhld->bthd", jax.nn.softmax(q.astype(f32), -1), summary).astype(v.dtype)
 
 
 def bidirectional_latte_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None) -> Array:
   """Quadratic: A[t,s] = sum_l p(l|t) p(s|l) as a T x T matrix, then A V."""
-  k = k.astype(f32)
-  if mask is not None:
-    k = jnp.where(mask[:, :, None, None], k, NEG)
-  a = jnp.einsum("bthl,bshl->bhts", jax.nn.softmax(q.astype(f32), -1), jax.nn.softmax(k, axis=1))
+  p_s = jax.nn.softmax(masked_keys(k, mask), axis=1)
+  a = jnp.einsum("bthl,bshl->bhts", jax.nn.softmax(q.astype(f32), -1), p_s)
   return jnp.einsum("bhts,bshd->bthd", a, v.astype(f32)).astype(v.dtype)
 
 
@@ -111,13 +116,16 @@ def causal_latte(q: Array, k: Array, v: Array, *, impl: str = "xla", chunk: int 
   """Causal Latte: a scan over chunks of `chunk` tokens (default per backend), exact inside each.
 
   O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.
-  `state` continues a sequence (see `init_latte_state`).
+  `state` continues a sequence (see `init_latte_state`). impl="pallas": `chunk` is the kernel's block.
   """
   _check(q, k, v)
   _check_impl(impl)
   chunk = default_chunk() if chunk is None else chunk
   if chunk < 1:
     raise ValueError(f"chunk must be >= 1, got {chunk}.")
+  if impl == "pallas":
+    from kernels import latte_pallas  # the kernel module builds on this one
+    return latte_pallas.causal_latte(q, k, v, chunk=chunk, state=state)
   b, t, h, l = q.shape
   c = min(chunk, t)
   n = -(-t // c)

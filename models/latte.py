@@ -63,6 +63,7 @@ def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDi
       vapor=False,             # Value-Acting POsitional Rotations (Appendix B.3)
       rope=True,               # RoPE on the window attention's q and k (Latte-Macchiato)
       chunk=0,                 # time chunk of causal Latte; 0 -> per backend (kernels.latte)
+      impl="xla",              # attention core: one of kernels.latte.IMPLS
   ))
   c.update(VARIANTS[variant])
   c.update(overrides)
@@ -83,6 +84,8 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
   if m.mixer not in MIXERS:
     raise ConfigError(f"model.mixer {m.mixer!r} is not one of {list(MIXERS)}.")
+  if m.impl not in latte_kernels.IMPLS:
+    raise ConfigError(f"model.impl {m.impl!r} is not one of {list(latte_kernels.IMPLS)}.")
   if m.num_latents <= 0 or m.num_latents % m.num_heads:
     raise ConfigError(f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
                       f"{m.num_heads} (the latent states are split across heads).")
@@ -192,7 +195,7 @@ class LatteAttention(nnx.Module):
     h, d = m.num_heads, m.d_model
     latents, width = m.num_latents // h, d // h
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
-    self.chunk = m.chunk or None
+    self.chunk, self.impl = m.chunk or None, m.impl
     self.shape = (h, latents, width)
     kw = dict(dtype=dtype, rngs=rngs)
     if m.mixer == "conv":
@@ -247,9 +250,9 @@ class LatteAttention(nnx.Module):
     q, k, v = self.query(y), self.key(y), self.value(x)
     lq, rotated = (q[..., 1:] if self.window else q), self._rotate(v, positions, -1.0)
     if self.causal:
-      latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk)
+      latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk, impl=self.impl)
     else:
-      latent = latte_kernels.bidirectional_latte(lq, k, rotated, mask=mask)
+      latent = latte_kernels.bidirectional_latte(lq, k, rotated, mask=mask, impl=self.impl)
     latent = self._rotate(latent, positions, 1.0)
     local = None
     if self.window:

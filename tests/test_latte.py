@@ -99,8 +99,8 @@ def test_kernel_shape_and_impl_errors_are_clear():
     kernels.bidirectional_latte(q, k, v[:, :4])
   with pytest.raises(ValueError, match=r"mask must be bool \[B,T\]"):
     kernels.bidirectional_latte(q, k, v, mask=jnp.ones((2, 4), bool))
-  with pytest.raises(ValueError, match=r"impl 'pallas' is not one of"):
-    kernels.causal_latte(q, k, v, impl="pallas")
+  with pytest.raises(ValueError, match=r"impl 'triton' is not one of"):
+    kernels.causal_latte(q, k, v, impl="triton")
 
 
 # -- the model -------------------------------------------------------------------------------------------

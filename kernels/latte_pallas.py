@@ -1,0 +1,260 @@
+"""Latte as Pallas kernels: one scan over time blocks per (batch, head), its state on chip.
+
+Both kernels walk the time blocks of one (batch, head) in order with a small carried state per
+latent l, the stable pair of eq. 12 scaled by the running max m of the key logits (Appendix B.2):
+
+  num [D,L] = sum_s exp(k_sl - m_l) v_s     (kept transposed: every per-latent vector is a row [1,L])
+  den [1,L] = sum_s exp(k_sl - m_l)          max [1,L] = m_l
+
+Causal (`causal_latte`): block r of C tokens reads p = softmax_l(q) (taken in the wrapper), k and v.
+Inside the block the running max m_t is per token and the weights exp(k_s - m_t), s <= t, are exact
+([C,C,L]); the past enters through the state rescaled by exp(m_past - m_t) <= 1, so every exponent
+is <= 0 whatever the logit range, as in `kernels.latte.latte_chunk`. Block output and state update:
+
+  y = (sum_l r_tl w_tsl) v + (r * carried) num^T,   r = p / den_t           (two matmuls)
+  num <- exp(m - m') num + v^T exp(k - m'),  m' = the max after the block  (one matmul)
+
+Bidirectional (`bidirectional_latte`): the same online update reduces the whole sequence to the
+summary sum_s softmax_s(k_sl) v_s = num / den per latent; masked keys are set to NEG before the
+kernel, as in the reference. The final softmax_l(q) @ summary is an XLA einsum.
+
+Each kernel is one block step under the two drivers of kernels/_pallas.py ("grid": the state in
+scratch across the sequential block axis; "loop": a fori_loop over the blocks with the state in
+loop values). Time is padded to whole blocks with keys PAD (below NEG), which weigh exactly 0, so
+a fully masked row still averages its real positions as the reference does.
+
+Backward: `jax.custom_vjp` whose backward is the VJP of the XLA chunked forms
+(`kernels.latte.causal_latte` / `bidirectional_latte` with impl="xla"), recomputed from the inputs:
+gradients (to q, k, v and a carried state) are the XLA path's, and so is training memory; the
+kernels run the forward pass only.
+
+Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32
+on GPU) and return v's dtype. Block sizes: the causal kernel's time block is `chunk` (its working
+set is C*C*L floats per (batch, head): keep C*C*L small on GPU, where it lives in registers); the
+bidirectional one is min(BLOCK, the power of two >= T). On GPU (Triton) the chunk, L and D should
+be powers of two; on TPU the chunk a multiple of 8 (16 for bf16 values). Only interpret mode has
+been run so far.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import _pallas
+from kernels import latte as latte_xla
+
+Array = jax.Array
+f32 = jnp.float32
+NEG = latte_xla.NEG
+PAD = 2 * NEG  # time padding: below every key, masked ones (NEG) included
+BLOCK = 128    # time block of the bidirectional reduction
+
+
+def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
+  """2-D float32 matmul contracting a's axis contract[0] with b's axis contract[1]."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                             precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
+
+
+# -- block steps ------------------------------------------------------------------------------------
+
+def _causal_block(state, p: Array, k: Array, v: Array):
+  """C tokens after `state` = (num [D,L], den [1,L], max [1,L]): p, k [C,L], v [C,D] -> state, (y [C,D],)."""
+  num, den, mx = state
+  k, v = k.astype(f32), v.astype(f32)
+  c = k.shape[0]
+  causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+            >= jax.lax.broadcasted_iota(jnp.int32, (c, c), 1))[:, :, None]       # [Ct,Cs,1]
+  prefix = jnp.where(causal, k[None], NEG)                                        # k_s for s <= t
+  m = jnp.maximum(mx, prefix.max(1))                                              # running max [C,L]
+  within = jnp.where(causal, jnp.exp(prefix - m[:, None]), 0.0)                   # [C,C,L], <= 1
+  carried = jnp.exp(mx - m)                                                       # [C,L], <= 1
+  r = p / (within.sum(1) + carried * den)                  # den_t >= 1: it holds the max term
+  y = _dot((r[:, None] * within).sum(-1), v) + _dot(r * carried, num, (1, 1))
+  end = jnp.maximum(mx, k.max(0, keepdims=True))                                  # m after the block
+  to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
+  return (decay * num + _dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end), (y,)
+
+
+def _summary_block(state, k: Array, v: Array):
+  """The online softmax-over-time sums: state (num [D,L], den [1,L], max [1,L]), k [C,L], v [C,D]."""
+  num, den, mx = state
+  k = k.astype(f32)
+  m = jnp.maximum(mx, k.max(0, keepdims=True))
+  e, decay = jnp.exp(k - m), jnp.exp(mx - m)
+  return (decay * num + _dot(v.astype(f32), e, (0, 0)), decay * den + e.sum(0, keepdims=True), m), ()
+
+
+# -- the two drivers --------------------------------------------------------------------------------
+
+def _grid_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final: bool):
+  """Grid (B, H, R), R sequential: the state in scratch across the block axis."""
+  init, xs, ys = refs[:n_state], refs[n_state:n_state + n_x], refs[n_state + n_x:n_state + n_x + n_y]
+  finals = refs[n_state + n_x + n_y:len(refs) - n_state] if final else ()
+  scratch = refs[len(refs) - n_state:]
+  r = pl.program_id(2)
+
+  @pl.when(r == 0)
+  def _():
+    for s, i in zip(scratch, init):
+      s[...] = i[...]
+
+  state, outs = step(tuple(s[...] for s in scratch), *(x[...] for x in xs))
+  for y_ref, y in zip(ys, outs):
+    y_ref[...] = y.astype(y_ref.dtype)
+  for s, value in zip(scratch, state):
+    s[...] = value
+  if final:
+    @pl.when(r == pl.num_programs(2) - 1)
+    def _():
+      for f, value in zip(finals, state):
+        f[...] = value
+
+
+def _loop_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final: bool, chunk: int,
+                 num_chunks: int):
+  """Grid (B, H): a loop over the blocks of the whole [T, .] slices, the state in loop values."""
+  init, xs, ys = refs[:n_state], refs[n_state:n_state + n_x], refs[n_state + n_x:n_state + n_x + n_y]
+  finals = refs[n_state + n_x + n_y:]
+
+  def body(r, state):
+    rows = pl.ds(pl.multiple_of(r * chunk, chunk), chunk)
+    state, outs = step(state, *(x[rows, :] for x in xs))
+    for y_ref, y in zip(ys, outs):
+      y_ref[rows, :] = y.astype(y_ref.dtype)
+    return state
+
+  state = jax.lax.fori_loop(0, num_chunks, body, tuple(i[...] for i in init))
+  for f, value in zip(finals, state):
+    f[...] = value
+
+
+def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequence[tuple[int, jnp.dtype]], *,
+          final: bool, chunk: int, driver: str, interpret: bool, name: str) -> tuple[Array, ...]:
+  """`step` over the time blocks of every (batch, head), head-major: init (the state) [B,H,.,.] float32,
+  xs [B,H,T,.] with T a multiple of `chunk` -> per (width Y, dtype) in `ys` an output [B,H,T,Y] written
+  block by block, then the last state if `final`."""
+  b, h, t = xs[0].shape[:3]
+  n = t // chunk
+  statics = dict(step=step, n_state=len(init), n_x=len(xs), n_y=len(ys), final=final)
+  out_shape = ([jax.ShapeDtypeStruct((b, h, t, width), dtype) for width, dtype in ys]
+               + ([jax.ShapeDtypeStruct(s.shape, f32) for s in init] if final else []))
+  if driver == "grid":
+    timed = lambda x: pl.BlockSpec((None, None, chunk, x.shape[-1]), lambda i, j, r: (i, j, r, 0))
+    fixed = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j, r: (i, j, 0, 0))
+    call = pl.pallas_call(
+        functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, n),
+        in_specs=[fixed(s) for s in init] + [timed(x) for x in xs],
+        out_specs=[timed(y) for y in out_shape[:len(ys)]] + [fixed(s) for s in init if final],
+        scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
+        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, name=name)
+  else:
+    whole = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j: (i, j, 0, 0))
+    call = pl.pallas_call(
+        functools.partial(_loop_kernel, chunk=chunk, num_chunks=n, **statics), out_shape=out_shape,
+        grid=(b, h), in_specs=[whole(x) for x in (*init, *xs)], out_specs=[whole(y) for y in out_shape],
+        compiler_params=_pallas.compiler_params(2, sequential=False), interpret=interpret, name=name)
+  return tuple(call(*init, *xs))
+
+
+def _head_major(x: Array, t: int, value: float = 0.0) -> Array:
+  """[B,T,H,X] -> [B,H,T',X], time padded to t with `value`."""
+  x = x.swapaxes(1, 2)
+  return jnp.pad(x, ((0, 0), (0, 0), (0, t - x.shape[2]), (0, 0)), constant_values=value)
+
+
+def _options(driver: str | None, interpret: bool | None) -> tuple[str, bool]:
+  return _pallas.driver(driver), _pallas.interpret_default() if interpret is None else interpret
+
+
+# -- causal -----------------------------------------------------------------------------------------
+
+def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool) -> Array:
+  b, t, h, _ = q.shape
+  tp = -(-t // chunk) * chunk
+  init = (state["num"].astype(f32).swapaxes(-1, -2), state["den"].astype(f32)[:, :, None],
+          state["max"].astype(f32)[:, :, None])                                    # [B,H,D,L], 2 x [B,H,1,L]
+  xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), _head_major(k.astype(f32), tp, PAD),
+        _head_major(v, tp))
+  run = functools.partial(_scan, _causal_block, ys=((v.shape[-1], v.dtype),), final=False, chunk=chunk, driver=driver,
+                          interpret=interpret, name="causal_latte")
+  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..",) * 3), ("bh..",), batch=b, heads=h)
+  return out[:, :, :t].swapaxes(1, 2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _causal(q, k, v, state, options):
+  return _causal_forward(q, k, v, state, **dict(options))
+
+
+def _causal_fwd(q, k, v, state, options):
+  return _causal(q, k, v, state, options), (q, k, v, state)
+
+
+def _causal_bwd(options, residuals, cotangent):
+  chunk = dict(options)["chunk"]
+  xla = lambda q, k, v, state: latte_xla.causal_latte(q, k, v, impl="xla", chunk=chunk, state=state)
+  return jax.vjp(xla, *residuals)[1](cotangent)
+
+
+_causal.defvjp(_causal_fwd, _causal_bwd)
+
+
+def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, state: dict[str, Array] | None = None,
+                 driver: str | None = None, interpret: bool | None = None) -> Array:
+  """`kernels.latte.causal_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
+  v [B,T,H,D] -> [B,T,H,D] in v's dtype. `chunk` is the kernel's time block (default per backend);
+  `driver` "grid" | "loop" (default per backend), `interpret` (default off GPU and TPU)."""
+  b, _, h, l = q.shape
+  chunk = latte_xla.default_chunk() if chunk is None else chunk
+  state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
+  driver, interpret = _options(driver, interpret)
+  return _causal(q, k, v, state, (("chunk", chunk), ("driver", driver), ("interpret", interpret)))
+
+
+# -- bidirectional ----------------------------------------------------------------------------------
+
+def _bidirectional_forward(q, k, v, *, block: int, driver: str, interpret: bool) -> Array:
+  b, t, h, l = q.shape
+  d = v.shape[-1]
+  c = min(block, pl.next_power_of_2(t))
+  tp = -(-t // c) * c
+  init = (jnp.zeros((b, h, d, l), f32), jnp.zeros((b, h, 1, l), f32), jnp.full((b, h, 1, l), NEG, f32))
+  run = functools.partial(_scan, _summary_block, ys=(), final=True, chunk=c, driver=driver, interpret=interpret,
+                          name="bidirectional_latte")
+  num, den, _ = _pallas.run_per_device(run, (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
+                                       (("bh..",) * 3, ("bh..",) * 2), ("bh..",) * 3, batch=b, heads=h)
+  summary = num / den                                                       # [B,H,D,L]; den >= 1
+  return jnp.einsum("bthl,bhdl->bthd", jax.nn.softmax(q.astype(f32), -1), summary).astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _bidirectional(q, k, v, options):
+  return _bidirectional_forward(q, k, v, **dict(options))
+
+
+def _bidirectional_fwd(q, k, v, options):
+  return _bidirectional(q, k, v, options), (q, k, v)
+
+
+def _bidirectional_bwd(options, residuals, cotangent):
+  del options
+  xla = lambda q, k, v: latte_xla.bidirectional_latte(q, k, v, impl="xla")
+  return jax.vjp(xla, *residuals)[1](cotangent)
+
+
+_bidirectional.defvjp(_bidirectional_fwd, _bidirectional_bwd)
+
+
+def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None, block: int = BLOCK,
+                        driver: str | None = None, interpret: bool | None = None) -> Array:
+  """`kernels.latte.bidirectional_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
+  v [B,T,H,D], mask bool [B,T] -> [B,T,H,D] in v's dtype. `block`: the time block of the reduction
+  (at most the next power of two >= T)."""
+  options = (("block", block),) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
+  return _bidirectional(q, latte_xla.masked_keys(k, mask), v, options)

@@ -1,0 +1,169 @@
+"""Latte's Pallas kernels (interpret mode on CPU) == the quadratic formulas, per device under a mesh,
+and in the trainer: values and gradients, both drivers, float32 and bfloat16."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels
+import lra_core
+from kernels import _pallas
+from kernels import latte as lk
+from kernels import latte_pallas
+from lra_core import optim, sharding
+from lra_core.data import DataInfo
+from lra_core.errors import ConfigError
+from lra_core.experiment import to_device
+from lra_core.state import make_state_spec
+from lra_core.steps import make_train_step
+from lra_core.tasks import make_task
+
+F32 = dict(atol=1e-5, rtol=1e-5)
+# bf16 inputs and outputs: both sides compute in float32 and round once to bf16 (2^-8 relative), so
+# an output may differ by an ulp; the gradients are bf16 too.
+BF16 = dict(atol=2e-2, rtol=2e-2)
+O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
+
+
+def run(fn, *args):
+  """fn(*args), jitted and compiled at -O0."""
+  return jax.jit(fn).lower(*args).compile(O0)(*args)
+
+
+def qkv(b=2, t=13, h=2, l=5, d=4, dtype=np.float32):
+  """Random q, k [B,T,H,L] and v [B,T,H,D] (numpy: no per-shape compiles for the test data)."""
+  rng = np.random.default_rng(0)
+  return tuple(rng.standard_normal((b, t, h, n)).astype(dtype) for n in (l, l, d))
+
+
+def value_and_grads(fn, q, k, v):
+  """fn(q, k, v) and the gradients of a position- and channel-weighted sum of it to q, k, v."""
+  weights = jnp.cos(jnp.arange(v.shape[-1]) + jnp.arange(v.shape[1])[:, None, None])
+  y, vjp = jax.vjp(fn, q, k, v)
+  return y, vjp((weights * jnp.ones_like(y, jnp.float32)).astype(y.dtype))
+
+
+def assert_same(got, want, dtype=np.float32):
+  """Equal pytrees of arrays (same dtypes, finite), to the tolerance of `dtype` inputs."""
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert a.dtype == b.dtype and np.isfinite(np.asarray(a, np.float32)).all()
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               **(F32 if dtype == np.float32 else BF16))
+
+
+def assert_equals_reference(fn, reference, q, k, v, *, grads=True):
+  """fn == reference on (q, k, v) in value (and gradients), in one compiled program."""
+  check = value_and_grads if grads else (lambda f, *a: f(*a))
+  got, want = run(lambda *a: (check(fn, *a), check(reference, *a)), q, k, v)
+  assert_same(got, want, q.dtype)
+
+
+# -- causal ---------------------------------------------------------------------------------------------
+
+# T odd (padded to whole chunks), chunks of 1 to 16 (one longer than T), L per head 8 to 512. The
+# backward is the XLA form's whatever the driver, so gradients are checked once per dtype.
+CAUSAL_CASES = [  # t, chunk, l, driver, dtype, grads
+    (13, 4, 64, "grid", np.float32, True), (37, 8, 64, "loop", np.float32, False),
+    (13, 4, 512, "loop", np.float32, False), (7, 16, 64, "grid", np.float32, False),
+    (13, 1, 8, "loop", jnp.bfloat16, False), (13, 8, 64, "grid", jnp.bfloat16, True)]
+
+
+@pytest.mark.parametrize("t,chunk,l,driver,dtype,grads", CAUSAL_CASES)
+def test_causal_kernel_equals_quadratic_formula(t, chunk, l, driver, dtype, grads):
+  fast = lambda q, k, v: latte_pallas.causal_latte(q, k, v, chunk=chunk, driver=driver)
+  assert_equals_reference(fast, lk.causal_latte_reference, *qkv(t=t, l=l, dtype=dtype), grads=grads)
+
+
+@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+def test_causal_kernel_is_stable_for_logits_spread_over_thousands(driver):
+  """Key logits over [-1500, 1500] (e^1500 overflows float32 by far), 3 blocks: still the exact formula."""
+  q, _, v = qkv(t=37)
+  k = (3000.0 * (np.random.default_rng(4).random(q.shape) - 0.5)).astype(np.float32)
+  fast = lambda q, k, v: latte_pallas.causal_latte(q, k, v, chunk=16, driver=driver)
+  assert_equals_reference(fast, lk.causal_latte_reference, 300.0 * q, k, v, grads=driver == "grid")
+
+
+def test_causal_kernel_continues_a_carried_state():
+  def continued(q, k, v):
+    state = lk.init_latte_state(2, 2, 5, 4)
+    for i in range(5):
+      _, state = lk.latte_step(q[:, i], k[:, i], v[:, i], state)
+    return kernels.causal_latte(q[:, 5:], k[:, 5:], v[:, 5:], chunk=4, state=state, impl="pallas")
+
+  got, want = run(lambda *a: (continued(*a), lk.causal_latte_reference(*a)[:, 5:]), *qkv(t=12))
+  assert_same(got, want)
+
+
+# -- bidirectional -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+def test_bidirectional_kernel_equals_quadratic_formula(driver):
+  """Blocks of 4 over 11 steps (padded), large key logits; float32 with padding (some, and a whole
+  row), bfloat16 without."""
+  padded = np.arange(11)[None] < np.array([[11], [6], [0]])
+  for mask, dtype in ((padded, np.float32), (None, jnp.bfloat16)):
+    fast = lambda q, k, v: latte_pallas.bidirectional_latte(q, k, v, mask=mask, block=4, driver=driver)
+    reference = lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask)
+    q, k, v = qkv(b=3, t=11, l=8)
+    assert_equals_reference(fast, reference, *(x.astype(dtype) for x in (q, 50 * k, v)))
+
+
+# -- per device under a mesh ---------------------------------------------------------------------------------
+
+def test_kernels_run_per_device_under_a_mesh():
+  """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the values and gradients of the
+  unsharded formulas (which the unsharded kernels equal, above)."""
+  assert jax.device_count() == 8
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mask = np.arange(9)[None] < np.array([[9], [5], [9], [2]])
+  causal = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=4, impl="pallas")
+  bidirectional = lambda q, k, v: kernels.bidirectional_latte(q, k, v, mask=mask, impl="pallas")
+  references = (lk.causal_latte_reference, lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask))
+
+  def both(fns, q, k, v):
+    return [value_and_grads(fn, q, k, v) for fn in fns]
+
+  q, k, v = qkv(b=4, t=9, l=8)
+  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+    assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 2
+    sharded = run(functools.partial(both, (causal, bidirectional)), q, k, v)
+  assert_same(sharded, run(functools.partial(both, references), q, k, v))
+
+
+# -- the model in the trainer ---------------------------------------------------------------------------------
+
+def test_tiny_lm_trains_the_same_with_the_kernel():
+  """Three trainer steps (lra_core.steps) of the tiny causal LM (one layer) on random bytes, once per impl."""
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, 256, size=(3, 8, 65)).astype(np.int32)
+  state, losses = None, {}
+  for impl in ("xla", "pallas"):
+    config = lra_core.load_config("configs/c4/latte.py:tiny", ["model.num_layers=1", f"model.impl={impl}"])
+    mesh, rules = sharding.make_mesh(config.mesh), config.sharding.rules
+    tx, schedule = optim.make_optimizer(config)
+    spec = make_state_spec(config, mesh, tx)
+    task = make_task(config, DataInfo(vocab_size=config.model.vocab_size, unit="byte"))
+    with sharding.activate(mesh, rules):
+      state = spec.init.lower().compile(O0)() if state is None else state  # one initial state for both
+      batches = [to_device({"inputs": x[:, :-1], "targets": x[:, 1:], "weights": np.ones(x[:, 1:].shape, np.float32)},
+                           mesh, rules) for x in tokens]
+      step = jax.jit(make_train_step(config, spec, task, tx, schedule)).lower(state, batches[0]).compile(O0)
+      current, losses[impl] = state, []
+      for batch in batches:
+        current, metrics = step(current, batch)
+        losses[impl].append(float(metrics["loss"][0] / metrics["loss"][1]))
+  np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=1e-4)
+  assert losses["pallas"][0] != losses["pallas"][-1]  # the parameters moved
+
+
+def test_bad_impl_is_a_clear_error():
+  q, k, v = qkv()
+  with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
+    kernels.causal_latte(q, k, v, impl="triton")
+  with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
+    kernels.bidirectional_latte(q, k, v, impl="triton")
+  with pytest.raises(ConfigError, match=r"model.impl 'triton' is not one of \['xla', 'pallas'\]"):
+    lra_core.load_config("configs/c4/latte.py:tiny", ["model.impl=triton"])
