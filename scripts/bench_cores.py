@@ -5,11 +5,20 @@
 
 Cores: causal_latte / bidirectional_latte (kernels.latte; `:chunk=C` sets the time chunk of the
 causal scan, 1 = the paper's token-by-token recurrence), causal_attention / attention (softmax
-attention with a causal / no mask, kernels.dot_product_attention, quadratic) and
-window_attention (`:window=W`, kernels.local_attention). `--width` and `--latents` are totals
-split across `--heads`, as the paper's benchmark code splits them. Inputs are random normal
-float32 [B,T,H,*]; each row reports the median time of the jitted call and XLA's planned memory
-(arguments + outputs + temporaries).
+attention with a causal / no mask, kernels.dot_product_attention, quadratic),
+window_attention (`:window=W`, kernels.local_attention), vq_attention (kernels.vq_attention,
+`:block=L` default 512, `:codes=S` default 512, serial reduction) and mixed_chunk (FLASH's causal
+mixed chunk attention, relu^2 inside chunks, `:chunk=C` default 256). `:impl=pallas` times the
+Pallas kernel of the Latte, VQ and mixed chunk cores (kernel vs XLA reference:
+
+  python scripts/bench.py --cores=vq_attention,vq_attention:impl=pallas --seq_lens=2048,8192,32768,131072 \
+      --heads=1 --width=128 --batch_size=1
+
+). `--width` and `--latents` are totals split across `--heads`, as the paper's benchmark code
+splits them. Inputs are random normal float32 [B,T,H,*]; each row reports the median time of the
+jitted call, XLA's planned memory (arguments + outputs + temporaries; a Pallas kernel's on-chip
+scratch is not in it) and the bandwidth of reading the inputs and writing the output once
+(GB/s; divide by the device's peak for the fraction).
 """
 
 from __future__ import annotations
@@ -24,29 +33,44 @@ import kernels
 from kernels.attention import attention_mask
 from lra_core.errors import ConfigError
 
-CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention")
+CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention", "vq_attention",
+         "mixed_chunk")
+IMPLS = ("xla", "pallas")
 
 
-def parse_core(text: str) -> tuple[str, dict[str, int]]:
-  """'name:key=value,...' -> (name, int options)."""
+def parse_core(text: str) -> tuple[str, dict[str, int | str]]:
+  """'name:key=value,...' -> (name, options): integers, and impl in {xla, pallas}."""
   name, _, rest = text.partition(":")
   if name not in CORES:
     raise ConfigError(f"core {name!r} is not one of {list(CORES)}.")
   options = {}
   for item in filter(None, rest.split(",")):
     key, sep, value = item.partition("=")
+    if key.strip() == "impl" and value.strip() in IMPLS:
+      options["impl"] = value.strip()
+      continue
     if not sep or not value.strip().isdigit():
       raise ConfigError(f"core option {item!r} is not of the form key=integer.")
     options[key.strip()] = int(value)
   return name, options
 
 
-def core_fn(name: str, options: dict[str, int]) -> Callable:
+def core_fn(name: str, options: dict) -> Callable:
   """f(q, k, v) for the core; q, k hold latent logits for Latte and head vectors otherwise."""
+  impl = options.get("impl", "xla")
   if name == "causal_latte":
-    return lambda q, k, v: kernels.causal_latte(q, k, v, chunk=options.get("chunk"))
+    return lambda q, k, v: kernels.causal_latte(q, k, v, chunk=options.get("chunk"), impl=impl)
   if name == "bidirectional_latte":
-    return lambda q, k, v: kernels.bidirectional_latte(q, k, v)
+    return lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl=impl)
+  if name == "vq_attention":
+    def vq_attention(q, k, v):
+      codebook = jax.random.normal(jax.random.key(3), (k.shape[2], options.get("codes", 512), k.shape[3]), k.dtype)
+      return kernels.vq_attention(q, k, v, codebook, block_len=min(options.get("block", 512), q.shape[1]), impl=impl)
+    return vq_attention
+  if name == "mixed_chunk":
+    return lambda q, k, v: kernels.mixed_chunk_attention(q, k, q, k, v, chunk=options.get("chunk", 256), causal=True,
+                                                         quad_scale=q.shape[-1] ** -0.5, lin_scale=1.0 / q.shape[1],
+                                                         impl=impl)
   if name == "window_attention":
     return lambda q, k, v: kernels.local_attention(q, k, v, window=options.get("window", 128), causal=True)
   causal = name == "causal_attention"
@@ -84,15 +108,16 @@ def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: i
     gc.collect()
     row.update(status="OOM", error=str(e).strip().splitlines()[0][:300])
     return row
+  moved = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + v.size * v.dtype.itemsize
   row.update(status="ok", ms=1e3 * median, ms_all=[1e3 * s for s in times], memory_bytes=xla_memory_bytes(compiled),
-             tokens_per_s=b * t / median)
+             tokens_per_s=b * t / median, gb_per_s=moved / median / 1e9)
   return row
 
 
 def format_table(rows: Sequence[dict]) -> str:
   """Markdown rows; the last column is the first core's time at the same length over this row's."""
-  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | speed-up vs first core |",
-           "|---|---|---|---|---|---|---|"]
+  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | GB/s (in + out once) | "
+           "speed-up vs first core |", "|---|---|---|---|---|---|---|---|"]
   first = {}
   for r in rows:
     if r["status"] == "ok":
@@ -100,10 +125,11 @@ def format_table(rows: Sequence[dict]) -> str:
   for r in rows:
     cells = [f"`{r['variant']}`", str(r["seq_len"]), str(r["batch_size"])]
     if r["status"] != "ok":
-      cells += [r["status"]] + ["-"] * 3
+      cells += [r["status"]] + ["-"] * 4
     else:
       mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2 ** 20:,.0f}"
-      cells += [f"{r['ms']:,.2f}", f"{r['tokens_per_s']:,.0f}", mem, f"{first[r['seq_len']] / r['ms']:,.1f}x"]
+      cells += [f"{r['ms']:,.2f}", f"{r['tokens_per_s']:,.0f}", mem, f"{r['gb_per_s']:,.2f}",
+                f"{first[r['seq_len']] / r['ms']:,.1f}x"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

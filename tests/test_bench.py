@@ -124,12 +124,14 @@ def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
 
 def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
   out = tmp_path / "cores.md"
-  rows = bench.main(["--cores=causal_attention,causal_latte:chunk=4,bidirectional_latte,window_attention:window=4",
+  rows = bench.main(["--cores=causal_attention,causal_latte:chunk=4,bidirectional_latte,window_attention:window=4,"
+                     "vq_attention:block=4,codes=8,impl=pallas,mixed_chunk:chunk=4,impl=pallas",
                      "--seq_lens=16", "--heads=2", "--width=8", "--latents=6", "--steps=1", "--warmup=0",
                      f"--out={out}"])
   assert [r["variant"] for r in rows] == ["causal_attention", "causal_latte:chunk=4", "bidirectional_latte",
-                                          "window_attention:window=4"]
-  assert all(r["status"] == "ok" and r["ms"] > 0 and r["seq_len"] == 16 for r in rows)
+                                          "window_attention:window=4", "vq_attention:block=4,codes=8,impl=pallas",
+                                          "mixed_chunk:chunk=4,impl=pallas"]
+  assert all(r["status"] == "ok" and r["ms"] > 0 and r["seq_len"] == 16 and r["gb_per_s"] > 0 for r in rows)
   assert "| `causal_latte:chunk=4` | 16 | 1 |" in out.read_text()
   with pytest.raises(ConfigError, match="either --config"):
     bench.main(["--cores=causal_latte", f"--config={ENWIK8}"])
