@@ -12,7 +12,12 @@ cross blocks, so each kernel has one block step and two drivers:
           carry in loop values (Triton runs grid programs in parallel, so no carry could cross
           them); each program reads its whole [T, D] slice block by block.
 
-`driver()` picks "loop" on GPU and "grid" elsewhere; the tests run both in interpret mode.
+`driver()` picks "loop" on GPU and "grid" elsewhere; the tests run both in interpret mode. On GPU
+the kernels use Triton (`compiler_params`): the loop driver's whole-[T, D] slices stay in global
+memory there, while Mosaic GPU would stage them in shared memory.
+
+The platform is the default backend's unless `target(platform)` says otherwise, which lets a CPU
+host lower the kernels for GPU or TPU (scripts/check_lowering.py).
 
 Sharding: the kernels are independent per (batch, head), so under `per_device_mesh(mesh, ...)`
 (entered by `lra_core.sharding.activate`) `run_per_device` wraps them in `jax.shard_map` with
@@ -29,30 +34,50 @@ from collections.abc import Callable, Iterator, Sequence
 
 import jax
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 from jax.sharding import Mesh, PartitionSpec as P
 
 DRIVERS = ("grid", "loop")
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernel_target", default=None)
+
+
+def platform() -> str:
+  """The platform the kernels are traced for: 'gpu', 'tpu' or 'cpu'."""
+  return _TARGET.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def target(name: str) -> Iterator[None]:
+  """Traces the kernels for `name` ('gpu', 'tpu', 'cpu') whatever the default backend."""
+  token = _TARGET.set(name)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def interpret_default() -> bool:
   """Pallas compiles for GPU and TPU; anywhere else the kernel runs in interpret mode."""
-  return jax.default_backend() not in ("gpu", "tpu")
+  return platform() not in ("gpu", "tpu")
 
 
 def driver(name: str | None = None) -> str:
   if name is None:
-    return "loop" if jax.default_backend() == "gpu" else "grid"
+    return "loop" if platform() == "gpu" else "grid"
   if name not in DRIVERS:
     raise ValueError(f"driver {name!r} is not one of {DRIVERS}.")
   return name
 
 
 def compiler_params(num_parallel: int, sequential: bool):
-  """TPU: the (batch, heads) grid axes may run on either core, the block axis must run in order."""
-  if jax.default_backend() != "tpu":
-    return None
-  semantics = ("parallel",) * num_parallel + (("arbitrary",) if sequential else ())
-  return pltpu.CompilerParams(dimension_semantics=semantics)
+  """TPU: the (batch, heads) grid axes may run on either core, the block axis must run in order.
+  GPU: Triton, 4 warps per program."""
+  if platform() == "tpu":
+    semantics = ("parallel",) * num_parallel + (("arbitrary",) if sequential else ())
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+  if platform() == "gpu":
+    return pltriton.CompilerParams(num_warps=4, num_stages=1)
+  return None
 
 
 def scratch(shape: Sequence[int], dtype):

@@ -116,16 +116,17 @@ def causal_latte(q: Array, k: Array, v: Array, *, impl: str = "xla", chunk: int 
   """Causal Latte: a scan over chunks of `chunk` tokens (default per backend), exact inside each.
 
   O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.
-  `state` continues a sequence (see `init_latte_state`). impl="pallas": `chunk` is the kernel's block.
+  `state` continues a sequence (see `init_latte_state`). impl="pallas": `chunk` is the kernel's block
+  (default per backend: `latte_pallas.default_chunk`).
   """
   _check(q, k, v)
   _check_impl(impl)
-  chunk = default_chunk() if chunk is None else chunk
-  if chunk < 1:
+  if chunk is not None and chunk < 1:
     raise ValueError(f"chunk must be >= 1, got {chunk}.")
   if impl == "pallas":
     from kernels import latte_pallas  # the kernel module builds on this one
     return latte_pallas.causal_latte(q, k, v, chunk=chunk, state=state)
+  chunk = default_chunk() if chunk is None else chunk
   b, t, h, l = q.shape
   c = min(chunk, t)
   n = -(-t // c)

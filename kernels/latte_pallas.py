@@ -55,6 +55,12 @@ PAD = 2 * NEG  # time padding: below every key, masked ones (NEG) included
 BLOCK = 128    # time block of the bidirectional reduction
 
 
+def default_chunk() -> int:
+  """The causal kernel's time block per platform: its C x C x L working set lives in GPU registers
+  (C = 16) or TPU VMEM (C = 32, a multiple of the 8-row tiles); interpret mode as the XLA form."""
+  return {"gpu": 16, "tpu": 32}.get(_pallas.platform(), latte_xla.default_chunk())
+
+
 def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
   """2-D float32 matmul contracting a's axis contract[0] with b's axis contract[1]."""
   return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
@@ -211,7 +217,7 @@ def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, stat
   v [B,T,H,D] -> [B,T,H,D] in v's dtype. `chunk` is the kernel's time block (default per backend);
   `driver` "grid" | "loop" (default per backend), `interpret` (default off GPU and TPU)."""
   b, _, h, l = q.shape
-  chunk = latte_xla.default_chunk() if chunk is None else chunk
+  chunk = default_chunk() if chunk is None else chunk
   state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
   driver, interpret = _options(driver, interpret)
   return _causal(q, k, v, state, (("chunk", chunk), ("driver", driver), ("interpret", interpret)))
