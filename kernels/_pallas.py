@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 from jax.sharding import Mesh, PartitionSpec as P
@@ -78,6 +79,13 @@ def compiler_params(num_parallel: int, sequential: bool):
   if platform() == "gpu":
     return pltriton.CompilerParams(num_warps=4, num_stages=1)
   return None
+
+
+def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precision=None) -> jax.Array:
+  """2-D matmul in a kernel, accumulated in float32: a's axis contract[0] with b's axis contract[1]
+  (so (1, 1) is a b^T and (0, 0) is a^T b, without an explicit transpose)."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
 
 
 def scratch(shape: Sequence[int], dtype):

@@ -46,11 +46,6 @@ OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
 
 
-def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
-  """2-D matmul in float32 contracting a's axis contract[0] with b's axis contract[1]."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), preferred_element_type=f32)
-
-
 def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
   """Local attention weights from float32 scores [C,C]; positions not allowed get weight 0."""
   if kernel == "relu2":
@@ -73,20 +68,20 @@ def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: 
   out = None
   if qq is not None:
     c = qq.shape[0]
-    scores = _dot(qq, qk, (1, 1)) * quad_scale
+    scores = _pallas.dot(qq, qk, (1, 1)) * quad_scale
     if bias is not None:
       scores = scores + bias.astype(f32)
     allowed = None if row is None else jnp.broadcast_to(row > 0, (c, c))
     if causal:
       tril = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1) <= jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
       allowed = tril if allowed is None else allowed & tril
-    out = _dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
+    out = _pallas.dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
   if lq is not None:
-    part = _dot(lq.astype(f32), kv)
+    part = _pallas.dot(lq.astype(f32), kv)
     out = part if out is None else out + part
     if causal:  # after its use: chunk g reads chunks 0..g-1
       keys = lk if col is None else jnp.where(col > 0, lk, jnp.zeros_like(lk))
-      kv = kv + _dot(keys, v, (0, 0)) * lin_scale
+      kv = kv + _pallas.dot(keys, v, (0, 0)) * lin_scale
   return out, kv
 
 

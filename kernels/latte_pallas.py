@@ -61,10 +61,8 @@ def default_chunk() -> int:
   return {"gpu": 16, "tpu": 32}.get(_pallas.platform(), latte_xla.default_chunk())
 
 
-def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
-  """2-D float32 matmul contracting a's axis contract[0] with b's axis contract[1]."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                             precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
+# float32 matmuls at full precision (no TF32 on GPU): the state sums exponentials of logits
+_dot = functools.partial(_pallas.dot, precision=jax.lax.Precision.HIGHEST)
 
 
 # -- block steps ------------------------------------------------------------------------------------

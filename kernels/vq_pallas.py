@@ -44,11 +44,6 @@ f32 = jnp.float32
 MASK = vq_xla.MASK
 
 
-def _dot(a: Array, b: Array, contract: tuple[int, int] = (1, 0)) -> Array:
-  """2-D matmul in float32 contracting a's axis contract[0] with b's axis contract[1]."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), preferred_element_type=f32)
-
-
 def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev, codebook, bias, *,
                 n_code: int, compressive: bool):
   """One query block against [previous, present] keys and the cache, then the previous block is folded.
@@ -61,8 +56,8 @@ def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev
   q = q.astype(f32)
   i = jax.lax.broadcasted_iota(jnp.int32, (l, l), 0)
   j = jax.lax.broadcasted_iota(jnp.int32, (l, l), 1)
-  s_prev = _dot(q, k_prev.astype(f32), (1, 1))               # keys at distance L + i - j
-  s_cur = _dot(q, k_cur.astype(f32), (1, 1))                 # keys at distance i - j
+  s_prev = _pallas.dot(q, k_prev.astype(f32), (1, 1))        # keys at distance L + i - j
+  s_cur = _pallas.dot(q, k_cur.astype(f32), (1, 1))          # keys at distance i - j
   if bias is not None:
     s_prev, s_cur = s_prev + bias[:, :l], s_cur + bias[:, l:]
   keep_prev = zr_prev != n_code
@@ -74,24 +69,24 @@ def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev
   m = jnp.maximum(s_prev.max(-1, keepdims=True), s_cur.max(-1, keepdims=True))
   if compressive:
     present = count_row > 0
-    s_code = _dot(q, codebook.astype(f32), (1, 1))           # [L,S]
+    s_code = _pallas.dot(q, codebook.astype(f32), (1, 1))    # [L,S]
     log_count = jnp.where(present, jnp.log(jnp.maximum(count_row, 1.0)), -MASK)
     m = jnp.maximum(m, (s_code + log_count).max(-1, keepdims=True))
   a_prev = jnp.where(keep_prev, jnp.exp(s_prev - m), 0.0)
   a_cur = jnp.where(keep_cur, jnp.exp(s_cur - m), 0.0)
-  num = _dot(a_prev, v_prev.astype(f32)) + _dot(a_cur, v_cur.astype(f32))
+  num = _pallas.dot(a_prev, v_prev.astype(f32)) + _pallas.dot(a_cur, v_cur.astype(f32))
   den = a_prev.sum(-1, keepdims=True) + a_cur.sum(-1, keepdims=True)
   if compressive:
     # exp(q.c_s - m) <= exp(-log count_s) <= 1 for every code present; absent codes masked.
     a_code = jnp.where(present, jnp.exp(jnp.where(present, s_code - m, 0.0)), 0.0)
-    num = num + _dot(a_code, sum_v)
+    num = num + _pallas.dot(a_code, sum_v)
     den = den + (a_code * count_row).sum(-1, keepdims=True)
   out = num / den
 
   onehot = (zc_prev == jax.lax.broadcasted_iota(jnp.int32, (l, n_code), 1)).astype(f32)   # [L,S]
-  sum_v = sum_v + _dot(onehot, v_prev.astype(f32), (0, 0))
-  count_row = count_row + _dot(jnp.ones((1, l), f32), onehot)
-  count_col = count_col + _dot(onehot, jnp.ones((l, 1), f32), (0, 0))
+  sum_v = sum_v + _pallas.dot(onehot, v_prev.astype(f32), (0, 0))
+  count_row = count_row + _pallas.dot(jnp.ones((1, l), f32), onehot)
+  count_col = count_col + _pallas.dot(onehot, jnp.ones((l, 1), f32), (0, 0))
   return (sum_v, count_row, count_col), out
 
 
@@ -170,7 +165,8 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, compress
     this = lambda bb, hh, rr: (bb, hh, rr, 0)
     kv = lambda bb, hh, rr: (bb, hh // g, rr, 0)
     kv_prev = lambda bb, hh, rr: (bb, hh // g, jnp.maximum(rr - 1, 0), 0)
-    row, row_prev = (lambda bb, hh, rr: (bb, hh // g, 0, rr)), (lambda bb, hh, rr: (bb, hh // g, 0, jnp.maximum(rr - 1, 0)))
+    row = lambda bb, hh, rr: (bb, hh // g, 0, rr)
+    row_prev = lambda bb, hh, rr: (bb, hh // g, 0, jnp.maximum(rr - 1, 0))
     fixed_kv = lambda bb, hh, rr: (bb, hh // g, 0, 0)
     fixed = lambda bb, hh, rr: (bb, hh, 0, 0)
     in_specs = [spec((l, dk), this), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dv), kv),
