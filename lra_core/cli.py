@@ -3,6 +3,8 @@
   --config=<file>[:arg]   a config file and its argument (ml_collections style)
   --config.<key>=<value>  overrides, parsed with the field's type (as config_flags does)
   --workdir=<dir>
+  --distributed / --coordinator_address / --num_processes / --process_id
+                          multi-process runs (lra_core/distributed.py, docs/launching.md)
 
 Overrides go through `lra_core.load_config`, so the command line and the Python API give the
 same one-sentence errors (an unknown key names the closest valid keys). A `UserError` ends the
@@ -18,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from lra_core import distributed
 from lra_core.config import load_config
 from lra_core.errors import UserError
 
@@ -48,11 +51,14 @@ def parse(argv: Sequence[str] | None, *, default_config: str | None = None, defa
                       help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)")
   parser.add_argument("--workdir", default=default_workdir, required=default_workdir is None,
                       help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json")
+  distributed.add_flags(parser)
   if extra is not None:
     extra(parser)
   ns = parser.parse_args(rest)
   setup_logging()
   config = load_config(ns.config, overrides)
+  # After the config (a typo fails at once, in every process) and before anything uses a device.
+  distributed.initialize_from_args(ns)
   return Args(config=config, workdir=ns.workdir, spec=ns.config, overrides=overrides, extra=ns)
 
 
