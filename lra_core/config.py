@@ -71,6 +71,7 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
       test_at_end=True,       # evaluate the test split after the last step
       nan_check=True,         # stop at the first non-finite loss / gradient / parameter
       init_from="",           # a workdir whose latest parameters start a fresh run (uptraining)
+      memory_limit_gib=0.0,   # per-device budget the compiled train step must fit; 0 -> the device's
   ))
   c.optim = optim if optim is not None else optim_lib.default_config()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -235,7 +236,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _positive(config, "train.steps", "train.batch_size", "train.seq_len", "train.grad_accum_steps",
             "train.keep_checkpoints", "train.log_every")
   train = config.train
-  for key in ("eval_every", "eval_batches", "checkpoint_every", "eval_batch_size", "update_len"):
+  for key in ("eval_every", "eval_batches", "checkpoint_every", "eval_batch_size", "update_len",
+              "memory_limit_gib"):
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
   if train.batch_size % train.grad_accum_steps:

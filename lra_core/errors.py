@@ -27,3 +27,7 @@ class TrainingDiverged(UserError, FloatingPointError):
 
 class DecodingError(UserError, ValueError):
   """A sampling setting, prompt or model does not fit what decoding expects."""
+
+
+class ResourceError(UserError, RuntimeError):
+  """A config needs more memory (or devices) than the machine has."""

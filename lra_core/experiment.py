@@ -59,14 +59,30 @@ def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
     raise ConfigError(f"eval batch size {eval_bs} is not a multiple of the {shards} data-parallel shards.")
 
 
+def _global_layout(local: np.ndarray, mesh, rules) -> tuple[tuple[int, ...], sharding.NamedSharding]:
+  """The global shape and sharding of a batch field of which this process holds `local`."""
+  if not local.ndim:
+    return (), sharding.NamedSharding(mesh, sharding.P())
+  shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+  return shape, sharding.NamedSharding(mesh, sharding.batch_spec(rules, mesh, shape))
+
+
 def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
   """This process's rows -> global arrays sharded over the batch mesh axes."""
-  process_count = jax.process_count()
   out = {}
   for name, local in batch.items():
-    shape = (local.shape[0] * process_count,) + local.shape[1:] if local.ndim else ()
-    spec = sharding.batch_spec(rules, mesh, shape) if local.ndim else sharding.P()
-    out[name] = jax.make_array_from_process_local_data(sharding.NamedSharding(mesh, spec), local, shape)
+    shape, named = _global_layout(local, mesh, rules)
+    out[name] = jax.make_array_from_process_local_data(named, local, shape)
+  return out
+
+
+def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes, dtypes and shardings `to_device(batch, ...)` gives, for compiling ahead of time."""
+  out = {}
+  for name, local in batch.items():
+    local = np.asarray(local)
+    shape, named = _global_layout(local, mesh, rules)
+    out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
   return out
 
 

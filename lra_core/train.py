@@ -2,6 +2,8 @@
 
   python -m lra_core.train --config=configs/lra/listops/transformer.py:tiny --workdir=/tmp/run
   python -m lra_core.train                       # the embedded default: ListOps on CPU
+  python -m lra_core.train ... --coordinator_address=host0:1234 --num_processes=2 --process_id=0
+                                                 # one process of a multi-process run (docs/launching.md)
 
 Every model and task goes through this file unchanged: models are found by name
 (lra_core.registry), objectives live in lra_core/tasks, datasets in lra_core/data.
@@ -19,7 +21,7 @@ import jax
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import cli, experiment, optim, sharding
+from lra_core import aot, cli, experiment, optim, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.errors import TrainingDiverged
@@ -62,6 +64,11 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   with sharding.activate(mesh, rules):
     train_step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
                          out_shardings=(spec.shardings, None))
+    # Compiled from shapes alone, before the state exists: a config too large for the devices
+    # stops here with the estimate (lra_core/aot.py).
+    train_step = aot.compile_step(train_step, spec.abstract,
+                                  experiment.abstract_batch(train_reader(0), mesh, rules),
+                                  name="train step", limit_gib=t.memory_limit_gib)
     evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
@@ -175,10 +182,18 @@ def _fmt(metrics: dict) -> str:
 
 
 def main(argv=None) -> None:
-  args = cli.parse(argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR,
+  def flags(parser):
+    parser.add_argument("--stop_at_step", type=int, default=None,
+                        help="leave after the checkpoint at this step (to split a run across job allocations); "
+                             "the same command without it continues")
+
+  args = cli.parse(argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR, extra=flags,
                    prog="python -m lra_core.train")
   logging.info("config %s, workdir %s", args.spec, args.workdir)
-  summary = train_and_evaluate(args.config, args.workdir)
+  summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step)
+  if "stopped_at" in summary:
+    print(f"stopped {args.spec} at step {summary['stopped_at']} in {args.workdir}; run again to continue")
+    return
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")
 
