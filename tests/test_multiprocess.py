@@ -1,0 +1,128 @@
+"""Two processes joined by jax.distributed (localhost coordinator, 2 CPU devices each) train,
+checkpoint, stop, resume and finish like one process with the same global batch."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import lra_core
+from lra_core import distributed, optim, sharding
+from lra_core.checkpoint import Checkpointer
+from lra_core.errors import ConfigError
+from lra_core.metrics import read_metrics
+from lra_core.state import make_state_spec
+from lra_core.train import train_and_evaluate
+from tests.fixtures import listops
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Data over the two processes x fsdp over each process's two devices; batch 8 -> 2 rows a device.
+MESH = ["mesh.data=2", "mesh.fsdp=-1"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(overrides, workdir, *extra):
+  """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+             # 2 devices a process; the compiler's fast mode keeps this test cheap.
+             XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+             JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+  port = _free_port()
+  args = [sys.executable, "-m", "lra_core.train", f"--config={listops.SPEC}", f"--workdir={workdir}",
+          *(f"--config.{o}" for o in overrides), f"--coordinator_address=localhost:{port}", "--num_processes=2",
+          *extra]
+  procs = [subprocess.Popen([*args, f"--process_id={i}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=300)[0])
+  finally:
+    for p in procs:
+      p.kill()
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  return outputs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("multiprocess")
+  overrides = listops.build(root / "data") + MESH
+  two = root / "two_processes"
+  first = _launch(overrides, two, "--stop_at_step=2")
+  second = _launch(overrides, two)
+  one = root / "one_process"
+  # The same mesh in this process (whose 8 devices would otherwise all go to fsdp).
+  config = lra_core.load_config(listops.SPEC, [*overrides, "mesh.fsdp=2"])
+  summary = train_and_evaluate(config, one)
+  return config, two, first, second, one, summary
+
+
+def test_two_processes_resume_and_match_one_process(runs):
+  config, two, first, second, one, summary = runs
+  for out in first + second:
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out
+    assert "train step compiled in" in out and "per device" in out  # the AOT memory report
+  assert all("stopped" in out and "at step 2" in out for out in first)
+  assert all("resuming at step 2 (data position 2)" in out for out in second)
+  # Process 0 alone writes the metrics and the summary.
+  two_summary = json.loads((two / "summary.json").read_text())
+  assert [r["step"] for r in read_metrics(two) if "train_loss" in r] == [2, 4]
+  # The same global batches: the cross-process sums add in another order (gloo), so equal to
+  # float32 rounding, not bit for bit.
+  np.testing.assert_allclose(two_summary["param_checksum"], summary["param_checksum"], rtol=1e-7)
+  for key in ("val_loss", "test_loss"):
+    np.testing.assert_allclose(two_summary[key], summary[key], rtol=1e-5)
+  # The checkpoint written jointly by the two processes restores in this single process.
+  steps = Checkpointer(two, async_save=False).all_steps()
+  assert steps == [2, 4]
+  abstract = make_state_spec(config, sharding.make_mesh(config.mesh), optim.make_optimizer(config)[0]).abstract
+  restored = [Checkpointer(d, async_save=False).restore(4, abstract)[0]["params"] for d in (two, one)]
+  for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+def test_the_run_shards_parameters_over_fsdp(runs):
+  config = runs[0]
+  mesh = sharding.make_mesh(config.mesh)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
+  spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
+  specs = [s.spec for s in jax.tree.leaves(spec.shardings["params"])]
+  assert any("fsdp" in tuple(s) for s in specs)
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    (("auto", None, None, None), {}, None),
+    (("auto", "host:1234", 2, 0), {}, {"coordinator_address": "host:1234", "num_processes": 2, "process_id": 0}),
+    (("auto", None, None, None), {"TPU_WORKER_HOSTNAMES": "a,b"}, {}),
+    (("auto", None, None, None), {"TPU_WORKER_HOSTNAMES": "a"}, None),
+    (("auto", None, None, None), dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[1-2]", SLURM_NTASKS="16",
+                                       SLURM_PROCID="3", SLURM_LOCALID="3"), {}),
+    (("on", None, None, None), {}, {}),
+    (("off", None, None, None), {"TPU_WORKER_HOSTNAMES": "a,b"}, None),
+])
+def test_distributed_settings(flags, env, expected):
+  assert distributed.settings(*flags, environ=env) == expected
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("auto", "host:1234", None, 0), "needs --num_processes"),
+    (("auto", "host", 2, 0), "HOST:PORT"),
+    (("auto", "host:1", 2, 2), "--process_id 2 is outside 0..1"),
+    (("off", "host:1", 2, 0), "contradicts"),
+])
+def test_distributed_flag_errors(flags, message):
+  with pytest.raises(ConfigError, match=message):
+    distributed.settings(*flags, environ={})
