@@ -143,3 +143,33 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
 
 def named(mesh: Mesh, specs):
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def parameter_layout(config, num_devices: int) -> list[dict]:
+  """How `config`'s parameters would be split on `num_devices` devices, without any device.
+
+  One row per parameter: path, shape, logical axes, PartitionSpec and the elements each device
+  holds. Uses an abstract mesh and abstract parameters, so it runs anywhere in a second
+  (scripts/shardings.py prints it; docs/launching.md tabulates it per model family).
+  """
+  from jax.sharding import AbstractMesh
+
+  from lra_core.registry import build_model
+
+  sizes = mesh_shape(config.mesh, num_devices)
+  mesh = AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES)
+  model = nnx.eval_shape(lambda: build_model(config, seed=0))
+  rows = []
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    shape = tuple(var.get_value().shape)
+    axes = var.get_metadata().get("logical_axes")
+    spec = P() if axes is None else logical_to_spec(axes, config.sharding.rules, mesh, shape)
+    split = math.prod(mesh.shape[a] for entry in spec if entry
+                      for a in ((entry,) if isinstance(entry, str) else entry))
+    rows.append(dict(path="/".join(map(str, path)), shape=shape, logical_axes=axes, spec=spec,
+                     size=math.prod(shape), per_device=math.prod(shape) // split))
+  return rows
+
+
+def mesh_axes_used(spec: P) -> set[str]:
+  return {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}

@@ -153,3 +153,25 @@ def test_mesh_errors_are_clear():
     sharding.make_mesh({"data": 4, "fsdp": 4, "tensor": 1})
   with pytest.raises(lra_core.ConfigError, match="not a multiple of 3"):
     sharding.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
+
+
+def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor():
+  from scripts.shardings import FAMILIES, summarize
+  mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
+  for name, spec in FAMILIES.items():
+    rows = sharding.parameter_layout(lra_core.load_config(spec, mesh), num_devices=8)
+    assert all(r["logical_axes"] is not None for r in rows), name
+    s = summarize(rows)
+    assert s["fsdp"] > 0.95 and s["tensor"] > 0.5, (name, s)
+
+
+def test_sharding_rules_are_selected_by_config():
+  """Without the `embed -> fsdp` rule the fsdp axis only splits the batch (plain data parallelism)."""
+  rules = "(('batch', ('data', 'fsdp')), ('heads', 'tensor'), ('kv_heads', 'tensor'), ('mlp', 'tensor'))"
+  config = lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1", f"sharding.rules={rules}"])
+  rows = sharding.parameter_layout(config, num_devices=8)
+  up = next(r for r in rows if r["path"].endswith("mlp/up/kernel"))
+  assert up["spec"] == P(None, "tensor") and up["per_device"] == up["size"] // 2
+  default = sharding.parameter_layout(lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1"]), 8)
+  up = next(r for r in default if r["path"].endswith("mlp/up/kernel"))
+  assert up["spec"] == P("fsdp", "tensor") and up["per_device"] == up["size"] // 8
