@@ -9,7 +9,7 @@ import lra_core
 from lra_core import aot
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
-from tests.fixtures import listops
+from fixtures import listops
 
 
 def _step():

@@ -1,5 +1,9 @@
 """Two processes joined by jax.distributed (localhost coordinator, 2 CPU devices each) train,
-checkpoint, stop, resume and finish like one process with the same global batch."""
+checkpoint, stop, resume and finish like one process with the same global batch.
+
+The first half runs data-parallel across the processes with FSDP inside each (data 2 x fsdp 2);
+the second half resumes that checkpoint on FSDP across both processes (fsdp 4), where no process
+holds a whole parameter."""
 
 import json
 import os
@@ -19,11 +23,13 @@ from lra_core.errors import ConfigError
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec
 from lra_core.train import train_and_evaluate
-from tests.fixtures import listops
+from fixtures import listops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Data over the two processes x fsdp over each process's two devices; batch 8 -> 2 rows a device.
 MESH = ["mesh.data=2", "mesh.fsdp=-1"]
+# Then fsdp over all four devices of both processes.
+FSDP_ACROSS = ["mesh.data=1", "mesh.fsdp=-1"]
 
 
 def _free_port() -> int:
@@ -62,7 +68,7 @@ def runs(tmp_path_factory):
   overrides = listops.build(root / "data") + MESH
   two = root / "two_processes"
   first = _launch(overrides, two, "--stop_at_step=2")
-  second = _launch(overrides, two)
+  second = _launch([*overrides, *FSDP_ACROSS], two)
   one = root / "one_process"
   # The same mesh in this process (whose 8 devices would otherwise all go to fsdp).
   config = lra_core.load_config(listops.SPEC, [*overrides, "mesh.fsdp=2"])
@@ -73,8 +79,9 @@ def runs(tmp_path_factory):
 def test_two_processes_resume_and_match_one_process(runs):
   config, two, first, second, one, summary = runs
   for out in first + second:
-    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out
     assert "train step compiled in" in out and "per device" in out  # the AOT memory report
+  assert all("mesh {'data': 2, 'fsdp': 2, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in first)
+  assert all("mesh {'data': 1, 'fsdp': 4, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in second)
   assert all("stopped" in out and "at step 2" in out for out in first)
   assert all("resuming at step 2 (data position 2)" in out for out in second)
   # Process 0 alone writes the metrics and the summary.
@@ -98,6 +105,8 @@ def test_the_run_shards_parameters_over_fsdp(runs):
   config = runs[0]
   mesh = sharding.make_mesh(config.mesh)
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
+  rows = sharding.parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
+  assert sum(r["per_device"] for r in rows) < 0.3 * sum(r["size"] for r in rows)  # a quarter each, norms aside
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   specs = [s.spec for s in jax.tree.leaves(spec.shardings["params"])]
   assert any("fsdp" in tuple(s) for s in specs)
