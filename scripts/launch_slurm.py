@@ -1,0 +1,150 @@
+"""Launch a multi-node GPU training run under SLURM: render an sbatch script and submit it.
+
+  python scripts/launch_slurm.py --nodes=2 --gpus_per_node=8 [--cpus_per_task=8] [--time=24:00:00] \
+      [--job_name=lra_core] [--partition=P] [--account=A] [--output=FILE] [--chdir=DIR] \
+      [--setup='source /shared/venv/bin/activate'] [--script_out=FILE] [--dry-run] \
+      -- --config=configs/... --workdir=/shared/runs/x [--config.<key>=<value> ...]
+
+Everything after `--` goes to `python -m lra_core.train` unchanged. The job runs one task per GPU
+(`--ntasks-per-node` = `--gpus-per-node`), and `srun` starts one training process per task with
+`--distributed=on`: JAX reads the SLURM variables (job id, step node list, task count, task id,
+local id), picks the first node as coordinator on a port derived from the job id (set
+JAX_COORDINATOR_PORT, e.g. with --setup, to choose it) and gives each process the GPU of its
+local task id.
+
+The script is written to --script_out (default: <workdir>/launch.sbatch, the workdir taken from
+the train args and, when relative, resolved against --chdir; without a workdir, a file in the
+temporary folder) and submitted with `sbatch FILE`. --dry-run prints the script and the sbatch
+command, writes and submits nothing. The job's log goes to --output (default:
+<workdir>/slurm-%j.out, %j being the job id). The workdir, --chdir and the environment must be on a
+filesystem all nodes share. scripts/slurm/train.sbatch is a rendered example; see docs/launching.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+  """(launcher args, train args): the train args are everything after the first `--`."""
+  if "--" not in argv:
+    return argv, []
+  i = argv.index("--")
+  return argv[:i], argv[i + 1:]
+
+
+def make_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      usage="%(prog)s --nodes=N --gpus_per_node=G [options] -- <train args>")
+  parser.add_argument("--nodes", type=int, required=True, help="number of nodes")
+  parser.add_argument("--gpus_per_node", type=int, required=True, help="GPUs per node = tasks per node")
+  parser.add_argument("--cpus_per_task", type=int, default=None, help="CPU cores per task (default: the cluster's)")
+  parser.add_argument("--time", default=None, help="time limit, e.g. 24:00:00 (default: the partition's)")
+  parser.add_argument("--job_name", default="lra_core")
+  parser.add_argument("--partition", default=None)
+  parser.add_argument("--account", default=None)
+  parser.add_argument("--output", default=None, help="the job's log (default: <workdir>/slurm-%%j.out)")
+  parser.add_argument("--chdir", default=str(ROOT),
+                      help="the job's working folder, a checkout of this repository (default: this one)")
+  parser.add_argument("--setup", default="",
+                      help="shell line run before srun, e.g. 'source /shared/venv/bin/activate'")
+  parser.add_argument("--script_out", default=None, help="where to write the sbatch script")
+  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                      help="print the script and the sbatch command, submit nothing")
+  return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  own, train = split_argv(list(sys.argv[1:] if argv is None else argv))
+  parser = make_parser()
+  args = parser.parse_args(own)
+  args.train_args = train
+  if not train:
+    parser.error("no train arguments: put them after `--`, e.g. -- --config=configs/... --workdir=DIR.")
+  if args.nodes < 1 or args.gpus_per_node < 1:
+    parser.error(f"--nodes and --gpus_per_node must be at least 1, got {args.nodes} and {args.gpus_per_node}.")
+  if any(a == "--distributed" or a.startswith("--distributed=") for a in train):
+    parser.error("leave --distributed out of the train arguments: the launcher adds --distributed=on.")
+  return args
+
+
+def workdir(train_args: list[str]) -> str | None:
+  """The value of --workdir in the train arguments (the last one, as argparse takes it)."""
+  found = None
+  for i, a in enumerate(train_args):
+    if a.startswith("--workdir="):
+      found = a.split("=", 1)[1]
+    elif a == "--workdir" and i + 1 < len(train_args):
+      found = train_args[i + 1]
+  return found
+
+
+def srun_line(train_args: list[str]) -> str:
+  return shlex.join(["srun", "python", "-m", "lra_core.train", *train_args, "--distributed=on"])
+
+
+def render(args: argparse.Namespace) -> str:
+  """The sbatch script."""
+  wd = workdir(args.train_args)
+  output = args.output or (f"{wd}/slurm-%j.out" if wd else "slurm-%j.out")
+  options = [("job-name", args.job_name), ("nodes", args.nodes), ("ntasks-per-node", args.gpus_per_node),
+             ("gpus-per-node", args.gpus_per_node), ("cpus-per-task", args.cpus_per_task), ("time", args.time),
+             ("partition", args.partition), ("account", args.account), ("output", output),
+             ("chdir", args.chdir)]
+  lines = ["#!/bin/bash",
+           f"# {args.nodes} node(s) x {args.gpus_per_node} GPU(s): one task, one JAX process per GPU.",
+           "# Rendered by scripts/launch_slurm.py (docs/launching.md)."]
+  spaced = [f"--{key}={value}" for key, value in options if value is not None and any(c.isspace() for c in str(value))]
+  if spaced:
+    raise SystemExit(f"error: #SBATCH {spaced[0]!r} would be cut at its whitespace; use a path without spaces.")
+  lines += [f"#SBATCH --{key}={value}" for key, value in options if value is not None]
+  lines += ["", "set -e"]
+  if args.setup:
+    lines.append(args.setup)
+  lines.append(srun_line(args.train_args))
+  return "\n".join(lines) + "\n"
+
+
+def script_path(args: argparse.Namespace) -> pathlib.Path:
+  if args.script_out:
+    return pathlib.Path(args.script_out)
+  wd = workdir(args.train_args)
+  if wd is None:
+    return pathlib.Path(tempfile.gettempdir()) / f"{args.job_name}.sbatch"
+  return pathlib.Path(args.chdir) / os.path.expanduser(wd) / "launch.sbatch"
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  script, path = render(args), script_path(args)
+  submit = ["sbatch", str(path)]
+  if args.dry_run:
+    print(f"# {path}")
+    print(script)
+    print(f"# submit (not run: --dry-run)\n{shlex.join(submit)}")
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if workdir(args.train_args):  # SLURM does not create the log's folder; the default log is in it
+    (pathlib.Path(args.chdir) / os.path.expanduser(workdir(args.train_args))).mkdir(parents=True, exist_ok=True)
+  path.write_text(script)
+  print(f"wrote {path}", flush=True)
+  try:
+    subprocess.run(submit, check=True)
+  except FileNotFoundError:
+    raise SystemExit("error: sbatch is not installed or not on PATH; submit the script from a SLURM login node.") \
+        from None
+  except subprocess.CalledProcessError as e:
+    raise SystemExit(f"error: sbatch failed with exit status {e.returncode}.") from None
+
+
+if __name__ == "__main__":
+  main()
