@@ -5,10 +5,16 @@ root RNG key, model state, carried state) and `meta` (JSON: the data position an
 the loop needs). Orbax writes to a temporary folder and renames it when complete, so a
 checkpoint that was cut off is never listed. Restores always use an abstract target with
 shardings: the state lands directly on the current mesh, whatever mesh saved it.
+
+A listed checkpoint that cannot be read (a disk that lost blocks, a file truncated by hand)
+is never fatal while an older one can be read: `restore_latest` falls back to the newest
+readable step, warns with the step it skipped, and moves the bad folder to
+`<workdir>/unreadable_checkpoints/` (kept, not deleted) so later saves do not trip over it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 
@@ -44,11 +50,53 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    except json.JSONDecodeError:
+      raise  # a damaged file, not a mismatch: restore_latest falls back on it
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this model and "
                             f"optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from e
     logging.info("restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"], dict(restored["meta"])
+
+  def restore_latest(self, abstract_state: dict) -> tuple[dict, dict, int] | None:
+    """(state, meta, step) of the newest checkpoint that can be read, or None if there is none.
+
+    If none can be read, the newest one's error is raised (most likely the model does not match:
+    nothing is moved then).
+    """
+    steps = sorted(self.all_steps(), reverse=True)
+    errors = []
+    for step in steps:
+      try:
+        state, meta = self.restore(step, abstract_state)
+      except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
+        errors.append((step, e))
+        continue
+      for bad, e in errors:
+        logging.warning("checkpoint step %d in %s cannot be read (%s: %s); resuming from step %d instead",
+                        bad, self.directory, type(e).__name__, str(e).splitlines()[0][:200], step)
+        self._set_aside(bad)
+      if errors:
+        self.manager.reload()
+      return state, meta, step
+    if errors:
+      step, e = errors[0]
+      if isinstance(e, CheckpointError):
+        raise e
+      raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200]}) and no older one can; move the folder away "
+                            "to start afresh.") from e
+    return None
+
+  def _set_aside(self, step: int) -> None:
+    if jax.process_index() != 0:
+      return
+    target = self.directory.parent / "unreadable_checkpoints" / str(step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+      target = target.with_name(f"{step}.{len(list(target.parent.iterdir()))}")
+    (self.directory / str(step)).rename(target)
+    logging.warning("moved the unreadable checkpoint to %s", target)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
