@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import json
 import pathlib
 from collections.abc import Iterable, Sequence
 
@@ -70,6 +71,7 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
       keep_checkpoints=3,
       test_at_end=True,       # evaluate the test split after the last step
       nan_check=True,         # stop at the first non-finite loss / gradient / parameter
+      skip_nonfinite=False,   # instead, skip such an update and count it (metric skipped_steps)
       init_from="",           # a workdir whose latest parameters start a fresh run (uptraining)
       memory_limit_gib=0.0,   # per-device budget the compiled train step must fit; 0 -> the device's
   ))
@@ -136,6 +138,38 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
   validate(config)
   config.lock()
   return config
+
+
+# Settings a resumed run may change: how it runs, not what it computes. Any other difference from
+# the workdir's config.json stops a resumed run unless forced.
+RESUMABLE_KEYS = ("mesh.", "sharding.", "data.dir", "data.cache_dir", "data.num_threads", "data.prefetch",
+                  "model.impl", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
+                  "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
+                  "train.test_at_end", "train.nan_check", "train.skip_nonfinite", "train.memory_limit_gib",
+                  "train.init_from")
+
+
+def _flat_values(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat_values(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def resume_conflicts(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """`key: old -> new` for each setting that differs from a workdir's saved config.json and that
+  a resumed run may not change (RESUMABLE_KEYS lists those it may)."""
+  old = _flat_values(saved)
+  new = _flat_values(json.loads(json.dumps(config.to_dict())))  # tuples -> lists, as saved
+  out = []
+  for key in sorted(set(old) | set(new)):
+    if key.startswith(RESUMABLE_KEYS) or old.get(key, "<absent>") == new.get(key, "<absent>"):
+      continue
+    out.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
+  return out
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

@@ -17,7 +17,7 @@ from lra_core import optim, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.config import model_module
 from lra_core.data import pipeline
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, DataError
 from lra_core.state import make_state_spec, to_host
 from lra_core.steps import make_eval_step
 from lra_core.tasks import Task, make_task
@@ -57,6 +57,24 @@ def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
   eval_bs = t.eval_batch_size or t.batch_size
   if eval_bs % shards:
     raise ConfigError(f"eval batch size {eval_bs} is not a multiple of the {shards} data-parallel shards.")
+
+
+def check_batch(batch: dict[str, np.ndarray], config, index: int) -> None:
+  """Token ids and labels must fit the model: a one-sentence DataError (before the step that
+  would read them, and for the first batch before anything compiles) instead of silent garbage
+  from an out-of-range embedding lookup."""
+  limits = {"inputs": ("model.vocab_size", config.model.get("vocab_size")),
+            "targets": (("model.num_classes", config.model.get("num_classes")) if config.task in ("classify", "retrieval")
+                        else ("model.vocab_size", config.model.get("vocab_size")))}
+  for name, (key, limit) in limits.items():
+    x = batch.get(name)
+    if limit is None or x is None or not np.issubdtype(x.dtype, np.integer) or not x.size:
+      continue
+    low, high = int(x.min()), int(x.max())
+    if low < 0 or high >= limit:
+      bad = low if low < 0 else high
+      raise DataError(f"training batch {index} holds {name} id {bad}, outside 0..{limit - 1} ({key}); "
+                      "the data does not match the model's vocabulary or classes.")
 
 
 def _global_layout(local: np.ndarray, mesh, rules) -> tuple[tuple[int, ...], sharding.NamedSharding]:

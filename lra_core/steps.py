@@ -3,7 +3,8 @@
 The train step: derive this step's key from the root key and the step number (so a resumed run
 draws the same dropout masks), let the task prepare the batch, reset carried model state where
 a new sequence begins, accumulate gradients over micro-batches, apply the optimizer, and return
-metric sums plus the norms the numerics guard checks.
+metric sums plus the norms the numerics guard checks (with train.skip_nonfinite, a non-finite
+update is dropped on device and reported as `skipped`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _batch_size(batch: dict[str, Array]) -> int:
 
 def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTransformation, schedule):
   k = config.train.grad_accum_steps
+  skip_nonfinite = config.train.skip_nonfinite
 
   def loss_fn(params, model_state, batch, carry, key, normalizer):
     model = nnx.merge(spec.train_graphdef, params, model_state)
@@ -95,6 +97,13 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
     out = {name: jnp.stack(pair) for name, pair in metrics.items()}
     out.update(objective=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params),
                learning_rate=schedule(state["step"]))
+    if skip_nonfinite:
+      # A non-finite update changes nothing but the step (the data and the keys move on): the
+      # parameters, optimizer, model state (e.g. codebook EMAs) and carried state stay as they were.
+      ok = jnp.isfinite(loss) & jnp.isfinite(out["grad_norm"]) & jnp.isfinite(out["param_norm"])
+      kept = dict(state, step=new_state["step"])
+      new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, kept)
+      out["skipped"] = (~ok).astype(jnp.float32)
     return new_state, out
 
   return train_step

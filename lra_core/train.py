@@ -24,8 +24,10 @@ from lra_core import data as data_lib
 from lra_core import aot, cli, experiment, optim, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
-from lra_core.errors import TrainingDiverged
+from lra_core.config import resume_conflicts
+from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.metrics import MetricWriter, Progress
+from lra_core.preemption import PreemptionNotice
 from lra_core.state import make_state_spec, param_checksum
 from lra_core.steps import make_train_step
 
@@ -33,13 +35,17 @@ DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
 
 
-def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int | None = None) -> dict:
+def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int | None = None,
+                       force: bool = False) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   stop_at_step: leave after saving a checkpoint at this step (an interrupted run, for tests and
-  for splitting a job across allocations); the summary is then {"stopped_at": step}.
+  for splitting a job across allocations); the summary is then {"stopped_at": step}. A SIGTERM
+  does the same at the step in flight, with "preempted": True.
+  force: continue a workdir whose checkpoints were made with a different config (else refused).
   """
   workdir = pathlib.Path(workdir)
+  _check_workdir(config, workdir, force)
   writer = MetricWriter(workdir)
   writer.write_json("config.json", config.to_dict())
   t = config.train
@@ -54,6 +60,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   # ----------------------------------------------------------------------------- Data
   sources, task = experiment.setup_data(config, data_lib.SPLITS, mesh)
   train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
+  first = train_reader(0)
+  experiment.check_batch(first, config, 0)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)
@@ -67,21 +75,22 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     # Compiled from shapes alone, before the state exists: a config too large for the devices
     # stops here with the estimate (lra_core/aot.py).
     train_step = aot.compile_step(train_step, spec.abstract,
-                                  experiment.abstract_batch(train_reader(0), mesh, rules),
+                                  experiment.abstract_batch(first, mesh, rules),
                                   name="train step", limit_gib=t.memory_limit_gib)
     evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
-    start = ckpt.latest_step()
-    if start is None:
-      state, start, next_batch = spec.init(), 0, 0
+    restored = ckpt.restore_latest(spec.abstract)
+    if restored is None:
+      state, start, meta = spec.init(), 0, {"next_batch": 0}
       if t.init_from:
         state = experiment.warm_start(config, spec, state, t.init_from, mesh)
     else:
-      state, meta = ckpt.restore(start, spec.abstract)
-      next_batch = meta["next_batch"]
-      logging.info("resuming at step %d (data position %d)", start, next_batch)
+      state, meta, start = restored
+      logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+    next_batch = meta["next_batch"]
+    guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
 
     # --------------------------------------------------------------------------- Loop
     windows = pipeline.num_windows(config)
@@ -90,45 +99,63 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     batches = pipeline.iterate(train_reader, next_batch, next_batch + total_steps - start,
                                num_threads=config.data.num_threads, prefetch=config.data.prefetch)
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
-    pending, log_sums, last_saved = None, {}, start
+    pending, log_sums = None, {}
+    guard.last_saved = start
 
     def flush() -> None:
       """Checks and adds up the metrics of the last dispatched step, if not done yet."""
       nonlocal pending
       if pending is not None:
-        _check_and_accumulate(*pending, log_sums, t.nan_check, last_saved, ckpt)
+        guard.check_and_accumulate(*pending, log_sums)
         pending = None
 
-    t_start = time.perf_counter()
-    for step in range(start, stop):
-      batch = experiment.to_device(next(batches), mesh, rules)
-      state, metrics = train_step(state, batch)
-      # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
-      # one step late at most, before any checkpoint is written.
+    def save(step: int) -> None:
       flush()
-      done = step + 1
-      pending = (done, metrics)
-      if done % t.log_every == 0 or done == stop:
+      ckpt.save(step, state, {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped})
+      guard.last_saved = step
+
+    t_start = time.perf_counter()
+    preempted = None
+    with PreemptionNotice() as notice:  # SIGTERM: finish the step in flight, save, return
+      for step in range(start, stop):
+        local = next(batches)
+        experiment.check_batch(local, config, next_batch + step - start)
+        state, metrics = train_step(state, experiment.to_device(local, mesh, rules))
+        # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
+        # one step late at most, before any checkpoint is written.
         flush()
-        logged = _finish_log(task, log_sums)
-        log_sums.clear()
-        writer.write(done, logged)
-        progress.update(done, logged)
-      else:
-        progress.update(done)
-      if t.eval_every and done % t.eval_every == 0 and done < total_steps:
-        val = evaluate(state, "validation", t.eval_batches)
-        writer.write(done, {f"val_{k}": v for k, v in val.items()})
-        logging.info("step %d validation: %s", done, _fmt(val))
-      if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
-        flush()
-        ckpt.save(done, state, {"next_batch": next_batch + done - start})
-        last_saved = done
+        done = step + 1
+        pending = (done, metrics)
+        if done % t.log_every == 0 or done == stop:
+          flush()
+          logged = _finish_log(task, log_sums)
+          if t.skip_nonfinite:
+            logged["skipped_steps"] = guard.skipped
+          log_sums.clear()
+          writer.write(done, logged)
+          progress.update(done, logged)
+        else:
+          progress.update(done)
+        if t.eval_every and done % t.eval_every == 0 and done < total_steps:
+          val = evaluate(state, "validation", t.eval_batches)
+          writer.write(done, {f"val_{k}": v for k, v in val.items()})
+          logging.info("step %d validation: %s", done, _fmt(val))
+        if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
+          save(done)
+        if notice.reached(done) and done < stop:
+          if guard.last_saved != done:
+            save(done)
+          preempted = done
+          break
     progress.close()
     train_time = time.perf_counter() - t_start
-    if stop < total_steps:
+    if preempted is not None or stop < total_steps:
       ckpt.close()
       writer.close()
+      if preempted is not None:
+        logging.warning("preempted: saved step %d in %s; the same command continues from there",
+                        preempted, ckpt.directory)
+        return {"stopped_at": preempted, "preempted": True}
       return {"stopped_at": stop}
 
     # --------------------------------------------------------------------------- Final evaluation
@@ -151,23 +178,61 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   return summary
 
 
-def _check_and_accumulate(step: int, metrics: dict, sums: dict, nan_check: bool, last_saved: int,
-                          ckpt: Checkpointer) -> None:
-  host = jax.device_get(metrics)
-  if nan_check:
-    for name in ("objective", "grad_norm", "param_norm"):
-      value = float(host[name])
-      if not np.isfinite(value):
-        where = (f"the last good checkpoint is step {last_saved} in {ckpt.directory}" if last_saved
-                 else "no checkpoint was written yet")
-        raise TrainingDiverged(f"non-finite {name} ({value}) at step {step}; {where}.")
-  for name, value in host.items():
-    value = np.asarray(value, np.float64)
-    if value.shape == (2,):  # (sum, weight) pairs add up
-      s, w = sums.get(name, (0.0, 0.0))
-      sums[name] = (s + value[0], w + value[1])
-    else:  # scalars: keep the latest
-      sums[name] = (float(value), None)
+class _Guard:
+  """The numerics guard on the host: stops at the first non-finite objective / gradient norm /
+  parameter norm (naming the step, the metric and the last good checkpoint), or with
+  train.skip_nonfinite counts the steps whose update the train step skipped."""
+
+  def __init__(self, t, ckpt: Checkpointer, skipped: int):
+    self.nan_check, self.skip = t.nan_check, t.skip_nonfinite
+    self.ckpt, self.skipped, self.last_saved = ckpt, skipped, 0
+
+  def check_and_accumulate(self, step: int, metrics: dict, sums: dict) -> None:
+    host = jax.device_get(metrics)
+    if self.skip and float(host.pop("skipped", 0.0)):
+      self.skipped += 1
+      logging.warning("step %d: non-finite objective, gradients or parameters; update skipped (%d so far)",
+                      step, self.skipped)
+      return
+    host.pop("skipped", None)
+    if self.nan_check:
+      for name in ("objective", "grad_norm", "param_norm"):
+        value = float(host[name])
+        if not np.isfinite(value):
+          where = (f"the last good checkpoint is step {self.last_saved} in {self.ckpt.directory}" if self.last_saved
+                   else "no checkpoint was written yet")
+          raise TrainingDiverged(f"non-finite {name} ({value}) at step {step}; {where}.")
+    for name, value in host.items():
+      value = np.asarray(value, np.float64)
+      if value.shape == (2,):  # (sum, weight) pairs add up
+        s, w = sums.get(name, (0.0, 0.0))
+        sums[name] = (s + value[0], w + value[1])
+      else:  # scalars: keep the latest
+        sums[name] = (float(value), None)
+
+
+def _check_workdir(config, workdir: pathlib.Path, force: bool) -> None:
+  """A workdir with checkpoints resumes only with the config that made them (RESUMABLE_KEYS may
+  differ); otherwise ConfigError, or with `force` a warning and the old config.json kept aside."""
+  saved = workdir / "config.json"
+  checkpoints = workdir / "checkpoints"
+  if not saved.is_file() or not checkpoints.is_dir() or not any(p.name.isdigit() for p in checkpoints.iterdir()):
+    return
+  try:
+    conflicts = resume_conflicts(json.loads(saved.read_text()), config)
+  except json.JSONDecodeError:
+    conflicts = ["config.json: unreadable"]
+  if not conflicts:
+    return
+  more = f" and {len(conflicts) - 1} more difference(s)" if len(conflicts) > 1 else ""
+  if not force:
+    raise ConfigError(f"workdir {workdir} holds checkpoints of a different config ({conflicts[0]}{more}); "
+                      "use another workdir, or --force to continue these checkpoints with the new config.")
+  if jax.process_index() == 0:
+    kept = workdir / f"config.before_force.{len(list(workdir.glob('config.before_force.*')))}.json"
+    saved.rename(kept)
+    logging.warning("--force: continuing %s with a changed config (%s%s); the old one is %s",
+                    workdir, conflicts[0], more, kept.name)
 
 
 def _finish_log(task, sums: dict) -> dict[str, float]:
@@ -187,12 +252,17 @@ def main(argv=None) -> None:
                         help="leave after the checkpoint at this step (to split a run across job allocations); "
                              "the same command without it continues")
 
+    parser.add_argument("--force", action="store_true",
+                        help="continue a workdir whose checkpoints were made with a different config")
+
   args = cli.parse(argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR, extra=flags,
                    prog="python -m lra_core.train")
   logging.info("config %s, workdir %s", args.spec, args.workdir)
-  summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step)
+  summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step,
+                               force=args.extra.force)
   if "stopped_at" in summary:
-    print(f"stopped {args.spec} at step {summary['stopped_at']} in {args.workdir}; run again to continue")
+    why = "preempted" if summary.get("preempted") else "stopped"
+    print(f"{why}: {args.spec} saved at step {summary['stopped_at']} in {args.workdir}; run again to continue")
     return
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")
