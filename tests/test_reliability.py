@@ -1,0 +1,104 @@
+"""Checkpoints that cannot be read, changed configs, non-finite steps and bad token ids.
+
+The trainer runs here share one small ListOps config, so they compile once."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import fixtures.listops
+import lra_core
+from lra_core import experiment, optim, sharding
+from lra_core.checkpoint import Checkpointer
+from lra_core.errors import ConfigError, DataError
+from lra_core.metrics import read_metrics
+from lra_core.state import make_state_spec, param_checksum
+from lra_core.train import train_and_evaluate
+
+SPEC = fixtures.listops.SPEC
+FAST = ["train.test_at_end=False", "train.eval_batches=1", "train.checkpoint_every=2", "train.steps=6"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  return fixtures.listops.build(tmp_path_factory.mktemp("listops"))
+
+
+def config(data, *overrides):
+  return lra_core.load_config(SPEC, [*data, *FAST, *overrides])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  return workdir, train_and_evaluate(config(data), workdir)
+
+
+def _corrupt(step_dir):
+  """Overwrites every file of a checkpoint's state with garbage of the same size."""
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+  assert files
+  for p in files:
+    p.write_bytes(b"\x00garbage" * (p.stat().st_size // 8 + 1))
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(data, uninterrupted, tmp_path, caplog):
+  reference, summary = uninterrupted
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  (workdir / "summary.json").unlink()
+  _corrupt(workdir / "checkpoints" / "6")
+  again = train_and_evaluate(config(data), workdir)
+  assert "checkpoint step 6" in caplog.text and "resuming from step 4 instead" in caplog.text
+  # Steps 5 and 6 were trained again, to the same parameters; the bad folder was kept aside.
+  assert again["param_checksum"] == summary["param_checksum"]
+  assert (workdir / "unreadable_checkpoints" / "6" / "state").is_dir()
+  assert Checkpointer(workdir, async_save=False).all_steps() == [2, 4, 6]
+
+
+def test_no_readable_checkpoint_is_a_clear_error(data, uninterrupted, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  for step in (2, 4, 6):
+    _corrupt(workdir / "checkpoints" / str(step))
+  with pytest.raises(lra_core.CheckpointError, match="cannot be read .* and no older one can"):
+    train_and_evaluate(config(data), workdir)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4", "6"]
+
+
+def test_a_changed_config_is_refused_unless_forced(data, uninterrupted, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  with pytest.raises(ConfigError, match=r"holds checkpoints of a different config \(train.seed: 0 -> 1\); "
+                                        r"use another workdir, or --force"):
+    train_and_evaluate(config(data, "train.seed=1"), workdir)
+  # Settings that do not change what is computed may differ.
+  train_and_evaluate(config(data, "train.log_every=1", "train.eval_batches=2"), workdir)
+  train_and_evaluate(config(data, "train.seed=1"), workdir, force=True)
+  assert json.loads((workdir / "config.json").read_text())["train"]["seed"] == 1
+  assert json.loads((workdir / "config.before_force.0.json").read_text())["train"]["seed"] == 0
+
+
+def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
+  # Every update overflows the parameter norm, so all are skipped and nothing changes.
+  cfg = config(data, "optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0",
+               "train.skip_nonfinite=True", "train.log_every=3")
+  assert train_and_evaluate(cfg, tmp_path, stop_at_step=3) == {"stopped_at": 3}
+  summary = train_and_evaluate(cfg, tmp_path)  # resumed: the count goes on
+  assert [r["skipped_steps"] for r in read_metrics(tmp_path) if "skipped_steps" in r] == [3, 6]
+  initial = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
+  assert summary["param_checksum"] == param_checksum(initial["params"])
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+  cfg = lra_core.load_config(SPEC)
+  vocab = cfg.model.vocab_size
+  good = {"inputs": np.zeros((2, 4), np.int32), "targets": np.zeros((2,), np.int32)}
+  experiment.check_batch(good, cfg, 0)
+  with pytest.raises(DataError, match=f"training batch 7 holds inputs id {vocab}, outside 0..{vocab - 1} "
+                                      r"\(model.vocab_size\)"):
+    experiment.check_batch(dict(good, inputs=np.full((2, 4), vocab, np.int32)), cfg, 7)
+  with pytest.raises(DataError, match=r"targets id -1, outside 0..9 \(model.num_classes\)"):
+    experiment.check_batch(dict(good, targets=np.array([0, -1], np.int32)), cfg, 0)
