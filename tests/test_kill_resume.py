@@ -1,0 +1,142 @@
+"""Killed and restarted training ends exactly where an uninterrupted run ends, for every family.
+
+For each model family's `tiny` config, the command `python -m lra_core.train` is started, killed with SIGKILL
+at 5 random moments (the first during start-up, the others at random training steps plus a
+random fraction of a step, so some land inside checkpoint writes) and once stopped with SIGTERM,
+restarted each time with the same command, and finally run to the end. Its `param_checksum`
+must equal, bit for bit, that of an uninterrupted run in this process: the data position, root
+key, optimizer, model state (codebook EMAs), carried state and LayerDrop masks all come back.
+"""
+
+import json
+import multiprocessing
+import os
+import pathlib
+import random
+import signal
+import time
+
+import pytest
+
+import fixtures.c4
+import fixtures.enwik8
+import fixtures.imagenet64
+import fixtures.listops
+import lra_core
+from lra_core.train import train_and_evaluate
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STEPS = 12
+RUN = [f"train.steps={STEPS}", "train.checkpoint_every=3", "train.log_every=1", "train.eval_batches=1",
+       "train.test_at_end=False", "train.keep_checkpoints=2"]
+
+# family -> (config spec, fixture module, extra overrides)
+FAMILIES = {
+    "transformer": ("configs/lra/listops/transformer.py:tiny", fixtures.listops, ["model.dropout=0.1"]),
+    "transformer_vq": ("configs/enwik8/transformer_vq.py:tiny", fixtures.enwik8,
+                       ["model.droplyr=0.3", "train.seq_len=32", "train.update_len=16"]),
+    "latte": ("configs/c4/latte.py:tiny,latte_rglru_swa++", fixtures.c4, []),
+    "flash": ("configs/c4/flash.py:tiny", fixtures.c4, []),
+    "fit": ("configs/imagenet64/fit_ar.py:tiny,overlap", fixtures.imagenet64, []),
+    "block_transformer": ("configs/c4/block_transformer.py:tiny", fixtures.c4, ["train.seq_len=32"]),
+}
+
+
+# The runs are forked from a server that has imported the framework once (multiprocessing's
+# forkserver), so each restart costs its own setup and tracing, not a fresh interpreter's imports.
+# They inherit this process's XLA flags and use its compile cache: they run the very programs the
+# uninterrupted run compiled.
+_SERVER = multiprocessing.get_context("forkserver")
+_SERVER.set_forkserver_preload(["lra_core.train", "models.transformer", "models.transformer_vq", "models.latte",
+                                "models.flash", "models.fit", "models.block_transformer"])
+
+
+def _train_main(argv, log):
+  fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+  os.dup2(fd, 1)
+  os.dup2(fd, 2)
+  import jax
+  jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  from lra_core import cli, train
+  cli.run(lambda: train.main(argv))
+
+
+def _start(argv, log):
+  proc = _SERVER.Process(target=_train_main, args=(argv, str(log)))
+  proc.start()
+  return proc
+
+
+def _logged_steps(workdir: pathlib.Path, skip: int) -> int:
+  """The newest train step in metrics.jsonl after its first `skip` lines (0 if none yet)."""
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return 0
+  lines = path.read_text().splitlines()[skip:]
+  steps = [json.loads(line)["step"] for line in lines if line.endswith("}")]
+  return max(steps, default=0)
+
+
+def _interrupt(argv, workdir, log, sig, at_step, delay, timeout=120):
+  """Starts the run and sends `sig` once it has logged `at_step` (None: `delay` s after start);
+  returns its exit code and output."""
+  path = workdir / "metrics.jsonl"
+  skip = len(path.read_text().splitlines()) if path.exists() else 0
+  log.write_text("")
+  proc = _start(argv, log)
+  start = time.monotonic()
+  try:
+    if at_step is None:
+      time.sleep(delay)
+    else:
+      while _logged_steps(workdir, skip) < at_step and proc.is_alive():
+        assert time.monotonic() - start < timeout, "the run made no progress"
+        time.sleep(0.002)
+      time.sleep(delay)
+    if proc.is_alive():
+      os.kill(proc.pid, sig)
+    proc.join(timeout)
+  finally:
+    proc.kill()
+  return proc.exitcode, log.read_text()
+
+
+def _resumed_steps(out: str) -> list[int]:
+  return [int(line.split("resuming at step ")[1].split()[0]) for line in out.splitlines()
+          if "resuming at step " in line]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
+  spec, fixture, extra = FAMILIES[family]
+  (tmp_path / "data").mkdir()
+  overrides = [*fixture.build(tmp_path / "data"), *RUN, *extra]
+  reference = train_and_evaluate(lra_core.load_config(spec, overrides), tmp_path / "reference")
+
+  workdir, log = tmp_path / "interrupted", tmp_path / "run.log"
+  argv = [f"--config={spec}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
+  rng = random.Random(family)
+  # SIGKILL once during start-up, four times at random steps, then SIGTERM at a random step.
+  plan = [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))]
+  plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(4)]
+  plan += [(signal.SIGTERM, rng.randint(1, STEPS - 2), 0.0)]
+  resumed_from = []
+  for sig, at_step, delay in plan:
+    code, out = _interrupt(argv, workdir, log, sig, at_step, delay)
+    resumed_from += _resumed_steps(out)
+    if code == 0 and "finished" in out:
+      break  # the run got to its end before the signal arrived: nothing left to interrupt
+    if sig == signal.SIGTERM:
+      assert code == 0 and "preempted:" in out, out[-2000:]
+    else:
+      assert code == -signal.SIGKILL, out[-2000:]
+  log.write_text("")
+  final = _start(argv, log)
+  final.join(300)
+  out = log.read_text()
+  assert final.exitcode == 0, out[-3000:]
+  resumed_from += _resumed_steps(out)
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["param_checksum"] == reference["param_checksum"], (family, resumed_from)
+  assert resumed_from and max(resumed_from) > 0, resumed_from  # the restarts really resumed mid-run
