@@ -223,12 +223,11 @@ def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
     bt.uptrain_params(params, {**v, "blocks": {0: v["blocks"][0]}}, config)
 
 
-def test_tiny_configs_train_resume_and_uptrain(tmp_path, caplog):
+def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
+  # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4.build(tmp_path) + ["train.seq_len=32", "train.steps=4", "train.checkpoint_every=2"]
   config = lra_core.load_config(f"{SPEC}:tiny", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
-  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
-  assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
   assert all(np.isfinite(whole[f"test_block_pos{j}_loss"]) for j in range(1, L + 1))
   short = overrides + ["train.steps=2"]
   vanilla = train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,vanilla", short), tmp_path / "vanilla")

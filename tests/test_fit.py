@@ -192,12 +192,11 @@ def test_imagenet64_fit_ar_has_table_4s_153m_parameters():
 
 
 @pytest.mark.parametrize("arg", ["tiny", "tiny,overlap"])
-def test_tiny_fit_ar_trains_and_resumes_exactly(tmp_path, arg):
+def test_tiny_fit_ar_trains_and_samples(tmp_path, arg):
+  # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.imagenet64.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
   config = lra_core.load_config(f"configs/imagenet64/fit_ar.py:{arg}", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
-  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
-  assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
   assert np.isfinite(whole["test_bits_per_dim"])
   if arg == "tiny":  # pixel-by-pixel sampling through decode_step, written as a PNG grid
     images = sample_images(config, tmp_path / "whole", num_samples=3, seed=1)

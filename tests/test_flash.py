@@ -222,12 +222,11 @@ def test_paper_parameter_counts_within_three_percent(spec, paper):
   assert any(row[0] == spec for row in param_counts.PAPER)
 
 
-def test_tiny_mlm_config_trains_and_resumes_exactly(tmp_path):
+def test_tiny_mlm_config_trains(tmp_path):
+  # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4_mlm.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
   config = lra_core.load_config("configs/c4/flash.py:tiny", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
-  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
-  assert train_and_evaluate(config, tmp_path / "resumed")["param_checksum"] == whole["param_checksum"]
   assert np.isfinite(whole["test_loss"])
 
 

@@ -250,11 +250,9 @@ def test_tiny_lra_configs_train(tmp_path, fixture, spec):
   assert np.isfinite(summary["test_loss"])
 
 
-def test_tiny_lm_config_trains_and_resumes_exactly(tmp_path):
+def test_tiny_lm_config_trains(tmp_path):
+  # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
   config = lra_core.load_config("configs/c4/latte.py:tiny,latte_rglru_swa++", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
-  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=2) == {"stopped_at": 2}
-  resumed = train_and_evaluate(config, tmp_path / "resumed")
-  assert resumed["param_checksum"] == whole["param_checksum"]
   assert np.isfinite(whole["test_loss"])

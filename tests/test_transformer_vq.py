@@ -272,17 +272,14 @@ def test_paper_parameter_counts(spec, paper):
   assert abs(counts["total"] - paper) / paper < 0.05, counts
 
 
-def test_trainer_runs_update_windows_and_resumes_exactly(tmp_path):
+def test_trainer_runs_update_windows_with_codebook_metrics(tmp_path):
+  # Killed and resumed runs of this config: tests/test_kill_resume.py.
   data = fixtures.enwik8.build(tmp_path)
   overrides = data + ["train.seq_len=32", "train.update_len=16", "train.steps=6", "train.checkpoint_every=3",
                       "train.log_every=1", "model.droplyr=0.2", "model.dropsin=0.1", "model.dropres=0.1"]
   config = lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
-  # Stop after step 3: the middle of a sequence, with a carried cache and sequence masks in flight.
-  assert train_and_evaluate(config, tmp_path / "resumed", stop_at_step=3) == {"stopped_at": 3}
-  resumed = train_and_evaluate(config, tmp_path / "resumed")
-  assert resumed["param_checksum"] == whole["param_checksum"]
-  assert resumed["val_bits_per_byte"] == pytest.approx(whole["val_bits_per_byte"], rel=1e-6)
+  assert np.isfinite(whole["val_bits_per_byte"])
   for key in ("val_codebook_perplexity", "val_codebook_unused", "val_commit_loss"):
     assert np.isfinite(whole[key]), key
   logged = (tmp_path / "whole" / "metrics.jsonl").read_text()
