@@ -92,3 +92,11 @@ def test_sinusoid_values():
   freqs = 100.0 ** (-np.arange(3) / 3)
   expected = np.concatenate([np.sin(np.arange(4)[:, None] * freqs), np.cos(np.arange(4)[:, None] * freqs)], -1)
   np.testing.assert_allclose(table, expected, atol=1e-6)
+
+
+def test_sinusoid_of_odd_width_pads_one_zero_feature():
+  """An odd model width (found by tests/test_config_fuzz.py in Transformer-VQ's XL table) works."""
+  table = sinusoid(jnp.arange(4), 7, max_wavelength=100.0)
+  assert table.shape == (4, 7)
+  np.testing.assert_allclose(table[:, :6], sinusoid(jnp.arange(4), 6, max_wavelength=100.0), atol=0)
+  np.testing.assert_array_equal(table[:, 6], 0.0)

@@ -16,11 +16,15 @@ Array = jax.Array
 
 
 def sinusoid(positions: Array, dim: int, max_wavelength: float = 1e4) -> Array:
-  """[..., T] int -> [..., T, dim] float32: concat(sin(p w), cos(p w)), w_i = max_wavelength^(-i/(dim/2))."""
+  """[..., T] int -> [..., T, dim] float32: concat(sin(p w), cos(p w)), w_i = max_wavelength^(-i/(dim/2));
+  an odd `dim` gets a last feature of zeros, so every width works."""
   half = dim // 2
-  inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) / max(half, 1))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  parts = [jnp.sin(angles), jnp.cos(angles)]
+  if dim % 2:
+    parts.append(jnp.zeros(angles.shape[:-1] + (1,), jnp.float32))
+  return jnp.concatenate(parts, axis=-1)
 
 
 def apply_rope(x: Array, positions: Array, *, max_wavelength: float = 1e4, fraction: float = 1.0) -> Array:
