@@ -88,7 +88,7 @@ def cases(draw):
   family = draw(st.sampled_from(sorted(FAMILIES)))
   spec, fixture, own = FAMILIES[family]
   menu = {**COMMON, **own}
-  keys = draw(st.lists(st.sampled_from(sorted(menu)), min_size=1, max_size=5, unique=True))
+  keys = draw(st.lists(st.sampled_from(sorted(menu)), min_size=3, max_size=5, unique=True))
   overrides = LIGHT[family] + [f"{k}={draw(st.sampled_from(menu[k]))}" for k in keys]
   if draw(st.integers(0, 9)) == 0:
     overrides.append(f"{draw(st.sampled_from(MISSPELT))}=1")
