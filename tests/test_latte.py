@@ -215,9 +215,10 @@ def test_local_attention_equals_dense_sliding_window():
     for t, w in ((13, 4), (16, 4), (5, 8)):
       q, k, v = rand(1, (2, t, 4, 8)), rand(2, (2, t, 2, 8)), rand(3, (2, t, 2, 3))
       valid = jnp.arange(t)[None] < jnp.array([[t], [t - 2]])
-      dense = dot_product_attention(q, k, v, mask=attention_mask(jnp.arange(t), jnp.arange(t), causal=causal,
-                                                                 window=w, k_valid=valid))
-      banded = kernels.local_attention(q, k, v, window=w, causal=causal, k_valid=valid)
+      dense = jax.jit(lambda q, k, v, valid: dot_product_attention(q, k, v, mask=attention_mask(
+          jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid)))(q, k, v, valid)
+      banded = jax.jit(lambda q, k, v, valid: kernels.local_attention(q, k, v, window=w, causal=causal,
+                                                                      k_valid=valid))(q, k, v, valid)
       np.testing.assert_allclose(jnp.where(valid[..., None, None], banded, 0),
                                  jnp.where(valid[..., None, None], dense, 0), atol=1e-5)
 
