@@ -243,8 +243,9 @@ def test_table1_parameter_counts_within_five_percent(variant):
   assert abs(count - paper) / paper < 0.05, (variant, count, paper)
 
 
-@pytest.mark.parametrize("fixture,spec", [(fixtures.listops, "configs/lra/listops/latte.py:tiny,latte_rglru_swa++"),
-                                          (fixtures.retrieval, "configs/lra/retrieval/latte.py:tiny,latte_conv++")])
+# latte_rglru_swa++ trains (causal) in test_tiny_lm_config_trains and tests/test_kill_resume.py, and
+# the ListOps Latte classifier is traced under random configs in tests/test_config_fuzz.py.
+@pytest.mark.parametrize("fixture,spec", [(fixtures.retrieval, "configs/lra/retrieval/latte.py:tiny,latte_conv++")])
 def test_tiny_lra_configs_train(tmp_path, fixture, spec):
   config = lra_core.load_config(spec, fixture.build(tmp_path))
   summary = train_and_evaluate(config, tmp_path / "run")
