@@ -123,6 +123,19 @@ def replace_section(text: str, name: str, new: str) -> str:
   return text + ("" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n") + new
 
 
+def without_out(argv: Sequence[str]) -> list[str]:
+  """The arguments minus --out (where the section is pasted is not part of how it was made)."""
+  out, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+    elif arg == "--out":
+      skip = True
+    elif not arg.startswith("--out="):
+      out.append(arg)
+  return out
+
+
 def list_tables() -> str:
   width = max(len(t.name) for t in TABLES)
   lines = []
@@ -164,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   start = time.perf_counter()
   result = table_function(table)(ctx)
   seconds = time.perf_counter() - start
-  command = shlex.join(["python", "scripts/reproduce.py", *argv])
+  command = shlex.join(["python", "scripts/reproduce.py", *without_out(argv)])
   out = pathlib.Path(args.out) if args.out else None
   text = section(table, result, command=command, seconds=seconds, machine_text=machine(), commit_text=commit(),
                  relative_to=(out.parent if out else pathlib.Path.cwd()).resolve())
