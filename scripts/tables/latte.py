@@ -168,7 +168,7 @@ def _runtime_plot(ctx: Context, by_length: Sequence[dict], by_latents: Sequence[
   for ax, xs, xlabel in ((time_ax, lengths, "sequence length T"), (mem_ax, lengths, "sequence length T"),
                          (lat_ax, FIGURE10_LATENTS, "latent states L")):
     ax.set(xscale="log", yscale="log", xlabel=xlabel)
-    ax.set_xticks(xs, [str(x) for x in xs], rotation=45 if len(xs) > 6 else 0)
+    ax.set_xticks(xs, [str(x) for x in xs], rotation=45 if len(xs) > 4 else 0)
     ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7)
@@ -342,11 +342,11 @@ class LraTask:
   models: tuple[LraModel, ...] = ()  # run at the default size (none: --full only)
 
 
-# Latte-Macchiato runs at the default size on ListOps and Text only, where the paper's gain over
-# Latte is largest (Table 3), so that the three tasks fit the CPU budget.
+# Latte-Macchiato runs at the default size on Text only (its step costs about 5x Latte's on a CPU,
+# and its ListOps run at this budget stayed at the majority class), so that the tasks fit the budget.
 TASKS = (
     LraTask("listops", "ListOps", "listops", 40, ("train.seq_len=512",), steps=60, batch_size=8,
-            models=(LATTE, MACCHIATO, TRANSFORMER)),
+            models=(LATTE, TRANSFORMER)),
     LraTask("text", "Text", "imdb", 64, ("train.seq_len=256",), steps=100, batch_size=16,
             models=(LATTE, MACCHIATO, TRANSFORMER)),
     LraTask("image", "Image", "cifar10", 40, ("data.image_size=16", "train.seq_len=256", "data.test_split=test[:1000]"),
