@@ -1,0 +1,76 @@
+"""scripts/reproduce.py: the table registry, the CLI's checks and how --out rebuilds a results file.
+
+The tables themselves run for minutes; their output is docs/results.md. Here: every registered
+table resolves to a function, bad arguments fail in one sentence before anything runs, and a
+section replaces only its own part of the results file.
+"""
+
+import pathlib
+
+import pytest
+
+from lra_core.errors import ConfigError
+from scripts import param_counts, reproduce
+from scripts.tables import common, params
+
+
+def test_every_table_resolves_to_a_function_and_is_listed():
+  listing = reproduce.main(["--list"])
+  for table in reproduce.TABLES:
+    assert callable(reproduce.table_function(table)), table.name
+    assert table.name in listing
+  required = {"params", "vq_throughput", "vq_codebook", "vq_cache", "flash_latency", "flash_quality",
+              "latte_runtime", "latte_lra", "fit_scaling", "fit_interleave", "block_throughput"}
+  assert required <= set(reproduce.BY_NAME)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--table", "nope"], "is not a table"),
+    (["--table", "vq_codebook"], "pass --data_dir"),
+    (["--table", "vq_codebook", "--data_dir", "/nonexistent/data"], "does not exist"),
+])
+def test_bad_arguments_fail_before_running(argv, message):
+  with pytest.raises(ConfigError, match=message):
+    reproduce.main(argv)
+
+
+def test_section_replaces_only_its_own_part(tmp_path):
+  table = reproduce.BY_NAME["params"]
+  plot = tmp_path / "img" / "p.png"
+  result = common.Result(setting="Setting.", markdown="| a |\n|---|\n| 1 |", notes="Note.", plots=[plot])
+  first = reproduce.section(table, result, command="python scripts/reproduce.py --table params", seconds=90,
+                            machine_text="cpu", commit_text="abc", relative_to=tmp_path)
+  assert "![p](img/p.png)" in first and "(1.5 min)" in first and "commit: `abc`" in first
+  other = reproduce.section(reproduce.BY_NAME["vq_cache"], result, command="c", seconds=1, machine_text="cpu",
+                            commit_text="abc", relative_to=tmp_path)
+  text = reproduce.replace_section("# Results\n", "params", first)
+  text = reproduce.replace_section(text, "vq_cache", other)
+  assert text.index("table: params") < text.index("table: vq_cache")
+  again = reproduce.section(table, common.Result(setting="New.", markdown="| b |\n|---|\n| 2 |"), command="c",
+                            seconds=1, machine_text="cpu", commit_text="def", relative_to=tmp_path)
+  text = reproduce.replace_section(text, "params", again)
+  assert text.startswith("# Results\n") and "New." in text and "Setting." in text  # vq_cache kept
+  assert text.count("<!-- table: params -->") == 1 and "| 1 |" in text.split("table: vq_cache")[1]
+  assert text.index("table: params") < text.index("table: vq_cache")  # replaced in place
+
+
+def test_every_params_row_has_a_tolerance_and_gaps_are_checked():
+  for _, _, source in param_counts.PAPER:
+    assert 0 < params.tolerance(source) <= 0.05, source
+  with pytest.raises(KeyError):
+    params.tolerance("Some other paper")
+
+
+def test_data_path_names_the_missing_folder(tmp_path):
+  with pytest.raises(common.DataError, match="pass --data_dir"):
+    common.data_path(common.Context(), "enwik8")
+  with pytest.raises(common.DataError, match="enwik8"):
+    common.data_path(common.Context(data_dir=tmp_path), "enwik8")
+  (tmp_path / "enwik8").mkdir()
+  assert common.data_path(common.Context(data_dir=pathlib.Path(tmp_path)), "enwik8") == tmp_path / "enwik8"
+
+
+def test_the_printed_command_leaves_out_where_it_was_pasted():
+  assert reproduce.without_out(["--table", "params", "--out", "docs/results.md", "--full"]) == \
+      ["--table", "params", "--full"]
+  assert reproduce.without_out(["--out=x.md", "--table=params"]) == ["--table=params"]
