@@ -74,8 +74,10 @@ def fit_scaling(ctx: Context) -> Result:
   def ms(r):
     return r["step_ms"] if r and r["status"] == "ok" else None
 
-  def mib(r):
-    return None if not r or r["status"] != "ok" else r["memory_bytes"] / 2 ** 20
+  def mib(r):  # the process's high-water mark: a row that set no new mark used at most that much
+    if not r or r["status"] != "ok":
+      return "-"
+    return ("" if r.get("memory_exact", True) else "<= ") + fmt(r["memory_bytes"] / 2 ** 20, ",.0f")
 
   for i, side in enumerate(sides):
     f, v = fit.get(side), vit.get(side)
@@ -84,7 +86,7 @@ def fit_scaling(ctx: Context) -> Result:
     speedup = "-" if not (ms(f) and ms(v)) else f"{ms(v) / ms(f):.1f}x"
     p_side, (p_tokens, p_vit, p_fit) = paper[i] if i < len(paper) else (None, (None, None, None))
     rows.append([f"{side} ({side * side:,})", vit_cell, fmt(ms(f), ",.0f") if f and f["status"] == "ok" else "OOM",
-                 speedup, fmt(mib(v), ",.0f"), fmt(mib(f), ",.0f"),
+                 speedup, mib(v), mib(f),
                  f"{p_side} ({p_tokens:,})" if p_side else "-", fmt(p_vit, ".1f") if p_side and p_vit else
                  ("OOM" if p_side else "-"), fmt(p_fit, ".1f"),
                  "-" if not (p_vit and p_fit) else f"{p_fit / p_vit:.1f}x"])
