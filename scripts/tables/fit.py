@@ -40,7 +40,7 @@ DEFAULT_SCALING = ScalingSize(
          "model.latents_per_group=8", *_SMALL),
     vit=("model.num_layers=6", "model.d_model=64", "model.num_heads=4", "model.head_dim=0", "model.d_ff=256",
          *_SMALL),
-    fit_sides=(32, 48, 64, 96), vit_sides=(32, 48, 64), steps=2, warmup=1)
+    fit_sides=(32, 64, 96, 128), vit_sides=(32, 64), steps=2, warmup=1)  # the paper's 40^2 .. 128^2 patches
 # ViT-B (12 layers, d 768) and FIT-B (its layers as local layers around global ones), one image each.
 FULL_SCALING = ScalingSize(
     fit=("model.layers=L(6)G(2)L(6)", "model.d_model=768", "model.num_heads=12", "model.d_ff=3072",
