@@ -164,11 +164,11 @@ def fit_interleave(ctx: Context) -> Result:
   for name, summary in runs.items():
     p_bpd, p_params, p_sps = PAPER_INTERLEAVE[name]
     sps = summary["step"] / summary["train_time_s"] if summary.get("train_time_s") else None
-    rows.append([name, f"`{size.patterns[name]}`", fmt(summary.get("val_bits"), ".3f"), f"{summary['num_params']:,}",
+    rows.append([name, f"`{size.patterns[name]}`", fmt(summary.get("val_bits_per_dim"), ".3f"), f"{summary['num_params']:,}",
                  fmt(sps, ".2f"), fmt(p_bpd, ".2f"), p_params, fmt(p_sps, ".1f")])
   table = markdown_table(["pattern", "model.layers", "ours: val bits/dim", "ours: params", "ours: steps/s",
                           "paper bits/dim", "paper params (M)", "paper steps/s"], rows)
-  bits = {n: s.get("val_bits") for n, s in runs.items()}
+  bits = {n: s.get("val_bits_per_dim") for n, s in runs.items()}
   local_only = bits["L"]
   mixed = {n: b for n, b in bits.items() if n != "L" and b is not None}
   best = min(mixed, key=mixed.get) if mixed else None

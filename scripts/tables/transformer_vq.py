@@ -207,12 +207,12 @@ def vq_codebook(ctx: Context) -> Result:
   rows = []
   for i, (s, summary) in enumerate(runs.items()):
     p_s, (p_bpb, p_lat) = paper[i] if i < len(paper) else (None, (None, None))
-    rows.append([f"{s:,}", fmt(summary.get("val_bits"), ".3f"), fmt(summary.get("val_codebook_perplexity"), ".1f"),
+    rows.append([f"{s:,}", fmt(summary.get("val_bits_per_byte"), ".3f"), fmt(summary.get("val_codebook_perplexity"), ".1f"),
                  fmt(_step_ms(summary), ",.1f"), fmt(_step_ms(summary) / _step_ms(base), ".3f"),
                  f"{p_s:,}" if p_s else "-", fmt(p_bpb, ".3f"), fmt(p_lat, ".3f")])
   table = markdown_table(["codebook size S", "ours: val bits/byte", "ours: code perplexity", "ours: ms / step",
                           "ours: latency (rel.)", "paper S", "paper val bits/byte", "paper latency (rel.)"], rows)
-  bits = [runs[s].get("val_bits") for s in size.codebooks]
+  bits = [runs[s].get("val_bits_per_byte") for s in size.codebooks]
   better = all(a is not None and b is not None and b <= a for a, b in zip(bits, bits[1:]))
   notes = [f"- Larger codebooks {'give lower' if better else 'do not consistently give lower'} validation "
            f"bits/byte here ({', '.join(fmt(b, '.3f') for b in bits)} for S = "
@@ -230,13 +230,13 @@ def vq_cache(ctx: Context) -> Result:
   rows = []
   for c, summary in runs.items():
     p_bpb, p_lat = PAPER_CACHE[c]
-    rows.append(["yes" if c else "no", fmt(summary.get("val_bits"), ".3f"), fmt(_step_ms(summary), ",.1f"),
+    rows.append(["yes" if c else "no", fmt(summary.get("val_bits_per_byte"), ".3f"), fmt(_step_ms(summary), ",.1f"),
                  fmt(_step_ms(summary) / _step_ms(runs[True]), ".3f"), fmt(p_bpb, ".3f"),
                  fmt(p_lat / PAPER_CACHE[True][1], ".3f")])
   table = markdown_table(["compressive cache", "ours: val bits/byte", "ours: ms / step",
                           "ours: latency (rel. to with cache)", "paper val bits/byte",
                           "paper latency (rel. to with cache)"], rows)
-  without, with_ = runs[False].get("val_bits"), runs[True].get("val_bits")
+  without, with_ = runs[False].get("val_bits_per_byte"), runs[True].get("val_bits_per_byte")
   helps = without is not None and with_ is not None and with_ < without
   notes = [f"- The compressive cache {'lowers' if helps else 'does not lower'} validation bits/byte here "
            f"({fmt(with_, '.3f')} with it, {fmt(without, '.3f')} without; the paper: 1.010 against 1.026).",
