@@ -62,7 +62,7 @@ TABLES = (
     Table("fit_scaling", "fit", "FIT Table 2b",
           "train-step time and memory of FIT vs ViT as the image grows"),
     Table("fit_interleave", "fit", "FIT Table 6 (small)",
-          "local/global interleaving patterns: small FIT-AR runs on ImageNet 64x64 pixels", data="imagenet64"),
+          "local/global interleaving patterns: small FIT runs on LRA Image (CIFAR-10 pixels)", data="lra/cifar10"),
     Table("block_throughput", "block_transformer", "Block Transformer Table 2, Figure 2",
           "generation throughput of Block Transformer vs vanilla, and the Pareto plot"),
 )
