@@ -218,8 +218,15 @@ def vq_codebook(ctx: Context) -> Result:
            f"bits/byte here ({', '.join(fmt(b, '.3f') for b in bits)} for S = "
            f"{', '.join(str(s) for s in size.codebooks)}); the paper's Table 1 gains 0.005 bits/byte per doubling "
            "after 125k steps of a 190M model, far below what runs this short can resolve.",
-           "- Latency grows with S as in the paper: the codebook attention and the cache are S wide."]
+           _latency_note([_step_ms(runs[s]) for s in size.codebooks])]
   return Result(setting=_train_setting(size, "model.n_code"), markdown=table, notes="\n".join(notes))
+
+
+def _latency_note(ms: Sequence[float | None]) -> str:
+  grows = all(a is not None and b is not None and b > a for a, b in zip(ms, ms[1:]))
+  return (f"- Latency {'grows' if grows else 'does not grow steadily'} with S "
+          f"({', '.join(fmt(m, ',.1f') for m in ms)} ms / step){' as in the paper' if grows else ', unlike the paper'}"
+          ": the codebook attention and the cache are S wide.")
 
 
 def vq_cache(ctx: Context) -> Result:
