@@ -27,7 +27,8 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"],
+        # libtpu (through jax[tpu]) lets the tests compile for TPU slices on a CPU host (lra_core.aot).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "jax[tpu]>=0.10"],
         "tf": ["tensorflow-cpu>=2.16"],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],

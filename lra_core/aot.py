@@ -1,22 +1,42 @@
-"""Ahead-of-time compilation with a memory estimate, before any state is allocated.
+"""Ahead-of-time compilation: memory, fit and a step-time estimate, before any state exists.
 
 The trainer lowers and compiles its step from abstract shapes and shardings, then reads XLA's
 buffer assignment for one device: the arguments (state and batch), the outputs, what the
 donated state lets them share, and the temporaries. If that estimate exceeds the device's
 memory, the run stops there, in the time a compile takes, with the numbers, instead of failing
 to allocate minutes later (or, on a pod, after every host has loaded its data).
+
+The same path compiles a config for a TPU slice that is not there (libtpu's compiler on any host):
+
+  python -m lra_core.aot --config=configs/enwik8/transformer_vq.py --topology=v3:2x2 \
+      --config.train.batch_size=8 --config.train.seq_len=8192 --config.mesh.data=8 [--json=FILE]
+
+It builds the trainer's own train step (state spec, shardings, donation, micro-batches, kernels)
+and eval step for the config's batch shapes, with no data files, and prints memory per device,
+whether it fits the chip's HBM, and a roofline estimate of the step (lra_core/hlo_cost.py): FLOPs
+per device, step time, tokens/s and MFU against the chip's bf16 peak (lra_core/chips.py).
+Exit status: 0 fits, 3 compiles but does not fit, 2 a config or topology error (one sentence).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import logging
 import os
+import pathlib
+import sys
 import time
 
 import jax
 
-from lra_core.errors import ResourceError
+from lra_core import chips, cli, experiment, hlo_cost, optim, sharding
+from lra_core.data import pipeline
+from lra_core.errors import ConfigError, ResourceError
+from lra_core.state import make_state_spec
+from lra_core.steps import make_eval_step, make_train_step
+from lra_core.tasks import make_task
 
 GIB = 2**30
 
@@ -54,9 +74,15 @@ def device_memory_limit(device: jax.Device | None = None) -> tuple[int, str] | N
   the process's CPU devices gets an equal part of it.
   """
   device = device or jax.local_devices()[0]
-  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  try:
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  except (jax.errors.JaxRuntimeError, RuntimeError, NotImplementedError):
+    stats = None
   if stats and stats.get("bytes_limit"):
     return int(stats["bytes_limit"]), f"{device.device_kind} memory"
+  chip = chips.chip_of(device)
+  if chip is not None:  # a device without a runtime (a TPU topology's): its HBM
+    return chip.hbm_bytes, f"{chip.name} HBM"
   if device.platform == "cpu":
     try:
       host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -67,28 +93,178 @@ def device_memory_limit(device: jax.Device | None = None) -> tuple[int, str] | N
   return None
 
 
-def compile_step(jitted, *abstract_args, name: str, limit_gib: float = 0.0) -> jax.stages.Compiled:
+def jit_train_step(config, spec, task, tx, schedule):
+  """The trainer's train step, jitted as the trainer runs it: the state donated, its shardings kept."""
+  return jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
+                 out_shardings=(spec.shardings, None))
+
+
+def compile_step(jitted, *abstract_args, name: str, limit_gib: float = 0.0,
+                 device: jax.Device | None = None) -> jax.stages.Compiled:
   """Lowers and compiles `jitted` for `abstract_args` and checks its memory estimate.
 
-  limit_gib: the per-device budget; 0 takes the device's own limit (device_memory_limit).
+  limit_gib: the per-device budget; 0 takes the device's own limit (device_memory_limit of
+  `device`, by default the first local one).
   Raises ResourceError (one sentence with the estimate) when the estimate exceeds the budget.
   """
-  t0 = time.perf_counter()
-  compiled = jitted.lower(*abstract_args).compile()
-  seconds = time.perf_counter() - t0
+  compiled, seconds = timed_compile(jitted, *abstract_args)
   estimate = MemoryEstimate.of(compiled)
   if estimate is None:
     logging.info("%s compiled in %.1f s (the backend gives no memory estimate)", name, seconds)
     return compiled
-  limit = (int(limit_gib * GIB), "train.memory_limit_gib") if limit_gib > 0 else device_memory_limit()
+  limit = memory_limit(limit_gib, device)
   budget = f" of {_gib(limit[0])} ({limit[1]})" if limit else ""
   logging.info("%s compiled in %.1f s; memory %s%s", name, seconds, estimate.describe(), budget)
   if limit and estimate.peak > limit[0]:
     raise ResourceError(f"the {name} needs about {estimate.describe()}, more than the {_gib(limit[0])} "
                         f"available ({limit[1]}); use a smaller batch or model, more gradient "
-                        "accumulation steps, or shard over more devices (mesh.fsdp / mesh.tensor).")
+                        "accumulation steps, model.remat, or shard over more devices (mesh.fsdp / mesh.tensor).")
   return compiled
+
+
+def timed_compile(jitted, *abstract_args) -> tuple[jax.stages.Compiled, float]:
+  t0 = time.perf_counter()
+  compiled = jitted.lower(*abstract_args).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def memory_limit(limit_gib: float, device: jax.Device | None = None) -> tuple[int, str] | None:
+  return (int(limit_gib * GIB), "train.memory_limit_gib") if limit_gib > 0 else device_memory_limit(device)
+
+
+# ----------------------------------------------------------------------------- a config for a TPU slice
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """What `python -m lra_core.aot` prints (and writes with --json): one config on one topology."""
+  topology: str
+  num_devices: int
+  device_kind: str
+  mesh: dict
+  hbm_gib: float
+  arguments_gib: float
+  temporaries_gib: float
+  peak_gib: float
+  eval_peak_gib: float
+  fits: bool
+  flops_per_device: float
+  est_step_seconds: float
+  est_tokens_per_s: float
+  est_mfu: float
+  bound: str
+  compile_seconds: float
+  remat: str
+  scan_layers: bool
+  num_params: int
+
+  JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
+                 "est_step_seconds", "est_tokens_per_s", "est_mfu")
+
+  def to_json(self) -> dict:
+    """The issue-stable fields first, then the rest."""
+    out = {k: getattr(self, k) for k in self.JSON_FIELDS}
+    out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in out})
+    return out
+
+  def table(self) -> str:
+    rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
+            ("HBM per device", f"{self.hbm_gib:.2f} GiB"),
+            ("train step per device", f"arguments {self.arguments_gib:.2f} GiB, temporaries "
+                                      f"{self.temporaries_gib:.2f} GiB, peak {self.peak_gib:.2f} GiB"),
+            ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB"),
+            ("fits", "yes" if self.fits else "NO"),
+            ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
+            ("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
+            ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
+            ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
+            ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} bf16 peak"),
+            ("compile time on this host", f"{self.compile_seconds:.1f} s")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def compile_config(config, topology: str, *, devices: list[jax.Device] | None = None) -> Report:
+  """Compiles `config`'s train and eval steps for the TPU slice `topology` (its devices by
+  chips.tpu_devices unless given) and measures them. Raises ConfigError for a bad topology or a
+  mesh the slice cannot hold; a step that compiles but does not fit comes back with fits=False."""
+  devices = chips.tpu_devices(topology) if devices is None else devices
+  chip = chips.chip_of(devices[0])
+  if chip is None:
+    raise ConfigError(f"device kind {devices[0].device_kind!r} has no entry in lra_core.chips.CHIPS.")
+  t = config.train
+  mesh = sharding.make_mesh(config.mesh, devices)
+  rules = config.sharding.rules
+  info = experiment.config_data_info(config)
+  experiment.check_compatible(config, info, mesh)
+  task = make_task(config, info)
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  with jax.set_mesh(mesh), sharding.activate(mesh, rules):
+    batch = experiment.config_batch(config, mesh, rules)
+    train, train_s = timed_compile(jit_train_step(config, spec, task, tx, schedule), spec.abstract, batch)
+    evaluate, eval_s = timed_compile(*_eval_step_args(config, spec, task, mesh, rules))
+  memory, eval_memory = MemoryEstimate.of(train), MemoryEstimate.of(evaluate)
+  limit, _ = memory_limit(t.memory_limit_gib, devices[0])
+  roof = hlo_cost.roofline(train.as_text(), chip)
+  if roof.unknown_loops:
+    logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
+                    roof.unknown_loops)
+  tokens = t.batch_size * t.seq_len // pipeline.num_windows(config)
+  seconds = max(roof.seconds, 1e-12)
+  return Report(
+      topology=topology, num_devices=len(devices), device_kind=devices[0].device_kind,
+      mesh={k: v for k, v in mesh.shape.items()}, hbm_gib=chip.hbm_bytes / GIB,
+      arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB, peak_gib=memory.peak / GIB,
+      eval_peak_gib=eval_memory.peak / GIB, fits=max(memory.peak, eval_memory.peak) <= limit,
+      flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
+      est_mfu=roof.flops / (seconds * chip.peak_flops), bound=roof.bound, compile_seconds=train_s + eval_s,
+      remat=str(config.model.get("remat", "none")), scan_layers=bool(config.model.get("scan_layers", False)),
+      num_params=spec.num_params)
+
+
+def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
+  """The evaluator's jitted step and its abstract arguments at the eval batch size."""
+  batch_size = config.train.eval_batch_size or config.train.batch_size
+  batch = experiment.config_batch(config, mesh, rules, batch_size=batch_size)
+  carry = None
+  if spec.has_carry:
+    carry = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        (batch_size,) + a.shape[1:], a.dtype,
+        sharding=sharding.NamedSharding(mesh, sharding.batch_spec(rules, mesh, (batch_size,) + a.shape[1:]))),
+        spec.abstract["carry"])
+  step = jax.jit(make_eval_step(config, spec, task))
+  return step, spec.abstract["params"], spec.abstract["model_state"], batch, carry
 
 
 def _gib(n: int) -> str:
   return f"{n / GIB:.3f} GiB" if n >= GIB / 100 else f"{n / 2**20:.2f} MiB"
+
+
+# ----------------------------------------------------------------------------- command line
+
+EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, 2, 3
+
+
+def main(argv=None) -> int:
+  def flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topology", required=True,
+                        help="a TPU slice, <generation>:<chips>, e.g. v3:2x2 (8 cores), v4:2x2x2, v5e:4x4, v5p:2x2x4")
+    parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")
+
+  args = cli.parse(argv, extra=flags, workdir=False, prog="python -m lra_core.aot",
+                   description="Compiles a config's train and eval steps for a TPU slice on this host (libtpu) "
+                               "and reports memory, fit and an estimated step time.")
+  report = compile_config(args.config, args.extra.topology)
+  print(f"{args.spec} on {args.extra.topology}:")
+  print(report.table())
+  if args.extra.json:
+    path = pathlib.Path(args.extra.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+  return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
+
+
+if __name__ == "__main__":
+  status = []
+  cli.run(lambda: status.append(main()))
+  sys.exit(status[0] if status else EXIT_USER_ERROR)

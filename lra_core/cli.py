@@ -42,15 +42,18 @@ def setup_logging() -> None:
 
 
 def parse(argv: Sequence[str] | None, *, default_config: str | None = None, default_workdir: str | None = None,
-          extra: Callable[[argparse.ArgumentParser], None] | None = None, prog: str | None = None) -> Args:
+          extra: Callable[[argparse.ArgumentParser], None] | None = None, prog: str | None = None,
+          workdir: bool = True, description: str | None = None) -> Args:
+  """The shared flags (`workdir=False` leaves out --workdir, for tools that write no run)."""
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
   rest = [a for a in argv if not a.startswith("--config.")]
-  parser = argparse.ArgumentParser(prog=prog)
+  parser = argparse.ArgumentParser(prog=prog, description=description)
   parser.add_argument("--config", default=default_config, required=default_config is None,
                       help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)")
-  parser.add_argument("--workdir", default=default_workdir, required=default_workdir is None,
-                      help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json")
+  if workdir:
+    parser.add_argument("--workdir", default=default_workdir, required=default_workdir is None,
+                        help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json")
   distributed.add_flags(parser)
   if extra is not None:
     extra(parser)
@@ -59,7 +62,7 @@ def parse(argv: Sequence[str] | None, *, default_config: str | None = None, defa
   config = load_config(ns.config, overrides)
   # After the config (a typo fails at once, in every process) and before anything uses a device.
   distributed.initialize_from_args(ns)
-  return Args(config=config, workdir=ns.workdir, spec=ns.config, overrides=overrides, extra=ns)
+  return Args(config=config, workdir=getattr(ns, "workdir", None), spec=ns.config, overrides=overrides, extra=ns)
 
 
 def run(main: Callable[[], None]) -> None:

@@ -35,6 +35,22 @@ def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
   return sources, make_task(config, info)
 
 
+# What one target is, by data.name (only names a metric; the step does not depend on it).
+UNITS = {"bytes": "byte", "imdb": "byte", "retrieval": "byte", "cifar10": "pixel", "pathfinder": "pixel",
+         "imagenet64": "dim"}
+
+
+def config_data_info(config) -> data_lib.DataInfo:
+  """What the task needs to know about the data, from the model config alone (no dataset opened):
+  for compiling ahead of time and for benchmarks on random tokens."""
+  m = config.model
+  vocab = int(m.get("vocab_size", 256))
+  if config.task == "mlm" and config.mlm.mask_id < 0:
+    vocab -= 1  # the last id is the mask token, not a data token
+  num_classes = int(m.get("num_classes", 0)) if config.task in ("classify", "retrieval") else 0
+  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=UNITS.get(config.data.name, "token"))
+
+
 def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
   """Cross-checks between config, data and devices that need the data or the mesh."""
   m, t = config.model, config.train
@@ -101,6 +117,17 @@ def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.S
     local = np.asarray(local)
     shape, named = _global_layout(local, mesh, rules)
     out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
+  return out
+
+
+def config_batch(config, mesh, rules, *, batch_size: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The abstract global batch of `config` (train.batch_size rows unless `batch_size`), laid out
+  as `to_device` lays out real batches: for compiling ahead of time without any data."""
+  fields = pipeline.batch_fields(config, batch_size or config.train.batch_size)
+  out = {}
+  for name, (shape, dtype) in fields.items():
+    spec = sharding.batch_spec(rules, mesh, shape) if shape else sharding.P()
+    out[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.NamedSharding(mesh, spec))
   return out
 
 

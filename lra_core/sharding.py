@@ -53,7 +53,11 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     devices = devices[:math.prod(shape)]
   # make_mesh orders devices by topology on TPU/GPU. Auto axes: GSPMD propagates shardings from
   # the annotations below (the default Explicit axes would not).
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  try:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):  # part of a TPU slice has no torus order
+    return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
 def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh,

@@ -110,9 +110,10 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
 
 
 def make_eval_step(config, spec: StateSpec, task: Task):
-  eval_key = jax.random.key(config.train.seed + 1)  # fixed: MLM masks are the same at every eval
+  seed = config.train.seed + 1  # fixed: MLM masks are the same at every eval
 
   def eval_step(params, model_state, batch: dict[str, Array], carry):
+    eval_key = jax.random.key(seed)  # made while tracing: no array on any device before the compile
     model = nnx.merge(spec.eval_graphdef, params, model_state)
     batch = dict(batch)
     reset = batch.pop("reset", None)

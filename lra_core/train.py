@@ -29,7 +29,6 @@ from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.state import make_state_spec, param_checksum
-from lra_core.steps import make_train_step
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
@@ -70,11 +69,9 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
 
   # ----------------------------------------------------------------------------- Steps
   with sharding.activate(mesh, rules):
-    train_step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
-                         out_shardings=(spec.shardings, None))
     # Compiled from shapes alone, before the state exists: a config too large for the devices
-    # stops here with the estimate (lra_core/aot.py).
-    train_step = aot.compile_step(train_step, spec.abstract,
+    # stops here with the estimate (lra_core/aot.py, which compiles the same step for TPU slices).
+    train_step = aot.compile_step(aot.jit_train_step(config, spec, task, tx, schedule), spec.abstract,
                                   experiment.abstract_batch(first, mesh, rules),
                                   name="train step", limit_gib=t.memory_limit_gib)
     evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})

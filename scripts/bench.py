@@ -48,9 +48,6 @@ from lra_core.steps import make_train_step  # noqa: E402
 from lra_core.tasks import make_task  # noqa: E402
 
 MiB = 2 ** 20
-# What one target is, by data.name (only names a metric; the step does not depend on it).
-UNITS = {"bytes": "byte", "imdb": "byte", "retrieval": "byte", "cifar10": "pixel", "pathfinder": "pixel",
-         "imagenet64": "dim"}
 COLUMNS = ("variant", "T", "batch", "tokens/s", "step ms (median)", "compile s", "peak memory MiB",
            "GFLOP/s", "% of matmul peak")
 
@@ -90,14 +87,7 @@ def bench_config(spec: str, overrides: Sequence[str] = (), *, seq_len: int, batc
   return load_config(spec, [*overrides, *fixed])
 
 
-def data_info(config) -> DataInfo:
-  """What the task needs to know about the data, from the model config (no dataset opened)."""
-  m = config.model
-  vocab = int(m.get("vocab_size", 256))
-  if config.task == "mlm" and config.mlm.mask_id < 0:
-    vocab -= 1  # the last id is the mask token, not a data token
-  num_classes = int(m.get("num_classes", 0)) if config.task in ("classify", "retrieval") else 0
-  return DataInfo(vocab_size=vocab, num_classes=num_classes, unit=UNITS.get(config.data.name, "token"))
+data_info = experiment.config_data_info
 
 
 def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -56,6 +56,37 @@ class DataInfo:
   vocab: tuple[str, ...] = ()   # id -> token string, where the dataset has a small vocabulary
 
 
+# Datasets whose token examples carry more than the task's fields (document-packed text corpora).
+_PACKED_TEXT = ("c4", "pg19")
+
+
+def example_fields(config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """name -> (shape, dtype) of one training example of `config`, without opening any data.
+
+  The fields are the table above for `config.task` at `train.seq_len`, plus the packed text
+  corpora's `words` / `segment_ids`; compiling a step ahead of time for a config (lra_core.aot)
+  needs them, and the tests check them against the examples each dataset really gives.
+  """
+  t = config.train.seq_len
+  task = config.task
+  i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
+  if task in ("lm", "image_ar"):
+    fields = {"inputs": ((t,), i32), "targets": ((t,), i32), "weights": ((t,), f32)}
+    if config.data.name in _PACKED_TEXT:
+      fields.update(words=((t,), f32), segment_ids=((t,), i32))
+    return fields
+  if task == "mlm":
+    fields = {"inputs": ((t,), i32), "weights": ((t,), f32)}
+    if config.data.name in _PACKED_TEXT:
+      fields["segment_ids"] = ((t,), i32)
+    return fields
+  if task in ("classify", "retrieval", "diffusion"):
+    shape = (2, t) if task == "retrieval" else (t,)
+    return {"inputs": (shape, i32), "mask": (shape, np.dtype(bool)), "targets": ((), i32), "weights": ((), f32)}
+  raise ConfigError(f"task {task!r} has no example layout; expected one of lm, image_ar, mlm, classify, "
+                    "retrieval or diffusion.")
+
+
 def check_index(index: int, n: int, items: str = "examples") -> int:
   """A sequence-style index into `n` items (negative counts from the end) -> 0..n-1; else IndexError."""
   if not -n <= index < n:

@@ -23,7 +23,7 @@ import grain
 import jax
 import numpy as np
 
-from lra_core.data import Source
+from lra_core.data import Source, example_fields
 from lra_core.errors import ConfigError, DataError
 
 WINDOWED_TASKS = ("lm", "image_ar")
@@ -34,6 +34,21 @@ def num_windows(config) -> int:
   if config.task in WINDOWED_TASKS and update_len and update_len < config.train.seq_len:
     return config.train.seq_len // update_len
   return 1
+
+
+def batch_fields(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """name -> (shape, dtype) of one global batch as `BatchReader` gives it, from the config alone:
+  `batch_size` rows of `example_fields`, cut to one update window along time, with `reset`."""
+  seq_len = config.train.seq_len
+  size = seq_len // num_windows(config)
+  fields = {}
+  for name, (shape, dtype) in example_fields(config).items():
+    if shape and shape[0] == seq_len:  # [T, ...] fields are cut to the window, as `window` does
+      shape = (size,) + shape[1:]
+    fields[name] = ((batch_size,) + shape, dtype)
+  if config.task in WINDOWED_TASKS:
+    fields["reset"] = ((), np.dtype(bool))
+  return fields
 
 
 def stack(examples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -1,0 +1,276 @@
+"""A roofline estimate of one device's step time, read off the compiled (optimized) HLO.
+
+XLA's own `cost_analysis()` counts the body of every while loop once, so a scanned layer stack, a
+scan over update windows or micro-batches, or a serial cache reduction is undercounted by its trip
+count (tests/test_hlo_cost.py shows a 10-step scan counted as one step). This module walks the
+optimized program instead:
+
+- every top-level operation of a computation costs max(FLOPs / peak, bytes / HBM bandwidth),
+  its bytes being its operands and results (a fusion reads and writes HBM once; what it does
+  inside stays on chip);
+- FLOPs are the matrix products (`dot`, `convolution`, also inside fusions) at 2 per
+  multiply-add, plus what a custom call declares (Pallas kernels carry a `CostEstimate`);
+- a while loop costs its trip count times its body (the count XLA records, else the bound its
+  condition compares the counter with), a conditional its dearest branch;
+- collectives move their bytes over the interconnect; they are assumed to overlap with compute
+  (XLA schedules them asynchronously), so the estimate is max(compute-and-memory time, collective
+  time), and `bound` names what dominates.
+
+It is an estimate of what the compiled program asks of the chip, not a measurement: it does not
+see stalls, imperfect overlap, or kernels' inner efficiency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+
+from lra_core.chips import Chip
+
+BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
+         "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
+        "iota", "opt-barrier", "add-dependency", "domain"}
+DONE = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "send-done", "recv-done",
+        "copy-done"}
+COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter", "all-to-all",
+               "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+
+@dataclasses.dataclass
+class Cost:
+  flops: float = 0.0
+  bytes: float = 0.0
+  comm_bytes: float = 0.0
+  compute_s: float = 0.0     # sum over operations of max(flops / peak, bytes / bandwidth)
+  comm_s: float = 0.0
+
+  def add(self, other: Cost, times: float = 1.0) -> None:
+    for f in dataclasses.fields(self):
+      setattr(self, f.name, getattr(self, f.name) + times * getattr(other, f.name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+  """One device's estimated step: `seconds` and its parts."""
+  flops: float
+  hbm_bytes: float
+  comm_bytes: float
+  compute_s: float           # operations, each at the slower of its FLOPs and its HBM traffic
+  flop_s: float              # the FLOPs alone at peak
+  comm_s: float
+  unknown_loops: int         # while loops whose trip count could not be read (counted once)
+
+  @property
+  def seconds(self) -> float:
+    return max(self.compute_s, self.comm_s)
+
+  @property
+  def bound(self) -> str:
+    if self.comm_s > self.compute_s:
+      return "interconnect"
+    return "compute" if self.flop_s >= 0.5 * self.compute_s else "memory bandwidth"
+
+
+@dataclasses.dataclass
+class _Op:
+  name: str
+  opcode: str
+  shape: str
+  operands: list[str]
+  args: str                  # the text between the opcode's parentheses (a constant's value)
+  attrs: str
+
+
+def _split_balanced(text: str, start: int) -> int:
+  """Index just past the parenthesised group opening at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    if depth == 0:
+      return i + 1
+  return len(text)
+
+
+def _parse_op(line: str) -> _Op | None:
+  line = line.strip()
+  if line.startswith("ROOT "):
+    line = line[5:]
+  name, sep, rest = line.partition(" = ")
+  if not sep:
+    return None
+  if rest.startswith("("):  # a tuple shape
+    end = _split_balanced(rest, 0)
+  else:
+    end = rest.find(" ")
+  shape, rest = rest[:end], rest[end:].strip()
+  paren = rest.find("(")
+  if paren < 0:
+    return None
+  opcode = rest[:paren]
+  close = _split_balanced(rest, paren)
+  operands = re.findall(r"%([\w.\-]+)", rest[paren:close])
+  return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1:close - 1], rest[close:])
+
+
+def parse(text: str) -> tuple[dict[str, list[_Op]], str]:
+  """HLO module text -> (computation name -> its operations, the entry computation's name)."""
+  computations, entry, current = {}, "", None
+  for line in text.splitlines():
+    if current is None:
+      m = _HEADER.match(line)
+      if m and not line.startswith("HloModule"):
+        current = m.group(1)
+        computations[current] = []
+        if line.startswith("ENTRY"):
+          entry = current
+    elif line.strip() == "}":
+      current = None
+    else:
+      op = _parse_op(line)
+      if op is not None:
+        computations[current].append(op)
+  return computations, entry
+
+
+def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+  """The (element type, dims) of every array in a shape string, layouts stripped."""
+  plain = re.sub(r"\{[^}]*\}", "", shape)
+  return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in _ARRAY.findall(plain)]
+
+
+def size_bytes(shape: str) -> float:
+  return sum(BYTES.get(t, 4) * math.prod(dims) for t, dims in _arrays(shape))
+
+
+def _dims(shape: str) -> tuple[int, ...]:
+  arrays = _arrays(shape)
+  return arrays[0][1] if arrays else ()
+
+
+def _matmul_flops(op: _Op, shapes: dict[str, str]) -> float:
+  out = math.prod(_dims(op.shape))
+  if op.opcode == "dot":
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", op.attrs)
+    lhs = _dims(shapes.get(op.operands[0], "")) if op.operands else ()
+    contracted = math.prod(lhs[int(i)] for i in m.group(1).split(",") if i) if m and lhs else 1
+    return 2.0 * out * contracted
+  # convolution: each output element is a dot over the kernel's input features and window.
+  m = re.search(r"dim_labels=\w+_(\w+)->", op.attrs)
+  rhs = _dims(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else ()
+  if not m or len(m.group(1)) != len(rhs):
+    return 0.0
+  labels = m.group(1)
+  return 2.0 * out * math.prod(size for label, size in zip(labels, rhs) if label != "o")
+
+
+def _called(op: _Op, key: str) -> list[str]:
+  m = re.search(key + r"=\{?([^}]*?)\}?(?:,\s*[a-z_]+=|$)", op.attrs)
+  return re.findall(r"%([\w.\-]+)", m.group(1)) if m else []
+
+
+def _declared(op: _Op) -> tuple[float, float] | None:
+  """(flops, bytes) a custom call declares in its backend config (Pallas CostEstimate), if any."""
+  m = re.search(r'"cost_estimate":(\{[^}]*\})', op.attrs)
+  if not m:
+    return None
+  try:
+    estimate = json.loads(m.group(1))
+  except ValueError:
+    return None
+  return float(estimate.get("flops", 0)), float(estimate.get("bytes_accessed", 0))
+
+
+class _Walker:
+  def __init__(self, computations: dict[str, list[_Op]], chip: Chip):
+    self.computations, self.chip = computations, chip
+    self.unknown_loops = 0
+    self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
+
+  @functools.cache
+  def inner_flops(self, computation: str) -> float:
+    """Matrix-product FLOPs anywhere inside a fused (or called) computation."""
+    total = 0.0
+    for op in self.computations.get(computation, ()):
+      if op.opcode in ("dot", "convolution"):
+        total += _matmul_flops(op, self.shapes[computation])
+      for callee in _called(op, "calls"):
+        total += self.inner_flops(callee)
+    return total
+
+  def trip_count(self, op: _Op) -> int | None:
+    m = re.search(r'"known_trip_count":\{"n":"(\d+)"', op.attrs)
+    if m:
+      return int(m.group(1))
+    condition = _called(op, "condition")
+    ops = self.computations.get(condition[0], []) if condition else []
+    constants = {o.name: o.args for o in ops if o.opcode == "constant" and re.fullmatch(r"-?\d+", o.args)}
+    for o in ops:
+      bounds = [int(constants[x]) for x in o.operands if x in constants]
+      if o.opcode == "compare" and bounds:
+        return bounds[0] + 1 if "direction=LE" in o.attrs else bounds[0]
+    return None
+
+  @functools.cache
+  def cost(self, computation: str) -> Cost:
+    total = Cost()
+    shapes = self.shapes.get(computation, {})
+    for op in self.computations.get(computation, ()):
+      total.add(self.op_cost(op, shapes))
+    return total
+
+  def op_cost(self, op: _Op, shapes: dict[str, str]) -> Cost:
+    if op.opcode in FREE or op.opcode in DONE:
+      return Cost()
+    if op.opcode == "while":
+      n = self.trip_count(op)
+      if n is None:
+        self.unknown_loops += 1
+        n = 1
+      body = Cost()
+      for name in _called(op, "body") + _called(op, "condition"):
+        body.add(self.cost(name))
+      scaled = Cost()
+      scaled.add(body, n)
+      return scaled
+    if op.opcode == "conditional":
+      branches = [self.cost(b) for b in _called(op, "branch_computations")
+                  + _called(op, "true_computation") + _called(op, "false_computation")]
+      return max(branches, key=lambda c: c.compute_s + c.comm_s, default=Cost())
+    if op.opcode in ("call", "async-start"):
+      total = Cost()
+      for name in _called(op, "to_apply") + _called(op, "calls"):
+        total.add(self.cost(name))
+      return total
+    operand_bytes = sum(size_bytes(shapes.get(o, "")) for o in op.operands)
+    out_bytes = size_bytes(op.shape)
+    if op.opcode in COLLECTIVES:
+      moved = max(operand_bytes, out_bytes) * (2.0 if op.opcode.startswith("all-reduce") else 1.0)
+      return Cost(comm_bytes=moved, comm_s=moved / self.chip.ici_bandwidth)
+    flops, traffic = 0.0, operand_bytes + out_bytes
+    if op.opcode in ("dot", "convolution"):
+      flops = _matmul_flops(op, shapes)
+    elif op.opcode == "fusion":
+      flops = sum(self.inner_flops(c) for c in _called(op, "calls"))
+    elif op.opcode == "custom-call":
+      declared = _declared(op)
+      if declared is not None:
+        flops, traffic = declared[0], declared[1] or traffic
+    seconds = max(flops / self.chip.peak_flops, traffic / self.chip.hbm_bandwidth)
+    return Cost(flops=flops, bytes=traffic, compute_s=seconds)
+
+
+def roofline(hlo_text: str, chip: Chip) -> Roofline:
+  """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`."""
+  computations, entry = parse(hlo_text)
+  walker = _Walker(computations, chip)
+  total = walker.cost(entry)
+  return Roofline(flops=total.flops, hbm_bytes=total.bytes, comm_bytes=total.comm_bytes,
+                  compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
+                  unknown_loops=walker.unknown_loops)
