@@ -161,13 +161,20 @@ def _matmul_flops(op: _Op, shapes: dict[str, str]) -> float:
     lhs = _dims(shapes.get(op.operands[0], "")) if op.operands else ()
     contracted = math.prod(lhs[int(i)] for i in m.group(1).split(",") if i) if m and lhs else 1
     return 2.0 * out * contracted
-  # convolution: each output element is a dot over the kernel's input features and window.
+  # convolution: each output element is a dot over the kernel's input features and its window taps.
+  # XLA writes batched matmuls as convolutions whose batch is a window dilated by its own size
+  # (lhs_dilate = size): then one tap per output is real, the rest fall on the dilation's holes.
   m = re.search(r"dim_labels=\w+_(\w+)->", op.attrs)
   rhs = _dims(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else ()
   if not m or len(m.group(1)) != len(rhs):
     return 0.0
   labels = m.group(1)
-  return 2.0 * out * math.prod(size for label, size in zip(labels, rhs) if label != "o")
+  spatial = [size for label, size in zip(labels, rhs) if label.isdigit()]
+  dilation = re.search(r"lhs_dilate=([\dx]+)", op.attrs)
+  dilate = [int(d) for d in dilation.group(1).split("x")] if dilation else [1] * len(spatial)
+  taps = math.prod(-(-size // d) for size, d in zip(spatial, dilate + [1] * len(spatial)))
+  features = math.prod(size for label, size in zip(labels, rhs) if label == "i")
+  return 2.0 * out * features * taps
 
 
 def _called(op: _Op, key: str) -> list[str]:

@@ -87,3 +87,12 @@ ENTRY %main (a: bf16[4,8]) -> bf16[4,8] {
   chip = chips.CHIPS["TPU v5 lite"]
   roof = hlo_cost.roofline(text, chip)
   assert roof.flops == 2 * 4 * 4 * 8 and roof.unknown_loops == 0
+
+
+def test_a_batched_matmul_written_as_a_dilated_convolution_counts_one_tap_per_batch():
+  """XLA's TPU form of einsum('bij,bjk->bik') for b=4: the batch is a window of 4 dilated by 4."""
+  line = ("%c = f32[4,1536,512]{1,2,0} convolution(%x, %y), window={size=4 stride=3 lhs_dilate=4}, "
+          "dim_labels=0fb_0oi->0bf")
+  op = hlo_cost._parse_op(line)
+  shapes = {"x": "f32[4,1024,512]", "y": "f32[4,1536,1024]"}
+  assert hlo_cost._matmul_flops(op, shapes) == 2 * 4 * 512 * 1024 * 1536
