@@ -41,7 +41,13 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("length", None),
     ("head_dim", None),
+    ("layers", None),  # the leading axis of scanned layer stacks (model.scan_layers): never split
 )
+
+# model.remat: what the backward pass keeps of each layer (models/blocks/stack.py maps the names).
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# Fields every family's config.model has, added by base_config: memory and compile-time switches.
+MODEL_DEFAULTS = {"remat": "none", "scan_layers": False}
 
 
 def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
@@ -50,6 +56,7 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
   c = ml_collections.ConfigDict()
   c.task = task
   c.model = model
+  add_model_defaults(c)
   c.data = data
   with c.data.unlocked():
     if "num_threads" not in c.data:
@@ -85,6 +92,14 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
       mask_id=-1,             # -1 -> model.vocab_size - 1
   ))
   return c
+
+
+def add_model_defaults(config: ml_collections.ConfigDict) -> None:
+  """Adds the MODEL_DEFAULTS fields a config.model lacks (also after a config file replaced it)."""
+  with config.model.unlocked():
+    for key, value in MODEL_DEFAULTS.items():
+      if key not in config.model:
+        config.model[key] = value
 
 
 def tiny_train(config: ml_collections.ConfigDict, seq_len: int) -> None:
@@ -134,6 +149,8 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
     raise ConfigError(f"config file {path!r} defines no get_config(arg).")
   config = module.get_config(arg) if arg is not None else module.get_config()
   config = ml_collections.ConfigDict(config)  # a copy: never mutate what the file returned
+  if "model" in config:
+    add_model_defaults(config)
   apply_overrides(config, overrides)
   validate(config)
   config.lock()
@@ -143,7 +160,7 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
 # Settings a resumed run may change: how it runs, not what it computes. Any other difference from
 # the workdir's config.json stops a resumed run unless forced.
 RESUMABLE_KEYS = ("mesh.", "sharding.", "data.dir", "data.cache_dir", "data.num_threads", "data.prefetch",
-                  "model.impl", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
+                  "model.impl", "model.remat", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
                   "train.test_at_end", "train.nan_check", "train.skip_nonfinite", "train.memory_limit_gib",
                   "train.init_from")
@@ -161,8 +178,9 @@ def _flat_values(tree: dict, prefix: str = "") -> dict:
 
 def resume_conflicts(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """`key: old -> new` for each setting that differs from a workdir's saved config.json and that
-  a resumed run may not change (RESUMABLE_KEYS lists those it may)."""
-  old = _flat_values(saved)
+  a resumed run may not change (RESUMABLE_KEYS lists those it may). A config saved before a
+  field of MODEL_DEFAULTS existed had its default."""
+  old = {f"model.{k}": v for k, v in MODEL_DEFAULTS.items()} | _flat_values(saved)
   new = _flat_values(json.loads(json.dumps(config.to_dict())))  # tuples -> lists, as saved
   out = []
   for key in sorted(set(old) | set(new)):
@@ -290,6 +308,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"got {size!r}.")
   if list(config.mesh.values()).count(-1) > 1:
     raise ConfigError("at most one mesh axis may be -1.")
+  if config.model.get("remat", "none") not in REMAT_POLICIES:
+    raise ConfigError(f"model.remat {config.model.remat!r} is not one of {list(REMAT_POLICIES)}.")
+  if not isinstance(config.model.get("scan_layers", False), bool):
+    raise ConfigError(f"model.scan_layers must be True or False, got {config.model.scan_layers!r}.")
   if config.model.get("dtype", "float32") not in DTYPES:
     raise ConfigError(f"model.dtype {config.model.dtype!r} is not one of {DTYPES}.")
 

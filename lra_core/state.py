@@ -6,6 +6,10 @@
 
 Plain dicts of arrays keep checkpoints readable without the model code and let orbax restore
 onto any mesh from an abstract target.
+
+With `model.scan_layers` a stack of N layers is stored as one entry {STACKED: tree of [N, ...]}
+in place of {0: tree, ..., N-1: tree}; `unscan_params` / `scan_params` convert between the two
+layouts (any tree that mirrors the parameters: params, optimizer moments, model state).
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from lra_core import sharding
 from lra_core.registry import build_model
+
+
+# The key under which a scanned stack's variables sit (models/blocks/stack.py).
+STACKED = "stacked_layers"
 
 
 @dataclasses.dataclass
@@ -92,10 +100,66 @@ def param_checksum(params) -> float:
   """A float fingerprint of all parameters, equal for equal parameters on any mesh.
 
   Computed on the host in float64 in a fixed leaf order, so device count and reduction order
-  do not change it; each leaf is weighted by its position so swapped tensors differ.
+  do not change it; each leaf is weighted by its position so swapped tensors differ. Computed on
+  the layout of per-layer entries (see unscan_params), so a model with scanned layers has the
+  checksum of the same model without.
   """
   total = 0.0
-  for i, leaf in enumerate(jax.tree.leaves(params)):
-    x = to_host(leaf).astype(np.float64)
+  for i, leaf in enumerate(jax.tree.leaves(unscan_params(jax.tree.map(to_host, params)))):
+    x = leaf.astype(np.float64)
     total += (i + 1) * (float(x.sum()) + float(np.square(x).sum()))
   return total
+
+
+# -- scanned and unscanned layer stacks ----------------------------------------------------------------
+
+def _map_dicts(tree, fn, path: tuple = ()):
+  """Rebuilds `tree` bottom-up, replacing each dict d at dict-key path p by fn(p, d); lists, tuples
+  and named tuples (optimizer states) are walked through without adding to the path."""
+  if isinstance(tree, dict):
+    return fn(path, {k: _map_dicts(v, fn, path + (k,)) for k, v in tree.items()})
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    return type(tree)(*(_map_dicts(v, fn, path) for v in tree))
+  if isinstance(tree, (list, tuple)):
+    return type(tree)(_map_dicts(v, fn, path) for v in tree)
+  return tree
+
+
+def unscan_params(tree):
+  """Each scanned stack {STACKED: tree of [N, ...]} -> {0: tree, ..., N-1: tree} (the layout of
+  model.scan_layers=False); anything else is unchanged."""
+
+  def split(_, d: dict):
+    if set(d) != {STACKED}:
+      return d
+    leaves = [x for x in jax.tree.leaves(d[STACKED]) if np.ndim(x)]
+    n = np.shape(leaves[0])[0]
+    return {i: jax.tree.map(lambda x: x[i] if np.ndim(x) else x, d[STACKED]) for i in range(n)}
+
+  return _map_dicts(tree, split)
+
+
+def stacked_paths(config) -> set[tuple]:
+  """Dict-key paths of the stacks that `config` with model.scan_layers=True scans."""
+  config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
+  with config.unlocked():
+    config.model.scan_layers = True
+  model = nnx.eval_shape(lambda: build_model(config))
+  paths = set()
+  _map_dicts(nnx.to_pure_dict(nnx.state(model)), lambda p, d: paths.add(p) if STACKED in d else None)
+  return paths
+
+
+def scan_params(tree, config):
+  """The inverse of unscan_params for `config`'s model: the per-layer entries {0: .., N-1: ..} of
+  each stack it scans become {STACKED: tree of [N, ...]}. `tree` mirrors the parameters (params,
+  optimizer moments, model state); a stack is matched by the end of its path."""
+  paths = stacked_paths(config)
+
+  def stack(path, d: dict):
+    if not d or not any(path[len(path) - len(p):] == p for p in paths) or set(d) != set(range(len(d))):
+      return d
+    layers = [d[i] for i in range(len(d))]
+    return {STACKED: jax.tree.map(lambda *xs: jnp.stack(xs) if np.ndim(xs[0]) else xs[0], *layers)}
+
+  return _map_dicts(tree, stack)

@@ -40,10 +40,12 @@ from flax import nnx
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from models import transformer
+from lra_core.state import scan_params, unscan_params
+from models.blocks import stack
 from models.blocks.attention import empty_cache
 from models.blocks.heads import TaskHead
 from models.blocks.layers import Dense, Embed, make_norm, param
-from models.blocks.positions import AbsolutePositions
+from models._block_embedders import EncoderEmbedder, LookupEmbedder
 from models.fit import CrossAttention
 
 Array = jax.Array
@@ -138,28 +140,31 @@ def validate_config(config) -> None:
 
 class Stack(nnx.Module):
   """Causal Pythia-style layers and a final norm; with `memory_width`, each layer first
-  cross-attends to a memory (the cross-attention token decoder)."""
+  cross-attends to a memory (the cross-attention token decoder). With `scan`, the layers (and the
+  cross-attentions) are one scanned stack (models/blocks/stack.py)."""
 
-  def __init__(self, s, num_layers: int, *, memory_width: int = 0, dtype, rngs: nnx.Rngs):
-    self.layers = nnx.List([transformer.Block(s, causal=True, dtype=dtype, rngs=rngs) for _ in range(num_layers)])
-    self.cross = (nnx.List([CrossAttention(s.d_model, memory_width, heads=s.num_heads, width=s.d_model,
-                                           use_bias=s.use_bias, dtype=dtype, rngs=rngs)
-                            for _ in range(num_layers)]) if memory_width else None)
+  def __init__(self, s, num_layers: int, *, memory_width: int = 0, scan: bool = False, remat: str = "none",
+               dtype, rngs: nnx.Rngs):
+    self.layers = stack.make_layers(lambda: transformer.Block(s, causal=True, dtype=dtype, rngs=rngs), num_layers,
+                                    scan=scan)
+    self.cross = (stack.make_layers(lambda: CrossAttention(s.d_model, memory_width, heads=s.num_heads, width=s.d_model,
+                                                           use_bias=s.use_bias, dtype=dtype, rngs=rngs),
+                                    num_layers, scan=scan) if memory_width else None)
     self.final_norm = make_norm(s.norm, s.d_model, rngs=rngs)
-    self.heads, self.head_dim = s.num_heads, s.d_model // s.num_heads
-
-  def _cross(self, i: int, x: Array, memory: Array | None) -> Array:
-    return x if self.cross is None else self.cross[i](x, memory)
+    self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
 
   def __call__(self, x: Array, *, mask: Array | None = None, memory: Array | None = None,
                rngs: nnx.Rngs | None = None) -> Array:
     positions = jnp.arange(x.shape[1])
-    for i, layer in enumerate(self.layers):
-      x = layer(self._cross(i, x, memory), positions=positions, mask=mask, rngs=rngs)
+    block = lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r)
+    if self.cross is None:
+      return self.final_norm(stack.apply(self.layers, x, block, remat=self.remat, rngs=rngs))
+    x = stack.apply((self.cross, self.layers), x, lambda pair, x, r: block(pair[1], pair[0](x, memory), r),
+                    remat=self.remat, rngs=rngs)
     return self.final_norm(x)
 
   def init_cache(self, batch_size: int, size: int, dtype) -> list[dict]:
-    return [empty_cache(batch_size, size, self.heads, self.head_dim, dtype) for _ in self.layers]
+    return [empty_cache(batch_size, size, self.heads, self.head_dim, dtype) for _ in range(len(self.layers))]
 
   def decode_block(self, x: Array, caches: list[dict], positions: Array, slot, *,
                    k_valid: Array | None = None, memory: Array | None = None) -> tuple[Array, list[dict]]:
@@ -167,61 +172,10 @@ class Stack(nnx.Module):
     kw = {} if k_valid is None else {"k_valid": k_valid}
     out = []
     for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-      x, cache = layer.decode_block(self._cross(i, x, memory), cache, positions, slot, **kw)
+      x, cache = layer.decode_block(x if self.cross is None else self.cross[i](x, memory), cache, positions, slot,
+                                    **kw)
       out.append(cache)
     return self.final_norm(x), out
-
-
-class LookupEmbedder(nnx.Module):
-  """Concatenated token embeddings of width `width` (D / L_B in the paper); a projection to D
-  when L_B * width != D (uptraining from a vanilla model, Appendix G.8)."""
-
-  def __init__(self, vocab: int, block_len: int, width: int, d_model: int, *, dtype, rngs: nnx.Rngs):
-    self.table = Embed(vocab, width, dtype=dtype, rngs=rngs)
-    self.proj = (Dense(block_len * width, d_model, axes=(None, "embed"), dtype=dtype, rngs=rngs)
-                 if block_len * width != d_model else None)
-
-  def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
-    """blocks int[B,N,L] -> [B,N,D]."""
-    e = self.table(blocks)
-    e = e.reshape(*blocks.shape[:-1], -1)
-    return e if self.proj is None else self.proj(e)
-
-
-class EncoderEmbedder(nnx.Module):
-  """A small bidirectional transformer over each block (Appendix F.1): the token outputs
-  (`encoder`) or `num_cls` CLS outputs (`cls`, padding masked) concatenated and projected to D."""
-
-  def __init__(self, m, *, dtype, rngs: nnx.Rngs):
-    w = m.encoder_width
-    self.num_cls = m.num_cls if m.embedder == "cls" else 0
-    self.pad_id = m.pad_id
-    s = transformer.model_config("transformer", d_model=w, num_heads=m.encoder_heads, d_ff=4 * w, norm=m.norm,
-                                 activation=m.activation, use_bias=m.use_bias)
-    self.embed = Embed(m.vocab_size, w, dtype=dtype, rngs=rngs)
-    self.positions = AbsolutePositions("learned", w, m.block_len + self.num_cls, dtype=dtype, rngs=rngs)
-    self.cls = param(rngs, jax.nn.initializers.normal(1.0), (self.num_cls, w), (None, "embed")) if self.num_cls else None
-    self.layers = nnx.List([transformer.Block(s, causal=False, dtype=dtype, rngs=rngs)
-                            for _ in range(m.encoder_layers)])
-    self.final_norm = make_norm(m.norm, w, rngs=rngs)
-    read = self.num_cls or m.block_len
-    self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
-
-  def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
-    lead = blocks.shape[:-1]
-    tokens = blocks.reshape(-1, blocks.shape[-1])
-    x, mask = self.embed(tokens), None
-    if self.cls is not None:
-      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (x.shape[0], *self.cls.shape))
-      x = jnp.concatenate([cls, x], axis=1)
-      mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), tokens != self.pad_id], axis=1)
-    positions = jnp.arange(x.shape[1])
-    x = x + self.positions(positions)
-    for layer in self.layers:
-      x = layer(x, positions=positions, mask=mask, rngs=rngs)
-    x = self.final_norm(x)
-    x = x[:, :self.num_cls] if self.cls is not None else x
-    return self.proj(x.reshape(*lead, -1))
 
 
 class Model(nnx.Module):
@@ -235,11 +189,12 @@ class Model(nnx.Module):
     self.kind = m.token_decoder
     d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
     kw = dict(dtype=self.dtype, rngs=rngs)
+    stacks = dict(scan=m.get("scan_layers", False), remat=m.get("remat", "none"), **kw)
     if m.embedder == "lookup":
       self.embedder = LookupEmbedder(m.vocab_size, m.block_len, m.embed_width or d // m.block_len, d, **kw)
     else:
       self.embedder = EncoderEmbedder(m, **kw)
-    self.block_decoder = Stack(stack_config(m, d, m.num_heads, m.d_ff or 4 * d), m.num_layers, **kw)
+    self.block_decoder = Stack(stack_config(m, d, m.num_heads, m.d_ff or 4 * d), m.num_layers, **stacks)
     # Block 0 (and a block after an absent one) reads this in place of a context embedding.
     self.start_context = param(rngs, jax.nn.initializers.normal(1.0), (d,), ("embed",))
     # prefix: R vectors from the context; summation / cross: L_B states (Appendix F.2).
@@ -249,7 +204,8 @@ class Model(nnx.Module):
     self.block_start = (None if self.kind == "prefix" else
                         param(rngs, jax.nn.initializers.normal(1.0), (dt,), ("embed",)))
     self.token_embed = Embed(m.vocab_size, dt, **kw)
-    self.token_decoder = Stack(stack_config(m, dt, ht, fft), nt, memory_width=dt if self.kind == "cross" else 0, **kw)
+    self.token_decoder = Stack(stack_config(m, dt, ht, fft), nt, memory_width=dt if self.kind == "cross" else 0,
+                               **stacks)
     self.head = TaskHead("lm", dt, vocab_size=m.vocab_size, embed=self.token_embed if m.tie_embeddings else None,
                          **kw)
 
@@ -473,6 +429,7 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   """
   m = config.model
   d, (dt, nt, _, _) = m.d_model, _token_sizes(m)
+  out, vanilla = unscan_params(params), unscan_params(vanilla)
   if not {"blocks", "embed", "final_norm", "head"} <= set(vanilla):
     raise ConfigError("the source model is not a vanilla transformer; uptraining starts from one "
                       "(e.g. configs/c4/block_transformer.py:<size>,vanilla).")
@@ -483,7 +440,6 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   if layers != m.num_layers + nt or vanilla["embed"]["embedding"].shape != (m.vocab_size, d):
     raise ConfigError(f"the vanilla model ({layers} layers, embedding {vanilla['embed']['embedding'].shape}) does "
                       f"not split into {m.num_layers} + {nt} layers of width {d} over {m.vocab_size} tokens.")
-  out = jax.tree.map(lambda x: x, params)
   for i in range(m.num_layers):
     out["block_decoder"]["layers"][i] = vanilla["blocks"][i]
   for i in range(nt):
@@ -497,4 +453,4 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
   if "bias" in out["context_proj"]:
     out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
-  return out
+  return scan_params(out, config) if m.get("scan_layers", False) else out

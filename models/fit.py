@@ -30,6 +30,7 @@ from flax import nnx
 
 from kernels.attention import dot_product_attention
 from lra_core.errors import ConfigError
+from models.blocks import stack
 from models.blocks.heads import POOLING, TaskHead, fold_towers
 from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
 from models.transformer import Block
@@ -183,7 +184,8 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
 
 
 class FITBlock(nnx.Module):
-  """One L(a)G(b) block: local layers, then (b > 0) l2x, global layers and (not last) x2l."""
+  """One L(a)G(b) block: local layers, then (b > 0) l2x, global layers and (not last) x2l.
+  With model.scan_layers the a local and the b global layers are each one scanned stack."""
 
   def __init__(self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True,
                dtype, rngs: nnx.Rngs):
@@ -191,8 +193,9 @@ class FITBlock(nnx.Module):
     lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff)
     make_local = ((lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs)) if local_attention
                   else (lambda: FeedForwardBlock(xm, dtype=dtype, rngs=rngs)))
-    self.local = nnx.List([make_local() for _ in range(local)])
-    self.global_layers = nnx.List([Block(lm, causal=causal, dtype=dtype, rngs=rngs) for _ in range(global_)])
+    scan = m.get("scan_layers", False)
+    self.local = stack.make_layers(make_local, local, scan=scan)
+    self.global_layers = stack.make_layers(lambda: Block(lm, causal=causal, dtype=dtype, rngs=rngs), global_, scan=scan)
     cross = dict(heads=min(m.num_heads, m.latent_heads), width=min(m.d_model, m.d_latent), use_bias=m.use_bias,
                  dtype=dtype, rngs=rngs)
     self.l2x = CrossAttention(m.d_latent, m.d_model, **cross) if global_ else None
@@ -266,6 +269,7 @@ class Model(nnx.Module):
     self.data_positions = param(rngs, normal, (self.overlap + self.group_size, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.max_groups * self.m, m.d_latent), (None, "embed"))
     self.embed_dropout = nnx.Dropout(m.dropout)
+    self.remat = m.get("remat", "none")
     self.blocks = nnx.List([FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype,
                                      rngs=rngs) for i, (a, b) in enumerate(self.spec)])
     self.final_norm = LayerNorm(m.d_model, rngs=rngs)
@@ -312,14 +316,15 @@ class Model(nnx.Module):
     gmask = None if self.causal else jnp.repeat(valid.any(-1), self.m, axis=1)
     local_pos = jnp.arange(n)
     for blk in self.blocks:
-      for layer in blk.local:
-        x = layer(x, positions=local_pos, mask=kv_valid, rngs=rngs)
+      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=kv_valid, rngs=r),
+                      remat=self.remat, rngs=rngs)
       if blk.l2x is None:
         continue
       lat = blk.l2x(latents.reshape(b * t, self.m, -1), x, k_valid=kv_valid)
       latents = lat.reshape(b, t * self.m, -1)
-      for layer in blk.global_layers:
-        latents = layer(latents, positions=gpos, mask=gmask, rngs=rngs)
+      latents = stack.apply(blk.global_layers, latents,
+                            lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r), remat=self.remat,
+                            rngs=rngs)
       if blk.x2l is not None:
         grouped = latents.reshape(b, t, self.m, -1)
         source = shift_latents(grouped) if self.causal else grouped

@@ -26,6 +26,7 @@ from flax import nnx
 
 from lra_core import diffusion
 from lra_core.errors import ConfigError
+from models.blocks import stack
 from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param
 from models.blocks.positions import sinusoid
 from models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
@@ -183,6 +184,7 @@ class Model(nnx.Module):
                         if m.num_classes else None)
     self.latent_prev = LatentSelfCondition(m, dtype=self.dtype, rngs=rngs) if m.self_condition else None
     last = len(self.spec) - 1
+    self.remat = m.get("remat", "none")
     self.blocks = nnx.List([FITBlock(m, a, b, last=i == last, causal=False, local_attention=m.local_attention,
                                      dtype=self.dtype, rngs=rngs) for i, (a, b) in enumerate(self.spec)])
     # l2c: latents read the condition tokens, one cross-attention per block with global layers.
@@ -229,15 +231,16 @@ class Model(nnx.Module):
     local_pos, global_pos = jnp.arange(n), jnp.arange(t * m)
     j = 0
     for blk in self.blocks:
-      for layer in blk.local:
-        x = layer(x, positions=local_pos, mask=None, rngs=rngs)
+      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=None, rngs=r),
+                      remat=self.remat, rngs=rngs)
       if blk.l2x is None:
         continue
       latents = blk.l2x(latents.reshape(b * t, m, -1), x).reshape(b, t * m, -1)
       latents = self.l2c[j](latents, kv=cond_kv[j])
       j += 1
-      for layer in blk.global_layers:
-        latents = layer(latents, positions=global_pos, mask=None, rngs=rngs)
+      latents = stack.apply(blk.global_layers, latents,
+                            lambda layer, x, r: layer(x, positions=global_pos, mask=None, rngs=r),
+                            remat=self.remat, rngs=rngs)
       if blk.x2l is not None:
         x = blk.x2l(x, latents.reshape(b * t, m, -1))
     out = self.out(self.out_norm(x)).reshape(tokens.shape).astype(jnp.float32)

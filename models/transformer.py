@@ -19,6 +19,7 @@ from flax import nnx
 
 from lra_core.errors import ConfigError
 from lra_core.sharding import constrain
+from models.blocks import stack
 from models.blocks.attention import Attention
 from models.blocks.heads import POOLING, TaskHead, fold_towers
 from models.blocks.layers import ACTIVATIONS, MLP, NORMS, Embed, make_norm, param
@@ -170,8 +171,9 @@ class Model(nnx.Module):
     self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype,
                                        rngs=rngs)
     self.embed_dropout = nnx.Dropout(m.dropout)
-    self.blocks = nnx.List([Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer)
-                            for _ in range(m.num_layers)])
+    self.remat = m.get("remat", "none")
+    self.blocks = stack.make_layers(lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs,
+                                                  mixer=self.mixer), m.num_layers, scan=m.get("scan_layers", False))
     self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
     self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,
                          pooling=m.pooling, hidden=m.classifier_hidden,
@@ -204,8 +206,8 @@ class Model(nnx.Module):
       x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, x.shape[-1])), x], axis=1)
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
-    for block in self.blocks:
-      x = block(x, positions=positions, mask=mask, rngs=rngs)
+    x = stack.apply(self.blocks, x, lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r),
+                    remat=self.remat, rngs=rngs)
     return self.final_norm(x), mask
 
   # -- decoding (causal models) --------------------------------------------------------------

@@ -32,6 +32,7 @@ from lra_core import optim
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
 from lra_core.sharding import constrain
+from models.blocks import stack
 from models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize
 from models.blocks.positions import sinusoid
 
@@ -267,7 +268,8 @@ class Model(nnx.Module):
     self.deterministic = False   # set by .train() / .eval(): EMA updates and dropout only in training
     self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
     self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
-    self.units = nnx.List([GAU(m, dtype=self.dtype, rngs=rngs) for _ in range(m.num_layers)])
+    self.units = stack.make_layers(lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers,
+                                   scan=m.get("scan_layers", False))
     self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
     self.classifier = (None if m.tie_embeddings else
                        Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True,
@@ -307,22 +309,28 @@ class Model(nnx.Module):
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
   def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None):
-    """All units over x [B,T,D]; returns x, carries, summed commit loss and per-unit EMA statistics."""
+    """All units over x [B,T,D]; returns x, carries, summed commit loss and the EMA statistics
+    (k_sum [N,...], count [N,...]) of the N units, or () with full attention."""
     m = self.m
-    commit, stats, new = jnp.zeros((), jnp.float32), [], []
-    for i, unit in enumerate(self.units):
+
+    def unit_step(unit, x, inputs, _):
+      carry, i = inputs
       sin_key = lyr_key = rk = None
       if seq_key is not None:
         sin_key, lyr_key = jax.random.fold_in(seq_key, 2 * i), jax.random.fold_in(seq_key, 2 * i + 1)
         rk = jax.random.fold_in(res_key, i)
-      h, c, aux = unit(x, carries[i], sin_key=sin_key, res_key=rk)
+      h, c, aux = unit(x, carry, sin_key=sin_key, res_key=rk)
       x = x + dropout(h, m.droplyr, lyr_key, shape=(x.shape[0], 1, 1))
-      x = constrain(x, ("batch", "length", "embed"))
-      new.append(c)
-      if aux:
-        commit = commit + aux["commit"]
-        stats.append((aux["k_sum"], aux["count"]))
-    return x, new, commit, stats
+      return constrain(x, ("batch", "length", "embed")), (c, aux)
+
+    n = len(self.units)
+    xs = (None if carries[0] is None else stack.stack_trees(carries), jnp.arange(n))
+    x, (new, aux) = stack.scan(self.units, unit_step, x, xs, remat=m.get("remat", "none"))
+    commit = jnp.zeros((), jnp.float32)
+    for i in range(n if aux else 0):
+      commit = commit + aux["commit"][i]
+    stats = (aux["k_sum"], aux["count"]) if aux else ()
+    return x, [None] * n if new is None else stack.unstack(new, n), commit, stats
 
   def __call__(self, inputs: Array, *, carry: dict | None = None, rngs: nnx.Rngs | None = None,
                mask: Array | None = None):
@@ -365,26 +373,31 @@ class Model(nnx.Module):
       xb, n = xs
       rk = None if res_key is None else jax.random.fold_in(res_key, n)
       y, caches, c, s = self._stack(xb, caches, seq_key, rk)
-      stats = [(a[0] + b_[0], a[1] + b_[1]) for a, b_ in zip(stats, s)]
+      stats = jax.tree.map(jnp.add, stats, s)
       return (caches, commit + c, stats), y
 
-    zero_stats = [(jnp.zeros_like(u.quantizer.c_sum[...]), jnp.zeros_like(u.quantizer.c_count[...]))
-                  for u in self.units]
+    n, unit = len(self.units), self.units[0]
+    zero_stats = (jnp.zeros((n,) + unit.quantizer.c_sum[...].shape), jnp.zeros((n,) + unit.quantizer.c_count[...].shape))
     (carries, commit, stats), ys = jax.lax.scan(
         body, (carries, jnp.zeros((), jnp.float32), zero_stats), (blocks, jnp.arange(t // l)))
     return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit / (t // l), stats
 
   def _codebook_step(self, stats: list, commit: Array) -> None:
     """EMA update (training only), commitment loss and codebook usage metrics."""
-    usage = [codebook_usage(count) for _, count in stats]
+    k_sums, counts = stats
+    usage = [codebook_usage(count) for count in counts]
     self.sow(nnx.Intermediate, "aux_loss", self.m.commit_coef * commit)
     self.sow(nnx.Intermediate, "aux_metrics", {
         "commit_loss": commit,
         "codebook_perplexity": jnp.mean(jnp.stack([p.mean() for p, _ in usage])),
         "codebook_unused": jnp.mean(jnp.stack([u.mean() for _, u in usage]))})
-    if not self.deterministic:
-      for unit, (k_sum, count) in zip(self.units, stats):
-        unit.quantizer.update(k_sum, count)
+    if self.deterministic:
+      return
+    if isinstance(self.units, stack.Stacked):  # one update of the stacked codebooks [N,...]
+      self.units.body.quantizer.update(k_sums, counts)
+    else:
+      for i, unit in enumerate(self.units):
+        unit.quantizer.update(k_sums[i], counts[i])
 
   # -- decoding ------------------------------------------------------------------------------------
 
