@@ -24,8 +24,10 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -156,28 +158,36 @@ class Report:
   remat: str
   scan_layers: bool
   num_params: int
+  mosaic_kernels: int     # Pallas kernels compiled by Mosaic in the train step (0: none, or interpreted)
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
                  "est_step_seconds", "est_tokens_per_s", "est_mfu")
 
   def to_json(self) -> dict:
-    """The issue-stable fields first, then the rest."""
+    """The issue-stable fields first, then the rest; numbers the compile could not give are null."""
     out = {k: getattr(self, k) for k in self.JSON_FIELDS}
     out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in out})
-    return out
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
 
   def table(self) -> str:
+    if math.isnan(self.flops_per_device):  # the compiler refused the step: it needs more than the HBM
+      train = f"needs {self.peak_gib:,.2f} GiB of temporaries (the TPU compiler's out-of-memory refusal)"
+      estimate = [("estimated step time", "- (not compiled)")]
+    else:
+      train = (f"arguments {self.arguments_gib:.2f} GiB, temporaries {self.temporaries_gib:.2f} GiB, "
+               f"peak {self.peak_gib:.2f} GiB")
+      estimate = [("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
+                  ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
+                  ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
+                  ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} bf16 peak")]
     rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
             ("HBM per device", f"{self.hbm_gib:.2f} GiB"),
-            ("train step per device", f"arguments {self.arguments_gib:.2f} GiB, temporaries "
-                                      f"{self.temporaries_gib:.2f} GiB, peak {self.peak_gib:.2f} GiB"),
+            ("train step per device", train),
             ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB"),
             ("fits", "yes" if self.fits else "NO"),
             ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
-            ("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
-            ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
-            ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
-            ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} bf16 peak"),
+            ("Mosaic kernels in train step", f"{self.mosaic_kernels}"),
+            *estimate,
             ("compile time on this host", f"{self.compile_seconds:.1f} s")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -201,25 +211,61 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
   spec = make_state_spec(config, mesh, tx)
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
     batch = experiment.config_batch(config, mesh, rules)
-    train, train_s = timed_compile(jit_train_step(config, spec, task, tx, schedule), spec.abstract, batch)
-    evaluate, eval_s = timed_compile(*_eval_step_args(config, spec, task, mesh, rules))
-  memory, eval_memory = MemoryEstimate.of(train), MemoryEstimate.of(evaluate)
+    train, train_s = _compile_for_target(jit_train_step(config, spec, task, tx, schedule), spec.abstract, batch)
+    evaluate, eval_s = _compile_for_target(*_eval_step_args(config, spec, task, mesh, rules))
   limit, _ = memory_limit(t.memory_limit_gib, devices[0])
-  roof = hlo_cost.roofline(train.as_text(), chip)
+  common = dict(topology=topology, num_devices=len(devices), device_kind=devices[0].device_kind,
+                mesh={k: v for k, v in mesh.shape.items()}, hbm_gib=chip.hbm_bytes / GIB,
+                compile_seconds=train_s + eval_s, remat=str(config.model.get("remat", "none")),
+                scan_layers=bool(config.model.get("scan_layers", False)), num_params=spec.num_params)
+  if isinstance(train, OutOfMemory):
+    eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
+    logging.info("the train step does not fit: %s", train.message)
+    return Report(**common, arguments_gib=math.nan, temporaries_gib=train.required / GIB,
+                  peak_gib=train.required / GIB, eval_peak_gib=eval_peak / GIB, fits=False,
+                  flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan,
+                  est_mfu=math.nan, bound="-", mosaic_kernels=0)
+  memory = MemoryEstimate.of(train)
+  eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
+  hlo = train.as_text()
+  roof = hlo_cost.roofline(hlo, chip)
   if roof.unknown_loops:
     logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
                     roof.unknown_loops)
   tokens = t.batch_size * t.seq_len // pipeline.num_windows(config)
   seconds = max(roof.seconds, 1e-12)
   return Report(
-      topology=topology, num_devices=len(devices), device_kind=devices[0].device_kind,
-      mesh={k: v for k, v in mesh.shape.items()}, hbm_gib=chip.hbm_bytes / GIB,
-      arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB, peak_gib=memory.peak / GIB,
-      eval_peak_gib=eval_memory.peak / GIB, fits=max(memory.peak, eval_memory.peak) <= limit,
+      **common, arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB,
+      peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
       flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
-      est_mfu=roof.flops / (seconds * chip.peak_flops), bound=roof.bound, compile_seconds=train_s + eval_s,
-      remat=str(config.model.get("remat", "none")), scan_layers=bool(config.model.get("scan_layers", False)),
-      num_params=spec.num_params)
+      est_mfu=roof.flops / (seconds * chip.peak_flops), bound=roof.bound,
+      mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+  """A compile the TPU compiler refused because its buffers exceed the chip's memory."""
+  required: float     # bytes the compiler said it needs (NaN if its message names none)
+  message: str
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+
+
+def _compile_for_target(jitted, *abstract_args):
+  """timed_compile, except that the TPU compiler's out-of-memory refusal comes back as OutOfMemory
+  (the slice cannot hold the step: an answer, not an error)."""
+  t0 = time.perf_counter()
+  try:
+    return timed_compile(jitted, *abstract_args)
+  except jax.errors.JaxRuntimeError as e:
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text:
+      raise
+    first = text.strip().splitlines()[0]
+    m = re.search(r"required for [\w ]+\(([\d.]+)([KMGTP]?)\)", first) or re.search(r"\(([\d.]+)([KMGTP]?)\)", first)
+    required = float(m.group(1)) * _UNITS[m.group(2)] if m else math.nan
+    return OutOfMemory(required, first), time.perf_counter() - t0
 
 
 def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
