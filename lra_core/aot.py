@@ -159,6 +159,7 @@ class Report:
   scan_layers: bool
   num_params: int
   mosaic_kernels: int     # Pallas kernels compiled by Mosaic in the train step (0: none, or interpreted)
+  hotspots: tuple = ()    # the train step's dearest operations (hlo_cost.Hotspot), when asked for
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
                  "est_step_seconds", "est_tokens_per_s", "est_mfu")
@@ -167,6 +168,7 @@ class Report:
     """The issue-stable fields first, then the rest; numbers the compile could not give are null."""
     out = {k: getattr(self, k) for k in self.JSON_FIELDS}
     out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in out})
+    out["hotspots"] = [dataclasses.asdict(h) | {"bound": h.bound} for h in self.hotspots]
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
 
   def table(self) -> str:
@@ -190,10 +192,18 @@ class Report:
             *estimate,
             ("compile time on this host", f"{self.compile_seconds:.1f} s")]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if self.hotspots:
+      total = self.est_step_seconds
+      lines.append(f"dearest operations of the train step (share of the {total * 1e3:,.1f} ms estimate):")
+      for h in self.hotspots:
+        lines.append(f"  {100 * h.seconds / total:5.1f}%  {h.bound:7s}  x{h.executions:<6,.0f} {h.kind:24s} "
+                     f"{h.source[-90:] or h.name}")
+    return "\n".join(lines)
 
 
-def compile_config(config, topology: str, *, devices: list[jax.Device] | None = None) -> Report:
+def compile_config(config, topology: str, *, devices: list[jax.Device] | None = None,
+                   hotspots: int = 0) -> Report:
   """Compiles `config`'s train and eval steps for the TPU slice `topology` (its devices by
   chips.tpu_devices unless given) and measures them. Raises ConfigError for a bad topology or a
   mesh the slice cannot hold; a step that compiles but does not fit comes back with fits=False."""
@@ -228,7 +238,7 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
   memory = MemoryEstimate.of(train)
   eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
   hlo = train.as_text()
-  roof = hlo_cost.roofline(hlo, chip)
+  roof = hlo_cost.roofline(hlo, chip, top=hotspots)
   if roof.unknown_loops:
     logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
                     roof.unknown_loops)
@@ -239,7 +249,7 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
       peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
       flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
       est_mfu=roof.flops / (seconds * chip.peak_flops), bound=roof.bound,
-      mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'))
+      mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'), hotspots=roof.hotspots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,11 +306,13 @@ def main(argv=None) -> int:
     parser.add_argument("--topology", required=True,
                         help="a TPU slice, <generation>:<chips>, e.g. v3:2x2 (8 cores), v4:2x2x2, v5e:4x4, v5p:2x2x4")
     parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")
+    parser.add_argument("--hotspots", type=int, default=0,
+                        help="also list this many of the train step's dearest operations (what bounds the estimate)")
 
   args = cli.parse(argv, extra=flags, workdir=False, prog="python -m lra_core.aot",
                    description="Compiles a config's train and eval steps for a TPU slice on this host (libtpu) "
                                "and reports memory, fit and an estimated step time.")
-  report = compile_config(args.config, args.extra.topology)
+  report = compile_config(args.config, args.extra.topology, hotspots=args.extra.hotspots)
   print(f"{args.spec} on {args.extra.topology}:")
   print(report.table())
   if args.extra.json:

@@ -66,6 +66,7 @@ class Roofline:
   flop_s: float              # the FLOPs alone at peak
   comm_s: float
   unknown_loops: int         # while loops whose trip count could not be read (counted once)
+  hotspots: tuple = ()       # the dearest operations: Hotspot records, dearest first
 
   @property
   def seconds(self) -> float:
@@ -76,6 +77,23 @@ class Roofline:
     if self.comm_s > self.compute_s:
       return "interconnect"
     return "compute" if self.flop_s >= 0.5 * self.compute_s else "memory bandwidth"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hotspot:
+  """One operation of the program with what it costs over the whole step (times its executions)."""
+  name: str
+  kind: str                  # opcode, or for a fusion the kind XLA gave it (kLoop, kOutput, ...) and its matmuls
+  executions: float
+  seconds: float
+  flops: float
+  bytes: float
+  flop_seconds: float        # its FLOPs alone at peak: near `seconds` when compute-bound
+  source: str = ""           # the JAX operation it came from (metadata op_name), if recorded
+
+  @property
+  def bound(self) -> str:
+    return "compute" if self.flop_seconds >= 0.5 * self.seconds else "memory"
 
 
 @dataclasses.dataclass
@@ -273,11 +291,40 @@ class _Walker:
     return Cost(flops=flops, bytes=traffic, compute_s=seconds)
 
 
-def roofline(hlo_text: str, chip: Chip) -> Roofline:
-  """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`."""
+def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
+  """The `top` dearest operations, each counted over all executions of its computation (loop bodies
+  run trip-count times, a conditional's dearest branch once)."""
+  found: list[Hotspot] = []
+
+  def visit(computation: str, times: float, depth: int = 0) -> None:
+    shapes = walker.shapes.get(computation, {})
+    for op in walker.computations.get(computation, ()):
+      if op.opcode == "while":
+        n = walker.trip_count(op) or 1
+        for body in _called(op, "body"):
+          visit(body, times * n, depth + 1)
+      elif op.opcode in ("call", "async-start", "conditional"):
+        continue  # rare at the top of a step; their cost is in the total
+      elif op.opcode not in FREE and op.opcode not in DONE and op.opcode not in COLLECTIVES:
+        c = walker.op_cost(op, shapes)
+        kind = op.opcode
+        if op.opcode == "fusion":
+          m = re.search(r"kind=(\w+)", op.attrs)
+          kind = f"fusion {m.group(1) if m else ''}{' with matmul' if c.flops else ''}"
+        source = re.search(r'op_name="([^"]*)"', op.attrs)
+        found.append(Hotspot(op.name, kind, times, times * c.compute_s, times * c.flops, times * c.bytes,
+                             times * c.flops / walker.chip.peak_flops, source.group(1) if source else ""))
+
+  visit(entry, 1.0)
+  return tuple(sorted(found, key=lambda h: -h.seconds)[:top])
+
+
+def roofline(hlo_text: str, chip: Chip, *, top: int = 0) -> Roofline:
+  """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
+  `top` > 0 also lists that many of its dearest operations (Roofline.hotspots)."""
   computations, entry = parse(hlo_text)
   walker = _Walker(computations, chip)
   total = walker.cost(entry)
   return Roofline(flops=total.flops, hbm_bytes=total.bytes, comm_bytes=total.comm_bytes,
                   compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
-                  unknown_loops=walker.unknown_loops)
+                  unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else ())

@@ -48,6 +48,18 @@ def test_a_scan_counts_every_step_where_xla_counts_one(v5e):
   assert ours["scan"].seconds == pytest.approx(ours["unrolled"].seconds, rel=0.25)
 
 
+def test_hotspots_count_a_loop_body_operation_once_per_step_of_the_loop(v5e):
+  mesh, chip = v5e
+  shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))
+  roof = hlo_cost.roofline(_compile(_stack, mesh, *shapes).as_text(), chip, top=3)
+  top = roof.hotspots[0]
+  # The layer's N x N x N matmul, run LAYERS times, is the whole cost and compute-bound.
+  assert top.executions == LAYERS and top.flops == pytest.approx(2.0 * N**3 * LAYERS, rel=1e-6)
+  assert top.bound == "compute" and top.seconds <= roof.seconds
+  assert sum(h.seconds for h in roof.hotspots) <= roof.compute_s * (1 + 1e-9)
+  assert hlo_cost.roofline(_compile(_stack, mesh, *shapes).as_text(), chip).hotspots == ()
+
+
 def test_without_loops_the_estimate_agrees_with_xla(v5e):
   mesh, chip = v5e
   rows = jax.sharding.PartitionSpec("x")
