@@ -36,25 +36,74 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
 DRIVERS = ("grid", "loop")
-_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernel_target", default=None)
+_GPU_PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}
 
 
-def platform() -> str:
-  """The platform the kernels are traced for: 'gpu', 'tpu' or 'cpu'."""
-  return _TARGET.get() or jax.default_backend()
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """The devices the kernels are traced for: platform 'tpu', 'gpu' or 'cpu', and the JAX device kind
+  ("TPU v5 lite", "TPU v3", ...; None where only the platform is known)."""
+  platform: str
+  device_kind: str | None = None
+
+
+_OVERRIDE: contextvars.ContextVar[Target | None] = contextvars.ContextVar("kernel_target", default=None)
 
 
 @contextlib.contextmanager
-def target(name: str) -> Iterator[None]:
-  """Traces the kernels for `name` ('gpu', 'tpu', 'cpu') whatever the default backend."""
-  token = _TARGET.set(name)
+def target(platform: str, device_kind: str | None = None) -> Iterator[None]:
+  """Traces the kernels for `platform` ('gpu', 'tpu', 'cpu') whatever the mesh and the default backend
+  (scripts/check_lowering.py lowers for TPU and GPU on a CPU host this way)."""
+  token = _OVERRIDE.set(Target(_GPU_PLATFORMS.get(platform, platform), device_kind))
   try:
     yield
   finally:
-    _TARGET.reset(token)
+    _OVERRIDE.reset(token)
+
+
+def _target_of(mesh) -> Target | None:
+  """A mesh's devices as a Target: a concrete mesh's first device, or an abstract mesh's device."""
+  if mesh is None or mesh.empty:
+    return None
+  if isinstance(mesh, Mesh):
+    device = mesh.devices.flat[0]
+    return Target(_GPU_PLATFORMS.get(device.platform, device.platform), device.device_kind)
+  device = mesh.abstract_device
+  if device is None:
+    return None
+  return Target(_GPU_PLATFORMS.get(device.platform, device.platform), device.device_kind)
+
+
+def current() -> Target:
+  """The target of the kernels traced now, first found of:
+
+    1. `target(...)`, the explicit override (its device kind, or the mesh's when that has the same platform);
+    2. the devices of the kernel mesh (`per_device_mesh`, entered by `lra_core.sharding.activate`);
+    3. the devices of the context mesh (`jax.set_mesh`, `jax.sharding.use_mesh` / `use_abstract_mesh`);
+    4. the default backend.
+
+  So a TPU program traced on a CPU host under `jax.set_mesh` of TPU devices gets the compiled
+  kernels (grid driver, Mosaic), and CPU devices get interpret mode whatever the host has.
+  """
+  override = _OVERRIDE.get()
+  active = _ACTIVE.get()
+  from_mesh = _target_of(active.mesh if active is not None else None) or _target_of(jax.sharding.get_abstract_mesh())
+  if override is not None:
+    if override.device_kind is None and from_mesh is not None and from_mesh.platform == override.platform:
+      return from_mesh
+    return override
+  if from_mesh is not None:
+    return from_mesh
+  device = jax.devices()[0]
+  return Target(_GPU_PLATFORMS.get(device.platform, device.platform), device.device_kind)
+
+
+def platform() -> str:
+  """The platform the kernels are traced for: 'gpu', 'tpu' or 'cpu' (see `current`)."""
+  return current().platform
 
 
 def interpret_default() -> bool:
@@ -124,15 +173,34 @@ def per_device_mesh(mesh: Mesh, *, batch: str | Sequence[str] | None,
     _ACTIVE.reset(token)
 
 
-def _split(axes: tuple[str, ...], mesh: Mesh, size: int) -> tuple[str, ...]:
+def _split(axes: tuple[str, ...], mesh, size: int) -> tuple[str, ...]:
   """The mesh axes (of size > 1) that split `size` evenly, or none."""
   axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
   return axes if axes and size % math.prod(mesh.shape[a] for a in axes) == 0 else ()
 
 
+def _typed_axes(args: Sequence, dims: Sequence, letter: str) -> tuple[str, ...]:
+  """The mesh axes that shard axis `letter` in the arguments' types (explicit sharding under
+  `jax.set_mesh`; none under automatic axes): the first argument's that has any."""
+  is_dims = lambda x: isinstance(x, str) or x is None
+  for arg, d in zip(args, dims):
+    for x, letters in zip(jax.tree.leaves(arg), jax.tree.leaves(d, is_leaf=is_dims)):
+      spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+      if letters and letter in letters and spec is not None and letters.index(letter) < len(spec):
+        axes = _names(spec[letters.index(letter)])
+        if axes:
+          return axes
+  return ()
+
+
 def run_per_device(fn: Callable, args: Sequence, dims: Sequence, out_dims, *, batch: int, heads: int,
                    kv_heads: int | None = None):
-  """fn(*args), per device when a kernel mesh is active.
+  """fn(*args), per device when a mesh of more than one device is set.
+
+  The mesh is the kernel mesh of `per_device_mesh` (batch and heads split over the axes it names) or
+  else the context mesh of `jax.set_mesh` (split as the arguments' explicit shardings say). Either
+  way the kernel runs in `jax.shard_map`, replicated where nothing splits: a Mosaic kernel cannot
+  be partitioned automatically.
 
   `dims` gives, per argument (a pytree of arrays, or None), a string with one letter per axis:
   'b' batch, 'h' query heads, 'k' key-value heads, '.' anything else (never split); `out_dims`
@@ -140,18 +208,24 @@ def run_per_device(fn: Callable, args: Sequence, dims: Sequence, out_dims, *, ba
   head (kv_heads divisible by the split, or a single shared kv head, replicated).
   """
   active = _ACTIVE.get()
-  if active is None or active.mesh.size == 1:
+  if active is not None:
+    mesh, want_b, want_h = active.mesh, active.batch, active.heads
+  else:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+      return fn(*args)
+    want_b, want_h = _typed_axes(args, dims, "b"), _typed_axes(args, dims, "h")
+  manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Manual}
+  free = tuple(a for a in mesh.axis_names if a not in manual)
+  if math.prod(mesh.shape[a] for a in free) == 1:
     return fn(*args)
-  mesh = active.mesh
   kv_heads = heads if kv_heads is None else kv_heads
-  b_axes = _split(active.batch, mesh, batch)
-  h_axes = tuple(a for a in _split(active.heads, mesh, heads) if a not in b_axes)
+  b_axes = _split(tuple(a for a in want_b if a in free), mesh, batch)
+  h_axes = tuple(a for a in _split(tuple(a for a in want_h if a in free), mesh, heads) if a not in b_axes)
   n_h = math.prod(mesh.shape[a] for a in h_axes)
   if kv_heads % n_h and kv_heads != 1:
     h_axes = ()
   k_axes = h_axes if kv_heads % n_h == 0 and n_h > 1 else ()
-  if not b_axes and not h_axes:
-    return fn(*args)
   g_axes = h_axes if h_axes and not k_axes else ()
   letters = {"b": b_axes or None, "h": h_axes or None, "k": k_axes or None, "g": g_axes or None, ".": None}
 
@@ -161,4 +235,8 @@ def run_per_device(fn: Callable, args: Sequence, dims: Sequence, out_dims, *, ba
   is_dims = lambda x: isinstance(x, str) or x is None
   in_specs = tuple(jax.tree.map(spec, d, is_leaf=is_dims) for d in dims)
   out_specs = jax.tree.map(spec, out_dims, is_leaf=is_dims)
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+  if AxisType.Explicit in mesh.axis_types:  # explicit shardings must match in_specs: move the arguments there
+    args = tuple(a if a is None else jax.tree.map(lambda x, s: jax.sharding.reshard(x, s), a, sp)
+                 for a, sp in zip(args, in_specs))
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=set(free),
+                       check_vma=False)(*args)
