@@ -72,8 +72,8 @@ def _causal_block(state, p: Array, k: Array, v: Array):
   num, den, mx = state
   k, v = k.astype(f32), v.astype(f32)
   c = k.shape[0]
-  causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
-            >= jax.lax.broadcasted_iota(jnp.int32, (c, c), 1))[:, :, None]       # [Ct,Cs,1]
+  causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0)
+            >= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))                 # [Ct,Cs,1]
   prefix = jnp.where(causal, k[None], NEG)                                        # k_s for s <= t
   m = jnp.maximum(mx, prefix.max(1))                                              # running max [C,L]
   within = jnp.where(causal, jnp.exp(prefix - m[:, None]), 0.0)                   # [C,C,L], <= 1

@@ -163,15 +163,15 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, compress
     def spec(shape, index):
       return pl.BlockSpec((None, None) + shape, index)
     this = lambda bb, hh, rr: (bb, hh, rr, 0)
-    kv = lambda bb, hh, rr: (bb, hh // g, rr, 0)
-    kv_prev = lambda bb, hh, rr: (bb, hh // g, jnp.maximum(rr - 1, 0), 0)
-    row = lambda bb, hh, rr: (bb, hh // g, 0, rr)
-    row_prev = lambda bb, hh, rr: (bb, hh // g, 0, jnp.maximum(rr - 1, 0))
-    fixed_kv = lambda bb, hh, rr: (bb, hh // g, 0, 0)
+    kv = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), rr, 0)
+    kv_prev = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), jnp.maximum(rr - 1, 0), 0)
+    row = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, rr)
+    row_prev = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, jnp.maximum(rr - 1, 0))
+    fixed_kv = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, 0)
     fixed = lambda bb, hh, rr: (bb, hh, 0, 0)
     in_specs = [spec((l, dk), this), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dv), kv),
                 spec((l, dv), kv_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
-                pl.BlockSpec((None, s, dk), lambda bb, hh, rr: (hh // g, 0, 0))]
+                pl.BlockSpec((None, s, dk), lambda bb, hh, rr: (jax.lax.div(hh, g), 0, 0))]
     args = [q, k, k, v, v, zr, zr, zc, codebook]
     if has_bias:
       in_specs.append(spec((l, 2 * l), this))
@@ -186,10 +186,10 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, compress
         compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, name="vq_attention")
   else:
     def spec(shape, heads_of_kv=False):
-      index = (lambda bb, hh: (bb, hh // g, 0, 0)) if heads_of_kv else (lambda bb, hh: (bb, hh, 0, 0))
+      index = (lambda bb, hh: (bb, jax.lax.div(hh, g), 0, 0)) if heads_of_kv else (lambda bb, hh: (bb, hh, 0, 0))
       return pl.BlockSpec((None, None) + shape, index)
     in_specs = [spec((t, dk)), spec((t, dk), True), spec((t, dv), True), spec((1, t), True), spec((t, 1), True),
-                pl.BlockSpec((None, s, dk), lambda bb, hh: (hh // g, 0, 0))]
+                pl.BlockSpec((None, s, dk), lambda bb, hh: (jax.lax.div(hh, g), 0, 0))]
     args = [q, k, v, zr, zc, codebook]
     if has_bias:
       in_specs.append(spec((t, 2 * l)))
