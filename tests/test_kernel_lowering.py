@@ -1,21 +1,46 @@
-"""Every Pallas kernel lowers for TPU (Mosaic) and GPU (Triton) from this CPU host
-(scripts/check_lowering.py), and shapes those backends cannot take are reported, not hidden."""
+"""Every Pallas kernel compiles for a TPU slice (Mosaic, with libtpu; lowered only without it) and
+lowers for GPU (Triton) from this CPU host (scripts/check_lowering.py), and shapes those backends
+cannot take are reported, not hidden."""
+
+import jax
+import pytest
 
 from scripts import check_lowering
 
-SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0)  # chunk 0: per platform
+SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 
 
-def test_every_kernel_lowers_for_tpu_and_gpu_in_float32_and_bfloat16():
+@pytest.fixture(autouse=True)
+def _no_persistent_cache():
+  """Executables compiled for a TPU topology cannot be read back on this host (the cache warns and
+  recompiles): keep them out of the tests' compile cache."""
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", saved)
+
+
+def test_every_kernel_builds_for_tpu_and_gpu_in_float32_and_bfloat16():
   for dtype in ("float32", "bfloat16"):
     rows = check_lowering.check(["tpu", "gpu"], dtype=dtype, **SIZES)
-    assert len(rows) == 8
+    assert len(rows) == 12  # 4 kernels: TPU forward and gradient, GPU forward
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert all(r["seconds"] is not None for r in rows if r["how"] == "compiled")
 
 
 def test_shapes_a_backend_cannot_take_are_reported():
-  rows = check_lowering.check(["gpu", "tpu"], **dict(SIZES, width=96, block=100))
+  rows = check_lowering.check(["gpu", "tpu"], passes=("forward",), **dict(SIZES, seq_len=200, width=96, block=100))
   errors = {(r["kernel"], r["platform"]): r["error"] for r in rows}
   assert "power of 2" in errors["vq_attention", "gpu"]
   assert "divisible by 8 and 128" in errors["vq_attention", "tpu"]
   assert not any(r["ok"] for r in rows if r["kernel"] == "vq_attention")
+
+
+def test_a_program_without_the_kernel_is_a_failure(monkeypatch):
+  """A kernel left in interpret mode (or an XLA form) compiles too; the row must still fail."""
+  fn, args = check_lowering.kernels_at(**SIZES)["causal_latte"]
+  xla = lambda q, k, v: check_lowering.kernels.causal_latte(q, k, v, impl="xla")
+  monkeypatch.setattr(check_lowering, "kernels_at", lambda **sizes: {"causal_latte": (xla, args)})
+  rows = check_lowering.check(["tpu", "gpu"], passes=("forward",), **SIZES)
+  assert len(rows) == 2 and not any(r["ok"] for r in rows)
+  assert all(r["error"].startswith("no ") for r in rows)

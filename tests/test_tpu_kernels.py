@@ -1,0 +1,128 @@
+"""The kernels follow their target devices: under `jax.set_mesh` of TPU devices (a v5e slice described
+by libtpu on this CPU host) every kernel's forward and training gradient lower to a Mosaic kernel and
+compile with the real TPU compiler; under a mesh of CPU devices they run in interpret mode and equal
+the references. scripts/check_lowering.py runs the same compile at the papers' T = 8192."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import kernels
+from kernels import _pallas
+from kernels import flash as flash_xla
+from kernels import latte as latte_xla
+from kernels import vq as vq_xla
+from lra_core import chips
+from scripts import check_lowering
+
+needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(),
+                                  reason="libtpu is not installed (pip install -e \".[test]\" brings it)")
+SIZES = dict(seq_len=1024, width=128, latents=128, block=512, codes=512, chunk=0, flash_chunk=256)
+KERNELS = tuple(check_lowering.kernels_at(**SIZES))
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache():
+  """Executables compiled for a TPU topology cannot be read back on this host (the cache warns and
+  recompiles): keep them out of the tests' compile cache."""
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", saved)
+
+
+@pytest.fixture(scope="module")
+def tpu_mesh():
+  return jax.sharding.Mesh(np.array(chips.tpu_devices("v5e:2x2")), ("data",))
+
+
+def _abstract(args, mesh, spec=P()):
+  return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec if a.ndim == 4 else P()))
+               for a in args)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
+  fn, args = check_lowering.kernels_at(**SIZES, dtype=dtype)[name]
+  for f in (fn, check_lowering.gradient(fn)):
+    with jax.set_mesh(tpu_mesh):
+      lowered = jax.jit(f).lower(*_abstract(args, tpu_mesh))
+      compiled = lowered.compile()
+    assert "tpu_custom_call" in lowered.as_text()  # the Mosaic kernel, not interpret mode
+    assert "tpu_custom_call" in compiled.as_text()
+
+
+@needs_libtpu
+def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
+  cpu_mesh = jax.make_mesh((2,), ("data",), devices=jax.devices("cpu")[:2])
+  assert _pallas.current() == _pallas.Target("cpu", jax.devices()[0].device_kind)
+  with jax.set_mesh(tpu_mesh):
+    assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
+    assert (_pallas.driver(), _pallas.interpret_default()) == ("grid", False)
+    with _pallas.target("tpu"):  # the platform named, the device kind still the mesh's
+      assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
+    with _pallas.target("gpu"):
+      assert (_pallas.driver(), _pallas.interpret_default()) == ("loop", False)
+    with _pallas.per_device_mesh(cpu_mesh, batch="data", heads=None):  # the kernel mesh before the context mesh
+      assert _pallas.current().platform == "cpu" and _pallas.interpret_default()
+
+
+@needs_libtpu
+def test_batch_sharded_by_type_runs_one_slice_per_device(tpu_mesh):
+  """Under explicit axes the kernel splits batch as the argument's type says, not replicated."""
+  mesh = jax.sharding.Mesh(tpu_mesh.devices, ("data",), axis_types=(AxisType.Explicit,))
+  fn, args = check_lowering.kernels_at(**dict(SIZES, seq_len=256), batch=4)["causal_latte"]
+  with jax.set_mesh(mesh):
+    jaxpr = str(jax.make_jaxpr(fn)(*_abstract(args, mesh, P("data"))))
+  assert "shard_map" in jaxpr and "f32[1,1,256,128]" in jaxpr and "f32[4,1,256,128]" not in jaxpr
+
+
+def test_lowering_for_tpu_asks_nothing_of_the_host_device():
+  """Nothing in the kernels depends on the chip generation Pallas would read from the local (CPU)
+  device: exported for TPU without a TPU mesh, every kernel lowers."""
+  for name, (fn, args) in check_lowering.kernels_at(**dict(SIZES, seq_len=512)).items():
+    with _pallas.target("tpu"):
+      text = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+    assert "tpu_custom_call" in text, name
+
+
+def _cases(b, t, h, d, rng):
+  x = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v = x(b, t, h, d), x(b, t, h, d), x(b, t, h, d)
+  codebook, bias = x(h, 8, d), 0.1 * x(4, 4)
+  mixed = dict(chunk=4, causal=True, quad_scale=d ** -0.5, lin_scale=0.25)
+  return {
+      "vq_attention": ((q, k, v, codebook),
+                       lambda q, k, v, c: kernels.vq_attention(q, k, v, c, block_len=4, impl="pallas"),
+                       lambda q, k, v, c: vq_xla.vq_attention_reference(q, k, v, c)),
+      "causal_latte": ((q, k, v), lambda q, k, v: kernels.causal_latte(q, k, v, impl="pallas"),
+                       latte_xla.causal_latte_reference),
+      "bidirectional_latte": ((q, k, v), lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
+                              latte_xla.bidirectional_latte_reference),
+      "mixed_chunk": ((q, k, v, bias),
+                      lambda q, k, v, bias: kernels.mixed_chunk_attention(q, k, q, k, v, bias=bias, impl="pallas",
+                                                                          **mixed),
+                      lambda q, k, v, bias: flash_xla.mixed_chunk_attention(q, k, q, k, v, bias=bias, **mixed)),
+  }
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_cpu_mesh_runs_interpret_mode_equal_to_the_reference(name):
+  mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices("cpu")[:4])
+  args, fast, reference = _cases(4, 16, 2, 8, np.random.default_rng(0))[name]
+  loss = lambda f: jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 2))
+  with jax.set_mesh(mesh):
+    assert _pallas.current().platform == "cpu" and _pallas.interpret_default()
+    sharded = tuple(jax.device_put(a, NamedSharding(mesh, P("data") if a.ndim == 4 else P())) for a in args)
+    jaxpr = str(jax.make_jaxpr(loss(fast))(*sharded))
+    text = jax.jit(loss(fast)).lower(*sharded).as_text()
+    got = jax.jit(loss(fast))(*sharded)
+  want = jax.jit(loss(reference))(*args)
+  assert "pallas_call" in jaxpr and "shard_map" in jaxpr and "tpu_custom_call" not in text
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=3e-5 * max(1.0, float(np.abs(b).max())))
