@@ -22,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from lra_core.errors import CheckpointError
+from lra_core.state import STACKED
 
 
 class Checkpointer:
@@ -53,10 +54,26 @@ class Checkpointer:
     except json.JSONDecodeError:
       raise  # a damaged file, not a mismatch: restore_latest falls back on it
     except (ValueError, KeyError, TypeError) as e:
+      layout = self._scan_mismatch(step, abstract_state)
+      if layout:
+        raise CheckpointError(layout) from e
       raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this model and "
                             f"optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from e
     logging.info("restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"], dict(restored["meta"])
+
+  def _scan_mismatch(self, step: int, abstract_state: dict | None) -> str | None:
+    """The sentence for a checkpoint whose layer stacks are laid out for the other model.scan_layers."""
+    try:
+      saved = _has_stacked(self.manager.item_metadata(step)["state"])
+    except Exception:  # noqa: BLE001  (no readable metadata: the caller's generic error stands)
+      return None
+    wanted = _has_stacked(abstract_state)
+    if abstract_state is None or saved == wanted:
+      return None
+    return (f"checkpoint {self.directory / str(step)} was written with model.scan_layers={saved} and this run has "
+            f"model.scan_layers={wanted}; resume with the same setting or convert the state with "
+            f"lra_core.state.{'unscan' if saved else 'scan'}_params.")
 
   def restore_latest(self, abstract_state: dict) -> tuple[dict, dict, int] | None:
     """(state, meta, step) of the newest checkpoint that can be read, or None if there is none.
@@ -104,6 +121,15 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _has_stacked(tree) -> bool:
+  """Whether a (metadata) tree holds a scanned layer stack (lra_core.state.STACKED)."""
+  if isinstance(tree, dict) or hasattr(tree, "items"):
+    return any(k == STACKED or _has_stacked(v) for k, v in tree.items())
+  if isinstance(tree, (list, tuple)):
+    return any(_has_stacked(v) for v in tree)
+  return False
 
 
 def restore_params(workdir: str | pathlib.Path, abstract_state: dict, step: int | None = None) -> tuple[dict, int]:

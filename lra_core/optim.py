@@ -49,6 +49,7 @@ import ml_collections
 import optax
 
 from lra_core.errors import ConfigError
+from lra_core.layer_stacks import per_layer_optimizer
 
 OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
 GROUP_OPTIMIZERS = OPTIMIZERS + ("none",)
@@ -316,7 +317,7 @@ def make_optimizer(
   groups = [_group_settings(main, g, f"optim.groups[{i}]")
             for i, g in enumerate(config.optim.groups)]
   if not groups:
-    return main_tx, main_schedule
+    return _per_layer(config, main_tx), main_schedule
   transforms = {MAIN_LABEL: main_tx}
   for g in groups:
     if g["optimizer"] == "none":
@@ -324,7 +325,12 @@ def make_optimizer(
     else:
       transforms[g["name"]] = _transform(g, _schedule(g, total_steps))
   tx = optax.multi_transform(transforms, _labeler(groups))
-  return tx, main_schedule
+  return _per_layer(config, tx), main_schedule
+
+
+def _per_layer(config, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """With model.scan_layers, the optimizer still sees (and keeps its state for) each layer."""
+  return per_layer_optimizer(tx) if config.model.get("scan_layers", False) else tx
 
 
 def _labeler(groups: list[dict[str, Any]]) -> Callable[[Any], Any]:

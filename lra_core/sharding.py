@@ -23,6 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from kernels._pallas import per_device_mesh
 from lra_core.config import MESH_AXES
 from lra_core.errors import ConfigError
+from lra_core.layer_stacks import STACKED
 
 Rules = Sequence[tuple[str, str | Sequence[str] | None]]
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("mesh", default=None)
@@ -103,19 +104,26 @@ def match_param_specs(tree, params: dict, param_specs: dict):
   """Specs for a tree that mirrors parameters (e.g. optimizer moments).
 
   A leaf whose path ends with a parameter's path and has that parameter's shape gets its spec;
-  anything else (counters, factored second moments) is replicated.
+  anything else (counters, factored second moments) is replicated. A leaf kept per layer for a
+  scanned stack (lra_core.layer_stacks.per_layer_optimizer) gets the stack's spec without its
+  layer axis.
   """
   by_path = {}
   for (path, p), (_, s) in zip(jax.tree_util.tree_leaves_with_path(params),
                                jax.tree_util.tree_leaves_with_path(param_specs, is_leaf=lambda x: isinstance(x, P))):
-    by_path[tuple(_key_name(k) for k in path)] = (tuple(p.shape), s)
+    names = tuple(_key_name(k) for k in path)
+    by_path[names] = (tuple(p.shape), s)
+    if STACKED in names:
+      by_path[("<layer>",) + names] = (tuple(p.shape)[1:], P(*s[1:]))
 
   def spec(path, leaf):
     names = tuple(_key_name(k) for k in path)
+    layer_paths = [("<layer>",) + names[:j] + (STACKED,) + names[j + 1:] for j, n in enumerate(names) if n.isdigit()]
     for start in range(len(names)):
-      hit = by_path.get(names[start:])
-      if hit is not None and hit[0] == tuple(np.shape(leaf)):
-        return hit[1]
+      for key in [names[start:]] + [p[:1] + p[start + 1:] for p in layer_paths]:
+        hit = by_path.get(key)
+        if hit is not None and hit[0] == tuple(np.shape(leaf)):
+          return hit[1]
     return P()
 
   return jax.tree_util.tree_map_with_path(spec, tree)

@@ -25,11 +25,8 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from lra_core import sharding
+from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
-
-
-# The key under which a scanned stack's variables sit (models/blocks/stack.py).
-STACKED = "stacked_layers"
 
 
 @dataclasses.dataclass
@@ -113,32 +110,6 @@ def param_checksum(params) -> float:
 
 # -- scanned and unscanned layer stacks ----------------------------------------------------------------
 
-def _map_dicts(tree, fn, path: tuple = ()):
-  """Rebuilds `tree` bottom-up, replacing each dict d at dict-key path p by fn(p, d); lists, tuples
-  and named tuples (optimizer states) are walked through without adding to the path."""
-  if isinstance(tree, dict):
-    return fn(path, {k: _map_dicts(v, fn, path + (k,)) for k, v in tree.items()})
-  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-    return type(tree)(*(_map_dicts(v, fn, path) for v in tree))
-  if isinstance(tree, (list, tuple)):
-    return type(tree)(_map_dicts(v, fn, path) for v in tree)
-  return tree
-
-
-def unscan_params(tree):
-  """Each scanned stack {STACKED: tree of [N, ...]} -> {0: tree, ..., N-1: tree} (the layout of
-  model.scan_layers=False); anything else is unchanged."""
-
-  def split(_, d: dict):
-    if set(d) != {STACKED}:
-      return d
-    leaves = [x for x in jax.tree.leaves(d[STACKED]) if np.ndim(x)]
-    n = np.shape(leaves[0])[0]
-    return {i: jax.tree.map(lambda x: x[i] if np.ndim(x) else x, d[STACKED]) for i in range(n)}
-
-  return _map_dicts(tree, split)
-
-
 def stacked_paths(config) -> set[tuple]:
   """Dict-key paths of the stacks that `config` with model.scan_layers=True scans."""
   config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
@@ -146,8 +117,12 @@ def stacked_paths(config) -> set[tuple]:
     config.model.scan_layers = True
   model = nnx.eval_shape(lambda: build_model(config))
   paths = set()
-  _map_dicts(nnx.to_pure_dict(nnx.state(model)), lambda p, d: paths.add(p) if STACKED in d else None)
+  map_dicts(nnx.to_pure_dict(nnx.state(model)), lambda p, d: paths.add(p) if STACKED in d else None)
   return paths
+
+
+def _same_path(a: tuple, b: tuple) -> bool:
+  return len(a) == len(b) and all(str(x) == str(y) for x, y in zip(a, b))
 
 
 def scan_params(tree, config):
@@ -157,9 +132,11 @@ def scan_params(tree, config):
   paths = stacked_paths(config)
 
   def stack(path, d: dict):
-    if not d or not any(path[len(path) - len(p):] == p for p in paths) or set(d) != set(range(len(d))):
+    if not d or not any(_same_path(path[len(path) - len(p):], p) for p in paths):
       return d
-    layers = [d[i] for i in range(len(d))]
+    if {str(k) for k in d} != {str(i) for i in range(len(d))}:  # int keys, or str ones as orbax reads them
+      return d
+    layers = [v for _, v in sorted(d.items(), key=lambda kv: int(kv[0]))]
     return {STACKED: jax.tree.map(lambda *xs: jnp.stack(xs) if np.ndim(xs[0]) else xs[0], *layers)}
 
-  return _map_dicts(tree, stack)
+  return map_dicts(tree, stack)
