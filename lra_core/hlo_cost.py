@@ -104,6 +104,7 @@ class _Op:
   operands: list[str]
   args: str                  # the text between the opcode's parentheses (a constant's value)
   attrs: str
+  root: bool = False         # the computation's result
 
 
 def _split_balanced(text: str, start: int) -> int:
@@ -118,7 +119,8 @@ def _split_balanced(text: str, start: int) -> int:
 
 def _parse_op(line: str) -> _Op | None:
   line = line.strip()
-  if line.startswith("ROOT "):
+  root = line.startswith("ROOT ")
+  if root:
     line = line[5:]
   name, sep, rest = line.partition(" = ")
   if not sep:
@@ -134,7 +136,7 @@ def _parse_op(line: str) -> _Op | None:
   opcode = rest[:paren]
   close = _split_balanced(rest, paren)
   operands = re.findall(r"%([\w.\-]+)", rest[paren:close])
-  return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1:close - 1], rest[close:])
+  return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1:close - 1], rest[close:], root)
 
 
 def parse(text: str) -> tuple[dict[str, list[_Op]], str]:
@@ -242,6 +244,41 @@ class _Walker:
         return bounds[0] + 1 if "direction=LE" in o.attrs else bounds[0]
     return None
 
+  def sliced_traffic(self, op: _Op, shapes: dict[str, str]) -> float:
+    """HBM bytes of an operation that reads or writes only a window of a buffer: a dynamic slice reads
+    its window, a dynamic update slice writes its update in place (the buffer is neither read nor
+    copied), and a fusion built on them moves only those windows of the parameters they touch."""
+    if op.opcode == "dynamic-slice":
+      return 2 * size_bytes(op.shape)
+    if op.opcode == "dynamic-update-slice":
+      return 2 * size_bytes(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else size_bytes(op.shape)
+    fused = self.computations.get((_called(op, "calls") or [""])[0], [])
+    inner = {o.name: o for o in fused}
+    users: dict[str, list[_Op]] = {}
+    for o in fused:
+      for x in o.operands:
+        users.setdefault(x, []).append(o)
+    traffic = 0.0
+    for o in fused:
+      if o.opcode != "parameter" or not o.args.strip().isdigit():
+        continue
+      full = size_bytes(shapes.get(op.operands[int(o.args)], "")) if int(o.args) < len(op.operands) else 0.0
+      uses = users.get(o.name, [])
+      if uses and all(u.opcode == "dynamic-slice" and u.operands[0] == o.name for u in uses):
+        traffic += min(full, sum(size_bytes(u.shape) for u in uses))
+      elif uses and all(u.opcode == "dynamic-update-slice" and u.operands[0] == o.name for u in uses):
+        pass  # the buffer updated in place: only the update is written (counted with the output)
+      else:
+        traffic += full
+    root = next((o for o in fused if o.root), fused[-1] if fused else None)
+    roots = [inner[x] for x in root.operands if x in inner] if root is not None and root.opcode == "tuple" else [root]
+    for r in roots:
+      if r is not None and r.opcode == "dynamic-update-slice" and len(r.operands) > 1:
+        traffic += size_bytes(inner[r.operands[1]].shape) if r.operands[1] in inner else size_bytes(r.shape)
+      elif r is not None:
+        traffic += size_bytes(r.shape)
+    return traffic
+
   @functools.cache
   def cost(self, computation: str) -> Cost:
     total = Cost()
@@ -279,6 +316,10 @@ class _Walker:
       moved = max(operand_bytes, out_bytes) * (2.0 if op.opcode.startswith("all-reduce") else 1.0)
       return Cost(comm_bytes=moved, comm_s=moved / self.chip.ici_bandwidth)
     flops, traffic = 0.0, operand_bytes + out_bytes
+    if op.opcode in ("dynamic-slice", "dynamic-update-slice", "fusion"):
+      traffic = self.sliced_traffic(op, shapes)
+    elif op.opcode == "copy-start":  # its result is (destination, source, context): the copy reads and writes once
+      traffic = 2 * operand_bytes
     if op.opcode in ("dot", "convolution"):
       flops = _matmul_flops(op, shapes)
     elif op.opcode == "fusion":

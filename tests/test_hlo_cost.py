@@ -60,6 +60,24 @@ def test_hotspots_count_a_loop_body_operation_once_per_step_of_the_loop(v5e):
   assert hlo_cost.roofline(_compile(_stack, mesh, *shapes).as_text(), chip).hotspots == ()
 
 
+def test_a_loop_writing_one_row_at_a_time_moves_rows_not_the_buffer(v5e):
+  """XLA updates a buffer in place: a loop that reads and writes one row per step moves about two
+  rows per step, not the whole buffer per step (which would be `rows` times more)."""
+  mesh, chip = v5e
+  rows, width = 1024, 4096
+
+  def fill(buf):
+    def step(i, b):
+      row = jax.lax.dynamic_index_in_dim(b, i, keepdims=False)
+      return jax.lax.dynamic_update_index_in_dim(b, jnp.tanh(row) * 2, i, 0)
+    return jax.lax.fori_loop(0, rows, step, buf)
+
+  roof = hlo_cost.roofline(_compile(fill, mesh, ((rows, width), jax.sharding.PartitionSpec())).as_text(), chip)
+  buffer = rows * width * 2
+  assert roof.unknown_loops == 0
+  assert 2 * buffer <= roof.hbm_bytes <= 10 * buffer  # rows x (a row in, a row out), plus copies in and out
+
+
 def test_without_loops_the_estimate_agrees_with_xla(v5e):
   mesh, chip = v5e
   rows = jax.sharding.PartitionSpec("x")
