@@ -67,20 +67,28 @@ _dot = functools.partial(_pallas.dot, precision=jax.lax.Precision.HIGHEST)
 
 # -- block steps ------------------------------------------------------------------------------------
 
-def _causal_block(state, p: Array, k: Array, v: Array):
-  """C tokens after `state` = (num [D,L], den [1,L], max [1,L]): p, k [C,L], v [C,D] -> state, (y [C,D],)."""
+def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Array):
+  """C tokens after `state` = (num [D,L], den [1,L], max [1,L]): p, k [C,L], v [C,D], and k, v once more
+  one token per leading index, k_rows [C,1,L], v_rows [C,1,D] -> state, (y [C,D],).
+
+  The exact weights w[s,t,l] = exp(k_sl - m_tl), s <= t, are [Cs,Ct,L] with the key token s leading:
+  each k_s and v_s enters as the broadcast of its own row, every sum over s adds whole tiles, and
+  results come out [Ct,.] in the layout of p. Mosaic then moves no row of a tile to another axis (a
+  sublane gather, which TPU v3 lacks; an i1 or f32 [C,L] -> [C,1,L] reshape is not supported at all).
+  """
   num, den, mx = state
   k, v = k.astype(f32), v.astype(f32)
   c = k.shape[0]
   causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0)
-            >= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))                 # [Ct,Cs,1]
-  prefix = jnp.where(causal, k[None], NEG)                                        # k_s for s <= t
-  m = jnp.maximum(mx, prefix.max(1))                                              # running max [C,L]
-  within = jnp.where(causal, jnp.exp(prefix - m[:, None]), 0.0)                   # [C,C,L], <= 1
-  carried = jnp.exp(mx - m)                                                       # [C,L], <= 1
-  r = p / (within.sum(1) + carried * den)                  # den_t >= 1: it holds the max term
-  y = _dot((r[:, None] * within).sum(-1), v) + _dot(r * carried, num, (1, 1))
-  end = jnp.maximum(mx, k.max(0, keepdims=True))                                  # m after the block
+            <= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))               # [Cs,Ct,1]: s <= t
+  prefix = jnp.where(causal, k_rows.astype(f32), NEG)                             # [Cs,Ct,L]: k_s for s <= t
+  m = jnp.maximum(mx, prefix.max(0))                                              # running max [Ct,L]
+  within = jnp.where(causal, jnp.exp(prefix - m), 0.0)                            # [Cs,Ct,L], <= 1
+  carried = jnp.exp(mx - m)                                                       # [Ct,L], <= 1
+  r = p / (within.sum(0) + carried * den)                  # den_t >= 1: it holds the max term
+  weights = (r * within).sum(-1, keepdims=True)                                   # [Cs,Ct,1]: sum_l r_tl w_stl
+  y = (weights * v_rows.astype(f32)).sum(0) + _dot(r * carried, num, (1, 1))
+  end = jnp.maximum(mx, k.max(0, keepdims=True))                                  # m after the block [1,L]
   to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
   return (decay * num + _dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end), (y,)
 
@@ -128,7 +136,7 @@ def _loop_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final:
 
   def body(r, state):
     rows = pl.ds(pl.multiple_of(r * chunk, chunk), chunk)
-    state, outs = step(state, *(x[rows, :] for x in xs))
+    state, outs = step(state, *(x[rows] for x in xs))
     for y_ref, y in zip(ys, outs):
       y_ref[rows, :] = y.astype(y_ref.dtype)
     return state
@@ -149,7 +157,7 @@ def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequen
   out_shape = ([jax.ShapeDtypeStruct((b, h, t, width), dtype) for width, dtype in ys]
                + ([jax.ShapeDtypeStruct(s.shape, f32) for s in init] if final else []))
   if driver == "grid":
-    timed = lambda x: pl.BlockSpec((None, None, chunk, x.shape[-1]), lambda i, j, r: (i, j, r, 0))
+    timed = lambda x: pl.BlockSpec((None, None, chunk) + x.shape[3:], lambda i, j, r: (i, j, r) + (0,) * (x.ndim - 3))
     fixed = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j, r: (i, j, 0, 0))
     call = pl.pallas_call(
         functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, n),
@@ -158,7 +166,7 @@ def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequen
         scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
         compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, name=name)
   else:
-    whole = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j: (i, j, 0, 0))
+    whole = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j: (i, j) + (0,) * (x.ndim - 2))
     call = pl.pallas_call(
         functools.partial(_loop_kernel, chunk=chunk, num_chunks=n, **statics), out_shape=out_shape,
         grid=(b, h), in_specs=[whole(x) for x in (*init, *xs)], out_specs=[whole(y) for y in out_shape],
@@ -183,11 +191,13 @@ def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool)
   tp = -(-t // chunk) * chunk
   init = (state["num"].astype(f32).swapaxes(-1, -2), state["den"].astype(f32)[:, :, None],
           state["max"].astype(f32)[:, :, None])                                    # [B,H,D,L], 2 x [B,H,1,L]
-  xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), _head_major(k.astype(f32), tp, PAD),
-        _head_major(v, tp))
+  k, v = _head_major(k.astype(f32), tp, PAD), _head_major(v, tp)
+  rows = lambda x: x[:, :, :, None, :]                                            # [B,H,T,1,X], same bytes
+  xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), k, rows(k), v, rows(v))
   run = functools.partial(_scan, _causal_block, ys=((v.shape[-1], v.dtype),), final=False, chunk=chunk, driver=driver,
                           interpret=interpret, name="causal_latte")
-  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..",) * 3), ("bh..",), batch=b, heads=h)
+  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..", "bh..", "bh...", "bh..", "bh...")),
+                                  ("bh..",), batch=b, heads=h)
   return out[:, :, :t].swapaxes(1, 2)
 
 
