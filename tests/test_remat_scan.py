@@ -40,8 +40,14 @@ VARIANTS = {name: (("full", True), ("dots_no_batch", False)) for name in FAMILIE
 VARIANTS["transformer"] += (("dots", False), ("none", True))
 
 
+# Narrower than `tiny` where tiny itself takes long to compile on a CPU (same code paths).
+SMALLER = {"fit_denoiser": ["model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
+                            "model.layers=L(1)G(2)L(1)"]}
+
+
 def load(name, remat="none", scan=False, *extra):
-  return lra_core.load_config(FAMILIES[name], [f"model.remat={remat}", f"model.scan_layers={scan}", *extra])
+  return lra_core.load_config(FAMILIES[name], [*SMALLER.get(name, []), f"model.remat={remat}",
+                                               f"model.scan_layers={scan}", *extra])
 
 
 def random_batch(config, batch_size=2):
