@@ -65,6 +65,8 @@ TABLES = (
           "local/global interleaving patterns: small FIT runs on LRA Image (CIFAR-10 pixels)", data="lra/cifar10"),
     Table("block_throughput", "block_transformer", "Block Transformer Table 2, Figure 2",
           "generation throughput of Block Transformer vs vanilla, and the Pareto plot"),
+    Table("tpu_fit", "tpu", "every paper's hardware (TPU v3 / v4; GPU papers on TPU v5p)",
+          "paper configs compiled for their TPU slices on this host: memory, fit, estimated step time and MFU"),
 )
 BY_NAME = {t.name: t for t in TABLES}
 

@@ -1,0 +1,188 @@
+"""The papers' configs compiled for their TPU slices on this host (`python -m lra_core.aot`, libtpu).
+
+`tpu_fit` compiles the trainer's own train and eval steps of every paper config of
+scripts/param_counts.py at the paper's global batch and length for a TPU slice: the paper's
+hardware where it says (Transformer-VQ and FIT: TPU v3; FLASH: 64 TPU v4 cores), and for the GPU
+papers a TPU v5p slice with about their GPUs' memory (Latte: 4 x 80 GB A100; Block Transformer:
+8 x 40 GB A100; v5p:2x2x1 is 4 chips of 95 GiB).
+
+A row that does not fit is compiled again with the next rung of `LADDER` (more recomputation),
+so the settings in the table are the first that fit, found by the compiler rather than guessed.
+Each compile is one subprocess (a 1B model's compile takes GBs of host memory); its JSON report is
+kept under the workdir and reused while the command is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import time
+
+from scripts import param_counts
+from scripts.tables.common import ROOT, Context, Result, fmt, markdown_table
+from scripts.tables.transformer_vq import PAPER_THROUGHPUT
+
+VQ = "configs/enwik8/transformer_vq.py"
+# Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
+COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
+# Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it.
+LADDER = ((), ("model.remat=full",))
+
+# Transformer-VQ Tables 6-9 at 131,072 tokens (the module's PAPER_THROUGHPUT stops at 32,768):
+# (full, VQ) tokens/s, None = out of memory.
+PAPER_131072 = {"serial": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)},
+                "matmul": {"shga": (None, 69.5e3), "mqa": (None, 67.7e3), "mha": (None, None)},
+                "assoc": {"shga": (None, None), "mqa": (None, 67.0e3), "mha": (None, None)},
+                "input_scan": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)}}
+# FLASH Tables 12 (C4 MLM, 512 tokens) and 3 (PG-19, 8,192 tokens): step latency on 64 TPU v4 cores, ms.
+FLASH_LATENCY_MS = {
+    "configs/c4/flash.py": 51.2, "configs/c4/flash_quad.py": 43.7, "configs/c4/flash.py:performer": 37.2,
+    "configs/c4/transformer.py:mlm": 47.7, "configs/c4/transformer.py:mlm,plus": 48.8,
+    "configs/c4/transformer.py:mlm,plusplus": 47.6, "configs/pg19/flash.py": 250,
+    "configs/pg19/flash.py:flash_quad": 560, "configs/pg19/transformer.py:flash": 1292,
+    "configs/pg19/transformer.py:flash,plusplus": 1272}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  paper: str
+  spec: str
+  topology: str
+  overrides: tuple[str, ...] = ()
+  paper_measured: str = ""      # what the paper measured for this setting, if anything
+
+  def command(self, rung: tuple[str, ...], report: str) -> list[str]:
+    return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
+            *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}"]
+
+  def slug(self, rung: tuple[str, ...]) -> str:
+    text = f"{self.spec}_{self.topology}_{'_'.join(self.overrides + rung)}"
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:150]
+
+
+def _throughput(value: float | None) -> str:
+  return "out of memory" if value is None else f"{value:,.0f} tokens/s"
+
+
+def table6(attention: str, head_type: str, t: int) -> Row:
+  """Transformer-VQ Table 6 (serial reduction): 8 TPU v3 cores, batch 8, backprop through all t tokens."""
+  full, vq = (PAPER_131072["serial"] if t == 131072 else {h: v[t] for h, v in
+                                                          PAPER_THROUGHPUT["serial"].items()})[head_type]
+  heads = ("model.num_heads=1",) if head_type == "shga" else ("model.num_heads=8",)
+  name = "Full" if attention == "full" else "VQ"
+  return Row(f"Transformer-VQ Table 6, {name} {head_type.upper()}, T={t:,}", VQ, "v3:2x2",
+             (f"model.attention={attention}", f"model.head_type={head_type}", *heads, "train.batch_size=8",
+              f"train.seq_len={t}", f"train.update_len={t}", "mesh.data=8"),
+             _throughput(full if attention == "full" else vq))
+
+
+# (path prefix of a paper config, topology, mesh and other overrides, why that slice)
+PLACEMENT = (
+    ("configs/enwik8/transformer_vq.py", "v3:4x8", ("mesh.data=64",), "TPU v3 (the paper's pod slices)"),
+    ("configs/pg19/transformer_vq.py", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
+    ("configs/imagenet64/transformer_vq.py:large", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
+    ("configs/imagenet64/transformer_vq.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
+    ("configs/c4/latte.py", "v5p:2x2x1", ("mesh.data=4",), "4 x 80 GB A100 -> 4 v5p chips"),
+    ("configs/c4/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
+    ("configs/pg19/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
+    ("configs/imagenet64/fit_ar.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
+)
+BLOCK_PLACEMENT = ("v5p:2x2x1", ("mesh.data=4",), "8 x 40 GB A100 -> 4 v5p chips")
+
+
+def paper_rows() -> tuple[Row, ...]:
+  """Every paper config of scripts/param_counts.py at its paper batch and length."""
+  rows = []
+  for spec, _, source in param_counts.PAPER:
+    if spec.startswith(param_counts.BLOCK):
+      topology, overrides, _ = BLOCK_PLACEMENT
+    else:
+      topology, overrides, _ = next(p[1:] for p in PLACEMENT if spec.startswith(p[0]))
+    measured = FLASH_LATENCY_MS.get(spec)
+    rows.append(Row(source, spec, topology, overrides, f"{measured:,.0f} ms/step" if measured else ""))
+  return tuple(rows)
+
+
+# The issue's acceptance rows first, then every paper config; --full adds all of Table 6.
+DEFAULT_ROWS = (table6("vq", "shga", 8192), table6("full", "shga", 131072)) + paper_rows()
+FULL_ROWS = DEFAULT_ROWS + tuple(table6(a, h, t) for h in ("shga", "mqa", "mha")
+                                 for t in (2048, 8192, 32768, 131072) for a in ("vq", "full")
+                                 if (a, h, t) not in (("vq", "shga", 8192), ("full", "shga", 131072)))
+
+
+def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
+  """One compile's record (reusing an unchanged earlier one): command, status, wall time, report."""
+  folder = ctx.workdir / "tpu_fit"
+  folder.mkdir(parents=True, exist_ok=True)
+  slug = row.slug(rung)
+  report_path, meta_path = folder / f"{slug}.json", folder / f"{slug}.meta.json"
+  command = row.command(rung, str(report_path))
+  if meta_path.exists():
+    meta = json.loads(meta_path.read_text())
+    if meta["command"] == command:
+      ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
+      return meta
+  ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
+  report_path.unlink(missing_ok=True)
+  start = time.perf_counter()
+  done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+  meta = {"command": command, "status": done.returncode, "wall_s": time.perf_counter() - start}
+  if report_path.exists():
+    meta["report"] = json.loads(report_path.read_text())
+  else:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or "Error" in line]
+    meta["error"] = (errors[-1] if errors else f"exit status {done.returncode}")[:300]
+  meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+  return meta
+
+
+def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
+  """The row's final record, the rung it took, and the compile wall time of all attempts."""
+  wall = 0.0
+  for rung in LADDER:
+    meta = _compile(ctx, row, rung)
+    wall += meta["wall_s"]
+    if "report" not in meta or meta["report"]["fits"]:
+      break
+  return meta, rung, wall
+
+
+def _settings(row: Row, rung: tuple[str, ...]) -> str:
+  remat = next((o.split("=")[1] for o in rung if o.startswith("model.remat")), "none")
+  return f"remat {remat}, scan"
+
+
+def tpu_fit(ctx: Context) -> Result:
+  rows = FULL_ROWS if ctx.full else DEFAULT_ROWS
+  lines, notes = [], []
+  for row in rows:
+    meta, rung, wall = run_row(ctx, row)
+    r = meta.get("report")
+    if r is None:
+      lines.append([row.paper, row.topology, "-", _settings(row, rung), "-", "compile failed", "-", "-", "-",
+                    "-", f"{wall:.0f}", row.paper_measured])
+      notes.append(f"- {row.paper}: {meta['error']}")
+      continue
+    mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
+    lines.append([row.paper, f"{row.topology} ({r['num_devices']} x {r['device_kind']})", mesh,
+                  _settings(row, rung), f"{max(r['peak_gib'], r['eval_peak_gib']):.2f} / {r['hbm_gib']:.1f}",
+                  "yes" if r["fits"] else "**no**", fmt(r["est_step_seconds"] * 1e3, ",.0f"),
+                  fmt(r["est_tokens_per_s"], ",.0f"), f"{100 * r['est_mfu']:.0f}% ({r['bound']})",
+                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
+  table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
+                          "est. step ms", "est. tokens/s", "est. MFU (bound)", "params", "compile s (this host)",
+                          "paper measured"], lines)
+  setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
+             "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
+             "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
+             "Memory is XLA's per-device buffer assignment (the larger peak of the train and eval steps, against "
+             "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
+             "`model.remat=full`, and shows the first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
+             "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
+             "traffic, loops by their trip counts, collectives overlapped); MFU is the program's FLOPs "
+             "(recomputation included) over that time and the peak. Estimates, not measurements. Compile s is "
+             "the wall time of all attempts of the row on this 2-core host.")
+  return Result(setting=setting, markdown=table, notes="\n".join(notes))
