@@ -16,12 +16,19 @@ cross blocks, so each kernel has one block step and two drivers:
 the kernels use Triton (`compiler_params`): the loop driver's whole-[T, D] slices stay in global
 memory there, while Mosaic GPU would stage them in shared memory.
 
-The platform is the default backend's unless `target(platform)` says otherwise, which lets a CPU
-host lower the kernels for GPU or TPU (scripts/check_lowering.py).
+Everything platform-dependent (interpret mode, driver, block sizes, compiler parameters) is read
+from the TARGET devices, never from the host's: see `current` for the order (an explicit `target`,
+the kernel mesh, the `jax.set_mesh` mesh, the default backend). A CPU host thus traces the compiled
+TPU kernels under a mesh of TPU devices (lra_core.chips.tpu_devices) and compiles them with libtpu
+(scripts/check_lowering.py). Pallas's own Mosaic lowering reads the chip kind from the context mesh
+when lowering: the kernels use no operation whose lowering depends on it (integer floor division,
+which lowers through `sign`, would).
 
 Sharding: the kernels are independent per (batch, head), so under `per_device_mesh(mesh, ...)`
 (entered by `lra_core.sharding.activate`) `run_per_device` wraps them in `jax.shard_map` with
-batch and heads split over the mesh axes the rules name; the time axis is never split.
+batch and heads split over the mesh axes the rules name; under `jax.set_mesh` alone, as the
+arguments' explicit shardings say. The time axis is never split, and a kernel under a mesh of
+several devices always runs in shard_map (replicated where nothing splits).
 """
 
 from __future__ import annotations
@@ -117,6 +124,13 @@ def driver(name: str | None = None) -> str:
   if name not in DRIVERS:
     raise ValueError(f"driver {name!r} is not one of {DRIVERS}.")
   return name
+
+
+def bf16_matmuls() -> bool:
+  """Whether the target's kernels may multiply bfloat16 operands: Mosaic rejects them on TPU v2 and v3
+  (their MXU is fed float32 there); any other target takes them."""
+  kind = current().device_kind or ""
+  return not (platform() == "tpu" and kind in ("TPU v2", "TPU v3"))
 
 
 def compiler_params(num_parallel: int, sequential: bool):

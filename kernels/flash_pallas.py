@@ -61,10 +61,13 @@ def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
 
 
 def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: str, quad_scale: float,
-                lin_scale: float) -> tuple[Array, Array | None]:
+                lin_scale: float, upcast: bool) -> tuple[Array, Array | None]:
   """One chunk. qq, qk, lq, lk [C,S] (None where the part is absent); v [C,E]; row [1,C] and col
   [C,1] float, > 0 for a real key (None: all real); bias [C,C] or None; kv [S,E] float32 (the
-  earlier chunks' sum when causal, the total otherwise) -> (out [C,E] float32, kv after this chunk)."""
+  earlier chunks' sum when causal, the total otherwise) -> (out [C,E] float32, kv after this chunk).
+  `upcast`: the matmul operands in float32 (targets without bfloat16 matmuls, `_pallas.bf16_matmuls`)."""
+  if upcast:
+    qq, qk, lq, lk, v = (None if x is None else x.astype(f32) for x in (qq, qk, lq, lk, v))
   out = None
   if qq is not None:
     c = qq.shape[0]
@@ -132,7 +135,7 @@ def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_c
 
 
 def _forward(args: dict[str, Array], *, chunk: int, causal: bool, kernel: str, quad_scale: float, lin_scale: float,
-             driver: str, interpret: bool) -> Array:
+             upcast: bool, driver: str, interpret: bool) -> Array:
   """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
   row [B,1,T]; col [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
   b, h, t, e = args["v"].shape
@@ -140,7 +143,7 @@ def _forward(args: dict[str, Array], *, chunk: int, causal: bool, kernel: str, q
   names = tuple(n for n in OPERANDS if n in args)
   carried = causal and "lq" in args
   s = args["lq"].shape[-1] if "lq" in args else 0
-  statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale)
+  statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale, upcast=upcast)
   out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
   if driver == "grid":
     time = lambda bb, hh, rr: (bb, hh, rr, 0)
@@ -168,7 +171,7 @@ def _forward(args: dict[str, Array], *, chunk: int, causal: bool, kernel: str, q
 
 
 def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, causal, quad_scale, lin_scale, kernel,
-                 driver, interpret) -> Array:
+                 upcast, driver, interpret) -> Array:
   """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
@@ -197,7 +200,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, causal, 
       args["kv"] = jnp.einsum("bths,bthe->bhse", keys, v, preferred_element_type=f32) * lin_scale
   dims = {n: {"row": "b..", "col": "b..", "bias": ".."}.get(n, "bh..") for n in args}
   run = functools.partial(_forward, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                          lin_scale=lin_scale, driver=driver, interpret=interpret)
+                          lin_scale=lin_scale, upcast=upcast, driver=driver, interpret=interpret)
   out = _pallas.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
@@ -214,7 +217,7 @@ def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
 
 def _attention_bwd(statics, residuals, cotangent):
   *floats, mask = residuals
-  d = {k: x for k, x in statics if k not in ("driver", "interpret")}
+  d = {k: x for k, x in statics if k not in ("upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
     return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, impl="xla", **d)
@@ -247,6 +250,6 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
   if quad_q is None and lin_q is None:
     return jnp.zeros_like(v)
   statics = (("chunk", chunk), ("causal", causal), ("quad_scale", quad_scale), ("lin_scale", lin_scale),
-             ("kernel", kernel), ("driver", _pallas.driver(driver)),
+             ("kernel", kernel), ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
              ("interpret", _pallas.interpret_default() if interpret is None else interpret))
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels import _pallas
+
 Array = jax.Array
 sg = jax.lax.stop_gradient
 IMPLS = ("xla", "pallas")
@@ -76,8 +78,9 @@ def bidirectional_latte_reference(q: Array, k: Array, v: Array, *, mask: Array |
 # -- causal (Def. 2) ------------------------------------------------------------------------------
 
 def default_chunk() -> int:
-  """Chunk length per backend: on CPUs the C x C x L exact weights cost more than they save."""
-  return 8 if jax.default_backend() == "cpu" else 64
+  """Chunk length for the target devices (kernels/_pallas.py `current`, e.g. a TPU mesh traced on a
+  CPU host): on CPUs the C x C x L exact weights cost more than they save."""
+  return 8 if _pallas.platform() == "cpu" else 64
 
 
 def init_latte_state(batch: int, heads: int, latents: int, width: int) -> dict[str, Array]:

@@ -8,7 +8,7 @@ latent l, the stable pair of eq. 12 scaled by the running max m of the key logit
 
 Causal (`causal_latte`): block r of C tokens reads p = softmax_l(q) (taken in the wrapper), k and v.
 Inside the block the running max m_t is per token and the weights exp(k_s - m_t), s <= t, are exact
-([C,C,L]); the past enters through the state rescaled by exp(m_past - m_t) <= 1, so every exponent
+([C,C,L], key token leading: k and v come in once more as [C,1,.] rows, see `_causal_block`); the past enters through the state rescaled by exp(m_past - m_t) <= 1, so every exponent
 is <= 0 whatever the logit range, as in `kernels.latte.latte_chunk`. Block output and state update:
 
   y = (sum_l r_tl w_tsl) v + (r * carried) num^T,   r = p / den_t           (two matmuls)
@@ -32,8 +32,8 @@ Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST pr
 on GPU) and return v's dtype. Block sizes: the causal kernel's time block is `chunk` (its working
 set is C*C*L floats per (batch, head): keep C*C*L small on GPU, where it lives in registers); the
 bidirectional one is min(BLOCK, the power of two >= T). On GPU (Triton) the chunk, L and D should
-be powers of two; on TPU the chunk a multiple of 8 (16 for bf16 values). Only interpret mode has
-been run so far.
+be powers of two; on TPU the chunk a multiple of 8 (16 for bf16 values). Both kernels compile with
+Mosaic (scripts/check_lowering.py, docs/kernels.md); their numbers are tested in interpret mode.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ BLOCK = 128    # time block of the bidirectional reduction
 
 
 def default_chunk() -> int:
-  """The causal kernel's time block per platform: its C x C x L working set lives in GPU registers
-  (C = 16) or TPU VMEM (C = 32, a multiple of the 8-row tiles); interpret mode as the XLA form."""
-  return {"gpu": 16, "tpu": 32}.get(_pallas.platform(), latte_xla.default_chunk())
+  """The causal kernel's time block for the target: its C x C x L working set lives in GPU registers
+  (C = 16) or TPU VMEM (C = 32, a multiple of the 8-row tiles); interpret mode (CPU) 8, as the XLA form
+  on CPU."""
+  return {"gpu": 16, "tpu": 32}.get(_pallas.platform(), 8)
 
 
 # float32 matmuls at full precision (no TF32 on GPU): the state sums exponentials of logits

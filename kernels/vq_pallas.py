@@ -105,7 +105,8 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
     count_col[...] = ccol_ref[...]
 
   first = r == 0
-  pick = lambda carried, ref: jnp.where(first, carried[...], ref[...])
+  # in float32 (the block step's type anyway): TPU v3 has no select of bfloat16 vectors
+  pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), ref[...].astype(f32))
   cache, out = _block_step(
       (sum_v[...], count_row[...], count_col[...]), q_ref[...], pick(ck_ref, kp_ref), k_ref[...],
       pick(cv_ref, vp_ref), v_ref[...], pick(czr_ref, zrp_ref), zr_ref[...], pick(czc_ref, zcp_ref),
@@ -129,7 +130,7 @@ def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_le
   def body(r, cache):
     first = r == 0
     prev = jnp.maximum(r - 1, 0)
-    pick = lambda carried, ref: jnp.where(first, carried[...], rows(ref, prev))
+    pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), rows(ref, prev).astype(f32))
     zr_prev = jnp.where(first, czr_ref[...], zr_ref[:, pl.ds(prev * l, l)])
     cache, out = _block_step(
         cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), pick(cv_ref, v_ref), rows(v_ref, r),

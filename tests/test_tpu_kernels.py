@@ -58,12 +58,25 @@ def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
 
 
 @needs_libtpu
+def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
+  """The chip generation comes from the mesh: v3 multiplies float32 only, v5e takes bfloat16."""
+  mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
+  with jax.set_mesh(mesh):
+    assert not _pallas.bf16_matmuls()
+  for name, (fn, args) in check_lowering.kernels_at(**SIZES, dtype="bfloat16").items():
+    with jax.set_mesh(mesh):
+      lowered = jax.jit(fn).lower(*_abstract(args, mesh))
+      lowered.compile()
+    assert "tpu_custom_call" in lowered.as_text(), name
+
+
+@needs_libtpu
 def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
   cpu_mesh = jax.make_mesh((2,), ("data",), devices=jax.devices("cpu")[:2])
   assert _pallas.current() == _pallas.Target("cpu", jax.devices()[0].device_kind)
   with jax.set_mesh(tpu_mesh):
     assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
-    assert (_pallas.driver(), _pallas.interpret_default()) == ("grid", False)
+    assert (_pallas.driver(), _pallas.interpret_default(), _pallas.bf16_matmuls()) == ("grid", False, True)
     with _pallas.target("tpu"):  # the platform named, the device kind still the mesh's
       assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
     with _pallas.target("gpu"):
