@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 
+import lra_core
 from lra_core.errors import ConfigError
 from scripts import param_counts, reproduce
 from scripts.tables import common, params
@@ -74,3 +75,17 @@ def test_the_printed_command_leaves_out_where_it_was_pasted():
   assert reproduce.without_out(["--table", "params", "--out", "docs/results.md", "--full"]) == \
       ["--table", "params", "--full"]
   assert reproduce.without_out(["--out=x.md", "--table=params"]) == ["--table=params"]
+
+
+def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
+  from lra_core import chips
+  from scripts.tables import tpu
+  specs = [row.spec for row in tpu.paper_rows()]
+  assert specs == [spec for spec, _, _ in param_counts.PAPER]
+  slugs = {row.slug(rung) for row in tpu.FULL_ROWS for rung in tpu.LADDER}
+  assert len(slugs) == len(tpu.FULL_ROWS) * len(tpu.LADDER)  # a long name never makes two settings share a record
+  for row in tpu.FULL_ROWS:
+    assert row.topology in chips.known_topologies(), row
+    lra_core.load_config(row.spec, list(tpu.COMMON + row.overrides + tpu.LADDER[-1]))  # every key exists
+  table6 = [row for row in tpu.FULL_ROWS if row.paper.startswith("Transformer-VQ Table 6")]
+  assert len(table6) == 3 * 4 * 2 and sum(row.paper_measured == "out of memory" for row in table6) == 8

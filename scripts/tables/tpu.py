@@ -15,6 +15,7 @@ kept under the workdir and reused while the command is unchanged.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import subprocess
@@ -59,8 +60,10 @@ class Row:
             *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}"]
 
   def slug(self, rung: tuple[str, ...]) -> str:
+    """A readable file name, unique per setting (long names are cut, so a hash of the whole ends it)."""
     text = f"{self.spec}_{self.topology}_{'_'.join(self.overrides + rung)}"
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:150]
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:100] + "_" + digest
 
 
 def _throughput(value: float | None) -> str:
@@ -167,10 +170,13 @@ def tpu_fit(ctx: Context) -> Result:
       notes.append(f"- {row.paper}: {meta['error']}")
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
+    compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
     lines.append([row.paper, f"{row.topology} ({r['num_devices']} x {r['device_kind']})", mesh,
-                  _settings(row, rung), f"{max(r['peak_gib'], r['eval_peak_gib']):.2f} / {r['hbm_gib']:.1f}",
-                  "yes" if r["fits"] else "**no**", fmt(r["est_step_seconds"] * 1e3, ",.0f"),
-                  fmt(r["est_tokens_per_s"], ",.0f"), f"{100 * r['est_mfu']:.0f}% ({r['bound']})",
+                  _settings(row, rung), f"{max(r['peak_gib'], r['eval_peak_gib']):,.2f} / {r['hbm_gib']:.1f}",
+                  "yes" if r["fits"] else "**no**",
+                  fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
+                  fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
+                  f"{100 * r['est_mfu']:.0f}% ({r['bound']})" if compiled else "-",
                   f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
                           "est. step ms", "est. tokens/s", "est. MFU (bound)", "params", "compile s (this host)",
