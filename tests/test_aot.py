@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -107,7 +108,7 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
 def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
   base = ["--config=configs/lra/listops/transformer.py:tiny", "--config.mesh.data=4"]
   over = _aot(*base, "--topology=v5e:2x2", "--config.train.memory_limit_gib=1e-6")
-  assert over.returncode == aot.EXIT_DOES_NOT_FIT and "fits                       NO" in over.stdout
+  assert over.returncode == aot.EXIT_DOES_NOT_FIT and re.search(r"^fits +NO$", over.stdout, re.M)
   unknown = _aot(*base, "--topology=v9:2x2")
   assert unknown.returncode == 2 and "v3:2x2" in unknown.stderr and "v5e:2x2" in unknown.stderr
   bad_key = _aot(*base, "--topology=v5e:2x2", "--config.train.batch_sise=8")
@@ -117,11 +118,27 @@ def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
 
 
 @needs_libtpu
+def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp_path):
+  """Full attention over 65,536 tokens needs 136 GiB of temporaries: the compiler refuses it, and
+  that refusal is the answer (exit 3, the needed bytes), not a crash."""
+  out = _aot("--config=configs/enwik8/transformer.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=4",
+             "--config.train.seq_len=65536", "--config.train.batch_size=4", f"--json={tmp_path / 'r.json'}")
+  assert out.returncode == aot.EXIT_DOES_NOT_FIT, out.stderr[-2000:]
+  assert "the TPU compiler's out-of-memory refusal" in out.stdout
+  report = json.loads((tmp_path / "r.json").read_text())
+  assert not report["fits"] and report["peak_gib"] > 16 and report["est_mfu"] is None
+
+
+@needs_libtpu
 @pytest.mark.parametrize("spec, overrides", [
-    ("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas"]),
-    ("configs/c4/latte.py:tiny", ["model.impl=pallas"]),
+    # Mosaic tiles are 8 x 128: the VQ kernel's code blocks span whole 128-token tiles.
+    ("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128", "train.seq_len=256",
+                                               "train.update_len=256"]),
+    ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0"]),  # 0: the chunk the target takes
+    ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0", "model.scan_layers=True",
+                                  "model.remat=full"]),
     ("configs/lra/listops/latte.py:tiny", ["model.impl=pallas"]),
-    ("configs/c4/flash.py:tiny", ["model.impl=pallas"]),
+    ("configs/c4/flash.py:tiny", ["model.impl=pallas", "model.chunk=128", "train.seq_len=256", "model.max_len=256"]),
 ])
 def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   """The trainer's step with each kernel family's Pallas kernel, through the real TPU compiler:
@@ -130,3 +147,4 @@ def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   devices = chips.tpu_devices("v5e:2x2")
   report = aot.compile_config(config, "v5e:2x2", devices=devices)
   assert report.fits and report.flops_per_device > 0
+  assert report.mosaic_kernels > 0, "the train step holds no Mosaic kernel: the Pallas kernels were interpreted"
