@@ -153,6 +153,9 @@ class Report:
   est_step_seconds: float
   est_tokens_per_s: float
   est_mfu: float
+  est_hfu: float
+  recompute_flops: float
+  memory_bound_share: float  # of the estimated step, the share spent in operations bound by HBM bandwidth
   bound: str
   compile_seconds: float
   remat: str
@@ -163,6 +166,8 @@ class Report:
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
                  "est_step_seconds", "est_tokens_per_s", "est_mfu")
+  # est_mfu counts the model's FLOPs: the program's less what remat recomputes (recompute_flops);
+  # est_hfu counts every FLOP the chip runs.
 
   def to_json(self) -> dict:
     """The issue-stable fields first, then the rest; numbers the compile could not give are null."""
@@ -181,7 +186,9 @@ class Report:
       estimate = [("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
                   ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
                   ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
-                  ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} bf16 peak")]
+                  ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} bf16 peak "
+                                    f"({100 * self.est_hfu:.1f}% counting remat's recomputation)"),
+                  ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step")]
     rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
             ("HBM per device", f"{self.hbm_gib:.2f} GiB"),
             ("train step per device", train),
@@ -234,7 +241,8 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
     return Report(**common, arguments_gib=math.nan, temporaries_gib=train.required / GIB,
                   peak_gib=train.required / GIB, eval_peak_gib=eval_peak / GIB, fits=False,
                   flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan,
-                  est_mfu=math.nan, bound="-", mosaic_kernels=0)
+                  est_mfu=math.nan, est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan,
+                  bound="-", mosaic_kernels=0)
   memory = MemoryEstimate.of(train)
   eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
   hlo = train.as_text()
@@ -248,7 +256,9 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
       **common, arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB,
       peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
       flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
-      est_mfu=roof.flops / (seconds * chip.peak_flops), bound=roof.bound,
+      est_mfu=(roof.flops - roof.recompute_flops) / (seconds * chip.peak_flops),
+      est_hfu=roof.flops / (seconds * chip.peak_flops), recompute_flops=roof.recompute_flops,
+      memory_bound_share=roof.memory_bound_s / seconds, bound=roof.bound,
       mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'), hotspots=roof.hotspots)
 
 

@@ -39,6 +39,7 @@ DONE = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-
 COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter", "all-to-all",
                "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
 
+_REMAT = "rematted_computation"   # in the op_name metadata of what jax.checkpoint recomputes
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 
@@ -46,9 +47,11 @@ _ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 @dataclasses.dataclass
 class Cost:
   flops: float = 0.0
+  recompute_flops: float = 0.0  # of `flops`, those of the forward pass run again for the backward (remat)
   bytes: float = 0.0
   comm_bytes: float = 0.0
   compute_s: float = 0.0     # sum over operations of max(flops / peak, bytes / bandwidth)
+  memory_s: float = 0.0      # of compute_s, the operations whose HBM traffic takes longer than their FLOPs
   comm_s: float = 0.0
 
   def add(self, other: Cost, times: float = 1.0) -> None:
@@ -60,9 +63,11 @@ class Cost:
 class Roofline:
   """One device's estimated step: `seconds` and its parts."""
   flops: float
+  recompute_flops: float     # of `flops`, the forward pass recomputed for the backward pass (remat)
   hbm_bytes: float
   comm_bytes: float
   compute_s: float           # operations, each at the slower of its FLOPs and its HBM traffic
+  memory_bound_s: float      # of compute_s, the operations bound by HBM traffic
   flop_s: float              # the FLOPs alone at peak
   comm_s: float
   unknown_loops: int         # while loops whose trip count could not be read (counted once)
@@ -221,15 +226,19 @@ class _Walker:
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
 
   @functools.cache
-  def inner_flops(self, computation: str) -> float:
-    """Matrix-product FLOPs anywhere inside a fused (or called) computation."""
-    total = 0.0
+  def inner_flops(self, computation: str) -> tuple[float, float]:
+    """Matrix-product FLOPs anywhere inside a fused (or called) computation, and those of them that
+    recompute the forward pass (JAX names what jax.checkpoint reruns 'rematted_computation')."""
+    total = recompute = 0.0
     for op in self.computations.get(computation, ()):
       if op.opcode in ("dot", "convolution"):
-        total += _matmul_flops(op, self.shapes[computation])
+        flops = _matmul_flops(op, self.shapes[computation])
+        total += flops
+        recompute += flops if _REMAT in op.attrs else 0.0
       for callee in _called(op, "calls"):
-        total += self.inner_flops(callee)
-    return total
+        inner, inner_recompute = self.inner_flops(callee)
+        total, recompute = total + inner, recompute + inner_recompute
+    return total, recompute
 
   def trip_count(self, op: _Op) -> int | None:
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"', op.attrs)
@@ -320,16 +329,21 @@ class _Walker:
       traffic = self.sliced_traffic(op, shapes)
     elif op.opcode == "copy-start":  # its result is (destination, source, context): the copy reads and writes once
       traffic = 2 * operand_bytes
+    recompute = 0.0
     if op.opcode in ("dot", "convolution"):
       flops = _matmul_flops(op, shapes)
+      recompute = flops if _REMAT in op.attrs else 0.0
     elif op.opcode == "fusion":
-      flops = sum(self.inner_flops(c) for c in _called(op, "calls"))
+      parts = [self.inner_flops(c) for c in _called(op, "calls")]
+      flops, recompute = sum(p[0] for p in parts), sum(p[1] for p in parts)
     elif op.opcode == "custom-call":
       declared = _declared(op)
       if declared is not None:
         flops, traffic = declared[0], declared[1] or traffic
+        recompute = flops if _REMAT in op.attrs else 0.0
     seconds = max(flops / self.chip.peak_flops, traffic / self.chip.hbm_bandwidth)
-    return Cost(flops=flops, bytes=traffic, compute_s=seconds)
+    memory = seconds if traffic / self.chip.hbm_bandwidth > flops / self.chip.peak_flops else 0.0
+    return Cost(flops=flops, recompute_flops=recompute, bytes=traffic, compute_s=seconds, memory_s=memory)
 
 
 def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
@@ -366,6 +380,7 @@ def roofline(hlo_text: str, chip: Chip, *, top: int = 0) -> Roofline:
   computations, entry = parse(hlo_text)
   walker = _Walker(computations, chip)
   total = walker.cost(entry)
-  return Roofline(flops=total.flops, hbm_bytes=total.bytes, comm_bytes=total.comm_bytes,
+  return Roofline(flops=total.flops, recompute_flops=total.recompute_flops, hbm_bytes=total.bytes,
+                  comm_bytes=total.comm_bytes, memory_bound_s=total.memory_s,
                   compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
                   unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else ())

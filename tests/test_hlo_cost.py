@@ -78,6 +78,22 @@ def test_a_loop_writing_one_row_at_a_time_moves_rows_not_the_buffer(v5e):
   assert 2 * buffer <= roof.hbm_bytes <= 10 * buffer  # rows x (a row in, a row out), plus copies in and out
 
 
+def test_remat_recomputation_is_counted_apart(v5e):
+  """With every layer rematerialised, the backward pass reruns each layer's forward matmul: one of
+  the four N^3 matmuls per layer (forward, recomputed forward, two in the backward) is recomputation."""
+  mesh, chip = v5e
+  layer = jax.checkpoint(lambda h, wi: jnp.tanh(h @ wi))
+  loss = lambda w, x: jax.lax.scan(lambda h, wi: (layer(h, wi), None), x, w)[0].astype(jnp.float32).sum()
+  shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))
+  roof = hlo_cost.roofline(_compile(jax.grad(loss), mesh, *shapes).as_text(), chip)
+  unit = 2.0 * N**3 * LAYERS
+  assert roof.flops == pytest.approx(4 * unit, rel=1e-6)
+  assert roof.recompute_flops == pytest.approx(unit, rel=1e-6)
+  plain = jax.grad(lambda w, x: jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
+                   .astype(jnp.float32).sum())
+  assert hlo_cost.roofline(_compile(plain, mesh, *shapes).as_text(), chip).recompute_flops == 0
+
+
 def test_without_loops_the_estimate_agrees_with_xla(v5e):
   mesh, chip = v5e
   rows = jax.sharding.PartitionSpec("x")

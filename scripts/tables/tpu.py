@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from lra_core import aot
 from scripts import param_counts
 from scripts.tables.common import ROOT, Context, Result, fmt, markdown_table
 from scripts.tables.transformer_vq import PAPER_THROUGHPUT
@@ -29,6 +30,7 @@ from scripts.tables.transformer_vq import PAPER_THROUGHPUT
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
 COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
+REPORT_FIELDS = {f.name for f in dataclasses.fields(aot.Report)} - {"hotspots"}
 # Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it.
 LADDER = ((), ("model.remat=full",))
 
@@ -125,7 +127,8 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
   command = row.command(rung, str(report_path))
   if meta_path.exists():
     meta = json.loads(meta_path.read_text())
-    if meta["command"] == command:
+    current = "report" not in meta or REPORT_FIELDS <= set(meta["report"])  # written by this version's aot
+    if meta["command"] == command and current:
       ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
       return meta
   ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
@@ -176,10 +179,11 @@ def tpu_fit(ctx: Context) -> Result:
                   "yes" if r["fits"] else "**no**",
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
-                  f"{100 * r['est_mfu']:.0f}% ({r['bound']})" if compiled else "-",
+                  f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
+                  f"{100 * r['memory_bound_share']:.0f}% memory-bound)" if compiled else "-",
                   f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
-                          "est. step ms", "est. tokens/s", "est. MFU (bound)", "params", "compile s (this host)",
+                          "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
                           "paper measured"], lines)
   setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
              "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
@@ -188,7 +192,8 @@ def tpu_fit(ctx: Context) -> Result:
              "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
              "`model.remat=full`, and shows the first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
              "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
-             "traffic, loops by their trip counts, collectives overlapped); MFU is the program's FLOPs "
-             "(recomputation included) over that time and the peak. Estimates, not measurements. Compile s is "
+             "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
+             "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
+             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows. Estimates, not measurements. Compile s is "
              "the wall time of all attempts of the row on this 2-core host.")
   return Result(setting=setting, markdown=table, notes="\n".join(notes))
