@@ -162,6 +162,7 @@ class Report:
   scan_layers: bool
   num_params: int
   mosaic_kernels: int     # Pallas kernels compiled by Mosaic in the train step (0: none, or interpreted)
+  refusal: str = ""       # the TPU compiler's out-of-memory message, when it refused the step
   hotspots: tuple = ()    # the train step's dearest operations (hlo_cost.Hotspot), when asked for
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
@@ -177,8 +178,9 @@ class Report:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
 
   def table(self) -> str:
-    if math.isnan(self.flops_per_device):  # the compiler refused the step: it needs more than the HBM
-      train = f"needs {self.peak_gib:,.2f} GiB of temporaries (the TPU compiler's out-of-memory refusal)"
+    if self.refusal:  # the compiler refused the step for memory
+      train = (f"needs {self.peak_gib:,.2f} GiB of temporaries (the TPU compiler's out-of-memory refusal)"
+               if not math.isnan(self.peak_gib) else f"refused by the TPU compiler: {self.refusal}")
       estimate = [("estimated step time", "- (not compiled)")]
     else:
       train = (f"arguments {self.arguments_gib:.2f} GiB, temporaries {self.temporaries_gib:.2f} GiB, "
@@ -192,7 +194,8 @@ class Report:
     rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
             ("HBM per device", f"{self.hbm_gib:.2f} GiB"),
             ("train step per device", train),
-            ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB"),
+            ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB" if not math.isnan(self.eval_peak_gib)
+             else "-"),
             ("fits", "yes" if self.fits else "NO"),
             ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
             ("Mosaic kernels in train step", f"{self.mosaic_kernels}"),
@@ -242,7 +245,7 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
                   peak_gib=train.required / GIB, eval_peak_gib=eval_peak / GIB, fits=False,
                   flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan,
                   est_mfu=math.nan, est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan,
-                  bound="-", mosaic_kernels=0)
+                  bound="-", mosaic_kernels=0, refusal=train.message)
   memory = MemoryEstimate.of(train)
   eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
   hlo = train.as_text()

@@ -30,7 +30,8 @@ from scripts.tables.transformer_vq import PAPER_THROUGHPUT
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
 COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
-REPORT_FIELDS = {f.name for f in dataclasses.fields(aot.Report)} - {"hotspots"}
+# The fields every report of the current format has (those with defaults may be absent).
+REPORT_FIELDS = {f.name for f in dataclasses.fields(aot.Report) if f.default is dataclasses.MISSING}
 # Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it.
 LADDER = ((), ("model.remat=full",))
 
@@ -156,6 +157,14 @@ def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
   return meta, rung, wall
 
 
+def _memory(r: dict) -> str:
+  """'peak / HBM' GiB; a refusal that names no size (e.g. a kernel over its on-chip VMEM) says so."""
+  peaks = [p for p in (r["peak_gib"], r["eval_peak_gib"]) if p is not None]
+  if not peaks:
+    return f"refused: {r.get('refusal', '')[:80]}"
+  return f"{max(peaks):,.2f} / {r['hbm_gib']:.1f}"
+
+
 def _settings(row: Row, rung: tuple[str, ...]) -> str:
   remat = next((o.split("=")[1] for o in rung if o.startswith("model.remat")), "none")
   return f"remat {remat}, scan"
@@ -175,7 +184,7 @@ def tpu_fit(ctx: Context) -> Result:
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
     lines.append([row.paper, f"{row.topology} ({r['num_devices']} x {r['device_kind']})", mesh,
-                  _settings(row, rung), f"{max(r['peak_gib'], r['eval_peak_gib']):,.2f} / {r['hbm_gib']:.1f}",
+                  _settings(row, rung), _memory(r),
                   "yes" if r["fits"] else "**no**",
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
