@@ -32,8 +32,10 @@ VQ = "configs/enwik8/transformer_vq.py"
 COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
 # The fields every report of the current format has (those with defaults may be absent).
 REPORT_FIELDS = {f.name for f in dataclasses.fields(aot.Report) if f.default is dataclasses.MISSING}
-# Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it.
-LADDER = ((), ("model.remat=full",))
+# Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it,
+# then the same global batch in 4 and 16 micro-batches (gradient accumulation, as the GPU papers trained).
+LADDER = ((), ("model.remat=full",), ("model.remat=full", "train.grad_accum_steps=4"),
+          ("model.remat=full", "train.grad_accum_steps=16"))
 
 # Transformer-VQ Tables 6-9 at 131,072 tokens (the module's PAPER_THROUGHPUT stops at 32,768):
 # (full, VQ) tokens/s, None = out of memory.
@@ -167,7 +169,8 @@ def _memory(r: dict) -> str:
 
 def _settings(row: Row, rung: tuple[str, ...]) -> str:
   remat = next((o.split("=")[1] for o in rung if o.startswith("model.remat")), "none")
-  return f"remat {remat}, scan"
+  accum = next((f", {o.split('=')[1]} micro-batches" for o in rung if o.startswith("train.grad_accum")), "")
+  return f"remat {remat}, scan{accum}"
 
 
 def tpu_fit(ctx: Context) -> Result:
@@ -199,7 +202,8 @@ def tpu_fit(ctx: Context) -> Result:
              "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
              "Memory is XLA's per-device buffer assignment (the larger peak of the train and eval steps, against "
              "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
-             "`model.remat=full`, and shows the first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
+             "`model.remat=full`, then also in 4 and in 16 micro-batches of the same global batch, and shows the "
+             "first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
              "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
              "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
              "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
