@@ -86,6 +86,7 @@ def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_record
   assert len(slugs) == len(tpu.FULL_ROWS) * len(tpu.LADDER)  # a long name never makes two settings share a record
   for row in tpu.FULL_ROWS:
     assert row.topology in chips.known_topologies(), row
-    lra_core.load_config(row.spec, list(tpu.COMMON + row.overrides + tpu.LADDER[-1]))  # every key exists
+    assert row.rungs()[:2] == tpu.LADDER[:2]  # every row may try remat; micro-batches only where they split
+  assert tpu.table6("vq", "shga", 8192).rungs() == tpu.LADDER[:2]  # batch 8 on 8 cores: no micro-batches
   table6 = [row for row in tpu.FULL_ROWS if row.paper.startswith("Transformer-VQ Table 6")]
   assert len(table6) == 3 * 4 * 2 and sum(row.paper_measured == "out of memory" for row in table6) == 8

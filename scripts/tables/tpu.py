@@ -23,8 +23,9 @@ import sys
 import time
 
 from lra_core import aot
+from lra_core.errors import ConfigError
 from scripts import param_counts
-from scripts.tables.common import ROOT, Context, Result, fmt, markdown_table
+from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
 from scripts.tables.transformer_vq import PAPER_THROUGHPUT
 
 VQ = "configs/enwik8/transformer_vq.py"
@@ -63,6 +64,20 @@ class Row:
   def command(self, rung: tuple[str, ...], report: str) -> list[str]:
     return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
             *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}"]
+
+  def rungs(self) -> tuple[tuple[str, ...], ...]:
+    """The LADDER rungs this row can take: micro-batches must still split evenly over the batch axes."""
+    out = []
+    for rung in LADDER:
+      try:
+        config = load_config(self.spec, list(COMMON + self.overrides + rung))
+      except ConfigError:  # e.g. a batch of 8 in 16 micro-batches
+        continue
+      t, mesh = config.train, config.mesh
+      split = max(mesh.data, 1) * mesh.fsdp
+      if t.batch_size % t.grad_accum_steps == 0 and (t.batch_size // t.grad_accum_steps) % split == 0:
+        out.append(rung)
+    return tuple(out)
 
   def slug(self, rung: tuple[str, ...]) -> str:
     """A readable file name, unique per setting (long names are cut, so a hash of the whole ends it)."""
@@ -151,7 +166,7 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
 def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
   """The row's final record, the rung it took, and the compile wall time of all attempts."""
   wall = 0.0
-  for rung in LADDER:
+  for rung in row.rungs():
     meta = _compile(ctx, row, rung)
     wall += meta["wall_s"]
     if "report" not in meta or meta["report"]["fits"]:
