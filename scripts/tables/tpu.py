@@ -59,7 +59,17 @@ class Row:
   spec: str
   topology: str
   overrides: tuple[str, ...] = ()
-  paper_measured: str = ""      # what the paper measured for this setting, if anything
+  paper_tokens_per_s: float | None = None   # what the paper measured for this setting, if anything
+  paper_step_ms: float | None = None
+  paper_oom: bool = False
+
+  @property
+  def paper_measured(self) -> str:
+    if self.paper_oom:
+      return "out of memory"
+    if self.paper_tokens_per_s:
+      return f"{self.paper_tokens_per_s:,.0f} tokens/s"
+    return f"{self.paper_step_ms:,.0f} ms/step" if self.paper_step_ms else ""
 
   def command(self, rung: tuple[str, ...], report: str) -> list[str]:
     return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
@@ -86,20 +96,17 @@ class Row:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:100] + "_" + digest
 
 
-def _throughput(value: float | None) -> str:
-  return "out of memory" if value is None else f"{value:,.0f} tokens/s"
-
-
 def table6(attention: str, head_type: str, t: int) -> Row:
   """Transformer-VQ Table 6 (serial reduction): 8 TPU v3 cores, batch 8, backprop through all t tokens."""
   full, vq = (PAPER_131072["serial"] if t == 131072 else {h: v[t] for h, v in
                                                           PAPER_THROUGHPUT["serial"].items()})[head_type]
   heads = ("model.num_heads=1",) if head_type == "shga" else ("model.num_heads=8",)
   name = "Full" if attention == "full" else "VQ"
+  measured = full if attention == "full" else vq
   return Row(f"Transformer-VQ Table 6, {name} {head_type.upper()}, T={t:,}", VQ, "v3:2x2",
              (f"model.attention={attention}", f"model.head_type={head_type}", *heads, "train.batch_size=8",
               f"train.seq_len={t}", f"train.update_len={t}", "mesh.data=8"),
-             _throughput(full if attention == "full" else vq))
+             paper_tokens_per_s=measured, paper_oom=measured is None)
 
 
 # (path prefix of a paper config, topology, mesh and other overrides, why that slice)
@@ -124,8 +131,7 @@ def paper_rows() -> tuple[Row, ...]:
       topology, overrides, _ = BLOCK_PLACEMENT
     else:
       topology, overrides, _ = next(p[1:] for p in PLACEMENT if spec.startswith(p[0]))
-    measured = FLASH_LATENCY_MS.get(spec)
-    rows.append(Row(source, spec, topology, overrides, f"{measured:,.0f} ms/step" if measured else ""))
+    rows.append(Row(source, spec, topology, overrides, paper_step_ms=FLASH_LATENCY_MS.get(spec)))
   return tuple(rows)
 
 
@@ -188,6 +194,33 @@ def _settings(row: Row, rung: tuple[str, ...]) -> str:
   return f"remat {remat}, scan{accum}"
 
 
+MFU_TARGET_PAPERS = ("Transformer-VQ", "FLASH", "FIT")
+
+
+def _notes(row: Row, r: dict, settings: str) -> list[str]:
+  """Where the row disagrees with the paper's fit, how the estimate compares with its measurement,
+  and, for the TPU papers' configs under 50% MFU, what bounds the estimate."""
+  out, compiled = [], r["est_step_seconds"] is not None
+  if row.paper_oom and r["fits"]:
+    out.append(f"- {row.paper}: fits here ({settings}; {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} GiB) where the "
+               "paper ran out of memory: its benchmark names no rematerialisation, and the plain step without it "
+               "does not fit here either." if "remat full" in settings else
+               f"- {row.paper}: fits here ({settings}) where the paper ran out of memory.")
+  elif not row.paper_oom and (row.paper_tokens_per_s or row.paper_step_ms) and not r["fits"]:
+    out.append(f"- {row.paper}: does not fit here even with {settings}, where the paper ran it.")
+  if compiled and r["fits"] and row.paper_tokens_per_s:
+    out.append(f"- {row.paper}: estimated {r['est_tokens_per_s']:,.0f} tokens/s, "
+               f"{r['est_tokens_per_s'] / row.paper_tokens_per_s:.2f}x the paper's {row.paper_measured}.")
+  if compiled and r["fits"] and row.paper_step_ms:
+    out.append(f"- {row.paper}: estimated {r['est_step_seconds'] * 1e3:,.0f} ms per step, "
+               f"{r['est_step_seconds'] * 1e3 / row.paper_step_ms:.2f}x the paper's {row.paper_measured}.")
+  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and r["est_mfu"] < 0.5:
+    out.append(f"- {row.paper}: estimated MFU {100 * r['est_mfu']:.0f}% (HFU {100 * r['est_hfu']:.0f}%): "
+               f"{100 * r['memory_bound_share']:.0f}% of the estimated step is in operations bound by HBM "
+               "bandwidth" + (", and remat reruns the forward pass" if r["recompute_flops"] else "") + ".")
+  return out
+
+
 def tpu_fit(ctx: Context) -> Result:
   rows = FULL_ROWS if ctx.full else DEFAULT_ROWS
   lines, notes = [], []
@@ -209,6 +242,7 @@ def tpu_fit(ctx: Context) -> Result:
                   f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
                   f"{100 * r['memory_bound_share']:.0f}% memory-bound)" if compiled else "-",
                   f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
+    notes += _notes(row, r, _settings(row, rung))
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
                           "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
                           "paper measured"], lines)
