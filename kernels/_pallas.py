@@ -133,12 +133,55 @@ def bf16_matmuls() -> bool:
   return not (platform() == "tpu" and kind in ("TPU v2", "TPU v3"))
 
 
-def compiler_params(num_parallel: int, sequential: bool):
-  """TPU: the (batch, heads) grid axes may run on either core, the block axis must run in order.
+# JAX device kind -> the chip generation pltpu describes (per-TensorCore VMEM and lanes).
+_CHIP_VERSIONS = {"TPU v2": pltpu.ChipVersion.TPU_V2, "TPU v3": pltpu.ChipVersion.TPU_V3,
+                  "TPU v4": pltpu.ChipVersion.TPU_V4, "TPU v4 lite": pltpu.ChipVersion.TPU_V4I,
+                  "TPU v5 lite": pltpu.ChipVersion.TPU_V5E, "TPU v5e": pltpu.ChipVersion.TPU_V5E,
+                  "TPU v5": pltpu.ChipVersion.TPU_V5P, "TPU v5p": pltpu.ChipVersion.TPU_V5P,
+                  "TPU v6 lite": pltpu.ChipVersion.TPU_V6E, "TPU v6e": pltpu.ChipVersion.TPU_V6E,
+                  "TPU7x": pltpu.ChipVersion.TPU_7X}
+SMALLEST_VMEM = 16 * 2**20  # TPU v2-v4: 16 MiB per TensorCore, also assumed for a kind pltpu does not know
+SCOPED_VMEM = 16 * 2**20    # the VMEM a Mosaic kernel may use by default; more must be asked for
+
+
+def vmem_capacity(device_kind: str | None = None) -> int | None:
+  """VMEM bytes of one TensorCore of the target TPU (of `device_kind`, by default the target's), from
+  pltpu's chip table; 16 MiB, the smallest, for a kind it does not name; None off TPU."""
+  if device_kind is None:
+    if platform() != "tpu":
+      return None
+    device_kind = current().device_kind
+  version = _CHIP_VERSIONS.get(device_kind or "")
+  if version is None:
+    return SMALLEST_VMEM
+  return pltpu.get_tpu_info_for_chip(version, 1).vmem_capacity_bytes
+
+
+def vmem_limit(device_kind: str | None = None) -> int | None:
+  """The VMEM a kernel asks for on the target TPU: 3/4 of a TensorCore's VMEM where that exceeds the
+  compiler's default 16 MiB (v5e, v5p, v6e: the rest is left to the compiler's own buffers), else None
+  (the default, all of a 16 MiB chip's)."""
+  capacity = vmem_capacity(device_kind)
+  if capacity is None or capacity * 3 // 4 <= SCOPED_VMEM:
+    return None
+  return capacity * 3 // 4
+
+
+def vmem_budget(device_kind: str | None = None) -> int | None:
+  """The bytes a kernel's working set may take on the target TPU: its VMEM limit (`vmem_limit`, or the
+  default 16 MiB); None off TPU."""
+  if device_kind is None and platform() != "tpu":
+    return None
+  return vmem_limit(device_kind) or min(SCOPED_VMEM, vmem_capacity(device_kind))
+
+
+def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1):
+  """TPU: the first `num_parallel` grid axes (batch, heads, ...) may run on either core, the last
+  `num_sequential` (the blocks) must run in order; the VMEM limit is `vmem_limit()` of the target chip.
   GPU: Triton, 4 warps per program."""
   if platform() == "tpu":
-    semantics = ("parallel",) * num_parallel + (("arbitrary",) if sequential else ())
-    return pltpu.CompilerParams(dimension_semantics=semantics)
+    semantics = ("parallel",) * num_parallel + (("arbitrary",) * num_sequential if sequential else ())
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit())
   if platform() == "gpu":
     return pltriton.CompilerParams(num_warps=4, num_stages=1)
   return None

@@ -44,18 +44,74 @@ f32 = jnp.float32
 MASK = vq_xla.MASK
 
 
-def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev, codebook, bias, *,
-                n_code: int, compressive: bool):
-  """One query block against [previous, present] keys and the cache, then the previous block is folded.
+# -- block sizes ---------------------------------------------------------------------------------
 
-  cache = (sum_v [S,Dv], count_row [1,S], count_col [S,1]); q [L,Dk]; k_* [L,Dk]; v_* [L,Dv];
-  zr_* int [1,L]; zc_prev int [L,1]; codebook [S,Dk]; bias [L,2L] or None -> (cache, out [L,Dv]).
+LANES, SUBLANES = 128, 8  # a TPU VMEM tile: a block's last two dimensions are padded to multiples of these
+MOSAIC_SCRATCH = 2**20    # VMEM the compiler keeps for itself (its internal scratch), as measured: see docs/kernels.md
+
+
+def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+  return -(-rows // SUBLANES) * SUBLANES * -(-cols // LANES) * LANES * itemsize
+
+
+def vmem_bytes(*, block_len: int, n_code: int, d_k: int, value_block: int, query_block: int, itemsize: int,
+               has_bias: bool) -> int:
+  """Estimated VMEM of one grid step of the TPU kernel (grid driver), every block padded to whole tiles:
+  the pipelined blocks twice (double-buffered), the blocks read once per value tile (codebook, carry)
+  once, the cache scratch, and the float32 temporaries of attending Lq queries ([Lq,L] scores of two
+  key blocks, [Lq,S] code scores, [L,Dt] values) and of folding a block ([L,S] one-hot, [S,Dt] sums).
+  `itemsize` is that of q, k and v. The counts of each term are fitted to what Mosaic reports for
+  TPU v3 at L = S = 512, Dk = 128 (docs/kernels.md), rounded up."""
+  l, lq, s, dk, dt, a = block_len, query_block, n_code, d_k, value_block, itemsize
+  x = _tile_bytes
+  pipelined = (x(lq, dk, a) + 2 * x(l, dk, a) + 2 * x(l, dt, a) + x(lq, dt, a) + 2 * x(1, l, 4) + x(l, 1, 4)
+               + (x(lq, 2 * l, 4) if has_bias else 0))
+  once = x(s, dk, a) + x(l, dk, a) + x(l, dt, a) + x(1, l, 4) + x(l, 1, 4) + x(s, dt, 4) + x(1, s, 4) + x(s, 1, 4)
+  written = x(s, dt, 4) + x(s, 1, 4)
+  scratch = x(s, dt, 4) + x(1, s, 4) + x(s, 1, 4)
+  attend = 3 * x(lq, l, 4) + 2 * x(lq, s, 4) + 5 * x(l, dt, 4) + 2 * x(lq, dt, 4) + 3 * x(l, dk, 4)
+  fold = 3 * x(l, s, 4) + x(s, dt, 4)  # the one-hot, and its transposes for the count matmuls
+  return 2 * pipelined + once + 2 * written + scratch + attend + fold + MOSAIC_SCRATCH
+
+
+def block_sizes(d_v: int, *, block_len: int, n_code: int, d_k: int, itemsize: int, has_bias: bool,
+                budget: int | None, platform: str = "tpu") -> tuple[int, int]:
+  """(value tile width Dt, query sub-block Lq): divisors of d_v and block_len.
+
+  TPU: the widest Dt (a multiple of 128 lanes), then the longest Lq (a multiple of 128 rows), whose
+  `vmem_bytes` fits `budget`; the narrowest and shortest when none does (the compiler then names the
+  excess). A d_v or block_len that is no multiple of 128 is taken whole (a block must then span it).
+  Value tiles recompute the query-code scores (Dk / Dt more matmul work per tile); query sub-blocks
+  cost only grid steps. GPU: Dt = 128 where it divides d_v (the loop driver holds [S,Dt] and [L,Dt]
+  floats per program), Lq = L. Elsewhere (interpret mode) whole."""
+  if platform == "gpu":
+    return (LANES if d_v % LANES == 0 else d_v), block_len
+  if platform != "tpu":
+    return d_v, block_len
+  widths = [w for w in range(d_v, 0, -LANES) if d_v % w == 0] if d_v % LANES == 0 else [d_v]
+  lengths = [n for n in range(block_len, 0, -LANES) if block_len % n == 0] if block_len % LANES == 0 else [block_len]
+  for dt in widths:
+    for lq in lengths:
+      if budget is None or vmem_bytes(block_len=block_len, n_code=n_code, d_k=d_k, value_block=dt, query_block=lq,
+                                      itemsize=itemsize, has_bias=has_bias) <= budget:
+        return dt, lq
+  return widths[-1], lengths[-1]
+
+
+# -- the block step ----------------------------------------------------------------------------------
+
+def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, bias, row0, *, n_code: int,
+            compressive: bool):
+  """Queries row0 .. row0 + Lq - 1 of a block against [previous, present] keys and the cache.
+
+  cache = (sum_v [S,Dt], count_row [1,S], count_col [S,1]); q [Lq,Dk]; k_* [L,Dk]; v_* [L,Dt];
+  zr_* int [1,L]; codebook [S,Dk]; bias [Lq,2L] or None -> out [Lq,Dt].
   """
-  sum_v, count_row, count_col = cache
-  l = q.shape[0]
+  sum_v, count_row, _ = cache
+  lq, l = q.shape[0], k_cur.shape[0]
   q = q.astype(f32)
-  i = jax.lax.broadcasted_iota(jnp.int32, (l, l), 0)
-  j = jax.lax.broadcasted_iota(jnp.int32, (l, l), 1)
+  i = row0 + jax.lax.broadcasted_iota(jnp.int32, (lq, l), 0)
+  j = jax.lax.broadcasted_iota(jnp.int32, (lq, l), 1)
   s_prev = _pallas.dot(q, k_prev.astype(f32), (1, 1))        # keys at distance L + i - j
   s_cur = _pallas.dot(q, k_cur.astype(f32), (1, 1))          # keys at distance i - j
   if bias is not None:
@@ -69,7 +125,7 @@ def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev
   m = jnp.maximum(s_prev.max(-1, keepdims=True), s_cur.max(-1, keepdims=True))
   if compressive:
     present = count_row > 0
-    s_code = _pallas.dot(q, codebook.astype(f32), (1, 1))    # [L,S]
+    s_code = _pallas.dot(q, codebook.astype(f32), (1, 1))    # [Lq,S]
     log_count = jnp.where(present, jnp.log(jnp.maximum(count_row, 1.0)), -MASK)
     m = jnp.maximum(m, (s_code + log_count).max(-1, keepdims=True))
   a_prev = jnp.where(keep_prev, jnp.exp(s_prev - m), 0.0)
@@ -81,24 +137,31 @@ def _block_step(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, zc_prev
     a_code = jnp.where(present, jnp.exp(jnp.where(present, s_code - m, 0.0)), 0.0)
     num = num + _pallas.dot(a_code, sum_v)
     den = den + (a_code * count_row).sum(-1, keepdims=True)
-  out = num / den
+  return num / den
 
+
+def _fold(cache, v_prev, zc_prev, *, n_code: int):
+  """The previous block folded into the cache with one-hot matmuls: v_prev [L,Dt], zc_prev int [L,1]."""
+  sum_v, count_row, count_col = cache
+  l = v_prev.shape[0]
   onehot = (zc_prev == jax.lax.broadcasted_iota(jnp.int32, (l, n_code), 1)).astype(f32)   # [L,S]
   sum_v = sum_v + _pallas.dot(onehot, v_prev.astype(f32), (0, 0))
   count_row = count_row + _pallas.dot(jnp.ones((1, l), f32), onehot)
   count_col = count_col + _pallas.dot(onehot, jnp.ones((l, 1), f32), (0, 0))
-  return (sum_v, count_row, count_col), out
+  return sum_v, count_row, count_col
 
 
 def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
-  """Grid (B, H, R), R sequential; the cache in scratch across the block axis."""
+  """Grid (B, H, J, R, Q): J value tiles, then R blocks and their Q query sub-blocks, both in order; the
+  cache of one value tile in scratch across them, the previous block folded after the last sub-block."""
   (q_ref, k_ref, kp_ref, v_ref, vp_ref, zr_ref, zrp_ref, zcp_ref, cb_ref, *rest) = refs
   bias_ref = rest.pop(0) if has_bias else None
   (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref,
-   o_ref, sum_out, row_out, col_out, sum_v, count_row, count_col) = rest
-  r = pl.program_id(2)
+   o_ref, sum_out, col_out, sum_v, count_row, count_col) = rest
+  r, qi = pl.program_id(3), pl.program_id(4)
+  last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
 
-  @pl.when(r == 0)
+  @pl.when((r == 0) & (qi == 0))
   def _():
     sum_v[...] = csum_ref[...]
     count_row[...] = crow_ref[...]
@@ -107,23 +170,29 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
   first = r == 0
   # in float32 (the block step's type anyway): TPU v3 has no select of bfloat16 vectors
   pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), ref[...].astype(f32))
-  cache, out = _block_step(
-      (sum_v[...], count_row[...], count_col[...]), q_ref[...], pick(ck_ref, kp_ref), k_ref[...],
-      pick(cv_ref, vp_ref), v_ref[...], pick(czr_ref, zrp_ref), zr_ref[...], pick(czc_ref, zcp_ref),
-      cb_ref[...], None if bias_ref is None else bias_ref[...], n_code=n_code, compressive=compressive)
+  v_prev = pick(cv_ref, vp_ref)
+  cache = (sum_v[...], count_row[...], count_col[...])
+  out = _attend(cache, q_ref[...], pick(ck_ref, kp_ref), k_ref[...], v_prev, v_ref[...], pick(czr_ref, zrp_ref),
+                zr_ref[...], cb_ref[...], None if bias_ref is None else bias_ref[...], qi * q_ref.shape[0],
+                n_code=n_code, compressive=compressive)
   o_ref[...] = out.astype(o_ref.dtype)
-  sum_v[...], count_row[...], count_col[...] = cache
 
-  @pl.when(r == pl.num_programs(2) - 1)
+  @pl.when(qi == last_q)
   def _():
-    sum_out[...], row_out[...], col_out[...] = cache
+    folded = _fold(cache, v_prev, pick(czc_ref, zcp_ref), n_code=n_code)
+    sum_v[...], count_row[...], count_col[...] = folded
+
+    @pl.when(r == last_r)
+    def _():
+      sum_out[...], col_out[...] = folded[0], folded[2]
 
 
 def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_len: int, num_blocks: int):
-  """Grid (B, H); the kernel loops over the R blocks of its whole [T, D] slices, the cache in loop values."""
+  """Grid (B, H, J) over J value tiles; the kernel loops over the R blocks of its whole [T, D] slices,
+  the cache in loop values."""
   (q_ref, k_ref, v_ref, zr_ref, zc_ref, cb_ref, *rest) = refs
   bias_ref = rest.pop(0) if has_bias else None
-  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, o_ref, sum_out, row_out, col_out) = rest
+  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, o_ref, sum_out, col_out) = rest
   l = block_len
   rows = lambda ref, r: ref[pl.ds(r * l, l), :]
 
@@ -132,76 +201,90 @@ def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_le
     prev = jnp.maximum(r - 1, 0)
     pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), rows(ref, prev).astype(f32))
     zr_prev = jnp.where(first, czr_ref[...], zr_ref[:, pl.ds(prev * l, l)])
-    cache, out = _block_step(
-        cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), pick(cv_ref, v_ref), rows(v_ref, r),
-        zr_prev, zr_ref[:, pl.ds(r * l, l)], pick(czc_ref, zc_ref), cb_ref[...],
-        None if bias_ref is None else rows(bias_ref, r), n_code=n_code, compressive=compressive)
+    v_prev = pick(cv_ref, v_ref)
+    out = _attend(cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), v_prev, rows(v_ref, r), zr_prev,
+                  zr_ref[:, pl.ds(r * l, l)], cb_ref[...], None if bias_ref is None else rows(bias_ref, r), 0,
+                  n_code=n_code, compressive=compressive)
     o_ref[pl.ds(r * l, l), :] = out.astype(o_ref.dtype)
-    return cache
+    return _fold(cache, v_prev, pick(czc_ref, zc_ref), n_code=n_code)
 
   cache = jax.lax.fori_loop(0, num_blocks, body, (csum_ref[...], crow_ref[...], ccol_ref[...]))
-  sum_out[...], row_out[...], col_out[...] = cache
+  sum_out[...], col_out[...] = cache[0], cache[2]
 
 
-def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, compressive: bool, driver: str,
-             interpret: bool):
+def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_block: int, query_block: int,
+             compressive: bool, driver: str, interpret: bool):
   """Head-major pallas_call. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int [B,Hk,T,1]; zr int
   [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (see _head_major_carry).
-  -> out [B,H,T,Dv] and the cache after the last block per query head: sum [B,H,S,Dv], count row
-  [B,H,1,S], count column [B,H,S,1]."""
+  Values are read in J = Dv / value_block tiles, each its own program (the scores recomputed per tile);
+  the grid driver attends the queries of a block query_block rows at a time.
+  -> out [B,H,T,Dv] and the cache after the last block per query head: sum [B,H,S,Dv] and the count
+  column [B,H,J,S,1] (the same for every tile)."""
   b, h, t, dk = q.shape
   hk, s, _ = codebook.shape
   dv = v.shape[-1]
   g = h // hk
-  l = block_len
-  r = t // l
+  l, dt, lq = block_len, value_block, query_block
+  r, nj, nq = t // l, dv // value_block, block_len // query_block
   has_bias = bias is not None
   ck, cv, czr, czc, csum, crow, ccol = carry
   out_shape = [jax.ShapeDtypeStruct((b, h, t, dv), v.dtype), jax.ShapeDtypeStruct((b, h, s, dv), f32),
-               jax.ShapeDtypeStruct((b, h, 1, s), f32), jax.ShapeDtypeStruct((b, h, s, 1), f32)]
+               jax.ShapeDtypeStruct((b, h, nj, s, 1), f32)]
   statics = dict(n_code=s, compressive=compressive, has_bias=has_bias)
+  kv_head = lambda hh: jax.lax.div(hh, g)
   if driver == "grid":
-    def spec(shape, index):
-      return pl.BlockSpec((None, None) + shape, index)
-    this = lambda bb, hh, rr: (bb, hh, rr, 0)
-    kv = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), rr, 0)
-    kv_prev = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), jnp.maximum(rr - 1, 0), 0)
-    row = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, rr)
-    row_prev = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, jnp.maximum(rr - 1, 0))
-    fixed_kv = lambda bb, hh, rr: (bb, jax.lax.div(hh, g), 0, 0)
-    fixed = lambda bb, hh, rr: (bb, hh, 0, 0)
-    in_specs = [spec((l, dk), this), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dv), kv),
-                spec((l, dv), kv_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
-                pl.BlockSpec((None, s, dk), lambda bb, hh, rr: (jax.lax.div(hh, g), 0, 0))]
+    # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
+    once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
+
+    def spec(shape, index, **kw):
+      return pl.BlockSpec((None, None) + shape, index, **kw)
+    prev = lambda rr: jnp.maximum(rr - 1, 0)
+    queries = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, 0)
+    out_v = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, jj)
+    kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, 0)
+    kv_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), 0)
+    v_this = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
+    v_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
+    row = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, rr)
+    row_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, prev(rr))
+    fixed_kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
+    fixed_kv_v = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
+    in_specs = [spec((lq, dk), queries), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dt), v_this),
+                spec((l, dt), v_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
+                pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once)]
     args = [q, k, k, v, v, zr, zr, zc, codebook]
     if has_bias:
-      in_specs.append(spec((l, 2 * l), this))
+      in_specs.append(spec((lq, 2 * l), queries))
       args.append(bias)
-    in_specs += [spec((l, dk), fixed_kv), spec((l, dv), fixed_kv), spec((1, l), fixed_kv), spec((l, 1), fixed_kv),
-                 spec((s, dv), fixed_kv), spec((1, s), fixed_kv), spec((s, 1), fixed_kv)]
-    out_specs = [spec((l, dv), this), spec((s, dv), fixed), spec((1, s), fixed), spec((s, 1), fixed)]
+    in_specs += [spec((l, dk), fixed_kv, **once), spec((l, dt), fixed_kv_v, **once), spec((1, l), fixed_kv, **once),
+                 spec((l, 1), fixed_kv, **once), spec((s, dt), fixed_kv_v, **once), spec((1, s), fixed_kv, **once),
+                 spec((s, 1), fixed_kv, **once)]
+    out_specs = [spec((lq, dt), out_v), spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
+                 spec((None, s, 1), lambda bb, hh, jj, rr, qq: (bb, hh, jj, 0, 0))]
     call = pl.pallas_call(
-        functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, r), in_specs=in_specs,
-        out_specs=out_specs, scratch_shapes=[_pallas.scratch((s, dv), f32), _pallas.scratch((1, s), f32),
-                                             _pallas.scratch((s, 1), f32)],
-        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, name="vq_attention")
+        functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, nj, r, nq),
+        in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
+        compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2), interpret=interpret,
+        name="vq_attention")
   else:
-    def spec(shape, heads_of_kv=False):
-      index = (lambda bb, hh: (bb, jax.lax.div(hh, g), 0, 0)) if heads_of_kv else (lambda bb, hh: (bb, hh, 0, 0))
-      return pl.BlockSpec((None, None) + shape, index)
-    in_specs = [spec((t, dk)), spec((t, dk), True), spec((t, dv), True), spec((1, t), True), spec((t, 1), True),
-                pl.BlockSpec((None, s, dk), lambda bb, hh: (jax.lax.div(hh, g), 0, 0))]
+    def spec(shape, heads_of_kv=False, tiled=False):
+      head = kv_head if heads_of_kv else (lambda hh: hh)
+      return pl.BlockSpec((None, None) + shape, lambda bb, hh, jj: (bb, head(hh), 0, jj if tiled else 0))
+    in_specs = [spec((t, dk)), spec((t, dk), True), spec((t, dt), True, True), spec((1, t), True),
+                spec((t, 1), True), pl.BlockSpec((None, s, dk), lambda bb, hh, jj: (kv_head(hh), 0, 0))]
     args = [q, k, v, zr, zc, codebook]
     if has_bias:
       in_specs.append(spec((t, 2 * l)))
       args.append(bias)
-    in_specs += [spec((l, dk), True), spec((l, dv), True), spec((1, l), True), spec((l, 1), True),
-                 spec((s, dv), True), spec((1, s), True), spec((s, 1), True)]
-    out_specs = [spec((t, dv)), spec((s, dv)), spec((1, s)), spec((s, 1))]
+    in_specs += [spec((l, dk), True), spec((l, dt), True, True), spec((1, l), True), spec((l, 1), True),
+                 spec((s, dt), True, True), spec((1, s), True), spec((s, 1), True)]
+    out_specs = [spec((t, dt), tiled=True), spec((s, dt), tiled=True),
+                 pl.BlockSpec((None, None, None, s, 1), lambda bb, hh, jj: (bb, hh, jj, 0, 0))]
     call = pl.pallas_call(
-        functools.partial(_loop_kernel, block_len=l, num_blocks=r, **statics), out_shape=out_shape, grid=(b, h),
-        in_specs=in_specs, out_specs=out_specs, compiler_params=_pallas.compiler_params(2, sequential=False),
-        interpret=interpret, name="vq_attention")
+        functools.partial(_loop_kernel, block_len=l, num_blocks=r, **statics), out_shape=out_shape,
+        grid=(b, h, nj), in_specs=in_specs, out_specs=out_specs,
+        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret, name="vq_attention")
   return call(*args, ck, cv, czr, czc, csum, crow, ccol)
 
 
@@ -213,7 +296,8 @@ def _head_major_carry(carry: dict) -> tuple:
           carry["mean"].astype(f32) * count[..., None], count[:, :, None, :], count[..., None])
 
 
-def _kernel_call(q, k_hat, z, v, codebook, carry, bias, *, block_len, compressive, driver, interpret):
+def _kernel_call(q, k_hat, z, v, codebook, carry, bias, *, block_len, value_block, query_block, compressive, driver,
+                 interpret):
   """[B,T,H,.] in, the head-major kernel, [B,T,H,Dv] out plus the cache per key-value head."""
   b, t, h, _ = q.shape
   hk = codebook.shape[0]
@@ -223,11 +307,11 @@ def _kernel_call(q, k_hat, z, v, codebook, carry, bias, *, block_len, compressiv
   bias_hm = None
   if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
     bias_hm = bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l)
-  out, csum, _, ccol = _forward(heads(q), heads(k_hat), heads(v), zt[..., None], zt[:, :, None, :], codebook,
-                                bias_hm, _head_major_carry(carry), block_len=l, compressive=compressive,
-                                driver=driver, interpret=interpret)
+  out, csum, ccol = _forward(heads(q), heads(k_hat), heads(v), zt[..., None], zt[:, :, None, :], codebook,
+                             bias_hm, _head_major_carry(carry), block_len=l, value_block=value_block,
+                             query_block=query_block, compressive=compressive, driver=driver, interpret=interpret)
   first_of_group = slice(None, None, h // hk)
-  count = ccol[:, first_of_group, :, 0]
+  count = ccol[:, first_of_group, 0, :, 0]
   mean = csum[:, first_of_group] / jnp.maximum(count, 1.0)[..., None]
   return heads(out), mean, count
 
@@ -261,12 +345,26 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         carry: dict, bias: Array | None = None, compressive: bool = True,
-                        driver: str | None = None, interpret: bool | None = None) -> tuple[Array, dict]:
+                        driver: str | None = None, interpret: bool | None = None,
+                        tiles: tuple[int, int] | None = None) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
   `kernels.vq.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
-  position (equal to the XLA form's)."""
-  statics = (("block_len", block_len), ("compressive", compressive), ("driver", _pallas.driver(driver)),
-             ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+  position (equal to the XLA form's). `tiles` = (value tile width, query sub-block), by default
+  `block_sizes` for the target (the grid driver takes both, the loop driver the value tiles only)."""
+  dv = v.shape[-1]
+  if tiles is None:
+    itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v))
+    tiles = block_sizes(dv, block_len=block_len, n_code=codebook.shape[1], d_k=q.shape[-1], itemsize=itemsize,
+                        has_bias=bias is not None, budget=_pallas.vmem_budget(), platform=_pallas.platform())
+  value_tile, query_tile = tiles
+  if value_tile <= 0 or dv % value_tile:
+    raise ValueError(f"value tile {value_tile} does not divide d_v {dv}.")
+  if query_tile <= 0 or block_len % query_tile:
+    raise ValueError(f"query sub-block {query_tile} does not divide block_len {block_len}.")
+  driver = _pallas.driver(driver)
+  statics = (("block_len", block_len), ("value_block", value_tile),
+             ("query_block", query_tile if driver == "grid" else block_len), ("compressive", compressive),
+             ("driver", driver), ("interpret", _pallas.interpret_default() if interpret is None else interpret))
 
   def per_device(q, k_hat, z, v, codebook, carry, bias):
     carry_float = {"k": carry["k"], "v": carry["v"], "mean": carry["mean"], "count": carry["count"]}

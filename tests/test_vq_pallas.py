@@ -100,6 +100,64 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
+@pytest.mark.parametrize("driver,tiles", [("grid", (3, 2)), ("loop", (2, 4))])
+def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
+  """Dv read in tiles (each program its own slice of the cache) and the grid driver's queries in
+  sub-blocks (the fold after the last one): two carried windows with XL biases and MQA, against
+  `vq.cached_attention` on the same biases: values, carry and gradients."""
+  b, t, h, hk, dk, dv, s, l = 2, 12, 2, 1, 8, 6, 16, 4
+  q, k, v, codebook = inputs(b, 2 * t, h, hk, dk, dv, s)
+  z, _ = vq.quantize(k, codebook)
+  k_hat = vq.codewords(z, codebook)
+  rel_q = jax.random.normal(jax.random.key(7), q.shape)
+  table = jax.random.normal(jax.random.key(8), (h, l + 1, dk))
+
+  def two_windows(pallas, q, v, codebook, rel_q):
+    carry, outs = vq.init_carry(b, l, hk, s, dk, dv), []
+    for w in (slice(0, t), slice(t, 2 * t)):
+      bias = vq.xl_bias_blocks((rel_q[:, w], table), hk, l)
+      if pallas:
+        out, carry = vq_pallas.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l,
+                                                   carry=carry, bias=bias, driver=driver, tiles=tiles)
+      else:
+        out, carry = vq.cached_attention(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, carry, bias, block_len=l,
+                                         reduction="serial", compressive=True)
+      outs.append(out)
+    return jnp.concatenate(outs, 1), carry
+
+  args = (q, v, codebook, rel_q)
+  (got, got_carry), (want, want_carry) = (jit(lambda *a, p=p: two_windows(p, *a))(*args) for p in (True, False))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  for key in want_carry:
+    np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
+  grads = [jit(jax.grad(loss_of(lambda *a, p=p: two_windows(p, *a)[0]), argnums=(0, 1, 2, 3)))(*args)
+           for p in (True, False)]
+  for g_got, g_want in zip(*grads):
+    np.testing.assert_allclose(g_got, g_want, atol=2e-5)
+
+
+def test_block_sizes_fit_the_target_vmem():
+  """The paper's enwik8 head (Dk 128, Dv 1536, S = L = 512, XL biases): TPU v3's 16 MiB takes 128-wide
+  value tiles; v5e's limit the whole width; each choice divides the shapes and fits its budget, and the
+  estimate grows with both tiles."""
+  paper = dict(block_len=512, n_code=512, d_k=128, has_bias=True)
+  for kind, itemsize in (("TPU v3", 2), ("TPU v3", 4), ("TPU v4", 2), ("TPU v5", 2), ("TPU v5 lite", 2)):
+    budget = _pallas.vmem_budget(kind)
+    dt, lq = vq_pallas.block_sizes(1536, itemsize=itemsize, budget=budget, **paper)
+    assert 1536 % dt == 0 and dt % 128 == 0 and 512 % lq == 0 and lq % 128 == 0, (kind, dt, lq)
+    assert vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=itemsize, **paper) <= budget, kind
+  assert vq_pallas.vmem_bytes(value_block=1536, query_block=512, itemsize=2, **paper) > _pallas.vmem_budget("TPU v3")
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=_pallas.vmem_budget("TPU v3"), **paper)[0] == 128
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=_pallas.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
+  size = lambda dt, lq: vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=2, **paper)
+  assert size(128, 128) < size(256, 128) < size(256, 256)
+  # widths a TPU block cannot split are taken whole; GPU tiles 128 wide; interpret mode whole
+  assert vq_pallas.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="gpu", **paper) == (128, 512)
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
+  assert _pallas.vmem_limit("TPU v3") is None and _pallas.vmem_limit("TPU v5 lite") == 96 * 2**20
+
+
 class _force_driver:
   """Makes vq_pallas use one driver whatever the backend (the public path takes no driver argument)."""
 
@@ -151,6 +209,12 @@ def test_model_trains_with_the_kernel_as_with_xla(tmp_path):
 
 def test_kernel_settings_are_checked():
   q, k, v, codebook = inputs(1, 8, 1, 1, 4, 4, 8)
+  carry = vq.init_carry(1, 4, 1, 8, 4, 4)
+  z, _ = vq.quantize(k, codebook)
+  with pytest.raises(ValueError, match="value tile 3 does not divide d_v 4"):
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(3, 4))
+  with pytest.raises(ValueError, match="query sub-block 3 does not divide block_len 4"):
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 3))
   with pytest.raises(ValueError, match="reduction must be 'serial'"):
     kernels.vq_attention(q, k, v, codebook, block_len=4, reduction="assoc", impl="pallas")
   with pytest.raises(ConfigError, match="model.impl 'pallas' is the VQ kernel"):
