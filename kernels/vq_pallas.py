@@ -105,7 +105,8 @@ def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, b
   """Queries row0 .. row0 + Lq - 1 of a block against [previous, present] keys and the cache.
 
   cache = (sum_v [S,Dt], count_row [1,S], count_col [S,1]); q [Lq,Dk]; k_* [L,Dk]; v_* [L,Dt];
-  zr_* int [1,L]; codebook [S,Dk]; bias [Lq,2L] or None -> out [Lq,Dt].
+  zr_* int [1,L]; codebook [S,Dk]; bias = the [Lq,L] position terms of the (previous, present) keys, or
+  None -> out [Lq,Dt]. (The bias halves come in split: Triton cannot slice a loaded array.)
   """
   sum_v, count_row, _ = cache
   lq, l = q.shape[0], k_cur.shape[0]
@@ -115,7 +116,7 @@ def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, b
   s_prev = _pallas.dot(q, k_prev.astype(f32), (1, 1))        # keys at distance L + i - j
   s_cur = _pallas.dot(q, k_cur.astype(f32), (1, 1))          # keys at distance i - j
   if bias is not None:
-    s_prev, s_cur = s_prev + bias[:, :l], s_cur + bias[:, l:]
+    s_prev, s_cur = s_prev + bias[0], s_cur + bias[1]
   keep_prev = zr_prev != n_code
   if not compressive:
     keep_prev = keep_prev & (j >= i)                         # distance <= L
@@ -159,6 +160,7 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
   (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref,
    o_ref, sum_out, col_out, sum_v, count_row, count_col) = rest
   r, qi = pl.program_id(3), pl.program_id(4)
+  l = k_ref.shape[0]
   last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
 
   @pl.when((r == 0) & (qi == 0))
@@ -173,7 +175,7 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
   v_prev = pick(cv_ref, vp_ref)
   cache = (sum_v[...], count_row[...], count_col[...])
   out = _attend(cache, q_ref[...], pick(ck_ref, kp_ref), k_ref[...], v_prev, v_ref[...], pick(czr_ref, zrp_ref),
-                zr_ref[...], cb_ref[...], None if bias_ref is None else bias_ref[...], qi * q_ref.shape[0],
+                zr_ref[...], cb_ref[...], None if bias_ref is None else (bias_ref[:, :l], bias_ref[:, l:]), qi * q_ref.shape[0],
                 n_code=n_code, compressive=compressive)
   o_ref[...] = out.astype(o_ref.dtype)
 
@@ -203,7 +205,8 @@ def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_le
     zr_prev = jnp.where(first, czr_ref[...], zr_ref[:, pl.ds(prev * l, l)])
     v_prev = pick(cv_ref, v_ref)
     out = _attend(cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), v_prev, rows(v_ref, r), zr_prev,
-                  zr_ref[:, pl.ds(r * l, l)], cb_ref[...], None if bias_ref is None else rows(bias_ref, r), 0,
+                  zr_ref[:, pl.ds(r * l, l)], cb_ref[...], None if bias_ref is None else
+                  (bias_ref[pl.ds(r * l, l), pl.ds(0, l)], bias_ref[pl.ds(r * l, l), pl.ds(l, l)]), 0,
                   n_code=n_code, compressive=compressive)
     o_ref[pl.ds(r * l, l), :] = out.astype(o_ref.dtype)
     return _fold(cache, v_prev, pick(czc_ref, zc_ref), n_code=n_code)

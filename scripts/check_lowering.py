@@ -3,6 +3,7 @@ on any host, without either device.
 
   python scripts/check_lowering.py                                  # T 2048, TPU compile + GPU lowering
   python scripts/check_lowering.py --platforms=tpu --seq_len=8192 --dtype=bfloat16
+  python scripts/check_lowering.py --paper=all --topology=v3:2x2 --dtype=bfloat16   # the paper models' widths
 
 TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced under
 `jax.set_mesh` of the devices of `--topology` (lra_core.chips.tpu_devices), forward and gradient
@@ -33,7 +34,7 @@ except ImportError:
   from jax._src.mesh import AbstractDevice
 
 import kernels
-from kernels import _pallas
+from kernels import _pallas, vq
 from lra_core import chips
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
@@ -42,17 +43,37 @@ TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 TPU_MARKER, GPU_MARKER = "tpu_custom_call", "xla.gpu.triton"
 
 
+# Each kernel at the per-head widths of the paper models that run it (--paper): width is Dk (VQ), the
+# value width per head (Latte) or FLASH's s; value_width is VQ's Dv and FLASH's e.
+PAPER = {
+    "enwik8_vq": ("vq_attention", dict(width=128, value_width=1536, block=512, codes=512)),  # configs/enwik8
+    "c4_latte": ("causal_latte", dict(width=96, latents=16, heads=8)),                 # d 768, L 128, 8 heads
+    "lra_text_latte": ("bidirectional_latte", dict(width=64, latents=64, heads=4)),    # d 256, L 256, 4 heads
+    "c4_flash": ("mixed_chunk", dict(width=128, value_width=1536, flash_chunk=256)),  # d 768, expansion 2
+    "pg19_flash": ("mixed_chunk", dict(width=128, value_width=2048, flash_chunk=512)),  # d 1024, expansion 2
+}
+
+
 def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, chunk: int, flash_chunk: int,
-               dtype: str = "float32", batch: int = 1, heads: int = 1) -> dict[str, tuple[Callable, tuple]]:
+               dtype: str = "float32", batch: int = 1, heads: int = 1,
+               value_width: int = 0) -> dict[str, tuple[Callable, tuple]]:
   """name -> (function, argument shapes) of each kernel through its public impl="pallas" path; q is
-  argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both)."""
-  b, t, h, d = batch, seq_len, heads, width
+  argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
+  takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
+  part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width)."""
+  b, t, h, d, dv = batch, seq_len, heads, width, value_width or width
   x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
   c = min(flash_chunk, t)
+
+  def vq_attention(q, k, v, codebook, table):
+    z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
+    out, _ = vq.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table),
+                                    impl="pallas")
+    return out
+
   return {
-      "vq_attention": (lambda q, k, v, codebook: kernels.vq_attention(q, k, v, codebook, block_len=block,
-                                                                      reduction="serial", impl="pallas"),
-                       (x(b, t, h, d), x(b, t, h, d), x(b, t, h, d), x(h, codes, d))),
+      "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d),
+                                      x(h, block + 1, d))),
       "causal_latte": (lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk or None, impl="pallas"),
                        (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
       "bidirectional_latte": (lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
@@ -60,7 +81,7 @@ def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, c
       "mixed_chunk": (lambda q, k, v, bias: kernels.mixed_chunk_attention(
                           q, k, q, k, v, chunk=flash_chunk, causal=True, quad_scale=d ** -0.5, lin_scale=1.0 / c,
                           bias=bias, impl="pallas"),
-                      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, d), x(c, c))),
+                      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c))),
   }
 
 
@@ -102,17 +123,20 @@ def _error(e: Exception) -> str:
 
 
 def check(platforms, *, topology: str = "v5e:2x2", passes=PASSES, compile_tpu: bool | None = None,
-          log=None, **sizes) -> list[dict]:
-  """One row per kernel, platform and pass: ok, how ('compiled' / 'lowered'), compile seconds, error."""
+          log=None, only: tuple[str, ...] = (), **sizes) -> list[dict]:
+  """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
+  'lowered'), compile seconds, error."""
   compile_tpu = chips.libtpu_installed() if compile_tpu is None else compile_tpu
   devices = chips.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
   tpu_kind = devices[0].device_kind if devices else "TPU v5 lite"
   rows = []
   for name, (fn, args) in kernels_at(**sizes).items():
+    if only and name not in only:
+      continue
     for platform in platforms:
       for pass_ in passes if platform == "tpu" else ("forward",):
         f = fn if pass_ == "forward" else gradient(fn)
-        row = {"kernel": name, "platform": platform, "pass": pass_, "dtype": str(args[0].dtype), "ok": False,
+        row = {"kernel": name, "shapes": " ".join("x".join(map(str, a.shape)) for a in args), "platform": platform, "pass": pass_, "dtype": str(args[0].dtype), "ok": False,
                "how": "compiled" if platform == "tpu" and devices else "lowered", "seconds": None, "error": ""}
         try:
           if row["how"] == "compiled":
@@ -145,24 +169,35 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--flash_chunk", type=int, default=256, help="FLASH chunk (the c4 configs' 256)")
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--heads", type=int, default=1)
+  parser.add_argument("--value_width", type=int, default=0, help="VQ's Dv and FLASH's e (0: --width)")
   parser.add_argument("--dtype", default="float32", help="inputs: float32 or bfloat16")
+  parser.add_argument("--paper", default="", help=f"comma-separated, or 'all': each kernel at the widths of a paper "
+                      f"model that runs it, overriding the size flags ({', '.join(PAPER)})")
   args = parser.parse_args(argv)
   platforms = [p for p in args.platforms.split(",") if p]
   passes = [p for p in args.passes.split(",") if p]
   unknown = sorted(set(platforms) - set(PLATFORMS)) + sorted(set(passes) - set(PASSES))
   if unknown:
     parser.error(f"{unknown} are not among the platforms {sorted(PLATFORMS)} or passes {list(PASSES)}.")
-  print("| kernel | platform | dtype | pass | result | compile s | error |\n|---|---|---|---|---|---|---|", flush=True)
+  papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
+  if sorted(set(papers) - set(PAPER)):
+    parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
+  print("| kernel | shapes (q k v ...) | platform | dtype | pass | result | compile s | error |\n"
+        "|---|---|---|---|---|---|---|---|", flush=True)
 
   def log(r):
     result = r["how"] if r["ok"] else "FAILED"
     seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
-    print(f"| {r['kernel']} | {r['platform']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | {r['error']} |",
-          flush=True)
+    print(f"| {r['kernel']} | {r['shapes']} | {r['platform']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
+          f"{r['error']} |", flush=True)
 
-  return check(platforms, topology=args.topology, passes=passes, log=log, seq_len=args.seq_len, width=args.width,
-               latents=args.latents, block=args.block, codes=args.codes, chunk=args.chunk,
-               flash_chunk=args.flash_chunk, dtype=args.dtype, batch=args.batch, heads=args.heads)
+  sizes = dict(seq_len=args.seq_len, width=args.width, latents=args.latents, block=args.block, codes=args.codes,
+               chunk=args.chunk, flash_chunk=args.flash_chunk, dtype=args.dtype, batch=args.batch, heads=args.heads,
+               value_width=args.value_width)
+  if not papers:
+    return check(platforms, topology=args.topology, passes=passes, log=log, **sizes)
+  return [row for p in papers for row in check(platforms, topology=args.topology, passes=passes, log=log,
+                                                only=(PAPER[p][0],), **dict(sizes, **PAPER[p][1]))]
 
 
 if __name__ == "__main__":
