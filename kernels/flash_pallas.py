@@ -13,9 +13,10 @@ exclusive prefix). Non-causal: KV is the total over all chunks, one XLA einsum i
 (padding keys excluded); the kernel only reads it. Either part may be absent, as in the reference.
 Scores and sums accumulate in float32; the output has v's dtype.
 
-Drivers (kernels/_pallas.py): "grid" runs (B, H, G) with KV in scratch across the chunk axis;
-"loop" runs (B, H) and loops over the chunks of whole [T, D] slices, KV a loop value. Both call
-`_chunk_step`.
+Drivers (kernels/_pallas.py): "grid" runs (B, H, J, G) with KV in scratch across the chunk axis;
+"loop" runs (B, H, J) and loops over the chunks of whole [T, D] slices, KV a loop value. Both call
+`_chunk_step`. KV and the output are independent across value columns, so both read E in J tiles
+(`value_block`: as wide as the target's VMEM allows on TPU, 128 on GPU), each its own program.
 
 Layout: head-major inside ([B,H,T,S]); T is padded to a multiple of C and cut afterwards. The
 padding mask (`mask` and the padded tail) arrives as float32, a row [1,T] for the local keys and a
@@ -89,14 +90,15 @@ def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: 
 
 
 def _grid_kernel(*refs, names: tuple[str, ...], carried: bool, **statics):
-  """Grid (B, H, G), G sequential; a causal KV lives in scratch across the chunk axis."""
+  """Grid (B, H, J, G): J value tiles, G sequential; a causal KV of one tile lives in scratch across
+  the chunk axis."""
   ins = dict(zip(names, refs))
   o_ref, *scratch = refs[len(names):]
   load = lambda name: ins[name][...] if name in ins else None
   if carried:
     (kv_ref,) = scratch
 
-    @pl.when(pl.program_id(2) == 0)
+    @pl.when(pl.program_id(3) == 0)
     def _():
       kv_ref[...] = jnp.zeros(kv_ref.shape, f32)
 
@@ -110,7 +112,8 @@ def _grid_kernel(*refs, names: tuple[str, ...], carried: bool, **statics):
 
 
 def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_chunks: int, **statics):
-  """Grid (B, H); the kernel loops over the G chunks of its whole [T, D] slices, KV a loop value."""
+  """Grid (B, H, J) over J value tiles; the kernel loops over the G chunks of its whole [T, D] slices,
+  KV a loop value."""
   ins = dict(zip(names, refs))
   o_ref = refs[len(names)]
   c = chunk
@@ -134,44 +137,87 @@ def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_c
   jax.lax.fori_loop(0, num_chunks, body, init)
 
 
-def _forward(args: dict[str, Array], *, chunk: int, causal: bool, kernel: str, quad_scale: float, lin_scale: float,
-             upcast: bool, driver: str, interpret: bool) -> Array:
+LANES, SUBLANES = 128, 8  # a TPU VMEM tile
+
+
+def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+  return -(-rows // SUBLANES) * SUBLANES * -(-cols // LANES) * LANES * itemsize
+
+
+def vmem_bytes(*, chunk: int, s: int, value_block: int, itemsize: int) -> int:
+  """Estimated VMEM of one grid step of the TPU kernel (grid driver), blocks padded to whole tiles: the
+  pipelined [C,S] query/key blocks, [C,Et] value and output blocks, masks and bias twice (double-
+  buffered); KV [S,Et] as input or scratch; the float32 temporaries ([C,C] scores and weights, the
+  [C,Et] output and upcast values, the KV update, upcast [C,S] operands); the compiler's own scratch.
+  An upper bound: Mosaic reports 26.5 MiB where this gives 31.6 (C 512, S 128, Et 2048, bfloat16, v3)."""
+  c, et, a = chunk, value_block, itemsize
+  x = _tile_bytes
+  pipelined = 4 * x(c, s, a) + 2 * x(c, et, a) + x(1, c, 4) + x(c, 1, 4) + x(c, c, 4) + x(s, et, 4)
+  temporaries = 3 * x(c, c, 4) + 3 * x(c, et, 4) + 2 * x(s, et, 4) + 4 * x(c, s, 4)
+  return 2 * pipelined + x(s, et, 4) + temporaries + 2**20
+
+
+def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None, platform: str = "tpu") -> int:
+  """The width of the value tiles, a divisor of e. TPU: the widest multiple of 128 lanes whose
+  `vmem_bytes` fits `budget` (128 when none does: the compiler then names the excess); e itself when
+  it is no multiple of 128. GPU: 128 where it divides e (a power of two, as Triton needs). Elsewhere
+  (interpret mode) e."""
+  if platform == "gpu":
+    return LANES if e % LANES == 0 else e
+  if platform != "tpu" or e % LANES:
+    return e
+  widths = [w for w in range(e, 0, -LANES) if e % w == 0]
+  fits = [w for w in widths
+          if budget is None or vmem_bytes(chunk=chunk, s=s, value_block=w, itemsize=itemsize) <= budget]
+  return fits[0] if fits else widths[-1]
+
+
+def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, kernel: str, quad_scale: float,
+             lin_scale: float, upcast: bool, driver: str, interpret: bool) -> Array:
   """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
-  row [B,1,T]; col [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
+  row [B,1,T]; col [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E].
+  E is read in J = E / value_tile tiles, each its own program (the local scores recomputed per tile)."""
   b, h, t, e = args["v"].shape
-  c, g = chunk, t // chunk
+  c, g, et = chunk, t // chunk, value_tile
+  nj = e // et
   names = tuple(n for n in OPERANDS if n in args)
   carried = causal and "lq" in args
   s = args["lq"].shape[-1] if "lq" in args else 0
   statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale, upcast=upcast)
   out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
   if driver == "grid":
-    time = lambda bb, hh, rr: (bb, hh, rr, 0)
-    index = {"kv": lambda bb, hh, rr: (bb, hh, 0, 0), "row": lambda bb, hh, rr: (bb, 0, rr),
-             "col": lambda bb, hh, rr: (bb, rr, 0), "bias": lambda bb, hh, rr: (0, 0)}
-    block = {"kv": (None, None, s, e), "row": (None, 1, c), "col": (None, c, 1), "bias": (c, c)}
+    time = lambda bb, hh, jj, rr: (bb, hh, rr, 0)
+    tiled = lambda bb, hh, jj, rr: (bb, hh, rr, jj)
+    index = {"v": tiled, "kv": lambda bb, hh, jj, rr: (bb, hh, 0, jj), "row": lambda bb, hh, jj, rr: (bb, 0, rr),
+             "col": lambda bb, hh, jj, rr: (bb, rr, 0), "bias": lambda bb, hh, jj, rr: (0, 0)}
+    block = {"v": (None, None, c, et), "kv": (None, None, s, et), "row": (None, 1, c), "col": (None, c, 1),
+             "bias": (c, c)}
     in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
     call = pl.pallas_call(
         functools.partial(_grid_kernel, names=names, carried=carried, **statics), out_shape=out_shape,
-        grid=(b, h, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, e), time),
-        scratch_shapes=[_pallas.scratch((s, e), f32)] if carried else [],
-        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret,
+        grid=(b, h, nj, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, et), tiled),
+        scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
+        compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
         name="mixed_chunk_attention")
   else:
-    whole = lambda bb, hh: (bb, hh, 0, 0)
-    index = {"row": lambda bb, hh: (bb, 0, 0), "col": lambda bb, hh: (bb, 0, 0), "bias": lambda bb, hh: (0, 0)}
-    block = {"row": (None, 1, t), "col": (None, t, 1), "bias": (c, c)}
+    whole = lambda bb, hh, jj: (bb, hh, 0, 0)
+    tiled = lambda bb, hh, jj: (bb, hh, 0, jj)
+    index = {"v": tiled, "kv": tiled, "row": lambda bb, hh, jj: (bb, 0, 0), "col": lambda bb, hh, jj: (bb, 0, 0),
+             "bias": lambda bb, hh, jj: (0, 0)}
+    block = {"v": (None, None, t, et), "kv": (None, None, s, et), "row": (None, 1, t), "col": (None, t, 1),
+             "bias": (c, c)}
     in_specs = [pl.BlockSpec(block.get(n, (None, None) + args[n].shape[2:]), index.get(n, whole)) for n in names]
     call = pl.pallas_call(
         functools.partial(_loop_kernel, names=names, carried=carried, chunk=c, num_chunks=g, **statics),
-        out_shape=out_shape, grid=(b, h), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, t, e), whole),
-        compiler_params=_pallas.compiler_params(2, sequential=False), interpret=interpret,
+        out_shape=out_shape, grid=(b, h, nj), in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, None, t, et), tiled),
+        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
         name="mixed_chunk_attention")
   return call(*(args[n] for n in names))
 
 
-def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, causal, quad_scale, lin_scale, kernel,
-                 upcast, driver, interpret) -> Array:
+def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, value_tile, causal, quad_scale, lin_scale,
+                 kernel, upcast, driver, interpret) -> Array:
   """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
@@ -199,7 +245,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, causal, 
       keys = lin_k if mask is None else jnp.where(mask[:, :, None, None], lin_k, jnp.zeros_like(lin_k))
       args["kv"] = jnp.einsum("bths,bthe->bhse", keys, v, preferred_element_type=f32) * lin_scale
   dims = {n: {"row": "b..", "col": "b..", "bias": ".."}.get(n, "bh..") for n in args}
-  run = functools.partial(_forward, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
+  run = functools.partial(_forward, chunk=c, value_tile=value_tile, causal=causal, kernel=kernel, quad_scale=quad_scale,
                           lin_scale=lin_scale, upcast=upcast, driver=driver, interpret=interpret)
   out = _pallas.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
   return out[:, :, :t].transpose(0, 2, 1, 3)
@@ -217,7 +263,7 @@ def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
 
 def _attention_bwd(statics, residuals, cotangent):
   *floats, mask = residuals
-  d = {k: x for k, x in statics if k not in ("upcast", "driver", "interpret")}
+  d = {k: x for k, x in statics if k not in ("value_tile", "upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
     return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, impl="xla", **d)
@@ -232,10 +278,12 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None,
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
                           bias: Array | None = None, mask: Array | None = None, kernel: str = "relu2",
-                          driver: str | None = None, interpret: bool | None = None) -> Array:
+                          driver: str | None = None, interpret: bool | None = None,
+                          value_tile: int | None = None) -> Array:
   """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
   (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T] -> [B,T,H,E]);
-  `driver` and `interpret` default to `_pallas.driver()` and `_pallas.interpret_default()`."""
+  `driver` and `interpret` default to `_pallas.driver()` and `_pallas.interpret_default()`, `value_tile`
+  (the width of the value tiles, a divisor of E) to `value_block` for the target."""
   if kernel not in flash_xla.LOCAL_KERNELS:
     raise ValueError(f"local kernel {kernel!r} is not one of {flash_xla.LOCAL_KERNELS}.")
   b, t, h, _ = v.shape
@@ -249,7 +297,15 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
     raise ValueError(f"mask has shape {mask.shape}; expected [B,T] = {(b, t)}.")
   if quad_q is None and lin_q is None:
     return jnp.zeros_like(v)
-  statics = (("chunk", chunk), ("causal", causal), ("quad_scale", quad_scale), ("lin_scale", lin_scale),
+  e = v.shape[-1]
+  if value_tile is None:
+    s = max(x.shape[-1] for x in (quad_q, lin_q) if x is not None)
+    itemsize = max(jnp.dtype(x.dtype).itemsize for x in (quad_q, lin_q, v) if x is not None)
+    value_tile = value_block(e, chunk=c, s=s, itemsize=itemsize, budget=_pallas.vmem_budget(),
+                             platform=_pallas.platform())
+  if value_tile <= 0 or e % value_tile:
+    raise ValueError(f"value tile {value_tile} does not divide E {e}.")
+  statics = (("chunk", chunk), ("value_tile", value_tile), ("causal", causal), ("quad_scale", quad_scale), ("lin_scale", lin_scale),
              ("kernel", kernel), ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
              ("interpret", _pallas.interpret_default() if interpret is None else interpret))
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)

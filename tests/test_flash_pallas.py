@@ -61,20 +61,21 @@ def assert_close(got, want, tolerance):
 
 # -- the kernel against the XLA form ------------------------------------------------------------------------
 
-# (causal, kernel, T, C, parts, bias, mask, driver, dtype): odd T and multiples of C, C 4 to 16,
-# local-only and global-only. linear_attention below adds the non-causal global-only form.
-CASES = [(True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32),
-         (True, "softmax", 32, 4, "both", False, True, "loop", jnp.float32),
-         (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32),
-         (False, "relu2", 32, 8, "local", True, False, "loop", jnp.float32),
-         (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32),
-         (True, "relu2", 37, 8, "both", True, True, "loop", jnp.bfloat16),
-         (False, "softmax", 32, 16, "both", False, True, "grid", jnp.bfloat16)]
+# (causal, kernel, T, C, parts, bias, mask, driver, dtype, value tile): odd T and multiples of C, C 4 to 16,
+# local-only and global-only, E = 6 whole or in tiles of 3 and 2 (a causal KV carried per tile, a
+# non-causal total read per tile). linear_attention below adds the non-causal global-only form.
+CASES = [(True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32, 3),
+         (True, "softmax", 32, 4, "both", False, True, "loop", jnp.float32, 2),
+         (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32, None),
+         (False, "relu2", 32, 8, "local", True, False, "loop", jnp.float32, None),
+         (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32, 2),
+         (True, "relu2", 37, 8, "both", True, True, "loop", jnp.bfloat16, None),
+         (False, "softmax", 32, 16, "both", False, True, "grid", jnp.bfloat16, None)]
 
 
-@pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype", CASES)
+@pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype,tile", CASES)
 def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts, with_bias, with_mask, driver,
-                                                dtype):
+                                                dtype, tile):
   (qq, qk, lq, lk), v, bias, mask = inputs(t=t, chunk=chunk, dtype=dtype)
   kw = dict(chunk=chunk, causal=causal, quad_scale=8 ** -0.5 if kernel == "softmax" else 1 / chunk,
             lin_scale=1 / chunk, mask=mask if with_mask else None, kernel=kernel)
@@ -87,7 +88,7 @@ def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts,
         qq = None
       if impl == "xla":
         return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
-      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, **kw)
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, **kw)
     return fn
 
   args = (qq, qk, lq, lk, v, bias if with_bias else None)
@@ -187,3 +188,19 @@ def test_bad_impl_is_a_clear_error():
     kernels.linear_attention(q, k, v, causal=True, impl="triton")
   with pytest.raises(ConfigError, match=r"model.impl 'triton' is not one of \['xla', 'pallas'\]"):
     lra_core.load_config("configs/pg19/flash.py:tiny", ["model.impl=triton"])
+
+
+def test_value_tiles_fit_the_target_vmem():
+  """pg19's FLASH (C 512, S 128, e 2048) in bfloat16: TPU v3 and v4 (16 MiB) take 512-wide tiles, v5e the
+  whole width; GPU 128 (a power of two for Triton); a width TPU blocks cannot split is whole; a tile
+  that does not divide E is refused."""
+  pick = lambda kind: flash_pallas.value_block(2048, chunk=512, s=128, itemsize=2, budget=_pallas.vmem_budget(kind))
+  assert pick("TPU v3") == pick("TPU v4") == 512 and pick("TPU v5 lite") == 2048
+  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=512, itemsize=2) <= _pallas.vmem_budget("TPU v3")
+  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=1024, itemsize=2) > _pallas.vmem_budget("TPU v3")
+  assert flash_pallas.value_block(1536, chunk=256, s=128, itemsize=2, budget=None, platform="gpu") == 128
+  assert flash_pallas.value_block(96, chunk=256, s=128, itemsize=2, budget=2**20) == 96
+  (qq, qk, lq, lk), v, _, _ = inputs()
+  with pytest.raises(ValueError, match="value tile 4 does not divide E 6"):
+    flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0,
+                                       value_tile=4)
