@@ -172,6 +172,19 @@ def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None
   return fits[0] if fits else widths[-1]
 
 
+def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, value_tile: int, itemsize: int,
+         local: bool, carried: bool) -> pl.CostEstimate:
+  """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  opaque to them): per chunk the local [C,C] scores once per value tile and their product with the
+  values, the global part's lin_q KV and (causal) KV update over all of E; the [C,S] blocks read once
+  per tile, v and the output once."""
+  b, h, t, c = batch, heads, seq_len, chunk
+  tiles, chunks = e // value_tile, t // chunk
+  flops = chunks * ((tiles * 2 * c * c * s + 2 * c * c * e) * local + 2 * c * s * e * (1 + carried))
+  moved = tiles * t * s * itemsize * (2 * local + 1 + carried) + 2 * t * e * itemsize
+  return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
+
+
 def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, kernel: str, quad_scale: float,
              lin_scale: float, upcast: bool, driver: str, interpret: bool) -> Array:
   """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
@@ -185,6 +198,8 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
   s = args["lq"].shape[-1] if "lq" in args else 0
   statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale, upcast=upcast)
   out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
+  estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=max(s, args["qq"].shape[-1] if "qq" in args else 0), e=e,
+                  value_tile=et, itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=carried)
   if driver == "grid":
     time = lambda bb, hh, jj, rr: (bb, hh, rr, 0)
     tiled = lambda bb, hh, jj, rr: (bb, hh, rr, jj)
@@ -198,7 +213,7 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
         grid=(b, h, nj, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, et), tiled),
         scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
         compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
-        name="mixed_chunk_attention")
+        cost_estimate=estimate, name="mixed_chunk_attention")
   else:
     whole = lambda bb, hh, jj: (bb, hh, 0, 0)
     tiled = lambda bb, hh, jj: (bb, hh, 0, jj)
@@ -212,7 +227,7 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
         out_shape=out_shape, grid=(b, h, nj), in_specs=in_specs,
         out_specs=pl.BlockSpec((None, None, t, et), tiled),
         compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
-        name="mixed_chunk_attention")
+        cost_estimate=estimate, name="mixed_chunk_attention")
   return call(*(args[n] for n in names))
 
 

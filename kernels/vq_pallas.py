@@ -215,6 +215,22 @@ def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_le
   sum_out[...], col_out[...] = cache[0], cache[2]
 
 
+def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int, value_block: int,
+         itemsize: int, has_bias: bool) -> pl.CostEstimate:
+  """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  opaque to them): per block, the [L,2L+S] scores once per value tile, their products with the
+  values and the fold of a block over all of Dv; every q/k/bias block read once per tile, v twice."""
+  b, h, t, l, s, dk, dv = batch, heads, seq_len, block_len, n_code, d_k, d_v
+  tiles, blocks = dv // value_block, t // l
+  scores = 2 * l * (2 * l + s) * dk
+  values = 2 * l * (2 * l + s) * dv + 2 * l * s * dv + 4 * l * s
+  flops = b * h * blocks * (tiles * scores + values)
+  exps = b * h * blocks * tiles * l * (2 * l + s)
+  per_tile = t * dk * itemsize * 3 + (t * 2 * l * 4 if has_bias else 0) + t * 8 + s * dk * itemsize
+  moved = b * h * (tiles * per_tile + 3 * t * dv * itemsize + 2 * s * dv * 4)
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
+
+
 def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_block: int, query_block: int,
              compressive: bool, driver: str, interpret: bool):
   """Head-major pallas_call. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int [B,Hk,T,1]; zr int
@@ -235,6 +251,8 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
                jax.ShapeDtypeStruct((b, h, nj, s, 1), f32)]
   statics = dict(n_code=s, compressive=compressive, has_bias=has_bias)
   kv_head = lambda hh: jax.lax.div(hh, g)
+  estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
+                  itemsize=jnp.dtype(v.dtype).itemsize, has_bias=has_bias)
   if driver == "grid":
     # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
     once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
@@ -269,7 +287,7 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
         in_specs=in_specs, out_specs=out_specs,
         scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
         compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2), interpret=interpret,
-        name="vq_attention")
+        cost_estimate=estimate, name="vq_attention")
   else:
     def spec(shape, heads_of_kv=False, tiled=False):
       head = kv_head if heads_of_kv else (lambda hh: hh)
@@ -287,7 +305,8 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
     call = pl.pallas_call(
         functools.partial(_loop_kernel, block_len=l, num_blocks=r, **statics), out_shape=out_shape,
         grid=(b, h, nj), in_specs=in_specs, out_specs=out_specs,
-        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret, name="vq_attention")
+        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
+        cost_estimate=estimate, name="vq_attention")
   return call(*args, ck, cv, czr, czc, csum, crow, ccol)
 
 
