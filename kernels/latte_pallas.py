@@ -148,11 +148,17 @@ def _loop_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final:
 
 
 def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequence[tuple[int, jnp.dtype]], *,
-          final: bool, chunk: int, driver: str, interpret: bool, name: str) -> tuple[Array, ...]:
+          final: bool, chunk: int, driver: str, interpret: bool, name: str,
+          cost: Callable[[int], tuple[int, int]]) -> tuple[Array, ...]:
   """`step` over the time blocks of every (batch, head), head-major: init (the state) [B,H,.,.] float32,
   xs [B,H,T,.] with T a multiple of `chunk` -> per (width Y, dtype) in `ys` an output [B,H,T,Y] written
-  block by block, then the last state if `final`."""
+  block by block, then the last state if `final`. `cost(tokens)` = (flops, exps) of `step` over that many
+  tokens of one (batch, head), declared to the rooflines (a custom call is opaque to them)."""
   b, h, t = xs[0].shape[:3]
+  flops, exps = cost(b * h * t)
+  moved = sum(x.size * x.dtype.itemsize for x in (*init, *xs)) + sum(b * h * t * w * jnp.dtype(d).itemsize
+                                                                      for w, d in ys)
+  estimate = pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
   n = t // chunk
   statics = dict(step=step, n_state=len(init), n_x=len(xs), n_y=len(ys), final=final)
   out_shape = ([jax.ShapeDtypeStruct((b, h, t, width), dtype) for width, dtype in ys]
@@ -165,13 +171,15 @@ def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequen
         in_specs=[fixed(s) for s in init] + [timed(x) for x in xs],
         out_specs=[timed(y) for y in out_shape[:len(ys)]] + [fixed(s) for s in init if final],
         scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
-        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, name=name)
+        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, cost_estimate=estimate,
+        name=name)
   else:
     whole = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j: (i, j) + (0,) * (x.ndim - 2))
     call = pl.pallas_call(
         functools.partial(_loop_kernel, chunk=chunk, num_chunks=n, **statics), out_shape=out_shape,
         grid=(b, h), in_specs=[whole(x) for x in (*init, *xs)], out_specs=[whole(y) for y in out_shape],
-        compiler_params=_pallas.compiler_params(2, sequential=False), interpret=interpret, name=name)
+        compiler_params=_pallas.compiler_params(2, sequential=False), interpret=interpret, cost_estimate=estimate,
+        name=name)
   return tuple(call(*init, *xs))
 
 
@@ -195,8 +203,11 @@ def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool)
   k, v = _head_major(k.astype(f32), tp, PAD), _head_major(v, tp)
   rows = lambda x: x[:, :, :, None, :]                                            # [B,H,T,1,X], same bytes
   xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), k, rows(k), v, rows(v))
-  run = functools.partial(_scan, _causal_block, ys=((v.shape[-1], v.dtype),), final=False, chunk=chunk, driver=driver,
-                          interpret=interpret, name="causal_latte")
+  l, d = q.shape[-1], v.shape[-1]
+  # per token: the [C,L] block weights and their products with v (C D), the carried part and the state update
+  cost = lambda n: (n * (3 * chunk * l + 2 * chunk * d + 4 * l * d), n * (chunk * l + 3 * l))
+  run = functools.partial(_scan, _causal_block, ys=((d, v.dtype),), final=False, chunk=chunk, driver=driver,
+                          interpret=interpret, name="causal_latte", cost=cost)
   (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..", "bh..", "bh...", "bh..", "bh...")),
                                   ("bh..",), batch=b, heads=h)
   return out[:, :, :t].swapaxes(1, 2)
@@ -240,8 +251,9 @@ def _bidirectional_forward(q, k, v, *, block: int, driver: str, interpret: bool)
   c = min(block, pl.next_power_of_2(t))
   tp = -(-t // c) * c
   init = (jnp.zeros((b, h, d, l), f32), jnp.zeros((b, h, 1, l), f32), jnp.full((b, h, 1, l), NEG, f32))
+  cost = lambda n: (n * 2 * l * d, n * l)  # per token: v^T exp(k - m), one exp per latent
   run = functools.partial(_scan, _summary_block, ys=(), final=True, chunk=c, driver=driver, interpret=interpret,
-                          name="bidirectional_latte")
+                          name="bidirectional_latte", cost=cost)
   num, den, _ = _pallas.run_per_device(run, (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
                                        (("bh..",) * 3, ("bh..",) * 2), ("bh..",) * 3, batch=b, heads=h)
   summary = num / den                                                       # [B,H,D,L]; den >= 1
