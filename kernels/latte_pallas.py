@@ -195,22 +195,34 @@ def _options(driver: str | None, interpret: bool | None) -> tuple[str, bool]:
 
 # -- causal -----------------------------------------------------------------------------------------
 
+def _triton_width(v: Array) -> Array:
+  """v [B,T,H,D] with D padded by zeros to a power of two on GPU (Triton takes no other sizes; the padded
+  columns' outputs are zeros, cut afterwards), unchanged elsewhere."""
+  d = v.shape[-1]
+  if _pallas.platform() != "gpu" or d == pl.next_power_of_2(d):
+    return v
+  return jnp.pad(v, [(0, 0)] * 3 + [(0, pl.next_power_of_2(d) - d)])
+
+
 def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool) -> Array:
   b, t, h, _ = q.shape
+  d = v.shape[-1]
   tp = -(-t // chunk) * chunk
-  init = (state["num"].astype(f32).swapaxes(-1, -2), state["den"].astype(f32)[:, :, None],
+  v = _triton_width(v)
+  num = jnp.pad(state["num"].astype(f32), [(0, 0)] * 3 + [(0, v.shape[-1] - d)])
+  init = (num.swapaxes(-1, -2), state["den"].astype(f32)[:, :, None],
           state["max"].astype(f32)[:, :, None])                                    # [B,H,D,L], 2 x [B,H,1,L]
   k, v = _head_major(k.astype(f32), tp, PAD), _head_major(v, tp)
   rows = lambda x: x[:, :, :, None, :]                                            # [B,H,T,1,X], same bytes
   xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), k, rows(k), v, rows(v))
-  l, d = q.shape[-1], v.shape[-1]
+  l, dp = q.shape[-1], v.shape[-1]
   # per token: the [C,L] block weights and their products with v (C D), the carried part and the state update
-  cost = lambda n: (n * (3 * chunk * l + 2 * chunk * d + 4 * l * d), n * (chunk * l + 3 * l))
-  run = functools.partial(_scan, _causal_block, ys=((d, v.dtype),), final=False, chunk=chunk, driver=driver,
+  cost = lambda n: (n * (3 * chunk * l + 2 * chunk * dp + 4 * l * dp), n * (chunk * l + 3 * l))
+  run = functools.partial(_scan, _causal_block, ys=((dp, v.dtype),), final=False, chunk=chunk, driver=driver,
                           interpret=interpret, name="causal_latte", cost=cost)
   (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..", "bh..", "bh...", "bh..", "bh...")),
                                   ("bh..",), batch=b, heads=h)
-  return out[:, :, :t].swapaxes(1, 2)
+  return out[:, :, :t, :d].swapaxes(1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -248,15 +260,17 @@ def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, stat
 def _bidirectional_forward(q, k, v, *, block: int, driver: str, interpret: bool) -> Array:
   b, t, h, l = q.shape
   d = v.shape[-1]
+  v = _triton_width(v)
   c = min(block, pl.next_power_of_2(t))
   tp = -(-t // c) * c
-  init = (jnp.zeros((b, h, d, l), f32), jnp.zeros((b, h, 1, l), f32), jnp.full((b, h, 1, l), NEG, f32))
-  cost = lambda n: (n * 2 * l * d, n * l)  # per token: v^T exp(k - m), one exp per latent
+  dp = v.shape[-1]
+  init = (jnp.zeros((b, h, dp, l), f32), jnp.zeros((b, h, 1, l), f32), jnp.full((b, h, 1, l), NEG, f32))
+  cost = lambda n: (n * 2 * l * dp, n * l)  # per token: v^T exp(k - m), one exp per latent
   run = functools.partial(_scan, _summary_block, ys=(), final=True, chunk=c, driver=driver, interpret=interpret,
                           name="bidirectional_latte", cost=cost)
   num, den, _ = _pallas.run_per_device(run, (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
                                        (("bh..",) * 3, ("bh..",) * 2), ("bh..",) * 3, batch=b, heads=h)
-  summary = num / den                                                       # [B,H,D,L]; den >= 1
+  summary = num[:, :, :d] / den                                             # [B,H,D,L]; den >= 1
   return jnp.einsum("bthl,bhdl->bthd", jax.nn.softmax(q.astype(f32), -1), summary).astype(v.dtype)
 
 

@@ -97,6 +97,30 @@ def test_causal_kernel_continues_a_carried_state():
   assert_same(got, want)
 
 
+def test_value_widths_triton_cannot_take_are_padded_for_gpu():
+  """For a GPU target D is padded to a power of two (c4's heads are 96 wide): run here in interpret
+  mode with the loop driver, D = 6 (padded to 8), with a carried state, both kernels equal their
+  references and the kernels see the padded width."""
+  q, k, v = qkv(t=12, d=6)
+  state = lk.init_latte_state(2, 2, 5, 6)
+  state = {**state, "num": state["num"] + 0.5, "den": state["den"] + 2.0}
+
+  def both(q, k, v):
+    causal = latte_pallas.causal_latte(q, k, v, chunk=4, state=state, driver="loop", interpret=True)
+    bidirectional = latte_pallas.bidirectional_latte(q, k, v, block=4, driver="loop", interpret=True)
+    return causal, bidirectional
+
+  def references(q, k, v):
+    causal = lk.causal_latte(q, k, v, chunk=4, state=state, impl="xla")
+    return causal, lk.bidirectional_latte_reference(q, k, v)
+
+  with _pallas.target("gpu"):
+    jaxpr = str(jax.make_jaxpr(both)(q, k, v))
+    got = run(both, q, k, v)
+  assert "f32[2,2,8,5]" in jaxpr  # the state [B,H,D,L] at D = 8
+  assert_same(got, run(references, q, k, v))
+
+
 # -- bidirectional -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("driver", _pallas.DRIVERS)
