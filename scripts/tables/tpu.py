@@ -151,7 +151,9 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
   command = row.command(rung, str(report_path))
   if meta_path.exists():
     meta = json.loads(meta_path.read_text())
-    current = "report" not in meta or REPORT_FIELDS <= set(meta["report"])  # written by this version's aot
+    report = meta.get("report")
+    # Written by this version's aot (a refusal carries no estimates, so any version's is current).
+    current = report is None or report["est_step_seconds"] is None or REPORT_FIELDS <= set(report)
     if meta["command"] == command and current:
       ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
       return meta
