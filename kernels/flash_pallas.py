@@ -25,7 +25,7 @@ column [T,1] for the keys summed into KV, so the kernel transposes nothing.
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
 (`kernels.flash.mixed_chunk_attention(..., impl="xla")`), recomputed from the inputs: training
 memory is the XLA path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S
-and E should be powers of two.
+and the value tile (128 where it divides E, else E) should be powers of two.
 """
 
 from __future__ import annotations

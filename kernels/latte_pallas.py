@@ -31,9 +31,10 @@ kernels run the forward pass only.
 Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32
 on GPU) and return v's dtype. Block sizes: the causal kernel's time block is `chunk` (its working
 set is C*C*L floats per (batch, head): keep C*C*L small on GPU, where it lives in registers); the
-bidirectional one is min(BLOCK, the power of two >= T). On GPU (Triton) the chunk, L and D should
-be powers of two; on TPU the chunk a multiple of 8 (16 for bf16 values). Both kernels compile with
-Mosaic (scripts/check_lowering.py, docs/kernels.md); their numbers are tested in interpret mode.
+bidirectional one is min(BLOCK, the power of two >= T). On GPU (Triton) the chunk and L should
+be powers of two (D is padded to one); on TPU the chunk a multiple of 8 (16 for bf16 values).
+Both kernels compile with Mosaic (scripts/check_lowering.py, docs/kernels.md); their numbers are
+tested in interpret mode.
 """
 
 from __future__ import annotations

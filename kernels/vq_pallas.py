@@ -16,16 +16,21 @@ with one shared max m per query (every exponent <= 0; codes with count 0 are mas
 block, the previous block is folded into the cache with one-hot matmuls, so block r + 1 sees the
 carried cache, the carried block and blocks <= r - 1, as the reference does. Everything in a
 block step is a matmul, an exp or a row reduction. The max is per block, so the joint softmax
-over 2L + S scores needs no online rescaling. HBM traffic is the inputs and the output once each;
-the cache never leaves the chip.
+over 2L + S scores needs no online rescaling. HBM traffic is the inputs and the output once each
+(q, k and the bias once per value tile); the cache never leaves the chip.
+
+Tiles (VMEM): the cache and the output are independent across value columns, so Dv is read in
+tiles of Dt columns, a parallel grid axis whose programs each keep the cache of their columns and
+recompute the scores; the queries of a block are attended Lq rows at a time, the fold after the
+last sub-block. `block_sizes` picks (Dt, Lq) so that `vmem_bytes` fits the target's VMEM.
 
 Layout: head-major inside ([B,H,T,D]); query head h reads key-value head h // G. z arrives twice,
 as a column [T,1] (one-hot rows) and a row [1,T] (key validity), so no in-kernel transpose.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form (`kernels.vq.cached_attention`),
 recomputed from the inputs: training memory is the XLA path's; the forward (inference, evaluation,
-long-context prefill) is where the kernel saves memory. On GPU (Triton) L, S, Dk and Dv should be
-powers of two.
+long-context prefill) is where the kernel saves memory. On GPU (Triton) L, S, Dk and the value
+tile (128 where it divides Dv, else Dv) should be powers of two.
 """
 
 from __future__ import annotations
