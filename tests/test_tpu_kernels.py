@@ -74,7 +74,7 @@ def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
 @needs_libtpu
 def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
   """Transformer-VQ's head (Dk 128, Dv 1536, S = L = 512, XL biases) in bfloat16 on TPU v3, the smallest
-  VMEM (16 MiB per core): whole-width value blocks needed 55 MiB and the compiler refused them; the
+  VMEM (16 MiB per core): whole-width blocks (Dt 1536, Lq 512) need 56 MiB, which the compiler refuses; the
   value tiles and query sub-blocks chosen for v3 compile (the VMEM use does not depend on T)."""
   name, sizes = check_lowering.PAPER["enwik8_vq"]
   fn, args = check_lowering.kernels_at(**dict(SIZES, **sizes, seq_len=1024), dtype="bfloat16")[name]
