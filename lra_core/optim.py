@@ -330,7 +330,7 @@ def make_optimizer(
 
 def _per_layer(config, tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """With model.scan_layers, the optimizer still sees (and keeps its state for) each layer."""
-  return per_layer_optimizer(tx) if config.model.get("scan_layers", False) else tx
+  return per_layer_optimizer(tx) if config.get("model", {}).get("scan_layers", False) else tx
 
 
 def _labeler(groups: list[dict[str, Any]]) -> Callable[[Any], Any]:
