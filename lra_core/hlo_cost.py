@@ -261,24 +261,12 @@ class _Walker:
       return 2 * size_bytes(op.shape)
     if op.opcode == "dynamic-update-slice":
       return 2 * size_bytes(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else size_bytes(op.shape)
-    fused = self.computations.get((_called(op, "calls") or [""])[0], [])
+    callee = (_called(op, "calls") or [""])[0]
+    fused = self.computations.get(callee, [])
     inner = {o.name: o for o in fused}
-    users: dict[str, list[_Op]] = {}
-    for o in fused:
-      for x in o.operands:
-        users.setdefault(x, []).append(o)
     traffic = 0.0
-    for o in fused:
-      if o.opcode != "parameter" or not o.args.strip().isdigit():
-        continue
-      full = size_bytes(shapes.get(op.operands[int(o.args)], "")) if int(o.args) < len(op.operands) else 0.0
-      uses = users.get(o.name, [])
-      if uses and all(u.opcode == "dynamic-slice" and u.operands[0] == o.name for u in uses):
-        traffic += min(full, sum(size_bytes(u.shape) for u in uses))
-      elif uses and all(u.opcode == "dynamic-update-slice" and u.operands[0] == o.name for u in uses):
-        pass  # the buffer updated in place: only the update is written (counted with the output)
-      else:
-        traffic += full
+    for i, name in enumerate(op.operands):
+      traffic += self.parameter_read(callee, i, size_bytes(shapes.get(name, "")))
     root = next((o for o in fused if o.root), fused[-1] if fused else None)
     roots = [inner[x] for x in root.operands if x in inner] if root is not None and root.opcode == "tuple" else [root]
     for r in roots:
@@ -287,6 +275,36 @@ class _Walker:
       elif r is not None:
         traffic += size_bytes(r.shape)
     return traffic
+
+  @functools.cache
+  def users(self, computation: str) -> dict[str, list[_Op]]:
+    out: dict[str, list[_Op]] = {}
+    for o in self.computations.get(computation, ()):
+      for x in o.operands:
+        out.setdefault(x, []).append(o)
+    return out
+
+  def parameter_read(self, computation: str, index: int, full: float) -> float:
+    """Bytes a fused computation reads of its parameter `index` (`full` bytes in all): only the windows
+    its (dynamic) slices take, nothing of a buffer it updates in place, looking through nested fusions
+    (a scanned layer's stacked weights or residuals are sliced one layer at a time)."""
+    param = next((o for o in self.computations.get(computation, ())
+                  if o.opcode == "parameter" and o.args.strip() == str(index)), None)
+    uses = self.users(computation).get(param.name, []) if param is not None else []
+    if not uses:
+      return full
+    read = 0.0
+    for u in uses:
+      if u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name:
+        read += size_bytes(u.shape)
+      elif u.opcode == "dynamic-update-slice" and u.operands[0] == param.name:
+        continue  # updated in place: only the update is written (counted with the output)
+      elif u.opcode == "fusion":
+        nested = (_called(u, "calls") or [""])[0]
+        read += sum(self.parameter_read(nested, k, full) for k, x in enumerate(u.operands) if x == param.name)
+      else:
+        return full
+    return min(full, read)
 
   @functools.cache
   def cost(self, computation: str) -> Cost:
