@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 
-from lra_core import aot
 from lra_core.errors import ConfigError
 from scripts import param_counts
 from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
@@ -31,8 +30,6 @@ from scripts.tables.transformer_vq import PAPER_THROUGHPUT
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
 COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
-# The fields every report of the current format has (those with defaults may be absent).
-REPORT_FIELDS = {f.name for f in dataclasses.fields(aot.Report) if f.default is dataclasses.MISSING}
 # Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it,
 # then the same global batch in 4 and 16 micro-batches (gradient accumulation, as the GPU papers trained).
 LADDER = ((), ("model.remat=full",), ("model.remat=full", "train.grad_accum_steps=4"),
@@ -151,10 +148,7 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
   command = row.command(rung, str(report_path))
   if meta_path.exists():
     meta = json.loads(meta_path.read_text())
-    report = meta.get("report")
-    # Written by this version's aot (a refusal carries no estimates, so any version's is current).
-    current = report is None or report["est_step_seconds"] is None or REPORT_FIELDS <= set(report)
-    if meta["command"] == command and current:
+    if meta["command"] == command:
       ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
       return meta
   ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
@@ -180,6 +174,14 @@ def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
     if "report" not in meta or meta["report"]["fits"]:
       break
   return meta, rung, wall
+
+
+def _utilisation(r: dict) -> str:
+  """'MFU / HFU (bound; memory-bound share)'; a record of an earlier report format has HFU only."""
+  if "est_hfu" not in r:  # est_mfu then counted every FLOP
+    return f"- / {100 * r['est_mfu']:.0f}% ({r['bound']})"
+  return (f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
+          f"{100 * r['memory_bound_share']:.0f}% memory-bound)")
 
 
 def _memory(r: dict) -> str:
@@ -216,7 +218,7 @@ def _notes(row: Row, r: dict, settings: str) -> list[str]:
   if compiled and r["fits"] and row.paper_step_ms:
     out.append(f"- {row.paper}: estimated {r['est_step_seconds'] * 1e3:,.0f} ms per step, "
                f"{r['est_step_seconds'] * 1e3 / row.paper_step_ms:.2f}x the paper's {row.paper_measured}.")
-  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and r["est_mfu"] < 0.5:
+  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and "est_hfu" in r and r["est_mfu"] < 0.5:
     out.append(f"- {row.paper}: estimated MFU {100 * r['est_mfu']:.0f}% (HFU {100 * r['est_hfu']:.0f}%): "
                f"{100 * r['memory_bound_share']:.0f}% of the estimated step is in operations bound by HBM "
                "bandwidth" + (", and remat reruns the forward pass" if r["recompute_flops"] else "") + ".")
@@ -241,8 +243,7 @@ def tpu_fit(ctx: Context) -> Result:
                   "yes" if r["fits"] else "**no**",
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
-                  f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
-                  f"{100 * r['memory_bound_share']:.0f}% memory-bound)" if compiled else "-",
+                  _utilisation(r) if compiled else "-",
                   f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
     notes += _notes(row, r, _settings(row, rung))
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
