@@ -1,4 +1,4 @@
-"""Attention cores as pure functions: a jnp reference beside each fast form (see CONTRACT.md)."""
+"""Attention cores as pure functions: a jnp reference beside each fast form (docs/kernels.md)."""
 
 from kernels.attention import dot_product_attention, local_attention
 from kernels.flash import linear_attention, mixed_chunk_attention, relu2_attention

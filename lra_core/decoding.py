@@ -1,6 +1,6 @@
 """Sampling from autoregressive models: logit filters and a compiled generation loop.
 
-Any model that follows the autoregressive protocol of CONTRACT.md works here:
+Any model that follows the autoregressive protocol (README, "Adding a model") works here:
 
   logits = model(tokens)                                  # int32[B,T] -> float[B,T,V]
   state = model.init_decode_state(batch_size, max_len)    # pytree of arrays

@@ -25,7 +25,7 @@ a row's predictions do not depend on how many whole pad blocks precede it. Paddi
 is a token like any other (Appendix H; train with `data.block_padding`), so the block alignment of
 a prompt changes predictions.
 
-Decoding: `decode_step` takes one token at a time (CONTRACT.md); `generate` is the fast batched path.
+Decoding: `decode_step` takes one token at a time (README, "Adding a model"); `generate` is the fast batched path.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ class Model(nnx.Module):
     y = y.reshape(b, (n + 1) * L, -1)[:, 1:t + 1]
     return self.head(y)
 
-  # -- one token at a time (CONTRACT.md) ------------------------------------------------------
+  # -- one token at a time (README, "Adding a model") --------------------------------------------------------
 
   def _start_block(self, context: Array, batch_size: int) -> tuple[Array, dict]:
     """Runs the token decoder's lead inputs for a new block: (logits of the block's first token

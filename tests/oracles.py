@@ -1,4 +1,4 @@
-"""Model-level oracles shared by the autoregressive model tests (see CONTRACT.md)."""
+"""Model-level oracles shared by the autoregressive model tests (the protocol in the README, "Adding a model")."""
 
 import jax
 import jax.numpy as jnp
