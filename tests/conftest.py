@@ -10,7 +10,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_cache_"))
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
+import pytest  # noqa: E402
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@pytest.fixture
+def no_persistent_compile_cache():
+  """Compiles made while it is active stay out of the persistent cache: executables compiled for a
+  TPU topology cannot be read back on this host (the cache warns and recompiles)."""
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", saved)

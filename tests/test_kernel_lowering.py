@@ -10,14 +10,8 @@ from scripts import check_lowering
 SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  """Executables compiled for a TPU topology cannot be read back on this host (the cache warns and
-  recompiles): keep them out of the tests' compile cache."""
-  saved = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", saved)
+# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
+pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 
 
 def test_every_kernel_builds_for_tpu_and_gpu_in_float32_and_bfloat16():

@@ -25,14 +25,8 @@ SIZES = dict(seq_len=1024, width=128, latents=128, block=512, codes=512, chunk=0
 KERNELS = tuple(check_lowering.kernels_at(**SIZES))
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  """Executables compiled for a TPU topology cannot be read back on this host (the cache warns and
-  recompiles): keep them out of the tests' compile cache."""
-  saved = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", saved)
+# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
+pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 
 
 @pytest.fixture(scope="module")

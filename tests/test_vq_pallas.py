@@ -68,15 +68,25 @@ def test_kernel_equals_quadratic_definition_values_and_gradients(t, block_len, s
     np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=atol * max(scale, 1.0) * 3)
 
 
+WINDOW, BLOCK = 12, 4
+
+
+def two_window_inputs():
+  """Two windows of WINDOW tokens with MQA (2 query heads, 1 key head), their codes and XL biases:
+  q, k_hat, z, v, codebook, rel_q, table."""
+  b, h, hk, dk, dv, s = 2, 2, 1, 8, 6, 16
+  q, k, v, codebook = inputs(b, 2 * WINDOW, h, hk, dk, dv, s)
+  z, _ = vq.quantize(k, codebook)
+  rel_q = jax.random.normal(jax.random.key(7), q.shape)
+  table = jax.random.normal(jax.random.key(8), (h, BLOCK + 1, dk))
+  return q, vq.codewords(z, codebook), z, v, codebook, rel_q, table
+
+
 @pytest.mark.parametrize("driver,compressive", [("grid", True), ("loop", False)])
 def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
   """Two windows, the second continuing from the first's carry, with XL biases and MQA."""
-  b, t, h, hk, dk, dv, s, l = 2, 12, 2, 1, 8, 6, 16, 4
-  q, k, v, codebook = inputs(b, 2 * t, h, hk, dk, dv, s)
-  z, _ = vq.quantize(k, codebook)
-  k_hat = vq.codewords(z, codebook)
-  rel_q = jax.random.normal(jax.random.key(7), q.shape)
-  table = jax.random.normal(jax.random.key(8), (h, l + 1, dk))
+  t, l = WINDOW, BLOCK
+  q, k_hat, z, v, codebook, rel_q, table = two_window_inputs()
 
   def two_windows(impl, q, v, codebook, rel_q, table):
     carry, outs = None, []
@@ -105,12 +115,9 @@ def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
   """Dv read in tiles (each program its own slice of the cache) and the grid driver's queries in
   sub-blocks (the fold after the last one): two carried windows with XL biases and MQA, against
   `vq.cached_attention` on the same biases: values, carry and gradients."""
-  b, t, h, hk, dk, dv, s, l = 2, 12, 2, 1, 8, 6, 16, 4
-  q, k, v, codebook = inputs(b, 2 * t, h, hk, dk, dv, s)
-  z, _ = vq.quantize(k, codebook)
-  k_hat = vq.codewords(z, codebook)
-  rel_q = jax.random.normal(jax.random.key(7), q.shape)
-  table = jax.random.normal(jax.random.key(8), (h, l + 1, dk))
+  t, l = WINDOW, BLOCK
+  q, k_hat, z, v, codebook, rel_q, table = two_window_inputs()
+  b, hk, s, dk, dv = q.shape[0], k_hat.shape[2], codebook.shape[1], q.shape[-1], v.shape[-1]
 
   def two_windows(pallas, q, v, codebook, rel_q):
     carry, outs = vq.init_carry(b, l, hk, s, dk, dv), []
