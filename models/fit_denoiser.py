@@ -27,7 +27,7 @@ from flax import nnx
 from lra_core import diffusion
 from lra_core.errors import ConfigError
 from models.blocks import stack
-from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param
+from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
 from models.blocks.positions import sinusoid
 from models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
 
@@ -105,7 +105,7 @@ class ScalarEmbedding(nnx.Module):
 
   def __call__(self, gamma: Array) -> Array:
     e = normalized_sinusoid(gamma.astype(jnp.float32) * self.scale, self.dim)
-    return self.dense_1(jax.nn.silu(self.dense_0(e)))
+    return self.dense_1(silu(self.dense_0(e)))
 
 
 class LatentSelfCondition(nnx.Module):

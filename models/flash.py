@@ -43,7 +43,7 @@ from kernels import flash as flash_kernels
 from lra_core.errors import ConfigError
 from models import transformer
 from models.blocks.attention import Attention
-from models.blocks.layers import Dense, param
+from models.blocks.layers import Dense, param, silu
 from models.blocks.positions import RelativePositionBias, apply_rope
 
 Array = jax.Array
@@ -137,7 +137,7 @@ class GAU(nnx.Module):
 
   def _project(self, x: Array, positions: Array) -> tuple[Array, Array, list[Array | None]]:
     """-> u, v [B,T,1,E] and quad_q, quad_k, lin_q, lin_k [B,T,1,S] (None where unused)."""
-    uvz = jax.nn.silu(self.proj(x))
+    uvz = silu(self.proj(x))
     u, v, z = jnp.split(uvz, [self.e, 2 * self.e], axis=-1)
     heads = z[..., None, :] * self.gamma[...].astype(z.dtype) + self.beta[...].astype(z.dtype)  # [B,T,n,S]
     heads = apply_rope(heads, positions)

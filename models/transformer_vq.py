@@ -33,7 +33,7 @@ from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
 from lra_core.sharding import constrain
 from models.blocks import stack
-from models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize
+from models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
 from models.blocks.positions import sinusoid
 
 Array = jax.Array
@@ -178,7 +178,7 @@ class GAU(nnx.Module):
     h = self.norm(x)
     scale = self.d_k ** -0.25
     q, k = rms_normalize(self.q_proj(h)) * scale, rms_normalize(self.k_proj(h)) * scale
-    return q, k, jax.nn.silu(self.v_proj(h)), jax.nn.silu(self.g_proj(h))
+    return q, k, silu(self.v_proj(h)), silu(self.g_proj(h))
 
   def relative(self, q: Array, key: Array | None) -> tuple[tuple[Array, Array] | None, Array]:
     """(rel_q, r table [H, L+1, Dk]) for the XL position term, and the content query q + u."""

@@ -142,11 +142,37 @@ def make_norm(kind: str, features: int, *, rngs: nnx.Rngs) -> nnx.Module:
   return NORMS[kind](features, rngs=rngs)
 
 
+@jax.custom_vjp
+def silu(x: Array) -> Array:
+  """x * sigmoid(x), whose backward pass keeps only x.
+
+  Differentiating jax.nn.silu keeps both x and sigmoid(x) for the backward pass. Keeping x alone
+  and recomputing the sigmoid (an elementwise op XLA fuses into the gradient's fusion) halves the
+  activation memory traffic: for FLASH's GAU (d 768, e 1536) compiled for TPU v4 the estimated
+  train step of the layer stack drops from 30.2 to 26.0 ms (`python -m lra_core.aot --hotspots`).
+  The gradient is computed in float32 and returned in x's dtype.
+  """
+  return x * jax.nn.sigmoid(x)
+
+
+def _silu_fwd(x: Array) -> tuple[Array, Array]:
+  return silu(x), x
+
+
+def _silu_bwd(x: Array, g: Array) -> tuple[Array]:
+  x32 = x.astype(jnp.float32)
+  s = jax.nn.sigmoid(x32)
+  return ((g.astype(jnp.float32) * s * (1.0 + x32 * (1.0 - s))).astype(x.dtype),)
+
+
+silu.defvjp(_silu_fwd, _silu_bwd)
+
+
 ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
+    "silu": silu,
     "relu2": lambda x: jnp.square(jax.nn.relu(x)),
 }
 
