@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import logging
 import math
@@ -213,10 +214,12 @@ class Report:
 
 
 def compile_config(config, topology: str, *, devices: list[jax.Device] | None = None,
-                   hotspots: int = 0) -> Report:
+                   hotspots: int = 0, hlo_path: str | os.PathLike | None = None) -> Report:
   """Compiles `config`'s train and eval steps for the TPU slice `topology` (its devices by
   chips.tpu_devices unless given) and measures them. Raises ConfigError for a bad topology or a
-  mesh the slice cannot hold; a step that compiles but does not fit comes back with fits=False."""
+  mesh the slice cannot hold; a step that compiles but does not fit comes back with fits=False.
+  `hlo_path` also keeps the compiled train step's HLO text there (gzip if it ends in .gz), from
+  which `estimate_from_hlo` recomputes the estimate without compiling again."""
   devices = chips.tpu_devices(topology) if devices is None else devices
   chip = chips.chip_of(devices[0])
   if chip is None:
@@ -249,20 +252,45 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
   memory = MemoryEstimate.of(train)
   eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
   hlo = train.as_text()
+  if hlo_path is not None:
+    write_hlo(hlo, hlo_path)
+  report = Report(
+      **common, arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB,
+      peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
+      flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan, est_mfu=math.nan,
+      est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan, bound="-", mosaic_kernels=0)
+  return estimate_from_hlo(report, hlo, tokens=t.batch_size * t.seq_len // pipeline.num_windows(config),
+                           hotspots=hotspots)
+
+
+def estimate_from_hlo(report: Report, hlo: str, *, tokens: int, hotspots: int = 0) -> Report:
+  """`report` with its estimate (step time, tokens/s, MFU, HFU, what bounds it) computed from the
+  compiled train step's HLO text for the report's chip; `tokens` per global step."""
+  chip = chips.CHIPS[report.device_kind]
   roof = hlo_cost.roofline(hlo, chip, top=hotspots)
   if roof.unknown_loops:
     logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
                     roof.unknown_loops)
-  tokens = t.batch_size * t.seq_len // pipeline.num_windows(config)
   seconds = max(roof.seconds, 1e-12)
-  return Report(
-      **common, arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB,
-      peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
-      flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
+  return dataclasses.replace(
+      report, flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
       est_mfu=(roof.flops - roof.recompute_flops) / (seconds * chip.peak_flops),
       est_hfu=roof.flops / (seconds * chip.peak_flops), recompute_flops=roof.recompute_flops,
       memory_bound_share=roof.memory_bound_s / seconds, bound=roof.bound,
       mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'), hotspots=roof.hotspots)
+
+
+def write_hlo(text: str, path: str | os.PathLike) -> None:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  data = text.encode()
+  path.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
+
+
+def read_hlo(path: str | os.PathLike) -> str:
+  path = pathlib.Path(path)
+  data = path.read_bytes()
+  return (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,11 +349,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")
     parser.add_argument("--hotspots", type=int, default=0,
                         help="also list this many of the train step's dearest operations (what bounds the estimate)")
+    parser.add_argument("--hlo", default="",
+                        help="also write the compiled train step's HLO text to this file (gzip if it ends in .gz)")
 
   args = cli.parse(argv, extra=flags, workdir=False, prog="python -m lra_core.aot",
                    description="Compiles a config's train and eval steps for a TPU slice on this host (libtpu) "
                                "and reports memory, fit and an estimated step time.")
-  report = compile_config(args.config, args.extra.topology, hotspots=args.extra.hotspots)
+  report = compile_config(args.config, args.extra.topology, hotspots=args.extra.hotspots,
+                          hlo_path=args.extra.hlo or None)
   print(f"{args.spec} on {args.extra.topology}:")
   print(report.table())
   if args.extra.json:

@@ -35,7 +35,7 @@ BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
         "iota", "opt-barrier", "add-dependency", "domain"}
 DONE = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "send-done", "recv-done",
-        "copy-done"}
+        "copy-done", "slice-done"}
 COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter", "all-to-all",
                "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
 
@@ -347,6 +347,12 @@ class _Walker:
       traffic = self.sliced_traffic(op, shapes)
     elif op.opcode == "copy-start":  # its result is (destination, source, context): the copy reads and writes once
       traffic = 2 * operand_bytes
+    elif op.opcode == "slice":  # reads and writes its window, not the whole operand
+      traffic = 2 * out_bytes
+    elif op.opcode == "slice-start":  # result ((operand), window, context): reads and writes the window
+      arrays = _arrays(op.shape)
+      window = arrays[len(op.operands)] if len(arrays) > len(op.operands) else None
+      traffic = 2 * BYTES.get(window[0], 4) * math.prod(window[1]) if window else traffic
     recompute = 0.0
     if op.opcode in ("dot", "convolution"):
       flops = _matmul_flops(op, shapes)
