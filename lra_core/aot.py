@@ -165,6 +165,7 @@ class Report:
   mosaic_kernels: int     # Pallas kernels compiled by Mosaic in the train step (0: none, or interpreted)
   refusal: str = ""       # the TPU compiler's out-of-memory message, when it refused the step
   hotspots: tuple = ()    # the train step's dearest operations (hlo_cost.Hotspot), when asked for
+  tokens_per_step: int = 0  # global tokens per train step (what tokens/s counts)
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
                  "est_step_seconds", "est_tokens_per_s", "est_mfu")
@@ -177,6 +178,15 @@ class Report:
     out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in out})
     out["hotspots"] = [dataclasses.asdict(h) | {"bound": h.bound} for h in self.hotspots]
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+
+  @classmethod
+  def from_json(cls, fields: dict) -> Report:
+    """The report `to_json` wrote (nulls back to NaN; fields a newer report added take their defaults)."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values = {k: math.nan if v is None else v for k, v in fields.items() if k in known}
+    values["hotspots"] = tuple(hlo_cost.Hotspot(**{k: v for k, v in h.items() if k != "bound"})
+                               for h in fields.get("hotspots", ()))
+    return cls(**values)
 
   def table(self) -> str:
     if self.refusal:  # the compiler refused the step for memory
@@ -237,10 +247,12 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
     train, train_s = _compile_for_target(jit_train_step(config, spec, task, tx, schedule), spec.abstract, batch)
     evaluate, eval_s = _compile_for_target(*_eval_step_args(config, spec, task, mesh, rules))
   limit, _ = memory_limit(t.memory_limit_gib, devices[0])
+  tokens = t.batch_size * t.seq_len // pipeline.num_windows(config)
   common = dict(topology=topology, num_devices=len(devices), device_kind=devices[0].device_kind,
                 mesh={k: v for k, v in mesh.shape.items()}, hbm_gib=chip.hbm_bytes / GIB,
                 compile_seconds=train_s + eval_s, remat=str(config.model.get("remat", "none")),
-                scan_layers=bool(config.model.get("scan_layers", False)), num_params=spec.num_params)
+                scan_layers=bool(config.model.get("scan_layers", False)), num_params=spec.num_params,
+                tokens_per_step=tokens)
   if isinstance(train, OutOfMemory):
     eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
     logging.info("the train step does not fit: %s", train.message)
@@ -259,13 +271,12 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
       peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
       flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan, est_mfu=math.nan,
       est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan, bound="-", mosaic_kernels=0)
-  return estimate_from_hlo(report, hlo, tokens=t.batch_size * t.seq_len // pipeline.num_windows(config),
-                           hotspots=hotspots)
+  return estimate_from_hlo(report, hlo, hotspots=hotspots)
 
 
-def estimate_from_hlo(report: Report, hlo: str, *, tokens: int, hotspots: int = 0) -> Report:
+def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
   """`report` with its estimate (step time, tokens/s, MFU, HFU, what bounds it) computed from the
-  compiled train step's HLO text for the report's chip; `tokens` per global step."""
+  compiled train step's HLO text for the report's chip."""
   chip = chips.CHIPS[report.device_kind]
   roof = hlo_cost.roofline(hlo, chip, top=hotspots)
   if roof.unknown_loops:
@@ -273,7 +284,7 @@ def estimate_from_hlo(report: Report, hlo: str, *, tokens: int, hotspots: int = 
                     roof.unknown_loops)
   seconds = max(roof.seconds, 1e-12)
   return dataclasses.replace(
-      report, flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=tokens / seconds,
+      report, flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=report.tokens_per_step / seconds,
       est_mfu=(roof.flops - roof.recompute_flops) / (seconds * chip.peak_flops),
       est_hfu=roof.flops / (seconds * chip.peak_flops), recompute_flops=roof.recompute_flops,
       memory_bound_share=roof.memory_bound_s / seconds, bound=roof.bound,

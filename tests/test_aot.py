@@ -94,7 +94,7 @@ def _aot(*args):
 @needs_libtpu
 def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
   out = _aot("--config=configs/enwik8/transformer_vq.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=4",
-             f"--json={tmp_path / 'r.json'}")
+             f"--json={tmp_path / 'r.json'}", f"--hlo={tmp_path / 'train.hlo.gz'}")
   assert out.returncode == 0, out.stderr[-2000:]
   assert "4 x TPU v5 lite" in out.stdout and "fits" in out.stdout and "estimated MFU" in out.stdout
   report = json.loads((tmp_path / "r.json").read_text())
@@ -102,6 +102,9 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
   assert report["num_devices"] == 4 and report["device_kind"] == "TPU v5 lite" and report["hbm_gib"] == 16.0
   assert report["fits"] and 0 < report["peak_gib"] < 16 and report["flops_per_device"] > 0
   assert 0 < report["est_mfu"] <= 1 and report["est_tokens_per_s"] > 0
+  # The kept HLO gives the same estimate again without a compile (what tpu_fit reuses).
+  again = aot.estimate_from_hlo(aot.Report.from_json(report), aot.read_hlo(tmp_path / "train.hlo.gz")).to_json()
+  assert again == report and report["tokens_per_step"] > 0
 
 
 @needs_libtpu

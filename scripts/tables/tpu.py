@@ -8,8 +8,9 @@ papers a TPU v5p slice with about their GPUs' memory (Latte: 4 x 80 GB A100; Blo
 
 A row that does not fit is compiled again with the next rung of `LADDER` (more recomputation),
 so the settings in the table are the first that fit, found by the compiler rather than guessed.
-Each compile is one subprocess (a 1B model's compile takes GBs of host memory); its JSON report is
-kept under the workdir and reused while the command is unchanged.
+Each compile is one subprocess (a 1B model's compile takes GBs of host memory); its JSON report and
+the compiled train step's HLO are kept under the workdir and reused while the command is unchanged
+(the estimate is recomputed from the HLO each time).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from lra_core import aot
 from lra_core.errors import ConfigError
 from scripts import param_counts
 from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
@@ -68,9 +70,9 @@ class Row:
       return f"{self.paper_tokens_per_s:,.0f} tokens/s"
     return f"{self.paper_step_ms:,.0f} ms/step" if self.paper_step_ms else ""
 
-  def command(self, rung: tuple[str, ...], report: str) -> list[str]:
+  def command(self, rung: tuple[str, ...], report: str, hlo: str) -> list[str]:
     return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
-            *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}"]
+            *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}", f"--hlo={hlo}"]
 
   def rungs(self) -> tuple[tuple[str, ...], ...]:
     """The LADDER rungs this row can take: micro-batches must still split evenly over the batch axes."""
@@ -140,19 +142,25 @@ FULL_ROWS = DEFAULT_ROWS + tuple(table6(a, h, t) for h in ("shga", "mqa", "mha")
 
 
 def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
-  """One compile's record (reusing an unchanged earlier one): command, status, wall time, report."""
+  """One compile's record (reusing an unchanged earlier one): command, status, wall time, report.
+  A reused record's estimate is recomputed from the HLO it kept, so a change of lra_core/hlo_cost.py
+  needs no compile."""
   folder = ctx.workdir / "tpu_fit"
   folder.mkdir(parents=True, exist_ok=True)
   slug = row.slug(rung)
-  report_path, meta_path = folder / f"{slug}.json", folder / f"{slug}.meta.json"
-  command = row.command(rung, str(report_path))
+  report_path, meta_path, hlo_path = (folder / f"{slug}{suffix}" for suffix in (".json", ".meta.json", ".hlo.gz"))
+  command = row.command(rung, str(report_path), str(hlo_path))
   if meta_path.exists():
     meta = json.loads(meta_path.read_text())
     if meta["command"] == command:
       ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
+      if meta.get("report") and hlo_path.exists():
+        report = aot.estimate_from_hlo(aot.Report.from_json(meta["report"]), aot.read_hlo(hlo_path))
+        meta["report"] = report.to_json()
       return meta
   ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
   report_path.unlink(missing_ok=True)
+  hlo_path.unlink(missing_ok=True)
   start = time.perf_counter()
   done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
   meta = {"command": command, "status": done.returncode, "wall_s": time.perf_counter() - start}
@@ -177,9 +185,7 @@ def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
 
 
 def _utilisation(r: dict) -> str:
-  """'MFU / HFU (bound; memory-bound share)'; a record of an earlier report format has HFU only."""
-  if "est_hfu" not in r:  # est_mfu then counted every FLOP
-    return f"- / {100 * r['est_mfu']:.0f}% ({r['bound']})"
+  """'MFU / HFU (bound; memory-bound share)'."""
   return (f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
           f"{100 * r['memory_bound_share']:.0f}% memory-bound)")
 
@@ -218,7 +224,7 @@ def _notes(row: Row, r: dict, settings: str) -> list[str]:
   if compiled and r["fits"] and row.paper_step_ms:
     out.append(f"- {row.paper}: estimated {r['est_step_seconds'] * 1e3:,.0f} ms per step, "
                f"{r['est_step_seconds'] * 1e3 / row.paper_step_ms:.2f}x the paper's {row.paper_measured}.")
-  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and "est_hfu" in r and r["est_mfu"] < 0.5:
+  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and r["est_mfu"] < 0.5:
     out.append(f"- {row.paper}: estimated MFU {100 * r['est_mfu']:.0f}% (HFU {100 * r['est_hfu']:.0f}%): "
                f"{100 * r['memory_bound_share']:.0f}% of the estimated step is in operations bound by HBM "
                "bandwidth" + (", and remat reruns the forward pass" if r["recompute_flops"] else "") + ".")
