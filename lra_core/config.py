@@ -120,6 +120,11 @@ def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
   return parts
 
 
+def package_dir(name: str) -> pathlib.Path:
+  """The folder of the subpackage `lra_core.<name>` (models, kernels, configs), in a checkout or an install."""
+  return pathlib.Path(importlib.util.find_spec(f"lra_core.{name}").submodule_search_locations[0])
+
+
 def resolve_path(path: str) -> pathlib.Path:
   """A config path as given, else relative to the project root (so it works from any cwd)."""
   p = pathlib.Path(path).expanduser()
@@ -263,16 +268,15 @@ def _positive(config, *keys: str) -> None:
 
 @functools.cache
 def _model_names() -> tuple[str, ...]:
-  models_dir = PROJECT_ROOT / "models"
-  return tuple(sorted(p.stem for p in models_dir.glob("*.py") if not p.stem.startswith("_")))
+  return tuple(sorted(p.stem for p in package_dir("models").glob("*.py") if not p.stem.startswith("_")))
 
 
 def model_module(name: str):
-  """The module `models/<name>.py`, which must define `Model`."""
+  """The module `models/<name>.py` (lra_core.models.<name>), which must define `Model`."""
   if not isinstance(name, str) or name not in _model_names():
     raise ConfigError(f"model.name {name!r} is not a module in models/; "
                       f"available: {list(_model_names())}.")
-  module = importlib.import_module(f"models.{name}")
+  module = importlib.import_module(f"lra_core.models.{name}")
   if not hasattr(module, "Model"):
     raise ConfigError(f"models/{name}.py defines no Model class.")
   return module
