@@ -27,7 +27,7 @@ from lra_core.errors import ConfigError
 TASKS = ("lm", "mlm", "classify", "retrieval", "image_ar", "diffusion")
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor")
-PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
 # Logical axis name -> mesh axes. Parameters carry logical names (see models/layers.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
@@ -126,11 +126,12 @@ def package_dir(name: str) -> pathlib.Path:
 
 
 def resolve_path(path: str) -> pathlib.Path:
-  """A config path as given, else relative to the project root (so it works from any cwd)."""
+  """A config path as given; a `configs/...` path that is not there is read from the lra_core.configs
+  package instead, so specs work from any folder."""
   p = pathlib.Path(path).expanduser()
-  if p.exists() or p.is_absolute():
+  if p.exists() or p.is_absolute() or p.parts[:1] != ("configs",):
     return p
-  return PROJECT_ROOT / p
+  return package_dir("configs").joinpath(*p.parts[1:])
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -145,7 +146,9 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
   path, arg = split_spec(spec)
   file = resolve_path(path)
   if not file.is_file():
-    raise ConfigError(f"config file {path!r} does not exist.")
+    packaged = file != pathlib.Path(path).expanduser()
+    where = f" here nor in the lra_core.configs package ({str(file)!r})" if packaged else ""
+    raise ConfigError(f"config file {path!r} does not exist{where}.")
   module_name = "lra_core_config_" + hashlib.md5(str(file).encode()).hexdigest()[:12]
   module_spec = importlib.util.spec_from_file_location(module_name, file)
   module = importlib.util.module_from_spec(module_spec)
