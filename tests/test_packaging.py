@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+import lra_core
 from lra_core.config import PROJECT_ROOT
 from lra_core.errors import MissingExtra, optional_import
 
@@ -24,6 +25,15 @@ def test_pyproject_lists_every_package_folder():
   folders = {name + "".join("." + part for part in init.parent.relative_to(PROJECT_ROOT / folder).parts)
              for name, folder in MAPPED.items() for init in (PROJECT_ROOT / folder).rglob("__init__.py")}
   assert sorted(setuptools["packages"]) == sorted(folders)
+
+
+def test_an_uninstalled_checkout_maps_its_folders():
+  finder = lra_core._CheckoutFolders()
+  for name in ("models", "kernels", "configs"):
+    spec = finder.find_spec(f"lra_core.{name}", None)
+    assert spec.origin == str(PROJECT_ROOT / name / "__init__.py")
+    assert spec.submodule_search_locations == [str(PROJECT_ROOT / name)]
+  assert finder.find_spec("models", None) is None and finder.find_spec("lra_core.scripts", None) is None
 
 
 def test_a_missing_optional_package_names_its_extra():
