@@ -72,7 +72,7 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
   kernels/flash_pallas.py). -> [B,T,H,E]
   """
   if impl == "pallas":
-    from kernels import flash_pallas  # the kernel module builds on this one
+    from lra_core.kernels import flash_pallas  # the kernel module builds on this one
     return flash_pallas.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, chunk=chunk, causal=causal,
                                               quad_scale=quad_scale, lin_scale=lin_scale, bias=bias, mask=mask,
                                               kernel=kernel)

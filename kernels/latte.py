@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels import _pallas
+from lra_core.kernels import _pallas
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
@@ -62,7 +62,7 @@ def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = No
   _check(q, k, v, mask)
   _check_impl(impl)
   if impl == "pallas":
-    from kernels import latte_pallas  # the kernel module builds on this one
+    from lra_core.kernels import latte_pallas  # the kernel module builds on this one
     return latte_pallas.bidirectional_latte(q, k, v, mask=mask)
   summary = jnp.einsum("bthl,bthd->bhld", jax.nn.softmax(masked_keys(k, mask), axis=1), v.astype(f32))
   return jnp.einsum("bthl,bhld->bthd", jax.nn.softmax(q.astype(f32), -1), summary).astype(v.dtype)
@@ -127,7 +127,7 @@ def causal_latte(q: Array, k: Array, v: Array, *, impl: str = "xla", chunk: int 
   if chunk is not None and chunk < 1:
     raise ValueError(f"chunk must be >= 1, got {chunk}.")
   if impl == "pallas":
-    from kernels import latte_pallas  # the kernel module builds on this one
+    from lra_core.kernels import latte_pallas  # the kernel module builds on this one
     return latte_pallas.causal_latte(q, k, v, chunk=chunk, state=state)
   chunk = default_chunk() if chunk is None else chunk
   b, t, h, l = q.shape

@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import _pallas
-from kernels import latte as latte_xla
+from lra_core.kernels import _pallas
+from lra_core.kernels import latte as latte_xla
 
 Array = jax.Array
 f32 = jnp.float32

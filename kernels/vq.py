@@ -180,7 +180,7 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
     if reduction != "serial":
       raise ValueError(f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be "
                        f"'serial', got {reduction!r}.")
-    from kernels import vq_pallas  # the kernel module builds on this one
+    from lra_core.kernels import vq_pallas  # the kernel module builds on this one
     return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
                                          compressive=compressive)
   if impl != "xla":

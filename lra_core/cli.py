@@ -9,6 +9,9 @@
 Overrides go through `lra_core.load_config`, so the command line and the Python API give the
 same one-sentence errors (an unknown key names the closest valid keys). A `UserError` ends the
 program with that sentence and exit status 2, not a traceback.
+
+The console scripts lra-train, lra-eval, lra-sample and lra-aot (pyproject.toml) run those modules
+as `python -m` does.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import runpy
 import sys
 from collections.abc import Callable, Sequence
 
@@ -72,3 +76,16 @@ def run(main: Callable[[], None]) -> None:
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+
+
+def as_command(module: str) -> Callable[[], None]:
+  """A console script that runs `module` as `python -m <module>` does (its exit status included)."""
+  def command() -> None:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+  return command
+
+
+train_command = as_command("lra_core.train")
+evaluate_command = as_command("lra_core.evaluate")
+sample_command = as_command("lra_core.sample")
+aot_command = as_command("lra_core.aot")

@@ -27,7 +27,7 @@ from lra_core.errors import ConfigError
 TASKS = ("lm", "mlm", "classify", "retrieval", "image_ar", "diffusion")
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor")
-PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
 # Logical axis name -> mesh axes. Parameters carry logical names (see models/layers.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
@@ -120,12 +120,18 @@ def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
   return parts
 
 
+def package_dir(name: str) -> pathlib.Path:
+  """The folder of the subpackage `lra_core.<name>` (models, kernels, configs), in a checkout or an install."""
+  return pathlib.Path(importlib.util.find_spec(f"lra_core.{name}").submodule_search_locations[0])
+
+
 def resolve_path(path: str) -> pathlib.Path:
-  """A config path as given, else relative to the project root (so it works from any cwd)."""
+  """A config path as given; a `configs/...` path that is not there is read from the lra_core.configs
+  package instead, so specs work from any folder."""
   p = pathlib.Path(path).expanduser()
-  if p.exists() or p.is_absolute():
+  if p.exists() or p.is_absolute() or p.parts[:1] != ("configs",):
     return p
-  return PROJECT_ROOT / p
+  return package_dir("configs").joinpath(*p.parts[1:])
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -140,7 +146,9 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
   path, arg = split_spec(spec)
   file = resolve_path(path)
   if not file.is_file():
-    raise ConfigError(f"config file {path!r} does not exist.")
+    packaged = file != pathlib.Path(path).expanduser()
+    where = f" here nor in the lra_core.configs package ({str(file)!r})" if packaged else ""
+    raise ConfigError(f"config file {path!r} does not exist{where}.")
   module_name = "lra_core_config_" + hashlib.md5(str(file).encode()).hexdigest()[:12]
   module_spec = importlib.util.spec_from_file_location(module_name, file)
   module = importlib.util.module_from_spec(module_spec)
@@ -263,16 +271,15 @@ def _positive(config, *keys: str) -> None:
 
 @functools.cache
 def _model_names() -> tuple[str, ...]:
-  models_dir = PROJECT_ROOT / "models"
-  return tuple(sorted(p.stem for p in models_dir.glob("*.py") if not p.stem.startswith("_")))
+  return tuple(sorted(p.stem for p in package_dir("models").glob("*.py") if not p.stem.startswith("_")))
 
 
 def model_module(name: str):
-  """The module `models/<name>.py`, which must define `Model`."""
+  """The module `models/<name>.py` (lra_core.models.<name>), which must define `Model`."""
   if not isinstance(name, str) or name not in _model_names():
     raise ConfigError(f"model.name {name!r} is not a module in models/; "
                       f"available: {list(_model_names())}.")
-  module = importlib.import_module(f"models.{name}")
+  module = importlib.import_module(f"lra_core.models.{name}")
   if not hasattr(module, "Model"):
     raise ConfigError(f"models/{name}.py defines no Model class.")
   return module

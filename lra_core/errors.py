@@ -4,6 +4,8 @@ Everything the framework raises on bad input derives from `UserError`, so caller
 property tests) can tell a clear refusal from a bug.
 """
 
+import importlib
+
 
 class UserError(Exception):
   """Base class: bad input, stated in one sentence."""
@@ -31,3 +33,19 @@ class DecodingError(UserError, ValueError):
 
 class ResourceError(UserError, RuntimeError):
   """A config needs more memory (or devices) than the machine has."""
+
+
+class MissingExtra(UserError, ImportError):
+  """An optional package is not installed; the sentence names the extra of lra_core that brings it."""
+
+
+def optional_import(module: str, extra: str):
+  """`module` imported, or MissingExtra naming `extra` (pyproject.toml) when its package is absent."""
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    package = module.partition(".")[0]
+    if e.name is None or e.name.partition(".")[0] != package:
+      raise  # the package is there but something it needs is not
+    raise MissingExtra(f"{package} is not installed; install the {extra} extra: "
+                       f"pip install -e \".[{extra}]\".") from e

@@ -22,7 +22,7 @@ from flax import nnx
 from lra_core import cli, decoding, optim, sharding
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, optional_import
 from lra_core.state import make_state_spec
 
 AUTOREGRESSIVE = ("lm", "image_ar")
@@ -88,7 +88,7 @@ def sample_images(config, workdir, *, num_samples: int = 16, temperature: float 
 def save_grid(images: np.ndarray, path: str, columns: int = 0, scale: int = 1) -> None:
   """uint8 [N,S,S,C] -> one PNG, `columns` images per row (default: a near-square grid), 1-pixel gaps;
   each pixel drawn as a `scale` x `scale` square."""
-  import matplotlib.image
+  matplotlib_image = optional_import("matplotlib.image", "plot")
   images = np.repeat(np.repeat(np.asarray(images), scale, axis=1), scale, axis=2)
   n, s, _, c = images.shape
   cols = columns or int(np.ceil(np.sqrt(n)))
@@ -97,7 +97,7 @@ def save_grid(images: np.ndarray, path: str, columns: int = 0, scale: int = 1) -
   for i, image in enumerate(images):
     r, k = divmod(i, cols)
     grid[1 + r * (s + 1):1 + r * (s + 1) + s, 1 + k * (s + 1):1 + k * (s + 1) + s] = image
-  matplotlib.image.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
+  matplotlib_image.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
 
 
 def main(argv=None) -> None:

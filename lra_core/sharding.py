@@ -20,9 +20,9 @@ import numpy as np
 from flax import nnx, traverse_util
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from kernels._pallas import per_device_mesh
 from lra_core.config import MESH_AXES
 from lra_core.errors import ConfigError
+from lra_core.kernels._pallas import per_device_mesh
 from lra_core.layer_stacks import STACKED
 
 Rules = Sequence[tuple[str, str | Sequence[str] | None]]

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import transformer
-from models.blocks import stack
-from models.blocks.layers import Dense, Embed, make_norm, param
-from models.blocks.positions import AbsolutePositions
+from lra_core.models import transformer
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
+from lra_core.models.blocks.positions import AbsolutePositions
 
 Array = jax.Array
 

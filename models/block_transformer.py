@@ -39,14 +39,14 @@ from flax import nnx
 
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
-from models import transformer
+from lra_core.models import transformer
 from lra_core.state import scan_params, unscan_params
-from models.blocks import stack
-from models.blocks.attention import empty_cache
-from models.blocks.heads import TaskHead
-from models.blocks.layers import Dense, Embed, make_norm, param
-from models._block_embedders import EncoderEmbedder, LookupEmbedder
-from models.fit import CrossAttention
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.attention import empty_cache
+from lra_core.models.blocks.heads import TaskHead
+from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
+from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
+from lra_core.models.fit import CrossAttention
 
 Array = jax.Array
 

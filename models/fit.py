@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from kernels.attention import dot_product_attention
 from lra_core.errors import ConfigError
-from models.blocks import stack
-from models.blocks.heads import POOLING, TaskHead, fold_towers
-from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
-from models.transformer import Block
+from lra_core.kernels.attention import dot_product_attention
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
+from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
+from lra_core.models.transformer import Block
 
 Array = jax.Array
 CAUSAL_TASKS = ("lm", "image_ar")

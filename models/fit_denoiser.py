@@ -26,10 +26,10 @@ from flax import nnx
 
 from lra_core import diffusion
 from lra_core.errors import ConfigError
-from models.blocks import stack
-from models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
-from models.blocks.positions import sinusoid
-from models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
+from lra_core.models.blocks.positions import sinusoid
+from lra_core.models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
 
 Array = jax.Array
 

@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from kernels import flash as flash_kernels
 from lra_core.errors import ConfigError
-from models import transformer
-from models.blocks.attention import Attention
-from models.blocks.layers import Dense, param, silu
-from models.blocks.positions import RelativePositionBias, apply_rope
+from lra_core.kernels import flash as flash_kernels
+from lra_core.models import transformer
+from lra_core.models.blocks.attention import Attention
+from lra_core.models.blocks.layers import Dense, param, silu
+from lra_core.models.blocks.positions import RelativePositionBias, apply_rope
 
 Array = jax.Array
 

@@ -27,13 +27,13 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from kernels import latte as latte_kernels
-from kernels.attention import local_attention
 from lra_core.errors import ConfigError
-from models import transformer
-from models.blocks.attention import attend_cache, empty_cache, write_cache
-from models.blocks.layers import Dense, param
-from models.blocks.positions import apply_rope, rotate_pairs
+from lra_core.kernels import latte as latte_kernels
+from lra_core.kernels.attention import local_attention
+from lra_core.models import transformer
+from lra_core.models.blocks.attention import attend_cache, empty_cache, write_cache
+from lra_core.models.blocks.layers import Dense, param
+from lra_core.models.blocks.positions import apply_rope, rotate_pairs
 
 Array = jax.Array
 

@@ -18,12 +18,12 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.attention import Attention
+from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
+from lra_core.models.blocks.layers import ACTIVATIONS, MLP, NORMS, Embed, make_norm, param
+from lra_core.models.blocks.positions import AbsolutePositions
 from lra_core.sharding import constrain
-from models.blocks import stack
-from models.blocks.attention import Attention
-from models.blocks.heads import POOLING, TaskHead, fold_towers
-from models.blocks.layers import ACTIVATIONS, MLP, NORMS, Embed, make_norm, param
-from models.blocks.positions import AbsolutePositions
 
 Array = jax.Array
 

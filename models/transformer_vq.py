@@ -27,14 +27,14 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from kernels import vq
 from lra_core import optim
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
+from lra_core.kernels import vq
+from lra_core.models.blocks import stack
+from lra_core.models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
+from lra_core.models.blocks.positions import sinusoid
 from lra_core.sharding import constrain
-from models.blocks import stack
-from models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
-from models.blocks.positions import sinusoid
 
 Array = jax.Array
 HEAD_TYPES = ("shga", "mha", "mqa")

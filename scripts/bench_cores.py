@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-import kernels
-from kernels.attention import attention_mask
+from lra_core import kernels
 from lra_core.errors import ConfigError
+from lra_core.kernels.attention import attention_mask
 
 CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention", "vq_attention",
          "mixed_chunk")

@@ -33,9 +33,8 @@ try:  # a device kind to lower for, without the device
 except ImportError:
   from jax._src.mesh import AbstractDevice
 
-import kernels
-from kernels import _pallas, vq
-from lra_core import chips
+from lra_core import chips, kernels
+from lra_core.kernels import _pallas, vq
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
 PASSES = ("forward", "grad")

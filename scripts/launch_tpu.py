@@ -78,7 +78,7 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repo", default=None, help="git URL the workers clone (--code=git)")
   parser.add_argument("--branch", default="main", help="branch the workers check out (--code=git)")
   parser.add_argument("--remote_dir", default="~/lra_core", help="the checkout's folder on every worker")
-  parser.add_argument("--extra", default="tpu", help="setup.py extra to install ('' for none)")
+  parser.add_argument("--extra", default="tpu", help="pyproject.toml extra to install ('' for none)")
   parser.add_argument("--python", default="python3", help="the workers' Python (3.11 or newer)")
   parser.add_argument("--setup", default="",
                       help="shell command run before install and train, e.g. 'source ~/venv/bin/activate'")
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   if any(a == "--distributed" or a.startswith("--distributed=") for a in train):
     parser.error("leave --distributed out of the train arguments: the launcher adds --distributed=on.")
   if not re.fullmatch(r"[\w,-]*", args.extra):
-    parser.error(f"--extra {args.extra!r} is not a comma-separated list of setup.py extras.")
+    parser.error(f"--extra {args.extra!r} is not a comma-separated list of pyproject.toml extras.")
   if args.code == "git" and not args.repo:
     parser.error("--code=git needs --repo=URL, the repository every worker clones.")
   return args

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import lra_core  # noqa: E402
-from models import latte, transformer_vq  # noqa: E402
+from lra_core.models import latte, transformer_vq  # noqa: E402
 
 BLOCK = "configs/c4/block_transformer.py"  # its paper counts non-embedding parameters
 # (config spec, the paper's count, where the paper states it)

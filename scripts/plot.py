@@ -13,13 +13,12 @@ import math
 import pathlib
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from lra_core.errors import optional_import  # noqa: E402
 from lra_core.metrics import read_metrics  # noqa: E402
+
+optional_import("matplotlib", "plot").use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def curves(workdir: str | pathlib.Path) -> dict[str, tuple[list[int], list[float]]]:

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.attention import attention_mask, dot_product_attention
-from models.blocks.positions import apply_rope, sinusoid
+from lra_core.kernels.attention import attention_mask, dot_product_attention
+from lra_core.models.blocks.positions import apply_rope, sinusoid
 
 
 def naive_attention(q, k, v, allowed):

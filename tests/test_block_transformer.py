@@ -13,12 +13,12 @@ from oracles import assert_decode_matches_forward, assert_no_future_leakage
 import lra_core
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
+from lra_core.models import block_transformer as bt
+from lra_core.models import transformer
 from lra_core.registry import non_embedding_parameter_count
 from lra_core.tasks.base import token_nll
 from lra_core.tasks.lm import loss_by_block_position
 from lra_core.train import train_and_evaluate
-from models import block_transformer as bt
-from models import transformer
 
 VOCAB, PAD, L = 17, 0, 4
 SPEC = "configs/c4/block_transformer.py"

@@ -16,9 +16,9 @@ from lra_core import diffusion, registry
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.evaluate import evaluate
+from lra_core.models import fit_denoiser
 from lra_core.tasks import make_task
 from lra_core.train import train_and_evaluate
-from models import fit_denoiser
 
 SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
 SCHEDULES = ["cosine", "sigmoid", "sigmoid@-3,3,1.1", "cosine@0.2,1,1", "linear"]

@@ -15,9 +15,9 @@ import lra_core
 import oracles
 from lra_core import registry
 from lra_core.errors import ConfigError
+from lra_core.models import fit, transformer
 from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
-from models import fit, transformer
 from scripts import param_counts
 
 VOCAB = 13

@@ -10,15 +10,14 @@ from flax import nnx
 import fixtures.c4
 import fixtures.c4_mlm
 import fixtures.pg19
-import kernels
 import lra_core
 import oracles
-from kernels import flash as fk
-from lra_core import registry
+from lra_core import kernels, registry
 from lra_core.errors import ConfigError
+from lra_core.kernels import flash as fk
+from lra_core.models import flash
+from lra_core.models.blocks.positions import RelativePositionBias
 from lra_core.train import train_and_evaluate
-from models import flash
-from models.blocks.positions import RelativePositionBias
 from scripts import param_counts
 
 

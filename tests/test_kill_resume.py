@@ -47,8 +47,8 @@ FAMILIES = {
 # They inherit this process's XLA flags and use its compile cache: they run the very programs the
 # uninterrupted run compiled.
 _SERVER = multiprocessing.get_context("forkserver")
-_SERVER.set_forkserver_preload(["lra_core.train", "models.transformer", "models.transformer_vq", "models.latte",
-                                "models.flash", "models.fit", "models.block_transformer"])
+_SERVER.set_forkserver_preload(["lra_core.train", *(f"lra_core.models.{name}" for name in (
+    "transformer", "transformer_vq", "latte", "flash", "fit", "block_transformer"))])
 
 
 def _train_main(argv, log):

@@ -10,16 +10,15 @@ from flax import nnx
 import fixtures.c4
 import fixtures.listops
 import fixtures.retrieval
-import kernels
 import lra_core
 import oracles
-from kernels import latte as lk
-from kernels.attention import attention_mask, dot_product_attention
-from lra_core import registry
+from lra_core import kernels, registry
 from lra_core.errors import ConfigError
+from lra_core.kernels import latte as lk
+from lra_core.kernels.attention import attention_mask, dot_product_attention
+from lra_core.models import latte
+from lra_core.models.blocks.positions import apply_rope
 from lra_core.train import train_and_evaluate
-from models import latte
-from models.blocks.positions import apply_rope
 
 
 def rand(seed, shape, scale=1.0):

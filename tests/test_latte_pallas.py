@@ -8,15 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
 import lra_core
-from kernels import _pallas
-from kernels import latte as lk
-from kernels import latte_pallas
-from lra_core import optim, sharding
+from lra_core import kernels, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.experiment import to_device
+from lra_core.kernels import _pallas
+from lra_core.kernels import latte as lk
+from lra_core.kernels import latte_pallas
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task

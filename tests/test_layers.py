@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.blocks.layers import ACTIVATIONS, silu
+from lra_core.models.blocks.layers import ACTIVATIONS, silu
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from lra_core import decoding
-from models import flash, latte, transformer
+from lra_core.models import flash, latte, transformer
 from test_transformer import make_config, make_model
 
 CASES = [

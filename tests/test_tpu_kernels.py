@@ -11,12 +11,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-import kernels
-from kernels import _pallas
-from kernels import flash as flash_xla
-from kernels import latte as latte_xla
-from kernels import vq as vq_xla
-from lra_core import chips
+from lra_core import chips, kernels
+from lra_core.kernels import _pallas
+from lra_core.kernels import flash as flash_xla
+from lra_core.kernels import latte as latte_xla
+from lra_core.kernels import vq as vq_xla
 from scripts import check_lowering
 
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(),

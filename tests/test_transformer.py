@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import oracles
-from models import transformer
+from lra_core.models import transformer
 
 
 def make_config(task="lm", variant="transformer", seq_len=12, **model):

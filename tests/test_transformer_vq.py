@@ -11,14 +11,13 @@ from flax import nnx
 import fixtures.enwik8
 import fixtures.imagenet64
 import fixtures.pg19
-import kernels
 import lra_core
-from kernels import vq
-from lra_core import decoding
+from lra_core import decoding, kernels
 from lra_core.errors import ConfigError
+from lra_core.kernels import vq
+from lra_core.models import transformer_vq as tvq
 from lra_core.tasks.base import apply_model
 from lra_core.train import train_and_evaluate
-from models import transformer_vq as tvq
 
 ATOL = 1e-5
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import fixtures.enwik8
-import kernels
 import lra_core
-from kernels import _pallas, vq, vq_pallas
+from lra_core import kernels
 from lra_core.errors import ConfigError
+from lra_core.kernels import _pallas, vq, vq_pallas
 from lra_core.train import train_and_evaluate
 
 

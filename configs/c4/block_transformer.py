@@ -39,7 +39,7 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import block_transformer, transformer
+from lra_core.models import block_transformer, transformer
 
 T5_VOCAB_MODEL = "sentencepiece.model"
 VOCAB = 50304

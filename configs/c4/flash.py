@@ -23,11 +23,11 @@ Args (comma-separated):
   tiny            bytes tokenizer, 2 layers, d 32, context 64, chunk 16, 4 steps.
 """
 
-from configs.c4.transformer import EMBED_VOCAB, flash_setting
 from lra_core.config import config_arg, tiny_train
+from lra_core.configs.c4.transformer import EMBED_VOCAB, flash_setting
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import flash
+from lra_core.models import flash
 
 
 def make(arg, default: str):

@@ -8,7 +8,7 @@ Settings, data and args (lm, tiny) as configs/c4/flash.py. The 1/n of relu^2(q k
 at the training length (model.max_len, default train.seq_len); see models/flash.py.
 """
 
-from configs.c4 import flash
+from lra_core.configs.c4 import flash
 
 
 def get_config(arg=None):

@@ -33,7 +33,7 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import flash, transformer
+from lra_core.models import flash, transformer
 
 T5_VOCAB_MODEL = "sentencepiece.model"  # relative: resolved under data.dir
 EMBED_VOCAB = 32128                     # T5's padded embedding size for its 32000-piece vocabulary

@@ -26,7 +26,7 @@ Args (comma-separated):
 from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import bytes as bytes_data
-from models import transformer
+from lra_core.models import transformer
 
 
 def get_config(arg=None):

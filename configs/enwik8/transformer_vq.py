@@ -16,7 +16,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg
 from lra_core.data import bytes as bytes_data
-from models import transformer_vq
+from lra_core.models import transformer_vq
 
 
 def get_config(arg=None):

@@ -19,9 +19,9 @@ Args (comma-separated):
              L(1)G(1)L(1) at d 64: a smoke test.
 """
 
-from configs.imagenet64 import transformer as baseline
 from lra_core.config import config_arg
-from models import fit
+from lra_core.configs.imagenet64 import transformer as baseline
+from lra_core.models import fit
 
 
 def get_config(arg=None):

@@ -32,7 +32,7 @@ Args (comma-separated):
 from lra_core import diffusion, optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import imagenet64
-from models import fit_denoiser
+from lra_core.models import fit_denoiser
 
 
 def rin_optim():

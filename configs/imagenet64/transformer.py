@@ -35,7 +35,7 @@ from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError
-from models import transformer
+from lra_core.models import transformer
 
 
 def vq_optim():

@@ -16,7 +16,7 @@ Args (comma-separated): large, full (unquantized quadratic attention), tiny (8x8
 
 from lra_core.config import base_config, config_arg
 from lra_core.data import imagenet64
-from models import transformer_vq
+from lra_core.models import transformer_vq
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ import ml_collections
 
 from lra_core import optim
 from lra_core.config import config_arg
-from models import fit, latte, transformer
+from lra_core.models import fit, latte, transformer
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:

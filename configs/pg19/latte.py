@@ -17,7 +17,7 @@ Args (comma-separated): one variant of models.latte.VARIANTS (default latte), ti
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
-from models import latte
+from lra_core.models import latte
 
 VOCAB = 50267
 SPM_MODEL = "spm_bpe50k.model"  # relative: resolved under data.dir

@@ -43,7 +43,7 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from models import flash, transformer
+from lra_core.models import flash, transformer
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir

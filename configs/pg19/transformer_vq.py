@@ -18,7 +18,7 @@ Args (comma-separated):
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
-from models import transformer_vq
+from lra_core.models import transformer_vq
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir

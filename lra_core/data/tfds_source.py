@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 
-from lra_core.errors import DataError
+from lra_core.errors import DataError, optional_import
 
 
 def open_split(name: str, split: str, data_dir: str):
   """A random-access source over tfds `name` (e.g. "pg19", "c4/en") split `split`, which may
   carry a slice ("train[:90%]"). Records are dicts of numpy values; text comes as bytes."""
-  import tensorflow_datasets as tfds  # imported here: the raw-file loaders never need it
+  tfds = optional_import("tensorflow_datasets", "tfds")  # imported here: the raw-file loaders never need it
 
   data_dir = os.path.expanduser(data_dir) if data_dir else None
   prepare = (f"prepare it with `tfds build {name.split('/')[0]} --file_format=array_record"

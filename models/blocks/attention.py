@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels.attention import attention_mask, dot_product_attention, local_attention
+from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
+from lra_core.models.blocks.layers import Dense
+from lra_core.models.blocks.positions import apply_rope
 from lra_core.sharding import constrain
-from models.blocks.layers import Dense
-from models.blocks.positions import apply_rope
 
 Array = jax.Array
 

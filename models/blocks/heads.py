@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.blocks.layers import ACTIVATIONS, Dense
+from lra_core.models.blocks.layers import ACTIVATIONS, Dense
 
 Array = jax.Array
 POOLING = ("cls", "mean", "max")

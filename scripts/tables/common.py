@@ -15,16 +15,14 @@ import pathlib
 import sys
 from collections.abc import Callable, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from lra_core.config import load_config  # noqa: E402
-from lra_core.errors import DataError  # noqa: E402
+from lra_core.errors import DataError, optional_import  # noqa: E402
 from lra_core.metrics import read_metrics  # noqa: E402
+
+optional_import("matplotlib", "plot").use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 @dataclasses.dataclass

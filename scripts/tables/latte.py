@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from matplotlib import ticker
 
-from kernels import latte as latte_kernels
+from lra_core.kernels import latte as latte_kernels
 from scripts import bench_cores
 from scripts.tables.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
 

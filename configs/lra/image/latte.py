@@ -9,10 +9,10 @@ Table 7: 6 layers, 4 heads, L 40, D 512, lr 1e-3, batch 32, weight decay 0.05, d
 for cifar10 has L 512; we follow the paper's table.
 """
 
-from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
+from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import cifar10
-from models import latte
+from lra_core.models import latte
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 45_000, 32, 200
 

@@ -8,10 +8,10 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 64, weight decay 0.03, 
 200 epochs of the 160k training images, absolute positions only (no RoPE on the window).
 """
 
-from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
+from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import pathfinder
-from models import latte
+from lra_core.models import latte
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 160_000, 64, 200
 

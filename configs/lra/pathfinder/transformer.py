@@ -19,8 +19,8 @@ Args (comma-separated):
                   data.dir at small images and set data.resolution / train.seq_len to match.
 """
 
-from configs.lra.common import lra_optim, lra_transformer
 from lra_core.config import base_config, config_arg, tiny_train
+from lra_core.configs.lra.common import lra_optim, lra_transformer
 from lra_core.data.lra import pathfinder
 
 TRAIN_EXAMPLES = 160_000  # 80% of the 200k images of one difficulty

@@ -10,8 +10,8 @@ layers around global layers (configs.lra.common.lra_fit). Grouping: the 128x128 
 Args: tiny (the Transformer's tiny setting; blocks of 4 x 4 pixels, 2 latents per group).
 """
 
-from configs.lra.common import lra_fit_config
-from configs.lra.pathx import transformer
+from lra_core.configs.lra.common import lra_fit_config
+from lra_core.configs.lra.pathx import transformer
 
 
 def get_config(arg=None):

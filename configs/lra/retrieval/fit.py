@@ -10,8 +10,8 @@ layers around global layers (configs.lra.common.lra_fit). Grouping: each 4000-by
 Args: tiny (the Transformer's tiny setting; groups of 16 tokens, 4 latents per group).
 """
 
-from configs.lra.common import lra_fit_config
-from configs.lra.retrieval import transformer
+from lra_core.configs.lra.common import lra_fit_config
+from lra_core.configs.lra.retrieval import transformer
 
 
 def get_config(arg=None):

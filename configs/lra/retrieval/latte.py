@@ -9,10 +9,10 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-4, batch 32, weight decay 0.01, d
 20 epochs of AAN's 147,086 training pairs, RoPE on the window; 4000 bytes per document.
 """
 
-from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
+from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import retrieval
-from models import latte
+from lra_core.models import latte
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 147_086, 32, 20
 

@@ -11,8 +11,8 @@ Settings: LRA public matching config (4 layers, d 128, 4 heads, MLP 512, length 
 document, batch 32, 5000 steps, lr factor 0.05 with rsqrt decay after 8000 warmup, wd 0.1).
 """
 
-from configs.lra.common import lra_optim, lra_transformer
 from lra_core.config import base_config, config_arg, tiny_train
+from lra_core.configs.lra.common import lra_optim, lra_transformer
 from lra_core.data.lra import retrieval
 
 

@@ -8,10 +8,10 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 32, weight decay 0.05, 
 32 epochs of the 25k reviews, RoPE on the window; 4000 bytes (Appendix A.2.2).
 """
 
-from configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.config import base_config, config_arg
+from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import imdb
-from models import latte
+from lra_core.models import latte
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 25_000, 32, 32
 

@@ -18,8 +18,8 @@ Args (comma-separated):
   tiny            a smoke-test size (2 layers, d 32, 64 bytes, 4 steps).
 """
 
-from configs.lra.common import lra_optim, lra_transformer
 from lra_core.config import base_config, config_arg, tiny_train
+from lra_core.configs.lra.common import lra_optim, lra_transformer
 from lra_core.data.lra import imdb
 
 

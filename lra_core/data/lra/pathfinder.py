@@ -145,7 +145,7 @@ def tfds_order(keys: Sequence[str], split_name: str) -> np.ndarray:
 
 def decode_png(path: str | os.PathLike, resolution: int) -> np.ndarray | None:
   """uint8[res*res] raster-order pixels of an 8-bit greyscale PNG; None for an empty file."""
-  from PIL import Image  # Pillow comes with matplotlib; imported here to keep imports light
+  from PIL import Image  # imported here to keep imports light
 
   path = str(path)
   try:
