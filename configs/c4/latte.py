@@ -19,6 +19,7 @@ latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++; tiny (bytes, 2
 from lra_core.config import base_config, config_arg
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
+from lra_core.configs.presets import latte as presets
 from lra_core.models import latte
 
 VOCAB = 50267
@@ -27,13 +28,13 @@ SPM_MODEL = "spm_bpe50k.model"  # relative: resolved under data.dir
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + tuple(latte.VARIANTS))
-  model, opt, train = latte.lm_config(latte.variant_from_args(parts), vocab_size=VOCAB,
-                                      sizes=latte.PAPER_LM, lr=6e-4, warmup=2000, steps=100_000, dropout=0.0)
+  model, opt, train = presets.lm_config(presets.variant_from_args(parts), vocab_size=VOCAB,
+                                      sizes=presets.PAPER_LM, lr=6e-4, warmup=2000, steps=100_000, dropout=0.0)
   config = base_config(task="lm", model=model, data=c4.data_config(tokenizer=SPM_MODEL, packing="concat"),
                        optim=opt)
   config.train.update(dict(batch_size=80, seq_len=1024, **train))
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
     config.model.vocab_size = ByteTokenizer.vocab_size
-    latte.tiny(config, seq_len=64)
+    presets.tiny(config, seq_len=64)
   return config

@@ -33,7 +33,8 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from lra_core.models import flash, transformer
+from lra_core.configs.presets import flash as flash_presets
+from lra_core.models import transformer
 
 T5_VOCAB_MODEL = "sentencepiece.model"  # relative: resolved under data.dir
 EMBED_VOCAB = 32128                     # T5's padded embedding size for its 32000-piece vocabulary
@@ -43,7 +44,7 @@ def flash_setting(model, *, mlm: bool, clip: bool = True):
   """FLASH's C4 setting around `model` (Tables 6-7): MLM on whole documents packed per row, or causal
   LM on concatenated ones; context 512 at 2^18 tokens per step, 125k steps, the paper's optimizer."""
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
-  config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=flash.paper_optim(clip=clip))
+  config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=flash_presets.paper_optim(clip=clip))
   config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,
                            eval_batches=50, checkpoint_every=5000))
   return config

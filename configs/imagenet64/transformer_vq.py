@@ -16,16 +16,17 @@ Args (comma-separated): large, full (unquantized quadratic attention), tiny (8x8
 
 from lra_core.config import base_config, config_arg
 from lra_core.data import imagenet64
+from lra_core.configs.presets import transformer_vq as vq_presets
 from lra_core.models import transformer_vq
 
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "large", "full"))
   large = "large" in parts
-  size = transformer_vq.PAPER_SIZES["1.2B" if large else "190M"]
+  size = vq_presets.PAPER_SIZES["1.2B" if large else "190M"]
   model = transformer_vq.model_config(**size, vocab_size=imagenet64.START + 1, abs_position=True, dropsin=0.1,
                                       final_norm=large, tie_embeddings=large)
-  optim = transformer_vq.paper_optim("adafactor") if large else transformer_vq.paper_optim("adamw")
+  optim = vq_presets.paper_optim("adafactor") if large else vq_presets.paper_optim("adamw")
   config = base_config(task="image_ar", model=model, data=imagenet64.data_config(), optim=optim)
   seq_len = imagenet64.num_tokens(imagenet64.SIZE)  # 12288
   config.train.update(dict(steps=500_000 if large else 125_000, batch_size=128 if large else 16,
@@ -35,5 +36,5 @@ def get_config(arg=None):
     config.model.attention = "full"
   if "tiny" in parts:
     config.data.image_size = 8
-    transformer_vq.tiny(config, seq_len=imagenet64.num_tokens(8), update_len=64)
+    vq_presets.tiny(config, seq_len=imagenet64.num_tokens(8), update_len=64)
   return config

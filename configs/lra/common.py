@@ -6,6 +6,7 @@ import ml_collections
 
 from lra_core import optim
 from lra_core.config import config_arg
+from lra_core.configs.presets import latte as latte_presets
 from lra_core.models import fit, latte, transformer
 
 
@@ -40,7 +41,7 @@ def lra_latte(parts: set[str], *, rope: bool, lr: float, weight_decay: float, dr
   feed-forward width (4 D) and the window (128) are not in Table 7; we take the authors' blocks and
   the LM setting. Table 7 gives no schedule: AdamW with linear warmup and cosine decay, as Table 5.
   Returns (model, optim) sections."""
-  model = latte.model_config(latte.variant_from_args(parts), num_layers=6, num_heads=4, position="sinusoid", rope=rope, vapor=False,
+  model = latte.model_config(latte_presets.variant_from_args(parts), num_layers=6, num_heads=4, position="sinusoid", rope=rope, vapor=False,
                              dropout=dropout, tie_embeddings=False, **sizes)
   model.d_ff = 4 * model.d_model
   if model.window:

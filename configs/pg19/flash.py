@@ -24,6 +24,7 @@ from lra_core.configs.pg19.transformer import SPM_MODEL, SPM_VOCAB
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
+from lra_core.configs.presets import flash as flash_presets
 from lra_core.models import flash
 
 
@@ -38,7 +39,7 @@ def get_config(arg=None):
     model.num_layers = 72
   else:  # 36 attention + 36 MLP layers, like the Transformer+ / ++ of Table 10
     model.update(dict(num_layers=36, d_ff=4096 * 2 // 3 if model.mlp == "glu" else 4096))
-  opt = flash.paper_optim()
+  opt = flash_presets.paper_optim()
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
   config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192, eval_every=5000,
                            eval_batches=50, checkpoint_every=5000))

@@ -17,6 +17,7 @@ Args (comma-separated): one variant of models.latte.VARIANTS (default latte), ti
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
+from lra_core.configs.presets import latte as presets
 from lra_core.models import latte
 
 VOCAB = 50267
@@ -26,12 +27,12 @@ SIZES = dict(d_model=512, num_layers=12, num_heads=8, d_ff=2048, num_latents=128
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + tuple(latte.VARIANTS))
-  model, opt, train = latte.lm_config(latte.variant_from_args(parts), vocab_size=VOCAB, sizes=SIZES,
+  model, opt, train = presets.lm_config(presets.variant_from_args(parts), vocab_size=VOCAB, sizes=SIZES,
                                       lr=2.5e-4, warmup=2000, steps=300_000, dropout=0.2)
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
   config.train.update(dict(batch_size=4, seq_len=5000, **train))
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
     config.model.vocab_size = ByteTokenizer.vocab_size
-    latte.tiny(config, seq_len=64)
+    presets.tiny(config, seq_len=64)
   return config

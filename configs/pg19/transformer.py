@@ -43,7 +43,8 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
-from lra_core.models import flash, transformer
+from lra_core.configs.presets import flash as flash_presets
+from lra_core.models import transformer
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir
@@ -73,7 +74,7 @@ def get_config(arg=None):
     if variant == "transformer":
       config.model.update(transformer.VARIANTS["transformer+"], variant="transformer+")
     config.model.update(dict(d_model=1024, num_layers=36, num_heads=16, d_ff=4096, norm="layer", dropout=0.0))
-    config.optim = flash.paper_optim()
+    config.optim = flash_presets.paper_optim()
     config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192))
 
   if variant == "transformer++":

@@ -18,6 +18,7 @@ Args (comma-separated):
 from lra_core.config import base_config, config_arg
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
+from lra_core.configs.presets import transformer_vq as vq_presets
 from lra_core.models import transformer_vq
 
 SPM_VOCAB = 32000
@@ -26,10 +27,10 @@ SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "full"))
-  model = transformer_vq.model_config(**transformer_vq.PAPER_SIZES["1.3B"], vocab_size=SPM_VOCAB, dropsin=0.1,
+  model = transformer_vq.model_config(**vq_presets.PAPER_SIZES["1.3B"], vocab_size=SPM_VOCAB, dropsin=0.1,
                                       dropres=0.1, droplyr=0.1, final_norm=True, tie_embeddings=True)
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL),
-                       optim=transformer_vq.paper_optim("adafactor"))
+                       optim=vq_presets.paper_optim("adafactor"))
   config.train.update(dict(steps=500_000, batch_size=128, seq_len=8192, update_len=2048, eval_every=5000,
                            eval_batches=50, checkpoint_every=5000))
   if "full" in parts:
@@ -37,5 +38,5 @@ def get_config(arg=None):
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
     config.model.vocab_size = ByteTokenizer.vocab_size
-    transformer_vq.tiny(config, seq_len=64, update_len=16)
+    vq_presets.tiny(config, seq_len=64, update_len=16)
   return config

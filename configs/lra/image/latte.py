@@ -12,7 +12,7 @@ for cifar10 has L 512; we follow the paper's table.
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import cifar10
-from lra_core.models import latte
+from lra_core.configs.presets import latte as presets
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 45_000, 32, 200
 
@@ -26,5 +26,5 @@ def get_config(arg=None):
   config.train.update(seq_len=cifar10.PIXELS, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:
     config.data.image_size = 16
-    latte.tiny(config, seq_len=16 * 16)
+    presets.tiny(config, seq_len=16 * 16)
   return config

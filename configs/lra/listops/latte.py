@@ -12,7 +12,7 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-3, batch 64, weight decay 0.01, d
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import listops
-from lra_core.models import latte
+from lra_core.configs.presets import latte as presets
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 96_000, 64, 50
 
@@ -26,5 +26,5 @@ def get_config(arg=None):
   if "tiny" in parts:
     config.data.update(dict(generate=True, num_train=200, num_val=40, num_test=40, max_depth=4, max_args=5,
                             min_length=16, max_length=64))
-    latte.tiny(config, seq_len=64)
+    presets.tiny(config, seq_len=64)
   return config

@@ -11,7 +11,7 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 64, weight decay 0.03, 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import pathfinder
-from lra_core.models import latte
+from lra_core.configs.presets import latte as presets
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 160_000, 64, 200
 
@@ -26,5 +26,5 @@ def get_config(arg=None):
   config.train.update(seq_len=32 * 32, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:
     config.data.resolution = 16
-    latte.tiny(config, seq_len=16 * 16)
+    presets.tiny(config, seq_len=16 * 16)
   return config

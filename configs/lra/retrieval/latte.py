@@ -12,7 +12,7 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-4, batch 32, weight decay 0.01, d
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import retrieval
-from lra_core.models import latte
+from lra_core.configs.presets import latte as presets
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 147_086, 32, 20
 
@@ -25,5 +25,5 @@ def get_config(arg=None):
   config = base_config(task="retrieval", model=model, data=retrieval.data_config(), optim=opt)
   config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
-    latte.tiny(config, seq_len=64)
+    presets.tiny(config, seq_len=64)
   return config

@@ -11,7 +11,7 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 32, weight decay 0.05, 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.data.lra import imdb
-from lra_core.models import latte
+from lra_core.configs.presets import latte as presets
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 25_000, 32, 32
 
@@ -23,5 +23,5 @@ def get_config(arg=None):
   config = base_config(task="classify", model=model, data=imdb.data_config(), optim=opt)
   config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
-    latte.tiny(config, seq_len=64)
+    presets.tiny(config, seq_len=64)
   return config
