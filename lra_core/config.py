@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-import functools
 import hashlib
-import importlib
 import importlib.util
 import json
 import pathlib
@@ -20,16 +18,17 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
-from lra_core import data as data_lib
 from lra_core import optim as optim_lib
+from lra_core import registry
 from lra_core.errors import ConfigError
+from lra_core.registry import package_dir
 
-TASKS = ("lm", "mlm", "classify", "retrieval", "image_ar", "diffusion")
+TASKS = tuple(registry.TASKS)
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
-# Logical axis name -> mesh axes. Parameters carry logical names (see models/layers.py);
+# Logical axis name -> mesh axes. Parameters carry logical names (see models/blocks/layers.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
 # over `fsdp` and Megatron-style splitting of heads / MLP width / vocabulary over `tensor`.
 DEFAULT_RULES = (
@@ -118,11 +117,6 @@ def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
     raise ConfigError(f"config arg {sorted(unknown)[0]!r} is not known; expected a comma-separated "
                       f"subset of {list(allowed)}.")
   return parts
-
-
-def package_dir(name: str) -> pathlib.Path:
-  """The folder of the subpackage `lra_core.<name>` (models, kernels, configs), in a checkout or an install."""
-  return pathlib.Path(importlib.util.find_spec(f"lra_core.{name}").submodule_search_locations[0])
 
 
 def resolve_path(path: str) -> pathlib.Path:
@@ -269,22 +263,6 @@ def _positive(config, *keys: str) -> None:
       raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
 
 
-@functools.cache
-def _model_names() -> tuple[str, ...]:
-  return tuple(sorted(p.stem for p in package_dir("models").glob("*.py") if not p.stem.startswith("_")))
-
-
-def model_module(name: str):
-  """The module `models/<name>.py` (lra_core.models.<name>), which must define `Model`."""
-  if not isinstance(name, str) or name not in _model_names():
-    raise ConfigError(f"model.name {name!r} is not a module in models/; "
-                      f"available: {list(_model_names())}.")
-  module = importlib.import_module(f"lra_core.models.{name}")
-  if not hasattr(module, "Model"):
-    raise ConfigError(f"models/{name}.py defines no Model class.")
-  return module
-
-
 def validate(config: ml_collections.ConfigDict) -> None:
   """Cross-field checks shared by all configs, then the optimizer's and the model's."""
   for section in ("model", "data", "train", "optim", "mesh"):
@@ -325,7 +303,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   optim_lib.validate_config(config)
   # Only the name here: the dataset's own checks look at files, which a config that is loaded
   # to count parameters or to build a model need not have; the trainer runs them before compiling.
-  data_lib.dataset_module(config.data.name)
-  module = model_module(config.model.get("name"))
-  if hasattr(module, "validate_config"):
-    module.validate_config(config)
+  registry.dataset_module(config.data.name)
+  family = registry.family(config.model.get("name"))
+  if config.task not in family.tasks:
+    raise ConfigError(f"model {family.name} is not built for task {config.task!r}; its tasks are "
+                      f"{list(family.tasks)}.")
+  family.validate_config(config)

@@ -1,12 +1,12 @@
 """Sampling from autoregressive models: logit filters and a compiled generation loop.
 
-Any model that follows the autoregressive protocol (README, "Adding a model") works here:
+Any model that follows the decode protocol (lra_core.protocol.Decoder; docs/api.md) works here:
 
   logits = model(tokens)                                  # int32[B,T] -> float[B,T,V]
   state = model.init_decode_state(batch_size, max_len)    # pytree of arrays
   logits_t, state = model.decode_step(tokens[:, t:t+1], state)   # float[B,1,V], new state
 
-and optionally a parallel prompt prefill, equal to P decode steps up to float rounding:
+and optionally a parallel prompt prefill (protocol.Prefiller), equal to P decode steps up to float rounding:
 
   logits_last, state = model.prefill(tokens[:, :P], state)   # float[B,1,V] of position P-1
 
@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lra_core.errors import DecodingError
+from lra_core.protocol import Decoder, Prefiller
 
 __all__ = ["DecodingError", "filter_logits", "sample_token", "generate"]
 
@@ -250,7 +251,7 @@ def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
   """Feeds the whole prompt (`step` is one decode step) -> (state, float logits[B,V] of its
   last position)."""
   batch = prompt.shape[0]
-  if getattr(model, "can_prefill", False):
+  if isinstance(model, Prefiller) and model.can_prefill:
     logits, new_state = model.prefill(prompt, state)
     if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
       raise DecodingError(
@@ -324,11 +325,10 @@ def generate(
   Returns:
     int32[B, P + N]: the prompt followed by the generated tokens.
   """
-  for name in ("init_decode_state", "decode_step"):
-    if not callable(getattr(model, name, None)):
-      raise DecodingError(
-          f"model {type(model).__name__} has no method {name}; generate needs the "
-          "autoregressive decode protocol (init_decode_state, decode_step)")
+  if not isinstance(model, Decoder):
+    raise DecodingError(
+        f"model {type(model).__name__} does not decode; generate needs the decode protocol "
+        "(lra_core.protocol.Decoder: init_decode_state, decode_step)")
   prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise DecodingError(

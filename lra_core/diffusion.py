@@ -207,7 +207,7 @@ def sample(model, key: Array, shape: tuple[int, ...], steps: int, *, schedule: s
     raise ValueError(f"sampler {sampler!r} is not one of {SAMPLERS}.")
   gamma_fn = make_schedule(schedule)
   b = shape[0]
-  self_cond = getattr(model, "self_condition", False)
+  self_cond = model.self_condition
   k_init, k_steps = jax.random.split(key)
   x = jax.random.normal(k_init, shape, jnp.float32)
   latents = jnp.zeros(model.latents_shape(b), jnp.float32) if self_cond else None

@@ -13,9 +13,8 @@ import ml_collections
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import optim, sharding
+from lra_core import optim, registry, sharding
 from lra_core.checkpoint import restore_params
-from lra_core.config import model_module
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, DataError
 from lra_core.state import make_state_spec, to_host
@@ -25,9 +24,7 @@ from lra_core.tasks import Task, make_task
 
 def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
   """Validates the dataset settings, opens the splits and builds the task (no compilation)."""
-  data_module = data_lib.dataset_module(config.data.name)
-  if hasattr(data_module, "validate_config"):
-    data_module.validate_config(config)
+  registry.dataset_module(config.data.name).validate_config(config)
   sources = {split: data_lib.make_source(config, split) for split in splits}
   pipeline.log_sizes(config, sources)
   info = next(iter(sources.values())).info
@@ -164,8 +161,8 @@ class Evaluator:
 def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   """`state` with its parameters taken from the latest checkpoint in `source_workdir`.
 
-  The source run's own config.json rebuilds its state for restoring. A model module with
-  `uptrain_params(params, source_params, config)` maps the source parameters onto its own (e.g. a
+  The source run's own config.json rebuilds its state for restoring. A family with capability
+  `uptrain` maps the source parameters onto its own with its record's `uptrain_params` (e.g. a
   Block Transformer from a vanilla Transformer); otherwise the two models must have the same
   parameter shapes. The optimizer state stays fresh (it starts at zero either way).
   """
@@ -175,11 +172,11 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   source_config = ml_collections.ConfigDict(json.loads((path / "config.json").read_text()))
   source_tx, _ = optim.make_optimizer(source_config)
   source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
-  module = model_module(config.model.name)
+  family = registry.family(config.model.name)
   params = jax.device_get(state["params"])
   source_params = jax.device_get(source["params"])
-  if hasattr(module, "uptrain_params"):
-    params = module.uptrain_params(params, source_params, config)
+  if family.capabilities.uptrain:
+    params = family.uptrain_params(params, source_params, config)
   else:
     mine, theirs = jax.tree.structure(params), jax.tree.structure(source_params)
     shapes = [np.shape(x) for x in jax.tree.leaves(params)] == [np.shape(x) for x in jax.tree.leaves(source_params)]

@@ -1,38 +1,117 @@
-"""Models are looked up by name: `config.model.name` -> `models/<name>.py`, class `Model`.
+"""Every lookup by name: model families, datasets and tasks.
 
-Adding an architecture is one file in models/ (a `Model(config, *, rngs)` nnx.Module, and
-optionally `validate_config(config)`) plus configs; the trainer needs no edit.
+A model family is a module `models/<name>.py` (lra_core.models.<name>) with a `FAMILY` record
+(lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that module plus a
+config file: the trainer and the cross-family tests find it here, with no list to edit.
+Datasets (`config.data.name`) and task objectives (`config.task`) are named below.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import math
+import pathlib
 
 import jax
 from flax import nnx
 
-from lra_core.config import model_module
+from lra_core.errors import ConfigError
+from lra_core.protocol import Family
+
+# data.name -> the module that reads it (lra_core/data/__init__.py describes what it gives).
+DATASETS = {
+    "listops": "lra_core.data.lra.listops",
+    "retrieval": "lra_core.data.lra.retrieval",
+    "bytes": "lra_core.data.bytes",
+    "pg19": "lra_core.data.pg19",
+    "c4": "lra_core.data.c4",
+    "imagenet64": "lra_core.data.imagenet64",
+    "imdb": "lra_core.data.lra.imdb",
+    "cifar10": "lra_core.data.lra.cifar10",
+    "pathfinder": "lra_core.data.lra.pathfinder",
+}
+
+# config.task -> the objective's class (lra_core/tasks/base.py describes the interface).
+TASKS = {
+    "lm": "lra_core.tasks.lm:LMTask",
+    "image_ar": "lra_core.tasks.lm:ImageARTask",
+    "mlm": "lra_core.tasks.mlm:MLMTask",
+    "classify": "lra_core.tasks.classify:ClassifyTask",
+    "retrieval": "lra_core.tasks.classify:ClassifyTask",
+    "diffusion": "lra_core.tasks.diffusion:DiffusionTask",
+}
+
+
+def package_dir(name: str) -> pathlib.Path:
+  """The folder of the subpackage `lra_core.<name>` (models, kernels, configs), in a checkout or an install."""
+  return pathlib.Path(importlib.util.find_spec(f"lra_core.{name}").submodule_search_locations[0])
+
+
+@functools.cache
+def family_names() -> tuple[str, ...]:
+  """The names of every model family: the public modules of models/."""
+  return tuple(sorted(p.stem for p in package_dir("models").glob("*.py") if not p.stem.startswith("_")))
+
+
+def family(name: str) -> Family:
+  """The record of family `name` (config.model.name)."""
+  if not isinstance(name, str) or name not in family_names():
+    raise ConfigError(f"model.name {name!r} is not a module in models/; available: {list(family_names())}.")
+  record = importlib.import_module(f"lra_core.models.{name}").__dict__.get("FAMILY")
+  if not isinstance(record, Family) or record.name != name:
+    raise ConfigError(f"models/{name}.py defines no FAMILY record named {name!r} (lra_core.protocol.Family).")
+  return record
+
+
+def families() -> tuple[Family, ...]:
+  """Every family's record, by name."""
+  return tuple(family(name) for name in family_names())
+
+
+def dataset_module(name: str):
+  """The module that reads dataset `name` (config.data.name)."""
+  if name not in DATASETS:
+    raise ConfigError(f"data.name {name!r} is not a known dataset; expected one of {sorted(DATASETS)}.")
+  return importlib.import_module(DATASETS[name])
+
+
+def task_class(name: str):
+  """The objective of task `name` (config.task)."""
+  if name not in TASKS:
+    raise ConfigError(f"task {name!r} has no objective; available: {sorted(TASKS)}.")
+  module, _, cls = TASKS[name].partition(":")
+  return getattr(importlib.import_module(module), cls)
 
 
 def build_model(config, seed: int = 0) -> nnx.Module:
   """A freshly initialised model for `config` (parameters float32, from `seed`)."""
-  module = model_module(config.model.name)
-  return module.Model(config, rngs=nnx.Rngs(params=seed))
+  return family(config.model.name).model(config, rngs=nnx.Rngs(params=seed))
+
+
+def _size(state) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
 
 
 def parameter_count(config) -> int:
   """Trainable parameters of the model `config` builds, from shapes only (nothing is allocated)."""
-  model = nnx.eval_shape(lambda: build_model(config))
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  return _size(nnx.state(nnx.eval_shape(lambda: build_model(config)), nnx.Param))
 
 
 def non_embedding_parameter_count(config) -> int:
-  """Parameters outside the layers that map tokens in and out, as papers size language models.
-
-  A model module names its embedding parameters (top-level attributes) in EMBEDDING_PARAMS; the
-  default covers the transformer baselines (token embedding, position table, output head).
-  """
-  names = getattr(model_module(config.model.name), "EMBEDDING_PARAMS", ("embed", "positions", "head"))
-  model = nnx.eval_shape(lambda: build_model(config))
-  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  """Parameters outside the layers that map tokens in and out (the record's embedding_params), as
+  papers size language models."""
+  names = family(config.model.name).embedding_params
+  flat = nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: build_model(config)), nnx.Param))
   return sum(math.prod(v.shape) for path, v in flat if str(path[0]) not in names)
+
+
+def parameter_counts(config) -> dict[str, int]:
+  """Trainable parameters, the state the family counts beside them (Transformer-VQ's codebook
+  statistics) and their total, from shapes only."""
+  record = family(config.model.name)
+  model = nnx.eval_shape(lambda: build_model(config))
+  params = _size(nnx.state(model, nnx.Param))
+  extra = _size(nnx.state(model, *record.counted_state)) if record.counted_state else 0
+  return {"params": params, "codebook": extra, "total": params + extra}

@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from lra_core import sharding
+from lra_core import registry, sharding
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
 
@@ -53,7 +53,7 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
   batch_size = config.train.batch_size
 
   abstract_model = nnx.eval_shape(lambda: build_model(config, seed=seed))
-  has_carry = hasattr(abstract_model, "init_carry")
+  has_carry = registry.family(config.model.name).keeps_carry(config)
   abstract_model.train()
   train_graphdef, abs_params, abs_rest = split_model(abstract_model)
   abstract_model.eval()

@@ -29,6 +29,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels.attention import dot_product_attention
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
@@ -418,3 +419,21 @@ class Model(nnx.Module):
     state = jax.lax.cond(offset == self.group_size - 1, lambda s: self._finish_group(s, index // self.group_size),
                          lambda s: s, state)
     return logits, {**state, "index": index + 1}
+
+
+# -- family record --------------------------------------------------------------------------------
+
+FAMILY = Family(
+    name="fit",
+    model=Model,
+    tasks=("lm", "image_ar", "classify", "retrieval"),
+    capabilities=Capabilities(decode=True),
+    validate_config=validate_config,
+    smoke=Smoke(
+        config="configs/imagenet64/fit_ar.py:tiny,overlap", data="imagenet64",
+        causal="configs/imagenet64/fit_ar.py:tiny,overlap", light=("model.layers=L(1)G(1)",),
+        fuzz={"model.group_size": ["8", "16", "5", "0"], "model.latents_per_group": ["1", "4", "0"],
+              "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("], "model.overlap": ["0", "2", "-1", "16"],
+              "model.latent_heads": ["1", "2", "3"], "model.d_latent": ["16", "32", "30"]}),
+    paper_rows=(PaperRow("configs/imagenet64/fit_ar.py", 153e6, "FIT Table 4, FIT-AR (ImageNet64)"),),
+)

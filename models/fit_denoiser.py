@@ -26,6 +26,7 @@ from flax import nnx
 
 from lra_core import diffusion
 from lra_core.errors import ConfigError
+from lra_core.protocol import Capabilities, Family, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
 from lra_core.models.blocks.positions import sinusoid
@@ -126,8 +127,6 @@ class LatentSelfCondition(nnx.Module):
 
 def validate_config(config) -> None:
   m = config.model
-  if config.task != "diffusion":
-    raise ConfigError(f"model fit_denoiser is a denoiser for task 'diffusion', not {config.task!r}.")
   for key in ("image_size", "image_channels", "patch_size", "num_groups", "latents_per_group", "d_model",
               "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff"):
     if not isinstance(m[key], int) or m[key] <= 0:
@@ -245,3 +244,22 @@ class Model(nnx.Module):
         x = blk.x2l(x, latents.reshape(b * t, m, -1))
     out = self.out(self.out_norm(x)).reshape(tokens.shape).astype(jnp.float32)
     return groups_to_image(out, self.side, self.channels, self.patch_size, self.group_patches), latents
+
+
+# -- family record --------------------------------------------------------------------------------
+
+FAMILY = Family(
+    name="fit_denoiser",
+    model=Model,
+    tasks=("diffusion",),
+    capabilities=Capabilities(self_condition=True),
+    validate_config=validate_config,
+    smoke=Smoke(
+        config="configs/imagenet64/fit_denoiser.py:tiny", data="imagenet64",
+        overrides=("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
+                   "model.layers=L(1)G(2)L(1)"),
+        light=("model.layers=L(1)G(1)L(1)",),
+        fuzz={"model.patch_size": ["2", "4", "3", "0"], "model.num_groups": ["1", "4", "3"],
+              "model.latents_per_group": ["2", "4", "0"], "model.layers": ["L(1)G(1)L(1)", "L(1)G(1)", "L("],
+              "model.self_condition": ["true", "false"], "diffusion.pred_type": ["eps", "x0", "v", "bogus"]}),
+)

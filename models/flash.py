@@ -40,6 +40,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import Attention
@@ -256,21 +257,25 @@ class Model(transformer.Model):
     super().__init__(config, rngs=rngs)
 
 
-# -- paper settings ------------------------------------------------------------------------------------
+# -- family record --------------------------------------------------------------------------------
 
-def paper_optim(*, clip: bool = True) -> ml_collections.ConfigDict:
-  """The optimizer of Tables 6-7 (MLM on C4, LM on Wiki-40B and PG-19), for every model compared:
-  AdamW (b1 .9, b2 .999, eps 1e-6, weight decay 0.01), lr 7e-4 with 10k warm-up steps and linear
-  decay to 0, gradient clipping 0.1 for all but the vanilla Transformer (`clip=False`); the paper
-  clips locally, here by global norm."""
-  from lra_core import optim
-  c = optim.default_config()
-  c.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_schedule="lr",
-                clip_norm=0.1 if clip else 0.0, schedule="linear", warmup_steps=10_000, min_lr_ratio=0.0))
-  return c
-
-
-# -- paper sizes ----------------------------------------------------------------------------------------
-
-# Parameter counts of Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024), in millions.
-PAPER_COUNTS = {"c4": {"flash_quad": 112e6, "flash": 112e6}, "pg19": {"flash_quad": 496e6, "flash": 496e6}}
+FAMILY = Family(
+    name="flash",
+    model=Model,
+    tasks=transformer.FAMILY.tasks,
+    capabilities=Capabilities(decode=True),
+    validate_config=validate_config,
+    smoke=Smoke(
+        config="configs/c4/flash.py:tiny", data="c4", causal="configs/c4/flash.py:tiny,lm",
+        light=("model.num_layers=1",),
+        fuzz={"model.chunk": ["4", "16", "5", "0"], "model.expansion": ["1", "2", "0"], "model.qk_dim": ["8", "16", "0"],
+              "model.variant": ["flash", "flash_quad", "flash_local", "nope"], "mlm.mask_rate": ["0.15", "0.0", "1.5"]}),
+    # Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024)
+    paper_rows=(
+        PaperRow("configs/c4/flash.py", 112e6, "FLASH Table 8, FLASH (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/c4/flash_quad.py", 112e6, "FLASH Table 8, FLASH-Quad (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/c4/flash.py:performer", 110e6, "FLASH Table 8, Performer (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/pg19/flash.py", 496e6, "FLASH Table 10, FLASH (PG-19)", tolerance=0.03),
+        PaperRow("configs/pg19/flash.py:flash_quad", 496e6, "FLASH Table 10, FLASH-Quad (PG-19)", tolerance=0.03),
+    ),
+)

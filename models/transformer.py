@@ -18,6 +18,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
@@ -300,3 +301,30 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
   source = jnp.where(newest >= index, size + newest - index, slots)
   return x, {"key": jnp.take(extended["key"], source, axis=1),
              "value": jnp.take(extended["value"], source, axis=1), "pos": extended["pos"][source]}
+
+
+# -- family record --------------------------------------------------------------------------------
+
+BLOCK_PAPER = "configs/c4/block_transformer.py"
+FAMILY = Family(
+    name="transformer",
+    model=Model,
+    tasks=("lm", "image_ar", "mlm", "classify", "retrieval"),
+    capabilities=Capabilities(decode=True, prefill=True),
+    validate_config=validate_config,
+    smoke=Smoke(
+        config="configs/lra/listops/transformer.py:tiny", data="listops", causal="configs/enwik8/transformer.py:tiny",
+        overrides=("model.dropout=0.1",), light=("model.num_layers=1",),
+        fuzz={"model.num_heads": ["1", "2", "3", "4", "0"], "model.num_kv_heads": ["0", "1", "2", "3"],
+              "model.position": ["sinusoid", "learned", "rope", "none", "bogus"], "model.window": ["0", "4", "-1"],
+              "model.vocab_size": ["8", "16", "64"], "model.num_classes": ["10", "4"]}),
+    paper_rows=(
+        PaperRow("configs/c4/transformer.py:mlm", 110e6, "FLASH Table 8, Transformer (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/c4/transformer.py:mlm,plus", 110e6, "FLASH Table 8, Transformer+ (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/c4/transformer.py:mlm,plusplus", 110e6, "FLASH Table 8, Transformer++ (C4 MLM)", tolerance=0.03),
+        PaperRow("configs/pg19/transformer.py:flash", 486e6, "FLASH Table 10, Transformer+ (PG-19)", tolerance=0.03),
+        PaperRow("configs/pg19/transformer.py:flash,plusplus", 486e6, "FLASH Table 10, Transformer++ (PG-19)", tolerance=0.03),
+        *(PaperRow(f"{BLOCK_PAPER}:{size},vanilla", count, f"Block Transformer Table 2, vanilla {size}, "
+                   "non-embedding", tolerance=0.02, counts="non_embedding")
+          for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6)))),
+)

@@ -27,9 +27,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from lra_core import optim
-from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
@@ -79,8 +78,6 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
 
 def validate_config(config) -> None:
   m, t = config.model, config.train
-  if config.task not in ("lm", "image_ar"):
-    raise ConfigError(f"transformer_vq is a decoder for tasks 'lm' and 'image_ar', not {config.task!r}.")
   for key in ("vocab_size", "d_model", "d_k", "d_v", "num_layers", "num_heads", "n_code", "block_len"):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
@@ -277,16 +274,11 @@ class Model(nnx.Module):
 
   # -- carried state -------------------------------------------------------------------------------
 
-  @property
-  def init_carry(self):
-    """Cache carried across update windows; only VQ attention has one (a property, so that
-    `hasattr(model, 'init_carry')` tells the trainer whether to keep a carry)."""
-    if self.m.attention != "vq":
-      raise AttributeError("full attention carries no state between update windows")
-    return self._init_carry
-
-  def _init_carry(self, batch_size: int) -> dict:
+  def init_carry(self, batch_size: int) -> dict:
+    """Cache carried across update windows; only VQ attention has one (the record's carry_if)."""
     m = self.m
+    if m.attention != "vq":
+      raise ValueError("full attention carries no state between update windows.")
     units = [vq.init_carry(batch_size, m.block_len, u.hk, m.n_code, m.d_k, u.dv_head, self.dtype)
              for u in self.units]
     return {"units": units, "offset": jnp.zeros((batch_size,), jnp.int32),
@@ -337,7 +329,7 @@ class Model(nnx.Module):
     del mask  # causal model: padding only ever follows real tokens
     m = self.m
     b, t = inputs.shape
-    state = carry if carry is not None else (self._init_carry(b) if m.attention == "vq" else None)
+    state = carry if carry is not None else (self.init_carry(b) if m.attention == "vq" else None)
     offset = jnp.zeros((b,), jnp.int32) if state is None else state["offset"]
     seq_key = res_key = None
     training = not self.deterministic and rngs is not None
@@ -421,40 +413,28 @@ def seq_key_data(seq_key: Array | None, state: dict) -> Array:
   return state["seq_key"][0] if seq_key is None else jax.random.key_data(seq_key)
 
 
-# -- paper settings (Table 10 and appendix C of Lingle 2024) ------------------------------------------
+# -- family record --------------------------------------------------------------------------------
 
-PAPER_SIZES = {
-    "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),
-    "1.3B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
-    "1.2B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
-}
-
-
-def paper_optim(name: str, weight_decay: float = 0.0) -> ml_collections.ConfigDict:
-  """Appendix C.1: AdamW (b1 .9, b2 .98, eps 1e-9, lr 4e-4, clip 0.1) or Adafactor (lr 0.01);
-  10k warmup, cosine decay to 0.1x; weight decay (where used) on a constant schedule."""
-  c = optim.default_config()
-  c.update(dict(schedule="cosine", warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=weight_decay))
-  if name == "adamw":
-    c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1,
-                  weight_decay_schedule="constant"))
-  else:
-    c.update(dict(name="adafactor", lr=0.01, momentum=0.0, decay_rate=0.8, clipping_threshold=1.0,
-                  multiply_by_parameter_scale=True, clip_norm=0.0))
-  return c
-
-
-def parameter_counts(config) -> dict[str, int]:
-  """Trainable parameters, codebook statistics (c_sum, c_count) and their total, from shapes only."""
-  from lra_core.registry import build_model
-  model = nnx.eval_shape(lambda: build_model(config))
-  count = lambda state: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
-  params, codebooks = count(nnx.state(model, nnx.Param)), count(nnx.state(model, Codebook))
-  return {"params": params, "codebook": codebooks, "total": params + codebooks}
-
-
-def tiny(config: ml_collections.ConfigDict, *, seq_len: int, update_len: int) -> None:
-  """The `tiny` size: same code paths (cache across windows, all dropouts), seconds on a CPU."""
-  config.model.update(dict(d_model=32, d_k=16, d_v=64, num_layers=2, n_code=16, block_len=8))
-  tiny_train(config, seq_len=seq_len)
-  config.train.update_len = update_len
+FAMILY = Family(
+    name="transformer_vq",
+    model=Model,
+    tasks=("lm", "image_ar"),
+    capabilities=Capabilities(decode=True, carry=True),
+    carry_if=lambda config: config.model.attention == "vq",
+    validate_config=validate_config,
+    counted_state=(Codebook,),
+    smoke=Smoke(
+        config="configs/enwik8/transformer_vq.py:tiny", data="enwik8", causal="configs/enwik8/transformer_vq.py:tiny",
+        overrides=("model.droplyr=0.3", "train.seq_len=32", "train.update_len=16"), light=("model.num_layers=1",),
+        fuzz={"model.block_len": ["4", "8", "5", "16", "0"], "model.n_code": ["8", "16", "0"],
+              "train.update_len": ["0", "8", "16", "7"], "model.head_type": ["shga", "mqa", "mha", "xyz"],
+              "model.num_heads": ["1", "2", "3"], "model.reduction": ["serial", "matmul", "assoc", "bogus"],
+              "model.vocab_size": ["256", "100"]}),
+    # Table 10: trainable parameters plus the codebooks' EMA statistics
+    paper_rows=(
+        PaperRow("configs/enwik8/transformer_vq.py", 190e6, "Transformer-VQ Table 10, Enwik8"),
+        PaperRow("configs/pg19/transformer_vq.py", 1.3e9, "Transformer-VQ Table 10, PG-19"),
+        PaperRow("configs/imagenet64/transformer_vq.py", 190e6, "Transformer-VQ Table 10, ImageNet64 (small)"),
+        PaperRow("configs/imagenet64/transformer_vq.py:large", 1.2e9, "Transformer-VQ Table 10, ImageNet64 (large)"),
+    ),
+)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 
 def assert_no_future_leakage(model, tokens, logits, cuts, *, vocab: int, shift: int, changed_atol: float):
@@ -17,10 +18,10 @@ def assert_no_future_leakage(model, tokens, logits, cuts, *, vocab: int, shift: 
 def assert_decode_matches_forward(model, tokens, logits, atol: float = 1e-4):
   """Stepping decode_step through the tokens one at a time reproduces the full forward pass."""
   b, t = tokens.shape
-  step = jax.jit(lambda tok, st: model.decode_step(tok, st))
+  step = nnx.jit(lambda m, tok, st: m.decode_step(tok, st))
   state = model.init_decode_state(b, t)
   outs = []
   for i in range(t):
-    out, state = step(tokens[:, i:i + 1], state)
+    out, state = step(model, tokens[:, i:i + 1], state)
     outs.append(out)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=atol)

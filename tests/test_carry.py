@@ -5,8 +5,6 @@ running sum and count. Evaluating in windows with the carry must equal evaluatin
 sequences, and the trainer must reset the carry at the first window of each sequence batch.
 """
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,10 +12,10 @@ import pytest
 from flax import nnx
 
 import lra_core
-from lra_core import config as config_lib
 from lra_core import registry
 from lra_core.checkpoint import Checkpointer
 from lra_core.evaluate import evaluate
+from lra_core.protocol import Capabilities, Family, Smoke
 from lra_core.train import train_and_evaluate
 
 
@@ -41,16 +39,15 @@ class CarryProbe(nnx.Module):
     return logits, {"sum": sums[:, -1], "count": counts[:, -1]}
 
 
+PROBE = Family(name="carry_probe", model=CarryProbe, tasks=("lm",), capabilities=Capabilities(carry=True),
+               smoke=Smoke(config="", data=""))
+
+
 @pytest.fixture
 def probe(monkeypatch):
-  module = types.SimpleNamespace(Model=CarryProbe)
-  real = config_lib.model_module
-
-  def lookup(name):
-    return module if name == "carry_probe" else real(name)
-
-  monkeypatch.setattr(config_lib, "model_module", lookup)
-  monkeypatch.setattr(registry, "model_module", lookup)
+  """Registers the probe as family `carry_probe` for the duration of a test."""
+  real = registry.family
+  monkeypatch.setattr(registry, "family", lambda name: PROBE if name == "carry_probe" else real(name))
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 import fixtures
 import lra_core
 from lra_core import data as data_lib
+from lra_core import registry
 from lra_core.data import pipeline
 from lra_core.train import train_and_evaluate
 
@@ -40,9 +41,7 @@ def _signature(example):
 
 def test_splits_load_with_constant_shapes_and_valid_ids(dataset):
   _, _, _, config, _ = dataset
-  module = data_lib.dataset_module(config.data.name)
-  if hasattr(module, "validate_config"):
-    module.validate_config(config)
+  registry.dataset_module(config.data.name).validate_config(config)
   for split, source in _sources(config).items():
     assert len(source) >= 8, split
     first = source[0]

@@ -196,7 +196,7 @@ def test_noise_level_and_label_condition_the_output():
     (["train.seq_len=768"], "is not the 192 pixel values"),
     (["diffusion.pred_type=score"], "diffusion.pred_type 'score'"),
     (["diffusion.schedule=cosine@1,0,1"], "noise schedule"),
-    (["task=classify"], "task 'diffusion', not 'classify'"),
+    (["task=classify"], "not built for task 'classify'"),
 ])
 def test_bad_settings_are_config_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):

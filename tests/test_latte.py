@@ -235,11 +235,10 @@ def test_config_errors_are_clear():
 
 # -- paper sizes and the trainer ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant", sorted(latte.PAPER_COUNTS))
-def test_table1_parameter_counts_within_five_percent(variant):
-  config = lra_core.load_config(f"configs/c4/latte.py:{variant}")
-  count, paper = registry.parameter_count(config), latte.PAPER_COUNTS[variant]
-  assert abs(count - paper) / paper < 0.05, (variant, count, paper)
+@pytest.mark.parametrize("row", latte.FAMILY.paper_rows, ids=lambda row: row.config.rpartition(":")[2])
+def test_table1_parameter_counts_within_five_percent(row):
+  count = registry.parameter_count(lra_core.load_config(row.config))
+  assert abs(count - row.count) / row.count < 0.05, (row, count)
 
 
 # latte_rglru_swa++ trains (causal) in test_tiny_lm_config_trains and tests/test_kill_resume.py, and

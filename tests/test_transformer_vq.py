@@ -12,7 +12,7 @@ import fixtures.enwik8
 import fixtures.imagenet64
 import fixtures.pg19
 import lra_core
-from lra_core import decoding, kernels
+from lra_core import decoding, kernels, registry
 from lra_core.errors import ConfigError
 from lra_core.kernels import vq
 from lra_core.models import transformer_vq as tvq
@@ -267,7 +267,7 @@ def test_config_errors_are_clear():
                                         ("configs/imagenet64/transformer_vq.py:large", 1.2e9),
                                         ("configs/imagenet64/transformer_vq.py", 190e6)])
 def test_paper_parameter_counts(spec, paper):
-  counts = tvq.parameter_counts(lra_core.load_config(spec))
+  counts = registry.parameter_counts(lra_core.load_config(spec))
   assert abs(counts["total"] - paper) / paper < 0.05, counts
 
 

@@ -1,11 +1,10 @@
 """Datasets as random-access sources of examples, looked up by `config.data.name`.
 
-A dataset module (registered in `DATASETS`) exposes
+A dataset module (named in lra_core.registry.DATASETS) exposes
 
   make_source(config, split) -> Source   # split in {"train", "validation", "test"}
-  validate_config(config) -> None        # optional: raise ConfigError before any work
-  encode(text) / decode(ids)             # optional: text <-> ids, for sampling
-  codec(config) -> (encode, decode)      # optional, instead: when they depend on the config
+  validate_config(config) -> None        # raise ConfigError (one sentence) before any work
+  codec(config) -> (encode, decode)      # text <-> ids for sampling; `codec = None` for images
 
 A `Source` has `__len__`, `__getitem__(i) -> dict[str, np.ndarray]` (one example, fixed
 shapes for a given config) and `info: DataInfo`. Example fields by task:
@@ -22,26 +21,13 @@ evaluation batch with zeros and metrics stay exact.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Protocol
 
 import ml_collections
 import numpy as np
 
+from lra_core import registry
 from lra_core.errors import ConfigError
-
-# data.name -> module implementing make_source (and optionally validate_config).
-DATASETS = {
-    "listops": "lra_core.data.lra.listops",
-    "retrieval": "lra_core.data.lra.retrieval",
-    "bytes": "lra_core.data.bytes",
-    "pg19": "lra_core.data.pg19",
-    "c4": "lra_core.data.c4",
-    "imagenet64": "lra_core.data.imagenet64",
-    "imdb": "lra_core.data.lra.imdb",
-    "cifar10": "lra_core.data.lra.cifar10",
-    "pathfinder": "lra_core.data.lra.pathfinder",
-}
 
 SPLITS = ("train", "validation", "test")
 
@@ -108,26 +94,18 @@ class Source(Protocol):
   def __getitem__(self, index: int) -> dict[str, np.ndarray]: ...
 
 
-def dataset_module(name: str):
-  if name not in DATASETS:
-    raise ConfigError(f"data.name {name!r} is not a known dataset; expected one of {sorted(DATASETS)}.")
-  return importlib.import_module(DATASETS[name])
-
-
 def make_source(config, split: str) -> Source:
   if split not in SPLITS:
     raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
-  return dataset_module(config.data.name).make_source(config, split)
+  return registry.dataset_module(config.data.name).make_source(config, split)
 
 
 def text_codec(config):
   """(encode: str -> ids, decode: ids -> str) of the configured dataset."""
-  module = dataset_module(config.data.name)
-  if hasattr(module, "codec"):
-    return module.codec(config)
-  if not hasattr(module, "encode"):
+  codec = registry.dataset_module(config.data.name).codec
+  if codec is None:
     raise ConfigError(f"dataset {config.data.name!r} has no text encoding.")
-  return module.encode, module.decode
+  return codec(config)
 
 
 def config_section(defaults: dict, overrides: dict) -> ml_collections.ConfigDict:

@@ -225,3 +225,8 @@ def make_source(config, split: str) -> ByteWindows:
                  ", ".join(f"{s} [{a}, {b})" for s, (a, b) in ranges.items()),
                  tuple(config.data.split_fractions), _scale_note(data.size, config.data.split_fractions))
   return ByteWindows(path, *ranges[split], seq_len, data=data)
+
+
+def codec(config):
+  """(encode, decode) of this dataset's fixed vocabulary, for sampling (any config)."""
+  return encode, decode

@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
+from lra_core.data import tfds_source
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
@@ -262,7 +263,6 @@ class TfdsImages:
   @property
   def source(self):
     if self._source is None:
-      from lra_core.data import tfds_source  # only this path needs tensorflow_datasets
       self._source = tfds_source.open_split(TFDS_NAME, self.split, self.data_dir)
     return self._source
 
@@ -366,3 +366,6 @@ def make_source(config, split: str) -> PixelSequences:
                  len(images), where, note, num_tokens(d.image_size), d.image_size, d.image_size, d.order)
   return PixelSequences(images, task=config.get("task", "image_ar"), image_size=d.image_size,
                         order=d.order, patch_size=d.patch_size)
+
+
+codec = None  # images: no text encoding to sample with

@@ -20,6 +20,7 @@ import numpy as np
 
 from lra_core import cli
 from lra_core import data as data_lib
+from lra_core import registry
 from lra_core.data import pipeline
 
 
@@ -93,9 +94,7 @@ def main(argv=None) -> None:
   def run():
     args = cli.parse(argv, default_workdir="", extra=flags, prog="python -m lra_core.data.stats")
     config, ns = args.config, args.extra
-    module = data_lib.dataset_module(config.data.name)
-    if hasattr(module, "validate_config"):
-      module.validate_config(config)
+    registry.dataset_module(config.data.name).validate_config(config)
     for split in ns.splits.split(","):
       stats = split_stats(config, split, max_examples=ns.max_examples, throughput=ns.throughput,
                           batch_size=ns.batch_size)

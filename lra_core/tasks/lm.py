@@ -1,7 +1,8 @@
 """Autoregressive language modelling (`lm`, and `image_ar` over pixel sequences).
 
-A model may carry state between update windows (Transformer-VQ's compressive cache): it then
-defines `init_carry(batch_size)` and `__call__(inputs, carry=..., rngs=...) -> (logits, carry)`.
+A model may carry state between update windows (Transformer-VQ's compressive cache): its family
+has capability `carry` (lra_core.protocol.CarryModel: `init_carry(batch_size)` and
+`__call__(inputs, carry=..., rngs=...) -> (logits, carry)`).
 The trainer keeps the carry between optimizer steps (no gradient flows through it) and resets
 it where the data marks the first window of a sequence.
 
@@ -9,8 +10,8 @@ Text corpora mark the tokens that begin a word (`words`); the summed token loss 
 of words is `word_loss`, whose exponential is the word-level perplexity PG-19 results quote
 (Rae et al. 2020).
 
-A model that predicts tokens in blocks (`block_len` attribute, e.g. the Block Transformer) also
-gets the loss at each position within a block, `block_pos{j}_loss` for j = 1..block_len (the
+A model that predicts tokens in blocks of `model.block_len` (capability `block_losses`, e.g. the
+Block Transformer) also gets the loss at each position within a block, `block_pos{j}_loss` for j = 1..block_len (the
 Block Transformer paper's Figure 3d); windows start on a block boundary.
 """
 
@@ -18,18 +19,24 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lra_core import registry
 from lra_core.tasks.base import TokenTask, apply_model, classification_loss, token_nll
 
 
 class LMTask(TokenTask):
   name = "lm"
 
+  def __init__(self, config, info):
+    super().__init__(config, info)
+    block_losses = registry.family(config.model.name).capabilities.block_losses
+    self.block_len = config.model.block_len if block_losses else 0
+
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
     if carry is not None:
       (logits, carry), aux = apply_model(model, batch["inputs"], carry=carry, rngs=rngs)
     else:
       logits, aux = apply_model(model, batch["inputs"], rngs=rngs)
-    block_len = getattr(model, "block_len", 0)
+    block_len = self.block_len
     nll = token_nll(logits, batch["targets"]) if block_len else None  # computed once, used twice
     loss, metrics = classification_loss(logits, batch, normalizer, aux, nll=nll)
     if "words" in batch:  # text corpora: per-word loss = total token loss / number of words

@@ -331,5 +331,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(f"error: {e}")
 
 
+def codec(config):
+  """(encode, decode) of this dataset's fixed vocabulary, for sampling (any config)."""
+  return encode, decode
+
+
 if __name__ == "__main__":
   main()

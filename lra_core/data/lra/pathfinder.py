@@ -369,5 +369,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(f"error: {e}")
 
 
+codec = None  # images: no text encoding to sample with
+
+
 if __name__ == "__main__":
   main()

@@ -168,3 +168,8 @@ def make_source(config, split: str) -> RetrievalPairs:
   logging.info("retrieval %s: %d pairs (%.1f%% positive), %d text bytes kept at T=%d",
                path, len(labels), 100.0 * labels.mean(), buffer.size, seq_len)
   return RetrievalPairs(buffer, offsets, labels, seq_len)
+
+
+def codec(config):
+  """(encode, decode) of this dataset's fixed vocabulary, for sampling (any config)."""
+  return encode, decode
