@@ -22,6 +22,7 @@ from flax import nnx
 from lra_core import cli, decoding, optim, sharding
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
+from lra_core.data import imagenet64
 from lra_core.errors import ConfigError, optional_import
 from lra_core.state import make_state_spec
 
@@ -73,7 +74,6 @@ class PixelsOnly(nnx.Module):
 def sample_images(config, workdir, *, num_samples: int = 16, temperature: float = 1.0, top_k: int = 0,
                   top_p: float = 1.0, seed: int = 0, step: int | None = None) -> np.ndarray:
   """uint8 [N,S,S,C] images sampled token by token from a trained image_ar model."""
-  from lra_core.data import imagenet64
   if config.task != "image_ar" or config.data.name != "imagenet64":
     raise ConfigError(f"image sampling needs task 'image_ar' on imagenet64, not {config.task!r} on "
                       f"{config.data.name!r}.")

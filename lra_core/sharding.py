@@ -18,12 +18,13 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 from flax import nnx, traverse_util
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from lra_core.config import MESH_AXES
 from lra_core.errors import ConfigError
 from lra_core.kernels._pallas import per_device_mesh
 from lra_core.layer_stacks import STACKED
+from lra_core.registry import build_model
 
 Rules = Sequence[tuple[str, str | Sequence[str] | None]]
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("mesh", default=None)
@@ -164,10 +165,6 @@ def parameter_layout(config, num_devices: int) -> list[dict]:
   holds. Uses an abstract mesh and abstract parameters, so it runs anywhere in a second
   (scripts/shardings.py prints it; docs/launching.md tabulates it per model family).
   """
-  from jax.sharding import AbstractMesh
-
-  from lra_core.registry import build_model
-
   sizes = mesh_shape(config.mesh, num_devices)
   mesh = AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES)
   model = nnx.eval_shape(lambda: build_model(config, seed=0))

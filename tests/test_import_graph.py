@@ -1,0 +1,131 @@
+"""The package's import graph: layered, without cycles, and without imports hidden in functions.
+
+Every file of lra_core (with models/, kernels/ and configs/ as lra_core.models, .kernels, .configs)
+is parsed; an edge runs from a module to each project module it imports, at any depth. Model and
+kernel code never reaches the trainer, no two files import each other (directly or round a
+longer loop), and no project import sits inside a function, where it would hide such a loop.
+Imports of optional third-party packages inside functions stay allowed (they keep a missing
+extra from breaking unrelated commands).
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = {"lra_core": ROOT / "lra_core", "lra_core.models": ROOT / "models",
+            "lra_core.kernels": ROOT / "kernels", "lra_core.configs": ROOT / "configs"}
+
+
+def project_modules() -> dict[str, pathlib.Path]:
+  """module name -> file, for every .py file of the package."""
+  out = {}
+  for package, folder in PACKAGES.items():
+    for path in folder.rglob("*.py"):
+      parts = path.relative_to(folder).with_suffix("").parts
+      name = ".".join((package, *parts))
+      out[name.removesuffix(".__init__")] = path
+  return out
+
+
+def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
+  """Candidate module names an import statement names (resolved later against the project)."""
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names]
+  base = node.module or ""
+  if node.level:
+    anchor = module.split(".") if is_package else module.split(".")[:-1]
+    anchor = anchor[:len(anchor) - node.level + 1]
+    base = ".".join(anchor + ([base] if base else []))
+  return [f"{base}.{alias.name}" for alias in node.names] + [base]
+
+
+def graph() -> tuple[dict[str, set[str]], list[str]]:
+  """(module -> project modules it imports, 'file:line module' for project imports in functions)."""
+  modules = project_modules()
+  edges, hidden = {name: set() for name in modules}, []
+  for name, path in modules.items():
+    tree = ast.parse(path.read_text(), str(path))
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    for node in ast.walk(tree):
+      if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        continue
+      targets = []
+      for candidate in imported_names(node, name, path.name == "__init__.py"):
+        while candidate and candidate not in modules:
+          candidate = candidate.rpartition(".")[0]
+        if candidate and candidate != name:
+          targets.append(candidate)
+      # `from pkg import sub` names the submodule; the package itself is only an edge when nothing
+      # more specific was found.
+      specific = {t for t in targets if not any(o.startswith(t + ".") for o in targets)}
+      edges[name] |= specific
+      if id(node) in nested and specific:
+        hidden.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(specific)}")
+  return edges, hidden
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan's algorithm)."""
+  index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in edges[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for v in sorted(edges):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    for w in edges[todo.pop()] - seen:
+      seen.add(w)
+      todo.append(w)
+  return seen
+
+
+def test_no_import_cycles():
+  assert cycles(graph()[0]) == []
+
+
+def test_no_project_imports_inside_functions():
+  assert graph()[1] == []
+
+
+def test_models_and_kernels_do_not_reach_the_trainer():
+  edges, _ = graph()
+  trainer = {"lra_core.train", "lra_core.experiment"}
+  for name in edges:
+    if name.startswith(("lra_core.models", "lra_core.kernels")):
+      assert not reachable(edges, name) & trainer, name
+
+
+def test_the_checker_sees_cycles_and_resolves_relative_imports():
+  assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  node = ast.parse("from .blocks import layers").body[0]
+  assert "lra_core.models.blocks.layers" in imported_names(node, "lra_core.models.fit", False)
+  edges, _ = graph()
+  assert "lra_core.models.blocks.layers" in edges["lra_core.models.transformer"]
+  assert "lra_core.registry" in edges["lra_core.config"]
