@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
-# Logical axis name -> mesh axes. Parameters carry logical names (see models/layers.py);
+# Logical axis name -> mesh axes. Parameters carry logical names (see models/blocks/layers.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
 # over `fsdp` and Megatron-style splitting of heads / MLP width / vocabulary over `tensor`.
 DEFAULT_RULES = (
