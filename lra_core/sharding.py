@@ -1,7 +1,7 @@
 """Named device meshes and logical-axis sharding.
 
 The mesh has axes ('data', 'fsdp', 'tensor') sized from `config.mesh` (-1 = all remaining
-devices). Parameters carry logical axis names (models/layers.py); `config.sharding.rules` maps
+devices). Parameters carry logical axis names (models/blocks/layers.py); `config.sharding.rules` maps
 each logical name to mesh axes. A dimension whose size the mesh axes do not divide is
 replicated instead, so small models run unchanged on any mesh. Activations are constrained with
 `constrain(x, logical_axes)`, a no-op outside `activate(mesh, rules)`; inside it the Pallas

@@ -14,7 +14,7 @@ Three parts (Section 2):
 Both decoders are Pythia / GPT-NeoX layers: parallel residual, LayerNorm, GELU MLP of 4D, biases,
 rotary embedding on 25% of each head. Non-embedding size = 2 nL (12 D^2 + 13 D) (Table 3).
 
-The contract's token interface holds: `model(tokens)[:, t]` predicts token t + 1 from tokens <= t.
+The token interface of docs/api.md holds: `model(tokens)[:, t]` predicts token t + 1 from tokens <= t.
 If t ends a block, that is the first output of the next block's token decoder (context of the
 block holding t); otherwise the token decoder of t's own block. Block 0's tokens read a learned
 start context, so every position is predicted (the authors' code trains on blocks >= 1 only).
