@@ -227,3 +227,12 @@ def sample(model, key: Array, shape: tuple[int, ...], steps: int, *, schedule: s
 
   _, x0, _ = jax.lax.fori_loop(0, steps, body, (x, jnp.zeros(shape, jnp.float32), latents))
   return x0
+
+
+def sample_from_config(model, config, key: Array, batch_size: int, *, labels: Array | None = None) -> Array:
+  """Images [B,S,S,C] in [-1, 1] drawn with the sampling settings of `config.diffusion`: sampler,
+  sample_steps, sample_schedule ("" -> the training schedule), pred_type and x0_clip."""
+  d, m = config.diffusion, config.model
+  shape = (batch_size, m.image_size, m.image_size, m.image_channels)
+  return sample(model, key, shape, d.sample_steps, schedule=d.sample_schedule or d.schedule,
+                pred_type=d.pred_type, sampler=d.sampler, labels=labels, x0_clip=d.x0_clip)

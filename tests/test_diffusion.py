@@ -231,6 +231,24 @@ def test_sampling_is_finite_and_deterministic_given_the_key(sampler):
   assert diffusion.unit_to_pixels(a).dtype == jnp.uint8
 
 
+def test_sampling_settings_come_from_the_config():
+  """diffusion.sampler / sample_steps / sample_schedule / x0_clip decide the draw."""
+  config = _config("diffusion.sample_steps=2", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear",
+                   "diffusion.x0_clip=False")
+  model = registry.build_model(config)
+  labels = jnp.array([0, 5])
+  draw = lambda c: nnx.jit(lambda m, key: diffusion.sample_from_config(m, c, key, 2, labels=labels))(
+      model, jax.random.key(0))
+  out = draw(config)
+  d = config.diffusion
+  same = diffusion.sample(model, jax.random.key(0), out.shape, 2, schedule="linear", pred_type=d.pred_type,
+                          sampler="ddim", labels=labels, x0_clip=False)
+  np.testing.assert_allclose(out, same, atol=1e-6)
+  other = _config("diffusion.sample_steps=3", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear",
+                  "diffusion.x0_clip=False")
+  assert float(jnp.abs(out - draw(other)).max()) > 1e-5
+
+
 # -- training ---------------------------------------------------------------------------------------
 
 def test_diffusion_loss_decreases_on_a_tiny_image_set():

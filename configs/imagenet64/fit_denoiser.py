@@ -6,7 +6,8 @@ section 4.2) and RIN (its one-group case).
 
 data.dir holds the Imagenet64_*_npz release (train_data_batch_<N>.npz, val_data.npz). The metric
 is the MSE of the denoiser's prediction (FIT Table 3 compares architectures by it); samples come
-from `lra_core.diffusion.sample` with the `diffusion.sampler` / `sample_steps` settings.
+from `lra_core.diffusion.sample_from_config`, which reads `diffusion.sampler`, `sample_steps`,
+`sample_schedule` and `x0_clip`.
 
 FIT gives no ImageNet64 denoiser setting (Table 3 is at 512 and 1024 pixels), so the sizes are
 pix2seq's RIN ImageNet64 sweep (configs/config_diffusion_imagenet64.py, arch 'tape', with
