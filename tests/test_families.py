@@ -1,0 +1,94 @@
+"""Every registered family keeps the protocol its record declares (lra_core/protocol.py).
+
+The records are the framework's only source of what a model can do, so each capability is checked
+against the model the family really builds, and the families that decode pass the causal oracles:
+changing later tokens leaves earlier logits unchanged, and decode_step one token at a time gives
+the full forward pass. A new family is covered by adding its record; nothing here names one.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra_core
+import oracles
+from lra_core import protocol, registry
+from lra_core.tasks.base import apply_model
+
+FAMILIES = registry.families()
+
+
+def quick_tier(families, keep=("transformer",)):
+  """One param per family; only `keep` stays in the quick tier (the rest compile a model each)."""
+  return [pytest.param(f, id=f.name, marks=() if f.name in keep else pytest.mark.slow) for f in families]
+
+
+def test_every_family_module_has_its_record():
+  assert {f.name for f in FAMILIES} == set(registry.family_names()) >= {
+      "transformer", "transformer_vq", "latte", "flash", "fit", "fit_denoiser", "block_transformer"}
+  with pytest.raises(lra_core.ConfigError, match="is not a module in models/"):
+    registry.family("transformr")
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_record_matches_the_model_it_builds(family):
+  smoke = family.smoke
+  config = lra_core.load_config(smoke.config, smoke.overrides)
+  assert config.model.name == family.name and config.task in family.tasks
+  model = nnx.eval_shape(lambda: registry.build_model(config))
+  caps = family.capabilities
+  assert isinstance(model, protocol.Denoiser) == (config.task == "diffusion")
+  if caps.self_condition:
+    assert isinstance(model, protocol.Denoiser)
+  if caps.carry:
+    assert family.keeps_carry(config) and callable(model.init_carry)
+  if caps.block_losses:
+    assert config.model.block_len > 0
+  if caps.decode:
+    causal = lra_core.load_config(smoke.causal)
+    assert causal.task in ("lm", "image_ar") and causal.model.name == family.name
+    decoder = nnx.eval_shape(lambda: registry.build_model(causal))
+    assert isinstance(decoder, protocol.Decoder)
+    assert (isinstance(decoder, protocol.Prefiller) and decoder.can_prefill) == caps.prefill
+  names = {str(path[0]) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  assert set(family.embedding_params) & names or family.embedding_params == protocol.Family.embedding_params
+
+
+@pytest.mark.parametrize("family", quick_tier([f for f in FAMILIES if f.capabilities.decode]))
+def test_decoding_families_are_causal_and_decode_like_the_forward_pass(family):
+  config = lra_core.load_config(family.smoke.causal)
+  model = registry.build_model(config, seed=1)
+  model.eval()
+  length = min(config.train.seq_len, 32)
+  tokens = jax.random.randint(jax.random.key(0), (2, length), 1, config.model.vocab_size)
+  jitted = nnx.jit(lambda m, x: apply_model(m, x)[0])  # logits; what the model sows is dropped
+  forward = lambda x: jitted(model, x)
+  logits = forward(tokens)
+  oracles.assert_no_future_leakage(forward, tokens, logits, (0, length // 2, length - 2),
+                                   vocab=config.model.vocab_size, shift=5, changed_atol=1e-6)
+  oracles.assert_decode_matches_forward(model, tokens, logits)
+
+
+@pytest.mark.parametrize("row", [r for f in FAMILIES for r in f.paper_rows], ids=lambda r: r.config)
+def test_paper_rows_build_their_family_at_the_papers_size(row):
+  config = lra_core.load_config(row.config)
+  count = (registry.non_embedding_parameter_count(config) if row.counts == "non_embedding"
+           else registry.parameter_counts(config)["total"])
+  assert abs(count - row.count) / row.count <= row.tolerance or row.gap_reason, (row, count)
+
+
+def test_keeps_carry_follows_the_config():
+  vq = registry.family("transformer_vq")
+  config = lra_core.load_config(vq.smoke.config)
+  assert vq.keeps_carry(config)
+  assert not vq.keeps_carry(lra_core.load_config(vq.smoke.config, ["model.attention=full"]))
+  assert not registry.family("transformer").keeps_carry(lra_core.load_config("configs/enwik8/transformer.py:tiny"))
+
+
+def test_records_reject_inconsistent_capabilities():
+  smoke = protocol.Smoke(config="configs/enwik8/transformer.py:tiny", data="enwik8")
+  with pytest.raises(ValueError, match="uptrain"):
+    protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke, capabilities=protocol.Capabilities(uptrain=True))
+  with pytest.raises(ValueError, match="causal spec"):
+    protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke, capabilities=protocol.Capabilities(decode=True))
