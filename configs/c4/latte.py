@@ -17,9 +17,9 @@ latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++; tiny (bytes, 2
 """
 
 from lra_core.config import base_config, config_arg
+from lra_core.configs.presets import latte as presets
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
-from lra_core.configs.presets import latte as presets
 from lra_core.models import latte
 
 VOCAB = 50267

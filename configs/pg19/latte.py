@@ -15,9 +15,9 @@ Args (comma-separated): one variant of models.latte.VARIANTS (default latte), ti
 """
 
 from lra_core.config import base_config, config_arg
+from lra_core.configs.presets import latte as presets
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
-from lra_core.configs.presets import latte as presets
 from lra_core.models import latte
 
 VOCAB = 50267
