@@ -467,6 +467,7 @@ FAMILY = Family(
     capabilities=Capabilities(decode=True, uptrain=True, block_losses=True),
     validate_config=validate_config,
     uptrain_params=uptrain_params,
+    generate=generate,
     embedding_params=EMBEDDING_PARAMS,
     smoke=Smoke(
         config="configs/c4/block_transformer.py:tiny", data="c4", causal="configs/c4/block_transformer.py:tiny",

@@ -433,7 +433,7 @@ FAMILY = Family(
         config="configs/imagenet64/fit_ar.py:tiny,overlap", data="imagenet64",
         causal="configs/imagenet64/fit_ar.py:tiny,overlap", light=("model.layers=L(1)G(1)",),
         fuzz={"model.group_size": ["8", "16", "5", "0"], "model.latents_per_group": ["1", "4", "0"],
-              "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("], "model.overlap": ["0", "2", "-1", "16"],
-              "model.latent_heads": ["1", "2", "3"], "model.d_latent": ["16", "32", "30"]}),
+              "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("],
+              "model.overlap": ["0", "2", "-1", "16"], "model.latent_heads": ["1", "2", "3"], "model.d_latent": ["16", "32", "30"]}),
     paper_rows=(PaperRow("configs/imagenet64/fit_ar.py", 153e6, "FIT Table 4, FIT-AR (ImageNet64)"),),
 )

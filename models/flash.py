@@ -268,8 +268,9 @@ FAMILY = Family(
     smoke=Smoke(
         config="configs/c4/flash.py:tiny", data="c4", causal="configs/c4/flash.py:tiny,lm",
         light=("model.num_layers=1",),
-        fuzz={"model.chunk": ["4", "16", "5", "0"], "model.expansion": ["1", "2", "0"], "model.qk_dim": ["8", "16", "0"],
-              "model.variant": ["flash", "flash_quad", "flash_local", "nope"], "mlm.mask_rate": ["0.15", "0.0", "1.5"]}),
+        fuzz={"model.chunk": ["4", "16", "5", "0"], "model.expansion": ["1", "2", "0"],
+              "model.qk_dim": ["8", "16", "0"], "model.variant": ["flash", "flash_quad", "flash_local", "nope"],
+              "mlm.mask_rate": ["0.15", "0.0", "1.5"]}),
     # Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024)
     paper_rows=(
         PaperRow("configs/c4/flash.py", 112e6, "FLASH Table 8, FLASH (C4 MLM)", tolerance=0.03),

@@ -302,7 +302,8 @@ FAMILY = Family(
     capabilities=Capabilities(decode=True),
     validate_config=validate_config,
     smoke=Smoke(
-        config="configs/c4/latte.py:tiny,latte_rglru_swa++", data="c4", causal="configs/c4/latte.py:tiny,latte_rglru_swa++",
+        config="configs/c4/latte.py:tiny,latte_rglru_swa++", data="c4",
+        causal="configs/c4/latte.py:tiny,latte_rglru_swa++",
         light=("model.num_layers=1",),
         fuzz={"model.num_latents": ["4", "8", "0"], "model.chunk": ["1", "4", "5", "0"],
               "model.num_heads": ["1", "2", "3"], "model.variant": ["latte", "latte++", "macchiato", "bad"],

@@ -319,11 +319,12 @@ FAMILY = Family(
               "model.position": ["sinusoid", "learned", "rope", "none", "bogus"], "model.window": ["0", "4", "-1"],
               "model.vocab_size": ["8", "16", "64"], "model.num_classes": ["10", "4"]}),
     paper_rows=(
-        PaperRow("configs/c4/transformer.py:mlm", 110e6, "FLASH Table 8, Transformer (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/c4/transformer.py:mlm,plus", 110e6, "FLASH Table 8, Transformer+ (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/c4/transformer.py:mlm,plusplus", 110e6, "FLASH Table 8, Transformer++ (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/pg19/transformer.py:flash", 486e6, "FLASH Table 10, Transformer+ (PG-19)", tolerance=0.03),
-        PaperRow("configs/pg19/transformer.py:flash,plusplus", 486e6, "FLASH Table 10, Transformer++ (PG-19)", tolerance=0.03),
+        *(PaperRow(spec, count, f"FLASH {where}", tolerance=0.03) for spec, count, where in (
+            ("configs/c4/transformer.py:mlm", 110e6, "Table 8, Transformer (C4 MLM)"),
+            ("configs/c4/transformer.py:mlm,plus", 110e6, "Table 8, Transformer+ (C4 MLM)"),
+            ("configs/c4/transformer.py:mlm,plusplus", 110e6, "Table 8, Transformer++ (C4 MLM)"),
+            ("configs/pg19/transformer.py:flash", 486e6, "Table 10, Transformer+ (PG-19)"),
+            ("configs/pg19/transformer.py:flash,plusplus", 486e6, "Table 10, Transformer++ (PG-19)"))),
         *(PaperRow(f"{BLOCK_PAPER}:{size},vanilla", count, f"Block Transformer Table 2, vanilla {size}, "
                    "non-embedding", tolerance=0.02, counts="non_embedding")
           for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6)))),

@@ -88,7 +88,7 @@ def test_keeps_carry_follows_the_config():
 
 def test_records_reject_inconsistent_capabilities():
   smoke = protocol.Smoke(config="configs/enwik8/transformer.py:tiny", data="enwik8")
-  with pytest.raises(ValueError, match="uptrain"):
-    protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke, capabilities=protocol.Capabilities(uptrain=True))
-  with pytest.raises(ValueError, match="causal spec"):
-    protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke, capabilities=protocol.Capabilities(decode=True))
+  for capability, message in (("uptrain", "uptrain"), ("decode", "causal spec")):
+    with pytest.raises(ValueError, match=message):
+      protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke,
+                      capabilities=protocol.Capabilities(**{capability: True}))
