@@ -11,7 +11,8 @@ import pytest
 
 import lra_core
 from lra_core.errors import ConfigError
-from scripts import param_counts, reproduce
+from lra_core.bench import param_counts
+from scripts import reproduce
 from scripts.tables import common, params
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from lra_core.config import load_config
-from scripts import bench_generate
-from scripts.bench import is_oom
+from lra_core.bench import generate
+from lra_core.bench.common import is_oom
 from scripts.tables.common import Context, Result, figure, fmt, markdown_table, save_plot
 
 CONFIG = "configs/c4/block_transformer.py"
@@ -47,7 +47,7 @@ def _time(ctx: Context, size_name: str, kind: str, batch: int, prompt: int, new:
   config = load_config(f"{CONFIG}:{arg}", [f"train.seq_len={prompt + new}"])
   row = {"model": kind, "size": size_name, "batch_size": batch, "prompt": prompt, "new": new}
   try:
-    row.update(bench_generate.time_generate(config, batch_size=batch, prompt_len=prompt, new_tokens=new,
+    row.update(generate.time_generate(config, batch_size=batch, prompt_len=prompt, new_tokens=new,
                                             repeats=size.repeats, warmup=size.warmup))
   except Exception as error:  # noqa: BLE001 - running out of memory is a row; anything else is a bug
     if not is_oom(error):

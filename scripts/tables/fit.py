@@ -21,7 +21,8 @@ from lra_core.errors import ConfigError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
-from scripts import bench
+from lra_core.bench import train_step
+from lra_core.bench.common import cost_flops, xla_memory_bytes
 from scripts.tables.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
 
 GiB = 2 ** 30
@@ -85,19 +86,19 @@ def memory_limit_bytes() -> int:
 
 def planned_step(config) -> dict:
   """XLA's FLOPs and memory for the train step of `config`, compiled from shapes (nothing runs)."""
-  mesh = bench.one_device_mesh()
+  mesh = train_step.one_device_mesh()
   rules = config.sharding.rules
-  info = bench.data_info(config)
+  info = train_step.data_info(config)
   task = make_task(config, info)
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
                    out_shardings=(spec.shardings, None))
-    batch = experiment.to_device(bench.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
+    batch = experiment.to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
     compiled = step.lower(spec.abstract, batch).compile()
-  return dict(num_params=spec.num_params, flops_per_step=bench.cost_flops(compiled),
-              xla_memory_bytes=bench.xla_memory_bytes(compiled))
+  return dict(num_params=spec.num_params, flops_per_step=cost_flops(compiled),
+              xla_memory_bytes=xla_memory_bytes(compiled))
 
 
 def _steps_for(previous: dict | None, seq_len: int, full: bool) -> tuple[int, int]:
@@ -119,11 +120,11 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
     previous = None
     for side in SCALING_SIDES:
       spec, overrides = scaling_overrides(model, side, ctx.full)
-      config = bench.bench_config(spec, overrides, seq_len=side * side, batch_size=1)
+      config = train_step.bench_config(spec, overrides, seq_len=side * side, batch_size=1)
       row = dict(variant=model, side=side)
       if ctx.full or model == "FIT" or side in DEFAULT_VIT_SIDES:
         steps, warmup = _steps_for(previous, side * side, ctx.full)
-        row.update(bench.time_train_step(config, steps=steps, warmup=warmup))
+        row.update(train_step.time_train_step(config, steps=steps, warmup=warmup))
       else:
         row.update(seq_len=side * side, batch_size=1, **planned_step(config))
         fits = row["xla_memory_bytes"] is not None and row["xla_memory_bytes"] <= limit
@@ -132,7 +133,7 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
       rows.append(row)
       previous = row
       gc.collect()
-  peak = bench.matmul_peak_flops()
+  peak = train_step.matmul_peak_flops()
   for row in rows:
     if row.get("flops_per_s") is not None:
       row["peak_flops"] = peak
@@ -142,7 +143,7 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
 
 def _log_line(row: dict) -> str:
   if row["status"] == "ok":
-    return bench.format_row_log(row)
+    return train_step.format_row_log(row)
   planned = row.get("xla_memory_bytes")
   return (f"{row['variant']} T={row['seq_len']}: {row['status']} ({row.get('stage')}; XLA plans "
           f"{fmt(None if planned is None else planned / GiB)} GiB)")
@@ -197,7 +198,7 @@ def fit_scaling(ctx: Context) -> Result:
             "ours XLA GFLOP/step ViT / FIT", "ours XLA memory plan ViT / FIT"]
   timed = [r for r in rows if r["status"] == "ok" or r.get("stage") != "plan"]
   markdown = (markdown_table(header, table_rows) + "\n\nEvery timed row, as `scripts/bench.py` prints it:\n\n"
-              + bench.format_table(timed))
+              + train_step.format_table(timed))
   plot = _scaling_plot(ctx, rows)
   return Result(setting=_scaling_setting(ctx, rows, peak), markdown=markdown,
                 notes=_scaling_notes(ctx, rows, speedups), plots=[plot])

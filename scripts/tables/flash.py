@@ -19,7 +19,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from scripts import bench
+from lra_core.bench import train_step
+from lra_core.bench.common import Variant
 from scripts.tables.common import (Context, Result, curve, data_path, figure, fmt, markdown_table, ratio, save_plot,
                                    train)
 
@@ -124,8 +125,8 @@ def flash_latency(ctx: Context) -> Result:
   accum = accumulation(size.tokens_per_step, 1)  # the harness times one device
   if accum > 1:
     overrides.append(f"train.grad_accum_steps={accum}")
-  variants = [bench.Variant(m.key, (f"config={m.spec}", *m.overrides)) for m in size.models]
-  rows, peak = bench.run(size.models[0].spec, overrides=overrides, variants=variants, seq_lens=size.seq_lens,
+  variants = [Variant(m.key, (f"config={m.spec}", *m.overrides)) for m in size.models]
+  rows, peak = train_step.run(size.models[0].spec, overrides=overrides, variants=variants, seq_lens=size.seq_lens,
                          tokens_per_batch=size.tokens_per_step, steps=size.steps, warmup=size.warmup, log=ctx.log)
   load = f"{load} at the start and {load_average()} at the end"
   ctx.workdir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib import ticker
 
 from lra_core.kernels import latte as latte_kernels
-from scripts import bench_cores
+from lra_core.bench import cores
 from scripts.tables.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
 
 # =============================================================================== latte_runtime
@@ -117,9 +117,9 @@ def _slopes(rows: Sequence[dict], core: str) -> tuple[float | None, float | None
 def latent_sweep(size: RuntimeSize, log) -> list[dict]:
   """Figure 10: standard causal attention once (it has no latents), then both Latte cores per L."""
   timing = dict(steps=size.steps, warmup=size.warmup, log=log, seq_lens=[size.latent_seq_len], **FIGURE10)
-  rows = [dict(r, latents=None) for r in bench_cores.run([ATTENTION], latents=FIGURE10_LATENTS[0], **timing)]
+  rows = [dict(r, latents=None) for r in cores.run([ATTENTION], latents=FIGURE10_LATENTS[0], **timing)]
   for latents in FIGURE10_LATENTS:
-    for r in bench_cores.run([CAUSAL_LATTE, BIDIRECTIONAL], latents=latents, **timing):
+    for r in cores.run([CAUSAL_LATTE, BIDIRECTIONAL], latents=latents, **timing):
       rows.append(dict(r, variant=f"{r['variant']}, L={latents}", core=r["variant"], latents=latents))
   return rows
 
@@ -248,7 +248,7 @@ def _runtime_notes(by_length: Sequence[dict], by_latents: Sequence[dict], size: 
 def latte_runtime(ctx: Context) -> Result:
   size = FULL_RUNTIME if ctx.full else DEFAULT_RUNTIME
   timing = dict(steps=size.steps, warmup=size.warmup, log=ctx.log)
-  by_length = bench_cores.run(BY_LENGTH_CORES, seq_lens=size.seq_lens, **FIGURE8, **timing)
+  by_length = cores.run(BY_LENGTH_CORES, seq_lens=size.seq_lens, **FIGURE8, **timing)
   by_latents = latent_sweep(size, ctx.log)
   platform, chunk = jax.default_backend(), latte_kernels.default_chunk()
 
@@ -276,10 +276,10 @@ def latte_runtime(ctx: Context) -> Result:
                       "fitted over"], growth),
       f"**By sequence length (Figures 8-9: B {FIGURE8['batch_size']}, H {FIGURE8['heads']}, "
       f"D {FIGURE8['width']}, L {FIGURE8['latents']}; speed-up vs `{ATTENTION}`)**",
-      bench_cores.format_table(by_length),
+      cores.format_table(by_length),
       f"**By latent states (Figure 10: T {size.latent_seq_len}, B {FIGURE10['batch_size']}, H {FIGURE10['heads']}, "
       f"D {FIGURE10['width']}; speed-up vs `{ATTENTION}`, which has no latents)**",
-      bench_cores.format_table(by_latents),
+      cores.format_table(by_latents),
   ])
   setting = (
       "The attention core alone, as the paper's Appendix C times it (the transform x~ of the tokens, "

@@ -7,7 +7,7 @@ model issue set: the papers round their counts, Transformer-VQ and FIT to two or
 
 from __future__ import annotations
 
-from scripts import param_counts
+from lra_core.bench import param_counts
 from scripts.tables.common import Context, Result, markdown_table
 
 # Paper (the start of a row's source) -> relative tolerance of our count against its number.

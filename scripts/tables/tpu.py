@@ -25,7 +25,7 @@ import time
 
 from lra_core import aot
 from lra_core.errors import ConfigError
-from scripts import param_counts
+from lra_core.bench import param_counts
 from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
 from scripts.tables.transformer_vq import PAPER_THROUGHPUT
 

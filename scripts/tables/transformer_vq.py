@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from scripts import bench
+from lra_core.bench import train_step
+from lra_core.bench.common import Variant
 from scripts.tables.common import Context, Result, data_path, figure, fmt, markdown_table, save_plot, train
 
 CONFIG = "configs/enwik8/transformer_vq.py"
@@ -57,13 +58,13 @@ def _head_overrides(head_type: str) -> list[str]:
   return [f"model.head_type={head_type}"] + (["model.num_heads=1"] if head_type == "shga" else [])
 
 
-def _variant(name: str, reduction: str, head_type: str, attention: str) -> bench.Variant:
+def _variant(name: str, reduction: str, head_type: str, attention: str) -> Variant:
   items = [f"model.attention={attention}", *_head_overrides(head_type)]
   if reduction == "input_scan" and attention == "vq":  # full attention has no per-block form to scan
     items.append("model.input_scan=True")
   elif attention == "vq":
     items.append(f"model.reduction={reduction}")
-  return bench.Variant(name, tuple(items))
+  return Variant(name, tuple(items))
 
 
 def vq_throughput(ctx: Context) -> Result:
@@ -72,7 +73,7 @@ def vq_throughput(ctx: Context) -> Result:
   for head in size.head_types:
     variants.append(_variant(f"full/{head}", "serial", head, "full"))
     variants += [_variant(f"vq-{r}/{head}", r, head, "vq") for r in size.reductions]
-  rows, peak = bench.run(CONFIG, overrides=size.model, variants=variants, seq_lens=size.seq_lens,
+  rows, peak = train_step.run(CONFIG, overrides=size.model, variants=variants, seq_lens=size.seq_lens,
                          steps=size.steps, warmup=size.warmup, log=ctx.log)
   by = {(r["variant"], r["seq_len"]): r for r in rows}
 
@@ -95,7 +96,7 @@ def vq_throughput(ctx: Context) -> Result:
                       "-" if not p_full else f"{p_vq / p_full:.2f}x"])
   table = markdown_table(["reduction", "heads", "T", "ours: full tokens/s", "ours: VQ tokens/s", "ours: VQ / full",
                           "paper T", "paper full", "paper VQ", "paper VQ / full"], lines)
-  detail = bench.format_table(rows)
+  detail = train_step.format_table(rows)
   plots = [_throughput_plot(ctx, size, tps)]
   notes = _throughput_notes(size, tps)
   setting = (
