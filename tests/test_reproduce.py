@@ -12,8 +12,8 @@ import pytest
 import lra_core
 from lra_core.errors import ConfigError
 from lra_core.bench import param_counts
-from scripts import reproduce
-from scripts.tables import common, params
+from lra_core.reproduce import cli as reproduce
+from lra_core.reproduce import common, params
 
 
 def test_every_table_resolves_to_a_function_and_is_listed():
@@ -80,7 +80,7 @@ def test_the_printed_command_leaves_out_where_it_was_pasted():
 
 def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
   from lra_core import chips
-  from scripts.tables import tpu
+  from lra_core.reproduce import tpu
   specs = [row.spec for row in tpu.paper_rows()]
   assert specs == [spec for spec, _, _ in param_counts.PAPER]
   slugs = {row.slug(rung) for row in tpu.FULL_ROWS for rung in tpu.LADDER}

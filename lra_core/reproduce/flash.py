@@ -21,7 +21,7 @@ import numpy as np
 
 from lra_core.bench import train_step
 from lra_core.bench.common import Variant
-from scripts.tables.common import (Context, Result, curve, data_path, figure, fmt, markdown_table, ratio, save_plot,
+from lra_core.reproduce.common import (Context, Result, curve, data_path, figure, fmt, markdown_table, ratio, save_plot,
                                    train)
 
 FLASH, QUAD, TPP, TP = "flash", "flash_quad", "transformer++", "transformer+"

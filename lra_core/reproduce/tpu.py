@@ -26,8 +26,8 @@ import time
 from lra_core import aot
 from lra_core.errors import ConfigError
 from lra_core.bench import param_counts
-from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
-from scripts.tables.transformer_vq import PAPER_THROUGHPUT
+from lra_core.reproduce.common import ROOT, Context, Result, fmt, load_config, markdown_table
+from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
 
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.

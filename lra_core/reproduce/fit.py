@@ -23,7 +23,7 @@ from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
 from lra_core.bench import train_step
 from lra_core.bench.common import cost_flops, xla_memory_bytes
-from scripts.tables.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
 
 GiB = 2 ** 30
 FIT_SPEC = "configs/lra/image/fit.py"

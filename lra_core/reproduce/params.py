@@ -8,7 +8,7 @@ model issue set: the papers round their counts, Transformer-VQ and FIT to two or
 from __future__ import annotations
 
 from lra_core.bench import param_counts
-from scripts.tables.common import Context, Result, markdown_table
+from lra_core.reproduce.common import Context, Result, markdown_table
 
 # Paper (the start of a row's source) -> relative tolerance of our count against its number.
 TOLERANCE = {"Transformer-VQ": 0.05, "Latte": 0.05, "FLASH": 0.03, "FIT": 0.05, "Block Transformer": 0.02}

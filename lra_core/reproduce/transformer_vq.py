@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from lra_core.bench import train_step
 from lra_core.bench.common import Variant
-from scripts.tables.common import Context, Result, data_path, figure, fmt, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, markdown_table, save_plot, train
 
 CONFIG = "configs/enwik8/transformer_vq.py"
 # Tables 6-9 (8 TPU v3 cores, tokens/s): reduction -> head type -> {T: (full, vq)}; None = OOM.

@@ -1,6 +1,6 @@
 """What every reproduced table shares: its context, its result, markdown, plots and training runs.
 
-A table is a function `run(ctx: Context) -> Result` registered in `scripts/reproduce.py`. It reads
+A table is a function `run(ctx: Context) -> Result` registered in `lra_core/reproduce/cli.py`. It reads
 `ctx.full` to pick the paper's sizes (accelerators) or the default ones (a CPU in minutes),
 `ctx.data_dir` for the tables that train on real data, and writes its scratch runs under
 `ctx.workdir` and its plots through `save_plot`.
@@ -12,14 +12,11 @@ import dataclasses
 import json
 import math
 import pathlib
-import sys
 from collections.abc import Callable, Sequence
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from lra_core.config import load_config  # noqa: E402
-from lra_core.errors import DataError, optional_import  # noqa: E402
-from lra_core.metrics import read_metrics  # noqa: E402
+from lra_core.config import PROJECT_ROOT as ROOT, load_config
+from lra_core.errors import DataError, optional_import
+from lra_core.metrics import read_metrics
 
 optional_import("matplotlib", "plot").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -1,6 +1,6 @@
 """The Latte paper's tables: the attention core's time and memory (Figures 8-10) and LRA (Table 3).
 
-`latte_runtime` times the attention cores alone with scripts/bench_cores.py: by sequence length in
+`latte_runtime` times the attention cores alone with lra_core/bench/cores.py: by sequence length in
 Figure 8's setting (B 2, H 4, D 128, L 128) and by number of latent states in Figure 10's (B 4,
 H 4, D 512). `latte_lra` trains bidirectional Latte, Latte-Macchiato and the Transformer baseline
 (and, at --full, Latte-RGLRU++ too) on the LRA data under --data_dir/lra with the real trainer.
@@ -19,7 +19,7 @@ from matplotlib import ticker
 
 from lra_core.kernels import latte as latte_kernels
 from lra_core.bench import cores
-from scripts.tables.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
 
 # =============================================================================== latte_runtime
 
@@ -283,7 +283,7 @@ def latte_runtime(ctx: Context) -> Result:
   ])
   setting = (
       "The attention core alone, as the paper's Appendix C times it (the transform x~ of the tokens, "
-      "forward only), with `scripts/bench_cores.py` on random float32 inputs [B,T,H,*]. Figures 8-9: "
+      "forward only), with `scripts/bench.py --cores` on random float32 inputs [B,T,H,*]. Figures 8-9: "
       f"batch 2, 4 heads, D = 128 and L = 128 in total (32 per head), T = "
       f"{', '.join(map(str, size.seq_lens))}. Figure 10: T = {size.latent_seq_len}"
       + ("" if size.latent_seq_len == 5000 else " (the paper: 5000)")
