@@ -3,9 +3,10 @@
 The command is scripts/reproduce.py (examples there), or `python -m lra_core.reproduce.cli`.
 
 Each table prints a markdown section: the setting, the machine, the commit and the command, the
-table, and how ours compares with the paper; plots go to docs/img/ (--img_dir). With --out the
-section replaces the table's previous section in that file (or is appended), so docs/results.md
-is rebuilt one table at a time. Training runs go under --workdir/<table>/<run> and are reused
+table and at most one line comparing ours with the paper; plots go to docs/img/ (--img_dir). With
+--out the section replaces the table's previous section in that file (or is appended), so
+docs/results.md is rebuilt one table at a time; the hand-written discussion that follows each
+section there, between its own markers, is left as it is. Training runs go under --workdir/<table>/<run> and are reused
 when their config has not changed.
 """
 
@@ -97,6 +98,11 @@ def end_marker(name: str) -> str:
   return f"<!-- /table: {name} -->"
 
 
+def discussion_block(name: str) -> str:
+  """An empty hand-written discussion for the table `name`, appended after its first section."""
+  return f"<!-- discussion: {name} -->\n### Discussion\n\n<!-- /discussion: {name} -->\n"
+
+
 def section(table: Table, result: Result, *, command: str, seconds: float, machine_text: str, commit_text: str,
             relative_to: pathlib.Path) -> str:
   """The markdown section of one table, between markers that --out replaces it by."""
@@ -106,18 +112,20 @@ def section(table: Table, result: Result, *, command: str, seconds: float, machi
   for path in result.plots:
     rel = os.path.relpath(path, relative_to)
     lines += [f"![{path.stem}]({rel})", ""]
-  if result.notes.strip():
-    lines += [result.notes.strip(), ""]
+  if result.comparison.strip():
+    lines += [result.comparison.strip(), ""]
   lines.append(end_marker(table.name))
   return "\n".join(lines) + "\n"
 
 
 def replace_section(text: str, name: str, new: str) -> str:
-  """`text` with the section of `name` replaced by `new` (appended where it has none)."""
+  """`text` with the section of `name` replaced by `new`; everything outside its markers, the
+  discussion after it included, stays. Where it has none, `new` and an empty discussion are appended."""
   pattern = re.compile(re.escape(begin_marker(name)) + r".*?" + re.escape(end_marker(name)) + r"\n?", re.S)
   if pattern.search(text):
     return pattern.sub(lambda _: new, text, count=1)
-  return text + ("" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n") + new
+  sep = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+  return text + sep + new + "\n" + discussion_block(name)
 
 
 def without_out(argv: Sequence[str]) -> list[str]:

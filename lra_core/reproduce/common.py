@@ -34,11 +34,18 @@ class Context:
 
 @dataclasses.dataclass
 class Result:
-  """What a table prints: the setting, then the markdown (paper beside ours), then notes."""
+  """What a table prints: the setting, the markdown (paper beside ours), its plots and at most one
+  comparison line. Why ours differs from the paper is not computed: it is the hand-written discussion
+  under the table's section in docs/results.md, which --out leaves as it is."""
   setting: str                                   # a paragraph: models, sizes, what was timed or trained
   markdown: str                                  # one or more markdown tables
-  notes: str = ""                                # how ours compares with the paper, and why
   plots: list[pathlib.Path] = dataclasses.field(default_factory=list)
+  comparison: str = ""                           # one line from the numbers, e.g. "ours / paper: 0.98x"
+
+  def __post_init__(self):
+    if "\n" in self.comparison.strip():
+      raise ValueError(f"comparison {self.comparison!r} is more than one line; discussion belongs in "
+                       "docs/results.md, under the table's section.")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
