@@ -4,18 +4,21 @@ how a benchmark command reports (a machine line, the command, a markdown table, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
 import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
 
+from lra_core import cli
 from lra_core.errors import ConfigError
 
 MiB = 2 ** 20
@@ -119,19 +122,26 @@ def markdown_section(title: str, machine: str, command: str, table: str) -> str:
   return f"### {title}\n\n{machine}  \ncommand: `{command}`\n\n{table}\n"
 
 
-def add_model_args(parser, variant_help: str) -> None:
-  """--config / --override / --variant of the generation benchmarks."""
+def parse_command(argv: Sequence[str] | None, *, prog: str, doc: str, variant_help: str,
+                  flags: Callable[[argparse.ArgumentParser], None],
+                  repeats: int) -> tuple[list[str], argparse.Namespace, list[Variant]]:
+  """(argv, args, variants) of a generation benchmark's command line: --config / --override /
+  --variant, the command's own `flags`, --repeats / --warmup, and --title / --out / --json."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
   parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
   parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
                       help=variant_help)
-
-
-def add_report_args(parser) -> None:
-  """--title / --out / --json, as every benchmark script reports."""
+  flags(parser)
+  parser.add_argument("--repeats", type=int, default=repeats)
+  parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--title", default="")
   parser.add_argument("--out", default="", help="markdown file to append the table to")
   parser.add_argument("--json", default="", help="file to write the raw rows to")
+  args = parser.parse_args(argv)
+  cli.setup_logging()
+  return argv, args, [parse_variant(v) for v in args.variant] or [Variant("default")]
 
 
 def publish(script: str, argv: Sequence[str], table: str, rows: Sequence[dict], args) -> None:

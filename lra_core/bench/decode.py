@@ -24,8 +24,7 @@ import numpy as np
 from flax import nnx
 
 from lra_core import cli
-from lra_core.bench.common import (MiB, Variant, add_model_args, add_report_args, ints, median_seconds,
-                                   parse_variant, publish, variant_config)
+from lra_core.bench.common import MiB, ints, median_seconds, parse_command, publish, variant_config
 from lra_core.config import load_config
 from lra_core.errors import ConfigError
 from lra_core.registry import build_model
@@ -72,19 +71,16 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/bench_decode.py", description=__doc__.splitlines()[0])
-  add_model_args(parser, "as scripts/bench.py: named overrides, config=<spec> for another config file")
+def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--context_lens", default="1024,4096", help="comma-separated context lengths L")
   parser.add_argument("--tokens", type=int, default=64, help="decoded (timed) tokens per call")
   parser.add_argument("--batch_size", type=int, default=1)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--warmup", type=int, default=1)
-  add_report_args(parser)
-  args = parser.parse_args(argv)
-  cli.setup_logging()
-  variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+  argv, args, variants = parse_command(
+      argv, prog="python scripts/bench_decode.py", doc=__doc__, flags=add_flags, repeats=5,
+      variant_help="as scripts/bench.py: named overrides, config=<spec> for another config file")
   rows = []
   for variant in variants:
     spec, overrides = variant_config(args.config, variant)

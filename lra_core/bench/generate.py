@@ -22,8 +22,7 @@ import jax
 import numpy as np
 
 from lra_core import cli, decoding
-from lra_core.bench.common import (MiB, Variant, add_model_args, add_report_args, ints, is_oom, median_seconds,
-                                   parse_variant, publish, variant_config)
+from lra_core.bench.common import MiB, ints, is_oom, median_seconds, parse_command, publish, variant_config
 from lra_core.config import load_config, model_module
 from lra_core.registry import build_model, non_embedding_parameter_count
 
@@ -78,18 +77,15 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/bench_generate.py", description=__doc__.splitlines()[0])
-  add_model_args(parser, "as scripts/bench.py; the last variant is the baseline of the speed-up column")
+def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--batch_sizes", default="1,32")
   parser.add_argument("--settings", default="2048:128,128:2048", help="PROMPT:NEW pairs")
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--warmup", type=int, default=1)
-  add_report_args(parser)
-  args = parser.parse_args(argv)
-  cli.setup_logging()
-  variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+  argv, args, variants = parse_command(
+      argv, prog="python scripts/bench_generate.py", doc=__doc__, flags=add_flags, repeats=3,
+      variant_help="as scripts/bench.py; the last variant is the baseline of the speed-up column")
   rows = []
   for prompt_len, new in parse_settings(args.settings):
     for batch_size in ints(args.batch_sizes):

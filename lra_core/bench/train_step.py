@@ -236,11 +236,16 @@ def run(spec: str, *, overrides: Sequence[str] = (), variants: Sequence[Variant]
         log(format_row_log(row))
       gc.collect()
   peak = matmul_peak_flops(matmul_size, steps=steps, warmup=warmup)
+  set_peak_fractions(rows, peak)
+  return rows, peak
+
+
+def set_peak_fractions(rows: Sequence[dict], peak: float) -> None:
+  """Adds each timed row's FLOP/s as a fraction of `peak`, the matmul yardstick's FLOP/s."""
   for row in rows:
     if row.get("flops_per_s") is not None:
       row["peak_flops"] = peak
       row["peak_fraction"] = row["flops_per_s"] / peak
-  return rows, peak
 
 
 def format_row_log(row: dict) -> str:

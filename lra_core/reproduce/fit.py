@@ -133,10 +133,7 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
       previous = row
       gc.collect()
   peak = train_step.matmul_peak_flops()
-  for row in rows:
-    if row.get("flops_per_s") is not None:
-      row["peak_flops"] = peak
-      row["peak_fraction"] = row["flops_per_s"] / peak
+  train_step.set_peak_fractions(rows, peak)
   return rows, peak
 
 
