@@ -42,7 +42,7 @@ class Result:
   plots: list[pathlib.Path] = dataclasses.field(default_factory=list)
   comparison: str = ""                           # one line from the numbers, e.g. "ours / paper: 0.98x"
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if "\n" in self.comparison.strip():
       raise ValueError(f"comparison {self.comparison!r} is more than one line; discussion belongs in "
                        "docs/results.md, under the table's section.")
