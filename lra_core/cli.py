@@ -11,7 +11,8 @@ same one-sentence errors (an unknown key names the closest valid keys). A `UserE
 program with that sentence and exit status 2, not a traceback.
 
 The console scripts lra-train, lra-eval, lra-sample and lra-aot (pyproject.toml) run those modules
-as `python -m` does.
+as `python -m` does; lra-sweep and lra-bench run lra_core.sweep and lra_core.bench.train_step, the
+commands of scripts/sweep.py and scripts/bench.py.
 """
 
 from __future__ import annotations
@@ -89,3 +90,5 @@ train_command = as_command("lra_core.train")
 evaluate_command = as_command("lra_core.evaluate")
 sample_command = as_command("lra_core.sample")
 aot_command = as_command("lra_core.aot")
+sweep_command = as_command("lra_core.sweep")
+bench_command = as_command("lra_core.bench.train_step")

@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from lra_core.errors import optional_import  # noqa: E402
-from lra_core.metrics import read_metrics  # noqa: E402
+from lra_core.errors import optional_import
+from lra_core.metrics import read_metrics
 
 optional_import("matplotlib", "plot").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -16,18 +16,14 @@ TPU compiler makes of it:
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from lra_core.kernels import flash as flash_kernels  # noqa: E402
-from lra_core import chips, hlo_cost  # noqa: E402
-from lra_core.models.blocks.layers import silu  # noqa: E402
+from lra_core import chips, hlo_cost
+from lra_core.kernels import flash as flash_kernels
+from lra_core.models.blocks.layers import silu
 
 LAYERS, D, E, S, CHUNK, D_FF = 24, 768, 1536, 128, 256, 3072
 BF16 = jnp.bfloat16

@@ -1,17 +1,12 @@
 """scripts/bench.py times the trainer's train step and writes markdown / JSON tables."""
 
-import importlib.util
 import json
 
 import jax
 import pytest
 
-from lra_core.config import PROJECT_ROOT
+from lra_core.bench import train_step as bench
 from lra_core.errors import ConfigError
-
-spec = importlib.util.spec_from_file_location("bench", PROJECT_ROOT / "scripts" / "bench.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
 
 ENWIK8 = "configs/enwik8/transformer.py:tiny"
 VARIANTS = ("base:", "narrow:model.d_model=32,model.d_ff=64")
@@ -140,7 +135,7 @@ def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
 
 
 def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
-  from scripts import bench_decode
+  from lra_core.bench import decode as bench_decode
   out = tmp_path / "decode.md"
   rows = bench_decode.main(["--config=configs/imagenet64/fit_ar.py:tiny", "--variant", "fit:",
                             "--variant", "tpp:config=configs/imagenet64/transformer.py:tiny,plusplus",
@@ -156,7 +151,7 @@ def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
 
 
 def test_bench_generate_times_block_and_vanilla_generation(tmp_path, capsys):
-  from scripts import bench_generate
+  from lra_core.bench import generate as bench_generate
   out = tmp_path / "generate.md"
   rows = bench_generate.main(["--config=configs/c4/block_transformer.py:tiny", "--variant", "block:",
                               "--variant", "vanilla:config=configs/c4/block_transformer.py:tiny,vanilla",

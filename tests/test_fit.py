@@ -18,7 +18,7 @@ from lra_core.errors import ConfigError
 from lra_core.models import fit, transformer
 from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
-from scripts import param_counts
+from lra_core.bench import param_counts
 
 VOCAB = 13
 

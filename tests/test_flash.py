@@ -18,7 +18,7 @@ from lra_core.kernels import flash as fk
 from lra_core.models import flash
 from lra_core.models.blocks.positions import RelativePositionBias
 from lra_core.train import train_and_evaluate
-from scripts import param_counts
+from lra_core.bench import param_counts
 
 
 def rand(seed, shape, scale=1.0):

@@ -5,7 +5,7 @@ cannot take are reported, not hidden."""
 import jax
 import pytest
 
-from scripts import check_lowering
+from lra_core.bench import lowering as check_lowering
 
 SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 

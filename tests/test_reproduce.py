@@ -2,7 +2,7 @@
 
 The tables themselves run for minutes; their output is docs/results.md. Here: every registered
 table resolves to a function, bad arguments fail in one sentence before anything runs, and a
-section replaces only its own part of the results file.
+section replaces only its own part of the results file, leaving the hand-written discussion after it.
 """
 
 import pathlib
@@ -10,9 +10,11 @@ import pathlib
 import pytest
 
 import lra_core
+from lra_core.bench import param_counts
+from lra_core.config import PROJECT_ROOT
 from lra_core.errors import ConfigError
-from scripts import param_counts, reproduce
-from scripts.tables import common, params
+from lra_core.reproduce import cli as reproduce
+from lra_core.reproduce import common, params
 
 
 def test_every_table_resolves_to_a_function_and_is_listed():
@@ -38,10 +40,14 @@ def test_bad_arguments_fail_before_running(argv, message):
 def test_section_replaces_only_its_own_part(tmp_path):
   table = reproduce.BY_NAME["params"]
   plot = tmp_path / "img" / "p.png"
-  result = common.Result(setting="Setting.", markdown="| a |\n|---|\n| 1 |", notes="Note.", plots=[plot])
+  result = common.Result(setting="Setting.", markdown="| a |\n|---|\n| 1 |", plots=[plot],
+                         comparison="ours / paper: 0.98x")
   first = reproduce.section(table, result, command="python scripts/reproduce.py --table params", seconds=90,
                             machine_text="cpu", commit_text="abc", relative_to=tmp_path)
   assert "![p](img/p.png)" in first and "(1.5 min)" in first and "commit: `abc`" in first
+  assert first.index("![p]") < first.index("ours / paper: 0.98x") < first.index("<!-- /table: params -->")
+  with pytest.raises(ValueError, match="more than one line"):  # why ours differs is hand-written, not generated
+    common.Result(setting="s", markdown="m", comparison="ours / paper: 0.98x\nbecause ...")
   other = reproduce.section(reproduce.BY_NAME["vq_cache"], result, command="c", seconds=1, machine_text="cpu",
                             commit_text="abc", relative_to=tmp_path)
   text = reproduce.replace_section("# Results\n", "params", first)
@@ -53,6 +59,35 @@ def test_section_replaces_only_its_own_part(tmp_path):
   assert text.startswith("# Results\n") and "New." in text and "Setting." in text  # vq_cache kept
   assert text.count("<!-- table: params -->") == 1 and "| 1 |" in text.split("table: vq_cache")[1]
   assert text.index("table: params") < text.index("table: vq_cache")  # replaced in place
+
+
+def test_out_keeps_the_hand_written_discussion(tmp_path, monkeypatch):
+  results = tmp_path / "results.md"
+  settings = iter(["First run.", "Second run."])
+  monkeypatch.setattr(reproduce, "table_function",
+                      lambda table: lambda ctx: common.Result(setting=next(settings), markdown="| a |\n|---|\n| 1 |"))
+  argv = ["--table", "params", "--out", str(results), "--workdir", str(tmp_path)]
+  reproduce.main(argv)  # a new table: its section, then an empty discussion to write
+  text = results.read_text()
+  assert text.index("<!-- /table: params -->") < text.index("<!-- discussion: params -->\n### Discussion\n")
+  discussion = "Ours is 2% off because ...\n\n- and a list."
+  results.write_text(text.replace("### Discussion\n", f"### Discussion\n\n{discussion}\n") + "\nAfter.\n")
+  printed = reproduce.main(argv)
+  text = results.read_text()
+  assert "First run." not in text and text.count("Second run.") == 1 and text.count(discussion) == 1
+  assert text.index("Second run.") < text.index("<!-- /table: params -->") < text.index(discussion)
+  assert text.index(discussion) < text.index("<!-- /discussion: params -->") < text.index("After.")
+  assert "command: `python scripts/reproduce.py --table params --workdir " in printed and discussion not in printed
+
+
+def test_every_results_section_is_followed_by_its_discussion():
+  text = (PROJECT_ROOT / "docs" / "results.md").read_text()
+  for table in reproduce.TABLES:
+    end, begin = reproduce.end_marker(table.name), f"<!-- discussion: {table.name} -->"
+    assert text.count(end) == 1 and text.count(begin) == 1, table.name
+    between = text[text.index(end) + len(end):text.index(begin)]
+    assert not between.strip(), table.name  # the discussion follows its section
+    assert text.index(f"<!-- /discussion: {table.name} -->") > text.index(begin), table.name
 
 
 def test_every_params_row_has_a_tolerance_and_gaps_are_checked():
@@ -79,7 +114,7 @@ def test_the_printed_command_leaves_out_where_it_was_pasted():
 
 def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
   from lra_core import chips
-  from scripts.tables import tpu
+  from lra_core.reproduce import tpu
   specs = [row.spec for row in tpu.paper_rows()]
   assert specs == [spec for spec, _, _ in param_counts.PAPER]
   slugs = {row.slug(rung) for row in tpu.FULL_ROWS for rung in tpu.LADDER}

@@ -156,7 +156,7 @@ def test_mesh_errors_are_clear():
 
 
 def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor():
-  from scripts.shardings import FAMILIES, summarize
+  from lra_core.bench.shardings import FAMILIES, summarize
   mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
   for name, spec in FAMILIES.items():
     rows = sharding.parameter_layout(lra_core.load_config(spec, mesh), num_devices=8)

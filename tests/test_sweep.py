@@ -7,7 +7,6 @@ they test the sweep, not training.
 """
 
 import csv
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -15,13 +14,9 @@ import shutil
 import pytest
 
 import fixtures.listops
-from lra_core import cli
-from lra_core.config import PROJECT_ROOT
+from lra_core import cli, sweep
 from lra_core.errors import ConfigError, DataError
 
-spec = importlib.util.spec_from_file_location("sweep", PROJECT_ROOT / "scripts" / "sweep.py")
-sweep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sweep)
 
 LISTOPS = fixtures.listops.SPEC
 FAST = ["--config.train.test_at_end=False", "--config.model.num_layers=1"]

@@ -16,7 +16,7 @@ from lra_core.kernels import _pallas
 from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla
 from lra_core.kernels import vq as vq_xla
-from scripts import check_lowering
+from lra_core.bench import lowering as check_lowering
 
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(),
                                   reason="libtpu is not installed (pip install -e \".[test]\" brings it)")

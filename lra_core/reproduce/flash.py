@@ -19,8 +19,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from scripts import bench
-from scripts.tables.common import (Context, Result, curve, data_path, figure, fmt, markdown_table, ratio, save_plot,
+from lra_core.bench import train_step
+from lra_core.bench.common import Variant
+from lra_core.reproduce.common import (Context, Result, curve, data_path, figure, fmt, markdown_table, ratio, save_plot,
                                    train)
 
 FLASH, QUAD, TPP, TP = "flash", "flash_quad", "transformer++", "transformer+"
@@ -124,8 +125,8 @@ def flash_latency(ctx: Context) -> Result:
   accum = accumulation(size.tokens_per_step, 1)  # the harness times one device
   if accum > 1:
     overrides.append(f"train.grad_accum_steps={accum}")
-  variants = [bench.Variant(m.key, (f"config={m.spec}", *m.overrides)) for m in size.models]
-  rows, peak = bench.run(size.models[0].spec, overrides=overrides, variants=variants, seq_lens=size.seq_lens,
+  variants = [Variant(m.key, (f"config={m.spec}", *m.overrides)) for m in size.models]
+  rows, peak = train_step.run(size.models[0].spec, overrides=overrides, variants=variants, seq_lens=size.seq_lens,
                          tokens_per_batch=size.tokens_per_step, steps=size.steps, warmup=size.warmup, log=ctx.log)
   load = f"{load} at the start and {load_average()} at the end"
   ctx.workdir.mkdir(parents=True, exist_ok=True)
@@ -178,102 +179,7 @@ def flash_latency(ctx: Context) -> Result:
          "times do not compare across machines; the speed-up columns (Transformer++'s step time / the "
          "model's) do. "
          f"Load average: {load}; float32 matmul yardstick {peak / 1e9:,.1f} GFLOP/s."))
-  notes = latency_notes(size, ms, by, load)
-  return Result(setting=setting, markdown=markdown, notes=notes, plots=[latency_plot(ctx, size, ms, keys)])
-
-
-def latency_notes(size: LatencySize, ms: dict, by: dict, load: str) -> str:
-  lens = size.seq_lens
-  first, last = lens[0], lens[-1]
-  notes = []
-
-  def growth(key):
-    a, b = ms.get((key, first)), ms.get((key, last))
-    return b / a if a and b else None
-
-  def flops(key, t):
-    r = by[(key, t)]
-    return r.get("flops_per_step") if r["status"] == "ok" else None
-
-  ours_f, ours_t = growth(FLASH), growth(TPP)
-  paper_f = table13(TABLE13_LATENCY, FLASH, last) / table13(TABLE13_LATENCY, FLASH, first)
-  paper_t = table13(TABLE13_LATENCY, TPP, last) / table13(TABLE13_LATENCY, TPP, first)
-  if ours_f and ours_t:
-    text = (f"- **Growth with T.** From T = {first} to {last} at {size.tokens_per_step:,} tokens per step, FLASH's "
-            f"step grows {ours_f:.2f}x and Transformer++'s {ours_t:.2f}x (Table 13: {paper_f:.2f}x and "
-            f"{paper_t:.2f}x). ")
-    if ours_f >= ours_t:
-      text += "FLASH does not grow less than Transformer++ here, unlike the paper."
-    elif ours_f > 1.3 * paper_f:
-      text += "FLASH grows less, as in the paper, but its own step is not flat as it is there."
-    else:
-      text += "FLASH grows less and stays nearly flat, as in the paper."
-    notes.append(text)
-  both = [t for t in lens if (FLASH, t) in ms and (TPP, t) in ms]
-  faster = [t for t in both if ms[(FLASH, t)] < ms[(TPP, t)]]
-  paper = ("The paper's FLASH is slower at 512 and faster from 1024 (Table 13: 57.2 vs 54.7 at 512; Table 11: "
-           "254.4 vs 222.4 ms at 512).")
-  if faster:
-    text = f"- **FLASH vs Transformer++.** FLASH is faster at T = {', '.join(map(str, faster))}"
-    if last in faster:
-      text += f" ({ms[(TPP, last)] / ms[(FLASH, last)]:.2f}x at {last})"
-    later = faster[0] > 1024 and any(t < faster[0] for t in both)
-    notes.append(text + (": it overtakes Transformer++ later than in the paper. " if later else ". ") + paper)
-  elif both:
-    notes.append(f"- **FLASH vs Transformer++.** FLASH is not faster than Transformer++ at any length up to "
-                 f"{both[-1]}, unlike the paper. " + paper)
-  for t in (t for t in both if t not in faster):
-    ff, ft = flops(FLASH, t), flops(TPP, t)
-    if ff and ft:
-      fr, tr = by[(FLASH, t)].get("peak_fraction"), by[(TPP, t)].get("peak_fraction")
-      notes.append(
-          f"  At T = {t} FLASH is {ms[(FLASH, t)] / ms[(TPP, t)]:.2f}x slower. XLA counts {ff / 1e9:,.1f} GFLOP "
-          f"per FLASH step and {ft / 1e9:,.1f} per Transformer++ step"
-          + (f", run at {100 * fr:.0f}% and {100 * tr:.0f}% of the matmul yardstick" if fr and tr else "") + ": "
-          + ("FLASH does more work here (the cross-chunk linear part and four query/key projections against "
-             "a T x T attention that is still small)." if ff >= ft else
-             "FLASH does less work but runs it less efficiently on this CPU (many small per-chunk products "
-             "instead of a few large ones)."))
-  quad = [t for t in lens if (QUAD, t) in ms and (TPP, t) in ms]
-  quad_faster = [t for t in quad if ms[(QUAD, t)] < ms[(TPP, t)]]
-  if quad:
-    t = quad[-1]
-    text = (f"- **FLASH-Quad vs Transformer++.** FLASH-Quad is faster at {len(quad_faster)} of {len(quad)} "
-            f"lengths" + (f" ({', '.join(map(str, quad_faster))})" if quad_faster else "")
-            + f"; at T = {t} it runs at {ms[(TPP, t)] / ms[(QUAD, t)]:.2f}x Transformer++'s speed. The paper finds "
-            "it \"consistently faster than Transformer and Transformer++ for all context lengths\" (Section 4.1; "
-            f"Table 13: {table13(TABLE13_LATENCY, TPP, 8192) / table13(TABLE13_LATENCY, QUAD, 8192):.2f}x at 8192).")
-    slow = [u for u in quad if u not in quad_faster]
-    if slow and flops(QUAD, slow[0]) and flops(TPP, slow[0]):
-      u = slow[0]
-      fq, ft = flops(QUAD, u), flops(TPP, u)
-      why = ("its single head scores with width s = 128 and mixes values of width e = 2d, in twice as many "
-             "layers: more T x T work than the multi-head attention." if fq >= ft else
-             "it does less work, but runs it less efficiently on this CPU.")
-      text += (f" Where it is slower (first at T = {u}), XLA counts {fq / 1e9:,.1f} GFLOP per FLASH-Quad step "
-               f"against {ft / 1e9:,.1f}: {why}")
-    notes.append(text)
-  prev = lens[-2] if len(lens) > 1 else None
-  if prev and (FLASH, prev) in ms and (FLASH, last) in ms and by[(FLASH, last)]["batch_size"] == 1 \
-      and ms[(FLASH, last)] > 1.2 * ms[(FLASH, prev)]:
-    notes.append(
-        f"- FLASH's step at T = {last} runs at batch 1 and takes {ms[(FLASH, last)] / ms[(FLASH, prev)]:.2f}x its "
-        f"step at T = {prev} (batch {by[(FLASH, prev)]['batch_size']}) for the same tokens. docs/benchmarks.md "
-        "traced a similar batch-1 slowdown on this CPU to the GAU's dense projection and RoPE, not to the chunk "
-        "attention (an XLA:CPU layout effect); at batch 2 it was gone.")
-  spread = [(max(r["step_ms_all"]) / min(r["step_ms_all"]) - 1, k) for k, r in by.items()
-            if r["status"] == "ok" and len(r.get("step_ms_all", ())) > 1]
-  if spread and max(spread)[0] > 0.1:
-    worst, (key, t) = max(spread)
-    noisy = sum(1 for x, _ in spread if x > 0.1)
-    notes.append(
-        f"- **Noise.** In {noisy} of {len(spread)} rows the {size.steps} timed steps differ by more than 10% "
-        f"(up to {100 * worst:.0f}%, {LABELS[key]} at T = {t}); with load averages of {load}, differences of "
-        "that size between rows may be noise rather than the models.")
-  failed = [f"{LABELS[k]} at T = {t}" for (k, t), r in by.items() if r["status"] != "ok"]
-  if failed:
-    notes.append(f"- Out of memory: {', '.join(failed)} (Table 11: Transformer++ at 4096 on the V100).")
-  return "\n".join(notes)
+  return Result(setting=setting, markdown=markdown, plots=[latency_plot(ctx, size, ms, keys)])
 
 
 def latency_plot(ctx: Context, size: LatencySize, ms: dict, keys: Sequence[str]):
@@ -312,7 +218,6 @@ class QualitySize:
   steps: int
   overrides: tuple[str, ...]       # training settings for every model
   models: tuple[Model, ...]
-  fresh_batches: bool = False      # steps x batch stay within one pass over the training split
   warmup_fraction: float = 0.0     # > 0: warm-up steps as a fraction of the steps (else the config's)
 
 
@@ -336,7 +241,7 @@ DEFAULT_QUALITY = QualitySize(
                   "6 GAUs, d 64, e 128, s 32"),
             Model(TPP, "configs/c4/transformer.py:lm,plusplus",
                   ("model.num_layers=3", "model.num_heads=4", "model.d_ff=200"), "3 layers, d 64, 4 heads, GLU 200")),
-    fresh_batches=True, warmup_fraction=0.1)
+    warmup_fraction=0.1)
 
 
 def c4_data(ctx: Context, full: bool) -> tuple[list[str], str]:
@@ -368,19 +273,6 @@ def loss_at_time(times: Sequence[float], losses: Sequence[float], target: float)
       t0, l0 = times[i - 1], losses[i - 1]
       return t0 + (t - t0) * (l0 - target) / (l0 - loss)
   return None
-
-
-def last_lead(a: dict, b: dict) -> float | None:
-  """The last time at which run `a`'s loss is below run `b`'s at equal training time, if `a` leads at some
-  point and `b` leads at the end; else None."""
-  start, stop = max(a["times"][0], b["times"][0]), min(a["times"][-1], b["times"][-1])
-  if stop <= start:
-    return None
-  grid = np.linspace(start, stop, 200)
-  ahead = np.interp(grid, a["times"], a["losses"]) < np.interp(grid, b["times"], b["losses"])
-  if not ahead.any() or ahead[-1]:
-    return None
-  return float(grid[np.nonzero(ahead)[0][-1]])
 
 
 def flash_quality(ctx: Context) -> Result:
@@ -451,65 +343,7 @@ def flash_quality(ctx: Context) -> Result:
       + ". Training time is the trainer's `train_time_s` (compile apart); a logged training loss is placed "
       "at step x train_time_s / steps. The figure of merit of Figure 6 is quality against training cost; "
       f"the paper's claim: {FIGURE6_CLAIM}. Load average when the table started: {load}.")
-  notes = quality_notes(size, runs, unit)
-  return Result(setting=setting, markdown=markdown, notes=notes, plots=[quality_plot(ctx, size, runs, unit)])
-
-
-def quality_notes(size: QualitySize, runs: dict, unit: str) -> str:
-  notes = []
-  for t in size.seq_lens:
-    f, q, p = (runs[(k, t)] for k in (FLASH, QUAD, TPP))
-    vf, vq, vp = (r["summary"]["val_loss"] for r in (f, q, p))
-    best = min(((vf, FLASH), (vq, QUAD), (vp, TPP)))[1]
-    speed_f = f["summary"].get("tokens_per_s", 0) / max(p["summary"].get("tokens_per_s", 1), 1e-9)
-    speed_q = q["summary"].get("tokens_per_s", 0) / max(p["summary"].get("tokens_per_s", 1), 1e-9)
-    reach = loss_at_time(f["times"], f["losses"], p["losses"][-1])
-    shows = reach is not None and reach < p["summary"]["train_time_s"]
-    pt = nearest_paper_length(t)
-    paper = {k: table13(TABLE13_PPLX, k, pt) for k in (FLASH, QUAD, TPP)}
-    reach_q = loss_at_time(q["times"], q["losses"], p["losses"][-1])
-    notes.append(
-        f"- **T = {t}.** Lowest validation loss: {LABELS[best]}. FLASH is {vf - vp:+.3f} nats/{unit} from "
-        f"Transformer++ and FLASH-Quad {vq - vp:+.3f} (Table 13 at {pt}: perplexity {paper[FLASH]} and "
-        f"{paper[QUAD]} against {paper[TPP]}). FLASH trains at {speed_f:.2f}x and FLASH-Quad at "
-        f"{speed_q:.2f}x Transformer++'s tokens/s. "
-        + (f"FLASH-Quad reaches Transformer++'s final training loss in {reach_q:,.0f} s "
-           f"({p['summary']['train_time_s'] / reach_q:.2f}x sooner; the paper: 1.2x-2.5x). " if reach_q else
-           "FLASH-Quad does not reach Transformer++'s final training loss (the paper: 1.2x-2.5x sooner). ")
-        + (f"FLASH reaches Transformer++'s final training loss in {reach:,.0f} s of Transformer++'s "
-           f"{p['summary']['train_time_s']:,.0f} s, the paper's direction (Figure 1: {FIGURE1_SPEEDUP[pt]}x at {pt})."
-           if shows else
-           f"FLASH does not reach Transformer++'s final training loss ({p['losses'][-1]:.3f}) "
-           + ("in its run" if reach is None else f"before {reach:,.0f} s, later than Transformer++")
-           + f": the paper's speed-up at equal quality (Figure 1: {FIGURE1_SPEEDUP[pt]}x at {pt}) does not show "
-           "here."))
-    if not shows:
-      why = []
-      if speed_f < 1.2:
-        why.append(f"At T = {t} mixed chunk attention saves little compute: FLASH runs at only {speed_f:.2f}x "
-                   "Transformer++'s tokens/s (the paper's speed-ups grow with T, 1.2x at 512 to 4.9x at 8192).")
-      lead = last_lead(f, p)
-      if lead is not None:
-        why.append(f"At equal training time FLASH is ahead of Transformer++ until about {lead:,.0f} s; then its "
-                   f"loss flattens (final {f['losses'][-1]:.3f}) while Transformer++'s keeps falling "
-                   f"({p['losses'][-1]:.3f}).")
-      elif f["losses"] and p["losses"] and f["losses"][0] > p["losses"][0]:
-        why.append(f"FLASH starts slower (training loss {f['losses'][0]:.2f} vs {p['losses'][0]:.2f} at the first "
-                   "logged step) and stays behind.")
-      if f["losses"] and p["losses"] and f["losses"][-1] > p["losses"][-1]:
-        why.append("A likely reason: a GAU's relu^2(q k / n + b) scores start near zero (the q/k scales are drawn "
-                   "from N(0, 0.02) and divided by n), so at first the GAUs mix little context and act like gated "
-                   "MLPs; a short run can end before their attention catches up.")
-      tokens = size.steps * size.tokens_per_step
-      why.append(f"The run is {tokens:,} tokens on {f['summary']['num_params']:,}-parameter models, "
-                 f"{125_000 * PAPER_TOKENS_PER_STEP / tokens:,.0f} times fewer tokens than the paper's 125k "
-                 "steps on 110M models; Figure 6 compares near-converged models.")
-      notes.append("  Why: " + " ".join(why))
-  if size.fresh_batches:
-    notes.append("- The curves are training losses of batches the model has not seen before (the run covers "
-                 "less than one pass over the training split), so they estimate held-out loss; the markers at "
-                 "the end are the validation losses.")
-  return "\n".join(notes)
+  return Result(setting=setting, markdown=markdown, plots=[quality_plot(ctx, size, runs, unit)])
 
 
 def quality_plot(ctx: Context, size: QualitySize, runs: dict, unit: str):

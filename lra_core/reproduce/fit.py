@@ -10,19 +10,19 @@ compares validation loss, accuracy and steps per second.
 from __future__ import annotations
 
 import gc
-import math
 import os
 
 import jax
 import numpy as np
 
 from lra_core import experiment, optim, sharding
+from lra_core.bench import train_step
+from lra_core.bench.common import cost_flops, xla_memory_bytes
 from lra_core.errors import ConfigError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
-from scripts import bench
-from scripts.tables.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
 
 GiB = 2 ** 30
 FIT_SPEC = "configs/lra/image/fit.py"
@@ -85,19 +85,19 @@ def memory_limit_bytes() -> int:
 
 def planned_step(config) -> dict:
   """XLA's FLOPs and memory for the train step of `config`, compiled from shapes (nothing runs)."""
-  mesh = bench.one_device_mesh()
+  mesh = train_step.one_device_mesh()
   rules = config.sharding.rules
-  info = bench.data_info(config)
+  info = train_step.data_info(config)
   task = make_task(config, info)
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
                    out_shardings=(spec.shardings, None))
-    batch = experiment.to_device(bench.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
+    batch = experiment.to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
     compiled = step.lower(spec.abstract, batch).compile()
-  return dict(num_params=spec.num_params, flops_per_step=bench.cost_flops(compiled),
-              xla_memory_bytes=bench.xla_memory_bytes(compiled))
+  return dict(num_params=spec.num_params, flops_per_step=cost_flops(compiled),
+              xla_memory_bytes=xla_memory_bytes(compiled))
 
 
 def _steps_for(previous: dict | None, seq_len: int, full: bool) -> tuple[int, int]:
@@ -119,11 +119,11 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
     previous = None
     for side in SCALING_SIDES:
       spec, overrides = scaling_overrides(model, side, ctx.full)
-      config = bench.bench_config(spec, overrides, seq_len=side * side, batch_size=1)
+      config = train_step.bench_config(spec, overrides, seq_len=side * side, batch_size=1)
       row = dict(variant=model, side=side)
       if ctx.full or model == "FIT" or side in DEFAULT_VIT_SIDES:
         steps, warmup = _steps_for(previous, side * side, ctx.full)
-        row.update(bench.time_train_step(config, steps=steps, warmup=warmup))
+        row.update(train_step.time_train_step(config, steps=steps, warmup=warmup))
       else:
         row.update(seq_len=side * side, batch_size=1, **planned_step(config))
         fits = row["xla_memory_bytes"] is not None and row["xla_memory_bytes"] <= limit
@@ -132,17 +132,14 @@ def scaling_rows(ctx: Context) -> tuple[list[dict], float]:
       rows.append(row)
       previous = row
       gc.collect()
-  peak = bench.matmul_peak_flops()
-  for row in rows:
-    if row.get("flops_per_s") is not None:
-      row["peak_flops"] = peak
-      row["peak_fraction"] = row["flops_per_s"] / peak
+  peak = train_step.matmul_peak_flops()
+  train_step.set_peak_fractions(rows, peak)
   return rows, peak
 
 
 def _log_line(row: dict) -> str:
   if row["status"] == "ok":
-    return bench.format_row_log(row)
+    return train_step.format_row_log(row)
   planned = row.get("xla_memory_bytes")
   return (f"{row['variant']} T={row['seq_len']}: {row['status']} ({row.get('stage')}; XLA plans "
           f"{fmt(None if planned is None else planned / GiB)} GiB)")
@@ -163,26 +160,17 @@ def _step_cell(row: dict) -> str:
   return f"OOM at {row.get('stage')}" + (f" (XLA plans {_gib(planned)})" if planned else "")
 
 
-def _slope(points: list[tuple[float, float]]) -> float | None:
-  """Least-squares slope of log(y) against log(x): 1 is linear, 2 quadratic."""
-  if len(points) < 2:
-    return None
-  x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
-  return float(np.polyfit(x, y, 1)[0])
-
-
 def fit_scaling(ctx: Context) -> Result:
   rows, peak = scaling_rows(ctx)
   by = {(r["variant"], r["seq_len"]): r for r in rows}
   paper = {p[1]: p for p in PAPER_2B}
-  table_rows, speedups = [], []
+  table_rows = []
   for side in SCALING_SIDES:
     tokens = side * side
     vit, fit_row = by[("ViT", tokens)], by[("FIT", tokens)]
     ours = None
     if vit["status"] == "ok" and fit_row["status"] == "ok":
       ours = vit["step_ms"] / fit_row["step_ms"]
-      speedups.append((tokens, ours))
     gflop = lambda r: fmt(None if r.get("flops_per_step") is None else r["flops_per_step"] / 1e9, ",.1f")
     res, _, f_vit, f_fit, s_vit, s_fit, paper_speedup = paper.get(tokens, (None,) * 7)
     paper_cells = ([f"{tokens:,} ({res}² / {side}²)", "OOM" if s_vit is None else f"{s_vit}",
@@ -197,10 +185,28 @@ def fit_scaling(ctx: Context) -> Result:
             "ours XLA GFLOP/step ViT / FIT", "ours XLA memory plan ViT / FIT"]
   timed = [r for r in rows if r["status"] == "ok" or r.get("stage") != "plan"]
   markdown = (markdown_table(header, table_rows) + "\n\nEvery timed row, as `scripts/bench.py` prints it:\n\n"
-              + bench.format_table(timed))
+              + train_step.format_table(timed))
   plot = _scaling_plot(ctx, rows)
-  return Result(setting=_scaling_setting(ctx, rows, peak), markdown=markdown,
-                notes=_scaling_notes(ctx, rows, speedups), plots=[plot])
+  return Result(setting=_scaling_setting(ctx, rows, peak), markdown=markdown, plots=[plot])
+
+
+def _scaling_plot(ctx: Context, rows: list[dict]):
+  fig, (ax,) = figure(width=6.0, height=4.2)
+  for model, colour in (("ViT", "tab:red"), ("FIT", "tab:blue")):
+    ours = [(r["seq_len"], r["step_ms"] / 1e3) for r in rows if r["variant"] == model and r["status"] == "ok"]
+    if ours:
+      ax.plot(*zip(*ours), "o-", color=colour, label=f"ours {model} (this machine)")
+    column = 4 if model == "ViT" else 5
+    paper = [(p[1], 1 / p[column]) for p in PAPER_2B if p[column]]
+    ax.plot(*zip(*paper), "s--", color=colour, alpha=0.6, label=f"paper {model}-B (TPUv3, 1 / steps per s)")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("tokens (pixels / patches)")
+  ax.set_ylabel("train step time (s)")
+  ax.set_title("FIT vs ViT: step time as the image grows")
+  ax.legend(fontsize=7)
+  ax.grid(True, which="both", alpha=0.3)
+  return save_plot(ctx, fig, "fit_scaling")
 
 
 def _scaling_setting(ctx: Context, rows: list[dict], peak: float) -> str:
@@ -225,75 +231,6 @@ def _scaling_setting(ctx: Context, rows: list[dict], peak: float) -> str:
           f"warm-up step ({'5 after 2 at --full' if ctx.full else f'one step where a row is projected past {SLOW_STEP_S:.0f} s'}); "
           f"the speed-up is ViT's step time over FIT's (the paper's is FIT-B's steps/s over ViT-B's). "
           f"Float32 matmul yardstick here: {peak / 1e9:,.1f} GFLOP/s.")
-
-
-def _scaling_notes(ctx: Context, rows: list[dict], speedups: list[tuple[int, float]]) -> str:
-  notes = []
-  ok = {m: [(r["seq_len"], r["step_ms"] / 1e3) for r in rows if r["variant"] == m and r["status"] == "ok"]
-        for m in ("ViT", "FIT")}
-  paper_fit = [(p[1], 1 / p[5]) for p in PAPER_2B]
-  paper_vit = [(p[1], 1 / p[4]) for p in PAPER_2B if p[4]]
-  slopes = {m: _slope(ok[m]) for m in ok}
-  notes.append(
-      f"- Growth of the step time with the tokens (log-log slope; 1 is linear, 2 quadratic): ours FIT "
-      f"{fmt(slopes['FIT'])}, ViT {fmt(slopes['ViT'])}; the paper's (from 1 / steps per second) FIT-B "
-      f"{fmt(_slope(paper_fit))}, ViT-B {fmt(_slope(paper_vit))}.")
-  if speedups:
-    text = ", ".join(f"{s:.2f}x at {t:,} tokens" for t, s in speedups)
-    paper = {p[1]: p[5] / p[4] for p in PAPER_2B if p[4]}
-    growing = all(b[1] > a[1] for a, b in zip(speedups, speedups[1:]))
-    notes.append(f"- FIT's speed-up over ViT: {text} (paper: "
-                 + ", ".join(f"{paper[t]:.1f}x" for t, _ in speedups if t in paper)
-                 + f"). It {'grows' if growing else 'does not grow steadily'} with the image, "
-                 f"{'as' if growing else 'unlike'} in the paper.")
-    slower = [t for t, s in speedups if s < 1]
-    if slower:
-      notes.append(f"- FIT is slower than ViT at {', '.join(f'{t:,}' for t in slower)} tokens, against the "
-                   "paper's direction: its extra global layers and cross-attentions cost more than the "
-                   "attention it saves at that length (see the XLA FLOPs per step).")
-    first_tokens, first = speedups[0]
-    paper_first = paper.get(first_tokens)
-    vit_row = next(r for r in rows if r["variant"] == "ViT" and r["seq_len"] == first_tokens)
-    fit_row = next(r for r in rows if r["variant"] == "FIT" and r["seq_len"] == first_tokens)
-    if paper_first and first > 1.5 * paper_first and vit_row.get("flops_per_s") and fit_row.get("flops_per_s"):
-      flop_ratio = vit_row["flops_per_step"] / fit_row["flops_per_step"]
-      notes.append(
-          f"- Our speed-up at {first_tokens:,} tokens ({first:.2f}x) is larger than the paper's "
-          f"({paper_first:.1f}x) although ViT does only {flop_ratio:.2f}x FIT's FLOPs there: ViT's unfused "
-          f"dense attention runs at {vit_row['flops_per_s'] / 1e9:,.1f} GFLOP/s on this backend against FIT's "
-          f"{fit_row['flops_per_s'] / 1e9:,.1f}, while a TPU runs dense attention close to its peak.")
-  vit_out = [r for r in rows if r["variant"] == "ViT" and r["status"] != "ok"]
-  if vit_out:
-    cells = ", ".join(f"{r['seq_len']:,} tokens: {_step_cell(r)}" for r in vit_out)
-    notes.append(f"- ViT not timed at {cells}. The paper's ViT-B runs out of memory at 16,384 patches on "
-                 "TPUv3, where FIT-B still trains at 1.4 steps/s.")
-  fit_out = [r for r in rows if r["variant"] == "FIT" and r["status"] != "ok"]
-  if fit_out:
-    notes.append("- FIT did not run at " + ", ".join(f"{r['seq_len']:,} tokens ({_step_cell(r)})" for r in fit_out)
-                 + ".")
-  if not ctx.full:
-    notes.append("- Peak RSS in the detail table is the process's high-water mark (\"<=\": set by an earlier "
-                 "row); the XLA memory plan is per step and comparable across rows.")
-  return "\n".join(notes)
-
-
-def _scaling_plot(ctx: Context, rows: list[dict]):
-  fig, (ax,) = figure(width=6.0, height=4.2)
-  for model, colour in (("ViT", "tab:red"), ("FIT", "tab:blue")):
-    ours = [(r["seq_len"], r["step_ms"] / 1e3) for r in rows if r["variant"] == model and r["status"] == "ok"]
-    if ours:
-      ax.plot(*zip(*ours), "o-", color=colour, label=f"ours {model} (this machine)")
-    column = 4 if model == "ViT" else 5
-    paper = [(p[1], 1 / p[column]) for p in PAPER_2B if p[column]]
-    ax.plot(*zip(*paper), "s--", color=colour, alpha=0.6, label=f"paper {model}-B (TPUv3, 1 / steps per s)")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xlabel("tokens (pixels / patches)")
-  ax.set_ylabel("train step time (s)")
-  ax.set_title("FIT vs ViT: step time as the image grows")
-  ax.legend(fontsize=7)
-  ax.grid(True, which="both", alpha=0.3)
-  return save_plot(ctx, fig, "fit_scaling")
 
 # -- fit_interleave -----------------------------------------------------------------------------------
 
@@ -373,8 +310,7 @@ def fit_interleave(ctx: Context) -> Result:
   header = ["pattern", *[f"paper {p} / params / steps/s" for p in papers], "ours: layers",
             f"ours {split} loss (nats)", f"ours {split} accuracy %", "ours params", "ours steps/s"]
   plot = _interleave_plot(ctx, runs)
-  return Result(setting=_interleave_setting(ctx), markdown=markdown_table(header, rows),
-                notes=_interleave_notes(ctx, runs, split), plots=[plot])
+  return Result(setting=_interleave_setting(ctx), markdown=markdown_table(header, rows), plots=[plot])
 
 
 def _interleave_setting(ctx: Context) -> str:
@@ -398,50 +334,6 @@ def _interleave_setting(ctx: Context) -> str:
           f"d {s['d']} for data and latents (the same width, as in Table 6), {s['heads']} heads, MLP "
           f"{s['d_ff']}, mean pooling; {train_text}. Steps/s is the trainer's (steps over training wall "
           f"time, data pipeline included).")
-
-
-def _interleave_notes(ctx: Context, runs: list[dict], split: str) -> str:
-  losses = [r["summary"].get(f"{split}_loss") for r in runs]
-  accs = [r["summary"].get(f"{split}_accuracy") for r in runs]
-  if any(v is None for v in losses + accs):
-    return "- Some runs report no final loss or accuracy; see their workdirs."
-  s = INTERLEAVE[ctx.full]
-  notes = []
-  best = min(range(1, 4), key=lambda i: losses[i])
-  gap = losses[0] - losses[best]
-  paper_gap = {p: v[0][0] - min(x[0] for x in v[1:]) for p, v in PAPER_6.items()}
-  notes.append(
-      f"- Interleaving global layers {'lowers' if gap > 0 else 'does not lower'} the loss here: L-only "
-      f"{losses[0]:.4f} against {losses[best]:.4f} for the best interleaved pattern ({PAPER_6_LABELS[best]}), "
-      f"{gap:+.4f} nats (paper: " + ", ".join(f"{g:+.2f} on {p.split(',')[0]}" for p, g in paper_gap.items())
-      + ")." + ("" if gap > 0 else " This is against the paper's direction."))
-  inter = losses[1:]
-  monotone = all(b < a for a, b in zip(inter, inter[1:]))
-  notes.append(
-      f"- More global blocks at the same layer totals {'lower the loss steadily' if monotone else 'do not lower the loss steadily'} "
-      f"({' -> '.join(f'{v:.4f}' for v in inter)}); the paper's gains from more blocks are small "
-      "(2.52 -> 2.51 -> 2.50 NLL, 3.51 -> 3.50 -> 3.49 bits/dim).")
-  if not ctx.full:
-    n = s["eval_batch"] * s["eval_batches"]
-    p = float(np.mean(accs))
-    se = math.sqrt(p * (1 - p) / n)
-    spread = max(accs) - min(accs)
-    notes.append(
-        f"- Accuracies span {100 * spread:.2f} points; one run's standard error on {n:,} images is about "
-        f"{100 * se:.2f} points, so differences below ~{200 * se:.1f} points are within noise. The runs are "
-        f"short ({s['steps']} steps, far from converged), single seeds: a ranking here is weak evidence.")
-  speeds = [r["steps_per_s"] for r in runs]
-  if all(speeds):
-    slowest = min(speeds[1:])
-    notes.append(
-        f"- Training speed: L-only {speeds[0]:.2f} steps/s, interleaved {min(speeds[1:]):.2f} to "
-        f"{max(speeds[1:]):.2f} ({100 * (slowest / speeds[0] - 1):+.0f}% for the slowest). The paper sees little "
-        "change (2.1 vs 1.9-2.0, and 1.9 vs 2.3-2.4)"
-        + ("" if slowest / speeds[0] > 0.85 else
-           f"; here the global layers and the cross-attentions are a large share of a small model's work "
-           f"(latents are {100 * s['latents'] / s['group_side'] ** 2:.0f}% of the data tokens, and on a CPU "
-           "every extra small layer adds its fixed cost), so interleaving costs more") + ".")
-  return "\n".join(notes)
 
 
 def _interleave_plot(ctx: Context, runs: list[dict]):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from lra_core.bench import generate
+from lra_core.bench.common import is_oom
 from lra_core.config import load_config
-from scripts import bench_generate
-from scripts.bench import is_oom
-from scripts.tables.common import Context, Result, figure, fmt, markdown_table, save_plot
+from lra_core.reproduce.common import Context, Result, figure, fmt, markdown_table, save_plot
 
 CONFIG = "configs/c4/block_transformer.py"
 # Table 2 (one H100, Section 3.1; maximum batch per model): non-embedding size -> (prefill-heavy, decode-heavy)
@@ -47,7 +47,7 @@ def _time(ctx: Context, size_name: str, kind: str, batch: int, prompt: int, new:
   config = load_config(f"{CONFIG}:{arg}", [f"train.seq_len={prompt + new}"])
   row = {"model": kind, "size": size_name, "batch_size": batch, "prompt": prompt, "new": new}
   try:
-    row.update(bench_generate.time_generate(config, batch_size=batch, prompt_len=prompt, new_tokens=new,
+    row.update(generate.time_generate(config, batch_size=batch, prompt_len=prompt, new_tokens=new,
                                             repeats=size.repeats, warmup=size.warmup))
   except Exception as error:  # noqa: BLE001 - running out of memory is a row; anything else is a bug
     if not is_oom(error):
@@ -84,30 +84,6 @@ def block_throughput(ctx: Context) -> Result:
        "Block / vanilla", "vanilla decode state MiB", "Block decode state MiB", "paper vanilla (1K tokens/s)",
        "paper Block (1K tokens/s)", "paper Block / vanilla"], lines)
   plots = [_plot(ctx, size, by)]
-  speedups = [(r_b["tokens_per_s"] / r_v["tokens_per_s"], key) for key, r_b in by.items()
-              if key[0] == "block" and not r_b.get("oom")
-              for r_v in [by[("vanilla", *key[1:])]] if not r_v.get("oom")]
-  low, high = min(speedups)[0], max(speedups)[0]
-  notes = [f"- Block generates {low:.1f}x to {high:.1f}x the vanilla model's tokens/s across these rows "
-           f"(the paper's Table 2: {PAPER['block']['5m'][0] / PAPER['vanilla']['5m'][0]:.0f}x prefill-heavy and "
-           f"{PAPER['block']['5m'][1] / PAPER['vanilla']['5m'][1]:.0f}x decode-heavy at 5M, each model at its "
-           "largest batch on one H100)."]
-  if low < 1:
-    notes.append("- Some rows have Block slower than vanilla, against the paper's direction.")
-  small, large = min(size.batch_sizes), max(size.batch_sizes)
-
-  def mean_ratio(batch):
-    values = [r for r, key in speedups if key[2] == batch]
-    return sum(values) / len(values) if values else None
-
-  at_small, at_large = mean_ratio(small), mean_ratio(large)
-  if at_small and at_large:
-    trend = "grows" if at_large > at_small else "does not grow"
-    notes.append(
-        f"- The ratio {trend} with the batch here (mean {at_small:.1f}x at batch {small}, {at_large:.1f}x at "
-        f"batch {large}). The paper ascribes its gains to the KV cache: Block's is several times smaller "
-        "(decode state above), which lets batches about six times larger fit in memory (Section 3.2). Here both "
-        "models run at the same batches, so the ratio measures the work per generated token only.")
   setting = (
       f"Random-weight models from `{CONFIG}` at equal non-embedding parameters ({', '.join(size.models)}: "
       "Block = block decoder + token decoder with L_B 4, vanilla = Pythia of the same size, both with the "
@@ -120,7 +96,7 @@ def block_throughput(ctx: Context) -> Result:
       f"{dict((s[0], s[2]) for s in size.settings)['decode-heavy']:,} tokens (paper: 2,048) to fit the CPU "
       "budget. Figure 2 plots throughput against loss for trained models; nothing is trained here, so the "
       "plot puts throughput against non-embedding parameters (the labels of the paper's points).")
-  return Result(setting=setting, markdown=table, notes="\n".join(notes), plots=plots)
+  return Result(setting=setting, markdown=table, plots=plots)
 
 
 def _plot(ctx: Context, size: Size, by: dict):

@@ -1,6 +1,6 @@
 """What every reproduced table shares: its context, its result, markdown, plots and training runs.
 
-A table is a function `run(ctx: Context) -> Result` registered in `scripts/reproduce.py`. It reads
+A table is a function `run(ctx: Context) -> Result` registered in `lra_core/reproduce/cli.py`. It reads
 `ctx.full` to pick the paper's sizes (accelerators) or the default ones (a CPU in minutes),
 `ctx.data_dir` for the tables that train on real data, and writes its scratch runs under
 `ctx.workdir` and its plots through `save_plot`.
@@ -12,14 +12,11 @@ import dataclasses
 import json
 import math
 import pathlib
-import sys
 from collections.abc import Callable, Sequence
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from lra_core.config import load_config  # noqa: E402
-from lra_core.errors import DataError, optional_import  # noqa: E402
-from lra_core.metrics import read_metrics  # noqa: E402
+from lra_core.config import PROJECT_ROOT as ROOT, load_config
+from lra_core.errors import DataError, optional_import
+from lra_core.metrics import read_metrics
 
 optional_import("matplotlib", "plot").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -37,11 +34,18 @@ class Context:
 
 @dataclasses.dataclass
 class Result:
-  """What a table prints: the setting, then the markdown (paper beside ours), then notes."""
+  """What a table prints: the setting, the markdown (paper beside ours), its plots and at most one
+  comparison line. Why ours differs from the paper is not computed: it is the hand-written discussion
+  under the table's section in docs/results.md, which --out leaves as it is."""
   setting: str                                   # a paragraph: models, sizes, what was timed or trained
   markdown: str                                  # one or more markdown tables
-  notes: str = ""                                # how ours compares with the paper, and why
   plots: list[pathlib.Path] = dataclasses.field(default_factory=list)
+  comparison: str = ""                           # one line from the numbers, e.g. "ours / paper: 0.98x"
+
+  def __post_init__(self) -> None:
+    if "\n" in self.comparison.strip():
+      raise ValueError(f"comparison {self.comparison!r} is more than one line; discussion belongs in "
+                       "docs/results.md, under the table's section.")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_core import kernels
+from lra_core.bench.common import is_oom, median_seconds, xla_memory_bytes
 from lra_core.errors import ConfigError
 from lra_core.kernels.attention import attention_mask
 
@@ -85,7 +86,6 @@ def core_fn(name: str, options: dict) -> Callable:
 
 def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: int, latents: int,
               steps: int, warmup: int, backward: bool = False) -> dict:
-  from scripts.bench import _median_seconds, is_oom, xla_memory_bytes
   name, options = parse_core(label)
   b, t, h = batch_size, seq_len, heads
   if width % h or latents % h:
@@ -101,7 +101,7 @@ def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: i
   compiled = None
   try:
     compiled = jax.jit(fn).lower(q, k, v).compile()
-    median, times = _median_seconds(lambda: compiled(q, k, v), steps=steps, warmup=warmup)
+    median, times = median_seconds(lambda: compiled(q, k, v), steps=steps, warmup=warmup)
   except Exception as e:
     if not is_oom(e):
       raise

@@ -1,6 +1,6 @@
 """The Latte paper's tables: the attention core's time and memory (Figures 8-10) and LRA (Table 3).
 
-`latte_runtime` times the attention cores alone with scripts/bench_cores.py: by sequence length in
+`latte_runtime` times the attention cores alone with lra_core/bench/cores.py: by sequence length in
 Figure 8's setting (B 2, H 4, D 128, L 128) and by number of latent states in Figure 10's (B 4,
 H 4, D 512). `latte_lra` trains bidirectional Latte, Latte-Macchiato and the Transformer baseline
 (and, at --full, Latte-RGLRU++ too) on the LRA data under --data_dir/lra with the real trainer.
@@ -9,7 +9,6 @@ H 4, D 512). `latte_lra` trains bidirectional Latte, Latte-Macchiato and the Tra
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 from collections.abc import Sequence
 
@@ -17,9 +16,9 @@ import jax
 import numpy as np
 from matplotlib import ticker
 
+from lra_core.bench import cores
 from lra_core.kernels import latte as latte_kernels
-from scripts import bench_cores
-from scripts.tables.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
 
 # =============================================================================== latte_runtime
 
@@ -117,9 +116,9 @@ def _slopes(rows: Sequence[dict], core: str) -> tuple[float | None, float | None
 def latent_sweep(size: RuntimeSize, log) -> list[dict]:
   """Figure 10: standard causal attention once (it has no latents), then both Latte cores per L."""
   timing = dict(steps=size.steps, warmup=size.warmup, log=log, seq_lens=[size.latent_seq_len], **FIGURE10)
-  rows = [dict(r, latents=None) for r in bench_cores.run([ATTENTION], latents=FIGURE10_LATENTS[0], **timing)]
+  rows = [dict(r, latents=None) for r in cores.run([ATTENTION], latents=FIGURE10_LATENTS[0], **timing)]
   for latents in FIGURE10_LATENTS:
-    for r in bench_cores.run([CAUSAL_LATTE, BIDIRECTIONAL], latents=latents, **timing):
+    for r in cores.run([CAUSAL_LATTE, BIDIRECTIONAL], latents=latents, **timing):
       rows.append(dict(r, variant=f"{r['variant']}, L={latents}", core=r["variant"], latents=latents))
   return rows
 
@@ -175,80 +174,10 @@ def _runtime_plot(ctx: Context, by_length: Sequence[dict], by_latents: Sequence[
   return save_plot(ctx, fig, "latte_runtime")
 
 
-def _runtime_notes(by_length: Sequence[dict], by_latents: Sequence[dict], size: RuntimeSize, platform: str,
-                   chunk: int) -> list[str]:
-  notes = []
-  lengths = sorted({r["seq_len"] for r in by_length})
-  attention, causal, scan = (_ok(by_length, c) for c in (ATTENTION, CAUSAL_LATTE, TOKEN_SCAN))
-  t = crossover(by_length, CAUSAL_LATTE)
-  if t is not None and t < PAPER_CROSSOVER and t in attention:
-    why = ("On a CPU the quadratic core's T x T matmuls gain no parallel advantage over Latte's small "
-           "per-chunk products, so Latte's O(TLD) work wins from short lengths"
-           if platform == "cpu" else
-           "This device's quadratic core does not keep the lead the paper's GPU gives it at short lengths")
-    notes.append(f"- Crossover: ours is earlier than the paper's 1600 (causal Latte {causal[t]['ms']:,.2f} ms "
-                 f"against {attention[t]['ms']:,.2f} ms at T = {t}). {why}; the paper's Figure 9 is on a GPU, "
-                 "which runs standard attention's T x T matmuls in parallel near peak.")
-  elif t is None or t > PAPER_CROSSOVER:
-    last = lengths[-1]
-    at = (f" (at T = {last}: {causal[last]['ms']:,.2f} ms against {attention[last]['ms']:,.2f} ms)"
-          if last in causal and last in attention else "")
-    notes.append(f"- Crossover: ours is later than the paper's 1600{at}. The causal scan runs T / {chunk} "
-                 "sequential steps, each too small to fill the device, while the quadratic core is a few "
-                 "large matmuls; the paper unrolls its scan 256 times to amortise the loop.")
-  else:
-    notes.append(f"- Crossover: ours matches the paper's, at T = {t}.")
-  both = [x for x in lengths if x in causal and x in scan]
-  if both:
-    ratios = [scan[x]["ms"] / causal[x]["ms"] for x in both]
-    mid = float(np.median(ratios))
-    verdict = ("about as fast as" if 0.9 <= mid <= 1.1 else
-               f"{mid:.2f}x faster than" if mid > 1 else f"{1 / mid:.2f}x slower than")
-    notes.append(f"- Chunks: the default chunk of {chunk} tokens is {verdict} the paper's token-by-token scan "
-                 f"(`chunk=1`): scan time / chunked time has median {mid:.2f} over the lengths (from "
-                 f"{min(ratios):.2f} to {max(ratios):.2f}); both compute the same outputs.")
-  spread = max((max(r["ms_all"]) / min(r["ms_all"]) - 1 for r in by_length if r["status"] == "ok"), default=0.0)
-  for core, paper in ((ATTENTION, 2.0), (CAUSAL_LATTE, 1.0), (BIDIRECTIONAL, 1.0)):
-    time, _, where = _slopes(by_length, core)
-    if time is None:
-      continue
-    if abs(time - paper) <= 0.25:
-      notes.append(f"- `{core}`: time grows as T^{time:.2f} over {where}, as Table 8's T^{paper:.0f}.")
-    else:
-      why = ("fixed per-call costs still weigh at these lengths" if time < paper else
-             "the working set outgrows the caches as T grows")
-      notes.append(f"- `{core}`: time grows as T^{time:.2f} over {where}, off Table 8's T^{paper:.0f}: {why}, "
-                   f"or timing noise (the calls of one row spread by up to {100 * spread:.0f}% here).")
-  attention_row = next((r for r in by_latents if r["variant"] == ATTENTION and r["status"] == "ok"), None)
-  top = next((r for r in by_latents if r.get("core") == CAUSAL_LATTE and r.get("latents") == FIGURE10_LATENTS[-1]
-              and r["status"] == "ok"), None)
-  if attention_row and top:
-    ratio = attention_row["ms"] / top["ms"]
-    heads, top_latents = FIGURE10["heads"], FIGURE10_LATENTS[-1]
-    work = size.latent_seq_len * heads / top_latents
-    if ratio > 1:
-      notes.append(f"- Figure 10: at L = D = 512 ours has causal Latte {ratio:.2f}x faster, where the paper has it "
-                   "slightly slower. Standard attention's multiply-adds grow as T^2 D and Latte's as T L D / H (L "
-                   f"and D split across H heads): a ratio of T H / L = {work:.0f} here ("
-                   f"{5000 * heads / top_latents:.0f} at the paper's T = 5000). "
-                   + ("On this CPU the smaller work wins; the paper's GPU runs attention's large matmuls far "
-                      "closer to peak than Latte's scan." if platform == "cpu" else
-                      "This device does not make up that factor for attention."))
-    else:
-      notes.append(f"- Figure 10: at L = D = 512 ours has causal Latte {1 / ratio:.2f}x slower, in the paper's "
-                   "direction (slightly slower).")
-  if size.latent_seq_len != 5000:
-    notes.append(f"- Figure 10 ran at T = {size.latent_seq_len} instead of the paper's 5000 to fit the CPU "
-                 "budget (--full uses 5000); a shorter T favours standard attention, whose cost falls as T^2.")
-  notes.append("- Memory is XLA's plan for one call (arguments + outputs + temporaries), not a measured peak; "
-               "the paper's Figures 8b-9b are GPU memory.")
-  return notes
-
-
 def latte_runtime(ctx: Context) -> Result:
   size = FULL_RUNTIME if ctx.full else DEFAULT_RUNTIME
   timing = dict(steps=size.steps, warmup=size.warmup, log=ctx.log)
-  by_length = bench_cores.run(BY_LENGTH_CORES, seq_lens=size.seq_lens, **FIGURE8, **timing)
+  by_length = cores.run(BY_LENGTH_CORES, seq_lens=size.seq_lens, **FIGURE8, **timing)
   by_latents = latent_sweep(size, ctx.log)
   platform, chunk = jax.default_backend(), latte_kernels.default_chunk()
 
@@ -276,14 +205,14 @@ def latte_runtime(ctx: Context) -> Result:
                       "fitted over"], growth),
       f"**By sequence length (Figures 8-9: B {FIGURE8['batch_size']}, H {FIGURE8['heads']}, "
       f"D {FIGURE8['width']}, L {FIGURE8['latents']}; speed-up vs `{ATTENTION}`)**",
-      bench_cores.format_table(by_length),
+      cores.format_table(by_length),
       f"**By latent states (Figure 10: T {size.latent_seq_len}, B {FIGURE10['batch_size']}, H {FIGURE10['heads']}, "
       f"D {FIGURE10['width']}; speed-up vs `{ATTENTION}`, which has no latents)**",
-      bench_cores.format_table(by_latents),
+      cores.format_table(by_latents),
   ])
   setting = (
       "The attention core alone, as the paper's Appendix C times it (the transform x~ of the tokens, "
-      "forward only), with `scripts/bench_cores.py` on random float32 inputs [B,T,H,*]. Figures 8-9: "
+      "forward only), with `scripts/bench.py --cores` on random float32 inputs [B,T,H,*]. Figures 8-9: "
       f"batch 2, 4 heads, D = 128 and L = 128 in total (32 per head), T = "
       f"{', '.join(map(str, size.seq_lens))}. Figure 10: T = {size.latent_seq_len}"
       + ("" if size.latent_seq_len == 5000 else " (the paper: 5000)")
@@ -299,8 +228,7 @@ def latte_runtime(ctx: Context) -> Result:
          "The figures' x values are not in the paper's text: these lengths span Figure 9's crossover and "
          "Figure 8's range."))
   plot = _runtime_plot(ctx, by_length, by_latents, size.latent_seq_len)
-  notes = _runtime_notes(by_length, by_latents, size, platform, chunk)
-  return Result(setting=setting, markdown=markdown, notes="\n".join(notes), plots=[plot])
+  return Result(setting=setting, markdown=markdown, plots=[plot])
 
 
 # =============================================================================== latte_lra
@@ -386,49 +314,6 @@ def majority_accuracy(spec: str, overrides: Sequence[str]) -> tuple[float, int]:
   return float(np.bincount(labels).max() / len(labels)), len(labels)
 
 
-# Pairs whose accuracy gap the notes set against Table 3's: (ours, baseline).
-COMPARISONS = ((LATTE, TRANSFORMER), (MACCHIATO, LATTE), (RGLRU, LATTE))
-
-
-def _gap_text(task: str, a: LraModel, b: LraModel, accs: dict[str, float], stderr: float) -> str:
-  """'A - B: +x points (paper: +y); <direction>' for two runs on one test set."""
-  gap, gap_stderr = accs[a.name] - accs[b.name], math.sqrt(2) * stderr
-  paper = PAPER_TABLE3[a.paper_row][task] - PAPER_TABLE3[b.paper_row][task]
-  if abs(gap) <= 2 * gap_stderr:
-    verdict = "within two standard errors of a difference, so no direction can be read"
-  else:
-    verdict = "the paper's direction" if (gap > 0) == (paper > 0) else "against the paper's direction"
-  return f"{a.name} - {b.name}: {gap:+.1f} points (paper: {paper:+.2f}), {verdict}"
-
-
-def _lra_notes(results: dict[str, list[dict]], majority: dict[str, tuple[float, int]]) -> list[str]:
-  notes = []
-  for task in TASKS:
-    runs = results.get(task.name)
-    if not runs:
-      continue
-    base, n = majority[task.name]
-    stderr = 100 * math.sqrt(max(base * (1 - base), 1e-9) / n)  # of one accuracy on n examples
-    accs = {r["model"]: 100 * r["summary"].get("test_accuracy", float("nan")) for r in runs}
-    learned = [m for m, a in accs.items() if a > 100 * base + 2 * stderr]
-    line = f"- {task.title}: "
-    if learned:
-      line += (f"{', '.join(learned)} beat the majority class ({100 * base:.1f}% of {n} test examples) by more "
-               f"than two standard errors ({2 * stderr:.1f} points)")
-    else:
-      line += (f"no model is above the majority class ({100 * base:.1f}% of {n} test examples) by more than two "
-               f"standard errors ({2 * stderr:.1f} points): at this budget none has learned the task")
-    gaps = [_gap_text(task.name, a, b, accs, stderr) for a, b in COMPARISONS if a.name in accs and b.name in accs]
-    line += "".join(f". {g}" for g in gaps) + "."
-    speeds = {r["model"]: r["summary"].get("tokens_per_s") for r in runs}
-    base_speed = speeds.get(TRANSFORMER.name)
-    faster = [f"{m} {speeds[m] / base_speed:.1f}x" for m in speeds if m != TRANSFORMER.name and speeds[m]]
-    if base_speed and faster:
-      line += f" Training tokens/s against the Transformer's: {', '.join(faster)}."
-    notes.append(line)
-  return notes
-
-
 def latte_lra(ctx: Context) -> Result:
   lra_dir = data_path(ctx, "lra")
   if ctx.full:  # every task whose data is there
@@ -476,9 +361,4 @@ def latte_lra(ctx: Context) -> Result:
                "RMSNorm, GLU. These runs check that the models train on real LRA data at equal cost; they "
                "are far too small to reach the paper's accuracy and are not a reproduction of Table 3 (--full "
                "runs Table 7's settings for every task whose data is there).")
-  notes = _lra_notes(results, majority)
-  skipped = [t.title for t in TASKS if t not in tasks]
-  if skipped:
-    notes.append(f"- Not run: {', '.join(skipped)}"
-                 + (" (no data under --data_dir/lra)." if ctx.full else " (--full runs every task with data)."))
-  return Result(setting=setting, markdown=table, notes="\n".join(notes))
+  return Result(setting=setting, markdown=table)

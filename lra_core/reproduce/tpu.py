@@ -24,10 +24,10 @@ import sys
 import time
 
 from lra_core import aot
+from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
-from scripts import param_counts
-from scripts.tables.common import ROOT, Context, Result, fmt, load_config, markdown_table
-from scripts.tables.transformer_vq import PAPER_THROUGHPUT
+from lra_core.reproduce.common import ROOT, Context, Result, fmt, load_config, markdown_table
+from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
 
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
@@ -204,43 +204,26 @@ def _settings(row: Row, rung: tuple[str, ...]) -> str:
   return f"remat {remat}, scan{accum}"
 
 
-MFU_TARGET_PAPERS = ("Transformer-VQ", "FLASH", "FIT")
-
-
-def _notes(row: Row, r: dict, settings: str) -> list[str]:
-  """Where the row disagrees with the paper's fit, how the estimate compares with its measurement,
-  and, for the TPU papers' configs under 50% MFU, what bounds the estimate."""
-  out, compiled = [], r["est_step_seconds"] is not None
-  if row.paper_oom and r["fits"]:
-    out.append(f"- {row.paper}: fits here ({settings}; {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} GiB) where the "
-               "paper ran out of memory: its benchmark names no rematerialisation, and the plain step without it "
-               "does not fit here either." if "remat full" in settings else
-               f"- {row.paper}: fits here ({settings}) where the paper ran out of memory.")
-  elif not row.paper_oom and (row.paper_tokens_per_s or row.paper_step_ms) and not r["fits"]:
-    out.append(f"- {row.paper}: does not fit here even with {settings}, where the paper ran it.")
-  if compiled and r["fits"] and row.paper_tokens_per_s:
-    out.append(f"- {row.paper}: estimated {r['est_tokens_per_s']:,.0f} tokens/s, "
-               f"{r['est_tokens_per_s'] / row.paper_tokens_per_s:.2f}x the paper's {row.paper_measured}.")
-  if compiled and r["fits"] and row.paper_step_ms:
-    out.append(f"- {row.paper}: estimated {r['est_step_seconds'] * 1e3:,.0f} ms per step, "
-               f"{r['est_step_seconds'] * 1e3 / row.paper_step_ms:.2f}x the paper's {row.paper_measured}.")
-  if compiled and r["fits"] and row.paper.startswith(MFU_TARGET_PAPERS) and r["est_mfu"] < 0.5:
-    out.append(f"- {row.paper}: estimated MFU {100 * r['est_mfu']:.0f}% (HFU {100 * r['est_hfu']:.0f}%): "
-               f"{100 * r['memory_bound_share']:.0f}% of the estimated step is in operations bound by HBM "
-               "bandwidth" + (", and remat reruns the forward pass" if r["recompute_flops"] else "") + ".")
-  return out
+def _against_paper(row: Row, r: dict) -> str:
+  """The estimate over what the paper measured, for a row that compiled and fits: tokens/s or step time."""
+  if r["est_step_seconds"] is None or not r["fits"]:
+    return ""
+  if row.paper_tokens_per_s:
+    return f"{r['est_tokens_per_s'] / row.paper_tokens_per_s:.2f}x tokens/s"
+  if row.paper_step_ms:
+    return f"{r['est_step_seconds'] * 1e3 / row.paper_step_ms:.2f}x step time"
+  return ""
 
 
 def tpu_fit(ctx: Context) -> Result:
   rows = FULL_ROWS if ctx.full else DEFAULT_ROWS
-  lines, notes = [], []
+  lines = []
   for row in rows:
     meta, rung, wall = run_row(ctx, row)
     r = meta.get("report")
     if r is None:
-      lines.append([row.paper, row.topology, "-", _settings(row, rung), "-", "compile failed", "-", "-", "-",
-                    "-", f"{wall:.0f}", row.paper_measured])
-      notes.append(f"- {row.paper}: {meta['error']}")
+      lines.append([row.paper, row.topology, "-", _settings(row, rung), "-", f"compile failed: {meta['error'][:80]}",
+                    "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, ""])
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
@@ -250,11 +233,10 @@ def tpu_fit(ctx: Context) -> Result:
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
                   _utilisation(r) if compiled else "-",
-                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured])
-    notes += _notes(row, r, _settings(row, rung))
+                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, _against_paper(row, r)])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
                           "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
-                          "paper measured"], lines)
+                          "paper measured", "est. / paper"], lines)
   setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
              "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
              "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
@@ -267,4 +249,4 @@ def tpu_fit(ctx: Context) -> Result:
              "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
              "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows. Estimates, not measurements. Compile s is "
              "the wall time of all attempts of the row on this 2-core host.")
-  return Result(setting=setting, markdown=table, notes="\n".join(notes))
+  return Result(setting=setting, markdown=table)

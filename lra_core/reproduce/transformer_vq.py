@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from scripts import bench
-from scripts.tables.common import Context, Result, data_path, figure, fmt, markdown_table, save_plot, train
+from lra_core.bench import train_step
+from lra_core.bench.common import Variant
+from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, markdown_table, save_plot, train
 
 CONFIG = "configs/enwik8/transformer_vq.py"
 # Tables 6-9 (8 TPU v3 cores, tokens/s): reduction -> head type -> {T: (full, vq)}; None = OOM.
@@ -57,13 +58,13 @@ def _head_overrides(head_type: str) -> list[str]:
   return [f"model.head_type={head_type}"] + (["model.num_heads=1"] if head_type == "shga" else [])
 
 
-def _variant(name: str, reduction: str, head_type: str, attention: str) -> bench.Variant:
+def _variant(name: str, reduction: str, head_type: str, attention: str) -> Variant:
   items = [f"model.attention={attention}", *_head_overrides(head_type)]
   if reduction == "input_scan" and attention == "vq":  # full attention has no per-block form to scan
     items.append("model.input_scan=True")
   elif attention == "vq":
     items.append(f"model.reduction={reduction}")
-  return bench.Variant(name, tuple(items))
+  return Variant(name, tuple(items))
 
 
 def vq_throughput(ctx: Context) -> Result:
@@ -72,7 +73,7 @@ def vq_throughput(ctx: Context) -> Result:
   for head in size.head_types:
     variants.append(_variant(f"full/{head}", "serial", head, "full"))
     variants += [_variant(f"vq-{r}/{head}", r, head, "vq") for r in size.reductions]
-  rows, peak = bench.run(CONFIG, overrides=size.model, variants=variants, seq_lens=size.seq_lens,
+  rows, peak = train_step.run(CONFIG, overrides=size.model, variants=variants, seq_lens=size.seq_lens,
                          steps=size.steps, warmup=size.warmup, log=ctx.log)
   by = {(r["variant"], r["seq_len"]): r for r in rows}
 
@@ -95,9 +96,8 @@ def vq_throughput(ctx: Context) -> Result:
                       "-" if not p_full else f"{p_vq / p_full:.2f}x"])
   table = markdown_table(["reduction", "heads", "T", "ours: full tokens/s", "ours: VQ tokens/s", "ours: VQ / full",
                           "paper T", "paper full", "paper VQ", "paper VQ / full"], lines)
-  detail = bench.format_table(rows)
+  detail = train_step.format_table(rows)
   plots = [_throughput_plot(ctx, size, tps)]
-  notes = _throughput_notes(size, tps)
   setting = (
       f"The trainer's train step (forward, backward, AdamW) of `{CONFIG}` with {', '.join(size.model)}: full "
       "attention (`model.attention=full`: unquantized softmax attention with the same XL biases, equal width and "
@@ -110,52 +110,13 @@ def vq_throughput(ctx: Context) -> Result:
       f"(`scripts/bench.py`); the float32 matmul yardstick measured {peak / 1e9:,.1f} GFLOP/s. The paper's "
       "numbers are Tables 6-9 (190M-class models on 8 TPU v3 cores) at its nearest length.")
   return Result(setting=setting, markdown=table + "\n\nEvery row as the harness measured it:\n\n" + detail,
-                notes=notes, plots=plots)
+                plots=plots)
 
 
 def _paired_lengths(seq_lens: Sequence[int]) -> dict[int, int]:
   """Our lengths, shortest first, against the paper's (2048, 8192, 32768, ...) in the same order."""
   paper = sorted(PAPER_THROUGHPUT["serial"]["shga"])
   return {t: paper[min(i, len(paper) - 1)] for i, t in enumerate(sorted(seq_lens))}
-
-
-def _throughput_notes(size: ThroughputSize, tps) -> str:
-  t_long, t_short = max(size.seq_lens), min(size.seq_lens)
-  paper_long, paper_short = _paired_lengths(size.seq_lens)[t_long], _paired_lengths(size.seq_lens)[t_short]
-  notes = []
-  for head in size.head_types:
-    full, vq = tps(f"full/{head}", t_long), tps(f"vq-serial/{head}", t_long)
-    p_full, p_vq = PAPER_THROUGHPUT["serial"][head][paper_long]
-    paper = f"{p_vq / p_full:.1f}x" if p_full else "full attention out of memory"
-    if full and vq:
-      direction = "as in the paper" if vq > full else "against the paper's direction"
-      notes.append(f"- {head.upper()} at T = {t_long:,}: VQ (serial) runs at {vq / full:.2f}x full attention's "
-                   f"tokens/s, {direction} (Table 6 at {paper_long:,}: {paper}).")
-  for head in size.head_types:
-    short, long = tps(f"vq-serial/{head}", t_short), tps(f"vq-serial/{head}", t_long)
-    p_short, p_long = (PAPER_THROUGHPUT["serial"][head][t][1] for t in (paper_short, paper_long))
-    if short and long:
-      same = "as the paper's does" if long >= 0.9 * short else "where the paper's does not fall"
-      notes.append(f"- {head.upper()}: VQ's tokens/s at T = {t_long:,} is {long / short:.2f}x its tokens/s at "
-                   f"{t_short:,}, {'flat or rising' if long >= 0.9 * short else 'falling'} with T, {same} "
-                   f"(Table 6: {p_long / p_short:.2f}x from {paper_short:,} to {paper_long:,}). The cache tensor "
-                   "that grows with T is the one per-token cost that is not constant.")
-  best = {}
-  for head in size.head_types:
-    found = [(tps(f"vq-{r}/{head}", t_long), r) for r in size.reductions if tps(f"vq-{r}/{head}", t_long)]
-    if found:
-      best[head] = max(found)[1]
-  if best:
-    notes.append("- Fastest reduction at T = " + f"{t_long:,}: " + ", ".join(f"{h.upper()} {r}" for h, r in best.items())
-                 + " (the paper: serial or matmul; the associative scan is the slowest for SHGA).")
-  notes.append(f"- The lengths are the paper's divided by {paper_short // t_short} ({', '.join(f'{t:,}' for t in sorted(size.seq_lens))} "
-               f"against {', '.join(f'{t:,}' for t in sorted(set(_paired_lengths(size.seq_lens).values())))}) "
-               "to fit the CPU budget; with a model this narrow, full attention's T x T work dominates sooner than "
-               "in the paper's 190M-class model, so VQ pulls ahead at shorter lengths here. At the shortest length "
-               "the paper's VQ is at most 7% behind full attention (Tables 6-8) and ours is "
-               + ("ahead" if all((tps(f"vq-serial/{h}", t_short) or 0) > (tps(f"full/{h}", t_short) or 0)
-                                 for h in size.head_types) else "behind for some head types") + ".")
-  return "\n".join(notes)
 
 
 def _throughput_plot(ctx: Context, size: ThroughputSize, tps):
@@ -212,21 +173,7 @@ def vq_codebook(ctx: Context) -> Result:
                  f"{p_s:,}" if p_s else "-", fmt(p_bpb, ".3f"), fmt(p_lat, ".3f")])
   table = markdown_table(["codebook size S", "ours: val bits/byte", "ours: code perplexity", "ours: ms / step",
                           "ours: latency (rel.)", "paper S", "paper val bits/byte", "paper latency (rel.)"], rows)
-  bits = [runs[s].get("val_bits_per_byte") for s in size.codebooks]
-  better = all(a is not None and b is not None and b <= a for a, b in zip(bits, bits[1:]))
-  notes = [f"- Larger codebooks {'give lower' if better else 'do not consistently give lower'} validation "
-           f"bits/byte here ({', '.join(fmt(b, '.3f') for b in bits)} for S = "
-           f"{', '.join(str(s) for s in size.codebooks)}); the paper's Table 1 gains 0.005 bits/byte per doubling "
-           "after 125k steps of a 190M model, far below what runs this short can resolve.",
-           _latency_note([_step_ms(runs[s]) for s in size.codebooks])]
-  return Result(setting=_train_setting(size, "model.n_code"), markdown=table, notes="\n".join(notes))
-
-
-def _latency_note(ms: Sequence[float | None]) -> str:
-  grows = all(a is not None and b is not None and b > a for a, b in zip(ms, ms[1:]))
-  return (f"- Latency {'grows' if grows else 'does not grow steadily'} with S "
-          f"({', '.join(fmt(m, ',.1f') for m in ms)} ms / step){' as in the paper' if grows else ', unlike the paper'}"
-          ": the codebook attention and the cache are S wide.")
+  return Result(setting=_train_setting(size, "model.n_code"), markdown=table)
 
 
 def vq_cache(ctx: Context) -> Result:
@@ -243,23 +190,7 @@ def vq_cache(ctx: Context) -> Result:
   table = markdown_table(["compressive cache", "ours: val bits/byte", "ours: ms / step",
                           "ours: latency (rel. to with cache)", "paper val bits/byte",
                           "paper latency (rel. to with cache)"], rows)
-  without, with_ = runs[False].get("val_bits_per_byte"), runs[True].get("val_bits_per_byte")
-  helps = without is not None and with_ is not None and with_ < without
-  notes = [f"- The compressive cache {'lowers' if helps else 'does not lower'} validation bits/byte here "
-           f"({fmt(with_, '.3f')} with it, {fmt(without, '.3f')} without; the paper: 1.010 against 1.026).",
-           f"- Without it a step takes {fmt(_step_ms(runs[False]) / _step_ms(runs[True]), '.2f')}x the time "
-           "(the paper: 0.90x)."]
-  if not helps:
-    notes.append("- Why it can fail to show: the cache carries context beyond the previous block, which a model "
-                 "this small and this briefly trained barely uses; the sequences of "
-                 f"{_value(size, 'train.seq_len')} bytes in windows of {_value(size, 'train.update_len')} leave "
-                 "little beyond the local window to remember.")
-  return Result(setting=_train_setting(size, "model.compressive", codebook=s), markdown=table,
-                notes="\n".join(notes))
-
-
-def _value(size: TrainSize, key: str) -> str:
-  return next((o.split("=", 1)[1] for o in size.overrides if o.startswith(key + "=")), "the config's")
+  return Result(setting=_train_setting(size, "model.compressive", codebook=s), markdown=table)
 
 
 def _train_setting(size: TrainSize, varied: str, codebook: int | None = None) -> str:

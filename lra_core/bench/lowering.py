@@ -1,0 +1,201 @@
+"""Compiles every Pallas kernel for a TPU slice (Mosaic, with libtpu) and lowers it for GPU (Triton),
+on any host, without either device.
+
+The command is scripts/check_lowering.py (examples there), or `python -m lra_core.bench.lowering`.
+
+TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced under
+`jax.set_mesh` of the devices of `--topology` (lra_core.chips.tpu_devices), forward and gradient
+w.r.t. q and v, lowered (the program must hold a `tpu_custom_call`: the kernel, not interpret mode)
+and compiled by the real TPU compiler, Mosaic included; the compile time is reported per row.
+Without libtpu the TPU rows are lowered only (`jax.export` for one chip of the topology's kind).
+GPU: `jax.export` lowers the forward for CUDA; Pallas turns the kernel into a Triton program, which
+rejects unsupported block shapes, but no GPU compiler runs here. Run time and numbers need the
+device (tests/test_*_pallas.py check the numbers in interpret mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+try:  # a device kind to lower for, without the device
+  from jax.sharding import AbstractDevice
+except ImportError:
+  from jax._src.mesh import AbstractDevice
+
+from lra_core import chips, kernels
+from lra_core.kernels import _pallas, vq
+
+PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
+PASSES = ("forward", "grad")
+TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+TPU_MARKER, GPU_MARKER = "tpu_custom_call", "xla.gpu.triton"
+
+
+# Each kernel at the per-head widths of the paper models that run it (--paper): width is Dk (VQ), the
+# value width per head (Latte) or FLASH's s; value_width is VQ's Dv and FLASH's e.
+PAPER = {
+    "enwik8_vq": ("vq_attention", dict(width=128, value_width=1536, block=512, codes=512)),  # configs/enwik8
+    "c4_latte": ("causal_latte", dict(width=96, latents=16, heads=8)),                 # d 768, L 128, 8 heads
+    "lra_text_latte": ("bidirectional_latte", dict(width=64, latents=64, heads=4)),    # d 256, L 256, 4 heads
+    "c4_flash": ("mixed_chunk", dict(width=128, value_width=1536, flash_chunk=256)),  # d 768, expansion 2
+    "pg19_flash": ("mixed_chunk", dict(width=128, value_width=2048, flash_chunk=512)),  # d 1024, expansion 2
+}
+
+
+def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, chunk: int, flash_chunk: int,
+               dtype: str = "float32", batch: int = 1, heads: int = 1,
+               value_width: int = 0) -> dict[str, tuple[Callable, tuple]]:
+  """name -> (function, argument shapes) of each kernel through its public impl="pallas" path; q is
+  argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
+  takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
+  part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width)."""
+  b, t, h, d, dv = batch, seq_len, heads, width, value_width or width
+  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+  c = min(flash_chunk, t)
+
+  def vq_attention(q, k, v, codebook, table):
+    z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
+    out, _ = vq.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table),
+                                    impl="pallas")
+    return out
+
+  return {
+      "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d),
+                                      x(h, block + 1, d))),
+      "causal_latte": (lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk or None, impl="pallas"),
+                       (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
+      "bidirectional_latte": (lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
+                              (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
+      "mixed_chunk": (lambda q, k, v, bias: kernels.mixed_chunk_attention(
+                          q, k, q, k, v, chunk=flash_chunk, causal=True, quad_scale=d ** -0.5, lin_scale=1.0 / c,
+                          bias=bias, impl="pallas"),
+                      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c))),
+  }
+
+
+def gradient(fn: Callable) -> Callable:
+  """A training step's use of fn: a scalar of its output (the kernel's forward) and its gradient
+  w.r.t. arguments 0 (q) and 2 (v) (the custom_vjp's backward)."""
+  return jax.value_and_grad(lambda *args: fn(*args).astype(jnp.float32).sum(), argnums=(0, 2))
+
+
+def compile_for_tpu(fn: Callable, args: tuple, devices) -> tuple[str, float]:
+  """fn(*args) jitted under `jax.set_mesh` of `devices`, lowered and compiled by the TPU compiler:
+  the lowered text and the compile seconds (raises what lowering or compiling raises)."""
+  mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+  replicated = NamedSharding(mesh, P())
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn).lower(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in args))
+    start = time.perf_counter()
+    lowered.compile()
+    return lowered.as_text(), time.perf_counter() - start
+
+
+def lower(fn: Callable, args: tuple, platform: str, tpu_kind: str = "TPU v5 lite") -> str:
+  """The StableHLO text of fn(*args) exported for 'tpu' (one chip of `tpu_kind`) or 'gpu'."""
+  with _pallas.target(platform, tpu_kind if platform == "tpu" else None):
+    if platform == "tpu":
+      device = AbstractDevice(device_kind=tpu_kind, num_cores=1, platform="tpu")
+      with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("d",), abstract_device=device)):
+        return export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+    return export.export(jax.jit(fn), platforms=[PLATFORMS[platform]], disabled_checks=[TRITON])(*args).mlir_module()
+
+
+def _error(e: Exception) -> str:
+  lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+  detail = next((ln for ln in lines if "MLIR operation" in ln), None)  # Mosaic: the op on the next line
+  text = lines[0] if lines else ""
+  if detail is not None and lines.index(detail) + 1 < len(lines):
+    text += " " + lines[lines.index(detail) + 1].strip()
+  return f"{type(e).__name__}: {text[:300]}"
+
+
+def check(platforms, *, topology: str = "v5e:2x2", passes=PASSES, compile_tpu: bool | None = None,
+          log=None, only: tuple[str, ...] = (), **sizes) -> list[dict]:
+  """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
+  'lowered'), compile seconds, error."""
+  compile_tpu = chips.libtpu_installed() if compile_tpu is None else compile_tpu
+  devices = chips.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
+  tpu_kind = devices[0].device_kind if devices else "TPU v5 lite"
+  rows = []
+  for name, (fn, args) in kernels_at(**sizes).items():
+    if only and name not in only:
+      continue
+    for platform in platforms:
+      for pass_ in passes if platform == "tpu" else ("forward",):
+        f = fn if pass_ == "forward" else gradient(fn)
+        row = {"kernel": name, "shapes": " ".join("x".join(map(str, a.shape)) for a in args), "platform": platform, "pass": pass_, "dtype": str(args[0].dtype), "ok": False,
+               "how": "compiled" if platform == "tpu" and devices else "lowered", "seconds": None, "error": ""}
+        try:
+          if row["how"] == "compiled":
+            text, row["seconds"] = compile_for_tpu(f, args, devices)
+          else:
+            text = lower(f, args, platform, tpu_kind)
+          marker = TPU_MARKER if platform == "tpu" else GPU_MARKER
+          row["ok"] = marker in text
+          row["error"] = "" if row["ok"] else f"no {marker} in the program (interpret mode or no kernel)"
+        except Exception as e:  # the compiler's own message is the result
+          row["error"] = _error(e)
+        rows.append(row)
+        if log:
+          log(row)
+  return rows
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(prog="python scripts/check_lowering.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
+  parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.chips)")
+  parser.add_argument("--passes", default="forward,grad", help="TPU: comma-separated forward, grad")
+  parser.add_argument("--seq_len", type=int, default=2048)
+  parser.add_argument("--width", type=int, default=128, help="head width (Dk = Dv; FLASH's S = E)")
+  parser.add_argument("--latents", type=int, default=128, help="Latte's latent states per head")
+  parser.add_argument("--block", type=int, default=512, help="VQ block length")
+  parser.add_argument("--codes", type=int, default=512, help="VQ codebook size")
+  parser.add_argument("--chunk", type=int, default=0, help="causal Latte's time block (0: the kernel's default "
+                      "for the target)")
+  parser.add_argument("--flash_chunk", type=int, default=256, help="FLASH chunk (the c4 configs' 256)")
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--heads", type=int, default=1)
+  parser.add_argument("--value_width", type=int, default=0, help="VQ's Dv and FLASH's e (0: --width)")
+  parser.add_argument("--dtype", default="float32", help="inputs: float32 or bfloat16")
+  parser.add_argument("--paper", default="", help=f"comma-separated, or 'all': each kernel at the widths of a paper "
+                      f"model that runs it, overriding the size flags ({', '.join(PAPER)})")
+  args = parser.parse_args(argv)
+  platforms = [p for p in args.platforms.split(",") if p]
+  passes = [p for p in args.passes.split(",") if p]
+  unknown = sorted(set(platforms) - set(PLATFORMS)) + sorted(set(passes) - set(PASSES))
+  if unknown:
+    parser.error(f"{unknown} are not among the platforms {sorted(PLATFORMS)} or passes {list(PASSES)}.")
+  papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
+  if sorted(set(papers) - set(PAPER)):
+    parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
+  print("| kernel | shapes (q k v ...) | platform | dtype | pass | result | compile s | error |\n"
+        "|---|---|---|---|---|---|---|---|", flush=True)
+
+  def log(r):
+    result = r["how"] if r["ok"] else "FAILED"
+    seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+    print(f"| {r['kernel']} | {r['shapes']} | {r['platform']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
+          f"{r['error']} |", flush=True)
+
+  sizes = dict(seq_len=args.seq_len, width=args.width, latents=args.latents, block=args.block, codes=args.codes,
+               chunk=args.chunk, flash_chunk=args.flash_chunk, dtype=args.dtype, batch=args.batch, heads=args.heads,
+               value_width=args.value_width)
+  if not papers:
+    return check(platforms, topology=args.topology, passes=passes, log=log, **sizes)
+  return [row for p in papers for row in check(platforms, topology=args.topology, passes=passes, log=log,
+                                                only=(PAPER[p][0],), **dict(sizes, **PAPER[p][1]))]
+
+
+if __name__ == "__main__":
+  sys.exit(0 if all(r["ok"] for r in main()) else 1)

@@ -1,0 +1,83 @@
+"""How a config's parameters are split over a mesh, computed without devices.
+
+The command is scripts/shardings.py (examples there), or `python -m lra_core.bench.shardings`.
+
+Prints each parameter's logical axes and PartitionSpec (with --params), and a summary: the
+share of parameters split over `fsdp` and over `tensor`, and the parameter bytes (float32) one
+device holds. The mesh axes come from `config.mesh` (-1 = the remaining devices of --devices),
+the logical-to-mesh mapping from `config.sharding.rules`; both can be overridden as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lra_core import cli
+from lra_core.config import load_config
+from lra_core.sharding import mesh_axes_used, mesh_shape, parameter_layout
+
+# One `tiny` config per model family (the families' paper configs share their layouts).
+FAMILIES = {
+    "transformer": "configs/enwik8/transformer.py:tiny,plusplus",
+    "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
+    "latte": "configs/c4/latte.py:tiny",
+    "flash": "configs/c4/flash.py:tiny",
+    "fit (encoder)": "configs/lra/listops/fit.py:tiny",
+    "fit (AR)": "configs/imagenet64/fit_ar.py:tiny",
+    "fit_denoiser": "configs/imagenet64/fit_denoiser.py:tiny",
+    "block_transformer": "configs/c4/block_transformer.py:tiny",
+}
+
+
+def paper_spec(spec: str) -> str:
+  """The paper-size config of a `tiny` spec: the same file and args without `tiny`."""
+  path, _, arg = spec.partition(":")
+  args = [a for a in arg.split(",") if a and a != "tiny"]
+  return f"{path}:{','.join(args)}" if args else path
+
+
+def summarize(rows: list[dict]) -> dict:
+  total = sum(r["size"] for r in rows)
+  share = {axis: sum(r["size"] for r in rows if axis in mesh_axes_used(r["spec"])) / total
+           for axis in ("fsdp", "tensor")}
+  names = sorted({a for r in rows for a in (r["logical_axes"] or ()) if a})
+  return dict(params=total, fsdp=share["fsdp"], tensor=share["tensor"], logical_axes=names,
+              per_device_mib=4 * sum(r["per_device"] for r in rows) / 2**20)
+
+
+def main(argv=None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+  parser = argparse.ArgumentParser(prog="python scripts/shardings.py")
+  parser.add_argument("--config", help="a config spec (file[:arg])")
+  parser.add_argument("--families", action="store_true", help="one row per model family (tiny configs)")
+  parser.add_argument("--paper", action="store_true", help="with --families: the paper-size configs")
+  parser.add_argument("--devices", type=int, default=8, help="devices of the mesh to lay out")
+  parser.add_argument("--params", action="store_true", help="also list every parameter")
+  ns = parser.parse_args([a for a in argv if not a.startswith("--config.")])
+  if not ns.families and not ns.config:
+    parser.error("give --config=<spec> or --families")
+  specs = dict(FAMILIES) if ns.families else {ns.config: ns.config}
+  if ns.paper:
+    specs = {name: paper_spec(spec) for name, spec in specs.items()}
+  print("| model | config | mesh | parameters | split over fsdp | split over tensor | "
+        "MiB per device (f32) | logical axes |")
+  print("|---|---|---|---:|---:|---:|---:|---|")
+  layouts = {}
+  for name, spec in specs.items():
+    config = load_config(spec, overrides)
+    rows = layouts[name] = parameter_layout(config, ns.devices)
+    s = summarize(rows)
+    mesh = " x ".join(f"{a} {n}" for a, n in mesh_shape(config.mesh, ns.devices).items())
+    print(f"| {name} | `{spec}` | {mesh} | {s['params']:,} | {s['fsdp']:.0%} | {s['tensor']:.0%} | "
+          f"{s['per_device_mib']:.3f} | {', '.join(s['logical_axes'])} |")
+  if ns.params:
+    for name, rows in layouts.items():
+      print(f"\n{name}:\n\n| parameter | shape | logical axes | PartitionSpec |\n|---|---|---|---|")
+      for r in rows:
+        print(f"| {r['path']} | {r['shape']} | {r['logical_axes']} | {tuple(r['spec'])} |")
+
+
+if __name__ == "__main__":
+  cli.run(main)
