@@ -14,17 +14,16 @@ import jax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import fixtures.c4
-import fixtures.enwik8
-import fixtures.listops
+import fixtures
 import lra_core
-from lra_core import experiment, optim, sharding
+from lra_core import experiment, optim, registry, sharding
 from lra_core.data import pipeline
 from lra_core.errors import UserError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 
-# family -> (spec, fixture, {key: candidate values, as command-line text})
+# Keys every family has, with candidate values (valid and invalid, as command-line text); each
+# family's smoke record adds its own (`fuzz`).
 COMMON = {
     "train.batch_size": ["1", "2", "4", "8", "6", "0", "-2", "many"],
     "train.seq_len": ["8", "16", "24", "32", "33", "0"],
@@ -40,59 +39,27 @@ COMMON = {
     "mesh.tensor": ["1", "2", "3"],
     "train.steps": ["1", "3", "0", "x"],
 }
-FAMILIES = {
-    "transformer": ("configs/lra/listops/transformer.py:tiny", fixtures.listops, {
-        "model.num_heads": ["1", "2", "3", "4", "0"], "model.num_kv_heads": ["0", "1", "2", "3"],
-        "model.position": ["sinusoid", "learned", "rope", "none", "bogus"], "model.window": ["0", "4", "-1"],
-        "model.vocab_size": ["8", "16", "64"], "model.num_classes": ["10", "4"]}),
-    "transformer_vq": ("configs/enwik8/transformer_vq.py:tiny", fixtures.enwik8, {
-        "model.block_len": ["4", "8", "5", "16", "0"], "model.n_code": ["8", "16", "0"],
-        "train.update_len": ["0", "8", "16", "7"], "model.head_type": ["shga", "mqa", "mha", "xyz"],
-        "model.num_heads": ["1", "2", "3"], "model.reduction": ["serial", "matmul", "assoc", "bogus"],
-        "model.vocab_size": ["256", "100"]}),
-    "latte": ("configs/lra/listops/latte.py:tiny", fixtures.listops, {
-        "model.num_latents": ["4", "8", "0"], "model.chunk": ["1", "4", "5", "0"],
-        "model.num_heads": ["1", "2", "3"], "model.variant": ["latte", "latte++", "macchiato", "bad"],
-        "model.mixer": ["none", "conv", "rglru", "bogus"]}),
-    "flash": ("configs/c4/flash.py:tiny", fixtures.c4, {
-        "model.chunk": ["4", "16", "5", "0"], "model.expansion": ["1", "2", "0"], "model.qk_dim": ["8", "16", "0"],
-        "model.variant": ["flash", "flash_quad", "flash_local", "nope"], "mlm.mask_rate": ["0.15", "0.0", "1.5"]}),
-    "fit": ("configs/lra/listops/fit.py:tiny", fixtures.listops, {
-        "model.group_size": ["8", "16", "5", "0"], "model.latents_per_group": ["1", "4", "0"],
-        "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("], "model.overlap": ["0", "2", "-1", "16"],
-        "model.latent_heads": ["1", "2", "3"], "model.d_latent": ["16", "32", "30"]}),
-    "block_transformer": ("configs/c4/block_transformer.py:tiny", fixtures.c4, {
-        "model.block_len": ["2", "4", "3", "0"], "model.embedder": ["lookup", "encoder", "cls", "x"],
-        "model.token_decoder": ["prefix", "summation", "cross_attention", "y"], "model.prefix_len": ["1", "2", "0"],
-        "model.num_heads": ["2", "4", "3"]}),
-}
-# Fixed overrides that keep the traced step small (one layer where the family has that knob).
-LIGHT = {"transformer": ["model.num_layers=1"], "transformer_vq": ["model.num_layers=1"],
-         "latte": ["model.num_layers=1"], "flash": ["model.num_layers=1"], "fit": [],
-         "block_transformer": ["model.num_layers=1", "model.token_num_layers=1"]}
+FAMILIES = {f.name: f.smoke for f in registry.families()}
 # Keys that do not exist: the error must name them.
 MISSPELT = ["model.d_modle", "train.stepz", "optim.learning_rate", "mesh.model"]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-  built = {}
-  for module in (fixtures.listops, fixtures.enwik8, fixtures.c4):
-    root = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1])
-    built[module] = module.build(pathlib.Path(root))
-  return built
+  return {name: fixtures.load(name).build(pathlib.Path(tmp_path_factory.mktemp(name)))
+          for name in sorted({smoke.data for smoke in FAMILIES.values()})}
 
 
 @st.composite
 def cases(draw):
   family = draw(st.sampled_from(sorted(FAMILIES)))
-  spec, fixture, own = FAMILIES[family]
-  menu = {**COMMON, **own}
+  smoke = FAMILIES[family]
+  menu = {**COMMON, **smoke.fuzz}
   keys = draw(st.lists(st.sampled_from(sorted(menu)), min_size=3, max_size=5, unique=True))
-  overrides = LIGHT[family] + [f"{k}={draw(st.sampled_from(menu[k]))}" for k in keys]
+  overrides = [*smoke.overrides, *smoke.light] + [f"{k}={draw(st.sampled_from(menu[k]))}" for k in keys]
   if draw(st.integers(0, 9)) == 0:
     overrides.append(f"{draw(st.sampled_from(MISSPELT))}=1")
-  return spec, fixture, overrides
+  return smoke.config, smoke.data, overrides
 
 
 def before_first_step(spec, data_overrides, overrides):

@@ -1,7 +1,7 @@
 """Killed and restarted training ends exactly where an uninterrupted run ends, for every family.
 
-For each model family's `tiny` config, the command `python -m lra_core.train` is started, killed with SIGKILL
-at 5 random moments (the first during start-up, the others at random training steps plus a
+For each registered model family's smoke config, the command `python -m lra_core.train` is started,
+killed with SIGKILL at 5 random moments (the first during start-up, the others at random training steps plus a
 random fraction of a step, so some land inside checkpoint writes) and once stopped with SIGTERM,
 restarted each time with the same command, and finally run to the end. Its `param_checksum`
 must equal, bit for bit, that of an uninterrupted run of the same command: the data position, root
@@ -18,28 +18,18 @@ import time
 
 import pytest
 
-import fixtures.c4
-import fixtures.enwik8
-import fixtures.imagenet64
-import fixtures.listops
+import fixtures
 import lra_core
+from lra_core import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 9
 RUN = [f"train.steps={STEPS}", "train.checkpoint_every=3", "train.log_every=1", "train.eval_batches=1",
        "train.test_at_end=False", "train.keep_checkpoints=2"]
 
-# family -> (config spec, fixture module, extra overrides)
-FAMILIES = {
-    "transformer": ("configs/lra/listops/transformer.py:tiny", fixtures.listops, ["model.dropout=0.1"]),
-    "transformer_vq": ("configs/enwik8/transformer_vq.py:tiny", fixtures.enwik8,
-                       ["model.droplyr=0.3", "train.seq_len=32", "train.update_len=16"]),
-    "latte": ("configs/c4/latte.py:tiny,latte_rglru_swa++", fixtures.c4, ["model.num_layers=1"]),
-    "flash": ("configs/c4/flash.py:tiny", fixtures.c4, ["model.num_layers=1"]),
-    "fit": ("configs/imagenet64/fit_ar.py:tiny,overlap", fixtures.imagenet64, ["model.layers=L(1)G(1)"]),
-    "block_transformer": ("configs/c4/block_transformer.py:tiny", fixtures.c4,
-                          ["train.seq_len=32", "model.num_layers=1", "model.token_num_layers=1"]),
-}
+# Every registered family; the quick tier keeps the transformer's run.
+FAMILIES = [pytest.param(f, id=f.name, marks=() if f.name == "transformer" else pytest.mark.slow)
+            for f in registry.families()]
 
 
 # The runs are forked from a server that has imported the framework once (multiprocessing's
@@ -47,8 +37,7 @@ FAMILIES = {
 # They inherit this process's XLA flags and use its compile cache: they run the very programs the
 # uninterrupted run compiled.
 _SERVER = multiprocessing.get_context("forkserver")
-_SERVER.set_forkserver_preload(["lra_core.train", *(f"lra_core.models.{name}" for name in (
-    "transformer", "transformer_vq", "latte", "flash", "fit", "block_transformer"))])
+_SERVER.set_forkserver_preload(["lra_core.train", *(f"lra_core.models.{name}" for name in registry.family_names())])
 
 
 def _train_main(argv, log):
@@ -109,11 +98,12 @@ def _resumed_steps(out: str) -> list[int]:
           if "resuming at step " in line]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
-  spec, fixture, extra = FAMILIES[family]
+  smoke = family.smoke
+  spec = smoke.config
   (tmp_path / "data").mkdir()
-  overrides = [*fixture.build(tmp_path / "data"), *RUN, *extra]
+  overrides = [*fixtures.load(smoke.data).build(tmp_path / "data"), *RUN, *smoke.overrides, *smoke.light]
   lra_core.load_config(spec, overrides)  # a bad test config fails here, not in a child
   workdir, log = tmp_path / "interrupted", tmp_path / "run.log"
   argv = [f"--config={spec}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
@@ -121,7 +111,7 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   uninterrupted.join(300)
   assert uninterrupted.exitcode == 0, log.read_text()[-3000:]
   reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
-  rng = random.Random(family)
+  rng = random.Random(family.name)
   # SIGKILL once during start-up, four times at random steps, then SIGTERM at a random step.
   plan = [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))]
   plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(4)]
@@ -143,5 +133,5 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   assert final.exitcode == 0, out[-3000:]
   resumed_from += _resumed_steps(out)
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["param_checksum"] == reference["param_checksum"], (family, resumed_from)
+  assert summary["param_checksum"] == reference["param_checksum"], (family.name, resumed_from)
   assert resumed_from and max(resumed_from) > 0, resumed_from  # the restarts really resumed mid-run

@@ -1,7 +1,7 @@
 """model.remat and model.scan_layers change how a model runs, never what it computes.
 
 Oracle: the plain model (no remat, layers unrolled) with the same parameters. Every family's
-`tiny` config is checked for identical initialisation, forward values and gradients; real train
+smoke config is checked for identical initialisation, forward values and gradients; real train
 steps give the same param_checksum; checkpoints convert between the layouts; decoding reads
 scanned stacks; stacked parameters keep their sharding.
 """
@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import optim, sharding
+from lra_core import optim, registry, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.errors import CheckpointError, ConfigError
@@ -25,15 +25,7 @@ from lra_core.state import make_state_spec, param_checksum, scan_params, unscan_
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
 
-FAMILIES = {
-    "transformer": "configs/lra/listops/transformer.py:tiny",
-    "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
-    "latte": "configs/c4/latte.py:tiny",
-    "flash": "configs/c4/flash.py:tiny",
-    "fit": "configs/imagenet64/fit_ar.py:tiny",
-    "fit_denoiser": "configs/imagenet64/fit_denoiser.py:tiny",
-    "block_transformer": "configs/c4/block_transformer.py:tiny",
-}
+FAMILIES = {f.name: f.smoke for f in registry.families()}
 # (remat, scan_layers) against the plain model: every family runs scan with full remat; the families
 # whose tiny models compile fast also run a policy unscanned, the transformer the rest (scan alone,
 # the third policy), to keep compiles few.
@@ -43,14 +35,10 @@ for name in ("transformer", "transformer_vq", "latte", "flash"):
 VARIANTS["transformer"] += (("dots", False), ("none", True))
 
 
-# Narrower than `tiny` where tiny itself takes long to compile on a CPU (same code paths).
-SMALLER = {"fit_denoiser": ["model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
-                            "model.layers=L(1)G(2)L(1)"]}
-
-
 def load(name, remat="none", scan=False, *extra):
-  return lra_core.load_config(FAMILIES[name], [*SMALLER.get(name, []), f"model.remat={remat}",
-                                               f"model.scan_layers={scan}", *extra])
+  smoke = FAMILIES[name]
+  return lra_core.load_config(smoke.config, [*smoke.overrides, f"model.remat={remat}", f"model.scan_layers={scan}",
+                                             *extra])
 
 
 def random_batch(config, batch_size=2):
@@ -84,7 +72,7 @@ def loss_and_grads(config, batch):
   def loss(params):
     model = nnx.merge(graphdef, params, rest)
     b = task.prepare(dict(batch), jax.random.key(1))
-    carry = model.init_carry(2) if hasattr(model, "init_carry") else None
+    carry = model.init_carry(2) if registry.family(config.model.name).keeps_carry(config) else None
     value, _, _ = task.loss_and_metrics(model, b, normalizer=task.normalizer(b),
                                         rngs=nnx.Rngs(dropout=jax.random.key(2)), carry=carry)
     return value
