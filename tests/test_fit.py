@@ -188,7 +188,7 @@ def test_config_errors_are_clear():
 def test_imagenet64_fit_ar_has_table_4s_153m_parameters():
   count = registry.parameter_count(lra_core.load_config("configs/imagenet64/fit_ar.py"))
   assert abs(count - 153e6) / 153e6 < 0.05, count
-  assert any(row[0] == "configs/imagenet64/fit_ar.py" for row in param_counts.PAPER)
+  assert any(row.config == "configs/imagenet64/fit_ar.py" for row in param_counts.PAPER)
 
 
 @pytest.mark.parametrize("arg", ["tiny", "tiny,overlap"])

@@ -218,7 +218,7 @@ def test_config_errors_are_clear():
 def test_paper_parameter_counts_within_three_percent(spec, paper):
   count = registry.parameter_count(lra_core.load_config(spec))
   assert abs(count - paper) / paper < 0.03, (spec, count)
-  assert any(row[0] == spec for row in param_counts.PAPER)
+  assert any(row.config == spec for row in param_counts.PAPER)
 
 
 def test_tiny_mlm_config_trains(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import optim, sharding
+from lra_core import optim, registry, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import DataInfo
 from lra_core.experiment import to_device
@@ -156,10 +156,10 @@ def test_mesh_errors_are_clear():
 
 
 def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor():
-  from lra_core.bench.shardings import FAMILIES, summarize
   mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
-  for name, spec in FAMILIES.items():
-    rows = sharding.parameter_layout(lra_core.load_config(spec, mesh), num_devices=8)
+  for family in registry.families():
+    name, smoke = family.name, family.smoke
+    rows = sharding.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
     assert all(r["logical_axes"] is not None for r in rows), name
     s = summarize(rows)
     assert s["fsdp"] > 0.95 and s["tensor"] > 0.5, (name, s)

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from lra_core import cli, decoding
+from lra_core import cli, decoding, registry
 from lra_core.bench.common import MiB, ints, is_oom, median_seconds, parse_command, publish, variant_config
-from lra_core.config import load_config, model_module
+from lra_core.config import load_config
 from lra_core.registry import build_model, non_embedding_parameter_count
 
 
@@ -41,13 +41,13 @@ def parse_settings(text: str) -> list[tuple[int, int]]:
 def time_generate(config, *, batch_size: int, prompt_len: int, new_tokens: int, repeats: int, warmup: int) -> dict:
   model = build_model(config)
   model.eval()
-  module = model_module(config.model.name)
+  own = registry.family(config.model.name).generate  # e.g. the Block Transformer's batched generate
   vocab = config.model.vocab_size
   prompt = np.random.default_rng(0).integers(1, vocab, (batch_size, prompt_len)).astype(np.int32)
   key = jax.random.key(0)
-  if hasattr(module, "generate"):
+  if own is not None:
     def run():
-      return module.generate(model, prompt, max_new_tokens=new_tokens, key=key, temperature=0.0)
+      return own(model, prompt, max_new_tokens=new_tokens, key=key, temperature=0.0)
   else:
     def run():
       return decoding.generate(model, prompt, max_new_tokens=new_tokens, key=key, temperature=0.0)

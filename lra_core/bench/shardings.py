@@ -13,21 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lra_core import cli
+from lra_core import cli, registry
 from lra_core.config import load_config
 from lra_core.sharding import mesh_axes_used, mesh_shape, parameter_layout
 
-# One `tiny` config per model family (the families' paper configs share their layouts).
-FAMILIES = {
-    "transformer": "configs/enwik8/transformer.py:tiny,plusplus",
-    "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
-    "latte": "configs/c4/latte.py:tiny",
-    "flash": "configs/c4/flash.py:tiny",
-    "fit (encoder)": "configs/lra/listops/fit.py:tiny",
-    "fit (AR)": "configs/imagenet64/fit_ar.py:tiny",
-    "fit_denoiser": "configs/imagenet64/fit_denoiser.py:tiny",
-    "block_transformer": "configs/c4/block_transformer.py:tiny",
-}
+# Each family's smoke config, a `tiny` one (the families' paper configs share their layouts).
+FAMILIES = {family.name: family.smoke.config for family in registry.families()}
 
 
 def paper_spec(spec: str) -> str:

@@ -1,26 +1,14 @@
 """The `params` table: parameter counts of every paper config against the five papers' tables.
 
-Counts come from shapes (jax.eval_shape through scripts/param_counts.py), so the default and --full
-runs are the same and the 1.3B models count on a laptop. Each paper's tolerance is the one its
-model issue set: the papers round their counts, Transformer-VQ and FIT to two or three digits.
+Counts come from shapes (jax.eval_shape through lra_core/bench/param_counts.py), so the default and
+--full runs are the same and the 1.3B models count on a laptop. The rows, tolerances and the reasons
+for known gaps are the families' paper rows (their FAMILY records): the papers round their counts.
 """
 
 from __future__ import annotations
 
 from lra_core.bench import param_counts
 from lra_core.reproduce.common import Context, Result, markdown_table
-
-# Paper (the start of a row's source) -> relative tolerance of our count against its number. A row
-# outside it is kept as printed (no paper hyperparameter is bent to hit a count); docs/results.md says why.
-TOLERANCE = {"Transformer-VQ": 0.05, "Latte": 0.05, "FLASH": 0.03, "FIT": 0.05, "Block Transformer": 0.02}
-
-
-def tolerance(source: str) -> float:
-  for paper, tol in TOLERANCE.items():
-    if source.startswith(paper):
-      return tol
-  raise KeyError(f"no tolerance for {source!r}")
-
 
 def _paper(count: float) -> str:
   return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"
@@ -31,7 +19,7 @@ def params(ctx: Context) -> Result:
   records = param_counts.rows()
   rows, within = [], 0
   for r in records:
-    tol = tolerance(r["source"])
+    tol = r["tolerance"]
     ok = abs(r["gap"]) <= tol
     within += ok
     rows.append([f"`{r['spec']}`", r["source"], _paper(r["paper"]), f"{r['params']:,}",

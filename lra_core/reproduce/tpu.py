@@ -119,14 +119,15 @@ PLACEMENT = (
     ("configs/pg19/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
     ("configs/imagenet64/fit_ar.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
 )
+BLOCK_CONFIG = "configs/c4/block_transformer.py"  # vanilla and MEGABYTE rows too: the Block paper's setup
 BLOCK_PLACEMENT = ("v5p:2x2x1", ("mesh.data=4",), "8 x 40 GB A100 -> 4 v5p chips")
 
 
 def paper_rows() -> tuple[Row, ...]:
-  """Every paper config of scripts/param_counts.py at its paper batch and length."""
+  """Every paper config of the families' paper rows (lra_core.bench.param_counts) at its paper batch and length."""
   rows = []
-  for spec, _, source in param_counts.PAPER:
-    if spec.startswith(param_counts.BLOCK):
+  for spec, source in ((row.config, row.source) for row in param_counts.PAPER):
+    if spec.startswith(BLOCK_CONFIG):
       topology, overrides, _ = BLOCK_PLACEMENT
     else:
       topology, overrides, _ = next(p[1:] for p in PLACEMENT if spec.startswith(p[0]))
