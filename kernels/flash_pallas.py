@@ -1,8 +1,8 @@
 """FLASH's mixed chunk attention as one Pallas kernel: the running key-value sum stays on chip.
 
-`kernels.flash.mixed_chunk_attention` (XLA) builds lin_k^T v for every chunk and their exclusive
-cumulative sum, a [B,G,H,S,E] float32 tensor in HBM. This kernel walks the G chunks of one
-(batch, head) and computes, for chunk g of C positions,
+`kernels.flash_xla.mixed_chunk_attention` (the reference) builds lin_k^T v for every chunk and
+their exclusive cumulative sum, a [B,G,H,S,E] float32 tensor in HBM. This kernel walks the G chunks
+of one (batch, head) and computes, for chunk g of C positions,
 
   local   kernel(quad_scale q k^T + bias) v      [C,C] scores of the chunk against itself, with
                                                  the causal and padding masks (relu2 / softmax / linear)
@@ -23,9 +23,12 @@ padding mask (`mask` and the padded tail) arrives as float32, a row [1,T] for th
 column [T,1] for the keys summed into KV, so the kernel transposes nothing.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
-(`kernels.flash.mixed_chunk_attention(..., impl="xla")`), recomputed from the inputs: training
-memory is the XLA path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S
-and the value tile (128 where it divides E, else E) should be powers of two.
+(`kernels.flash_xla.mixed_chunk_attention`), recomputed from the inputs: training memory is the XLA
+path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S and the value tile
+(128 where it divides E, else E) should be powers of two.
+
+This file is the kernel and imports the reference, kernels/flash_xla.py; kernels/flash.py dispatches
+between the two on `impl`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import _pallas
-from lra_core.kernels import flash as flash_xla
+from lra_core.kernels import flash_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -281,7 +284,7 @@ def _attention_bwd(statics, residuals, cotangent):
   d = {k: x for k, x in statics if k not in ("value_tile", "upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
-    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, impl="xla", **d)
+    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, **d)
 
   _, vjp = jax.vjp(xla, *floats)
   return vjp(cotangent) + (None,)  # the mask gets no gradient

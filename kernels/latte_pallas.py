@@ -8,8 +8,9 @@ latent l, the stable pair of eq. 12 scaled by the running max m of the key logit
 
 Causal (`causal_latte`): block r of C tokens reads p = softmax_l(q) (taken in the wrapper), k and v.
 Inside the block the running max m_t is per token and the weights exp(k_s - m_t), s <= t, are exact
-([C,C,L], key token leading: k and v come in once more as [C,1,.] rows, see `_causal_block`); the past enters through the state rescaled by exp(m_past - m_t) <= 1, so every exponent
-is <= 0 whatever the logit range, as in `kernels.latte.latte_chunk`. Block output and state update:
+([C,C,L], key token leading: k and v come in once more as [C,1,.] rows, see `_causal_block`); the
+past enters through the state rescaled by exp(m_past - m_t) <= 1, so every exponent is <= 0
+whatever the logit range, as in `kernels.latte_xla.latte_chunk`. Block output and state update:
 
   y = (sum_l r_tl w_tsl) v + (r * carried) num^T,   r = p / den_t           (two matmuls)
   num <- exp(m - m') num + v^T exp(k - m'),  m' = the max after the block  (one matmul)
@@ -24,7 +25,7 @@ loop values). Time is padded to whole blocks with keys PAD (below NEG), which we
 a fully masked row still averages its real positions as the reference does.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA chunked forms
-(`kernels.latte.causal_latte` / `bidirectional_latte` with impl="xla"), recomputed from the inputs:
+(`kernels.latte_xla.causal_latte` / `bidirectional_latte`), recomputed from the inputs:
 gradients (to q, k, v and a carried state) are the XLA path's, and so is training memory; the
 kernels run the forward pass only.
 
@@ -35,6 +36,9 @@ bidirectional one is min(BLOCK, the power of two >= T). On GPU (Triton) the chun
 be powers of two (D is padded to one); on TPU the chunk a multiple of 8 (16 for bf16 values).
 Both kernels compile with Mosaic (scripts/check_lowering.py, docs/kernels.md); their numbers are
 tested in interpret mode.
+
+This file holds the kernels and imports the reference, kernels/latte_xla.py; kernels/latte.py checks
+the arguments and dispatches between the two on `impl`.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import _pallas
-from lra_core.kernels import latte as latte_xla
+from lra_core.kernels import latte_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -237,7 +241,7 @@ def _causal_fwd(q, k, v, state, options):
 
 def _causal_bwd(options, residuals, cotangent):
   chunk = dict(options)["chunk"]
-  xla = lambda q, k, v, state: latte_xla.causal_latte(q, k, v, impl="xla", chunk=chunk, state=state)
+  xla = lambda q, k, v, state: latte_xla.causal_latte(q, k, v, chunk=chunk, state=state)
   return jax.vjp(xla, *residuals)[1](cotangent)
 
 
@@ -286,7 +290,7 @@ def _bidirectional_fwd(q, k, v, options):
 
 def _bidirectional_bwd(options, residuals, cotangent):
   del options
-  xla = lambda q, k, v: latte_xla.bidirectional_latte(q, k, v, impl="xla")
+  xla = lambda q, k, v: latte_xla.bidirectional_latte(q, k, v)
   return jax.vjp(xla, *residuals)[1](cotangent)
 
 

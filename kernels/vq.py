@@ -1,160 +1,30 @@
-"""VQ-Attention (Lingle 2024, Transformer-VQ): causal softmax attention over vector-quantized
-keys, computed in linear time with a compressive cache.
+"""VQ-Attention (Lingle 2024, Transformer-VQ) behind one `impl` switch: the names models and tests use.
 
-Keys are replaced by their nearest codeword c_z. A query block of length L then attends to
-  - the present block (causal) and the previous block exactly, and
-  - every older key through the codebook: keys sharing code s contribute one score
-    q.c_s + log(count_s) and the running MEAN of their values (Theorem 3.7 with the stable
-    form of Remark 3.9), so the cost per block is O(L (S + 2L)), independent of T.
-The per-block cache variables (count, mean) are a prefix reduction over block summaries,
-computed by one of three equivalent reductions (Appendix E): `serial` (lax.scan), `matmul`
-(lower-triangular weights) and `assoc` (lax.associative_scan).
-
-Layout: [B,T,H,D] in the public functions; [B,R,L,H,D] (R blocks of L) inside. Queries may have
-more heads than keys (H = Hk * G, multi-query when Hk = 1); the codebook has one book per key head.
-The code id `S` (one past the codebook) marks an empty slot: its one-hot is all zeros.
-
-`vq_attention_reference` is the quadratic oracle the tests compare against.
+kernels/vq_xla.py is the reference (impl="xla", the default: quantization, the blockwise XLA form
+`cached_attention`, decoding and the quadratic oracles), kernels/vq_pallas.py the kernel
+(impl="pallas": the compressive cache on chip, differentiated through `cached_attention`). This
+file checks the arguments, builds the carry and the position term both take, and dispatches; it
+imports both, and neither imports it.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
+
+from lra_core.kernels import vq_pallas, vq_xla
+from lra_core.kernels.vq_xla import (MASK, REDUCTIONS, band_to_matrix, cached_attention, codewords, decode_step,
+                                     dense_attention, group_heads, group_table, init_carry, init_decode_state,
+                                     quantize, relative_bias, vq_attention_reference, xl_bias_blocks)
+
+__all__ = ["IMPLS", "MASK", "REDUCTIONS", "band_to_matrix", "cached_attention", "check_shapes", "codewords",
+           "decode_step", "dense_attention", "group_heads", "group_table", "init_carry", "init_decode_state",
+           "quantize", "relative_bias", "vq_attention", "vq_attention_blocks", "vq_attention_reference",
+           "xl_bias_blocks"]
 
 Array = jax.Array
-MASK = 1e30
-REDUCTIONS = ("serial", "matmul", "assoc")
 IMPLS = ("xla", "pallas")
 
 sg = jax.lax.stop_gradient
-
-
-# -- quantization ------------------------------------------------------------------------------
-
-def quantize(k: Array, codebook: Array) -> tuple[Array, Array]:
-  """Nearest codeword ids and squared distances: k [B,T,H,Dk], codebook [H,S,Dk] -> int32 [B,T,H], [B,T,H]."""
-  k32, c32 = k.astype(jnp.float32), codebook.astype(jnp.float32)
-  d2 = (jnp.sum(k32 * k32, -1)[..., None] - 2.0 * jnp.einsum("bthk,hsk->bths", k32, c32)
-        + jnp.sum(c32 * c32, -1)[None, None])
-  return jnp.argmin(d2, -1).astype(jnp.int32), jax.nn.relu(jnp.min(d2, -1))
-
-
-def codewords(z: Array, codebook: Array) -> Array:
-  """c_z: z int32 [B,T,H], codebook [H,S,Dk] -> [B,T,H,Dk]."""
-  return codebook[jnp.arange(codebook.shape[0]), z]
-
-
-# -- cache variables -----------------------------------------------------------------------------
-
-def block_summaries(z: Array, v: Array, n_code: int) -> tuple[Array, Array]:
-  """Per block and code: mean of the values and count. z [B,R,L,H], v [B,R,L,H,Dv] -> [B,R,H,S,Dv], [B,R,H,S]."""
-  delta = jax.nn.one_hot(z, n_code, dtype=jnp.float32)
-  count = delta.sum(2)
-  total = jnp.einsum("brlhs,brlhv->brhsv", delta, v.astype(jnp.float32))
-  return total / jnp.maximum(count, 1.0)[..., None], count
-
-
-def merge(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]:
-  """Combines two (mean, count) summaries; associative, and stable (weights <= 1, no sums of values)."""
-  (mean_a, count_a), (mean_b, count_b) = a, b
-  count = count_a + count_b
-  denom = jnp.maximum(count, 1.0)
-  return (count_a / denom)[..., None] * mean_a + (count_b / denom)[..., None] * mean_b, count
-
-
-def prefix_summaries(mean: Array, count: Array, reduction: str) -> tuple[Array, Array]:
-  """Inclusive prefix merge along axis 1: mean [B,N,H,S,Dv], count [B,N,H,S]."""
-  if reduction == "serial":
-    def step(acc, x):
-      acc = merge(acc, x)
-      return acc, acc
-    xs = (jnp.moveaxis(mean, 1, 0), jnp.moveaxis(count, 1, 0))
-    init = (jnp.zeros_like(xs[0][0]), jnp.zeros_like(xs[1][0]))
-    _, (m, c) = jax.lax.scan(step, init, xs)
-    return jnp.moveaxis(m, 0, 1), jnp.moveaxis(c, 0, 1)
-  if reduction == "assoc":
-    return jax.lax.associative_scan(merge, (mean, count), axis=1)
-  if reduction == "matmul":
-    n = count.shape[1]
-    lower = jnp.tril(jnp.ones((n, n), jnp.float32))              # [r, g]: g <= r
-    cum = jnp.cumsum(count, axis=1)                               # [B,N,H,S]
-    frac = jnp.einsum("rg,bghs->brghs", lower, count) / jnp.maximum(cum, 1.0)[:, :, None]
-    return jnp.einsum("brghs,bghsv->brhsv", frac, mean), cum
-  raise ValueError(f"reduction {reduction!r} is not one of {REDUCTIONS}.")
-
-
-def init_carry(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
-               dtype=jnp.float32) -> dict[str, Array]:
-  """The cache before position 0: an empty previous block and an empty compressive cache."""
-  b, l, h = batch_size, block_len, num_heads
-  return {"k": jnp.zeros((b, l, h, d_k), dtype), "v": jnp.zeros((b, l, h, d_v), dtype),
-          "z": jnp.full((b, l, h), n_code, jnp.int32),
-          "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32), "count": jnp.zeros((b, h, n_code), jnp.float32)}
-
-
-# -- attention -----------------------------------------------------------------------------------
-
-def relative_bias(rel_q: Array, rel_table: Array, distance: Array) -> Array:
-  """Transformer-XL position term (q + v).r_d for distances d in [0, L]; 0 outside.
-
-  rel_q [..., Hk, G, I, Dk], rel_table [Hk, G, L+1, Dk], distance int [I, J] -> [..., Hk, G, I, J].
-  """
-  window = rel_table.shape[-2] - 1
-  by_distance = jnp.einsum("...hgik,hgdk->...hgid", rel_q.astype(jnp.float32), rel_table.astype(jnp.float32))
-  idx = jnp.clip(distance, 0, window)
-  idx = jnp.broadcast_to(idx, by_distance.shape[:-1] + idx.shape[-1:])
-  bias = jnp.take_along_axis(by_distance, idx, axis=-1)
-  return jnp.where((distance >= 0) & (distance <= window), bias, 0.0)
-
-
-def group_heads(x: Array, num_kv_heads: int) -> Array:
-  """[..., H, D] -> [..., Hk, G, D]."""
-  return x.reshape(x.shape[:-2] + (num_kv_heads, x.shape[-2] // num_kv_heads, x.shape[-1]))
-
-
-def group_table(rel_table: Array, num_kv_heads: int) -> Array:
-  """Relative position table [H, W+1, Dk] -> [Hk, G, W+1, Dk]."""
-  return group_heads(rel_table.transpose(1, 0, 2), num_kv_heads).transpose(1, 2, 0, 3)
-
-
-def _softmax_combine(recent: Array, recent_v: Array, cache: Array | None, cache_mean: Array | None) -> Array:
-  """Normalises scores over the recent keys and the codebook jointly and mixes their values.
-
-  recent [B,R,Hk,G,I,J] with recent_v [B,R,J,Hk,Dv]; cache [B,R,Hk,G,I,S] with cache_mean
-  [B,R,Hk,S,Dv] -> [B,R,I,Hk,G,Dv]. The max is a constant for the gradient (softmax is
-  shift-invariant) and the weights are normalised before touching the values.
-  """
-  m = recent.max(-1)
-  if cache is not None:
-    m = jnp.maximum(m, cache.max(-1))
-  m = sg(m)[..., None]
-  a_recent = jnp.exp(recent - m)
-  denom = a_recent.sum(-1)
-  if cache is not None:
-    a_cache = jnp.exp(cache - m)
-    denom = denom + a_cache.sum(-1)
-  denom = denom[..., None]
-  out = jnp.einsum("brhgij,brjhv->brihgv", a_recent / denom, recent_v.astype(jnp.float32))
-  if cache is not None:
-    out = out + jnp.einsum("brhgis,brhsv->brihgv", a_cache / denom, cache_mean)
-  return out
-
-
-def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) -> Array:
-  """Transformer-XL position term for every query block against its [previous, present] keys.
-
-  rel = (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) -> float32 [B,R,Hk,G,L,2L]: key j of the window
-  is at distance L + i - j from query i; distances 0..L get (q + v).r_d, the rest 0.
-  """
-  rel_q, rel_table = rel
-  b, t = rel_q.shape[:2]
-  l = block_len
-  rq = group_heads(rel_q, num_kv_heads).reshape(b, t // l, l, num_kv_heads, -1, rel_q.shape[-1])
-  rq = rq.transpose(0, 1, 3, 4, 2, 5)                                          # [B,R,Hk,G,L,Dk]
-  table = group_table(rel_table, num_kv_heads)
-  by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
-  return skew(jnp.flip(by_distance, -1), 2 * l)
 
 
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
@@ -167,137 +37,26 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   caller's choice); z int32 [B,T,Hk]; v [B,T,Hk,Dv]; codebook [Hk,S,Dk] scores the compressed
   keys. `rel` = (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) adds Transformer-XL position biases at
   distances 0..L; older keys get content scores only. `compressive=False` drops the codebook
-  cache: a sliding window over the last L+1 positions (the paper's ablation). `impl="pallas"`
-  runs the fused kernel of kernels/vq_pallas.py (its scan is serial: `reduction` must be "serial").
+  cache: a sliding window over the last L+1 positions (the paper's ablation). impl="xla" runs
+  `vq_xla.cached_attention`, impl="pallas" the fused kernel of kernels/vq_pallas.py (its scan is
+  serial: `reduction` must be "serial").
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
+  if impl not in IMPLS:
+    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
+  if impl == "pallas" and reduction != "serial":
+    raise ValueError(f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be "
+                     f"'serial', got {reduction!r}.")
   b, t, _, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
   bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
   if impl == "pallas":
-    if reduction != "serial":
-      raise ValueError(f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be "
-                       f"'serial', got {reduction!r}.")
-    from lra_core.kernels import vq_pallas  # the kernel module builds on this one
     return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
                                          compressive=compressive)
-  if impl != "xla":
-    raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
-  return cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
-                          compressive=compressive)
-
-
-def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
-                     bias: Array | None, *, block_len: int, reduction: str,
-                     compressive: bool) -> tuple[Array, dict]:
-  """`vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output."""
-  b, t, h, dk = q.shape
-  hk, s = codebook.shape[0], codebook.shape[1]
-  l = block_len
-  r = t // l
-
-  def blocks(x):
-    return x.reshape((b, r, l) + x.shape[2:])
-
-  qb, kb, zb, vb = blocks(group_heads(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
-  k_prev = jnp.concatenate([carry["k"][:, None].astype(kb.dtype), kb[:, :-1]], axis=1)
-  v_prev = jnp.concatenate([carry["v"][:, None].astype(vb.dtype), vb[:, :-1]], axis=1)
-  z_prev = jnp.concatenate([carry["z"][:, None], zb[:, :-1]], axis=1)
-  recent_k = jnp.concatenate([k_prev, kb], axis=2)                  # [B,R,2L,Hk,Dk]
-  recent_v = jnp.concatenate([v_prev, vb], axis=2)
-  recent_z = jnp.concatenate([z_prev, zb], axis=2)                  # [B,R,2L,Hk]
-
-  i = jnp.arange(l)[:, None]
-  j = jnp.arange(2 * l)[None, :]
-  distance = l + i - j                                              # [L,2L]
-  keep = (distance >= 0) & (recent_z != s).transpose(0, 1, 3, 2)[:, :, :, None, None, :]
-  if not compressive:
-    keep = keep & (distance <= l)
-  scores = jnp.einsum("brihgk,brjhk->brhgij", qb, recent_k.astype(jnp.float32))
-  if bias is not None:
-    scores = scores + bias
-  scores = jnp.where(keep, scores, -MASK)
-
-  # Cache variables: block n sees the carried cache, the carried previous block and blocks <= n-2.
-  carry_mean, carry_count = block_summaries(carry["z"][:, None], carry["v"][:, None], s)
-  mean_b, count_b = block_summaries(zb, vb, s)
-  mean_seq = jnp.concatenate([carry["mean"][:, None], carry_mean, mean_b[:, :-1]], axis=1)
-  count_seq = jnp.concatenate([carry["count"][:, None], carry_count, count_b[:, :-1]], axis=1)
-  cum_mean, cum_count = prefix_summaries(mean_seq, count_seq, reduction)   # [B,R+1,...]
-
-  cache_scores = cache_mean = None
-  if compressive:
-    cache_mean = cum_mean[:, :r]
-    count = cum_count[:, :r]
-    log_count = jnp.where(count > 0, jnp.log(jnp.maximum(count, 1.0)), -MASK)
-    cache_scores = jnp.einsum("brihgk,hsk->brhgis", qb, codebook.astype(jnp.float32))
-    cache_scores = cache_scores + log_count[:, :, :, None, None, :]
-
-  out = _softmax_combine(scores, recent_v, cache_scores, cache_mean)
-  out = out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
-  new_carry = {"k": kb[:, -1], "v": vb[:, -1], "z": zb[:, -1], "mean": cum_mean[:, r], "count": cum_count[:, r]}
-  return out, jax.tree.map(sg, new_carry)
-
-
-def init_decode_state(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
-                      dtype=jnp.float32) -> dict[str, Array]:
-  """Token-by-token cache: the previous and the present block ([B,2L,...]) plus the compressive cache."""
-  return dict(init_carry(batch_size, 2 * block_len, num_heads, n_code, d_k, d_v, dtype),
-              index=jnp.zeros((), jnp.int32))
-
-
-def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, state: dict, *,
-                rel: tuple[Array, Array] | None = None, compressive: bool = True) -> tuple[Array, dict]:
-  """One position of `vq_attention_blocks`, in O(L + S) time and memory whatever the context.
-
-  q [B,1,H,Dk], k_hat [B,1,Hk,Dk], z [B,1,Hk], v [B,1,Hk,Dv]; `state` from `init_decode_state`.
-  When a new block starts, the previous block is folded into the per-code counts and means and
-  the present block becomes the previous one, exactly as in the blockwise form.
-  """
-  l = state["k"].shape[1] // 2
-  s = codebook.shape[1]
-  hk = codebook.shape[0]
-  t = state["index"]
-  a = t % l
-  roll = (a == 0) & (t > 0)
-  mean_prev, count_prev = block_summaries(state["z"][:, None, :l], state["v"][:, None, :l], s)
-  folded = merge((state["mean"], state["count"]), (mean_prev[:, 0], count_prev[:, 0]))
-
-  def shift(x, empty):
-    moved = jnp.concatenate([x[:, l:], jnp.full_like(x[:, l:], empty)], axis=1)
-    return jnp.where(roll, moved, x)
-
-  keys, values, codes = shift(state["k"], 0), shift(state["v"], 0), shift(state["z"], s)
-  mean = jnp.where(roll, folded[0], state["mean"])
-  count = jnp.where(roll, folded[1], state["count"])
-  slot = l + a
-  keys = jax.lax.dynamic_update_slice_in_dim(keys, k_hat.astype(keys.dtype), slot, axis=1)
-  values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), slot, axis=1)
-  codes = jax.lax.dynamic_update_slice_in_dim(codes, z, slot, axis=1)
-
-  qg = group_heads(q, hk).astype(jnp.float32)[:, None]                          # [B,1,1,Hk,G,Dk]
-  distance = (slot - jnp.arange(2 * l))[None, :]                            # [1,2L]
-  keep = (codes != s).transpose(0, 2, 1)[:, None, :, None, None, :]
-  if not compressive:
-    keep = keep & (distance <= l)
-  scores = jnp.einsum("brihgk,bjhk->brhgij", qg, keys.astype(jnp.float32))
-  if rel is not None:
-    rel_q, rel_table = rel
-    rq = group_heads(rel_q, hk)[:, None].transpose(0, 1, 3, 4, 2, 5)
-    scores = scores + relative_bias(rq, group_table(rel_table, hk),
-                                    distance)
-  scores = jnp.where(keep, scores, -MASK)
-  cache_scores = cache_mean = None
-  if compressive:
-    log_count = jnp.where(count > 0, jnp.log(jnp.maximum(count, 1.0)), -MASK)
-    cache_scores = jnp.einsum("brihgk,hsk->brhgis", qg, codebook.astype(jnp.float32))
-    cache_scores = cache_scores + log_count[:, None, :, None, None, :]
-    cache_mean = mean[:, None]
-  out = _softmax_combine(scores, values[:, None], cache_scores, cache_mean)
-  out = out.reshape(q.shape[:3] + (v.shape[-1],)).astype(v.dtype)
-  return out, {"k": keys, "v": values, "z": codes, "mean": mean, "count": count, "index": t + 1}
+  return vq_xla.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
+                                 compressive=compressive)
 
 
 def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) -> None:
@@ -333,55 +92,3 @@ def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: in
   out, _ = vq_attention_blocks(q, codewords(z, codebook), z, v, codebook, block_len=block_len,
                                reduction=reduction, impl=impl)
   return out
-
-
-# -- quadratic oracles ---------------------------------------------------------------------------
-
-def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
-                    rel: tuple[Array, Array] | None = None, sliding: bool = False) -> Array:
-  """Quadratic causal softmax attention with the same optional position terms as the VQ core.
-
-  q [B,T,H,Dk], k [B,T,Hk,Dk], v [B,T,Hk,Dv]. With `rel` = (rel_q, rel_table [H,window+1,Dk])
-  keys at distance <= window get the XL bias; `sliding` masks keys farther than `window`.
-  """
-  b, t, h, _ = q.shape
-  hk = k.shape[2]
-  qg = group_heads(q, hk).astype(jnp.float32)
-  scores = jnp.einsum("bihgk,bjhk->bhgij", qg, k.astype(jnp.float32))
-  distance = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
-  keep = distance >= 0
-  if rel is not None:
-    rel_q, rel_table = rel
-    rq = group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
-    by_distance = jnp.einsum("...hgik,hgdk->...hgid", rq.astype(jnp.float32),
-                             group_table(rel_table, hk).astype(jnp.float32))
-    scores = scores + band_to_matrix(by_distance)
-  if sliding:
-    keep = keep & (distance <= window)
-  weights = jax.nn.softmax(jnp.where(keep, scores, -MASK), axis=-1)
-  out = jnp.einsum("bhgij,bjhv->bihgv", weights, v.astype(jnp.float32))
-  return out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
-
-
-def skew(x: Array, width: int) -> Array:
-  """[..., I, C] -> [..., I, width] with out[i, k] = x[i, k - i] for 0 <= k - i < C, else 0.
-
-  Row i is shifted right by i through one pad and reshape (Transformer-XL's relative shift), so
-  no gather (and no scatter in the backward pass) is needed. Needs width >= C + I - 2.
-  """
-  *lead, i, c = x.shape
-  flat = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (0, width + 1 - c)]).reshape(*lead, i * (width + 1))
-  return flat[..., :i * width].reshape(*lead, i, width)
-
-
-def band_to_matrix(by_distance: Array) -> Array:
-  """[..., T, W+1] values at distances 0..W -> [..., T, T]: out[i, j] = by_distance[i, i - j] for
-  0 <= i - j <= W, else 0."""
-  t, w = by_distance.shape[-2], by_distance.shape[-1] - 1
-  return skew(jnp.flip(by_distance, -1), w + t)[..., w:]
-
-
-def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array) -> Array:
-  """The quadratic definition: causal softmax attention over k replaced by its nearest codeword."""
-  z, _ = quantize(sg(k), sg(codebook))
-  return dense_attention(q, codewords(z, codebook), v)

@@ -1,6 +1,6 @@
 """VQ-Attention as one Pallas kernel: the compressive cache lives in on-chip scratch.
 
-`kernels.vq.cached_attention` (XLA) builds the cache variables of every block at once, a
+`kernels.vq_xla.cached_attention` (XLA) builds the cache variables of every block at once, a
 [B,R,H,S,Dv] tensor in HBM. This kernel walks the blocks of one (batch, head) in order and keeps
 only the running cache of that head on chip:
 
@@ -27,10 +27,13 @@ last sub-block. `block_sizes` picks (Dt, Lq) so that `vmem_bytes` fits the targe
 Layout: head-major inside ([B,H,T,D]); query head h reads key-value head h // G. z arrives twice,
 as a column [T,1] (one-hot rows) and a row [1,T] (key validity), so no in-kernel transpose.
 
-Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form (`kernels.vq.cached_attention`),
-recomputed from the inputs: training memory is the XLA path's; the forward (inference, evaluation,
-long-context prefill) is where the kernel saves memory. On GPU (Triton) L, S, Dk and the value
-tile (128 where it divides Dv, else Dv) should be powers of two.
+Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form
+(`kernels.vq_xla.cached_attention`), recomputed from the inputs: training memory is the XLA path's;
+the forward (inference, evaluation, long-context prefill) is where the kernel saves memory. On GPU
+(Triton) L, S, Dk and the value tile (128 where it divides Dv, else Dv) should be powers of two.
+
+This file is the kernel and imports the reference, kernels/vq_xla.py; kernels/vq.py checks the
+arguments and dispatches between the two on `impl`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import _pallas
-from lra_core.kernels import vq as vq_xla
+from lra_core.kernels import vq_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -375,7 +378,7 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
                         driver: str | None = None, interpret: bool | None = None,
                         tiles: tuple[int, int] | None = None) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
-  `kernels.vq.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
+  `kernels.vq_xla.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
   position (equal to the XLA form's). `tiles` = (value tile width, query sub-block), by default
   `block_sizes` for the target (the grid driver takes both, the loop driver the value tiles only)."""
   dv = v.shape[-1]
