@@ -7,6 +7,8 @@ from jax.sharding import PartitionSpec as P
 
 import lra_core
 from lra_core import optim, registry, sharding
+from lra_core.bench.shardings import summarize
+from lra_core.sharding import mesh_axes_used
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import DataInfo
 from lra_core.experiment import to_device
@@ -161,8 +163,12 @@ def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor():
     name, smoke = family.name, family.smoke
     rows = sharding.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
     assert all(r["logical_axes"] is not None for r in rows), name
+    # Every matrix over the model width is split over fsdp; what is not (per-head RG-LRU gates,
+    # split over tensor instead) weighs more in a tiny model than at paper size.
+    unsplit = [r["path"] for r in rows if "embed" in r["logical_axes"] and "fsdp" not in mesh_axes_used(r["spec"])]
+    assert not unsplit, (name, unsplit)
     s = summarize(rows)
-    assert s["fsdp"] > 0.95 and s["tensor"] > 0.5, (name, s)
+    assert s["fsdp"] > 0.9 and s["tensor"] > 0.5, (name, s)
 
 
 def test_sharding_rules_are_selected_by_config():

@@ -14,6 +14,7 @@ import math
 import pathlib
 from collections.abc import Callable, Sequence
 
+from lra_core import train as train_lib
 from lra_core.config import PROJECT_ROOT as ROOT, load_config
 from lra_core.errors import DataError, optional_import
 from lra_core.metrics import read_metrics
@@ -104,7 +105,6 @@ def train(ctx: Context, name: str, spec: str, overrides: Sequence[str] = ()) -> 
   A finished run with the same config is not trained again (the trainer resumes from its last
   checkpoint and re-evaluates); a different config in the same folder starts over.
   """
-  from lra_core import train as train_lib  # the trainer pulls in orbax; only training tables need it
   config = load_config(spec, list(overrides))
   workdir = pathlib.Path(ctx.workdir) / name
   saved = workdir / "config.json"

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from matplotlib import ticker
 
+from lra_core import data as data_lib
 from lra_core.bench import cores
 from lra_core.kernels import latte as latte_kernels
 from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, markdown_table, save_plot, train
@@ -308,7 +309,6 @@ def lra_overrides(task: LraTask, model: LraModel, lra_dir: pathlib.Path, full: b
 
 def majority_accuracy(spec: str, overrides: Sequence[str]) -> tuple[float, int]:
   """(share of the most common label, examples) of the test split the trainer evaluates."""
-  from lra_core import data as data_lib
   source = data_lib.make_source(load_config(spec, list(overrides)), "test")
   labels = np.asarray([int(source[i]["targets"]) for i in range(len(source))])
   return float(np.bincount(labels).max() / len(labels)), len(labels)
