@@ -40,7 +40,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import PaperRow, Smoke
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import Attention
@@ -259,11 +259,8 @@ class Model(transformer.Model):
 
 # -- family record --------------------------------------------------------------------------------
 
-FAMILY = Family(
-    name="flash",
-    model=Model,
-    tasks=transformer.FAMILY.tasks,
-    capabilities=Capabilities(decode=True),
+FAMILY = transformer.mixer_family(
+    "flash", Model,
     validate_config=validate_config,
     smoke=Smoke(
         config="configs/c4/flash.py:tiny", data="c4", causal="configs/c4/flash.py:tiny,lm",

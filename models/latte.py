@@ -28,7 +28,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import PaperRow, Smoke
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.attention import local_attention
 from lra_core.models import transformer
@@ -295,11 +295,8 @@ class Model(transformer.Model):
 
 # -- family record --------------------------------------------------------------------------------
 
-FAMILY = Family(
-    name="latte",
-    model=Model,
-    tasks=transformer.FAMILY.tasks,
-    capabilities=Capabilities(decode=True),
+FAMILY = transformer.mixer_family(
+    "latte", Model,
     validate_config=validate_config,
     smoke=Smoke(
         config="configs/c4/latte.py:tiny,latte_rglru_swa++", data="c4",

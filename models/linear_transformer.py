@@ -68,7 +68,7 @@ class Model(transformer.Model):
 FAMILY = Family(
     name="linear_transformer",
     model=Model,
-    tasks=("lm", "image_ar", "mlm", "classify", "retrieval"),
+    tasks=transformer.TASKS,
     capabilities=Capabilities(decode=True),
     validate_config=transformer.validate_config,
     smoke=Smoke(config="configs/enwik8/linear_transformer.py:tiny", data="enwik8",

@@ -303,13 +303,23 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
              "value": jnp.take(extended["value"], source, axis=1), "pos": extended["pos"][source]}
 
 
-# -- family record --------------------------------------------------------------------------------
+# -- family records -------------------------------------------------------------------------------
+
+TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
+
+
+def mixer_family(name: str, model, *, validate_config, smoke: Smoke, **fields) -> Family:
+  """The record of a family that is this stack with another token mixer (Latte, FLASH): the same
+  tasks, and decoding step by step (a mixer other than softmax attention has no one-pass prefill)."""
+  return Family(name=name, model=model, tasks=TASKS, capabilities=Capabilities(decode=True),
+                validate_config=validate_config, smoke=smoke, **fields)
+
 
 BLOCK_PAPER = "configs/c4/block_transformer.py"
 FAMILY = Family(
     name="transformer",
     model=Model,
-    tasks=("lm", "image_ar", "mlm", "classify", "retrieval"),
+    tasks=TASKS,
     capabilities=Capabilities(decode=True, prefill=True),
     validate_config=validate_config,
     smoke=Smoke(
