@@ -4,7 +4,9 @@ import os
 import pathlib
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The compiler's fast mode: the tests' programs are tiny, so compiling them dominates and LLVM's
+# optimizations cost more than they save.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Loaders cache decoded data; tests keep theirs out of the user's ~/.cache.
 os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_cache_"))
