@@ -108,6 +108,7 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
   base = ["--config=configs/lra/listops/transformer.py:tiny", "--config.mesh.data=4"]
   over = _aot(*base, "--topology=v5e:2x2", "--config.train.memory_limit_gib=1e-6")
@@ -135,8 +136,9 @@ def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp
 @needs_libtpu
 @pytest.mark.parametrize("spec, overrides", [
     # Mosaic tiles are 8 x 128: the VQ kernel's code blocks span whole 128-token tiles.
-    ("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128", "train.seq_len=256",
-                                               "train.update_len=256"]),
+    pytest.param("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128",
+                                                         "train.seq_len=256", "train.update_len=256"],
+                 marks=pytest.mark.slow),
     ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0"]),  # 0: the chunk the target takes
     ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0", "model.scan_layers=True",
                                   "model.remat=full"]),

@@ -76,6 +76,7 @@ def runs(tmp_path_factory):
   return config, two, first, second, one, summary
 
 
+@pytest.mark.slow
 def test_two_processes_resume_and_match_one_process(runs):
   config, two, first, second, one, summary = runs
   for out in first + second:
