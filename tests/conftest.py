@@ -13,6 +13,7 @@ os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_c
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
@@ -24,6 +25,9 @@ def no_persistent_compile_cache():
   """Compiles made while it is active stay out of the persistent cache: executables compiled for a
   TPU topology cannot be read back on this host (the cache warns and recompiles)."""
   saved = jax.config.jax_enable_compilation_cache
+  # JAX decides once per process whether the cache is used: reset_cache makes it decide again.
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   yield
   jax.config.update("jax_enable_compilation_cache", saved)
+  compilation_cache.reset_cache()
