@@ -17,7 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @pytest.fixture
