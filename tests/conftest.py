@@ -4,17 +4,20 @@ import os
 import pathlib
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The compiler's fast mode: the tests' programs are tiny, so compiling them dominates and LLVM's
+# optimizations cost more than they save.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Loaders cache decoded data; tests keep theirs out of the user's ~/.cache.
 os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_cache_"))
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @pytest.fixture
@@ -22,6 +25,9 @@ def no_persistent_compile_cache():
   """Compiles made while it is active stay out of the persistent cache: executables compiled for a
   TPU topology cannot be read back on this host (the cache warns and recompiles)."""
   saved = jax.config.jax_enable_compilation_cache
+  # JAX decides once per process whether the cache is used: reset_cache makes it decide again.
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   yield
   jax.config.update("jax_enable_compilation_cache", saved)
+  compilation_cache.reset_cache()

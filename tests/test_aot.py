@@ -108,6 +108,7 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
   base = ["--config=configs/lra/listops/transformer.py:tiny", "--config.mesh.data=4"]
   over = _aot(*base, "--topology=v5e:2x2", "--config.train.memory_limit_gib=1e-6")
@@ -135,14 +136,16 @@ def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp
 @needs_libtpu
 @pytest.mark.parametrize("spec, overrides", [
     # Mosaic tiles are 8 x 128: the VQ kernel's code blocks span whole 128-token tiles.
-    ("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128", "train.seq_len=256",
-                                               "train.update_len=256"]),
+    pytest.param("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128",
+                                                         "train.seq_len=256", "train.update_len=256"],
+                 marks=pytest.mark.slow),
     ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0"]),  # 0: the chunk the target takes
     ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0", "model.scan_layers=True",
                                   "model.remat=full"]),
     ("configs/lra/listops/latte.py:tiny", ["model.impl=pallas"]),
     ("configs/c4/flash.py:tiny", ["model.impl=pallas", "model.chunk=128", "train.seq_len=256", "model.max_len=256"]),
 ])
+@pytest.mark.usefixtures("no_persistent_compile_cache")
 def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   """The trainer's step with each kernel family's Pallas kernel, through the real TPU compiler:
   the kernels follow the mesh's devices (Mosaic), not the CPU host (interpret mode)."""

@@ -51,6 +51,7 @@ def test_variant_may_name_its_own_config_and_batches_follow_tokens_per_batch():
   assert [(r["seq_len"], r["batch_size"], r["status"]) for r in rows] == [(16, 4, "ok"), (32, 2, "ok")]
 
 
+@pytest.mark.slow
 def test_rows_time_every_variant_and_length(bench_run):
   rows, peak = bench_run
   assert peak > 0
@@ -69,6 +70,7 @@ def test_rows_time_every_variant_and_length(bench_run):
   assert rows[1]["flops_per_step"] > base["flops_per_step"]  # longer sequence, more work
 
 
+@pytest.mark.slow
 def test_table_has_one_line_per_row_and_marks_oom(bench_run):
   rows, _ = bench_run
   oom = dict(rows[0], status="OOM", error="RESOURCE_EXHAUSTED: out of memory")

@@ -114,7 +114,8 @@ def greedy_by_forward(model, prompt, n):
   return seq[:, start:]
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(token_decoder="summation"), dict(token_decoder="cross")],
+@pytest.mark.parametrize("variant", [dict(), dict(token_decoder="summation"),
+                                     pytest.param(dict(token_decoder="cross"), marks=pytest.mark.slow)],
                          ids=["prefix", "summation", "cross"])
 def test_generate_greedy_equals_repeated_full_forward_argmax(variant):
   model = make_model(make_config(**variant))
@@ -223,6 +224,7 @@ def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
     bt.uptrain_params(params, {**v, "blocks": {0: v["blocks"][0]}}, config)
 
 
+@pytest.mark.slow
 def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4.build(tmp_path) + ["train.seq_len=32", "train.steps=4", "train.checkpoint_every=2"]

@@ -148,6 +148,7 @@ def test_evaluation_covers_each_split_once(dataset):
     assert sorted(set(source.read)) == list(range(len(source)))
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_and_evaluates_on_the_fixture(dataset):
   name, _, overrides, _, root = dataset
   module = fixtures.load(name)

@@ -251,6 +251,7 @@ def test_sampling_settings_come_from_the_config():
 
 # -- training ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_diffusion_loss_decreases_on_a_tiny_image_set():
   config = _config()
   task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
@@ -284,6 +285,7 @@ def test_diffusion_loss_decreases_on_a_tiny_image_set():
   assert np.isfinite(before) and after < 0.6 * before, (before, after)
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_with_the_real_trainer_and_evaluates_its_checkpoint(tmp_path):
   config = _config(*fx.build(tmp_path), "train.log_every=1")
   summary = train_and_evaluate(config, tmp_path / "run")

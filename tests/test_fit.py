@@ -82,7 +82,7 @@ def test_shift_latents_moves_each_group_one_right():
 
 # -- FIT-AR ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overlap", [0, 2])
+@pytest.mark.parametrize("overlap", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_fit_ar_is_causal_and_decode_matches_forward(overlap):
   """Groups of 4: cuts inside groups, at their ends and right after; 14 tokens (a partial group)."""
   model = make_model(make_config(overlap=overlap))
@@ -149,6 +149,7 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
     np.testing.assert_allclose(model(x, mask=mask), base(x, mask=mask), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_encoder_ignores_padding_even_whole_padded_groups():
   model = make_model(make_config("classify", seq_len=20))
   x = tokens(t=20)
@@ -185,6 +186,7 @@ def test_config_errors_are_clear():
 
 # -- configs ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_imagenet64_fit_ar_has_table_4s_153m_parameters():
   count = registry.parameter_count(lra_core.load_config("configs/imagenet64/fit_ar.py"))
   assert abs(count - 153e6) / 153e6 < 0.05, count
@@ -192,6 +194,7 @@ def test_imagenet64_fit_ar_has_table_4s_153m_parameters():
 
 
 @pytest.mark.parametrize("arg", ["tiny", "tiny,overlap"])
+@pytest.mark.slow
 def test_tiny_fit_ar_trains_and_samples(tmp_path, arg):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.imagenet64.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
@@ -207,6 +210,7 @@ def test_tiny_fit_ar_trains_and_samples(tmp_path, arg):
 
 # The ListOps FIT encoder is traced under random configs in tests/test_config_fuzz.py.
 @pytest.mark.parametrize("fixture,spec", [(fixtures.cifar10, "configs/lra/image/fit.py:tiny")])
+@pytest.mark.slow
 def test_tiny_lra_configs_train(tmp_path, fixture, spec):
   summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
   assert np.isfinite(summary["test_loss"])

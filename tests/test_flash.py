@@ -213,14 +213,16 @@ def test_config_errors_are_clear():
 
 @pytest.mark.parametrize("spec,paper", [("configs/c4/flash.py", 112e6), ("configs/c4/flash_quad.py", 112e6),
                                         ("configs/c4/flash.py:performer", 110e6),
-                                        ("configs/pg19/flash.py", 496e6),
-                                        ("configs/pg19/flash.py:flash_quad", 496e6)])
+                                        pytest.param("configs/pg19/flash.py", 496e6, marks=pytest.mark.slow),
+                                        pytest.param("configs/pg19/flash.py:flash_quad", 496e6,
+                                                     marks=pytest.mark.slow)])
 def test_paper_parameter_counts_within_three_percent(spec, paper):
   count = registry.parameter_count(lra_core.load_config(spec))
   assert abs(count - paper) / paper < 0.03, (spec, count)
   assert any(row.config == spec for row in param_counts.PAPER)
 
 
+@pytest.mark.slow
 def test_tiny_mlm_config_trains(tmp_path):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4_mlm.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]
@@ -230,8 +232,10 @@ def test_tiny_mlm_config_trains(tmp_path):
 
 
 @pytest.mark.parametrize("fixture,spec", [(fixtures.c4, "configs/c4/flash_quad.py:tiny,lm"),
-                                          (fixtures.pg19, "configs/pg19/flash.py:tiny,mc_transformer++"),
-                                          (fixtures.pg19, "configs/pg19/flash.py:tiny,performer")])
+                                          pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,mc_transformer++",
+                                                       marks=pytest.mark.slow),
+                                          pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,performer",
+                                                       marks=pytest.mark.slow)])
 def test_tiny_lm_configs_train(tmp_path, fixture, spec):
   summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
   assert np.isfinite(summary["test_loss"])

@@ -152,6 +152,7 @@ def test_kernel_runs_per_device_under_a_mesh():
 
 # -- the model in the trainer ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tiny_flash_trains_the_same_with_the_kernel():
   """Three trainer steps (lra_core.steps) of FLASH's tiny PG-19 config on random bytes, per impl."""
   losses = {}

@@ -8,7 +8,9 @@ import pytest
 
 from lra_core import chips, hlo_cost
 
-pytestmark = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
+pytestmark = [pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed"),
+              pytest.mark.usefixtures("no_persistent_compile_cache")]
 
 N, LAYERS = 1024, 6
 

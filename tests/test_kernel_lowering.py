@@ -14,6 +14,7 @@ SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0,
 pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 
 
+@pytest.mark.slow
 def test_every_kernel_builds_for_tpu_and_gpu_in_float32_and_bfloat16():
   for dtype in ("float32", "bfloat16"):
     rows = check_lowering.check(["tpu", "gpu"], dtype=dtype, **SIZES)

@@ -36,7 +36,8 @@ def grads(fn, q, k, v):
 
 # -- kernels ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t,chunk", [(13, 1), (13, 4), (16, 4), (7, 32), (20, 7)])
+@pytest.mark.parametrize("t,chunk", [(13, 1), (13, 4), (16, 4), pytest.param(7, 32, marks=pytest.mark.slow),
+                                     pytest.param(20, 7, marks=pytest.mark.slow)])
 def test_causal_latte_equals_quadratic_formula_values_and_gradients(t, chunk):
   q, k, v = qkv(t=t)
   fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk)
@@ -45,7 +46,7 @@ def test_causal_latte_equals_quadratic_formula_values_and_gradients(t, chunk):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk", [1, 5])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 5])
 def test_causal_latte_is_stable_for_logits_spread_over_thousands(chunk):
   """Key logits over [-1500, 1500] (e^1500 overflows float32 by far): still the exact formula."""
   q, k, v = qkv(t=17, scale=1.0)
@@ -143,7 +144,8 @@ def test_decode_state_has_constant_size():
   assert size(model.init_decode_state(2, 16)) == size(model.init_decode_state(2, 4096))
 
 
-@pytest.mark.parametrize("variant", sorted(latte.VARIANTS))
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v == "latte_conv_swa++" else v
+                                     for v in sorted(latte.VARIANTS)])
 def test_bidirectional_padding_does_not_change_real_tokens(variant):
   model = make_model(make_config(task="classify", variant=variant))
   x = tokens()
@@ -250,6 +252,7 @@ def test_tiny_lra_configs_train(tmp_path, fixture, spec):
   assert np.isfinite(summary["test_loss"])
 
 
+@pytest.mark.slow
 def test_tiny_lm_config_trains(tmp_path):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
   overrides = fixtures.c4.build(tmp_path) + ["train.steps=4", "train.checkpoint_every=2"]

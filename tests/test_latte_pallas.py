@@ -158,6 +158,7 @@ def test_kernels_run_per_device_under_a_mesh():
 
 # -- the model in the trainer ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tiny_lm_trains_the_same_with_the_kernel():
   """Three trainer steps (lra_core.steps) of the tiny causal LM (one layer) on random bytes, once per impl."""
   rng = np.random.default_rng(0)

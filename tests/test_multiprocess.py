@@ -76,6 +76,7 @@ def runs(tmp_path_factory):
   return config, two, first, second, one, summary
 
 
+@pytest.mark.slow
 def test_two_processes_resume_and_match_one_process(runs):
   config, two, first, second, one, summary = runs
   for out in first + second:
@@ -101,6 +102,7 @@ def test_two_processes_resume_and_match_one_process(runs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_the_run_shards_parameters_over_fsdp(runs):
   config = runs[0]
   mesh = sharding.make_mesh(config.mesh)

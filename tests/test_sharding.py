@@ -83,6 +83,7 @@ def test_sharded_step_equals_single_device(single, sharded):
   assert moments and all(m.sharding.spec == P("tensor", "fsdp") for m in moments)
 
 
+@pytest.mark.slow
 def test_transformer_vq_sharded_windows_equal_single_device():
   """Codebook EMA statistics, the carried cache and the commitment loss are global-batch quantities:
   8-way data/FSDP/tensor sharding must not change them (no pmap-style per-device statistics)."""
@@ -99,6 +100,7 @@ def test_transformer_vq_sharded_windows_equal_single_device():
   assert not np.allclose(np.asarray(counts), 1.0)  # the codebooks did move
 
 
+@pytest.mark.slow
 def test_latte_macchiato_sharded_equals_single_device():
   """The causal Latte scan, RG-LRU, banded window attention and head-split latents under 8-way
   data / FSDP / tensor sharding give the single-device losses and parameters."""

@@ -57,6 +57,7 @@ def stub_trainer(monkeypatch, fail_lr=None):
   return calls
 
 
+@pytest.mark.slow
 def test_grid_trains_every_run_and_tables_their_summaries(grid):
   workdir, _ = grid
   summaries = [json.loads((workdir / name / "summary.json").read_text()) for name in NAMES]
@@ -78,6 +79,7 @@ def test_grid_trains_every_run_and_tables_their_summaries(grid):
   assert record["runs"][1]["overrides"] == ["train.steps=2", "train.eval_batches=2"]
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_runs(grid, monkeypatch, tmp_path):
   workdir, argv = grid
   before = (workdir / "results.csv").read_text()
@@ -90,6 +92,7 @@ def test_rerun_skips_finished_runs(grid, monkeypatch, tmp_path):
   assert len(calls) == 8
 
 
+@pytest.mark.slow
 def test_collect_rebuilds_the_tables(grid, tmp_path):
   workdir = shutil.copytree(grid[0], tmp_path / "sweep")
   tables = {name: (workdir / name).read_text() for name in ("results.md", "results.csv")}

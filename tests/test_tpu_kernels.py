@@ -40,7 +40,8 @@ def _abstract(args, mesh, spec=P()):
 
 @needs_libtpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n
+                                  for n in KERNELS])
 def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
   fn, args = check_lowering.kernels_at(**SIZES, dtype=dtype)[name]
   for f in (fn, check_lowering.gradient(fn)):
@@ -52,6 +53,7 @@ def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
   """The chip generation comes from the mesh: v3 multiplies float32 only, v5e takes bfloat16."""
   mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
@@ -65,6 +67,7 @@ def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
   """Transformer-VQ's head (Dk 128, Dv 1536, S = L = 512, XL biases) in bfloat16 on TPU v3, the smallest
   VMEM (16 MiB per core): whole-width blocks (Dt 1536, Lq 512) need 56 MiB, which the compiler refuses; the

@@ -72,6 +72,7 @@ def test_stopped_and_resumed_run_matches_uninterrupted(tmp_path, cache_dir):
   assert train_and_evaluate(config, tmp_path / "split")["param_checksum"] == full["param_checksum"]
 
 
+@pytest.mark.slow
 def test_lm_with_update_windows_and_grad_accumulation(tmp_path, text_file):
   overrides = [f"data.path={text_file}", "train.steps=4", "train.eval_batches=1"]
   windows = train_and_evaluate(lra_core.load_config(ENWIK8, overrides + ["train.update_len=16"]),
@@ -136,6 +137,7 @@ def test_cli_reports_config_errors_in_one_sentence(tmp_path):
       "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.seq_len'."]
 
 
+@pytest.mark.slow
 def test_cli_trains_tiny_config_from_another_directory(tmp_path, cache_dir):
   proc = run_cli("lra_core.train", f"--config={LISTOPS}", f"--workdir={tmp_path / 'run'}",
                  f"--config.data.cache_dir={cache_dir}", "--config.train.steps=2", cwd=tmp_path)

@@ -59,6 +59,7 @@ def test_sliding_window_cache_is_bounded_and_decodes_past_it():
     np.testing.assert_allclose(out[:, 0], logits[:, i], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_jacobian_of_decoder_is_block_lower_triangular():
   """d logits_t / d embedding_s == 0 for s > t (checked through the embedding table input)."""
   model = make_model(make_config(variant="transformer++"))

@@ -263,9 +263,11 @@ def test_config_errors_are_clear():
 
 
 @pytest.mark.parametrize("spec,paper", [("configs/enwik8/transformer_vq.py", 190e6),
-                                        ("configs/pg19/transformer_vq.py", 1.3e9),
-                                        ("configs/imagenet64/transformer_vq.py:large", 1.2e9),
-                                        ("configs/imagenet64/transformer_vq.py", 190e6)])
+                                        pytest.param("configs/pg19/transformer_vq.py", 1.3e9, marks=pytest.mark.slow),
+                                        pytest.param("configs/imagenet64/transformer_vq.py:large", 1.2e9,
+                                                     marks=pytest.mark.slow),
+                                        pytest.param("configs/imagenet64/transformer_vq.py", 190e6,
+                                                     marks=pytest.mark.slow)])
 def test_paper_parameter_counts(spec, paper):
   counts = registry.parameter_counts(lra_core.load_config(spec))
   assert abs(counts["total"] - paper) / paper < 0.05, counts
@@ -313,6 +315,7 @@ def test_band_skew_places_each_distance_on_its_diagonal(t, window):
 
 @pytest.mark.parametrize("fixture,spec", [(fixtures.pg19, "configs/pg19/transformer_vq.py:tiny"),
                                           (fixtures.imagenet64, "configs/imagenet64/transformer_vq.py:tiny,large")])
+@pytest.mark.slow
 def test_tiny_configs_train_on_their_datasets(tmp_path, fixture, spec):
   config = lra_core.load_config(spec, fixture.build(tmp_path) + ["train.steps=2", "train.eval_batches=1"])
   summary = train_and_evaluate(config, tmp_path / "run")

@@ -198,6 +198,7 @@ def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
     np.testing.assert_allclose(g_got, g_want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_model_trains_with_the_kernel_as_with_xla(tmp_path):
   """enwik8 tiny with update windows (a carried cache): the kernel data-parallel over 2 devices
   (per device through shard_map) gives the single-device XLA run's losses."""
