@@ -87,7 +87,8 @@ def assert_trees_close(a, b, **tol):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "transformer" else pytest.mark.slow)
+                                  for name in sorted(FAMILIES)])
 def test_remat_and_scan_keep_init_values_and_gradients(name):
   base = load(name)
   batch = random_batch(base)
@@ -116,7 +117,7 @@ def run_steps(config, steps=2):
   return state
 
 
-@pytest.mark.parametrize("name", ["transformer", "transformer_vq"])
+@pytest.mark.parametrize("name", ["transformer", pytest.param("transformer_vq", marks=pytest.mark.slow)])
 def test_train_steps_give_the_same_checksum(name):
   """Dropout (listops), LayerDrop, codebook EMA updates and the carried cache (Transformer-VQ)."""
   plain = run_steps(load(name))
