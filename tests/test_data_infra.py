@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import lra_core
+
 from lra_core.data import bytes as bytes_data
 from lra_core.data import cache, files, packing, tfds_source, tokenizer
 from lra_core.data import DataInfo
@@ -228,7 +230,7 @@ def test_too_short_corpus_and_bad_packing():
 
 
 def test_word_perplexity_is_total_loss_over_words():
-  task = LMTask(None, DataInfo(vocab_size=10))
+  task = LMTask(lra_core.load_config("configs/pg19/transformer.py:tiny"), DataInfo(vocab_size=10))
   out = task.finalize({"loss": (12.0, 6.0), "word_loss": (12.0, 4.0)})
   assert out["word_perplexity"] == pytest.approx(np.exp(3.0))
   assert out["perplexity"] == pytest.approx(np.exp(2.0))
