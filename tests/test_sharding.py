@@ -159,18 +159,18 @@ def test_mesh_errors_are_clear():
     sharding.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
 
 
-def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor():
+@pytest.mark.parametrize("family", registry.families(), ids=lambda family: family.name)
+def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor(family):
   mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
-  for family in registry.families():
-    name, smoke = family.name, family.smoke
-    rows = sharding.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
-    assert all(r["logical_axes"] is not None for r in rows), name
-    # Every matrix over the model width is split over fsdp; what is not (per-head RG-LRU gates,
-    # split over tensor instead) weighs more in a tiny model than at paper size.
-    unsplit = [r["path"] for r in rows if "embed" in r["logical_axes"] and "fsdp" not in mesh_axes_used(r["spec"])]
-    assert not unsplit, (name, unsplit)
-    s = summarize(rows)
-    assert s["fsdp"] > 0.9 and s["tensor"] > 0.5, (name, s)
+  name, smoke = family.name, family.smoke
+  rows = sharding.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
+  assert all(r["logical_axes"] is not None for r in rows), name
+  # Every matrix over the model width is split over fsdp; what is not (per-head RG-LRU gates,
+  # split over tensor instead) weighs more in a tiny model than at paper size.
+  unsplit = [r["path"] for r in rows if "embed" in r["logical_axes"] and "fsdp" not in mesh_axes_used(r["spec"])]
+  assert not unsplit, (name, unsplit)
+  s = summarize(rows)
+  assert s["fsdp"] > 0.9 and s["tensor"] > 0.5, (name, s)
 
 
 def test_sharding_rules_are_selected_by_config():
