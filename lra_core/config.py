@@ -26,6 +26,7 @@ from lra_core.registry import package_dir
 TASKS = tuple(registry.TASKS)
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor")
+TRACKERS = ("none", "wandb", "trackio")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
 # Logical axis name -> mesh axes. Parameters carry logical names (see models/blocks/layers.py);
@@ -80,6 +81,13 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
       skip_nonfinite=False,   # instead, skip such an update and count it (metric skipped_steps)
       init_from="",           # a workdir whose latest parameters start a fresh run (uptraining)
       memory_limit_gib=0.0,   # per-device budget the compiled train step must fit; 0 -> the device's
+      profile_steps="",       # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
+      compile_cache="auto",   # persistent compilation cache: auto ($LRA_CORE_CACHE, else next to the
+                              # workdir), off, or a folder (local or gs://)
+      peak_flops=0.0,         # MFU denominator per device; 0 -> lra_core.chips (CPU: measured matmul peak)
+      sample_every=0,         # image tasks: a sample grid in TensorBoard every this many steps; 0 -> off
+      tracker="none",         # none | wandb | trackio: mirror config, metrics and images to a tracker
+      tracker_project="lra_core",
   ))
   c.optim = optim if optim is not None else optim_lib.default_config()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -165,7 +173,8 @@ RESUMABLE_KEYS = ("mesh.", "sharding.", "data.dir", "data.cache_dir", "data.num_
                   "model.impl", "model.remat", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
                   "train.test_at_end", "train.nan_check", "train.skip_nonfinite", "train.memory_limit_gib",
-                  "train.init_from")
+                  "train.init_from", "train.profile_steps", "train.compile_cache", "train.peak_flops",
+                  "train.sample_every", "train.tracker", "train.tracker_project")
 
 
 def _flat_values(tree: dict, prefix: str = "") -> dict:
@@ -255,6 +264,20 @@ def parse_value(key: str, text: str, current):
     raise ConfigError(f"config key {key!r} expects {article} {kind.__name__}, got {text!r}.") from None
 
 
+def parse_profile_steps(spec: str) -> tuple[int, int] | None:
+  """train.profile_steps "a:b" -> (a, b): trace steps a..b-1 (counted from 0, as the loop counts); "" -> None."""
+  if not spec:
+    return None
+  a, sep, b = spec.partition(":")
+  try:
+    first, stop = int(a), int(b)
+  except ValueError:
+    first = stop = -1
+  if not sep or first < 0 or stop <= first:
+    raise ConfigError(f"train.profile_steps {spec!r} is not 'a:b' with 0 <= a < b (e.g. '10:15').")
+  return first, stop
+
+
 def _positive(config, *keys: str) -> None:
   for key in keys:
     section, name = key.split(".")
@@ -274,9 +297,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "train.keep_checkpoints", "train.log_every")
   train = config.train
   for key in ("eval_every", "eval_batches", "checkpoint_every", "eval_batch_size", "update_len",
-              "memory_limit_gib"):
+              "memory_limit_gib", "peak_flops", "sample_every"):
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
+  parse_profile_steps(train.profile_steps)
+  if train.tracker not in TRACKERS:
+    raise ConfigError(f"train.tracker {train.tracker!r} is not one of {list(TRACKERS)}.")
   if train.batch_size % train.grad_accum_steps:
     raise ConfigError(f"train.batch_size {train.batch_size} is not a multiple of "
                       f"train.grad_accum_steps {train.grad_accum_steps}.")
