@@ -35,28 +35,19 @@ def no_persistent_compile_cache():
 
 @pytest.fixture(scope="session")
 def fake_gcs():
-  """An in-memory Google Cloud Storage server on localhost with a bucket "lra-test": gs:// paths
-  then reach it through the same clients a pod uses (TensorStore's gcs driver for checkpoints,
+  """An in-memory Google Cloud Storage server on localhost (tests/fake_gcs.py) with a bucket "lra-test":
+  gs:// paths reach it through the clients a pod uses (TensorStore's gcs driver for checkpoints,
   gcsfs under etils.epath for everything else). Yields a function giving a fresh gs:// folder."""
   import itertools
-  import logging
-  import socket
 
-  from gcp_storage_emulator.server import create_server
+  from fake_gcs import FakeGCS
 
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  server = create_server("localhost", port, in_memory=True, default_bucket="lra-test")
-  server.start()
-  logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)  # it logs every expected 404
-  url = f"http://localhost:{port}"
-  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                          "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
-  os.environ.update(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url, GOOGLE_AUTH_TOKEN_FOR_TESTING="test")
+  names = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+  saved = {k: os.environ.get(k) for k in names}
   counter = itertools.count()
-  yield lambda name="run": f"gs://lra-test/{os.getpid()}-{next(counter)}/{name}"
-  server.stop()
+  with FakeGCS() as url:
+    os.environ.update(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url, GOOGLE_AUTH_TOKEN_FOR_TESTING="test")
+    yield lambda name="run": f"gs://lra-test/{os.getpid()}-{next(counter)}/{name}"
   for k, v in saved.items():
     if v is None:
       os.environ.pop(k, None)
