@@ -9,12 +9,16 @@ import json
 import logging
 import math
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 
 import jax
 import numpy as np
+
+from lra_core import fs
 
 
 def _plain(value):
@@ -24,44 +28,144 @@ def _plain(value):
 
 
 class MetricWriter:
-  """Appends one JSON object per logged step to metrics.jsonl and mirrors it to TensorBoard."""
+  """One JSON object per logged step in metrics.jsonl, mirrored to TensorBoard (and a tracker).
 
-  def __init__(self, workdir: str | pathlib.Path, *, enabled: bool | None = None):
-    self.workdir = pathlib.Path(workdir)
+  `workdir` is local or an object store (lra_core/fs.py). A run (re)starting at step `start`
+  calls `resume(start)` before its first `write`: records past `start` (logged by an earlier
+  attempt after its last checkpoint) are dropped from metrics.jsonl, TensorBoard is told to purge
+  its events past `start` (`purge_step`), and metrics already logged at `start` are not logged
+  again, so every (step, metric) appears once however often the run was killed and resumed.
+  Locally metrics.jsonl is appended to and TensorBoard writes its event file in place; object
+  stores cannot append, so there both are rewritten whole at every write from a local copy.
+  """
+
+  def __init__(self, workdir, *, enabled: bool | None = None, tracker=None):
+    self.workdir = fs.path(workdir, what="workdir")
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.local = fs.local_or_none(self.workdir)
+    self.tracker = tracker
     self._tb = None
+    self._spool: pathlib.Path | None = None   # object stores: the local TensorBoard folder uploaded on flush
+    self._records: list[str] | None = None    # object stores: metrics.jsonl's lines
+    self._logged_at_start: tuple[int, set[str]] = (-1, set())
     if self.enabled:
       self.workdir.mkdir(parents=True, exist_ok=True)
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
+
+  @property
+  def tensorboard_dir(self):
+    return self.workdir / "tensorboard"
+
+  def resume(self, start: int) -> None:
+    """Keeps the records up to step `start` and opens TensorBoard to continue from there."""
+    if not self.enabled:
+      return
+    lines = _lines(self.workdir / "metrics.jsonl")
+    kept, at_start = [], set()
+    for line in lines:
+      record = json.loads(line)
+      if record["step"] <= start:
+        kept.append(line)
+        if record["step"] == start:
+          at_start.update(k for k in record if k != "step")
+    dropped = len(lines) - len(kept)
+    if dropped:
+      logging.info("metrics.jsonl: dropped %d record(s) past step %d, logged before the restart", dropped, start)
+    if self.local is None:
+      self._records = kept
+      self._rewrite()
+    elif dropped:
+      _atomic_write(self.workdir / "metrics.jsonl", "".join(line + "\n" for line in kept))
+    self._logged_at_start = (start, at_start)
+    self._open_tensorboard(start)
+
+  def _open_tensorboard(self, start: int) -> None:
+    from tensorboardX import SummaryWriter
+    if self.local is None:
+      self._spool = pathlib.Path(tempfile.mkdtemp(prefix="lra_core_tensorboard_"))
+    folder = self._spool or self.local / "tensorboard"
+    # A restart writes a new event file whose SessionLog START at `purge_step` makes TensorBoard
+    # drop the earlier attempt's events from that step on; the suffix orders files of one second.
+    existing = self.tensorboard_dir.exists() and any(self.tensorboard_dir.glob("events.out.tfevents.*"))
+    self._tb = SummaryWriter(str(folder), purge_step=start + 1 if existing else None,
+                             filename_suffix=f".{start:010d}")
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
-    with open(self.workdir / "metrics.jsonl", "a") as f:
-      f.write(json.dumps(record) + "\n")
-    for k, v in record.items():
-      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-        self._tb.add_scalar(k, v, step)
+    if self._tb is None:
+      self.resume(0)
+    step = int(step)
+    if step == self._logged_at_start[0]:
+      metrics = {k: v for k, v in metrics.items() if k not in self._logged_at_start[1]}
+      if not metrics:
+        return
+    record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+    line = json.dumps(record)
+    if self._records is None:
+      with (self.workdir / "metrics.jsonl").open("a") as f:
+        f.write(line + "\n")
+    else:
+      self._records.append(line)
+      self._rewrite()
+    scalars = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+    for k, v in scalars.items():
+      self._tb.add_scalar(k, v, step)
+    self._flush_tensorboard()
+    if self.tracker is not None:
+      self.tracker.log(step, scalars)
+
+  def write_images(self, step: int, name: str, image: np.ndarray) -> None:
+    """One uint8 [H,W,C] image (e.g. a grid of samples) at `step`, in TensorBoard and the tracker."""
+    if not self.enabled:
+      return
+    if self._tb is None:
+      self.resume(0)
+    self._tb.add_image(name, np.asarray(image), int(step), dataformats="HWC")
+    self._flush_tensorboard()
+    if self.tracker is not None:
+      self.tracker.log_images(int(step), name, np.asarray(image))
+
+  def _flush_tensorboard(self) -> None:
     self._tb.flush()
+    if self._spool is not None:
+      fs.upload_tree(self._spool, self.tensorboard_dir)
+
+  def _rewrite(self) -> None:
+    _atomic_write(self.workdir / "metrics.jsonl", "".join(line + "\n" for line in self._records))
 
   def write_json(self, name: str, payload: Mapping) -> None:
     if self.enabled:
-      tmp = self.workdir / (name + ".tmp")
-      tmp.write_text(json.dumps({k: _plain(v) for k, v in payload.items()}, indent=2) + "\n")
-      tmp.replace(self.workdir / name)  # atomic: readers never see half a file
+      _atomic_write(self.workdir / name, json.dumps({k: _plain(v) for k, v in payload.items()}, indent=2) + "\n")
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      if self._spool is not None:
+        fs.upload_tree(self._spool, self.tensorboard_dir)
+        shutil.rmtree(self._spool, ignore_errors=True)
+      self._tb = None
+    if self.tracker is not None:
+      self.tracker.close()
+      self.tracker = None
 
 
-def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
-  path = pathlib.Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _atomic_write(path, text: str) -> None:
+  """Readers never see half a file: locally a rename; an object store replaces objects whole."""
+  if fs.is_local(path):
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+  else:
+    path.write_text(text)
+
+
+def _lines(path) -> list[str]:
+  return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def read_metrics(workdir) -> list[dict]:
+  """The records of `workdir`'s metrics.jsonl (local or object store), in order."""
+  return [json.loads(line) for line in _lines(fs.path(workdir, what="workdir") / "metrics.jsonl")]
 
 
 class Progress:
@@ -89,13 +193,19 @@ class Progress:
     if metrics is None or not self.enabled:
       return
     rate = self.rate()
+    recent = metrics.get("tokens_per_s", rate)  # over the last log interval (lra_core/throughput.py)
+    mfu = f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
     if self.bar is not None:
-      self.bar.set_postfix(loss=f"{metrics.get('train_loss', float('nan')):.4f}", tok_s=f"{rate:,.0f}")
+      postfix = dict(loss=f"{metrics.get('train_loss', float('nan')):.4f}", tok_s=f"{recent:,.0f}")
+      if "mfu" in metrics:
+        postfix["mfu"] = f"{100 * metrics['mfu']:.1f}%"
+      self.bar.set_postfix(postfix)
     else:
       steps_per_s = rate / max(self.tokens_per_step, 1)
       eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
-      shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
-      logging.info("step %d/%d %s | %.0f tokens/s | ETA %s", step, self.total, shown, rate, _clock(eta))
+      shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
+                       if isinstance(v, float) and k not in ("tokens_per_s", "mfu", "step_time_s"))
+      logging.info("step %d/%d %s | %.0f tokens/s%s | ETA %s", step, self.total, shown, recent, mfu, _clock(eta))
 
   def close(self) -> None:
     if self.bar is not None:
