@@ -408,3 +408,12 @@ def roofline(hlo_text: str, chip: Chip, *, top: int = 0) -> Roofline:
                   comm_bytes=total.comm_bytes, memory_bound_s=total.memory_s,
                   compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
                   unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else ())
+
+
+def step_flops(hlo_text: str) -> tuple[float, float]:
+  """(matrix-product FLOPs, of them recomputed by remat) of one device's program `hlo_text`, loops
+  counted by their trip counts: what the trainer's MFU divides by the step time."""
+  computations, entry = parse(hlo_text)
+  walker = _Walker(computations, Chip("count", 1.0, 1, 1.0, 1.0, 1))
+  total = walker.cost(entry)
+  return total.flops, total.recompute_flops
