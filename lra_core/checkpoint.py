@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 
 import jax
 import orbax.checkpoint as ocp
 
+from lra_core import fs
 from lra_core.errors import CheckpointError
 from lra_core.state import STACKED
 
 
 class Checkpointer:
-  def __init__(self, workdir: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(workdir).absolute() / "checkpoints"
+  """`workdir`'s checkpoints; a local folder or an object store (gs:// is written by TensorStore's own
+  GCS driver, the small files through etils.epath: lra_core/fs.py)."""
+
+  def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+    self.directory = fs.path(workdir, what="workdir") / "checkpoints"
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))

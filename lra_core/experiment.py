@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import ml_collections
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import optim, registry, sharding
+from lra_core import fs, optim, registry, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, DataError
@@ -166,7 +165,7 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   Block Transformer from a vanilla Transformer); otherwise the two models must have the same
   parameter shapes. The optimizer state stays fresh (it starts at zero either way).
   """
-  path = pathlib.Path(source_workdir).expanduser()
+  path = fs.path(source_workdir, what="train.init_from")
   if not (path / "config.json").is_file():
     raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
   source_config = ml_collections.ConfigDict(json.loads((path / "config.json").read_text()))

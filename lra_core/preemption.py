@@ -1,5 +1,5 @@
-"""Preemption notices: SIGTERM ends a run with a checkpoint instead of losing the steps since the
-last one.
+"""Preemption notices: SIGTERM (and Ctrl-C, SIGINT) end a run with a checkpoint instead of losing
+the steps since the last one.
 
 Schedulers (SLURM, Kubernetes, spot / preemptible VMs) send SIGTERM some seconds before they kill
 a job. In one process, a handler only raises a flag; the loop finishes the step in flight, saves,
@@ -8,6 +8,9 @@ processes the notice may reach only some of them, and a checkpoint needs them al
 preemption sync manager (started by `jax.distributed.initialize`) catches the signal and agrees
 with every process on the step at which all of them stop, which
 `multihost_utils.reached_preemption_sync_point` reports.
+
+Ctrl-C behaves the same in one process: the step in flight finishes, a checkpoint is saved, and
+the trainer exits with status 130; a second Ctrl-C aborts at once (KeyboardInterrupt).
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ import jax
 class PreemptionNotice:
   """`with PreemptionNotice() as notice: ... if notice.reached(step): save and leave`."""
 
-  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
     self.signals = signals
     self.received: int | None = None
     self._previous: dict[int, object] = {}
 
   def _handle(self, signum, frame) -> None:
     del frame
+    if signum == signal.SIGINT and self.received == signal.SIGINT:
+      raise KeyboardInterrupt  # the second Ctrl-C: stop now, without the checkpoint
     if self.received is None:
-      logging.warning("received %s: stopping after this step with a checkpoint", signal.Signals(signum).name)
+      what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+      again = " (Ctrl-C again to abort without it)" if signum == signal.SIGINT else ""
+      logging.warning("received %s: stopping after this step with a checkpoint%s", what, again)
     self.received = signum
+
+  @property
+  def interrupted(self) -> bool:
+    """Whether the notice was a Ctrl-C (SIGINT) rather than a scheduler's SIGTERM."""
+    return self.received == signal.SIGINT
 
   def __enter__(self) -> PreemptionNotice:
     # Several processes: JAX's sync manager owns the signal. Signal handlers can only be set from

@@ -14,37 +14,42 @@ from __future__ import annotations
 
 import json
 import logging
-import pathlib
+import os
+import sys
 import time
 
 import jax
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import aot, cli, experiment, optim, sharding
+from lra_core import aot, cli, compile_cache, experiment, fs, optim, sharding, throughput
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
-from lra_core.config import resume_conflicts
+from lra_core.config import parse_profile_steps, resume_conflicts
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
+from lra_core.profiler import StepProfiler
 from lra_core.state import make_state_spec, param_checksum
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
 
 
-def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int | None = None,
+def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int | None = None,
                        force: bool = False) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   stop_at_step: leave after saving a checkpoint at this step (an interrupted run, for tests and
   for splitting a job across allocations); the summary is then {"stopped_at": step}. A SIGTERM
-  does the same at the step in flight, with "preempted": True.
+  does the same at the step in flight, with "preempted": True; a Ctrl-C (SIGINT) too, with
+  "interrupted": True.
   force: continue a workdir whose checkpoints were made with a different config (else refused).
+  `workdir` is a local folder or an object-store URL such as gs://bucket/run (lra_core/fs.py).
   """
-  workdir = pathlib.Path(workdir)
+  workdir = fs.path(workdir, what="workdir")
   _check_workdir(config, workdir, force)
+  compile_cache.setup(config.train.compile_cache, workdir)
   writer = MetricWriter(workdir)
   writer.write_json("config.json", config.to_dict())
   t = config.train
@@ -86,6 +91,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     else:
       state, meta, start = restored
       logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+    writer.resume(start)
     next_batch = meta["next_batch"]
     guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
 
@@ -93,6 +99,10 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
     windows = pipeline.num_windows(config)
     tokens_per_step = t.batch_size * t.seq_len // windows
     progress = Progress(start, total_steps, tokens_per_step)
+    devices = list(mesh.devices.flat)
+    meter = throughput.Throughput(tokens_per_step, throughput.model_flops(train_step, len(devices)),
+                                  throughput.peak_flops(devices, t.peak_flops), start)
+    profiler = StepProfiler(parse_profile_steps(t.profile_steps), writer.tensorboard_dir)
     batches = pipeline.iterate(train_reader, next_batch, next_batch + total_steps - start,
                                num_threads=config.data.num_threads, prefetch=config.data.prefetch)
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
@@ -113,43 +123,53 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
 
     t_start = time.perf_counter()
     preempted = None
-    with PreemptionNotice() as notice:  # SIGTERM: finish the step in flight, save, return
-      for step in range(start, stop):
-        local = next(batches)
-        experiment.check_batch(local, config, next_batch + step - start)
-        state, metrics = train_step(state, experiment.to_device(local, mesh, rules))
-        # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
-        # one step late at most, before any checkpoint is written.
-        flush()
-        done = step + 1
-        pending = (done, metrics)
-        if done % t.log_every == 0 or done == stop:
+    # SIGTERM (a scheduler's notice) and SIGINT (Ctrl-C): finish the step in flight, save, return.
+    with PreemptionNotice() as notice:
+      try:
+        for step in range(start, stop):
+          local = next(batches)
+          experiment.check_batch(local, config, next_batch + step - start)
+          with profiler.step(step):
+            state, metrics = train_step(state, experiment.to_device(local, mesh, rules))
+          # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
+          # one step late at most, before any checkpoint is written.
           flush()
-          logged = _finish_log(task, log_sums)
-          if t.skip_nonfinite:
-            logged["skipped_steps"] = guard.skipped
-          log_sums.clear()
-          writer.write(done, logged)
-          progress.update(done, logged)
-        else:
-          progress.update(done)
-        if t.eval_every and done % t.eval_every == 0 and done < total_steps:
-          val = evaluate(state, "validation", t.eval_batches)
-          writer.write(done, {f"val_{k}": v for k, v in val.items()})
-          logging.info("step %d validation: %s", done, _fmt(val))
-        if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
-          save(done)
-        if notice.reached(done) and done < stop:
-          if guard.last_saved != done:
+          done = step + 1
+          pending = (done, metrics)
+          profiler.after(step, state)
+          if done % t.log_every == 0 or done == stop:
+            flush()
+            logged = _finish_log(task, log_sums)
+            if t.skip_nonfinite:
+              logged["skipped_steps"] = guard.skipped
+            logged.update(meter.measure(done))
+            log_sums.clear()
+            writer.write(done, logged)
+            progress.update(done, logged)
+          else:
+            progress.update(done)
+          if t.eval_every and done % t.eval_every == 0 and done < total_steps:
+            val = evaluate(state, "validation", t.eval_batches)
+            writer.write(done, {f"val_{k}": v for k, v in val.items()})
+            logging.info("step %d validation: %s", done, _fmt(val))
+            meter.restart(done)
+          if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
             save(done)
-          preempted = done
-          break
+          if notice.reached(done) and done < stop:
+            if guard.last_saved != done:
+              save(done)
+            preempted = done
+            break
+      finally:
+        profiler.stop()
     progress.close()
     train_time = time.perf_counter() - t_start
     if preempted is not None or stop < total_steps:
       ckpt.close()
       writer.close()
       if preempted is not None:
+        if notice.interrupted:
+          return {"stopped_at": preempted, "interrupted": True}
         logging.warning("preempted: saved step %d in %s; the same command continues from there",
                         preempted, ckpt.directory)
         return {"stopped_at": preempted, "preempted": True}
@@ -164,10 +184,10 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, stop_at_step: int
   summary["param_checksum"] = param_checksum(state["params"])
   if stop > start:
     summary["train_time_s"] = train_time
-    summary["tokens_per_s"] = (stop - start) * tokens_per_step / max(train_time, 1e-9)
+    summary.update(meter.overall(stop - start, train_time))
   elif (workdir / "summary.json").exists():  # a finished run evaluated again: keep its timing
     previous = json.loads((workdir / "summary.json").read_text())
-    summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s") if k in previous})
+    summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
   writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
   writer.write_json("summary.json", summary)
   writer.close()
@@ -208,7 +228,7 @@ class _Guard:
         sums[name] = (float(value), None)
 
 
-def _check_workdir(config, workdir: pathlib.Path, force: bool) -> None:
+def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
   """A workdir with checkpoints resumes only with the config that made them (RESUMABLE_KEYS may
   differ); otherwise ConfigError, or with `force` a warning and the old config.json kept aside."""
   saved = workdir / "config.json"
@@ -258,8 +278,10 @@ def main(argv=None) -> None:
   summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step,
                                force=args.extra.force)
   if "stopped_at" in summary:
-    why = "preempted" if summary.get("preempted") else "stopped"
+    why = "interrupted" if summary.get("interrupted") else "preempted" if summary.get("preempted") else "stopped"
     print(f"{why}: {args.spec} saved at step {summary['stopped_at']} in {args.workdir}; run again to continue")
+    if summary.get("interrupted"):
+      sys.exit(130)  # the shell's status for a program ended by Ctrl-C
     return
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")

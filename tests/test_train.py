@@ -134,7 +134,7 @@ def test_cli_reports_config_errors_in_one_sentence(tmp_path):
   proc = run_cli("lra_core.train", f"--config={LISTOPS}", "--config.train.stepz=3", f"--workdir={tmp_path}")
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
-      "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.seq_len'."]
+      "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.tracker'."]
 
 
 @pytest.mark.slow

@@ -1,0 +1,160 @@
+"""What a run leaves behind, locally and in an object store: metrics once per step across restarts,
+TensorBoard as its reader shows it, throughput and MFU, profiles, the compilation cache."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lra_core
+import outputs
+from lra_core import compile_cache, fs, hlo_cost, throughput
+from lra_core.errors import ConfigError
+from lra_core.metrics import MetricWriter, read_metrics
+from lra_core.train import train_and_evaluate
+
+LISTOPS = "configs/lra/listops/transformer.py:tiny"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cache"))
+
+
+def listops(cache_dir, *overrides):
+  return lra_core.load_config(LISTOPS, [f"data.cache_dir={cache_dir}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache_dir):
+  """A local run of 6 steps, logging and checkpointing every step: the reference of the restarts."""
+  workdir = tmp_path_factory.mktemp("reference")
+  summary = train_and_evaluate(listops(cache_dir, *RUN), workdir)
+  return workdir, summary
+
+
+RUN = ["train.steps=6", "train.log_every=1", "train.checkpoint_every=2", "train.test_at_end=False"]
+
+
+def _write_steps(writer, steps, offset=0.0):
+  for step in steps:
+    writer.write(step, {"train_loss": float(step) + offset, "train_accuracy": 0.5})
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_a_restart_drops_the_records_past_its_checkpoint(where, tmp_path, request):
+  workdir = tmp_path if where == "local" else request.getfixturevalue("fake_gcs")("writer")
+  first = MetricWriter(workdir, enabled=True)
+  first.resume(0)
+  _write_steps(first, range(1, 6))          # steps 1-5 logged; the last checkpoint was step 3
+  first.close()
+  second = MetricWriter(workdir, enabled=True)
+  second.resume(3)
+  _write_steps(second, range(3, 8), offset=0.25)  # step 3 again (already logged: not repeated)
+  second.write(3, {"val_loss": 1.0})              # a metric step 3 did not have yet is added
+  second.close()
+  logged = outputs.logged_once(workdir)
+  assert logged["train_loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.25), (5, 5.25), (6, 6.25), (7, 7.25)]
+  assert logged["val_loss"] == [(3, 1.0)]
+  assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3, 4, 5, 6, 7, 3]
+
+
+def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
+  reference, expected = uninterrupted
+  workdir = fake_gcs("run")
+  stopped = train_and_evaluate(listops(cache_dir, *RUN), workdir, stop_at_step=3)
+  assert stopped == {"stopped_at": 3}
+  root = fs.path(workdir)
+  assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["2", "3"]
+  summary = train_and_evaluate(listops(cache_dir, *RUN), workdir)
+  assert summary["param_checksum"] == expected["param_checksum"]
+  # The outputs read back from the store: the same metrics as the local run, each step once.
+  assert json.loads((root / "summary.json").read_text())["param_checksum"] == expected["param_checksum"]
+  assert json.loads((root / "config.json").read_text())["train"]["steps"] == 6
+  assert outputs.logged_once(workdir) == outputs.logged_once(reference)
+  assert [r["step"] for r in read_metrics(workdir) if "train_loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_throughput_and_mfu_are_logged(uninterrupted, cache_dir):
+  workdir, summary = uninterrupted
+  t = listops(cache_dir).train
+  records = [r for r in read_metrics(workdir) if "train_loss" in r]
+  for r in records[1:]:  # the first interval also holds the first step's dispatch
+    assert r["step_time_s"] > 0 and r["tokens_per_s"] == pytest.approx(t.batch_size * t.seq_len / r["step_time_s"], rel=1e-6)
+    assert 0 < r["mfu"] < 1
+  assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
+
+
+def test_step_flops_count_the_matrix_products_and_the_loops_cost_analysis_misses():
+  a = jnp.ones((64, 128), jnp.float32)
+  b = jnp.ones((128, 32), jnp.float32)
+  compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(a, b).compile()
+  flops, recompute = hlo_cost.step_flops(compiled.as_text())
+  assert flops == 2 * 64 * 128 * 32 and recompute == 0
+  assert compiled.cost_analysis()["flops"] >= flops  # XLA's count adds the elementwise ops
+
+  def scanned(a, b):
+    return jax.lax.scan(lambda x, _: (jnp.tanh(x @ b), None), a, None, length=10)[0]
+  compiled = jax.jit(scanned).lower(a, jnp.ones((128, 128), jnp.float32)).compile()
+  assert hlo_cost.step_flops(compiled.as_text())[0] == 10 * 2 * 64 * 128 * 128
+  assert compiled.cost_analysis()["flops"] < 2 * 2 * 64 * 128 * 128  # the loop body counted once
+  assert throughput.model_flops(compiled, 4) == 4 * 10 * 2 * 64 * 128 * 128
+
+
+def test_the_cpu_peak_is_the_measured_matmul_rate():
+  devices = jax.devices("cpu")
+  peak, what = throughput.peak_flops(devices)
+  assert peak == throughput.cpu_matmul_peak() > 1e8 and "matmul" in what
+  assert throughput.peak_flops(devices[:2], per_device=1e12) == (2e12, "train.peak_flops x 2 device(s)")
+
+
+def test_a_profiled_run_writes_a_trace_the_profile_plugin_reads(tmp_path, cache_dir):
+  train_and_evaluate(listops(cache_dir, "train.profile_steps=1:3"), tmp_path)
+  # TensorBoard's profile plugin lists runs as <logdir>/plugins/profile/<run>/<host>.xplane.pb.
+  runs = list((tmp_path / "tensorboard" / "plugins" / "profile").iterdir())
+  assert len(runs) == 1 and runs[0].is_dir()
+  planes = list(runs[0].glob("*.xplane.pb"))
+  assert len(planes) == 1 and planes[0].stat().st_size > 0
+  assert list(runs[0].glob("*.trace.json.gz"))
+
+
+def test_the_compile_cache_folder_follows_the_setting_and_the_workdir(monkeypatch, tmp_path):
+  monkeypatch.delenv("LRA_CORE_CACHE", raising=False)
+  assert compile_cache.folder_for("off", tmp_path / "runs" / "a") is None
+  assert compile_cache.folder_for("auto", tmp_path / "runs" / "a") == str(tmp_path / "runs" / ".jax_compile_cache")
+  assert compile_cache.folder_for("auto", "gs://bucket/runs/a") == "gs://bucket/runs/.jax_compile_cache"
+  assert compile_cache.folder_for(str(tmp_path / "c"), "gs://bucket/runs/a") == str(tmp_path / "c")
+  monkeypatch.setenv("LRA_CORE_CACHE", str(tmp_path / "shared"))
+  assert compile_cache.folder_for("auto", "gs://bucket/runs/a") == str(tmp_path / "shared" / "jax_compile")
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_its_steps_from_the_persistent_cache(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env.update(LRA_CORE_CACHE=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  command = [sys.executable, "-m", "lra_core.train", f"--config={LISTOPS}", "--config.train.steps=2",
+             f"--workdir={tmp_path / 'run'}"]
+  subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+  entries = list((tmp_path / "cache" / "jax_compile").iterdir())
+  assert entries, "the first run wrote no compile cache entries"
+  again = subprocess.run([*command[:-1], f"--workdir={tmp_path / 'again'}"], env=env, check=True,
+                         capture_output=True, text=True, timeout=600)
+  assert "persistent compilation cache: " + str(tmp_path / "cache" / "jax_compile") in again.stderr
+  assert sorted(p.name for p in (tmp_path / "cache" / "jax_compile").iterdir()) == sorted(p.name for p in entries)
+
+
+def test_an_object_store_without_its_package_is_one_sentence(monkeypatch):
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("gcsfs", "tensorflow") else real(name, *a))
+  with pytest.raises(ConfigError, match=r"^workdir 'gs://b/run' needs the gcsfs package for gs:// paths; "
+                                        r"install it with pip install gcsfs\.$"):
+    train_and_evaluate(lra_core.load_config(LISTOPS), "gs://b/run")
+  with pytest.raises(ConfigError, match="scheme memory://"):
+    fs.path("memory://x/run", what="workdir")
