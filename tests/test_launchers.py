@@ -9,9 +9,11 @@ import json
 import os
 import shlex
 import shutil
+import signal as signal_lib
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -458,27 +460,70 @@ def test_tpu_remote_path_keeps_tilde_outside_quotes():
 
 
 SLURM_EXAMPLE = ["--nodes=2", "--gpus_per_node=8", "--cpus_per_task=8", "--time=24:00:00",
-                 "--chdir=/shared/lra_core", "--setup=source /shared/lra_core/.venv/bin/activate", "--",
+                 "--chdir=/shared/lra_core", "--setup=source /shared/lra_core/.venv/bin/activate", "--requeue", "--",
                  "--config=configs/enwik8/transformer_vq.py", "--config.data.dir=/shared/data/enwik8",
                  "--workdir=/shared/runs/enwik8_vq"]
 SLURM_SRUN = ("srun python -m lra_core.train --config=configs/enwik8/transformer_vq.py "
               "--config.data.dir=/shared/data/enwik8 --workdir=/shared/runs/enwik8_vq --distributed=on")
 
 
+SBATCH_LINES = ["#SBATCH --job-name=lra_core", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8",
+                "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=8", "#SBATCH --time=24:00:00",
+                "#SBATCH --output=/shared/runs/enwik8_vq/slurm-%j.out", "#SBATCH --chdir=/shared/lra_core"]
+STOP_LINES = [
+    "# USR1 comes 120 s before the time limit (--signal above): srun passes SIGTERM on to",
+    "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
+    "stop_run() {",
+    '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
+    "  stopping=1",
+    '  kill -TERM "$srun_pid" 2>/dev/null || true',
+    "}",
+    "stopping=0",
+    "trap stop_run USR1",
+    SLURM_SRUN + " &",
+    "srun_pid=$!",
+    "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
+    "  status=0",
+    '  wait "$srun_pid" || status=$?',
+    '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
+    "done",
+]
+REQUEUE_LINES = [
+    'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+    '  echo "requeueing job $SLURM_JOB_ID" >&2',
+    '  scontrol requeue "$SLURM_JOB_ID"',
+    "fi",
+]
+
+
 def test_slurm_script_lines_and_srun_command():
   lines = slurm.render(slurm.parse_args(SLURM_EXAMPLE)).splitlines()
   assert lines[0] == "#!/bin/bash"
-  assert [line for line in lines if line.startswith("#SBATCH")] == [
-      "#SBATCH --job-name=lra_core", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8",
-      "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=8", "#SBATCH --time=24:00:00",
-      "#SBATCH --output=/shared/runs/enwik8_vq/slurm-%j.out", "#SBATCH --chdir=/shared/lra_core"]
-  assert lines[-3:] == ["set -e", "source /shared/lra_core/.venv/bin/activate", SLURM_SRUN]
+  assert [line for line in lines if line.startswith("#SBATCH")] == SBATCH_LINES + [
+      "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+  setup = lines.index("set -e")
+  assert lines[setup:] == ["set -e", "source /shared/lra_core/.venv/bin/activate", *STOP_LINES, *REQUEUE_LINES,
+                           'exit "$status"']
+
+
+@pytest.mark.parametrize("flags, sbatch, tail", [
+    ([], ["#SBATCH --signal=B:USR1@120"], [*STOP_LINES, 'exit "$status"']),
+    (["--signal_seconds=300"], ["#SBATCH --signal=B:USR1@300"],
+     [STOP_LINES[0].replace("120 s", "300 s"), *STOP_LINES[1:], 'exit "$status"']),
+    (["--signal_seconds=0"], [], [SLURM_SRUN]),
+    (["--signal_seconds=0", "--requeue"], ["#SBATCH --requeue", "#SBATCH --open-mode=append"], [SLURM_SRUN]),
+])
+def test_slurm_signal_and_requeue_options(flags, sbatch, tail):
+  example = [a for a in SLURM_EXAMPLE if a != "--requeue"]
+  lines = slurm.render(slurm.parse_args(flags + example)).splitlines()
+  assert [line for line in lines if line.startswith("#SBATCH")] == SBATCH_LINES + sbatch
+  assert lines[lines.index("set -e") + 2:] == tail
 
 
 def test_slurm_static_example_is_what_the_launcher_renders():
   static = (PROJECT_ROOT / "scripts" / "slurm" / "train.sbatch").read_text()
   assert static == slurm.render(slurm.parse_args(SLURM_EXAMPLE))
-  assert SLURM_SRUN in static.splitlines()
+  assert SLURM_SRUN + " &" in static.splitlines()
 
 
 def test_slurm_optional_lines_quoting_and_script_path(tmp_path):
@@ -488,7 +533,7 @@ def test_slurm_optional_lines_quoting_and_script_path(tmp_path):
   assert "#SBATCH --partition=gpu" in lines and "#SBATCH --account=lab" in lines
   assert "#SBATCH --output=runs/a/slurm-%j.out" in lines  # relative to --chdir
   assert not any(line.startswith(("#SBATCH --time", "#SBATCH --cpus-per-task")) for line in lines)
-  assert lines[-1] == "srun python -m lra_core.train --workdir runs/a '--config.data.dir=/data/a b' --distributed=on"
+  assert "srun python -m lra_core.train --workdir runs/a '--config.data.dir=/data/a b' --distributed=on &" in lines
   assert slurm.script_path(args) == tmp_path / "runs/a" / "launch.sbatch"
   with pytest.raises(SystemExit, match="cut at its whitespace"):
     slurm.render(slurm.parse_args(["--nodes=1", "--gpus_per_node=1", "--", "--workdir=runs/a b"]))
@@ -503,7 +548,7 @@ def test_slurm_dry_run_prints_script_and_submits_nothing(tmp_path, capsys):
   out = capsys.readouterr().out.splitlines()
   assert out[0] == f"# {workdir}/launch.sbatch"
   assert out[1] == "#!/bin/bash"
-  assert f"srun python -m lra_core.train --workdir={workdir} --distributed=on" in out
+  assert f"srun python -m lra_core.train --workdir={workdir} --distributed=on &" in out
   assert out[-1] == f"sbatch {workdir}/launch.sbatch"
   assert not workdir.exists()
 
@@ -514,8 +559,69 @@ def test_slurm_dry_run_prints_script_and_submits_nothing(tmp_path, capsys):
     (["--nodes=2", "--gpus_per_node=8"], "no train arguments"),
     (["--nodes=0", "--gpus_per_node=8", "--", "--workdir=w"], "at least 1"),
     (["--nodes=2", "--gpus_per_node=8", "--", "--workdir=w", "--distributed=off"], "leave --distributed out"),
+    (["--nodes=2", "--gpus_per_node=8", "--signal_seconds=-1", "--", "--workdir=w"], "must not be negative"),
 ])
 def test_slurm_errors(argv, message, capsys):
   with pytest.raises(SystemExit):
     slurm.parse_args(argv)
   assert message in capsys.readouterr().err
+
+
+FAKE_SRUN = """#!/bin/bash
+# A stand-in for srun: a training run of FAKE_SECONDS that, on SIGTERM, takes a moment to save and exits 0.
+echo "$*" > "$FAKE_DIR/srun.args"
+on_term() {
+  echo TERM >> "$FAKE_DIR/events"
+  kill "$sleeper" 2>/dev/null
+  sleep 0.5
+  echo saved >> "$FAKE_DIR/events"
+  exit 0
+}
+trap on_term TERM
+touch "$FAKE_DIR/srun.started"
+sleep "$FAKE_SECONDS" & sleeper=$!
+wait "$sleeper"
+echo finished >> "$FAKE_DIR/events"
+exit "$FAKE_EXIT"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+echo "scontrol $*" >> "$FAKE_DIR/events"
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("flags, signal, exit_code, status, events", [
+    (["--requeue"], True, 0, 0, ["TERM", "saved", "scontrol requeue 4242"]),
+    ([], True, 0, 0, ["TERM", "saved"]),
+    (["--requeue"], False, 0, 0, ["finished"]),
+    (["--requeue"], False, 3, 3, ["finished"]),
+])
+def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_code, status, events, tmp_path):
+  """The rendered script under bash, srun and scontrol faked: USR1 (what SLURM sends before the time
+  limit) reaches the run as SIGTERM, the script waits for the run to save, then requeues the job."""
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    (fake / name).write_text(text)
+    (fake / name).chmod(0o755)
+  script = tmp_path / "job.sbatch"
+  script.write_text(slurm.render(slurm.parse_args(["--nodes=1", "--gpus_per_node=2", *flags, "--",
+                                                   "--workdir=/shared/run", "--config.x=a b"])))
+  env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(fake),
+         "SLURM_JOB_ID": "4242", "FAKE_SECONDS": "30" if signal else "0.2", "FAKE_EXIT": str(exit_code)}
+  job = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+  try:
+    if signal:
+      deadline = time.monotonic() + 20
+      while not (fake / "srun.started").exists():
+        assert time.monotonic() < deadline and job.poll() is None, "the fake srun did not start"
+        time.sleep(0.05)
+      job.send_signal(signal_lib.SIGUSR1)
+    _, err = job.communicate(timeout=30)
+  finally:
+    job.kill()
+  assert job.returncode == status
+  assert (fake / "events").read_text().splitlines() == events
+  assert (fake / "srun.args").read_text() == (
+      "python -m lra_core.train --workdir=/shared/run --config.x=a b --distributed=on\n")
+  assert ("USR1: the time limit is near" in err) == signal
