@@ -1,12 +1,15 @@
 """scripts/launch_tpu.py and scripts/launch_slurm.py build the exact commands they document.
 
-Dry runs only: neither gcloud nor sbatch is needed. The remote shell commands of the TPU
-launcher's copy step are also run here, with bash and a temporary HOME, on a throwaway repo.
+Neither gcloud nor SLURM is needed: the commands are compared as built and as printed by --dry-run;
+the TPU launcher's supervisor runs in a subprocess against a fake gcloud on PATH; the SLURM batch
+script's USR1 trap runs under bash with srun and scontrol faked; the remote shell commands of the
+TPU launcher's copy step run with bash and a temporary HOME on a throwaway repo.
 """
 
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import signal as signal_lib
@@ -625,3 +628,19 @@ def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_cod
   assert (fake / "srun.args").read_text() == (
       "python -m lra_core.train --workdir=/shared/run --config.x=a b --distributed=on\n")
   assert ("USR1: the time limit is near" in err) == signal
+
+
+def test_docs_dry_run_examples_print_what_the_launchers_print():
+  """Every `$ python scripts/launch_*.py ... --dry-run` block of docs/launching.md, run as written."""
+  text = (PROJECT_ROOT / "docs" / "launching.md").read_text()
+  blocks = re.findall(r"```\n(\$ python scripts/launch_.*?)```", text, re.S)
+  assert len(blocks) == 3
+  for block in blocks:
+    lines = block.splitlines()
+    end = next(i for i, line in enumerate(lines) if not line.endswith("\\"))
+    argv = shlex.split(" ".join(line.removeprefix("$ ").removesuffix("\\") for line in lines[:end + 1]))
+    assert argv[0] == "python" and "--dry-run" in argv
+    done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60,
+                          env={**os.environ, "TMPDIR": "/tmp"})  # the tarball's folder in the printed commands
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "\n".join(lines[end + 1:]) + "\n", argv[1]
