@@ -2,8 +2,8 @@
 
   python scripts/launch_slurm.py --nodes=2 --gpus_per_node=8 [--cpus_per_task=8] [--time=24:00:00] \
       [--job_name=lra_core] [--partition=P] [--account=A] [--output=FILE] [--chdir=DIR] \
-      [--setup='source /shared/venv/bin/activate'] [--script_out=FILE] [--dry-run] \
-      -- --config=configs/... --workdir=/shared/runs/x [--config.<key>=<value> ...]
+      [--setup='source /shared/venv/bin/activate'] [--signal_seconds=120] [--requeue] [--script_out=FILE] \
+      [--dry-run] -- --config=configs/... --workdir=/shared/runs/x [--config.<key>=<value> ...]
 
 Everything after `--` goes to `python -m lra_core.train` unchanged. The job runs one task per GPU
 (`--ntasks-per-node` = `--gpus-per-node`), and `srun` starts one training process per task with
@@ -11,6 +11,13 @@ Everything after `--` goes to `python -m lra_core.train` unchanged. The job runs
 local id), picks the first node as coordinator on a port derived from the job id (set
 JAX_COORDINATOR_PORT, e.g. with --setup, to choose it) and gives each process the GPU of its
 local task id.
+
+Before the time limit: SLURM sends USR1 to the batch shell --signal_seconds before it (#SBATCH
+--signal=B:USR1@N; 0 leaves it out). The script runs srun in the background and traps USR1: it
+sends SIGTERM to srun, which passes it to every training process; the trainer finishes the step in
+flight, saves a checkpoint and exits. With --requeue (#SBATCH --requeue, and --open-mode=append so
+the log keeps every allocation's output) the script then runs `scontrol requeue $SLURM_JOB_ID`:
+the job waits in the queue again and the same command resumes from that checkpoint.
 
 The script is written to --script_out (default: <workdir>/launch.sbatch, the workdir taken from
 the train args and, when relative, resolved against --chdir; without a workdir, a file in the
@@ -57,6 +64,10 @@ def make_parser() -> argparse.ArgumentParser:
                       help="the job's working folder, a checkout of this repository (default: this one)")
   parser.add_argument("--setup", default="",
                       help="shell line run before srun, e.g. 'source /shared/venv/bin/activate'")
+  parser.add_argument("--signal_seconds", type=int, default=120,
+                      help="seconds before the time limit at which the run saves and stops (0: no signal)")
+  parser.add_argument("--requeue", action="store_true",
+                      help="requeue the job after that stop, so that it resumes from the checkpoint")
   parser.add_argument("--script_out", default=None, help="where to write the sbatch script")
   parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                       help="print the script and the sbatch command, submit nothing")
@@ -74,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.error(f"--nodes and --gpus_per_node must be at least 1, got {args.nodes} and {args.gpus_per_node}.")
   if any(a == "--distributed" or a.startswith("--distributed=") for a in train):
     parser.error("leave --distributed out of the train arguments: the launcher adds --distributed=on.")
+  if args.signal_seconds < 0:
+    parser.error(f"--signal_seconds must not be negative, got {args.signal_seconds}.")
   return args
 
 
@@ -92,6 +105,36 @@ def srun_line(train_args: list[str]) -> str:
   return shlex.join(["srun", "python", "-m", "lra_core.train", *train_args, "--distributed=on"])
 
 
+def stop_lines(args: argparse.Namespace) -> list[str]:
+  """srun in the background under a USR1 trap: SIGTERM to the run, wait for it, requeue (--requeue)."""
+  lines = [
+      f"# USR1 comes {args.signal_seconds} s before the time limit (--signal above): srun passes SIGTERM on to",
+      "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
+      "stop_run() {",
+      '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
+      "  stopping=1",
+      '  kill -TERM "$srun_pid" 2>/dev/null || true',
+      "}",
+      "stopping=0",
+      "trap stop_run USR1",
+      srun_line(args.train_args) + " &",
+      "srun_pid=$!",
+      "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
+      "  status=0",
+      '  wait "$srun_pid" || status=$?',
+      '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
+      "done",
+  ]
+  if args.requeue:
+    lines += [
+        'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+        '  echo "requeueing job $SLURM_JOB_ID" >&2',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+    ]
+  return lines + ['exit "$status"']
+
+
 def render(args: argparse.Namespace) -> str:
   """The sbatch script."""
   wd = workdir(args.train_args)
@@ -99,18 +142,20 @@ def render(args: argparse.Namespace) -> str:
   options = [("job-name", args.job_name), ("nodes", args.nodes), ("ntasks-per-node", args.gpus_per_node),
              ("gpus-per-node", args.gpus_per_node), ("cpus-per-task", args.cpus_per_task), ("time", args.time),
              ("partition", args.partition), ("account", args.account), ("output", output),
-             ("chdir", args.chdir)]
+             ("chdir", args.chdir), ("signal", f"B:USR1@{args.signal_seconds}" if args.signal_seconds else None),
+             ("requeue", "" if args.requeue else None), ("open-mode", "append" if args.requeue else None)]
   lines = ["#!/bin/bash",
            f"# {args.nodes} node(s) x {args.gpus_per_node} GPU(s): one task, one JAX process per GPU.",
            "# Rendered by scripts/launch_slurm.py (docs/launching.md)."]
   spaced = [f"--{key}={value}" for key, value in options if value is not None and any(c.isspace() for c in str(value))]
   if spaced:
     raise SystemExit(f"error: #SBATCH {spaced[0]!r} would be cut at its whitespace; use a path without spaces.")
-  lines += [f"#SBATCH --{key}={value}" for key, value in options if value is not None]
+  lines += [f"#SBATCH --{key}={value}" if value != "" else f"#SBATCH --{key}" for key, value in options
+            if value is not None]
   lines += ["", "set -e"]
   if args.setup:
     lines.append(args.setup)
-  lines.append(srun_line(args.train_args))
+  lines += stop_lines(args) if args.signal_seconds else [srun_line(args.train_args)]
   return "\n".join(lines) + "\n"
 
 
