@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import aot, cli, compile_cache, experiment, fs, optim, sharding, throughput
+from lra_core import aot, cli, compile_cache, experiment, fs, optim, sharding, throughput, trackers
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.config import parse_profile_steps, resume_conflicts
@@ -50,8 +50,10 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
   workdir = fs.path(workdir, what="workdir")
   _check_workdir(config, workdir, force)
   compile_cache.setup(config.train.compile_cache, workdir)
-  writer = MetricWriter(workdir)
+  tracker = trackers.make_tracker(config, os.fspath(workdir), enabled=jax.process_index() == 0)
+  writer = MetricWriter(workdir, tracker=tracker)
   writer.write_json("config.json", config.to_dict())
+  tracker.log_config(config.to_dict())
   t = config.train
   total_steps = t.steps
 

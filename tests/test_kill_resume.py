@@ -15,6 +15,7 @@ import pathlib
 import random
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -22,7 +23,8 @@ import pytest
 import fixtures
 import outputs
 import lra_core
-from lra_core import registry
+from lra_core import cli, registry
+from lra_core.preemption import PreemptionNotice
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 9
@@ -133,3 +135,47 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   # Every step is logged once, in metrics.jsonl and as TensorBoard shows it, with the values of
   # the uninterrupted run (steps logged after a checkpoint by a killed attempt were dropped).
   assert outputs.logged_once(workdir) == outputs.logged_once(tmp_path / "reference")
+
+
+def _transformer_run(tmp_path):
+  smoke = registry.family("transformer").smoke
+  (tmp_path / "data").mkdir()
+  overrides = [*fixtures.load(smoke.data).build(tmp_path / "data"), *RUN, *smoke.overrides, *smoke.light]
+  workdir = tmp_path / "run"
+  return [f"--config={smoke.config}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)], workdir
+
+
+def test_ctrl_c_saves_the_step_in_flight_exits_130_and_resumes_there(tmp_path):
+  argv, workdir = _transformer_run(tmp_path)
+  log = tmp_path / "run.log"
+  code, out = _interrupt(argv, workdir, log, signal.SIGINT, 4, 0.0)
+  said = [line for line in out.splitlines() if line.startswith("interrupted: ")]
+  assert code == 130 and len(said) == 1 and "Traceback" not in out, out[-3000:]
+  step = int(re.search(r"saved at step (\d+) ", said[0]).group(1))
+  assert 4 <= step < STEPS and (workdir / "checkpoints" / str(step)).is_dir()
+  log.write_text("")
+  again = _start(argv, log)
+  again.join(300)
+  assert again.exitcode == 0 and _resumed_steps(log.read_text()) == [step], log.read_text()[-3000:]
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers are set from the main thread only")
+  with PreemptionNotice() as notice:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+    assert notice.interrupted and notice.reached(1)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_ctrl_c_outside_the_loop_ends_with_one_line_and_130(capsys):
+  def interrupted():
+    raise KeyboardInterrupt
+  with pytest.raises(SystemExit) as exit_:
+    cli.run(interrupted)
+  assert exit_.value.code == 130
+  assert capsys.readouterr().err.strip().splitlines() == ["aborted (Ctrl-C)."]
