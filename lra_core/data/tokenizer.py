@@ -4,6 +4,7 @@
   "bytes"          UTF-8 bytes, id = byte + 2 (pad 0, eos 1), vocabulary 258;
   "<path>.model"   a SentencePiece model, e.g. one trained by this module (BPE 32k for PG-19,
                    as Transformer-VQ) or a user's own (T5's C4 vocabulary); it must define eos.
+                   It may be an object in a bucket (gs://...), loaded from its bytes.
 
 Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them):
 
@@ -32,6 +33,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from lra_core import fs
+from lra_core.data import files
 from lra_core.errors import ConfigError, DataError, UserError
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
@@ -80,11 +83,17 @@ class SentencePieceTokenizer:
     import sentencepiece as spm
 
     path = os.path.expanduser(path)
-    if not os.path.isfile(path):
+    file = files.expand(path, what="data.tokenizer")
+    if not file.is_file():
       raise DataError(f"SentencePiece model {path!r} does not exist; train one with "
                       f"`python -m lra_core.data.tokenizer --train --input=... --model_prefix=...`.")
+    # SentencePiece reads only local files: a model in a bucket is loaded from its bytes.
+    self._proto = None if fs.is_local(path) else file.read_bytes()
     try:
-      self.sp = spm.SentencePieceProcessor(model_file=path)
+      if self._proto is None:
+        self.sp = spm.SentencePieceProcessor(model_file=path)
+      else:
+        self.sp = spm.SentencePieceProcessor(model_proto=self._proto)
     except (OSError, RuntimeError) as e:
       raise DataError(f"SentencePiece model {path!r} cannot be read ({e}).") from e
     self.path = path
@@ -113,6 +122,8 @@ class SentencePieceTokenizer:
     return self._word_table[ids]
 
   def fingerprint(self) -> str:
+    if self._proto is not None:
+      return "spm:" + hashlib.sha256(self._proto).hexdigest()[:16]
     with open(self.path, "rb") as f:
       return "spm:" + hashlib.sha256(f.read()).hexdigest()[:16]
 
@@ -133,7 +144,10 @@ def make_tokenizer(spec: str) -> Tokenizer:
   if not spec:
     raise ConfigError("data.tokenizer is empty; expected 'bytes' or the path of a SentencePiece .model file.")
   path = os.path.expanduser(spec)
-  return _load(path, os.stat(path).st_mtime_ns if os.path.exists(path) else 0)
+  if fs.is_local(path):
+    return _load(path, os.stat(path).st_mtime_ns if os.path.exists(path) else 0)
+  file = files.expand(path, what="data.tokenizer")
+  return _load(path, file.stat().mtime if file.is_file() else 0)
 
 
 def encode_documents(tokenizer: Tokenizer, texts: Iterable[str], *, batch: int = 64) -> Iterator[np.ndarray]:
