@@ -12,7 +12,8 @@ Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them):
       --model_prefix=/data/pg19/spm_bpe32k --vocab_size=32000
 
 `--input` takes folders (every *.txt below them), .txt files and C4 .json(.gz) shards (their
-"text" fields), comma-separated. Inspect a model with `--model=... --encode="some text"`.
+"text" fields), comma-separated; they and `--model_prefix` may be gs:// paths. Inspect a model
+with `--model=... --encode="some text"`.
 
 Every tokenizer also says which tokens begin a whitespace-separated word (`word_starts`), so an
 evaluation can report word-level perplexity (Rae et al. 2020: total loss / number of words).
@@ -24,14 +25,17 @@ import argparse
 import functools
 import gzip
 import hashlib
+import io
 import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from etils import epath
 
 from lra_core import fs
 from lra_core.data import files
@@ -168,15 +172,16 @@ def encode_documents(tokenizer: Tokenizer, texts: Iterable[str], *, batch: int =
 # --------------------------------------------------------------------------- training
 
 
-def iter_text_files(inputs: Sequence[str]) -> Iterator[pathlib.Path]:
-  """Files named by --input: folders expand to every *.txt, *.json.gz and *.json below them."""
+def iter_text_files(inputs: Sequence[str]) -> Iterator[epath.Path]:
+  """Files named by --input (local or gs://): folders expand to every *.txt, *.json.gz and *.json
+  below them."""
   for item in inputs:
-    path = pathlib.Path(os.path.expanduser(item))
+    path = files.expand(item, what="--input")
     if path.is_dir():
-      files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
-      if not files:
+      found = sorted(p for p in _files_below(path) if _kind(p))
+      if not found:
         raise DataError(f"folder {str(path)!r} holds no .txt or .json(.gz) files.")
-      yield from files
+      yield from found
     elif path.is_file():
       if not _kind(path):
         raise DataError(f"{str(path)!r} is neither a .txt nor a .json(.gz)/.jsonl(.gz) file.")
@@ -185,7 +190,18 @@ def iter_text_files(inputs: Sequence[str]) -> Iterator[pathlib.Path]:
       raise DataError(f"--input {item!r} does not exist.")
 
 
-def _kind(path: pathlib.Path) -> str:
+def _files_below(folder: epath.Path) -> Iterator[epath.Path]:
+  if fs.is_local(folder):
+    yield from (epath.Path(p) for p in pathlib.Path(folder).rglob("*") if p.is_file())
+    return
+  for path in folder.iterdir():
+    if path.is_dir():
+      yield from _files_below(path)
+    elif path.is_file():
+      yield path
+
+
+def _kind(path: epath.Path) -> str:
   name = path.name.lower()
   if name.endswith(".txt"):
     return "txt"
@@ -194,42 +210,55 @@ def _kind(path: pathlib.Path) -> str:
   return ""
 
 
-def iter_lines(files: Iterable[pathlib.Path]) -> Iterator[str]:
+def iter_lines(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
   """Non-empty lines of text files, and lines of the "text" field of JSON-lines files."""
-  for path in files:
+  for path in map(epath.Path, paths):
     if _kind(path) == "txt":
-      with open(path, encoding="utf-8", errors="replace") as f:
+      with io.TextIOWrapper(files.open_binary(path), encoding="utf-8", errors="replace") as f:
         yield from (line.rstrip("\n") for line in f if line.strip())
       continue
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-      for line_no, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        try:
-          text = json.loads(line)["text"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-          raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a 'text' field.") from e
-        yield from (part for part in text.split("\n") if part.strip())
+    with files.open_binary(path) as raw:
+      stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+      with io.TextIOWrapper(stream, encoding="utf-8") as f:
+        yield from _json_lines(f, path)
+
+
+def _json_lines(f, path: epath.Path) -> Iterator[str]:
+  """The non-empty lines of the "text" field of each JSON line of `f` (the file `path`)."""
+  for line_no, line in enumerate(f, start=1):
+    if not line.strip():
+      continue
+    try:
+      text = json.loads(line)["text"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a 'text' field.") from e
+    yield from (part for part in text.split("\n") if part.strip())
 
 
 def train(inputs: Sequence[str], model_prefix: str, *, vocab_size: int = 32000, model_type: str = "bpe",
           input_sentence_size: int = 10_000_000, character_coverage: float = 1.0,
           seed: int = 0) -> str:
-  """Trains a SentencePiece model on the lines of `inputs`; returns the .model path."""
+  """Trains a SentencePiece model on the lines of `inputs`; returns the .model path. A gs://
+  model_prefix is trained in a local temporary folder and copied up."""
   import sentencepiece as spm
 
-  files = list(iter_text_files(inputs))
-  out = pathlib.Path(os.path.expanduser(model_prefix))
-  out.parent.mkdir(parents=True, exist_ok=True)
-  spm.set_random_generator_seed(seed)  # which lines are sampled, when there are more than enough
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter_lines(files), model_prefix=str(out), vocab_size=vocab_size,
-      model_type=model_type, character_coverage=character_coverage,
-      input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=os.cpu_count() or 1,
-      minloglevel=2)
-  return str(out) + ".model"
+  found = list(iter_text_files(inputs))
+  target = files.expand(model_prefix, what="--model_prefix")
+  with tempfile.TemporaryDirectory(prefix="spm-") as spool:
+    # SentencePiece writes only local files.
+    out = pathlib.Path(os.fspath(target)) if fs.is_local(target) else pathlib.Path(spool) / target.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(seed)  # which lines are sampled, when there are more than enough
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter_lines(found), model_prefix=str(out), vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=os.cpu_count() or 1,
+        minloglevel=2)
+    if not fs.is_local(target):
+      for suffix in (".model", ".vocab"):
+        (target.parent / (target.name + suffix)).write_bytes(out.with_name(out.name + suffix).read_bytes())
+  return str(target) + ".model"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
