@@ -202,3 +202,11 @@ def test_a_scheme_without_its_package_is_one_sentence_naming_it(name, tmp_path, 
     config = lra_core.load_config(module.SPEC, overrides + ["data.dir=az://container/data"])
     with pytest.raises(ConfigError, match=r"needs the adlfs package for az:// paths; install it"):
       registry.dataset_module(config.data.name).validate_config(config)
+
+
+def test_a_bucket_cache_dir_is_refused_in_one_sentence(tmp_path):
+  module = fixtures.load("imagenet64")
+  overrides = module.build(tmp_path) + ["data.cache_dir=gs://some-bucket/cache"]
+  config = lra_core.load_config(module.SPEC, overrides)
+  with pytest.raises(ConfigError, match=r"^data.cache_dir 'gs://some-bucket/cache' is not a local folder; .*\.$"):
+    data_lib.make_source(config, "validation")

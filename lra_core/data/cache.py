@@ -21,11 +21,15 @@ import numpy as np
 from etils import epath
 
 from lra_core import fs
+from lra_core.errors import ConfigError
 
 
 def cache_root(configured: str = "") -> pathlib.Path:
-  """`configured`, else $LRA_CORE_CACHE, else ~/.cache/lra_core."""
+  """`configured`, else $LRA_CORE_CACHE, else ~/.cache/lra_core; always a local folder."""
   root = configured or os.environ.get("LRA_CORE_CACHE", "") or "~/.cache/lra_core"
+  if not fs.is_local(root):
+    raise ConfigError(f"data.cache_dir {root!r} is not a local folder; the cache holds memory-mapped arrays, "
+                      f"so set it (or $LRA_CORE_CACHE) to a local path such as ~/.cache/lra_core.")
   return pathlib.Path(root).expanduser()
 
 

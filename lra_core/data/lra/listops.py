@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import DataInfo, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -307,10 +307,9 @@ def _generator_settings(data) -> dict[str, int]:
 
 def cache_folder(data) -> pathlib.Path:
   """Where `data.generate` puts the set: one subfolder per generator setting."""
-  root = data.get("cache_dir", "") or os.environ.get("LRA_CORE_CACHE", "") or "~/.cache/lra_core"
   key = json.dumps(dict(_generator_settings(data), version=_GENERATOR_VERSION), sort_keys=True)
   digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-  return pathlib.Path(root).expanduser() / f"listops-{digest}"
+  return cache.cache_root(data.get("cache_dir", "")) / f"listops-{digest}"
 
 
 def _has_files(folder: pathlib.Path) -> bool:
