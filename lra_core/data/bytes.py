@@ -1,9 +1,10 @@
 """Byte-level language modelling over one file (enwik8-style data).
 
 The file holds raw bytes, or is a `.zip` with one member (the layout of `enwik8.zip`), or a
-`.gz`. It is cut into contiguous train / validation / test byte ranges by
-`data.split_fractions`; with (0.9, 0.05, 0.05) the full 10^8-byte enwik8 splits at 90M / 95M,
-the usual boundaries. Ids are the raw byte values (vocabulary 256, no offset).
+`.gz`, local or in a bucket (data.dir=gs://bucket/enwik8). It is cut into contiguous train /
+validation / test byte ranges by `data.split_fractions`; with (0.9, 0.05, 0.05) the full
+10^8-byte enwik8 splits at 90M / 95M, the usual boundaries. Ids are the raw byte values
+(vocabulary 256, no offset).
 
 Example i of a split starting at byte s reads the T+1 bytes [s + i*T, s + i*T + T]:
 
@@ -28,7 +29,8 @@ from collections.abc import Iterable, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core.data import SPLITS, DataInfo, check_index, config_section
+from lra_core import fs
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files
 from lra_core.errors import ConfigError, DataError
 
 VOCAB_SIZE = 256
@@ -68,23 +70,27 @@ def decode(ids: Iterable[int]) -> str:
 
 
 def file_path(data: ml_collections.ConfigDict) -> str:
-  """The file a `data` section points at: `path`, else `dir/filename`."""
+  """The file a `data` section points at: `path`, else `dir/filename` (local, or gs://...)."""
   if data.path:
+    files.expand(data.path, what="data.path")  # a URL whose filesystem package is missing: ConfigError
     return os.path.expanduser(data.path)
   if not data.filename:
     raise ConfigError("data.path and data.filename are both empty; expected the file holding the bytes.")
+  files.expand(data.dir)  # likewise
   return os.path.join(os.path.expanduser(data.dir), data.filename)
 
 
 def load_bytes(path: str) -> np.ndarray:
-  """All bytes of the file as uint8[N]: memory-mapped when raw, decompressed once when .zip/.gz."""
-  if not os.path.isfile(path):
+  """All bytes of the file as uint8[N]: memory-mapped when raw, decompressed once when .zip/.gz;
+  an object in a bucket is read into memory once per process."""
+  file = files.expand(path, what="byte file")
+  if not file.is_file():
     raise DataError(f"byte file {path!r} does not exist.")
-  stat = os.stat(path)
-  if stat.st_size == 0:
-    raise DataError(f"byte file {path!r} is empty.")
   # The key holds size and mtime so a rewritten file is read again.
-  data = _load_cached(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+  _, size, mtime = cache.file_fingerprint([path])[0]
+  if size == 0:
+    raise DataError(f"byte file {path!r} is empty.")
+  data = _load_cached(files.absolute(path), size, mtime)
   if data.size == 0:
     raise DataError(f"byte file {path!r} decompresses to zero bytes.")
   return data
@@ -96,7 +102,7 @@ def _load_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
   lower = path.lower()
   if lower.endswith(".zip"):
     try:
-      with zipfile.ZipFile(path) as archive:
+      with files.expand(path).open("rb") as f, zipfile.ZipFile(f) as archive:
         members = [m for m in archive.infolist() if not m.is_dir()]
         if len(members) != 1:
           names = [m.filename for m in members]
@@ -107,12 +113,14 @@ def _load_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8)
   if lower.endswith(".gz"):
     try:
-      with gzip.open(path, "rb") as f:
-        raw = f.read()
+      with files.expand(path).open("rb") as f, gzip.GzipFile(fileobj=f) as stream:
+        raw = stream.read()
     except (OSError, EOFError) as e:
       raise DataError(f"gzip file {path!r} is not a readable gzip stream ({e}).") from e
     return np.frombuffer(raw, dtype=np.uint8)
-  return np.memmap(path, dtype=np.uint8, mode="r")
+  if fs.is_local(path):
+    return np.memmap(path, dtype=np.uint8, mode="r")
+  return np.frombuffer(files.expand(path).read_bytes(), dtype=np.uint8)
 
 
 def split_ranges(num_bytes: int, fractions: Sequence[float]) -> dict[str, tuple[int, int]]:
@@ -218,7 +226,7 @@ def make_source(config, split: str) -> ByteWindows:
   data = load_bytes(path)
   ranges = split_ranges(data.size, config.data.split_fractions)
   _check_split(path, split, ranges[split], seq_len)
-  key = (os.path.abspath(path), data.size, tuple(ranges.items()))
+  key = (files.absolute(path), data.size, tuple(ranges.items()))
   if key not in _LOGGED:
     _LOGGED.add(key)
     logging.info("bytes %s: %d bytes, split %s by data.split_fractions %s%s", path, data.size,

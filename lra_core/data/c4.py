@@ -2,9 +2,9 @@
 
 Sources (`data.source`):
 
-  "files"  the allenai/c4 `en/` shards under `data.dir`: gzip JSON lines, one compact object per
-           document with keys text, timestamp, url, in files named like
-           c4-train.00000-of-01024.json.gz and c4-validation.00000-of-00008.json.gz.
+  "files"  the allenai/c4 `en/` shards under `data.dir` (a local folder or a gs:// one): gzip JSON
+           lines, one compact object per document with keys text, timestamp, url, in files named
+           like c4-train.00000-of-01024.json.gz and c4-validation.00000-of-00008.json.gz.
   "tfds"   tfds `c4/en` 3.1.0 (features text, url, content-type, content-length, timestamp)
            prepared in array_record format under `data.tfds_dir`.
 
@@ -34,15 +34,16 @@ T = train.seq_len:
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
-import pathlib
 import re
 import zlib
 from collections.abc import Callable, Iterator
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from lra_core.data import SPLITS, cache, config_section, files, tfds_source
 from lra_core.data import text as text_corpus
@@ -109,7 +110,7 @@ def split_pattern(setting: str) -> tuple[str, str]:
   return pattern, slice_
 
 
-def shard_files(data, split: str) -> tuple[list[pathlib.Path], str]:
+def shard_files(data, split: str) -> tuple[list[epath.Path], str]:
   """The json.gz shards `split` reads, sorted by name, and the document slice to apply."""
   pattern, slice_ = split_pattern(split_setting(data, split))
   root = files.require_dir(data.dir, layout=LAYOUT, prepare=PREPARE)
@@ -117,22 +118,23 @@ def shard_files(data, split: str) -> tuple[list[pathlib.Path], str]:
   return paths, slice_
 
 
-def read_documents(path: pathlib.Path) -> Iterator[str]:
+def read_documents(path: epath.Path) -> Iterator[str]:
   """The "text" of every document in one shard (.json.gz, or plain .json lines)."""
-  opener = gzip.open if path.name.endswith(".gz") else open
   try:
-    with opener(path, "rt", encoding="utf-8") as f:
-      for line_no, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          record = None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-          raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a \"text\" string; "
-                          f"expected {LAYOUT}.")
-        yield record["text"]
+    with files.open_binary(path) as raw:
+      stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+      with io.TextIOWrapper(stream, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+          if not line.strip():
+            continue
+          try:
+            record = json.loads(line)
+          except json.JSONDecodeError:
+            record = None
+          if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a \"text\" string; "
+                            f"expected {LAYOUT}.")
+          yield record["text"]
   except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
     raise DataError(f"{str(path)!r} cannot be read as gzip UTF-8 JSON lines ({e}); expected {LAYOUT}.") from e
 

@@ -4,7 +4,8 @@ Reading a real distribution format is often slow (tokenising PG-19, decompressin
 npz files), so a loader converts it once into a raw `.npy` array and memory-maps that on every
 later start. The key holds everything the array depends on (source files with their sizes and
 mtimes, tokenizer, settings), so a changed input builds a new entry; writes are atomic, so
-processes that race on the same entry all end up reading one complete file.
+processes that race on the same entry all end up reading one complete file. The cache is always
+a local folder; the inputs may be objects in a bucket (gs://...), keyed by URL, size and mtime.
 """
 
 from __future__ import annotations
@@ -17,20 +18,33 @@ import tempfile
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from etils import epath
+
+from lra_core import fs
+from lra_core.errors import ConfigError
 
 
 def cache_root(configured: str = "") -> pathlib.Path:
-  """`configured`, else $LRA_CORE_CACHE, else ~/.cache/lra_core."""
+  """`configured`, else $LRA_CORE_CACHE, else ~/.cache/lra_core; always a local folder."""
   root = configured or os.environ.get("LRA_CORE_CACHE", "") or "~/.cache/lra_core"
+  if not fs.is_local(root):
+    raise ConfigError(f"data.cache_dir {root!r} is not a local folder; the cache holds memory-mapped arrays, "
+                      f"so set it (or $LRA_CORE_CACHE) to a local path such as ~/.cache/lra_core.")
   return pathlib.Path(root).expanduser()
 
 
 def file_fingerprint(paths: Sequence[str | os.PathLike]) -> list[tuple[str, int, int]]:
-  """(absolute path, size, mtime_ns) of each file: enough to notice a rewritten input."""
+  """(absolute path, size, mtime_ns) of each file: enough to notice a rewritten input. An object
+  in a bucket gives (URL, size, mtime in seconds), the precision its store reports."""
   out = []
   for p in paths:
-    stat = os.stat(p)
-    out.append((os.path.abspath(p), stat.st_size, stat.st_mtime_ns))
+    text = os.fspath(p)
+    if fs.is_local(text):
+      stat = os.stat(text)
+      out.append((os.path.abspath(text), stat.st_size, stat.st_mtime_ns))
+    else:
+      stat = epath.Path(text).stat()
+      out.append((text, int(stat.length), int(stat.mtime)))
   return out
 
 

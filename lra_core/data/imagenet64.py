@@ -2,7 +2,7 @@
 
 Two ways in, picked by `data.source`:
 
-  npz   the `Imagenet64_*_npz` release unzipped into `data.dir`:
+  npz   the `Imagenet64_*_npz` release unzipped into `data.dir` (a local folder or a gs:// one):
           train       <dir>/train_data_batch_<N>.npz (all of them, N in numeric order)
           validation  <dir>/val_data.npz
           test        <dir>/val_data.npz as well: the test labels were never published and
@@ -42,6 +42,7 @@ import re
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data import tfds_source
@@ -185,10 +186,11 @@ def npz_files(data_dir: str) -> dict[str, list[str]]:
 def read_npz(path: str) -> dict[str, np.ndarray]:
   """Decodes one release file: {"pixels": uint8[N, 12288] raster HWC, "labels": int16[N] 0-based}."""
   logging.info("imagenet64: decoding %s into the cache (once per file version)", path)
-  folder = os.path.dirname(os.path.abspath(path))
+  folder = os.path.dirname(files.absolute(path))
   where = f"expected {layout(folder)} with `data` uint8[N, {ROW_LEN}] and `labels` 1..{NUM_CLASSES}"
   try:
-    with np.load(path, allow_pickle=False) as npz:
+    # Through a file object, so an object in a bucket reads like a local file.
+    with epath.Path(path).open("rb") as f, np.load(f, allow_pickle=False) as npz:
       missing = [k for k in ("data", "labels") if k not in npz.files]
       if missing:
         raise DataError(f"{path!r} has no {' or '.join(repr(k) for k in missing)} array "

@@ -2,7 +2,8 @@
 
 Sources (`data.source`):
 
-  "files"  the release layout of gs://deepmind-gutenberg under `data.dir`:
+  "files"  the release layout of gs://deepmind-gutenberg under `data.dir` (a local folder, or a
+           gs:// folder holding a copy):
              <dir>/train/<id>.txt, <dir>/validation/<id>.txt, <dir>/test/<id>.txt   UTF-8 books
              <dir>/metadata.csv   no header; one `id,short_book_title,publication_date,url` per book
   "tfds"   tfds `pg19` 0.1.1 (features book_text, book_id, book_title, publication_date,
@@ -31,11 +32,11 @@ the word-level perplexity PG-19 results quote (Rae et al. 2020), reported as `wo
 from __future__ import annotations
 
 import csv
-import pathlib
 from collections.abc import Callable, Iterable
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from lra_core.data import SPLITS, cache, config_section, files, tfds_source
 from lra_core.data.text import TextSource, check_settings, corpus_source, load_tokenizer, tfds_fingerprint
@@ -73,7 +74,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------- release files
 
 
-def book_files(data_dir: str, split: str) -> list[pathlib.Path]:
+def book_files(data_dir: str, split: str) -> list[epath.Path]:
   """The `<dir>/<split>/<id>.txt` books of a split, in increasing id order."""
   root = files.require_dir(data_dir, layout=LAYOUT, prepare=PREPARE)
   paths = files.require_files(root, f"{split}/*.txt", layout=LAYOUT, prepare=PREPARE)
@@ -89,7 +90,7 @@ def read_metadata(data_dir: str) -> dict[int, tuple[str, str, str]]:
   root = files.require_dir(data_dir, layout=LAYOUT, prepare=PREPARE)
   path = files.require_file(root / METADATA, layout=LAYOUT, prepare=PREPARE)
   out = {}
-  with open(path, encoding="utf-8", newline="") as f:
+  with files.open_text(path, newline="") as f:
     for line_no, row in enumerate(csv.reader(f), start=1):
       if not row:
         continue
@@ -103,16 +104,17 @@ def read_metadata(data_dir: str) -> dict[int, tuple[str, str, str]]:
   return out
 
 
-def check_metadata(data_dir: str, books: Iterable[pathlib.Path], metadata: dict) -> None:
+def check_metadata(data_dir: str, books: Iterable[epath.Path], metadata: dict) -> None:
   missing = [p for p in books if int(p.stem) not in metadata]
   if missing:
     raise DataError(f"book {str(missing[0])!r} has no line in {str(files.expand(data_dir) / METADATA)!r} "
                     f"({len(missing)} books have none); expected one line per book in {LAYOUT}.")
 
 
-def read_book(path: pathlib.Path) -> str:
+def read_book(path: epath.Path) -> str:
   try:
-    return path.read_text(encoding="utf-8").strip()
+    with files.open_text(path) as f:
+      return f.read().strip()
   except UnicodeDecodeError as e:
     raise DataError(f"book {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}).") from e
 

@@ -4,13 +4,12 @@ sources over a tokenized corpus built once into the cache and memory-mapped afte
 from __future__ import annotations
 
 import logging
-import os
-import pathlib
 import time
 import zlib
 from collections.abc import Callable, Iterator
 
 import numpy as np
+from etils import epath
 
 from lra_core.data import cache, files
 from lra_core.data.packing import PACKINGS, Corpus, CorpusSequences, build_corpus
@@ -52,11 +51,12 @@ def padding_seed(name: str) -> int:
 
 
 def tokenizer_spec(data) -> str:
-  """"bytes", or the SentencePiece model path with a relative path resolved under data.dir."""
+  """"bytes", or the SentencePiece model path with a relative path resolved under data.dir
+  (which may be a gs:// URL: the model is then read from the bucket)."""
   spec = data.tokenizer
   if spec == "bytes" or not spec:
     return spec
-  path = files.expand(spec)
+  path = files.expand(spec, what="data.tokenizer")
   if not path.is_absolute() and data.dir:
     path = files.expand(data.dir) / path
   return str(path)
@@ -65,7 +65,7 @@ def tokenizer_spec(data) -> str:
 def load_tokenizer(data, *, hint: str) -> Tokenizer:
   """The configured tokenizer; a missing model file names the path and how to train one."""
   spec = tokenizer_spec(data)
-  if spec and spec != "bytes" and not os.path.isfile(spec):
+  if spec and spec != "bytes" and not files.expand(spec, what="data.tokenizer").is_file():
     hint = hint.replace("<dir>", str(files.expand(data.dir))) if data.dir else hint
     raise DataError(f"data.tokenizer {spec!r} does not exist; expected \"bytes\" or a SentencePiece .model "
                     f"file (relative paths resolve under data.dir), e.g. trained with `{hint}`.")
@@ -76,7 +76,7 @@ def tfds_fingerprint(records, split: str) -> list:
   """Fingerprints of the array_record shards behind a tfds split, and its dataset_info.json."""
   info = records.dataset_info
   base = files.parse_split(split)[0]
-  folder = pathlib.Path(info.data_dir)
+  folder = epath.Path(info.data_dir)  # not pathlib: that would turn gs://b into gs:/b
   paths = [folder / name for name in info.splits[base].filenames] + [folder / "dataset_info.json"]
   return cache.file_fingerprint([p for p in paths if p.exists()])
 

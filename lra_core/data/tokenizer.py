@@ -4,6 +4,7 @@
   "bytes"          UTF-8 bytes, id = byte + 2 (pad 0, eos 1), vocabulary 258;
   "<path>.model"   a SentencePiece model, e.g. one trained by this module (BPE 32k for PG-19,
                    as Transformer-VQ) or a user's own (T5's C4 vocabulary); it must define eos.
+                   It may be an object in a bucket (gs://...), loaded from its bytes.
 
 Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them):
 
@@ -11,7 +12,8 @@ Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them):
       --model_prefix=/data/pg19/spm_bpe32k --vocab_size=32000
 
 `--input` takes folders (every *.txt below them), .txt files and C4 .json(.gz) shards (their
-"text" fields), comma-separated. Inspect a model with `--model=... --encode="some text"`.
+"text" fields), comma-separated; they and `--model_prefix` may be gs:// paths. Inspect a model
+with `--model=... --encode="some text"`.
 
 Every tokenizer also says which tokens begin a whitespace-separated word (`word_starts`), so an
 evaluation can report word-level perplexity (Rae et al. 2020: total loss / number of words).
@@ -23,15 +25,20 @@ import argparse
 import functools
 import gzip
 import hashlib
+import io
 import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from etils import epath
 
+from lra_core import fs
+from lra_core.data import files
 from lra_core.errors import ConfigError, DataError, UserError
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
@@ -80,11 +87,17 @@ class SentencePieceTokenizer:
     import sentencepiece as spm
 
     path = os.path.expanduser(path)
-    if not os.path.isfile(path):
+    file = files.expand(path, what="data.tokenizer")
+    if not file.is_file():
       raise DataError(f"SentencePiece model {path!r} does not exist; train one with "
                       f"`python -m lra_core.data.tokenizer --train --input=... --model_prefix=...`.")
+    # SentencePiece reads only local files: a model in a bucket is loaded from its bytes.
+    self._proto = None if fs.is_local(path) else file.read_bytes()
     try:
-      self.sp = spm.SentencePieceProcessor(model_file=path)
+      if self._proto is None:
+        self.sp = spm.SentencePieceProcessor(model_file=path)
+      else:
+        self.sp = spm.SentencePieceProcessor(model_proto=self._proto)
     except (OSError, RuntimeError) as e:
       raise DataError(f"SentencePiece model {path!r} cannot be read ({e}).") from e
     self.path = path
@@ -113,6 +126,8 @@ class SentencePieceTokenizer:
     return self._word_table[ids]
 
   def fingerprint(self) -> str:
+    if self._proto is not None:
+      return "spm:" + hashlib.sha256(self._proto).hexdigest()[:16]
     with open(self.path, "rb") as f:
       return "spm:" + hashlib.sha256(f.read()).hexdigest()[:16]
 
@@ -133,7 +148,10 @@ def make_tokenizer(spec: str) -> Tokenizer:
   if not spec:
     raise ConfigError("data.tokenizer is empty; expected 'bytes' or the path of a SentencePiece .model file.")
   path = os.path.expanduser(spec)
-  return _load(path, os.stat(path).st_mtime_ns if os.path.exists(path) else 0)
+  if fs.is_local(path):
+    return _load(path, os.stat(path).st_mtime_ns if os.path.exists(path) else 0)
+  file = files.expand(path, what="data.tokenizer")
+  return _load(path, file.stat().mtime if file.is_file() else 0)
 
 
 def encode_documents(tokenizer: Tokenizer, texts: Iterable[str], *, batch: int = 64) -> Iterator[np.ndarray]:
@@ -154,15 +172,16 @@ def encode_documents(tokenizer: Tokenizer, texts: Iterable[str], *, batch: int =
 # --------------------------------------------------------------------------- training
 
 
-def iter_text_files(inputs: Sequence[str]) -> Iterator[pathlib.Path]:
-  """Files named by --input: folders expand to every *.txt, *.json.gz and *.json below them."""
+def iter_text_files(inputs: Sequence[str]) -> Iterator[epath.Path]:
+  """Files named by --input (local or gs://): folders expand to every *.txt, *.json.gz and *.json
+  below them."""
   for item in inputs:
-    path = pathlib.Path(os.path.expanduser(item))
+    path = files.expand(item, what="--input")
     if path.is_dir():
-      files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
-      if not files:
+      found = sorted(p for p in _files_below(path) if _kind(p))
+      if not found:
         raise DataError(f"folder {str(path)!r} holds no .txt or .json(.gz) files.")
-      yield from files
+      yield from found
     elif path.is_file():
       if not _kind(path):
         raise DataError(f"{str(path)!r} is neither a .txt nor a .json(.gz)/.jsonl(.gz) file.")
@@ -171,7 +190,18 @@ def iter_text_files(inputs: Sequence[str]) -> Iterator[pathlib.Path]:
       raise DataError(f"--input {item!r} does not exist.")
 
 
-def _kind(path: pathlib.Path) -> str:
+def _files_below(folder: epath.Path) -> Iterator[epath.Path]:
+  if fs.is_local(folder):
+    yield from (epath.Path(p) for p in pathlib.Path(folder).rglob("*") if p.is_file())
+    return
+  for path in folder.iterdir():
+    if path.is_dir():
+      yield from _files_below(path)
+    elif path.is_file():
+      yield path
+
+
+def _kind(path: epath.Path) -> str:
   name = path.name.lower()
   if name.endswith(".txt"):
     return "txt"
@@ -180,42 +210,55 @@ def _kind(path: pathlib.Path) -> str:
   return ""
 
 
-def iter_lines(files: Iterable[pathlib.Path]) -> Iterator[str]:
+def iter_lines(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
   """Non-empty lines of text files, and lines of the "text" field of JSON-lines files."""
-  for path in files:
+  for path in map(epath.Path, paths):
     if _kind(path) == "txt":
-      with open(path, encoding="utf-8", errors="replace") as f:
+      with io.TextIOWrapper(files.open_binary(path), encoding="utf-8", errors="replace") as f:
         yield from (line.rstrip("\n") for line in f if line.strip())
       continue
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-      for line_no, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        try:
-          text = json.loads(line)["text"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-          raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a 'text' field.") from e
-        yield from (part for part in text.split("\n") if part.strip())
+    with files.open_binary(path) as raw:
+      stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+      with io.TextIOWrapper(stream, encoding="utf-8") as f:
+        yield from _json_lines(f, path)
+
+
+def _json_lines(f, path: epath.Path) -> Iterator[str]:
+  """The non-empty lines of the "text" field of each JSON line of `f` (the file `path`)."""
+  for line_no, line in enumerate(f, start=1):
+    if not line.strip():
+      continue
+    try:
+      text = json.loads(line)["text"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a 'text' field.") from e
+    yield from (part for part in text.split("\n") if part.strip())
 
 
 def train(inputs: Sequence[str], model_prefix: str, *, vocab_size: int = 32000, model_type: str = "bpe",
           input_sentence_size: int = 10_000_000, character_coverage: float = 1.0,
           seed: int = 0) -> str:
-  """Trains a SentencePiece model on the lines of `inputs`; returns the .model path."""
+  """Trains a SentencePiece model on the lines of `inputs`; returns the .model path. A gs://
+  model_prefix is trained in a local temporary folder and copied up."""
   import sentencepiece as spm
 
-  files = list(iter_text_files(inputs))
-  out = pathlib.Path(os.path.expanduser(model_prefix))
-  out.parent.mkdir(parents=True, exist_ok=True)
-  spm.set_random_generator_seed(seed)  # which lines are sampled, when there are more than enough
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter_lines(files), model_prefix=str(out), vocab_size=vocab_size,
-      model_type=model_type, character_coverage=character_coverage,
-      input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=os.cpu_count() or 1,
-      minloglevel=2)
-  return str(out) + ".model"
+  found = list(iter_text_files(inputs))
+  target = files.expand(model_prefix, what="--model_prefix")
+  with tempfile.TemporaryDirectory(prefix="spm-") as spool:
+    # SentencePiece writes only local files.
+    out = pathlib.Path(os.fspath(target)) if fs.is_local(target) else pathlib.Path(spool) / target.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(seed)  # which lines are sampled, when there are more than enough
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter_lines(found), model_prefix=str(out), vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=os.cpu_count() or 1,
+        minloglevel=2)
+    if not fs.is_local(target):
+      for suffix in (".model", ".vocab"):
+        (target.parent / (target.name + suffix)).write_bytes(out.with_name(out.name + suffix).read_bytes())
+  return str(target) + ".model"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,9 +2,10 @@
 
 Where the images come from (`data.source`):
 
-  files  `data.dir` holds the Toronto python release `cifar-10-python.tar.gz`, or its extracted
-         `cifar-10-batches-py/` folder (`data_batch_1`..`data_batch_5`, `test_batch`), or is that
-         folder itself. Whichever data_batch_N exist are used, in order of N.
+  files  `data.dir` (a local folder or a gs:// one) holds the Toronto python release
+         `cifar-10-python.tar.gz`, or its extracted `cifar-10-batches-py/` folder (`data_batch_1`..
+         `data_batch_5`, `test_batch`), or is that folder itself. Whichever data_batch_N exist
+         are used, in order of N.
   tfds   tfds `cifar10` prepared in array_record format under `data.dir` ("" -> ~/tensorflow_datasets).
 
 Splits are tfds slice specs (`data.train_split`, `validation_split`, `test_split`), by default
@@ -40,7 +41,6 @@ import argparse
 import hashlib
 import io
 import logging
-import pathlib
 import pickle
 import re
 import sys
@@ -50,6 +50,7 @@ from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
                            tfds_source)
@@ -168,7 +169,7 @@ def read_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
   return images, labels.astype(np.uint8)
 
 
-def locate(data_dir: str) -> pathlib.Path:
+def locate(data_dir: str) -> epath.Path:
   """The archive under `data_dir` if there is one, else the folder holding the batch pickles."""
   root = files.require_dir(data_dir, layout=LAYOUT, prepare=PREPARE)
   if (root / ARCHIVE).is_file():
@@ -181,17 +182,17 @@ def locate(data_dir: str) -> pathlib.Path:
                   f"expected {LAYOUT} ({PREPARE}).")
 
 
-def _batch_files(location: pathlib.Path) -> dict[str, pathlib.Path]:
+def _batch_files(location: epath.Path) -> dict[str, epath.Path]:
   return {p.name: p for p in location.iterdir() if _BATCH.match(p.name) and p.is_file()}
 
 
-def _read_batches(location: pathlib.Path) -> dict[str, tuple[bytes, str]]:
+def _read_batches(location: epath.Path) -> dict[str, tuple[bytes, str]]:
   """name -> (raw pickle, where) for data_batch_N and test_batch."""
   if location.is_dir():
     return {name: (p.read_bytes(), f"file {str(p)!r}") for name, p in _batch_files(location).items()}
   found = {}
   try:
-    with tarfile.open(location, "r:gz") as archive:
+    with location.open("rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as archive:
       for member in archive:
         m = _BATCH.match(member.name)
         if m and member.isfile():
@@ -202,7 +203,7 @@ def _read_batches(location: pathlib.Path) -> dict[str, tuple[bytes, str]]:
   return found
 
 
-def read_release(location: pathlib.Path, grayscale: bool = True, size: int = SIDE) -> dict[str, np.ndarray]:
+def read_release(location: epath.Path, grayscale: bool = True, size: int = SIDE) -> dict[str, np.ndarray]:
   """`train_inputs`, `train_labels`, `test_inputs`, `test_labels` (uint8) of the python release,
   each split in tfds's stored order (see `tfds_order`)."""
   batches = _read_batches(location)
@@ -223,7 +224,7 @@ def read_release(location: pathlib.Path, grayscale: bool = True, size: int = SID
   return arrays
 
 
-def load_release(location: pathlib.Path, grayscale: bool = True, size: int = SIDE,
+def load_release(location: epath.Path, grayscale: bool = True, size: int = SIDE,
                  cache_dir: str = "") -> dict[str, np.ndarray]:
   """`read_release`, built once into the lra_core cache and memory-mapped after."""
   inputs = [location] if location.is_file() else sorted(_batch_files(location).values())

@@ -2,8 +2,9 @@
 
 Where the reviews come from (`data.source`):
 
-  files  `data.dir` holds the Stanford release `aclImdb_v1.tar.gz`, or its extracted `aclImdb/`
-         folder (`aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt`), or is that folder itself.
+  files  `data.dir` (a local folder or a gs:// one) holds the Stanford release `aclImdb_v1.tar.gz`,
+         or its extracted `aclImdb/` folder (`aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt`),
+         or is that folder itself.
   tfds   tfds `imdb_reviews` (config plain_text), prepared in array_record format under
          `data.dir` ("" -> ~/tensorflow_datasets).
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import os
 import pathlib
 import re
 import sys
@@ -39,7 +39,9 @@ from collections.abc import Iterator, Sequence
 
 import ml_collections
 import numpy as np
+from etils import epath
 
+from lra_core import fs
 from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
                            tfds_source)
 from lra_core.errors import ConfigError, DataError
@@ -97,7 +99,7 @@ def decode(ids) -> str:
 # ----------------------------------------------------------------------------- reading the release
 
 
-def locate(data_dir: str) -> pathlib.Path:
+def locate(data_dir: str) -> epath.Path:
   """The archive under `data_dir` if there is one, else the extracted aclImdb/ folder."""
   root = files.require_dir(data_dir, layout=LAYOUT, prepare=PREPARE)
   if (root / ARCHIVE).is_file():
@@ -116,9 +118,9 @@ def _parse_name(name: str, where: str) -> tuple[int, int]:
   return int(m[1]), int(m[2])
 
 
-def _archive_reviews(path: pathlib.Path) -> Iterator[tuple[str, int, int, int, bytes]]:
+def _archive_reviews(path: epath.Path) -> Iterator[tuple[str, int, int, int, bytes]]:
   try:
-    with tarfile.open(path, "r:gz") as archive:
+    with path.open("rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as archive:
       for member in archive:
         m = _MEMBER.match(member.name)
         if not m or not member.isfile():
@@ -131,22 +133,22 @@ def _archive_reviews(path: pathlib.Path) -> Iterator[tuple[str, int, int, int, b
                     f"{LAYOUT} ({PREPARE}).") from e
 
 
-def _folder_files(folder: pathlib.Path) -> list[tuple[str, int, pathlib.Path]]:
+def _folder_files(folder: epath.Path) -> list[tuple[str, int, epath.Path]]:
   found = []
   for split in FILE_SPLITS:
     for label_id, label in enumerate(LABELS):
-      with os.scandir(folder / split / label) as entries:
-        found += [(split, label_id, pathlib.Path(e.path)) for e in entries if e.is_file()]
+      found += [(split, label_id, path) for path in files.list_files(folder / split / label)]
   return found
 
 
-def _folder_reviews(folder: pathlib.Path) -> Iterator[tuple[str, int, int, int, bytes]]:
-  for split, label_id, path in _folder_files(folder):
+def _folder_reviews(folder: epath.Path) -> Iterator[tuple[str, int, int, int, bytes]]:
+  found = _folder_files(folder)
+  for (split, label_id, path), text in zip(found, files.prefetch([p for _, _, p in found])):
     review_id, rating = _parse_name(path.name, f"file {str(path)!r}")
-    yield split, label_id, review_id, rating, path.read_bytes()
+    yield split, label_id, review_id, rating, path.read_bytes() if text is None else text
 
 
-def read_reviews(location: pathlib.Path) -> dict[str, np.ndarray]:
+def read_reviews(location: epath.Path) -> dict[str, np.ndarray]:
   """All labelled reviews of the archive or folder, per split: `<split>_bytes` uint8 (stripped
   texts end to end), `<split>_offsets` int64[N+1], `<split>_labels` int8, `<split>_ids` int32,
   `<split>_ratings` int8; sorted by (label, id)."""
@@ -172,17 +174,19 @@ def read_reviews(location: pathlib.Path) -> dict[str, np.ndarray]:
   return arrays
 
 
-def _fingerprint(location: pathlib.Path) -> list:
+def _fingerprint(location: epath.Path) -> list:
   if location.is_file():
     return cache.file_fingerprint([location])
   # 50k small files: a digest of the listing instead of a 5 MB key.
-  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
-                   for s, l, p in _folder_files(location))
-  return [str(location.resolve()), len(listing),
-          hashlib.sha256("\n".join(listing).encode()).hexdigest()]
+  found = _folder_files(location)
+  stats = cache.file_fingerprint([p for _, _, p in found])
+  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{size}:{mtime}"
+                   for (s, l, p), (_, size, mtime) in zip(found, stats))
+  where = str(pathlib.Path(location).resolve()) if fs.is_local(location) else str(location)
+  return [where, len(listing), hashlib.sha256("\n".join(listing).encode()).hexdigest()]
 
 
-def load_reviews(location: pathlib.Path, cache_dir: str = "") -> dict[str, np.ndarray]:
+def load_reviews(location: epath.Path, cache_dir: str = "") -> dict[str, np.ndarray]:
   """`read_reviews(location)`, built once into the lra_core cache and memory-mapped after."""
   key = dict(kind="imdb", version=_CACHE_VERSION, input=_fingerprint(location))
   start = time.perf_counter()

@@ -30,8 +30,9 @@ from typing import Iterator, Sequence
 
 import ml_collections
 import numpy as np
+from etils import epath
 
-from lra_core.data import DataInfo, check_index, config_section, labelled_example
+from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -213,12 +214,13 @@ class Examples:
 
 
 def load_tsv(path: str | os.PathLike) -> Examples:
-  """Reads one ListOps TSV in the official format, raising DataError at the first bad line."""
-  path = pathlib.Path(path)
+  """Reads one ListOps TSV in the official format (a local file or gs://...), raising DataError at
+  the first bad line."""
+  path = files.expand(path, what="ListOps file")
   if not path.is_file():
     raise DataError(f"ListOps file {path} does not exist.")
   chunks, lengths, labels = [], [], []
-  with open(path, encoding="utf-8", newline="") as f:
+  with files.open_text(path, newline="") as f:
     header = f.readline().rstrip("\r\n")
     if not header:
       raise DataError(f"ListOps file {path} is empty; expected a header line 'Source<TAB>Target'.")
@@ -261,7 +263,7 @@ class Source:
   def __init__(self, path: str | os.PathLike, seq_len: int):
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
       raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
-    self.path = pathlib.Path(path)
+    self.path = files.expand(path, what="ListOps file")
     self.seq_len = int(seq_len)
     self.examples = load_tsv(path)
     truncated = int(np.sum(self.examples.lengths > seq_len))
@@ -287,7 +289,7 @@ class Source:
 
 _DEFAULTS = dict(
     name="listops",
-    dir="",           # folder holding basic_{train,val,test}.tsv
+    dir="",           # folder holding basic_{train,val,test}.tsv (local or gs://)
     generate=False,   # with dir "": generate the set below once into cache_dir and use it
     cache_dir="",     # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
     seed=0, num_train=96000, num_val=2000, num_test=2000,
@@ -305,10 +307,9 @@ def _generator_settings(data) -> dict[str, int]:
 
 def cache_folder(data) -> pathlib.Path:
   """Where `data.generate` puts the set: one subfolder per generator setting."""
-  root = data.get("cache_dir", "") or os.environ.get("LRA_CORE_CACHE", "") or "~/.cache/lra_core"
   key = json.dumps(dict(_generator_settings(data), version=_GENERATOR_VERSION), sort_keys=True)
   digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-  return pathlib.Path(root).expanduser() / f"listops-{digest}"
+  return cache.cache_root(data.get("cache_dir", "")) / f"listops-{digest}"
 
 
 def _has_files(folder: pathlib.Path) -> bool:
@@ -339,9 +340,9 @@ def ensure_generated(data) -> pathlib.Path:
   return final
 
 
-def _folder(data) -> pathlib.Path:
+def _folder(data) -> epath.Path:
   if data.get("dir", ""):
-    return pathlib.Path(data.dir).expanduser()
+    return files.expand(data.dir)
   if data.get("generate", False):
     return ensure_generated(data)
   raise DataError("data.dir is empty and data.generate is False; set data.dir to a folder with "
@@ -353,7 +354,7 @@ def validate_config(config) -> None:
   data = config.data
   check_generator_settings(**_generator_settings(data))
   if data.get("dir", ""):
-    folder = pathlib.Path(data.dir).expanduser()
+    folder = files.expand(data.dir)
     missing = [name for name in SPLIT_FILES.values() if not (folder / name).is_file()]
     if missing:
       raise DataError(f"data.dir {str(folder)!r} lacks the ListOps file(s) {missing}.")

@@ -1,6 +1,6 @@
 """LRA Pathfinder and Path-X: is there a dashed path between the two dots of an image?
 
-Files (the LRA release, `lra_release/pathfinder<res>/`), read from `data.dir`:
+Files (the LRA release, `lra_release/pathfinder<res>/`), read from `data.dir` (local or gs://):
 
   <dir>/curv_baseline/            easy          (contour length 6)
   <dir>/curv_contour_length_9/    intermediate
@@ -42,16 +42,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import io
 import logging
 import os
-import pathlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import ml_collections
 import numpy as np
+from etils import epath
 
+from lra_core import fs
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
@@ -105,7 +107,7 @@ class Row:
 
 def read_metadata(path: str | os.PathLike) -> list[Row]:
   """Parses one metadata text file, raising DataError at the first line that does not parse."""
-  path = pathlib.Path(path)
+  path = epath.Path(path)
   try:
     text = path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as e:
@@ -143,13 +145,14 @@ def tfds_order(keys: Sequence[str], split_name: str) -> np.ndarray:
 # ----------------------------------------------------------------------------- images
 
 
-def decode_png(path: str | os.PathLike, resolution: int) -> np.ndarray | None:
-  """uint8[res*res] raster-order pixels of an 8-bit greyscale PNG; None for an empty file."""
+def decode_png(path: str | os.PathLike, resolution: int, data: bytes | None = None) -> np.ndarray | None:
+  """uint8[res*res] raster-order pixels of an 8-bit greyscale PNG; None for an empty file.
+  `data` is the file's content when it was read already (`files.prefetch`)."""
   from PIL import Image  # imported here to keep imports light
 
   path = str(path)
   try:
-    with open(path, "rb") as f:
+    with io.BytesIO(data) if data is not None else epath.Path(path).open("rb") as f:
       if not f.read(1):
         return None
       f.seek(0)
@@ -169,7 +172,7 @@ def decode_png(path: str | os.PathLike, resolution: int) -> np.ndarray | None:
   return np.frombuffer(pixels, np.uint8)
 
 
-def difficulty_folder(data_dir: str, difficulty: str, resolution: int) -> pathlib.Path:
+def difficulty_folder(data_dir: str, difficulty: str, resolution: int) -> epath.Path:
   """`<dir>/<difficulty folder>`, checked to exist with metadata files and an imgs/ folder."""
   if difficulty not in DIFFICULTIES:
     raise ConfigError(f"data.difficulty {difficulty!r} is not one of {list(DIFFICULTIES)}.")
@@ -183,7 +186,7 @@ def difficulty_folder(data_dir: str, difficulty: str, resolution: int) -> pathli
   return folder
 
 
-def decode_difficulty(folder: pathlib.Path, difficulty: str, resolution: int) -> dict[str, np.ndarray]:
+def decode_difficulty(folder: epath.Path, difficulty: str, resolution: int) -> dict[str, np.ndarray]:
   """Every image of one difficulty folder, in tfds order.
 
   Returns pixels uint8[N, res*res], labels uint8[N] and empty bool[N] (empty PNG files, which
@@ -201,10 +204,11 @@ def decode_difficulty(folder: pathlib.Path, difficulty: str, resolution: int) ->
   empty = np.zeros(len(rows), bool)
   start = time.perf_counter()
   base = str(folder)
-  for i, j in enumerate(order):
+  paths = [os.path.join(base, rows[j].image) for j in order]
+  for i, (j, path, data) in enumerate(zip(order, paths, files.prefetch(paths))):
     row = rows[j]
     try:
-      image = decode_png(os.path.join(base, row.image), resolution)
+      image = decode_png(path, resolution, data)
     except DataError as e:
       raise DataError(f"{row.where}: {e}") from None
     labels[i] = row.label
@@ -225,7 +229,7 @@ def load_difficulty(data_dir: str, difficulty: str, resolution: int, cache_dir: 
   folder = difficulty_folder(data_dir, difficulty, resolution)
   metadata = files.require_files(folder, METADATA_GLOB, layout=layout(data_dir, difficulty, resolution),
                                  prepare=PREPARE)
-  key = dict(version=_CACHE_VERSION, folder=os.path.abspath(folder), difficulty=difficulty,
+  key = dict(version=_CACHE_VERSION, folder=files.absolute(folder), difficulty=difficulty,
              resolution=resolution, metadata=cache.file_fingerprint(metadata))
   return cache.cached_arrays(f"pathfinder{resolution}-{difficulty}", key,
                              lambda: decode_difficulty(folder, difficulty, resolution), root=cache_dir)

@@ -1,6 +1,6 @@
 """LRA Retrieval: ACL Anthology Network (AAN) citation matching between two documents.
 
-Files (the LRA release, `lra_release/tsv_data/`), read from `data.dir`:
+Files (the LRA release, `lra_release/tsv_data/`), read from `data.dir` (local or gs://):
 
   train       new_aan_pairs.train.tsv
   validation  new_aan_pairs.eval.tsv
@@ -27,8 +27,9 @@ import os
 
 import ml_collections
 import numpy as np
+from etils import epath
 
-from lra_core.data import SPLITS, DataInfo, check_index, config_section, labelled_example
+from lra_core.data import SPLITS, DataInfo, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
 
 FILES = {
@@ -70,6 +71,7 @@ def split_path(config, split: str) -> str:
     raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
   if not config.data.dir:
     raise ConfigError(f"data.dir is empty; expected the folder holding {sorted(FILES.values())}.")
+  files.expand(config.data.dir)  # a URL whose filesystem package is missing: ConfigError
   return os.path.join(os.path.expanduser(config.data.dir), FILES[split])
 
 
@@ -88,9 +90,9 @@ def validate_config(config) -> None:
   _seq_len(config)
   for split in SPLITS:
     path = split_path(config, split)
-    if not os.path.isfile(path):
+    if not epath.Path(path).is_file():
       raise DataError(f"retrieval file {path!r} does not exist.")
-    if os.path.getsize(path) == 0:
+    if files.size(path) == 0:
       raise DataError(f"retrieval file {path!r} is empty.")
 
 
@@ -111,13 +113,13 @@ def read_pairs(path: str, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndar
   Returns (buffer uint8[N] of truncated text bytes, offsets int64[2P+1] into it with text k of
   pair p at [offsets[2p+k], offsets[2p+k+1]), labels int8[P]).
   """
-  if not os.path.isfile(path):
+  if not epath.Path(path).is_file():
     raise DataError(f"retrieval file {path!r} does not exist.")
   buffer = bytearray()
   offsets = [0]
   labels = []
   # Binary lines: truncation counts bytes, as LRA's byte encoder does, and no decode is paid.
-  with open(path, "rb") as f:
+  with files.open_binary(path) as f:
     for line_no, line in enumerate(f, start=1):
       line = line.rstrip(b"\r\n")
       if not line:
