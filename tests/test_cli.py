@@ -53,6 +53,15 @@ def test_help_shows_the_override_syntax_the_config_folders_and_an_example(capsys
   assert "python -m lra_core.configs" in out and "example:\n  python -m lra_core.train --config configs/" in out
 
 
+def test_a_command_shows_its_own_example(capsys):
+  from lra_core import evaluate
+  with pytest.raises(SystemExit):
+    evaluate.main(["--help"])
+  out = capsys.readouterr().out
+  assert f"example:\n  {evaluate.EXAMPLE}" in out
+  assert "default: the workdir's config.json" in " ".join(out.split())  # argparse wraps the flag help
+
+
 # -- config listing -----------------------------------------------------------------------------------------
 
 
@@ -104,8 +113,8 @@ def test_python_m_lra_core_configs_and_list_configs_print_the_listing():
 # -- configs from a workdir ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [SPEC, "configs/imagenet64/fit_denoiser.py:tiny", "configs/c4/block_transformer.py:tiny",
-                                  "configs/pg19/transformer_vq.py:tiny"])
+@pytest.mark.parametrize("spec", [SPEC, "configs/imagenet64/fit_denoiser.py:tiny",
+                                  "configs/c4/block_transformer.py:tiny", "configs/pg19/transformer_vq.py:tiny"])
 def test_a_saved_config_reads_back_equal(tmp_path, spec):
   config = lra_core.load_config(spec)
   (tmp_path / "config.json").write_text(json.dumps(config.to_dict(), indent=2))  # as the trainer writes it
