@@ -137,14 +137,55 @@ def _has_stacked(tree) -> bool:
   return False
 
 
-def restore_params(workdir: str | pathlib.Path, abstract_state: dict, step: int | None = None) -> tuple[dict, int]:
-  """The params (and step) of the latest (or given) checkpoint in `workdir`, for eval and sampling."""
-  ckpt = Checkpointer(workdir, async_save=False)
-  step = ckpt.latest_step() if step is None else step
-  if step is None:
-    raise CheckpointError(f"no checkpoint in {ckpt.directory}; train first with "
-                          f"`python -m lra_core.train --workdir={workdir}`.")
-  state, _ = ckpt.restore(step, abstract_state)
-  ckpt.close()
+# The entries of the train state that evaluation and sampling need (lra_core.state.make_state_spec).
+PARAM_ENTRIES = ("params", "model_state")
+
+
+def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
+                   step: int | None = None) -> tuple[dict, int]:
+  """({"params", "model_state"}, step) of the latest (or given) checkpoint in `workdir` (local or
+  gs://), placed as `abstract_state`'s shardings say, for eval, sampling and warm starts.
+
+  Only those two entries are read: the rest of the saved state (optimizer state, step, key, carry)
+  is marked as orbax placeholders and skipped, so any optimizer (or none) may be set in the
+  config. The two entries must match the checkpoint's exactly (no leaf missing or left over).
+  """
+  directory = fs.path(workdir, what="workdir") / "checkpoints"
+  manager = None
+  if directory.is_dir():
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False, read_only=True),
+                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+  try:
+    steps = list(manager.all_steps()) if manager is not None else []
+    if step is None and not steps:
+      raise CheckpointError(f"no checkpoint in {directory}; train first with "
+                            f"`python -m lra_core.train --workdir={workdir}`.")
+    step = max(steps) if step is None else step
+    if step not in steps:
+      raise CheckpointError(f"no checkpoint of step {step} in {directory}; it has steps {sorted(steps)}.")
+    saved = manager.item_metadata(step)["state"]
+    saved = saved.tree if hasattr(saved, "tree") else saved
+    item = {k: abstract_state[k] if k in PARAM_ENTRIES else jax.tree.map(lambda _: ocp.PLACEHOLDER, v)
+            for k, v in saved.items()}
+    missing = [k for k in PARAM_ENTRIES if k in abstract_state and k not in saved]
+    if missing:
+      raise CheckpointError(f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state "
+                            "of lra_core.")
+    args = ocp.args.PyTreeRestore(item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+    except (ValueError, KeyError, TypeError) as e:
+      scanned, wanted = _has_stacked(saved["params"]), _has_stacked(abstract_state["params"])
+      if scanned != wanted:
+        raise CheckpointError(f"checkpoint {directory / str(step)} was written with model.scan_layers={scanned} "
+                              f"and this config has model.scan_layers={wanted}; set "
+                              f"--config.model.scan_layers={scanned}.") from e
+      raise CheckpointError(f"checkpoint {directory / str(step)} does not match this model "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from e
+  finally:
+    if manager is not None:
+      manager.close()
+  state = {k: restored[k] for k in PARAM_ENTRIES if k in abstract_state}
   jax.block_until_ready(state["params"])
+  logging.info("restored the parameters of step %d from %s", step, directory)
   return state, step

@@ -1,14 +1,18 @@
 """Command-line parsing shared by train / evaluate / sample.
 
   --config=<file>[:arg]   a config file and its argument (ml_collections style)
-  --config.<key>=<value>  overrides, parsed with the field's type (as config_flags does)
+  --config.<key>=<value>  overrides, parsed with the field's type (as config_flags does);
+  --config.<key> <value>  the same, space separated as absl users type it
   --workdir=<dir>
+  --list_configs          every config file with the args it accepts (also `python -m lra_core.configs`)
   --distributed / --coordinator_address / --num_processes / --process_id
                           multi-process runs (lra_core/distributed.py, docs/launching.md)
 
-Overrides go through `lra_core.load_config`, so the command line and the Python API give the
-same one-sentence errors (an unknown key names the closest valid keys). A `UserError` ends the
-program with that sentence and exit status 2, not a traceback.
+Every flag also takes its value after a space. Overrides go through `lra_core.load_config`, so
+the command line and the Python API give the same one-sentence errors (an unknown key names the
+closest valid keys). A `UserError` ends the program with that sentence and exit status 2, not a
+traceback. Tools that read a run (evaluate, sample) take the config from `<workdir>/config.json`
+when --config is not given, with the overrides on top.
 
 The console scripts lra-train, lra-eval, lra-sample and lra-aot (pyproject.toml) run those modules
 as `python -m` does; lra-sweep and lra-bench run lra_core.sweep and lra_core.bench.train_step, the
@@ -18,16 +22,26 @@ commands of scripts/sweep.py and scripts/bench.py.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import importlib
+import inspect
 import logging
 import os
 import runpy
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 
 from lra_core import distributed
-from lra_core.config import load_config
-from lra_core.errors import UserError
+from lra_core.config import load_config, load_workdir_config
+from lra_core.errors import ConfigError, UserError
+from lra_core.registry import package_dir
+
+PREFIX = "--config."
+EXAMPLE = ("python -m lra_core.train --config configs/lra/listops/transformer.py:tiny \\\n"
+           "      --config.train.steps 100 --config.optim.lr=3e-4 --workdir runs/listops_tiny")
 
 
 @dataclasses.dataclass
@@ -46,28 +60,97 @@ def setup_logging() -> None:
     logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """(`key=value` overrides, the other arguments): `--config.KEY=VALUE` and `--config.KEY VALUE`
+  are overrides; a VALUE that starts with "--" must be given with "="."""
+  overrides, rest = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    a = args[i]
+    if not a.startswith(PREFIX):
+      rest.append(a)
+    elif "=" in a:
+      overrides.append(a[len(PREFIX):])
+    elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+      overrides.append(f"{a[len(PREFIX):]}={args[i + 1]}")
+      i += 1
+    else:
+      raise ConfigError(f"{a} needs a value: {a}=VALUE or {a} VALUE.")
+    i += 1
+  return overrides, rest
+
+
+class _Parser(argparse.ArgumentParser):
+  """An ArgumentParser whose epilog (the config folders) is only built when help is shown."""
+
+  def __init__(self, *args, epilog_fn: Callable[[], str], **kwargs):
+    super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    self.epilog_fn = epilog_fn
+
+  def format_help(self) -> str:
+    self.epilog = self.epilog_fn()
+    return super().format_help()
+
+
+class _ListConfigs(argparse.Action):
+  def __init__(self, option_strings, dest, **kwargs):
+    super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(list_configs())
+    parser.exit()
+
+
+def help_epilog(example: str) -> str:
+  folders = sorted({f.rpartition("/")[0] for f in config_files()})
+  return textwrap.dedent("""\
+      config overrides:
+        --config.KEY=VALUE or --config.KEY VALUE
+                              set one field of the config (KEY dotted, e.g. train.steps); VALUE is
+                              parsed with the field's type; a VALUE starting with -- needs the = form
+
+      config files:
+        configs/<dataset>/<model>.py[:ARG[,ARG...]]   with <dataset> one of
+      """) + textwrap.fill(", ".join(folders), width=96, initial_indent="    ", subsequent_indent="    ") + (
+      "\n  (read from the lra_core.configs package when not under the current folder);\n"
+      "  `python -m lra_core.configs` or --list_configs lists every file with its args\n\n"
+      f"example:\n  {example}\n")
+
+
 def parse(argv: Sequence[str] | None, *, default_config: str | None = None, default_workdir: str | None = None,
           extra: Callable[[argparse.ArgumentParser], None] | None = None, prog: str | None = None,
-          workdir: bool = True, description: str | None = None) -> Args:
-  """The shared flags (`workdir=False` leaves out --workdir, for tools that write no run)."""
+          workdir: bool = True, description: str | None = None, config_from_workdir: bool = False,
+          example: str | None = None) -> Args:
+  """The shared flags (`workdir=False` leaves out --workdir, for tools that write no run).
+
+  config_from_workdir: without --config, the config is `<workdir>/config.json` (the one the
+  trainer saved), overrides applied on top. `example` is the worked example --help shows.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
-  overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
-  rest = [a for a in argv if not a.startswith("--config.")]
-  parser = argparse.ArgumentParser(prog=prog, description=description)
-  parser.add_argument("--config", default=default_config, required=default_config is None,
-                      help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)")
+  parser = _Parser(prog=prog, description=description, epilog_fn=lambda: help_epilog(example or EXAMPLE))
+  optional = default_config is not None or config_from_workdir
+  parser.add_argument("--config", default=default_config, required=not optional,
+                      help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)"
+                           + ("; default: the workdir's config.json" if config_from_workdir else ""))
   if workdir:
     parser.add_argument("--workdir", default=default_workdir, required=default_workdir is None,
                         help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json")
+  parser.add_argument("--list_configs", action=_ListConfigs, help="list every config file with its args, then exit")
   distributed.add_flags(parser)
   if extra is not None:
     extra(parser)
+  overrides, rest = split_overrides(argv)
   ns = parser.parse_args(rest)
   setup_logging()
-  config = load_config(ns.config, overrides)
+  if ns.config is None:
+    config = load_workdir_config(ns.workdir, overrides)
+    spec = f"{ns.workdir}/config.json"
+  else:
+    config, spec = load_config(ns.config, overrides), ns.config
   # After the config (a typo fails at once, in every process) and before anything uses a device.
   distributed.initialize_from_args(ns)
-  return Args(config=config, workdir=getattr(ns, "workdir", None), spec=ns.config, overrides=overrides, extra=ns)
+  return Args(config=config, workdir=getattr(ns, "workdir", None), spec=spec, overrides=overrides, extra=ns)
 
 
 def run(main: Callable[[], None]) -> None:
@@ -92,3 +175,65 @@ sample_command = as_command("lra_core.sample")
 aot_command = as_command("lra_core.aot")
 sweep_command = as_command("lra_core.sweep")
 bench_command = as_command("lra_core.bench.train_step")
+
+
+# ------------------------------------------------------------------------------- Config listing
+
+
+@functools.cache
+def config_files() -> tuple[str, ...]:
+  """Every config file, as its path under configs/ ("lra/listops/transformer.py"): the modules of
+  the lra_core.configs package that define get_config at their top level."""
+  root = package_dir("configs")
+  out = []
+  for file in sorted(root.rglob("*.py")):
+    tree = ast.parse(file.read_text(), str(file))
+    if any(isinstance(node, ast.FunctionDef) and node.name == "get_config" for node in tree.body):
+      out.append(file.relative_to(root).as_posix())
+  return tuple(out)
+
+
+def config_args(file: str) -> tuple[str, ...] | None:
+  """The args config file `file` (a path under configs/) accepts, in the order it declares them:
+  the `allowed` of the `lra_core.config.config_arg` call that checks get_config's arg, found in
+  get_config's source or in a function get_config passes its arg to. None if there is no such call."""
+  module = importlib.import_module("lra_core.configs." + file.removesuffix(".py").replace("/", "."))
+  return _checked_args(module.get_config)
+
+
+def _checked_args(func, param: str | None = None, depth: int = 0) -> tuple[str, ...] | None:
+  tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+  fn = tree.body[0]
+  param = param or fn.args.args[0].arg
+
+  def value(node):  # an expression of `func`'s source, evaluated where `func` was defined
+    return eval(compile(ast.Expression(node), "<config args>", "eval"), func.__globals__)  # noqa: S307
+
+  for node in ast.walk(fn):
+    if not isinstance(node, ast.Call):
+      continue
+    at = [i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == param]
+    keywords = [k.arg for k in node.keywords if isinstance(k.value, ast.Name) and k.value.id == param]
+    if not at and not keywords:
+      continue
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    if name == "config_arg" and at == [0]:
+      allowed = node.args[1] if len(node.args) > 1 else next(k.value for k in node.keywords if k.arg == "allowed")
+      return tuple(dict.fromkeys(value(allowed)))
+    callee = value(node.func)
+    if inspect.isfunction(callee) and depth < 4:
+      target = list(inspect.signature(callee).parameters)[at[0]] if at else keywords[0]
+      found = _checked_args(callee, target, depth + 1)
+      if found is not None:
+        return found
+  return None
+
+
+def list_configs() -> str:
+  """One line per config file: `lra/listops/transformer.py: tiny, default, plus, plusplus`."""
+  lines = ["config files under configs/, each with the args it accepts (--config=configs/<file>[:ARG[,ARG...]];",
+           "without ARG the file's full setting):"]
+  for file in config_files():
+    args = config_args(file)
+    lines.append(f"  {file}: {', '.join(args) if args else '(none)' if args == () else '(not declared)'}")
+  return "\n".join(lines)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
+from lra_core import fs
 from lra_core import optim as optim_lib
 from lra_core import registry
 from lra_core.errors import ConfigError
@@ -335,3 +336,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"model {family.name} is not built for task {config.task!r}; its tasks are "
                       f"{list(family.tasks)}.")
   family.validate_config(config)
+
+
+def _tuples(value):
+  """JSON lists back to the tuples config files use (sharding.rules, optim.groups, ...)."""
+  if isinstance(value, dict):
+    return {k: _tuples(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return tuple(_tuples(v) for v in value)
+  return value
+
+
+def load_workdir_config(workdir, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
+  """The config a run saved as `<workdir>/config.json` (the trainer writes the whole config there),
+  with `key=value` overrides applied, validated and locked; `workdir` may be local or gs://."""
+  path = fs.path(workdir, what="workdir") / "config.json"
+  if not path.exists():
+    raise ConfigError(f"workdir {str(workdir)!r} has no config.json; give --config=<spec>, or the workdir of a "
+                      "run the trainer wrote.")
+  try:
+    saved = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path} is not valid JSON ({e}); give --config=<spec> instead.") from None
+  config = ml_collections.ConfigDict(_tuples(saved))
+  if "model" in config:
+    add_model_defaults(config)  # a config saved before a field of MODEL_DEFAULTS existed had its default
+  apply_overrides(config, overrides)
+  validate(config)
+  config.lock()
+  return config

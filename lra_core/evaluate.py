@@ -1,35 +1,41 @@
 """Evaluate a trained workdir on one split.
 
-  python -m lra_core.evaluate --config=<spec> --workdir=<dir> --split=test [--step=N]
+  python -m lra_core.evaluate --workdir=<dir> [--split=test] [--step=N] [--config.KEY=VALUE ...]
+  python -m lra_core.evaluate --config=<spec> --workdir=<dir> ...
 
-Restores the latest (or given) checkpoint onto the current mesh, runs the task's metrics over
-the whole split and writes `eval_<split>_<step>.json` into the workdir.
+Without --config the run's own config is used (`<workdir>/config.json`, written by the trainer),
+with any overrides on top (e.g. --config.train.eval_batch_size=64, or --config.data.dir=... on
+another machine). Restores the parameters and model state of the latest (or given) checkpoint
+onto the current mesh (not the optimizer state), runs the task's metrics over the whole split and
+writes `eval_<split>_<step>.json` into the workdir. The workdir may be local or gs://.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import pathlib
 
-from lra_core import cli, experiment, optim, sharding
+import jax
+import optax
+
+from lra_core import cli, experiment, fs, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.data import SPLITS
-from lra_core.metrics import MetricWriter
 from lra_core.state import make_state_spec
 
+EXAMPLE = "python -m lra_core.evaluate --workdir runs/listops_tiny --split validation --config.train.eval_batch_size 64"
 
-def evaluate(config, workdir: str | pathlib.Path, split: str = "test", *, step: int | None = None) -> dict:
+
+def evaluate(config, workdir, split: str = "test", *, step: int | None = None) -> dict:
   mesh = sharding.make_mesh(config.mesh)
   sources, task = experiment.setup_data(config, [split], mesh)
-  tx, _ = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
+  spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)
   with sharding.activate(mesh, config.sharding.rules):
     metrics = experiment.Evaluator(config, spec, task, mesh, sources)(state, split)
   result = {"step": step, "split": split, **metrics}
-  writer = MetricWriter(workdir)
-  writer.write_json(f"eval_{split}_{step}.json", result)
-  writer.close()
+  if jax.process_index() == 0:
+    (fs.path(workdir, what="workdir") / f"eval_{split}_{step}.json").write_text(json.dumps(result, indent=2) + "\n")
   return result
 
 
@@ -38,7 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--split", default="test", choices=SPLITS)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
 
-  args = cli.parse(argv, extra=flags, prog="python -m lra_core.evaluate")
+  args = cli.parse(argv, extra=flags, prog="python -m lra_core.evaluate", config_from_workdir=True, example=EXAMPLE)
   result = evaluate(args.config, args.workdir, args.extra.split, step=args.extra.step)
   logging.info("evaluated step %d on %s", result["step"], args.extra.split)
   print(", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))

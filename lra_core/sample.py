@@ -1,39 +1,54 @@
-"""Sample from a trained autoregressive model with its decode-state API.
+"""Sample from a trained model: text from language models, PNG grids from image models.
 
-  python -m lra_core.sample --config=<spec> --workdir=<dir> --prompt="The " \
+  python -m lra_core.sample --workdir=<dir> --prompt="The " \
       --max_new_tokens=200 --temperature=0.8 --top_p=0.9 [--top_k=40] [--num_samples=4]
 
-Without --prompt, the first --prompt_len tokens of the first validation example are used.
+Without --config the run's own config is used (`<workdir>/config.json`), with any
+`--config.KEY=VALUE` overrides on top; only the parameters and model state of the checkpoint are
+read. Without --prompt, the first --prompt_len tokens of the first validation example are used.
 Text is encoded and decoded with the dataset's own codec (`data.text_codec`).
 
-Image models (task image_ar) sample whole images pixel by pixel from the START token and write
-them as one PNG grid:
+Image models write one PNG grid, by default `<workdir>/samples_step<N>.png` (N: the checkpoint's
+step): autoregressive ones (task image_ar) sample whole images pixel by pixel from the START token
+(--temperature, --top_k, --top_p apply), diffusion models (task diffusion) denoise from pure noise
+with the sampler of `config.diffusion` unless --sampler / --steps say otherwise; a class-conditional
+denoiser draws random classes unless --label names one.
 
-  python -m lra_core.sample --config=<spec> --workdir=<dir> --num_samples=16 --png=samples.png
+  python -m lra_core.sample --workdir=<dir> --num_samples=16 [--png=samples.png] [--seed=1]
+  python -m lra_core.sample --workdir=<dir> --sampler=ddim --steps=50 --label=207
+
+`training_samples(config, model, key, num)` draws the same images from a model in memory (the
+trainer's grids every train.sample_every steps); `grid(images)` lays images out as one picture.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
+from PIL import Image
 
-from lra_core import cli, decoding, optim, sharding
+from lra_core import cli, decoding, diffusion, fs, sharding
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
-from lra_core.errors import ConfigError, optional_import
-from lra_core.state import make_state_spec
+from lra_core.errors import ConfigError
+from lra_core.state import make_state_spec, to_host
 
 AUTOREGRESSIVE = ("lm", "image_ar")
+IMAGE_TASKS = ("image_ar", "diffusion")
+EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0.9 --num_samples 4"
 
 
 def load_model(config, workdir, *, step: int | None = None) -> tuple[nnx.Module, int]:
   """The trained model of `workdir` (eval mode) and its checkpoint step."""
   mesh = sharding.make_mesh(config.mesh)
-  tx, _ = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
+  spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)
   return nnx.merge(spec.eval_graphdef, state["params"], state["model_state"]), step
 
@@ -71,58 +86,145 @@ class PixelsOnly(nnx.Module):
     return logits.at[..., self.num_pixels:].set(-jnp.inf), state
 
 
-def sample_images(config, workdir, *, num_samples: int = 16, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0, seed: int = 0, step: int | None = None) -> np.ndarray:
-  """uint8 [N,S,S,C] images sampled token by token from a trained image_ar model."""
-  if config.task != "image_ar" or config.data.name != "imagenet64":
-    raise ConfigError(f"image sampling needs task 'image_ar' on imagenet64, not {config.task!r} on "
-                      f"{config.data.name!r}.")
+@functools.partial(nnx.jit, static_argnames=("shape", "steps", "schedule", "pred_type", "sampler", "x0_clip"))
+def _denoise(model, key, labels, *, shape, steps, schedule, pred_type, sampler, x0_clip):
+  """uint8 images from pure noise; one program per model structure and sampling setting."""
+  x0 = diffusion.sample(model, key, shape, steps, schedule=schedule, pred_type=pred_type, sampler=sampler,
+                        labels=labels, x0_clip=x0_clip)
+  return diffusion.unit_to_pixels(x0)
+
+
+def training_samples(config, model, key: jax.Array, num: int, *, temperature: float = 1.0, top_k: int = 0,
+                     top_p: float = 1.0, sampler: str = "", steps: int = 0,
+                     labels: np.ndarray | None = None) -> np.ndarray:
+  """uint8 [num,S,S,C] images drawn from `model` in eval mode (e.g. nnx.merge(spec.eval_graphdef,
+  state["params"], state["model_state"])) for tasks image_ar and diffusion.
+
+  image_ar: pixel by pixel from the START token, with temperature / top_k / top_p.
+  diffusion: config.diffusion's sampler and sample_steps unless `sampler` / `steps` are given;
+  a class-conditional denoiser (model.num_classes > 0) draws `labels` int[num], random ones by
+  default. Programs are compiled once per setting, so repeated calls (every train.sample_every
+  steps) only run them.
+  """
+  conditional = config.task == "diffusion" and config.model.get("num_classes", 0) > 0
+  if labels is not None and not conditional:
+    raise ConfigError(f"labels need a class-conditional diffusion model; this {config.model.name} "
+                      f"({config.task}) is unconditional.")
+  if config.task == "image_ar":
+    if config.data.name != "imagenet64":
+      raise ConfigError(f"image sampling needs task 'image_ar' on imagenet64, not on {config.data.name!r}.")
+    prompt = np.full((num, 1), imagenet64.START, np.int32)
+    out = decoding.generate(PixelsOnly(model, imagenet64.START), prompt, max_new_tokens=config.train.seq_len,
+                            key=key, temperature=temperature, top_k=top_k, top_p=top_p)
+    d = config.data
+    return imagenet64.to_image(to_host(out)[:, 1:], d.image_size, d.order, d.patch_size)
+  if config.task != "diffusion":
+    raise ConfigError(f"image samples need task image_ar or diffusion, not {config.task!r}.")
+  d, m = config.diffusion, config.model
+  if sampler and sampler not in diffusion.SAMPLERS:
+    raise ConfigError(f"sampler {sampler!r} is not one of {list(diffusion.SAMPLERS)}.")
+  if steps < 0:
+    raise ConfigError(f"sampling steps must be >= 1 (0: config.diffusion.sample_steps), got {steps}.")
+  k_labels, k_draw = jax.random.split(key)
+  if conditional:
+    labels = (jax.random.randint(k_labels, (num,), 0, m.num_classes) if labels is None
+              else jnp.asarray(labels, jnp.int32))
+  images = _denoise(model, k_draw, labels, shape=(num, m.image_size, m.image_size, m.image_channels),
+                    steps=steps or d.sample_steps, schedule=d.sample_schedule or d.schedule,
+                    pred_type=d.pred_type, sampler=sampler or d.sampler, x0_clip=bool(d.x0_clip))
+  return to_host(images)
+
+
+def sample_images(config, workdir, *, num_samples: int = 16, seed: int = 0, step: int | None = None,
+                  **options) -> np.ndarray:
+  """uint8 [N,S,S,C] images sampled from the trained image_ar or diffusion model of `workdir`;
+  `options` as training_samples takes them."""
+  if config.task not in IMAGE_TASKS:
+    raise ConfigError(f"image sampling needs task image_ar or diffusion, not {config.task!r}.")
   model, _ = load_model(config, workdir, step=step)
-  prompt = np.full((num_samples, 1), imagenet64.START, np.int32)
-  out = decoding.generate(PixelsOnly(model, imagenet64.START), prompt, max_new_tokens=config.train.seq_len, key=jax.random.key(seed),
-                          temperature=temperature, top_k=top_k, top_p=top_p)
-  d = config.data
-  return imagenet64.to_image(np.asarray(out[:, 1:]), d.image_size, d.order, d.patch_size)
+  return training_samples(config, model, jax.random.key(seed), num_samples, **options)
 
 
-def save_grid(images: np.ndarray, path: str, columns: int = 0, scale: int = 1) -> None:
-  """uint8 [N,S,S,C] -> one PNG, `columns` images per row (default: a near-square grid), 1-pixel gaps;
-  each pixel drawn as a `scale` x `scale` square."""
-  matplotlib_image = optional_import("matplotlib.image", "plot")
-  images = np.repeat(np.repeat(np.asarray(images), scale, axis=1), scale, axis=2)
-  n, s, _, c = images.shape
+def grid(images: np.ndarray, columns: int = 0, scale: int = 1) -> np.ndarray:
+  """uint8 [N,S,S,C] -> one uint8 [H,W,C] picture: `columns` images per row (default: a near-square
+  grid), 1-pixel white gaps, each pixel drawn as a `scale` x `scale` square."""
+  images = np.asarray(images)
+  if images.ndim != 4 or not len(images):
+    raise ConfigError(f"a grid needs images [N,S,S,C] with N >= 1, got shape {images.shape}.")
+  images = np.repeat(np.repeat(images, scale, axis=1), scale, axis=2)
+  n, h, w, c = images.shape
   cols = columns or int(np.ceil(np.sqrt(n)))
   rows = -(-n // cols)
-  grid = np.full((rows * (s + 1) + 1, cols * (s + 1) + 1, c), 255, np.uint8)
+  out = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, c), 255, np.uint8)
   for i, image in enumerate(images):
     r, k = divmod(i, cols)
-    grid[1 + r * (s + 1):1 + r * (s + 1) + s, 1 + k * (s + 1):1 + k * (s + 1) + s] = image
-  matplotlib_image.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
+    out[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + k * (w + 1):1 + k * (w + 1) + w] = image
+  return out
+
+
+def save_grid(images: np.ndarray, path, columns: int = 0, scale: int = 1) -> None:
+  """Writes `grid(images, columns, scale)` as a PNG to `path` (local or gs://)."""
+  picture = grid(images, columns, scale)
+  buffer = io.BytesIO()
+  Image.fromarray(picture[..., 0] if picture.shape[-1] == 1 else picture).save(buffer, format="png")
+  target = fs.path(path, what="--png")
+  target.parent.mkdir(parents=True, exist_ok=True)
+  target.write_bytes(buffer.getvalue())
+
+
+def check_guidance(config, guidance: float | None) -> None:
+  """--guidance needs classifier-free guidance, which no denoiser here is trained for."""
+  if guidance is not None:
+    raise ConfigError(f"--guidance needs a denoiser trained for classifier-free guidance, which model "
+                      f"{config.model.name} (like every family in lra_core.registry) is not; leave --guidance out.")
 
 
 def main(argv=None) -> None:
   def flags(parser):
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--prompt_len", type=int, default=32)
-    parser.add_argument("--num_samples", type=int, default=1)
+    parser.add_argument("--num_samples", type=int, default=None, help="default: 1 text, 16 images")
     parser.add_argument("--max_new_tokens", type=int, default=100)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=0, help="0 = off")
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus mass; 1 = off")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    parser.add_argument("--png", default="", help="image_ar: write the sampled images to this PNG grid")
+    parser.add_argument("--png", default="", help="image models: the PNG grid to write "
+                                                  "(default: <workdir>/samples_step<N>.png)")
     parser.add_argument("--png_scale", type=int, default=1, help="--png: pixels per image pixel")
+    parser.add_argument("--sampler", default="", choices=("",) + diffusion.SAMPLERS,
+                        help="diffusion: the reverse process (default: config.diffusion.sampler)")
+    parser.add_argument("--steps", type=int, default=0, help="diffusion: reverse steps (default: "
+                                                             "config.diffusion.sample_steps)")
+    parser.add_argument("--label", type=int, default=None,
+                        help="class-conditional diffusion: the class of every sample (default: random)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="classifier-free guidance scale (no model here supports it)")
 
-  args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample")
-  e = args.extra
-  if e.png:
-    images = sample_images(args.config, args.workdir, num_samples=e.num_samples, temperature=e.temperature,
-                           top_k=e.top_k, top_p=e.top_p, seed=e.seed, step=e.step)
-    save_grid(images, e.png, scale=e.png_scale)
-    print(f"wrote {len(images)} samples to {e.png}")
+  args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample", config_from_workdir=True, example=EXAMPLE)
+  e, config = args.extra, args.config
+  check_guidance(config, e.guidance)
+  if config.task != "diffusion" and (e.sampler or e.steps or e.label is not None):
+    raise ConfigError(f"--sampler, --steps and --label apply to diffusion models; this config's task is "
+                      f"{config.task!r}.")
+  if config.task in IMAGE_TASKS:
+    num = e.num_samples or 16
+    labels = None if e.label is None else np.full((num,), e.label, np.int32)
+    if labels is not None and not 0 <= e.label < config.model.get("num_classes", 0):
+      raise ConfigError(f"--label {e.label} is not a class of this model (model.num_classes="
+                        f"{config.model.get('num_classes', 0)}).")
+    model, step = load_model(config, args.workdir, step=e.step)
+    images = training_samples(config, model, jax.random.key(e.seed), num, temperature=e.temperature, top_k=e.top_k,
+                              top_p=e.top_p, sampler=e.sampler, steps=e.steps, labels=labels)
+    png = e.png or str(fs.path(args.workdir, what="workdir") / f"samples_step{step}.png")
+    save_grid(images, png, scale=e.png_scale)
+    print(f"wrote {len(images)} samples of step {step} to {png}")
     return
-  texts = sample(args.config, args.workdir, prompt=e.prompt, num_samples=e.num_samples,
+  if e.png:
+    raise ConfigError(f"--png applies to image models (tasks {list(IMAGE_TASKS)}); this config's task is "
+                      f"{config.task!r}.")
+  texts = sample(config, args.workdir, prompt=e.prompt, num_samples=e.num_samples or 1,
                  max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_k=e.top_k,
                  top_p=e.top_p, seed=e.seed, prompt_len=e.prompt_len, step=e.step)
   for i, text in enumerate(texts):

@@ -1,0 +1,198 @@
+"""Evaluation and sampling from a trained workdir alone: the run's config.json with overrides on
+top, parameters restored without the optimizer state, local and gs:// workdirs, diffusion grids."""
+
+import io
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from PIL import Image
+
+import fixtures.imagenet64
+import lra_core
+from lra_core import evaluate, fs, optim, sample, sharding
+from lra_core.checkpoint import restore_params
+from lra_core.errors import CheckpointError, ConfigError
+from lra_core.state import make_state_spec
+from lra_core.train import train_and_evaluate
+
+LISTOPS = "configs/lra/listops/transformer.py:tiny"
+DENOISER = "configs/imagenet64/fit_denoiser.py:tiny"
+
+
+def _printed(capsys) -> dict:
+  """evaluate.main's line `step=4, split=test, accuracy=0.0750, ...` as a dict of strings."""
+  line = capsys.readouterr().out.strip().splitlines()[-1]
+  return dict(item.split("=") for item in line.split(", "))
+
+
+@pytest.fixture(scope="module")
+def listops_run(tmp_path_factory):
+  """(config, workdir, summary) of a tiny ListOps run."""
+  root = tmp_path_factory.mktemp("listops")
+  config = lra_core.load_config(LISTOPS, [f"data.cache_dir={root / 'cache'}"])
+  summary = train_and_evaluate(config, root / "run")
+  return config, root / "run", summary
+
+
+def test_evaluate_reads_the_workdirs_config(listops_run, capsys):
+  config, workdir, summary = listops_run
+  explicit = evaluate.evaluate(config, workdir, "test")
+  assert explicit["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
+  evaluate.main([f"--workdir={workdir}"])  # no --config
+  printed = _printed(capsys)
+  assert printed == {"step": "4", "split": "test", "accuracy": f"{explicit['accuracy']:.4f}",
+                     "loss": f"{explicit['loss']:.4f}"}
+  saved = json.loads((workdir / "eval_test_4.json").read_text())
+  assert saved == pytest.approx(explicit)
+
+
+def test_overrides_apply_on_top_of_the_workdirs_config(listops_run, capsys):
+  config, workdir, _ = listops_run
+  explicit = evaluate.evaluate(config, workdir, "validation")
+  # Another eval batch and another optimizer: the optimizer state is never read.
+  evaluate.main(["--workdir", str(workdir), "--split", "validation", "--config.train.eval_batch_size", "16",
+                 "--config.optim.name=sgd"])
+  printed = _printed(capsys)
+  assert float(printed["loss"]) == pytest.approx(explicit["loss"], abs=1e-4)
+  assert printed["accuracy"] == f"{explicit['accuracy']:.4f}"
+
+
+def test_restore_params_reads_params_and_model_state_only(listops_run):
+  config, workdir, _ = listops_run
+  mesh = sharding.make_mesh(config.mesh)
+  spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
+  state, step = restore_params(workdir, spec.abstract)
+  assert step == 4 and set(state) == {"params", "model_state"}
+  shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+  assert shapes(state["params"]) == shapes(spec.abstract["params"])
+  with pytest.raises(CheckpointError, match=r"^no checkpoint of step 3 in .*checkpoints; it has steps \[4\]\.$"):
+    restore_params(workdir, spec.abstract, 3)
+  with pytest.raises(CheckpointError, match=r"^no checkpoint in .*; train first with `python -m lra_core.train"):
+    restore_params(workdir.parent / "elsewhere", spec.abstract)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.scan_layers=True", r"was written with model\.scan_layers=False and this config has "
+                               r"model\.scan_layers=True; set --config\.model\.scan_layers=False\.$"),
+    ("model.num_layers=1", r"does not match this model \(ValueError: "),  # a layer left over in the checkpoint
+    ("model.d_model=64", r"does not match this model \("),
+])
+def test_a_checkpoint_of_another_model_is_one_sentence(listops_run, override, message):
+  _, workdir, _ = listops_run
+  with pytest.raises(CheckpointError, match=r"^checkpoint .*checkpoints/4 " + message):
+    evaluate.main([f"--workdir={workdir}", f"--config.{override}"])
+
+
+def test_evaluate_a_gcs_workdir(listops_run, fake_gcs, capsys):
+  config, workdir, _ = listops_run
+  remote = fs.path(fake_gcs("run"))
+  fs.upload_tree(workdir, remote)  # the workdir as a pod's run leaves it in a bucket
+  evaluate.main([f"--workdir={remote}"])
+  printed = _printed(capsys)
+  explicit = evaluate.evaluate(config, workdir, "test")
+  assert printed["loss"] == f"{explicit['loss']:.4f}" and printed["accuracy"] == f"{explicit['accuracy']:.4f}"
+  assert json.loads((remote / "eval_test_4.json").read_text())["loss"] == pytest.approx(explicit["loss"])
+
+
+def test_text_sampling_refuses_image_flags(listops_run):
+  _, workdir, _ = listops_run
+  with pytest.raises(ConfigError, match=r"^--sampler, --steps and --label apply to diffusion models; this "
+                                        r"config's task is 'classify'\.$"):
+    sample.main([f"--workdir={workdir}", "--sampler=ddim"])
+  with pytest.raises(ConfigError, match=r"^--guidance needs a denoiser trained for classifier-free guidance"):
+    sample.main([f"--workdir={workdir}", "--guidance", "2"])
+
+
+# -- images ------------------------------------------------------------------------------------------------
+
+
+def test_grid_lays_images_out_with_one_pixel_gaps(tmp_path):
+  images = np.arange(5 * 2 * 3 * 3, dtype=np.uint8).reshape(5, 2, 3, 3)
+  out = sample.grid(images)
+  assert out.shape == (2 * 3 + 1, 3 * 4 + 1, 3) and out.dtype == np.uint8  # 3 columns, 2 rows
+  np.testing.assert_array_equal(out[1:3, 1:4], images[0])
+  np.testing.assert_array_equal(out[4:6, 5:8], images[4])
+  assert (out[0] == 255).all() and (out[:, 4] == 255).all() and (out[4:6, 9:12] == 255).all()  # gaps, empty cell
+  assert sample.grid(images, columns=5, scale=2).shape == (2 * 2 + 2, 5 * 7 + 1, 3)
+  assert sample.grid(images[..., :1]).shape == (7, 13, 1)
+  sample.save_grid(images[..., :1], tmp_path / "gray.png", scale=2)
+  assert np.asarray(Image.open(tmp_path / "gray.png")).shape == (2 * 5 + 1, 3 * 7 + 1)
+  with pytest.raises(ConfigError, match=r"needs images \[N,S,S,C\]"):
+    sample.grid(images[0])
+
+
+@pytest.fixture(scope="module")
+def denoiser_run(tmp_path_factory):
+  """(config, workdir) of a tiny class-conditional FIT denoiser run."""
+  root = tmp_path_factory.mktemp("denoiser")
+  config = lra_core.load_config(DENOISER, fixtures.imagenet64.build(root))
+  train_and_evaluate(config, root / "run")
+  return config, root / "run"
+
+
+@pytest.mark.slow
+def test_sample_a_diffusion_workdir_to_a_png_grid(denoiser_run, capsys):
+  config, workdir = denoiser_run
+  sample.main([f"--workdir={workdir}", "--num_samples=5", "--seed=3"])  # no --config
+  assert "wrote 5 samples of step 4 to" in capsys.readouterr().out
+  png = workdir / "samples_step4.png"
+  picture = np.asarray(Image.open(png))
+  assert picture.shape == (2 * 9 + 1, 3 * 9 + 1, 3)  # 8x8 RGB images, 3 columns, 2 rows
+  # The same draw as training_samples gives from the restored model.
+  model, _ = sample.load_model(config, workdir)
+  images = sample.training_samples(config, model, jax.random.key(3), 5)
+  assert images.shape == (5, 8, 8, 3) and images.dtype == np.uint8
+  np.testing.assert_array_equal(picture, sample.grid(images))
+
+
+@pytest.mark.slow
+def test_sample_a_gcs_workdir(denoiser_run, fake_gcs, capsys):
+  config, workdir = denoiser_run
+  remote = fs.path(fake_gcs("run"))
+  fs.upload_tree(workdir, remote)
+  (remote / "samples_step4.png").unlink(missing_ok=True)  # the local run's grid, if an earlier test wrote it
+  sample.main([f"--workdir={remote}", "--num_samples=5", "--seed=3"])
+  assert f"to {remote}/samples_step4.png" in capsys.readouterr().out
+  picture = np.asarray(Image.open(io.BytesIO((remote / "samples_step4.png").read_bytes())))
+  model, _ = sample.load_model(config, workdir)
+  np.testing.assert_array_equal(picture, sample.grid(sample.training_samples(config, model, jax.random.key(3), 5)))
+
+
+@pytest.mark.slow
+def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
+  config, workdir = denoiser_run
+  model, _ = sample.load_model(config, workdir)
+  key = jax.random.key(0)
+  default = sample.training_samples(config, model, key, 2)
+  labels = np.array([3, 3])
+  ddim = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
+  assert ddim.shape == default.shape and not np.array_equal(ddim, default)
+  np.testing.assert_array_equal(ddim, sample.training_samples(config, model, key, 2, sampler="ddim", steps=2,
+                                                              labels=labels))
+  out = tmp_path / "grid.png"
+  sample.main([f"--workdir={workdir}", "--sampler", "ddim", "--steps", "2", "--label", "3", "--num_samples", "2",
+               "--png", str(out), "--png_scale", "2"])
+  np.testing.assert_array_equal(np.asarray(Image.open(out)), sample.grid(ddim, scale=2))
+  with pytest.raises(ConfigError, match=r"^--label 1000 is not a class of this model \(model\.num_classes=1000\)\.$"):
+    sample.main([f"--workdir={workdir}", "--label=1000"])
+  with pytest.raises(ConfigError, match=r"^--guidance needs a denoiser trained for classifier-free guidance, which "
+                                        r"model fit_denoiser .* is not; leave --guidance out\.$"):
+    sample.main([f"--workdir={workdir}", "--guidance=3"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [DENOISER, "configs/imagenet64/transformer.py:tiny"])
+def test_training_samples_from_a_model_in_memory(spec):
+  """What the trainer calls every train.sample_every steps: uint8 [N,S,S,C], fixed by the key."""
+  config = lra_core.load_config(spec)
+  mesh = sharding.make_mesh(config.mesh)
+  spec_ = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
+  state = spec_.init()
+  model = nnx.merge(spec_.eval_graphdef, state["params"], state["model_state"])
+  images = sample.training_samples(config, model, jax.random.key(1), 3)
+  assert images.shape == (3, 8, 8, 3) and images.dtype == np.uint8
+  np.testing.assert_array_equal(images, sample.training_samples(config, model, jax.random.key(1), 3))
+  assert sample.grid(images).shape == (2 * 9 + 1, 2 * 9 + 1, 3)
