@@ -154,12 +154,16 @@ def parse(argv: Sequence[str] | None, *, default_config: str | None = None, defa
 
 
 def run(main: Callable[[], None]) -> None:
-  """Calls `main`, turning a UserError into its one sentence on stderr and exit status 2."""
+  """Calls `main`, turning a UserError into its one sentence on stderr and exit status 2, and a
+  Ctrl-C outside the training loop (or a second one inside it) into one line and status 130."""
   try:
     main()
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except KeyboardInterrupt:
+    print("aborted (Ctrl-C).", file=sys.stderr)
+    sys.exit(130)
 
 
 def as_command(module: str) -> Callable[[], None]:

@@ -302,6 +302,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
   parse_profile_steps(train.profile_steps)
+  if train.sample_every and config.task not in ("image_ar", "diffusion"):
+    raise ConfigError(f"train.sample_every draws images, for tasks image_ar and diffusion, not task {config.task!r}.")
   if train.tracker not in TRACKERS:
     raise ConfigError(f"train.tracker {train.tracker!r} is not one of {list(TRACKERS)}.")
   if train.batch_size % train.grad_accum_steps:

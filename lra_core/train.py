@@ -20,9 +20,11 @@ import time
 
 import jax
 import numpy as np
+from flax import nnx
 
 from lra_core import data as data_lib
 from lra_core import aot, cli, compile_cache, experiment, fs, optim, sharding, throughput, trackers
+from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.config import parse_profile_steps, resume_conflicts
@@ -155,6 +157,9 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
             writer.write(done, {f"val_{k}": v for k, v in val.items()})
             logging.info("step %d validation: %s", done, _fmt(val))
             meter.restart(done)
+          if t.sample_every and done % t.sample_every == 0:
+            _write_samples(config, spec, state, writer, done)
+            meter.restart(done)
           if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
             save(done)
           if notice.reached(done) and done < stop:
@@ -252,6 +257,17 @@ def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
     saved.rename(kept)
     logging.warning("--force: continuing %s with a changed config (%s%s); the old one is %s",
                     workdir, conflicts[0], more, kept.name)
+
+
+SAMPLES = 16  # images in each train.sample_every grid
+
+
+def _write_samples(config, spec, state, writer: MetricWriter, step: int) -> None:
+  """A grid of images sampled from the current parameters into TensorBoard (and the tracker)."""
+  model = nnx.merge(spec.eval_graphdef, state["params"], state["model_state"])
+  key = jax.random.fold_in(jax.random.key(config.train.seed), step)
+  images = sample_lib.training_samples(config, model, key, SAMPLES)
+  writer.write_images(step, "samples", sample_lib.grid(images))
 
 
 def _finish_log(task, sums: dict) -> dict[str, float]:

@@ -21,6 +21,7 @@ from PIL import Image
 from lra_core import trackers
 from lra_core.config import load_config
 from lra_core.errors import MissingExtra
+from lra_core.metrics import read_metrics
 
 SPEC = "configs/lra/listops/transformer.py:tiny"
 PROJECT = "lra-test"
@@ -182,3 +183,23 @@ def test_trackio_local_run_is_read_back_and_resumed(tmp_path):
   for log in images:
     grid = np.asarray(Image.open(tmp_path / "trackio" / "media" / log["samples"]["file_path"]).convert("RGB"))
     np.testing.assert_array_equal(grid, trackers.tile(list(IMAGES)))
+
+
+@pytest.mark.slow
+def test_a_training_run_mirrors_its_metrics_to_wandb(tmp_path):
+  env = offline_env(tmp_path)
+  workdir = tmp_path / "run"
+  python(env, "-m", "lra_core.train", f"--config={SPEC}", "--config.train.tracker=wandb",
+         f"--config.train.tracker_project={PROJECT}", f"--config.data.cache_dir={tmp_path / 'cache'}",
+         f"--workdir={workdir}")
+  (folder,) = glob.glob(str(workdir / "wandb" / "offline-run-*"))
+  records = {}
+  for record in wandb_records(next(pathlib.Path(folder).glob("run-*.wandb"))):
+    records.setdefault(record.WhichOneof("record_type"), []).append(record)
+  config = {key(item): json.loads(item.value_json) for r in records["config"] for item in r.config.update}
+  assert config["train"]["tracker"] == "wandb"
+  rows = [{key(item): json.loads(item.value_json) for item in r.history.item} for r in records["history"]]
+  tracked = [(row["step"], row["train_loss"]) for row in rows if "train_loss" in row]
+  logged = [(r["step"], r["train_loss"]) for r in read_metrics(workdir) if "train_loss" in r]
+  assert tracked == [(s, pytest.approx(v)) for s, v in logged] and len(logged) == 2
+  assert any("mfu" in row for row in rows)
