@@ -23,7 +23,7 @@ import pytest
 import fixtures
 import outputs
 import lra_core
-from lra_core import cli, registry
+from lra_core import cli, fs, registry
 from lra_core.preemption import PreemptionNotice
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,7 +44,8 @@ _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(["lra_core.train", *(f"lra_core.models.{name}" for name in registry.family_names())])
 
 
-def _train_main(argv, log):
+def _train_main(argv, log, env):
+  os.environ.update(env)  # the forkserver started with the environment of its first use
   fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
   os.dup2(fd, 1)
   os.dup2(fd, 2)
@@ -57,8 +58,12 @@ def _train_main(argv, log):
   cli.run(lambda: train.main(argv))
 
 
+_FAKE_GCS_ENV = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+
+
 def _start(argv, log):
-  proc = _SERVER.Process(target=_train_main, args=(argv, str(log)))
+  env = {k: v for k, v in os.environ.items() if k in _FAKE_GCS_ENV}
+  proc = _SERVER.Process(target=_train_main, args=(argv, str(log), env))
   proc.start()
   return proc
 
@@ -179,3 +184,34 @@ def test_ctrl_c_outside_the_loop_ends_with_one_line_and_130(capsys):
     cli.run(interrupted)
   assert exit_.value.code == 130
   assert capsys.readouterr().err.strip().splitlines() == ["aborted (Ctrl-C)."]
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_an_object_store_resumes_like_an_uninterrupted_one(tmp_path, fake_gcs):
+  argv, _ = _transformer_run(tmp_path)
+  log = tmp_path / "run.log"
+  reference = _start([argv[0], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
+  reference.join(300)
+  assert reference.exitcode == 0, log.read_text()[-3000:]
+  workdir = fake_gcs("killed")
+  argv = [argv[0], f"--workdir={workdir}", *argv[2:]]
+  resumed_from = []
+  # SIGKILL once step 7 is logged: checkpoint 3 is complete (a save waits for the one before), the
+  # steps logged after the newest complete checkpoint are trained and logged again.
+  for at_step in (7, 8):
+    code, out = _interrupt(argv, None, log, signal.SIGKILL, at_step, 0.0)
+    resumed_from += _resumed_steps(out)
+    if code == 0 and "finished" in out:
+      break  # the resumed run got to its end first
+    assert code == -signal.SIGKILL, out[-3000:]
+  log.write_text("")
+  final = _start(argv, log)
+  final.join(300)
+  out = log.read_text()
+  assert final.exitcode == 0, out[-3000:]
+  resumed_from += _resumed_steps(out)
+  assert resumed_from and max(resumed_from) >= 3, resumed_from
+  summary = json.loads((fs.path(workdir) / "summary.json").read_text())
+  expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
+  assert summary["param_checksum"] == expected["param_checksum"], resumed_from
+  assert outputs.logged_once(workdir) == outputs.logged_once(tmp_path / "reference")
