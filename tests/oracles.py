@@ -1,6 +1,5 @@
 """Model-level oracles shared by the autoregressive model tests (the protocol in the README, "Adding a model")."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

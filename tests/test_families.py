@@ -7,7 +7,6 @@ the full forward pass. A new family is covered by adding its record; nothing her
 """
 
 import jax
-import numpy as np
 import pytest
 from flax import nnx
 

@@ -2,7 +2,6 @@
 lowers for GPU (Triton) from this CPU host (scripts/check_lowering.py), and shapes those backends
 cannot take are reported, not hidden."""
 
-import jax
 import pytest
 
 from lra_core.bench import lowering as check_lowering

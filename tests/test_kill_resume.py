@@ -73,7 +73,17 @@ def _logged_steps(log: pathlib.Path) -> int:
   return max((int(m) for m in re.findall(r" step (\d+)/\d+ ", log.read_text())), default=0)
 
 
-def _interrupt(argv, workdir, log, sig, at_step, delay, timeout=120):
+def _run(argv, log) -> str:
+  """Runs the command to its end (it must succeed) and returns its output."""
+  log.write_text("")
+  proc = _start(argv, log)
+  proc.join(300)
+  out = log.read_text()
+  assert proc.exitcode == 0, out[-3000:]
+  return out
+
+
+def _interrupt(argv, log, sig, at_step, delay, timeout=120):
   """Starts the run and sends `sig` once it has logged `at_step` (None: `delay` s after start);
   returns its exit code and output."""
   log.write_text("")
@@ -109,9 +119,7 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   lra_core.load_config(spec, overrides)  # a bad test config fails here, not in a child
   workdir, log = tmp_path / "interrupted", tmp_path / "run.log"
   argv = [f"--config={spec}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
-  uninterrupted = _start([*argv[:1], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
-  uninterrupted.join(300)
-  assert uninterrupted.exitcode == 0, log.read_text()[-3000:]
+  _run([*argv[:1], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
   reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
   rng = random.Random(family.name)
   # SIGKILL once during start-up, four times at random steps, then SIGTERM at a random step.
@@ -120,7 +128,7 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   plan += [(signal.SIGTERM, rng.randint(1, STEPS - 2), 0.0)]
   resumed_from = []
   for sig, at_step, delay in plan:
-    code, out = _interrupt(argv, workdir, log, sig, at_step, delay)
+    code, out = _interrupt(argv, log, sig, at_step, delay)
     resumed_from += _resumed_steps(out)
     if code == 0 and "finished" in out:
       break  # the run got to its end before the signal arrived: nothing left to interrupt
@@ -128,12 +136,7 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
       assert code == 0 and "preempted:" in out, out[-2000:]
     else:
       assert code == -signal.SIGKILL, out[-2000:]
-  log.write_text("")
-  final = _start(argv, log)
-  final.join(300)
-  out = log.read_text()
-  assert final.exitcode == 0, out[-3000:]
-  resumed_from += _resumed_steps(out)
+  resumed_from += _resumed_steps(_run(argv, log))
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["param_checksum"] == reference["param_checksum"], (family.name, resumed_from)
   assert resumed_from and max(resumed_from) > 0, resumed_from  # the restarts really resumed mid-run
@@ -153,15 +156,12 @@ def _transformer_run(tmp_path):
 def test_ctrl_c_saves_the_step_in_flight_exits_130_and_resumes_there(tmp_path):
   argv, workdir = _transformer_run(tmp_path)
   log = tmp_path / "run.log"
-  code, out = _interrupt(argv, workdir, log, signal.SIGINT, 4, 0.0)
+  code, out = _interrupt(argv, log, signal.SIGINT, 4, 0.0)
   said = [line for line in out.splitlines() if line.startswith("interrupted: ")]
   assert code == 130 and len(said) == 1 and "Traceback" not in out, out[-3000:]
   step = int(re.search(r"saved at step (\d+) ", said[0]).group(1))
   assert 4 <= step < STEPS and (workdir / "checkpoints" / str(step)).is_dir()
-  log.write_text("")
-  again = _start(argv, log)
-  again.join(300)
-  assert again.exitcode == 0 and _resumed_steps(log.read_text()) == [step], log.read_text()[-3000:]
+  assert _resumed_steps(_run(argv, log)) == [step]
 
 
 def test_a_second_ctrl_c_aborts_at_once():
@@ -190,26 +190,19 @@ def test_ctrl_c_outside_the_loop_ends_with_one_line_and_130(capsys):
 def test_a_run_killed_in_an_object_store_resumes_like_an_uninterrupted_one(tmp_path, fake_gcs):
   argv, _ = _transformer_run(tmp_path)
   log = tmp_path / "run.log"
-  reference = _start([argv[0], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
-  reference.join(300)
-  assert reference.exitcode == 0, log.read_text()[-3000:]
+  _run([argv[0], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
   workdir = fake_gcs("killed")
   argv = [argv[0], f"--workdir={workdir}", *argv[2:]]
   resumed_from = []
   # SIGKILL once step 7 is logged: checkpoint 3 is complete (a save waits for the one before), the
   # steps logged after the newest complete checkpoint are trained and logged again.
   for at_step in (7, 8):
-    code, out = _interrupt(argv, None, log, signal.SIGKILL, at_step, 0.0)
+    code, out = _interrupt(argv, log, signal.SIGKILL, at_step, 0.0)
     resumed_from += _resumed_steps(out)
     if code == 0 and "finished" in out:
       break  # the resumed run got to its end first
     assert code == -signal.SIGKILL, out[-3000:]
-  log.write_text("")
-  final = _start(argv, log)
-  final.join(300)
-  out = log.read_text()
-  assert final.exitcode == 0, out[-3000:]
-  resumed_from += _resumed_steps(out)
+  resumed_from += _resumed_steps(_run(argv, log))
   assert resumed_from and max(resumed_from) >= 3, resumed_from
   summary = json.loads((fs.path(workdir) / "summary.json").read_text())
   expected = json.loads((tmp_path / "reference" / "summary.json").read_text())

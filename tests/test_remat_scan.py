@@ -9,7 +9,6 @@ scanned stacks; stacked parameters keep their sharding.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P

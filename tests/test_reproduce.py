@@ -9,12 +9,11 @@ import pathlib
 
 import pytest
 
-import lra_core
 from lra_core.bench import param_counts
 from lra_core.config import PROJECT_ROOT
 from lra_core.errors import ConfigError
 from lra_core.reproduce import cli as reproduce
-from lra_core.reproduce import common, params
+from lra_core.reproduce import common
 
 
 def test_every_table_resolves_to_a_function_and_is_listed():

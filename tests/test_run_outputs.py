@@ -3,13 +3,11 @@ TensorBoard as its reader shows it, throughput and MFU, profiles, the compilatio
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import lra_core

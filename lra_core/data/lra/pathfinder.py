@@ -47,13 +47,12 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core import fs
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
