@@ -62,12 +62,12 @@ class MetricWriter:
     lines = _lines(self.workdir / "metrics.jsonl")
     kept, at_start = [], set()
     for line in lines:
-      record = json.loads(line)
-      if record["step"] <= start:
+      record = _parse(line)
+      if record is not None and record["step"] <= start:
         kept.append(line)
         if record["step"] == start:
           at_start.update(k for k in record if k != "step")
-    dropped = len(lines) - len(kept)
+    dropped = len(lines) - len(kept)  # past `start`, or a last line cut short by a kill
     if dropped:
       logging.info("metrics.jsonl: dropped %d record(s) past step %d, logged before the restart", dropped, start)
     if self.local is None:
@@ -163,9 +163,19 @@ def _lines(path) -> list[str]:
   return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _parse(line: str) -> dict | None:
+  """One record, or None for a line a killed run left half written."""
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError:
+    return None
+
+
 def read_metrics(workdir) -> list[dict]:
-  """The records of `workdir`'s metrics.jsonl (local or object store), in order."""
-  return [json.loads(line) for line in _lines(fs.path(workdir, what="workdir") / "metrics.jsonl")]
+  """The records of `workdir`'s metrics.jsonl (local or object store), in order; a line a killed
+  run left half written is skipped (the next start drops it from the file)."""
+  records = (_parse(line) for line in _lines(fs.path(workdir, what="workdir") / "metrics.jsonl"))
+  return [r for r in records if r is not None]
 
 
 class Progress:

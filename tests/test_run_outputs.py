@@ -63,6 +63,21 @@ def test_a_restart_drops_the_records_past_its_checkpoint(where, tmp_path, reques
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3, 4, 5, 6, 7, 3]
 
 
+def test_a_line_cut_short_by_a_kill_is_dropped_on_restart(tmp_path):
+  first = MetricWriter(tmp_path, enabled=True)
+  _write_steps(first, range(1, 4))
+  first.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 4, "train_lo')  # SIGKILL in the middle of an append
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+  second = MetricWriter(tmp_path, enabled=True)
+  second.resume(3)
+  _write_steps(second, range(4, 6))
+  second.close()
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+  assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 5
+
+
 def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
   reference, expected = uninterrupted
   workdir = fake_gcs("run")
