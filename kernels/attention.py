@@ -13,18 +13,23 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from lra_core.kernels.segments import same_segment
+
 Array = jax.Array
 MASK_VALUE = -1e30  # large finite value: fully masked rows stay NaN-free
 
 
 def attention_mask(q_pos: Array, k_pos: Array, *, causal: bool, window: int = 0,
-                   k_valid: Array | None = None) -> Array:
+                   k_valid: Array | None = None, q_segments: Array | None = None,
+                   k_segments: Array | None = None) -> Array:
   """bool, broadcastable to [B,Tq,Tk]: which keys each query may read.
 
   q_pos: int[Tq] or [B,Tq]; k_pos: int[Tk] or [B,Tk], negative = empty cache slot.
   causal: keys at positions <= the query's. window > 0: only the `window` most recent keys
   (causal) or keys within distance < window on either side (bidirectional).
   k_valid: bool[B,Tk], False for padding.
+  q_segments, k_segments: int[B,Tq], int[B,Tk] document ids (kernels/segments.py): keys of
+  another document are masked; both or neither.
   """
   q_pos = q_pos[None] if q_pos.ndim == 1 else q_pos
   k_pos = k_pos[None] if k_pos.ndim == 1 else k_pos
@@ -36,6 +41,10 @@ def attention_mask(q_pos: Array, k_pos: Array, *, causal: bool, window: int = 0,
     mask &= (q - k < window) if causal else (jnp.abs(q - k) < window)
   if k_valid is not None:
     mask &= k_valid[:, None, :]
+  if (q_segments is None) != (k_segments is None):
+    raise ValueError("attention_mask needs both q_segments and k_segments, or neither.")
+  if q_segments is not None:
+    mask &= same_segment(q_segments, k_segments)
   return mask
 
 
@@ -69,14 +78,17 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
 
 
 def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,
-                    k_valid: Array | None = None, scale: float | None = None,
+                    k_valid: Array | None = None, segments: Array | None = None,
+                    scale: float | None = None,
                     probs_fn: Callable[[Array], Array] | None = None) -> Array:
   """Sliding-window attention in O(T window): equals `dot_product_attention` with
-  `attention_mask(arange(T), arange(T), causal=causal, window=window, k_valid=k_valid)`.
+  `attention_mask(arange(T), arange(T), causal=causal, window=window, k_valid=k_valid,
+  q_segments=segments, k_segments=segments)`.
 
   Queries go in blocks of `window`; each block reads its own and the previous key block (and the
   next one when bidirectional), which covers every key within the window. Shapes as
-  `dot_product_attention` with Tq = Tk = T; k_valid: bool[B,T], False = padding.
+  `dot_product_attention` with Tq = Tk = T; k_valid: bool[B,T], False = padding; segments:
+  int[B,T] document ids (None: one document).
   """
   b, t, h, _ = q.shape
   w = window
@@ -97,8 +109,12 @@ def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,
 
   q_pos = blocks(jnp.broadcast_to(jnp.arange(t), (b, t)), -1)
   k_pos = neighbours(q_pos, -1)
+  seg = {}
+  if segments is not None:
+    q_seg = blocks(segments, -1)
+    seg = dict(q_segments=q_seg.reshape(b * n, w), k_segments=neighbours(q_seg, -2).reshape(b * n, -1))
   mask = attention_mask(q_pos.reshape(b * n, w), k_pos.reshape(b * n, -1), causal=causal, window=w,
-                        k_valid=neighbours(blocks(valid), False).reshape(b * n, -1))
+                        k_valid=neighbours(blocks(valid), False).reshape(b * n, -1), **seg)
   flat = lambda x: x.reshape(b * n, -1, *x.shape[3:])
   out = dot_product_attention(flat(blocks(q)), flat(neighbours(blocks(k), 0)), flat(neighbours(blocks(v), 0)),
                               mask=mask, scale=scale, probs_fn=probs_fn)

@@ -70,6 +70,10 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
   train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
   first = train_reader(0)
   experiment.check_batch(first, config, 0)
+  if "segment_ids" in first:
+    logging.info("document mask %s: %s", "on" if task.document_mask else "off",
+                 "documents of a packed row attend and count positions apart" if task.document_mask
+                 else "attention runs across the documents of a row")
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)

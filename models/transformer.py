@@ -18,6 +18,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention
@@ -114,7 +115,8 @@ class Block(nnx.Module):
 
   The token mixer is softmax attention here; other families pass their own (any module with
   `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
-  `decode(x, cache, position)`).
+  `decode(x, cache, position)`). With document masking the mixer also gets `segments` int[B,T]
+  (kernels/segments.py) and `positions` [B,T] counted from each document's start.
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
@@ -136,8 +138,10 @@ class Block(nnx.Module):
       return y
     return y + self.dropout(self.mlp(self.mlp_norm(x if self.parallel else y), rngs=rngs), rngs=rngs)
 
-  def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None) -> Array:
-    h = self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs), rngs=rngs)
+  def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None,
+               segments: Array | None = None) -> Array:
+    seg = {} if segments is None else {"segments": segments}
+    h = self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs, **seg), rngs=rngs)
     return constrain(self._add_mlp(x, h, rngs), ("batch", "length", "embed"))
 
   def decode(self, x: Array, cache: dict, position: Array, **kwargs) -> tuple[Array, dict]:
@@ -185,21 +189,29 @@ class Model(nnx.Module):
     pos = self.positions(positions)
     return x if pos is None else x + pos
 
-  def __call__(self, inputs: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
     if self.task == "retrieval":
       inputs, mask = fold_towers(inputs, mask)
-    x, mask = self.encode(inputs, mask=mask, rngs=rngs)
+    x, mask = self.encode(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
     return self.head(x, mask)
 
-  def encode(self, inputs: Array, *, mask: Array | None = None,
+  def encode(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
              rngs: nnx.Rngs | None = None) -> tuple[Array, Array | None]:
-    """Final features [B,T(+1 with CLS),D] of inputs [B,T], and the matching mask."""
+    """Final features [B,T(+1 with CLS),D] of inputs [B,T], and the matching mask. segment_ids
+    int[B,T]: documents of a packed row, each attended and positioned on its own."""
     b, t = inputs.shape
     if t > self.max_len:
       raise ValueError(f"input length {t} exceeds model max_len {self.max_len}.")
     offset = int(self.cls is not None)
-    positions = jnp.arange(t + offset)
-    x = self._embed(inputs, positions[offset:])
+    if segment_ids is not None:
+      check_segments(segment_ids, inputs.shape)
+      if offset:
+        raise ValueError("segment_ids (packed documents) do not apply to CLS pooling over one sequence.")
+      positions = segment_positions(segment_ids)
+    else:
+      positions = jnp.arange(t + offset)
+    x = self._embed(inputs, positions[..., offset:])
     if self.cls is not None:
       cls = self.cls[...].astype(x.dtype)[None, None]
       pos0 = self.positions(positions[:1])
@@ -207,7 +219,8 @@ class Model(nnx.Module):
       x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, x.shape[-1])), x], axis=1)
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
-    x = stack.apply(self.blocks, x, lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r),
+    x = stack.apply(self.blocks, x, lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r,
+                                                              segments=segment_ids),
                     remat=self.remat, rngs=rngs)
     return self.final_norm(x), mask
 

@@ -24,3 +24,32 @@ def assert_decode_matches_forward(model, tokens, logits, atol: float = 1e-4):
     out, state = step(model, tokens[:, i:i + 1], state)
     outs.append(out)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=atol)
+
+
+def packed_pair(doc_a, doc_b, length: int, *, pad_id: int = 0):
+  """Two documents (int arrays [La], [Lb]) packed into one row of `length` tokens, and each alone
+  at the start of a row: -> (rows int32[3,T], segment_ids int32[3,T]); row 0 packed, 1 = a, 2 = b.
+  Padding gets segment 0, as the data pipeline writes it."""
+  la, lb = len(doc_a), len(doc_b)
+  assert la + lb <= length, "the two documents must fit the row"
+  rows = np.full((3, length), pad_id, np.int32)
+  segs = np.zeros((3, length), np.int32)
+  rows[0, :la], rows[0, la:la + lb] = doc_a, doc_b
+  segs[0, :la], segs[0, la:la + lb] = 1, 2
+  rows[1, :la], segs[1, :la] = doc_a, 1
+  rows[2, :lb], segs[2, :lb] = doc_b, 1
+  return jnp.asarray(rows), jnp.asarray(segs)
+
+
+def assert_documents_independent(apply, doc_a, doc_b, length: int, *, atol: float = 1e-5, pad_id: int = 0):
+  """The document-boundary oracle: in a packed row each document's outputs equal those it gets
+  alone at the start of a row. `apply(rows, segment_ids)` -> [3,T,...] (one call for the three rows,
+  so batch-wide statistics cannot tell them apart)."""
+  rows, segs = packed_pair(doc_a, doc_b, length, pad_id=pad_id)
+  out = np.asarray(apply(rows, segs), np.float64)
+  la, lb = len(doc_a), len(doc_b)
+  np.testing.assert_allclose(out[0, :la], out[1, :la], atol=atol, err_msg="first document")
+  np.testing.assert_allclose(out[0, la:la + lb], out[2, :lb], atol=atol, err_msg="second document")
+  # Without the mask the second document reads the first: the oracle can fail.
+  plain = np.asarray(apply(rows, None), np.float64)
+  assert not np.allclose(plain[0, la:la + lb], plain[2, :lb], atol=atol), "the model ignores the packing"

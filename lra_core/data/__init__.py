@@ -73,6 +73,22 @@ def example_fields(config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                     "retrieval or diffusion.")
 
 
+DOCUMENT_MASKS = ("auto", "true", "false")
+
+
+def document_mask(config) -> bool:
+  """Whether the model sees the documents of a packed row apart (`data.document_mask`): attention,
+  recurrences and positions stop at document boundaries (kernels/segments.py). "auto" is on for
+  rows of whole documents (`data.packing="pack"`, which masked LM reads) and off for "concat"
+  windows, which run across documents on purpose (Transformer-XL / Transformer-VQ style, with a
+  cache carried from window to window). Datasets without documents have no such key: off."""
+  data = config.data
+  setting = data.get("document_mask", "false") if data.name in _PACKED_TEXT else "false"
+  if setting == "auto":
+    return data.get("packing", "concat") == "pack"
+  return setting == "true"
+
+
 def check_index(index: int, n: int, items: str = "examples") -> int:
   """A sequence-style index into `n` items (negative counts from the end) -> 0..n-1; else IndexError."""
   if not -n <= index < n:

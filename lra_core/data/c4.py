@@ -72,6 +72,8 @@ _DEFAULTS = dict(
     tfds_splits=("train", "validation", ""),  # train, validation, test ("" -> validation)
     tokenizer="bytes",  # "bytes" or a SentencePiece .model path
     packing="concat",   # concat | pack; masked LM reads packed rows of whole documents
+    document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
+                           # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
     block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
                         # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
     cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core

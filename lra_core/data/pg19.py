@@ -60,6 +60,8 @@ _DEFAULTS = dict(
     tfds_dir="",        # tfds data_dir holding pg19/0.1.1 (source "tfds"); "" -> ~/tensorflow_datasets
     tokenizer="bytes",  # "bytes" or a SentencePiece .model path
     packing="concat",   # concat | pack (see lra_core/data/packing.py)
+    document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
+                           # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
     block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
                         # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
     cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core

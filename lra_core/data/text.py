@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from etils import epath
 
-from lra_core.data import cache, files
+from lra_core import registry
+from lra_core.data import DOCUMENT_MASKS, cache, document_mask, files
 from lra_core.data.packing import PACKINGS, Corpus, CorpusSequences, build_corpus
 from lra_core.data.tokenizer import Tokenizer, make_tokenizer
 from lra_core.errors import ConfigError, DataError
@@ -30,6 +31,13 @@ def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
     raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
   if config.data.packing not in PACKINGS:
     raise ConfigError(f"data.packing {config.data.packing!r} is not one of {PACKINGS}.")
+  mask = config.data.get("document_mask", "auto")
+  if mask not in DOCUMENT_MASKS:
+    raise ConfigError(f"data.document_mask {mask!r} is not one of {list(DOCUMENT_MASKS)}.")
+  if document_mask(config) and config.data.packing == "concat" and _keeps_carry(config):
+    raise ConfigError(f"data.document_mask with data.packing='concat' cannot go with model {config.model.name}'s "
+                      "state carried across windows (a window's first document may continue the last one); "
+                      "use data.packing='pack'.")
   block = block_padding(config.data)
   if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 0:
     raise ConfigError(f"data.block_padding {block!r} must be a non-negative integer (0 turns it off).")
@@ -37,6 +45,10 @@ def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
     raise ConfigError(f"train.seq_len {seq_len} is not a multiple of data.block_padding {block}.")
   if config.data.source not in SOURCES:
     raise ConfigError(f"data.source {config.data.source!r} is not one of {SOURCES}.")
+
+
+def _keeps_carry(config) -> bool:
+  return registry.family(config.model.get("name")).keeps_carry(config)
 
 
 def block_padding(data):

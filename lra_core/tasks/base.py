@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.data import DataInfo
+from lra_core.data import DataInfo, document_mask
 
 Array = jax.Array
 Metrics = dict[str, tuple[Array, Array]]
@@ -92,6 +92,11 @@ class Task(abc.ABC):
 
   def __init__(self, config, info: DataInfo):
     self.config, self.info = config, info
+    self.document_mask = document_mask(config)
+
+  def document_kwargs(self, batch: dict[str, Array]) -> dict[str, Array]:
+    """{"segment_ids": ...} for the model when documents are masked apart (lra_core.data.document_mask)."""
+    return {"segment_ids": batch["segment_ids"]} if self.document_mask and "segment_ids" in batch else {}
 
   def prepare(self, batch: dict[str, Array], key: Array) -> dict[str, Array]:
     del key

@@ -32,10 +32,11 @@ class LMTask(TokenTask):
     self.block_len = config.model.block_len if block_losses else 0
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
+    kwargs = self.document_kwargs(batch)
     if carry is not None:
-      (logits, carry), aux = apply_model(model, batch["inputs"], carry=carry, rngs=rngs)
+      (logits, carry), aux = apply_model(model, batch["inputs"], carry=carry, rngs=rngs, **kwargs)
     else:
-      logits, aux = apply_model(model, batch["inputs"], rngs=rngs)
+      logits, aux = apply_model(model, batch["inputs"], rngs=rngs, **kwargs)
     block_len = self.block_len
     nll = token_nll(logits, batch["targets"]) if block_len else None  # computed once, used twice
     loss, metrics = classification_loss(logits, batch, normalizer, aux, nll=nll)

@@ -39,9 +39,12 @@ class MLMTask(TokenTask):
   def prepare(self, batch, key):
     valid = batch["weights"] > 0
     inputs, targets, weights = mask_tokens(key, batch["inputs"], valid, **self.kwargs)
-    return {"inputs": inputs, "targets": targets, "weights": weights, "valid": valid}
+    prepared = {"inputs": inputs, "targets": targets, "weights": weights, "valid": valid}
+    if "segment_ids" in batch:
+      prepared["segment_ids"] = batch["segment_ids"]
+    return prepared
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
-    logits, aux = apply_model(model, batch["inputs"], mask=batch["valid"], rngs=rngs)
+    logits, aux = apply_model(model, batch["inputs"], mask=batch["valid"], rngs=rngs, **self.document_kwargs(batch))
     loss, metrics = classification_loss(logits, batch, normalizer, aux)
     return loss, metrics, carry

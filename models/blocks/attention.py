@@ -52,16 +52,20 @@ class Attention(nnx.Module):
             constrain(k, ("batch", "length", "kv_heads", "head_dim")), v)
 
   def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
-    """x: [B,T,D]; positions: int[T] or [B,T] (default 0..T-1); mask: bool[B,T], False = padding."""
+               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    """x: [B,T,D]; positions: int[T] or [B,T] (default 0..T-1); mask: bool[B,T], False = padding;
+    segments: int[B,T] document ids (kernels/segments.py), None = one document per row."""
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     q, k, v = self._qkv(x, positions)
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
-    if self.window and t > self.window:  # banded, O(T window); positions are consecutive here
-      y = local_attention(q, k, v, window=self.window, causal=self.causal, k_valid=mask, probs_fn=probs_fn)
+    if self.window and t > self.window:  # banded, O(T window): row offsets, so any per-document
+      # positions only feed RoPE; within a document they are consecutive like the row's
+      y = local_attention(q, k, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments,
+                          probs_fn=probs_fn)
     else:
-      m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask)
+      m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask,
+                         q_segments=segments, k_segments=segments)
       y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
     return self.out(y)
 
