@@ -53,3 +53,22 @@ def assert_documents_independent(apply, doc_a, doc_b, length: int, *, atol: floa
   # Without the mask the second document reads the first: the oracle can fail.
   plain = np.asarray(apply(rows, None), np.float64)
   assert not np.allclose(plain[0, la:la + lb], plain[2, :lb], atol=atol), "the model ignores the packing"
+
+
+def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, atol: float = 1e-5,
+                              pad_id: int = 0):
+  """The weaker oracle for models whose numbers depend on where a document starts relative to
+  their chunks (FLASH chunks, FIT groups, Transformer-VQ blocks with unaligned boundaries): in a
+  packed row, changing every token of one document leaves the other document's outputs as they
+  were. `apply(rows, segment_ids)` -> [B,T,...]."""
+  rows, segs = packed_pair(doc_a, doc_b, length, pad_id=pad_id)
+  rows, segs = rows[:1], segs[:1]
+  la, lb = len(doc_a), len(doc_b)
+  out = np.asarray(apply(rows, segs), np.float64)
+  new_a = rows.at[0, :la].set((rows[0, :la] + 1 + jnp.arange(la)) % vocab)
+  new_b = rows.at[0, la:la + lb].set((rows[0, la:la + lb] + 1 + jnp.arange(lb)) % vocab)
+  out_a = np.asarray(apply(new_a, segs), np.float64)
+  out_b = np.asarray(apply(new_b, segs), np.float64)
+  np.testing.assert_allclose(out_a[0, la:la + lb], out[0, la:la + lb], atol=atol, err_msg="second reads first")
+  np.testing.assert_allclose(out_b[0, :la], out[0, :la], atol=atol, err_msg="first reads second")
+  assert not np.allclose(out_a[0, :la], out[0, :la], atol=atol), "changing a document must change its outputs"

@@ -82,3 +82,11 @@ def test_bad_document_mask_setting_is_rejected():
   config = config_lib.load_config("configs/c4/transformer.py:tiny", ["data.document_mask=maybe"])
   with pytest.raises(ConfigError, match="data.document_mask 'maybe' is not one of"):
     text.check_settings(config)
+
+
+def test_isolation_oracle_holds_for_the_transformer():
+  config = make_config(seq_len=20, task="mlm")
+  model = transformer.Model(config, rngs=nnx.Rngs(params=0))
+  model.eval()
+  oracles.assert_documents_isolated(lambda rows, segs: model(rows, segment_ids=segs), np.arange(1, 8),
+                                    np.arange(2, 13), 20, vocab=23)
