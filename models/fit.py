@@ -16,6 +16,9 @@ group is complete its latents are computed once and the global layers extend a c
 
 Inputs: the encoder splits a sequence into groups of `group_size` (grouping "1d") or an image
 (raster pixels, `image_channels` values each) into `group_side` x `group_side` blocks ("2d").
+
+Packed documents (`segment_ids`, 1-D grouping): no token reads another document, and a document
+that starts on a group boundary gets exactly its outputs alone; see `Model.forward_groups`.
 """
 
 from __future__ import annotations
