@@ -16,6 +16,9 @@ group is complete its latents are computed once and the global layers extend a c
 
 Inputs: the encoder splits a sequence into groups of `group_size` (grouping "1d") or an image
 (raster pixels, `image_channels` values each) into `group_side` x `group_side` blocks ("2d").
+
+Packed documents (`segment_ids`, 1-D grouping): no token reads another document, and a document
+that starts on a group boundary gets exactly its outputs alone; see `Model.forward_groups`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels.attention import dot_product_attention
+from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
@@ -130,6 +134,32 @@ def shift_latents(latents: Array) -> Array:
   return jnp.pad(latents[:, :-1], [(0, 0), (1, 0), (0, 0), (0, 0)])
 
 
+def latent_documents(segments: Array, real: Array, *, last: bool) -> tuple[Array, Array]:
+  """The document each group's latents serve, for packed rows: segments int[B,t,n] (a group's own
+  tokens, prefix excluded), real bool[B,t,n] (a token of a document: nonzero id, not masked) ->
+  (ids int32[B,t], offsets int32[B,t]): the id and in-group offset of the group's last (FIT-AR,
+  `last`) or first (encoder) real token; of its last / first token when it has none (padding)."""
+  n = segments.shape[-1]
+  slots = jnp.arange(n, dtype=jnp.int32)
+  if last:
+    offset = jnp.where(real.any(-1), jnp.max(jnp.where(real, slots, -1), -1), n - 1)
+  else:
+    offset = jnp.where(real.any(-1), jnp.min(jnp.where(real, slots, n), -1), 0)
+  ids = jnp.take_along_axis(segments, offset[..., None], axis=-1)[..., 0]
+  return ids.astype(jnp.int32), offset.astype(jnp.int32)
+
+
+def document_groups(positions: Array, offsets: Array) -> Array:
+  """int32[B,t]: how many groups lie between group j and the group where the document of its
+  latents starts (0 for that first group). positions int[B,t,n]: each own token's position
+  in its document (kernels/segments.py, on the row padded to t*n); offsets int[B,t] from
+  `latent_documents`. A document's groups take the latent table's rows from 0, as alone in a row."""
+  t, n = positions.shape[1:]
+  where = jnp.arange(t, dtype=jnp.int32) * n + offsets  # the chosen token's row position
+  start = where - jnp.take_along_axis(positions, offsets[..., None], axis=-1)[..., 0]
+  return (jnp.arange(t, dtype=jnp.int32) - start // n).astype(jnp.int32)
+
+
 def group_causal_positions(t: int, m: int) -> Array:
   """Position of each of the t*m latents for the global layers' causal mask: its group index, so
   a latent sees all latents of its own and earlier groups."""
@@ -157,10 +187,12 @@ class CrossAttention(nnx.Module):
     return self.key(y), self.value(y)
 
   def __call__(self, x: Array, y: Array | None = None, *, kv: tuple[Array, Array] | None = None,
-               k_valid: Array | None = None) -> Array:
-    """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]."""
+               k_valid: Array | None = None, mask: Array | None = None) -> Array:
+    """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
+    bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
     k, v = self.kv(y) if kv is None else kv
-    mask = None if k_valid is None else k_valid[:, None, :]
+    if k_valid is not None:
+      mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
     return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))
 
 
@@ -281,13 +313,44 @@ class Model(nnx.Module):
 
   # -- forward ----------------------------------------------------------------------------------
 
-  def __call__(self, inputs: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """inputs int32[B,L] (retrieval [B,2,L]), mask bool (False = padding), segment_ids int[B,L]:
+    the documents of a packed row (see `forward_groups`) -> logits."""
     if self.task == "retrieval":
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packed documents) do not apply to two-tower retrieval.")
       inputs, mask = fold_towers(inputs, mask)
+    x, valid = self.grouped_features(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
+    if self.causal:
+      return self.head(self.ungroup(x, inputs.shape[1]))
+    b = x.shape[0]
+    return self.head(x.reshape(b, -1, x.shape[-1]), valid.reshape(b, -1))
+
+  def encode(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
+             rngs: nnx.Rngs | None = None) -> tuple[Array, Array]:
+    """Final data features [B,L,D] of inputs int32[B,L], in input order, and valid bool[B,L]."""
+    x, valid = self.grouped_features(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
+    return self.ungroup(x, inputs.shape[1]), self.ungroup(valid, inputs.shape[1])
+
+  def ungroup(self, x: Array, length: int) -> Array:
+    """Grouped [B,t,k+n,...] -> [B,L,...] in input order (FIT-AR's prefix slots dropped)."""
+    if self.grouping == "2d":
+      side = math.isqrt(length // self.channels)
+      return ungroup_2d(x, side, self.channels, self.group_side)
+    x = x[:, :, self.overlap:]
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+  def grouped_features(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
+                       rngs: nnx.Rngs | None = None) -> tuple[Array, Array]:
+    """inputs int32[B,L] -> (final data features [B,t,k+n,D], valid bool[B,t,k+n]) by group."""
     length = inputs.shape[1]
     if length > self.max_len:
       raise ValueError(f"input length {length} exceeds model max_len {self.max_len}.")
+    segments = None
     if self.grouping == "2d":
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packed documents) need model.grouping '1d'; a 2-D image is one document.")
       side = math.isqrt(length // self.channels)
       if side * side * self.channels != length or side % self.group_side:
         raise ValueError(f"input length {length} is not a square image of side divisible by {self.group_side}.")
@@ -298,38 +361,77 @@ class Model(nnx.Module):
       tokens, valid = group_1d(inputs, self.group_size, self.overlap)
       if mask is not None:
         valid = valid & group_1d(mask, self.group_size, self.overlap, pad_value=False)[0]
-    x = self.forward_groups(tokens, valid, rngs=rngs)  # [B,t,k+n,D]
-    if self.causal:
-      logits = self.head(x[:, :, self.overlap:])
-      return logits.reshape(logits.shape[0], -1, logits.shape[-1])[:, :length]
-    b = x.shape[0]
-    return self.head(x.reshape(b, -1, x.shape[-1]), valid.reshape(b, -1))
+      if segment_ids is not None:
+        check_segments(segment_ids, inputs.shape)
+        segments = group_1d(segment_ids.astype(jnp.int32), self.group_size, self.overlap, pad_value=-1)[0]
+    return self.forward_groups(tokens, valid, segments=segments, rngs=rngs), valid
 
-  def forward_groups(self, tokens: Array, valid: Array, *, rngs: nnx.Rngs | None = None) -> Array:
-    """tokens int32[B,t,n] (valid: bool, False = padding) -> final data features [B,t,n,D]."""
+  def forward_groups(self, tokens: Array, valid: Array, *, segments: Array | None = None,
+                     rngs: nnx.Rngs | None = None) -> Array:
+    """tokens int32[B,t,k+n] (valid: bool, False = padding) -> final data features [B,t,k+n,D].
+
+    segments int32[B,t,k+n]: document ids of a packed row, grouped like the tokens (-1 on the
+    slots grouping adds). Local attention is masked to the token's document; each group's latents
+    serve one document (`latent_documents`: the group's last document in FIT-AR, whose next
+    tokens read them; its first in the encoder), start from the latent table's rows counted from
+    that document's first group, read (l2x) only its tokens and attend (global layers) only to
+    latents of the same document; a token reads (x2l) its group's latents (FIT-AR: the previous
+    group's) only when they serve its document, and otherwise the zero latents that group 0 of
+    FIT-AR reads. A document that starts on a group boundary thus gets exactly its outputs alone
+    at the start of a row; one that starts inside a group reads no other document, but its group
+    split (and so its numbers) differs from alone.
+    """
     b, t, n = tokens.shape
+    m, k = self.m, self.overlap
     x = self.embed(tokens) + self.data_positions[...].astype(self.dtype)
     x = self.embed_dropout(x, rngs=rngs).reshape(b * t, n, -1)
     kv_valid = valid.reshape(b * t, n)
-    latents = jnp.broadcast_to(self.latents[:t * self.m].astype(self.dtype), (b, t * self.m, self.latents.shape[-1]))
+    table = self.latents[...].astype(self.dtype)
     # Global layers: group-causal positions (FIT-AR), or skip groups that are all padding.
-    gpos = group_causal_positions(t, self.m)
-    gmask = None if self.causal else jnp.repeat(valid.any(-1), self.m, axis=1)
+    gpos = group_causal_positions(t, m)
+    gmask = None if self.causal else jnp.repeat(valid.any(-1), m, axis=1)
     local_pos = jnp.arange(n)
+    local_kw, global_kw = {}, {}
+    if segments is None:
+      latents = jnp.broadcast_to(table[:t * m], (b, t * m, table.shape[-1]))
+    else:
+      own = segments[:, :, k:]
+      docs, offsets = latent_documents(own, valid[:, :, k:] & (own != 0), last=self.causal)
+      rows = document_groups(segment_positions(own.reshape(b, -1)).reshape(own.shape), offsets)
+      latents = table[(rows[..., None] * m + jnp.arange(m)).reshape(b, t * m)]
+      local_kw, global_kw = {"segments": segments.reshape(b * t, n)}, {"segments": jnp.repeat(docs, m, axis=1)}
+      kv_valid = kv_valid & (segments == docs[..., None]).reshape(b * t, n)  # l2x: the latents' document
+      if self.causal:  # x2l reads the previous group's latents
+        src_docs, has_src = jnp.pad(docs[:, :-1], ((0, 0), (1, 0))), jnp.arange(t) > 0
+      else:
+        src_docs, has_src = docs, jnp.ones((t,), bool)
+      reads = ((segments == src_docs[..., None]) & has_src[:, None]).reshape(b * t, n, 1)
+      x2l_mask = jnp.concatenate([jnp.broadcast_to(reads, (b * t, n, m)), ~reads], axis=-1)
+    local_mask = valid.reshape(b * t, n)
     for blk in self.blocks:
-      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=kv_valid, rngs=r),
+      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=local_mask, rngs=r,
+                                                              **local_kw),
                       remat=self.remat, rngs=rngs)
       if blk.l2x is None:
         continue
-      lat = blk.l2x(latents.reshape(b * t, self.m, -1), x, k_valid=kv_valid)
-      latents = lat.reshape(b, t * self.m, -1)
+      lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
+      latents = lat.reshape(b, t * m, -1)
       latents = stack.apply(blk.global_layers, latents,
-                            lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r), remat=self.remat,
-                            rngs=rngs)
-      if blk.x2l is not None:
-        grouped = latents.reshape(b, t, self.m, -1)
-        source = shift_latents(grouped) if self.causal else grouped
-        x = blk.x2l(x, source.reshape(b * t, self.m, -1))
+                            lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r, **global_kw),
+                            remat=self.remat, rngs=rngs)
+      if blk.x2l is None:
+        continue
+      grouped = latents.reshape(b, t, m, -1)
+      source = (shift_latents(grouped) if self.causal else grouped).reshape(b * t, m, -1)
+      if segments is None:
+        x = blk.x2l(x, source)
+        continue
+      # One extra key: the zero latents (all m alike, so reading them is reading one), for tokens
+      # whose source latents serve another document.
+      key, value = blk.x2l.kv(source)
+      key0, value0 = blk.x2l.kv(jnp.zeros((1, 1, source.shape[-1]), source.dtype))
+      extend = lambda a, a0: jnp.concatenate([a, jnp.broadcast_to(a0, (b * t,) + a0.shape[1:])], axis=1)
+      x = blk.x2l(x, kv=(extend(key, key0), extend(value, value0)), mask=x2l_mask)
     return self.final_norm(x).reshape(b, t, n, -1)
 
   # -- decoding (FIT-AR) --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import lra_core
 import oracles
 from lra_core import registry
 from lra_core.errors import ConfigError
+from lra_core.kernels.segments import segment_positions
 from lra_core.models import fit, transformer
 from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
@@ -182,6 +183,78 @@ def test_config_errors_are_clear():
     make_config("lm", seq_len=64, grouping="2d", group_side=4)
   with pytest.raises(ConfigError, match="d_latent 24 is not a multiple of model.latent_heads 5"):
     make_config(latent_heads=5)
+
+
+# -- packed documents (segment_ids) ---------------------------------------------------------------------------
+
+def document_apply(model):
+  """(rows, segment_ids) -> per-token outputs: logits (FIT-AR) or the encoder's final features."""
+  if model.causal:
+    return lambda rows, segs: model(rows, segment_ids=segs)
+  return lambda rows, segs: model.encode(rows, segment_ids=segs)[0]
+
+
+DOCUMENT_CASES = [("lm", 0), ("lm", 2), ("classify", 0)]
+
+
+def test_latent_documents_and_their_first_groups():
+  seg = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 0]])  # groups of 4: [1 1 1 1] [1 2 2 2] [2 2 3 0]
+  groups, real = seg.reshape(1, 3, 4), (seg != 0).reshape(1, 3, 4)
+  positions = segment_positions(seg).reshape(1, 3, 4)
+  last, last_at = fit.latent_documents(groups, real, last=True)
+  first, first_at = fit.latent_documents(groups, real, last=False)
+  np.testing.assert_array_equal(last, [[1, 2, 3]])  # padding (0) serves no latents when a document is there
+  np.testing.assert_array_equal(last_at, [[3, 3, 2]])
+  np.testing.assert_array_equal(first, [[1, 1, 2]])
+  np.testing.assert_array_equal(fit.document_groups(positions, last_at), [[0, 0, 0]])  # doc 2 starts in group 1
+  np.testing.assert_array_equal(fit.document_groups(positions, first_at), [[0, 1, 1]])
+
+
+@pytest.mark.parametrize("task,overlap", DOCUMENT_CASES)
+def test_documents_starting_on_group_boundaries_are_independent(task, overlap):
+  """The second document starts on a group boundary (8 = 2 groups of 4) and ends inside one: each
+  document gets exactly its outputs alone (the latent table's rows and the group-0 zero latents
+  restart with it), causal and bidirectional, with and without prefix tokens."""
+  model = make_model(make_config(task, seq_len=16, overlap=overlap))
+  oracles.assert_documents_independent(document_apply(model), np.arange(3, 11) % VOCAB,
+                                       (np.arange(7) * 5 + 1) % VOCAB, 16)
+
+
+@pytest.mark.parametrize("task,overlap", DOCUMENT_CASES)
+def test_documents_inside_groups_are_isolated(task, overlap):
+  """Boundaries inside groups (and a document shorter than a group): neither document reads the
+  other, and the first one, which starts on a group boundary, still gets its outputs alone."""
+  model = make_model(make_config(task, seq_len=16, overlap=overlap))
+  apply = document_apply(model)
+  for la, lb in ((6, 7), (3, 9), (1, 14)):
+    doc_a, doc_b = np.arange(la) % VOCAB + 1, (np.arange(lb) * 3 + 2) % VOCAB
+    oracles.assert_documents_isolated(apply, doc_a, doc_b, 16, vocab=VOCAB)
+    rows, segs = oracles.packed_pair(doc_a, doc_b, 16)
+    out = np.asarray(apply(rows, segs))
+    np.testing.assert_allclose(out[0, :la], out[1, :la], atol=1e-5)
+
+
+def test_fit_ar_document_starting_inside_a_group_reaches_its_later_groups():
+  """A group's latents serve its last document, so the head of a document that starts inside
+  group 1 (positions 6, 7) reaches the next group's tokens through them."""
+  model = make_model(make_config(seq_len=16))
+  rows, segs = oracles.packed_pair(np.arange(1, 7), np.arange(2, 11), 16)
+  base = model(rows[:1], segment_ids=segs[:1])
+  for t in (6, 7):
+    out = model(rows[:1].at[0, t].set((rows[0, t] + 1) % VOCAB), segment_ids=segs[:1])
+    assert not np.allclose(out[0, 8], base[0, 8], atol=1e-6), t
+
+
+def test_segment_ids_errors_are_one_sentence():
+  model = make_model(make_config(seq_len=16))
+  with pytest.raises(ValueError, match="segment_ids shape"):
+    model(tokens(t=16), segment_ids=jnp.ones((2, 15), jnp.int32))
+  image = make_model(make_config("classify", seq_len=64, grouping="2d", group_side=4))
+  with pytest.raises(ValueError, match="need model.grouping '1d'"):
+    image(tokens(t=64), segment_ids=jnp.ones((2, 64), jnp.int32))
+  towers = make_model(make_config("retrieval", seq_len=8, num_classes=2))
+  with pytest.raises(ValueError, match="do not apply to two-tower retrieval"):
+    towers(tokens(t=16).reshape(2, 2, 8), segment_ids=jnp.ones((2, 2, 8), jnp.int32))
 
 
 # -- configs ---------------------------------------------------------------------------------------------------
