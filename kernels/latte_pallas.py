@@ -117,10 +117,10 @@ def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Ar
     end = jnp.maximum(mx, k.max(0, keepdims=True))                                # m after the block [1,L]
     to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
   else:
-    end = m[c - 1:]                                                               # the last token's running max
-    last = doc == doc[c - 1:]                                                     # [C,1]: the document open at the end
-    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)
-    decay = jnp.where(cont[c - 1:] > 0, jnp.exp(mx - end), 0.0)
+    last, cont_last = doc == _last_row(doc), _last_row(cont) > 0                  # [C,1], [1,1]
+    end = jnp.maximum(jnp.where(cont_last, mx, NEG), jnp.where(last, k, NEG).max(0, keepdims=True))  # [1,L]
+    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)       # the document open at the end
+    decay = jnp.where(cont_last, jnp.exp(mx - end), 0.0)
   return (decay * num + _dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end), (y,)
 
 
@@ -137,9 +137,15 @@ def _linear_block(state, r: Array, e: Array, e_rows: Array, v: Array, v_rows: Ar
   same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc_rows == doc[None])   # [Cs,Ct,1]
   weights = jnp.where(same, (r[None] * e_rows.astype(f32)).sum(-1, keepdims=True), 0.0)        # r_t . e_s
   y = (weights * v_rows.astype(f32)).sum(0) + _dot(jnp.where(cont > 0, r, 0.0), num, (1, 1))
-  last = doc == doc[c - 1:]
-  num = jnp.where(cont[c - 1:] > 0, num, 0.0) + _dot(v, jnp.where(last, e, 0.0), (0, 0))
+  last = doc == _last_row(doc)
+  num = jnp.where(_last_row(cont) > 0, num, 0.0) + _dot(v, jnp.where(last, e, 0.0), (0, 0))
   return (num,), (y,)
+
+
+def _last_row(x: Array) -> Array:
+  """The last row [1,1] of a non-negative column x [C,1], as a masked sum (Triton has no slices)."""
+  rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+  return jnp.where(rows == x.shape[0] - 1, x, 0.0).sum(0, keepdims=True)
 
 
 def _summary_block(state, k: Array, v: Array):
