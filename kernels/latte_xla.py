@@ -122,7 +122,8 @@ def linear_chunk(num: Array, r: Array, e: Array, v: Array, doc: Array, cont: Arr
   y [B,C,H,D] with y_t = sum (r_t . e_s) v_s over the earlier tokens s of t's document (and s = t
   unless `strict`)."""
   c = r.shape[1]
-  order = jnp.arange(c)[:, None] > jnp.arange(c)[None, :] if strict else jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]
+  t_index, s_index = jnp.arange(c)[:, None], jnp.arange(c)[None, :]
+  order = t_index > s_index if strict else t_index >= s_index
   same = order[None] & (doc[:, :, None] == doc[:, None, :])                   # [B,Ct,Cs]
   scores = jnp.where(same[..., None], jnp.einsum("bthl,bshl->btsh", r, e), 0.0)
   y = jnp.einsum("btsh,bshd->bthd", scores, v)

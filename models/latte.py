@@ -140,8 +140,8 @@ class Conv(nnx.Module):
     # tap i reads x_{t - i} (shifted by k // 2 when centred)
     tap = lambda i: xp[:, k - 1 - i:k - 1 - i + t]
     if segments is not None:
-      sp = jnp.pad(segments, widths, constant_values=-1)
-      tap = lambda i: jnp.where((sp[:, k - 1 - i:k - 1 - i + t] == segments)[..., None], xp[:, k - 1 - i:k - 1 - i + t], 0)
+      sp, read = jnp.pad(segments, widths, constant_values=-1), tap
+      tap = lambda i: jnp.where((sp[:, k - 1 - i:k - 1 - i + t] == segments)[..., None], read(i), 0)
     return sum(tap(i) * w[i] for i in range(k)) + self.bias[...].astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
