@@ -5,11 +5,15 @@ kernels/latte_xla.py is the reference (impl="xla", the default: the chunked jnp 
 step and the quadratic oracles), kernels/latte_pallas.py the kernels (impl="pallas", differentiated
 through the reference). This file checks the arguments, picks the XLA form's default chunk for the
 target and dispatches; it imports both, and neither imports it.
+
+Both cores take `segments` int[B,T] (packed documents, kernels/segments.py: a token reads only its
+own document's tokens) and `latent_scale` float[B,T,H,L] (multiplies p(l|t): latent dropout).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from lra_core.kernels import _pallas, latte_pallas, latte_xla
 from lra_core.kernels.latte_xla import (bidirectional_latte_reference, causal_latte_reference, init_latte_state,
@@ -22,13 +26,18 @@ Array = jax.Array
 IMPLS = ("xla", "pallas")
 
 
-def _check(q: Array, k: Array, v: Array, mask: Array | None = None) -> None:
+def _check(q: Array, k: Array, v: Array, mask: Array | None = None, segments: Array | None = None,
+           latent_scale: Array | None = None) -> None:
   if q.ndim != 4 or q.shape != k.shape:
     raise ValueError(f"latte expects q and k of one shape [B,T,H,L], got q {q.shape}, k {k.shape}.")
   if v.ndim != 4 or v.shape[:3] != q.shape[:3]:
     raise ValueError(f"latte expects v [B,T,H,D] matching q {q.shape} in B, T, H; got v {v.shape}.")
   if mask is not None and mask.shape != q.shape[:2]:
     raise ValueError(f"latte mask must be bool [B,T] = {q.shape[:2]}, got {mask.shape}.")
+  if segments is not None and (segments.shape != q.shape[:2] or not jnp.issubdtype(segments.dtype, jnp.integer)):
+    raise ValueError(f"latte segments must be int [B,T] = {q.shape[:2]}, got {segments.dtype} {segments.shape}.")
+  if latent_scale is not None and latent_scale.shape != q.shape:
+    raise ValueError(f"latte latent_scale must be [B,T,H,L] = {q.shape}, got {latent_scale.shape}.")
 
 
 def _check_impl(impl: str) -> None:
@@ -43,26 +52,41 @@ def default_chunk() -> int:
 
 
 def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                        impl: str = "xla") -> Array:
-  """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding."""
-  _check(q, k, v, mask)
+                        segments: Array | None = None, latent_scale: Array | None = None,
+                        impl: str = "xla", chunk: int | None = None) -> Array:
+  """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding.
+
+  With `segments` int[B,T] every document has its own softmax over time, in O(T L (C + D)) with
+  chunks of `chunk` tokens (default per backend, as the causal form).
+  """
+  _check(q, k, v, mask, segments, latent_scale)
   _check_impl(impl)
-  core = latte_pallas.bidirectional_latte if impl == "pallas" else latte_xla.bidirectional_latte
-  return core(q, k, v, mask=mask)
+  _check_chunk(chunk)
+  kw = dict(mask=mask, segments=segments, latent_scale=latent_scale)
+  if impl == "pallas":
+    return latte_pallas.bidirectional_latte(q, k, v, chunk=chunk, **kw)
+  return latte_xla.bidirectional_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
+
+
+def _check_chunk(chunk: int | None) -> None:
+  if chunk is not None and chunk < 1:
+    raise ValueError(f"chunk must be >= 1, got {chunk}.")
 
 
 def causal_latte(q: Array, k: Array, v: Array, *, impl: str = "xla", chunk: int | None = None,
-                 state: dict[str, Array] | None = None) -> Array:
+                 state: dict[str, Array] | None = None, segments: Array | None = None,
+                 latent_scale: Array | None = None) -> Array:
   """Causal Latte: a scan over chunks of `chunk` tokens (default per backend), exact inside each.
 
   O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.
-  `state` continues a sequence (see `init_latte_state`). impl="pallas": `chunk` is the kernel's block
-  (default per backend: `latte_pallas.default_chunk`).
+  `state` continues a sequence (see `init_latte_state`); `segments` int[B,T] restarts it at each
+  document's first token (a given `state` continues the row's first document). impl="pallas":
+  `chunk` is the kernel's block (default per backend: `latte_pallas.default_chunk`).
   """
-  _check(q, k, v)
+  _check(q, k, v, segments=segments, latent_scale=latent_scale)
   _check_impl(impl)
-  if chunk is not None and chunk < 1:
-    raise ValueError(f"chunk must be >= 1, got {chunk}.")
+  _check_chunk(chunk)
+  kw = dict(state=state, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":
-    return latte_pallas.causal_latte(q, k, v, chunk=chunk, state=state)
-  return latte_xla.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, state=state)
+    return latte_pallas.causal_latte(q, k, v, chunk=chunk, **kw)
+  return latte_xla.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)

@@ -19,6 +19,16 @@ Bidirectional (`bidirectional_latte`): the same online update reduces the whole 
 summary sum_s softmax_s(k_sl) v_s = num / den per latent; masked keys are set to NEG before the
 kernel, as in the reference. The final softmax_l(q) @ summary is an XLA einsum.
 
+Packed documents (`segments`): each token carries its document's index in the row (float32, as
+[C,1] and [C,1,1] rows) and a flag saying whether it continues the document of the carried state
+(the wrapper derives both from the ids and the block size, `kernels.latte_xla.chunk_documents`).
+Causal: the block weights and running max keep to each token's document, the carried state reaches
+only the tokens that continue it, and the state after the block sums the document open at its end.
+Bidirectional: the per-document max and normaliser of the keys are O(T L) XLA reductions
+(`kernels.latte_xla.bidirectional_parts`), and a third kernel (`_linear_block`) runs the linear sums
+y_t = sum_{s in doc(t)} (r_t . e_s) v_s over the blocks, once forward (s <= t) and once over the
+reversed sequence (s > t), with the open document's sum num [D,L] as its state.
+
 Each kernel is one block step under the two drivers of kernels/_pallas.py ("grid": the state in
 scratch across the sequential block axis; "loop": a fori_loop over the blocks with the state in
 loop values). Time is padded to whole blocks with keys PAD (below NEG), which weigh exactly 0, so
@@ -73,9 +83,12 @@ _dot = functools.partial(_pallas.dot, precision=jax.lax.Precision.HIGHEST)
 
 # -- block steps ------------------------------------------------------------------------------------
 
-def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Array):
+def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Array, doc: Array | None = None,
+                  doc_rows: Array | None = None, cont: Array | None = None):
   """C tokens after `state` = (num [D,L], den [1,L], max [1,L]): p, k [C,L], v [C,D], and k, v once more
-  one token per leading index, k_rows [C,1,L], v_rows [C,1,D] -> state, (y [C,D],).
+  one token per leading index, k_rows [C,1,L], v_rows [C,1,D] -> state, (y [C,D],). With packed
+  documents: doc [C,1] and doc_rows [C,1,1] the tokens' document indices, cont [C,1] 1 where a token
+  continues the state's document (else 0).
 
   The exact weights w[s,t,l] = exp(k_sl - m_tl), s <= t, are [Cs,Ct,L] with the key token s leading:
   each k_s and v_s enters as the broadcast of its own row, every sum over s adds whole tiles, and
@@ -87,16 +100,52 @@ def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Ar
   c = k.shape[0]
   causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0)
             <= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))               # [Cs,Ct,1]: s <= t
+  past = mx                                                                       # [1,L] or [Ct,L]
+  if doc is not None:
+    causal = causal & (doc_rows == doc[None])                                     # and s in t's document
+    past = jnp.where(cont > 0, mx, NEG)
   prefix = jnp.where(causal, k_rows.astype(f32), NEG)                             # [Cs,Ct,L]: k_s for s <= t
-  m = jnp.maximum(mx, prefix.max(0))                                              # running max [Ct,L]
+  m = jnp.maximum(past, prefix.max(0))                                            # running max [Ct,L]
   within = jnp.where(causal, jnp.exp(prefix - m), 0.0)                            # [Cs,Ct,L], <= 1
-  carried = jnp.exp(mx - m)                                                       # [Ct,L], <= 1
+  carried = jnp.exp(past - m)                                                     # [Ct,L], <= 1
+  if doc is not None:
+    carried = jnp.where(cont > 0, carried, 0.0)
   r = p / (within.sum(0) + carried * den)                  # den_t >= 1: it holds the max term
   weights = (r * within).sum(-1, keepdims=True)                                   # [Cs,Ct,1]: sum_l r_tl w_stl
   y = (weights * v_rows.astype(f32)).sum(0) + _dot(r * carried, num, (1, 1))
-  end = jnp.maximum(mx, k.max(0, keepdims=True))                                  # m after the block [1,L]
-  to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
+  if doc is None:
+    end = jnp.maximum(mx, k.max(0, keepdims=True))                                # m after the block [1,L]
+    to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
+  else:
+    last, cont_last = doc == _last_row(doc), _last_row(cont) > 0                  # [C,1], [1,1]
+    end = jnp.maximum(jnp.where(cont_last, mx, NEG), jnp.where(last, k, NEG).max(0, keepdims=True))  # [1,L]
+    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)       # the document open at the end
+    decay = jnp.where(cont_last, jnp.exp(mx - end), 0.0)
   return (decay * num + _dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end), (y,)
+
+
+def _linear_block(state, r: Array, e: Array, e_rows: Array, v: Array, v_rows: Array, doc: Array, doc_rows: Array,
+                  cont: Array, *, strict: bool):
+  """The linear sums of segmented bidirectional Latte over C tokens after state = (num [D,L],), the sum of
+  e_s v_s over the open document: r, e [C,L], e_rows [C,1,L], v [C,D], v_rows [C,1,D], doc [C,1], doc_rows
+  [C,1,1], cont [C,1] -> state, (y [C,D],) with y_t = sum (r_t . e_s) v_s over the earlier tokens s of t's
+  document (and s = t unless `strict`)."""
+  (num,) = state
+  e, v = e.astype(f32), v.astype(f32)
+  c = e.shape[0]
+  s_index, t_index = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), axis) for axis in (0, 1))
+  same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc_rows == doc[None])   # [Cs,Ct,1]
+  weights = jnp.where(same, (r[None] * e_rows.astype(f32)).sum(-1, keepdims=True), 0.0)        # r_t . e_s
+  y = (weights * v_rows.astype(f32)).sum(0) + _dot(jnp.where(cont > 0, r, 0.0), num, (1, 1))
+  last = doc == _last_row(doc)
+  num = jnp.where(_last_row(cont) > 0, num, 0.0) + _dot(v, jnp.where(last, e, 0.0), (0, 0))
+  return (num,), (y,)
+
+
+def _last_row(x: Array) -> Array:
+  """The last row [1,1] of a non-negative column x [C,1], as a masked sum (Triton has no slices)."""
+  rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+  return jnp.where(rows == x.shape[0] - 1, x, 0.0).sum(0, keepdims=True)
 
 
 def _summary_block(state, k: Array, v: Array):
@@ -209,7 +258,17 @@ def _triton_width(v: Array) -> Array:
   return jnp.pad(v, [(0, 0)] * 3 + [(0, pl.next_power_of_2(d) - d)])
 
 
-def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool) -> Array:
+def _document_rows(segments: Array, heads: int, chunk: int, t: int) -> tuple[Array, Array, Array]:
+  """segments int[B,T] -> (doc [B,H,T',1], doc_rows [B,H,T',1,1], cont [B,H,T',1]) in float32 for blocks
+  of `chunk` tokens, T' = t (a multiple of chunk; the padding continues the last document)."""
+  doc, cont = latte_xla.chunk_documents(latte_xla.documents(segments), chunk)
+  b = doc.shape[0]
+  column = lambda x: jnp.broadcast_to(x.reshape(b, 1, -1, 1).astype(f32), (b, heads, t, 1))
+  doc = column(doc)
+  return doc, doc[..., None], column(cont)
+
+
+def _causal_forward(q, k, v, state, segments, latent_scale, *, chunk: int, driver: str, interpret: bool) -> Array:
   b, t, h, _ = q.shape
   d = v.shape[-1]
   tp = -(-t // chunk) * chunk
@@ -219,52 +278,64 @@ def _causal_forward(q, k, v, state, *, chunk: int, driver: str, interpret: bool)
           state["max"].astype(f32)[:, :, None])                                    # [B,H,D,L], 2 x [B,H,1,L]
   k, v = _head_major(k.astype(f32), tp, PAD), _head_major(v, tp)
   rows = lambda x: x[:, :, :, None, :]                                            # [B,H,T,1,X], same bytes
-  xs = (_head_major(jax.nn.softmax(q.astype(f32), -1), tp), k, rows(k), v, rows(v))
+  xs = (_head_major(latte_xla.latent_probs(q, latent_scale), tp), k, rows(k), v, rows(v))
+  dims = ("bh..", "bh..", "bh...", "bh..", "bh...")
+  if segments is not None:
+    xs, dims = xs + _document_rows(segments, h, chunk, tp), dims + ("bh..", "bh...", "bh..")
   l, dp = q.shape[-1], v.shape[-1]
   # per token: the [C,L] block weights and their products with v (C D), the carried part and the state update
   cost = lambda n: (n * (3 * chunk * l + 2 * chunk * dp + 4 * l * dp), n * (chunk * l + 3 * l))
   run = functools.partial(_scan, _causal_block, ys=((dp, v.dtype),), final=False, chunk=chunk, driver=driver,
                           interpret=interpret, name="causal_latte", cost=cost)
-  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, ("bh..", "bh..", "bh...", "bh..", "bh...")),
-                                  ("bh..",), batch=b, heads=h)
+  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, dims), ("bh..",), batch=b, heads=h)
   return out[:, :, :t, :d].swapaxes(1, 2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _causal(q, k, v, state, options):
-  return _causal_forward(q, k, v, state, **dict(options))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _causal(q, k, v, state, segments, latent_scale, options):
+  return _causal_forward(q, k, v, state, segments, latent_scale, **dict(options))
 
 
-def _causal_fwd(q, k, v, state, options):
-  return _causal(q, k, v, state, options), (q, k, v, state)
+def _causal_fwd(q, k, v, state, segments, latent_scale, options):
+  return _causal(q, k, v, state, segments, latent_scale, options), (q, k, v, state, segments, latent_scale)
 
 
 def _causal_bwd(options, residuals, cotangent):
   chunk = dict(options)["chunk"]
-  xla = lambda q, k, v, state: latte_xla.causal_latte(q, k, v, chunk=chunk, state=state)
-  return jax.vjp(xla, *residuals)[1](cotangent)
+  *floats, segments, latent_scale = residuals
+  xla = lambda q, k, v, state, latent_scale: latte_xla.causal_latte(q, k, v, chunk=chunk, state=state,
+                                                                    segments=segments, latent_scale=latent_scale)
+  *grads, scale_grad = jax.vjp(xla, *floats, latent_scale)[1](cotangent)
+  return (*grads, None, scale_grad)
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
 
 
 def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, state: dict[str, Array] | None = None,
-                 driver: str | None = None, interpret: bool | None = None) -> Array:
+                 segments: Array | None = None, latent_scale: Array | None = None, driver: str | None = None,
+                 interpret: bool | None = None) -> Array:
   """`kernels.latte.causal_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D] -> [B,T,H,D] in v's dtype. `chunk` is the kernel's time block (default per backend);
-  `driver` "grid" | "loop" (default per backend), `interpret` (default off GPU and TPU)."""
+  `segments` int[B,T] packed documents, `latent_scale` [B,T,H,L] times p(l|t); `driver` "grid" | "loop"
+  (default per backend), `interpret` (default off GPU and TPU)."""
   b, _, h, l = q.shape
   chunk = default_chunk() if chunk is None else chunk
   state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
   driver, interpret = _options(driver, interpret)
-  return _causal(q, k, v, state, (("chunk", chunk), ("driver", driver), ("interpret", interpret)))
+  return _causal(q, k, v, state, segments, latent_scale,
+                 (("chunk", chunk), ("driver", driver), ("interpret", interpret)))
 
 
 # -- bidirectional ----------------------------------------------------------------------------------
 
-def _bidirectional_forward(q, k, v, *, block: int, driver: str, interpret: bool) -> Array:
+def _bidirectional_forward(q, k, v, segments, latent_scale, *, block: int, chunk: int, driver: str,
+                           interpret: bool) -> Array:
   b, t, h, l = q.shape
   d = v.shape[-1]
+  p = latte_xla.latent_probs(q, latent_scale)
+  if segments is not None:
+    return _segmented_forward(p, k, v, segments, chunk=chunk, driver=driver, interpret=interpret)
   v = _triton_width(v)
   c = min(block, pl.next_power_of_2(t))
   tp = -(-t // c) * c
@@ -276,31 +347,63 @@ def _bidirectional_forward(q, k, v, *, block: int, driver: str, interpret: bool)
   num, den, _ = _pallas.run_per_device(run, (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
                                        (("bh..",) * 3, ("bh..",) * 2), ("bh..",) * 3, batch=b, heads=h)
   summary = num[:, :, :d] / den                                             # [B,H,D,L]; den >= 1
-  return jnp.einsum("bthl,bhdl->bthd", jax.nn.softmax(q.astype(f32), -1), summary).astype(v.dtype)
+  return jnp.einsum("bthl,bhdl->bthd", p, summary).astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _bidirectional(q, k, v, options):
-  return _bidirectional_forward(q, k, v, **dict(options))
+def _segmented_forward(p, k, v, segments, *, chunk: int, driver: str, interpret: bool) -> Array:
+  """Bidirectional Latte over packed documents: `latte_xla.bidirectional_parts`, then `_linear_block`
+  forward (s <= t) and over the reversed sequence (s > t)."""
+  b, t, h, l = p.shape
+  d = v.shape[-1]
+  r, e, _ = latte_xla.bidirectional_parts(p, k, segments)
+  vp = _triton_width(v)
+  dp = vp.shape[-1]
+  tp = -(-t // chunk) * chunk
+  rows = lambda x: x[:, :, :, None, :]
+  init = (jnp.zeros((b, h, dp, l), f32),)
+  # per token: r_t . e_s over the block (C L), their products with v (C D), the carried part, the state update
+  cost = lambda n: (n * (2 * chunk * l + 2 * chunk * dp + 4 * l * dp), 0)
+  dims = (("bh..",), ("bh..", "bh..", "bh...", "bh..", "bh...", "bh..", "bh...", "bh.."))
+  outs = []
+  for strict in (False, True):
+    order = (lambda x: jnp.flip(x, axis=1)) if strict else (lambda x: x)
+    re, ee, ve = _head_major(order(r), tp), _head_major(order(e), tp), _head_major(order(vp), tp)
+    xs = (re, ee, rows(ee), ve, rows(ve)) + _document_rows(order(segments), h, chunk, tp)
+    run = functools.partial(_scan, functools.partial(_linear_block, strict=strict), ys=((dp, f32),), final=False,
+                            chunk=chunk, driver=driver, interpret=interpret, name="bidirectional_latte_documents",
+                            cost=cost)
+    (y,) = _pallas.run_per_device(run, (init, xs), dims, ("bh..",), batch=b, heads=h)
+    outs.append(order(y[:, :, :t, :d].swapaxes(1, 2)))
+  return (outs[0] + outs[1]).astype(v.dtype)
 
 
-def _bidirectional_fwd(q, k, v, options):
-  return _bidirectional(q, k, v, options), (q, k, v)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _bidirectional(q, k, v, segments, latent_scale, options):
+  return _bidirectional_forward(q, k, v, segments, latent_scale, **dict(options))
+
+
+def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
+  return _bidirectional(q, k, v, segments, latent_scale, options), (q, k, v, segments, latent_scale)
 
 
 def _bidirectional_bwd(options, residuals, cotangent):
-  del options
-  xla = lambda q, k, v: latte_xla.bidirectional_latte(q, k, v)
-  return jax.vjp(xla, *residuals)[1](cotangent)
+  q, k, v, segments, latent_scale = residuals
+  xla = lambda q, k, v, latent_scale: latte_xla.bidirectional_latte(
+      q, k, v, segments=segments, latent_scale=latent_scale, chunk=dict(options)["chunk"])
+  dq, dk, dv, dscale = jax.vjp(xla, q, k, v, latent_scale)[1](cotangent)
+  return dq, dk, dv, None, dscale
 
 
 _bidirectional.defvjp(_bidirectional_fwd, _bidirectional_bwd)
 
 
-def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None, block: int = BLOCK,
+def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None, segments: Array | None = None,
+                        latent_scale: Array | None = None, block: int = BLOCK, chunk: int | None = None,
                         driver: str | None = None, interpret: bool | None = None) -> Array:
   """`kernels.latte.bidirectional_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D], mask bool [B,T] -> [B,T,H,D] in v's dtype. `block`: the time block of the reduction
-  (at most the next power of two >= T)."""
-  options = (("block", block),) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
-  return _bidirectional(q, latte_xla.masked_keys(k, mask), v, options)
+  (at most the next power of two >= T). With `segments` int[B,T] (packed documents) the linear sums
+  run in blocks of `chunk` tokens (default as the causal kernel's). `latent_scale` [B,T,H,L] times p(l|t)."""
+  chunk = default_chunk() if chunk is None else chunk
+  options = (("block", block), ("chunk", chunk)) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
+  return _bidirectional(q, latte_xla.masked_keys(k, mask), v, segments, latent_scale, options)

@@ -12,12 +12,22 @@ and key projections D -> L and value / output D -> D, all without bias. The vari
   latte_conv_swa++   Latte-Macchiato (Def. 3): state 0 is sliding-window softmax attention with
   latte_rglru_swa++  RoPE, mixed with the L latent states under one softmax over L + 1 states
 
+and the Table 2 baseline without Latte:
+
+  rglru_swa++        "++" with the RG-LRU and sliding-window attention only (latent=False): the
+                     window's q and k read RMSNorm(RG-LRU(x)), its values x
+
 The convolution and the RG-LRU feed only the latent probabilities (q and k logits); values and
 the window attention's q, k read the block input, so the window attention is the plain local
 attention a pre-trained model would bring (Section 4.5). Bidirectional models (classification,
 MLM) use Def. 1, a centred convolution, the RG-LRU run in both directions, and a window on both
 sides. Causal models decode in constant memory per token: the eq. 12 state per layer, the
 convolution's last K - 1 inputs or the RG-LRU state, and a ring buffer of `window` keys/values.
+
+Packed documents (`segments` int[B,T], kernels/segments.py): the latent sums, the window
+attention, the convolution's taps and the RG-LRU state all keep to a token's own document, and
+positions (VAPOR, RoPE) count from each document's start. `latent_dropout` drops p(l|t) in
+training, as the authors' code does for causal Latte.
 """
 
 from __future__ import annotations
@@ -31,9 +41,10 @@ from lra_core.errors import ConfigError
 from lra_core.protocol import PaperRow, Smoke
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.attention import local_attention
+from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import attend_cache, empty_cache, write_cache
-from lra_core.models.blocks.layers import Dense, param
+from lra_core.models.blocks.layers import Dense, RMSNorm, param
 from lra_core.models.blocks.positions import apply_rope, rotate_pairs
 
 Array = jax.Array
@@ -45,6 +56,8 @@ VARIANTS = {
     "latte_conv_swa++": dict(norm="rms", mlp="glu", mixer="conv", window=128, vapor=False),
     "latte_rglru++": dict(norm="rms", mlp="glu", mixer="rglru", window=0, vapor=False),
     "latte_rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False),
+    # Table 2's baseline: Latte-RGLRU-SWA++ without the latent states
+    "rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False, latent=False),
 }
 MIXERS = ("none", "conv", "rglru")
 
@@ -63,6 +76,8 @@ def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDi
       rglru_c=8.0,             # Griffin's constant c in a_t = a^(c r_t)
       vapor=False,             # Value-Acting POsitional Rotations (Appendix B.3)
       rope=True,               # RoPE on the window attention's q and k (Latte-Macchiato)
+      latent=True,             # the latent attention; False: window attention alone (rglru_swa++)
+      latent_dropout=0.0,      # dropout on p(l|t) in training (the authors' code: the layer dropout rate)
       chunk=0,                 # time chunk of causal Latte; 0 -> per backend (kernels.latte)
       impl="xla",              # attention core: one of kernels.latte.IMPLS
   ))
@@ -85,6 +100,11 @@ def validate_config(config) -> None:
   if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2 and (m.vapor or m.rope and m.window):
     raise ConfigError(f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width "
                       "(VAPOR and RoPE rotate pairs).")
+  if not 0.0 <= m.get("latent_dropout", 0.0) < 1.0:
+    raise ConfigError(f"model.latent_dropout must be in [0, 1), got {m.latent_dropout}.")
+  if not m.get("latent", True) and (m.window <= 0 or m.vapor):
+    raise ConfigError("model.latent=False (window attention alone) needs model.window > 0 and model.vapor=False "
+                      "(VAPOR rotates the latent part's values).")
   if m.mixer == "conv" and m.conv_kernel < 1:
     raise ConfigError(f"model.conv_kernel must be >= 1, got {m.conv_kernel}.")
   if m.chunk < 0:
@@ -110,13 +130,19 @@ class Conv(nnx.Module):
     self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",))
     self.causal = causal
 
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, segments: Array | None = None) -> Array:
+    """x [B,T,D] -> [B,T,D]; segments int[B,T]: a tap reads zero where it would reach another document."""
     k, t = self.kernel.shape[0], x.shape[1]
     before = k - 1 if self.causal else k - 1 - k // 2  # centred: taps reach k // 2 ahead
-    xp = jnp.pad(x, ((0, 0), (before, k - 1 - before), (0, 0)))
+    widths = ((0, 0), (before, k - 1 - before))
+    xp = jnp.pad(x, widths + ((0, 0),))
     w = self.kernel[...].astype(x.dtype)
     # tap i reads x_{t - i} (shifted by k // 2 when centred)
-    return sum(xp[:, k - 1 - i:k - 1 - i + t] * w[i] for i in range(k)) + self.bias[...].astype(x.dtype)
+    tap = lambda i: xp[:, k - 1 - i:k - 1 - i + t]
+    if segments is not None:
+      sp, read = jnp.pad(segments, widths, constant_values=-1), tap
+      tap = lambda i: jnp.where((sp[:, k - 1 - i:k - 1 - i + t] == segments)[..., None], read(i), 0)
+    return sum(tap(i) * w[i] for i in range(k)) + self.bias[...].astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
     return jnp.zeros((batch, self.kernel.shape[0] - 1, self.kernel.shape[1]), dtype)
@@ -162,12 +188,20 @@ class RGLRU(nnx.Module):
     scale = jnp.sqrt(jnp.maximum(-jnp.expm1(2.0 * log_a), 1e-12))
     return jnp.exp(log_a), scale * i * x32
 
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, segments: Array | None = None) -> Array:
+    """x [B,T,D] -> [B,T,D]; segments int[B,T]: the state restarts at each document's first token
+    (and, for the backward pass of the bidirectional layer, at each document's last)."""
     a, b = self._coefficients(x)
     combine = lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1])
-    h = jax.lax.associative_scan(combine, (a, b), axis=1)[1]
+    a_forward = a_backward = a
+    if segments is not None:
+      starts = segment_starts(segments)
+      a_forward = jnp.where(starts[..., None], 0.0, a)            # h_t = b_t at a first token
+      ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
+      a_backward = jnp.where(ends[..., None], 0.0, a)             # and, backwards, at a last one
+    h = jax.lax.associative_scan(combine, (a_forward, b), axis=1)[1]
     if not self.causal:
-      h = 0.5 * (h + jax.lax.associative_scan(combine, (a, b), axis=1, reverse=True)[1])
+      h = 0.5 * (h + jax.lax.associative_scan(combine, (a_backward, b), axis=1, reverse=True)[1])
     return h.astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
@@ -182,12 +216,14 @@ class RGLRU(nnx.Module):
 # -- the token mixer ---------------------------------------------------------------------------------
 
 class LatteAttention(nnx.Module):
-  """Latent attention over H heads of L/H latent states; with `window` > 0, Latte-Macchiato."""
+  """Latent attention over H heads of L/H latent states; with `window` > 0, Latte-Macchiato; with
+  `latent` False, the window attention alone, its q and k from RMSNorm(mixer(x)) (RGLRU-SWA++)."""
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
     h, d = m.num_heads, m.d_model
     latents, width = m.num_latents // h, d // h
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
+    self.latent = m.get("latent", True)
     self.chunk, self.impl = m.chunk or None, m.impl
     self.shape = (h, latents, width)
     kw = dict(dtype=dtype, rngs=rngs)
@@ -197,13 +233,18 @@ class LatteAttention(nnx.Module):
       self.mixer = RGLRU(d, h, c=m.rglru_c, causal=causal, rngs=rngs)
     else:
       self.mixer = None
-    # Macchiato: one more query logit per head, for state 0 (the window attention).
-    self.query = Dense(d, (h, latents + bool(m.window)), axes=("embed", "heads", "latents"), **kw)
-    self.key = Dense(d, (h, latents), axes=("embed", "heads", "latents"), **kw)
+    if self.latent:
+      # Macchiato: one more query logit per head, for state 0 (the window attention).
+      self.query = Dense(d, (h, latents + bool(m.window)), axes=("embed", "heads", "latents"), **kw)
+      self.key = Dense(d, (h, latents), axes=("embed", "heads", "latents"), **kw)
+      self.window_norm = None
+    else:  # Table 2's RGLRU-SWA++: Z = RMSNorm(y) feeds the window's q and k
+      self.window_norm = RMSNorm(d, rngs=rngs)
     self.value = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
     if m.window:
       self.window_query = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
       self.window_key = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
+    self.latent_dropout = nnx.Dropout(m.get("latent_dropout", 0.0))
     self.out = Dense((h, width), d, axes=("heads", "head_dim", "embed"), **kw)
     # VAPOR: a learnable block-diagonal rotation R; R^t acts on the values (eq. 22). Angles start
     # at RoPE's frequencies.
@@ -215,43 +256,61 @@ class LatteAttention(nnx.Module):
     """x [B,T,H,W] times R^(sign * position)."""
     if self.vapor is None:
       return x
-    return rotate_pairs(x, sign * positions.astype(jnp.float32)[:, None, None] * self.vapor[...])
+    angles = sign * positions.astype(jnp.float32)[..., None, None] * self.vapor[...]  # [(B,)T,H,W/2]
+    return rotate_pairs(x, angles)
 
-  def _mix(self, q: Array, latent: Array, local: Array | None) -> Array:
+  def _mix(self, q: Array, latent: Array, local: Array | None, scale: Array | None) -> Array:
     """Latte-Macchiato, eq. 13: p(0|t) local + sum_{l>=1} p(l|t) latte_l, p over L + 1 states.
-    The latent kernels normalise over l >= 1, so their output is scaled by 1 - p(0|t)."""
+    The latent kernels normalise over l >= 1, so their output is scaled by 1 - p(0|t). `scale`
+    [B,T,H,L+1] (latent dropout) multiplies p(l|t); its states l >= 1 went to the kernels."""
     if local is None:
       return latent
     p0 = jax.nn.sigmoid(q[..., 0] - jax.nn.logsumexp(q[..., 1:].astype(jnp.float32), -1))[..., None]
-    return (p0 * local + (1.0 - p0) * latent).astype(latent.dtype)
+    kept = p0 if scale is None else p0 * scale[..., :1]
+    return (kept * local + (1.0 - p0) * latent).astype(latent.dtype)
 
-  def _window_qk(self, x: Array, positions: Array) -> tuple[Array, Array]:
-    q, k = self.window_query(x), self.window_key(x)
+  def _latent_scale(self, shape: tuple[int, ...], rngs: nnx.Rngs | None) -> Array | None:
+    """Latent dropout: keep mask / keep rate over p(l|t) [B,T,H,L(+1)] in training, else None."""
+    drop = self.latent_dropout
+    if drop.rate == 0.0 or drop.deterministic:
+      return None
+    return drop(jnp.ones(shape, jnp.float32), rngs=rngs)
+
+  def _window_qk(self, x: Array, y: Array, positions: Array) -> tuple[Array, Array]:
+    """The window attention's q and k: from x (Macchiato) or from RMSNorm(y) (RGLRU-SWA++)."""
+    z = x if self.window_norm is None else self.window_norm(y)
+    q, k = self.window_query(z), self.window_key(z)
     if self.rope:
       q, k = apply_rope(q, positions), apply_rope(k, positions)
     return q, k
 
   def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
-    """x: [B,T,D]; positions int[T] (consecutive); mask bool[B,T], False = padding (bidirectional)."""
-    del rngs
+               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    """x: [B,T,D]; positions int[T] or [B,T] (consecutive within a document); mask bool[B,T], False =
+    padding (bidirectional); segments int[B,T] document ids of packed rows (kernels/segments.py);
+    rngs: the `dropout` stream for latent dropout in training."""
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     if mask is not None and not self.causal:
       x = jnp.where(mask[..., None], x, 0)  # padding feeds nothing into the convolution / RG-LRU
-    y = x if self.mixer is None else self.mixer(x)  # the latent logits read y, the values x
-    q, k, v = self.query(y), self.key(y), self.value(x)
-    lq, rotated = (q[..., 1:] if self.window else q), self._rotate(v, positions, -1.0)
-    if self.causal:
-      latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk, impl=self.impl)
-    else:
-      latent = latte_kernels.bidirectional_latte(lq, k, rotated, mask=mask, impl=self.impl)
-    latent = self._rotate(latent, positions, 1.0)
+    y = x if self.mixer is None else self.mixer(x, segments)  # the latent logits read y, the values x
+    v = self.value(x)
     local = None
     if self.window:
-      wq, wk = self._window_qk(x, positions)
-      local = local_attention(wq, wk, v, window=self.window, causal=self.causal, k_valid=mask)
-    return self.out(self._mix(q, latent, local))
+      wq, wk = self._window_qk(x, y, positions)
+      local = local_attention(wq, wk, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments)
+    if not self.latent:
+      return self.out(local)
+    q, k = self.query(y), self.key(y)
+    scale = self._latent_scale(q.shape, rngs)
+    lq, rotated = (q[..., 1:] if self.window else q), self._rotate(v, positions, -1.0)
+    kw = dict(segments=segments, latent_scale=None if scale is None else scale[..., -lq.shape[-1]:], impl=self.impl)
+    if self.causal:
+      latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk, **kw)
+    else:
+      latent = latte_kernels.bidirectional_latte(lq, k, rotated, mask=mask, **kw)
+    latent = self._rotate(latent, positions, 1.0)
+    return self.out(self._mix(q, latent, local, scale))
 
   # -- decoding ------------------------------------------------------------------------------------
 
@@ -259,7 +318,7 @@ class LatteAttention(nnx.Module):
     if not self.causal:
       raise ValueError("decoding needs causal Latte; this layer is bidirectional.")
     h, latents, width = self.shape
-    cache = {"latte": latte_kernels.init_latte_state(batch_size, h, latents, width)}
+    cache = {"latte": latte_kernels.init_latte_state(batch_size, h, latents, width)} if self.latent else {}
     if self.mixer is not None:
       cache["mixer"] = self.mixer.init_state(batch_size, dtype)
     if self.window:
@@ -274,17 +333,20 @@ class LatteAttention(nnx.Module):
     if self.mixer is not None:
       y, cache["mixer"] = self.mixer.step(x[:, 0], cache["mixer"])
       y = y[:, None]
-    q, k, v = self.query(y), self.key(y), self.value(x)
+    v = self.value(x)
+    local = None
+    if self.window:
+      wq, wk = self._window_qk(x, y, positions)
+      cache["window"] = write_cache(cache["window"], wk, v, position)
+      local = attend_cache(wq, cache["window"], position, window=self.window)
+    if not self.latent:
+      return self.out(local), cache
+    q, k = self.query(y), self.key(y)
     lq = q[..., 1:] if self.window else q
     rotated = self._rotate(v, positions, -1.0)
     latent, cache["latte"] = latte_kernels.latte_step(lq[:, 0], k[:, 0], rotated[:, 0], cache["latte"])
     latent = self._rotate(latent[:, None], positions, 1.0)
-    local = None
-    if self.window:
-      wq, wk = self._window_qk(x, positions)
-      cache["window"] = write_cache(cache["window"], wk, v, position)
-      local = attend_cache(wq, cache["window"], position, window=self.window)
-    return self.out(self._mix(q, latent, local)), cache
+    return self.out(self._mix(q, latent, local, None)), cache
 
 
 class Model(transformer.Model):

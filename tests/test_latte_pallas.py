@@ -134,6 +134,47 @@ def test_bidirectional_kernel_equals_quadratic_formula(driver):
     assert_equals_reference(fast, reference, *(x.astype(dtype) for x in (q, 50 * k, v)))
 
 
+# -- packed documents ----------------------------------------------------------------------------------------
+
+# Row 0: documents of 5, 6 and 3 tokens and one padding token (blocks of 4: boundaries inside blocks
+# and one on a block edge); row 1: one document.
+SEGMENTS = np.array([[1] * 5 + [2] * 6 + [3] * 3 + [0], [1] * 15], np.int32)
+
+
+@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+def test_kernels_with_segments_equal_the_masked_formulas(driver):
+  """Both kernels with packed documents == the quadratic formulas with a per-document mask, values
+  and gradients (the backward is the XLA form's), with large key logits, padding and a latent scale."""
+  q, k, v = qkv(t=15, l=8)
+  k = 30 * k
+  scale = (np.random.default_rng(3).random(q.shape) > 0.3).astype(np.float32) / 0.7
+  mask = np.arange(15)[None] < np.array([[14], [10]])
+  causal = lambda q, k, v: latte_pallas.causal_latte(q, k, v, chunk=4, segments=SEGMENTS, latent_scale=scale,
+                                                     driver=driver)
+  assert_equals_reference(causal, lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=SEGMENTS,
+                                                                            latent_scale=scale), q, k, v)
+  both = lambda q, k, v: latte_pallas.bidirectional_latte(q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale,
+                                                          chunk=4, driver=driver)
+  assert_equals_reference(both, lambda q, k, v: lk.bidirectional_latte_reference(
+      q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale), q, k, v)
+
+
+def test_kernels_with_segments_run_per_device_under_a_mesh():
+  """Batch over 'data' and heads over 'tensor': the document indices split with the batch."""
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  segs = np.array([[1] * 3 + [2] * 6, [1] * 9, [1] * 7 + [0] * 2, [1, 2, 2, 3, 3, 3, 4, 4, 4]], np.int32)
+  fns = (lambda q, k, v: kernels.causal_latte(q, k, v, chunk=4, impl="pallas", segments=segs),
+         lambda q, k, v: kernels.bidirectional_latte(q, k, v, chunk=4, impl="pallas", segments=segs))
+  references = (lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=segs),
+                lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs))
+  q, k, v = qkv(b=4, t=9, l=8)
+  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+    # one kernel causal, two bidirectional (forward and reversed)
+    assert str(jax.make_jaxpr(lambda *a: [f(*a) for f in fns])(q, k, v)).count("shard_map") == 3
+    sharded = run(lambda *a: [f(*a) for f in fns], q, k, v)
+  assert_same(sharded, run(lambda *a: [f(*a) for f in references], q, k, v))
+
+
 # -- per device under a mesh ---------------------------------------------------------------------------------
 
 def test_kernels_run_per_device_under_a_mesh():

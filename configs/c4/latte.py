@@ -13,7 +13,8 @@ with 2000 warmup steps and cosine decay, 100k steps, weight decay 0.01, T 1024, 
 embeddings. Parameter counts: `python scripts/param_counts.py`.
 
 Args (comma-separated): one variant of models.latte.VARIANTS (default latte): latte, latte++,
-latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++; tiny (bytes, 2 layers, d 32).
+latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++ (Table 1), or rglru_swa++ (Table 2's
+baseline without Latte: RG-LRU and sliding-window attention); tiny (bytes, 2 layers, d 32).
 """
 
 from lra_core.config import base_config, config_arg

@@ -7,11 +7,12 @@
 
 The paper's long-context runs (Figures 5b and 6) train on BookCorpus; PG-19 is our book corpus.
 Table 5, Figure 6 column: 12 layers, 8 heads, width 512, feed-forward 2048, L 128, window 128,
-K 3, dropout 0.2, lr 2.5e-4 with 2000 warmup steps and cosine decay, 300k steps, weight decay
+K 3, dropout 0.2 (also on p(l|t): model.latent_dropout), lr 2.5e-4 with 2000 warmup steps and cosine decay, 300k steps, weight decay
 0.01, sequences of 5000 tokens, batch 4; BPE of 50,267 pieces (first command), tied embeddings.
 Evaluate longer sequences (the paper extrapolates to 16K) with --config.train.seq_len at eval.
 
-Args (comma-separated): one variant of models.latte.VARIANTS (default latte), tiny.
+Args (comma-separated): one variant of models.latte.VARIANTS (default latte; rglru_swa++ is Table 2's
+baseline without Latte), tiny.
 """
 
 from lra_core.config import base_config, config_arg

@@ -27,8 +27,10 @@ def lm_config(variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: 
               dropout: float) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict, dict]:
   """(model, optim, train) sections of a Table 5 language-modelling column: tied embeddings, RoPE on
   the window, VAPOR where no convolution / RG-LRU breaks position invariance, AdamW with linear
-  warmup and cosine decay, weight decay 0.01 (Table 5 gives no Adam betas: we use 0.9 / 0.95)."""
-  model = latte.model_config(variant, vocab_size=vocab_size, dropout=dropout, **sizes)
+  warmup and cosine decay, weight decay 0.01 (Table 5 gives no Adam betas: we use 0.9 / 0.95).
+  Table 5's dropout is also the latent dropout on p(l|t), as the authors' causal Latte layer uses
+  its one dropout rate for both."""
+  model = latte.model_config(variant, vocab_size=vocab_size, dropout=dropout, latent_dropout=dropout, **sizes)
   opt = optim.default_config()
   opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=warmup, b1=0.9, b2=0.95, eps=1e-8,
                   weight_decay=0.01, clip_norm=1.0))
