@@ -13,13 +13,14 @@ import jax
 
 from lra_core.kernels import vq_pallas, vq_xla
 from lra_core.kernels.vq_xla import (MASK, REDUCTIONS, band_to_matrix, cached_attention, codewords, decode_step,
-                                     dense_attention, group_heads, group_table, init_carry, init_decode_state,
-                                     quantize, relative_bias, vq_attention_reference, xl_bias_blocks)
+                                     dense_attention, document_plan, group_heads, group_table, init_carry,
+                                     init_decode_state, quantize, relative_bias, vq_attention_reference,
+                                     xl_bias_blocks)
 
 __all__ = ["IMPLS", "MASK", "REDUCTIONS", "band_to_matrix", "cached_attention", "check_shapes", "codewords",
-           "decode_step", "dense_attention", "group_heads", "group_table", "init_carry", "init_decode_state",
-           "quantize", "relative_bias", "vq_attention", "vq_attention_blocks", "vq_attention_reference",
-           "xl_bias_blocks"]
+           "decode_step", "dense_attention", "document_plan", "group_heads", "group_table", "init_carry",
+           "init_decode_state", "quantize", "relative_bias", "vq_attention", "vq_attention_blocks",
+           "vq_attention_reference", "xl_bias_blocks"]
 
 Array = jax.Array
 IMPLS = ("xla", "pallas")
@@ -30,7 +31,8 @@ sg = jax.lax.stop_gradient
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         reduction: str = "serial", carry: dict | None = None,
                         rel: tuple[Array, Array] | None = None,
-                        compressive: bool = True, impl: str = "xla") -> tuple[Array, dict]:
+                        compressive: bool = True, impl: str = "xla",
+                        segments: Array | None = None) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
   q [B,T,H,Dk]; k_hat [B,T,Hk,Dk] (quantized keys; straight-through gradients are the
@@ -39,7 +41,9 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   distances 0..L; older keys get content scores only. `compressive=False` drops the codebook
   cache: a sliding window over the last L+1 positions (the paper's ablation). impl="xla" runs
   `vq_xla.cached_attention`, impl="pallas" the fused kernel of kernels/vq_pallas.py (its scan is
-  serial: `reduction` must be "serial").
+  serial: `reduction` must be "serial"). `segments` int [B,T] (packed documents, 0 = padding) keeps
+  every query to keys of its own segment, in the exact part and in the cache (which restarts per
+  document: `vq_xla.document_plan`); the carry's `seg` continues them across windows.
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
   if impl not in IMPLS:
@@ -49,14 +53,16 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
                      f"'serial', got {reduction!r}.")
   b, t, _, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
+  if segments is not None and tuple(segments.shape) != (b, t):
+    raise ValueError(f"segments must be [B,T] = [{b},{t}], got {tuple(segments.shape)}.")
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
   bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
   if impl == "pallas":
     return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
-                                         compressive=compressive)
+                                         compressive=compressive, segments=segments)
   return vq_xla.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
-                                 compressive=compressive)
+                                 compressive=compressive, segments=segments)
 
 
 def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) -> None:
@@ -76,12 +82,13 @@ def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) 
 
 
 def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: int, reduction: str = "serial",
-                 impl: str = "xla") -> Array:
+                 impl: str = "xla", segments: Array | None = None) -> Array:
   """Causal softmax attention of q over the vector-quantized keys, in linear time.
 
   q, k: [B,T,H,Dk]; v: [B,T,H,Dv]; codebook: [H,S,Dk] -> [B,T,H,Dv]. Equal (values and
   gradients w.r.t. q, v and the codebook) to `vq_attention_reference`; k reaches the output only
   through the argmin, so its gradient is zero in both (models add a straight-through estimator).
+  `segments` int [B,T]: each query attends within its own document only.
   """
   check_shapes(q, k, v, codebook, block_len)
   if reduction not in REDUCTIONS:
@@ -90,5 +97,5 @@ def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: in
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   z, _ = quantize(sg(k), sg(codebook))
   out, _ = vq_attention_blocks(q, codewords(z, codebook), z, v, codebook, block_len=block_len,
-                               reduction=reduction, impl=impl)
+                               reduction=reduction, impl=impl, segments=segments)
   return out

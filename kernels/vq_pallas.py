@@ -25,7 +25,13 @@ recompute the scores; the queries of a block are attended Lq rows at a time, the
 last sub-block. `block_sizes` picks (Dt, Lq) so that `vmem_bytes` fits the target's VMEM.
 
 Layout: head-major inside ([B,H,T,D]); query head h reads key-value head h // G. z arrives twice,
-as a column [T,1] (one-hot rows) and a row [1,T] (key validity), so no in-kernel transpose.
+as a column [T,1] (one-hot rows of the fold) and a row [1,T] (key validity), so no in-kernel transpose.
+
+Documents (`segments`, see `kernels.vq_xla.document_plan`): the wrapper turns the plan into inputs
+the block step reads with elementwise ops only: the query ids and whether each query reads the cache
+as columns [T,1], the key ids as a row [1,T] (compared for the exact part), the fold's codes with
+keys that do not enter the cache set to the empty code S (the z column), and per block whether the
+fold keeps the old cache (a row [1,T], constant over each block).
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form
 (`kernels.vq_xla.cached_attention`), recomputed from the inputs: training memory is the XLA path's;
@@ -63,18 +69,20 @@ def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
 
 
 def vmem_bytes(*, block_len: int, n_code: int, d_k: int, value_block: int, query_block: int, itemsize: int,
-               has_bias: bool) -> int:
+               has_bias: bool, has_segments: bool = False) -> int:
   """Estimated VMEM of one grid step of the TPU kernel (grid driver), every block padded to whole tiles:
   the pipelined blocks twice (double-buffered), the blocks read once per value tile (codebook, carry)
   once, the cache scratch, and the float32 temporaries of attending Lq queries ([Lq,L] scores of two
   key blocks, [Lq,S] code scores, [L,Dt] values) and of folding a block ([L,S] one-hot, [S,Dt] sums).
   `itemsize` is that of q, k and v. The counts of each term are fitted to what Mosaic reports for
-  TPU v3 at L = S = 512, Dk = 128 (docs/kernels.md), rounded up."""
+  TPU v3 at L = S = 512, Dk = 128 (docs/kernels.md), rounded up. Documents add two query columns,
+  three key rows and the carried block's ids."""
   l, lq, s, dk, dt, a = block_len, query_block, n_code, d_k, value_block, itemsize
   x = _tile_bytes
   pipelined = (x(lq, dk, a) + 2 * x(l, dk, a) + 2 * x(l, dt, a) + x(lq, dt, a) + 2 * x(1, l, 4) + x(l, 1, 4)
-               + (x(lq, 2 * l, 4) if has_bias else 0))
-  once = x(s, dk, a) + x(l, dk, a) + x(l, dt, a) + x(1, l, 4) + x(l, 1, 4) + x(s, dt, 4) + x(1, s, 4) + x(s, 1, 4)
+               + (x(lq, 2 * l, 4) if has_bias else 0) + ((2 * x(lq, 1, 4) + 3 * x(1, l, 4)) if has_segments else 0))
+  once = (x(s, dk, a) + x(l, dk, a) + x(l, dt, a) + x(1, l, 4) + x(l, 1, 4) + x(s, dt, 4) + x(1, s, 4) + x(s, 1, 4)
+          + (x(1, l, 4) if has_segments else 0))
   written = x(s, dt, 4) + x(s, 1, 4)
   scratch = x(s, dt, 4) + x(1, s, 4) + x(s, 1, 4)
   attend = 3 * x(lq, l, 4) + 2 * x(lq, s, 4) + 5 * x(l, dt, 4) + 2 * x(lq, dt, 4) + 3 * x(l, dk, 4)
@@ -83,7 +91,7 @@ def vmem_bytes(*, block_len: int, n_code: int, d_k: int, value_block: int, query
 
 
 def block_sizes(d_v: int, *, block_len: int, n_code: int, d_k: int, itemsize: int, has_bias: bool,
-                budget: int | None, platform: str = "tpu") -> tuple[int, int]:
+                budget: int | None, platform: str = "tpu", has_segments: bool = False) -> tuple[int, int]:
   """(value tile width Dt, query sub-block Lq): divisors of d_v and block_len.
 
   TPU: the widest Dt (a multiple of 128 lanes), then the longest Lq (a multiple of 128 rows), whose
@@ -101,20 +109,21 @@ def block_sizes(d_v: int, *, block_len: int, n_code: int, d_k: int, itemsize: in
   for dt in widths:
     for lq in lengths:
       if budget is None or vmem_bytes(block_len=block_len, n_code=n_code, d_k=d_k, value_block=dt, query_block=lq,
-                                      itemsize=itemsize, has_bias=has_bias) <= budget:
+                                      itemsize=itemsize, has_bias=has_bias, has_segments=has_segments) <= budget:
         return dt, lq
   return widths[-1], lengths[-1]
 
 
 # -- the block step ----------------------------------------------------------------------------------
 
-def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, bias, row0, *, n_code: int,
-            compressive: bool):
+def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, bias, row0, docs=None, *,
+            n_code: int, compressive: bool):
   """Queries row0 .. row0 + Lq - 1 of a block against [previous, present] keys and the cache.
 
   cache = (sum_v [S,Dt], count_row [1,S], count_col [S,1]); q [Lq,Dk]; k_* [L,Dk]; v_* [L,Dt];
   zr_* int [1,L]; codebook [S,Dk]; bias = the [Lq,L] position terms of the (previous, present) keys, or
-  None -> out [Lq,Dt]. (The bias halves come in split: Triton cannot slice a loaded array.)
+  None; docs = (query ids int [Lq,1], reads the cache [Lq,1] 0/1, previous and present key ids int
+  [1,L]) or None -> out [Lq,Dt]. (The bias halves come in split: Triton cannot slice a loaded array.)
   """
   sum_v, count_row, _ = cache
   lq, l = q.shape[0], k_cur.shape[0]
@@ -129,11 +138,17 @@ def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, b
   if not compressive:
     keep_prev = keep_prev & (j >= i)                         # distance <= L
   keep_cur = (zr_cur != n_code) & (j <= i)
+  if docs is not None:
+    q_seg, _, k_seg_prev, k_seg_cur = docs
+    keep_prev = keep_prev & (q_seg == k_seg_prev)
+    keep_cur = keep_cur & (q_seg == k_seg_cur)
   s_prev = jnp.where(keep_prev, s_prev, -MASK)
   s_cur = jnp.where(keep_cur, s_cur, -MASK)
   m = jnp.maximum(s_prev.max(-1, keepdims=True), s_cur.max(-1, keepdims=True))
   if compressive:
-    present = count_row > 0
+    present = count_row > 0                                  # [1,S]
+    if docs is not None:
+      present = present & (docs[1] > 0)                      # [Lq,S]: only queries of the cache's document
     s_code = _pallas.dot(q, codebook.astype(f32), (1, 1))    # [Lq,S]
     log_count = jnp.where(present, jnp.log(jnp.maximum(count_row, 1.0)), -MASK)
     m = jnp.maximum(m, (s_code + log_count).max(-1, keepdims=True))
@@ -149,10 +164,14 @@ def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, b
   return num / den
 
 
-def _fold(cache, v_prev, zc_prev, *, n_code: int):
-  """The previous block folded into the cache with one-hot matmuls: v_prev [L,Dt], zc_prev int [L,1]."""
+def _fold(cache, v_prev, zc_prev, keep=None, *, n_code: int):
+  """The previous block folded into the cache with one-hot matmuls: v_prev [L,Dt], zc_prev int [L,1];
+  keep [1,L] 0/1 (constant; documents only): whether the old cache stays (else the fold restarts it)."""
   sum_v, count_row, count_col = cache
   l = v_prev.shape[0]
+  if keep is not None:
+    keep = keep.max(-1, keepdims=True)                       # [1,1]
+    sum_v, count_row, count_col = sum_v * keep, count_row * keep, count_col * keep
   onehot = (zc_prev == jax.lax.broadcasted_iota(jnp.int32, (l, n_code), 1)).astype(f32)   # [L,S]
   sum_v = sum_v + _pallas.dot(onehot, v_prev.astype(f32), (0, 0))
   count_row = count_row + _pallas.dot(jnp.ones((1, l), f32), onehot)
@@ -160,13 +179,16 @@ def _fold(cache, v_prev, zc_prev, *, n_code: int):
   return sum_v, count_row, count_col
 
 
-def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
+def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool):
   """Grid (B, H, J, R, Q): J value tiles, then R blocks and their Q query sub-blocks, both in order; the
   cache of one value tile in scratch across them, the previous block folded after the last sub-block."""
   (q_ref, k_ref, kp_ref, v_ref, vp_ref, zr_ref, zrp_ref, zcp_ref, cb_ref, *rest) = refs
   bias_ref = rest.pop(0) if has_bias else None
-  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref,
-   o_ref, sum_out, col_out, sum_v, count_row, count_col) = rest
+  if has_segments:
+    qs_ref, reads_ref, ks_ref, ksp_ref, keep_ref, *rest = rest
+  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, *rest) = rest
+  cks_ref = rest.pop(0) if has_segments else None
+  (o_ref, sum_out, col_out, sum_v, count_row, count_col) = rest
   r, qi = pl.program_id(3), pl.program_id(4)
   l = k_ref.shape[0]
   last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
@@ -182,14 +204,18 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
   pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), ref[...].astype(f32))
   v_prev = pick(cv_ref, vp_ref)
   cache = (sum_v[...], count_row[...], count_col[...])
+  docs = keep = None
+  if has_segments:
+    docs = (qs_ref[...], reads_ref[...], jnp.where(first, cks_ref[...], ksp_ref[...]), ks_ref[...])
+    keep = keep_ref[...]
   out = _attend(cache, q_ref[...], pick(ck_ref, kp_ref), k_ref[...], v_prev, v_ref[...], pick(czr_ref, zrp_ref),
                 zr_ref[...], cb_ref[...], None if bias_ref is None else (bias_ref[:, :l], bias_ref[:, l:]), qi * q_ref.shape[0],
-                n_code=n_code, compressive=compressive)
+                docs, n_code=n_code, compressive=compressive)
   o_ref[...] = out.astype(o_ref.dtype)
 
   @pl.when(qi == last_q)
   def _():
-    folded = _fold(cache, v_prev, pick(czc_ref, zcp_ref), n_code=n_code)
+    folded = _fold(cache, v_prev, pick(czc_ref, zcp_ref), keep, n_code=n_code)
     sum_v[...], count_row[...], count_col[...] = folded
 
     @pl.when(r == last_r)
@@ -197,12 +223,17 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool):
       sum_out[...], col_out[...] = folded[0], folded[2]
 
 
-def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_len: int, num_blocks: int):
+def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool, block_len: int,
+                 num_blocks: int):
   """Grid (B, H, J) over J value tiles; the kernel loops over the R blocks of its whole [T, D] slices,
   the cache in loop values."""
   (q_ref, k_ref, v_ref, zr_ref, zc_ref, cb_ref, *rest) = refs
   bias_ref = rest.pop(0) if has_bias else None
-  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, o_ref, sum_out, col_out) = rest
+  if has_segments:
+    qs_ref, reads_ref, ks_ref, keep_ref, *rest = rest
+  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, *rest) = rest
+  cks_ref = rest.pop(0) if has_segments else None
+  (o_ref, sum_out, col_out) = rest
   l = block_len
   rows = lambda ref, r: ref[pl.ds(r * l, l), :]
 
@@ -212,19 +243,24 @@ def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, block_le
     pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), rows(ref, prev).astype(f32))
     zr_prev = jnp.where(first, czr_ref[...], zr_ref[:, pl.ds(prev * l, l)])
     v_prev = pick(cv_ref, v_ref)
+    docs = keep = None
+    if has_segments:
+      docs = (rows(qs_ref, r), rows(reads_ref, r), jnp.where(first, cks_ref[...], ks_ref[:, pl.ds(prev * l, l)]),
+              ks_ref[:, pl.ds(r * l, l)])
+      keep = keep_ref[:, pl.ds(r * l, l)]
     out = _attend(cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), v_prev, rows(v_ref, r), zr_prev,
                   zr_ref[:, pl.ds(r * l, l)], cb_ref[...], None if bias_ref is None else
-                  (bias_ref[pl.ds(r * l, l), pl.ds(0, l)], bias_ref[pl.ds(r * l, l), pl.ds(l, l)]), 0,
+                  (bias_ref[pl.ds(r * l, l), pl.ds(0, l)], bias_ref[pl.ds(r * l, l), pl.ds(l, l)]), 0, docs,
                   n_code=n_code, compressive=compressive)
     o_ref[pl.ds(r * l, l), :] = out.astype(o_ref.dtype)
-    return _fold(cache, v_prev, pick(czc_ref, zc_ref), n_code=n_code)
+    return _fold(cache, v_prev, pick(czc_ref, zc_ref), keep, n_code=n_code)
 
   cache = jax.lax.fori_loop(0, num_blocks, body, (csum_ref[...], crow_ref[...], ccol_ref[...]))
   sum_out[...], col_out[...] = cache[0], cache[2]
 
 
 def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int, value_block: int,
-         itemsize: int, has_bias: bool) -> pl.CostEstimate:
+         itemsize: int, has_bias: bool, has_segments: bool = False) -> pl.CostEstimate:
   """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
   opaque to them): per block, the [L,2L+S] scores once per value tile, their products with the
   values and the fold of a block over all of Dv; every q/k/bias block read once per tile, v twice."""
@@ -234,15 +270,17 @@ def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d
   values = 2 * l * (2 * l + s) * dv + 2 * l * s * dv + 4 * l * s
   flops = b * h * blocks * (tiles * scores + values)
   exps = b * h * blocks * tiles * l * (2 * l + s)
-  per_tile = t * dk * itemsize * 3 + (t * 2 * l * 4 if has_bias else 0) + t * 8 + s * dk * itemsize
+  per_tile = (t * dk * itemsize * 3 + (t * 2 * l * 4 if has_bias else 0) + t * 8 + s * dk * itemsize
+              + (t * 20 if has_segments else 0))
   moved = b * h * (tiles * per_tile + 3 * t * dv * itemsize + 2 * s * dv * 4)
   return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
 
 
-def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_block: int, query_block: int,
-             compressive: bool, driver: str, interpret: bool):
+def _forward(q, k, v, zc, zr, codebook, bias, carry, docs=None, *, block_len: int, value_block: int,
+             query_block: int, compressive: bool, driver: str, interpret: bool):
   """Head-major pallas_call. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int [B,Hk,T,1]; zr int
-  [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (see _head_major_carry).
+  [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (see _head_major_carry);
+  docs (see `_document_inputs`) or None.
   Values are read in J = Dv / value_block tiles, each its own program (the scores recomputed per tile);
   the grid driver attends the queries of a block query_block rows at a time.
   -> out [B,H,T,Dv] and the cache after the last block per query head: sum [B,H,S,Dv] and the count
@@ -253,14 +291,14 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
   g = h // hk
   l, dt, lq = block_len, value_block, query_block
   r, nj, nq = t // l, dv // value_block, block_len // query_block
-  has_bias = bias is not None
-  ck, cv, czr, czc, csum, crow, ccol = carry
+  has_bias, has_segments = bias is not None, docs is not None
   out_shape = [jax.ShapeDtypeStruct((b, h, t, dv), v.dtype), jax.ShapeDtypeStruct((b, h, s, dv), f32),
                jax.ShapeDtypeStruct((b, h, nj, s, 1), f32)]
-  statics = dict(n_code=s, compressive=compressive, has_bias=has_bias)
+  statics = dict(n_code=s, compressive=compressive, has_bias=has_bias, has_segments=has_segments)
   kv_head = lambda hh: jax.lax.div(hh, g)
   estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
-                  itemsize=jnp.dtype(v.dtype).itemsize, has_bias=has_bias)
+                  itemsize=jnp.dtype(v.dtype).itemsize, has_bias=has_bias, has_segments=has_segments)
+  carried = list(carry) + ([docs["carry_seg"]] if has_segments else [])
   if driver == "grid":
     # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
     once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
@@ -285,9 +323,18 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
     if has_bias:
       in_specs.append(spec((lq, 2 * l), queries))
       args.append(bias)
+    if has_segments:  # one row of ids per batch row, whatever the head
+      doc_col = lambda bb, hh, jj, rr, qq: (bb, 0, rr * nq + qq, 0)
+      doc_row = lambda bb, hh, jj, rr, qq: (bb, 0, 0, rr)
+      doc_row_prev = lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))
+      in_specs += [spec((lq, 1), doc_col), spec((lq, 1), doc_col), spec((1, l), doc_row), spec((1, l), doc_row_prev),
+                   spec((1, l), doc_row)]
+      args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["k_seg"], docs["keep"]]
     in_specs += [spec((l, dk), fixed_kv, **once), spec((l, dt), fixed_kv_v, **once), spec((1, l), fixed_kv, **once),
                  spec((l, 1), fixed_kv, **once), spec((s, dt), fixed_kv_v, **once), spec((1, s), fixed_kv, **once),
                  spec((s, 1), fixed_kv, **once)]
+    if has_segments:
+      in_specs.append(spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
     out_specs = [spec((lq, dt), out_v), spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
                  spec((None, s, 1), lambda bb, hh, jj, rr, qq: (bb, hh, jj, 0, 0))]
     call = pl.pallas_call(
@@ -306,8 +353,14 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
     if has_bias:
       in_specs.append(spec((t, 2 * l)))
       args.append(bias)
+    if has_segments:  # one row of ids per batch row, whatever the head
+      doc = lambda shape: pl.BlockSpec((None, None) + shape, lambda bb, hh, jj: (bb, 0, 0, 0))
+      in_specs += [doc((t, 1)), doc((t, 1)), doc((1, t)), doc((1, t))]
+      args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["keep"]]
     in_specs += [spec((l, dk), True), spec((l, dt), True, True), spec((1, l), True), spec((l, 1), True),
                  spec((s, dt), True, True), spec((1, s), True), spec((s, 1), True)]
+    if has_segments:
+      in_specs.append(doc((1, l)))
     out_specs = [spec((t, dt), tiled=True), spec((s, dt), tiled=True),
                  pl.BlockSpec((None, None, None, s, 1), lambda bb, hh, jj: (bb, hh, jj, 0, 0))]
     call = pl.pallas_call(
@@ -315,31 +368,57 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, *, block_len: int, value_bl
         grid=(b, h, nj), in_specs=in_specs, out_specs=out_specs,
         compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
         cost_estimate=estimate, name="vq_attention")
-  return call(*args, ck, cv, czr, czc, csum, crow, ccol)
+  return call(*args, *carried)
 
 
-def _head_major_carry(carry: dict) -> tuple:
-  """The reference's carry ([B,L,Hk,.], mean [B,Hk,S,Dv], count [B,Hk,S]) in the kernel's layout."""
+def _head_major_carry(carry: dict, fold_z: Array) -> tuple:
+  """The reference's carry ([B,L,Hk,.], mean [B,Hk,S,Dv], count [B,Hk,S]) in the kernel's layout;
+  fold_z [B,L,Hk] the codes the carried block folds with (its z, or S for keys that do not enter)."""
   count = carry["count"].astype(f32)
   return (carry["k"].transpose(0, 2, 1, 3), carry["v"].transpose(0, 2, 1, 3),
-          carry["z"].transpose(0, 2, 1)[:, :, None, :], carry["z"].transpose(0, 2, 1)[..., None],
+          carry["z"].transpose(0, 2, 1)[:, :, None, :], fold_z.transpose(0, 2, 1)[..., None],
           carry["mean"].astype(f32) * count[..., None], count[:, :, None, :], count[..., None])
 
 
-def _kernel_call(q, k_hat, z, v, codebook, carry, bias, *, block_len, value_block, query_block, compressive, driver,
-                 interpret):
+def _document_inputs(segments: Array, carry_segments: Array, z: Array, carry_z: Array, *, block_len: int,
+                     n_code: int) -> tuple[dict, Array, Array]:
+  """`kernels.vq_xla.document_plan` as kernel inputs: -> ({q_seg, reads: columns [B,1,T,1]; k_seg, keep:
+  rows [B,1,1,T]; carry_seg: row [B,1,1,L]}, the fold codes of the window [B,T,Hk] and of the carried
+  block [B,L,Hk]). A key folds with its code if it enters the cache (the next block begins with its
+  document), else with the empty code S; the last block's keys fold in the next window."""
+  b, t = segments.shape
+  l = block_len
+  plan = vq_xla.document_plan(segments, carry_segments, l)
+  enters = plan["enters"]                                                   # [B,R,L]: keys of block r - 1
+  window_enters = jnp.concatenate([enters[:, 1:], jnp.ones((b, 1, l), bool)], axis=1).reshape(b, t)
+  fold_z = jnp.where(window_enters[..., None], z, n_code)
+  carry_fold_z = jnp.where(enters[:, 0, :, None], carry_z, n_code)
+  col = lambda x: x.reshape(b, 1, t, 1)
+  row = lambda x: x.reshape(b, 1, 1, -1)
+  docs = {"q_seg": col(plan["seg"]), "reads": col(plan["reads"].astype(f32)), "k_seg": row(plan["seg"]),
+          "keep": row(jnp.repeat(plan["keep"].astype(f32), l, axis=1)), "carry_seg": row(plan["prev"][:, 0])}
+  return docs, fold_z, carry_fold_z
+
+
+def _kernel_call(q, k_hat, z, v, codebook, carry, bias, segments=None, *, block_len, value_block, query_block,
+                 compressive, driver, interpret):
   """[B,T,H,.] in, the head-major kernel, [B,T,H,Dv] out plus the cache per key-value head."""
   b, t, h, _ = q.shape
   hk = codebook.shape[0]
   l = block_len
   heads = lambda x: x.transpose(0, 2, 1, 3)
+  docs, fold_z, carry_fold_z = None, z, carry["z"]
+  if segments is not None:
+    docs, fold_z, carry_fold_z = _document_inputs(segments, carry["seg"], z, carry["z"], block_len=l,
+                                                  n_code=codebook.shape[1])
   zt = z.transpose(0, 2, 1)
   bias_hm = None
   if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
     bias_hm = bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l)
-  out, csum, ccol = _forward(heads(q), heads(k_hat), heads(v), zt[..., None], zt[:, :, None, :], codebook,
-                             bias_hm, _head_major_carry(carry), block_len=l, value_block=value_block,
-                             query_block=query_block, compressive=compressive, driver=driver, interpret=interpret)
+  out, csum, ccol = _forward(heads(q), heads(k_hat), heads(v), fold_z.transpose(0, 2, 1)[..., None],
+                             zt[:, :, None, :], codebook, bias_hm, _head_major_carry(carry, carry_fold_z), docs,
+                             block_len=l, value_block=value_block, query_block=query_block, compressive=compressive,
+                             driver=driver, interpret=interpret)
   first_of_group = slice(None, None, h // hk)
   count = ccol[:, first_of_group, 0, :, 0]
   mean = csum[:, first_of_group] / jnp.maximum(count, 1.0)[..., None]
@@ -348,8 +427,8 @@ def _kernel_call(q, k_hat, z, v, codebook, carry, bias, *, block_len, value_bloc
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics):
-  carry = dict(carry_float, z=ints["carry_z"])
-  return _kernel_call(q, k_hat, ints["z"], v, codebook, carry, bias, **dict(statics))
+  carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
+  return _kernel_call(q, k_hat, ints["z"], v, codebook, carry, bias, ints["segments"], **dict(statics))
 
 
 def _attention_fwd(q, k_hat, v, codebook, carry_float, bias, ints, statics):
@@ -362,8 +441,9 @@ def _attention_bwd(statics, residuals, cotangents):
   d = dict(statics)
 
   def xla(q, k_hat, v, codebook, carry_float, bias):
-    out, _ = vq_xla.cached_attention(q, k_hat, ints["z"], v, codebook, dict(carry_float, z=ints["carry_z"]), bias,
-                                     block_len=d["block_len"], reduction="serial", compressive=d["compressive"])
+    carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
+    out, _ = vq_xla.cached_attention(q, k_hat, ints["z"], v, codebook, carry, bias, block_len=d["block_len"],
+                                     reduction="serial", compressive=d["compressive"], segments=ints["segments"])
     return out
 
   _, vjp = jax.vjp(xla, q, k_hat, v, codebook, carry_float, bias)
@@ -376,16 +456,18 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         carry: dict, bias: Array | None = None, compressive: bool = True,
                         driver: str | None = None, interpret: bool | None = None,
-                        tiles: tuple[int, int] | None = None) -> tuple[Array, dict]:
+                        tiles: tuple[int, int] | None = None, segments: Array | None = None) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
   `kernels.vq_xla.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
   position (equal to the XLA form's). `tiles` = (value tile width, query sub-block), by default
-  `block_sizes` for the target (the grid driver takes both, the loop driver the value tiles only)."""
+  `block_sizes` for the target (the grid driver takes both, the loop driver the value tiles only).
+  `segments` int [B,T]: packed documents, as in the XLA form."""
   dv = v.shape[-1]
   if tiles is None:
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v))
     tiles = block_sizes(dv, block_len=block_len, n_code=codebook.shape[1], d_k=q.shape[-1], itemsize=itemsize,
-                        has_bias=bias is not None, budget=_pallas.vmem_budget(), platform=_pallas.platform())
+                        has_bias=bias is not None, budget=_pallas.vmem_budget(), platform=_pallas.platform(),
+                        has_segments=segments is not None)
   value_tile, query_tile = tiles
   if value_tile <= 0 or dv % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide d_v {dv}.")
@@ -396,16 +478,19 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
              ("query_block", query_tile if driver == "grid" else block_len), ("compressive", compressive),
              ("driver", driver), ("interpret", _pallas.interpret_default() if interpret is None else interpret))
 
-  def per_device(q, k_hat, z, v, codebook, carry, bias):
+  def per_device(q, k_hat, z, v, codebook, carry, bias, segments):
     carry_float = {"k": carry["k"], "v": carry["v"], "mean": carry["mean"], "count": carry["count"]}
-    return _attention(q, k_hat, v, codebook, carry_float, bias, {"z": z, "carry_z": carry["z"]}, statics)
+    ints = {"z": z, "carry_z": carry["z"], "carry_seg": carry["seg"], "segments": segments}
+    return _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics)
 
-  carry_dims = {"k": "b.k.", "v": "b.k.", "z": "b.k", "mean": "bk..", "count": "bk."}
+  carry_dims = {"k": "b.k.", "v": "b.k.", "z": "b.k", "mean": "bk..", "count": "bk.", "seg": "b."}
   out, mean, count = _pallas.run_per_device(
-      per_device, (q, k_hat, z, v, codebook, carry, bias),
-      ("b.h.", "b.k.", "b.k", "b.k.", "k..", carry_dims, None if bias is None else "b.kg.."),
+      per_device, (q, k_hat, z, v, codebook, carry, bias, segments),
+      ("b.h.", "b.k.", "b.k", "b.k.", "k..", carry_dims, None if bias is None else "b.kg..",
+       None if segments is None else "b."),
       ("b.h.", "bk..", "bk."), batch=q.shape[0], heads=q.shape[2], kv_heads=codebook.shape[0])
   l = block_len
   tail = lambda x: x[:, -l:]
-  new_carry = {"k": tail(k_hat), "v": tail(v), "z": tail(z), "mean": mean, "count": count}
+  new_carry = {"k": tail(k_hat), "v": tail(v), "z": tail(z), "mean": mean, "count": count,
+               "seg": carry["seg"] if segments is None else tail(segments).astype(jnp.int32)}
   return out, jax.tree.map(jax.lax.stop_gradient, new_carry)

@@ -14,6 +14,14 @@ Layout: [B,T,H,D] in the public functions; [B,R,L,H,D] (R blocks of L) inside. Q
 more heads than keys (H = Hk * G, multi-query when Hk = 1); the codebook has one book per key head.
 The code id `S` (one past the codebook) marks an empty slot: its one-hot is all zeros.
 
+Documents (`segments` int[B,T], packed rows: kernels/segments.py): a query reads only keys of its
+own segment. The exact part compares ids; the compressive cache holds one document, the one the
+previous block begins with (`document_plan`): when a block is folded into the cache only its keys
+of the next block's first document enter, the old cache is kept only if that document also began
+the folded block, and a query reads the cache only if its document is the one that began the
+previous block. A document's cache thus holds exactly its own keys older than the previous
+block, wherever it starts relative to the blocks, so linear time == quadratic still holds.
+
 `vq_attention_reference` is the quadratic oracle the tests compare against.
 
 This file is the reference (impl="xla": `cached_attention`, decoding and the oracles) and imports
@@ -66,34 +74,78 @@ def merge(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]
   return (count_a / denom)[..., None] * mean_a + (count_b / denom)[..., None] * mean_b, count
 
 
-def prefix_summaries(mean: Array, count: Array, reduction: str) -> tuple[Array, Array]:
-  """Inclusive prefix merge along axis 1: mean [B,N,H,S,Dv], count [B,N,H,S]."""
+def prefix_summaries(mean: Array, count: Array, reduction: str,
+                     reset: Array | None = None) -> tuple[Array, Array]:
+  """Inclusive prefix merge along axis 1: mean [B,N,H,S,Dv], count [B,N,H,S]. `reset` bool [B,N]
+  (optional): True at element n drops everything before it (a document boundary: the prefix restarts
+  at n)."""
+  if reset is None:
+    reset = jnp.zeros(count.shape[:2], bool)
   if reduction == "serial":
     def step(acc, x):
-      acc = merge(acc, x)
+      mean_x, count_x, r = x
+      acc = jax.tree.map(lambda a: jnp.where(_lift(r, a), 0.0, a), acc)
+      acc = merge(acc, (mean_x, count_x))
       return acc, acc
-    xs = (jnp.moveaxis(mean, 1, 0), jnp.moveaxis(count, 1, 0))
+    xs = (jnp.moveaxis(mean, 1, 0), jnp.moveaxis(count, 1, 0), jnp.moveaxis(reset, 1, 0))
     init = (jnp.zeros_like(xs[0][0]), jnp.zeros_like(xs[1][0]))
     _, (m, c) = jax.lax.scan(step, init, xs)
     return jnp.moveaxis(m, 0, 1), jnp.moveaxis(c, 0, 1)
   if reduction == "assoc":
-    return jax.lax.associative_scan(merge, (mean, count), axis=1)
+    def combine(a, b):
+      (mean_a, count_a, r_a), (mean_b, count_b, r_b) = a, b
+      drop = lambda x: jnp.where(_lift(r_b, x), 0.0, x)
+      m, c = merge((drop(mean_a), drop(count_a)), (mean_b, count_b))
+      return m, c, r_a | r_b
+    m, c, _ = jax.lax.associative_scan(combine, (mean, count, reset), axis=1)
+    return m, c
   if reduction == "matmul":
     n = count.shape[1]
-    lower = jnp.tril(jnp.ones((n, n), jnp.float32))              # [r, g]: g <= r
-    cum = jnp.cumsum(count, axis=1)                               # [B,N,H,S]
-    frac = jnp.einsum("rg,bghs->brghs", lower, count) / jnp.maximum(cum, 1.0)[:, :, None]
+    g = jnp.arange(n)
+    first = jax.lax.cummax(jnp.where(reset, g, 0), axis=1)                   # [B,N]: where r's prefix starts
+    weights = ((g[None, None, :] <= g[None, :, None]) & (g[None, None, :] >= first[:, :, None])).astype(jnp.float32)
+    cum = jnp.einsum("brg,bghs->brhs", weights, count)                       # [B,N,H,S]
+    frac = jnp.einsum("brg,bghs->brghs", weights, count) / jnp.maximum(cum, 1.0)[:, :, None]
     return jnp.einsum("brghs,bghsv->brhsv", frac, mean), cum
   raise ValueError(f"reduction {reduction!r} is not one of {REDUCTIONS}.")
 
 
+def _lift(flag: Array, x: Array) -> Array:
+  """A per-(batch, element) flag [B] or [B,N] broadcast against x [B,(N,)...]."""
+  return flag.reshape(flag.shape + (1,) * (x.ndim - flag.ndim))
+
+
 def init_carry(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
                dtype=jnp.float32) -> dict[str, Array]:
-  """The cache before position 0: an empty previous block and an empty compressive cache."""
+  """The cache before position 0: an empty previous block and an empty compressive cache.
+
+  `seg` int32 [B,L] holds the segment ids of the previous block (-1: no document), read only when
+  the attention is given `segments`."""
   b, l, h = batch_size, block_len, num_heads
   return {"k": jnp.zeros((b, l, h, d_k), dtype), "v": jnp.zeros((b, l, h, d_v), dtype),
           "z": jnp.full((b, l, h), n_code, jnp.int32),
-          "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32), "count": jnp.zeros((b, h, n_code), jnp.float32)}
+          "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32), "count": jnp.zeros((b, h, n_code), jnp.float32),
+          "seg": jnp.full((b, l), -1, jnp.int32)}
+
+
+def document_plan(segments: Array, carry_segments: Array, block_len: int) -> dict[str, Array]:
+  """Where documents cut the blocks: segments int [B,T], carry_segments int [B,L] (the carried
+  previous block's ids) -> per block r of R (all [B,R,L] unless said):
+
+    seg      the block's ids
+    prev     the previous block's ids (block -1 is the carried one)
+    reads    query i of block r reads the cache: its id is the one the previous block begins with
+    enters   key j of the previous block enters the cache when it is folded (after block r): its id
+             is the one block r begins with
+    keep     [B,R]: the cache survives that fold (the previous block begins with block r's first
+             document, which so began before the previous block)
+  """
+  b, t = segments.shape
+  l = block_len
+  seg = segments.astype(jnp.int32).reshape(b, t // l, l)
+  prev = jnp.concatenate([carry_segments.astype(jnp.int32)[:, None], seg[:, :-1]], axis=1)
+  return {"seg": seg, "prev": prev, "reads": seg == prev[..., :1], "enters": prev == seg[..., :1],
+          "keep": prev[..., 0] == seg[..., 0]}
 
 
 # -- attention -----------------------------------------------------------------------------------
@@ -162,8 +214,9 @@ def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) 
 
 def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
                      bias: Array | None, *, block_len: int, reduction: str,
-                     compressive: bool) -> tuple[Array, dict]:
-  """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output."""
+                     compressive: bool, segments: Array | None = None) -> tuple[Array, dict]:
+  """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output;
+  `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`)."""
   b, t, h, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   l = block_len
@@ -186,17 +239,26 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
   keep = (distance >= 0) & (recent_z != s).transpose(0, 1, 3, 2)[:, :, :, None, None, :]
   if not compressive:
     keep = keep & (distance <= l)
+  plan = None if segments is None else document_plan(segments, carry["seg"], l)
+  if plan is not None:
+    recent_seg = jnp.concatenate([plan["prev"], plan["seg"]], axis=2)    # [B,R,2L]
+    keep = keep & (plan["seg"][..., :, None] == recent_seg[..., None, :])[:, :, None, None]
   scores = jnp.einsum("brihgk,brjhk->brhgij", qb, recent_k.astype(jnp.float32))
   if bias is not None:
     scores = scores + bias
   scores = jnp.where(keep, scores, -MASK)
 
-  # Cache variables: block n sees the carried cache, the carried previous block and blocks <= n-2.
-  carry_mean, carry_count = block_summaries(carry["z"][:, None], carry["v"][:, None], s)
-  mean_b, count_b = block_summaries(zb, vb, s)
-  mean_seq = jnp.concatenate([carry["mean"][:, None], carry_mean, mean_b[:, :-1]], axis=1)
-  count_seq = jnp.concatenate([carry["count"][:, None], carry_count, count_b[:, :-1]], axis=1)
-  cum_mean, cum_count = prefix_summaries(mean_seq, count_seq, reduction)   # [B,R+1,...]
+  # Cache variables: block n sees the carried cache, then the folds of the carried previous block
+  # and of blocks <= n-2 (the fold after block n adds block n - 1); with documents only the keys
+  # that enter, restarting where a fold drops the cache.
+  z_fold, reset = z_prev, None
+  if plan is not None:
+    z_fold = jnp.where(plan["enters"][..., None], z_prev, s)
+    reset = jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
+  mean_p, count_p = block_summaries(z_fold, v_prev, s)
+  mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
+  count_seq = jnp.concatenate([carry["count"][:, None], count_p], axis=1)
+  cum_mean, cum_count = prefix_summaries(mean_seq, count_seq, reduction, reset)   # [B,R+1,...]
 
   cache_scores = cache_mean = None
   if compressive:
@@ -205,18 +267,22 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
     log_count = jnp.where(count > 0, jnp.log(jnp.maximum(count, 1.0)), -MASK)
     cache_scores = jnp.einsum("brihgk,hsk->brhgis", qb, codebook.astype(jnp.float32))
     cache_scores = cache_scores + log_count[:, :, :, None, None, :]
+    if plan is not None:
+      cache_scores = jnp.where(plan["reads"][:, :, None, None, :, None], cache_scores, -MASK)
 
   out = _softmax_combine(scores, recent_v, cache_scores, cache_mean)
   out = out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
-  new_carry = {"k": kb[:, -1], "v": vb[:, -1], "z": zb[:, -1], "mean": cum_mean[:, r], "count": cum_count[:, r]}
+  new_carry = {"k": kb[:, -1], "v": vb[:, -1], "z": zb[:, -1], "mean": cum_mean[:, r], "count": cum_count[:, r],
+               "seg": carry["seg"] if plan is None else plan["seg"][:, -1]}
   return out, jax.tree.map(sg, new_carry)
 
 
 def init_decode_state(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
                       dtype=jnp.float32) -> dict[str, Array]:
   """Token-by-token cache: the previous and the present block ([B,2L,...]) plus the compressive cache."""
-  return dict(init_carry(batch_size, 2 * block_len, num_heads, n_code, d_k, d_v, dtype),
-              index=jnp.zeros((), jnp.int32))
+  state = init_carry(batch_size, 2 * block_len, num_heads, n_code, d_k, d_v, dtype)
+  del state["seg"]  # decoding is one document
+  return dict(state, index=jnp.zeros((), jnp.int32))
 
 
 def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, state: dict, *,
@@ -274,11 +340,13 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
 # -- quadratic oracles ---------------------------------------------------------------------------
 
 def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
-                    rel: tuple[Array, Array] | None = None, sliding: bool = False) -> Array:
+                    rel: tuple[Array, Array] | None = None, sliding: bool = False,
+                    segments: Array | None = None) -> Array:
   """Quadratic causal softmax attention with the same optional position terms as the VQ core.
 
   q [B,T,H,Dk], k [B,T,Hk,Dk], v [B,T,Hk,Dv]. With `rel` = (rel_q, rel_table [H,window+1,Dk])
-  keys at distance <= window get the XL bias; `sliding` masks keys farther than `window`.
+  keys at distance <= window get the XL bias; `sliding` masks keys farther than `window`;
+  `segments` int [B,T] masks keys of other documents.
   """
   b, t, h, _ = q.shape
   hk = k.shape[2]
@@ -294,6 +362,8 @@ def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
     scores = scores + band_to_matrix(by_distance)
   if sliding:
     keep = keep & (distance <= window)
+  if segments is not None:
+    keep = keep & (segments[:, :, None] == segments[:, None, :])[:, None, None]
   weights = jax.nn.softmax(jnp.where(keep, scores, -MASK), axis=-1)
   out = jnp.einsum("bhgij,bjhv->bihgv", weights, v.astype(jnp.float32))
   return out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
@@ -317,7 +387,9 @@ def band_to_matrix(by_distance: Array) -> Array:
   return skew(jnp.flip(by_distance, -1), w + t)[..., w:]
 
 
-def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array) -> Array:
-  """The quadratic definition: causal softmax attention over k replaced by its nearest codeword."""
+def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array, *,
+                           segments: Array | None = None) -> Array:
+  """The quadratic definition: causal softmax attention over k replaced by its nearest codeword
+  (within each query's document when `segments` int [B,T] is given)."""
   z, _ = quantize(sg(k), sg(codebook))
-  return dense_attention(q, codewords(z, codebook), v)
+  return dense_attention(q, codewords(z, codebook), v, segments=segments)

@@ -17,6 +17,12 @@ straight-through estimator and a commitment loss (coefficient `commit_coef`). Wi
 windows the model carries each unit's cache (previous block + per-code counts and means) to the
 next window with a stop-gradient; LayerDrop and sinusoid-dropout masks are drawn once per sequence
 and reused across its windows, residual dropout per window.
+
+Packed documents (`segment_ids`, kernels/segments.py): a token reads only keys of its own document,
+in the exact part and in the compressive cache, which restarts at each document (see
+`kernels.vq_xla.document_plan`); absolute positions count from each document's start (relative
+biases depend only on distances). Padding (mask False, segment id 0) is left out of the codebook
+statistics, the commitment loss and the codebook usage metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from flax import nnx
 
 from lra_core.errors import ConfigError
 from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
@@ -186,31 +193,34 @@ class GAU(nnx.Module):
     r = self.r_proj(table.astype(self.r_proj.dtype)).transpose(1, 0, 2) * scale
     return (q + self.xl_v[...] * scale, r), q + self.xl_u[...] * scale
 
-  def quantize(self, k: Array) -> tuple[Array, Array, Array, Array]:
-    """Straight-through keys, codes, the commitment loss (mean over B,T of sum over heads) and the codebook."""
+  def quantize(self, k: Array, weights: Array) -> tuple[Array, Array, Array, Array]:
+    """Straight-through keys, codes, the commitment loss summed over the tokens of weight 1 (of the
+    sum over heads; weights float [B,T], 0 on padding) and the codebook."""
     codebook = self.quantizer.codebook()
     z, _ = vq.quantize(jax.lax.stop_gradient(k), codebook)
     c_z = vq.codewords(z, codebook).astype(k.dtype)
-    commit = jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)).mean()
+    commit = jnp.sum(jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)) * weights)
     return k + jax.lax.stop_gradient(c_z - k), z, commit, codebook
 
-  def __call__(self, x: Array, carry: dict | None, *, sin_key: Array | None,
-               res_key: Array | None) -> tuple[Array, dict | None, dict]:
-    """x [B,T,D] -> residual branch [B,T,D], carry after the window, EMA statistics and commit loss."""
+  def __call__(self, x: Array, carry: dict | None, *, sin_key: Array | None, res_key: Array | None,
+               weights: Array, segments: Array | None = None) -> tuple[Array, dict | None, dict]:
+    """x [B,T,D] -> residual branch [B,T,D], carry after the window, EMA statistics and the summed
+    commitment loss of the tokens of weight 1 (weights float [B,T]: 0 on padding); segments int [B,T]
+    or None (packed documents)."""
     b, t, _ = x.shape
     q, k, v, g = self.projections(x)
     rel, q_content = self.relative(q, sin_key)
     aux = {}
     if self.quantizer is not None:
-      k_hat, z, commit, codebook = self.quantize(k)
+      k_hat, z, commit, codebook = self.quantize(k, weights)
       out, carry = vq.vq_attention_blocks(q_content, k_hat, z, v, codebook, block_len=self.block_len,
                                           reduction=self.reduction, carry=carry, rel=rel,
-                                          compressive=self.compressive, impl=self.impl)
-      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32)          # [B,T,Hk,S]
+                                          compressive=self.compressive, impl=self.impl, segments=segments)
+      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]   # [B,T,Hk,S]
       aux = {"commit": commit, "count": onehot.sum((0, 1)),
              "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32))}
     else:
-      out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel)
+      out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel, segments=segments)
     out = out.reshape(b, t, self.d_v) * g
     return dropout(self.out_proj(out), self.dropres, res_key), carry, aux
 
@@ -281,6 +291,7 @@ class Model(nnx.Module):
     units = [vq.init_carry(batch_size, m.block_len, u.hk, m.n_code, m.d_k, u.dv_head, self.dtype)
              for u in self.units]
     return {"units": units, "offset": jnp.zeros((batch_size,), jnp.int32),
+            "doc_position": jnp.zeros((batch_size,), jnp.int32),
             "seq_key": jnp.zeros((batch_size, 2), jnp.uint32)}
 
   # -- forward -------------------------------------------------------------------------------------
@@ -299,9 +310,11 @@ class Model(nnx.Module):
       return self.embed.attend(x).astype(jnp.float32) * self.m.d_model ** -0.5
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
-  def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None):
-    """All units over x [B,T,D]; returns x, carries, summed commit loss and the EMA statistics
-    (k_sum [N,...], count [N,...]) of the N units, or () with full attention."""
+  def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array,
+             segments: Array | None):
+    """All units over x [B,T,D]; returns x, carries, the commit loss summed over units and tokens
+    (weights [B,T]) and the EMA statistics (k_sum [N,...], count [N,...]) of the N units, or () with
+    full attention."""
     m = self.m
 
     def unit_step(unit, x, inputs, _):
@@ -310,7 +323,7 @@ class Model(nnx.Module):
       if seq_key is not None:
         sin_key, lyr_key = jax.random.fold_in(seq_key, 2 * i), jax.random.fold_in(seq_key, 2 * i + 1)
         rk = jax.random.fold_in(res_key, i)
-      h, c, aux = unit(x, carry, sin_key=sin_key, res_key=rk)
+      h, c, aux = unit(x, carry, sin_key=sin_key, res_key=rk, weights=weights, segments=segments)
       x = x + dropout(h, m.droplyr, lyr_key, shape=(x.shape[0], 1, 1))
       return constrain(x, ("batch", "length", "embed")), (c, aux)
 
@@ -324,57 +337,89 @@ class Model(nnx.Module):
     return x, [None] * n if new is None else stack.unstack(new, n), commit, stats
 
   def __call__(self, inputs: Array, *, carry: dict | None = None, rngs: nnx.Rngs | None = None,
-               mask: Array | None = None):
-    del mask  # causal model: padding only ever follows real tokens
+               mask: Array | None = None, segment_ids: Array | None = None):
+    """inputs int32[B,T] -> logits float32[B,T,V] (and the carry after the window when `carry` is given).
+
+    mask bool[B,T] (False on padding) and segment_ids int[B,T] (packed documents, 0 on padding):
+    padding stays out of the codebook statistics, the commitment loss and the usage metrics (it
+    follows the real tokens, so the causal model's outputs there never reach them); with
+    segment_ids every token reads only its own document and positions restart at each document,
+    continuing across carried windows of the same row.
+    """
+    seg_lib.check_segments(segment_ids, inputs.shape)
     m = self.m
     b, t = inputs.shape
     state = carry if carry is not None else (self.init_carry(b) if m.attention == "vq" else None)
     offset = jnp.zeros((b,), jnp.int32) if state is None else state["offset"]
+    weights = jnp.ones((b, t), jnp.float32)
+    if mask is not None:
+      weights = weights * mask.astype(jnp.float32)
+    if segment_ids is not None:
+      weights = weights * (segment_ids != 0).astype(jnp.float32)
+      segment_ids = segment_ids.astype(jnp.int32)
     seq_key = res_key = None
     training = not self.deterministic and rngs is not None
     if training:
       fresh = jax.random.key_data(rngs.dropout())
       stored = fresh if state is None else jnp.where(offset[0] == 0, fresh, state["seq_key"][0])
       seq_key, res_key = jax.random.wrap_key_data(stored), rngs.dropout()
-    x = self._embed(inputs, offset[:, None] + jnp.arange(t)[None])
+    positions = offset[:, None] + jnp.arange(t)[None]
+    if segment_ids is not None:
+      positions = self._document_positions(segment_ids, state)
+    x = self._embed(inputs, positions)
     carries = [None] * len(self.units) if state is None else state["units"]
 
     if m.input_scan:
-      x, carries, commit, stats = self._scan_blocks(x, carries, seq_key, res_key)
+      x, carries, commit, stats = self._scan_blocks(x, carries, seq_key, res_key, weights, segment_ids)
     else:
-      x, carries, commit, stats = self._stack(x, carries, seq_key, res_key)
+      x, carries, commit, stats = self._stack(x, carries, seq_key, res_key, weights, segment_ids)
 
     if stats:
-      self._codebook_step(stats, commit)
+      self._codebook_step(stats, commit / jnp.maximum(weights.sum(), 1.0))
     logits = self._logits(x)
     if carry is None:
       return logits
-    new = {"units": carries, "offset": offset + t,
+    new = {"units": carries, "offset": offset + t, "doc_position": positions[:, -1] + 1,
            "seq_key": jnp.broadcast_to(seq_key_data(seq_key, state), state["seq_key"].shape)}
     return logits, jax.tree.map(jax.lax.stop_gradient, new)
 
-  def _scan_blocks(self, x, carries, seq_key, res_key):
+  def _document_positions(self, segment_ids: Array, state: dict | None) -> Array:
+    """Each token's position in its document, int32 [B,T]. With a carried state, the tokens before
+    the window's first new document continue the carried block's last document."""
+    if state is None:
+      return seg_lib.segment_positions(segment_ids)
+    last = state["units"][0]["seg"][:, -1:]                                   # -1 at a sequence's start
+    starts = jnp.concatenate([last, segment_ids], axis=1)
+    starts = starts[:, 1:] != starts[:, :-1]
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None]
+    start = jax.lax.cummax(jnp.where(starts, t, -1), axis=1)
+    return jnp.where(start >= 0, t - start, state["doc_position"][:, None] + t)
+
+  def _scan_blocks(self, x, carries, seq_key, res_key, weights, segment_ids):
     """Input scanning: the whole stack one block at a time, carrying each unit's cache."""
     b, t, d = x.shape
     l = self.m.block_len
-    blocks = x.reshape(b, t // l, l, d).swapaxes(0, 1)
+    per_block = lambda a: a.reshape((b, t // l, l) + a.shape[2:]).swapaxes(0, 1)
+    segs = None if segment_ids is None else per_block(segment_ids)
 
     def body(carry, xs):
       caches, commit, stats = carry
-      xb, n = xs
+      xb, wb, sb, n = xs
       rk = None if res_key is None else jax.random.fold_in(res_key, n)
-      y, caches, c, s = self._stack(xb, caches, seq_key, rk)
+      y, caches, c, s = self._stack(xb, caches, seq_key, rk, wb, sb)
       stats = jax.tree.map(jnp.add, stats, s)
       return (caches, commit + c, stats), y
 
     n, unit = len(self.units), self.units[0]
     zero_stats = (jnp.zeros((n,) + unit.quantizer.c_sum[...].shape), jnp.zeros((n,) + unit.quantizer.c_count[...].shape))
     (carries, commit, stats), ys = jax.lax.scan(
-        body, (carries, jnp.zeros((), jnp.float32), zero_stats), (blocks, jnp.arange(t // l)))
-    return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit / (t // l), stats
+        body, (carries, jnp.zeros((), jnp.float32), zero_stats),
+        (per_block(x), per_block(weights), segs, jnp.arange(t // l)))
+    return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit, stats
 
   def _codebook_step(self, stats: list, commit: Array) -> None:
-    """EMA update (training only), commitment loss and codebook usage metrics."""
+    """EMA update (training only), commitment loss (mean over the real tokens, summed over units) and
+    codebook usage metrics; `stats` already leave padding out."""
     k_sums, counts = stats
     usage = [codebook_usage(count) for count in counts]
     self.sow(nnx.Intermediate, "aux_loss", self.m.commit_coef * commit)

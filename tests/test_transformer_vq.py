@@ -11,10 +11,11 @@ from flax import nnx
 import fixtures.enwik8
 import fixtures.imagenet64
 import fixtures.pg19
+import oracles
 import lra_core
 from lra_core import decoding, kernels, registry
 from lra_core.errors import ConfigError
-from lra_core.kernels import vq
+from lra_core.kernels import vq, vq_xla
 from lra_core.models import transformer_vq as tvq
 from lra_core.tasks.base import apply_model
 from lra_core.train import train_and_evaluate
@@ -99,6 +100,74 @@ def test_carry_and_decode_continue_the_blockwise_computation():
     out, state = step(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, state, rq[:, sl])
     steps.append(out)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=ATOL)
+
+
+# Packed documents: several in one block, one over several blocks, a start on a block boundary
+# (row 1 at 8 and 12), padding (0) at the end.
+SEGMENTS = jnp.array([[1] * 3 + [2] * 2 + [3] * 11 + [4] * 5 + [0] * 3, [1] * 8 + [2] * 4 + [3] * 9 + [0] * 3])
+
+
+@pytest.mark.parametrize("reduction,compressive", [("serial", True), ("matmul", True), ("assoc", True),
+                                                   ("serial", False)])
+def test_documents_keep_the_linear_core_equal_to_masked_quadratic_attention(reduction, compressive):
+  # The cache holds one document (restarting where one begins): each query sees exactly the keys
+  # of its own document, as causal attention masked by segment ids, also through carried windows.
+  q, k, v, c = qkvc(hk=1)
+  z, _ = vq.quantize(k, c)
+  k_hat = vq.codewords(z, c)
+  table = rand(6, (q.shape[2], 5, q.shape[3]))                        # window L = 4
+
+  def windows(q, v, rq, cuts):
+    parts, carry = [], None
+    for sl in cuts:
+      out, carry = vq.vq_attention_blocks(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, block_len=4,
+                                          reduction=reduction, carry=carry, rel=(rq[:, sl], table),
+                                          compressive=compressive, segments=SEGMENTS[:, sl])
+      parts.append(out)
+    return jnp.concatenate(parts, 1)
+
+  one = jax.jit(lambda *a: windows(*a, [slice(0, 24)]))
+  carried = jax.jit(lambda *a: windows(*a, [slice(0, 8), slice(8, 12), slice(12, 24)]))
+  dense = jax.jit(lambda q, v, rq: vq.dense_attention(q, k_hat, v, window=4, rel=(rq, table), sliding=not compressive,
+                                                      segments=SEGMENTS))
+  args = (q, v, rand(5, q.shape))
+  want = dense(*args)
+  np.testing.assert_allclose(one(*args), want, atol=ATOL)
+  np.testing.assert_allclose(carried(*args), want, atol=ATOL)
+  w = rand(7, (v.shape[-1],))
+  grads = [jax.jit(jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums=(0, 1, 2)))(*args) for f in (one, dense)]
+  for name, a, b in zip(("q", "v", "rel_q"), *grads):
+    np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
+  # Without segments the documents read each other.
+  plain, _ = vq.vq_attention_blocks(q, k_hat, z, v, c, block_len=4, reduction=reduction, rel=(args[2], table),
+                                    compressive=compressive)
+  assert not np.allclose(plain, want, atol=1e-2)
+
+
+def test_public_vq_attention_takes_segments():
+  q, k, v, c = qkvc(hk=1)
+  got = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=4, segments=SEGMENTS))(q, k, v, c)
+  np.testing.assert_allclose(got, vq.vq_attention_reference(q, k, v, c, segments=SEGMENTS), atol=ATOL)
+  with pytest.raises(ValueError, match="segments must be"):
+    kernels.vq_attention(q, k, v, c, block_len=4, segments=SEGMENTS[:, :8])
+
+
+def test_reset_prefix_merges_agree_across_reductions():
+  # Element n with reset drops everything before it: each reduction == a merge restarted by hand.
+  count = jnp.abs(rand(10, (2, 6, 1, 3))).round()
+  mean = rand(9, (2, 6, 1, 3, 2)) * (count > 0)[..., None]           # summaries: mean 0 where count 0
+  reset = jnp.array([[False, False, True, False, True, True], [False, True, False, False, False, False]])
+  want_m, want_c = np.zeros(mean.shape), np.zeros(count.shape)
+  for b in range(2):
+    acc = (jnp.zeros(mean.shape[2:]), jnp.zeros(count.shape[2:]))
+    for n in range(6):
+      acc = vq_xla.merge((jnp.zeros_like(acc[0]), jnp.zeros_like(acc[1])) if reset[b, n] else acc,
+                         (mean[b, n], count[b, n]))
+      want_m[b, n], want_c[b, n] = acc
+  for reduction in vq.REDUCTIONS:
+    m, c = vq_xla.prefix_summaries(mean, count, reduction, reset)
+    np.testing.assert_allclose(m, want_m, atol=1e-6, err_msg=reduction)
+    np.testing.assert_allclose(c, want_c, atol=1e-6, err_msg=reduction)
 
 
 def test_kernel_shape_errors_are_clear():
@@ -189,6 +258,101 @@ def test_input_scan_equals_parallel_blocks():
   _, b = make_model(input_scan=True)
   a.eval(), b.eval()
   np.testing.assert_allclose(fwd(a, tokens()), fwd(b, tokens()), atol=1e-5)
+
+
+# -- packed documents ---------------------------------------------------------------------------------
+
+@nnx.jit
+def fwd_docs(model, x, segment_ids=None, carry=None):
+  return apply_model(model, x, carry=carry, segment_ids=segment_ids)[0]
+
+
+def doc_pair(la, lb, seed=3):
+  rng = np.random.default_rng(seed)
+  return rng.integers(1, 256, la), rng.integers(1, 256, lb)
+
+
+# Blocks of 4 in rows of 32: the second document starts mid-block (at 10) or on a boundary (at 12),
+# and both span several blocks, so the compressive cache is read. Linear time == quadratic holds
+# whatever the alignment (the XL biases go by distance, not by block), so the exact oracle holds
+# for both starts; float32 rounding of the cache's running means stays below 1e-6 here.
+DOC_VARIANTS = [dict(impl="xla"), dict(impl="pallas"), dict(input_scan=True, abs_position=True, reduction="serial"),
+                dict(reduction="assoc", head_type="mqa", num_heads=2), dict(attention="full")]
+
+
+@pytest.mark.parametrize("variant", DOC_VARIANTS, ids=ids)
+@pytest.mark.parametrize("la,lb", [(10, 18), (12, 16)], ids=["mid_block", "block_boundary"])
+def test_packed_documents_give_each_document_its_own_outputs(variant, la, lb):
+  _, model = make_model(block_len=4, **variant)
+  if model.pos_scale is not None:
+    model.pos_scale[...] = jnp.ones(())   # (starts at 0): absolute positions must restart per document
+  model.eval()
+  oracles.assert_documents_independent(lambda rows, segs: fwd_docs(model, rows, segs), *doc_pair(la, lb), 32,
+                                       atol=1e-5)
+
+
+def test_carried_windows_with_documents_equal_one_forward():
+  # Packed rows cut into update windows: documents cross window and block boundaries; the carried
+  # cache, segment ids and in-document positions continue them.
+  _, model = make_model(block_len=4, abs_position=True)
+  model.pos_scale[...] = jnp.ones(())
+  model.eval()
+  x = tokens()
+  segs = jnp.array([[1] * 5 + [2] * 14 + [3] * 9 + [0] * 4, [1] * 16 + [2] * 16])
+  full = fwd_docs(model, x, segs)
+  carry, parts = model.init_carry(2), []
+  for w in range(4):
+    sl = slice(8 * w, 8 * w + 8)
+    out, carry = fwd_docs(model, x[:, sl], segs[:, sl], carry)
+    parts.append(out)
+  np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=1e-5)
+  np.testing.assert_array_equal(carry["doc_position"], [4, 16])
+
+
+def test_segment_ids_must_match_the_inputs():
+  _, model = make_model()
+  with pytest.raises(ValueError, match="segment_ids shape"):
+    model(tokens(), segment_ids=jnp.ones((2, 16), jnp.int32))
+
+
+def _train_step_statistics(x, **kwargs):
+  """One training forward of a fresh 1-unit model: (c_sum, c_count, aux loss, metrics)."""
+  _, model = make_model(num_layers=1)
+  model.train()
+  _, (loss, metrics) = nnx.jit(lambda m, x, kw: apply_model(m, x, rngs=nnx.Rngs(dropout=0), **kw))(model, x, kwargs)
+  q = model.units[0].quantizer
+  return q.c_sum[...], q.c_count[...], loss, metrics
+
+
+def test_padding_stays_out_of_the_codebook_statistics_and_the_commitment_loss():
+  x = tokens()
+  real = jnp.arange(32)[None] < jnp.array([[32], [20]])                 # row 1 padded from 20 on
+  segs = real.astype(jnp.int32)
+  other_pads = jnp.where(real, x, (x * 7 + 3) % 256)
+  base = _train_step_statistics(x, segment_ids=segs)
+  for name, got in (("other pad tokens", _train_step_statistics(other_pads, segment_ids=segs)),
+                    ("padding mask", _train_step_statistics(other_pads, mask=real))):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(base)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=name)
+  changed = _train_step_statistics(x.at[1, 5].set((x[1, 5] + 1) % 256), segment_ids=segs)
+  assert not np.allclose(changed[0], base[0], atol=1e-7)
+  # The closed form over the real tokens only.
+  _, model = make_model(num_layers=1)
+  unit = model.units[0]
+  codebook = unit.quantizer.codebook()
+  _, k, _, _ = nnx.jit(lambda m, x: m.units[0].projections(m._embed(x, jnp.arange(32)[None])))(model, x)
+  z, _ = vq.quantize(k, codebook)
+  onehot = jax.nn.one_hot(z, codebook.shape[1]) * real[:, :, None, None]
+  gamma = model.m.ema_rate
+  np.testing.assert_allclose(base[1], gamma * unit.quantizer.c_count[...] + (1 - gamma) * onehot.sum((0, 1)),
+                             atol=1e-5)
+  np.testing.assert_allclose(base[0], gamma * unit.quantizer.c_sum[...]
+                             + (1 - gamma) * jnp.einsum("bths,bthk->hsk", onehot, k), atol=1e-5)
+  err = jnp.sum(jnp.square(k - vq.codewords(z, codebook)), axis=(-2, -1))
+  np.testing.assert_allclose(base[3]["commit_loss"], (err * real).sum() / real.sum(), rtol=1e-5)
+  perplexity, unused = tvq.codebook_usage(onehot.sum((0, 1)))
+  np.testing.assert_allclose(base[3]["codebook_perplexity"], perplexity.mean(), rtol=1e-5)
+  np.testing.assert_allclose(base[3]["codebook_unused"], unused.mean())
 
 
 def test_ema_update_equals_closed_form_target():

@@ -110,6 +110,53 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
+# Packed documents in two windows of 12 (blocks of 4): several in one block, one starting inside the
+# block carried across the windows (row 0 at 10) and reading the cache after them, starts on a
+# block boundary (row 1 at 8 and 16), padding (0) at the end.
+SEGMENTS = jnp.array([[1] * 3 + [2] * 2 + [3] * 5 + [4] * 11 + [0] * 3, [1] * 8 + [2] * 8 + [3] * 5 + [0] * 3])
+
+
+@pytest.mark.parametrize("driver", ["grid", "loop"])
+def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_form(driver):
+  """With segment ids: one window against the quadratic definition masked by segments (values and
+  gradients w.r.t. q, v, the codebook and the XL queries), and two carried windows against the XLA
+  form (values, carry, gradients)."""
+  t, l = WINDOW, BLOCK
+  q, _, z, v, codebook, rel_q, table = two_window_inputs()
+
+  def blocks(impl, cuts, q, v, codebook, rel_q):
+    k_hat = vq.codewords(z, codebook)
+    carry, outs = None, []
+    for w in cuts:
+      out, carry = vq.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l, carry=carry,
+                                          rel=(rel_q[:, w], table), segments=SEGMENTS[:, w], impl=impl)
+      outs.append(out)
+    return jnp.concatenate(outs, 1), carry
+
+  def reference(q, v, codebook, rel_q):
+    return vq.dense_attention(q, vq.codewords(z, codebook), v, window=l, rel=(rel_q, table), segments=SEGMENTS)
+
+  one = lambda *a: blocks("pallas", [slice(0, 2 * t)], *a)[0]
+  args = (q, v, codebook, rel_q)
+  with _force_driver(driver):
+    np.testing.assert_allclose(jit(one)(*args), jit(reference)(*args), atol=1e-5)
+    for g_got, g_want in zip(jit(jax.grad(loss_of(one), argnums=(0, 1, 2, 3)))(*args),
+                             jit(jax.grad(loss_of(reference), argnums=(0, 1, 2, 3)))(*args)):
+      np.testing.assert_allclose(g_got, g_want, atol=2e-5)
+    cuts = [slice(0, t), slice(t, 2 * t)]
+    run = {impl: jit(lambda *a, impl=impl: blocks(impl, cuts, *a)) for impl in ("xla", "pallas")}
+    (got, got_carry), (want, want_carry) = run["pallas"](*args), run["xla"](*args)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(got, jit(reference)(*args), atol=1e-5)
+    for key in want_carry:
+      np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
+    np.testing.assert_array_equal(got_carry["seg"], SEGMENTS[:, -l:])
+    grad = {impl: jit(jax.grad(loss_of(lambda *a, impl=impl: blocks(impl, cuts, *a)[0]), argnums=(0, 1, 3)))
+            for impl in ("xla", "pallas")}
+    for g_got, g_want in zip(grad["pallas"](*args), grad["xla"](*args)):
+      np.testing.assert_allclose(g_got, g_want, atol=2e-5)
+
+
 @pytest.mark.parametrize("driver,tiles", [("grid", (3, 2)), ("loop", (2, 4))])
 def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
   """Dv read in tiles (each program its own slice of the cache) and the grid driver's queries in
