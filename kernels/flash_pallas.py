@@ -11,6 +11,14 @@ of one (batch, head) and computes, for chunk g of C positions,
 Causal: KV is the sum over chunks 0..g-1, carried on chip and updated after its use (an
 exclusive prefix). Non-causal: KV is the total over all chunks, one XLA einsum in the wrapper
 (padding keys excluded); the kernel only reads it. Either part may be absent, as in the reference.
+
+Packed documents (`segments`) or global_norm "mean": the wrapper computes, in O(T), each key's
+weight in the carried sum, each chunk's carry factor (0 where a document starts inside it: the
+sum restarts) and each query's factor on the carried sum (0 when its document started in its own
+chunk; 1 / chunks summed for "mean"), from `flash_xla.global_layout`; the local scores compare
+document indices. Causal carries KV forward as above. Non-causal is two walks, added: forward
+(local part, the query's document's keys in its own chunk through the linear kernel, the earlier
+chunks carried) and backward (chunks last to first: the later chunks carried).
 Scores and sums accumulate in float32; the output has v's dtype.
 
 Drivers (kernels/_pallas.py): "grid" runs (B, H, J, G) with KV in scratch across the chunk axis;
@@ -393,5 +401,6 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
   statics = (("chunk", chunk), ("value_tile", value_tile), ("causal", causal), ("quad_scale", quad_scale),
              ("lin_scale", lin_scale), ("global_norm", global_norm), ("kernel", kernel),
-             ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)), ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+             ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
+             ("interpret", _pallas.interpret_default() if interpret is None else interpret))
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

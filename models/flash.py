@@ -26,6 +26,14 @@ JunnYu/FLASHQuad_pytorch#1). With n fixed, decoding equals the forward pass and 
 move the real tokens. The relative bias is T5-free: Code 4's Toeplitz table for n < 512 and its
 RoPE-built bias otherwise, over positions inside a chunk.
 
+Cross-chunk normalisation, `model.global_norm`: "mean" (default; Codes 7-8 divide each chunk's
+cross-chunk sum by the number of chunks summed) or "sum" (eqs. 7-8); docs/flash.md says why.
+FLASH (Global Only) uses chunks of 64 (GLOBAL_ONLY_CHUNK), as the paper's ablation.
+
+Packed documents (`segments`, from Model.encode's segment_ids): every part reads the query's
+document only; the cross-chunk sums restart per document (kernels/flash_xla.py). Exact against a
+document alone when it starts on a chunk boundary (FLASH-Quad: anywhere), isolated otherwise.
+
 Decoding with constant memory per token (chunked variants): the global sum over finished chunks,
 the current chunk's partial sum and its keys and values (kernels.flash.chunk_step).
 `model.impl = "pallas"` runs the forward pass's attention core as one Pallas kernel
