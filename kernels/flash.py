@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import flash_pallas, flash_xla
-from lra_core.kernels.flash_xla import (chunk_step, init_chunk_state, linear_attention_reference, linear_step,
-                                        relu2_attention)
+from lra_core.kernels.flash_xla import (GLOBAL_NORMS, chunk_step, init_chunk_state, linear_attention_reference,
+                                        linear_step, relu2_attention)
 
-__all__ = ["IMPLS", "chunk_step", "init_chunk_state", "linear_attention", "linear_attention_reference",
+__all__ = ["GLOBAL_NORMS", "IMPLS", "chunk_step", "init_chunk_state", "linear_attention", "linear_attention_reference",
            "linear_step", "mixed_chunk_attention", "relu2_attention"]
 
 Array = jax.Array
@@ -24,29 +24,32 @@ IMPLS = ("xla", "pallas")
 
 def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin_k: Array | None,
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None,
-                          kernel: str = "relu2", impl: str = "xla") -> Array:
+                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
+                          global_norm: str = "sum", kernel: str = "relu2", impl: str = "xla") -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
-  Arguments and result as in `flash_xla.mixed_chunk_attention`. impl: "xla" (that reference) or
-  "pallas" (one kernel, `flash_pallas.mixed_chunk_attention`). -> [B,T,H,E]
+  Arguments and result as in `flash_xla.mixed_chunk_attention` (segments int[B,T]: packed
+  documents; global_norm "sum" | "mean"). impl: "xla" (that reference) or "pallas" (one kernel,
+  `flash_pallas.mixed_chunk_attention`). -> [B,T,H,E]
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   core = flash_pallas.mixed_chunk_attention if impl == "pallas" else flash_xla.mixed_chunk_attention
   return core(quad_q, quad_k, lin_q, lin_k, v, chunk=chunk, causal=causal, quad_scale=quad_scale,
-              lin_scale=lin_scale, bias=bias, mask=mask, kernel=kernel)
+              lin_scale=lin_scale, bias=bias, mask=mask, segments=segments, global_norm=global_norm, kernel=kernel)
 
 
 def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, chunk: int = 64,
-                     mask: Array | None = None, eps: float = 1e-6, impl: str = "xla") -> Array:
+                     mask: Array | None = None, segments: Array | None = None, eps: float = 1e-6,
+                     impl: str = "xla") -> Array:
   """Normalised linear attention with feature map relu (Performer's ReLU kernel, Choromanski et al.):
 
     y_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps),  j <= i when causal.
 
   The causal prefix sums are computed chunk by chunk (exact: an intra-chunk matrix plus the
   exclusive cumulative sum of the previous chunks), the denominator as one more value column.
-  q, k [B,T,H,S], v [B,T,H,E] -> [B,T,H,E]. impl as in mixed_chunk_attention.
+  With segments int[B,T] each query sums over its own document's keys only. q, k [B,T,H,S],
+  v [B,T,H,E] -> [B,T,H,E]. impl as in mixed_chunk_attention.
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
@@ -55,6 +58,7 @@ def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, chunk: int =
   # Non-causal: the global sum already covers every chunk, so there is no local part.
   local_q = fq if causal else None
   both = mixed_chunk_attention(local_q, fk, fq, fk, jnp.concatenate([v, ones], -1), chunk=chunk, causal=causal,
-                               quad_scale=1.0, lin_scale=1.0, mask=mask, kernel="linear", impl=impl)
+                               quad_scale=1.0, lin_scale=1.0, mask=mask, segments=segments, kernel="linear",
+                               impl=impl)
   num, den = both[..., :-1].astype(jnp.float32), both[..., -1:].astype(jnp.float32)
   return (num / (den + eps)).astype(v.dtype)

@@ -11,6 +11,14 @@ of one (batch, head) and computes, for chunk g of C positions,
 Causal: KV is the sum over chunks 0..g-1, carried on chip and updated after its use (an
 exclusive prefix). Non-causal: KV is the total over all chunks, one XLA einsum in the wrapper
 (padding keys excluded); the kernel only reads it. Either part may be absent, as in the reference.
+
+Packed documents (`segments`) or global_norm "mean": the wrapper computes, in O(T), each key's
+weight in the carried sum, each chunk's carry factor (0 where a document starts inside it: the
+sum restarts) and each query's factor on the carried sum (0 when its document started in its own
+chunk; 1 / chunks summed for "mean"), from `flash_xla.global_layout`; the local scores compare
+document indices. Causal carries KV forward as above. Non-causal is two walks, added: forward
+(local part, the query's document's keys in its own chunk through the linear kernel, the earlier
+chunks carried) and backward (chunks last to first: the later chunks carried).
 Scores and sums accumulate in float32; the output has v's dtype.
 
 Drivers (kernels/_pallas.py): "grid" runs (B, H, J, G) with KV in scratch across the chunk axis;
@@ -46,8 +54,10 @@ Array = jax.Array
 f32 = jnp.float32
 MASK = 1e30
 # Kernel operands in a fixed order; a call passes the ones its parts need.
-OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias")
+OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias", "qdoc", "kdoc", "keep", "read", "oscale")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
+ROWS = ("row", "kdoc")                              # [B,1,T] operands: one value per key, along lanes
+COLUMNS = ("col", "qdoc", "keep", "read", "oscale")  # [B,T,1] operands: one value per token
 
 
 def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
@@ -64,15 +74,22 @@ def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
   return w if allowed is None else jnp.where(allowed, w, 0.0)
 
 
-def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: str, quad_scale: float,
-                lin_scale: float, upcast: bool) -> tuple[Array, Array | None]:
-  """One chunk. qq, qk, lq, lk [C,S] (None where the part is absent); v [C,E]; row [1,C] and col
-  [C,1] float, > 0 for a real key (None: all real); bias [C,C] or None; kv [S,E] float32 (the
-  earlier chunks' sum when causal, the total otherwise) -> (out [C,E] float32, kv after this chunk).
+def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, qdoc, kdoc, keep, read, oscale, *, causal: bool,
+                carried: bool, own: bool, kernel: str, quad_scale: float, lin_scale: float,
+                upcast: bool) -> tuple[Array, Array | None]:
+  """One chunk. qq, qk, lq, lk [C,S] (None where the part is absent); v [C,E]; row [1,C] float, > 0
+  for a real key (None: all real); bias [C,C] or None; kv [S,E] float32 (the carried sum of the
+  chunks before this one in the walk when `carried`, the total otherwise) -> (out [C,E] float32,
+  kv after this chunk). With documents: qdoc [C,1] and kdoc [1,C] the tokens' document indices
+  (local scores and the own-chunk term only within a document); col [C,1] each key's weight in
+  the carried sum; keep [C,1] the chunk's carry factor (the same in every row); read [C,1] each
+  query's factor on the carried sum; `own`: add the chunk's own keys of the query's document
+  through the linear kernel, times oscale [C,1] (non-causal with documents).
   `upcast`: the matmul operands in float32 (targets without bfloat16 matmuls, `_pallas.bf16_matmuls`)."""
   if upcast:
     qq, qk, lq, lk, v = (None if x is None else x.astype(f32) for x in (qq, qk, lq, lk, v))
   out = None
+  same = None if qdoc is None else qdoc == kdoc  # [C,C]
   if qq is not None:
     c = qq.shape[0]
     scores = _pallas.dot(qq, qk, (1, 1)) * quad_scale
@@ -82,22 +99,33 @@ def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, *, causal: bool, kernel: 
     if causal:
       tril = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1) <= jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
       allowed = tril if allowed is None else allowed & tril
+    if same is not None:
+      allowed = same if allowed is None else allowed & same
     out = _pallas.dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
   if lq is not None:
     part = _pallas.dot(lq.astype(f32), kv)
+    if read is not None:
+      part = part * read
+    if own:
+      scores = _pallas.dot(lq.astype(f32), lk.astype(f32), (1, 1)) * lin_scale
+      allowed = same if row is None else same & (row > 0)
+      part = part + _pallas.dot(jnp.where(allowed, scores, 0.0) * oscale, v.astype(f32))
     out = part if out is None else out + part
-    if causal:  # after its use: chunk g reads chunks 0..g-1
+    if carried:  # after its use: the chunks before this one in the walk
       keys = lk if col is None else jnp.where(col > 0, lk, jnp.zeros_like(lk))
+      if keep is not None:
+        kv = kv * keep[:1, :]
       kv = kv + _pallas.dot(keys, v, (0, 0)) * lin_scale
   return out, kv
 
 
-def _grid_kernel(*refs, names: tuple[str, ...], carried: bool, **statics):
+def _grid_kernel(*refs, names: tuple[str, ...], **statics):
   """Grid (B, H, J, G): J value tiles, G sequential; a causal KV of one tile lives in scratch across
   the chunk axis."""
   ins = dict(zip(names, refs))
   o_ref, *scratch = refs[len(names):]
   load = lambda name: ins[name][...] if name in ins else None
+  carried = statics["carried"]
   if carried:
     (kv_ref,) = scratch
 
@@ -114,12 +142,13 @@ def _grid_kernel(*refs, names: tuple[str, ...], carried: bool, **statics):
     kv_ref[...] = kv
 
 
-def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_chunks: int, **statics):
-  """Grid (B, H, J) over J value tiles; the kernel loops over the G chunks of its whole [T, D] slices,
-  KV a loop value."""
+def _loop_kernel(*refs, names: tuple[str, ...], chunk: int, num_chunks: int, reverse: bool, **statics):
+  """Grid (B, H, J) over J value tiles; the kernel loops over the G chunks of its whole [T, D] slices
+  (last to first when `reverse`), KV a loop value."""
   ins = dict(zip(names, refs))
   o_ref = refs[len(names)]
   c = chunk
+  carried = statics["carried"]
   total, bias = (ins[n][...] if n in ins else None for n in ("kv", "bias"))
 
   def chunk_of(name, r):
@@ -127,11 +156,12 @@ def _loop_kernel(*refs, names: tuple[str, ...], carried: bool, chunk: int, num_c
       return bias
     if name not in ins:
       return None
-    if name == "row":
+    if name in ROWS:
       return ins[name][:, pl.ds(r * c, c)]
     return ins[name][pl.ds(r * c, c), :]
 
-  def body(r, kv):
+  def body(step, kv):
+    r = num_chunks - 1 - step if reverse else step
     out, kv = _chunk_step(kv if carried else total, *(chunk_of(n, r) for n in STEP), **statics)
     o_ref[pl.ds(r * c, c), :] = out.astype(o_ref.dtype)
     return kv if carried else None
@@ -188,31 +218,36 @@ def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, va
   return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
 
 
-def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, kernel: str, quad_scale: float,
-             lin_scale: float, upcast: bool, driver: str, interpret: bool) -> Array:
+def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, carried: bool, own: bool,
+             reverse: bool, kernel: str, quad_scale: float, lin_scale: float, upcast: bool, driver: str,
+             interpret: bool) -> Array:
   """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
-  row [B,1,T]; col [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E].
-  E is read in J = E / value_tile tiles, each its own program (the local scores recomputed per tile)."""
+  ROWS [B,1,T]; COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E].
+  E is read in J = E / value_tile tiles, each its own program (the local scores recomputed per tile).
+  `reverse` walks the chunks last to first (the carried sum then holds the later chunks)."""
   b, h, t, e = args["v"].shape
   c, g, et = chunk, t // chunk, value_tile
   nj = e // et
   names = tuple(n for n in OPERANDS if n in args)
-  carried = causal and "lq" in args
   s = args["lq"].shape[-1] if "lq" in args else 0
-  statics = dict(causal=causal, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale, upcast=upcast)
+  statics = dict(causal=causal, carried=carried, own=own, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale,
+                 upcast=upcast)
   out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
   estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=max(s, args["qq"].shape[-1] if "qq" in args else 0), e=e,
                   value_tile=et, itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=carried)
   if driver == "grid":
-    time = lambda bb, hh, jj, rr: (bb, hh, rr, 0)
-    tiled = lambda bb, hh, jj, rr: (bb, hh, rr, jj)
-    index = {"v": tiled, "kv": lambda bb, hh, jj, rr: (bb, hh, 0, jj), "row": lambda bb, hh, jj, rr: (bb, 0, rr),
-             "col": lambda bb, hh, jj, rr: (bb, rr, 0), "bias": lambda bb, hh, jj, rr: (0, 0)}
-    block = {"v": (None, None, c, et), "kv": (None, None, s, et), "row": (None, 1, c), "col": (None, c, 1),
-             "bias": (c, c)}
+    at = (lambda rr: g - 1 - rr) if reverse else (lambda rr: rr)
+    time = lambda bb, hh, jj, rr: (bb, hh, at(rr), 0)
+    tiled = lambda bb, hh, jj, rr: (bb, hh, at(rr), jj)
+    index = {"v": tiled, "kv": lambda bb, hh, jj, rr: (bb, hh, 0, jj), "bias": lambda bb, hh, jj, rr: (0, 0)}
+    block = {"v": (None, None, c, et), "kv": (None, None, s, et), "bias": (c, c)}
+    for n in ROWS:
+      index[n], block[n] = (lambda bb, hh, jj, rr: (bb, 0, at(rr))), (None, 1, c)
+    for n in COLUMNS:
+      index[n], block[n] = (lambda bb, hh, jj, rr: (bb, at(rr), 0)), (None, c, 1)
     in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
     call = pl.pallas_call(
-        functools.partial(_grid_kernel, names=names, carried=carried, **statics), out_shape=out_shape,
+        functools.partial(_grid_kernel, names=names, **statics), out_shape=out_shape,
         grid=(b, h, nj, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, et), tiled),
         scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
         compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
@@ -220,13 +255,15 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
   else:
     whole = lambda bb, hh, jj: (bb, hh, 0, 0)
     tiled = lambda bb, hh, jj: (bb, hh, 0, jj)
-    index = {"v": tiled, "kv": tiled, "row": lambda bb, hh, jj: (bb, 0, 0), "col": lambda bb, hh, jj: (bb, 0, 0),
-             "bias": lambda bb, hh, jj: (0, 0)}
-    block = {"v": (None, None, t, et), "kv": (None, None, s, et), "row": (None, 1, t), "col": (None, t, 1),
-             "bias": (c, c)}
+    index = {"v": tiled, "kv": tiled, "bias": lambda bb, hh, jj: (0, 0)}
+    block = {"v": (None, None, t, et), "kv": (None, None, s, et), "bias": (c, c)}
+    for n in ROWS:
+      index[n], block[n] = (lambda bb, hh, jj: (bb, 0, 0)), (None, 1, t)
+    for n in COLUMNS:
+      index[n], block[n] = (lambda bb, hh, jj: (bb, 0, 0)), (None, t, 1)
     in_specs = [pl.BlockSpec(block.get(n, (None, None) + args[n].shape[2:]), index.get(n, whole)) for n in names]
     call = pl.pallas_call(
-        functools.partial(_loop_kernel, names=names, carried=carried, chunk=c, num_chunks=g, **statics),
+        functools.partial(_loop_kernel, names=names, chunk=c, num_chunks=g, reverse=reverse, **statics),
         out_shape=out_shape, grid=(b, h, nj), in_specs=in_specs,
         out_specs=pl.BlockSpec((None, None, t, et), tiled),
         compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
@@ -234,16 +271,22 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
   return call(*(args[n] for n in names))
 
 
-def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, value_tile, causal, quad_scale, lin_scale,
-                 kernel, upcast, driver, interpret) -> Array:
-  """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out."""
+def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, value_tile, causal, quad_scale,
+                 lin_scale, global_norm, kernel, upcast, driver, interpret) -> Array:
+  """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out.
+
+  Without documents and with "sum": causal carries KV forward, non-causal reads the total (one
+  einsum here). Otherwise (`flash_xla.global_layout`): causal carries KV forward with restarts;
+  non-causal is two walks, forward (local part, the query's own chunk, the earlier chunks) and
+  backward (the later chunks), added."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
   g = -(-t // c)
   pad = g * c - t
   head_major = lambda x: jnp.pad(x.transpose(0, 2, 1, 3), [(0, 0), (0, 0), (0, pad), (0, 0)])
+  plain = segments is None and global_norm == "sum"
   keep = None
-  if mask is not None or pad:
+  if mask is not None or pad or not plain:
     keep = jnp.ones((b, t), f32) if mask is None else mask.astype(f32)
     keep = jnp.pad(keep, [(0, 0), (0, pad)])
   args = {"v": head_major(v)}
@@ -253,7 +296,21 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, value_ti
       args["row"] = keep[:, None, :]
     if bias is not None:
       args["bias"] = bias[:c, :c]
-  if lin_q is not None:
+  layout = {}
+  if not plain:
+    doc = flash_xla.documents(segments, keep[:, :t] > 0, g * c)
+    layout = flash_xla.global_layout(doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal,
+                                     global_norm=global_norm)
+    layout = {k: (jnp.repeat(x, c, axis=1) if x.ndim == 2 else x.reshape(b, g * c))[:, :, None]
+              for k, x in layout.items()}  # per-chunk flags onto their tokens; [B,T,1]
+    if segments is not None and quad_q is not None:
+      args.update(qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :])
+  statics = dict(chunk=c, value_tile=value_tile, causal=causal, kernel=kernel, quad_scale=quad_scale,
+                 lin_scale=lin_scale, upcast=upcast, driver=driver, interpret=interpret)
+  calls = []  # (args, carried, own, reverse)
+  if lin_q is None:
+    calls.append((args, False, False, False))
+  elif plain:
     args["lq"] = head_major(lin_q)
     if causal:
       args["lk"] = head_major(lin_k)
@@ -262,32 +319,46 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, *, chunk, value_ti
     else:  # every chunk reads the total: one einsum here, nothing to carry in the kernel
       keys = lin_k if mask is None else jnp.where(mask[:, :, None, None], lin_k, jnp.zeros_like(lin_k))
       args["kv"] = jnp.einsum("bths,bthe->bhse", keys, v, preferred_element_type=f32) * lin_scale
-  dims = {n: {"row": "b..", "col": "b..", "bias": ".."}.get(n, "bh..") for n in args}
-  run = functools.partial(_forward, chunk=c, value_tile=value_tile, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                          lin_scale=lin_scale, upcast=upcast, driver=driver, interpret=interpret)
-  out = _pallas.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
+    calls.append((args, causal, False, False))
+  else:
+    lq, lk = head_major(lin_q), head_major(lin_k)
+    args.update(lq=lq, lk=lk, col=layout["fwd_w"], keep=layout["fwd_keep"], read=layout["fwd_read"] * layout["scale"])
+    if not causal:
+      args.update(row=keep[:, None, :], qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :],
+                  oscale=layout["scale"])
+    calls.append((args, True, not causal, False))
+    if not causal:
+      later = dict(v=args["v"], lq=lq, lk=lk, col=layout["bwd_w"], keep=layout["bwd_keep"],
+                   read=layout["bwd_read"] * layout["scale"])
+      calls.append((later, True, False, True))
+  out = 0
+  for call_args, carried, own, reverse in calls:
+    dims = {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in call_args}
+    run = functools.partial(_forward, carried=carried, own=own, reverse=reverse, **statics)
+    out = out + _pallas.run_per_device(run, (call_args,), (dims,), "bh..", batch=b, heads=h)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
-  return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, **dict(statics))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics):
+  return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, **dict(statics))
 
 
-def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics):
-  out = _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)
-  return out, (quad_q, quad_k, lin_q, lin_k, v, bias, mask)
+def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics):
+  out = _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)
+  return out, (quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments)
 
 
 def _attention_bwd(statics, residuals, cotangent):
-  *floats, mask = residuals
+  *floats, mask, segments = residuals
   d = {k: x for k, x in statics if k not in ("value_tile", "upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
-    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, **d)
+    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments,
+                                           **d)
 
   _, vjp = jax.vjp(xla, *floats)
-  return vjp(cotangent) + (None,)  # the mask gets no gradient
+  return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -295,11 +366,12 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None,
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None, kernel: str = "relu2",
-                          driver: str | None = None, interpret: bool | None = None,
-                          value_tile: int | None = None) -> Array:
+                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
+                          global_norm: str = "sum", kernel: str = "relu2", driver: str | None = None,
+                          interpret: bool | None = None, value_tile: int | None = None) -> Array:
   """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
-  (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T] -> [B,T,H,E]);
+  (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T]; segments
+  int[B,T]; global_norm "sum" | "mean" -> [B,T,H,E]);
   `driver` and `interpret` default to `_pallas.driver()` and `_pallas.interpret_default()`, `value_tile`
   (the width of the value tiles, a divisor of E) to `value_block` for the target."""
   if kernel not in flash_xla.LOCAL_KERNELS:
@@ -313,6 +385,10 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
     raise ValueError(f"bias has shape {bias.shape}; expected [C,C] with C >= {c}.")
   if mask is not None and mask.shape != (b, t):
     raise ValueError(f"mask has shape {mask.shape}; expected [B,T] = {(b, t)}.")
+  if segments is not None and segments.shape != (b, t):
+    raise ValueError(f"segments has shape {segments.shape}; expected [B,T] = {(b, t)}.")
+  if global_norm not in flash_xla.GLOBAL_NORMS:
+    raise ValueError(f"global_norm {global_norm!r} is not one of {flash_xla.GLOBAL_NORMS}.")
   if quad_q is None and lin_q is None:
     return jnp.zeros_like(v)
   e = v.shape[-1]
@@ -323,7 +399,8 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
                              platform=_pallas.platform())
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
-  statics = (("chunk", chunk), ("value_tile", value_tile), ("causal", causal), ("quad_scale", quad_scale), ("lin_scale", lin_scale),
-             ("kernel", kernel), ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
+  statics = (("chunk", chunk), ("value_tile", value_tile), ("causal", causal), ("quad_scale", quad_scale),
+             ("lin_scale", lin_scale), ("global_norm", global_norm), ("kernel", kernel),
+             ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
              ("interpret", _pallas.interpret_default() if interpret is None else interpret))
-  return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, statics)
+  return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

@@ -15,6 +15,12 @@ Decoding keeps, per layer, the global sum over finished chunks, the current chun
 and the current chunk's keys and values: memory O(C (S + E) + S E) per head, whatever the length.
 Padding (mask False) contributes nothing to either part; padded rows return garbage.
 
+Packed documents (`segments`): each part reads the query's document only. The global sums then
+run over chunks with restarts (`_carried_sums`, an associative scan of G steps with a 0/1 carry
+factor) and, non-causal, from both sides plus the query's own chunk; `global_layout` says which
+keys each sum holds and which queries read it. Cross-chunk normalisation (`global_norm`): "sum"
+(eqs. 7-8, Code 1) or "mean" (Codes 7-8 divide by the number of chunks summed).
+
 This file is the reference (impl="xla") and imports no Pallas code; kernels/flash_pallas.py is the
 kernel, which differentiates through this file; kernels/flash.py checks arguments and dispatches on
 `impl` between the two.
@@ -61,27 +67,112 @@ def relu2_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array |
   return jnp.einsum("bhij,bjhe->bihe", weights.astype(v.dtype), v)
 
 
+GLOBAL_NORMS = ("sum", "mean")
+
+
+def documents(segments: Array | None, valid: Array, length: int) -> Array:
+  """Document index int32[B,L] of segment ids int[B,T] (None: one document per row) over the
+  padded length L >= T: 0, 1, ... counting segment starts, so ids are unique within a row even
+  where a caller reuses a number; the padded tail (T..L) is one more document."""
+  b, t = valid.shape
+  seg = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
+  if length > t:  # the tail gets a value no segment has at its start
+    seg = jnp.concatenate([seg, jnp.broadcast_to(seg.min(axis=1, keepdims=True) - 1, (b, length - t))], axis=1)
+  starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  return jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
+
+
+def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -> dict[str, Array]:
+  """Which cross-chunk sums each token takes part in, with documents: doc int32[B,G,C] (from
+  `documents`) and valid bool[B,G,C] (False = padding) ->
+
+    fwd_w   [B,G,C]  key weight in the running sum carried forward (valid and of the document
+                     the chunk ends with: only that one continues into later chunks)
+    fwd_keep [B,G]   1 where chunk g's last document is chunk g-1's (the carried sum goes on),
+                     0 where a document starts inside chunk g (the sum restarts)
+    fwd_read [B,G,C] the query's document is the one open at the chunk's start, so the carried
+                     sum is its document's earlier chunks
+    bwd_*            the same from the right (non-causal: the later chunks of the document)
+    scale   [B,G,C]  1 ("sum"), or 1 / the number of chunks holding keys of the query's document
+                     (earlier chunks when causal, all of them otherwise; "mean", Code 7)
+  All float32. Documents are contiguous, so these describe them exactly; tokens of a document
+  that starts and ends inside one chunk read no other chunk."""
+  b, g, c = doc.shape
+  f32 = jnp.float32
+  first, last = doc[:, :, 0], doc[:, :, -1]
+  edge = jnp.full((b, 1), -1, doc.dtype)  # no document: before the first and after the last chunk
+  prev_last = jnp.concatenate([edge, last[:, :-1]], axis=1)
+  next_first = jnp.concatenate([first[:, 1:], edge], axis=1)
+  out = dict(fwd_w=(valid & (doc == last[..., None])).astype(f32), fwd_keep=(last == prev_last).astype(f32),
+             fwd_read=(doc == prev_last[..., None]).astype(f32))
+  if not causal:
+    out.update(bwd_w=(valid & (doc == first[..., None])).astype(f32), bwd_keep=(first == next_first).astype(f32),
+               bwd_read=(doc == next_first[..., None]).astype(f32))
+  if global_norm == "sum":
+    out["scale"] = jnp.ones((b, g, c), f32)
+    return out
+  # The chunks holding valid keys of a document form a range [lo, hi] of chunk indices.
+  flat, chunk_of = doc.reshape(b, g * c), jnp.broadcast_to(jnp.arange(g)[:, None], (g, c)).reshape(g * c)
+  big = jnp.int32(g + 1)
+  has = valid.reshape(b, g * c)
+  lo = jax.vmap(lambda d, k: jax.ops.segment_min(jnp.where(k, chunk_of, big), d, num_segments=g * c))(flat, has)
+  hi = jax.vmap(lambda d, k: jax.ops.segment_max(jnp.where(k, chunk_of, -1), d, num_segments=g * c))(flat, has)
+  lo, hi = (jnp.take_along_axis(x, flat, axis=1).reshape(b, g, c) for x in (lo, hi))
+  top = jnp.minimum(hi, jnp.arange(g)[:, None] - 1) if causal else hi
+  count = jnp.maximum(top - lo + 1, 0).astype(f32)
+  out["scale"] = jnp.where(count > 0, 1.0 / jnp.maximum(count, 1.0), 0.0)
+  return out
+
+
+def _carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
+  """The exclusive running sum with restarts: out[g] = keep[g-1] out[g-1] + kv[g-1] (out[0] = 0);
+  reverse: from the right, out[g] = keep[g+1] out[g+1] + kv[g+1]. kv [B,G,...], keep [B,G]."""
+  keep = keep.reshape(keep.shape + (1,) * (kv.ndim - 2))
+  def combine(first, then):  # affine maps x -> a x + b, `first` applied first (in scan order)
+    (a1, b1), (a2, b2) = first, then
+    return a1 * a2, a2 * b1 + b2
+  _, inclusive = jax.lax.associative_scan(combine, (keep, kv), axis=1, reverse=reverse)
+  zero = jnp.zeros_like(inclusive[:, :1])
+  if reverse:
+    return jnp.concatenate([inclusive[:, 1:], zero], axis=1)
+  return jnp.concatenate([zero, inclusive[:, :-1]], axis=1)
+
+
 def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin_k: Array | None,
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None,
-                          kernel: str = "relu2") -> Array:
+                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
+                          global_norm: str = "sum", kernel: str = "relu2") -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
   quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C] relative bias inside a chunk
   (sliced when T < C); mask bool[B,T], False = padding. lin_q = lin_k = None drops the global part
   (FLASH local-only); quad_q = None drops the local part (global-only). T need not be a multiple
-  of C: the tail is padded and cut off. -> [B,T,H,E]
+  of C: the tail is padded and cut off.
+
+  segments int[B,T] (packed documents, kernels/segments.py): a query reads keys of its own
+  document only. Locally the chunk's scores are masked; globally the cross-chunk sum holds only
+  the query's document: causal, the chunks before the query's that hold it (the running sum
+  restarts where a document starts, and a chunk holding two documents gives each only its own
+  keys); non-causal, all of its document's keys (the chunks before, its own chunk, the chunks
+  after). global_norm: "sum" (eqs. 7-8) or "mean" (Codes 7-8: the cross-chunk part divided by
+  the number of chunks that hold keys of the query's document, earlier ones when causal).
+  -> [B,T,H,E]
   """
+  if global_norm not in GLOBAL_NORMS:
+    raise ValueError(f"global_norm {global_norm!r} is not one of {GLOBAL_NORMS}.")
   b, t = v.shape[:2]
   c = min(chunk, t)
   g = -(-t // c)
   valid = jnp.ones((b, t), bool) if mask is None else mask
+  plain = segments is None and global_norm == "sum"
+  doc = None if plain else documents(segments, valid, g * c)
   if g * c != t:
     widths = lambda x: [(0, 0), (0, g * c - t)] + [(0, 0)] * (x.ndim - 2)
     quad_q, quad_k, lin_q, lin_k, v, valid = (None if x is None else jnp.pad(x, widths(x))
                                               for x in (quad_q, quad_k, lin_q, lin_k, v, valid))
   chunked = lambda x: None if x is None else x.reshape(b, g, c, *x.shape[2:])
-  quad_q, quad_k, lin_q, lin_k, v, valid = map(chunked, (quad_q, quad_k, lin_q, lin_k, v, valid))
+  quad_q, quad_k, lin_q, lin_k, v, valid, doc = map(chunked, (quad_q, quad_k, lin_q, lin_k, v, valid, doc))
+  same = None if doc is None else doc[:, :, :, None] == doc[:, :, None, :]  # [B,G,C,C]
   out = jnp.zeros(v.shape, jnp.float32)
   if quad_q is not None:
     scores = jnp.einsum("bgihs,bgjhs->bghij", quad_q, quad_k, preferred_element_type=jnp.float32) * quad_scale
@@ -90,16 +181,33 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
     allowed = valid[:, :, None, None, :]
     if causal:
       allowed = allowed & jnp.tril(jnp.ones((c, c), bool))
+    if segments is not None:
+      allowed = allowed & same[:, :, None]
     weights = _local_weights(scores, allowed, kernel)
     out = out + jnp.einsum("bghij,bgjhe->bgihe", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
-  if lin_q is not None:
-    keys = jnp.where(valid[..., None, None], lin_k, 0)
-    kv = jnp.einsum("bgchs,bgche->bghse", keys, v, preferred_element_type=jnp.float32) * lin_scale
+  if lin_q is None:
+    return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
+  lq = lin_q.astype(jnp.float32)
+  sums = lambda w: jnp.einsum("bgchs,bgche->bghse", jnp.where(w[..., None, None] > 0, lin_k, 0), v,
+                              preferred_element_type=jnp.float32) * lin_scale
+  if plain:
+    kv = sums(valid)
     if causal:  # chunk g reads chunks 0..g-1: an exclusive cumulative sum over G steps, not T
       kv = jnp.concatenate([jnp.zeros_like(kv[:, :1]), jnp.cumsum(kv[:, :-1], axis=1)], axis=1)
     else:
       kv = kv.sum(axis=1, keepdims=True)
-    out = out + jnp.einsum("bgchs,bghse->bgche", lin_q.astype(jnp.float32), kv)
+    out = out + jnp.einsum("bgchs,bghse->bgche", lq, kv)
+    return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
+  lay = global_layout(doc, valid, causal=causal, global_norm=global_norm)
+  read = lambda x, name: x * lay[name][..., None, None]
+  glob = read(jnp.einsum("bgchs,bghse->bgche", lq, _carried_sums(sums(lay["fwd_w"]), lay["fwd_keep"])), "fwd_read")
+  if not causal:  # the later chunks of the document, and its keys in the query's own chunk
+    later = _carried_sums(sums(lay["bwd_w"]), lay["bwd_keep"], reverse=True)
+    glob = glob + read(jnp.einsum("bgchs,bghse->bgche", lq, later), "bwd_read")
+    own = jnp.einsum("bgihs,bgjhs->bghij", lq, lin_k, preferred_element_type=jnp.float32) * lin_scale
+    own = jnp.where((same & valid[:, :, None, :])[:, :, None], own, 0.0)
+    glob = glob + jnp.einsum("bghij,bgjhe->bgihe", own, v.astype(jnp.float32))
+  out = out + glob * lay["scale"][..., None, None]
   return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
 
 
@@ -130,10 +238,11 @@ def init_chunk_state(batch: int, heads: int, chunk: int, qk_dim: int, v_dim: int
 
 def chunk_step(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None, v: Array,
                state: dict[str, Array], position: Array, *, chunk: int, quad_scale: float, lin_scale: float,
-               bias_row: Array | None = None, kernel: str = "relu2") -> tuple[Array, dict[str, Array]]:
+               bias_row: Array | None = None, kernel: str = "relu2",
+               global_norm: str = "sum") -> tuple[Array, dict[str, Array]]:
   """One causal step at `position`: inputs [B,H,S] / [B,H,E], bias_row [C] (bias[i, :] for
   i = position mod C) -> y [B,H,E], next state. Equals mixed_chunk_attention at that position
-  (None drops a part, as there)."""
+  (None drops a part, as there; decoding is one document, so "mean" divides by position // C)."""
   i = position % chunk
   state = dict(state)
   out = jnp.zeros(v.shape, jnp.float32)
@@ -147,7 +256,10 @@ def chunk_step(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, 
     weights = _local_weights(scores, jnp.arange(chunk) <= i, kernel)
     out = out + jnp.einsum("bhj,bjhe->bhe", weights, values.astype(jnp.float32))
   if lin_q is not None:
-    out = out + jnp.einsum("bhs,bhse->bhe", lin_q.astype(jnp.float32), state["kv"])
+    glob = jnp.einsum("bhs,bhse->bhe", lin_q.astype(jnp.float32), state["kv"])
+    if global_norm == "mean":
+      glob = glob / jnp.maximum(position // chunk, 1).astype(jnp.float32)
+    out = out + glob
     partial = state["partial"] + jnp.einsum("bhs,bhe->bhse", lin_k, v, preferred_element_type=jnp.float32) * lin_scale
     done = i == chunk - 1  # the chunk is finished: it joins the global sum of the chunks after it
     state["kv"] = jnp.where(done, state["kv"] + partial, state["kv"])

@@ -26,6 +26,14 @@ JunnYu/FLASHQuad_pytorch#1). With n fixed, decoding equals the forward pass and 
 move the real tokens. The relative bias is T5-free: Code 4's Toeplitz table for n < 512 and its
 RoPE-built bias otherwise, over positions inside a chunk.
 
+Cross-chunk normalisation, `model.global_norm`: "mean" (default; Codes 7-8 divide each chunk's
+cross-chunk sum by the number of chunks summed) or "sum" (eqs. 7-8); docs/flash.md says why.
+FLASH (Global Only) uses chunks of 64 (GLOBAL_ONLY_CHUNK), as the paper's ablation.
+
+Packed documents (`segments`, from Model.encode's segment_ids): every part reads the query's
+document only; the cross-chunk sums restart per document (kernels/flash_xla.py). Exact against a
+document alone when it starts on a chunk boundary (FLASH-Quad: anywhere), isolated otherwise.
+
 Decoding with constant memory per token (chunked variants): the global sum over finished chunks,
 the current chunk's partial sum and its keys and values (kernels.flash.chunk_step).
 `model.impl = "pallas"` runs the forward pass's attention core as one Pallas kernel
@@ -60,6 +68,9 @@ VARIANTS = {
     "performer": dict(gau=False, local=False, linear=True, chunked=True),
 }
 GAU_INIT = jax.nn.initializers.normal(0.02)
+# FLASH (Global Only) of Figure 7 uses chunks of 64, not 256: "more local summaries for the global
+# linear attention" (Section 4.4).
+GLOBAL_ONLY_CHUNK = 64
 
 
 def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDict:
@@ -80,8 +91,9 @@ def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDi
       activation="silu" if gau else "gelu",
       expansion=2,                   # GAU: e = expansion x d_model
       qk_dim=128,                    # GAU: s, the shared width of z, q and k
-      chunk=256,                     # C of mixed chunk attention (Table 6: 256; PG-19: 512)
+      chunk=GLOBAL_ONLY_CHUNK if variant == "flash_global" else 256,  # C (Table 6: 256; PG-19: 512)
       rel_bias="auto",               # GAU relative bias: auto | toeplitz | rope | none
+      global_norm="mean",            # cross-chunk sum divided by the chunks summed (Codes 7-8), or "sum"
       impl="xla",                    # attention core: one of kernels.flash.IMPLS
       tie_embeddings=True,
   ))
@@ -95,6 +107,8 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
   if m.impl not in flash_kernels.IMPLS:
     raise ConfigError(f"model.impl {m.impl!r} is not one of {list(flash_kernels.IMPLS)}.")
+  if m.global_norm not in flash_kernels.GLOBAL_NORMS:
+    raise ConfigError(f"model.global_norm {m.global_norm!r} is not one of {list(flash_kernels.GLOBAL_NORMS)}.")
   v = VARIANTS[m.variant]
   if v["chunked"] and m.chunk <= 0:
     raise ConfigError(f"model.chunk must be positive for variant {m.variant!r}, got {m.chunk}.")
@@ -124,7 +138,7 @@ class GAU(nnx.Module):
     v = VARIANTS[m.variant]
     d, e, s = m.d_model, m.expansion * m.d_model, m.qk_dim
     self.causal, self.local, self.linear, self.e, self.s = causal, v["local"], v["linear"], e, s
-    self.chunked, self.impl = v["chunked"], m.impl
+    self.chunked, self.impl, self.global_norm = v["chunked"], m.impl, m.global_norm
     self.chunk = m.chunk if self.chunked else m.max_len
     self.scale = 1.0 / self.chunk  # the fixed n of relu^2(q k / n + b) and of lin_k^T v / n
     kw = dict(use_bias=True, kernel_init=GAU_INIT, dtype=dtype, rngs=rngs)
@@ -153,15 +167,19 @@ class GAU(nnx.Module):
     return self.rel_bias(pos, pos)
 
   def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
-    """x [B,T,D]; positions int[T] consecutive; mask bool[B,T], False = padding."""
+               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    """x [B,T,D]; positions int[T] consecutive, or int[B,T] counted from each document's start;
+    mask bool[B,T], False = padding; segments int[B,T]: packed documents, each read on its own
+    (kernels.flash.mixed_chunk_attention). The relative bias depends on i - j only, which inside
+    one document is the difference of its per-document positions."""
     del rngs
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     u, v, (qq, qk, lq, lk) = self._project(x, positions)
     y = flash_kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=self.chunk, causal=self.causal,
                                             quad_scale=self.scale, lin_scale=self.scale,
-                                            bias=self._bias(min(self.chunk, t)), mask=mask, impl=self.impl)
+                                            bias=self._bias(min(self.chunk, t)), mask=mask, segments=segments,
+                                            global_norm=self.global_norm, impl=self.impl)
     return self.out((u * y)[..., 0, :])
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -181,7 +199,7 @@ class GAU(nnx.Module):
       row = self.rel_bias((position % self.chunk)[None], jnp.arange(self.chunk))[0]
     y, cache = flash_kernels.chunk_step(*(None if a is None else a[:, 0] for a in qk), v[:, 0], cache, position,
                                         chunk=self.chunk, quad_scale=self.scale, lin_scale=self.scale,
-                                        bias_row=row)
+                                        bias_row=row, global_norm=self.global_norm)
     return self.out((u * y[:, None])[:, :, 0]), cache
 
 
@@ -199,7 +217,7 @@ class ChunkedAttention(Attention):
     super().__init__(m.d_model, m.num_heads, head_dim, causal=causal, rope=m.rope,
                      rope_max_wavelength=m.rope_max_wavelength, rope_fraction=m.rope_fraction,
                      use_bias=m.use_bias, dtype=dtype, rngs=rngs)
-    self.chunk, self.performer, self.impl = m.chunk, m.variant == "performer", m.impl
+    self.chunk, self.performer, self.impl, self.global_norm = m.chunk, m.variant == "performer", m.impl, m.global_norm
     if not self.performer:
       self.gamma = param(rngs, GAU_INIT, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
       self.beta = param(rngs, jax.nn.initializers.zeros, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
@@ -209,17 +227,19 @@ class ChunkedAttention(Attention):
     return q * gamma[0] + beta[0], k * gamma[1] + beta[1]
 
   def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    """x [B,T,D]; positions, mask and segments as in GAU.__call__."""
     del rngs
     positions = jnp.arange(x.shape[1]) if positions is None else positions
     q, k, v = self._qkv(x, positions)
-    if self.performer:
+    if self.performer:  # normalised per query: global_norm would cancel, so it does not apply
       return self.out(flash_kernels.linear_attention(q, k, v, causal=self.causal, chunk=self.chunk, mask=mask,
-                                                     impl=self.impl))
+                                                     segments=segments, impl=self.impl))
     lq, lk = self._linear_qk(q, k)
     y = flash_kernels.mixed_chunk_attention(q, k, lq, lk, v, chunk=self.chunk, causal=self.causal,
                                             quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
-                                            mask=mask, kernel="softmax", impl=self.impl)
+                                            mask=mask, segments=segments, global_norm=self.global_norm,
+                                            kernel="softmax", impl=self.impl)
     return self.out(y)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -236,7 +256,7 @@ class ChunkedAttention(Attention):
       lq, lk = self._linear_qk(q, k)
       y, cache = flash_kernels.chunk_step(q, k, lq, lk, v, cache, position, chunk=self.chunk,
                                           quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
-                                          kernel="softmax")
+                                          kernel="softmax", global_norm=self.global_norm)
     return self.out(y[:, None]), cache
 
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
 from lra_core.models.blocks.layers import Dense
 from lra_core.protocol import Capabilities, Family, Smoke
@@ -19,18 +20,41 @@ from lra_core.protocol import Capabilities, Family, Smoke
 Array = jax.Array
 
 
+def _running_sum(x: Array, starts: Array) -> Array:
+  """Inclusive prefix sum of x [B,T,...] over T that restarts where starts bool[B,T] is True."""
+  keep = (~starts).astype(x.dtype).reshape(starts.shape + (1,) * (x.ndim - 2))
+  def combine(first, then):  # affine maps s -> a s + b, `first` applied first
+    (a1, b1), (a2, b2) = first, then
+    return a1 * a2, a2 * b1 + b2
+  return jax.lax.associative_scan(combine, (keep, x), axis=1)[1]
+
+
 def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None = None,
-                     eps: float = 1e-6) -> Array:
-  """q, k [B,T,H,Dk], v [B,T,H,Dv], mask bool[B,T] (False = padding) -> [B,T,H,Dv]."""
+                     segments: Array | None = None, eps: float = 1e-6) -> Array:
+  """q, k [B,T,H,Dk], v [B,T,H,Dv], mask bool[B,T] (False = padding), segments int[B,T] (packed
+  documents: the sums of phi(k) v^T and phi(k) hold the query's document only; causal, they
+  restart at each document's first token) -> [B,T,H,Dv]."""
   q, k = jax.nn.elu(q) + 1.0, jax.nn.elu(k) + 1.0
   if mask is not None:
     k = k * mask[:, :, None, None]
+  kv_t = jnp.einsum("bthd,bthe->bthde", k, v)
   if causal:  # prefix sums of phi(k) v^T and phi(k): position t reads keys <= t
-    kv, z = jnp.cumsum(jnp.einsum("bthd,bthe->bthde", k, v), axis=1), jnp.cumsum(k, axis=1)
+    if segments is None:
+      kv, z = jnp.cumsum(kv_t, axis=1), jnp.cumsum(k, axis=1)
+    else:
+      starts = segment_starts(segments)
+      kv, z = _running_sum(kv_t, starts), _running_sum(k, starts)
     num, den = jnp.einsum("bthd,bthde->bthe", q, kv), jnp.einsum("bthd,bthd->bth", q, z)
-  else:
-    kv, z = jnp.einsum("bthd,bthe->bhde", k, v), k.sum(axis=1)
+  elif segments is None:
+    kv, z = kv_t.sum(axis=1), k.sum(axis=1)
     num, den = jnp.einsum("bthd,bhde->bthe", q, kv), jnp.einsum("bthd,bhd->bth", q, z)
+  else:  # one sum per document, read back at each of its tokens
+    doc = jnp.cumsum(segment_starts(segments), axis=1) - 1  # 0, 1, ... in each row
+    t = segments.shape[1]
+    per_doc = jax.vmap(lambda x, d: jax.ops.segment_sum(x, d, num_segments=t))
+    gather = lambda x, d: jnp.take_along_axis(x, d.reshape(d.shape + (1,) * (x.ndim - 2)), axis=1)
+    kv, z = gather(per_doc(kv_t, doc), doc), gather(per_doc(k, doc), doc)
+    num, den = jnp.einsum("bthd,bthde->bthe", q, kv), jnp.einsum("bthd,bthd->bth", q, z)
   return (num / (den[..., None] + eps)).astype(v.dtype)
 
 
@@ -45,8 +69,10 @@ class LinearAttention(nnx.Module):
                      rngs=rngs)
     self.causal, self.shape = causal, (h, dh)
 
-  def __call__(self, x: Array, *, positions=None, mask=None, rngs=None) -> Array:
-    return self.out(linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask))
+  def __call__(self, x: Array, *, positions=None, mask=None, segments=None, rngs=None) -> Array:
+    """x [B,T,D]; mask bool[B,T]; segments int[B,T]: packed documents, each summed on its own."""
+    return self.out(linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask,
+                                     segments=segments))
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
     h, dh = self.shape

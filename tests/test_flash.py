@@ -29,16 +29,26 @@ def qkv(t, heads=1, s=6, e=5, b=2):
   return [rand(i, (b, t, heads, s)) for i in range(4)] + [rand(4, (b, t, heads, e))]
 
 
-def mixed_chunk_oracle(qq, qk, lq, lk, v, *, chunk, causal, bias):
-  """Eqs. 7-8 as one T x T matrix: relu^2 inside a chunk, lin_q lin_k^T / C to other chunks."""
-  t = v.shape[1]
+def mixed_chunk_oracle(qq, qk, lq, lk, v, *, chunk, causal, bias, segments=None, mask=None, global_norm="sum"):
+  """Eqs. 7-8 as one T x T matrix: relu^2 inside a chunk, lin_q lin_k^T / C to other chunks (to all
+  chunks, the own one included, when not causal); with segments only within a document, and with
+  "mean" each row's cross-chunk part divided by the number of chunks it reads keys from."""
+  b, t = v.shape[:2]
   pos = np.arange(t)
-  same, i = pos[:, None] // chunk == pos[None, :] // chunk, pos % chunk
+  seg = np.ones((b, t), int) if segments is None else np.asarray(segments)
+  valid = np.ones((b, t), bool) if mask is None else np.asarray(mask)
+  readable = (seg[:, :, None] == seg[:, None, :]) & valid[:, None, :]  # [B,T,T]
+  g, i = pos // chunk, pos % chunk
   local = jnp.square(jax.nn.relu(jnp.einsum("bihs,bjhs->bhij", qq, qk) / chunk + bias[i[:, None], i[None, :]]))
-  local = local * same * ((pos[:, None] >= pos[None, :]) if causal else 1)
-  glob = jnp.einsum("bihs,bjhs->bhij", lq, lk) / chunk
-  glob = glob * ((pos[:, None] // chunk > pos[None, :] // chunk) if causal else 1)
-  return jnp.einsum("bhij,bjhe->bihe", local + glob, v)
+  local = local * (g[:, None] == g[None, :]) * ((pos[:, None] >= pos[None, :]) if causal else 1)
+  reach = readable & ((g[:, None] > g[None, :]) if causal else True)  # keys of the global part
+  glob = jnp.einsum("bihs,bjhs->bhij", lq, lk) / chunk * reach[:, None]
+  if causal:
+    glob = glob * (g[:, None] > g[None, :])
+  if global_norm == "mean":
+    count = np.array([[len(set(g[reach[bb, q]])) for q in range(t)] for bb in range(b)])
+    glob = glob / np.maximum(count, 1)[:, None, :, None]
+  return jnp.einsum("bhij,bjhe->bihe", local * readable[:, None] + glob, v)
 
 
 # -- kernels -------------------------------------------------------------------------------------------------
@@ -51,6 +61,51 @@ def test_mixed_chunk_equals_quadratic_matrix(t, chunk, causal):
   got = kernels.mixed_chunk_attention(*args, chunk=chunk, causal=causal, quad_scale=1 / chunk,
                                       lin_scale=1 / chunk, bias=bias)
   np.testing.assert_allclose(got, mixed_chunk_oracle(*args, chunk=chunk, causal=causal, bias=bias), atol=2e-5)
+
+
+# Two rows of packed documents: a boundary inside a chunk, one on a chunk boundary, a one-chunk
+# document, padding (segment 0) at the end.
+SEGMENTS = np.array([[1] * 5 + [2] * 3 + [3] * 6 + [0] * 2, [1] * 8 + [2] * 2 + [3] * 6])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("global_norm", ["sum", "mean"])
+def test_mixed_chunk_with_documents_equals_masked_quadratic_matrix(causal, global_norm):
+  args = qkv(16)
+  bias = rand(9, (4, 4), 0.3)
+  mask = jnp.asarray(SEGMENTS > 0)
+  got = kernels.mixed_chunk_attention(*args, chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, bias=bias,
+                                      mask=mask, segments=jnp.asarray(SEGMENTS), global_norm=global_norm)
+  want = mixed_chunk_oracle(*args, chunk=4, causal=causal, bias=bias, segments=SEGMENTS, mask=mask,
+                            global_norm=global_norm)
+  real = SEGMENTS > 0  # padded rows read nothing: arbitrary
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_global_norm_mean_divides_by_the_chunks_summed(causal):
+  """Without documents: "mean" divides chunk g's cross-chunk sum by g (causal) or by the number of
+  chunks holding real keys (non-causal; padding chunks do not count); "sum" does not divide."""
+  qq, qk, lq, lk, v = qkv(16)
+  mask = jnp.broadcast_to(jnp.arange(16) < 11, (2, 16))  # chunks 0-2 hold real keys, chunk 3 none
+  kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, mask=mask)
+  glob = lambda norm: kernels.mixed_chunk_attention(None, None, lq, lk, v, global_norm=norm, **kw)
+  total, mean = glob("sum"), glob("mean")
+  count = np.maximum(np.arange(16) // 4, 1) if causal else np.full(16, 3)
+  np.testing.assert_allclose(mean[:, :11], total[:, :11] / count[None, :11, None, None], atol=1e-5)
+  assert not np.allclose(mean[:, 8:11], total[:, 8:11], atol=1e-3)
+  want = mixed_chunk_oracle(jnp.zeros_like(qq), qk, lq, lk, v, chunk=4, causal=causal, bias=jnp.zeros((4, 4)),
+                            mask=mask, global_norm="mean")  # relu(0)^2: the global part alone
+  np.testing.assert_allclose(mean[:, :11], want[:, :11], atol=1e-5)
+
+
+@pytest.mark.parametrize("global_norm", ["sum", "mean"])
+def test_one_document_per_row_is_no_segments(global_norm):
+  args = qkv(13)
+  for causal in (True, False):
+    kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=global_norm)
+    np.testing.assert_allclose(kernels.mixed_chunk_attention(*args, segments=jnp.ones((2, 13), jnp.int32), **kw),
+                               kernels.mixed_chunk_attention(*args, **kw), atol=1e-5)
 
 
 def test_one_chunk_reduces_to_quadratic_gau_values_and_gradients():
@@ -76,11 +131,11 @@ def test_padding_keys_contribute_nothing(kernel):
   np.testing.assert_allclose(padded[:, :9], cut, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", ["relu2", "softmax"])
-def test_chunk_step_equals_forward(kernel):
+@pytest.mark.parametrize("kernel,global_norm", [("relu2", "sum"), ("softmax", "sum"), ("relu2", "mean")])
+def test_chunk_step_equals_forward(kernel, global_norm):
   qq, qk, lq, lk, v = qkv(11, heads=2)
   bias = rand(9, (4, 4), 0.3)
-  kw = dict(quad_scale=0.25, lin_scale=0.25, kernel=kernel)
+  kw = dict(quad_scale=0.25, lin_scale=0.25, kernel=kernel, global_norm=global_norm)
   full = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=4, causal=True, bias=bias, **kw)
   state = fk.init_chunk_state(2, 2, 4, 6, 5)
   for t in range(11):
@@ -96,6 +151,13 @@ def test_linear_attention_equals_quadratic_form_and_steps(causal):
   for m in (None, mask):
     np.testing.assert_allclose(kernels.linear_attention(q, k, v, causal=causal, chunk=4, mask=m),
                                fk.linear_attention_reference(q, k, v, causal=causal, mask=m), atol=1e-5)
+  # documents: each the linear attention of its own tokens alone
+  seg = jnp.array([[1] * 6 + [2] * 7, [1] * 4 + [2] * 9])
+  got = kernels.linear_attention(q, k, v, causal=causal, chunk=4, segments=seg)
+  for row, cut in ((0, 6), (1, 4)):
+    for lo, hi in ((0, cut), (cut, 13)):
+      alone = fk.linear_attention_reference(*(x[row:row + 1, lo:hi] for x in (q, k, v)), causal=causal)
+      np.testing.assert_allclose(got[row:row + 1, lo:hi], alone, atol=1e-5)
   if causal:
     full = kernels.linear_attention(q, k, v, causal=True, chunk=4)
     state = fk.init_chunk_state(2, 2, 4, 6, 6)
@@ -150,6 +212,66 @@ def test_decoder_is_causal_and_decode_matches_forward(variant):
   # inside and at the ends of chunks (4)
   oracles.assert_no_future_leakage(model, x, logits, (0, 3, 6, 13), vocab=23, shift=5, changed_atol=1e-4)
   oracles.assert_decode_matches_forward(model, x, logits)
+
+
+# Packed documents (tests/oracles.py), C = 4, T = 16: the exact oracle with the second document on
+# a chunk boundary (8); FLASH-Quad (one chunk) at any boundary; the isolation oracle at 6.
+DOC_A, DOC_B = np.arange(3, 11) % 23, (np.arange(6) * 5 + 1) % 23
+DOC_A_UNALIGNED, DOC_B_UNALIGNED = np.arange(3, 9) % 23, (np.arange(7) * 5 + 1) % 23
+
+
+def documents_apply(model):
+  return lambda rows, segs: model(rows, segment_ids=segs)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("variant", ["flash_quad", "flash"])
+def test_packed_documents_are_independent(variant, task, impl):
+  model = make_model(make_config(task=task, variant=variant, num_layers=1, impl=impl))
+  apply = documents_apply(model)
+  oracles.assert_documents_independent(apply, DOC_A, DOC_B, 16)
+  if variant == "flash_quad":  # no chunks: any boundary
+    oracles.assert_documents_independent(apply, DOC_A_UNALIGNED, DOC_B_UNALIGNED, 16)
+  oracles.assert_documents_isolated(apply, DOC_A_UNALIGNED, DOC_B_UNALIGNED, 16, vocab=23)
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("variant", ["flash_local", "flash_global", "mc_transformer++", "performer"])
+def test_packed_documents_in_the_other_variants(variant, task):
+  model = make_model(make_config(task=task, variant=variant, num_layers=1, chunk=4))
+  oracles.assert_documents_independent(documents_apply(model), DOC_A, DOC_B, 16)
+  oracles.assert_documents_isolated(documents_apply(model), DOC_A_UNALIGNED, DOC_B_UNALIGNED, 16, vocab=23)
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_global_norm_config_changes_the_model(task):
+  """The same weights: "sum" and "mean" differ once a query reads two or more chunks."""
+  x = tokens()
+
+  def logits(norm):
+    model = make_model(make_config(task=task, global_norm=norm))
+    params = nnx.state(model, nnx.Param)
+    for _, variable in nnx.to_flat_state(params):  # weights of N(0, .02) hide the global part
+      variable.set_value(variable.get_value() * 10)
+    nnx.update(model, params)
+    return model(x)
+
+  mean, total = logits("mean"), logits("sum")
+  if task == "lm":  # chunks 0 and 1 read at most one earlier chunk: the mean is the sum
+    np.testing.assert_allclose(mean[:, :8], total[:, :8], atol=1e-6)
+  assert not np.allclose(mean[:, 8:], total[:, 8:], atol=1e-4)
+  with pytest.raises(ConfigError, match="model.global_norm 'max' is not one of"):
+    make_config(global_norm="max")
+
+
+def test_global_only_ablation_uses_chunks_of_64():
+  """Figure 7: FLASH (Global Only) reduces the chunk from 256 to 64 (Section 4.4)."""
+  assert flash.model_config("flash_global").chunk == 64 and flash.model_config("flash").chunk == 256
+  for spec in ("configs/c4/flash.py:flash_global", "configs/c4/flash.py:flash_global,lm",
+               "configs/pg19/flash.py:flash_global"):
+    assert lra_core.load_config(spec).model.chunk == 64, spec
+  assert lra_core.load_config("configs/c4/flash.py:flash_local").model.chunk == 256
 
 
 def test_decode_state_has_constant_size_and_quad_is_bounded():

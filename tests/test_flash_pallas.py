@@ -97,6 +97,37 @@ def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts,
   assert_close(got, want, F32 if dtype == jnp.float32 else BF16)
 
 
+# Packed documents: a boundary inside a chunk, one on a chunk boundary, a document inside one chunk,
+# padding (segment 0) after; the second row one document and a padded tail.
+DOCUMENTS = np.array([[1] * 5 + [2] * 11 + [3] * 3 + [4] * 12 + [0] * 6, [1] * 30 + [0] * 7])
+
+
+@pytest.mark.parametrize("causal,kernel,global_norm,parts,driver,tile", [
+    (True, "relu2", "sum", "both", "grid", 3), (True, "relu2", "mean", "both", "loop", None),
+    (False, "relu2", "sum", "both", "loop", 2), (False, "relu2", "mean", "both", "grid", None),
+    (False, "softmax", "mean", "global", "loop", None), (True, "linear", "mean", "global", "grid", None)])
+def test_kernel_with_documents_equals_xla_values_and_gradients(causal, kernel, global_norm, parts, driver, tile):
+  (qq, qk, lq, lk), v, bias, _ = inputs(t=37, chunk=8)
+  segments = jnp.asarray(DOCUMENTS)
+  kw = dict(chunk=8, causal=causal, quad_scale=0.125, lin_scale=0.125, mask=segments > 0, segments=segments,
+            global_norm=global_norm, kernel=kernel)
+
+  def attention(impl):
+    def fn(qq, qk, lq, lk, v, bias):
+      qq = None if parts == "global" else qq
+      if impl == "xla":
+        return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, **kw)
+    return fn
+
+  args = (qq, qk, lq, lk, v, bias)
+  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)),
+                  *args)
+  real = DOCUMENTS > 0  # padded queries read nothing: their rows are arbitrary
+  assert_close(np.asarray(got[0])[real], np.asarray(want[0])[real], F32)
+  assert_close(got[1], want[1], F32)
+
+
 def test_one_chunk_without_the_global_part_is_quadratic_attention():
   """C >= T: the local part alone is relu2_attention (relu2 causal, softmax bidirectional; bias, padding)."""
   (qq, qk, _, _), v, bias, mask = inputs(t=13, chunk=16)

@@ -1,9 +1,14 @@
 """The Linear Transformer's attention against its quadratic form (the README's example family)."""
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
+import oracles
+from lra_core.models import linear_transformer
 from lra_core.models.linear_transformer import linear_attention
 
 
@@ -25,3 +30,26 @@ def test_linear_attention_equals_its_quadratic_form(causal):
   mask[1, 8:] = False
   out = linear_attention(q, k, v, causal=causal, mask=mask)
   np.testing.assert_allclose(out, quadratic(q, k, v, causal, mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
+  q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
+  seg = np.array([[1] * 4 + [2] * 5 + [0] * 2, [1] * 11])
+  out = np.asarray(linear_attention(q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg)))
+  for row, lo, hi in ((0, 0, 4), (0, 4, 9), (1, 0, 11)):  # each document alone
+    alone = quadratic(q[row:row + 1, lo:hi], k[row:row + 1, lo:hi], v[row:row + 1, lo:hi], causal,
+                      np.ones((1, hi - lo), bool))
+    np.testing.assert_allclose(out[row:row + 1, lo:hi], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_packed_documents_are_independent(task):
+  c = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=20)))
+  c.model = linear_transformer.transformer.model_config("transformer", vocab_size=23, d_model=16, num_layers=2,
+                                                        num_heads=2, d_ff=32)
+  c.model.name = "linear_transformer"
+  model = linear_transformer.Model(c, rngs=nnx.Rngs(params=0))
+  model.eval()
+  oracles.assert_documents_independent(lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23,
+                                       (np.arange(7) * 5 + 1) % 23, 20)

@@ -15,11 +15,12 @@ embeddings: 112M parameters (`python scripts/param_counts.py`); Performer and MC
 12 attention + 12 MLP layers of d 768 with 12 heads, like Transformer+ / Transformer++.
 
 Args (comma-separated):
-  a variant of models.flash.VARIANTS (default flash): flash, flash_local, flash_global,
-                  mc_transformer++, performer (configs/c4/flash_quad.py: flash_quad)
+  a variant of models.flash.VARIANTS (default flash): flash, flash_local, flash_global (chunk 64,
+                  as the paper's global-only ablation), mc_transformer++, performer
+                  (configs/c4/flash_quad.py: flash_quad)
   lm              causal LM with the Wiki-40B setting of Tables 7 and 9 (LayerNorm; documents
                   concatenated with eos into consecutive windows) instead of MLM
-  c512            chunk 512 (the paper finds it better beyond 1024 tokens)
+  c512            chunk 512 (the paper finds it better beyond 1024 tokens; also for flash_global)
   tiny            bytes tokenizer, 2 layers, d 32, context 64, chunk 16, 4 steps.
 """
 
@@ -38,8 +39,9 @@ def make(arg, default: str):
     raise ConfigError(f"config args {sorted(named)} are different FLASH variants; give one of them.")
   variant = named.pop() if named else default
   mlm = "lm" not in parts
+  chunk = 512 if "c512" in parts else flash.GLOBAL_ONLY_CHUNK if variant == "flash_global" else 256
   model = flash.model_config(variant, vocab_size=EMBED_VOCAB, d_model=768, num_heads=12,
-                             norm="scale" if mlm else "layer", chunk=512 if "c512" in parts else 256)
+                             norm="scale" if mlm else "layer", chunk=chunk)
   config = flash_setting(model, mlm=mlm)
   if "tiny" in parts:
     config.data.tokenizer = "bytes"

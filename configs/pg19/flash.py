@@ -15,7 +15,8 @@ configs/pg19/transformer.py is used (first command). The Transformer+ / ++ rows 
 configs/pg19/transformer.py:flash(,plusplus). Evaluation reports word-level perplexity.
 
 Args (comma-separated): a variant of models.flash.VARIANTS (default flash; flash_quad for
-FLASH-Quad), tiny (bytes tokenizer, 2 layers, d 32, context 64, chunk 16).
+FLASH-Quad; flash_global with chunk 64, as the paper's global-only ablation), tiny (bytes
+tokenizer, 2 layers, d 32, context 64, chunk 16).
 """
 
 from lra_core.config import base_config, config_arg
@@ -34,7 +35,8 @@ def get_config(arg=None):
   if len(named) > 1:
     raise ConfigError(f"config args {sorted(named)} are different FLASH variants; give one of them.")
   variant = named.pop() if named else "flash"
-  model = flash.model_config(variant, vocab_size=SPM_VOCAB, d_model=1024, num_heads=16, norm="layer", chunk=512)
+  chunk = flash.GLOBAL_ONLY_CHUNK if variant == "flash_global" else 512
+  model = flash.model_config(variant, vocab_size=SPM_VOCAB, d_model=1024, num_heads=16, norm="layer", chunk=chunk)
   if flash.VARIANTS[variant]["gau"]:
     model.num_layers = 72
   else:  # 36 attention + 36 MLP layers, like the Transformer+ / ++ of Table 10
