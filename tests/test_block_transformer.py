@@ -1,5 +1,6 @@
 """Block Transformer: causality at every position in a block, decode == forward, fast generation ==
-repeated full-forward argmax, padding behaviour, Table 3 sizes, uptraining, and the tiny configs."""
+repeated full-forward argmax, padding behaviour, Table 3 sizes, the authors' optimizer and schedules,
+uptraining, and the tiny configs (packed documents and pad masking: tests/test_block_documents.py)."""
 
 import fixtures.c4
 import jax
@@ -201,6 +202,20 @@ def test_config_errors_are_clear():
     lra_core.load_config(f"{SPEC}:302m,megabyte")
   with pytest.raises(ConfigError, match="data.block_padding 2 differs from model.block_len 4"):
     lra_core.load_config(f"{SPEC}:tiny", ["data.block_padding=2"])
+
+
+@pytest.mark.parametrize("arg", ["85m", "5m,vanilla", "19m,megabyte", "1.2b", "302m,uptrain", "805m,uptrain"])
+def test_optimizer_and_schedule_are_the_authors(arg):
+  """AdamW b2 .95, weight decay 0.1, cosine to 10%, clipping 1.0; 572,000 steps with 3,000 warm-up
+  at batch 256 and 286,000 with 1,500 at batch 512; uptraining takes 10% of the steps, same warm-up."""
+  config = lra_core.load_config(f"{SPEC}:{arg}")
+  o = config.optim
+  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm, o.schedule, o.min_lr_ratio, o.decay_steps) == \
+      ("adamw", 0.9, 0.95, 1e-8, 0.1, 1.0, "cosine", 0.1, 0)
+  big = arg.split(",")[0] in ("805m", "1.2b")
+  assert (config.train.batch_size, o.warmup_steps) == ((512, 1_500) if big else (256, 3_000))
+  steps = 286_000 if big else 572_000
+  assert config.train.steps == (steps // 10 if "uptrain" in arg else steps)
 
 
 def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
