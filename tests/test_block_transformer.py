@@ -257,3 +257,27 @@ def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
     train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
                        tmp_path / "wrong")
 
+
+
+# -- the block_throughput table ---------------------------------------------------------------------------------
+
+def test_throughput_table_has_megabyte_rows_beside_block_and_vanilla(tmp_path, monkeypatch):
+  """Rows and ratios from stand-in timings (the table itself runs for minutes: docs/results.md)."""
+  from lra_core.reproduce import block_transformer as table
+  from lra_core.reproduce.common import Context
+  speed = {"5m": 1.0, "19m": 0.5, "5m,megabyte": 0.8, "19m,megabyte": 0.4, "5m,vanilla": 0.1, "19m,vanilla": 0.05}
+  seen = []
+
+  def fake(config, *, batch_size, prompt_len, new_tokens, repeats, warmup):
+    m = config.model
+    kind = ",vanilla" if m.name == "transformer" else ",megabyte" if m.token_decoder == "summation" else ""
+    arg = {256: "5m", 512: "19m"}[m.d_model] + kind
+    seen.append(arg)
+    return dict(tokens_per_s=1000 * speed[arg] * batch_size, state_mib=1.0, non_embedding=1, seconds=1.0)
+
+  monkeypatch.setattr(table.generate, "time_generate", fake)
+  result = table.block_throughput(Context(img_dir=tmp_path, log=lambda _: None))
+  assert sorted(set(seen)) == sorted(speed)
+  lines = [line for line in result.markdown.splitlines() if "| MEGABYTE-style |" in line]
+  assert len(lines) == 8 and "| 800 | 8.0x | 1.2x |" in lines[0]   # prefill-heavy, batch 1, 5m
+  assert "Block / MEGABYTE-style 1.2x-1.2x" in result.comparison and "Block / vanilla 10.0x-10.0x" in result.comparison
