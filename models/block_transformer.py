@@ -35,7 +35,8 @@ context: the previous block's context embedding when that block belongs to the s
 start context when the document starts in this block. So a document that starts on a block
 boundary gives exactly the outputs it gets alone at the start of a row, and one that starts at
 offset s inside a block the outputs it gets alone after s pads; no document ever reads another.
-(When two documents start inside one block, the second reads no context embedding.)
+(When two documents start inside one block, the second reads no context embedding and its pads are
+not masked, so each of its tokens has something to read.)
 
 Decoding: `decode_step` takes one token at a time (README, "Adding a model"); `generate` is the fast batched path.
 """
@@ -351,8 +352,10 @@ class Model(nnx.Module):
     segments = jnp.concatenate([jnp.repeat(prev[:, None], r, 1), jnp.repeat(starting[:, None], r, 1), token_seg],
                                axis=1)
     positions = jnp.concatenate([jnp.arange(r), jnp.arange(r), r + jnp.arange(L - 1)])
-    key_mask = self._key_mask(inputs)
-    key_mask = None if key_mask is None else jnp.concatenate([jnp.ones((m, r), bool), key_mask], axis=1)
+    key_mask = None
+    if self.mask_pads:  # the pads of a second document starting in the block stay: it has no lead to read
+      other = fresh & (token_seg != starting[:, None])
+      key_mask = jnp.concatenate([jnp.ones((m, 2 * r), bool), (inputs != self.pad_id) | other], axis=1)
     cross = {}
     if memory is not None:
       cross = dict(fresh_memory=jnp.broadcast_to(start_memory, memory.shape),

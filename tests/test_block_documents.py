@@ -52,6 +52,14 @@ def test_a_document_inside_a_block_reads_as_after_left_pads_and_never_reads_the_
                                atol=1e-5)
 
 
+def test_two_documents_starting_in_one_block_stay_isolated():
+  """Two documents start in block 0; the second reads no context embedding, and its pad
+  (masked elsewhere) stays readable to it, so its pad position reads nothing of the first."""
+  model = make_model(make_config(seq_len=T))
+  doc_b = np.array([PAD, 4, 5, 6, 7, 8, 9])   # a left pad, as block padding writes
+  oracles.assert_documents_isolated(apply_fn(model), DOC_A[:1], doc_b, T, vocab=VOCAB)
+
+
 def test_one_document_per_row_equals_no_segment_ids():
   model = make_model(make_config(seq_len=T))
   apply = apply_fn(model)
