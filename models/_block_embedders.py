@@ -32,12 +32,16 @@ class LookupEmbedder(nnx.Module):
 
 class EncoderEmbedder(nnx.Module):
   """A small bidirectional transformer over each block (Appendix F.1): the token outputs
-  (`encoder`) or `num_cls` CLS outputs (`cls`, padding masked) concatenated and projected to D."""
+  (`encoder`) or `num_cls` CLS outputs (`cls`) concatenated and projected to D.
+
+  Pads are masked as keys (`cls` always; `encoder` with `model.mask_pads`, where a pad's own
+  output is also zeroed), so a block's embedding does not depend on what the pad token embeds to.
+  """
 
   def __init__(self, m, *, dtype, rngs: nnx.Rngs):
     w = m.encoder_width
     self.num_cls = m.num_cls if m.embedder == "cls" else 0
-    self.pad_id = m.pad_id
+    self.pad_id, self.mask_pads = m.pad_id, m.get("mask_pads", True)
     s = transformer.model_config("transformer", d_model=w, num_heads=m.encoder_heads, d_ff=4 * w, norm=m.norm,
                                  activation=m.activation, use_bias=m.use_bias)
     self.embed = Embed(m.vocab_size, w, dtype=dtype, rngs=rngs)
@@ -51,16 +55,21 @@ class EncoderEmbedder(nnx.Module):
     self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
 
   def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    """blocks int[B,N,L] -> [B,N,D]."""
     lead = blocks.shape[:-1]
     tokens = blocks.reshape(-1, blocks.shape[-1])
-    x, mask = self.embed(tokens), None
+    real = tokens != self.pad_id
+    x, mask = self.embed(tokens), (real if self.mask_pads else None)
     if self.cls is not None:
       cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (x.shape[0], *self.cls.shape))
       x = jnp.concatenate([cls, x], axis=1)
-      mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), tokens != self.pad_id], axis=1)
+      mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), real], axis=1)
     positions = jnp.arange(x.shape[1])
     x = x + self.positions(positions)
     x = self.final_norm(stack.apply(self.layers, x, lambda layer, x, r: layer(x, positions=positions, mask=mask,
                                                                                rngs=r), remat=self.remat, rngs=rngs))
-    x = x[:, :self.num_cls] if self.cls is not None else x
+    if self.cls is not None:
+      x = x[:, :self.num_cls]
+    elif self.mask_pads:
+      x = jnp.where(real[..., None], x, 0)
     return self.proj(x.reshape(*lead, -1))

@@ -21,9 +21,22 @@ start context, so every position is predicted (the authors' code trains on block
 
 Padding: a block of nothing but `pad_id` tokens is absent - no block reads it and the block after
 it reads the start context - so prompts of different lengths can share a batch by left padding and
-a row's predictions do not depend on how many whole pad blocks precede it. Padding inside a block
-is a token like any other (Appendix H; train with `data.block_padding`), so the block alignment of
-a prompt changes predictions.
+a row's predictions do not depend on how many whole pad blocks precede it. The lookup embedder
+reads padding inside a block like any other token (Appendix H; train with `data.block_padding`), so
+the block alignment of a prompt changes predictions. With `model.mask_pads` (the default, as the
+authors' code) no other part reads a pad: the token decoder masks pad keys, and the encoder
+embedder masks them and zeroes their outputs.
+
+Packed documents (`segment_ids`, kernels/segments.py): a block belongs to the document of its last
+token and its embedding reads only that document's tokens (the others count as pads); the block
+decoder attends within a document, with block positions from 0 at each document; each token reads,
+in the token decoder, only its own document's earlier tokens in the block and its document's
+context: the previous block's context embedding when that block belongs to the same document, the
+start context when the document starts in this block. So a document that starts on a block
+boundary gives exactly the outputs it gets alone at the start of a row, and one that starts at
+offset s inside a block the outputs it gets alone after s pads; no document ever reads another.
+(When two documents start inside one block, the second reads no context embedding and its pads are
+not masked, so each of its tokens has something to read.)
 
 Decoding: `decode_step` takes one token at a time (README, "Adding a model"); `generate` is the fast batched path.
 """
@@ -39,6 +52,7 @@ from flax import nnx
 
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
+from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models import transformer
 from lra_core.state import scan_params, unscan_params
@@ -86,6 +100,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       norm="layer",
       activation="gelu",
       tie_embeddings=False,      # token decoder output tied to its input embedding (Pythia: untied)
+      mask_pads=True,            # pads are masked in the token decoder and the encoder embedder
       dropout=0.0,
       dtype="float32",
   ))
@@ -152,13 +167,23 @@ class Stack(nnx.Module):
     self.final_norm = make_norm(s.norm, s.d_model, rngs=rngs)
     self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
 
-  def __call__(self, x: Array, *, mask: Array | None = None, memory: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
-    positions = jnp.arange(x.shape[1])
-    block = lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r)
+  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
+               segments: Array | None = None, memory: Array | None = None, fresh_memory: Array | None = None,
+               fresh: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+    """x [B,S,D] -> [B,S,D]. positions int[S] or [B,S] (default 0..S-1); mask bool[B,S]: False
+    for keys no query reads (padding); segments int[B,S]: document ids, keys of another document
+    are masked. Cross-attention reads memory [B,M,Dm], and fresh_memory where fresh bool[B,S]."""
+    positions = jnp.arange(x.shape[1]) if positions is None else positions
+    seg = {} if segments is None else {"segments": segments}
+    block = lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r, **seg)
     if self.cross is None:
       return self.final_norm(stack.apply(self.layers, x, block, remat=self.remat, rngs=rngs))
-    x = stack.apply((self.cross, self.layers), x, lambda pair, x, r: block(pair[1], pair[0](x, memory), r),
+
+    def cross(layer, x):
+      y = layer(x, memory)
+      return y if fresh is None else jnp.where(fresh[..., None], layer(x, fresh_memory), y)
+
+    x = stack.apply((self.cross, self.layers), x, lambda pair, x, r: block(pair[1], cross(pair[0], x), r),
                     remat=self.remat, rngs=rngs)
     return self.final_norm(x)
 
@@ -185,6 +210,7 @@ class Model(nnx.Module):
     validate_config(config)
     self.dtype = jnp.dtype(m.dtype)
     self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
+    self.mask_pads = m.get("mask_pads", True)
     self.kind = m.token_decoder
     d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
     kw = dict(dtype=self.dtype, rngs=rngs)
@@ -235,36 +261,108 @@ class Model(nnx.Module):
       e = e + jax.lax.dynamic_slice_in_dim(proj, offset + 1, tokens.shape[1], axis=1).astype(e.dtype)
     return e
 
-  def _blocks(self, tokens: Array) -> tuple[Array, Array]:
-    """int[B,T] -> blocks int[B,N,L] (the last right-padded) and which blocks hold a real token."""
+  def _blocks(self, tokens: Array) -> Array:
+    """int[B,T] -> blocks int[B,N,L], the last right-padded."""
     b, t = tokens.shape
     tokens = jnp.pad(tokens, ((0, 0), (0, -t % self.block_len)), constant_values=self.pad_id)
-    blocks = tokens.reshape(b, -1, self.block_len)
-    return blocks, (blocks != self.pad_id).any(-1)
+    return tokens.reshape(b, -1, self.block_len)
+
+  def _key_mask(self, tokens: Array) -> Array | None:
+    """Which token-decoder keys may be read: the `lead` inputs and every token but pads [B',lead+K]
+    (None without pad masking)."""
+    if not self.mask_pads:
+      return None
+    return jnp.concatenate([jnp.ones((*tokens.shape[:-1], self.lead), bool), tokens != self.pad_id], axis=-1)
 
   # -- forward --------------------------------------------------------------------------------
 
-  def __call__(self, tokens: Array, *, mask: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
-    del mask  # padding is the pad token itself
+  def __call__(self, tokens: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """tokens int[B,T] -> logits [B,T,V]; segment_ids int[B,T]: the documents of a packed row (see
+    the module docstring); mask is unused (padding is the pad token itself)."""
+    del mask
     if tokens.ndim != 2:
       raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
+    check_segments(segment_ids, tokens.shape)
     b, t = tokens.shape
     n, L = -(-t // self.block_len), self.block_len
-    blocks, valid = self._blocks(tokens)
-    h = self.block_decoder(self.embedder(blocks, rngs=rngs), mask=valid, rngs=rngs)
+    blocks = self._blocks(tokens)
+    if segment_ids is None:
+      seg = block_seg = None
+      read, positions = blocks, None
+    else:  # a block is its last token's document, and its embedding reads that document only
+      seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, n * L - t)), mode="edge").reshape(b, n, L)
+      block_seg = seg[:, :, -1]
+      read = jnp.where(seg == block_seg[..., None], blocks, self.pad_id)
+      positions = segment_positions(block_seg)
+    valid = (read != self.pad_id).any(-1)
+    h = self.block_decoder(self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg,
+                           rngs=rngs)
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
-    contexts = jnp.concatenate([start, self._contexts(h, valid)], axis=1)           # [B,N+1,D]
+    contexts = jnp.concatenate([start, self._contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
     # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
     # (block N lies past the input: only its first output, which reads no token, is used).
-    targets = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)
-    contexts = contexts.reshape(b * (n + 1), -1)
-    lead, memory = self._lead(contexts)
-    x = jnp.concatenate([lead, self._token_inputs(contexts, targets[:, :, :L - 1].reshape(b * (n + 1), -1), 0)
-                         .astype(lead.dtype)], axis=1)
-    y = self.token_decoder(x, memory=memory, rngs=rngs)[:, self.lead - 1:self.lead - 1 + L]
+    inputs = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)[:, :, :L - 1]
+    inputs = inputs.reshape(b * (n + 1), L - 1)
+    if seg is None:
+      lead, memory = self._lead(contexts)
+      x = jnp.concatenate([lead, self._token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
+      y = self.token_decoder(x, mask=self._key_mask(inputs), memory=memory, rngs=rngs)
+      y = y[:, self.lead - 1:self.lead - 1 + L]
+    else:
+      y = self._decode_documents(contexts, inputs, seg, block_seg, rngs)
     # Output j of target block i predicts token iL + j, i.e. it is the logit at position iL + j - 1.
     y = y.reshape(b, (n + 1) * L, -1)[:, 1:t + 1]
     return self.head(y)
+
+  def _decode_documents(self, contexts: Array, inputs: Array, seg: Array, block_seg: Array,
+                        rngs: nnx.Rngs | None) -> Array:
+    """The token decoder over packed documents -> outputs [B(N+1),L,Dt] of each target block.
+
+    contexts [B(N+1),D] (the previous block's context), inputs int[B(N+1),L-1], seg int[B,N,L]
+    (token documents), block_seg int[B,N]. Each target block's decoder reads
+    [lead(previous context), lead(start context), t_1..t_{L-1}] at positions [0..R-1, 0..R-1,
+    R..]: the first lead carries the previous block's document and gives output 0 (the prediction
+    at that block's last token); the second carries the first document that starts in the block
+    (none: -2); a token reads its own document only, so tokens of a continuing document read the
+    previous context and those of a starting one the start context.
+    """
+    b, n, L = seg.shape
+    r = self.lead
+    none = jnp.full((b, 1), -1, jnp.int32)
+    prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)                         # [B(N+1)]
+    token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, :L - 1]
+    token_seg = token_seg.reshape(-1, L - 1)
+    fresh = token_seg != prev[:, None]                                                    # [B(N+1),L-1]
+    if L > 1:
+      first = jnp.take_along_axis(token_seg, jnp.argmax(fresh, axis=1)[:, None], axis=1)[:, 0]
+      starting = jnp.where(fresh.any(1), first, -2)
+    else:
+      starting = jnp.full_like(prev, -2)
+    start_context = self.start_context[...].astype(contexts.dtype)[None]
+    lead_prev, memory = self._lead(contexts)
+    lead_start, start_memory = self._lead(start_context)
+    e = self.token_embed(inputs)
+    if self.kind == "summation":
+      proj_prev, proj_start = self.context_proj(contexts)[:, 1:L], self.context_proj(start_context)[:, 1:L]
+      e = e + jnp.where(fresh[..., None], proj_start, proj_prev).astype(e.dtype)
+    m = inputs.shape[0]
+    x = jnp.concatenate([lead_prev, jnp.broadcast_to(lead_start, lead_prev.shape), e.astype(lead_prev.dtype)],
+                        axis=1)
+    segments = jnp.concatenate([jnp.repeat(prev[:, None], r, 1), jnp.repeat(starting[:, None], r, 1), token_seg],
+                               axis=1)
+    positions = jnp.concatenate([jnp.arange(r), jnp.arange(r), r + jnp.arange(L - 1)])
+    key_mask = None
+    if self.mask_pads:  # the pads of a second document starting in the block stay: it has no lead to read
+      other = fresh & (token_seg != starting[:, None])
+      key_mask = jnp.concatenate([jnp.ones((m, 2 * r), bool), (inputs != self.pad_id) | other], axis=1)
+    cross = {}
+    if memory is not None:
+      cross = dict(fresh_memory=jnp.broadcast_to(start_memory, memory.shape),
+                   fresh=jnp.concatenate([jnp.zeros((m, r), bool), jnp.ones((m, r), bool), fresh], axis=1))
+    y = self.token_decoder(x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs,
+                           **cross)
+    return jnp.concatenate([y[:, r - 1:r], y[:, 2 * r:]], axis=1)
 
   # -- one token at a time (README, "Adding a model") --------------------------------------------------------
 
@@ -297,7 +395,8 @@ class Model(nnx.Module):
       token_state = state["token"]
       x = self._token_inputs(token_state["context"], tokens, j)
       y, caches = self.token_decoder.decode_block(x, token_state["caches"], (self.lead + j)[None],
-                                                  self.lead + j, memory=token_state["memory"])
+                                                  self.lead + j, memory=token_state["memory"],
+                                                  k_valid=self._key_mask(state["block"][:, :-1]))
       return self.head(y), dict(state, token=dict(token_state, caches=caches))
 
     def finish(state):  # block complete: one block-decoder step, then the next block's lead inputs
@@ -383,8 +482,10 @@ def _generate(graphdef, params, prompt, lengths, key, temperature, top_k, top_p,
     for j in range(L):
       if j:  # the token decoder reads the previous token at position lead + j - 1
         x = model._token_inputs(context, tokens[-1][:, None], j - 1)
+        written = jnp.concatenate([jnp.stack(tokens, axis=1), jnp.full((b, L - 1 - j), pad, jnp.int32)], axis=1)
         y, token_caches = model.token_decoder.decode_block(x, token_state["caches"], jnp.array([lead + j - 1]),
-                                                           lead + j - 1, memory=token_state["memory"])
+                                                           lead + j - 1, memory=token_state["memory"],
+                                                           k_valid=model._key_mask(written))
         token_state = dict(token_state, caches=token_caches)
         logits = model.head(y)
       token = sample(keys[j], logits)

@@ -1,5 +1,6 @@
 """Block Transformer: causality at every position in a block, decode == forward, fast generation ==
-repeated full-forward argmax, padding behaviour, Table 3 sizes, uptraining, and the tiny configs."""
+repeated full-forward argmax, padding behaviour, Table 3 sizes, the authors' optimizer and schedules,
+uptraining, and the tiny configs (packed documents and pad masking: tests/test_block_documents.py)."""
 
 import fixtures.c4
 import jax
@@ -203,6 +204,20 @@ def test_config_errors_are_clear():
     lra_core.load_config(f"{SPEC}:tiny", ["data.block_padding=2"])
 
 
+@pytest.mark.parametrize("arg", ["85m", "5m,vanilla", "19m,megabyte", "1.2b", "302m,uptrain", "805m,uptrain"])
+def test_optimizer_and_schedule_are_the_authors(arg):
+  """AdamW b2 .95, weight decay 0.1, cosine to 10%, clipping 1.0; 572,000 steps with 3,000 warm-up
+  at batch 256 and 286,000 with 1,500 at batch 512; uptraining takes 10% of the steps, same warm-up."""
+  config = lra_core.load_config(f"{SPEC}:{arg}")
+  o = config.optim
+  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm, o.schedule, o.min_lr_ratio, o.decay_steps) == \
+      ("adamw", 0.9, 0.95, 1e-8, 0.1, 1.0, "cosine", 0.1, 0)
+  big = arg.split(",")[0] in ("805m", "1.2b")
+  assert (config.train.batch_size, o.warmup_steps) == ((512, 1_500) if big else (256, 3_000))
+  steps = 286_000 if big else 572_000
+  assert config.train.steps == (steps // 10 if "uptrain" in arg else steps)
+
+
 def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   config = make_config(embed_width=32)
   vanilla_cfg = ml_collections.ConfigDict(dict(task="lm", model=bt.vanilla_config(config),
@@ -242,3 +257,27 @@ def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
     train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
                        tmp_path / "wrong")
 
+
+
+# -- the block_throughput table ---------------------------------------------------------------------------------
+
+def test_throughput_table_has_megabyte_rows_beside_block_and_vanilla(tmp_path, monkeypatch):
+  """Rows and ratios from stand-in timings (the table itself runs for minutes: docs/results.md)."""
+  from lra_core.reproduce import block_transformer as table
+  from lra_core.reproduce.common import Context
+  speed = {"5m": 1.0, "19m": 0.5, "5m,megabyte": 0.8, "19m,megabyte": 0.4, "5m,vanilla": 0.1, "19m,vanilla": 0.05}
+  seen = []
+
+  def fake(config, *, batch_size, prompt_len, new_tokens, repeats, warmup):
+    m = config.model
+    kind = ",vanilla" if m.name == "transformer" else ",megabyte" if m.token_decoder == "summation" else ""
+    arg = {256: "5m", 512: "19m"}[m.d_model] + kind
+    seen.append(arg)
+    return dict(tokens_per_s=1000 * speed[arg] * batch_size, state_mib=1.0, non_embedding=1, seconds=1.0)
+
+  monkeypatch.setattr(table.generate, "time_generate", fake)
+  result = table.block_throughput(Context(img_dir=tmp_path, log=lambda _: None))
+  assert sorted(set(seen)) == sorted(speed)
+  lines = [line for line in result.markdown.splitlines() if "| MEGABYTE-style |" in line]
+  assert len(lines) == 8 and "| 800 | 8.0x | 1.2x |" in lines[0]   # prefill-heavy, batch 1, 5m
+  assert "Block / MEGABYTE-style 1.2x-1.2x" in result.comparison and "Block / vanilla 10.0x-10.0x" in result.comparison

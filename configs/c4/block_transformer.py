@@ -17,10 +17,13 @@ LayerNorm, GELU MLP 4D, biases, rotary on 25% of each head):
           19m: token 4, 256, 8; block 5, 512, 8      85m: token 4, 512, 8; block 11, 768, 12
           (Table 4 calls the last one 85M; 2 nL (12 D^2 + 13 D) gives 90.6M.)
 Training (Table 3, G.1): context 2048 (block decoder 512 blocks), batch 256 (512 for 805m and 1.2b),
-lr 1e-3 (5m, 19m), 6e-4 (85m), 3e-4 (302m, 805m), 2e-4 (1.2b), 300B tokens (572k steps at batch
-256); the optimizer is Pythia's (GPT-NeoX configs): Adam b1 .9 b2 .95 eps 1e-8, weight decay 0.01,
-1% warmup, cosine decay to 10%, gradient clipping 1.0. Block models train with random-length
-padding (data.block_padding = L_B, Appendix H). The paper trains on the Pile with GPT-NeoX's BPE
+lr 1e-3 (5m, 19m), 6e-4 (85m), 3e-4 (302m, 805m), 2e-4 (1.2b), 300B tokens: 572,000 steps at batch
+256, 286,000 at 512. The optimizer is the authors' (their public training configs; the paper does
+not print it): AdamW b1 .9 b2 .95 eps 1e-8, weight decay 0.1 (here never on 1-D parameters), linear
+warmup of 3,000 steps (1,500 at batch 512: the same 1.6B tokens), cosine decay to 10%, gradient
+clipping 1.0. Uptraining (Section 3.7, G.8, Appendix N) runs 10% of those steps (57,200 / 28,600,
+30B tokens) with the same warmup. Block models train with random-length padding
+(data.block_padding = L_B, Appendix H). The paper trains on the Pile with GPT-NeoX's BPE
 (50,304 ids); that tokenizer is not part of C4, so the data reads T5's 32k SentencePiece vocabulary
 (as configs/c4/transformer.py) inside the paper's 50,304-row tables.
 
@@ -30,7 +33,8 @@ Args (comma-separated): one size (default 302m, the paper's default for its anal
   encoder, cls        embedder ablations (Appendix F.1: 3 layers of 256; cls reads 3 CLS tokens)
   summation, cross    token decoder ablations (Appendix F.2)
   uptrain             the lookup embedder reads d_model-wide embeddings through a projection, so
-                      train.init_from can name a vanilla run of twice the layers (Section 3.7)
+                      train.init_from can name a vanilla run of twice the layers (Section 3.7);
+                      10% of the training steps
   tiny                bytes, d 64, 2 + 2 layers, L_B 4, context 64, 4 steps
 """
 
@@ -54,10 +58,17 @@ MEGABYTE = {"5m": ((4, 128, 4), (5, 256, 8), 1e-3), "19m": ((4, 256, 8), (5, 512
 ABLATIONS = ("encoder", "cls", "summation", "cross")
 
 
-def pythia_optim(lr: float, steps: int):
+# Steps of the 300B-token runs and their warmup, by batch size (the authors' training configs).
+STEPS = {256: 572_000, 512: 286_000}
+WARMUP = {256: 3_000, 512: 1_500}
+UPTRAIN_FRACTION = 0.1  # Section 3.7: uptraining takes 10% of the pretraining steps
+
+
+def authors_optim(lr: float, warmup: int):
+  """AdamW b2 .95, weight decay 0.1, linear warmup, cosine decay to 10% of lr, clipping 1.0."""
   c = optim.default_config()
-  c.update(dict(name="adamw", lr=lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, clip_norm=1.0,
-                schedule="cosine", warmup_steps=steps // 100, min_lr_ratio=0.1))
+  c.update(dict(name="adamw", lr=lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, clip_norm=1.0,
+                schedule="cosine", warmup_steps=warmup, min_lr_ratio=0.1))
   return c
 
 
@@ -101,9 +112,11 @@ def get_config(arg=None):
     model.embed_width = model.d_model
 
   batch = 512 if size in ("805m", "1.2b") else 256
-  steps = 300_000_000_000 // (batch * 2048)
+  steps = STEPS[batch]
+  if "uptrain" in parts:
+    steps = round(steps * UPTRAIN_FRACTION)
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="concat")
-  config = base_config(task="lm", model=model, data=data, optim=pythia_optim(lr, steps))
+  config = base_config(task="lm", model=model, data=data, optim=authors_optim(lr, WARMUP[batch]))
   config.train.update(dict(steps=steps, batch_size=batch, seq_len=2048, eval_every=5000, eval_batches=50,
                            checkpoint_every=5000))
   if model.name == "block_transformer":
