@@ -137,16 +137,18 @@ def _has_stacked(tree) -> bool:
   return False
 
 
-# The entries of the train state that evaluation and sampling need (lra_core.state.make_state_spec).
-PARAM_ENTRIES = ("params", "model_state")
+# The entries of the train state that evaluation and sampling need (lra_core.state.make_state_spec);
+# "ema" only where the state has one (optim.ema_decay > 0).
+PARAM_ENTRIES = ("params", "model_state", "ema")
 
 
 def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
                    step: int | None = None) -> tuple[dict, int]:
-  """({"params", "model_state"}, step) of the latest (or given) checkpoint in `workdir` (local or
-  gs://), placed as `abstract_state`'s shardings say, for eval, sampling and warm starts.
+  """({"params", "model_state"[, "ema"]}, step) of the latest (or given) checkpoint in `workdir`
+  (local or gs://), placed as `abstract_state`'s shardings say, for eval, sampling and warm starts.
+  "ema" (the moving average of the weights) is read when `abstract_state` has it (optim.ema_decay > 0).
 
-  Only those two entries are read: the rest of the saved state (optimizer state, step, key, carry)
+  Only those entries are read: the rest of the saved state (optimizer state, step, key, carry)
   is marked as orbax placeholders and skipped, so any optimizer (or none) may be set in the
   config. The two entries must match the checkpoint's exactly (no leaf missing or left over).
   """
@@ -165,9 +167,12 @@ def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
       raise CheckpointError(f"no checkpoint of step {step} in {directory}; it has steps {sorted(steps)}.")
     saved = manager.item_metadata(step)["state"]
     saved = saved.tree if hasattr(saved, "tree") else saved
-    item = {k: abstract_state[k] if k in PARAM_ENTRIES else jax.tree.map(lambda _: ocp.PLACEHOLDER, v)
-            for k, v in saved.items()}
+    item = {k: abstract_state[k] if k in PARAM_ENTRIES and k in abstract_state
+            else jax.tree.map(lambda _: ocp.PLACEHOLDER, v) for k, v in saved.items()}
     missing = [k for k in PARAM_ENTRIES if k in abstract_state and k not in saved]
+    if missing == ["ema"]:
+      raise CheckpointError(f"checkpoint {directory / str(step)} holds no EMA of the weights (its run had "
+                            "optim.ema_decay 0); set --config.optim.ema_decay=0.0 to use its raw weights.")
     if missing:
       raise CheckpointError(f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state "
                             "of lra_core.")

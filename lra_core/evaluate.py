@@ -7,7 +7,9 @@ Without --config the run's own config is used (`<workdir>/config.json`, written 
 with any overrides on top (e.g. --config.train.eval_batch_size=64, or --config.data.dir=... on
 another machine). Restores the parameters and model state of the latest (or given) checkpoint
 onto the current mesh (not the optimizer state), runs the task's metrics over the whole split and
-writes `eval_<split>_<step>.json` into the workdir. The workdir may be local or gs://.
+writes `eval_<split>_<step>.json` into the workdir. The workdir may be local or gs://. A run that
+kept an EMA of its weights (optim.ema_decay > 0) is evaluated with it, and its raw weights' metrics
+are reported beside, suffixed `_raw` (`loss` and `loss_raw`).
 """
 
 from __future__ import annotations

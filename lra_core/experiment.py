@@ -16,7 +16,7 @@ from lra_core import fs, optim, registry, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, DataError
-from lra_core.state import make_state_spec, to_host
+from lra_core.state import eval_params, make_state_spec, to_host
 from lra_core.steps import make_eval_step
 from lra_core.tasks import Task, make_task
 
@@ -128,7 +128,11 @@ def config_batch(config, mesh, rules, *, batch_size: int | None = None) -> dict[
 
 
 class Evaluator:
-  """Runs the eval step over a split and turns metric sums into values."""
+  """Runs the eval step over a split and turns metric sums into values.
+
+  A state with an EMA of the weights (optim.ema_decay > 0) is evaluated with the EMA, and once
+  more with the raw weights, whose metrics come back with the suffix `_raw` (`loss_raw`, ...).
+  """
 
   def __init__(self, config, spec, task, mesh, sources):
     self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
@@ -139,6 +143,13 @@ class Evaluator:
     self.step = jax.jit(make_eval_step(config, spec, task))
 
   def __call__(self, state: dict, split: str, limit: int = 0) -> dict[str, float]:
+    metrics = self._run(eval_params(state), state["model_state"], split, limit)
+    if "ema" in state:
+      raw = self._run(state["params"], state["model_state"], split, limit)
+      metrics.update({f"{k}_raw": v for k, v in raw.items()})
+    return metrics
+
+  def _run(self, params: dict, model_state: dict, split: str, limit: int) -> dict[str, float]:
     reader = self.readers[split]
     # Every autoregressive eval batch starts with reset=True, so this only fixes the shapes.
     carry = None
@@ -151,7 +162,7 @@ class Evaluator:
                           prefetch=self.config.data.prefetch)
     for local in it:
       batch = to_device(local, self.mesh, self.rules)
-      metrics, carry = self.step(state["params"], state["model_state"], batch, carry)
+      metrics, carry = self.step(params, model_state, batch, carry)
       totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
     sums = {k: tuple(float(x) for x in to_host(v)) for k, v in totals.items()}
     return self.task.finalize(sums)
@@ -184,4 +195,7 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
                         f"parameters do not match this {config.model.name} model.")
     params = source_params
   logging.info("parameters initialised from %s (step %d)", path, step)
-  return dict(state, params=jax.device_put(params, spec.shardings["params"]))
+  state = dict(state, params=jax.device_put(params, spec.shardings["params"]))
+  if "ema" in state:  # the average starts at the parameters the run starts from
+    state["ema"] = jax.device_put(params, spec.shardings["ema"])
+  return state

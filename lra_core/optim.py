@@ -14,6 +14,9 @@ Settings from the papers (set them in config files; cite the table there too):
   total steps 125k / 500k (Table 10). Codebooks (`c_sum`, `c_count`) are moved by SGD with
   lr 1 on "gradients" that equal p - EMA target: a group
   `{'name': 'codebook', 'pattern': r'(^|/)c_(sum|count)$', 'optimizer': 'sgd', 'lr': 1.0}`.
+* pix2seq's RIN / FIT denoiser on ImageNet64 (configs/imagenet64/fit_denoiser.py): LAMB
+  (You et al. 2020) at lr 2e-3, b2 0.999, eps 1e-8, weight decay 1e-2 (not on biases and norm
+  scales, which also keep their plain Adam step), an EMA of the weights with decay 0.9999.
 * Long Range Arena (Tay et al. 2021, appendix; public configs): Adam b1 0.9, b2 0.98,
   eps 1e-9 with decoupled weight decay scaled by the learning rate
   (`weight_decay_schedule='lr'`), schedule constant * linear_warmup * rsqrt_decay
@@ -23,6 +26,13 @@ Conventions:
 
 * 'adam' is an alias of 'adamw': both apply decoupled weight decay, so weight_decay 0 gives
   plain Adam.
+* 'lamb' is optax.lamb's chain (Adam direction, + wd * p, times the trust ratio ||p|| / ||u||
+  per tensor, times lr(t)), with this module's mask: tensors with ndim < 2 get neither the
+  decay nor the trust ratio (as pix2seq's LAMB excludes biases and LayerNorm from both). Its
+  decay sits inside the trust ratio, so it needs weight_decay_schedule 'lr'.
+* `ema_decay` d > 0 keeps an exponential moving average of the parameters in the train state,
+  ema <- d * ema + (1 - d) * params after every update (starting from the initial parameters);
+  evaluation and sampling then use it (lra_core.state, lra_core.steps). 0 (default) = none.
 * Weight decay never touches parameters with ndim < 2 (biases, norm scales, scalars).
   `weight_decay_schedule='lr'` subtracts lr(t) * wd * p (optax adamw, LRA);
   'constant' subtracts wd * p every step whatever the learning rate (Transformer-VQ).
@@ -51,7 +61,7 @@ import optax
 from lra_core.errors import ConfigError
 from lra_core.layer_stacks import per_layer_optimizer
 
-OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
+OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd", "lamb")
 GROUP_OPTIMIZERS = OPTIMIZERS + ("none",)
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
 WEIGHT_DECAY_SCHEDULES = ("lr", "constant")
@@ -95,7 +105,7 @@ _RANGES = {
 def default_config() -> ml_collections.ConfigDict:
   """The `config.optim` section; every field has a concrete type for overrides."""
   c = ml_collections.ConfigDict()
-  c.name = "adamw"  # 'adamw' | 'adam' (alias) | 'adafactor' | 'sgd'
+  c.name = "adamw"  # 'adamw' | 'adam' (alias) | 'adafactor' | 'sgd' | 'lamb'
   c.lr = 1e-3  # peak lr; for schedule 'rsqrt' the constant factor
   c.schedule = "cosine"  # 'cosine' | 'linear' | 'constant' | 'rsqrt'
   c.warmup_steps = 0  # linear warmup from 0
@@ -116,7 +126,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.multiply_by_parameter_scale = True  # relative step sizes
   c.factored_eps = 1e-30  # added to squared gradients
   c.groups = ()  # tuple of group dicts; see the module docstring
+  c.ema_decay = 0.0  # > 0: an EMA of the parameters, used to evaluate and sample; 0 = none
   return c
+
+
+def ema_decay(config) -> float:
+  """`optim.ema_decay` (0.0 for configs saved before it existed): > 0 keeps an EMA of the weights."""
+  return float(config.optim.get("ema_decay", 0.0))
 
 
 def param_paths(params: Any) -> Any:
@@ -148,6 +164,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   total_steps = _total_steps(config)
   main = _main_settings(config.optim)
   _check_settings("optim", "name", main, OPTIMIZERS, total_steps)
+  decay = config.optim.get("ema_decay", 0.0)
+  if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
+    raise ConfigError(f"optim.ema_decay {decay!r} is not in [0, 1); expected e.g. 0.9999, or 0 for no EMA.")
   groups = config.optim.groups
   if not isinstance(groups, (tuple, list)):
     raise ConfigError(f"optim.groups {groups!r} is not a tuple; expected a tuple of dicts.")
@@ -172,6 +191,7 @@ def _total_steps(config: ml_collections.ConfigDict) -> int:
 def _main_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
   d.pop("groups", None)
+  d.pop("ema_decay", None)  # not an optimizer setting: the train step keeps the average
   # Same key as in groups, where 'name' is the group's name.
   d["optimizer"] = d.pop("name")
   return d
@@ -233,6 +253,9 @@ def _check_settings(where: str, opt_key: str, s: Mapping[str, Any],
       raise ConfigError(f"{where}.warmup_steps {warmup} exceeds the {schedule} decay horizon "
                         f"{horizon} (decay_steps, or train.steps when it is 0); expected "
                         f"warmup_steps <= {horizon}.")
+  if s["optimizer"] == "lamb" and s["weight_decay"] > 0 and s["weight_decay_schedule"] != "lr":
+    raise ConfigError(f"{where}.weight_decay_schedule {s['weight_decay_schedule']!r} does not apply to lamb, "
+                      "whose decay is part of the update the trust ratio scales; expected 'lr'.")
   if schedule == "rsqrt" and warmup < 1:
     raise ConfigError(f"{where}.warmup_steps {warmup} is not positive; schedule rsqrt "
                       "expected warmup_steps >= 1.")
@@ -358,6 +381,8 @@ def _labeler(groups: list[dict[str, Any]]) -> Callable[[Any], Any]:
 
 def _transform(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
   """Optimizer core, then the learning rate and decoupled weight decay."""
+  if s["optimizer"] == "lamb":
+    return _lamb(s, schedule)
   core = _core(s)
   wd = float(s["weight_decay"])
   if wd == 0.0:
@@ -368,6 +393,15 @@ def _transform(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.Gradient
   # Added after the lr sign flip, so a negative rate subtracts wd * p at every step.
   return optax.chain(core, optax.scale_by_learning_rate(schedule),
                      optax.add_decayed_weights(-wd, mask=_decay_mask))
+
+
+def _lamb(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
+  """optax.lamb's chain, with the decay and the trust ratio on tensors of ndim >= 2 only."""
+  parts = [optax.scale_by_adam(b1=s["b1"], b2=s["b2"], eps=s["eps"])]
+  if float(s["weight_decay"]):
+    parts.append(optax.add_decayed_weights(float(s["weight_decay"]), mask=_decay_mask))
+  parts += [optax.masked(optax.scale_by_trust_ratio(), _decay_mask), optax.scale_by_learning_rate(schedule)]
+  return optax.chain(*parts)
 
 
 def _decay_mask(params: Any) -> Any:

@@ -11,11 +11,12 @@ Text is encoded and decoded with the dataset's own codec (`data.text_codec`).
 Image models write one PNG grid, by default `<workdir>/samples_step<N>.png` (N: the checkpoint's
 step): autoregressive ones (task image_ar) sample whole images pixel by pixel from the START token
 (--temperature, --top_k, --top_p apply), diffusion models (task diffusion) denoise from pure noise
-with the sampler of `config.diffusion` unless --sampler / --steps say otherwise; a class-conditional
-denoiser draws random classes unless --label names one.
+with the sampler of `config.diffusion` unless --sampler / --steps / --guidance say otherwise; a
+class-conditional denoiser draws random classes unless --label names one. A run trained with an
+EMA of its weights (optim.ema_decay > 0) samples with the EMA weights.
 
   python -m lra_core.sample --workdir=<dir> --num_samples=16 [--png=samples.png] [--seed=1]
-  python -m lra_core.sample --workdir=<dir> --sampler=ddim --steps=50 --label=207
+  python -m lra_core.sample --workdir=<dir> --sampler=ddim --steps=50 --label=207 [--guidance=3]
 
 `training_samples(config, model, key, num)` draws the same images from a model in memory (the
 trainer's grids every train.sample_every steps); `grid(images)` lays images out as one picture.
@@ -38,7 +39,7 @@ from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError
-from lra_core.state import make_state_spec, to_host
+from lra_core.state import eval_params, make_state_spec, to_host
 
 AUTOREGRESSIVE = ("lm", "image_ar")
 IMAGE_TASKS = ("image_ar", "diffusion")
@@ -46,11 +47,12 @@ EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0
 
 
 def load_model(config, workdir, *, step: int | None = None) -> tuple[nnx.Module, int]:
-  """The trained model of `workdir` (eval mode) and its checkpoint step."""
+  """The trained model of `workdir` (eval mode; the EMA of its weights when it kept one) and its
+  checkpoint step."""
   mesh = sharding.make_mesh(config.mesh)
   spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)
-  return nnx.merge(spec.eval_graphdef, state["params"], state["model_state"]), step
+  return nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"]), step
 
 
 def sample(config, workdir, *, prompt: str | None, num_samples: int = 1, max_new_tokens: int = 100,
@@ -86,23 +88,25 @@ class PixelsOnly(nnx.Module):
     return logits.at[..., self.num_pixels:].set(-jnp.inf), state
 
 
-@functools.partial(nnx.jit, static_argnames=("shape", "steps", "schedule", "pred_type", "sampler", "x0_clip"))
-def _denoise(model, key, labels, *, shape, steps, schedule, pred_type, sampler, x0_clip):
+@functools.partial(nnx.jit, static_argnames=("shape", "steps", "schedule", "pred_type", "sampler", "x0_clip",
+                                             "guidance", "normalize"))
+def _denoise(model, key, labels, *, shape, steps, schedule, pred_type, sampler, x0_clip, guidance, normalize):
   """uint8 images from pure noise; one program per model structure and sampling setting."""
   x0 = diffusion.sample(model, key, shape, steps, schedule=schedule, pred_type=pred_type, sampler=sampler,
-                        labels=labels, x0_clip=x0_clip)
+                        labels=labels, x0_clip=x0_clip, guidance=guidance, normalize=normalize)
   return diffusion.unit_to_pixels(x0)
 
 
 def training_samples(config, model, key: jax.Array, num: int, *, temperature: float = 1.0, top_k: int = 0,
                      top_p: float = 1.0, sampler: str = "", steps: int = 0,
-                     labels: np.ndarray | None = None) -> np.ndarray:
+                     labels: np.ndarray | None = None, guidance: float | None = None) -> np.ndarray:
   """uint8 [num,S,S,C] images drawn from `model` in eval mode (e.g. nnx.merge(spec.eval_graphdef,
   state["params"], state["model_state"])) for tasks image_ar and diffusion.
 
   image_ar: pixel by pixel from the START token, with temperature / top_k / top_p.
-  diffusion: config.diffusion's sampler and sample_steps unless `sampler` / `steps` are given;
-  a class-conditional denoiser (model.num_classes > 0) draws `labels` int[num], random ones by
+  diffusion: config.diffusion's sampler, sample_steps and guidance unless `sampler` / `steps` /
+  `guidance` are given (guidance needs a denoiser trained with diffusion.cond_dropout > 0); a
+  class-conditional denoiser (model.num_classes > 0) draws `labels` int[num], random ones by
   default. Programs are compiled once per setting, so repeated calls (every train.sample_every
   steps) only run them.
   """
@@ -125,13 +129,16 @@ def training_samples(config, model, key: jax.Array, num: int, *, temperature: fl
     raise ConfigError(f"sampler {sampler!r} is not one of {list(diffusion.SAMPLERS)}.")
   if steps < 0:
     raise ConfigError(f"sampling steps must be >= 1 (0: config.diffusion.sample_steps), got {steps}.")
+  guidance = float(d.get("guidance", 0.0) if guidance is None else guidance)
+  check_guidance(config, guidance)
   k_labels, k_draw = jax.random.split(key)
   if conditional:
     labels = (jax.random.randint(k_labels, (num,), 0, m.num_classes) if labels is None
               else jnp.asarray(labels, jnp.int32))
   images = _denoise(model, k_draw, labels, shape=(num, m.image_size, m.image_size, m.image_channels),
                     steps=steps or d.sample_steps, schedule=d.sample_schedule or d.schedule,
-                    pred_type=d.pred_type, sampler=sampler or d.sampler, x0_clip=bool(d.x0_clip))
+                    pred_type=d.pred_type, sampler=sampler or d.sampler, x0_clip=bool(d.x0_clip),
+                    guidance=guidance, normalize=bool(d.get("normalize_noisy_input", False)))
   return to_host(images)
 
 
@@ -173,10 +180,17 @@ def save_grid(images: np.ndarray, path, columns: int = 0, scale: int = 1) -> Non
 
 
 def check_guidance(config, guidance: float | None) -> None:
-  """--guidance needs classifier-free guidance, which no denoiser here is trained for."""
-  if guidance is not None:
-    raise ConfigError(f"--guidance needs a denoiser trained for classifier-free guidance, which model "
-                      f"{config.model.name} (like every family in lra_core.registry) is not; leave --guidance out.")
+  """A guidance scale (None: the config's) needs a diffusion model trained with a null class."""
+  if guidance is None or guidance == 0:
+    return
+  if config.task != "diffusion":
+    raise ConfigError(f"guidance applies to diffusion models trained with diffusion.cond_dropout > 0; this "
+                      f"config's task is {config.task!r}.")
+  if not (np.isfinite(guidance) and guidance > 0):
+    raise ConfigError(f"the guidance scale must be a finite number >= 0, got {guidance}.")
+  if diffusion.null_label(config) is None:
+    raise ConfigError(f"guidance {guidance:g} needs a class-conditional denoiser trained with "
+                      f"diffusion.cond_dropout > 0 (the null class); this {config.model.name} has none.")
 
 
 def main(argv=None) -> None:
@@ -200,7 +214,7 @@ def main(argv=None) -> None:
     parser.add_argument("--label", type=int, default=None,
                         help="class-conditional diffusion: the class of every sample (default: random)")
     parser.add_argument("--guidance", type=float, default=None,
-                        help="classifier-free guidance scale (no model here supports it)")
+                        help="diffusion: classifier-free guidance scale w (default: config.diffusion.guidance)")
 
   args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample", config_from_workdir=True, example=EXAMPLE)
   e, config = args.extra, args.config
@@ -216,7 +230,7 @@ def main(argv=None) -> None:
                         f"{config.model.get('num_classes', 0)}).")
     model, step = load_model(config, args.workdir, step=e.step)
     images = training_samples(config, model, jax.random.key(e.seed), num, temperature=e.temperature, top_k=e.top_k,
-                              top_p=e.top_p, sampler=e.sampler, steps=e.steps, labels=labels)
+                              top_p=e.top_p, sampler=e.sampler, steps=e.steps, labels=labels, guidance=e.guidance)
     png = e.png or str(fs.path(args.workdir, what="workdir") / f"samples_step{step}.png")
     save_grid(images, png, scale=e.png_scale)
     print(f"wrote {len(images)} samples of step {step} to {png}")

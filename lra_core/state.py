@@ -2,7 +2,8 @@
 
   state = {"step": int32[], "rng": uint32[2] (root key data), "params": {...},
            "opt_state": optax state, "model_state": {...} (non-parameter variables),
-           "carry": {...} (only for models that carry state between update windows)}
+           "carry": {...} (only for models that carry state between update windows),
+           "ema": {...} (only with optim.ema_decay > 0: the moving average of "params", same tree)}
 
 Plain dicts of arrays keep checkpoints readable without the model code and let orbax restore
 onto any mesh from an abstract target.
@@ -24,7 +25,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from lra_core import registry, sharding
+from lra_core import optim, registry, sharding
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
 
@@ -54,6 +55,7 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
 
   abstract_model = nnx.eval_shape(lambda: build_model(config, seed=seed))
   has_carry = registry.family(config.model.name).keeps_carry(config)
+  has_ema = optim.ema_decay(config) > 0
   abstract_model.train()
   train_graphdef, abs_params, abs_rest = split_model(abstract_model)
   abstract_model.eval()
@@ -72,6 +74,8 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
              "params": params, "opt_state": tx.init(params), "model_state": nnx.to_pure_dict(rest)}
     if has_carry:
       state["carry"] = model.init_carry(batch_size)
+    if has_ema:  # the average starts at the initial parameters
+      state["ema"] = jax.tree.map(jnp.copy, params)
     return state
 
   abstract = jax.eval_shape(init)
@@ -79,11 +83,18 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
            "opt_state": sharding.match_param_specs(abstract["opt_state"], params_pure, param_specs)}
   if has_carry:
     specs["carry"] = jax.tree.map(lambda x: sharding.batch_spec(rules, mesh, x.shape), abstract["carry"])
+  if has_ema:
+    specs["ema"] = param_specs
   shardings = sharding.named(mesh, specs)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params_pure))
   init_fn = jax.jit(init, out_shardings=shardings)  # traced (and constrained) on first call
   return StateSpec(train_graphdef, eval_graphdef, abstract, shardings, init_fn, has_carry, num_params)
+
+
+def eval_params(state: dict) -> dict:
+  """The parameters to evaluate and sample with: the EMA when the state keeps one, else "params"."""
+  return state["ema"] if "ema" in state else state["params"]
 
 
 def to_host(x) -> np.ndarray:

@@ -32,7 +32,7 @@ from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler
-from lra_core.state import make_state_spec, param_checksum
+from lra_core.state import eval_params, make_state_spec, param_checksum
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
@@ -267,8 +267,8 @@ SAMPLES = 16  # images in each train.sample_every grid
 
 
 def _write_samples(config, spec, state, writer: MetricWriter, step: int) -> None:
-  """A grid of images sampled from the current parameters into TensorBoard (and the tracker)."""
-  model = nnx.merge(spec.eval_graphdef, state["params"], state["model_state"])
+  """A grid of images sampled from the current parameters (their EMA, if kept) into TensorBoard."""
+  model = nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"])
   key = jax.random.fold_in(jax.random.key(config.train.seed), step)
   images = sample_lib.training_samples(config, model, key, SAMPLES)
   writer.write_images(step, "samples", sample_lib.grid(images))

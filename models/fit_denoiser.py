@@ -13,6 +13,8 @@ Latent self-conditioning (RIN): the latents of a previous call, through a residu
 LayerNorm whose scale starts at zero, are added to the initial latents. `num_groups` = 1 is RIN.
 The noise level conditions the model as in pix2seq: the signal level gamma in [0, 1], scaled by
 `time_scale`, as a sinusoid normalised over channels, then Dense-SiLU-Dense (ScalarEmbedding).
+For classifier-free guidance (`diffusion.cond_dropout` > 0) the label table has one more row,
+the null class `null_label` = num_classes, which training puts in place of dropped labels.
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ class Model(nnx.Module):
     self.data_positions = param(rngs, normal, (self.group_patches ** 2, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.num_groups * self.m, m.d_latent), (None, "embed"))
     self.time_embed = ScalarEmbedding(m.d_latent, scale=m.time_scale, dtype=self.dtype, rngs=rngs)
-    self.label_embed = (Embed(m.num_classes, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs)
+    self.null_label = diffusion.null_label(config)  # None, or the extra label row of the null class
+    rows = m.num_classes + (self.null_label is not None)
+    self.label_embed = (Embed(rows, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs)
                         if m.num_classes else None)
     self.latent_prev = LatentSelfCondition(m, dtype=self.dtype, rngs=rngs) if m.self_condition else None
     last = len(self.spec) - 1
@@ -197,7 +201,8 @@ class Model(nnx.Module):
     return (batch_size, self.num_groups * self.m, self.latents.shape[-1])
 
   def condition_tokens(self, gamma: Array, labels: Array | None) -> Array:
-    """[B, 1 or 2, d_latent]: the noise level token, then the label token if class-conditional."""
+    """[B, 1 or 2, d_latent]: the noise level token, then the label token if class-conditional
+    (labels int[B] in 0..num_classes-1, or `null_label` for the null class)."""
     tokens = [self.time_embed(gamma)[:, None]]
     if self.label_embed is not None:
       if labels is None:
@@ -261,5 +266,7 @@ FAMILY = Family(
         light=("model.layers=L(1)G(1)L(1)",),
         fuzz={"model.patch_size": ["2", "4", "3", "0"], "model.num_groups": ["1", "4", "3"],
               "model.latents_per_group": ["2", "4", "0"], "model.layers": ["L(1)G(1)L(1)", "L(1)G(1)", "L("],
-              "model.self_condition": ["true", "false"], "diffusion.pred_type": ["eps", "x0", "v", "bogus"]}),
+              "model.self_condition": ["true", "false"], "diffusion.pred_type": ["eps", "x0", "v", "bogus"],
+              "diffusion.sampler": ["ddim", "ddpm", "ddpm@small", "ddpm@tiny"],
+              "diffusion.cond_dropout": ["0.0", "0.1", "1.0"], "diffusion.guidance": ["0.0", "-1.0"]}),
 )

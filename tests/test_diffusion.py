@@ -13,6 +13,7 @@ from flax import nnx
 import lra_core
 from fixtures import imagenet64 as fx
 from lra_core import diffusion, registry
+from lra_core import sample as sample_lib
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.evaluate import evaluate
@@ -113,6 +114,32 @@ def test_ddpm_step_mean_is_the_gaussian_posterior_mean():
   np.testing.assert_allclose(step - jnp.sqrt(1 - alpha) * noise, posterior_mean, atol=1e-5)
 
 
+def test_ddpm_small_variance_is_the_posterior_variance():
+  k1, k2 = jax.random.split(jax.random.key(5))
+  x_t, eps = jax.random.normal(k1, (3, 4, 4, 3)), jax.random.normal(k2, (3, 4, 4, 3))
+  gamma, gamma_prev = jnp.array([0.2, 0.5, 0.7]), jnp.array([0.3, 0.6, 1.0])
+  key = jax.random.key(9)
+  mean = diffusion.ddpm_step(key, x_t, eps, gamma, gamma_prev, variance="large")
+  noise = jax.random.normal(key, x_t.shape)
+  alpha = (gamma / gamma_prev)[:, None, None, None]
+  mean = mean - jnp.sqrt(1 - alpha) * noise  # the large step minus its noise
+  small = diffusion.ddpm_step(key, x_t, eps, gamma, gamma_prev, variance="small")
+  # beta~ = (1 - gamma_prev) / (1 - gamma) * beta (Ho et al. 2020, eq. 7); 0 at the last step.
+  beta_tilde = (1 - gamma_prev)[:, None, None, None] / (1 - gamma)[:, None, None, None] * (1 - alpha)
+  np.testing.assert_allclose(small, mean + jnp.sqrt(beta_tilde) * noise, atol=1e-5)
+  np.testing.assert_allclose(small[2], mean[2], atol=1e-6)
+  assert float(jnp.abs(small[0] - mean[0]).max()) > 1e-2
+  with pytest.raises(ValueError, match="ddpm variance 'tiny'"):
+    diffusion.ddpm_step(key, x_t, eps, gamma, gamma_prev, variance="tiny")
+
+
+def test_normalized_input_has_unit_std_per_example():
+  x = jax.random.normal(jax.random.key(0), (3, 4, 4, 3)) * jnp.array([0.5, 1.0, 3.0])[:, None, None, None]
+  out = diffusion.normalize_input(x)
+  np.testing.assert_allclose(out.std(axis=(1, 2, 3)), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(out * x.std(axis=(1, 2, 3), keepdims=True), x, rtol=1e-5)
+
+
 # -- the denoiser -----------------------------------------------------------------------------------
 
 def test_grouping_keeps_neighbouring_pixels_together_and_inverts():
@@ -197,6 +224,12 @@ def test_noise_level_and_label_condition_the_output():
     (["diffusion.pred_type=score"], "diffusion.pred_type 'score'"),
     (["diffusion.schedule=cosine@1,0,1"], "noise schedule"),
     (["task=classify"], "not built for task 'classify'"),
+    (["diffusion.sampler=ddpm@tiny"], "diffusion.sampler 'ddpm@tiny' is not one of"),
+    (["diffusion.sample_steps=0"], "diffusion.sample_steps must be a positive integer, got 0"),
+    (["diffusion.guidance=-1.0"], "diffusion.guidance -1.0 is not a finite number >= 0"),
+    (["diffusion.cond_dropout=1.0"], r"diffusion.cond_dropout 1.0 is not in \[0, 1\)"),
+    (["diffusion.cond_dropout=0.0", "diffusion.guidance=1.0"], "trained with diffusion.cond_dropout > 0"),
+    (["model.num_classes=0", "diffusion.guidance=1.0"], "needs a class-conditional denoiser"),
 ])
 def test_bad_settings_are_config_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
@@ -247,6 +280,89 @@ def test_sampling_settings_come_from_the_config():
   other = _config("diffusion.sample_steps=3", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear",
                   "diffusion.x0_clip=False")
   assert float(jnp.abs(out - draw(other)).max()) > 1e-5
+
+
+def _draw(config, model, **options):
+  """uint8 images through lra_core.sample (the trainer's and the CLI's path), fixed key and labels."""
+  return sample_lib.training_samples(config, model, jax.random.key(0), 2, labels=np.array([3, 7]), **options)
+
+
+SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64", "model.layers=L(1)G(1)L(1)",
+         "diffusion.sampler=ddim", "diffusion.sample_steps=3", "diffusion.sample_schedule=linear")
+
+
+@pytest.mark.parametrize("override", ["diffusion.sampler=ddpm", "diffusion.sampler=ddpm@small",
+                                      "diffusion.sample_steps=4", "diffusion.sample_schedule=cosine",
+                                      "diffusion.x0_clip=False", "diffusion.guidance=2.0",
+                                      "diffusion.normalize_noisy_input=True"])
+def test_each_sampling_key_changes_the_samples(override):
+  """lra_core.sample reads every sampling key of config.diffusion (the model is the same one)."""
+  base = _config(*SMALL)
+  model = registry.build_model(base)
+  model.latent_prev.out_norm.scale[...] = jnp.ones_like(model.latent_prev.out_norm.scale[...])
+  # A zero stem bias before the LayerNorm would make a fresh model blind to the input's scale.
+  model.stem.bias[...] = jax.random.normal(jax.random.key(2), model.stem.bias.shape)
+  reference = _draw(base, model)
+  np.testing.assert_array_equal(reference, _draw(base, model))
+  changed = _draw(_config(*SMALL, override), model)
+  assert changed.shape == reference.shape and not np.array_equal(changed, reference)
+  if override == "diffusion.sampler=ddpm":  # --sampler / steps= / guidance= override the config
+    np.testing.assert_array_equal(changed, _draw(base, model, sampler="ddpm"))
+
+
+def test_guided_sampling_combines_conditional_and_null_class_predictions():
+  config = _config(*SMALL)
+  model = registry.build_model(config)
+  assert model.null_label == 1000 and model.label_embed.embedding.shape[0] == 1001
+  labels, key, shape = jnp.array([3, 7]), jax.random.key(4), (2, 8, 8, 3)
+  guided = nnx.jit(lambda m, k: diffusion.sample(m, k, shape, 1, schedule="cosine", pred_type="x0", sampler="ddim",
+                                                 labels=labels, x0_clip=False, guidance=2.0))(model, key)
+  # One step from t=1: the x0 estimate is the guided prediction at the initial noise.
+  x = jax.random.normal(jax.random.split(key)[0], shape)
+  gamma = diffusion.make_schedule("cosine")(jnp.ones(2))
+  cond, _ = _forward(model, x, gamma, labels)
+  uncond, _ = _forward(model, x, gamma, jnp.full((2,), 1000))
+  assert float(jnp.abs(cond - uncond).max()) > 1e-4
+  np.testing.assert_allclose(guided, 3.0 * cond - 2.0 * uncond, atol=1e-5)
+  plain = registry.build_model(_config(*SMALL, "diffusion.cond_dropout=0.0"))
+  assert plain.null_label is None and plain.label_embed.embedding.shape[0] == 1000
+  with pytest.raises(ValueError, match="null class"):
+    diffusion.sample(plain, key, shape, 1, labels=labels, guidance=2.0)
+
+
+def _prepared(config, n=64):
+  task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
+  images = _images(n, 8)
+  batch = {"inputs": jnp.asarray(images.reshape(n, -1), jnp.int32), "targets": jnp.arange(n, dtype=jnp.int32),
+           "weights": jnp.ones(n, jnp.float32)}
+  return task, jax.jit(task.prepare)(batch, jax.random.key(11))
+
+
+def test_conditioning_dropout_puts_the_null_class_in_training_only():
+  config = _config(*SMALL, "diffusion.cond_dropout=0.5", "model.self_condition=false")
+  task, batch = _prepared(config)
+  off_task, off = _prepared(_config(*SMALL, "diffusion.cond_dropout=0.0", "model.self_condition=false"))
+  assert "drop_label" not in off
+  for name in off:  # the other draws are those of a run without dropout
+    np.testing.assert_array_equal(batch[name], off[name])
+  dropped = np.asarray(batch["drop_label"])
+  assert 0.3 < dropped.mean() < 0.7
+  model = registry.build_model(config)
+  run = nnx.jit(lambda m, b, train: task.loss_and_metrics(m, b, normalizer=jnp.ones(()),
+                                                          rngs=nnx.Rngs(0) if train else None)[0],
+                static_argnums=2)
+  loss = lambda b, train: float(run(model, b, train))
+  manual = dict(batch, labels=jnp.where(batch["drop_label"], 1000, batch["labels"]))
+  assert loss(batch, True) == pytest.approx(loss(manual, False), rel=1e-6)  # training: the null class
+  assert abs(loss(batch, False) - loss(manual, False)) > 1e-6  # evaluation: the true labels
+
+
+def test_normalize_noisy_input_scales_what_the_denoiser_sees():
+  _, plain = _prepared(_config(*SMALL))
+  _, scaled = _prepared(_config(*SMALL, "diffusion.normalize_noisy_input=True"))
+  np.testing.assert_allclose(scaled["inputs"], diffusion.normalize_input(plain["inputs"]), rtol=1e-6)
+  np.testing.assert_array_equal(scaled["targets"], plain["targets"])
+  assert float(jnp.abs(scaled["inputs"] - plain["inputs"]).max()) > 1e-2
 
 
 # -- training ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from lra_core.data import imagenet64
 from lra_core.errors import ConfigError, DataError
 
 TINY = fx.SPEC
+DIFFUSION = "configs/imagenet64/fit_denoiser.py:tiny"
 FULL = ["data.image_size=64", "train.seq_len=12288"]
 
 
@@ -80,6 +81,24 @@ def test_tiny_downsamples_by_box_average(tmp_path):
   got = np.stack([src[k]["targets"] for k in range(len(src))])
   np.testing.assert_array_equal(got, small.reshape(len(small), -1))
   np.testing.assert_array_equal(imagenet64.to_image(got, 8), small)
+
+
+def test_flip_adds_mirror_images_to_the_train_split_only(tmp_path):
+  config = _config(tmp_path, "data.flip=True", spec=DIFFUSION)
+  train = lra_core.data.make_source(config, "train")
+  images, labels = _fixture_images()["train"]
+  small = _oracle_downsample(images, 8)
+  n = len(small)
+  assert len(train) == 2 * n
+  for k in (0, 5, n - 1):
+    assert train[k]["targets"] == labels[k] == train[n + k]["targets"]
+    np.testing.assert_array_equal(train[k]["inputs"], small[k].reshape(-1))
+    np.testing.assert_array_equal(train[n + k]["inputs"], small[k][:, ::-1].reshape(-1))  # columns reversed
+    np.testing.assert_array_equal(train[n + k]["inputs"], train[n + k]["inputs"])  # a function of the index
+  for split in ("validation", "test"):
+    assert len(lra_core.data.make_source(config, split)) == 8
+  plain = lra_core.data.make_source(_config(tmp_path, "data.flip=False", spec=DIFFUSION), "train")
+  assert len(plain) == n
 
 
 @pytest.mark.parametrize("shape,size,patch,channels", [

@@ -239,6 +239,9 @@ def test_param_paths_joins_str_and_int_keys():
     (dict(groups=({"name": "cb", "pattern": "c_sum", "optimizer": "sgd", "lr": 1.0,
                    "warmup_steps": 2.5},)), "2.5"),
     (dict(groups=({"name": "main", "pattern": "c_sum", "optimizer": "none"},)), "main"),
+    (dict(name="lamb", weight_decay=1e-2, weight_decay_schedule="constant"), "lamb"),
+    (dict(ema_decay=1.0), "ema_decay 1.0"),
+    (dict(ema_decay=-0.5), "ema_decay -0.5"),
 ])
 def test_bad_config_raises_one_sentence_config_error(overrides, bad):
   cfg = _config(steps=1000)
@@ -289,3 +292,45 @@ def test_adafactor_reduces_a_quadratic_loss():
       (params, state))
   assert np.all(np.isfinite(losses))
   assert float(loss_fn(final)) < 0.2 * float(losses[0])
+
+
+# ------------------------------------------------------------------------------------ lamb
+
+
+def _lamb_steps(tx, params, grads_seq):
+  """Parameters after applying `tx` to each gradient tree of `grads_seq` in turn (one jitted scan)."""
+  def step(carry, grads):
+    p, state = carry
+    updates, state = tx.update(grads, state, p)
+    return (optax.apply_updates(p, updates), state), None
+  return jax.jit(lambda p, g: jax.lax.scan(step, (p, tx.init(p)), g)[0][0])(params, grads_seq)
+
+
+def test_lamb_is_optax_lamb_on_matrices():
+  # Every tensor has ndim >= 2, so the decay and the trust ratio apply everywhere: optax.lamb exactly.
+  k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
+  params = {"a": jax.random.normal(k1, (4, 6)), "b": {"c": jax.random.normal(k2, (3, 5)) * 3.0}}
+  grads = jax.tree.map(lambda p: jax.random.normal(k3, (4,) + p.shape), params)  # 4 steps
+  cfg = _config(name="lamb", lr=2e-3, schedule="constant", b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2)
+  ours = _lamb_steps(optim.make_optimizer(cfg)[0], params, grads)
+  reference = _lamb_steps(optax.lamb(2e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2), params, grads)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), ours, reference)
+  adam = _lamb_steps(optim.make_optimizer(_config(name="adamw", lr=2e-3, schedule="constant", b2=0.999,
+                                                  eps=1e-8, weight_decay=1e-2))[0], params, grads)
+  assert float(jnp.abs(ours["b"]["c"] - adam["b"]["c"]).max()) > 1e-3  # the trust ratio matters
+
+
+def test_lamb_leaves_biases_and_norm_scales_without_decay_or_trust_ratio():
+  params = _mixed_params()
+  grads = jax.tree.map(lambda p: jnp.full((1,) + jnp.shape(p), 0.5), params)
+  common = dict(lr=0.1, schedule="constant", b2=0.999, eps=1e-8, weight_decay=0.25)
+  lamb = _lamb_steps(optim.make_optimizer(_config(name="lamb", **common))[0], params, grads)
+  adam = _lamb_steps(optim.make_optimizer(_config(name="adamw", **dict(common, weight_decay=0.0)))[0],
+                     params, grads)
+  for path in (("dense", "bias"), ("norm", "scale")):  # plain Adam: p - lr * sign(g) at step 1
+    np.testing.assert_allclose(lamb[path[0]][path[1]], adam[path[0]][path[1]], rtol=1e-6)
+    np.testing.assert_allclose(lamb[path[0]][path[1]], 2.0 - 0.1, rtol=1e-5)
+  np.testing.assert_allclose(lamb["pos_scale"], adam["pos_scale"], rtol=1e-6)
+  # The kernel: u = adam direction (1) + wd * p (0.5) = 1.5 everywhere, times ||p|| / ||u|| = 2 / 1.5:
+  # a step of lr * 2 (without the trust ratio it would be lr * 1.5).
+  np.testing.assert_allclose(lamb["dense"]["kernel"], 2.0 - 0.1 * 2.0, rtol=1e-5)

@@ -102,7 +102,7 @@ def test_text_sampling_refuses_image_flags(listops_run):
   with pytest.raises(ConfigError, match=r"^--sampler, --steps and --label apply to diffusion models; this "
                                         r"config's task is 'classify'\.$"):
     sample.main([f"--workdir={workdir}", "--sampler=ddim"])
-  with pytest.raises(ConfigError, match=r"^--guidance needs a denoiser trained for classifier-free guidance"):
+  with pytest.raises(ConfigError, match=r"^guidance applies to diffusion models trained with diffusion\.cond_dropout"):
     sample.main([f"--workdir={workdir}", "--guidance", "2"])
 
 
@@ -178,9 +178,11 @@ def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
   np.testing.assert_array_equal(np.asarray(Image.open(out)), sample.grid(ddim, scale=2))
   with pytest.raises(ConfigError, match=r"^--label 1000 is not a class of this model \(model\.num_classes=1000\)\.$"):
     sample.main([f"--workdir={workdir}", "--label=1000"])
-  with pytest.raises(ConfigError, match=r"^--guidance needs a denoiser trained for classifier-free guidance, which "
-                                        r"model fit_denoiser .* is not; leave --guidance out\.$"):
-    sample.main([f"--workdir={workdir}", "--guidance=3"])
+  guided = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels, guidance=3.0)
+  assert not np.array_equal(guided, ddim)  # the tiny config trains with a null class (diffusion.cond_dropout)
+  with pytest.raises(ConfigError, match=r"^guidance 3 needs a class-conditional denoiser trained with "
+                                        r"diffusion\.cond_dropout > 0 \(the null class\); this fit_denoiser has none\.$"):
+    sample.main([f"--workdir={workdir}", "--guidance=3", "--config.diffusion.cond_dropout=0.0"])
 
 
 @pytest.mark.slow

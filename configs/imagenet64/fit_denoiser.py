@@ -14,14 +14,18 @@ pix2seq's RIN ImageNet64 sweep (configs/config_diffusion_imagenet64.py, arch 'ta
 config_diffusion_base.py): 8x8 patches, 128 latents of 768-d with 16 heads, data tokens 512-d
 with 16 read/write heads, MLP ratio 4, four read / 4 latent layers / write blocks, class
 conditioning, eps prediction, gamma(t) = 1 - t ('simple_linear') for training, latent
-self-conditioning by masking with rate 0.9, batch 1024, 150k steps, 10k warmup, weight decay
-1e-2, b2 0.999, global-norm clip 1.0, cosine@0.7 (the decay curve spans (steps - warmup) / 0.7,
-so decay_steps = 210k), and for sampling DDPM with a cosine schedule and 100 steps. RIN's write
-unit (cross-attention + MLP on the data) is FIT's x2l followed by the next block's MLP-only local
+self-conditioning by masking with rate 0.9, batch 1024, 150k steps, LAMB at lr 2e-3 with 10k
+warmup steps, weight decay 1e-2 (not on biases and norm scales), b2 0.999, eps 1e-8,
+cosine@0.7 (the decay curve spans (steps - warmup) / 0.7, so decay_steps = 210k), an EMA of the
+weights with decay 0.9999 for evaluation and sampling, left-right flips of the training images,
+and for sampling DDPM ('large' variance) with a cosine schedule and 100 steps. pix2seq hands
+its global-norm clip to AdamW only, so its LAMB runs unclipped: clip_norm 0. RIN's write unit
+(cross-attention + MLP on the data) is FIT's x2l followed by the next block's MLP-only local
 layer, hence layers L(0)G(4)L(1)G(4)L(1)G(4)L(1)G(4)L(1). Differences: time and label enter as
 condition tokens the latents read (FITDenoiser's l2c), not as extra latents as in RIN's tape;
-pix2seq trains with LAMB at lr 2e-3, which lra_core.optim lacks: AdamW at lr 1e-3 (ours, untuned)
-with the same schedule; no EMA of the weights (pix2seq samples with EMA 0.9999).
+the labels are dropped to a null class for 10% of the training examples (diffusion.cond_dropout
+0.1, the usual classifier-free guidance rate; pix2seq's public ImageNet64 config leaves it and
+the guidance at 0), so samples can be guided (diffusion.guidance, 0 by default as in pix2seq).
 
 Args (comma-separated):
   (none)  FIT: 4 groups (2x2 sub-images of 4x4 patches), 32 latents per group (128 in all).
@@ -37,11 +41,11 @@ from lra_core.models import fit_denoiser
 
 
 def rin_optim():
-  """pix2seq's RIN ImageNet64 schedule and regularisation, with AdamW in place of LAMB."""
+  """pix2seq's RIN ImageNet64 optimizer: LAMB, its schedule and regularisation, EMA 0.9999."""
   c = optim.default_config()
-  c.update(dict(name="adamw", lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, schedule="cosine",
+  c.update(dict(name="lamb", lr=2e-3, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.0, schedule="cosine",
                 warmup_steps=10_000, decay_steps=210_000, min_lr_ratio=0.0, weight_decay=1e-2,
-                weight_decay_schedule="lr"))
+                weight_decay_schedule="lr", ema_decay=0.9999))
   return c
 
 
@@ -51,10 +55,10 @@ def get_config(arg=None):
       image_size=imagenet64.SIZE, image_channels=imagenet64.CHANNELS, patch_size=8, num_groups=4,
       latents_per_group=32, layers="L(0)G(4)L(1)G(4)L(1)G(4)L(1)G(4)L(1)", d_model=512, num_heads=16,
       d_ff=2048, d_latent=768, latent_heads=16, latent_d_ff=3072, num_classes=imagenet64.NUM_CLASSES)
-  config = base_config(task="diffusion", model=model, data=imagenet64.data_config(), optim=rin_optim())
+  config = base_config(task="diffusion", model=model, data=imagenet64.data_config(flip=True), optim=rin_optim())
   config.diffusion = diffusion.default_config()
   config.diffusion.update(dict(schedule="linear", pred_type="eps", self_cond_rate=0.9, sampler="ddpm",
-                               sample_steps=100, sample_schedule="cosine"))
+                               sample_steps=100, sample_schedule="cosine", cond_dropout=0.1, guidance=0.0))
   config.train.update(dict(steps=150_000, batch_size=1024, seq_len=imagenet64.num_tokens(imagenet64.SIZE),
                            eval_every=5000, eval_batches=10, checkpoint_every=10_000))
   if "rin" in parts:

@@ -19,6 +19,11 @@ An image becomes T = 3*S*S tokens, the intensities 0..255, flattened HWC: pixels
 order, R,G,B per pixel (the layout Transformer-VQ trains on). `data.image_size` S < 64 (a
 divisor of 64) box-averages the image first (mean of each (64/S)x(64/S) block, rounded half
 up): S=8 gives 192 tokens, for tiny configs and quick runs; it is not a published setting.
+`data.flip=True` adds left-right mirror images to the train split (validation and test stay
+as they are): train example i < N is image i, example N + i is image i flipped, so the split
+doubles, every epoch of the shuffled stream holds each image once as it is and once mirrored,
+and which flip an example gets is a function of its index (a resumed run reads the same
+batches). pix2seq flips ImageNet training images at random with probability 1/2.
 `data.order="patches"` regroups the tokens into p x p patches (p = `data.patch_size`), patches
 in raster order, pixels within a patch in raster order, R,G,B per pixel, so each group of
 p*p*3 contiguous tokens is one patch (FIT's ImageNet64 AR layout: 8x8 patches, 192 tokens per
@@ -46,7 +51,7 @@ from etils import epath
 
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data import tfds_source
-from lra_core.data.images import downsample, planar_to_hwc
+from lra_core.data.images import downsample, flip_left_right, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
 SIZE = 64                 # height and width of the release's images
@@ -75,6 +80,7 @@ _DEFAULTS = dict(
     order="raster",       # raster | patches (p x p patch groups of p*p*3 tokens)
     patch_size=8,         # p, for order "patches"
     cache_dir="",         # decoded npz arrays; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+    flip=False,           # train split: add the left-right mirror of every image (2N examples)
 )
 
 # Layouts already logged, so opening the three splits logs once.
@@ -289,22 +295,26 @@ class TfdsImages:
 
 
 class PixelSequences:
-  """Images (from `NpzImages` or `TfdsImages`) as fixed-length token examples for `task`."""
+  """Images (from `NpzImages` or `TfdsImages`) as fixed-length token examples for `task`; with
+  `flip`, examples N..2N-1 are the left-right mirrors of images 0..N-1."""
 
-  def __init__(self, images, *, task: str, image_size: int, order: str, patch_size: int):
-    self.images, self.task = images, task
+  def __init__(self, images, *, task: str, image_size: int, order: str, patch_size: int, flip: bool = False):
+    self.images, self.task, self.flip = images, task, flip
     self.image_size, self.order, self.patch_size = image_size, order, patch_size
     self.seq_len = num_tokens(image_size)
     self.info = (DataInfo(vocab_size=START + 1, unit="dim") if task == "image_ar"
                  else DataInfo(vocab_size=256, num_classes=NUM_CLASSES))
 
   def __len__(self) -> int:
-    return len(self.images)
+    return len(self.images) * (2 if self.flip else 1)
 
   def tokens(self, index: int) -> tuple[np.ndarray, int]:
-    """(int32[T] pixel tokens in the configured order, 0-based label) of image `index`."""
-    image, label = self.images[check_index(index, len(self), "images")]
+    """(int32[T] pixel tokens in the configured order, 0-based label) of example `index`."""
+    mirrored, index = divmod(check_index(index, len(self), "images"), len(self.images))
+    image, label = self.images[index]
     image = downsample(image, self.image_size)
+    if mirrored:
+      image = flip_left_right(image)
     return to_tokens(image, self.order, self.patch_size).astype(np.int32), label
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
@@ -360,14 +370,16 @@ def make_source(config, split: str) -> PixelSequences:
   else:
     images = TfdsImages(TFDS_SPLITS[split], d.dir)
     where = f"tfds {TFDS_NAME} {TFDS_SPLITS[split]}"
-  key = (d.source, d.dir, split)
+  flip = bool(d.get("flip", False)) and split == "train"
+  key = (d.source, d.dir, split, flip)
   if key not in _LOGGED:
     _LOGGED.add(key)
     note = " (the validation images: ImageNet64 has no public test labels)" if split == "test" else ""
+    note += " and their left-right mirrors (data.flip)" if flip else ""
     logging.info("imagenet64 %s: %d images from %s%s; %d tokens each (%dx%d, %s order)", split,
                  len(images), where, note, num_tokens(d.image_size), d.image_size, d.image_size, d.order)
   return PixelSequences(images, task=config.get("task", "image_ar"), image_size=d.image_size,
-                        order=d.order, patch_size=d.patch_size)
+                        order=d.order, patch_size=d.patch_size, flip=flip)
 
 
 codec = None  # images: no text encoding to sample with

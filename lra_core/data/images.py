@@ -24,3 +24,8 @@ def downsample(images: np.ndarray, image_size: int) -> np.ndarray:
   total = blocks.sum(axis=-4, dtype=np.uint32).sum(axis=-2)  # one axis at a time: 4x faster
   area = fh * fw
   return ((total + area // 2) // area).astype(np.uint8)  # integer rounding: exact and portable
+
+
+def flip_left_right(images: np.ndarray) -> np.ndarray:
+  """[..., H, W, C] -> the mirror images (columns in reverse order)."""
+  return np.asarray(images)[..., ::-1, :]

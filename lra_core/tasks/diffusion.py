@@ -7,6 +7,12 @@ and makes x_t, gamma(t) and the regression target (`config.diffusion.pred_type`)
 self-conditioning (RIN / pix2seq with self_cond_by_masking): a first pass without gradient gives
 latents, which the second pass sees for a `self_cond_rate` share of the examples (zeros for the
 rest), so the model learns both to start from nothing and to refine its previous estimate.
+
+Classifier-free guidance (`diffusion.cond_dropout` p > 0): in training (the train step passes
+`rngs`; evaluation passes none) a share p of the examples, drawn in `prepare`, get the null
+class (`model.null_label`) in place of their label, so the model also learns the unconditional
+prediction; evaluation measures the conditional loss. `diffusion.normalize_noisy_input`: the
+model sees x_t divided by its per-example standard deviation (`diffusion.normalize_input`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ class DiffusionTask(Task):
     self.self_cond_rate = d.self_cond_rate
     self.self_condition = bool(m.get("self_condition", False)) and d.self_cond_rate > 0
     self.conditional = m.get("num_classes", 0) > 0
+    self.cond_dropout = float(d.get("cond_dropout", 0.0))
+    self.null_label = diffusion.null_label(config)
+    self.normalize = bool(d.get("normalize_noisy_input", False))
     self.image_shape = (m.image_size, m.image_size, m.image_channels)
 
   def prepare(self, batch, key):
@@ -41,16 +50,21 @@ class DiffusionTask(Task):
     t = jax.random.uniform(k_t, (b,), jnp.float32)
     gamma = self.gamma(t)
     eps = jax.random.normal(k_eps, x0.shape, jnp.float32)
-    out = {"inputs": diffusion.q_sample(x0, gamma, eps), "gamma": gamma,
+    x_t = diffusion.q_sample(x0, gamma, eps)
+    out = {"inputs": diffusion.normalize_input(x_t) if self.normalize else x_t, "gamma": gamma,
            "targets": diffusion.prediction_target(self.pred_type, x0, eps, gamma),
            "weights": batch["weights"].astype(jnp.float32).reshape(b),
            "self_cond": (jax.random.uniform(k_sc, (b,)) < self.self_cond_rate).astype(jnp.float32)}
     if self.conditional:
       out["labels"] = batch["targets"].astype(jnp.int32).reshape(b)
+    if self.null_label is not None:  # its own key: the draws above stay those of a run without it
+      out["drop_label"] = jax.random.uniform(jax.random.fold_in(key, 1), (b,)) < self.cond_dropout
     return out
 
   def loss_and_metrics(self, model, batch, *, normalizer, rngs, carry=None):
     x_t, gamma, labels = batch["inputs"], batch["gamma"], batch.get("labels")
+    if rngs is not None and "drop_label" in batch:  # training: the dropped labels become the null class
+      labels = jnp.where(batch["drop_label"], self.null_label, labels)
     latents_prev = None
     if self.self_condition:
       _, latents = model(x_t, gamma, labels=labels, rngs=rngs)

@@ -1,0 +1,90 @@
+"""The EMA of the weights (optim.ema_decay): kept in the train state, updated after every step
+without changing training, checkpointed and resumed exactly, and used (beside the raw weights)
+for evaluation and sampling."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra_core
+from fixtures import imagenet64 as fx
+from lra_core import optim, sample, sharding
+from lra_core.checkpoint import Checkpointer
+from lra_core.data import DataInfo
+from lra_core.evaluate import evaluate
+from lra_core.state import make_state_spec
+from lra_core.steps import make_train_step
+from lra_core.tasks import make_task
+from lra_core.train import train_and_evaluate
+
+SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
+SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
+         "model.layers=L(1)G(1)L(1)")
+
+
+def _steps(decay: float, n: int = 3):
+  """(states after each of n train steps, config) of the tiny denoiser on a fixed batch."""
+  config = lra_core.load_config(SPEC, [*SMALL, f"optim.ema_decay={decay}"])
+  mesh = sharding.make_mesh(config.mesh)
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
+  rng = np.random.default_rng(0)
+  batch = {"inputs": jnp.asarray(rng.integers(0, 256, (8, 192)), jnp.int32),
+           "targets": jnp.arange(8, dtype=jnp.int32), "weights": jnp.ones(8, jnp.float32)}
+  step = jax.jit(make_train_step(config, spec, task, tx, schedule))
+  states = [spec.init()]
+  for _ in range(n):
+    states.append(step(states[-1], batch)[0])
+  return states, config
+
+
+def test_ema_follows_its_recurrence_and_leaves_training_unchanged():
+  with_ema, _ = _steps(0.5)
+  without, _ = _steps(0.0)
+  assert "ema" not in without[0] and "ema" in with_ema[0]
+  jax.tree.map(np.testing.assert_array_equal, with_ema[0]["ema"], with_ema[0]["params"])  # starts at init
+  for a, b in zip(with_ema, without):  # the raw weights train exactly as without an EMA
+    jax.tree.map(np.testing.assert_array_equal, a["params"], b["params"])
+  for prev, cur in zip(with_ema, with_ema[1:]):
+    expected = jax.tree.map(lambda e, p: 0.5 * e + 0.5 * p, prev["ema"], cur["params"])
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur["ema"], expected)
+  moved = jax.tree.leaves(jax.tree.map(lambda e, p: float(jnp.abs(e - p).max()), with_ema[-1]["ema"],
+                                       with_ema[-1]["params"]))
+  assert max(moved) > 1e-5  # the average lags the weights
+
+
+@pytest.mark.slow
+def test_ema_is_checkpointed_resumed_exactly_and_used_to_evaluate_and_sample(tmp_path):
+  data = fx.build(tmp_path)
+  config = lra_core.load_config(SPEC, [*data, *SMALL, "optim.ema_decay=0.5"])
+  whole = train_and_evaluate(config, tmp_path / "whole")
+  # Both weights are evaluated, and they differ.
+  assert np.isfinite(whole["val_loss"]) and np.isfinite(whole["val_loss_raw"])
+  assert whole["val_loss"] != whole["val_loss_raw"] and whole["test_loss"] != whole["test_loss_raw"]
+  logged = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+  assert any("val_loss_raw" in r for r in logged)
+
+  # Interrupted at step 2 and resumed: the same EMA and the same metrics as the run in one go.
+  assert train_and_evaluate(config, tmp_path / "split", stop_at_step=2) == {"stopped_at": 2}
+  split = train_and_evaluate(config, tmp_path / "split")
+  for key in ("val_loss", "val_loss_raw", "test_loss", "test_loss_raw", "param_checksum"):
+    assert split[key] == whole[key], key
+
+  # The checkpoint holds the EMA; evaluate and sample restore it and use it.
+  ckpt = Checkpointer(tmp_path / "whole")
+  saved, _ = ckpt.restore(ckpt.latest_step(), None)
+  ckpt.close()
+  again = evaluate(config, tmp_path / "whole", "test")
+  assert again["loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+  assert again["loss_raw"] == pytest.approx(whole["test_loss_raw"], rel=1e-6)
+  model, _ = sample.load_model(config, tmp_path / "whole")
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  mine, theirs = jax.tree.leaves(nnx.to_pure_dict(params)), jax.tree.leaves(saved["ema"])  # (int vs str keys)
+  assert len(mine) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(mine, theirs))
+  raw = jax.tree.leaves(saved["params"])
+  assert not all(np.array_equal(a, b) for a, b in zip(mine, raw))
