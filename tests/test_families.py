@@ -7,6 +7,7 @@ the full forward pass. A new family is covered by adding its record; nothing her
 """
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -91,3 +92,18 @@ def test_records_reject_inconsistent_capabilities():
     with pytest.raises(ValueError, match=message):
       protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke,
                       capabilities=protocol.Capabilities(**{capability: True}))
+
+
+@pytest.mark.parametrize("family", quick_tier([f for f in FAMILIES if f.capabilities.decode]))
+def test_every_language_model_keeps_packed_documents_apart(family):
+  """Each family's causal model takes segment_ids and no document of a packed row reads another
+  (the isolation oracle, which holds at any boundary; each family's own tests run the exact oracle
+  at the boundaries where it holds)."""
+  config = lra_core.load_config(family.smoke.causal)
+  model = registry.build_model(config, seed=1)
+  model.eval()
+  length = min(config.train.seq_len, 32)
+  jitted = nnx.jit(lambda m, x, s: apply_model(m, x, segment_ids=s)[0] if s is not None else apply_model(m, x)[0])
+  vocab = config.model.vocab_size
+  doc_a, doc_b = np.arange(1, length // 2 + 2) % vocab, (np.arange(length // 2 - 3) * 3 + 2) % vocab
+  oracles.assert_documents_isolated(lambda rows, segs: jitted(model, rows, segs), doc_a, doc_b, length, vocab=vocab)
