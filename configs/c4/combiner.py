@@ -18,7 +18,6 @@ Args (comma-separated):
 from lra_core.config import config_arg
 from lra_core.configs.c4.flash import tiny
 from lra_core.configs.c4.transformer import EMBED_VOCAB, flash_setting
-from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.models import combiner
 
 
@@ -28,7 +27,5 @@ def get_config(arg=None):
   model = combiner.model_config(vocab_size=EMBED_VOCAB, norm="scale" if mlm else "layer")
   config = flash_setting(model, mlm=mlm)
   if "tiny" in parts:
-    config.data.tokenizer = "bytes"
-    tiny(config)
-    config.model.vocab_size = ByteTokenizer.vocab_size + mlm
+    tiny(config, mlm=mlm)
   return config

@@ -44,17 +44,18 @@ def make(arg, default: str):
                              norm="scale" if mlm else "layer", chunk=chunk)
   config = flash_setting(model, mlm=mlm)
   if "tiny" in parts:
-    config.data.tokenizer = "bytes"
-    tiny(config)
-    config.model.vocab_size = ByteTokenizer.vocab_size + mlm
+    tiny(config, mlm=mlm)
   return config
 
 
-def tiny(config) -> None:
-  """The `tiny` size of every FLASH variant: several chunks per sequence, seconds on a CPU."""
+def tiny(config, *, mlm: bool) -> None:
+  """The `tiny` size of every FLASH variant (and Combiner): bytes, several chunks per sequence,
+  seconds on a CPU; masked LM adds the mask id to the byte vocabulary."""
+  config.data.tokenizer = "bytes"
   config.model.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, qk_dim=16, chunk=16,
                            classifier_hidden=32))
   tiny_train(config, seq_len=64)
+  config.model.vocab_size = ByteTokenizer.vocab_size + mlm
 
 
 def get_config(arg=None):

@@ -24,7 +24,6 @@ from lra_core.configs.c4.flash import tiny
 from lra_core.configs.pg19.transformer import SPM_MODEL, SPM_VOCAB
 from lra_core.configs.presets import flash as flash_presets
 from lra_core.data import pg19
-from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import flash
 
@@ -46,7 +45,5 @@ def get_config(arg=None):
   config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192, eval_every=5000,
                            eval_batches=50, checkpoint_every=5000))
   if "tiny" in parts:
-    config.data.tokenizer = "bytes"
-    config.model.vocab_size = ByteTokenizer.vocab_size
-    tiny(config)
+    tiny(config, mlm=False)
   return config
