@@ -92,6 +92,7 @@ def test_isolation_oracle_holds_for_the_transformer():
                                     np.arange(2, 13), 20, vocab=23)
 
 
+@pytest.mark.slow  # two short training runs
 def test_c4_mlm_run_masks_documents_and_says_so(tmp_path, caplog):
   """Packed C4 masked-LM rows reach the model with their segment ids: the log says the mask is on,
   and the run differs from one with the mask off (same data, seed and steps)."""

@@ -43,6 +43,7 @@ def _steps(decay: float, n: int = 3):
   return states, config
 
 
+@pytest.mark.slow  # trains; the full suite runs it
 def test_ema_follows_its_recurrence_and_leaves_training_unchanged():
   with_ema, _ = _steps(0.5)
   without, _ = _steps(0.0)

@@ -12,6 +12,7 @@ import fixtures.c4_mlm
 import fixtures.pg19
 import lra_core
 import oracles
+import tiers
 from lra_core import kernels, registry
 from lra_core.errors import ConfigError
 from lra_core.kernels import flash as fk
@@ -224,9 +225,13 @@ def documents_apply(model):
   return lambda rows, segs: model(rows, segment_ids=segs)
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
-@pytest.mark.parametrize("task", ["lm", "mlm"])
-@pytest.mark.parametrize("variant", ["flash_quad", "flash"])
+FLASH_DOCUMENT_CASES = [(v, t, i) for v in ("flash_quad", "flash") for t in ("lm", "mlm") for i in ("xla", "pallas")]
+
+
+@pytest.mark.parametrize("variant,task,impl", tiers.quick(
+    FLASH_DOCUMENT_CASES, keep=[FLASH_DOCUMENT_CASES.index(c) for c in (("flash", "lm", "pallas"), ("flash", "mlm", "xla"),
+                                                                        ("flash_quad", "lm", "xla"))],
+    ids=lambda c: "-".join(c)))
 def test_packed_documents_are_independent(variant, task, impl):
   model = make_model(make_config(task=task, variant=variant, num_layers=1, impl=impl))
   apply = documents_apply(model)
@@ -236,8 +241,11 @@ def test_packed_documents_are_independent(variant, task, impl):
   oracles.assert_documents_isolated(apply, DOC_A_UNALIGNED, DOC_B_UNALIGNED, 16, vocab=23)
 
 
-@pytest.mark.parametrize("task", ["lm", "mlm"])
-@pytest.mark.parametrize("variant", ["flash_local", "flash_global", "mc_transformer++", "performer"])
+OTHER_DOCUMENT_CASES = [(v, t) for v in ("flash_local", "flash_global", "mc_transformer++", "performer")
+                        for t in ("lm", "mlm")]
+
+
+@pytest.mark.parametrize("variant,task", tiers.quick(OTHER_DOCUMENT_CASES, keep=[3, 6], ids=lambda c: "-".join(c)))
 def test_packed_documents_in_the_other_variants(variant, task):
   model = make_model(make_config(task=task, variant=variant, num_layers=1, chunk=4))
   oracles.assert_documents_independent(documents_apply(model), DOC_A, DOC_B, 16)

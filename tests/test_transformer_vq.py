@@ -12,6 +12,7 @@ import fixtures.enwik8
 import fixtures.imagenet64
 import fixtures.pg19
 import oracles
+import tiers
 import lra_core
 from lra_core import decoding, kernels, registry
 from lra_core.errors import ConfigError
@@ -280,7 +281,7 @@ DOC_VARIANTS = [dict(impl="xla"), dict(impl="pallas"), dict(input_scan=True, abs
                 dict(reduction="assoc", head_type="mqa", num_heads=2), dict(attention="full")]
 
 
-@pytest.mark.parametrize("variant", DOC_VARIANTS, ids=ids)
+@pytest.mark.parametrize("variant", tiers.quick(DOC_VARIANTS, keep=[0, 1], ids=ids))
 @pytest.mark.parametrize("la,lb", [(10, 18), (12, 16)], ids=["mid_block", "block_boundary"])
 def test_packed_documents_give_each_document_its_own_outputs(variant, la, lb):
   _, model = make_model(block_len=4, **variant)
