@@ -10,6 +10,7 @@ from flax import nnx
 
 import lra_core
 import oracles
+import tiers
 from lra_core import registry
 from lra_core.errors import ConfigError
 from lra_core.models import combiner
@@ -76,7 +77,7 @@ def tokens(b=2, t=16):
   return jax.random.randint(jax.random.key(1), (b, t), 0, 23)
 
 
-@pytest.mark.parametrize("chunk", [4, 5])
+@pytest.mark.parametrize("chunk", tiers.quick([4, 5], keep=[0], ids=["4", "5"]))
 def test_decoder_is_causal_and_decode_matches_forward(chunk):
   model = make_model(make_config(chunk=chunk))
   x = tokens()
@@ -93,7 +94,7 @@ def test_bidirectional_padding_does_not_change_real_tokens():
   np.testing.assert_allclose(model.encode(padded, mask=mask)[0][:, :10], model.encode(x[:, :10])[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("task", tiers.quick(["lm", "mlm"], keep=[1], ids=["lm", "mlm"]))
 def test_packed_documents(task):
   """Exact with the second document on a row boundary (8 = 2 rows of 4); isolated otherwise."""
   model = make_model(make_config(task=task))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import tiers
 from flax import nnx
 
 import lra_core
@@ -291,10 +292,12 @@ SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent
          "diffusion.sampler=ddim", "diffusion.sample_steps=3", "diffusion.sample_schedule=linear")
 
 
-@pytest.mark.parametrize("override", ["diffusion.sampler=ddpm", "diffusion.sampler=ddpm@small",
-                                      "diffusion.sample_steps=4", "diffusion.sample_schedule=cosine",
-                                      "diffusion.x0_clip=False", "diffusion.guidance=2.0",
-                                      "diffusion.normalize_noisy_input=True"])
+SAMPLING_KEYS = ["diffusion.sampler=ddpm", "diffusion.sampler=ddpm@small", "diffusion.sample_steps=4",
+                 "diffusion.sample_schedule=cosine", "diffusion.x0_clip=False", "diffusion.guidance=2.0",
+                 "diffusion.normalize_noisy_input=True"]
+
+
+@pytest.mark.parametrize("override", tiers.quick(SAMPLING_KEYS, keep=[1, 5], ids=SAMPLING_KEYS))
 def test_each_sampling_key_changes_the_samples(override):
   """lra_core.sample reads every sampling key of config.diffusion (the model is the same one)."""
   base = _config(*SMALL)

@@ -211,7 +211,7 @@ def test_latent_documents_and_their_first_groups():
   np.testing.assert_array_equal(fit.document_groups(positions, first_at), [[0, 1, 1]])
 
 
-@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[0, 2], ids=lambda c: f"{c[0]}-{c[1]}"))
+@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[1], ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_documents_starting_on_group_boundaries_are_independent(task, overlap):
   """The second document starts on a group boundary (8 = 2 groups of 4) and ends inside one: each
   document gets exactly its outputs alone (the latent table's rows and the group-0 zero latents
@@ -221,7 +221,7 @@ def test_documents_starting_on_group_boundaries_are_independent(task, overlap):
                                        (np.arange(7) * 5 + 1) % VOCAB, 16)
 
 
-@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[0], ids=lambda c: f"{c[0]}-{c[1]}"))
+@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[2], ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_documents_inside_groups_are_isolated(task, overlap):
   """Boundaries inside groups (and a document shorter than a group): neither document reads the
   other, and the first one, which starts on a group boundary, still gets its outputs alone."""

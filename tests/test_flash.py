@@ -229,8 +229,7 @@ FLASH_DOCUMENT_CASES = [(v, t, i) for v in ("flash_quad", "flash") for t in ("lm
 
 
 @pytest.mark.parametrize("variant,task,impl", tiers.quick(
-    FLASH_DOCUMENT_CASES, keep=[FLASH_DOCUMENT_CASES.index(c) for c in (("flash", "lm", "pallas"), ("flash", "mlm", "xla"),
-                                                                        ("flash_quad", "lm", "xla"))],
+    FLASH_DOCUMENT_CASES, keep=[FLASH_DOCUMENT_CASES.index(c) for c in (("flash", "lm", "pallas"), ("flash_quad", "mlm", "xla"))],
     ids=lambda c: "-".join(c)))
 def test_packed_documents_are_independent(variant, task, impl):
   model = make_model(make_config(task=task, variant=variant, num_layers=1, impl=impl))
@@ -245,7 +244,7 @@ OTHER_DOCUMENT_CASES = [(v, t) for v in ("flash_local", "flash_global", "mc_tran
                         for t in ("lm", "mlm")]
 
 
-@pytest.mark.parametrize("variant,task", tiers.quick(OTHER_DOCUMENT_CASES, keep=[3, 6], ids=lambda c: "-".join(c)))
+@pytest.mark.parametrize("variant,task", tiers.quick(OTHER_DOCUMENT_CASES, keep=[3], ids=lambda c: "-".join(c)))
 def test_packed_documents_in_the_other_variants(variant, task):
   model = make_model(make_config(task=task, variant=variant, num_layers=1, chunk=4))
   oracles.assert_documents_independent(documents_apply(model), DOC_A, DOC_B, 16)

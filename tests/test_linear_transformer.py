@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import oracles
+import tiers
 from lra_core.models import linear_transformer
 from lra_core.models.linear_transformer import linear_attention
 
@@ -32,7 +33,7 @@ def test_linear_attention_equals_its_quadratic_form(causal):
   np.testing.assert_allclose(out, quadratic(q, k, v, causal, mask), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal", tiers.quick([True, False], keep=[1], ids=["causal", "bidirectional"]))
 def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
   q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
   seg = np.array([[1] * 4 + [2] * 5 + [0] * 2, [1] * 11])
@@ -43,7 +44,7 @@ def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
     np.testing.assert_allclose(out[row:row + 1, lo:hi], alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("task", tiers.quick(["lm", "mlm"], keep=[1], ids=["lm", "mlm"]))
 def test_packed_documents_are_independent(task):
   c = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=20)))
   c.model = linear_transformer.transformer.model_config("transformer", vocab_size=23, d_model=16, num_layers=2,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 
 import fixtures.enwik8
 import lra_core
@@ -116,7 +117,7 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
 SEGMENTS = jnp.array([[1] * 3 + [2] * 2 + [3] * 5 + [4] * 11 + [0] * 3, [1] * 8 + [2] * 8 + [3] * 5 + [0] * 3])
 
 
-@pytest.mark.parametrize("driver", ["grid", "loop"])
+@pytest.mark.parametrize("driver", tiers.quick(["grid", "loop"], keep=[0], ids=["grid", "loop"]))
 def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_form(driver):
   """With segment ids: one window against the quadratic definition masked by segments (values and
   gradients w.r.t. q, v, the codebook and the XL queries), and two carried windows against the XLA
