@@ -173,6 +173,7 @@ def test_an_object_store_without_its_package_is_one_sentence(monkeypatch):
     fs.path("memory://x/run", what="workdir")
 
 
+@pytest.mark.slow  # an image training run
 def test_image_training_writes_sample_grids_to_tensorboard(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator
 
