@@ -53,6 +53,22 @@ def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
 
 
 @needs_libtpu
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n
+                                  for n in KERNELS])
+def test_kernels_with_packed_documents_compile_for_a_tpu_mesh(tpu_mesh, name):
+  """The document-masked forms (segment ids as an extra operand) are Mosaic kernels too, forward and
+  gradient, not a fallback to the XLA form."""
+  fn, args = check_lowering.kernels_at(**SIZES, dtype="float32", segments=True)[name]
+  assert args[-1].dtype == jnp.int32
+  for f in (fn, check_lowering.gradient(fn)):
+    with jax.set_mesh(tpu_mesh):
+      lowered = jax.jit(f).lower(*_abstract(args, tpu_mesh))
+      compiled = lowered.compile()
+    assert "tpu_custom_call" in lowered.as_text()
+    assert "tpu_custom_call" in compiled.as_text()
+
+
+@needs_libtpu
 @pytest.mark.slow
 def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
   """The chip generation comes from the mesh: v3 multiplies float32 only, v5e takes bfloat16."""

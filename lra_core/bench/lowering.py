@@ -53,33 +53,40 @@ PAPER = {
 
 def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, chunk: int, flash_chunk: int,
                dtype: str = "float32", batch: int = 1, heads: int = 1,
-               value_width: int = 0) -> dict[str, tuple[Callable, tuple]]:
+               value_width: int = 0, segments: bool = False) -> dict[str, tuple[Callable, tuple]]:
   """name -> (function, argument shapes) of each kernel through its public impl="pallas" path; q is
   argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
   takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
-  part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width)."""
+  part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width). segments: each
+  function takes packed-document ids int32[B,T] as its last argument (kernels/segments.py)."""
   b, t, h, d, dv = batch, seq_len, heads, width, value_width or width
   x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
   c = min(flash_chunk, t)
 
-  def vq_attention(q, k, v, codebook, table):
+  def vq_attention(q, k, v, codebook, table, seg=None):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
     out, _ = vq.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table),
-                                    impl="pallas")
+                                    impl="pallas", segments=seg)
     return out
 
-  return {
+  table = {
       "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d),
                                       x(h, block + 1, d))),
-      "causal_latte": (lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk or None, impl="pallas"),
+      "causal_latte": (lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl="pallas",
+                                                                      segments=seg),
                        (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
-      "bidirectional_latte": (lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
+      "bidirectional_latte": (lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl="pallas",
+                                                                                    segments=seg),
                               (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
-      "mixed_chunk": (lambda q, k, v, bias: kernels.mixed_chunk_attention(
+      "mixed_chunk": (lambda q, k, v, bias, seg=None: kernels.mixed_chunk_attention(
                           q, k, q, k, v, chunk=flash_chunk, causal=True, quad_scale=d ** -0.5, lin_scale=1.0 / c,
-                          bias=bias, impl="pallas"),
+                          bias=bias, segments=seg, impl="pallas"),
                       (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c))),
   }
+  if segments:
+    ids = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    table = {name: (fn, args + (ids,)) for name, (fn, args) in table.items()}
+  return table
 
 
 def gradient(fn: Callable) -> Callable:
