@@ -58,7 +58,7 @@ def assert_documents_independent(apply, doc_a, doc_b, length: int, *, atol: floa
 def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, atol: float = 1e-5,
                               pad_id: int = 0):
   """The weaker oracle for models whose numbers depend on where a document starts relative to
-  their chunks (FLASH chunks, FIT groups, Transformer-VQ blocks with unaligned boundaries): in a
+  their chunks (FLASH chunks, FIT groups, Block Transformer blocks) at unaligned boundaries: in a
   packed row, changing every token of one document leaves the other document's outputs as they
   were. `apply(rows, segment_ids)` -> [B,T,...]."""
   rows, segs = packed_pair(doc_a, doc_b, length, pad_id=pad_id)
