@@ -63,18 +63,36 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
   if k.shape[:2] != v.shape[:2] or k.shape[2] != v.shape[2] or k.shape[-1] != d:
     raise ValueError(f"incompatible attention shapes q {q.shape}, k {k.shape}, v {v.shape}.")
   scale = d ** -0.5 if scale is None else scale
-  qg = q.reshape(b, tq, kv_heads, h // kv_heads, d)
-  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+  groups = h // kv_heads
+  # Batched matmuls over (batch, key-value head) with one query axis: a key-value head's `groups`
+  # query heads go in as extra query rows (group-major), so every einsum and the softmax are 4-D.
+  # A 5-D grouped layout computes the same but compiles to much slower code on CPU.
+  if groups > 1:
+    q = q.reshape(b, tq, kv_heads, groups, d).transpose(0, 3, 1, 2, 4).reshape(b, groups * tq, kv_heads, d)
+  logits = jnp.einsum("bqkd,bskd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
-    logits = logits + bias.reshape(-1, kv_heads if bias.shape[0] == h else 1,
-                                   h // kv_heads if bias.shape[0] == h else 1, *bias.shape[1:])
+    logits = logits + _query_rows(bias, groups, tq, per_head=bias.shape[0] == h)
   if mask is not None:
-    logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
+    logits = jnp.where(_query_rows(mask, groups, tq)[:, None], logits, MASK_VALUE)
   probs = jax.nn.softmax(logits, axis=-1)
   if probs_fn is not None:
     probs = probs_fn(probs)
-  out = jnp.einsum("bkgqs,bskd->bqkgd", probs.astype(v.dtype), v)
+  probs = probs.astype(v.dtype)
+  out = jnp.einsum("bkqs,bskd->bqkd", probs, v)  # [B, groups*Tq, K, Dv]
+  if groups > 1:
+    out = out.reshape(b, groups, tq, kv_heads, -1).transpose(0, 2, 3, 1, 4)
   return out.reshape(b, tq, h, v.shape[-1])
+
+
+def _query_rows(x: Array, groups: int, tq: int, *, per_head: bool = False) -> Array:
+  """A mask or bias [N,Tq|1,Tk] laid out like the grouped logits' rows [.., groups*Tq, Tk]: with
+  `per_head`, N = H = K*groups heads give [K, groups*Tq, Tk]; otherwise every group reads the same."""
+  if groups == 1:
+    return x
+  if per_head:
+    x = jnp.broadcast_to(x, (x.shape[0], tq, x.shape[2]))
+    return x.reshape(x.shape[0] // groups, groups * tq, x.shape[2])
+  return x if x.shape[1] == 1 else jnp.tile(x, (1, groups, 1))
 
 
 def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,

@@ -8,8 +8,8 @@ from lra_core.kernels.attention import attention_mask, dot_product_attention
 from lra_core.models.blocks.positions import apply_rope, sinusoid
 
 
-def naive_attention(q, k, v, allowed):
-  """Per batch and head, softmax over allowed keys, in float64 numpy."""
+def naive_attention(q, k, v, allowed, bias=None):
+  """Per batch and head, softmax over allowed keys (plus bias [H|1,Tq,Tk]), in float64 numpy."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   b, tq, h, d = q.shape
   group = h // k.shape[2]
@@ -18,6 +18,8 @@ def naive_attention(q, k, v, allowed):
     for hi in range(h):
       kh = hi // group
       logits = q[bi, :, hi] @ k[bi, :, kh].T / np.sqrt(d)
+      if bias is not None:
+        logits = logits + bias[hi if bias.shape[0] == h else 0]
       logits = np.where(allowed[bi], logits, -np.inf)
       with np.errstate(invalid="ignore"):  # rows with no allowed key become NaN, compared nowhere
         w = np.exp(logits - logits.max(-1, keepdims=True))
@@ -50,6 +52,27 @@ def test_attention_matches_naive(heads, kv_heads, causal, window):
   rows = allowed.any(-1)  # a padded query with no key in its window reads nothing meaningful
   assert np.isfinite(out).all()
   np.testing.assert_allclose(out[rows], expected[rows], atol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("per_head", [True, False])
+@pytest.mark.parametrize("tq", [5, 1])
+def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per_head, tq):
+  """Biases per head or shared, masks per query or broadcast over queries (Tq 1), land on the right
+  query head of each key-value group."""
+  rng = np.random.default_rng(2)
+  b, tk, d = 2, 5, 8
+  q = rng.normal(size=(b, tq, heads, d)).astype(np.float32)
+  k = rng.normal(size=(b, tk, kv_heads, d)).astype(np.float32)
+  v = rng.normal(size=(b, tk, kv_heads, 3)).astype(np.float32)
+  bias = rng.normal(size=(heads if per_head else 1, tq, tk)).astype(np.float32)
+  valid = np.ones((b, tk), bool)
+  valid[0, -1] = False
+  for mask in (attention_mask(jnp.arange(tk - tq, tk), jnp.arange(tk), causal=True, k_valid=jnp.asarray(valid)),
+               jnp.asarray(valid)[:, None, :]):
+    allowed = np.broadcast_to(np.asarray(mask), (b, tq, tk))
+    out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))
+    np.testing.assert_allclose(np.asarray(out), naive_attention(q, k, v, allowed, bias), atol=1e-5)
 
 
 def test_multi_query_equals_multi_head_with_shared_keys():
