@@ -8,6 +8,7 @@ knows about devices. Parameters are stored in `param_dtype` (float32) and cast t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import jax
@@ -57,8 +58,13 @@ class Dense(nnx.Module):
     n_in = len(self.in_features)
     if x.shape[x.ndim - n_in:] != self.in_features:
       raise ValueError(f"Dense expects trailing input shape {self.in_features}, got {x.shape}.")
-    dims = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-    y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (dims, ((), ())))
+    # One 2-D matmul [N, I] x [I, O] with every leading axis of x folded into N (free reshapes): its
+    # gradients are 2-D matmuls too, which XLA lays out without transposing fused activation
+    # gradients (a 3-D contraction made CPU steps up to 1.7x slower).
+    batch = x.shape[:x.ndim - n_in]
+    size_in, size_out = math.prod(self.in_features), math.prod(self.out_features)
+    kernel = self.kernel[...].astype(self.dtype).reshape(size_in, size_out)
+    y = jnp.dot(x.astype(self.dtype).reshape(-1, size_in), kernel).reshape(*batch, *self.out_features)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
