@@ -133,6 +133,55 @@ def init_state(spec) -> dict:
   return init()
 
 
+class TrainStepRun:
+  """The trainer's train step for `config` on one device, compiled, with two random batches; `ready()`
+  (or the first call) makes the initial state, and each call runs one step (alternating the
+  batches) and returns its metrics.
+
+  Attributes: compiled, state, metrics (of the last call), num_params, start / lowered_at /
+  compiled_at (perf_counter times around lowering and compiling), host_batches (numpy).
+  """
+
+  def __init__(self, config, *, compiler_options: dict | None = None, seed: int = 0):
+    self.compiled = self.state = self.metrics = None
+    self.calls = 0
+    mesh = one_device_mesh()
+    rules = config.sharding.rules
+    info = data_info(config)
+    experiment.check_compatible(config, info, mesh)
+    task = make_task(config, info)
+    self.tx, schedule = optim.make_optimizer(config)
+    spec = make_state_spec(config, mesh, self.tx)
+    self.num_params = spec.num_params
+    with sharding.activate(mesh, rules):
+      step = jax.jit(make_train_step(config, spec, task, self.tx, schedule), donate_argnums=0,
+                     out_shardings=(spec.shardings, None))
+      rng = np.random.default_rng(seed)
+      self.host_batches = [random_batch(config, info, rng) for _ in range(2)]
+      self.batches = [experiment.to_device(b, mesh, rules) for b in self.host_batches]
+      self.start = time.perf_counter()
+      lowered = step.lower(spec.abstract, self.batches[0])
+      self.lowered_at = time.perf_counter()
+      self.compiled = lowered.compile(compiler_options)
+      self.compiled_at = time.perf_counter()
+    self.spec = spec
+
+  def ready(self) -> TrainStepRun:
+    """Makes the initial state (once)."""
+    if self.state is None:
+      self.state = init_state(self.spec)
+    return self
+
+  def __call__(self) -> dict:
+    self.ready()
+    self.state, self.metrics = self.compiled(self.state, self.batches[self.calls % len(self.batches)])
+    self.calls += 1
+    return self.metrics
+
+  def free(self) -> None:
+    self.state = self.batches = self.metrics = None
+
+
 def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: float | None = None,
                     seed: int = 0, compiler_options: dict | None = None) -> dict:
   """Compiles and times the trainer's train step for `config` on one device.
@@ -153,51 +202,28 @@ def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: floa
   row = {"seq_len": t.seq_len, "batch_size": t.batch_size, "steps": steps, "warmup": warmup}
   if compiler_options:
     row["compiler_options"] = dict(compiler_options)
-  mesh = one_device_mesh()
-  device = mesh.devices.flat[0]
-  rules = config.sharding.rules
-  info = data_info(config)
-  experiment.check_compatible(config, info, mesh)
-  task = make_task(config, info)
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
-  row["num_params"] = spec.num_params
+  device = jax.devices()[0]
   memory_before, _ = peak_memory(device)
-  state = compiled = None
+  run = None
   try:
-    with sharding.activate(mesh, rules):
-      step = jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
-                     out_shardings=(spec.shardings, None))
-      rng = np.random.default_rng(seed)
-      batches = [experiment.to_device(random_batch(config, info, rng), mesh, rules) for _ in range(2)]
-      start = time.perf_counter()
-      lowered = step.lower(spec.abstract, batches[0])
-      lowered_at = time.perf_counter()
-      compiled = lowered.compile(compiler_options)
-      compiled_at = time.perf_counter()
-      state = init_state(spec)
-      metrics = None
-      calls = 0
-
-      def run_step():
-        nonlocal state, metrics, calls
-        state, metrics = compiled(state, batches[calls % len(batches)])
-        calls += 1
-        return state, metrics
-
-      median, times = median_seconds(run_step, steps=steps, warmup=warmup)
-      loss = float(jax.device_get(metrics["objective"]))
+    run = TrainStepRun(config, compiler_options=compiler_options, seed=seed)
+    row["num_params"] = run.num_params
+    run.ready()
+    median, times = median_seconds(run, steps=steps, warmup=warmup)
+    loss = float(jax.device_get(run.metrics["objective"]))
   except Exception as e:  # only running out of memory becomes a row; anything else is a bug
     if not is_oom(e):
       raise
-    state = metrics = batches = None
+    compiled = None if run is None else run.compiled
+    run = None
     gc.collect()
     row.update(status="OOM", stage="compile" if compiled is None else "run",
                error=str(e).strip().splitlines()[0][:300])
     if compiled is not None:  # what XLA planned to allocate, for comparison with the device
       row["xla_memory_bytes"] = xla_memory_bytes(compiled)
     return row
-  state = batches = None  # free the device buffers before the next row
+  compiled, lowered_at, start, compiled_at = run.compiled, run.lowered_at, run.start, run.compiled_at
+  run.free()  # the device buffers go before the next row
   memory_after, memory_kind = peak_memory(device)
   flops = cost_flops(compiled)
   tokens = t.batch_size * t.seq_len
