@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_core.kernels import _pallas
 from lra_core.kernels.attention import attention_mask, dot_product_attention
 from lra_core.models.blocks.positions import apply_rope, sinusoid
 
@@ -57,9 +58,11 @@ def test_attention_matches_naive(heads, kv_heads, causal, window):
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
 @pytest.mark.parametrize("per_head", [True, False])
 @pytest.mark.parametrize("tq", [5, 1])
-def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per_head, tq):
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per_head, tq, platform):
   """Biases per head or shared, masks per query or broadcast over queries (Tq 1), land on the right
-  query head of each key-value group."""
+  query head of each key-value group, in the CPU layout (query rows) and the accelerators' (5-D
+  grouped einsums), both run here."""
   rng = np.random.default_rng(2)
   b, tk, d = 2, 5, 8
   q = rng.normal(size=(b, tq, heads, d)).astype(np.float32)
@@ -71,7 +74,8 @@ def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per
   for mask in (attention_mask(jnp.arange(tk - tq, tk), jnp.arange(tk), causal=True, k_valid=jnp.asarray(valid)),
                jnp.asarray(valid)[:, None, :]):
     allowed = np.broadcast_to(np.asarray(mask), (b, tq, tk))
-    out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))
+    with _pallas.target(platform):
+      out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))
     np.testing.assert_allclose(np.asarray(out), naive_attention(q, k, v, allowed, bias), atol=1e-5)
 
 

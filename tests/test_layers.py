@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_core.models.blocks.layers import ACTIVATIONS, silu
+from lra_core.kernels import _pallas
+from lra_core.models.blocks.layers import ACTIVATIONS, contract, silu
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
@@ -35,3 +36,23 @@ def test_silu_backward_keeps_only_its_input():
   assert len(residuals(jax.nn.silu)) > 1  # x and sigmoid(x) (and more), the cost this avoids
   (kept,) = residuals(silu)
   np.testing.assert_array_equal(kept, x)
+
+
+@pytest.mark.parametrize("in_shape,out_shape", [((6,), (5,)), ((2, 3), (4,)), ((6,), (2, 3))])
+def test_contract_layouts_agree_in_value_and_gradient(in_shape, out_shape):
+  """Dense's contraction: the CPU layout (one 2-D matmul over folded axes) and the accelerators'
+  (one dot_general), both run here, equal x . kernel over the trailing axes, forward and backward."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 3, *in_shape)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(*in_shape, *out_shape)), jnp.float32)
+  n_in = len(in_shape)
+  expected = np.tensordot(np.asarray(x, np.float64), np.asarray(kernel, np.float64), n_in)
+  grads = []
+  for platform in ("cpu", "tpu"):
+    with _pallas.target(platform):
+      y = contract(x, kernel, n_in)
+      grads.append(jax.grad(lambda x, w: jnp.sum(jnp.sin(contract(x, w, n_in))), (0, 1))(x, kernel))
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-5, atol=1e-5)
+    assert y.shape == (2, 3, *out_shape)
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lra_core.kernels import _pallas
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -31,6 +33,23 @@ def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequenc
 
 def as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
   return (x,) if isinstance(x, int) else tuple(x)
+
+
+def contract(x: Array, kernel: Array, n_in: int) -> Array:
+  """x [..., I1..In] times kernel [I1..In, O1..Om] -> [..., O1..Om]: one dot_general, or on CPU one
+  2-D matmul [N, I] x [I, O] with every leading axis of x folded into N (free reshapes).
+
+  Its gradients are then 2-D matmuls too, which XLA CPU lays out without a strided transpose of the
+  fused activation gradient: the general contraction made CPU train steps up to 1.7x slower. The
+  platform is the one the program is traced for (kernels/_pallas.py), so TPU programs compiled on a
+  CPU host keep the dot_general, which the TPU compiler estimates no slower.
+  """
+  if _pallas.platform() == "cpu":
+    batch, size_in = x.shape[:x.ndim - n_in], math.prod(kernel.shape[:n_in])
+    y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))
+    return y.reshape(*batch, *kernel.shape[n_in:])
+  dims = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+  return jax.lax.dot_general(x, kernel, (dims, ((), ())))
 
 
 class Dense(nnx.Module):
@@ -58,13 +77,7 @@ class Dense(nnx.Module):
     n_in = len(self.in_features)
     if x.shape[x.ndim - n_in:] != self.in_features:
       raise ValueError(f"Dense expects trailing input shape {self.in_features}, got {x.shape}.")
-    # One 2-D matmul [N, I] x [I, O] with every leading axis of x folded into N (free reshapes): its
-    # gradients are 2-D matmuls too, which XLA lays out without transposing fused activation
-    # gradients (a 3-D contraction made CPU steps up to 1.7x slower).
-    batch = x.shape[:x.ndim - n_in]
-    size_in, size_out = math.prod(self.in_features), math.prod(self.out_features)
-    kernel = self.kernel[...].astype(self.dtype).reshape(size_in, size_out)
-    y = jnp.dot(x.astype(self.dtype).reshape(-1, size_in), kernel).reshape(*batch, *self.out_features)
+    y = contract(x.astype(self.dtype), self.kernel[...].astype(self.dtype), n_in)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
