@@ -16,6 +16,8 @@ from lra_core.bench import train_step as bench
 from lra_core.bench.common import cost_flops
 from lra_core.tasks.base import apply_model, token_nll
 
+import tiers
+
 CONFIG = "configs/enwik8/transformer_vq.py"
 SMALL = ("model.d_model=32", "model.d_k=16", "model.d_v=64", "model.num_layers=2", "model.n_code=16",
          "model.block_len=8", "model.vocab_size=256", "model.dropsin=0.0", "model.dropres=0.0",
@@ -141,12 +143,12 @@ def ours_loss_grads_and_codebooks(model, inputs, targets):
   return value, grads, deep_merge(params, new_rest)
 
 
-@pytest.mark.parametrize("overrides", [
-    (),
-    ("model.rel_bias=False", "model.tie_embeddings=True", "model.final_norm=True", "model.abs_position=True",
-     "model.commit_coef=1.0"),
-    ("model.scan_layers=True", "model.remat=full", "model.num_layers=3"),
-], ids=["paper", "tied_final_norm_abs_no_rel_commit1", "scanned_remat"])
+@pytest.mark.parametrize("overrides", tiers.quick([  # one-tuples: each case is one argument, a tuple
+    ((),),
+    (("model.rel_bias=False", "model.tie_embeddings=True", "model.final_norm=True", "model.abs_position=True",
+      "model.commit_coef=1.0"),),
+    (("model.scan_layers=True", "model.remat=full", "model.num_layers=3"),),
+], keep=[0], ids=["paper", "tied_final_norm_abs_no_rel_commit1", "scanned_remat"]))
 def test_loss_gradients_and_codebooks_match_ours(overrides):
   config = small_config(*overrides)
   model = lra_core.build_model(config, seed=0)
@@ -191,6 +193,7 @@ def test_unsupported_settings_raise(override):
     peer_vq.make_peer(small_config(override))
 
 
+@pytest.mark.slow
 def test_train_step_runs_and_its_flops_are_within_15_percent_of_ours():
   """A jitted peer step (value_and_grad, the config's AdamW) at d 128, T 256 against our trainer's step."""
   overrides = ["model.d_model=128", "model.d_k=64", "model.d_v=256", "model.num_layers=2", "model.n_code=64",
