@@ -46,7 +46,7 @@ PAPER_6_LABELS = ("L", "L→G→L", "L→G→L→G→L", "L→G→L→G→L→G�
 
 # -- fit_scaling --------------------------------------------------------------------------------------
 
-# Widths of the two encoders: CPU default (docs/benchmarks.md) and the paper's ViT-B / FIT-B (Table 2).
+# Widths of the two encoders: a CPU-sized default and the paper's ViT-B / FIT-B (Table 2).
 SCALING_WIDTHS = {
     False: dict(layers="L(2)G(1)L(2)G(1)L(2)", num_layers=6, d=64, heads=4, d_ff=256, latents=8),
     True: dict(layers="L(4)G(2)L(4)G(2)L(4)", num_layers=12, d=768, heads=12, d_ff=3072, latents=32),
@@ -215,7 +215,7 @@ def _scaling_setting(ctx: Context, rows: list[dict], peak: float) -> str:
   groups = (f"{FULL_GROUPS_PER_SIDE ** 2} groups (the paper's 16 sub-images), so a group grows with the image"
             if ctx.full else f"{DEFAULT_GROUP_SIDE}x{DEFAULT_GROUP_SIDE}-pixel groups, more of them as the "
             "image grows")
-  size = ("the paper's ViT-B / FIT-B widths" if ctx.full else "a CPU-sized pair (docs/benchmarks.md)")
+  size = ("the paper's ViT-B / FIT-B widths" if ctx.full else "a CPU-sized pair")
   vit_runs = ("every side" if ctx.full else
               f"sides {', '.join(map(str, DEFAULT_VIT_SIDES))}; at the larger sides its step is only compiled "
               "from shapes, and the row gives XLA's memory plan (OOM when it exceeds this machine's memory)")

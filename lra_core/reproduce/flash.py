@@ -103,7 +103,7 @@ FULL_LATENCY = LatencySize(
             Model(TPP, "configs/c4/transformer.py:lm,plusplus", size="12+12 layers, d 768, 12 heads, GLU 2048"),
             Model(TP, "configs/c4/transformer.py:lm,plus", size="12+12 layers, d 768, 12 heads, MLP 3072")),
     what="Table 9's Wiki-40B LM models (110M-112M parameters, vocabulary 32128)")
-# docs/benchmarks.md's CPU models (about 1.78M parameters each, two GAUs per transformer layer),
+# CPU-sized models (about 1.78M parameters each, two GAUs per transformer layer),
 # at 4,096 tokens per step: batch 8 at T = 512 down to 1 at T = 4096, Table 11's batch 1.
 DEFAULT_LATENCY = LatencySize(
     (512, 1024, 2048, 4096), 4096, steps=3, warmup=1,
@@ -115,7 +115,7 @@ DEFAULT_LATENCY = LatencySize(
             Model(TP, "configs/c4/transformer.py:lm,plus",
                   ("model.num_layers=2", "model.num_heads=4", "model.d_ff=1152"),
                   "2 layers, d 256, 4 heads, MLP 1152")),
-    what="docs/benchmarks.md's CPU models (about 1.77M parameters each, vocabulary 256)")
+    what="CPU-sized models (about 1.77M parameters each, vocabulary 256)")
 
 
 def flash_latency(ctx: Context) -> Result:

@@ -284,8 +284,7 @@ TASKS = (
     LraTask("pathfinder", "Pathfinder", "pathfinder32"),
 )
 
-# The default size: every model the same (docs/benchmarks.md, "Latte and Latte-Macchiato vs
-# Transformer on LRA"): 2 layers, d 64, 4 heads, MLP 128, mean pooling, no dropout, AdamW cosine.
+# The default size: every model the same: 2 layers, d 64, 4 heads, MLP 128, mean pooling, no dropout, AdamW cosine.
 SMALL_MODEL = ("model.d_model=64", "model.num_layers=2", "model.num_heads=4", "model.d_ff=128",
                "model.classifier_hidden=64", "model.dropout=0.0", "model.pooling=mean")
 SMALL_TRAIN = ("optim.name=adamw", "optim.lr=1e-3", "optim.schedule=cosine", "optim.decay_steps=0",
