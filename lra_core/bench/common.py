@@ -10,6 +10,7 @@ import os
 import pathlib
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -122,6 +123,13 @@ def markdown_section(title: str, machine: str, command: str, table: str) -> str:
   return f"### {title}\n\n{machine}  \ncommand: `{command}`\n\n{table}\n"
 
 
+def output_flags(parser: argparse.ArgumentParser) -> None:
+  """--title / --out / --json, as every benchmark command writes its table."""
+  parser.add_argument("--title", default="", help="heading of the --out section (default: the config)")
+  parser.add_argument("--out", default="", help="markdown file to append the table to")
+  parser.add_argument("--json", default="", help="file to write the raw rows to")
+
+
 def parse_command(argv: Sequence[str] | None, *, prog: str, doc: str, variant_help: str,
                   flags: Callable[[argparse.ArgumentParser], None],
                   repeats: int) -> tuple[list[str], argparse.Namespace, list[Variant]]:
@@ -136,22 +144,29 @@ def parse_command(argv: Sequence[str] | None, *, prog: str, doc: str, variant_he
   flags(parser)
   parser.add_argument("--repeats", type=int, default=repeats)
   parser.add_argument("--warmup", type=int, default=1)
-  parser.add_argument("--title", default="")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw rows to")
+  output_flags(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   return argv, args, [parse_variant(v) for v in args.variant] or [Variant("default")]
 
 
-def publish(script: str, argv: Sequence[str], table: str, rows: Sequence[dict], args) -> None:
-  """Prints the table under the machine line and command, and appends / writes it where asked."""
-  machine = machine_line()
-  command = " ".join(["python", script, *argv])
+def publish(script: str, argv: Sequence[str], table: str, rows: Sequence[dict], args, *,
+            peak: float | None = None, matmul_size: int = 0, title: str = "") -> None:
+  """Prints the table under the machine line (with the matmul yardstick's FLOP/s `peak`, if any)
+  and the command; appends it to --out as a section (heading `title`, else --title, else --config)
+  and writes the rows to --json."""
+  machine = machine_line(peak, matmul_size)
+  command = shlex.join(["python", script, *argv])
   print(f"{machine}\ncommand: {command}\n\n{table}")
   if args.out:
-    with pathlib.Path(args.out).open("a") as f:
-      f.write("\n" + markdown_section(args.title or args.config, machine, command, table))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    previous = out.read_text() if out.exists() else ""
+    sep = "" if not previous else ("\n" if previous.endswith("\n") else "\n\n")
+    with out.open("a") as f:
+      f.write(sep + markdown_section(args.title or title or args.config, machine, command, table))
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command, "rows": list(rows)},
-                                                  indent=1))
+    raw = {"machine": machine, "command": command, "rows": list(rows)}
+    if peak is not None:
+      raw["matmul_flops_per_s"] = peak
+    pathlib.Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shlex
 import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
 
 from lra_core import cli
-from lra_core.bench.common import machine_line, markdown_section, median_seconds
+from lra_core.bench.common import median_seconds, output_flags, publish
 from lra_core.bench.train_step import TrainStepRun
 from lra_core.config import load_config
 from lra_core.errors import ConfigError
@@ -82,22 +81,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
   parser.add_argument("--workdir", default="", help="a fresh folder for the run (default: a temporary one)")
   parser.add_argument("--bare_steps", type=int, default=50, help="timed bare steps (the median is reported)")
   parser.add_argument("--warmup", type=int, default=5, help="untimed bare steps first")
-  parser.add_argument("--title", default="", help="heading of the --out section")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw row to")
+  output_flags(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   config = load_config(args.config, args.override)
   with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
     row = measure(config, pathlib.Path(args.workdir or tmp), bare_steps=args.bare_steps, warmup=args.warmup)
-  machine, command = machine_line(), shlex.join(["python", "scripts/bench_loop.py", *argv])
-  table = format_table(row)
-  print(f"{machine}\ncommand: {command}\n\n{table}")
-  if args.out:
-    with pathlib.Path(args.out).open("a") as f:
-      f.write("\n" + markdown_section(args.title or args.config, machine, command, table))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command, **row}, indent=1) + "\n")
+  publish("scripts/bench_loop.py", argv, format_table(row), [row], args)
   return row
 
 

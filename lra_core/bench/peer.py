@@ -21,9 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import json
-import pathlib
-import shlex
 import statistics
 import sys
 import time
@@ -35,7 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from lra_core import cli
-from lra_core.bench.common import (Variant, cost_flops, ints, machine_line, markdown_section, parse_variant,
+from lra_core.bench.common import (Variant, cost_flops, ints, output_flags, parse_variant, publish,
                                    variant_config)
 from lra_core.bench.train_step import TrainStepRun, bench_config, matmul_peak_flops
 from lra_core.errors import ConfigError
@@ -167,9 +164,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--steps", type=int, default=5, help="timed steps of each side (the median is reported)")
   parser.add_argument("--warmup", type=int, default=2, help="untimed rounds after compiling")
   parser.add_argument("--matmul_size", type=int, default=0, help="matmul yardstick size (0: 2048 on CPU, 8192 else)")
-  parser.add_argument("--title", default="", help="heading of the --out section")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw rows to")
+  output_flags(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
@@ -185,24 +180,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
       gc.collect()
   peak = matmul_peak_flops(args.matmul_size, steps=args.steps, warmup=args.warmup)
   set_peak_fractions(rows, peak)
-  publish(argv, format_table(rows), rows, args, peak)
+  publish("scripts/peer_bench.py", argv, format_table(rows), rows, args, peak=peak, matmul_size=args.matmul_size)
   return rows
-
-
-def publish(argv: Sequence[str], table: str, rows: Sequence[dict], args, peak: float) -> None:
-  machine = machine_line(peak, args.matmul_size)
-  command = shlex.join(["python", "scripts/peer_bench.py", *argv])
-  print(f"{machine}\ncommand: {command}\n\n{table}")
-  if args.out:
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    previous = out.read_text() if out.exists() else ""
-    sep = "" if not previous else ("\n" if previous.endswith("\n") else "\n\n")
-    with out.open("a") as f:
-      f.write(sep + markdown_section(args.title or args.config, machine, command, table))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": machine, "command": command,
-                                                   "matmul_flops_per_s": peak, "rows": list(rows)}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

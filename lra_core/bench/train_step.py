@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import ast
 import gc
-import json
-import pathlib
 import re
 import resource
-import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,8 +31,8 @@ import numpy as np
 
 from lra_core import cli, experiment, optim, sharding
 from lra_core.bench import cores
-from lra_core.bench.common import (MiB, Variant, cost_flops, ints, is_oom, machine_line, markdown_section,
-                                   median_seconds, parse_variant, variant_config, xla_memory_bytes)
+from lra_core.bench.common import (MiB, Variant, cost_flops, ints, is_oom, median_seconds, output_flags,
+                                   parse_variant, publish, variant_config, xla_memory_bytes)
 from lra_core.config import load_config
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
@@ -308,10 +305,6 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def command_line(argv: Sequence[str]) -> str:
-  return shlex.join(["python", "scripts/bench.py", *argv])
-
-
 def _options(items: Sequence[str]) -> dict:
   """KEY=VALUE strings -> a compiler_options dict; values are Python literals or strings."""
   options = {}
@@ -353,9 +346,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--compiler_option", action="append", default=[], metavar="KEY=VALUE",
                       help="XLA compile option for the train step (repeatable), e.g. "
                       "xla_backend_optimization_level=0")
-  parser.add_argument("--title", default="", help="heading of the --out section (default: the config)")
-  parser.add_argument("--out", default="", help="markdown file to append the table to")
-  parser.add_argument("--json", default="", help="file to write the raw rows to")
+  output_flags(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
   if args.batch_size < 1:
@@ -377,18 +368,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                      batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch, steps=args.steps, warmup=args.warmup,
                      matmul_size=args.matmul_size, compiler_options=_options(args.compiler_option), log=log)
     table = format_table(rows)
-  machine, command = machine_line(peak, args.matmul_size), command_line(argv)
-  print(f"{machine}\ncommand: {command}\n\n{table}")
-  if args.out:
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    previous = out.read_text() if out.exists() else ""
-    sep = "" if not previous else ("\n" if previous.endswith("\n") else "\n\n")
-    with out.open("a") as f:
-      f.write(sep + markdown_section(args.title or args.config or args.cores, machine, command, table))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps(
-        {"machine": machine, "command": command, "matmul_flops_per_s": peak, "rows": rows}, indent=1) + "\n")
+  publish("scripts/bench.py", argv, table, rows, args, peak=peak, matmul_size=args.matmul_size,
+          title=args.config or args.cores)
   return rows
 
 
