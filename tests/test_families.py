@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import lra_core
+import tiers
 import oracles
 from lra_core import protocol, registry
 from lra_core.tasks.base import apply_model
@@ -70,7 +71,12 @@ def test_decoding_families_are_causal_and_decode_like_the_forward_pass(family):
   oracles.assert_decode_matches_forward(model, tokens, logits)
 
 
-@pytest.mark.parametrize("row", [r for f in FAMILIES for r in f.paper_rows], ids=lambda r: r.config)
+PAPER_ROWS = [(f.name, row) for f in FAMILIES for row in f.paper_rows]
+FIRST_ROW_OF_EACH_FAMILY = [i for i, (name, _) in enumerate(PAPER_ROWS) if i == 0 or PAPER_ROWS[i - 1][0] != name]
+
+
+@pytest.mark.parametrize("row", tiers.quick([(row,) for _, row in PAPER_ROWS], keep=FIRST_ROW_OF_EACH_FAMILY,
+                                            ids=lambda case: case[0].config))
 def test_paper_rows_build_their_family_at_the_papers_size(row):
   config = lra_core.load_config(row.config)
   count = (registry.non_embedding_parameter_count(config) if row.counts == "non_embedding"

@@ -221,7 +221,7 @@ def test_documents_starting_on_group_boundaries_are_independent(task, overlap):
                                        (np.arange(7) * 5 + 1) % VOCAB, 16)
 
 
-@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[2], ids=lambda c: f"{c[0]}-{c[1]}"))
+@pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[], ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_documents_inside_groups_are_isolated(task, overlap):
   """Boundaries inside groups (and a document shorter than a group): neither document reads the
   other, and the first one, which starts on a group boundary, still gets its outputs alone."""
