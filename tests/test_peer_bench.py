@@ -50,7 +50,8 @@ def test_lm1b_peer_computes_our_transformer_on_our_weights(variant):
 
 
 def test_lm1b_peer_refuses_what_it_does_not_mirror():
-  for override in ("model.window=4", "model.num_kv_heads=1", "model.dropout=0.1", "model.norm=rms"):
+  for override in ("model.window=4", "model.num_kv_heads=1", "model.dropout=0.1", "model.norm=rms",
+                   "model.scan_layers=True", "model.remat=full"):
     with pytest.raises(ConfigError, match="lm1b-style peer"):
       peer_lm1b.make_peer(lra_core.load_config("configs/enwik8/transformer.py", [*SMALL, override]))
   with pytest.raises(ConfigError, match="no peer"):

@@ -37,7 +37,8 @@ def _check(config) -> None:
                  "model.window": (m.window, 0), "model.tie_embeddings": (m.tie_embeddings, False),
                  "model.parallel_residual": (m.get("parallel_residual", False), False),
                  "model.use_bias": (m.use_bias, False), "model.dropout": (m.dropout, 0.0),
-                 "model.attention_dropout": (m.attention_dropout, 0.0), "model.rope_fraction": (m.rope_fraction, 1.0)}
+                 "model.attention_dropout": (m.attention_dropout, 0.0), "model.rope_fraction": (m.rope_fraction, 1.0),
+                 "model.scan_layers": (m.get("scan_layers", False), False), "model.remat": (m.get("remat", "none"), "none")}
   for key, (value, wanted) in unsupported.items():
     if value != wanted:
       raise ConfigError(f"the lm1b-style peer needs {key} = {wanted!r}, got {value!r}.")
