@@ -219,16 +219,15 @@ def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: floa
     if compiled is not None:  # what XLA planned to allocate, for comparison with the device
       row["xla_memory_bytes"] = xla_memory_bytes(compiled)
     return row
-  compiled, lowered_at, start, compiled_at = run.compiled, run.lowered_at, run.start, run.compiled_at
   run.free()  # the device buffers go before the next row
   memory_after, memory_kind = peak_memory(device)
-  flops = cost_flops(compiled)
+  flops = cost_flops(run.compiled)
   tokens = t.batch_size * t.seq_len
   row.update(status="ok", tokens_per_s=tokens / median, step_ms=1e3 * median,
-             step_ms_all=[1e3 * s for s in times], trace_lower_s=lowered_at - start,
-             xla_compile_s=compiled_at - lowered_at, compile_s=compiled_at - start,
+             step_ms_all=[1e3 * s for s in times], trace_lower_s=run.lowered_at - run.start,
+             xla_compile_s=run.compiled_at - run.lowered_at, compile_s=run.compiled_at - run.start,
              memory_bytes=memory_after, memory_kind=memory_kind, memory_exact=memory_after > memory_before,
-             xla_memory_bytes=xla_memory_bytes(compiled), flops_per_step=flops,
+             xla_memory_bytes=xla_memory_bytes(run.compiled), flops_per_step=flops,
              flops_per_s=None if flops is None else flops / median, loss=loss)
   if peak_flops:
     row["peak_flops"] = peak_flops
