@@ -175,15 +175,35 @@ def vmem_budget(device_kind: str | None = None) -> int | None:
   return vmem_limit(device_kind) or min(SCOPED_VMEM, vmem_capacity(device_kind))
 
 
-def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1):
+# Tile sizes and Triton launch parameters of each kernel on GPU, in one place. Triton keeps a program's
+# tiles in registers and stages matmul operands (and layout changes) in shared memory: the tiles are
+# chosen so that, compiled for the H100 (and the A100's smaller shared memory), no kernel exceeds shared
+# memory and ptxas spills little or nothing at the papers' sizes (lra_core/bench/gpu_compile.py reports
+# both; docs/kernels.md has the table). Every size is a power of two, as Triton needs.
+GPU_TILES: dict[str, dict[str, int]] = {
+    # query rows x key rows (and codes) per step of the online softmax, value columns per program
+    "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=4, num_stages=2),
+    "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, num_warps=4, num_stages=2),
+    "causal_latte": dict(chunk=16, num_warps=4, num_stages=1),
+    "bidirectional_latte": dict(block=128, num_warps=4, num_stages=1),
+}
+
+
+def gpu_tiles(kernel: str) -> dict[str, int]:
+  """The GPU tile sizes and launch parameters of `kernel` (a key of GPU_TILES)."""
+  return dict(GPU_TILES[kernel])
+
+
+def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1, kernel: str | None = None):
   """TPU: the first `num_parallel` grid axes (batch, heads, ...) may run on either core, the last
   `num_sequential` (the blocks) must run in order; the VMEM limit is `vmem_limit()` of the target chip.
-  GPU: Triton, 4 warps per program."""
+  GPU: Triton with the warps and pipeline stages of `GPU_TILES[kernel]` (4 warps, 1 stage without one)."""
   if platform() == "tpu":
     semantics = ("parallel",) * num_parallel + (("arbitrary",) * num_sequential if sequential else ())
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit())
   if platform() == "gpu":
-    return pltriton.CompilerParams(num_warps=4, num_stages=1)
+    tiles = GPU_TILES.get(kernel, {})
+    return pltriton.CompilerParams(num_warps=tiles.get("num_warps", 4), num_stages=tiles.get("num_stages", 1))
   return None
 
 
