@@ -1,20 +1,25 @@
-"""Plumbing shared by the Pallas kernels: interpret mode, the two grid drivers, and running a
-kernel per device under a mesh.
+"""Plumbing shared by the Pallas kernels: interpret mode, the grid drivers, tile sizes per target, and
+running a kernel per device under a mesh.
 
 Every kernel here is a scan over time blocks with a small carried state (a compressive cache,
 Latte's (num, den, max), FLASH's running key-value sum). Backends differ in how a carry can
-cross blocks, so each kernel has one block step and two drivers:
+cross blocks, so each kernel has one block step and two or three drivers:
 
   "grid"  the block index is the last grid axis; Mosaic (TPU) and interpret mode run the grid
           sequentially, last axis fastest, so the carry lives in scratch memory between grid
           steps and each step sees only its own blocks (the TPU layout: VMEM holds one block).
   "loop"  the grid covers (batch, heads) only and the kernel loops over the blocks itself, the
           carry in loop values (Triton runs grid programs in parallel, so no carry could cross
-          them); each program reads its whole [T, D] slice block by block.
+          them); each program reads its whole [T, D] slice block by block (Latte on GPU).
+  "parallel" (GPU, VQ and FLASH) no carry at all: XLA computes the state at the start of every block
+          as a prefix over the blocks (as the reference does), and the grid covers (batch, heads,
+          blocks, query tiles, value tiles), each program one tile of one block's attention with an
+          online softmax over key (and code) tiles. A GPU needs that parallelism, and Triton keeps a
+          program's working set in registers, where neither the VQ cache nor a whole block fits.
 
-`driver()` picks "loop" on GPU and "grid" elsewhere; the tests run both in interpret mode. On GPU
-the kernels use Triton (`compiler_params`): the loop driver's whole-[T, D] slices stay in global
-memory there, while Mosaic GPU would stage them in shared memory.
+`driver()` picks "grid" off GPU and the kernel's GPU driver on GPU; the tests run every driver in
+interpret mode. On GPU the kernels use Triton (`compiler_params`, tiles in `GPU_TILES`): blocks stay
+in global memory and are read tile by tile, while Mosaic GPU would stage them in shared memory.
 
 Everything platform-dependent (interpret mode, driver, block sizes, compiler parameters) is read
 from the TARGET devices, never from the host's: see `current` for the order (an explicit `target`,
@@ -45,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
-DRIVERS = ("grid", "loop")
+DRIVERS = ("grid", "loop", "parallel")
 _GPU_PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}
 
 
@@ -118,11 +123,12 @@ def interpret_default() -> bool:
   return platform() not in ("gpu", "tpu")
 
 
-def driver(name: str | None = None) -> str:
+def driver(name: str | None = None, *, gpu: str = "loop", drivers: Sequence[str] = DRIVERS[:2]) -> str:
+  """`name`, checked against the drivers a kernel has; by default "grid", or `gpu` on GPU."""
   if name is None:
-    return "loop" if platform() == "gpu" else "grid"
-  if name not in DRIVERS:
-    raise ValueError(f"driver {name!r} is not one of {DRIVERS}.")
+    return gpu if platform() == "gpu" else "grid"
+  if name not in drivers:
+    raise ValueError(f"driver {name!r} is not one of {tuple(drivers)}.")
   return name
 
 
