@@ -188,7 +188,7 @@ def vmem_budget(device_kind: str | None = None) -> int | None:
 # both; docs/kernels.md has the table). Every size is a power of two, as Triton needs.
 GPU_TILES: dict[str, dict[str, int]] = {
     # query rows x key rows (and codes) per step of the online softmax, value columns per program
-    "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=4, num_stages=2),
+    "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
     "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, num_warps=4, num_stages=2),
     "causal_latte": dict(chunk=16, num_warps=4, num_stages=1),
     "bidirectional_latte": dict(block=128, num_warps=4, num_stages=1),

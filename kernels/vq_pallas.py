@@ -98,10 +98,7 @@ def block_sizes(d_v: int, *, block_len: int, n_code: int, d_k: int, itemsize: in
   `vmem_bytes` fits `budget`; the narrowest and shortest when none does (the compiler then names the
   excess). A d_v or block_len that is no multiple of 128 is taken whole (a block must then span it).
   Value tiles recompute the query-code scores (Dk / Dt more matmul work per tile); query sub-blocks
-  cost only grid steps. GPU: Dt = 128 where it divides d_v (the loop driver holds [S,Dt] and [L,Dt]
-  floats per program), Lq = L. Elsewhere (interpret mode) whole."""
-  if platform == "gpu":
-    return (LANES if d_v % LANES == 0 else d_v), block_len
+  cost only grid steps. Elsewhere (interpret mode) whole. (The GPU's parallel driver: `parallel_tiles`.)"""
   if platform != "tpu":
     return d_v, block_len
   widths = [w for w in range(d_v, 0, -LANES) if d_v % w == 0] if d_v % LANES == 0 else [d_v]
@@ -223,40 +220,70 @@ def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segm
       sum_out[...], col_out[...] = folded[0], folded[2]
 
 
-def _loop_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool, block_len: int,
-                 num_blocks: int):
-  """Grid (B, H, J) over J value tiles; the kernel loops over the R blocks of its whole [T, D] slices,
-  the cache in loop values."""
-  (q_ref, k_ref, v_ref, zr_ref, zc_ref, cb_ref, *rest) = refs
+def _parallel_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool, block_len: int,
+                     key_block: int, code_block: int):
+  """Grid (B, H, R, Q, J): one [Lq, Dt] output tile of block r, the Lq queries of sub-block q and the Dt value
+  columns of tile j, by an online softmax over Lk-key tiles of the [previous, present] window (the present
+  one up to the diagonal) and Sc-code tiles of the cache block r reads (XLA's prefix: `cache_variables`).
+
+  A code scores q.c_s + log count_s and contributes its mean, so the cache enters as S more keys. Refs keep
+  whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile."""
+  q_ref, k_ref, v_ref, zr_ref, cb_ref, mean_ref, logc_ref, *rest = refs
   bias_ref = rest.pop(0) if has_bias else None
-  if has_segments:
-    qs_ref, reads_ref, ks_ref, keep_ref, *rest = rest
-  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, *rest) = rest
-  cks_ref = rest.pop(0) if has_segments else None
-  (o_ref, sum_out, col_out) = rest
-  l = block_len
-  rows = lambda ref, r: ref[pl.ds(r * l, l), :]
+  qs_ref, reads_ref, ks_ref = rest[:3] if has_segments else (None,) * 3
+  o_ref = rest[-1]
+  l, lk, sc = block_len, key_block, code_block
+  r, qi = pl.program_id(2), pl.program_id(3)
+  q = q_ref[...]
+  lq = q.shape[0]
+  row = qi * lq + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 0)       # the queries' places in the block
+  q_seg = qs_ref[...] if has_segments else None
 
-  def body(r, cache):
-    first = r == 0
-    prev = jnp.maximum(r - 1, 0)
-    pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), rows(ref, prev).astype(f32))
-    zr_prev = jnp.where(first, czr_ref[...], zr_ref[:, pl.ds(prev * l, l)])
-    v_prev = pick(cv_ref, v_ref)
-    docs = keep = None
+  def update(state, scores, keep, values):
+    """One tile of the online softmax: masked scores [Lq,K] against values [K,Dt]."""
+    acc, m, total = state
+    scores = jnp.where(keep, scores, -MASK)
+    m_new = jnp.maximum(m, scores.max(-1, keepdims=True))
+    a = jnp.where(keep, jnp.exp(scores - m_new), 0.0)
+    rescale = jnp.exp(m - m_new)
+    acc = acc * rescale + _pallas.dot(a.astype(values.dtype), values)
+    return acc, m_new, total * rescale + a.sum(-1, keepdims=True)
+
+  def keys(half: int):
+    """The key tiles of half 0 (previous block) or 1 (present block) of block r's window."""
+    def step(kt, state):
+      start = r * l + half * l + kt * lk                                 # in the [T + L] window arrays
+      scores = _pallas.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
+      if has_bias:
+        scores = scores + bias_ref[:, pl.ds(half * l + kt * lk, lk)]
+      col = kt * lk + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 1)
+      keep = zr_ref[:, pl.ds(start, lk)] != n_code
+      if half == 1:
+        keep = keep & (col <= row)                                       # causal within the block
+      elif not compressive:
+        keep = keep & (col >= row)                                       # distance <= L
+      if has_segments:
+        keep = keep & (q_seg == ks_ref[:, pl.ds(start, lk)])
+      return update(state, scores, keep, v_ref[pl.ds(start, lk), :])
+    return step
+
+  def codes(ct, state):
+    log_count = logc_ref[:, pl.ds(ct * sc, sc)]                          # -MASK where a code is empty
+    scores = _pallas.dot(q, cb_ref[pl.ds(ct * sc, sc), :], (1, 1)) + log_count
+    keep = log_count > -MASK / 2
     if has_segments:
-      docs = (rows(qs_ref, r), rows(reads_ref, r), jnp.where(first, cks_ref[...], ks_ref[:, pl.ds(prev * l, l)]),
-              ks_ref[:, pl.ds(r * l, l)])
-      keep = keep_ref[:, pl.ds(r * l, l)]
-    out = _attend(cache, rows(q_ref, r), pick(ck_ref, k_ref), rows(k_ref, r), v_prev, rows(v_ref, r), zr_prev,
-                  zr_ref[:, pl.ds(r * l, l)], cb_ref[...], None if bias_ref is None else
-                  (bias_ref[pl.ds(r * l, l), pl.ds(0, l)], bias_ref[pl.ds(r * l, l), pl.ds(l, l)]), 0, docs,
-                  n_code=n_code, compressive=compressive)
-    o_ref[pl.ds(r * l, l), :] = out.astype(o_ref.dtype)
-    return _fold(cache, v_prev, pick(czc_ref, zc_ref), keep, n_code=n_code)
+      keep = keep & (reads_ref[...] > 0)                                 # only queries of the cache's document
+    return update(state, scores, keep, mean_ref[pl.ds(ct * sc, sc), :])
 
-  cache = jax.lax.fori_loop(0, num_blocks, body, (csum_ref[...], crow_ref[...], ccol_ref[...]))
-  sum_out[...], col_out[...] = cache[0], cache[2]
+  dt = o_ref.shape[-1]
+  state = (jnp.zeros((lq, dt), f32), jnp.full((lq, 1), -MASK, f32), jnp.zeros((lq, 1), f32))
+  first = 0 if compressive else jax.lax.div(qi * lq, lk)                 # tiles wholly farther than L: none
+  state = jax.lax.fori_loop(first, l // lk, keys(0), state)
+  state = jax.lax.fori_loop(0, jax.lax.div(qi * lq + lq + lk - 1, lk), keys(1), state)   # up to the diagonal
+  if compressive:
+    state = jax.lax.fori_loop(0, n_code // sc, codes, state)
+  acc, _, total = state
+  o_ref[...] = (acc / total).astype(o_ref.dtype)
 
 
 def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int, value_block: int,
@@ -277,12 +304,12 @@ def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d
 
 
 def _forward(q, k, v, zc, zr, codebook, bias, carry, docs=None, *, block_len: int, value_block: int,
-             query_block: int, compressive: bool, driver: str, interpret: bool):
-  """Head-major pallas_call. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int [B,Hk,T,1]; zr int
-  [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (see _head_major_carry);
-  docs (see `_document_inputs`) or None.
+             query_block: int, compressive: bool, interpret: bool):
+  """Head-major pallas_call of the grid driver. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int
+  [B,Hk,T,1]; zr int [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (see
+  _head_major_carry); docs (see `_document_inputs`) or None.
   Values are read in J = Dv / value_block tiles, each its own program (the scores recomputed per tile);
-  the grid driver attends the queries of a block query_block rows at a time.
+  the queries of a block are attended query_block rows at a time.
   -> out [B,H,T,Dv] and the cache after the last block per query head: sum [B,H,S,Dv] and the count
   column [B,H,J,S,1] (the same for every tile)."""
   b, h, t, dk = q.shape
@@ -299,76 +326,118 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, docs=None, *, block_len: in
   estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
                   itemsize=jnp.dtype(v.dtype).itemsize, has_bias=has_bias, has_segments=has_segments)
   carried = list(carry) + ([docs["carry_seg"]] if has_segments else [])
-  if driver == "grid":
-    # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
-    once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
+  # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
+  once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
 
-    def spec(shape, index, **kw):
-      return pl.BlockSpec((None, None) + shape, index, **kw)
-    prev = lambda rr: jnp.maximum(rr - 1, 0)
-    queries = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, 0)
-    out_v = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, jj)
-    kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, 0)
-    kv_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), 0)
-    v_this = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
-    v_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
-    row = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, rr)
-    row_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, prev(rr))
-    fixed_kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
-    fixed_kv_v = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
-    in_specs = [spec((lq, dk), queries), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dt), v_this),
-                spec((l, dt), v_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
-                pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once)]
-    args = [q, k, k, v, v, zr, zr, zc, codebook]
-    if has_bias:
-      in_specs.append(spec((lq, 2 * l), queries))
-      args.append(bias)
-    if has_segments:  # one row of ids per batch row, whatever the head
-      doc_col = lambda bb, hh, jj, rr, qq: (bb, 0, rr * nq + qq, 0)
-      doc_row = lambda bb, hh, jj, rr, qq: (bb, 0, 0, rr)
-      doc_row_prev = lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))
-      in_specs += [spec((lq, 1), doc_col), spec((lq, 1), doc_col), spec((1, l), doc_row), spec((1, l), doc_row_prev),
-                   spec((1, l), doc_row)]
-      args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["k_seg"], docs["keep"]]
-    in_specs += [spec((l, dk), fixed_kv, **once), spec((l, dt), fixed_kv_v, **once), spec((1, l), fixed_kv, **once),
-                 spec((l, 1), fixed_kv, **once), spec((s, dt), fixed_kv_v, **once), spec((1, s), fixed_kv, **once),
-                 spec((s, 1), fixed_kv, **once)]
-    if has_segments:
-      in_specs.append(spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
-    out_specs = [spec((lq, dt), out_v), spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
-                 spec((None, s, 1), lambda bb, hh, jj, rr, qq: (bb, hh, jj, 0, 0))]
-    call = pl.pallas_call(
-        functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, nj, r, nq),
-        in_specs=in_specs, out_specs=out_specs,
-        scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
-        compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2), interpret=interpret,
-        cost_estimate=estimate, name="vq_attention")
-  else:
-    def spec(shape, heads_of_kv=False, tiled=False):
-      head = kv_head if heads_of_kv else (lambda hh: hh)
-      return pl.BlockSpec((None, None) + shape, lambda bb, hh, jj: (bb, head(hh), 0, jj if tiled else 0))
-    in_specs = [spec((t, dk)), spec((t, dk), True), spec((t, dt), True, True), spec((1, t), True),
-                spec((t, 1), True), pl.BlockSpec((None, s, dk), lambda bb, hh, jj: (kv_head(hh), 0, 0))]
-    args = [q, k, v, zr, zc, codebook]
-    if has_bias:
-      in_specs.append(spec((t, 2 * l)))
-      args.append(bias)
-    if has_segments:  # one row of ids per batch row, whatever the head
-      doc = lambda shape: pl.BlockSpec((None, None) + shape, lambda bb, hh, jj: (bb, 0, 0, 0))
-      in_specs += [doc((t, 1)), doc((t, 1)), doc((1, t)), doc((1, t))]
-      args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["keep"]]
-    in_specs += [spec((l, dk), True), spec((l, dt), True, True), spec((1, l), True), spec((l, 1), True),
-                 spec((s, dt), True, True), spec((1, s), True), spec((s, 1), True)]
-    if has_segments:
-      in_specs.append(doc((1, l)))
-    out_specs = [spec((t, dt), tiled=True), spec((s, dt), tiled=True),
-                 pl.BlockSpec((None, None, None, s, 1), lambda bb, hh, jj: (bb, hh, jj, 0, 0))]
-    call = pl.pallas_call(
-        functools.partial(_loop_kernel, block_len=l, num_blocks=r, **statics), out_shape=out_shape,
-        grid=(b, h, nj), in_specs=in_specs, out_specs=out_specs,
-        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
-        cost_estimate=estimate, name="vq_attention")
+  def spec(shape, index, **kw):
+    return pl.BlockSpec((None, None) + shape, index, **kw)
+  prev = lambda rr: jnp.maximum(rr - 1, 0)
+  queries = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, 0)
+  out_v = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, jj)
+  kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, 0)
+  kv_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), 0)
+  v_this = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
+  v_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
+  row = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, rr)
+  row_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, prev(rr))
+  fixed_kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
+  fixed_kv_v = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
+  in_specs = [spec((lq, dk), queries), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dt), v_this),
+              spec((l, dt), v_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
+              pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once)]
+  args = [q, k, k, v, v, zr, zr, zc, codebook]
+  if has_bias:
+    in_specs.append(spec((lq, 2 * l), queries))
+    args.append(bias)
+  if has_segments:  # one row of ids per batch row, whatever the head
+    doc_col = lambda bb, hh, jj, rr, qq: (bb, 0, rr * nq + qq, 0)
+    doc_row = lambda bb, hh, jj, rr, qq: (bb, 0, 0, rr)
+    doc_row_prev = lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))
+    in_specs += [spec((lq, 1), doc_col), spec((lq, 1), doc_col), spec((1, l), doc_row), spec((1, l), doc_row_prev),
+                 spec((1, l), doc_row)]
+    args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["k_seg"], docs["keep"]]
+  in_specs += [spec((l, dk), fixed_kv, **once), spec((l, dt), fixed_kv_v, **once), spec((1, l), fixed_kv, **once),
+               spec((l, 1), fixed_kv, **once), spec((s, dt), fixed_kv_v, **once), spec((1, s), fixed_kv, **once),
+               spec((s, 1), fixed_kv, **once)]
+  if has_segments:
+    in_specs.append(spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
+  out_specs = [spec((lq, dt), out_v), spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
+               spec((None, s, 1), lambda bb, hh, jj, rr, qq: (bb, hh, jj, 0, 0))]
+  call = pl.pallas_call(
+      functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, nj, r, nq),
+      in_specs=in_specs, out_specs=out_specs,
+      scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
+      compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2), interpret=interpret,
+      cost_estimate=estimate, name="vq_attention")
   return call(*args, *carried)
+
+
+def _parallel_call(q, k_hat, z, v, codebook, carry, bias, segments, *, block_len: int, value_block: int,
+                   query_block: int, key_block: int, code_block: int, compressive: bool, interpret: bool):
+  """The parallel driver: XLA's prefix gives the cache every block reads (`vq_xla.cache_variables`, as the
+  reference computes it), then one pallas_call over (B, H, R, L / Lq, Dv / Dt) attends every block at once.
+  [B,T,H,.] in -> out [B,T,H,Dv], and the cache after the last block (mean [B,Hk,S,Dv], count [B,Hk,S])."""
+  b, t, h, dk = q.shape
+  hk, s, _ = codebook.shape
+  dv = v.shape[-1]
+  l, dt, lq = block_len, value_block, query_block
+  r, g = t // l, h // hk
+  plan = None if segments is None else vq_xla.document_plan(segments, carry["seg"], l)
+  z_prev, v_prev = vq_xla.previous_blocks(z, carry["z"], l), vq_xla.previous_blocks(v, carry["v"], l)
+  mean, count = vq_xla.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
+  log_count = jnp.where(count[:, :r] > 0, jnp.log(jnp.maximum(count[:, :r], 1.0)), -MASK)[:, :, :, None]
+  # every block's [previous, present] window is rows r L .. r L + 2L of the carried block + the sequence
+  window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)
+  heads = lambda x: x.transpose(0, 2, 1, 3)
+  args = [heads(q), heads(window(k_hat, carry["k"])), heads(window(v, carry["v"])),
+          window(z, carry["z"]).transpose(0, 2, 1)[:, :, None, :], codebook, mean[:, :r], log_count]
+  kv_head = lambda hh: jax.lax.div(hh, g)
+  tiled = lambda shape, index: pl.BlockSpec((None, None) + shape, index)
+  in_specs = [tiled((lq, dk), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)),
+              tiled((t + l, dk), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)),
+              tiled((t + l, dt), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, jj)),
+              tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)),
+              pl.BlockSpec((None, s, dk), lambda bb, hh, rr, qq, jj: (kv_head(hh), 0, 0)),
+              pl.BlockSpec((None, None, None, s, dt), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, jj)),
+              pl.BlockSpec((None, None, None, 1, s), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, 0))]
+  if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
+    args.append(bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l))
+    in_specs.append(tiled((lq, 2 * l), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)))
+  if plan is not None:  # one row of ids per batch row, whatever the head
+    col = lambda x: x.reshape(b, 1, t, 1)
+    args += [col(plan["seg"]), col(plan["reads"].astype(f32)),
+             window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l)]
+    in_specs += [tiled((lq, 1), lambda bb, hh, rr, qq, jj: (bb, 0, rr * (l // lq) + qq, 0))] * 2
+    in_specs.append(tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)))
+  statics = dict(n_code=s, compressive=compressive, has_bias=bias is not None, has_segments=plan is not None,
+                 block_len=l, key_block=key_block, code_block=code_block)
+  estimate = parallel_cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
+                           query_block=lq, itemsize=jnp.dtype(v.dtype).itemsize, has_bias=bias is not None,
+                           compressive=compressive)
+  out = pl.pallas_call(
+      functools.partial(_parallel_kernel, **statics), out_shape=jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
+      grid=(b, h, r, l // lq, dv // dt), in_specs=in_specs,
+      out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
+      compiler_params=_pallas.compiler_params(5, sequential=False, kernel="vq_attention"), interpret=interpret,
+      cost_estimate=estimate, name="vq_attention")(*args)
+  return heads(out), mean[:, r], count[:, r]
+
+
+def parallel_cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int,
+                  value_block: int, query_block: int, itemsize: int, has_bias: bool, compressive: bool
+                  ) -> pl.CostEstimate:
+  """The parallel driver's work for the rooflines: per query and value tile, scores against the previous
+  block, the present one up to the diagonal (about half) and the codes, and their products with the values;
+  per program the query tile, the keys and values of its window, its bias rows and the cache block."""
+  b, h, t, l, s, dk, dv = batch, heads, seq_len, block_len, n_code, d_k, d_v
+  tiles, programs = dv // value_block, b * h * (t // query_block) * (dv // value_block)
+  keys = l + (l + query_block) // 2 + (s if compressive else 0)
+  flops = b * h * t * tiles * keys * 2 * (dk + value_block)
+  exps = b * h * t * tiles * keys
+  per_program = (query_block * dk + keys * (dk + value_block)) * itemsize + keys * 4 + (
+      query_block * 2 * l * 4 if has_bias else 0) + (s * value_block * 4 if compressive else 0)
+  moved = programs * per_program + b * h * t * dv * itemsize
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
 
 
 def _head_major_carry(carry: dict, fold_z: Array) -> tuple:
@@ -401,8 +470,12 @@ def _document_inputs(segments: Array, carry_segments: Array, z: Array, carry_z: 
 
 
 def _kernel_call(q, k_hat, z, v, codebook, carry, bias, segments=None, *, block_len, value_block, query_block,
-                 compressive, driver, interpret):
+                 compressive, driver, interpret, key_block=None, code_block=None):
   """[B,T,H,.] in, the head-major kernel, [B,T,H,Dv] out plus the cache per key-value head."""
+  if driver == "parallel":
+    return _parallel_call(q, k_hat, z, v, codebook, carry, bias, segments, block_len=block_len,
+                          value_block=value_block, query_block=query_block, key_block=key_block,
+                          code_block=code_block, compressive=compressive, interpret=interpret)
   b, t, h, _ = q.shape
   hk = codebook.shape[0]
   l = block_len
@@ -418,7 +491,7 @@ def _kernel_call(q, k_hat, z, v, codebook, carry, bias, segments=None, *, block_
   out, csum, ccol = _forward(heads(q), heads(k_hat), heads(v), fold_z.transpose(0, 2, 1)[..., None],
                              zt[:, :, None, :], codebook, bias_hm, _head_major_carry(carry, carry_fold_z), docs,
                              block_len=l, value_block=value_block, query_block=query_block, compressive=compressive,
-                             driver=driver, interpret=interpret)
+                             interpret=interpret)
   first_of_group = slice(None, None, h // hk)
   count = ccol[:, first_of_group, 0, :, 0]
   mean = csum[:, first_of_group] / jnp.maximum(count, 1.0)[..., None]
@@ -453,30 +526,47 @@ def _attention_bwd(statics, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def parallel_tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]:
+  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the parallel driver: `_pallas.GPU_TILES`, each cut
+  to its dimension (a dimension that the tile does not divide is taken whole)."""
+  tiles = _pallas.gpu_tiles("vq_attention")
+  fit = lambda size, want: min(want, size) if size % min(want, size) == 0 else size
+  return (fit(d_v, tiles["value_block"]), fit(block_len, tiles["query_block"]), fit(block_len, tiles["key_block"]),
+          fit(n_code, tiles["code_block"]))
+
+
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         carry: dict, bias: Array | None = None, compressive: bool = True,
                         driver: str | None = None, interpret: bool | None = None,
-                        tiles: tuple[int, int] | None = None, segments: Array | None = None) -> tuple[Array, dict]:
+                        tiles: tuple[int, ...] | None = None, segments: Array | None = None) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
   `kernels.vq_xla.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
-  position (equal to the XLA form's). `tiles` = (value tile width, query sub-block), by default
-  `block_sizes` for the target (the grid driver takes both, the loop driver the value tiles only).
+  position (equal to the XLA form's). `driver`: "grid" (TPU, interpret) or "parallel" (GPU); by default the
+  target's. `tiles`: the grid driver's (value tile width, query sub-block), by default `block_sizes` for the
+  target; the parallel driver's (value tile, query rows, key rows, codes), by default `parallel_tiles`.
   `segments` int [B,T]: packed documents, as in the XLA form."""
-  dv = v.shape[-1]
-  if tiles is None:
+  dv, s = v.shape[-1], codebook.shape[1]
+  driver = _pallas.driver(driver, gpu="parallel", drivers=("grid", "parallel"))
+  if tiles is None and driver == "parallel":
+    tiles = parallel_tiles(dv, block_len=block_len, n_code=s)
+  elif tiles is None:
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v))
-    tiles = block_sizes(dv, block_len=block_len, n_code=codebook.shape[1], d_k=q.shape[-1], itemsize=itemsize,
+    tiles = block_sizes(dv, block_len=block_len, n_code=s, d_k=q.shape[-1], itemsize=itemsize,
                         has_bias=bias is not None, budget=_pallas.vmem_budget(), platform=_pallas.platform(),
                         has_segments=segments is not None)
-  value_tile, query_tile = tiles
-  if value_tile <= 0 or dv % value_tile:
-    raise ValueError(f"value tile {value_tile} does not divide d_v {dv}.")
-  if query_tile <= 0 or block_len % query_tile:
-    raise ValueError(f"query sub-block {query_tile} does not divide block_len {block_len}.")
-  driver = _pallas.driver(driver)
-  statics = (("block_len", block_len), ("value_block", value_tile),
-             ("query_block", query_tile if driver == "grid" else block_len), ("compressive", compressive),
-             ("driver", driver), ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+  names = ("value tile", "query sub-block", "key tile", "code tile")[:len(tiles)]
+  for name, tile, size, what in zip(names, tiles, (dv, block_len, block_len, s), ("d_v", "block_len", "block_len",
+                                                                                   "n_code")):
+    if tile <= 0 or size % tile:
+      raise ValueError(f"{name} {tile} does not divide {what} {size}.")
+  if len(tiles) != (4 if driver == "parallel" else 2):
+    raise ValueError(f"tiles {tiles} has {len(tiles)} sizes; the {driver} driver takes "
+                     f"{4 if driver == 'parallel' else 2}.")
+  statics = (("block_len", block_len), ("value_block", tiles[0]), ("query_block", tiles[1]),
+             ("compressive", compressive), ("driver", driver),
+             ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+  if driver == "parallel":
+    statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
 
   def per_device(q, k_hat, z, v, codebook, carry, bias, segments):
     carry_float = {"k": carry["k"], "v": carry["v"], "mean": carry["mean"], "count": carry["count"]}

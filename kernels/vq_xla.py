@@ -212,6 +212,33 @@ def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) 
   return skew(jnp.flip(by_distance, -1), 2 * l)
 
 
+def previous_blocks(x: Array, carried: Array, block_len: int) -> Array:
+  """Each block's previous block: x [B,T,...] -> [B,R,L,...], block 0's being `carried` [B,L,...]."""
+  b, t = x.shape[:2]
+  blocks = x.reshape((b, t // block_len, block_len) + x.shape[2:])
+  return jnp.concatenate([carried[:, None].astype(x.dtype), blocks[:, :-1]], axis=1)
+
+
+def cache_variables(z_prev: Array, v_prev: Array, carry: dict, plan: dict | None, *, n_code: int,
+                    reduction: str) -> tuple[Array, Array]:
+  """The compressive cache every block reads, and the one after the last block: z_prev [B,R,L,Hk] and
+  v_prev [B,R,L,Hk,Dv] each block's previous block (`previous_blocks`); `plan` from `document_plan` or
+  None -> (mean [B,R+1,Hk,S,Dv], count [B,R+1,Hk,S]); block r reads index r, index R is the new carry's.
+
+  Block n sees the carried cache, then the folds of the carried previous block and of blocks <= n-2 (the
+  fold after block n adds block n - 1); with documents only the keys that enter, restarting where a fold
+  drops the cache."""
+  b = z_prev.shape[0]
+  z_fold, reset = z_prev, None
+  if plan is not None:
+    z_fold = jnp.where(plan["enters"][..., None], z_prev, n_code)
+    reset = jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
+  mean_p, count_p = block_summaries(z_fold, v_prev, n_code)
+  mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
+  count_seq = jnp.concatenate([carry["count"][:, None], count_p], axis=1)
+  return prefix_summaries(mean_seq, count_seq, reduction, reset)
+
+
 def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
                      bias: Array | None, *, block_len: int, reduction: str,
                      compressive: bool, segments: Array | None = None) -> tuple[Array, dict]:
@@ -226,9 +253,7 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
     return x.reshape((b, r, l) + x.shape[2:])
 
   qb, kb, zb, vb = blocks(group_heads(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
-  k_prev = jnp.concatenate([carry["k"][:, None].astype(kb.dtype), kb[:, :-1]], axis=1)
-  v_prev = jnp.concatenate([carry["v"][:, None].astype(vb.dtype), vb[:, :-1]], axis=1)
-  z_prev = jnp.concatenate([carry["z"][:, None], zb[:, :-1]], axis=1)
+  k_prev, v_prev, z_prev = (previous_blocks(x, carry[n], l) for x, n in ((k_hat, "k"), (v, "v"), (z, "z")))
   recent_k = jnp.concatenate([k_prev, kb], axis=2)                  # [B,R,2L,Hk,Dk]
   recent_v = jnp.concatenate([v_prev, vb], axis=2)
   recent_z = jnp.concatenate([z_prev, zb], axis=2)                  # [B,R,2L,Hk]
@@ -248,17 +273,7 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
     scores = scores + bias
   scores = jnp.where(keep, scores, -MASK)
 
-  # Cache variables: block n sees the carried cache, then the folds of the carried previous block
-  # and of blocks <= n-2 (the fold after block n adds block n - 1); with documents only the keys
-  # that enter, restarting where a fold drops the cache.
-  z_fold, reset = z_prev, None
-  if plan is not None:
-    z_fold = jnp.where(plan["enters"][..., None], z_prev, s)
-    reset = jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
-  mean_p, count_p = block_summaries(z_fold, v_prev, s)
-  mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
-  count_seq = jnp.concatenate([carry["count"][:, None], count_p], axis=1)
-  cum_mean, cum_count = prefix_summaries(mean_seq, count_seq, reduction, reset)   # [B,R+1,...]
+  cum_mean, cum_count = cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction=reduction)
 
   cache_scores = cache_mean = None
   if compressive:

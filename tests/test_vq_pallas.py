@@ -1,5 +1,6 @@
 """The VQ-attention Pallas kernel (interpret mode on CPU) against the XLA forms and the quadratic
-definition: values, gradients, the carried cache, both grid drivers, bf16, a sharded mesh, and the
+definition: values, gradients, the carried cache, both drivers (grid; parallel, the GPU's), bf16, tiles, a
+sharded mesh, and the
 trainer end to end."""
 
 import json
@@ -41,8 +42,10 @@ def loss_of(fn):
 
 # (T, L, S, H, Hk, driver, dtype, atol): odd T, several block lengths, S in {64, 512}, MQA and MHA.
 CASES = [(15, 5, 64, 2, 1, "grid", jnp.float32, 1e-5),
-         (24, 8, 512, 2, 2, "loop", jnp.float32, 1e-5),
-         (16, 4, 64, 4, 2, "grid", jnp.bfloat16, 3e-2)]
+         (15, 5, 64, 2, 1, "parallel", jnp.float32, 1e-5),
+         (24, 8, 512, 2, 2, "parallel", jnp.float32, 1e-5),
+         (16, 4, 64, 4, 2, "grid", jnp.bfloat16, 3e-2),
+         (16, 4, 64, 4, 2, "parallel", jnp.bfloat16, 3e-2)]
 
 
 @pytest.mark.parametrize("t,block_len,s,h,hk,driver,dtype,atol", CASES)
@@ -83,7 +86,7 @@ def two_window_inputs():
   return q, vq.codewords(z, codebook), z, v, codebook, rel_q, table
 
 
-@pytest.mark.parametrize("driver,compressive", [("grid", True), ("loop", False)])
+@pytest.mark.parametrize("driver,compressive", [("grid", True), ("parallel", True), ("parallel", False)])
 def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
   """Two windows, the second continuing from the first's carry, with XL biases and MQA."""
   t, l = WINDOW, BLOCK
@@ -117,7 +120,7 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
 SEGMENTS = jnp.array([[1] * 3 + [2] * 2 + [3] * 5 + [4] * 11 + [0] * 3, [1] * 8 + [2] * 8 + [3] * 5 + [0] * 3])
 
 
-@pytest.mark.parametrize("driver", tiers.quick(["grid", "loop"], keep=[0], ids=["grid", "loop"]))
+@pytest.mark.parametrize("driver", tiers.quick(["grid", "parallel"], keep=[0, 1], ids=["grid", "parallel"]))
 def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_form(driver):
   """With segment ids: one window against the quadratic definition masked by segments (values and
   gradients w.r.t. q, v, the codebook and the XL queries), and two carried windows against the XLA
@@ -158,11 +161,13 @@ def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_for
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
-@pytest.mark.parametrize("driver,tiles", [("grid", (3, 2)), ("loop", (2, 4))])
+@pytest.mark.parametrize("driver,tiles", [("grid", (3, 2)), ("parallel", (3, 2, 2, 4)), ("parallel", (2, 2, 4, 8)),
+                                          ("parallel", (6, 4, 2, 16))])
 def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
-  """Dv read in tiles (each program its own slice of the cache) and the grid driver's queries in
-  sub-blocks (the fold after the last one): two carried windows with XL biases and MQA, against
-  `vq.cached_attention` on the same biases: values, carry and gradients."""
+  """Dv read in tiles (each program its own slice of the cache), the grid driver's queries in sub-blocks
+  (the fold after the last one), the parallel driver's query, key and code tiles (key tiles wider or
+  narrower than the query tile: the causal bound at the diagonal): two carried windows with XL biases and MQA,
+  against `vq.cached_attention` on the same biases: values, carry and gradients."""
   t, l = WINDOW, BLOCK
   q, k_hat, z, v, codebook, rel_q, table = two_window_inputs()
   b, hk, s, dk, dv = q.shape[0], k_hat.shape[2], codebook.shape[1], q.shape[-1], v.shape[-1]
@@ -206,10 +211,13 @@ def test_block_sizes_fit_the_target_vmem():
   assert vq_pallas.block_sizes(1536, itemsize=2, budget=_pallas.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
   size = lambda dt, lq: vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=2, **paper)
   assert size(128, 128) < size(256, 128) < size(256, 256)
-  # widths a TPU block cannot split are taken whole; GPU tiles 128 wide; interpret mode whole
+  # widths a TPU block cannot split are taken whole; interpret mode whole; the GPU's tiles from GPU_TILES
   assert vq_pallas.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="gpu", **paper) == (128, 512)
   assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
+  gpu = _pallas.gpu_tiles("vq_attention")
+  assert vq_pallas.parallel_tiles(1536, block_len=512, n_code=512) == tuple(
+      gpu[k] for k in ("value_block", "query_block", "key_block", "code_block"))
+  assert vq_pallas.parallel_tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)   # small dimensions whole
   assert _pallas.vmem_limit("TPU v3") is None and _pallas.vmem_limit("TPU v5 lite") == 96 * 2**20
 
 
@@ -221,7 +229,7 @@ class _force_driver:
 
   def __enter__(self):
     self.saved = _pallas.driver
-    _pallas.driver = lambda name=None: self.name
+    _pallas.driver = lambda name=None, **kw: self.name
 
   def __exit__(self, *exc):
     _pallas.driver = self.saved
@@ -271,6 +279,13 @@ def test_kernel_settings_are_checked():
     vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(3, 4))
   with pytest.raises(ValueError, match="query sub-block 3 does not divide block_len 4"):
     vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 3))
+  with pytest.raises(ValueError, match="code tile 3 does not divide n_code 8"):
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 4, 2, 3),
+                                  driver="parallel")
+  with pytest.raises(ValueError, match="the parallel driver takes 4"):
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 4), driver="parallel")
+  with pytest.raises(ValueError, match="driver 'loop' is not one of"):
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, driver="loop")
   with pytest.raises(ValueError, match="reduction must be 'serial'"):
     kernels.vq_attention(q, k, v, codebook, block_len=4, reduction="assoc", impl="pallas")
   with pytest.raises(ConfigError, match="model.impl 'pallas' is the VQ kernel"):

@@ -1,5 +1,5 @@
-"""Compiles every Pallas kernel for a TPU slice (Mosaic, with libtpu) and lowers it for GPU (Triton),
-on any host, without either device.
+"""Compiles every Pallas kernel for a TPU slice (Mosaic, with libtpu) and for an NVIDIA GPU (Triton and
+ptxas, with the CUDA plugin), on any host, without either device.
 
 The command is scripts/check_lowering.py (examples there), or `python -m lra_core.bench.lowering`.
 
@@ -8,14 +8,19 @@ TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced u
 w.r.t. q and v, lowered (the program must hold a `tpu_custom_call`: the kernel, not interpret mode)
 and compiled by the real TPU compiler, Mosaic included; the compile time is reported per row.
 Without libtpu the TPU rows are lowered only (`jax.export` for one chip of the topology's kind).
-GPU: `jax.export` lowers the forward for CUDA; Pallas turns the kernel into a Triton program, which
-rejects unsupported block shapes, but no GPU compiler runs here. Run time and numbers need the
-device (tests/test_*_pallas.py check the numbers in interpret mode).
+GPU: with the CUDA plugin installed (the `gpu-compile` extra, in `.[test]`), the same under a mesh of
+`--gpu` devices (lra_core.chips.gpu_devices): XLA:GPU, Triton (shared-memory allocation included) and
+ptxas compile the program, which must hold the Pallas kernel as a Triton call; each row also gives the
+kernel's shared memory, registers and spills (lra_core/bench/gpu_compile.py). Without the plugin the GPU
+rows lower the forward only (`jax.export`). Run time and numbers need the device (tests/test_*_pallas.py
+check the numbers in interpret mode).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import sys
 import time
 from collections.abc import Callable
@@ -32,12 +37,14 @@ except ImportError:
   from jax._src.mesh import AbstractDevice
 
 from lra_core import chips, kernels
+from lra_core.bench import gpu_compile
 from lra_core.kernels import _pallas, vq
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
 PASSES = ("forward", "grad")
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 TPU_MARKER, GPU_MARKER = "tpu_custom_call", "xla.gpu.triton"
+KERNEL_FIELDS = ("shared_kib", "registers", "spill_stores", "spill_loads")  # GPU rows: the dearest kernel's
 
 
 # Each kernel at the per-head widths of the paper models that run it (--paper): width is Dk (VQ), the
@@ -126,25 +133,37 @@ def _error(e: Exception) -> str:
   return f"{type(e).__name__}: {text[:300]}"
 
 
-def check(platforms, *, topology: str = "v5e:2x2", passes=PASSES, compile_tpu: bool | None = None,
-          log=None, only: tuple[str, ...] = (), **sizes) -> list[dict]:
+def check(platforms, *, topology: str = "v5e:2x2", gpu: str = "h100", passes=PASSES, compile_tpu: bool | None = None,
+          compile_gpu: bool | None = None, log=None, only: tuple[str, ...] = (), **sizes) -> list[dict]:
   """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
-  'lowered'), compile seconds, error."""
+  'lowered'), compile seconds, error, and for compiled GPU rows the kernel's shared memory (KiB),
+  registers and spill bytes (the largest over the program's Pallas kernels)."""
   compile_tpu = chips.libtpu_installed() if compile_tpu is None else compile_tpu
+  compile_gpu = chips.cuda_plugin_installed() if compile_gpu is None else compile_gpu
   devices = chips.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
+  gpu_devices = chips.gpu_devices(gpu) if "gpu" in platforms and compile_gpu else None
   tpu_kind = devices[0].device_kind if devices else "TPU v5 lite"
   rows = []
   for name, (fn, args) in kernels_at(**sizes).items():
     if only and name not in only:
       continue
     for platform in platforms:
-      for pass_ in passes if platform == "tpu" else ("forward",):
+      compiled = devices if platform == "tpu" else gpu_devices
+      for pass_ in passes if compiled else ("forward",):
         f = fn if pass_ == "forward" else gradient(fn)
-        row = {"kernel": name, "shapes": " ".join("x".join(map(str, a.shape)) for a in args), "platform": platform, "pass": pass_, "dtype": str(args[0].dtype), "ok": False,
-               "how": "compiled" if platform == "tpu" and devices else "lowered", "seconds": None, "error": ""}
+        row = {"kernel": name, "shapes": " ".join("x".join(map(str, a.shape)) for a in args), "platform": platform,
+               "target": (tpu_kind if platform == "tpu" else compiled[0].device_kind if compiled else "cuda"),
+               "pass": pass_, "dtype": str(args[0].dtype), "ok": False, "how": "compiled" if compiled else "lowered",
+               "seconds": None, "error": "", **dict.fromkeys(KERNEL_FIELDS)}
         try:
-          if row["how"] == "compiled":
+          if platform == "tpu" and compiled:
             text, row["seconds"] = compile_for_tpu(f, args, devices)
+          elif compiled:
+            program, row["seconds"], found = gpu_compile.compile_for_gpu(f, args, gpu_devices)
+            text = program.as_text()
+            if found:
+              row.update(shared_kib=max(k.shared_bytes for k in found) / 1024,
+                         **{k: _largest(found, k) for k in KERNEL_FIELDS[1:]})
           else:
             text = lower(f, args, platform, tpu_kind)
           marker = TPU_MARKER if platform == "tpu" else GPU_MARKER
@@ -158,11 +177,18 @@ def check(platforms, *, topology: str = "v5e:2x2", passes=PASSES, compile_tpu: b
   return rows
 
 
+def _largest(found, field: str):
+  values = [getattr(k, field) for k in found if getattr(k, field) is not None]
+  return max(values) if values else None
+
+
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(prog="python scripts/check_lowering.py", description=__doc__.splitlines()[0])
   parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
   parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.chips)")
-  parser.add_argument("--passes", default="forward,grad", help="TPU: comma-separated forward, grad")
+  parser.add_argument("--gpu", default="h100", help=f"GPU to compile for (lra_core.chips.GPUS: {', '.join(chips.GPUS)})")
+  parser.add_argument("--passes", default="forward,grad", help="comma-separated forward, grad (rows that are only "
+                      "lowered take the forward)")
   parser.add_argument("--seq_len", type=int, default=2048)
   parser.add_argument("--width", type=int, default=128, help="head width (Dk = Dv; FLASH's S = E)")
   parser.add_argument("--latents", type=int, default=128, help="Latte's latent states per head")
@@ -177,6 +203,8 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--dtype", default="float32", help="inputs: float32 or bfloat16")
   parser.add_argument("--paper", default="", help=f"comma-separated, or 'all': each kernel at the widths of a paper "
                       f"model that runs it, overriding the size flags ({', '.join(PAPER)})")
+  parser.add_argument("--segments", action="store_true", help="the kernels' packed-document forms")
+  parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
   platforms = [p for p in args.platforms.split(",") if p]
   passes = [p for p in args.passes.split(",") if p]
@@ -186,22 +214,29 @@ def main(argv=None) -> list[dict]:
   papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
   if sorted(set(papers) - set(PAPER)):
     parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
-  print("| kernel | shapes (q k v ...) | platform | dtype | pass | result | compile s | error |\n"
-        "|---|---|---|---|---|---|---|---|", flush=True)
+  print("| kernel | shapes (q k v ...) | target | dtype | pass | result | compile s | shared KiB | registers | "
+        "spill B (stores / loads) | error |\n|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
 
   def log(r):
     result = r["how"] if r["ok"] else "FAILED"
     seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
-    print(f"| {r['kernel']} | {r['shapes']} | {r['platform']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
-          f"{r['error']} |", flush=True)
+    shared = "" if r["shared_kib"] is None else f"{r['shared_kib']:.0f}"
+    registers = "" if r["registers"] is None else r["registers"]
+    spills = "" if r["spill_stores"] is None else f"{r['spill_stores']} / {r['spill_loads']}"
+    print(f"| {r['kernel']} | {r['shapes']} | {r['target']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
+          f"{shared} | {registers} | {spills} | {r['error']} |", flush=True)
 
   sizes = dict(seq_len=args.seq_len, width=args.width, latents=args.latents, block=args.block, codes=args.codes,
                chunk=args.chunk, flash_chunk=args.flash_chunk, dtype=args.dtype, batch=args.batch, heads=args.heads,
-               value_width=args.value_width)
+               value_width=args.value_width, segments=args.segments)
+  where = dict(topology=args.topology, gpu=args.gpu, passes=passes, log=log)
   if not papers:
-    return check(platforms, topology=args.topology, passes=passes, log=log, **sizes)
-  return [row for p in papers for row in check(platforms, topology=args.topology, passes=passes, log=log,
-                                                only=(PAPER[p][0],), **dict(sizes, **PAPER[p][1]))]
+    rows = check(platforms, **where, **sizes)
+  else:
+    rows = [row for p in papers for row in check(platforms, **where, only=(PAPER[p][0],), **dict(sizes, **PAPER[p][1]))]
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+  return rows
 
 
 if __name__ == "__main__":
