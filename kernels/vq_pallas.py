@@ -1,7 +1,10 @@
-"""VQ-Attention as one Pallas kernel: the compressive cache lives in on-chip scratch.
+"""VQ-Attention as one Pallas kernel, with a driver per backend: on TPU the compressive cache lives in
+on-chip scratch; on GPU every block is attended in parallel from the cache XLA's prefix gives it.
 
 `kernels.vq_xla.cached_attention` (XLA) builds the cache variables of every block at once, a
-[B,R,H,S,Dv] tensor in HBM. This kernel walks the blocks of one (batch, head) in order and keeps
+[B,R,H,S,Dv] tensor in HBM, and the scores of every block, [B,R,H,L,2L+S].
+
+Grid driver (TPU; interpret mode). The kernel walks the blocks of one (batch, head) in order and keeps
 only the running cache of that head on chip:
 
   sum_v [S,Dv]   sum of the values of every key folded so far, per code (float32)
@@ -18,11 +21,21 @@ carried cache, the carried block and blocks <= r - 1, as the reference does. Eve
 block step is a matmul, an exp or a row reduction. The max is per block, so the joint softmax
 over 2L + S scores needs no online rescaling. HBM traffic is the inputs and the output once each
 (q, k and the bias once per value tile); the cache never leaves the chip.
-
 Tiles (VMEM): the cache and the output are independent across value columns, so Dv is read in
 tiles of Dt columns, a parallel grid axis whose programs each keep the cache of their columns and
 recompute the scores; the queries of a block are attended Lq rows at a time, the fold after the
 last sub-block. `block_sizes` picks (Dt, Lq) so that `vmem_bytes` fits the target's VMEM.
+
+Parallel driver (GPU). Triton keeps a program's working set in registers (at most 64K of them per SM)
+and stages matmul operands in shared memory (227 KiB on an H100): neither the cache [S,Dt] nor a whole
+block's [L,2L+S] scores fit, and a walk over the blocks would leave most SMs idle at small batch. So
+the cache each block reads is XLA's prefix over blocks (`vq_xla.cache_variables`, the reference's own
+computation: [B,R,Hk,S,Dv] in HBM, like the XLA form's), and the grid is (B, H, R, L / Lq, Dv / Dt):
+each program attends Lq queries of one block over one value tile by an online softmax over Lk-key
+tiles of the previous block, of the present block up to the diagonal, and Sc-code tiles of the cache
+(a code is one more key: score q.c_s + log count_s, value its mean). What the kernel saves over the
+XLA form is the scores and weights, which never reach HBM. Tiles and warps: `parallel_tiles`
+(`_pallas.GPU_TILES`), powers of two as Triton needs; docs/kernels.md gives what ptxas reports.
 
 Layout: head-major inside ([B,H,T,D]); query head h reads key-value head h // G. z arrives twice,
 as a column [T,1] (one-hot rows of the fold) and a row [1,T] (key validity), so no in-kernel transpose.
@@ -31,12 +44,12 @@ Documents (`segments`, see `kernels.vq_xla.document_plan`): the wrapper turns th
 the block step reads with elementwise ops only: the query ids and whether each query reads the cache
 as columns [T,1], the key ids as a row [1,T] (compared for the exact part), the fold's codes with
 keys that do not enter the cache set to the empty code S (the z column), and per block whether the
-fold keeps the old cache (a row [1,T], constant over each block).
+fold keeps the old cache (a row [1,T], constant over each block). The parallel driver's prefix takes
+the plan as the reference does.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form
 (`kernels.vq_xla.cached_attention`), recomputed from the inputs: training memory is the XLA path's;
-the forward (inference, evaluation, long-context prefill) is where the kernel saves memory. On GPU
-(Triton) L, S, Dk and the value tile (128 where it divides Dv, else Dv) should be powers of two.
+the forward (inference, evaluation, long-context prefill) is where the kernel saves memory.
 
 This file is the kernel and imports the reference, kernels/vq_xla.py; kernels/vq.py checks the
 arguments and dispatches between the two on `impl`.
