@@ -1,6 +1,6 @@
-"""Every Pallas kernel compiles for a TPU slice (Mosaic, with libtpu; lowered only without it) and
-lowers for GPU (Triton) from this CPU host (scripts/check_lowering.py), and shapes those backends
-cannot take are reported, not hidden."""
+"""Every Pallas kernel compiles for a TPU slice (Mosaic, with libtpu) and for an H100 (Triton and ptxas, with
+the CUDA plugin) from this CPU host (scripts/check_lowering.py; lowered only without them), and shapes those
+backends cannot take are reported, not hidden."""
 
 import pytest
 
@@ -17,9 +17,12 @@ pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 def test_every_kernel_builds_for_tpu_and_gpu_in_float32_and_bfloat16():
   for dtype in ("float32", "bfloat16"):
     rows = check_lowering.check(["tpu", "gpu"], dtype=dtype, **SIZES)
-    assert len(rows) == 12  # 4 kernels: TPU forward and gradient, GPU forward
-    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
-    assert all(r["seconds"] is not None for r in rows if r["how"] == "compiled")
+    assert len(rows) == 16  # 4 kernels: TPU and GPU, forward and gradient
+    assert all(r["ok"] and r["how"] == "compiled" for r in rows), [r for r in rows if not r["ok"]]
+    assert all(r["seconds"] is not None for r in rows)
+    gpu = [r for r in rows if r["platform"] == "gpu"]
+    assert all(r["target"] == "NVIDIA H100 80GB HBM3" and 0 < r["shared_kib"] <= 227 for r in gpu)
+    assert all(r["registers"] is None or 0 < r["registers"] <= 255 for r in gpu)  # None: no ptxas found
 
 
 def test_shapes_a_backend_cannot_take_are_reported():
