@@ -189,7 +189,8 @@ def vmem_budget(device_kind: str | None = None) -> int | None:
 GPU_TILES: dict[str, dict[str, int]] = {
     # query rows x key rows (and codes) per step of the online softmax, value columns per program
     "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
-    "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, num_warps=4, num_stages=2),
+    "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8,
+                                  num_stages=2),  # state_block: rows of the [S, Et] state per step of lin_q KV
     "causal_latte": dict(chunk=16, num_warps=4, num_stages=1),
     "bidirectional_latte": dict(block=128, num_warps=4, num_stages=1),
 }

@@ -1,39 +1,55 @@
-"""FLASH's mixed chunk attention as one Pallas kernel: the running key-value sum stays on chip.
+"""FLASH's mixed chunk attention as one Pallas kernel: the [C, C] local scores never reach HBM.
 
-`kernels.flash_xla.mixed_chunk_attention` (the reference) builds lin_k^T v for every chunk and
-their exclusive cumulative sum, a [B,G,H,S,E] float32 tensor in HBM. This kernel walks the G chunks
-of one (batch, head) and computes, for chunk g of C positions,
+`kernels.flash_xla.mixed_chunk_attention` (the reference) computes, for chunk g of C positions,
 
   local   kernel(quad_scale q k^T + bias) v      [C,C] scores of the chunk against itself, with
                                                  the causal and padding masks (relu2 / softmax / linear)
-  global  lin_q KV                               KV [S,E] float32, a sum of lin_scale lin_k^T v
+  global  lin_q KV_g                             KV_g [S,E] float32, a sum of lin_scale lin_k^T v
 
-Causal: KV is the sum over chunks 0..g-1, carried on chip and updated after its use (an
-exclusive prefix). Non-causal: KV is the total over all chunks, one XLA einsum in the wrapper
-(padding keys excluded); the kernel only reads it. Either part may be absent, as in the reference.
+with KV_g the sum over chunks 0..g-1 (causal: an exclusive prefix) or over all chunks (non-causal),
+and holds the [B,G,H,C,C] scores and the [B,G,H,S,E] prefix sums in HBM. Either part may be absent.
 
 Packed documents (`segments`) or global_norm "mean": the wrapper computes, in O(T), each key's
 weight in the carried sum, each chunk's carry factor (0 where a document starts inside it: the
 sum restarts) and each query's factor on the carried sum (0 when its document started in its own
 chunk; 1 / chunks summed for "mean"), from `flash_xla.global_layout`; the local scores compare
-document indices. Causal carries KV forward as above. Non-causal is two walks, added: forward
-(local part, the query's document's keys in its own chunk through the linear kernel, the earlier
-chunks carried) and backward (chunks last to first: the later chunks carried).
-Scores and sums accumulate in float32; the output has v's dtype.
+document indices. Non-causal adds two carried sums, from the left (the earlier chunks) and from
+the right (the later chunks), and the query's document's keys in its own chunk through the linear
+kernel. Scores and sums accumulate in float32; the output has v's dtype.
 
-Drivers (kernels/_pallas.py): "grid" runs (B, H, J, G) with KV in scratch across the chunk axis;
-"loop" runs (B, H, J) and loops over the chunks of whole [T, D] slices, KV a loop value. Both call
-`_chunk_step`. KV and the output are independent across value columns, so both read E in J tiles
-(`value_block`: as wide as the target's VMEM allows on TPU, 128 on GPU), each its own program.
+Two drivers (kernels/_pallas.py), both reading E in J tiles of Et columns (KV and the output are
+independent across value columns; the local scores are recomputed per tile):
+
+  "grid" (TPU)  grid (B, H, J, G), the chunks sequential: causal, KV [S,Et] is carried in VMEM scratch
+                and updated after its use, so no per-chunk state reaches HBM (non-causal reads the
+                total, one XLA einsum; with documents non-causal is two walks, forward and backward,
+                added). `_chunk_step` is one chunk, whole: Et is as wide as the target's VMEM allows
+                (`value_block`).
+  "parallel"    (GPU) no carry: XLA computes the state every chunk reads as the reference does, a
+                prefix over the chunks with its restarts (`_chunk_states`: [B,H,G,S,E] float32 in HBM,
+                as in the reference; the non-causal total [B,H,S,E]; non-causal with documents, the
+                sums from the left and from the right), and the grid (B, H, G, Q, J) gives each
+                program one [Cq,Et] output tile of one chunk (`_parallel_kernel`): the local part over
+                key tiles of Ck rows, up to the diagonal when causal (relu2 / linear weights
+                accumulate, softmax runs online), masks and bias applied per tile; non-causal with
+                documents, the query's document's keys in its own chunk (a second pass over the key
+                tiles); then lin_q KV_g in sub-tiles of the state's rows, with the per-query factors.
+                The kernel fuses the scores, masks, bias and weights with both products: the [C,C]
+                scores never reach HBM. A GPU needs the B H G Q J programs in parallel, and Triton
+                keeps a program's tiles in registers, where a chunk's [C,C] scores (256 KiB of float32
+                at C 256) or a carried [S,Et] sum beside them do not fit. The price: each value tile
+                recomputes its scores (E / Et = 12 at C4's e 1536 and Et 128, the QK^T FLOPs equal to
+                the PV FLOPs at S = Et), and the states make a round trip through HBM.
+                Tiles: `_pallas.gpu_tiles("mixed_chunk_attention")`, powers of two (Triton).
 
 Layout: head-major inside ([B,H,T,S]); T is padded to a multiple of C and cut afterwards. The
 padding mask (`mask` and the padded tail) arrives as float32, a row [1,T] for the local keys and a
-column [T,1] for the keys summed into KV, so the kernel transposes nothing.
+column [T,1] for the keys summed into KV (grid driver), so the kernel transposes nothing.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
 (`kernels.flash_xla.mixed_chunk_attention`), recomputed from the inputs: training memory is the XLA
-path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S and the value tile
-(128 where it divides E, else E) should be powers of two.
+path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S and the tiles should
+be powers of two.
 
 This file is the kernel and imports the reference, kernels/flash_xla.py; kernels/flash.py dispatches
 between the two on `impl`.
@@ -53,11 +69,14 @@ from lra_core.kernels import flash_xla
 Array = jax.Array
 f32 = jnp.float32
 MASK = 1e30
+DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/_pallas.py)
 # Kernel operands in a fixed order; a call passes the ones its parts need.
 OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias", "qdoc", "kdoc", "keep", "read", "oscale")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
-ROWS = ("row", "kdoc")                              # [B,1,T] operands: one value per key, along lanes
-COLUMNS = ("col", "qdoc", "keep", "read", "oscale")  # [B,T,1] operands: one value per token
+# The parallel driver's operands: no carry, so no col / keep; kv2 and read2 the sum from the right.
+PARALLEL = ("qq", "qk", "lq", "lk", "v", "kv", "kv2", "row", "bias", "qdoc", "kdoc", "read", "read2", "oscale")
+ROWS = ("row", "kdoc")                                       # [B,1,T] operands: one value per key, along lanes
+COLUMNS = ("col", "qdoc", "keep", "read", "read2", "oscale")  # [B,T,1] operands: one value per token
 
 
 def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
@@ -142,32 +161,98 @@ def _grid_kernel(*refs, names: tuple[str, ...], **statics):
     kv_ref[...] = kv
 
 
-def _loop_kernel(*refs, names: tuple[str, ...], chunk: int, num_chunks: int, reverse: bool, **statics):
-  """Grid (B, H, J) over J value tiles; the kernel loops over the G chunks of its whole [T, D] slices
-  (last to first when `reverse`), KV a loop value."""
+def _parallel_kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state_tile: int, chunk: int,
+                     causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
+                     upcast: bool):
+  """Grid (B, H, G, Q, J): query tile Q of chunk G, value tile J -> out [Cq,Et], no carry.
+
+  Blocks: qq, lq [Cq,S], qdoc / read / read2 / oscale [Cq,1] and bias [Cq,C] of the query tile; qk, lk
+  [C,S], v [C,Et], row / kdoc [1,C] of the whole chunk, read a key tile of Ck rows at a time (refs are
+  sliced: Triton cannot slice a loaded array); kv, kv2 [S,Et] the states the chunk reads, in sub-tiles
+  of `state_tile` rows. Three loops, one accumulator [Cq,Et]: the local part over the key tiles; the
+  own-chunk term of non-causal documents (oscale given) over them again (in the local loop it would
+  hold a second set of pipelined tiles in shared memory, and a softmax's rescaling would scale it);
+  lin_q KV."""
   ins = dict(zip(names, refs))
   o_ref = refs[len(names)]
-  c = chunk
-  carried = statics["carried"]
-  total, bias = (ins[n][...] if n in ins else None for n in ("kv", "bias"))
+  cq, ck = query_tile, key_tile
+  et = o_ref.shape[-1]
+  qi = pl.program_id(3)
+  load = lambda name: ins[name][...] if name in ins else None
+  cast = (lambda x: x.astype(f32)) if upcast else (lambda x: x)
+  keys = lambda name, k: cast(ins[name][pl.ds(k * ck, ck), :])  # key tile k, [Ck, .]
+  lanes = lambda name, k: ins[name][:, pl.ds(k * ck, ck)]        # key tile k along lanes, [., Ck]
+  qdoc = load("qdoc")
 
-  def chunk_of(name, r):
-    if name == "bias":
-      return bias
-    if name not in ins:
-      return None
-    if name in ROWS:
-      return ins[name][:, pl.ds(r * c, c)]
-    return ins[name][pl.ds(r * c, c), :]
+  def allowed(k, *, local: bool):
+    """[Cq,Ck] mask of key tile k (None: all allowed): real keys; causal and documents in the local
+    part, documents in the own-chunk term."""
+    mask = None if "row" not in ins else jnp.broadcast_to(lanes("row", k) > 0, (cq, ck))
+    parts = []
+    if local and causal:
+      rows = qi * cq + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 0)
+      parts.append(k * ck + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 1) <= rows)
+    if qdoc is not None and (local_documents or not local):
+      parts.append(qdoc == lanes("kdoc", k))
+    for part in parts:
+      mask = part if mask is None else mask & part
+    return mask
 
-  def body(step, kv):
-    r = num_chunks - 1 - step if reverse else step
-    out, kv = _chunk_step(kv if carried else total, *(chunk_of(n, r) for n in STEP), **statics)
-    o_ref[pl.ds(r * c, c), :] = out.astype(o_ref.dtype)
-    return kv if carried else None
+  def own_step(k, acc):
+    """The query's document's keys in its own chunk through the linear kernel, times oscale (float32
+    weights and values, as in the reference)."""
+    scores = _pallas.dot(cast(ins["lq"][...]), keys("lk", k), (1, 1)) * lin_scale
+    weights = jnp.where(allowed(k, local=False), scores, 0.0) * ins["oscale"][...]
+    return acc + _pallas.dot(weights, keys("v", k).astype(f32))
 
-  init = jnp.zeros((ins["lq"].shape[-1], o_ref.shape[-1]), f32) if carried else None
-  jax.lax.fori_loop(0, num_chunks, body, init)
+  acc = jnp.zeros((cq, et), f32)
+  # Causal: key tiles up to the diagonal; lax.div (not //) as the bound is non-negative.
+  last = jax.lax.div((qi + 1) * cq + ck - 1, ck) if causal else chunk // ck
+  if "qq" in ins:
+    qq = cast(ins["qq"][...])
+    softmax = kernel == "softmax"
+
+    def local(k, carry):
+      acc, top, total = carry
+      scores = _pallas.dot(qq, keys("qk", k), (1, 1)) * quad_scale
+      if "bias" in ins:
+        scores = scores + lanes("bias", k).astype(f32)
+      mask = allowed(k, local=True)
+      v = keys("v", k)
+      if softmax:  # online: the running maximum and sum per query, the accumulator rescaled
+        if mask is not None:
+          scores = jnp.where(mask, scores, -MASK)
+        new_top = jnp.maximum(top, scores.max(-1, keepdims=True))
+        weights = jnp.exp(scores - new_top)
+        if mask is not None:
+          weights = jnp.where(mask, weights, 0.0)
+        rescale = jnp.exp(top - new_top)
+        total = total * rescale + weights.sum(-1, keepdims=True)
+        acc, top = acc * rescale, new_top
+      else:
+        weights = _weights(scores, mask, kernel)
+      return acc + _pallas.dot(weights.astype(v.dtype), v), top, total
+
+    init = (acc, jnp.full((cq, 1), -MASK, f32), jnp.zeros((cq, 1), f32))
+    acc, _, total = jax.lax.fori_loop(0, last, local, init)
+    if softmax:  # a query with no allowed key reads nothing, as in the reference
+      acc = acc / jnp.where(total > 0, total, 1.0)
+  if "oscale" in ins:
+    acc = jax.lax.fori_loop(0, chunk // ck, own_step, acc)
+  if "lq" in ins:
+    # lin_q KV over sub-tiles of Sb state rows: a whole float32 [S,Et] state tile would take as many
+    # registers as the accumulator. The per-query factors scale lin_q's rows (exact but for "mean").
+    reads = [(n, ins[r][...] if r in ins else None) for n, r in (("kv", "read"), ("kv2", "read2")) if n in ins]
+
+    def state_rows(i, acc):
+      rows = pl.ds(i * state_tile, state_tile)
+      lq = ins["lq"][:, rows].astype(f32)
+      for name, read in reads:
+        acc = acc + _pallas.dot(lq if read is None else lq * read, ins[name][rows, :])
+      return acc
+
+    acc = jax.lax.fori_loop(0, ins["lq"].shape[-1] // state_tile, state_rows, acc)
+  o_ref[...] = acc.astype(o_ref.dtype)
 
 
 LANES, SUBLANES = 128, 8  # a TPU VMEM tile
@@ -193,10 +278,11 @@ def vmem_bytes(*, chunk: int, s: int, value_block: int, itemsize: int) -> int:
 def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None, platform: str = "tpu") -> int:
   """The width of the value tiles, a divisor of e. TPU: the widest multiple of 128 lanes whose
   `vmem_bytes` fits `budget` (128 when none does: the compiler then names the excess); e itself when
-  it is no multiple of 128. GPU: 128 where it divides e (a power of two, as Triton needs). Elsewhere
-  (interpret mode) e."""
+  it is no multiple of 128. GPU: `GPU_TILES`' value_block where it divides e (a power of two, as
+  Triton needs). Elsewhere (interpret mode) e."""
   if platform == "gpu":
-    return LANES if e % LANES == 0 else e
+    tile = _pallas.gpu_tiles("mixed_chunk_attention")["value_block"]
+    return tile if e % tile == 0 else e
   if platform != "tpu" or e % LANES:
     return e
   widths = [w for w in range(e, 0, -LANES) if e % w == 0]
@@ -205,23 +291,48 @@ def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None
   return fits[0] if fits else widths[-1]
 
 
+def _tile(c: int, want: int) -> int:
+  """`want` rows of a chunk of c where that divides it, else the whole chunk (a chunk cut short by T)."""
+  want = min(want, c)
+  return want if c % want == 0 else c
+
+
 def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, value_tile: int, itemsize: int,
-         local: bool, carried: bool) -> pl.CostEstimate:
+         local: bool, carried: bool, tiles: tuple[int, int] | None = None, causal: bool = False, own: bool = False,
+         states: int = 0, softmax: bool = False) -> pl.CostEstimate:
   """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
-  opaque to them): per chunk the local [C,C] scores once per value tile and their product with the
+  opaque to them).
+
+  Grid driver: per chunk the local [C,C] scores once per value tile and their product with the
   values, the global part's lin_q KV and (causal) KV update over all of E; the [C,S] blocks read once
-  per tile, v and the output once."""
+  per tile, v and the output once.
+  Parallel driver (`tiles` = (Cq, Ck); `states` KV tensors read, `own` the non-causal documents'
+  own-chunk term; `softmax` the local kernel's exp): per program the key tiles it visits (causal: up
+  to the diagonal) for its scores (recomputed per value tile) and their product with its values, and
+  lin_q KV per state; moved, every block each program reads (a chunk's key and value tiles once per
+  query tile: mostly from L2) and its output tile. The states are XLA's own operations."""
   b, h, t, c = batch, heads, seq_len, chunk
-  tiles, chunks = e // value_tile, t // chunk
-  flops = chunks * ((tiles * 2 * c * c * s + 2 * c * c * e) * local + 2 * c * s * e * (1 + carried))
-  moved = tiles * t * s * itemsize * (2 * local + 1 + carried) + 2 * t * e * itemsize
-  return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
+  tiles_e, chunks = e // value_tile, t // chunk
+  if tiles is None:
+    flops = chunks * ((tiles_e * 2 * c * c * s + 2 * c * c * e) * local + 2 * c * s * e * (1 + carried))
+    moved = tiles_e * t * s * itemsize * (2 * local + 1 + carried) + 2 * t * e * itemsize
+    return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
+  (cq, ck), et, a = tiles, value_tile, itemsize
+  nq = c // cq
+  keys = sum(ck * -(-(i + 1) * cq // ck) if causal else c for i in range(nq))  # key rows, all query tiles
+  # Per chunk and value tile: scores [Cq,S]x[S,keys] and weights x values [keys,Et] for each query tile.
+  flops = (local * cq * keys + own * c * c) * 2 * (s + et) + states * 2 * c * s * et
+  moved = (local * (c * s + keys * (s + et + cq)) * a + own * (c * s + nq * c * (s + et)) * a
+           + (states > 0) * c * s * a + nq * states * s * et * 4 + c * et * a)
+  return pl.CostEstimate(flops=int(b * h * chunks * tiles_e * flops),
+                         transcendentals=int(b * h * chunks * tiles_e * local * softmax * cq * keys),
+                         bytes_accessed=int(b * h * chunks * tiles_e * moved))
 
 
-def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, carried: bool, own: bool,
-             reverse: bool, kernel: str, quad_scale: float, lin_scale: float, upcast: bool, driver: str,
-             interpret: bool) -> Array:
-  """The kernel on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
+def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, carried: bool, own: bool,
+                  reverse: bool, kernel: str, quad_scale: float, lin_scale: float, upcast: bool,
+                  interpret: bool) -> Array:
+  """The grid driver on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
   ROWS [B,1,T]; COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E].
   E is read in J = E / value_tile tiles, each its own program (the local scores recomputed per tile).
   `reverse` walks the chunks last to first (the carried sum then holds the later chunks)."""
@@ -232,53 +343,109 @@ def _forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: boo
   s = args["lq"].shape[-1] if "lq" in args else 0
   statics = dict(causal=causal, carried=carried, own=own, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale,
                  upcast=upcast)
-  out_shape = jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype)
   estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=max(s, args["qq"].shape[-1] if "qq" in args else 0), e=e,
                   value_tile=et, itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=carried)
-  if driver == "grid":
-    at = (lambda rr: g - 1 - rr) if reverse else (lambda rr: rr)
-    time = lambda bb, hh, jj, rr: (bb, hh, at(rr), 0)
-    tiled = lambda bb, hh, jj, rr: (bb, hh, at(rr), jj)
-    index = {"v": tiled, "kv": lambda bb, hh, jj, rr: (bb, hh, 0, jj), "bias": lambda bb, hh, jj, rr: (0, 0)}
-    block = {"v": (None, None, c, et), "kv": (None, None, s, et), "bias": (c, c)}
-    for n in ROWS:
-      index[n], block[n] = (lambda bb, hh, jj, rr: (bb, 0, at(rr))), (None, 1, c)
-    for n in COLUMNS:
-      index[n], block[n] = (lambda bb, hh, jj, rr: (bb, at(rr), 0)), (None, c, 1)
-    in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
-    call = pl.pallas_call(
-        functools.partial(_grid_kernel, names=names, **statics), out_shape=out_shape,
-        grid=(b, h, nj, g), in_specs=in_specs, out_specs=pl.BlockSpec((None, None, c, et), tiled),
-        scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
-        compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
-        cost_estimate=estimate, name="mixed_chunk_attention")
-  else:
-    whole = lambda bb, hh, jj: (bb, hh, 0, 0)
-    tiled = lambda bb, hh, jj: (bb, hh, 0, jj)
-    index = {"v": tiled, "kv": tiled, "bias": lambda bb, hh, jj: (0, 0)}
-    block = {"v": (None, None, t, et), "kv": (None, None, s, et), "bias": (c, c)}
-    for n in ROWS:
-      index[n], block[n] = (lambda bb, hh, jj: (bb, 0, 0)), (None, 1, t)
-    for n in COLUMNS:
-      index[n], block[n] = (lambda bb, hh, jj: (bb, 0, 0)), (None, t, 1)
-    in_specs = [pl.BlockSpec(block.get(n, (None, None) + args[n].shape[2:]), index.get(n, whole)) for n in names]
-    call = pl.pallas_call(
-        functools.partial(_loop_kernel, names=names, chunk=c, num_chunks=g, reverse=reverse, **statics),
-        out_shape=out_shape, grid=(b, h, nj), in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, None, t, et), tiled),
-        compiler_params=_pallas.compiler_params(3, sequential=False), interpret=interpret,
-        cost_estimate=estimate, name="mixed_chunk_attention")
+  at = (lambda rr: g - 1 - rr) if reverse else (lambda rr: rr)
+  time = lambda bb, hh, jj, rr: (bb, hh, at(rr), 0)
+  tiled = lambda bb, hh, jj, rr: (bb, hh, at(rr), jj)
+  index = {"v": tiled, "kv": lambda bb, hh, jj, rr: (bb, hh, 0, jj), "bias": lambda bb, hh, jj, rr: (0, 0)}
+  block = {"v": (None, None, c, et), "kv": (None, None, s, et), "bias": (c, c)}
+  for n in ROWS:
+    index[n], block[n] = (lambda bb, hh, jj, rr: (bb, 0, at(rr))), (None, 1, c)
+  for n in COLUMNS:
+    index[n], block[n] = (lambda bb, hh, jj, rr: (bb, at(rr), 0)), (None, c, 1)
+  in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
+  call = pl.pallas_call(
+      functools.partial(_grid_kernel, names=names, **statics),
+      out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype), grid=(b, h, nj, g), in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, None, c, et), tiled),
+      scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
+      compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
+      cost_estimate=estimate, name="mixed_chunk_attention")
   return call(*(args[n] for n in names))
 
 
-def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, value_tile, causal, quad_scale,
-                 lin_scale, global_norm, kernel, upcast, driver, interpret) -> Array:
+def _parallel_forward(args: dict[str, Array], *, chunk: int, value_tile: int, query_tile: int, key_tile: int,
+                      causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
+                      upcast: bool, interpret: bool) -> Array:
+  """The parallel driver on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv, kv2
+  [B,H,G,S,E] (the state each chunk reads) or kv [B,H,S,E] (one for all chunks); ROWS [B,1,T];
+  COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
+  b, h, t, e = args["v"].shape
+  c, g, et, cq = chunk, t // chunk, value_tile, query_tile
+  nq, nj = c // cq, e // et
+  names = tuple(n for n in PARALLEL if n in args)
+  s = max(args[n].shape[-1] for n in ("qq", "lq") if n in args)
+  lin_s = args["lq"].shape[-1] if "lq" in args else 1  # the states' rows
+  query = lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, 0)
+
+  def spec(name: str) -> pl.BlockSpec:
+    """Query tiles of the chunk (qq, lq, COLUMNS, bias rows), the whole chunk (qk, lk, v's value tile, ROWS),
+    the state's value tile (per chunk, or one for all chunks)."""
+    width = args[name].shape[-1]
+    if name in ("qq", "lq"):
+      return pl.BlockSpec((None, None, cq, width), query)
+    if name in ("qk", "lk"):
+      return pl.BlockSpec((None, None, c, width), lambda bb, hh, gg, qq, jj: (bb, hh, gg, 0))
+    if name == "v":
+      return pl.BlockSpec((None, None, c, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg, jj))
+    if name in ("kv", "kv2") and args[name].ndim == 5:
+      return pl.BlockSpec((None, None, None, lin_s, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg, 0, jj))
+    if name in ("kv", "kv2"):
+      return pl.BlockSpec((None, None, lin_s, et), lambda bb, hh, gg, qq, jj: (bb, hh, 0, jj))
+    if name in ROWS:
+      return pl.BlockSpec((None, 1, c), lambda bb, hh, gg, qq, jj: (bb, 0, gg))
+    if name in COLUMNS:
+      return pl.BlockSpec((None, cq, 1), lambda bb, hh, gg, qq, jj: (bb, gg * nq + qq, 0))
+    return pl.BlockSpec((cq, c), lambda bb, hh, gg, qq, jj: (qq, 0))  # bias
+
+  estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=s, e=e, value_tile=et,
+                  itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=False,
+                  tiles=(cq, key_tile), causal=causal, own="oscale" in args,
+                  states=("kv" in args) + ("kv2" in args), softmax=kernel == "softmax")
+  state_tile = _tile(lin_s, _pallas.gpu_tiles("mixed_chunk_attention")["state_block"])
+  kernel_fn = functools.partial(_parallel_kernel, names=names, query_tile=cq, key_tile=key_tile,
+                                state_tile=state_tile, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
+                                lin_scale=lin_scale, local_documents=local_documents, upcast=upcast)
+  call = pl.pallas_call(
+      kernel_fn, out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype), grid=(b, h, g, nq, nj),
+      in_specs=[spec(n) for n in names],
+      out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
+      compiler_params=_pallas.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
+      interpret=interpret, cost_estimate=estimate, name="mixed_chunk_attention")
+  return call(*(args[n] for n in names))
+
+
+def _chunk_states(lk: Array, v: Array, weight: Array | None, restart: Array | None, *, chunk: int, causal: bool,
+                  lin_scale: float, reverse: bool = False) -> Array:
+  """The global state each chunk reads, as the reference sums it (for the parallel driver): lk [B,H,T,S],
+  v [B,H,T,E] head-major, weight [B,T] each key's weight (0: not summed; None: all 1), restart [B,G] the
+  chunks' carry factors (`flash_xla.global_layout`; None: no documents) -> float32 [B,H,G,S,E], the
+  chunks before each chunk (after it when `reverse`) with restarts; without documents, causal the
+  exclusive prefix sum, non-causal the total [B,H,S,E]."""
+  b, h, t, s = lk.shape
+  e, g = v.shape[-1], t // chunk
+  if weight is not None:
+    lk = jnp.where(weight[:, None, :, None] > 0, lk, jnp.zeros_like(lk))
+  if restart is None and not causal:
+    return jnp.einsum("bhts,bhte->bhse", lk, v, preferred_element_type=f32) * lin_scale
+  sums = jnp.einsum("bhgcs,bhgce->bhgse", lk.reshape(b, h, g, chunk, s), v.reshape(b, h, g, chunk, e),
+                    preferred_element_type=f32) * lin_scale
+  if restart is None:
+    return jnp.concatenate([jnp.zeros_like(sums[:, :, :1]), jnp.cumsum(sums[:, :, :-1], axis=2)], axis=2)
+  carried = flash_xla.carried_sums(sums.reshape(b * h, g, s, e), jnp.repeat(restart, h, axis=0), reverse=reverse)
+  return carried.reshape(b, h, g, s, e)
+
+
+def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, value_tile, query_tile, key_tile,
+                 causal, quad_scale, lin_scale, global_norm, kernel, upcast, driver, interpret) -> Array:
   """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out.
 
-  Without documents and with "sum": causal carries KV forward, non-causal reads the total (one
-  einsum here). Otherwise (`flash_xla.global_layout`): causal carries KV forward with restarts;
-  non-causal is two walks, forward (local part, the query's own chunk, the earlier chunks) and
-  backward (the later chunks), added."""
+  Grid driver: without documents and with "sum", causal carries KV forward, non-causal reads the
+  total (one einsum here). Otherwise (`flash_xla.global_layout`): causal carries KV forward with
+  restarts; non-causal is two walks, forward (local part, the query's own chunk, the earlier chunks)
+  and backward (the later chunks), added. Parallel driver: the states every chunk reads, computed
+  here (`_chunk_states`), and one call."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
   g = -(-t // c)
@@ -296,17 +463,38 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
       args["row"] = keep[:, None, :]
     if bias is not None:
       args["bias"] = bias[:c, :c]
-  layout = {}
+  lay = {}
   if not plain:
     doc = flash_xla.documents(segments, keep[:, :t] > 0, g * c)
-    layout = flash_xla.global_layout(doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal,
-                                     global_norm=global_norm)
-    layout = {k: (jnp.repeat(x, c, axis=1) if x.ndim == 2 else x.reshape(b, g * c))[:, :, None]
-              for k, x in layout.items()}  # per-chunk flags onto their tokens; [B,T,1]
+    lay = flash_xla.global_layout(doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal,
+                                  global_norm=global_norm)
+    documents = dict(qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :])
     if segments is not None and quad_q is not None:
-      args.update(qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :])
+      args.update(documents)
   statics = dict(chunk=c, value_tile=value_tile, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                 lin_scale=lin_scale, upcast=upcast, driver=driver, interpret=interpret)
+                 lin_scale=lin_scale, upcast=upcast, interpret=interpret)
+  dims = lambda call_args: {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in call_args}
+  if driver == "parallel":
+    if lin_q is not None:
+      lq, lk = head_major(lin_q), head_major(lin_k)
+      states = functools.partial(_chunk_states, lk, args["v"], chunk=c, causal=causal, lin_scale=lin_scale)
+      args["lq"] = lq
+      if plain:
+        args["kv"] = states(keep, None)
+      else:
+        tokens = lambda x: x.reshape(b, g * c)[:, :, None]  # [B,G,C] -> [B,T,1]
+        args.update(kv=states(lay["fwd_w"].reshape(b, g * c), lay["fwd_keep"]),
+                    read=tokens(lay["fwd_read"] * lay["scale"]))
+        if not causal:  # the later chunks of the document, and its keys in the query's own chunk
+          args.update(kv2=states(lay["bwd_w"].reshape(b, g * c), lay["bwd_keep"], reverse=True),
+                      read2=tokens(lay["bwd_read"] * lay["scale"]), lk=lk, row=keep[:, None, :],
+                      oscale=tokens(lay["scale"]), **documents)
+    run = functools.partial(_parallel_forward, query_tile=query_tile, key_tile=key_tile,
+                            local_documents=segments is not None, **statics)
+    out = _pallas.run_per_device(run, (args,), (dims(args),), "bh..", batch=b, heads=h)
+    return out[:, :, :t].transpose(0, 2, 1, 3)
+  # Per-chunk flags onto their tokens, [B,T,1].
+  layout = {k: (jnp.repeat(x, c, axis=1) if x.ndim == 2 else x.reshape(b, g * c))[:, :, None] for k, x in lay.items()}
   calls = []  # (args, carried, own, reverse)
   if lin_q is None:
     calls.append((args, False, False, False))
@@ -324,8 +512,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
     lq, lk = head_major(lin_q), head_major(lin_k)
     args.update(lq=lq, lk=lk, col=layout["fwd_w"], keep=layout["fwd_keep"], read=layout["fwd_read"] * layout["scale"])
     if not causal:
-      args.update(row=keep[:, None, :], qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :],
-                  oscale=layout["scale"])
+      args.update(row=keep[:, None, :], oscale=layout["scale"], **documents)
     calls.append((args, True, not causal, False))
     if not causal:
       later = dict(v=args["v"], lq=lq, lk=lk, col=layout["bwd_w"], keep=layout["bwd_keep"],
@@ -333,9 +520,8 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
       calls.append((later, True, False, True))
   out = 0
   for call_args, carried, own, reverse in calls:
-    dims = {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in call_args}
-    run = functools.partial(_forward, carried=carried, own=own, reverse=reverse, **statics)
-    out = out + _pallas.run_per_device(run, (call_args,), (dims,), "bh..", batch=b, heads=h)
+    run = functools.partial(_grid_forward, carried=carried, own=own, reverse=reverse, **statics)
+    out = out + _pallas.run_per_device(run, (call_args,), (dims(call_args),), "bh..", batch=b, heads=h)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
 
@@ -351,7 +537,7 @@ def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, static
 
 def _attention_bwd(statics, residuals, cotangent):
   *floats, mask, segments = residuals
-  d = {k: x for k, x in statics if k not in ("value_tile", "upcast", "driver", "interpret")}
+  d = {k: x for k, x in statics if k not in ("value_tile", "query_tile", "key_tile", "upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
     return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments,
@@ -368,12 +554,15 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
                           v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
                           bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
                           global_norm: str = "sum", kernel: str = "relu2", driver: str | None = None,
-                          interpret: bool | None = None, value_tile: int | None = None) -> Array:
+                          interpret: bool | None = None, value_tile: int | None = None,
+                          query_tile: int | None = None, key_tile: int | None = None) -> Array:
   """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
   (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T]; segments
   int[B,T]; global_norm "sum" | "mean" -> [B,T,H,E]);
-  `driver` and `interpret` default to `_pallas.driver()` and `_pallas.interpret_default()`, `value_tile`
-  (the width of the value tiles, a divisor of E) to `value_block` for the target."""
+  `driver` ("grid" or "parallel") and `interpret` default to the target's (`_pallas.driver`,
+  `_pallas.interpret_default`), `value_tile` (the width of the value tiles, a divisor of E) to
+  `value_block` for the target; the parallel driver's `query_tile` and `key_tile` (rows of a chunk,
+  divisors of C = min(chunk, T)) to `GPU_TILES`' query_block and key_block where they divide C, else C."""
   if kernel not in flash_xla.LOCAL_KERNELS:
     raise ValueError(f"local kernel {kernel!r} is not one of {flash_xla.LOCAL_KERNELS}.")
   b, t, h, _ = v.shape
@@ -399,8 +588,16 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
                              platform=_pallas.platform())
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
-  statics = (("chunk", chunk), ("value_tile", value_tile), ("causal", causal), ("quad_scale", quad_scale),
+  tiles = _pallas.gpu_tiles("mixed_chunk_attention")
+  query_tile = _tile(c, tiles["query_block"]) if query_tile is None else query_tile
+  key_tile = _tile(c, tiles["key_block"]) if key_tile is None else key_tile
+  for name, tile in (("query", query_tile), ("key", key_tile)):
+    if tile <= 0 or c % tile:
+      raise ValueError(f"{name} tile {tile} does not divide the chunk {c}.")
+  statics = (("chunk", chunk), ("value_tile", value_tile), ("query_tile", query_tile), ("key_tile", key_tile),
+             ("causal", causal), ("quad_scale", quad_scale),
              ("lin_scale", lin_scale), ("global_norm", global_norm), ("kernel", kernel),
-             ("upcast", not _pallas.bf16_matmuls()), ("driver", _pallas.driver(driver)),
+             ("upcast", not _pallas.bf16_matmuls()),
+             ("driver", _pallas.driver(driver, gpu="parallel", drivers=DRIVERS)),
              ("interpret", _pallas.interpret_default() if interpret is None else interpret))
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

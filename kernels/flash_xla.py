@@ -16,7 +16,7 @@ and the current chunk's keys and values: memory O(C (S + E) + S E) per head, wha
 Padding (mask False) contributes nothing to either part; padded rows return garbage.
 
 Packed documents (`segments`): each part reads the query's document only. The global sums then
-run over chunks with restarts (`_carried_sums`, an associative scan of G steps with a 0/1 carry
+run over chunks with restarts (`carried_sums`, an associative scan of G steps with a 0/1 carry
 factor) and, non-causal, from both sides plus the query's own chunk; `global_layout` says which
 keys each sum holds and which queries read it. Cross-chunk normalisation (`global_norm`): "sum"
 (eqs. 7-8, Code 1) or "mean" (Codes 7-8 divide by the number of chunks summed).
@@ -124,7 +124,7 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   return out
 
 
-def _carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
+def carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
   """The exclusive running sum with restarts: out[g] = keep[g-1] out[g-1] + kv[g-1] (out[0] = 0);
   reverse: from the right, out[g] = keep[g+1] out[g+1] + kv[g+1]. kv [B,G,...], keep [B,G]."""
   keep = keep.reshape(keep.shape + (1,) * (kv.ndim - 2))
@@ -200,9 +200,9 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
     return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
   lay = global_layout(doc, valid, causal=causal, global_norm=global_norm)
   read = lambda x, name: x * lay[name][..., None, None]
-  glob = read(jnp.einsum("bgchs,bghse->bgche", lq, _carried_sums(sums(lay["fwd_w"]), lay["fwd_keep"])), "fwd_read")
+  glob = read(jnp.einsum("bgchs,bghse->bgche", lq, carried_sums(sums(lay["fwd_w"]), lay["fwd_keep"])), "fwd_read")
   if not causal:  # the later chunks of the document, and its keys in the query's own chunk
-    later = _carried_sums(sums(lay["bwd_w"]), lay["bwd_keep"], reverse=True)
+    later = carried_sums(sums(lay["bwd_w"]), lay["bwd_keep"], reverse=True)
     glob = glob + read(jnp.einsum("bgchs,bghse->bgche", lq, later), "bwd_read")
     own = jnp.einsum("bgihs,bgjhs->bghij", lq, lin_k, preferred_element_type=jnp.float32) * lin_scale
     own = jnp.where((same & valid[:, :, None, :])[:, :, None], own, 0.0)

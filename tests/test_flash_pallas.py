@@ -1,6 +1,9 @@
 """FLASH's mixed chunk attention kernel (interpret mode on CPU) == the XLA form and the quadratic
-oracles, per device under a mesh, and in the trainer: values and gradients, both drivers, float32
-and bfloat16."""
+oracles, per device under a mesh, and in the trainer: values and gradients, both drivers (grid, the
+TPU's; parallel, the GPU's), float32 and bfloat16; the GPU's default driver and tiles as traced for a
+GPU (tests/test_gpu_kernels.py compiles them for an H100)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -61,24 +64,33 @@ def assert_close(got, want, tolerance):
 
 # -- the kernel against the XLA form ------------------------------------------------------------------------
 
-# (causal, kernel, T, C, parts, bias, mask, driver, dtype, value tile): odd T and multiples of C, C 4 to 16,
-# local-only and global-only, E = 6 whole or in tiles of 3 and 2 (a causal KV carried per tile, a
-# non-causal total read per tile). linear_attention below adds the non-causal global-only form.
-CASES = [(True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32, 3),
-         (True, "softmax", 32, 4, "both", False, True, "loop", jnp.float32, 2),
-         (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32, None),
-         (False, "relu2", 32, 8, "local", True, False, "loop", jnp.float32, None),
-         (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32, 2),
-         (True, "relu2", 37, 8, "both", True, True, "loop", jnp.bfloat16, None),
-         (False, "softmax", 32, 16, "both", False, True, "grid", jnp.bfloat16, None)]
+# (causal, kernel, T, C, parts, bias, mask, driver, dtype, value tile, (query tile, key tile)): odd T and multiples
+# of C, C 4 to 16, local-only and global-only, E = 6 whole or in tiles of 3 and 2 (a causal KV carried per tile, a
+# non-causal total read per tile). The parallel driver (the GPU's) takes every case with query and key tiles
+# smaller than C, key tiles narrower and wider than query tiles (the causal bound at the diagonal), and once the
+# defaults (the whole chunk here). linear_attention below adds the non-causal global-only form.
+CASES = tiers.quick([
+    (True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32, 3, None),
+    (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32, None, None),
+    (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32, 2, None),
+    (False, "softmax", 32, 16, "both", False, True, "grid", jnp.bfloat16, None, None),
+    (True, "relu2", 37, 8, "both", True, True, "parallel", jnp.float32, 3, (4, 2)),
+    (True, "softmax", 32, 4, "both", False, True, "parallel", jnp.float32, 2, (2, 4)),
+    (True, "linear", 37, 16, "global", False, True, "parallel", jnp.float32, None, (8, 4)),
+    (False, "relu2", 32, 8, "local", True, False, "parallel", jnp.float32, None, (4, 4)),
+    (False, "softmax", 37, 16, "both", True, True, "parallel", jnp.float32, 2, (4, 8)),
+    (True, "relu2", 37, 8, "both", True, True, "parallel", jnp.bfloat16, None, None),
+    (False, "softmax", 32, 16, "both", False, True, "parallel", jnp.bfloat16, None, (8, 4))],
+    keep=[0, 3, 4, 5, 8], ids=lambda c: "-".join(map(str, c[:8] + (jnp.dtype(c[8]).name,) + c[9:])))
 
 
-@pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype,tile", CASES)
+@pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype,tile,tiles", CASES)
 def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts, with_bias, with_mask, driver,
-                                                dtype, tile):
+                                                dtype, tile, tiles):
   (qq, qk, lq, lk), v, bias, mask = inputs(t=t, chunk=chunk, dtype=dtype)
   kw = dict(chunk=chunk, causal=causal, quad_scale=8 ** -0.5 if kernel == "softmax" else 1 / chunk,
             lin_scale=1 / chunk, mask=mask if with_mask else None, kernel=kernel)
+  query_tile, key_tile = tiles or (None, None)
 
   def attention(impl):
     def fn(qq, qk, lq, lk, v, bias):
@@ -88,7 +100,8 @@ def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts,
         qq = None
       if impl == "xla":
         return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
-      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, **kw)
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile,
+                                                query_tile=query_tile, key_tile=key_tile, **kw)
     return fn
 
   args = (qq, qk, lq, lk, v, bias if with_bias else None)
@@ -103,23 +116,30 @@ def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts,
 DOCUMENTS = np.array([[1] * 5 + [2] * 11 + [3] * 3 + [4] * 12 + [0] * 6, [1] * 30 + [0] * 7])
 
 
+# The parallel driver with documents: a chunk's own keys of the query's document (non-causal) in a second loop,
+# after the local part's online softmax too; query tiles of 4, key tiles of 2.
 @pytest.mark.parametrize("causal,kernel,global_norm,parts,driver,tile", tiers.quick([
-    (True, "relu2", "sum", "both", "grid", 3), (True, "relu2", "mean", "both", "loop", None),
-    (False, "relu2", "sum", "both", "loop", 2), (False, "relu2", "mean", "both", "grid", None),
-    (False, "softmax", "mean", "global", "loop", None), (True, "linear", "mean", "global", "grid", None)],
-    keep=[0, 3], ids=lambda c: "-".join(map(str, c))))
+    (True, "relu2", "sum", "both", "grid", 3), (False, "relu2", "mean", "both", "grid", None),
+    (True, "linear", "mean", "global", "grid", None),
+    (True, "relu2", "sum", "both", "parallel", 3), (True, "relu2", "mean", "both", "parallel", None),
+    (False, "relu2", "sum", "both", "parallel", 2), (False, "relu2", "mean", "both", "parallel", None),
+    (False, "softmax", "mean", "global", "parallel", None), (True, "linear", "mean", "global", "parallel", None),
+    (False, "softmax", "sum", "both", "parallel", 2)],
+    keep=[0, 1, 5, 9], ids=lambda c: "-".join(map(str, c))))
 def test_kernel_with_documents_equals_xla_values_and_gradients(causal, kernel, global_norm, parts, driver, tile):
   (qq, qk, lq, lk), v, bias, _ = inputs(t=37, chunk=8)
   segments = jnp.asarray(DOCUMENTS)
   kw = dict(chunk=8, causal=causal, quad_scale=0.125, lin_scale=0.125, mask=segments > 0, segments=segments,
             global_norm=global_norm, kernel=kernel)
+  tiles = dict(query_tile=4, key_tile=2) if driver == "parallel" else {}
 
   def attention(impl):
     def fn(qq, qk, lq, lk, v, bias):
       qq = None if parts == "global" else qq
       if impl == "xla":
         return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
-      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, **kw)
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile,
+                                                **tiles, **kw)
     return fn
 
   args = (qq, qk, lq, lk, v, bias)
@@ -136,7 +156,8 @@ def test_one_chunk_without_the_global_part_is_quadratic_attention():
 
   def both(qq, qk, v, bias):
     out = []
-    for causal, kernel, driver in ((True, "relu2", "loop"), (False, "softmax", "grid")):
+    for causal, kernel, driver in ((True, "relu2", "parallel"), (False, "softmax", "grid"),
+                                   (False, "softmax", "parallel")):
       kw = dict(causal=causal, mask=mask, kernel=kernel)
       fast = lambda qq, qk, v, bias: flash_pallas.mixed_chunk_attention(
           qq, qk, None, None, v, chunk=16, quad_scale=0.25, lin_scale=1.0, bias=bias, driver=driver, **kw)
@@ -148,7 +169,15 @@ def test_one_chunk_without_the_global_part_is_quadratic_attention():
     assert_close(got, want, F32)
 
 
-def test_linear_attention_kernel_equals_quadratic_form():
+def with_driver(monkeypatch, driver):
+  """kernels.flash's impl="pallas" (which names no driver) on `driver`, in interpret mode as on the CPU."""
+  monkeypatch.setattr(flash_pallas, "mixed_chunk_attention",
+                      functools.partial(flash_pallas.mixed_chunk_attention, driver=driver))
+
+
+@pytest.mark.parametrize("driver", ["grid", "parallel"])
+def test_linear_attention_kernel_equals_quadratic_form(monkeypatch, driver):
+  with_driver(monkeypatch, driver)
   (q, k, _, _), v, _, mask = inputs(t=13)
 
   def both(q, k, v):
@@ -163,9 +192,12 @@ def test_linear_attention_kernel_equals_quadratic_form():
 
 # -- per device under a mesh ---------------------------------------------------------------------------------
 
-def test_kernel_runs_per_device_under_a_mesh():
-  """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the unsharded values and gradients."""
+@pytest.mark.parametrize("driver", ["grid", "parallel"])
+def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
+  """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the unsharded values and gradients (the
+  parallel driver's per-chunk states computed outside the kernel, sharded as its operands)."""
   assert jax.device_count() == 8
+  with_driver(monkeypatch, driver)
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   (qq, qk, lq, lk), v, bias, mask = inputs(b=4, t=13, chunk=4)
 
@@ -223,6 +255,28 @@ def test_bad_impl_is_a_clear_error():
     lra_core.load_config("configs/pg19/flash.py:tiny", ["model.impl=triton"])
 
 
+def test_on_a_gpu_the_kernel_is_the_parallel_driver_with_the_gpu_tiles():
+  """Traced for a GPU (no compile): FLASH's C4 sizes (T 2048, C 256, s 128, e 1536) run the parallel
+  driver over (B, H, G, C / query_block, e / value_block) programs with GPU_TILES' launch parameters,
+  the per-chunk states [B,H,G,S,E] built by XLA; its cost counts the causal key tiles only."""
+  t, c, s, e = 2048, 256, 128, 1536
+  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  fn = lambda q, k, v: flash_pallas.mixed_chunk_attention(q, k, q, k, v, chunk=c, causal=True, quad_scale=1.0,
+                                                          lin_scale=1.0)
+  with _pallas.target("gpu"):
+    text = str(jax.make_jaxpr(fn)(x(1, t, 1, s), x(1, t, 1, s), x(1, t, 1, e)))
+  tiles = _pallas.gpu_tiles("mixed_chunk_attention")
+  nq, nj = c // tiles["query_block"], e // tiles["value_block"]
+  assert f"grid=(1, 1, {t // c}, {nq}, {nj})" in text
+  assert f"CompilerParams(num_warps={tiles['num_warps']}, num_stages={tiles['num_stages']})" in text
+  assert f"f32[1,1,{t // c},{s},{e}]" in text and "f32[1,1,2048,2048]" not in text
+  kw = dict(batch=1, heads=1, seq_len=t, chunk=c, s=s, e=e, value_tile=128, itemsize=2, local=True, carried=False,
+            tiles=(64, 64), states=1)
+  causal, full = flash_pallas.cost(causal=True, **kw), flash_pallas.cost(causal=False, **kw)
+  assert full.flops == (t // c) * (2 * c * c * (nj * s + e) + 2 * c * s * e)
+  assert causal.flops - 2 * t * s * e == (full.flops - 2 * t * s * e) * 10 // 16  # 1 + 2 + 3 + 4 of 4 x 4 tiles
+
+
 def test_value_tiles_fit_the_target_vmem():
   """pg19's FLASH (C 512, S 128, e 2048) in bfloat16: TPU v3 and v4 (16 MiB) take 512-wide tiles, v5e the
   whole width; GPU 128 (a power of two for Triton); a width TPU blocks cannot split is whole; a tile
@@ -237,3 +291,6 @@ def test_value_tiles_fit_the_target_vmem():
   with pytest.raises(ValueError, match="value tile 4 does not divide E 6"):
     flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0,
                                        value_tile=4)
+  with pytest.raises(ValueError, match="key tile 3 does not divide the chunk 8"):
+    flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0,
+                                       driver="parallel", key_tile=3)
