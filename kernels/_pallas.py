@@ -191,8 +191,10 @@ GPU_TILES: dict[str, dict[str, int]] = {
     "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
     "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8,
                                   num_stages=2),  # state_block: rows of the [S, Et] state per step of lin_q KV
-    "causal_latte": dict(chunk=16, num_warps=4, num_stages=1),
-    "bidirectional_latte": dict(block=128, num_warps=4, num_stages=1),
+    # Latte: time blocks (chunk; the reduction's block), value columns per program, latents per group
+    # (per program for the reduction); every float32 matmul contracts a block or a latent group
+    "causal_latte": dict(chunk=16, value_block=32, latent_block=16, num_warps=8, num_stages=1),
+    "bidirectional_latte": dict(block=16, chunk=16, value_block=32, latent_block=16, num_warps=4, num_stages=1),
 }
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import lra_core
+import tiers
 from lra_core import kernels, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
@@ -76,7 +77,7 @@ def test_causal_kernel_equals_quadratic_formula(t, chunk, l, driver, dtype, grad
   assert_equals_reference(fast, lk.causal_latte_reference, *qkv(t=t, l=l, dtype=dtype), grads=grads)
 
 
-@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+@pytest.mark.parametrize("driver", latte_pallas.DRIVERS)
 def test_causal_kernel_is_stable_for_logits_spread_over_thousands(driver):
   """Key logits over [-1500, 1500] (e^1500 overflows float32 by far), 3 blocks: still the exact formula."""
   q, _, v = qkv(t=37)
@@ -94,6 +95,66 @@ def test_causal_kernel_continues_a_carried_state():
 
   got, want = run(lambda *a: (continued(*a), lk.causal_latte_reference(*a)[:, 5:]), *qkv(t=12))
   assert_same(got, want)
+
+
+# The "loop" driver's tiles (GPU): value columns per program and latents per group (causal, linear sums) or
+# per program (bidirectional reduction), dividing D and L or not (then one tile covers all), with packed
+# documents and a carried state.
+TILE_CASES = [  # value_block, latent_block, segments
+    (2, 4, False), (4, 2, True), (3, 8, False), (8, 3, True)]
+
+
+@pytest.mark.parametrize("value_block,latent_block,segmented",
+                         tiers.quick(TILE_CASES, keep=[0, 1], ids=lambda c: f"v{c[0]}-l{c[1]}-seg{int(c[2])}"))
+def test_loop_driver_tiles_equal_the_formulas(value_block, latent_block, segmented):
+  """Both kernels on the "loop" driver with the given tiles == the formulas (causal: the XLA form with a
+  carried state, or the quadratic one with documents), large key logits."""
+  q, k, v = qkv(t=15, l=8, d=4)
+  k = 30 * k
+  segments = SEGMENTS if segmented else None
+  state = lk.init_latte_state(2, 2, 8, 4)
+  state = {**state, "num": state["num"] + 0.5, "den": state["den"] + 2.0, "max": state["max"] * 0 + 1.0}
+  tiles = dict(driver="loop", value_block=value_block, latent_block=latent_block)
+
+  def fast(q, k, v):
+    causal = latte_pallas.causal_latte(q, k, v, chunk=4, state=None if segmented else state, segments=segments,
+                                       **tiles)
+    return causal, latte_pallas.bidirectional_latte(q, k, v, block=4, chunk=4, segments=segments, **tiles)
+
+  def references(q, k, v):
+    causal = (lk.causal_latte_reference(q, k, v, segments=segments) if segmented
+              else lk.causal_latte(q, k, v, chunk=4, state=state, impl="xla"))
+    return causal, lk.bidirectional_latte_reference(q, k, v, segments=segments)
+
+  assert_same(run(fast, q, k, v), run(references, q, k, v))
+
+
+def test_kernels_for_gpu_equal_the_formulas_in_interpret_mode():
+  """The GPU layout as traced for a GPU target, run in interpret mode: default blocks and tiles from
+  `_pallas.GPU_TILES` (two value tiles, two latent groups or tiles, time padded to whole blocks), with and
+  without packed documents (the gradients are the XLA form's whatever the layout: checked above)."""
+  causal, both = _pallas.gpu_tiles("causal_latte"), _pallas.gpu_tiles("bidirectional_latte")
+  l, d = 2 * causal["latent_block"], 2 * causal["value_block"]
+  assert (l, d) == (2 * both["latent_block"], 2 * both["value_block"])
+  q, k, v = qkv(b=1, t=causal["chunk"] + 5, l=l, d=d)
+  segments = np.array([[1] * 7 + [2] * (q.shape[1] - 7)], np.int32)
+  for segs in (None, segments):
+    def fast(q, k, v):
+      return (latte_pallas.causal_latte(q, k, v, segments=segs, interpret=True)
+              + latte_pallas.bidirectional_latte(q, k, v, segments=segs, interpret=True))
+
+    def reference(q, k, v):
+      return (lk.causal_latte_reference(q, k, v, segments=segs)
+              + lk.bidirectional_latte_reference(q, k, v, segments=segs))
+
+    with _pallas.target("gpu"):
+      assert latte_pallas.default_chunk() == causal["chunk"]
+      assert latte_pallas.default_block(segs is not None) == both["chunk" if segs is not None else "block"]
+      jaxpr = str(jax.make_jaxpr(fast)(q, k, v))
+      got = run(fast, q, 10 * k, v)
+    # (batch, heads, value tiles, latent tiles): the latents in groups inside causal and the linear sums
+    assert "grid=(1, 2, 2, 1)" in jaxpr and ("grid=(1, 2, 2, 2)" in jaxpr) == (segs is None)
+    assert_same(got, run(reference, q, 10 * k, v))
 
 
 def test_value_widths_triton_cannot_take_are_padded_for_gpu():
@@ -122,7 +183,7 @@ def test_value_widths_triton_cannot_take_are_padded_for_gpu():
 
 # -- bidirectional -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+@pytest.mark.parametrize("driver", latte_pallas.DRIVERS)
 def test_bidirectional_kernel_equals_quadratic_formula(driver):
   """Blocks of 4 over 11 steps (padded), large key logits; float32 with padding (some, and a whole
   row), bfloat16 without."""
@@ -141,7 +202,7 @@ def test_bidirectional_kernel_equals_quadratic_formula(driver):
 SEGMENTS = np.array([[1] * 5 + [2] * 6 + [3] * 3 + [0], [1] * 15], np.int32)
 
 
-@pytest.mark.parametrize("driver", _pallas.DRIVERS)
+@pytest.mark.parametrize("driver", latte_pallas.DRIVERS)
 def test_kernels_with_segments_equal_the_masked_formulas(driver):
   """Both kernels with packed documents == the quadratic formulas with a per-document mask, values
   and gradients (the backward is the XLA form's), with large key logits, padding and a latent scale."""
