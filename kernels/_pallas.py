@@ -8,9 +8,10 @@ cross blocks, so each kernel has one block step and two or three drivers:
   "grid"  the block index is the last grid axis; Mosaic (TPU) and interpret mode run the grid
           sequentially, last axis fastest, so the carry lives in scratch memory between grid
           steps and each step sees only its own blocks (the TPU layout: VMEM holds one block).
-  "loop"  the grid covers (batch, heads) only and the kernel loops over the blocks itself, the
-          carry in loop values (Triton runs grid programs in parallel, so no carry could cross
-          them); each program reads its whole [T, D] slice block by block (Latte on GPU).
+  "loop"  the grid covers (batch, heads) and tiles of the state (Latte: value columns, latents), and
+          the kernel loops over the blocks itself, the carry in loop values (Triton runs grid
+          programs in parallel, so no carry could cross them); each program reads its whole [T, .]
+          slices block by block (Latte on GPU, whose state is small).
   "parallel" (GPU, VQ and FLASH) no carry at all: XLA computes the state at the start of every block
           as a prefix over the blocks (as the reference does), and the grid covers (batch, heads,
           blocks, query tiles, value tiles), each program one tile of one block's attention with an

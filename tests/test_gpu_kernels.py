@@ -68,6 +68,21 @@ def test_vq_and_flash_compile_at_the_papers_sizes_without_spills(h100, paper, dt
 
 
 @needs_plugin
+@pytest.mark.slow
+@pytest.mark.parametrize("segments", [False, True], ids=["", "documents"])
+@pytest.mark.parametrize("paper", ["c4_latte", "lra_text_latte"])
+def test_latte_compiles_at_the_papers_sizes_without_spills(h100, paper, segments):
+  """Latte's C4 heads (causal, 16 latents, values 96 wide) and LRA text heads (bidirectional, 64 latents and
+  values): the float32 matmuls contract a time block or a latent group, so ptxas spills nothing (whole
+  blocks once spilled up to 98 KB per thread)."""
+  name, widths = check_lowering.PAPER[paper]
+  fn, args = check_lowering.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype="float32", segments=segments)[name]
+  for k in _compile_both_passes(fn, args, h100):
+    if k.spill_stores is not None:
+      assert k.spill_stores == 0, k.describe()
+
+
+@needs_plugin
 def test_the_kernels_follow_the_gpu_mesh(h100):
   """The target comes from the mesh: GPU devices give Triton (no interpret mode), the kernels' GPU drivers
   and the GPU tiles, on a host whose only backend is the CPU."""
