@@ -1,4 +1,4 @@
-"""A roofline estimate of one device's step time, read off the compiled (optimized) HLO.
+"""A roofline estimate of one device's step time, read off the compiled (optimized) HLO of a TPU or GPU.
 
 XLA's own `cost_analysis()` counts the body of every while loop once, so a scanned layer stack, a
 scan over update windows or micro-batches, or a serial cache reduction is undercounted by its trip
@@ -8,8 +8,15 @@ optimized program instead:
 - every top-level operation of a computation costs max(FLOPs / peak, bytes / HBM bandwidth),
   its bytes being its operands and results (a fusion reads and writes HBM once; what it does
   inside stays on chip);
-- FLOPs are the matrix products (`dot`, `convolution`, also inside fusions) at 2 per
-  multiply-add, plus what a custom call declares (Pallas kernels carry a `CostEstimate`);
+- FLOPs are the matrix products at 2 per multiply-add: `dot` and `convolution`, also inside fusions
+  (XLA:GPU's Triton GEMM fusions, `__triton_gemm` / `__triton_nested_gemm_fusion`, and cuDNN
+  fusions hold their `dot`), XLA:GPU's library calls (cuBLAS `__cublas$gemm` / `__cublas$lt$matmul`,
+  from the dot dimensions in their backend config and the operand shapes; cuDNN convolutions,
+  forward and backward, from their window and dimension labels), plus what a Pallas kernel declares
+  (its `CostEstimate`: Mosaic keeps it in the TPU custom call's backend config; a Triton call on GPU
+  keeps none, so its estimate comes from the traced program, `kernel_costs`, matched by kernel name
+  and operand shapes; a Triton kernel without one counts its operands and results as traffic and no
+  FLOPs, and `Roofline.undeclared_kernels` counts it). Elementwise arithmetic counts as no FLOPs;
 - a while loop costs its trip count times its body (the count XLA records, else the bound its
   condition compares the counter with), a conditional its dearest branch;
 - collectives move their bytes over the interconnect; they are assumed to overlap with compute
@@ -39,6 +46,16 @@ DONE = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-
 COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter", "all-to-all",
                "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
 
+TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel compiled by Triton (XLA:GPU)
+CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+# cuDNN convolutions, by which of the forward convolution's arrays (output y, filter w) they read or
+# write: y is the forward's result, the backward-input's first operand, the backward-filter's second;
+# w the forward's and backward-input's second operand, the backward-filter's result.
+CUDNN_CONVS = {"__cudnn$convForward": ("result", "operand1"),
+               "__cudnn$convBiasActivationForward": ("result", "operand1"),
+               "__cudnn$convBackwardInput": ("operand0", "operand1"),
+               "__cudnn$convBackwardFilter": ("operand1", "result")}
+
 _REMAT = "rematted_computation"   # in the op_name metadata of what jax.checkpoint recomputes
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
@@ -60,6 +77,22 @@ class Cost:
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelCost:
+  """What a Pallas kernel declares (its `CostEstimate`), keyed by its name and per-device operand
+  shapes in HLO notation ("f32[4,2,64,16]"): how a Triton call of a GPU program, which keeps no
+  estimate, finds its own (`kernel_costs`)."""
+  name: str
+  operands: tuple[str, ...]
+  flops: float
+  bytes_accessed: float
+  transcendentals: float = 0.0
+
+  @property
+  def key(self) -> str:
+    return f"{self.name}({', '.join(self.operands)})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Roofline:
   """One device's estimated step: `seconds` and its parts."""
   flops: float
@@ -72,6 +105,7 @@ class Roofline:
   comm_s: float
   unknown_loops: int         # while loops whose trip count could not be read (counted once)
   hotspots: tuple = ()       # the dearest operations: Hotspot records, dearest first
+  undeclared_kernels: int = 0  # Triton (Pallas) calls with no KernelCost: their traffic counted, no FLOPs
 
   @property
   def seconds(self) -> float:
@@ -186,20 +220,55 @@ def _matmul_flops(op: _Op, shapes: dict[str, str]) -> float:
     lhs = _dims(shapes.get(op.operands[0], "")) if op.operands else ()
     contracted = math.prod(lhs[int(i)] for i in m.group(1).split(",") if i) if m and lhs else 1
     return 2.0 * out * contracted
-  # convolution: each output element is a dot over the kernel's input features and its window taps.
-  # XLA writes batched matmuls as convolutions whose batch is a window dilated by its own size
-  # (lhs_dilate = size): then one tap per output is real, the rest fall on the dilation's holes.
-  m = re.search(r"dim_labels=\w+_(\w+)->", op.attrs)
   rhs = _dims(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else ()
+  return _conv_flops(op.attrs, out, rhs)
+
+
+def _conv_flops(attrs: str, out: int, rhs: tuple[int, ...]) -> float:
+  """FLOPs of a convolution with `out` output elements and filter dims `rhs`: each output element is
+  a dot over the filter's input features and its window taps. XLA writes batched matmuls as
+  convolutions whose batch is a window dilated by its own size (lhs_dilate = size): then one tap per
+  output is real, the rest fall on the dilation's holes."""
+  m = re.search(r"dim_labels=\w+_(\w+)->", attrs)
   if not m or len(m.group(1)) != len(rhs):
     return 0.0
   labels = m.group(1)
   spatial = [size for label, size in zip(labels, rhs) if label.isdigit()]
-  dilation = re.search(r"lhs_dilate=([\dx]+)", op.attrs)
+  dilation = re.search(r"lhs_dilate=([\dx]+)", attrs)
   dilate = [int(d) for d in dilation.group(1).split("x")] if dilation else [1] * len(spatial)
   taps = math.prod(-(-size // d) for size, d in zip(spatial, dilate + [1] * len(spatial)))
   features = math.prod(size for label, size in zip(labels, rhs) if label == "i")
   return 2.0 * out * features * taps
+
+
+def _library_flops(op: _Op, shapes: dict[str, str]) -> float | None:
+  """FLOPs of an XLA:GPU library call (cuBLAS GEMM, cuDNN convolution); None for any other custom call."""
+  target = _target(op)
+  result = _arrays(op.shape)[0][1] if _arrays(op.shape) else ()
+  if target in CUBLAS_GEMMS:
+    m = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', op.attrs)
+    lhs = _dims(shapes.get(op.operands[0], "")) if op.operands else ()
+    contracted = math.prod(lhs[int(i)] for i in re.findall(r"\d+", m.group(1))) if m and lhs else 0
+    return 2.0 * math.prod(result) * contracted
+  if target in CUDNN_CONVS:
+    arrays = {"result": result}
+    arrays.update({f"operand{i}": _dims(shapes.get(x, "")) for i, x in enumerate(op.operands[:2])})
+    output, kernel = (arrays.get(k, ()) for k in CUDNN_CONVS[target])
+    return _conv_flops(op.attrs, math.prod(output), kernel) if output else 0.0
+  return None
+
+
+def _target(op: _Op) -> str:
+  m = re.search(r'custom_call_target="([^"]*)"', op.attrs)
+  return m.group(1) if m else ""
+
+
+def _kernel_key(op: _Op, shapes: dict[str, str]) -> str:
+  """A Triton call's KernelCost key: its kernel's name and its operands' shapes (layouts dropped)."""
+  m = re.search(r'\bname = "([^"]*)"', op.attrs)
+  operands = [", ".join(f"{t}[{','.join(map(str, dims))}]" for t, dims in _arrays(shapes.get(x, "")))
+              for x in op.operands]
+  return f"{m.group(1) if m else ''}({', '.join(operands)})"
 
 
 def _called(op: _Op, key: str) -> list[str]:
@@ -220,9 +289,11 @@ def _declared(op: _Op) -> tuple[float, float] | None:
 
 
 class _Walker:
-  def __init__(self, computations: dict[str, list[_Op]], chip: Chip):
+  def __init__(self, computations: dict[str, list[_Op]], chip: Chip, kernel_costs=()):
     self.computations, self.chip = computations, chip
+    self.kernels = {k.key: k for k in kernel_costs}
     self.unknown_loops = 0
+    self.undeclared = set()   # names of the Triton calls that found no KernelCost
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
 
   @functools.cache
@@ -290,18 +361,24 @@ class _Walker:
     (a scanned layer's stacked weights or residuals are sliced one layer at a time)."""
     param = next((o for o in self.computations.get(computation, ())
                   if o.opcode == "parameter" and o.args.strip() == str(index)), None)
-    uses = self.users(computation).get(param.name, []) if param is not None else []
+    return full if param is None else self.value_read(computation, param.name, full)
+
+  def value_read(self, computation: str, name: str, full: float) -> float:
+    """Bytes read of the value `name` (`full` bytes) by its users in `computation`, as parameter_read."""
+    uses = self.users(computation).get(name, [])
     if not uses:
       return full
     read = 0.0
     for u in uses:
-      if u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name:
+      if u.opcode in ("dynamic-slice", "slice") and u.operands[0] == name:
         read += size_bytes(u.shape)
-      elif u.opcode == "dynamic-update-slice" and u.operands[0] == param.name:
+      elif u.opcode == "dynamic-update-slice" and u.operands[0] == name:
         continue  # updated in place: only the update is written (counted with the output)
+      elif u.opcode == "bitcast":  # the same bytes in another shape (XLA:GPU's layout changes): what its users read
+        read += self.value_read(computation, u.name, full)
       elif u.opcode == "fusion":
         nested = (_called(u, "calls") or [""])[0]
-        read += sum(self.parameter_read(nested, k, full) for k, x in enumerate(u.operands) if x == param.name)
+        read += sum(self.parameter_read(nested, k, full) for k, x in enumerate(u.operands) if x == name)
       else:
         return full
     return min(full, read)
@@ -362,12 +439,26 @@ class _Walker:
       flops, recompute = sum(p[0] for p in parts), sum(p[1] for p in parts)
     elif op.opcode == "custom-call":
       declared = _declared(op)
+      library = _library_flops(op, shapes)
+      if declared is None and _target(op) == TRITON_CALL:
+        kernel = self.kernels.get(_kernel_key(op, shapes))
+        if kernel is None:
+          self.undeclared.add(op.name)
+        else:
+          declared = kernel.flops, kernel.bytes_accessed
       if declared is not None:
         flops, traffic = declared[0], declared[1] or traffic
-        recompute = flops if _REMAT in op.attrs else 0.0
+      elif library is not None:  # the workspace a library call is given is scratch, not traffic
+        flops, traffic = library, operand_bytes + size_bytes(_first_array(op.shape))
+      recompute = flops if _REMAT in op.attrs else 0.0
     seconds = max(flops / self.chip.peak_flops, traffic / self.chip.hbm_bandwidth)
     memory = seconds if traffic / self.chip.hbm_bandwidth > flops / self.chip.peak_flops else 0.0
     return Cost(flops=flops, recompute_flops=recompute, bytes=traffic, compute_s=seconds, memory_s=memory)
+
+
+def _first_array(shape: str) -> str:
+  m = re.search(r"[a-z]+\d*(?:e\d+m\d+\w*)?\[[\d,]*\]", re.sub(r"\{[^}]*\}", "", shape))
+  return m.group(0) if m else ""
 
 
 def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
@@ -398,22 +489,65 @@ def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
   return tuple(sorted(found, key=lambda h: -h.seconds)[:top])
 
 
-def roofline(hlo_text: str, chip: Chip, *, top: int = 0) -> Roofline:
+def roofline(hlo_text: str, chip: Chip, *, top: int = 0, kernel_costs=()) -> Roofline:
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
-  `top` > 0 also lists that many of its dearest operations (Roofline.hotspots)."""
+  `top` > 0 also lists that many of its dearest operations (Roofline.hotspots). `kernel_costs`: the
+  KernelCost of each Pallas kernel of a GPU program (`pallas_kernel_costs` of its traced jaxpr)."""
   computations, entry = parse(hlo_text)
-  walker = _Walker(computations, chip)
+  walker = _Walker(computations, chip, kernel_costs)
   total = walker.cost(entry)
   return Roofline(flops=total.flops, recompute_flops=total.recompute_flops, hbm_bytes=total.bytes,
                   comm_bytes=total.comm_bytes, memory_bound_s=total.memory_s,
                   compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
-                  unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else ())
+                  unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else (),
+                  undeclared_kernels=len(walker.undeclared))
 
 
-def step_flops(hlo_text: str) -> tuple[float, float]:
+def step_flops(hlo_text: str, kernel_costs=()) -> tuple[float, float]:
   """(matrix-product FLOPs, of them recomputed by remat) of one device's program `hlo_text`, loops
   counted by their trip counts: what the trainer's MFU divides by the step time."""
   computations, entry = parse(hlo_text)
-  walker = _Walker(computations, Chip("count", 1.0, 1, 1.0, 1.0, 1))
+  walker = _Walker(computations, Chip("count", 1.0, 1, 1.0, 1.0, 1), kernel_costs)
   total = walker.cost(entry)
   return total.flops, total.recompute_flops
+
+
+_HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "s32",
+              "uint32": "u32", "int8": "s8", "uint8": "u8", "int16": "s16", "uint16": "u16", "int64": "s64",
+              "uint64": "u64", "bool": "pred"}
+
+
+def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
+  """The KernelCost of every Pallas call with a cost estimate in `jaxpr` (a traced program's, e.g.
+  `jax.jit(f).trace(...).jaxpr`), inner jaxprs (loops, shard_map, remat, custom derivatives)
+  included, each signature once. Under shard_map its operand shapes are per device, as in the HLO."""
+  from jax.extend import core as jex_core
+  found: dict[str, KernelCost] = {}
+
+  def visit(j) -> None:
+    for eqn in j.eqns:
+      if eqn.primitive.name == "pallas_call":
+        estimate = eqn.params.get("cost_estimate")
+        if estimate is not None:
+          name = eqn.params["jaxpr"].debug_info.func_name
+          operands = tuple(f"{_HLO_TYPES.get(v.aval.dtype.name, v.aval.dtype.name)}[{','.join(map(str, v.aval.shape))}]"
+                           for v in eqn.invars)
+          cost = KernelCost(_sanitized(name), operands, float(estimate.flops), float(estimate.bytes_accessed),
+                            float(estimate.transcendentals))
+          found.setdefault(cost.key, cost)
+        continue
+      for value in eqn.params.values():
+        for inner in value if isinstance(value, (tuple, list)) else (value,):
+          if isinstance(inner, jex_core.ClosedJaxpr):
+            visit(inner.jaxpr)
+          elif isinstance(inner, jex_core.Jaxpr):
+            visit(inner)
+
+  visit(getattr(jaxpr, "jaxpr", jaxpr))
+  return tuple(found.values())
+
+
+def _sanitized(name: str) -> str:
+  """The kernel name as Pallas' Triton lowering writes it into the HLO (PTX-safe)."""
+  from jax._src.interpreters import mlir
+  return mlir.sanitize_name(name)

@@ -85,8 +85,8 @@ def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
 
 
-def _aot(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+def _aot(*args, env=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
   return subprocess.run([sys.executable, "-m", "lra_core.aot", *args], capture_output=True, text=True, env=env,
                         cwd=ROOT, timeout=600)
 
@@ -154,3 +154,99 @@ def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   report = aot.compile_config(config, "v5e:2x2", devices=devices)
   assert report.fits and report.flops_per_device > 0
   assert report.mosaic_kernels > 0, "the train step holds no Mosaic kernel: the Pallas kernels were interpreted"
+
+
+# ----------------------------------------------------------------------------- python -m lra_core.aot for GPUs
+
+needs_cuda_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(),
+                                       reason=f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)")
+
+
+@needs_cuda_plugin
+def test_cli_compiles_for_gpus_and_counts_their_triton_kernels(tmp_path):
+  """XLA:GPU, Triton and ptxas compile the trainer's step for two H100s on this host; the Pallas kernel
+  is a Triton call, and the fit is judged against the memory JAX would preallocate."""
+  env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+  out = _aot("--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1",
+             "--config.model.scan_layers=True", "--topology=h100x2", "--config.mesh.data=2",
+             f"--json={tmp_path / 'r.json'}", f"--hlo={tmp_path / 'train.hlo.gz'}", env=env)
+  assert out.returncode == aot.EXIT_FITS, out.stderr[-2000:]
+  assert "2 x NVIDIA H100 80GB HBM3" in out.stdout
+  assert re.search(r"^Pallas kernels \(Triton\) in train step +1$", out.stdout, re.M), out.stdout
+  assert "80.00 GiB, of which a JAX process may use 40.00 GiB (XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in out.stdout
+  report = json.loads((tmp_path / "r.json").read_text())
+  assert list(report)[:10] == list(aot.Report.JSON_FIELDS)
+  assert report["platform"] == "gpu" and report["pallas_kernels"] == 1 and report["mosaic_kernels"] == 0
+  assert report["usable_gib"] == 40.0 and report["memory_fraction"] == 0.5 and report["fits"]
+  assert report["undeclared_kernels"] == 0 and report["kernel_costs"][0]["name"] == "causal_latte"
+  # The kept HLO and the kernels' declared costs give the same estimate again without a compile.
+  again = aot.estimate_from_hlo(aot.Report.from_json(report), aot.read_hlo(tmp_path / "train.hlo.gz")).to_json()
+  assert again == report and report["flops_per_device"] > 0
+
+
+@needs_cuda_plugin
+def test_a_batch_too_large_for_a_v100_compiles_and_does_not_fit():
+  """XLA:GPU compiles a step of any size: 'fits' compares its peak with the V100's 16 GiB x 0.75."""
+  out = _aot("--config=configs/c4/transformer.py:tiny", "--config.model.num_layers=1",
+             "--config.model.scan_layers=True", "--config.train.batch_size=65536", "--topology=v100",
+             env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ""})
+  assert out.returncode == aot.EXIT_DOES_NOT_FIT, out.stderr[-2000:]
+  assert re.search(r"^fits +NO$", out.stdout, re.M) and "Tesla V100-SXM2-16GB" in out.stdout
+  assert "may use 12.00 GiB (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75" in out.stdout
+
+
+@pytest.mark.parametrize("topology, expected", [
+    ("h900", r"^error: topology 'h900' is neither a TPU slice, .* nor GPUs, .*h100, h200, a100, a100-40g, v100"),
+    ("h100x12", r"^error: GPU target 'h100x12' has 12 GPUs; expected 1 to 8 on one host or a multiple of 8"),
+])
+def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(topology, expected):
+  out = _aot("--config=configs/c4/transformer.py:tiny", f"--topology={topology}")
+  assert out.returncode == aot.EXIT_USER_ERROR
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and re.search(expected, errors[0]), out.stderr[-2000:]
+  assert not re.search(r"\w\. [A-Z]", errors[0]) and errors[0].endswith(".")  # one sentence
+
+
+@needs_cuda_plugin
+def test_pallas_on_a_v100_says_to_use_the_xla_kernels():
+  """Triton needs compute capability 8.0: the V100's refusal is a config error, not a traceback."""
+  out = _aot("--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1",
+             "--topology=v100")
+  assert out.returncode == aot.EXIT_USER_ERROR
+  assert "error: Pallas kernels compile to Triton, which needs compute capability 8.0" in out.stderr
+  assert "model.impl=xla" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gpu_fit_rows_name_known_gpus_with_distinct_records():
+  """The gpu_fit table (lra_core/reproduce/gpu.py): every row on a GPU target chips knows, V100 rows in
+  float32 with the XLA kernels, every setting its own record."""
+  from lra_core.reproduce import gpu, tpu
+  assert all(chips.is_gpu_topology(row.topology) for row in gpu.ROWS)
+  slugs = {row.slug(rung) for row in gpu.ROWS for rung in tpu.LADDER}
+  assert len(slugs) == len(gpu.ROWS) * len(tpu.LADDER)
+  v100 = [row for row in gpu.ROWS if row.topology == "v100"]
+  assert len(v100) == 12 and all("model.dtype=float32" in row.common for row in v100)
+  assert not any("model.impl=pallas" in row.overrides for row in v100)
+  assert sum(row.paper_oom for row in v100) == 2 and {row.paper_step_ms for row in v100} >= {222.4, 452.9}
+  latte = [row for row in gpu.ROWS if row.spec.startswith(gpu.LATTE_CONFIG)]
+  assert len(latte) == 12 and {row.topology for row in latte} == {"a100x4"}
+  assert {row.topology for row in gpu.ROWS if row.spec.startswith(tpu.BLOCK_CONFIG)} == {"a100-40gx8", "h100x8"}
+
+
+def test_a_matmul_triton_cannot_tile_compiles_again_with_cublas_gemms():
+  """Without a device XLA:GPU cannot autotune, and its default Triton GEMM tiling fails for some shapes
+  (the Block Transformer's 82,080-row matmuls): the step compiles again with cuBLAS GEMMs and says so."""
+  class Lowered:
+    def compile(self, compiler_options=None):
+      if compiler_options != aot.CUBLAS_ONLY_OPTIONS:
+        raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.1")
+      return "compiled"
+
+  class Step:
+    def lower(self, *args):
+      return Lowered()
+
+  compiled, _, fallback = aot._compile_for_target(Step(), "x", platform="gpu")
+  assert compiled == "compiled" and fallback == aot.GEMM_FALLBACK
+  with pytest.raises(jax.errors.JaxRuntimeError, match="tile sizes"):  # only XLA:GPU's failure is retried
+    aot._compile_for_target(Step(), "x", platform="tpu")

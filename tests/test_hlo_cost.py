@@ -1,30 +1,69 @@
-"""The roofline estimate read off compiled TPU programs (lra_core/hlo_cost.py), against exact counts
-and against XLA's own estimate where XLA's is complete (no loops)."""
+"""The roofline estimate read off compiled TPU and GPU programs (lra_core/hlo_cost.py), against exact
+counts, against XLA's own estimate where XLA's is complete (no loops), and on GPU against the same
+step compiled for the CPU."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
-from lra_core import chips, hlo_cost
+import lra_core
+from lra_core import aot, chips, experiment, hlo_cost, optim, sharding
+from lra_core.state import make_state_spec
+from lra_core.tasks import make_task
 
-# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
-pytestmark = [pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed"),
-              pytest.mark.usefixtures("no_persistent_compile_cache")]
+# Executables compiled for a TPU topology or compile-only GPUs cannot be read back on this host: no
+# persistent cache.
+pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 
 N, LAYERS = 1024, 6
 
 
 @pytest.fixture(scope="module")
 def v5e():
+  if not chips.libtpu_installed():
+    pytest.skip("libtpu is not installed")
   devices = chips.tpu_devices("v5e:2x2")
   return jax.sharding.Mesh(np.array(devices), ("x",)), chips.chip_of(devices[0])
 
 
-def _compile(fn, mesh, *shapes_and_specs):
-  args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, spec))
+def _gpu(topology):
+  if not chips.cuda_plugin_installed():
+    pytest.skip(f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)")
+  devices = chips.gpu_devices(topology)
+  return jax.sharding.Mesh(np.array(devices), ("x",)), chips.chip_of(devices[0])
+
+
+@pytest.fixture(scope="module")
+def h100():
+  return _gpu("h100")
+
+
+@pytest.fixture(scope="module")
+def v100():
+  """No Triton on a V100 (compute capability 7.0): its matmuls are cuBLAS calls, its convolutions cuDNN's."""
+  return _gpu("v100")
+
+
+def _compile(fn, mesh, *shapes_and_specs, dtype=jnp.bfloat16):
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
           for shape, spec in shapes_and_specs]
-  return jax.jit(fn).lower(*args).compile()
+  with jax.set_mesh(mesh):  # Pallas kernels lower for the mesh's devices (Triton on a GPU)
+    return jax.jit(fn).lower(*args).compile()
+
+
+def xla_flops(compiled) -> float:
+  """XLA's own FLOP count of a compiled program (loop bodies once). A compile-only GPU executable has
+  no cost analysis, so XLA's HloCostAnalysis runs over its optimized module through the CPU client:
+  it counts the `dot`s of Triton GEMM fusions (and elementwise FLOPs), not library calls (cuBLAS)."""
+  analysis = compiled.cost_analysis()
+  if analysis is None:
+    from jax._src.lib import _jax
+    module = compiled.runtime_executable().hlo_modules()[0]
+    analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  return float(analysis["flops"])
 
 
 def _stack(w, x):
@@ -175,3 +214,117 @@ ENTRY %main (a: bf16[16,512,256]) -> bf16[4,512,256] {
   window = 4 * 512 * 256 * 2
   roof = hlo_cost.roofline(text, chips.CHIPS["TPU v5 lite"])
   assert roof.hbm_bytes == 2 * window + 2 * window + 3 * window  # slice, slice-start, the add
+
+
+# ----------------------------------------------------------------------------- XLA:GPU programs
+
+def test_on_gpu_a_scan_counts_every_step_and_the_unrolled_stack_agrees_with_xla(h100):
+  """XLA:GPU writes the matmuls as Triton GEMM fusions (a `dot` inside): counted inside loops by trip count."""
+  mesh, chip = h100
+  shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))
+  exact = 2.0 * N**3 * LAYERS
+  scanned, unrolled = _compile(_stack, mesh, *shapes), _compile(_unrolled, mesh, *shapes)
+  assert "__triton_gemm" in unrolled.as_text() or "__triton_nested_gemm_fusion" in unrolled.as_text()
+  for compiled in (scanned, unrolled):
+    roof = hlo_cost.roofline(compiled.as_text(), chip)
+    assert roof.flops == pytest.approx(exact, rel=1e-6) and roof.unknown_loops == 0
+  assert xla_flops(unrolled) == pytest.approx(exact, rel=0.01)  # XLA adds tanh's N^2 per layer
+
+
+def test_cublas_gemms_and_cudnn_convolutions_count_their_flops(v100):
+  """Without Triton (V100) a matmul is a `__cublas$lt$matmul` call and a depthwise convolution cuDNN
+  calls, forward and backward; their workspace is scratch, not traffic."""
+  mesh, chip = v100
+  b, t, d, width = 4, 512, 1024, 4
+
+  def loss(w, x, k):
+    h = jnp.tanh(x @ w)
+    c = jax.lax.conv_general_dilated(h, k, (1,), [(width - 1, 0)], dimension_numbers=("NWC", "WIO", "NWC"),
+                                     feature_group_count=d)
+    return (c * c).sum()
+
+  rep = jax.sharding.PartitionSpec()
+  compiled = _compile(jax.grad(loss, argnums=(0, 2)), mesh, ((d, d), rep), ((b, t, d), rep), ((width, 1, d), rep),
+                      dtype=jnp.float32)
+  text = compiled.as_text()
+  assert "__cublas$" in text and "__cudnn$conv" in text
+  matmuls = 2 * (2.0 * b * t * d * d)  # x @ w and the gradient of w
+  convs = 2.0 * b * t * d * width      # each depthwise pass: one multiply-add per tap per output
+  flops = hlo_cost.roofline(text, chip).flops
+  # The forward convolution, its gradient by the filter and by the input (which reaches w's gradient).
+  assert flops == pytest.approx(matmuls + 3 * convs, rel=1e-6)
+
+
+def _pallas_matmul(x, y):
+  m, k = x.shape
+  n = y.shape[1]
+
+  def kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // 64, n // 64),
+      in_specs=[pl.BlockSpec((64, k), lambda i, j: (i, 0)), pl.BlockSpec((k, 64), lambda i, j: (0, j))],
+      out_specs=pl.BlockSpec((64, 64), lambda i, j: (i, j)),
+      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),  # Triton, not Mosaic GPU
+      cost_estimate=pl.CostEstimate(flops=2 * m * n * k, transcendentals=0, bytes_accessed=2 * (m * k + k * n + m * n)),
+      name="test_matmul")(x, y)
+
+
+def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
+  """Pallas' Triton lowering keeps no cost estimate in the GPU program: the traced jaxpr's does, matched
+  by kernel name and operand shapes; in a loop it counts once per step."""
+  mesh, chip = h100
+  m = 256
+  fn = lambda w, x: jax.lax.scan(lambda h, wi: (jnp.tanh(_pallas_matmul(h, wi)), None), x, w)[0]
+  rep = jax.sharding.PartitionSpec()
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, rep))
+          for s in ((LAYERS, m, m), (m, m))]
+  with jax.set_mesh(mesh):
+    traced = jax.jit(fn).trace(*args)
+    compiled = traced.lower().compile()
+  text = compiled.as_text()
+  assert text.count(hlo_cost.TRITON_CALL) == 1 and "cost_estimate" not in text
+  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr)
+  assert [(c.name, c.operands, c.flops) for c in costs] == [("test_matmul", ("bf16[256,256]",) * 2, 2.0 * m**3)]
+  roof = hlo_cost.roofline(text, chip, kernel_costs=costs)
+  assert roof.flops == pytest.approx(LAYERS * 2.0 * m**3) and roof.undeclared_kernels == 0
+  bare = hlo_cost.roofline(text, chip)
+  assert bare.flops == 0 and bare.undeclared_kernels == 1
+
+
+def _train_step(config, devices):
+  """The trainer's train step of `config` compiled for `devices`: (compiled, traced)."""
+  mesh = sharding.make_mesh(config.mesh, devices)
+  rules = config.sharding.rules
+  info = experiment.config_data_info(config)
+  task = make_task(config, info)
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  with jax.set_mesh(mesh), sharding.activate(mesh, rules):
+    batch = experiment.config_batch(config, mesh, rules)
+    traced = aot.jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
+    return traced.lower().compile(), traced
+
+
+@pytest.mark.parametrize("spec, overrides, against_xla", [
+    # A small Transformer whose matmuls dominate, layers unrolled so that XLA's count (loop bodies
+    # once) is complete: XLA also counts elementwise FLOPs (3% here), hlo_cost only matmuls.
+    ("configs/c4/transformer.py:tiny", ["model.d_model=256", "model.d_ff=1024", "model.num_heads=4"], True),
+    # Latte's Pallas kernel: a Triton call on the GPU (its declared cost), interpreted on the CPU.
+    pytest.param("configs/c4/latte.py:tiny", ["model.impl=pallas"], False, marks=pytest.mark.slow),
+])
+def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100, spec, overrides, against_xla):
+  """The same config and per-device batch: XLA:GPU's program (cuBLAS / Triton GEMMs, Triton Pallas calls)
+  counts the FLOPs of the CPU's program within 2% (XLA:GPU pads some matmul dimensions, e.g. a
+  vocabulary of 258 to 288, and runs the padding) and XLA's own count within 5%."""
+  config = lra_core.load_config(spec, overrides + ["model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"])
+  gpu, traced = _train_step(config, h100[0].devices.flat[:1].tolist())
+  cpu, _ = _train_step(config, jax.devices("cpu")[:1])
+  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr)
+  assert bool(costs) == ("pallas" in " ".join(overrides))
+  on_gpu, _ = hlo_cost.step_flops(gpu.as_text(), costs)
+  on_cpu, _ = hlo_cost.step_flops(cpu.as_text())
+  assert on_gpu == pytest.approx(on_cpu, rel=0.02)
+  if against_xla:
+    assert on_gpu == pytest.approx(xla_flops(gpu), rel=0.05)
