@@ -9,4 +9,5 @@
   fit                FIT: scaling with the image, interleave patterns
   block_transformer  Block Transformer: generation throughput
   tpu                every paper config compiled for its TPU slice
+  gpu                the GPU papers' configs compiled for their GPUs
 """

@@ -63,6 +63,9 @@ TABLES = (
           "generation throughput of Block Transformer vs vanilla, and the Pareto plot"),
     Table("tpu_fit", "tpu", "every paper's hardware (TPU v3 / v4; GPU papers on TPU v5p)",
           "paper configs compiled for their TPU slices on this host: memory, fit, estimated step time and MFU"),
+    Table("gpu_fit", "gpu", "the GPU papers' hardware (Latte: 4 x A100; Block Transformer: 8 x A100 40GB, "
+          "8 x H100; FLASH Table 11: V100)",
+          "GPU papers' configs compiled for their GPUs on this host: memory, fit, estimated step time and MFU"),
 )
 BY_NAME = {t.name: t for t in TABLES}
 

@@ -10,7 +10,8 @@ A row that does not fit is compiled again with the next rung of `LADDER` (more r
 so the settings in the table are the first that fit, found by the compiler rather than guessed.
 Each compile is one subprocess (a 1B model's compile takes GBs of host memory); its JSON report and
 the compiled train step's HLO are kept under the workdir and reused while the command is unchanged
-(the estimate is recomputed from the HLO each time).
+(the estimate is recomputed from the HLO each time). `Row`, `run_row` and the cell formatters here
+are shared with the GPU papers' table on their GPUs (lra_core/reproduce/gpu.py, `gpu_fit`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Row:
   paper_tokens_per_s: float | None = None   # what the paper measured for this setting, if anything
   paper_step_ms: float | None = None
   paper_oom: bool = False
+  common: tuple[str, ...] = COMMON           # the compute settings every rung keeps (float32 on a V100)
 
   @property
   def paper_measured(self) -> str:
@@ -72,14 +74,14 @@ class Row:
 
   def command(self, rung: tuple[str, ...], report: str, hlo: str) -> list[str]:
     return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
-            *(f"--config.{o}" for o in COMMON + self.overrides + rung), f"--json={report}", f"--hlo={hlo}"]
+            *(f"--config.{o}" for o in self.common + self.overrides + rung), f"--json={report}", f"--hlo={hlo}"]
 
   def rungs(self) -> tuple[tuple[str, ...], ...]:
     """The LADDER rungs this row can take: micro-batches must still split evenly over the batch axes."""
     out = []
     for rung in LADDER:
       try:
-        config = load_config(self.spec, list(COMMON + self.overrides + rung))
+        config = load_config(self.spec, list(self.common + self.overrides + rung))
       except ConfigError:  # e.g. a batch of 8 in 16 micro-batches
         continue
       t, mesh = config.train, config.mesh
@@ -90,7 +92,8 @@ class Row:
 
   def slug(self, rung: tuple[str, ...]) -> str:
     """A readable file name, unique per setting (long names are cut, so a hash of the whole ends it)."""
-    text = f"{self.spec}_{self.topology}_{'_'.join(self.overrides + rung)}"
+    common = "" if self.common == COMMON else "_".join(self.common) + "_"
+    text = f"{self.spec}_{self.topology}_{common}{'_'.join(self.overrides + rung)}"
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:100] + "_" + digest
 
@@ -142,11 +145,11 @@ FULL_ROWS = DEFAULT_ROWS + tuple(table6(a, h, t) for h in ("shga", "mqa", "mha")
                                  if (a, h, t) not in (("vq", "shga", 8192), ("full", "shga", 131072)))
 
 
-def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
-  """One compile's record (reusing an unchanged earlier one): command, status, wall time, report.
-  A reused record's estimate is recomputed from the HLO it kept, so a change of lra_core/hlo_cost.py
-  needs no compile."""
-  folder = ctx.workdir / "tpu_fit"
+def _compile(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fit") -> dict:
+  """One compile's record (reusing an unchanged earlier one) under ctx.workdir/`table`: command, status,
+  wall time, report. A reused record's estimate is recomputed from the HLO it kept, so a change of
+  lra_core/hlo_cost.py needs no compile."""
+  folder = ctx.workdir / table
   folder.mkdir(parents=True, exist_ok=True)
   slug = row.slug(rung)
   report_path, meta_path, hlo_path = (folder / f"{slug}{suffix}" for suffix in (".json", ".meta.json", ".hlo.gz"))
@@ -154,12 +157,12 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
   if meta_path.exists():
     meta = json.loads(meta_path.read_text())
     if meta["command"] == command:
-      ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
+      ctx.log(f"{table}: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
       if meta.get("report") and hlo_path.exists():
         report = aot.estimate_from_hlo(aot.Report.from_json(meta["report"]), aot.read_hlo(hlo_path))
         meta["report"] = report.to_json()
       return meta
-  ctx.log(f"tpu_fit: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
+  ctx.log(f"{table}: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
   report_path.unlink(missing_ok=True)
   hlo_path.unlink(missing_ok=True)
   start = time.perf_counter()
@@ -174,24 +177,24 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...]) -> dict:
   return meta
 
 
-def run_row(ctx: Context, row: Row) -> tuple[dict, tuple[str, ...], float]:
+def run_row(ctx: Context, row: Row, table: str = "tpu_fit") -> tuple[dict, tuple[str, ...], float]:
   """The row's final record, the rung it took, and the compile wall time of all attempts."""
   wall = 0.0
   for rung in row.rungs():
-    meta = _compile(ctx, row, rung)
+    meta = _compile(ctx, row, rung, table)
     wall += meta["wall_s"]
     if "report" not in meta or meta["report"]["fits"]:
       break
   return meta, rung, wall
 
 
-def _utilisation(r: dict) -> str:
+def utilisation(r: dict) -> str:
   """'MFU / HFU (bound; memory-bound share)'."""
   return (f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
           f"{100 * r['memory_bound_share']:.0f}% memory-bound)")
 
 
-def _memory(r: dict) -> str:
+def memory_cell(r: dict) -> str:
   """'peak / HBM' GiB; a refusal that names no size (e.g. a kernel over its on-chip VMEM) says so."""
   peaks = [p for p in (r["peak_gib"], r["eval_peak_gib"]) if p is not None]
   if not peaks:
@@ -199,13 +202,13 @@ def _memory(r: dict) -> str:
   return f"{max(peaks):,.2f} / {r['hbm_gib']:.1f}"
 
 
-def _settings(row: Row, rung: tuple[str, ...]) -> str:
+def settings_cell(row: Row, rung: tuple[str, ...]) -> str:
   remat = next((o.split("=")[1] for o in rung if o.startswith("model.remat")), "none")
   accum = next((f", {o.split('=')[1]} micro-batches" for o in rung if o.startswith("train.grad_accum")), "")
   return f"remat {remat}, scan{accum}"
 
 
-def _against_paper(row: Row, r: dict) -> str:
+def against_paper(row: Row, r: dict) -> str:
   """The estimate over what the paper measured, for a row that compiled and fits: tokens/s or step time."""
   if r["est_step_seconds"] is None or not r["fits"]:
     return ""
@@ -223,18 +226,19 @@ def tpu_fit(ctx: Context) -> Result:
     meta, rung, wall = run_row(ctx, row)
     r = meta.get("report")
     if r is None:
-      lines.append([row.paper, row.topology, "-", _settings(row, rung), "-", f"compile failed: {meta['error'][:80]}",
+      lines.append([row.paper, row.topology, "-", settings_cell(row, rung), "-",
+                    f"compile failed: {meta['error'][:80]}",
                     "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, ""])
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
     lines.append([row.paper, f"{row.topology} ({r['num_devices']} x {r['device_kind']})", mesh,
-                  _settings(row, rung), _memory(r),
+                  settings_cell(row, rung), memory_cell(r),
                   "yes" if r["fits"] else "**no**",
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
-                  _utilisation(r) if compiled else "-",
-                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, _against_paper(row, r)])
+                  utilisation(r) if compiled else "-",
+                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, against_paper(row, r)])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
                           "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
                           "paper measured", "est. / paper"], lines)
