@@ -25,22 +25,8 @@ independent across value columns; the local scores are recomputed per tile):
                 total, one XLA einsum; with documents non-causal is two walks, forward and backward,
                 added). `_chunk_step` is one chunk, whole: Et is as wide as the target's VMEM allows
                 (`value_block`).
-  "parallel"    (GPU) no carry: XLA computes the state every chunk reads as the reference does, a
-                prefix over the chunks with its restarts (`_chunk_states`: [B,H,G,S,E] float32 in HBM,
-                as in the reference; the non-causal total [B,H,S,E]; non-causal with documents, the
-                sums from the left and from the right), and the grid (B, H, G, Q, J) gives each
-                program one [Cq,Et] output tile of one chunk (`_parallel_kernel`): the local part over
-                key tiles of Ck rows, up to the diagonal when causal (relu2 / linear weights
-                accumulate, softmax runs online), masks and bias applied per tile; non-causal with
-                documents, the query's document's keys in its own chunk (a second pass over the key
-                tiles); then lin_q KV_g in sub-tiles of the state's rows, with the per-query factors.
-                The kernel fuses the scores, masks, bias and weights with both products: the [C,C]
-                scores never reach HBM. A GPU needs the B H G Q J programs in parallel, and Triton
-                keeps a program's tiles in registers, where a chunk's [C,C] scores (256 KiB of float32
-                at C 256) or a carried [S,Et] sum beside them do not fit. The price: each value tile
-                recomputes its scores (E / Et = 12 at C4's e 1536 and Et 128, the QK^T FLOPs equal to
-                the PV FLOPs at S = Et), and the states make a round trip through HBM.
-                Tiles: `_pallas.gpu_tiles("mixed_chunk_attention")`, powers of two (Triton).
+  "parallel"    (GPU) no carry: the state every chunk reads is XLA's prefix over the chunks, and every
+                chunk, query tile and value tile is its own program: kernels/flash_parallel.py.
 
 Layout: head-major inside ([B,H,T,S]); T is padded to a multiple of C and cut afterwards. The
 padding mask (`mask` and the padded tail) arrives as float32, a row [1,T] for the local keys and a
@@ -64,6 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import _pallas
+from lra_core.kernels import flash_parallel
 from lra_core.kernels import flash_xla
 
 Array = jax.Array
@@ -73,10 +60,8 @@ DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/_pallas.py)
 # Kernel operands in a fixed order; a call passes the ones its parts need.
 OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias", "qdoc", "kdoc", "keep", "read", "oscale")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
-# The parallel driver's operands: no carry, so no col / keep; kv2 and read2 the sum from the right.
-PARALLEL = ("qq", "qk", "lq", "lk", "v", "kv", "kv2", "row", "bias", "qdoc", "kdoc", "read", "read2", "oscale")
 ROWS = ("row", "kdoc")                                       # [B,1,T] operands: one value per key, along lanes
-COLUMNS = ("col", "qdoc", "keep", "read", "read2", "oscale")  # [B,T,1] operands: one value per token
+COLUMNS = ("col", "qdoc", "keep", "read", "read2", "oscale")  # [B,T,1] operands (both drivers)
 
 
 def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
@@ -161,100 +146,6 @@ def _grid_kernel(*refs, names: tuple[str, ...], **statics):
     kv_ref[...] = kv
 
 
-def _parallel_kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state_tile: int, chunk: int,
-                     causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
-                     upcast: bool):
-  """Grid (B, H, G, Q, J): query tile Q of chunk G, value tile J -> out [Cq,Et], no carry.
-
-  Blocks: qq, lq [Cq,S], qdoc / read / read2 / oscale [Cq,1] and bias [Cq,C] of the query tile; qk, lk
-  [C,S], v [C,Et], row / kdoc [1,C] of the whole chunk, read a key tile of Ck rows at a time (refs are
-  sliced: Triton cannot slice a loaded array); kv, kv2 [S,Et] the states the chunk reads, in sub-tiles
-  of `state_tile` rows. Three loops, one accumulator [Cq,Et]: the local part over the key tiles; the
-  own-chunk term of non-causal documents (oscale given) over them again (in the local loop it would
-  hold a second set of pipelined tiles in shared memory, and a softmax's rescaling would scale it);
-  lin_q KV."""
-  ins = dict(zip(names, refs))
-  o_ref = refs[len(names)]
-  cq, ck = query_tile, key_tile
-  et = o_ref.shape[-1]
-  qi = pl.program_id(3)
-  load = lambda name: ins[name][...] if name in ins else None
-  cast = (lambda x: x.astype(f32)) if upcast else (lambda x: x)
-  keys = lambda name, k: cast(ins[name][pl.ds(k * ck, ck), :])  # key tile k, [Ck, .]
-  lanes = lambda name, k: ins[name][:, pl.ds(k * ck, ck)]        # key tile k along lanes, [., Ck]
-  qdoc = load("qdoc")
-
-  def allowed(k, *, local: bool):
-    """[Cq,Ck] mask of key tile k (None: all allowed): real keys; causal and documents in the local
-    part, documents in the own-chunk term."""
-    mask = None if "row" not in ins else jnp.broadcast_to(lanes("row", k) > 0, (cq, ck))
-    parts = []
-    if local and causal:
-      rows = qi * cq + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 0)
-      parts.append(k * ck + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 1) <= rows)
-    if qdoc is not None and (local_documents or not local):
-      parts.append(qdoc == lanes("kdoc", k))
-    for part in parts:
-      mask = part if mask is None else mask & part
-    return mask
-
-  def own_step(k, acc):
-    """The query's document's keys in its own chunk through the linear kernel, times oscale (float32
-    weights and values, as in the reference)."""
-    scores = _pallas.dot(cast(ins["lq"][...]), keys("lk", k), (1, 1)) * lin_scale
-    weights = jnp.where(allowed(k, local=False), scores, 0.0) * ins["oscale"][...]
-    return acc + _pallas.dot(weights, keys("v", k).astype(f32))
-
-  acc = jnp.zeros((cq, et), f32)
-  # Causal: key tiles up to the diagonal; lax.div (not //) as the bound is non-negative.
-  last = jax.lax.div((qi + 1) * cq + ck - 1, ck) if causal else chunk // ck
-  if "qq" in ins:
-    qq = cast(ins["qq"][...])
-    softmax = kernel == "softmax"
-
-    def local(k, carry):
-      acc, top, total = carry
-      scores = _pallas.dot(qq, keys("qk", k), (1, 1)) * quad_scale
-      if "bias" in ins:
-        scores = scores + lanes("bias", k).astype(f32)
-      mask = allowed(k, local=True)
-      v = keys("v", k)
-      if softmax:  # online: the running maximum and sum per query, the accumulator rescaled
-        if mask is not None:
-          scores = jnp.where(mask, scores, -MASK)
-        new_top = jnp.maximum(top, scores.max(-1, keepdims=True))
-        weights = jnp.exp(scores - new_top)
-        if mask is not None:
-          weights = jnp.where(mask, weights, 0.0)
-        rescale = jnp.exp(top - new_top)
-        total = total * rescale + weights.sum(-1, keepdims=True)
-        acc, top = acc * rescale, new_top
-      else:
-        weights = _weights(scores, mask, kernel)
-      return acc + _pallas.dot(weights.astype(v.dtype), v), top, total
-
-    init = (acc, jnp.full((cq, 1), -MASK, f32), jnp.zeros((cq, 1), f32))
-    acc, _, total = jax.lax.fori_loop(0, last, local, init)
-    if softmax:  # a query with no allowed key reads nothing, as in the reference
-      acc = acc / jnp.where(total > 0, total, 1.0)
-  if "oscale" in ins:
-    acc = jax.lax.fori_loop(0, chunk // ck, own_step, acc)
-  if "lq" in ins:
-    # lin_q KV over sub-tiles of Sb state rows: a whole float32 [S,Et] state tile would take as many
-    # registers as the accumulator. The per-query factors scale lin_q's rows (exact but for "mean").
-    reads = [(n, ins[r][...] if r in ins else None) for n, r in (("kv", "read"), ("kv2", "read2")) if n in ins]
-
-    def state_rows(i, acc):
-      rows = pl.ds(i * state_tile, state_tile)
-      lq = ins["lq"][:, rows].astype(f32)
-      for name, read in reads:
-        acc = acc + _pallas.dot(lq if read is None else lq * read, ins[name][rows, :])
-      return acc
-
-    acc = jax.lax.fori_loop(0, ins["lq"].shape[-1] // state_tile, state_rows, acc)
-  o_ref[...] = acc.astype(o_ref.dtype)
-
-
 LANES, SUBLANES = 128, 8  # a TPU VMEM tile
 
 
@@ -291,42 +182,17 @@ def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None
   return fits[0] if fits else widths[-1]
 
 
-def _tile(c: int, want: int) -> int:
-  """`want` rows of a chunk of c where that divides it, else the whole chunk (a chunk cut short by T)."""
-  want = min(want, c)
-  return want if c % want == 0 else c
-
-
 def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, value_tile: int, itemsize: int,
-         local: bool, carried: bool, tiles: tuple[int, int] | None = None, causal: bool = False, own: bool = False,
-         states: int = 0, softmax: bool = False) -> pl.CostEstimate:
-  """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
-  opaque to them).
-
-  Grid driver: per chunk the local [C,C] scores once per value tile and their product with the
+         local: bool, carried: bool) -> pl.CostEstimate:
+  """What the grid driver computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  opaque to them): per chunk the local [C,C] scores once per value tile and their product with the
   values, the global part's lin_q KV and (causal) KV update over all of E; the [C,S] blocks read once
-  per tile, v and the output once.
-  Parallel driver (`tiles` = (Cq, Ck); `states` KV tensors read, `own` the non-causal documents'
-  own-chunk term; `softmax` the local kernel's exp): per program the key tiles it visits (causal: up
-  to the diagonal) for its scores (recomputed per value tile) and their product with its values, and
-  lin_q KV per state; moved, every block each program reads (a chunk's key and value tiles once per
-  query tile: mostly from L2) and its output tile. The states are XLA's own operations."""
+  per tile, v and the output once. (The parallel driver's: `flash_parallel.cost`.)"""
   b, h, t, c = batch, heads, seq_len, chunk
-  tiles_e, chunks = e // value_tile, t // chunk
-  if tiles is None:
-    flops = chunks * ((tiles_e * 2 * c * c * s + 2 * c * c * e) * local + 2 * c * s * e * (1 + carried))
-    moved = tiles_e * t * s * itemsize * (2 * local + 1 + carried) + 2 * t * e * itemsize
-    return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
-  (cq, ck), et, a = tiles, value_tile, itemsize
-  nq = c // cq
-  keys = sum(ck * -(-(i + 1) * cq // ck) if causal else c for i in range(nq))  # key rows, all query tiles
-  # Per chunk and value tile: scores [Cq,S]x[S,keys] and weights x values [keys,Et] for each query tile.
-  flops = (local * cq * keys + own * c * c) * 2 * (s + et) + states * 2 * c * s * et
-  moved = (local * (c * s + keys * (s + et + cq)) * a + own * (c * s + nq * c * (s + et)) * a
-           + (states > 0) * c * s * a + nq * states * s * et * 4 + c * et * a)
-  return pl.CostEstimate(flops=int(b * h * chunks * tiles_e * flops),
-                         transcendentals=int(b * h * chunks * tiles_e * local * softmax * cq * keys),
-                         bytes_accessed=int(b * h * chunks * tiles_e * moved))
+  tiles, chunks = e // value_tile, t // chunk
+  flops = chunks * ((tiles * 2 * c * c * s + 2 * c * c * e) * local + 2 * c * s * e * (1 + carried))
+  moved = tiles * t * s * itemsize * (2 * local + 1 + carried) + 2 * t * e * itemsize
+  return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
 
 
 def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, carried: bool, own: bool,
@@ -365,78 +231,6 @@ def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal
   return call(*(args[n] for n in names))
 
 
-def _parallel_forward(args: dict[str, Array], *, chunk: int, value_tile: int, query_tile: int, key_tile: int,
-                      causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
-                      upcast: bool, interpret: bool) -> Array:
-  """The parallel driver on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv, kv2
-  [B,H,G,S,E] (the state each chunk reads) or kv [B,H,S,E] (one for all chunks); ROWS [B,1,T];
-  COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
-  b, h, t, e = args["v"].shape
-  c, g, et, cq = chunk, t // chunk, value_tile, query_tile
-  nq, nj = c // cq, e // et
-  names = tuple(n for n in PARALLEL if n in args)
-  s = max(args[n].shape[-1] for n in ("qq", "lq") if n in args)
-  lin_s = args["lq"].shape[-1] if "lq" in args else 1  # the states' rows
-  query = lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, 0)
-
-  def spec(name: str) -> pl.BlockSpec:
-    """Query tiles of the chunk (qq, lq, COLUMNS, bias rows), the whole chunk (qk, lk, v's value tile, ROWS),
-    the state's value tile (per chunk, or one for all chunks)."""
-    width = args[name].shape[-1]
-    if name in ("qq", "lq"):
-      return pl.BlockSpec((None, None, cq, width), query)
-    if name in ("qk", "lk"):
-      return pl.BlockSpec((None, None, c, width), lambda bb, hh, gg, qq, jj: (bb, hh, gg, 0))
-    if name == "v":
-      return pl.BlockSpec((None, None, c, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg, jj))
-    if name in ("kv", "kv2") and args[name].ndim == 5:
-      return pl.BlockSpec((None, None, None, lin_s, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg, 0, jj))
-    if name in ("kv", "kv2"):
-      return pl.BlockSpec((None, None, lin_s, et), lambda bb, hh, gg, qq, jj: (bb, hh, 0, jj))
-    if name in ROWS:
-      return pl.BlockSpec((None, 1, c), lambda bb, hh, gg, qq, jj: (bb, 0, gg))
-    if name in COLUMNS:
-      return pl.BlockSpec((None, cq, 1), lambda bb, hh, gg, qq, jj: (bb, gg * nq + qq, 0))
-    return pl.BlockSpec((cq, c), lambda bb, hh, gg, qq, jj: (qq, 0))  # bias
-
-  estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=s, e=e, value_tile=et,
-                  itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=False,
-                  tiles=(cq, key_tile), causal=causal, own="oscale" in args,
-                  states=("kv" in args) + ("kv2" in args), softmax=kernel == "softmax")
-  state_tile = _tile(lin_s, _pallas.gpu_tiles("mixed_chunk_attention")["state_block"])
-  kernel_fn = functools.partial(_parallel_kernel, names=names, query_tile=cq, key_tile=key_tile,
-                                state_tile=state_tile, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                                lin_scale=lin_scale, local_documents=local_documents, upcast=upcast)
-  call = pl.pallas_call(
-      kernel_fn, out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype), grid=(b, h, g, nq, nj),
-      in_specs=[spec(n) for n in names],
-      out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
-      compiler_params=_pallas.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
-      interpret=interpret, cost_estimate=estimate, name="mixed_chunk_attention")
-  return call(*(args[n] for n in names))
-
-
-def _chunk_states(lk: Array, v: Array, weight: Array | None, restart: Array | None, *, chunk: int, causal: bool,
-                  lin_scale: float, reverse: bool = False) -> Array:
-  """The global state each chunk reads, as the reference sums it (for the parallel driver): lk [B,H,T,S],
-  v [B,H,T,E] head-major, weight [B,T] each key's weight (0: not summed; None: all 1), restart [B,G] the
-  chunks' carry factors (`flash_xla.global_layout`; None: no documents) -> float32 [B,H,G,S,E], the
-  chunks before each chunk (after it when `reverse`) with restarts; without documents, causal the
-  exclusive prefix sum, non-causal the total [B,H,S,E]."""
-  b, h, t, s = lk.shape
-  e, g = v.shape[-1], t // chunk
-  if weight is not None:
-    lk = jnp.where(weight[:, None, :, None] > 0, lk, jnp.zeros_like(lk))
-  if restart is None and not causal:
-    return jnp.einsum("bhts,bhte->bhse", lk, v, preferred_element_type=f32) * lin_scale
-  sums = jnp.einsum("bhgcs,bhgce->bhgse", lk.reshape(b, h, g, chunk, s), v.reshape(b, h, g, chunk, e),
-                    preferred_element_type=f32) * lin_scale
-  if restart is None:
-    return jnp.concatenate([jnp.zeros_like(sums[:, :, :1]), jnp.cumsum(sums[:, :, :-1], axis=2)], axis=2)
-  carried = flash_xla.carried_sums(sums.reshape(b * h, g, s, e), jnp.repeat(restart, h, axis=0), reverse=reverse)
-  return carried.reshape(b, h, g, s, e)
-
-
 def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, value_tile, query_tile, key_tile,
                  causal, quad_scale, lin_scale, global_norm, kernel, upcast, driver, interpret) -> Array:
   """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out.
@@ -445,7 +239,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
   total (one einsum here). Otherwise (`flash_xla.global_layout`): causal carries KV forward with
   restarts; non-causal is two walks, forward (local part, the query's own chunk, the earlier chunks)
   and backward (the later chunks), added. Parallel driver: the states every chunk reads, computed
-  here (`_chunk_states`), and one call."""
+  here (`flash_parallel.chunk_states`), and one call."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
   g = -(-t // c)
@@ -477,7 +271,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
   if driver == "parallel":
     if lin_q is not None:
       lq, lk = head_major(lin_q), head_major(lin_k)
-      states = functools.partial(_chunk_states, lk, args["v"], chunk=c, causal=causal, lin_scale=lin_scale)
+      states = functools.partial(flash_parallel.chunk_states, lk, args["v"], chunk=c, causal=causal, lin_scale=lin_scale)
       args["lq"] = lq
       if plain:
         args["kv"] = states(keep, None)
@@ -489,7 +283,7 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
           args.update(kv2=states(lay["bwd_w"].reshape(b, g * c), lay["bwd_keep"], reverse=True),
                       read2=tokens(lay["bwd_read"] * lay["scale"]), lk=lk, row=keep[:, None, :],
                       oscale=tokens(lay["scale"]), **documents)
-    run = functools.partial(_parallel_forward, query_tile=query_tile, key_tile=key_tile,
+    run = functools.partial(flash_parallel.forward, query_tile=query_tile, key_tile=key_tile,
                             local_documents=segments is not None, **statics)
     out = _pallas.run_per_device(run, (args,), (dims(args),), "bh..", batch=b, heads=h)
     return out[:, :, :t].transpose(0, 2, 1, 3)
@@ -589,8 +383,8 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
   tiles = _pallas.gpu_tiles("mixed_chunk_attention")
-  query_tile = _tile(c, tiles["query_block"]) if query_tile is None else query_tile
-  key_tile = _tile(c, tiles["key_block"]) if key_tile is None else key_tile
+  query_tile = flash_parallel.tile(c, tiles["query_block"]) if query_tile is None else query_tile
+  key_tile = flash_parallel.tile(c, tiles["key_block"]) if key_tile is None else key_tile
   for name, tile in (("query", query_tile), ("key", key_tile)):
     if tile <= 0 or c % tile:
       raise ValueError(f"{name} tile {tile} does not divide the chunk {c}.")

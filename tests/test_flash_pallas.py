@@ -19,6 +19,7 @@ from lra_core.experiment import to_device
 from lra_core.kernels import _pallas
 from lra_core.kernels import flash as fk
 from lra_core.kernels import flash_pallas
+from lra_core.kernels import flash_parallel
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -270,9 +271,8 @@ def test_on_a_gpu_the_kernel_is_the_parallel_driver_with_the_gpu_tiles():
   assert f"grid=(1, 1, {t // c}, {nq}, {nj})" in text
   assert f"CompilerParams(num_warps={tiles['num_warps']}, num_stages={tiles['num_stages']})" in text
   assert f"f32[1,1,{t // c},{s},{e}]" in text and "f32[1,1,2048,2048]" not in text
-  kw = dict(batch=1, heads=1, seq_len=t, chunk=c, s=s, e=e, value_tile=128, itemsize=2, local=True, carried=False,
-            tiles=(64, 64), states=1)
-  causal, full = flash_pallas.cost(causal=True, **kw), flash_pallas.cost(causal=False, **kw)
+  kw = dict(batch=1, heads=1, seq_len=t, chunk=c, s=s, e=e, value_tile=128, itemsize=2, tiles=(64, 64), states=1)
+  causal, full = flash_parallel.cost(causal=True, **kw), flash_parallel.cost(causal=False, **kw)
   assert full.flops == (t // c) * (2 * c * c * (nj * s + e) + 2 * c * s * e)
   assert causal.flops - 2 * t * s * e == (full.flops - 2 * t * s * e) * 10 // 16  # 1 + 2 + 3 + 4 of 4 x 4 tiles
 

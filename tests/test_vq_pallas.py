@@ -15,7 +15,7 @@ import fixtures.enwik8
 import lra_core
 from lra_core import kernels
 from lra_core.errors import ConfigError
-from lra_core.kernels import _pallas, vq, vq_pallas
+from lra_core.kernels import _pallas, vq, vq_pallas, vq_parallel
 from lra_core.train import train_and_evaluate
 
 
@@ -215,9 +215,9 @@ def test_block_sizes_fit_the_target_vmem():
   assert vq_pallas.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
   assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
   gpu = _pallas.gpu_tiles("vq_attention")
-  assert vq_pallas.parallel_tiles(1536, block_len=512, n_code=512) == tuple(
+  assert vq_parallel.tiles(1536, block_len=512, n_code=512) == tuple(
       gpu[k] for k in ("value_block", "query_block", "key_block", "code_block"))
-  assert vq_pallas.parallel_tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)   # small dimensions whole
+  assert vq_parallel.tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)   # small dimensions whole
   assert _pallas.vmem_limit("TPU v3") is None and _pallas.vmem_limit("TPU v5 lite") == 96 * 2**20
 
 
