@@ -277,6 +277,34 @@ def test_on_a_gpu_the_kernel_is_the_parallel_driver_with_the_gpu_tiles():
   assert causal.flops - 2 * t * s * e == (full.flops - 2 * t * s * e) * 10 // 16  # 1 + 2 + 3 + 4 of 4 x 4 tiles
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False])
+def test_parallel_driver_at_the_c4_sizes_equals_the_xla_form(causal):
+  """The GPU's driver with its own tiles (64 x 64 of the chunk, 128 value columns) at FLASH's C4 GAU, the
+  sizes it compiles at for the H100 (chunk 256, s 128, e 1536, the [C,C] bias; two chunks, so the second
+  reads the state), in interpret mode: values and gradients equal the XLA reference."""
+  t, c, s, e = 512, 256, 128, 1536
+  ks = jax.random.split(jax.random.key(3), 6)
+  qq, qk, lq, lk = (jax.random.normal(k, (1, t, 1, s)) * 0.3 for k in ks[:4])
+  v = jax.random.normal(ks[4], (1, t, 1, e))
+  bias = jax.random.normal(ks[5], (c, c)) * 0.1
+  kw = dict(chunk=c, causal=causal, quad_scale=s ** -0.5, lin_scale=1.0 / c, bias=bias)
+
+  def attend(pallas, qq, lq, v):
+    if pallas:
+      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, driver="parallel", value_tile=128, **kw)
+    return fk.mixed_chunk_attention(qq, qk, lq, lk, v, impl="xla", **kw)
+
+  args = (qq, lq, v)
+  got, want = (jax.jit(lambda *a, p=p: attend(p, *a))(*args) for p in (True, False))
+  scale = max(1.0, float(jnp.abs(want).max()))
+  np.testing.assert_allclose(got, want, atol=1e-5 * scale)
+  grads = [jax.jit(jax.grad(lambda *a, p=p: jnp.sum(jnp.sin(attend(p, *a))), argnums=(0, 1, 2)))(*args)
+           for p in (True, False)]
+  for g_got, g_want in zip(*grads):
+    np.testing.assert_allclose(g_got, g_want, atol=1e-5 * max(1.0, float(jnp.abs(g_want).max())))
+
+
 def test_value_tiles_fit_the_target_vmem():
   """pg19's FLASH (C 512, S 128, e 2048) in bfloat16: TPU v3 and v4 (16 MiB) take 512-wide tiles, v5e the
   whole width; GPU 128 (a power of two for Triton); a width TPU blocks cannot split is whole; a tile

@@ -196,6 +196,39 @@ def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
     np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_parallel_driver_at_the_enwik8_heads_sizes_equals_the_xla_form(dtype):
+  """The GPU's driver with its own tiles (`vq_parallel.tiles`: 64 x 64 score tiles, 128 value columns) at
+  Transformer-VQ's enwik8 head, the sizes it compiles at for the H100 (block 512, 512 codes, Dk 128,
+  Dv 1536, XL biases; two blocks, so the second reads a cache), in interpret mode: values and gradients
+  equal `vq.cached_attention`."""
+  b, t, l, s, dk, dv = 1, 1024, 512, 512, 128, 1536
+  q, k, v, codebook = inputs(b, t, 1, 1, dk, dv, s, dtype)
+  z, _ = vq.quantize(k, codebook)
+  k_hat = vq.codewords(z, codebook)
+  rel_q = jax.random.normal(jax.random.key(7), q.shape).astype(dtype)
+  table = jax.random.normal(jax.random.key(8), (1, l + 1, dk)).astype(dtype)
+  carry = vq.init_carry(b, l, 1, s, dk, dv, dtype)
+
+  def attend(pallas, q, v, rel_q):
+    bias = vq.xl_bias_blocks((rel_q, table), 1, l)
+    if pallas:
+      return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=l, carry=carry, bias=bias,
+                                           driver="parallel")[0]
+    return vq.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=l, reduction="serial",
+                               compressive=True)[0]
+
+  assert vq_parallel.tiles(dv, block_len=l, n_code=s)[:2] == (128, 64)
+  args = (q, v, rel_q)
+  got, want = (jit(lambda *a, p=p: attend(p, *a))(*args) for p in (True, False))
+  atol = 1e-5 if dtype == jnp.float32 else 3e-2
+  np.testing.assert_allclose(np.float32(got), np.float32(want), atol=atol)
+  grads = [jit(jax.grad(loss_of(lambda *a, p=p: attend(p, *a)), argnums=(0, 1, 2)))(*args) for p in (True, False)]
+  for g_got, g_want in zip(*grads):
+    np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=2e-5 if dtype == jnp.float32 else 1e-2)
+
+
 def test_block_sizes_fit_the_target_vmem():
   """The paper's enwik8 head (Dk 128, Dv 1536, S = L = 512, XL biases): TPU v3's 16 MiB takes 128-wide
   value tiles; v5e's limit the whole width; each choice divides the shapes and fits its budget, and the
