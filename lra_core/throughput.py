@@ -3,8 +3,8 @@
 MFU = model FLOPs per step / step time / peak FLOP/s of the devices the step runs on.
 
 - Model FLOPs are the matrix products of the compiled train step (`lra_core.hlo_cost.step_flops`,
-  the count `lra_core.aot` estimates with), less what remat recomputes, times the number of
-  devices. XLA's `cost_analysis()` is not used: it counts a while loop's body once, so scanned
+  the count `lra_core.aot` estimates with, Pallas kernels at their declared costs), less what remat
+  recomputes, times the number of devices. XLA's `cost_analysis()` is not used: it counts a while loop's body once, so scanned
   layers, update windows and micro-batches would be undercounted.
 - The peak is the chip's dense bf16 matmul peak from `lra_core.chips.CHIPS` (one table with
   `lra_core.aot`), times the number of devices; `train.peak_flops` overrides it per device. A CPU
@@ -54,9 +54,12 @@ def peak_flops(devices, per_device: float = 0.0) -> tuple[float, str] | None:
   return None
 
 
-def model_flops(compiled: jax.stages.Compiled, num_devices: int) -> float:
-  """Model FLOPs of one step of the SPMD program `compiled` on all its devices (remat recompute excluded)."""
-  flops, recompute = hlo_cost.step_flops(compiled.as_text())
+def model_flops(compiled: jax.stages.Compiled, num_devices: int, traced: jax.stages.Traced | None = None) -> float:
+  """Model FLOPs of one step of the SPMD program `compiled` on all its devices (remat recompute excluded).
+  `traced`, the same step traced: its Pallas kernels' declared FLOPs, which a GPU program's Triton calls
+  do not keep (a TPU program's Mosaic calls do)."""
+  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr) if traced is not None else ()
+  flops, recompute = hlo_cost.step_flops(compiled.as_text(), costs)
   return (flops - recompute) * num_devices
 
 

@@ -84,9 +84,12 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
   with sharding.activate(mesh, rules):
     # Compiled from shapes alone, before the state exists: a config too large for the devices
     # stops here with the estimate (lra_core/aot.py, which compiles the same step for TPU slices).
-    train_step = aot.compile_step(aot.jit_train_step(config, spec, task, tx, schedule), spec.abstract,
-                                  experiment.abstract_batch(first, mesh, rules),
-                                  name="train step", limit_gib=t.memory_limit_gib)
+    jitted = aot.jit_train_step(config, spec, task, tx, schedule)
+    batch_shapes = experiment.abstract_batch(first, mesh, rules)
+    train_step = aot.compile_step(jitted, spec.abstract, batch_shapes, name="train step", limit_gib=t.memory_limit_gib)
+    # A GPU program's Pallas (Triton) calls keep no cost: the traced step (jit's cached trace) gives theirs.
+    traced = jitted.trace(spec.abstract, batch_shapes) if mesh.devices.flat[0].platform == "gpu" else None
+    flops_per_step = throughput.model_flops(train_step, mesh.devices.size, traced)
     evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
@@ -108,7 +111,7 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
     tokens_per_step = t.batch_size * t.seq_len // windows
     progress = Progress(start, total_steps, tokens_per_step)
     devices = list(mesh.devices.flat)
-    meter = throughput.Throughput(tokens_per_step, throughput.model_flops(train_step, len(devices)),
+    meter = throughput.Throughput(tokens_per_step, flops_per_step,
                                   throughput.peak_flops(devices, t.peak_flops), start)
     profiler = StepProfiler(parse_profile_steps(t.profile_steps), writer.tensorboard_dir)
     batches = pipeline.iterate(train_reader, next_batch, next_batch + total_steps - start,

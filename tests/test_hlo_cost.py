@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 import lra_core
-from lra_core import aot, chips, experiment, hlo_cost, optim, sharding
+from lra_core import aot, chips, experiment, hlo_cost, optim, sharding, throughput
 from lra_core.state import make_state_spec
 from lra_core.tasks import make_task
 
@@ -326,5 +326,9 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
   on_gpu, _ = hlo_cost.step_flops(gpu.as_text(), costs)
   on_cpu, _ = hlo_cost.step_flops(cpu.as_text())
   assert on_gpu == pytest.approx(on_cpu, rel=0.02)
+  # The trainer's MFU counts the same: with the traced step, the Pallas kernels' FLOPs too
+  assert throughput.model_flops(gpu, 1, traced) == on_gpu
+  if costs:
+    assert throughput.model_flops(gpu, 1) < on_gpu
   if against_xla:
     assert on_gpu == pytest.approx(xla_flops(gpu), rel=0.05)
