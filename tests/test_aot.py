@@ -185,6 +185,7 @@ def test_cli_compiles_for_gpus_and_counts_their_triton_kernels(tmp_path):
 
 
 @needs_cuda_plugin
+@pytest.mark.slow
 def test_a_batch_too_large_for_a_v100_compiles_and_does_not_fit():
   """XLA:GPU compiles a step of any size: 'fits' compares its peak with the V100's 16 GiB x 0.75."""
   out = _aot("--config=configs/c4/transformer.py:tiny", "--config.model.num_layers=1",
@@ -208,6 +209,7 @@ def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(topology, expec
 
 
 @needs_cuda_plugin
+@pytest.mark.slow
 def test_pallas_on_a_v100_says_to_use_the_xla_kernels():
   """Triton needs compute capability 8.0: the V100's refusal is a config error, not a traceback."""
   out = _aot("--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1",

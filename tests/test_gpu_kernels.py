@@ -5,6 +5,7 @@ FLASH kernels also at their papers' sizes, where they once exceeded the H100's s
 scripts/check_lowering.py --platforms=gpu runs the same compiles with a table of the kernels' resources."""
 
 import pytest
+import tiers
 
 import jax
 
@@ -42,8 +43,8 @@ def _compile_both_passes(fn, args, devices):
 
 
 @needs_plugin
-@pytest.mark.parametrize("segments", [False, True], ids=["", "documents"])
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("name,segments", tiers.quick([(n, d) for n in KERNELS for d in (False, True)], keep=[3, 7],
+                                                      ids=lambda c: f"{c[0]}{'-documents' if c[1] else ''}"))
 def test_forward_and_gradient_compile_for_an_h100(h100, name, segments):
   fn, args = check_lowering.kernels_at(**SIZES, dtype="float32", segments=segments)[name]
   kernels = _compile_both_passes(fn, args, h100)

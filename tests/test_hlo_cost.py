@@ -310,7 +310,8 @@ def _train_step(config, devices):
 @pytest.mark.parametrize("spec, overrides, against_xla", [
     # A small Transformer whose matmuls dominate, layers unrolled so that XLA's count (loop bodies
     # once) is complete: XLA also counts elementwise FLOPs (3% here), hlo_cost only matmuls.
-    ("configs/c4/transformer.py:tiny", ["model.d_model=256", "model.d_ff=1024", "model.num_heads=4"], True),
+    pytest.param("configs/c4/transformer.py:tiny", ["model.d_model=256", "model.d_ff=1024", "model.num_heads=4"], True,
+                 marks=pytest.mark.slow),
     # Latte's Pallas kernel: a Triton call on the GPU (its declared cost), interpreted on the CPU.
     pytest.param("configs/c4/latte.py:tiny", ["model.impl=pallas"], False, marks=pytest.mark.slow),
 ])

@@ -86,7 +86,8 @@ def two_window_inputs():
   return q, vq.codewords(z, codebook), z, v, codebook, rel_q, table
 
 
-@pytest.mark.parametrize("driver,compressive", [("grid", True), ("parallel", True), ("parallel", False)])
+@pytest.mark.parametrize("driver,compressive", tiers.quick([("grid", True), ("parallel", True), ("parallel", False)],
+                                                        keep=[0, 2], ids=["grid", "parallel", "parallel-window"]))
 def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
   """Two windows, the second continuing from the first's carry, with XL biases and MQA."""
   t, l = WINDOW, BLOCK
@@ -161,8 +162,10 @@ def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_for
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
-@pytest.mark.parametrize("driver,tiles", [("grid", (3, 2)), ("parallel", (3, 2, 2, 4)), ("parallel", (2, 2, 4, 8)),
-                                          ("parallel", (6, 4, 2, 16))])
+@pytest.mark.parametrize("driver,tiles", tiers.quick([("grid", (3, 2)), ("parallel", (3, 2, 2, 4)),
+                                                      ("parallel", (2, 2, 4, 8)), ("parallel", (6, 4, 2, 16))],
+                                                     keep=[0, 2], ids=["grid", "parallel-narrow-keys",
+                                                                       "parallel-wide-keys", "parallel-whole"]))
 def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
   """Dv read in tiles (each program its own slice of the cache), the grid driver's queries in sub-blocks
   (the fold after the last one), the parallel driver's query, key and code tiles (key tiles wider or
@@ -225,8 +228,9 @@ def test_parallel_driver_at_the_enwik8_heads_sizes_equals_the_xla_form(dtype):
   atol = 1e-5 if dtype == jnp.float32 else 3e-2
   np.testing.assert_allclose(np.float32(got), np.float32(want), atol=atol)
   grads = [jit(jax.grad(loss_of(lambda *a, p=p: attend(p, *a)), argnums=(0, 1, 2)))(*args) for p in (True, False)]
-  for g_got, g_want in zip(*grads):
-    np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=2e-5 if dtype == jnp.float32 else 1e-2)
+  for g_got, g_want in zip(*grads):  # the tolerances of the quadratic-definition test, scaled by the gradient
+    scale = max(1.0, float(jnp.abs(g_want.astype(jnp.float32)).max()))
+    np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=3 * atol * scale)
 
 
 def test_block_sizes_fit_the_target_vmem():
