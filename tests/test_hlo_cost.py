@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -189,13 +190,52 @@ ENTRY %main (a: bf16[4,8]) -> bf16[4,8] {
   assert roof.flops == 2 * 4 * 4 * 8 and roof.unknown_loops == 0
 
 
-def test_a_batched_matmul_written_as_a_dilated_convolution_counts_one_tap_per_batch():
-  """XLA's TPU form of einsum('bij,bjk->bik') for b=4: the batch is a window of 4 dilated by 4."""
-  line = ("%c = f32[4,1536,512]{1,2,0} convolution(%x, %y), window={size=4 stride=3 lhs_dilate=4}, "
-          "dim_labels=0fb_0oi->0bf")
+# Convolutions from programs compiled for TPU v4 (jax 0.10.2, libtpu 0.0.42.1), metadata cut: the line,
+# its operands' shapes, and the multiply-adds that meet input data, counted by hand.
+TPU_CONVOLUTIONS = {
+    # einsum('btd,dhk->bthk') with b 4, t 128, d 768, 12 heads of 64: a window as wide as the heads,
+    # padded 11 on each side, so each of the 12 outputs meets the input with one tap of 12.
+    "head-split projection": (
+        "%c = bf16[4,128,12,64]{3,2,1,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, "
+        "dim_labels=0bf1_i1o0->0b1f", ("bf16[4,128,768,1]", "bf16[768,12,64,1]"), 4 * 128 * 768 * 12 * 64),
+    # its weight gradient: the window runs over the batch (4 taps, all data) and the heads (padded, 1 of 12)
+    "head-split weight gradient": (
+        "%c = bf16[768,12,64,1]{3,2,1,0} convolution(%x, %g), window={size=12x4 pad=11_11x0_0 rhs_reversal=1x0}, "
+        "dim_labels=1fb0_1i0o->b0f1", ("bf16[4,128,768,1]", "bf16[4,128,12,64]"), 4 * 128 * 768 * 12 * 64),
+    # a depthwise causal convolution of width 4 dilated by 2 over 128 features (feature_group_count):
+    # 16 rows of 15 inputs (the causal padding already in the data), 9 outputs, every tap on data
+    "rhs_dilate, feature groups": (
+        "%c = f32[16,9,128]{2,1,0} convolution(%x, %k), window={size=4 rhs_dilate=2}, dim_labels=b0f_0io->b0f, "
+        "feature_group_count=128", ("bf16[16,15,128]", "f32[4,1,128]"), 16 * 9 * 128 * 4),
+    # its filter gradient (batch_group_count): for tap w of 4 the positions t of 64 with t >= 2 (3 - w)
+    # meet data, the window's other taps fall on the 6 padded positions (stride 2: the rhs dilation)
+    "stride, padding, batch groups": (
+        "%c = f32[4,1,128]{2,1,0} convolution(%x, %g), window={size=64 stride=2 pad=6_0}, "
+        "dim_labels=f0b_i0o->0bf, batch_group_count=128", ("bf16[2,64,128]", "bf16[2,64,128]"),
+        128 * 2 * (58 + 60 + 62 + 64)),
+    # einsum('bij,bjk->bik') with b 4: the batch is a window of 4 dilated by 4, one tap per output on data
+    "lhs_dilate, stride": (
+        "%c = f32[4,1536,512]{1,2,0} convolution(%x, %y), window={size=4 stride=3 lhs_dilate=4}, "
+        "dim_labels=0fb_0oi->0bf", ("f32[4,1024,512]", "f32[4,1536,1024]"), 4 * 512 * 1024 * 1536),
+}
+
+
+@pytest.mark.parametrize("form", TPU_CONVOLUTIONS)
+def test_a_convolution_counts_the_taps_that_meet_input_data(form):
+  line, (x, y), multiply_adds = TPU_CONVOLUTIONS[form]
   op = hlo_cost._parse_op(line)
-  shapes = {"x": "f32[4,1024,512]", "y": "f32[4,1536,1024]"}
-  assert hlo_cost._matmul_flops(op, shapes) == 2 * 4 * 512 * 1024 * 1536
+  assert hlo_cost._matmul_flops(op, dict(zip(op.operands, (x, y)))) == 2 * multiply_adds
+
+
+@given(input_size=st.integers(1, 12), size=st.integers(1, 9), outputs=st.integers(1, 14),
+       stride=st.integers(1, 5), pad_low=st.integers(-3, 12), lhs_dilate=st.integers(1, 6), rhs_dilate=st.integers(1, 4))
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_real_taps_equal_counting_them_one_by_one(input_size, size, outputs, stride, pad_low, lhs_dilate, rhs_dilate):
+  last = (input_size - 1) * lhs_dilate
+  taps = [o * stride + k * rhs_dilate - pad_low for o in range(outputs) for k in range(size)]
+  want = sum(0 <= p <= last and p % lhs_dilate == 0 for p in taps)
+  assert hlo_cost.real_taps(input_size=input_size, size=size, outputs=outputs, stride=stride, pad_low=pad_low,
+                            lhs_dilate=lhs_dilate, rhs_dilate=rhs_dilate) == want
 
 
 def test_slices_move_their_window_not_the_whole_operand():
