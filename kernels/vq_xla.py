@@ -79,13 +79,15 @@ def prefix_summaries(mean: Array, count: Array, reduction: str,
   """Inclusive prefix merge along axis 1: mean [B,N,H,S,Dv], count [B,N,H,S]. `reset` bool [B,N]
   (optional): True at element n drops everything before it (a document boundary: the prefix restarts
   at n)."""
+  # A reset zeroes only the prefix's counts: merge weighs its mean by them, so the mean drops out too,
+  # and the scan keeps no masked copy of each step's [B,H,S,Dv] mean for the backward pass.
   if reset is None:
     reset = jnp.zeros(count.shape[:2], bool)
   if reduction == "serial":
     def step(acc, x):
       mean_x, count_x, r = x
-      acc = jax.tree.map(lambda a: jnp.where(_lift(r, a), 0.0, a), acc)
-      acc = merge(acc, (mean_x, count_x))
+      (mean_a, count_a) = acc
+      acc = merge((mean_a, jnp.where(_lift(r, count_a), 0.0, count_a)), (mean_x, count_x))
       return acc, acc
     xs = (jnp.moveaxis(mean, 1, 0), jnp.moveaxis(count, 1, 0), jnp.moveaxis(reset, 1, 0))
     init = (jnp.zeros_like(xs[0][0]), jnp.zeros_like(xs[1][0]))
@@ -94,8 +96,7 @@ def prefix_summaries(mean: Array, count: Array, reduction: str,
   if reduction == "assoc":
     def combine(a, b):
       (mean_a, count_a, r_a), (mean_b, count_b, r_b) = a, b
-      drop = lambda x: jnp.where(_lift(r_b, x), 0.0, x)
-      m, c = merge((drop(mean_a), drop(count_a)), (mean_b, count_b))
+      m, c = merge((mean_a, jnp.where(_lift(r_b, count_a), 0.0, count_a)), (mean_b, count_b))
       return m, c, r_a | r_b
     m, c, _ = jax.lax.associative_scan(combine, (mean, count, reset), axis=1)
     return m, c
