@@ -123,3 +123,30 @@ def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_record
   assert tpu.table6("vq", "shga", 8192).rungs() == tpu.LADDER[:2]  # batch 8 on 8 cores: no micro-batches
   table6 = [row for row in tpu.FULL_ROWS if row.paper.startswith("Transformer-VQ Table 6")]
   assert len(table6) == 3 * 4 * 2 and sum(row.paper_measured == "out of memory" for row in table6) == 8
+
+
+def test_the_fit_tables_fail_a_row_whose_paper_run_would_exceed_peak():
+  from lra_core.reproduce import tpu
+  timed = tpu.Row("timed", "configs/c4/flash.py", "v4:2x4x4", paper_step_ms=50.0)
+  rated = tpu.Row("rated", tpu.VQ, "v3:2x2", paper_tokens_per_s=80_000.0)
+  unmeasured = tpu.Row("unmeasured", tpu.VQ, "v3:2x2")
+  # Our step: 100 ms at 40% MFU; the paper's 50 ms would need 80% of peak for the same FLOPs.
+  report = {"est_step_seconds": 0.1, "est_mfu": 0.4, "est_tokens_per_s": 40_000.0}
+  assert tpu.paper_mfu(timed, report) == pytest.approx(0.8)
+  assert tpu.paper_mfu(rated, report) == pytest.approx(0.8)  # twice our tokens/s
+  assert tpu.paper_mfu(unmeasured, report) is None
+  assert tpu.sanity_cell(timed, report) == "80%"
+  fast = tpu.Row("fast", "configs/c4/flash.py", "v4:2x4x4", paper_step_ms=25.0)
+  assert tpu.sanity_cell(fast, report) == "**fails: 160%**"
+  refused = {"est_step_seconds": None, "est_mfu": None, "est_tokens_per_s": None}
+  assert tpu.paper_mfu(timed, refused) is None and tpu.sanity_cell(timed, refused) == ""
+  line = tpu.failed_rows([timed, fast, unmeasured, timed], [report, report, report, None])
+  assert line.startswith("paper runs over 100% MFU under our FLOP count: 1 of 2 measured rows (fast)")
+
+
+@pytest.mark.parametrize("table", ["tpu_fit", "gpu_fit"])
+def test_no_row_of_the_fit_tables_in_the_docs_implies_a_paper_run_over_peak(table):
+  text = (PROJECT_ROOT / "docs" / "results.md").read_text()
+  section = text.split(f"<!-- table: {table} -->")[1].split(f"<!-- /table: {table} -->")[0]
+  assert "paper's MFU under our count" in section
+  assert "**fails" not in section

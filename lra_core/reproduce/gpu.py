@@ -18,7 +18,8 @@ from __future__ import annotations
 from lra_core.bench import param_counts
 from lra_core.reproduce.common import Context, Result, fmt, markdown_table
 from lra_core.reproduce.flash import FLASH, FULL_LATENCY, LABELS, TABLE11_BATCH, TABLE11_MS, TPP
-from lra_core.reproduce.tpu import BLOCK_CONFIG, Row, against_paper, run_row, settings_cell, utilisation
+from lra_core.reproduce.tpu import (BLOCK_CONFIG, Row, against_paper, failed_rows, run_row, sanity_cell, settings_cell,
+                                   utilisation)
 
 TABLE = "gpu_fit"
 LATTE_CONFIG = "configs/c4/latte.py"
@@ -89,16 +90,17 @@ def _impl(row: Row, r: dict | None = None) -> str:
 
 
 def gpu_fit(ctx: Context) -> Result:
-  lines = []
+  lines, reports = [], []
   fractions = set()
   for row in ROWS:
     meta, rung, wall = run_row(ctx, row, TABLE)
     r = meta.get("report")
+    reports.append(r)
     compute = "float32" if "model.dtype=float32" in row.common else "bf16"
     if r is None:
       lines.append([row.paper, row.topology, "-", _impl(row), compute, settings_cell(row, rung), "-",
                     f"compile failed: {meta['error'][:80]}", "-", "-", "-", "-", "-", "-", f"{wall:.0f}",
-                    _paper(row), ""])
+                    _paper(row), "", ""])
       continue
     fractions.add(r.get("memory_fraction"))
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
@@ -110,11 +112,12 @@ def gpu_fit(ctx: Context) -> Result:
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
                   utilisation(r) if compiled else "-",
                   r.get("pallas_kernels", 0), f"{r['num_params'] / 1e6:,.0f}M",
-                  f"{r['compile_seconds']:.0f} / {wall:.0f}", _paper(row), against_paper(row, r)])
+                  f"{r['compile_seconds']:.0f} / {wall:.0f}", _paper(row), against_paper(row, r), sanity_cell(row, r)])
   table = markdown_table(["setting", "GPUs", "mesh", "impl", "compute", "remat / scan",
                           "GiB per device: peak / usable (HBM)", "fits", "fits without remat or micro-batches",
                           "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "Triton kernels", "params",
-                          "compile s: last / all attempts", "paper measured", "est. / paper"], lines)
+                          "compile s: last / all attempts", "paper measured", "est. / paper",
+                          "paper's MFU under our count"], lines)
   fraction = ", ".join(f"{f:g}" for f in sorted(f for f in fractions if f)) or "0.75"
   setting = (
       "`python -m lra_core.aot` for the GPU papers' configs at the paper's global batch and sequence length: the "
@@ -137,7 +140,8 @@ def gpu_fit(ctx: Context) -> Result:
       "cuBLAS and Triton GEMMs and the Pallas kernels' declared costs included, loops by their trip counts, "
       "collectives at NVLink bandwidth and overlapped). MFU counts the model's FLOPs, HFU every FLOP run. "
       "These are estimates, not measurements: the paper's measured step time (FLASH Table 11) is beside them "
-      "with the ratio estimate / paper, and a roofline is a lower bound on a step's time. With no GPU here "
+      "with the ratio estimate / paper, and a roofline is a lower bound on a step's time; the last column is the "
+      "MFU the paper's own run would have had under our FLOP count (over 100% fails the row). With no GPU here "
       "XLA cannot autotune its GEMM tiles; that changes speed, not the program's FLOPs or memory. Where its "
       "default Triton tiling fails for a matmul's shape (an XLA:GPU limitation at some of the Block "
       "Transformer's shapes, e.g. 82,080 rows), the step is compiled with cuBLAS GEMMs instead (\"cuBLAS "
@@ -145,4 +149,4 @@ def gpu_fit(ctx: Context) -> Result:
       "Compile s "
       "is the last attempt's train and eval compile, then the wall time of all attempts of the row, on this "
       "2-core host.")
-  return Result(setting=setting, markdown=table)
+  return Result(setting=setting, markdown=table, comparison=failed_rows(ROWS, reports))

@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from lra_core import aot
 from lra_core.bench import param_counts
@@ -219,16 +221,47 @@ def against_paper(row: Row, r: dict) -> str:
   return ""
 
 
+def paper_mfu(row: Row, r: dict) -> float | None:
+  """The MFU the paper's own measured run would have had under our FLOP count: the model FLOPs of our
+  compiled step over the paper's step time and the chip's peak (our MFU x our step time / the paper's).
+  None where the paper measured nothing or our step has no estimate (a refused compile)."""
+  seconds, mfu = r.get("est_step_seconds"), r.get("est_mfu")
+  if seconds is None or mfu is None or not math.isfinite(seconds * mfu):
+    return None
+  if row.paper_tokens_per_s:  # the same tokens per step: the paper's time is ours x our rate / its rate
+    return mfu * row.paper_tokens_per_s / r["est_tokens_per_s"]
+  if row.paper_step_ms:
+    return mfu * seconds * 1e3 / row.paper_step_ms
+  return None
+
+
+def sanity_cell(row: Row, r: dict) -> str:
+  """The paper's implied MFU; over 100% fails the row (the setting, the hardware or our count is wrong)."""
+  implied = paper_mfu(row, r)
+  if implied is None:
+    return ""
+  return f"**fails: {100 * implied:.0f}%**" if implied > 1 else f"{100 * implied:.0f}%"
+
+
+def failed_rows(rows: Sequence[Row], reports: Sequence[dict | None]) -> str:
+  """The one comparison line both fit tables print: which rows imply a paper MFU over 100%."""
+  failed = [row.paper for row, r in zip(rows, reports) if r and (paper_mfu(row, r) or 0) > 1]
+  measured = sum(1 for row, r in zip(rows, reports) if r and paper_mfu(row, r) is not None)
+  return (f"paper runs over 100% MFU under our FLOP count: {len(failed)} of {measured} measured rows"
+          + (f" ({'; '.join(failed)})" if failed else ""))
+
+
 def tpu_fit(ctx: Context) -> Result:
   rows = FULL_ROWS if ctx.full else DEFAULT_ROWS
-  lines = []
+  lines, reports = [], []
   for row in rows:
     meta, rung, wall = run_row(ctx, row)
     r = meta.get("report")
+    reports.append(r)
     if r is None:
       lines.append([row.paper, row.topology, "-", settings_cell(row, rung), "-",
                     f"compile failed: {meta['error'][:80]}",
-                    "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, ""])
+                    "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, "", ""])
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
@@ -238,10 +271,11 @@ def tpu_fit(ctx: Context) -> Result:
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
                   utilisation(r) if compiled else "-",
-                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, against_paper(row, r)])
+                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, against_paper(row, r),
+                  sanity_cell(row, r)])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
                           "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
-                          "paper measured", "est. / paper"], lines)
+                          "paper measured", "est. / paper", "paper's MFU under our count"], lines)
   setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
              "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
              "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
@@ -252,6 +286,9 @@ def tpu_fit(ctx: Context) -> Result:
              "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
              "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
              "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
-             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows. Estimates, not measurements. Compile s is "
+             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows. Estimates, not measurements. "
+             "Where the paper measured the run, the last column is the MFU its own run would have had under our "
+             "count (our model FLOPs per step over the paper's step time and the chips' peak); over 100% fails the "
+             "row, for then the setting, the hardware mapping or the count is wrong. Compile s is "
              "the wall time of all attempts of the row on this 2-core host.")
-  return Result(setting=setting, markdown=table)
+  return Result(setting=setting, markdown=table, comparison=failed_rows(rows, reports))
