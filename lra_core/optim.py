@@ -27,13 +27,19 @@ Conventions:
 * 'adam' is an alias of 'adamw': both apply decoupled weight decay, so weight_decay 0 gives
   plain Adam.
 * 'lamb' is optax.lamb's chain (Adam direction, + wd * p, times the trust ratio ||p|| / ||u||
-  per tensor, times lr(t)), with this module's mask: tensors with ndim < 2 get neither the
-  decay nor the trust ratio (as pix2seq's LAMB excludes biases and LayerNorm from both). Its
+  per tensor, times lr(t)), with this module's mask: parameters that are not decayed (below) get
+  neither the decay nor the trust ratio (as pix2seq's LAMB excludes biases and LayerNorm from both). Its
   decay sits inside the trust ratio, so it needs weight_decay_schedule 'lr'.
 * `ema_decay` d > 0 keeps an exponential moving average of the parameters in the train state,
   ema <- d * ema + (1 - d) * params after every update (starting from the initial parameters);
   evaluation and sampling then use it (lra_core.state, lra_core.steps). 0 (default) = none.
-* Weight decay never touches parameters with ndim < 2 (biases, norm scales, scalars).
+* Weight decay touches the weights that mix features (projection kernels, token embedding tables,
+  gates) and nothing that adds to, scales or rotates activations, whatever its layout: parameters
+  with ndim < 2 (scalars, biases, norm scales), and by name (`decays`, `UNDECAYED`) [heads, head_dim]
+  biases, Transformer-VQ's per-head XL biases `xl_u` / `xl_v`, FLASH's per-dimension query/key
+  scales and offsets `gamma` / `beta`, Latte's VAPOR frequencies and gate biases, learned position
+  tables and FIT's latents. A scanned stack is decayed per layer (`per_layer_optimizer`), so its
+  layer axis never turns a bias into a matrix. `decayed_paths` lists what a model decays.
   `weight_decay_schedule='lr'` subtracts lr(t) * wd * p (optax adamw, LRA);
   'constant' subtracts wd * p every step whatever the learning rate (Transformer-VQ).
 * Groups: each is a dict with 'name', 'pattern' (regex searched in the '/'-joined parameter
@@ -114,7 +120,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.b1 = 0.9  # Adam
   c.b2 = 0.98
   c.eps = 1e-9
-  c.weight_decay = 0.0  # decoupled; never on params with ndim < 2
+  c.weight_decay = 0.0  # decoupled; only on weights that mix features (see `decays`)
   c.weight_decay_schedule = "lr"  # 'lr': lr(t) * wd * p; 'constant': wd * p
   c.clip_norm = 0.0  # global-norm clipping of the main group; 0 disables
   c.momentum = 0.0  # SGD heavy ball / Adafactor first moment; 0 = none
@@ -396,7 +402,7 @@ def _transform(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.Gradient
 
 
 def _lamb(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
-  """optax.lamb's chain, with the decay and the trust ratio on tensors of ndim >= 2 only."""
+  """optax.lamb's chain, with the decay and the trust ratio on the decayed parameters only (`decays`)."""
   parts = [optax.scale_by_adam(b1=s["b1"], b2=s["b2"], eps=s["eps"])]
   if float(s["weight_decay"]):
     parts.append(optax.add_decayed_weights(float(s["weight_decay"]), mask=_decay_mask))
@@ -404,8 +410,23 @@ def _lamb(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTrans
   return optax.chain(*parts)
 
 
+# Parameters named so add to, scale or rotate activations: no weight decay, whatever their rank. Matched
+# against the last two parts of the '/'-joined path (a module's name, then the parameter's).
+UNDECAYED = re.compile(r"(^|/)(\w*bias|beta|gamma|scale|xl_[uv]|vapor|latents|\w*positions(/table)?)$")
+
+
+def decays(path: str, param: Any) -> bool:
+  """Whether weight decay (and LAMB's trust ratio) applies to the parameter at `path` (see `param_paths`)."""
+  return jnp.ndim(param) >= 2 and not UNDECAYED.search("/".join(path.split("/")[-2:]))
+
+
+def decayed_paths(params: Any) -> list[str]:
+  """The paths of the parameters weight decay applies to, in tree order."""
+  return [path for path, p in zip(jax.tree.leaves(param_paths(params)), jax.tree.leaves(params)) if decays(path, p)]
+
+
 def _decay_mask(params: Any) -> Any:
-  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+  return jax.tree_util.tree_map_with_path(lambda path, p: decays(_join_path(path), p), params)
 
 
 def _core(s: Mapping[str, Any]) -> optax.GradientTransformation:

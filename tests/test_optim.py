@@ -116,6 +116,83 @@ def test_weight_decay_skips_params_with_ndim_below_two(name):
                              -0.5 * 0.1 * 2.0, rtol=1e-6)
 
 
+# What every family decays (layer indices as *): the weights that mix features, never a bias, scale,
+# offset, per-head XL bias, VAPOR frequency, position table or latent, whatever its rank.
+DECAYED = {
+    "transformer": ["blocks/*/attn/key/kernel", "blocks/*/attn/out/kernel", "blocks/*/attn/query/kernel",
+                    "blocks/*/attn/value/kernel", "blocks/*/mlp/down/kernel", "blocks/*/mlp/gate/kernel",
+                    "blocks/*/mlp/up/kernel", "embed/embedding", "head/out/kernel"],
+    "transformer_vq": ["classifier/kernel", "embed/embedding", "units/*/g_proj/kernel", "units/*/k_proj/kernel",
+                       "units/*/out_proj/kernel", "units/*/q_proj/kernel", "units/*/r_proj/kernel",
+                       "units/*/v_proj/kernel"],
+    "latte": ["blocks/*/attn/key/kernel", "blocks/*/attn/mixer/input_gate", "blocks/*/attn/mixer/kernel",
+              "blocks/*/attn/mixer/recurrence_gate", "blocks/*/attn/out/kernel", "blocks/*/attn/query/kernel",
+              "blocks/*/attn/value/kernel", "blocks/*/attn/window_key/kernel", "blocks/*/attn/window_query/kernel",
+              "blocks/*/mlp/down/kernel", "blocks/*/mlp/gate/kernel", "blocks/*/mlp/up/kernel", "embed/embedding"],
+    "flash": ["blocks/*/attn/key/kernel", "blocks/*/attn/out/kernel", "blocks/*/attn/proj/kernel",
+              "blocks/*/attn/query/kernel", "blocks/*/attn/value/kernel", "blocks/*/mlp/down/kernel",
+              "blocks/*/mlp/up/kernel", "embed/embedding"],
+    "combiner": ["blocks/*/attn/key/kernel", "blocks/*/attn/out/kernel", "blocks/*/attn/query/kernel",
+                 "blocks/*/attn/summary_in/kernel", "blocks/*/attn/summary_key/kernel", "blocks/*/attn/value/kernel",
+                 "blocks/*/mlp/down/kernel", "blocks/*/mlp/up/kernel", "embed/embedding"],
+    "linear_transformer": ["blocks/*/attn/key/kernel", "blocks/*/attn/out/kernel", "blocks/*/attn/query/kernel",
+                           "blocks/*/attn/value/kernel", "blocks/*/mlp/down/kernel", "blocks/*/mlp/up/kernel",
+                           "embed/embedding", "head/out/kernel"],
+    "block_transformer": [f"{d}/layers/*/{m}/kernel" for d in ("block_decoder", "token_decoder")
+                          for m in ("attn/key", "attn/out", "attn/query", "attn/value", "mlp/down", "mlp/up")]
+                         + ["context_proj/kernel", "embedder/table/embedding", "head/out/kernel",
+                            "token_embed/embedding"],
+    "fit": [f"blocks/*/{layer}/attn/{m}/kernel" for layer in ("global_layers/*", "local/*")
+            for m in ("key", "out", "query", "value")]
+           + [f"blocks/*/{layer}/mlp/{m}/kernel" for layer in ("global_layers/*", "local/*") for m in ("down", "up")]
+           + [f"blocks/*/{x}/{m}/kernel" for x in ("l2x", "x2l") for m in ("key", "out", "query", "value")]
+           + ["embed/embedding"],
+    "fit_denoiser": [f"blocks/*/global_layers/*/attn/{m}/kernel" for m in ("key", "out", "query", "value")]
+                    + [f"blocks/*/{layer}/mlp/{m}/kernel" for layer in ("global_layers/*", "local/*")
+                       for m in ("down", "up")]
+                    + [f"{x}/{m}/kernel" for x in ("blocks/*/l2x", "blocks/*/x2l", "l2c/*")
+                       for m in ("key", "out", "query", "value")]
+                    + ["label_embed/embedding", "latent_prev/mlp/down/kernel", "latent_prev/mlp/up/kernel",
+                       "out/kernel", "stem/kernel", "time_embed/dense_0/kernel", "time_embed/dense_1/kernel"],
+}
+# Families without paper rows: their main config. Every config is built one layer deep (names repeat per layer).
+FAMILY_CONFIGS = {"linear_transformer": ["configs/enwik8/linear_transformer.py"],
+                  "fit_denoiser": ["configs/imagenet64/fit_denoiser.py"]}
+ONE_LAYER = {"fit": ["model.layers=L(1)G(1)L(1)"], "fit_denoiser": ["model.layers=L(1)G(1)L(1)"],
+             "block_transformer": ["model.num_layers=1", "model.encoder_layers=1"]}
+
+
+def test_every_family_decays_only_the_weights_that_mix_features():
+  import re
+
+  from flax import nnx
+
+  from lra_core import load_config, registry
+  assert set(DECAYED) == {family.name for family in registry.families()}
+  for family in registry.families():
+    specs = FAMILY_CONFIGS.get(family.name) or [row.config for row in family.paper_rows]
+    decayed = set()
+    for spec in specs:
+      config = load_config(spec, ONE_LAYER.get(family.name, ["model.num_layers=1"]))
+      params = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: registry.build_model(config)), nnx.Param))
+      decayed |= {re.sub(r"/\d+(?=/|$)", "/*", path) for path in optim.decayed_paths(params)}
+    assert sorted(decayed) == sorted(DECAYED[family.name]), family.name
+
+
+def test_per_head_biases_and_scales_are_not_decayed_whatever_their_rank():
+  params = {"attn": {"query": {"kernel": jnp.full((4, 2, 3), 2.0), "bias": jnp.full((2, 3), 2.0)},
+                     "xl_u": jnp.full((2, 3), 2.0), "gamma": jnp.full((4, 3), 2.0)},
+            "mixer": {"input_gate": jnp.full((2, 3, 3), 2.0), "input_bias": jnp.full((2, 3), 2.0)},
+            "positions": {"table": jnp.full((5, 4), 2.0)}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  common = dict(name="adamw", lr=0.5, schedule="constant")
+  on = _one_update(_config(weight_decay=0.1, **common), params, zeros)
+  off = _one_update(_config(weight_decay=0.0, **common), params, zeros)
+  changed = jax.tree.map(lambda a, b: bool(np.any(a != b)), on, off)
+  assert changed == {"attn": {"query": {"kernel": True, "bias": False}, "xl_u": False, "gamma": False},
+                     "mixer": {"input_gate": True, "input_bias": False}, "positions": {"table": False}}
+
+
 def test_constant_weight_decay_ignores_the_learning_rate():
   params = _mixed_params()
   zeros = jax.tree.map(jnp.zeros_like, params)

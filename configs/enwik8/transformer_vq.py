@@ -6,7 +6,8 @@
 190M parameters: 48 GAUs of d_model 768, d_k 128, d_v 1536, one head, 512 codes, blocks of 512;
 sequences of 8192 bytes trained in update windows of 2048 (the backprop length W) with the cache
 carried between windows; batch 128, 125k steps; AdamW lr 4e-4 (b1 .9, b2 .98, eps 1e-9, global
-norm clip 0.1), 10k warmup then cosine decay to 0.1x, weight decay 2e-4 (not on 1-D parameters);
+norm clip 0.1), 10k warmup then cosine decay to 0.1x, weight decay 2e-4 (on the projection and embedding
+matrices only: not on biases, norm scales or the per-head XL biases, as in the authors' code);
 sinusoid dropout .2, residual dropout .5, LayerDrop .3; commitment loss 1e-4, EMA rate .99;
 untied classifier without a final norm (C.2: the small model). Data split 90/5/5 % by bytes.
 Args (comma-separated):
