@@ -32,7 +32,7 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
                         reduction: str = "serial", carry: dict | None = None,
                         rel: tuple[Array, Array] | None = None,
                         compressive: bool = True, impl: str = "xla",
-                        segments: Array | None = None) -> tuple[Array, dict]:
+                        segments: Array | None = None, grad_through_cache: bool = True) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
   q [B,T,H,Dk]; k_hat [B,T,Hk,Dk] (quantized keys; straight-through gradients are the
@@ -44,6 +44,8 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   serial: `reduction` must be "serial"). `segments` int [B,T] (packed documents, 0 = padding) keeps
   every query to keys of its own segment, in the exact part and in the cache (which restarts per
   document: `vq_xla.document_plan`); the carry's `seg` continues them across windows.
+  `grad_through_cache=False` holds the compressive cache constant in the backward pass (the authors'
+  `grad_thru_cache=0`): the output is the same, but older values get no gradient through the cache.
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
   if impl not in IMPLS:
@@ -60,9 +62,10 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
   if impl == "pallas":
     return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
-                                         compressive=compressive, segments=segments)
+                                         compressive=compressive, segments=segments,
+                                         grad_through_cache=grad_through_cache)
   return vq_xla.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
-                                 compressive=compressive, segments=segments)
+                                 compressive=compressive, segments=segments, grad_through_cache=grad_through_cache)
 
 
 def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) -> None:

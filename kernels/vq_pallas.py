@@ -343,8 +343,9 @@ def _document_inputs(segments: Array, carry_segments: Array, z: Array, carry_z: 
 
 
 def _kernel_call(q, k_hat, z, v, codebook, carry, bias, segments=None, *, block_len, value_block, query_block,
-                 compressive, driver, interpret, key_block=None, code_block=None):
-  """[B,T,H,.] in, the head-major kernel, [B,T,H,Dv] out plus the cache per key-value head."""
+                 compressive, driver, interpret, key_block=None, code_block=None, grad_through_cache=True):
+  """[B,T,H,.] in, the head-major kernel, [B,T,H,Dv] out plus the cache per key-value head
+  (`grad_through_cache` is the backward's: the forward is the same either way)."""
   if driver == "parallel":
     return vq_parallel.attention(q, k_hat, z, v, codebook, carry, bias, segments, block_len=block_len,
                                  value_block=value_block, query_block=query_block, key_block=key_block,
@@ -389,7 +390,8 @@ def _attention_bwd(statics, residuals, cotangents):
   def xla(q, k_hat, v, codebook, carry_float, bias):
     carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
     out, _ = vq_xla.cached_attention(q, k_hat, ints["z"], v, codebook, carry, bias, block_len=d["block_len"],
-                                     reduction="serial", compressive=d["compressive"], segments=ints["segments"])
+                                     reduction="serial", compressive=d["compressive"], segments=ints["segments"],
+                                     grad_through_cache=d["grad_through_cache"])
     return out
 
   _, vjp = jax.vjp(xla, q, k_hat, v, codebook, carry_float, bias)
@@ -402,7 +404,8 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
                         carry: dict, bias: Array | None = None, compressive: bool = True,
                         driver: str | None = None, interpret: bool | None = None,
-                        tiles: tuple[int, ...] | None = None, segments: Array | None = None) -> tuple[Array, dict]:
+                        tiles: tuple[int, ...] | None = None, segments: Array | None = None,
+                        grad_through_cache: bool = True) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
   `kernels.vq_xla.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
   position (equal to the XLA form's). `driver`: "grid" (TPU, interpret) or "parallel" (GPU); by default the
@@ -427,7 +430,7 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
     raise ValueError(f"tiles {tiles} has {len(tiles)} sizes; the {driver} driver takes "
                      f"{4 if driver == 'parallel' else 2}.")
   statics = (("block_len", block_len), ("value_block", tiles[0]), ("query_block", tiles[1]),
-             ("compressive", compressive), ("driver", driver),
+             ("compressive", compressive), ("grad_through_cache", grad_through_cache), ("driver", driver),
              ("interpret", _pallas.interpret_default() if interpret is None else interpret))
   if driver == "parallel":
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))

@@ -242,9 +242,11 @@ def cache_variables(z_prev: Array, v_prev: Array, carry: dict, plan: dict | None
 
 def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
                      bias: Array | None, *, block_len: int, reduction: str,
-                     compressive: bool, segments: Array | None = None) -> tuple[Array, dict]:
+                     compressive: bool, segments: Array | None = None,
+                     grad_through_cache: bool = True) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output;
-  `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`)."""
+  `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`);
+  `grad_through_cache=False` holds the compressive cache's value means constant in the backward pass."""
   b, t, h, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   l = block_len
@@ -278,7 +280,7 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
 
   cache_scores = cache_mean = None
   if compressive:
-    cache_mean = cum_mean[:, :r]
+    cache_mean = cum_mean[:, :r] if grad_through_cache else sg(cum_mean[:, :r])
     count = cum_count[:, :r]
     log_count = jnp.where(count > 0, jnp.log(jnp.maximum(count, 1.0)), -MASK)
     cache_scores = jnp.einsum("brihgk,hsk->brhgis", qb, codebook.astype(jnp.float32))

@@ -10,6 +10,8 @@ width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.v
   reduction   'serial' | 'matmul' | 'assoc' (cache variables across blocks); input_scan=True
               instead runs the whole stack one block at a time (lax.scan over blocks)
   compressive False: sliding window over the last block_len keys only (the Table 2 ablation)
+  grad_through_cache  False: within an update window, gradients do not flow through the compressive
+              cache (the authors' grad_thru_cache=0; the loss is the same)
 
 Codebooks are EMA k-means (rate `ema_rate`), updated in the training forward pass from
 statistics summed over the (global) batch and all blocks of the update window; keys get a
@@ -45,7 +47,9 @@ Array = jax.Array
 HEAD_TYPES = ("shga", "mha", "mqa")
 ATTENTIONS = ("vq", "full")
 
-_proj_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+# Projections start as the authors' (variance_scaling(1, fan_in, normal)), the fan-in being d_model for
+# every head projection [d_model, heads, head_dim] (Dense's default counts every input feature).
+_PROJ = dict(distribution="normal")
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
@@ -65,6 +69,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       reduction="serial",      # serial | matmul | assoc
       input_scan=False,        # process the stack one block at a time
       compressive=True,        # False: sliding window only (no codebook cache)
+      grad_through_cache=True,  # False: the cache is held constant in the backward pass (authors' grad_thru_cache)
       rel_bias=True,           # Transformer-XL relative biases inside the local window
       abs_position=False,      # scaled sinusoid added to embeddings (image models)
       wavelength=1e5,          # sinusoid maximum wavelength (appendix C.2)
@@ -160,9 +165,10 @@ class GAU(nnx.Module):
     self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
     self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
     self.compressive, self.n_code, self.impl = m.compressive, m.n_code, m.impl
+    self.grad_through_cache = m.get("grad_through_cache", True)
     self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
     self.norm = RMSNorm(d, use_bias=True, rngs=rngs)
-    kw = dict(dtype=dtype, kernel_init=_proj_init, rngs=rngs)
+    kw = dict(dtype=dtype, rngs=rngs, **_PROJ)
     self.q_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "head_dim"), **kw)
     self.k_proj = Dense(d, (self.hk, m.d_k), axes=("embed", "kv_heads", "head_dim"), **kw)
     self.v_proj = Dense(d, (self.hk, self.dv_head), axes=("embed", "kv_heads", "head_dim"), **kw)
@@ -215,7 +221,8 @@ class GAU(nnx.Module):
       k_hat, z, commit, codebook = self.quantize(k, weights)
       out, carry = vq.vq_attention_blocks(q_content, k_hat, z, v, codebook, block_len=self.block_len,
                                           reduction=self.reduction, carry=carry, rel=rel,
-                                          compressive=self.compressive, impl=self.impl, segments=segments)
+                                          compressive=self.compressive, impl=self.impl, segments=segments,
+                                          grad_through_cache=self.grad_through_cache)
       onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]   # [B,T,Hk,S]
       aux = {"commit": commit, "count": onehot.sum((0, 1)),
              "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32))}
@@ -278,8 +285,8 @@ class Model(nnx.Module):
                                    scan=m.get("scan_layers", False))
     self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
     self.classifier = (None if m.tie_embeddings else
-                       Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True,
-                             kernel_init=_proj_init, rngs=rngs))
+                       Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs,
+                             **_PROJ))
 
   # -- carried state -------------------------------------------------------------------------------
 

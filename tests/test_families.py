@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import family_configs
 import lra_core
 import tiers
 import oracles
@@ -113,3 +114,36 @@ def test_every_language_model_keeps_packed_documents_apart(family):
   vocab = config.model.vocab_size
   doc_a, doc_b = np.arange(1, length // 2 + 2) % vocab, (np.arange(length // 2 - 3) * 3 + 2) % vocab
   oracles.assert_documents_isolated(lambda rows, segs: jitted(model, rows, segs), doc_a, doc_b, length, vocab=vocab)
+
+
+# Head projections' starting standard deviation: 1/sqrt(fan-in), the fan-in being every input feature
+# (d_model into the heads, heads x head_dim out of them), as the authors' initializers give it
+# (Transformer-VQ: variance_scaling(1, fan_in, normal) over its DenseGeneral's input axis; the
+# others: LeCun's truncated normal, with the truncation's variance corrected). Not H x head_dim.
+HEADS_AXES = ("heads", "kv_heads")
+
+
+def _head_kernels(params: nnx.State):
+  """(path, kernel, number of leading input axes) of every projection into or out of attention heads."""
+  for path, variable in nnx.to_flat_state(params):
+    axes = getattr(variable, "logical_axes", None) or variable.get_metadata().get("logical_axes", ())
+    if path[-1] != "kernel" or not set(axes) & set(HEADS_AXES):
+      continue
+    yield "/".join(map(str, path)), np.asarray(variable[...]), 2 if axes[0] in HEADS_AXES else 1
+
+
+# Transformer-VQ's paper configs have one head (SHGA), where H x head_dim = head_dim: Table 6's MHA.
+# FLASH's own GAU has no heads: its Performer baseline.
+MULTI_HEAD = {"transformer_vq": ["model.head_type=mha", "model.num_heads=8"]}
+HEADED_SPEC = {"flash": "configs/c4/flash.py:performer"}
+
+
+@pytest.mark.parametrize("family", quick_tier(FAMILIES, keep=("transformer_vq",)), ids=lambda f: f.name)
+def test_head_projections_start_from_their_true_fan_in(family):
+  spec = HEADED_SPEC.get(family.name) or family_configs.specs(family)[0]
+  config = family_configs.one_layer(family, spec, MULTI_HEAD.get(family.name, ()))
+  kernels = list(_head_kernels(nnx.state(registry.build_model(config, seed=0), nnx.Param)))
+  assert kernels, f"{family.name}: no head projection found"
+  for path, kernel, n_in in kernels:
+    fan_in = int(np.prod(kernel.shape[:n_in]))
+    assert kernel.std() == pytest.approx(fan_in ** -0.5, rel=0.03), (spec, path, kernel.shape)

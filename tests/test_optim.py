@@ -1,6 +1,7 @@
 """Tests for lra_core.optim: schedules against closed forms, masks, groups, validation."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +9,10 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
-from lra_core import optim
+import family_configs
+from lra_core import optim, registry
 from lra_core.errors import ConfigError
 
 
@@ -155,25 +158,13 @@ DECAYED = {
                     + ["label_embed/embedding", "latent_prev/mlp/down/kernel", "latent_prev/mlp/up/kernel",
                        "out/kernel", "stem/kernel", "time_embed/dense_0/kernel", "time_embed/dense_1/kernel"],
 }
-# Families without paper rows: their main config. Every config is built one layer deep (names repeat per layer).
-FAMILY_CONFIGS = {"linear_transformer": ["configs/enwik8/linear_transformer.py"],
-                  "fit_denoiser": ["configs/imagenet64/fit_denoiser.py"]}
-ONE_LAYER = {"fit": ["model.layers=L(1)G(1)L(1)"], "fit_denoiser": ["model.layers=L(1)G(1)L(1)"],
-             "block_transformer": ["model.num_layers=1", "model.encoder_layers=1"]}
-
 
 def test_every_family_decays_only_the_weights_that_mix_features():
-  import re
-
-  from flax import nnx
-
-  from lra_core import load_config, registry
-  assert set(DECAYED) == {family.name for family in registry.families()}
-  for family in registry.families():
-    specs = FAMILY_CONFIGS.get(family.name) or [row.config for row in family.paper_rows]
+  assert set(DECAYED) == {family.name for family in family_configs.families()}
+  for family in family_configs.families():
     decayed = set()
-    for spec in specs:
-      config = load_config(spec, ONE_LAYER.get(family.name, ["model.num_layers=1"]))
+    for spec in family_configs.specs(family):
+      config = family_configs.one_layer(family, spec)
       params = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: registry.build_model(config)), nnx.Param))
       decayed |= {re.sub(r"/\d+(?=/|$)", "/*", path) for path in optim.decayed_paths(params)}
     assert sorted(decayed) == sorted(DECAYED[family.name]), family.name

@@ -50,6 +50,45 @@ def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, 
   assert not np.any(grads[0][2] == 0)  # values get real gradients
 
 
+def quadratic_with_constant_cache(q, k, v, c, block_len):
+  """The oracle of grad_through_cache=False, from the definition: causal softmax attention over the
+  quantized keys, where a query in block n reads the values of blocks n and n - 1 as they are and every
+  older value (what the compressive cache holds) through a stop-gradient."""
+  b, t, h, _ = q.shape
+  hk = k.shape[2]
+  z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(c))
+  k_hat = vq.codewords(z, c)
+  qg = q.reshape(b, t, hk, h // hk, -1)
+  scores = jnp.einsum("bihgk,bjhk->bhgij", qg, k_hat)
+  i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+  weights = jax.nn.softmax(jnp.where(j <= i, scores, -1e30), axis=-1)
+  old = j < (i // block_len - 1) * block_len                          # [T,T]: keys in the cache
+  out = (jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, 0.0, weights), v)
+         + jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, weights, 0.0), jax.lax.stop_gradient(v)))
+  return out.reshape(b, t, h, -1)
+
+
+@pytest.mark.parametrize("impl,reduction", [("xla", "serial"), ("xla", "assoc"), ("pallas", "serial")])
+def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_values(impl, reduction):
+  q, k, v, c = qkvc(t=32, hk=1)
+  w = rand(4, (v.shape[-1],))
+  block_len = 4
+
+  def blocks(q, k, v, c, through):
+    z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(c))
+    return vq.vq_attention_blocks(q, vq.codewords(z, c), z, v, c, block_len=block_len, reduction=reduction,
+                                  impl=impl, grad_through_cache=through)[0]
+
+  oracle = lambda q, k, v, c: quadratic_with_constant_cache(q, k, v, c, block_len)
+  held = lambda q, k, v, c: blocks(q, k, v, c, False)
+  np.testing.assert_allclose(jax.jit(held)(q, k, v, c), oracle(q, k, v, c), atol=ATOL)
+  grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 2, 3)))(q, k, v, c)
+  for name, a, b in zip("qvc", grad(held), grad(oracle)):
+    np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
+  through = grad(lambda q, k, v, c: blocks(q, k, v, c, True))
+  assert np.abs(through[1] - grad(held)[1]).max() > 1e-2  # the switch changes the values' gradients
+
+
 def test_reductions_agree_on_long_sequences_with_large_scores():
   # Scores in the hundreds: exp would overflow without the max shift and the running means.
   q, k, v, c = qkvc(t=64, s=16)
@@ -253,6 +292,22 @@ def test_carried_windows_equal_one_long_forward(variant):
     parts.append(out)
   np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=1e-5)
   np.testing.assert_array_equal(carry["offset"], [32, 32])
+
+
+def test_grad_through_cache_changes_the_gradients_and_not_the_loss():
+  x = tokens()
+  models = [make_model(grad_through_cache=flag)[1] for flag in (True, False)]
+
+  def loss_and_grads(model):
+    model.eval()
+    loss = lambda m: jnp.mean(fwd(m, x) ** 2)
+    return nnx.value_and_grad(loss)(model)
+
+  (loss_on, grads_on), (loss_off, grads_off) = (loss_and_grads(m) for m in models)
+  np.testing.assert_allclose(loss_on, loss_off, rtol=1e-6)
+  v_on, v_off = (g["units"][0]["v_proj"]["kernel"][...] for g in (nnx.to_pure_dict(grads_on),
+                                                                   nnx.to_pure_dict(grads_off)))
+  assert np.abs(v_on - v_off).max() > 1e-3 * np.abs(v_on).max()
 
 
 def test_input_scan_equals_parallel_blocks():

@@ -20,8 +20,6 @@ from lra_core.kernels import _pallas
 Array = jax.Array
 Initializer = Callable[..., Array]
 
-default_kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-
 
 def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequence[str | None],
           dtype=jnp.float32) -> nnx.Param:
@@ -56,18 +54,19 @@ class Dense(nnx.Module):
   """y = x W (+ b), contracting the trailing `in_features` axes of x.
 
   `in_features` / `out_features` may be tuples, e.g. (D,) -> (H, Dh) for a head projection
-  or (H, Dh) -> (D,) for the output projection; `axes` names all kernel dimensions.
+  or (H, Dh) -> (D,) for the output projection; `axes` names all kernel dimensions. Without a
+  `kernel_init` the kernel starts at variance 1 / fan-in, the fan-in being every input feature
+  (D for a head projection, not H * Dh), drawn from `distribution` (variance_scaling's names).
   """
 
   def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
                axes: Sequence[str | None], use_bias: bool = False, dtype=jnp.float32,
-               kernel_init: Initializer | None = None, rngs: nnx.Rngs):
+               kernel_init: Initializer | None = None, distribution: str = "truncated_normal", rngs: nnx.Rngs):
     self.in_features, self.out_features = as_tuple(in_features), as_tuple(out_features)
     n_in, n_out = len(self.in_features), len(self.out_features)
     if kernel_init is None:
       kernel_init = jax.nn.initializers.variance_scaling(
-          1.0, "fan_in", "truncated_normal", in_axis=tuple(range(n_in)),
-          out_axis=tuple(range(n_in, n_in + n_out)))
+          1.0, "fan_in", distribution, in_axis=tuple(range(n_in)), out_axis=tuple(range(n_in, n_in + n_out)))
     self.kernel = param(rngs, kernel_init, self.in_features + self.out_features, axes)
     self.bias = (param(rngs, jax.nn.initializers.zeros, self.out_features, tuple(axes)[n_in:])
                  if use_bias else None)
