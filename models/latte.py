@@ -66,7 +66,10 @@ def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDi
   """The `config.model` section; `variant` picks the Table 1 settings from VARIANTS."""
   if variant not in VARIANTS:
     raise ConfigError(f"latte variant {variant!r} is not one of {sorted(VARIANTS)}.")
-  c = transformer.model_config("transformer", position="none", tie_embeddings=True, pooling="mean")
+  # The embedding table as the authors store it (E itself, not E / sqrt(d_model)): the same function, and
+  # the same Adam steps on it as theirs.
+  c = transformer.model_config("transformer", position="none", tie_embeddings=True, pooling="mean",
+                               embedding="plain")
   c.update(dict(
       name="latte",
       variant=variant,

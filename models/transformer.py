@@ -23,7 +23,7 @@ from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.blocks.layers import ACTIVATIONS, MLP, NORMS, Embed, make_norm, param
+from lra_core.models.blocks.layers import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.blocks.positions import AbsolutePositions
 from lra_core.sharding import constrain
 
@@ -65,6 +65,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       pooling="mean",          # classify / retrieval: cls | mean | max
       classifier_hidden=0,     # 0 -> d_model
       tie_embeddings=False,
+      embedding="scaled",      # what the table stores: "scaled" E / sqrt(d_model) (T5's) | "plain" E
       use_bias=False,
       parallel_residual=False, # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
       dtype="float32",         # compute dtype; parameters stay float32
@@ -81,6 +82,8 @@ def validate_config(config) -> None:
   for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
+  if m.get("embedding", "scaled") not in EMBEDDINGS:
+    raise ConfigError(f"model.embedding {m.embedding!r} is not one of {list(EMBEDDINGS)}.")
   if not m.head_dim and m.d_model % m.num_heads:
     raise ConfigError(f"model.d_model {m.d_model} is not a multiple of model.num_heads {m.num_heads} "
                       "(or set model.head_dim).")
@@ -169,7 +172,8 @@ class Model(nnx.Module):
     self.causal = config.task in ("lm", "image_ar")
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or config.train.seq_len
-    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs,
+                       parameterisation=m.get("embedding", "scaled"))
     use_cls = config.task in ("classify", "retrieval") and m.pooling == "cls"
     # The CLS vector sits at position 0 and shifts the tokens by one.
     self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None

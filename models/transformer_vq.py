@@ -39,7 +39,7 @@ from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
-from lra_core.models.blocks.layers import Dense, Embed, RMSNorm, param, rms_normalize, silu
+from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, param, rms_normalize, silu
 from lra_core.models.blocks.positions import sinusoid
 from lra_core.sharding import constrain
 
@@ -79,7 +79,9 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       dropres=0.0,             # dropout on each unit's residual branch
       droplyr=0.0,             # LayerDrop per unit and sequence row
       final_norm=False,        # RMSNorm before the classifier (large models)
-      tie_embeddings=False,    # classifier = embedding^T scaled by d_model^-1/2 (large models)
+      tie_embeddings=False,    # tied classifier: logits = (x E^T + b) * output_scale (large models)
+      output_scale=0.005,      # the tied classifier's scale: the authors' e_scale for their tied models
+      embedding="plain",       # what the table stores: "plain" E (the authors') | "scaled" E / sqrt(d_model)
       impl="xla",              # attention core implementation: one of kernels.vq.IMPLS
       dtype="float32",
   ))
@@ -92,10 +94,13 @@ def validate_config(config) -> None:
   for key in ("vocab_size", "d_model", "d_k", "d_v", "num_layers", "num_heads", "n_code", "block_len"):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
-  choices = {"head_type": HEAD_TYPES, "attention": ATTENTIONS, "reduction": vq.REDUCTIONS, "impl": vq.IMPLS}
+  choices = {"head_type": HEAD_TYPES, "attention": ATTENTIONS, "reduction": vq.REDUCTIONS, "impl": vq.IMPLS,
+             "embedding": EMBEDDINGS}
   for key, allowed in choices.items():
-    if m[key] not in allowed:
+    if m.get(key, allowed[0]) not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
+  if m.get("output_scale", 1.0) <= 0:
+    raise ConfigError(f"model.output_scale must be positive, got {m.output_scale}.")
   if m.impl == "pallas" and (m.attention != "vq" or m.reduction != "serial"):
     raise ConfigError(f"model.impl 'pallas' is the VQ kernel, a serial scan over blocks: it needs attention 'vq' "
                       f"and reduction 'serial', got {m.attention!r} and {m.reduction!r}.")
@@ -279,7 +284,8 @@ class Model(nnx.Module):
     m = self.m = ml_collections.FrozenConfigDict(config.model)
     self.dtype = jnp.dtype(m.dtype)
     self.deterministic = False   # set by .train() / .eval(): EMA updates and dropout only in training
-    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs)
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs,
+                       parameterisation=m.get("embedding", "scaled"))
     self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
     self.units = stack.make_layers(lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers,
                                    scan=m.get("scan_layers", False))
@@ -287,6 +293,10 @@ class Model(nnx.Module):
     self.classifier = (None if m.tie_embeddings else
                        Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs,
                              **_PROJ))
+    # The tied classifier's own output bias (the authors' bias_out), scaled with the logits.
+    # (Configs saved before output_scale existed keep their x E^T / d_model without a bias.)
+    self.output_bias = (param(rngs, jax.nn.initializers.zeros, (m.vocab_size,), ("vocab",))
+                        if m.tie_embeddings and "output_scale" in m else None)
 
   # -- carried state -------------------------------------------------------------------------------
 
@@ -314,7 +324,10 @@ class Model(nnx.Module):
     if self.final_norm is not None:
       x = self.final_norm(x)
     if self.classifier is None:
-      return self.embed.attend(x).astype(jnp.float32) * self.m.d_model ** -0.5
+      logits = self.embed.attend(x).astype(jnp.float32)
+      if self.output_bias is None:
+        return logits * self.m.d_model ** -1.0
+      return (logits + self.output_bias[...]) * self.m.output_scale
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
   def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array,

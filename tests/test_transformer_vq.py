@@ -310,6 +310,31 @@ def test_grad_through_cache_changes_the_gradients_and_not_the_loss():
   assert np.abs(v_on - v_off).max() > 1e-3 * np.abs(v_on).max()
 
 
+def test_tied_classifier_is_the_authors_formula_at_the_pg19_setting():
+  # configs/pg19/transformer_vq.py: tied, final RMSNorm, e_scale 0.005, a learned output bias; the
+  # embedding table holds E itself. Oracle in float64 from the formula, with random norm and bias values.
+  config = lra_core.load_config("configs/pg19/transformer_vq.py:tiny")
+  assert (config.model.tie_embeddings, config.model.final_norm, config.model.output_scale,
+          config.model.embedding) == (True, True, 0.005, "plain")
+  model = lra_core.build_model(config, seed=0)
+  rng = np.random.default_rng(0)
+  d, v = config.model.d_model, config.model.vocab_size
+  model.output_bias[...] = jnp.asarray(rng.normal(size=v), jnp.float32)
+  model.final_norm.scale[...] = jnp.asarray(rng.normal(1.0, 0.1, size=d), jnp.float32)
+  model.final_norm.bias[...] = jnp.asarray(rng.normal(0.0, 0.1, size=d), jnp.float32)
+  x = rng.normal(size=(2, 5, d)).astype(np.float32)
+
+  f64 = lambda a: np.asarray(a, np.float64)
+  xn = x / np.sqrt(np.mean(f64(x) ** 2, -1, keepdims=True) + 1e-6) * f64(model.final_norm.scale[...])
+  xn = xn + f64(model.final_norm.bias[...])
+  table = f64(model.embed.embedding[...])
+  expected = xn @ table.T * 0.005 + f64(model.output_bias[...]) * 0.005
+  np.testing.assert_allclose(model._logits(jnp.asarray(x)), expected, rtol=2e-5, atol=2e-6)
+  # The lookups are the table's rows themselves (no sqrt(d) factor), at unit variance.
+  np.testing.assert_array_equal(model.embed(jnp.array([3])), model.embed.embedding[...][3:4])
+  assert 0.9 < float(np.std(table)) < 1.1
+
+
 def test_input_scan_equals_parallel_blocks():
   _, a = make_model()
   _, b = make_model(input_scan=True)

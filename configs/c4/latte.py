@@ -10,7 +10,9 @@ is our web corpus, with a SentencePiece BPE of the same size learned on it (firs
 Table 5, OpenWebText column: 12 layers, 8 heads, width 768 (printed 756, which 8 heads do not
 divide; Table 1's counts fit 768), feed-forward 3072, L 128, window 128, K 3, no dropout, lr 6e-4
 with 2000 warmup steps and cosine decay, 100k steps, weight decay 0.01, T 1024, batch 80, tied
-embeddings. Parameter counts: `python scripts/param_counts.py`.
+embeddings. The embedding table stores E itself, as the authors' code (`model.embedding=plain`, the
+Latte family's default; `scaled` stores E / sqrt(d) and moves it sqrt(d) times faster under Adam).
+Parameter counts: `python scripts/param_counts.py`.
 
 Args (comma-separated): one variant of models.latte.VARIANTS (default latte): latte, latte++,
 latte_conv++, latte_conv_swa++, latte_rglru++, latte_rglru_swa++ (Table 1), or rglru_swa++ (Table 2's

@@ -9,7 +9,8 @@ carried between windows; batch 128, 125k steps; AdamW lr 4e-4 (b1 .9, b2 .98, ep
 norm clip 0.1), 10k warmup then cosine decay to 0.1x, weight decay 2e-4 (on the projection and embedding
 matrices only: not on biases, norm scales or the per-head XL biases, as in the authors' code);
 sinusoid dropout .2, residual dropout .5, LayerDrop .3; commitment loss 1e-4, EMA rate .99;
-untied classifier without a final norm (C.2: the small model). Data split 90/5/5 % by bytes.
+untied classifier without a final norm (C.2: the small model); the embedding table stores E itself,
+as the authors' (model.embedding=plain, the family's default). Data split 90/5/5 % by bytes.
 Args (comma-separated):
   full         the same model with unquantized quadratic attention (the paper's 'Full').
   tiny         2 GAUs, d 32, 16 codes, blocks of 8, sequences of 64 in windows of 16, 4 steps.

@@ -9,7 +9,9 @@ absolute sinusoid scaled by a learned scalar added to the embeddings (C.2).
              whole images as one update window (W = 12288), 125k steps, AdamW as enwik8 without
              weight decay; sinusoid dropout .1, no residual or layer dropout; untied classifier.
   large      1.2B: d_model 2048, d_v 4096; batch 128, update windows of 2048, 500k steps,
-             Adafactor lr 0.01, final norm and tied classifier; sinusoid dropout .1.
+             Adafactor lr 0.01, final norm and tied classifier, logits = (x E^T + b) * 0.005 with a
+             learned output bias b (the authors' e_preln=1, e_scale=0.005); sinusoid dropout .1.
+The embedding table stores E itself, as the authors' (model.embedding=plain, the family's default).
 Args (comma-separated): large, full (unquantized quadratic attention), tiny (8x8 images,
 192 tokens in windows of 64, 2 GAUs, d 32).
 """
@@ -25,7 +27,7 @@ def get_config(arg=None):
   large = "large" in parts
   size = vq_presets.PAPER_SIZES["1.2B" if large else "190M"]
   model = transformer_vq.model_config(**size, vocab_size=imagenet64.START + 1, abs_position=True, dropsin=0.1,
-                                      final_norm=large, tie_embeddings=large)
+                                      final_norm=large, tie_embeddings=large, output_scale=0.005)
   optim = vq_presets.paper_optim("adafactor") if large else vq_presets.paper_optim("adamw")
   config = base_config(task="image_ar", model=model, data=imagenet64.data_config(), optim=optim)
   seq_len = imagenet64.num_tokens(imagenet64.SIZE)  # 12288

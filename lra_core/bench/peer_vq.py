@@ -21,9 +21,10 @@ Structure taken from the authors' code (transformer-vq/transformer_vq, attn.py /
   target is returned as the new state.
 
 Where our model's math differs, this follows ours (models/transformer_vq.py), so both compute one
-function: the GAU's input RMSNorm has a learned scale and bias; the embedding lookup is scaled by
-sqrt(d_model); the untied classifier has a bias and runs in float32, the tied one is embedding^T
-scaled by d_model^-1/2; the optional final RMSNorm has a scale and bias; the EMA statistics are
+function: the GAU's input RMSNorm has a learned scale and bias; the embedding table is the authors'
+plain one, or stores E / sqrt(d_model) and scales lookups back (model.embedding); the untied
+classifier has a bias and runs in float32, the tied one is (x E^T + b) * model.output_scale (the
+authors' e_scale and bias_out); the optional final RMSNorm has a scale and bias; the EMA statistics are
 plain sums (the authors scale them by devices x blocks per update); the attention runs in float32
 whatever model.dtype.
 
@@ -74,6 +75,8 @@ class Sizes(NamedTuple):
   wavelength: float
   final_norm: bool
   tie_embeddings: bool
+  embed_scale: float            # lookups multiply the table by this: sqrt(d_model) ("scaled") or 1 ("plain")
+  output_scale: float | None    # tied: (x E^T + b) * output_scale; None: x E^T / d_model, no bias (older configs)
   dtype: Any
   scan_layers: bool
   remat: str
@@ -105,7 +108,10 @@ def sizes(config) -> Sizes:
                n_code=m.n_code, block_len=m.block_len, seq_len=t.seq_len, commit_coef=float(m.commit_coef),
                ema_rate=float(m.ema_rate), rel_bias=bool(m.rel_bias), abs_position=bool(m.abs_position),
                wavelength=float(m.wavelength), final_norm=bool(m.final_norm),
-               tie_embeddings=bool(m.tie_embeddings), dtype=jnp.dtype(m.dtype),
+               tie_embeddings=bool(m.tie_embeddings),
+               embed_scale=m.d_model ** 0.5 if m.get("embedding", "scaled") == "scaled" else 1.0,
+               output_scale=float(m.output_scale) if m.tie_embeddings and "output_scale" in m else None,
+               dtype=jnp.dtype(m.dtype),
                scan_layers=bool(m.get("scan_layers", False)), remat=remat)
 
 
@@ -316,7 +322,7 @@ def forward(params: dict, state: dict, inputs: Array, s: Sizes) -> tuple[Array, 
   """tokens int32 [B,T] -> logits float32 [B,T,V], summed commitment loss, new codebook state."""
   b, t = inputs.shape
   c = s.block_len
-  x = (jnp.take(params["embed"]["embedding"], inputs, axis=0) * s.d_model ** 0.5).astype(s.dtype)
+  x = (jnp.take(params["embed"]["embedding"], inputs, axis=0) * s.embed_scale).astype(s.dtype)
   if s.abs_position:
     x = x + (sinusoid_embs(t, s.d_model, s.wavelength, flip=False) * params["pos_scale"]).astype(s.dtype)
   x = x.reshape(b, t // c, c, s.d_model)
@@ -325,7 +331,11 @@ def forward(params: dict, state: dict, inputs: Array, s: Sizes) -> tuple[Array, 
   if s.final_norm:
     x = affine_rms_norm(x, params["final_norm"])
   if s.tie_embeddings:
-    logits = dense(x, params["embed"]["embedding"].T, s.dtype).astype(jnp.float32) * s.d_model ** -0.5
+    logits = dense(x, params["embed"]["embedding"].T, s.dtype).astype(jnp.float32) * s.embed_scale
+    if s.output_scale is None:
+      logits = logits / s.d_model
+    else:
+      logits = (logits + params["output_bias"]) * s.output_scale
   else:
     logits = dense(x.astype(jnp.float32), params["classifier"]["kernel"], jnp.float32)
     logits = logits + params["classifier"]["bias"]
@@ -364,7 +374,7 @@ def init(key: Array, s: Sizes) -> tuple[dict, dict]:
     return p, jax.random.normal(next(keys), (s.n_code, dk)) * dk ** -0.25
 
   units = [unit() for _ in range(s.num_layers)]
-  params = {"embed": {"embedding": jax.random.normal(next(keys), (s.vocab_size, d)) * d ** -0.5},
+  params = {"embed": {"embedding": jax.random.normal(next(keys), (s.vocab_size, d)) * s.embed_scale ** -1},
             "layers": _layers([p for p, _ in units], s)}
   if s.abs_position:
     params["pos_scale"] = jnp.zeros(())
@@ -372,6 +382,8 @@ def init(key: Array, s: Sizes) -> tuple[dict, dict]:
     params["final_norm"] = {"scale": jnp.ones((d,)), "bias": jnp.zeros((d,))}
   if not s.tie_embeddings:
     params["classifier"] = {"kernel": w_init(next(keys), (d, s.vocab_size)), "bias": jnp.zeros((s.vocab_size,))}
+  elif s.output_scale is not None:
+    params["output_bias"] = jnp.zeros((s.vocab_size,))
   state = {"codebook_sum": jnp.stack([c for _, c in units]),
            "codebook_count": jnp.ones((s.num_layers, s.n_code))}
   return params, state
@@ -420,5 +432,7 @@ def params_from_ours(model_or_state, config) -> tuple[dict, dict]:
   if not s.tie_embeddings:
     params["classifier"] = {"kernel": as_array(ours["classifier"]["kernel"]),
                             "bias": as_array(ours["classifier"]["bias"])}
+  elif s.output_scale is not None:
+    params["output_bias"] = as_array(ours["output_bias"])
   return params, {"codebook_sum": jnp.stack(c_sums), "codebook_count": jnp.stack(c_counts)}
 

@@ -61,7 +61,7 @@ class TwoTowerHead(nnx.Module):
 class TaskHead(nnx.Module):
   """The output layer a task needs, on final features x [B',T,D].
 
-  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given, scaled by D^-1/2);
+  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given: x E^T / D);
   classify: pooled -> [B,C]; retrieval: the batch holds both towers ([2B,T,D]) -> [B,C].
   """
 
@@ -89,9 +89,10 @@ class TaskHead(nnx.Module):
     if not self.pools:
       if self.out is not None:
         return self.out(x).astype(jnp.float32)
-      # Tied: the table's rows have norm ~1 and x ~ sqrt(D) (normalised), so without the D^-1/2
-      # (as T5) a fresh model would score each input token sqrt(D) above the others.
-      return self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -0.5
+      # Tied: x E^T / D. Lookups (E's rows) have norm ~sqrt(D) and so has x (normalised): without the
+      # 1/D (T5's D^-1/2 on a table that stores E / sqrt(D)) a fresh model would score each input token
+      # D above the others.
+      return self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -1.0
     pooled = pool(x, mask, self.pooling)
     if self.task == "retrieval":
       pooled = pooled.reshape(-1, 2, pooled.shape[-1])

@@ -82,22 +82,37 @@ class Dense(nnx.Module):
     return y
 
 
+EMBEDDINGS = ("scaled", "plain")
+
+
 class Embed(nnx.Module):
-  """Token embedding [V, D]; `attend` reuses the table as a tied output projection."""
+  """Token embedding [V, D]; `attend` reuses it as a tied output projection.
+
+  Lookups start at unit variance, so sinusoids and embeddings are comparable. `parameterisation`
+  says what the table stores: "scaled" holds E / sqrt(D) and multiplies lookups by sqrt(D) (T5's
+  form: Adam then moves E sqrt(D) times faster, and it weighs 1/sqrt(D) as much in a global-norm
+  clip); "plain" holds E itself (the Transformer-VQ and Latte authors'). The model's function is the
+  same either way; only the optimizer sees a difference. `scale_by_sqrt_dim=False` (with "scaled")
+  keeps the table's D^-1/2 variance in the lookups (e.g. a class-label embedding).
+  """
 
   def __init__(self, vocab_size: int, features: int, *, dtype=jnp.float32, scale_by_sqrt_dim: bool = True,
-               rngs: nnx.Rngs):
-    # Unit-variance outputs after the sqrt(D) scaling, so sinusoids and embeddings are comparable.
-    init = jax.nn.initializers.normal(stddev=features ** -0.5)
+               parameterisation: str = "scaled", rngs: nnx.Rngs):
+    if parameterisation not in EMBEDDINGS:
+      raise ValueError(f"embedding parameterisation {parameterisation!r} is not one of {EMBEDDINGS}.")
+    plain = parameterisation == "plain"
+    init = jax.nn.initializers.normal(stddev=1.0 if plain else features ** -0.5)
     self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
-    self.scale = features ** 0.5 if scale_by_sqrt_dim else 1.0
+    self.scale = features ** 0.5 if scale_by_sqrt_dim and not plain else 1.0
     self.dtype = dtype
 
   def __call__(self, ids: Array) -> Array:
     return (jnp.take(self.embedding[...], ids, axis=0) * self.scale).astype(self.dtype)
 
   def attend(self, x: Array) -> Array:
-    return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+    """x [..., D] -> x E^T [..., V], E the embedding lookups return (whatever the table stores)."""
+    logits = jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+    return logits * self.scale if self.scale != 1.0 else logits
 
 
 def rms_normalize(x: Array, eps: float = 1e-6) -> Array:
