@@ -19,14 +19,13 @@ import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
 from lra_core import cli
 from lra_core.errors import ConfigError
-from lra_core.reproduce.common import ROOT, Context, Result
+from lra_core.reproduce.common import ROOT, Context, Result, commit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,17 +71,6 @@ BY_NAME = {t.name: t for t in TABLES}
 
 def table_function(table: Table):
   return getattr(importlib.import_module(f"lra_core.reproduce.{table.module}"), table.name)
-
-
-def commit() -> str:
-  """The checked-out commit, with '+changes' when the work tree differs from it."""
-  def git(*args):
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-  head = git("rev-parse", "--short=10", "HEAD")
-  if head.returncode != 0:
-    return "unknown (not a git checkout)"
-  dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-  return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def machine() -> str:

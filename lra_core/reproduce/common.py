@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import subprocess
 from collections.abc import Callable, Sequence
 
 from lra_core import train as train_lib
@@ -47,6 +48,17 @@ class Result:
     if "\n" in self.comparison.strip():
       raise ValueError(f"comparison {self.comparison!r} is more than one line; discussion belongs in "
                        "docs/results.md, under the table's section.")
+
+
+def commit() -> str:
+  """The checked-out commit, with '+changes' when the work tree differs from it."""
+  def git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+  head = git("rev-parse", "--short=10", "HEAD")
+  if head.returncode != 0:
+    return "unknown (not a git checkout)"
+  dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from lra_core.bench import param_counts
 from lra_core.reproduce.common import Context, Result, fmt, markdown_table
 from lra_core.reproduce.flash import FLASH, FULL_LATENCY, LABELS, TABLE11_BATCH, TABLE11_MS, TPP
-from lra_core.reproduce.tpu import (BLOCK_CONFIG, Row, against_paper, failed_rows, run_row, sanity_cell, settings_cell,
-                                   utilisation)
+from lra_core.reproduce.tpu import (BLOCK_CONFIG, Row, against_paper, compiled_at, failed_rows, run_row, sanity_cell,
+                                   settings_cell, utilisation)
 
 TABLE = "gpu_fit"
 LATTE_CONFIG = "configs/c4/latte.py"
@@ -90,12 +90,13 @@ def _impl(row: Row, r: dict | None = None) -> str:
 
 
 def gpu_fit(ctx: Context) -> Result:
-  lines, reports = [], []
+  lines, reports, metas = [], [], []
   fractions = set()
   for row in ROWS:
     meta, rung, wall = run_row(ctx, row, TABLE)
     r = meta.get("report")
     reports.append(r)
+    metas.append(meta)
     compute = "float32" if "model.dtype=float32" in row.common else "bf16"
     if r is None:
       lines.append([row.paper, row.topology, "-", _impl(row), compute, settings_cell(row, rung), "-",
@@ -148,5 +149,6 @@ def gpu_fit(ctx: Context) -> Result:
       "GEMMs\" in the impl column; on a GPU XLA's autotuner chooses between Triton and cuBLAS per matmul). "
       "Compile s "
       "is the last attempt's train and eval compile, then the wall time of all attempts of the row, on this "
-      "2-core host.")
+      f"2-core host. The rows' programs were compiled at {compiled_at(metas)}; every estimate is recomputed from "
+      "their HLO at the commit below.")
   return Result(setting=setting, markdown=table, comparison=failed_rows(ROWS, reports))

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from lra_core import aot
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
-from lra_core.reproduce.common import ROOT, Context, Result, fmt, load_config, markdown_table
+from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config, markdown_table
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
 
 VQ = "configs/enwik8/transformer_vq.py"
@@ -169,7 +169,7 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fi
   hlo_path.unlink(missing_ok=True)
   start = time.perf_counter()
   done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
-  meta = {"command": command, "status": done.returncode, "wall_s": time.perf_counter() - start}
+  meta = {"command": command, "status": done.returncode, "wall_s": time.perf_counter() - start, "commit": commit()}
   if report_path.exists():
     meta["report"] = json.loads(report_path.read_text())
   else:
@@ -251,13 +251,23 @@ def failed_rows(rows: Sequence[Row], reports: Sequence[dict | None]) -> str:
           + (f" ({'; '.join(failed)})" if failed else ""))
 
 
+def compiled_at(metas: Sequence[dict]) -> str:
+  """Which commits compiled the rows' records (a record is reused while its command is unchanged)."""
+  counts: dict[str, int] = {}
+  for meta in metas:
+    key = meta.get("commit", "unrecorded")
+    counts[key] = counts.get(key, 0) + 1
+  return "; ".join(f"`{c}` ({n} row{'s' if n > 1 else ''})" for c, n in counts.items())
+
+
 def tpu_fit(ctx: Context) -> Result:
   rows = FULL_ROWS if ctx.full else DEFAULT_ROWS
-  lines, reports = [], []
+  lines, reports, metas = [], [], []
   for row in rows:
     meta, rung, wall = run_row(ctx, row)
     r = meta.get("report")
     reports.append(r)
+    metas.append(meta)
     if r is None:
       lines.append([row.paper, row.topology, "-", settings_cell(row, rung), "-",
                     f"compile failed: {meta['error'][:80]}",
@@ -290,5 +300,6 @@ def tpu_fit(ctx: Context) -> Result:
              "Where the paper measured the run, the last column is the MFU its own run would have had under our "
              "count (our model FLOPs per step over the paper's step time and the chips' peak); over 100% fails the "
              "row, for then the setting, the hardware mapping or the count is wrong. Compile s is "
-             "the wall time of all attempts of the row on this 2-core host.")
+             "the wall time of all attempts of the row on this 2-core host. The rows' programs were compiled at "
+             f"{compiled_at(metas)}; every estimate is recomputed from their HLO at the commit below.")
   return Result(setting=setting, markdown=table, comparison=failed_rows(rows, reports))
