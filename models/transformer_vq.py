@@ -10,8 +10,7 @@ width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.v
   reduction   'serial' | 'matmul' | 'assoc' (cache variables across blocks); input_scan=True
               instead runs the whole stack one block at a time (lax.scan over blocks)
   compressive False: sliding window over the last block_len keys only (the Table 2 ablation)
-  grad_through_cache  False: within an update window, gradients do not flow through the compressive
-              cache (the authors' grad_thru_cache=0; the loss is the same)
+  grad_through_cache  False: the compressive cache gets no gradient (the authors' grad_thru_cache=0)
 
 Codebooks are EMA k-means (rate `ema_rate`), updated in the training forward pass from
 statistics summed over the (global) batch and all blocks of the update window; keys get a
@@ -47,8 +46,7 @@ Array = jax.Array
 HEAD_TYPES = ("shga", "mha", "mqa")
 ATTENTIONS = ("vq", "full")
 
-# Projections start as the authors' (variance_scaling(1, fan_in, normal)), the fan-in being d_model for
-# every head projection [d_model, heads, head_dim] (Dense's default counts every input feature).
+# The authors' init: normal, variance 1 / fan-in (d_model also for head projections: Dense counts all inputs).
 _PROJ = dict(distribution="normal")
 
 
@@ -293,8 +291,7 @@ class Model(nnx.Module):
     self.classifier = (None if m.tie_embeddings else
                        Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs,
                              **_PROJ))
-    # The tied classifier's own output bias (the authors' bias_out), scaled with the logits.
-    # (Configs saved before output_scale existed keep their x E^T / d_model without a bias.)
+    # The tied classifier's output bias (the authors' bias_out); configs saved before output_scale have none.
     self.output_bias = (param(rngs, jax.nn.initializers.zeros, (m.vocab_size,), ("vocab",))
                         if m.tie_embeddings and "output_scale" in m else None)
 
@@ -325,9 +322,8 @@ class Model(nnx.Module):
       x = self.final_norm(x)
     if self.classifier is None:
       logits = self.embed.attend(x).astype(jnp.float32)
-      if self.output_bias is None:
-        return logits * self.m.d_model ** -1.0
-      return (logits + self.output_bias[...]) * self.m.output_scale
+      return (logits * self.m.d_model ** -1.0 if self.output_bias is None
+              else (logits + self.output_bias[...]) * self.m.output_scale)
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
   def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array,
