@@ -3,7 +3,6 @@ family's parameters (names, initial values) without paying for its depth. Names 
 so one layer shows every kind of parameter a config has."""
 
 import lra_core
-from lra_core import registry
 
 # Families without paper rows: their main config.
 MAIN_CONFIGS = {"linear_transformer": ["configs/enwik8/linear_transformer.py"],
@@ -20,6 +19,3 @@ def specs(family) -> list[str]:
 def one_layer(family, spec: str, overrides=()):
   return lra_core.load_config(spec, ONE_LAYER.get(family.name, ["model.num_layers=1"]) + list(overrides))
 
-
-def families():
-  return registry.families()

@@ -160,8 +160,8 @@ DECAYED = {
 }
 
 def test_every_family_decays_only_the_weights_that_mix_features():
-  assert set(DECAYED) == {family.name for family in family_configs.families()}
-  for family in family_configs.families():
+  assert set(DECAYED) == {family.name for family in registry.families()}
+  for family in registry.families():
     decayed = set()
     for spec in family_configs.specs(family):
       config = family_configs.one_layer(family, spec)

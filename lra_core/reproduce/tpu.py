@@ -16,6 +16,7 @@ are shared with the GPU papers' table on their GPUs (lra_core/reproduce/gpu.py, 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -245,18 +246,16 @@ def sanity_cell(row: Row, r: dict) -> str:
 
 def failed_rows(rows: Sequence[Row], reports: Sequence[dict | None]) -> str:
   """The one comparison line both fit tables print: which rows imply a paper MFU over 100%."""
-  failed = [row.paper for row, r in zip(rows, reports) if r and (paper_mfu(row, r) or 0) > 1]
-  measured = sum(1 for row, r in zip(rows, reports) if r and paper_mfu(row, r) is not None)
+  implied = [(row.paper, paper_mfu(row, r)) for row, r in zip(rows, reports) if r]
+  failed = [paper for paper, mfu in implied if mfu is not None and mfu > 1]
+  measured = sum(mfu is not None for _, mfu in implied)
   return (f"paper runs over 100% MFU under our FLOP count: {len(failed)} of {measured} measured rows"
           + (f" ({'; '.join(failed)})" if failed else ""))
 
 
 def compiled_at(metas: Sequence[dict]) -> str:
   """Which commits compiled the rows' records (a record is reused while its command is unchanged)."""
-  counts: dict[str, int] = {}
-  for meta in metas:
-    key = meta.get("commit", "unrecorded")
-    counts[key] = counts.get(key, 0) + 1
+  counts = collections.Counter(meta.get("commit", "unrecorded") for meta in metas)
   return "; ".join(f"`{c}` ({n} row{'s' if n > 1 else ''})" for c, n in counts.items())
 
 
