@@ -212,6 +212,7 @@ class Report:
   kernel_costs: tuple = ()  # GPU: the Pallas kernels' declared costs (hlo_cost.KernelCost), which the HLO lacks
   undeclared_kernels: int = 0  # Triton calls the estimate found no cost for (counted as traffic only)
   gemm_fallback: str = ""  # GPU: why a step's matmuls were compiled as cuBLAS calls rather than Triton fusions
+  time_split: tuple = ()  # ((kind of work, seconds), ...) of the estimated step (hlo_cost.SPLIT), dearest first
 
   JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
                  "est_step_seconds", "est_tokens_per_s", "est_mfu")
@@ -224,6 +225,7 @@ class Report:
     out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in out})
     out["hotspots"] = [dataclasses.asdict(h) | {"bound": h.bound} for h in self.hotspots]
     out["kernel_costs"] = [dataclasses.asdict(k) | {"operands": list(k.operands)} for k in self.kernel_costs]
+    out["time_split"] = [[kind, seconds] for kind, seconds in self.time_split]
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
 
   @classmethod
@@ -235,7 +237,15 @@ class Report:
                                for h in fields.get("hotspots", ()))
     values["kernel_costs"] = tuple(hlo_cost.KernelCost(**(k | {"operands": tuple(k["operands"])}))
                                    for k in fields.get("kernel_costs", ()))
+    values["time_split"] = tuple((kind, seconds) for kind, seconds in fields.get("time_split", ()))
     return cls(**values)
+
+  def split_text(self) -> str:
+    """'elementwise 45%, matmuls HBM-bound 28%, ...': the estimated step's time by kind of work
+    (hlo_cost.SPLIT), the kinds under half a percent left out."""
+    total = sum(seconds for _, seconds in self.time_split)
+    shares = [(kind, 100 * seconds / total) for kind, seconds in self.time_split]
+    return ", ".join(f"{kind} {share:.0f}%" for kind, share in shares if share >= 0.5) or "-"
 
   @property
   def kernel_compiler(self) -> str:
@@ -268,7 +278,8 @@ class Report:
                   ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
                   ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} {self.peak_name} "
                                     f"({100 * self.est_hfu:.1f}% counting remat's recomputation)"),
-                  ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step")]
+                  ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step"),
+                  ("where the step goes", self.split_text())]
     rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
             ("HBM per device", self.memory_row()),
             ("train step per device", train),
@@ -353,7 +364,7 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
   """`report` with its estimate (step time, tokens/s, MFU, HFU, what bounds it) computed from the
   compiled train step's HLO text for the report's chip (and, on a GPU, its Pallas kernels' costs)."""
   chip = chips.CHIPS[report.device_kind]
-  roof = hlo_cost.roofline(hlo, chip, top=hotspots, kernel_costs=report.kernel_costs)
+  roof = hlo_cost.roofline(hlo, chip, top=hotspots, split=True, kernel_costs=report.kernel_costs)
   if roof.unknown_loops:
     logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
                     roof.unknown_loops)
@@ -369,7 +380,7 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
       est_hfu=roof.flops / (seconds * chip.peak_flops), recompute_flops=roof.recompute_flops,
       memory_bound_share=roof.memory_bound_s / seconds, bound=roof.bound, mosaic_kernels=mosaic,
       pallas_kernels=triton if report.platform == "gpu" else mosaic, undeclared_kernels=roof.undeclared_kernels,
-      hotspots=roof.hotspots)
+      hotspots=roof.hotspots, time_split=roof.split)
 
 
 def write_hlo(text: str, path: str | os.PathLike) -> None:

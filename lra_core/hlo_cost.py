@@ -51,6 +51,12 @@ COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start
                "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
 
 TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel compiled by Triton (XLA:GPU)
+PALLAS_CALLS = (TRITON_CALL, "tpu_custom_call")  # Pallas kernels: Triton on a GPU, Mosaic on a TPU
+# The kinds of work a step's time is split into (Roofline.split): matrix products (fusions with a dot
+# or convolution, library GEMMs) at the chip's peak or waiting on HBM, Pallas kernels, in-place
+# updates of a buffer (a scanned stack storing its residuals, a cache), and the rest (elementwise
+# work, reductions, copies, transposes); "other" is what sits in calls the walk does not open.
+SPLIT = ("matmuls compute-bound", "matmuls HBM-bound", "kernels", "in-place updates", "elementwise", "other")
 CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 # cuDNN convolutions, by which of the forward convolution's arrays (input x, filter w, output y) they
 # read or write (their window and dimension labels are the forward's): x is the forward's and the
@@ -112,6 +118,7 @@ class Roofline:
   unknown_loops: int         # while loops whose trip count could not be read (counted once)
   hotspots: tuple = ()       # the dearest operations: Hotspot records, dearest first
   undeclared_kernels: int = 0  # Triton (Pallas) calls with no KernelCost: their traffic counted, no FLOPs
+  split: tuple = ()          # (kind of operation, seconds) over the whole step, dearest first: see SPLIT
 
   @property
   def seconds(self) -> float:
@@ -135,6 +142,7 @@ class Hotspot:
   bytes: float
   flop_seconds: float        # its FLOPs alone at peak: near `seconds` when compute-bound
   source: str = ""           # the JAX operation it came from (metadata op_name), if recorded
+  category: str = ""         # one of SPLIT: what kind of work it is
 
   @property
   def bound(self) -> str:
@@ -388,14 +396,32 @@ class _Walker:
     traffic = 0.0
     for i, name in enumerate(op.operands):
       traffic += self.parameter_read(callee, i, size_bytes(shapes.get(name, "")))
-    root = next((o for o in fused if o.root), fused[-1] if fused else None)
-    roots = [inner[x] for x in root.operands if x in inner] if root is not None and root.opcode == "tuple" else [root]
-    for r in roots:
-      if r is not None and r.opcode == "dynamic-update-slice" and len(r.operands) > 1:
+    for r in self.fused_roots(op):
+      if r.opcode == "dynamic-update-slice" and len(r.operands) > 1:
         traffic += size_bytes(inner[r.operands[1]].shape) if r.operands[1] in inner else size_bytes(r.shape)
-      elif r is not None:
+      else:
         traffic += size_bytes(r.shape)
     return traffic
+
+  def fused_roots(self, op: _Op) -> list[_Op]:
+    """The operations whose results a fusion returns (a tuple root's parts)."""
+    fused = self.computations.get((_called(op, "calls") or [""])[0], [])
+    inner = {o.name: o for o in fused}
+    root = next((o for o in fused if o.root), fused[-1] if fused else None)
+    if root is not None and root.opcode == "tuple":
+      return [inner[x] for x in root.operands if x in inner]
+    return [root] if root is not None else []
+
+  def category(self, op: _Op, cost: Cost) -> str:
+    """What kind of work `op` is, for the step's split (SPLIT)."""
+    if op.opcode == "custom-call" and _target(op) in PALLAS_CALLS:
+      return "kernels"
+    if cost.flops:
+      return "matmuls HBM-bound" if cost.memory_s else "matmuls compute-bound"
+    roots = self.fused_roots(op) if op.opcode == "fusion" else [op]
+    if roots and all(r.opcode == "dynamic-update-slice" for r in roots):
+      return "in-place updates"
+    return "elementwise"
 
   @functools.cache
   def users(self, computation: str) -> dict[str, list[_Op]]:
@@ -511,8 +537,8 @@ def _first_array(shape: str) -> str:
   return m.group(0) if m else ""
 
 
-def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
-  """The `top` dearest operations, each counted over all executions of its computation (loop bodies
+def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
+  """Every operation of the step, each counted over all executions of its computation (loop bodies
   run trip-count times, a conditional's dearest branch once)."""
   found: list[Hotspot] = []
 
@@ -533,24 +559,37 @@ def _hotspots(walker: _Walker, entry: str, top: int) -> tuple[Hotspot, ...]:
           kind = f"fusion {m.group(1) if m else ''}{' with matmul' if c.flops else ''}"
         source = re.search(r'op_name="([^"]*)"', op.attrs)
         found.append(Hotspot(op.name, kind, times, times * c.compute_s, times * c.flops, times * c.bytes,
-                             times * c.flops / walker.chip.peak_flops, source.group(1) if source else ""))
+                             times * c.flops / walker.chip.peak_flops, source.group(1) if source else "",
+                             walker.category(op, c)))
 
   visit(entry, 1.0)
-  return tuple(sorted(found, key=lambda h: -h.seconds)[:top])
+  return sorted(found, key=lambda h: -h.seconds)
 
 
-def roofline(hlo_text: str, chip: Chip, *, top: int = 0, kernel_costs=()) -> Roofline:
+def _split(operations: list[Hotspot], compute_s: float) -> tuple[tuple[str, float], ...]:
+  """Seconds per kind of work (SPLIT), dearest first; what the walk does not list (calls) is "other"."""
+  seconds = dict.fromkeys(SPLIT, 0.0)
+  for h in operations:
+    seconds[h.category] += h.seconds
+  seconds["other"] = max(0.0, compute_s - sum(seconds.values()))
+  return tuple(sorted(((k, v) for k, v in seconds.items() if v > 0), key=lambda kv: -kv[1]))
+
+
+def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, kernel_costs=()) -> Roofline:
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
-  `top` > 0 also lists that many of its dearest operations (Roofline.hotspots). `kernel_costs`: the
-  KernelCost of each Pallas kernel of a GPU program (`pallas_kernel_costs` of its traced jaxpr)."""
+  `top` > 0 also lists that many of its dearest operations (Roofline.hotspots), `split` the step's
+  time by kind of work (Roofline.split). `kernel_costs`: the KernelCost of each Pallas kernel of a GPU
+  program (`pallas_kernel_costs` of its traced jaxpr)."""
   computations, entry = parse(hlo_text)
   walker = _Walker(computations, chip, kernel_costs)
   total = walker.cost(entry)
+  operations = _operations(walker, entry) if top or split else []
   return Roofline(flops=total.flops, recompute_flops=total.recompute_flops, hbm_bytes=total.bytes,
                   comm_bytes=total.comm_bytes, memory_bound_s=total.memory_s,
                   compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
-                  unknown_loops=walker.unknown_loops, hotspots=_hotspots(walker, entry, top) if top else (),
-                  undeclared_kernels=len(walker.undeclared))
+                  unknown_loops=walker.unknown_loops, hotspots=tuple(operations[:top]),
+                  undeclared_kernels=len(walker.undeclared),
+                  split=_split(operations, total.compute_s) if split else ())
 
 
 def step_flops(hlo_text: str, kernel_costs=()) -> tuple[float, float]:

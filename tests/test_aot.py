@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lra_core
-from lra_core import aot, chips
+from lra_core import aot, chips, hlo_cost
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 import fixtures
@@ -105,6 +105,11 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
   # The kept HLO gives the same estimate again without a compile (what tpu_fit reuses).
   again = aot.estimate_from_hlo(aot.Report.from_json(report), aot.read_hlo(tmp_path / "train.hlo.gz")).to_json()
   assert again == report and report["tokens_per_step"] > 0
+  # Where the step goes: kinds of work whose times add up to the estimate (no collectives on this mesh).
+  split = dict(report["time_split"])
+  assert set(split) <= set(hlo_cost.SPLIT) and split.get("matmuls compute-bound", 0) + split.get("matmuls HBM-bound", 0) > 0
+  assert sum(split.values()) == pytest.approx(report["est_step_seconds"], rel=1e-6)
+  assert "where the step goes" in out.stdout
 
 
 @needs_libtpu

@@ -103,6 +103,34 @@ def test_hotspots_count_a_loop_body_operation_once_per_step_of_the_loop(v5e):
   assert hlo_cost.roofline(_compile(_stack, mesh, *shapes).as_text(), chip).hotspots == ()
 
 
+def test_the_step_splits_into_matmuls_in_place_updates_and_elementwise_work(v5e):
+  """A scanned stack that keeps every layer's input (as a scanned stack keeps its residuals for the
+  backward pass): its matmuls run at peak, storing each input into the stacked result is an in-place
+  update per layer, copies are elementwise work; the kinds add up to the whole estimate."""
+  mesh, chip = v5e
+
+  def keep_outputs(w, x):
+    def layer(h, wi):
+      return jnp.tanh(h @ wi), h
+    h, inputs = jax.lax.scan(layer, x, w)
+    return inputs, h
+
+  shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))
+  roof = hlo_cost.roofline(_compile(keep_outputs, mesh, *shapes).as_text(), chip, top=10_000, split=True)
+  split = dict(roof.split)
+  assert sum(split.values()) == pytest.approx(roof.compute_s, rel=1e-9)
+  assert [kind for kind, _ in roof.split][0] == "matmuls compute-bound"
+  assert split["matmuls compute-bound"] == pytest.approx(2.0 * N**3 * LAYERS / chip.peak_flops, rel=1e-6)
+  # Each layer writes its N x N bf16 input once, in place (the update read and written).
+  assert split["in-place updates"] == pytest.approx(2 * (N * N * 2) * LAYERS / chip.hbm_bandwidth, rel=1e-6)
+  assert "elementwise" in split
+  assert {h.category for h in roof.hotspots} <= set(hlo_cost.SPLIT)
+  # The same kinds read off the hotspots (every operation listed) as off the split.
+  updates = sum(h.seconds for h in roof.hotspots if h.category == "in-place updates")
+  assert updates == pytest.approx(split["in-place updates"], rel=1e-9)
+  assert hlo_cost.roofline(_compile(keep_outputs, mesh, *shapes).as_text(), chip).split == ()
+
+
 def test_a_loop_writing_one_row_at_a_time_moves_rows_not_the_buffer(v5e):
   """XLA updates a buffer in place: a loop that reads and writes one row per step moves about two
   rows per step, not the whole buffer per step (which would be `rows` times more)."""

@@ -197,6 +197,11 @@ def utilisation(r: dict) -> str:
           f"{100 * r['memory_bound_share']:.0f}% memory-bound)")
 
 
+def split_cell(r: dict) -> str:
+  """Where the estimated step goes, by kind of work (lra_core.hlo_cost.SPLIT)."""
+  return aot.Report.from_json(r).split_text()
+
+
 def memory_cell(r: dict) -> str:
   """'peak / HBM' GiB; a refusal that names no size (e.g. a kernel over its on-chip VMEM) says so."""
   peaks = [p for p in (r["peak_gib"], r["eval_peak_gib"]) if p is not None]
@@ -270,7 +275,7 @@ def tpu_fit(ctx: Context) -> Result:
     if r is None:
       lines.append([row.paper, row.topology, "-", settings_cell(row, rung), "-",
                     f"compile failed: {meta['error'][:80]}",
-                    "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, "", ""])
+                    "-", "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, "", ""])
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
@@ -279,11 +284,12 @@ def tpu_fit(ctx: Context) -> Result:
                   "yes" if r["fits"] else "**no**",
                   fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
                   fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
-                  utilisation(r) if compiled else "-",
+                  utilisation(r) if compiled else "-", split_cell(r) if compiled else "-",
                   f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, against_paper(row, r),
                   sanity_cell(row, r)])
   table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
-                          "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "params", "compile s (this host)",
+                          "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "where the step goes", "params",
+                          "compile s (this host)",
                           "paper measured", "est. / paper", "paper's MFU under our count"], lines)
   setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
              "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
@@ -295,7 +301,10 @@ def tpu_fit(ctx: Context) -> Result:
              "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
              "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
              "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
-             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows. Estimates, not measurements. "
+             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows, and "
+             "where the step goes: its time split into matrix products at the chip's peak or waiting on HBM, "
+             "Pallas kernels, in-place updates (a scanned stack storing its residuals, a cache) and elementwise "
+             "work (activations, norms, their gradients, casts, copies). Estimates, not measurements. "
              "Where the paper measured the run, the last column is the MFU its own run would have had under our "
              "count (our model FLOPs per step over the paper's step time and the chips' peak); over 100% fails the "
              "row, for then the setting, the hardware mapping or the count is wrong. Compile s is "
