@@ -149,3 +149,17 @@ def test_the_fit_tables_name_the_commits_their_records_were_compiled_at():
   from lra_core.reproduce import tpu
   metas = [{"commit": "abc"}, {"commit": "abc"}, {}, {"commit": "def+changes"}]
   assert tpu.compiled_at(metas) == "`abc` (2 rows); `unrecorded` (1 row); `def+changes` (1 row)"
+
+
+def test_the_published_tpu_fit_table_has_every_row_from_the_current_count():
+  """docs/results.md's tpu_fit section: one row per default row, each with where its step goes, the
+  sanity column, no paper run over 100% MFU, and no estimate left from before the convolution fix."""
+  from lra_core.reproduce import tpu
+  text = (PROJECT_ROOT / "docs" / "results.md").read_text()
+  section = text[text.index("<!-- table: tpu_fit -->"):text.index("<!-- /discussion: tpu_fit -->")]
+  assert "paper's MFU under our count" in section and "where the step goes" in section
+  assert "**fails" not in section and "predates" not in section
+  table = section[:section.index("<!-- /table: tpu_fit -->")]
+  rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| setting")]
+  assert [line.split(" | ")[0][2:] for line in rows] == [row.paper for row in tpu.DEFAULT_ROWS]
+  assert "paper runs over 100% MFU under our FLOP count: 0 of" in section
