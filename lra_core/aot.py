@@ -241,11 +241,9 @@ class Report:
     return cls(**values)
 
   def split_text(self) -> str:
-    """'elementwise 45%, matmuls HBM-bound 28%, ...': the estimated step's time by kind of work
-    (hlo_cost.SPLIT), the kinds under half a percent left out."""
+    """'elementwise 45%, matmuls HBM-bound 28%, ...': the step by kind of work (hlo_cost.SPLIT), over 0.5%."""
     total = sum(seconds for _, seconds in self.time_split)
-    shares = [(kind, 100 * seconds / total) for kind, seconds in self.time_split]
-    return ", ".join(f"{kind} {share:.0f}%" for kind, share in shares if share >= 0.5) or "-"
+    return ", ".join(f"{kind} {100 * s / total:.0f}%" for kind, s in self.time_split if s >= 0.005 * total) or "-"
 
   @property
   def kernel_compiler(self) -> str:
