@@ -38,7 +38,8 @@ from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
-from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, param, rms_normalize, silu
+from lra_core.models.blocks.layers import (EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param, rms_normalize,
+                                           silu)
 from lra_core.models.blocks.positions import sinusoid
 from lra_core.sharding import constrain
 
@@ -146,7 +147,7 @@ class VectorQuantizer(nnx.Module):
 
   def __init__(self, num_heads: int, n_code: int, d_k: int, *, ema_rate: float, rngs: nnx.Rngs):
     # Keys are RMS-normalised and scaled by Dk^-1/4, so their coordinates have that scale.
-    init = jax.random.normal(rngs.params(), (num_heads, n_code, d_k)) * d_k ** -0.25
+    init = jax.random.normal(next_key(rngs), (num_heads, n_code, d_k)) * d_k ** -0.25
     self.c_sum = Codebook(init, logical_axes=("kv_heads", None, "head_dim"))
     self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=("kv_heads", None))
     self.ema_rate = ema_rate
@@ -376,9 +377,9 @@ class Model(nnx.Module):
     seq_key = res_key = None
     training = not self.deterministic and rngs is not None
     if training:
-      fresh = jax.random.key_data(rngs.dropout())
+      fresh = jax.random.key_data(next_key(rngs, "dropout"))
       stored = fresh if state is None else jnp.where(offset[0] == 0, fresh, state["seq_key"][0])
-      seq_key, res_key = jax.random.wrap_key_data(stored), rngs.dropout()
+      seq_key, res_key = jax.random.wrap_key_data(stored), next_key(rngs, "dropout")
     positions = offset[:, None] + jnp.arange(t)[None]
     if segment_ids is not None:
       positions = self._document_positions(segment_ids, state)

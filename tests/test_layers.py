@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from lra_core.kernels import _pallas
-from lra_core.models.blocks.layers import ACTIVATIONS, contract, silu
+from flax import nnx
+
+from lra_core.models.blocks.layers import ACTIVATIONS, contract, next_key, silu
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
@@ -56,3 +58,18 @@ def test_contract_layouts_agree_in_value_and_gradient(in_shape, out_shape):
     assert y.shape == (2, 3, *out_shape)
   for a, b in zip(*grads):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_next_key_draws_the_keys_of_flax_streams_eagerly_and_traced():
+  """The same keys and counts as `rngs.params()` / `rngs.dropout()`, so parameters initialise as with
+  flax's own call (which, traced, walks the whole trace on every key: quadratic model builds)."""
+  def draw(take):
+    rngs = nnx.Rngs(params=3, dropout=4)
+    keys = [jax.random.key_data(take(rngs, stream)) for stream in ("params", "params", "dropout", "params")]
+    return keys, rngs.params.count.get_value(), rngs.dropout.count.get_value()
+
+  ours = lambda rngs, stream: next_key(rngs, stream)
+  flax_own = lambda rngs, stream: getattr(rngs, stream)()
+  for run in (lambda f: draw(f), lambda f: jax.jit(lambda: draw(f))()):
+    jax.tree.map(np.testing.assert_array_equal, run(ours), run(flax_own))
+  assert [int(c) for c in draw(ours)[1:]] == [3, 1]
