@@ -77,8 +77,8 @@ def before_first_step(spec, data_overrides, overrides):
     jax.eval_shape(make_train_step(config, state_spec, task, tx, schedule), state_spec.abstract, batch)
 
 
-@pytest.mark.slow  # 200 examples, a model built for each valid one; tests/test_config.py has the fixed cases
-@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+@pytest.mark.slow  # 100 examples, a model built for each valid one; tests/test_config.py has the fixed cases
+@settings(max_examples=100, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=cases())
 def test_random_overrides_succeed_or_fail_with_one_clear_sentence(case, data):

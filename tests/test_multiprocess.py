@@ -42,7 +42,8 @@ def _launch(overrides, workdir, *extra):
   """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
              # 2 devices a process; the compiler's fast mode keeps this test cheap.
-             XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+                       " --xla_cpu_use_fusion_emitters=false",
              JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
   port = _free_port()
   args = [sys.executable, "-m", "lra_core.train", f"--config={listops.SPEC}", f"--workdir={workdir}",
