@@ -4,9 +4,10 @@ For each registered model family's smoke config, the command `python -m lra_core
 killed with SIGKILL at a random training step and once stopped with SIGTERM, restarted each time with
 the same command, and finally run to the end. The Transformer's run is killed at 5 random moments (the
 first during start-up, the others at random training steps plus a random fraction of a step, so some
-land inside checkpoint writes): where a kill lands does not depend on the family, what is restored does. Its `param_checksum`
-must equal, bit for bit, that of an uninterrupted run of the same command: the data position, root
-key, optimizer, model state (codebook EMAs), carried state and LayerDrop masks all come back.
+land inside checkpoint writes): where a kill lands does not depend on the family, what is restored
+does. Its `param_checksum` must equal, bit for bit, that of an uninterrupted run of the same command:
+the data position, root key, optimizer, model state (codebook EMAs), carried state and LayerDrop masks
+all come back.
 """
 
 import json
