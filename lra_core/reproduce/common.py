@@ -61,16 +61,6 @@ def commit() -> str:
   return head.stdout.strip() + ("+changes" if dirty else "")
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-  """A markdown table; cells are str()-ed, None becomes '-'."""
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-  for row in rows:
-    if len(row) != len(header):
-      raise ValueError(f"row {row!r} has {len(row)} cells for {len(header)} columns.")
-    lines.append("| " + " | ".join("-" if c is None else str(c) for c in row) + " |")
-  return "\n".join(lines)
-
-
 def fmt(value: float | None, spec: str = ",.2f") -> str:
   """A number for a table cell; None and NaN become '-'."""
   if value is None or (isinstance(value, float) and not math.isfinite(value)):

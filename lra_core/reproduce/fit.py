@@ -22,7 +22,8 @@ from lra_core.errors import ConfigError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
-from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, markdown_table, save_plot, train
+from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, save_plot, train
+from lra_core.tables import markdown_table
 
 GiB = 2 ** 30
 FIT_SPEC = "configs/lra/image/fit.py"

@@ -16,7 +16,8 @@ records (under the workdir's `gpu_fit` folder), from which the estimate is recom
 from __future__ import annotations
 
 from lra_core.bench import param_counts
-from lra_core.reproduce.common import Context, Result, fmt, markdown_table
+from lra_core.reproduce.common import Context, Result, fmt
+from lra_core.tables import markdown_table
 from lra_core.reproduce.flash import FLASH, FULL_LATENCY, LABELS, TABLE11_BATCH, TABLE11_MS, TPP
 from lra_core.reproduce.tpu import (BLOCK_CONFIG, Row, against_paper, compiled_at, failed_rows, run_row, sanity_cell,
                                    settings_cell, utilisation)

@@ -8,7 +8,8 @@ for known gaps are the families' paper rows (their FAMILY records): the papers r
 from __future__ import annotations
 
 from lra_core.bench import param_counts
-from lra_core.reproduce.common import Context, Result, markdown_table
+from lra_core.reproduce.common import Context, Result
+from lra_core.tables import markdown_table
 
 def _paper(count: float) -> str:
   return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from lra_core import aot
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
-from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config, markdown_table
+from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
+from lra_core.tables import markdown_table
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
 
 VQ = "configs/enwik8/transformer_vq.py"
