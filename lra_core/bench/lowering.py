@@ -60,8 +60,9 @@ PAPER = {
 
 def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, chunk: int, flash_chunk: int,
                dtype: str = "float32", batch: int = 1, heads: int = 1,
-               value_width: int = 0, segments: bool = False) -> dict[str, tuple[Callable, tuple]]:
-  """name -> (function, argument shapes) of each kernel through its public impl="pallas" path; q is
+               value_width: int = 0, segments: bool = False,
+               impl: str = "pallas") -> dict[str, tuple[Callable, tuple]]:
+  """name -> (function, argument shapes) of each kernel through its public `impl` path; q is
   argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
   takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
   part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width). segments: each
@@ -73,21 +74,21 @@ def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, c
   def vq_attention(q, k, v, codebook, table, seg=None):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
     out, _ = vq.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table),
-                                    impl="pallas", segments=seg)
+                                    impl=impl, segments=seg)
     return out
 
   table = {
       "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d),
                                       x(h, block + 1, d))),
-      "causal_latte": (lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl="pallas",
+      "causal_latte": (lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl=impl,
                                                                       segments=seg),
                        (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
-      "bidirectional_latte": (lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl="pallas",
+      "bidirectional_latte": (lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl=impl,
                                                                                     segments=seg),
                               (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
       "mixed_chunk": (lambda q, k, v, bias, seg=None: kernels.mixed_chunk_attention(
                           q, k, q, k, v, chunk=flash_chunk, causal=True, quad_scale=d ** -0.5, lin_scale=1.0 / c,
-                          bias=bias, segments=seg, impl="pallas"),
+                          bias=bias, segments=seg, impl=impl),
                       (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c))),
   }
   if segments:
