@@ -56,6 +56,7 @@ from typing import NamedTuple
 from lra_core import cli, train
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError
+from lra_core.tables import markdown_table
 
 # Metric column order: by the first matching rule (a prefix or an exact name), then alphabetical.
 ORDER = ("val_", "test_", "step", "num_params", "train_time_s", "tokens_per_s", None, "param_checksum")
@@ -232,9 +233,7 @@ def _cell(column: str, value) -> str:
 
 
 def markdown(cols: Sequence[str], rows: Sequence[dict]) -> str:
-  lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-  lines += ["| " + " | ".join(_cell(c, r.get(c)) for c in cols) + " |" for r in rows]
-  return "\n".join(lines) + "\n"
+  return markdown_table(cols, [[_cell(c, r.get(c)) for c in cols] for r in rows]) + "\n"
 
 
 def csv_text(cols: Sequence[str], rows: Sequence[dict]) -> str:

@@ -33,6 +33,7 @@ from lra_core import kernels
 from lra_core.bench.common import is_oom, median_seconds, xla_memory_bytes
 from lra_core.errors import ConfigError
 from lra_core.kernels.attention import attention_mask
+from lra_core.tables import markdown_table
 
 CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention", "vq_attention",
          "mixed_chunk")
@@ -116,9 +117,9 @@ def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: i
 
 def format_table(rows: Sequence[dict]) -> str:
   """Markdown rows; the last column is the first core's time at the same length over this row's."""
-  lines = ["| core | T | batch | ms (median) | tokens/s | XLA memory MiB | GB/s (in + out once) | "
-           "speed-up vs first core |", "|---|---|---|---|---|---|---|---|"]
-  first = {}
+  header = ["core", "T", "batch", "ms (median)", "tokens/s", "XLA memory MiB", "GB/s (in + out once)",
+            "speed-up vs first core"]
+  lines, first = [], {}
   for r in rows:
     if r["status"] == "ok":
       first.setdefault(r["seq_len"], r["ms"])
@@ -130,8 +131,8 @@ def format_table(rows: Sequence[dict]) -> str:
       mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2 ** 20:,.0f}"
       cells += [f"{r['ms']:,.2f}", f"{r['tokens_per_s']:,.0f}", mem, f"{r['gb_per_s']:,.2f}",
                 f"{first[r['seq_len']] / r['ms']:,.1f}x"]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+    lines.append(cells)
+  return markdown_table(header, lines)
 
 
 def run(cores: Sequence[str], *, seq_lens: Sequence[int], log=None, **shape) -> list[dict]:

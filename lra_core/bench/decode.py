@@ -28,6 +28,7 @@ from lra_core.bench.common import MiB, ints, median_seconds, parse_command, publ
 from lra_core.config import load_config
 from lra_core.errors import ConfigError
 from lra_core.registry import build_model
+from lra_core.tables import markdown_table
 
 
 def decode_config(spec: str, overrides: Sequence[str], context: int):
@@ -64,11 +65,8 @@ def time_decode(config, *, tokens: int, batch_size: int, repeats: int, warmup: i
 
 def format_table(rows: Sequence[dict]) -> str:
   header = ["variant", "context L", "batch", "ms / token", "decode state MiB", "parameters"]
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-  for r in rows:
-    lines.append(f"| {r['variant']} | {r['context']:,} | {r['batch_size']} | {r['ms_per_token']:.2f} | "
-                 f"{r['state_mib']:,.1f} | {r['params']:,} |")
-  return "\n".join(lines)
+  return markdown_table(header, [(r["variant"], f"{r['context']:,}", r["batch_size"], f"{r['ms_per_token']:.2f}",
+                                   f"{r['state_mib']:,.1f}", f"{r['params']:,}") for r in rows])
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

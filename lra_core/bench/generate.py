@@ -25,6 +25,7 @@ from lra_core import cli, decoding, registry
 from lra_core.bench.common import MiB, ints, is_oom, median_seconds, parse_command, publish, variant_config
 from lra_core.config import load_config
 from lra_core.registry import build_model, non_embedding_parameter_count
+from lra_core.tables import markdown_table
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
@@ -62,19 +63,19 @@ def time_generate(config, *, batch_size: int, prompt_len: int, new_tokens: int, 
 def format_table(rows: Sequence[dict]) -> str:
   header = ["variant", "non-embedding params", "batch", "prompt", "generated", "time (s)", "generated tokens/s",
             "speed-up", "decode state MiB"]
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  lines = []
   base = {}
   for r in rows:  # speed-up against the last variant (the baseline) at the same setting
     base[(r["batch_size"], r["prompt"], r["new"])] = r.get("tokens_per_s")
   for r in rows:
     if "oom" in r:
-      lines.append(f"| {r['variant']} | | {r['batch_size']} | {r['prompt']:,} | {r['new']:,} | OOM | | | |")
+      lines.append((r["variant"], "", r["batch_size"], f"{r['prompt']:,}", f"{r['new']:,}", "OOM", "", "", ""))
       continue
     ref = base[(r["batch_size"], r["prompt"], r["new"])]
     speedup = f"{r['tokens_per_s'] / ref:.1f}x" if ref else ""
-    lines.append(f"| {r['variant']} | {r['non_embedding']:,} | {r['batch_size']} | {r['prompt']:,} | {r['new']:,} | "
-                 f"{r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {speedup} | {r['state_mib']:,.1f} |")
-  return "\n".join(lines)
+    lines.append((r["variant"], f"{r['non_embedding']:,}", r["batch_size"], f"{r['prompt']:,}", f"{r['new']:,}",
+                  f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}", speedup, f"{r['state_mib']:,.1f}"))
+  return markdown_table(header, lines)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

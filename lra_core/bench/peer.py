@@ -36,6 +36,7 @@ from lra_core.bench.common import (Variant, cost_flops, ints, output_flags, pars
                                    variant_config)
 from lra_core.bench.train_step import TrainStepRun, bench_config, matmul_peak_flops
 from lra_core.errors import ConfigError
+from lra_core.tables import markdown_table
 
 
 class Peer(NamedTuple):
@@ -141,14 +142,14 @@ def set_peak_fractions(rows: Sequence[dict], peak: float) -> None:
 
 
 def format_table(rows: Sequence[dict]) -> str:
-  lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+  lines = []
   num = lambda x, scale, fmt: "-" if x is None else format(x * scale, fmt)
   for r in rows:
     cells = [r["variant"], f"{r['seq_len']} x {r['batch_size']}", f"{r['ours_ms']:,.0f}", f"{r['peer_ms']:,.0f}",
              f"{r['ratio']:.2f}", num(r["ours_flops"], 1e-9, ",.1f"), num(r["peer_flops"], 1e-9, ",.1f"),
              num(r.get("ours_peak_fraction"), 100, ".1f"), num(r.get("peer_peak_fraction"), 100, ".1f")]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+    lines.append(cells)
+  return markdown_table(COLUMNS, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -39,6 +39,7 @@ from lra_core.errors import ConfigError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
+from lra_core.tables import markdown_table
 
 COLUMNS = ("variant", "T", "batch", "tokens/s", "step ms (median)", "compile s", "peak memory MiB",
            "GFLOP/s", "% of matmul peak")
@@ -287,7 +288,7 @@ def format_table(rows: Sequence[dict]) -> str:
   header = list(COLUMNS)
   if kinds:
     header[COLUMNS.index("peak memory MiB")] = f"peak memory MiB ({', '.join(kinds)})"
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  lines = []
   for r in rows:
     cells = [str(r.get("variant", "")), str(r["seq_len"]), str(r["batch_size"])]
     if r["status"] != "ok":
@@ -300,8 +301,8 @@ def format_table(rows: Sequence[dict]) -> str:
       cells += [f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.2f}", f"{r['compile_s']:.2f}", memory,
                 _num(None if r.get("flops_per_s") is None else r["flops_per_s"] / 1e9, ",.1f"),
                 _num(None if fraction is None else 100 * fraction, ".1f")]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+    lines.append(cells)
+  return markdown_table(header, lines)
 
 
 def _options(items: Sequence[str]) -> dict:
