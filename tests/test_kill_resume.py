@@ -125,9 +125,9 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
   rng = random.Random(family.name)
   # SIGKILL at random steps (the Transformer: once during start-up and four times), then SIGTERM.
-  kills = 4 if family.name == "transformer" else 1
-  plan = [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))] if family.name == "transformer" else []
-  plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(kills)]
+  full = family.name == "transformer"
+  plan = [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))] if full else []
+  plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(4 if full else 1)]
   plan += [(signal.SIGTERM, rng.randint(1, STEPS - 2), 0.0)]
   resumed_from = []
   for sig, at_step, delay in plan:
