@@ -22,6 +22,7 @@ Shapes: B batch, P prompt length, N new tokens, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -34,15 +35,16 @@ from flax import nnx
 from lra_core.errors import DecodingError
 from lra_core.protocol import Decoder, Prefiller
 
-__all__ = ["DecodingError", "filter_logits", "sample_token", "generate"]
+__all__ = ["DecodingError", "Sampling", "check_int", "check_key", "filter_logits", "sample_token", "generate"]
 
 
 # ---------------------------------------------------------------------------------------
 # Settings
 # ---------------------------------------------------------------------------------------
 
-def _as_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
-  """Returns `value` as a Python int (numpy integers welcome, bools and floats not)."""
+def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
+  """Returns `value` as a Python int (numpy integers welcome, bools and floats not), or raises
+  DecodingError naming `name`."""
   if isinstance(value, bool):
     raise DecodingError(f"{name} {value!r} must be an integer{hint}")
   try:
@@ -54,33 +56,65 @@ def _as_int(name: str, value: Any, *, minimum: int | None = None, hint: str = ""
   return value
 
 
-def _check_settings(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
-  """Validates the sampling settings and returns them as plain Python numbers."""
-  try:
-    temperature = float(temperature)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    raise DecodingError(f"temperature {temperature!r} is not a Python number") from None
-  if not math.isfinite(temperature) or temperature < 0:
-    raise DecodingError(f"temperature {temperature} must be finite and >= 0 (0 = greedy)")
-  top_k = _as_int("top_k", top_k, minimum=0, hint=" (0 disables top-k)")
-  top_k = min(top_k, 2**31 - 1)  # it travels as int32; any k >= V means keep all anyway
-  try:
-    top_p = float(top_p)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    raise DecodingError(f"top_p {top_p!r} is not a Python number") from None
-  if not 0.0 < top_p <= 1.0:
-    raise DecodingError(f"top_p {top_p} must be in (0, 1] (1 disables nucleus filtering)")
-  return temperature, top_k, top_p
+def check_key(key: Any) -> None:
+  """Raises DecodingError unless `key` is one PRNG key (typed, or a raw uint32 threefry / rbg key)."""
+  if not isinstance(key, jax.Array):
+    raise DecodingError(f"key {key!r} is not a PRNG key; pass e.g. jax.random.key(0)")
+  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  raw = not typed and key.dtype == jnp.uint32 and key.ndim == 1  # (2,) threefry, (4,) rbg
+  if not (typed and key.shape == () or raw):
+    raise DecodingError(
+        f"key has dtype {key.dtype} and shape {key.shape}; expected a single PRNG key "
+        "(jax.random.key(seed) or jax.random.PRNGKey(seed))")
 
 
-def _mode(temperature: float, top_k: int, top_p: float) -> str:
-  """The part of the settings that changes the program; their values stay traced, so a
-  sweep over temperature or top_p compiles once."""
-  if temperature == 0.0:
-    return "greedy"
-  if top_k == 0 and top_p >= 1.0:
-    return "plain"
-  return "filtered"
+def _as_number(name: str, value: Any) -> float:
+  try:
+    return float(value)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    raise DecodingError(f"{name} {value!r} is not a Python number") from None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Checked sampling settings (see `filter_logits`), built with `Sampling.of`.
+
+  A pytree: passed into a jitted function, temperature, top_k and top_p travel traced (a sweep
+  over their values compiles once) and `mode` stays static, since it changes the program:
+  "greedy" (temperature 0), "plain" (no top-k / top-p filter) or "filtered".
+  """
+  temperature: Any
+  top_k: Any
+  top_p: Any
+  mode: str = dataclasses.field(metadata=dict(static=True))
+
+  @classmethod
+  def of(cls, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Sampling:
+    """Validates the settings (DecodingError names the bad one) as plain Python numbers."""
+    temperature = _as_number("temperature", temperature)
+    if not math.isfinite(temperature) or temperature < 0:
+      raise DecodingError(f"temperature {temperature} must be finite and >= 0 (0 = greedy)")
+    top_k = check_int("top_k", top_k, minimum=0, hint=" (0 disables top-k)")
+    top_k = min(top_k, 2**31 - 1)  # it travels as int32; any k >= V means keep all anyway
+    top_p = _as_number("top_p", top_p)
+    if not 0.0 < top_p <= 1.0:
+      raise DecodingError(f"top_p {top_p} must be in (0, 1] (1 disables nucleus filtering)")
+    if temperature == 0.0:
+      mode = "greedy"
+    elif top_k == 0 and top_p >= 1.0:
+      mode = "plain"
+    else:
+      mode = "filtered"
+    return cls(temperature, top_k, top_p, mode)
+
+  def filter(self, logits: jax.Array) -> jax.Array:
+    """float[..., V] -> the filtered logits (at least float32); works traced."""
+    return _filter_logits(_as_float(logits), self)
+
+  def draw(self, key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One token per row of float[..., V] logits -> int32[...]; works traced."""
+    return _sample_token(key, _as_float(logits), self)
 
 
 def _as_float(logits: jax.Array) -> jax.Array:
@@ -113,15 +147,13 @@ def filter_logits(
   Returns:
     float[..., V] (at least float32).
   """
-  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
-  return _filter_logits(_as_float(logits), temperature, top_k, top_p,
-                        mode=_mode(temperature, top_k, top_p))
+  return Sampling.of(temperature, top_k, top_p).filter(logits)
 
 
-@functools.partial(jax.jit, static_argnames=("mode",))
-def _filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                   top_p: jax.Array, *, mode: str) -> jax.Array:
-  """filter_logits with traced settings; `mode` (from _mode) picks the program."""
+@jax.jit
+def _filter_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """filter_logits with traced settings; `sampling.mode` picks the program."""
+  mode, temperature, top_k, top_p = sampling.mode, sampling.temperature, sampling.top_k, sampling.top_p
   if mode == "greedy":
     temperature, top_k, top_p = 1.0, 1, 1.0
   logits = logits / temperature
@@ -163,18 +195,15 @@ def sample_token(
   Returns:
     int32[B]: token ids.
   """
-  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
-  return _sample_token(key, _as_float(logits), temperature, top_k, top_p,
-                       mode=_mode(temperature, top_k, top_p))
+  return Sampling.of(temperature, top_k, top_p).draw(key, logits)
 
 
-@functools.partial(jax.jit, static_argnames=("mode",))
-def _sample_token(key: jax.Array, logits: jax.Array, temperature: jax.Array,
-                  top_k: jax.Array, top_p: jax.Array, *, mode: str) -> jax.Array:
-  if mode == "greedy":
+@jax.jit
+def _sample_token(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Array:
+  if sampling.mode == "greedy":
     # argmax returns the first maximum: the same tie rule as filter_logits.
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  filtered = _filter_logits(logits, temperature, top_k, top_p, mode=mode)
+  filtered = _filter_logits(logits, sampling)
   return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
 
 
@@ -184,18 +213,15 @@ def _sample_token(key: jax.Array, logits: jax.Array, temperature: jax.Array,
 
 @functools.partial(
     jax.jit, static_argnums=(0,),
-    static_argnames=("max_new_tokens", "mode", "eos_id", "pad_id"))
+    static_argnames=("max_new_tokens", "eos_id", "pad_id"))
 def _generate_compiled(
     graphdef: nnx.GraphDef,
     params: nnx.State,
     prompt: jax.Array,
     key: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
+    sampling: Sampling,
     *,
     max_new_tokens: int,
-    mode: str,
     eos_id: int | None,
     pad_id: int,
 ) -> jax.Array:
@@ -217,7 +243,7 @@ def _generate_compiled(
     return _as_float(logits[:, 0]), state
 
   def sample(key: jax.Array, logits: jax.Array) -> jax.Array:
-    return _sample_token(key, logits, temperature, top_k, top_p, mode=mode)
+    return sampling.draw(key, logits)
 
   state, logits = _prefill(model, state, prompt, step)
 
@@ -273,17 +299,6 @@ def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
   return state, logits
 
 
-def _check_key(key: Any) -> None:
-  if not isinstance(key, jax.Array):
-    raise DecodingError(f"key {key!r} is not a PRNG key; pass e.g. jax.random.key(0)")
-  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-  raw = not typed and key.dtype == jnp.uint32 and key.ndim == 1  # (2,) threefry, (4,) rbg
-  if not (typed and key.shape == () or raw):
-    raise DecodingError(
-        f"key has dtype {key.dtype} and shape {key.shape}; expected a single PRNG key "
-        "(jax.random.key(seed) or jax.random.PRNGKey(seed))")
-
-
 def generate(
     model: nnx.Module,
     prompt: jax.Array,
@@ -335,17 +350,15 @@ def generate(
         f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P]")
   if prompt.shape[0] < 1 or prompt.shape[1] < 1:
     raise DecodingError(f"prompt shape {prompt.shape} needs B >= 1 and P >= 1 tokens")
-  max_new_tokens = _as_int("max_new_tokens", max_new_tokens, minimum=0)
-  eos_id = None if eos_id is None else _as_int("eos_id", eos_id)
-  pad_id = _as_int("pad_id", pad_id)
-  _check_key(key)
-  temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
+  max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+  eos_id = None if eos_id is None else check_int("eos_id", eos_id)
+  pad_id = check_int("pad_id", pad_id)
+  check_key(key)
+  sampling = Sampling.of(temperature, top_k, top_p)
   prompt = prompt.astype(jnp.int32)
   if max_new_tokens == 0:
     return prompt
 
   graphdef, params = nnx.split(model)
   return _generate_compiled(
-      graphdef, params, prompt, key, temperature, top_k, top_p,
-      max_new_tokens=max_new_tokens, mode=_mode(temperature, top_k, top_p),
-      eos_id=eos_id, pad_id=pad_id)
+      graphdef, params, prompt, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id)

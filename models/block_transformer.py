@@ -57,11 +57,10 @@ from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models import transformer
 from lra_core.state import scan_params, unscan_params
 from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import empty_cache
+from lra_core.models.blocks.attention import CrossAttention, empty_cache
 from lra_core.models.blocks.heads import TaskHead
 from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
 from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
-from lra_core.models.fit import CrossAttention
 
 Array = jax.Array
 
@@ -295,7 +294,7 @@ class Model(nnx.Module):
       block_seg = seg[:, :, -1]
       read = jnp.where(seg == block_seg[..., None], blocks, self.pad_id)
       positions = segment_positions(block_seg)
-    valid = (read != self.pad_id).any(-1)
+    valid = (read != self.pad_id).any(-1)  # an all-pad block is absent: no block reads it
     h = self.block_decoder(self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg,
                            rngs=rngs)
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
@@ -330,10 +329,13 @@ class Model(nnx.Module):
     b, n, L = seg.shape
     r = self.lead
     none = jnp.full((b, 1), -1, jnp.int32)
+    # prev: the document of the previous block's context (-1 before block 0)
     prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)                         # [B(N+1)]
     token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, :L - 1]
     token_seg = token_seg.reshape(-1, L - 1)
+    # fresh: tokens of a document other than the context's, i.e. one that starts in this block
     fresh = token_seg != prev[:, None]                                                    # [B(N+1),L-1]
+    # starting: the first such document (-2: none), the one the start-context lead serves
     if L > 1:
       first = jnp.take_along_axis(token_seg, jnp.argmax(fresh, axis=1)[:, None], axis=1)[:, 0]
       starting = jnp.where(fresh.any(1), first, -2)
@@ -441,18 +443,18 @@ def generate(model: Model, prompt: Array, *, max_new_tokens: int, key: Array, pr
   if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
     raise DecodingError(f"prompt token ids must lie in [0, {model.vocab_size}), got "
                         f"[{int(prompt.min())}, {int(prompt.max())}].")
-  max_new_tokens = decoding._as_int("max_new_tokens", max_new_tokens, minimum=1)
-  eos_id = None if eos_id is None else decoding._as_int("eos_id", eos_id)
-  decoding._check_key(key)
-  temperature, top_k, top_p = decoding._check_settings(temperature, top_k, top_p)
+  max_new_tokens = decoding.check_int("max_new_tokens", max_new_tokens, minimum=1)
+  eos_id = None if eos_id is None else decoding.check_int("eos_id", eos_id)
+  decoding.check_key(key)
+  sampling = decoding.Sampling.of(temperature, top_k, top_p)
   graphdef, params = nnx.split(model)
-  return _generate(graphdef, params, prompt.astype(jnp.int32), lengths, key, temperature, top_k, top_p,
-                   max_new_tokens=max_new_tokens, mode=decoding._mode(temperature, top_k, top_p), eos_id=eos_id)
+  return _generate(graphdef, params, prompt.astype(jnp.int32), lengths, key, sampling,
+                   max_new_tokens=max_new_tokens, eos_id=eos_id)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "mode", "eos_id"))
-def _generate(graphdef, params, prompt, lengths, key, temperature, top_k, top_p, *, max_new_tokens: int,
-              mode: str, eos_id: int | None) -> Array:
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "eos_id"))
+def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Sampling, *, max_new_tokens: int,
+              eos_id: int | None) -> Array:
   model = nnx.merge(graphdef, params)
   model.eval()
   L, pad, lead = model.block_len, model.pad_id, model.lead
@@ -472,7 +474,7 @@ def _generate(graphdef, params, prompt, lengths, key, temperature, top_k, top_p,
   context = model._contexts(h[:, -1], valid[:, -1])
 
   def sample(key, logits):
-    return decoding._sample_token(key, logits[:, 0].astype(jnp.float32), temperature, top_k, top_p, mode=mode)
+    return sampling.draw(key, logits[:, 0].astype(jnp.float32))
 
   def one_block(carry, xs):
     caches, block_valid, context, done = carry

@@ -33,11 +33,11 @@ from flax import nnx
 
 from lra_core.errors import ConfigError
 from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
-from lra_core.kernels.attention import dot_product_attention
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models.blocks import stack
+from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, make_norm, param
+from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
 from lra_core.models.transformer import Block
 
 Array = jax.Array
@@ -167,34 +167,6 @@ def group_causal_positions(t: int, m: int) -> Array:
 
 
 # -- modules ----------------------------------------------------------------------------------------
-
-class CrossAttention(nnx.Module):
-  """x + MHA(LN(x), LN(y)): queries from one stream (width dq), keys / values from the other (dkv),
-  `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count)."""
-
-  def __init__(self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs):
-    hd = width // heads
-    kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
-    self.q_norm = LayerNorm(dq, rngs=rngs)
-    self.kv_norm = LayerNorm(dkv, rngs=rngs)
-    self.query = Dense(dq, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
-    self.key = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
-    self.value = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
-    self.out = Dense((heads, hd), dq, axes=("heads", "head_dim", "embed"), **kw)
-
-  def kv(self, y: Array) -> tuple[Array, Array]:
-    y = self.kv_norm(y)
-    return self.key(y), self.value(y)
-
-  def __call__(self, x: Array, y: Array | None = None, *, kv: tuple[Array, Array] | None = None,
-               k_valid: Array | None = None, mask: Array | None = None) -> Array:
-    """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
-    bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
-    k, v = self.kv(y) if kv is None else kv
-    if k_valid is not None:
-      mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
-    return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))
-
 
 class FeedForwardBlock(nnx.Module):
   """x + MLP(LN(x)): a local layer without self-attention (RIN, the FIT denoiser)."""
@@ -395,8 +367,10 @@ class Model(nnx.Module):
     if segments is None:
       latents = jnp.broadcast_to(table[:t * m], (b, t * m, table.shape[-1]))
     else:
-      own = segments[:, :, k:]
+      own = segments[:, :, k:]  # the group's own tokens (FIT-AR's prefix slots belong to the group before)
+      # docs [B,t]: the one document each group's latents serve (FIT-AR: the group's last; encoder: its first)
       docs, offsets = latent_documents(own, valid[:, :, k:] & (own != 0), last=self.causal)
+      # Latent rows counted from that document's first group, as if it started the row.
       rows = document_groups(segment_positions(own.reshape(b, -1)).reshape(own.shape), offsets)
       latents = table[(rows[..., None] * m + jnp.arange(m)).reshape(b, t * m)]
       local_kw, global_kw = {"segments": segments.reshape(b * t, n)}, {"segments": jnp.repeat(docs, m, axis=1)}
@@ -465,9 +439,7 @@ class Model(nnx.Module):
     for i, blk in enumerate(self.blocks):
       caches = []
       for layer, cache in zip(blk.local, state["local"][i]):
-        h, cache = layer.attn.decode_block(layer.attn_norm(x), cache, positions, slot)
-        x = x + h
-        x = x + layer.mlp(layer.mlp_norm(x))
+        x, cache = layer.decode_block(x, cache, positions, slot)
         caches.append(cache)
       local.append(caches)
       if blk.l2x is not None:
@@ -492,9 +464,7 @@ class Model(nnx.Module):
       lat = blk.l2x(lat, state["group_x"][j], k_valid=kv_valid)
       caches = []
       for layer, cache in zip(blk.global_layers, state["global"][j]):
-        h, cache = layer.attn.decode_block(layer.attn_norm(lat), cache, gpos, group * self.m)
-        lat = lat + h
-        lat = lat + layer.mlp(layer.mlp_norm(lat))
+        lat, cache = layer.decode_block(lat, cache, gpos, group * self.m)
         caches.append(cache)
       global_caches.append(caches)
       if blk.x2l is not None:

@@ -30,9 +30,10 @@ from lra_core import diffusion
 from lra_core.errors import ConfigError
 from lra_core.protocol import Capabilities, Family, Smoke
 from lra_core.models.blocks import stack
+from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
 from lra_core.models.blocks.positions import sinusoid
-from lra_core.models.fit import CrossAttention, FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
+from lra_core.models.fit import FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
 
 Array = jax.Array
 

@@ -1,4 +1,5 @@
-"""Multi-head, multi-query and sliding-window softmax attention with a decoding cache.
+"""Multi-head, multi-query and sliding-window softmax attention with a decoding cache, and
+cross-attention between two streams.
 
 The cache holds keys and values of the last S positions in a ring buffer, S = window for
 sliding-window attention (constant memory per token) or the maximum length otherwise; each slot
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
-from lra_core.models.blocks.layers import Dense
+from lra_core.models.blocks.layers import Dense, LayerNorm
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.sharding import constrain
 
@@ -119,3 +120,31 @@ def attend_cache(q: Array, cache: dict[str, Array], position: Array, *, window: 
   (k_valid: bool[B,S], False = a slot this row must not read)."""
   m = attention_mask(position[None], cache["pos"], causal=True, window=window, k_valid=k_valid)
   return dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
+
+
+class CrossAttention(nnx.Module):
+  """x + MHA(LN(x), LN(y)): queries from one stream (width dq), keys / values from the other (dkv),
+  `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count)."""
+
+  def __init__(self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs):
+    hd = width // heads
+    kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.q_norm = LayerNorm(dq, rngs=rngs)
+    self.kv_norm = LayerNorm(dkv, rngs=rngs)
+    self.query = Dense(dq, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.key = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.value = Dense(dkv, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
+    self.out = Dense((heads, hd), dq, axes=("heads", "head_dim", "embed"), **kw)
+
+  def kv(self, y: Array) -> tuple[Array, Array]:
+    y = self.kv_norm(y)
+    return self.key(y), self.value(y)
+
+  def __call__(self, x: Array, y: Array | None = None, *, kv: tuple[Array, Array] | None = None,
+               k_valid: Array | None = None, mask: Array | None = None) -> Array:
+    """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
+    bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
+    k, v = self.kv(y) if kv is None else kv
+    if k_valid is not None:
+      mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
+    return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))
