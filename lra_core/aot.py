@@ -40,12 +40,12 @@ import time
 
 import jax
 
-from lra_core import chips, cli, experiment, hlo_cost, optim, sharding
+from lra_core import chips, cli, data_setup, hlo_cost, optim, sharding
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, ResourceError
-from lra_core.state import make_state_spec
+from lra_core.state import StateSpec, make_state_spec
 from lra_core.steps import make_eval_step, make_train_step
-from lra_core.tasks import make_task
+from lra_core.tasks import Task, make_task
 
 GIB = 2**30
 
@@ -313,16 +313,9 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
     raise ConfigError(f"device kind {devices[0].device_kind!r} has no entry in lra_core.chips.CHIPS.")
   platform = "gpu" if devices[0].platform == "gpu" else "tpu"
   t = config.train
-  mesh = sharding.make_mesh(config.mesh, devices)
+  mesh, task, spec, traced = trace_train_step(config, devices)
   rules = config.sharding.rules
-  info = experiment.config_data_info(config)
-  experiment.check_compatible(config, info, mesh)
-  task = make_task(config, info)
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
-    batch = experiment.config_batch(config, mesh, rules)
-    traced = jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
     train, train_s, train_fallback = _compile_for_target(traced, platform=platform)
     evaluate, eval_s, eval_fallback = _compile_for_target(*_eval_step_args(config, spec, task, mesh, rules),
                                                           platform=platform)
@@ -356,6 +349,22 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
       flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan, est_mfu=math.nan,
       est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan, bound="-", mosaic_kernels=0)
   return estimate_from_hlo(report, hlo, hotspots=hotspots)
+
+
+def trace_train_step(config, devices: list[jax.Device]) -> tuple[sharding.Mesh, Task, StateSpec, jax.stages.Traced]:
+  """(mesh, task, state spec, traced train step) of `config` over `devices`, from shapes alone (no data,
+  nothing allocated). Compile the step inside `with jax.set_mesh(mesh), sharding.activate(mesh, rules)`,
+  where the Pallas kernels lower for the mesh's devices: `traced.lower().compile()`."""
+  mesh = sharding.make_mesh(config.mesh, devices)
+  rules = config.sharding.rules
+  info = data_setup.config_data_info(config)
+  data_setup.check_compatible(config, info, mesh)
+  task = make_task(config, info)
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  with jax.set_mesh(mesh), sharding.activate(mesh, rules):
+    batch = sharding.config_batch(config, mesh, rules)
+    return mesh, task, spec, jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
 
 
 def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
@@ -448,7 +457,7 @@ def _compile_for_target(step, *abstract_args, platform: str = "tpu"):
 def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
   """The evaluator's jitted step and its abstract arguments at the eval batch size."""
   batch_size = config.train.eval_batch_size or config.train.batch_size
-  batch = experiment.config_batch(config, mesh, rules, batch_size=batch_size)
+  batch = sharding.config_batch(config, mesh, rules, batch_size=batch_size)
   carry = None
   if spec.has_carry:
     carry = jax.tree.map(lambda a: jax.ShapeDtypeStruct(

@@ -10,6 +10,9 @@ A listed checkpoint that cannot be read (a disk that lost blocks, a file truncat
 is never fatal while an older one can be read: `restore_latest` falls back to the newest
 readable step, warns with the step it skipped, and moves the bad folder to
 `<workdir>/unreadable_checkpoints/` (kept, not deleted) so later saves do not trip over it.
+
+`restore_params` reads only the parameters (evaluation, sampling); `warm_start` starts a new run
+from another run's parameters (train.init_from).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import os
 import pathlib
 
 import jax
+import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
-from lra_core import fs
-from lra_core.errors import CheckpointError
-from lra_core.state import STACKED
+from lra_core import fs, optim, registry
+from lra_core.errors import CheckpointError, ConfigError
+from lra_core.state import STACKED, make_state_spec
 
 
 class Checkpointer:
@@ -194,3 +199,36 @@ def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
   jax.block_until_ready(state["params"])
   logging.info("restored the parameters of step %d from %s", step, directory)
   return state, step
+
+
+def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
+  """`state` with its parameters taken from the latest checkpoint in `source_workdir`.
+
+  The source run's own config.json rebuilds its state for restoring. A family with capability
+  `uptrain` maps the source parameters onto its own with its record's `uptrain_params` (e.g. a
+  Block Transformer from a vanilla Transformer); otherwise the two models must have the same
+  parameter shapes. The optimizer state stays fresh (it starts at zero either way).
+  """
+  path = fs.path(source_workdir, what="train.init_from")
+  if not (path / "config.json").is_file():
+    raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
+  source_config = ml_collections.ConfigDict(json.loads((path / "config.json").read_text()))
+  source_tx, _ = optim.make_optimizer(source_config)
+  source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
+  family = registry.family(config.model.name)
+  params = jax.device_get(state["params"])
+  source_params = jax.device_get(source["params"])
+  if family.capabilities.uptrain:
+    params = family.uptrain_params(params, source_params, config)
+  else:
+    mine, theirs = jax.tree.structure(params), jax.tree.structure(source_params)
+    shapes = [np.shape(x) for x in jax.tree.leaves(params)] == [np.shape(x) for x in jax.tree.leaves(source_params)]
+    if mine != theirs or not shapes:
+      raise ConfigError(f"train.init_from {source_workdir!r} holds a {source_config.model.name} model whose "
+                        f"parameters do not match this {config.model.name} model.")
+    params = source_params
+  logging.info("parameters initialised from %s (step %d)", path, step)
+  state = dict(state, params=jax.device_put(params, spec.shardings["params"]))
+  if "ema" in state:  # the average starts at the parameters the run starts from
+    state["ema"] = jax.device_put(params, spec.shardings["ema"])
+  return state

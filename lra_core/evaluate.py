@@ -18,23 +18,68 @@ import json
 import logging
 
 import jax
+import jax.numpy as jnp
 import optax
 
-from lra_core import cli, experiment, fs, sharding
+from lra_core import cli, data_setup, fs, sharding
 from lra_core.checkpoint import restore_params
-from lra_core.data import SPLITS
-from lra_core.state import make_state_spec
+from lra_core.data import SPLITS, pipeline
+from lra_core.state import eval_params, make_state_spec, to_host
+from lra_core.steps import make_eval_step
 
 EXAMPLE = "python -m lra_core.evaluate --workdir runs/listops_tiny --split validation --config.train.eval_batch_size 64"
 
 
+class Evaluator:
+  """Runs the eval step over a split and turns metric sums into values.
+
+  A state with an EMA of the weights (optim.ema_decay > 0) is evaluated with the EMA, and once
+  more with the raw weights, whose metrics come back with the suffix `_raw` (`loss_raw`, ...).
+  """
+
+  def __init__(self, config, spec, task, mesh, sources):
+    self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
+    self.rules = config.sharding.rules
+    self.batch_size = config.train.eval_batch_size or config.train.batch_size
+    self.readers = {split: pipeline.BatchReader(config, src, train=False, batch_size=self.batch_size)
+                    for split, src in sources.items()}
+    self.step = jax.jit(make_eval_step(config, spec, task))
+
+  def __call__(self, state: dict, split: str, limit: int = 0) -> dict[str, float]:
+    metrics = self._run(eval_params(state), state["model_state"], split, limit)
+    if "ema" in state:
+      raw = self._run(state["params"], state["model_state"], split, limit)
+      metrics.update({f"{k}_raw": v for k, v in raw.items()})
+    return metrics
+
+  def _run(self, params: dict, model_state: dict, split: str, limit: int) -> dict[str, float]:
+    reader = self.readers[split]
+    # Every autoregressive eval batch starts with reset=True, so this only fixes the shapes.
+    carry = None
+    if self.spec.has_carry:
+      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype),
+                           self.spec.abstract["carry"])
+    totals = None
+    n = reader.num_eval_batches(limit)
+    it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads,
+                          prefetch=self.config.data.prefetch)
+    for local in it:
+      batch = sharding.to_device(local, self.mesh, self.rules)
+      metrics, carry = self.step(params, model_state, batch, carry)
+      totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
+    sums = {k: tuple(float(x) for x in to_host(v)) for k, v in totals.items()}
+    return self.task.finalize(sums)
+
+
 def evaluate(config, workdir, split: str = "test", *, step: int | None = None) -> dict:
+  """The metrics of the latest (or given) checkpoint in `workdir` on `split`; also written to
+  `<workdir>/eval_<split>_<step>.json`."""
   mesh = sharding.make_mesh(config.mesh)
-  sources, task = experiment.setup_data(config, [split], mesh)
+  sources, task = data_setup.setup_data(config, [split], mesh)
   spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)
   with sharding.activate(mesh, config.sharding.rules):
-    metrics = experiment.Evaluator(config, spec, task, mesh, sources)(state, split)
+    metrics = Evaluator(config, spec, task, mesh, sources)(state, split)
   result = {"step": step, "split": split, **metrics}
   if jax.process_index() == 0:
     (fs.path(workdir, what="workdir") / f"eval_{split}_{step}.json").write_text(json.dumps(result, indent=2) + "\n")

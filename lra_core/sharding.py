@@ -3,7 +3,9 @@
 The mesh has axes ('data', 'fsdp', 'tensor') sized from `config.mesh` (-1 = all remaining
 devices). Parameters carry logical axis names (models/blocks/layers.py); `config.sharding.rules` maps
 each logical name to mesh axes. A dimension whose size the mesh axes do not divide is
-replicated instead, so small models run unchanged on any mesh. Activations are constrained with
+replicated instead, so small models run unchanged on any mesh. Batches are split over the 'batch'
+mesh axes: `to_device` turns each process's rows into global arrays, `abstract_batch` and
+`config_batch` give their shapes and shardings for compiling ahead of time. Activations are constrained with
 `constrain(x, logical_axes)`, a no-op outside `activate(mesh, rules)`; inside it the Pallas
 kernels run per device through `jax.shard_map` (kernels/_pallas.py).
 """
@@ -21,6 +23,7 @@ from flax import nnx, traverse_util
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from lra_core.config import MESH_AXES
+from lra_core.data import pipeline
 from lra_core.errors import ConfigError
 from lra_core.kernels._pallas import per_device_mesh
 from lra_core.layer_stacks import STACKED
@@ -182,3 +185,43 @@ def parameter_layout(config, num_devices: int) -> list[dict]:
 
 def mesh_axes_used(spec: P) -> set[str]:
   return {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
+
+
+# -- batches ------------------------------------------------------------------------------------------
+
+def _global_layout(local: np.ndarray, mesh, rules) -> tuple[tuple[int, ...], NamedSharding]:
+  """The global shape and sharding of a batch field of which this process holds `local`."""
+  if not local.ndim:
+    return (), NamedSharding(mesh, P())
+  shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+  return shape, NamedSharding(mesh, batch_spec(rules, mesh, shape))
+
+
+def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
+  """This process's rows -> global arrays sharded over the batch mesh axes."""
+  out = {}
+  for name, local in batch.items():
+    shape, named = _global_layout(local, mesh, rules)
+    out[name] = jax.make_array_from_process_local_data(named, local, shape)
+  return out
+
+
+def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes, dtypes and shardings `to_device(batch, ...)` gives, for compiling ahead of time."""
+  out = {}
+  for name, local in batch.items():
+    local = np.asarray(local)
+    shape, named = _global_layout(local, mesh, rules)
+    out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
+  return out
+
+
+def config_batch(config, mesh, rules, *, batch_size: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The abstract global batch of `config` (train.batch_size rows unless `batch_size`), laid out
+  as `to_device` lays out real batches: for compiling ahead of time without any data."""
+  fields = pipeline.batch_fields(config, batch_size or config.train.batch_size)
+  out = {}
+  for name, (shape, dtype) in fields.items():
+    spec = batch_spec(rules, mesh, shape) if shape else P()
+    out[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+  return out

@@ -17,15 +17,17 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 from flax import nnx
 
 from lra_core import data as data_lib
-from lra_core import aot, cli, compile_cache, experiment, fs, optim, sharding, throughput, trackers
+from lra_core import aot, cli, compile_cache, data_setup, fs, optim, sharding, throughput, trackers
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer
+from lra_core.checkpoint import Checkpointer, warm_start
+from lra_core.evaluate import Evaluator
 from lra_core.data import pipeline
 from lra_core.config import parse_profile_steps, resume_conflicts
 from lra_core.errors import ConfigError, TrainingDiverged
@@ -52,28 +54,21 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
   workdir = fs.path(workdir, what="workdir")
   _check_workdir(config, workdir, force)
   compile_cache.setup(config.train.compile_cache, workdir)
-  tracker = trackers.make_tracker(config, os.fspath(workdir), enabled=jax.process_index() == 0)
-  writer = MetricWriter(workdir, tracker=tracker)
-  writer.write_json("config.json", config.to_dict())
-  tracker.log_config(config.to_dict())
+  writer = _open_writer(config, workdir)
   t = config.train
   total_steps = t.steps
 
   # ----------------------------------------------------------------------------- Mesh
   mesh = sharding.make_mesh(config.mesh)
   rules = config.sharding.rules
-  logging.info("mesh %s over %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size,
-               jax.devices()[0].platform, jax.process_count())
+  _log_mesh(mesh)
 
   # ----------------------------------------------------------------------------- Data
-  sources, task = experiment.setup_data(config, data_lib.SPLITS, mesh)
+  sources, task = data_setup.setup_data(config, data_lib.SPLITS, mesh)
   train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
-  first = train_reader(0)
-  experiment.check_batch(first, config, 0)
-  if "segment_ids" in first:
-    logging.info("document mask %s: %s", "on" if task.document_mask else "off",
-                 "documents of a packed row attend and count positions apart" if task.document_mask
-                 else "attention runs across the documents of a row")
+  first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
+  data_setup.check_batch(first, config, 0)
+  _log_document_mask(first, task)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)
@@ -82,26 +77,12 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
 
   # ----------------------------------------------------------------------------- Steps
   with sharding.activate(mesh, rules):
-    # Compiled from shapes alone, before the state exists: a config too large for the devices
-    # stops here with the estimate (lra_core/aot.py, which compiles the same step for TPU slices).
-    jitted = aot.jit_train_step(config, spec, task, tx, schedule)
-    batch_shapes = experiment.abstract_batch(first, mesh, rules)
-    train_step = aot.compile_step(jitted, spec.abstract, batch_shapes, name="train step", limit_gib=t.memory_limit_gib)
-    # A GPU program's Pallas (Triton) calls keep no cost: the traced step (jit's cached trace) gives theirs.
-    traced = jitted.trace(spec.abstract, batch_shapes) if mesh.devices.flat[0].platform == "gpu" else None
-    flops_per_step = throughput.model_flops(train_step, mesh.devices.size, traced)
-    evaluate = experiment.Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
+    train_step, flops_per_step = _compile_train_step(config, spec, task, tx, schedule, first, mesh)
+    evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
-    restored = ckpt.restore_latest(spec.abstract)
-    if restored is None:
-      state, start, meta = spec.init(), 0, {"next_batch": 0}
-      if t.init_from:
-        state = experiment.warm_start(config, spec, state, t.init_from, mesh)
-    else:
-      state, meta, start = restored
-      logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+    state, start, meta = _initial_state(config, spec, ckpt, mesh)
     writer.resume(start)
     next_batch = meta["next_batch"]
     guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
@@ -139,9 +120,9 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
       try:
         for step in range(start, stop):
           local = next(batches)
-          experiment.check_batch(local, config, next_batch + step - start)
+          data_setup.check_batch(local, config, next_batch + step - start)
           with profiler.step(step):
-            state, metrics = train_step(state, experiment.to_device(local, mesh, rules))
+            state, metrics = train_step(state, sharding.to_device(local, mesh, rules))
           # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
           # one step late at most, before any checkpoint is written.
           flush()
@@ -150,19 +131,13 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
           profiler.after(step, state)
           if done % t.log_every == 0 or done == stop:
             flush()
-            logged = _finish_log(task, log_sums)
-            if t.skip_nonfinite:
-              logged["skipped_steps"] = guard.skipped
-            logged.update(meter.measure(done))
-            log_sums.clear()
+            logged = _finish_log(task, log_sums, guard if t.skip_nonfinite else None, meter, done)
             writer.write(done, logged)
             progress.update(done, logged)
           else:
             progress.update(done)
           if t.eval_every and done % t.eval_every == 0 and done < total_steps:
-            val = evaluate(state, "validation", t.eval_batches)
-            writer.write(done, {f"val_{k}": v for k, v in val.items()})
-            logging.info("step %d validation: %s", done, _fmt(val))
+            _validate(evaluate, state, done, t.eval_batches, writer)
             meter.restart(done)
           if t.sample_every and done % t.sample_every == 0:
             _write_samples(config, spec, state, writer, done)
@@ -181,32 +156,102 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
     if preempted is not None or stop < total_steps:
       ckpt.close()
       writer.close()
-      if preempted is not None:
-        if notice.interrupted:
-          return {"stopped_at": preempted, "interrupted": True}
-        logging.warning("preempted: saved step %d in %s; the same command continues from there",
-                        preempted, ckpt.directory)
-        return {"stopped_at": preempted, "preempted": True}
-      return {"stopped_at": stop}
+      return _stopped(preempted, stop, notice, ckpt)
 
     # --------------------------------------------------------------------------- Final evaluation
-    summary = {"step": total_steps, "num_params": spec.num_params}
-    summary.update({f"val_{k}": v for k, v in evaluate(state, "validation", t.eval_batches).items()})
-    if t.test_at_end:
-      summary.update({f"test_{k}": v for k, v in evaluate(state, "test").items()})
+    summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
     ckpt.close()
   summary["param_checksum"] = param_checksum(state["params"])
-  if stop > start:
-    summary["train_time_s"] = train_time
-    summary.update(meter.overall(stop - start, train_time))
-  elif (workdir / "summary.json").exists():  # a finished run evaluated again: keep its timing
-    previous = json.loads((workdir / "summary.json").read_text())
-    summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
+  _add_timing(summary, workdir, meter, stop - start, train_time)
   writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
   writer.write_json("summary.json", summary)
   writer.close()
   logging.info("done: %s", _fmt(summary))
   return summary
+
+
+def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> tuple[Callable, float]:
+  """(the compiled train step, its FLOPs). Compiled from shapes alone, before the state exists: a
+  config too large for the devices stops here with the estimate (lra_core/aot.py, which compiles the
+  same step for TPU slices)."""
+  jitted = aot.jit_train_step(config, spec, task, tx, schedule)
+  batch_shapes = sharding.abstract_batch(batch, mesh, config.sharding.rules)
+  train_step = aot.compile_step(jitted, spec.abstract, batch_shapes, name="train step",
+                                limit_gib=config.train.memory_limit_gib)
+  # A GPU program's Pallas (Triton) calls keep no cost: the traced step (jit's cached trace) gives theirs.
+  traced = jitted.trace(spec.abstract, batch_shapes) if mesh.devices.flat[0].platform == "gpu" else None
+  return train_step, throughput.model_flops(train_step, mesh.devices.size, traced)
+
+
+def _final_metrics(config, evaluate: Evaluator, state: dict) -> dict[str, float]:
+  """val_* over train.eval_batches of the validation split, and test_* over all of the test split
+  (where train.test_at_end)."""
+  out = {f"val_{k}": v for k, v in evaluate(state, "validation", config.train.eval_batches).items()}
+  if config.train.test_at_end:
+    out.update({f"test_{k}": v for k, v in evaluate(state, "test").items()})
+  return out
+
+
+def _validate(evaluate: Evaluator, state: dict, step: int, batches: int, writer: MetricWriter) -> None:
+  val = evaluate(state, "validation", batches)
+  writer.write(step, {f"val_{k}": v for k, v in val.items()})
+  logging.info("step %d validation: %s", step, _fmt(val))
+
+
+def _open_writer(config, workdir: fs.Path) -> MetricWriter:
+  """The run's metric writer (and experiment tracker), with the config recorded in both."""
+  tracker = trackers.make_tracker(config, os.fspath(workdir), enabled=jax.process_index() == 0)
+  writer = MetricWriter(workdir, tracker=tracker)
+  writer.write_json("config.json", config.to_dict())
+  tracker.log_config(config.to_dict())
+  return writer
+
+
+def _log_mesh(mesh) -> None:
+  logging.info("mesh %s over %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size,
+               jax.devices()[0].platform, jax.process_count())
+
+
+def _log_document_mask(batch: dict, task) -> None:
+  if "segment_ids" in batch:
+    logging.info("document mask %s: %s", "on" if task.document_mask else "off",
+                 "documents of a packed row attend and count positions apart" if task.document_mask
+                 else "attention runs across the documents of a row")
+
+
+def _initial_state(config, spec, ckpt: Checkpointer, mesh) -> tuple[dict, int, dict]:
+  """(state, step, meta) to start from: the latest checkpoint's, else a fresh state (its parameters
+  from train.init_from's run, if set) at step 0 and data position 0."""
+  restored = ckpt.restore_latest(spec.abstract)
+  if restored is not None:
+    state, meta, start = restored
+    logging.info("resuming at step %d (data position %d)", start, meta["next_batch"])
+    return state, start, meta
+  state = spec.init()
+  if config.train.init_from:
+    state = warm_start(config, spec, state, config.train.init_from, mesh)
+  return state, 0, {"next_batch": 0}
+
+
+def _stopped(preempted: int | None, stop: int, notice: PreemptionNotice, ckpt: Checkpointer) -> dict:
+  """The summary of a run that left before its last step, saved: at --stop_at_step, or at a signal."""
+  if preempted is None:
+    return {"stopped_at": stop}
+  if notice.interrupted:
+    return {"stopped_at": preempted, "interrupted": True}
+  logging.warning("preempted: saved step %d in %s; the same command continues from there", preempted, ckpt.directory)
+  return {"stopped_at": preempted, "preempted": True}
+
+
+def _add_timing(summary: dict, workdir: fs.Path, meter, steps_run: int, train_time: float) -> None:
+  """Training time, tokens/s and MFU of this invocation's steps; a finished run evaluated again keeps
+  the timing its summary.json already holds."""
+  if steps_run > 0:
+    summary["train_time_s"] = train_time
+    summary.update(meter.overall(steps_run, train_time))
+  elif (workdir / "summary.json").exists():
+    previous = json.loads((workdir / "summary.json").read_text())
+    summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
 
 
 class _Guard:
@@ -277,10 +322,16 @@ def _write_samples(config, spec, state, writer: MetricWriter, step: int) -> None
   writer.write_images(step, "samples", sample_lib.grid(images))
 
 
-def _finish_log(task, sums: dict) -> dict[str, float]:
+def _finish_log(task, sums: dict, guard: _Guard | None, meter, step: int) -> dict[str, float]:
+  """The metrics logged at `step`: the task's from the sums since the last log (which it empties), the
+  count of skipped steps (`guard`, where train.skip_nonfinite), throughput."""
   pairs = {k: v for k, v in sums.items() if v[1] is not None}
   out = {f"train_{k}": v for k, v in task.finalize(pairs).items()}
   out.update({k: v[0] for k, v in sums.items() if v[1] is None})
+  if guard is not None:
+    out["skipped_steps"] = guard.skipped
+  out.update(meter.measure(step))
+  sums.clear()
   return out
 
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fixtures
 import lra_core
-from lra_core import experiment, optim, registry, sharding
+from lra_core import data_setup, optim, registry, sharding
 from lra_core.data import pipeline
 from lra_core.errors import UserError
 from lra_core.state import make_state_spec
@@ -66,13 +66,13 @@ def before_first_step(spec, data_overrides, overrides):
   """What the trainer does up to the first step, with the step traced instead of compiled."""
   config = lra_core.load_config(spec, [*data_overrides, *overrides])
   mesh = sharding.make_mesh(config.mesh)
-  sources, task = experiment.setup_data(config, ["train"], mesh)
+  sources, task = data_setup.setup_data(config, ["train"], mesh)
   reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=config.train.batch_size)
   first = reader(0)
-  experiment.check_batch(first, config, 0)
+  data_setup.check_batch(first, config, 0)
   tx, schedule = optim.make_optimizer(config)
   state_spec = make_state_spec(config, mesh, tx)
-  batch = experiment.abstract_batch(first, mesh, config.sharding.rules)
+  batch = sharding.abstract_batch(first, mesh, config.sharding.rules)
   with sharding.activate(mesh, config.sharding.rules):
     jax.eval_shape(make_train_step(config, state_spec, task, tx, schedule), state_spec.abstract, batch)
 

@@ -15,7 +15,7 @@ import lra_core
 from lra_core import kernels, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.experiment import to_device
+from lra_core.sharding import to_device
 from lra_core.kernels import _pallas
 from lra_core.kernels import flash as fk
 from lra_core.kernels import flash_pallas

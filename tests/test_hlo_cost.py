@@ -12,9 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 import lra_core
-from lra_core import aot, chips, experiment, hlo_cost, optim, registry, sharding, throughput
-from lra_core.state import make_state_spec
-from lra_core.tasks import make_task
+from lra_core import aot, chips, hlo_cost, registry, sharding, throughput
 
 # Executables compiled for a TPU topology or compile-only GPUs cannot be read back on this host: no
 # persistent cache.
@@ -364,15 +362,8 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
 
 def _train_step(config, devices):
   """The trainer's train step of `config` compiled for `devices`: (compiled, traced)."""
-  mesh = sharding.make_mesh(config.mesh, devices)
-  rules = config.sharding.rules
-  info = experiment.config_data_info(config)
-  task = make_task(config, info)
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
-  with jax.set_mesh(mesh), sharding.activate(mesh, rules):
-    batch = experiment.config_batch(config, mesh, rules)
-    traced = aot.jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
+  mesh, _, _, traced = aot.trace_train_step(config, devices)
+  with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
     return traced.lower().compile(), traced
 
 
@@ -405,11 +396,13 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
 
 
 # Every registered family at a paper config's width with one layer (FIT: one local and one global
-# block), one 512-token sequence (the image models: one image), bfloat16, layers unrolled. XLA also
+# block), one 512-token sequence (the image models: one 32x32 image, which the TPU compiler takes half the
+# time of a 64x64 one to compile), bfloat16, layers unrolled. XLA also
 # counts elementwise arithmetic, which a matmul count leaves out: about 1.5-2% of these steps. Where it
 # is more, the measured share sets the tolerance: the linear Transformer's causal form builds k (x) v
 # for every position and sums them running (elementwise, 18%); the Block Transformer's C4 5M model is
-# 256 wide (3.3%); FIT's denoiser adds the diffusion's per-pixel arithmetic to a one-layer step (6.1%).
+# 256 wide (3.3%); FIT's denoiser adds the diffusion's per-pixel arithmetic to a one-layer step (6.3%).
+SMALL_IMAGE = ["data.image_size=32", "train.seq_len=3072"]
 FAMILY_STEPS = [
     ("transformer", "configs/c4/transformer.py:mlm", ["model.num_layers=1"], 0.03),
     ("transformer_vq", "configs/enwik8/transformer_vq.py", ["model.num_layers=1", "train.update_len=512"], 0.03),
@@ -419,8 +412,9 @@ FAMILY_STEPS = [
     ("linear_transformer", "configs/enwik8/linear_transformer.py", ["model.num_layers=1"], 0.20),
     ("block_transformer", "configs/c4/block_transformer.py:5m", ["model.num_layers=1", "model.encoder_layers=1"],
      0.04),
-    ("fit", "configs/imagenet64/fit_ar.py", ["model.layers=L(1)G(1)"], 0.03),
-    ("fit_denoiser", "configs/imagenet64/fit_denoiser.py", ["model.layers=L(0)G(1)L(1)"], 0.07),
+    ("fit", "configs/imagenet64/fit_ar.py", ["model.layers=L(1)G(1)", *SMALL_IMAGE], 0.03),
+    ("fit_denoiser", "configs/imagenet64/fit_denoiser.py", ["model.layers=L(0)G(1)L(1)", "model.image_size=32",
+                                                            *SMALL_IMAGE], 0.07),
 ]
 
 

@@ -1,9 +1,12 @@
-"""The package's import graph: layered, without cycles, and without imports hidden in functions.
+"""The package's import graph: layered, without cycles, without imports hidden in functions, and
+without reaches into another module's private names.
 
 Every file of lra_core (with models/, kernels/ and configs/ as lra_core.models, .kernels, .configs)
 is parsed; an edge runs from a module to each project module it imports, at any depth. Model and
 kernel code never reaches the trainer, no two files import each other (directly or round a
-longer loop), and no project import sits inside a function, where it would hide such a loop.
+longer loop), no project import sits inside a function, where it would hide such a loop, and no
+module uses another's `_private` names (`from m import _x` or `m._x`): what a module shares it
+makes public.
 Imports of optional third-party packages inside functions stay allowed (they keep a missing
 extra from breaking unrelated commands).
 """
@@ -65,6 +68,41 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
   return edges, hidden
 
 
+def private_reaches() -> list[str]:
+  """'file:line name' for each use of another project module's `_private` name: imported by name,
+  or read as an attribute of an imported project module."""
+  modules = project_modules()
+  return [f"{path.relative_to(ROOT)}:{use}" for name, path in modules.items()
+          for use in private_uses(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", modules)]
+
+
+def private_uses(tree: ast.AST, name: str, is_package: bool, modules) -> list[str]:
+  """'line name' for each private name of another project module that module `name` uses."""
+  found, module_aliases = [], {}  # local name -> the project module it is bound to
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom):
+      for alias in node.names:
+        target = imported_names(ast.ImportFrom(module=node.module, names=[alias], level=node.level), name,
+                                is_package)[0]
+        if target in modules:
+          module_aliases[alias.asname or alias.name] = target
+        elif _is_private(alias.name):
+          found.append(f"{node.lineno} {alias.name}")
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.asname and alias.name in modules:
+          module_aliases[alias.asname] = alias.name
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _is_private(node.attr)
+        and module_aliases.get(node.value.id, name) != name):
+      found.append(f"{node.lineno} {node.value.id}.{node.attr}")
+  return found
+
+
+def _is_private(name: str) -> bool:
+  return name.startswith("_") and not name.startswith("__")
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
   """Strongly connected components with more than one module (Tarjan's algorithm)."""
   index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
@@ -114,9 +152,13 @@ def test_no_project_imports_inside_functions():
   assert graph()[1] == []
 
 
+def test_no_module_uses_another_modules_private_names():
+  assert private_reaches() == []
+
+
 def test_models_and_kernels_do_not_reach_the_trainer():
   edges, _ = graph()
-  trainer = {"lra_core.train", "lra_core.experiment"}
+  trainer = {"lra_core.train", "lra_core.evaluate", "lra_core.data_setup", "lra_core.checkpoint"}
   for name in edges:
     if name.startswith(("lra_core.models", "lra_core.kernels")):
       assert not reachable(edges, name) & trainer, name
@@ -129,3 +171,7 @@ def test_the_checker_sees_cycles_and_resolves_relative_imports():
   edges, _ = graph()
   assert "lra_core.models.blocks.layers" in edges["lra_core.models.transformer"]
   assert "lra_core.registry" in edges["lra_core.config"]
+  modules = project_modules()
+  reaching = ast.parse("from lra_core import decoding\nfrom lra_core.fs import _x, y\n"
+                       "import lra_core.optim as opt\ndecoding._mode(opt._y, _z)\n")
+  assert private_uses(reaching, "lra_core.models.fit", False, modules) == ["2 _x", "4 decoding._mode", "4 opt._y"]

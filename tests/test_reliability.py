@@ -10,7 +10,7 @@ import pytest
 
 import fixtures.listops
 import lra_core
-from lra_core import experiment, optim, sharding
+from lra_core import data_setup, optim, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.errors import ConfigError, DataError
 from lra_core.metrics import read_metrics
@@ -96,9 +96,9 @@ def test_token_ids_outside_the_vocabulary_are_refused():
   cfg = lra_core.load_config(SPEC)
   vocab = cfg.model.vocab_size
   good = {"inputs": np.zeros((2, 4), np.int32), "targets": np.zeros((2,), np.int32)}
-  experiment.check_batch(good, cfg, 0)
+  data_setup.check_batch(good, cfg, 0)
   with pytest.raises(DataError, match=f"training batch 7 holds inputs id {vocab}, outside 0..{vocab - 1} "
                                       r"\(model.vocab_size\)"):
-    experiment.check_batch(dict(good, inputs=np.full((2, 4), vocab, np.int32)), cfg, 7)
+    data_setup.check_batch(dict(good, inputs=np.full((2, 4), vocab, np.int32)), cfg, 7)
   with pytest.raises(DataError, match=r"targets id -1, outside 0..9 \(model.num_classes\)"):
-    experiment.check_batch(dict(good, targets=np.array([0, -1], np.int32)), cfg, 0)
+    data_setup.check_batch(dict(good, targets=np.array([0, -1], np.int32)), cfg, 0)

@@ -18,7 +18,7 @@ from lra_core import optim, registry, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.errors import CheckpointError, ConfigError
-from lra_core.experiment import config_data_info
+from lra_core.data_setup import config_data_info
 from lra_core.registry import build_model
 from lra_core.state import make_state_spec, param_checksum, scan_params, unscan_params
 from lra_core.steps import make_train_step

@@ -11,7 +11,7 @@ from lra_core.bench.shardings import summarize
 from lra_core.sharding import mesh_axes_used
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import DataInfo
-from lra_core.experiment import to_device
+from lra_core.sharding import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task

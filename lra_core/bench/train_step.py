@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import cli, experiment, optim, sharding
+from lra_core import cli, data_setup, optim, sharding
 from lra_core.bench import cores
 from lra_core.bench.common import (MiB, Variant, cost_flops, ints, is_oom, median_seconds, output_flags,
                                    parse_variant, publish, variant_config, xla_memory_bytes)
@@ -61,7 +61,7 @@ def bench_config(spec: str, overrides: Sequence[str] = (), *, seq_len: int, batc
   return load_config(spec, [*overrides, *fixed])
 
 
-data_info = experiment.config_data_info
+data_info = data_setup.config_data_info
 
 
 def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -146,7 +146,7 @@ class TrainStepRun:
     mesh = one_device_mesh()
     rules = config.sharding.rules
     info = data_info(config)
-    experiment.check_compatible(config, info, mesh)
+    data_setup.check_compatible(config, info, mesh)
     task = make_task(config, info)
     self.tx, schedule = optim.make_optimizer(config)
     spec = make_state_spec(config, mesh, self.tx)
@@ -156,7 +156,7 @@ class TrainStepRun:
                      out_shardings=(spec.shardings, None))
       rng = np.random.default_rng(seed)
       self.host_batches = [random_batch(config, info, rng) for _ in range(2)]
-      self.batches = [experiment.to_device(b, mesh, rules) for b in self.host_batches]
+      self.batches = [sharding.to_device(b, mesh, rules) for b in self.host_batches]
       self.start = time.perf_counter()
       lowered = step.lower(spec.abstract, self.batches[0])
       self.lowered_at = time.perf_counter()

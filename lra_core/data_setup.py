@@ -1,0 +1,80 @@
+"""A run's data: opening its splits, building its task, and checking the config against the data, the
+devices and each batch, all before anything compiles."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lra_core import data as data_lib
+from lra_core import registry
+from lra_core.data import pipeline
+from lra_core.errors import ConfigError, DataError
+from lra_core.tasks import Task, make_task
+
+
+def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
+  """Validates the dataset settings, opens the splits and builds the task (no compilation)."""
+  registry.dataset_module(config.data.name).validate_config(config)
+  sources = {split: data_lib.make_source(config, split) for split in splits}
+  pipeline.log_sizes(config, sources)
+  info = next(iter(sources.values())).info
+  check_compatible(config, info, mesh)
+  return sources, make_task(config, info)
+
+
+# What one target is, by data.name (only names a metric; the step does not depend on it).
+UNITS = {"bytes": "byte", "imdb": "byte", "retrieval": "byte", "cifar10": "pixel", "pathfinder": "pixel",
+         "imagenet64": "dim"}
+
+
+def config_data_info(config) -> data_lib.DataInfo:
+  """What the task needs to know about the data, from the model config alone (no dataset opened):
+  for compiling ahead of time and for benchmarks on random tokens."""
+  m = config.model
+  vocab = int(m.get("vocab_size", 256))
+  if config.task == "mlm" and config.mlm.mask_id < 0:
+    vocab -= 1  # the last id is the mask token, not a data token
+  num_classes = int(m.get("num_classes", 0)) if config.task in ("classify", "retrieval") else 0
+  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=UNITS.get(config.data.name, "token"))
+
+
+def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
+  """Cross-checks between config, data and devices that need the data or the mesh."""
+  m, t = config.model, config.train
+  if m.get("vocab_size", info.vocab_size) < info.vocab_size:
+    raise ConfigError(f"model.vocab_size {m.vocab_size} is smaller than the {config.data.name} "
+                      f"vocabulary ({info.vocab_size} ids).")
+  if config.task == "mlm":
+    mask_id = config.mlm.mask_id if config.mlm.mask_id >= 0 else m.vocab_size - 1
+    if mask_id < info.vocab_size:
+      raise ConfigError(f"mlm mask id {mask_id} is a real {config.data.name} token; set model.vocab_size "
+                        f"to at least {info.vocab_size + 1} or mlm.mask_id outside the data vocabulary.")
+  if info.num_classes and m.get("num_classes", info.num_classes) != info.num_classes:
+    raise ConfigError(f"model.num_classes {m.num_classes} does not match the {info.num_classes} classes "
+                      f"of {config.data.name}.")
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  micro = t.batch_size // t.grad_accum_steps
+  if micro % shards:
+    raise ConfigError(f"micro-batch size {micro} (train.batch_size {t.batch_size} / grad_accum_steps "
+                      f"{t.grad_accum_steps}) is not a multiple of the {shards} data-parallel shards.")
+  eval_bs = t.eval_batch_size or t.batch_size
+  if eval_bs % shards:
+    raise ConfigError(f"eval batch size {eval_bs} is not a multiple of the {shards} data-parallel shards.")
+
+
+def check_batch(batch: dict[str, np.ndarray], config, index: int) -> None:
+  """Token ids and labels must fit the model: a one-sentence DataError (before the step that
+  would read them, and for the first batch before anything compiles) instead of silent garbage
+  from an out-of-range embedding lookup."""
+  limits = {"inputs": ("model.vocab_size", config.model.get("vocab_size")),
+            "targets": (("model.num_classes", config.model.get("num_classes")) if config.task in ("classify", "retrieval")
+                        else ("model.vocab_size", config.model.get("vocab_size")))}
+  for name, (key, limit) in limits.items():
+    x = batch.get(name)
+    if limit is None or x is None or not np.issubdtype(x.dtype, np.integer) or not x.size:
+      continue
+    low, high = int(x.min()), int(x.max())
+    if low < 0 or high >= limit:
+      bad = low if low < 0 else high
+      raise DataError(f"training batch {index} holds {name} id {bad}, outside 0..{limit - 1} ({key}); "
+                      "the data does not match the model's vocabulary or classes.")
