@@ -224,6 +224,29 @@ def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precisio
                              preferred_element_type=jnp.float32)
 
 
+class Inputs:
+  """The inputs of one pallas_call, each declared in one place: its name, its array and its block spec.
+  An optional input is simply not added; the kernel, given `names`, reads its refs by name
+  (`named_refs`), so adding an input touches its declaration and the line that reads it."""
+
+  def __init__(self):
+    self.names: list[str] = []
+    self.arrays: list[jax.Array] = []
+    self.specs: list = []
+
+  def add(self, name: str, array: jax.Array, spec) -> None:
+    if name in self.names:
+      raise ValueError(f"kernel input {name!r} is declared twice.")
+    self.names.append(name)
+    self.arrays.append(array)
+    self.specs.append(spec)
+
+
+def named_refs(refs: Sequence, names: Sequence[str]) -> tuple[dict, list]:
+  """A kernel's refs -> ({input name: ref}, the refs after the inputs: outputs, then scratch)."""
+  return dict(zip(names, refs)), list(refs[len(names):])
+
+
 def scratch(shape: Sequence[int], dtype):
   """On-chip scratch for the grid driver's carry (VMEM on TPU; plain buffers in interpret mode)."""
   return pltpu.VMEM(tuple(shape), dtype)

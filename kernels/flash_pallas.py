@@ -126,8 +126,7 @@ def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, qdoc, kdoc, keep, read, o
 def _grid_kernel(*refs, names: tuple[str, ...], **statics):
   """Grid (B, H, J, G): J value tiles, G sequential; a causal KV of one tile lives in scratch across
   the chunk axis."""
-  ins = dict(zip(names, refs))
-  o_ref, *scratch = refs[len(names):]
+  ins, (o_ref, *scratch) = _pallas.named_refs(refs, names)
   load = lambda name: ins[name][...] if name in ins else None
   carried = statics["carried"]
   if carried:

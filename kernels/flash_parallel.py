@@ -50,8 +50,7 @@ def _kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state
   own-chunk term of non-causal documents (oscale given) over them again (in the local loop it would
   hold a second set of pipelined tiles in shared memory, and a softmax's rescaling would scale it);
   lin_q KV."""
-  ins = dict(zip(names, refs))
-  o_ref = refs[len(names)]
+  ins, (o_ref,) = _pallas.named_refs(refs, names)
   cq, ck = query_tile, key_tile
   et = o_ref.shape[-1]
   qi = pl.program_id(3)

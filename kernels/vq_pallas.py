@@ -183,43 +183,43 @@ def _fold(cache, v_prev, zc_prev, keep=None, *, n_code: int):
   return sum_v, count_row, count_col
 
 
-def _grid_kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool):
+def _grid_kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool):
   """Grid (B, H, J, R, Q): J value tiles, then R blocks and their Q query sub-blocks, both in order; the
-  cache of one value tile in scratch across them, the previous block folded after the last sub-block."""
-  (q_ref, k_ref, kp_ref, v_ref, vp_ref, zr_ref, zrp_ref, zcp_ref, cb_ref, *rest) = refs
-  bias_ref = rest.pop(0) if has_bias else None
-  if has_segments:
-    qs_ref, reads_ref, ks_ref, ksp_ref, keep_ref, *rest = rest
-  (ck_ref, cv_ref, czr_ref, czc_ref, csum_ref, crow_ref, ccol_ref, *rest) = rest
-  cks_ref = rest.pop(0) if has_segments else None
-  (o_ref, sum_out, col_out, sum_v, count_row, count_col) = rest
+  cache of one value tile in scratch across them, the previous block folded after the last sub-block.
+  Inputs by name (`_forward` declares them); outputs, then scratch, after them."""
+  x, (o_ref, sum_out, col_out, sum_v, count_row, count_col) = _pallas.named_refs(refs, names)
   r, qi = pl.program_id(3), pl.program_id(4)
-  l = k_ref.shape[0]
+  l = x["k"].shape[0]
   last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
 
   @pl.when((r == 0) & (qi == 0))
-  def _():
-    sum_v[...] = csum_ref[...]
-    count_row[...] = crow_ref[...]
-    count_col[...] = ccol_ref[...]
+  def _():  # the cache the window starts from
+    sum_v[...] = x["carry_sum"][...]
+    count_row[...] = x["carry_count_row"][...]
+    count_col[...] = x["carry_count_col"][...]
 
   first = r == 0
-  # in float32 (the block step's type anyway): TPU v3 has no select of bfloat16 vectors
-  pick = lambda carried, ref: jnp.where(first, carried[...].astype(f32), ref[...].astype(f32))
-  v_prev = pick(cv_ref, vp_ref)
+  def previous(name: str, as_float: bool = True):
+    """The previous block's `name`: block 0's is the carried block's. Floats in float32 (the block step's
+    type anyway): TPU v3 has no select of bfloat16 vectors."""
+    carried, prev = x[f"carry_{name}"][...], x[f"{name}_prev"][...]
+    return jnp.where(first, carried.astype(f32), prev.astype(f32)) if as_float else jnp.where(first, carried, prev)
+
+  v_prev = previous("v")
   cache = (sum_v[...], count_row[...], count_col[...])
   docs = keep = None
-  if has_segments:
-    docs = (qs_ref[...], reads_ref[...], jnp.where(first, cks_ref[...], ksp_ref[...]), ks_ref[...])
-    keep = keep_ref[...]
-  out = _attend(cache, q_ref[...], pick(ck_ref, kp_ref), k_ref[...], v_prev, v_ref[...], pick(czr_ref, zrp_ref),
-                zr_ref[...], cb_ref[...], None if bias_ref is None else (bias_ref[:, :l], bias_ref[:, l:]), qi * q_ref.shape[0],
-                docs, n_code=n_code, compressive=compressive)
+  if "q_seg" in x:
+    docs = (x["q_seg"][...], x["reads"][...], previous("k_seg", as_float=False), x["k_seg"][...])
+    keep = x["keep"][...]
+  bias = (x["bias"][:, :l], x["bias"][:, l:]) if "bias" in x else None
+  out = _attend(cache, x["q"][...], previous("k"), x["k"][...], v_prev, x["v"][...], previous("z_row"),
+                x["z_row"][...], x["codebook"][...], bias, qi * x["q"].shape[0], docs, n_code=n_code,
+                compressive=compressive)
   o_ref[...] = out.astype(o_ref.dtype)
 
   @pl.when(qi == last_q)
-  def _():
-    folded = _fold(cache, v_prev, pick(czc_ref, zcp_ref), keep, n_code=n_code)
+  def _():  # the previous block enters the cache once all of this block's queries have read it
+    folded = _fold(cache, v_prev, previous("z_col"), keep, n_code=n_code)
     sum_v[...], count_row[...], count_col[...] = folded
 
     @pl.when(r == last_r)
@@ -262,55 +262,65 @@ def _forward(q, k, v, zc, zr, codebook, bias, carry, docs=None, *, block_len: in
   has_bias, has_segments = bias is not None, docs is not None
   out_shape = [jax.ShapeDtypeStruct((b, h, t, dv), v.dtype), jax.ShapeDtypeStruct((b, h, s, dv), f32),
                jax.ShapeDtypeStruct((b, h, nj, s, 1), f32)]
-  statics = dict(n_code=s, compressive=compressive, has_bias=has_bias, has_segments=has_segments)
   kv_head = lambda hh: jax.lax.div(hh, g)
   estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
                   itemsize=jnp.dtype(v.dtype).itemsize, has_bias=has_bias, has_segments=has_segments)
-  carried = list(carry) + ([docs["carry_seg"]] if has_segments else [])
   # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
   once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
 
   def spec(shape, index, **kw):
+    """A block of a [B,heads,.,.] operand; `index` maps the grid point (b, h, j, r, q) to its block."""
     return pl.BlockSpec((None, None) + shape, index, **kw)
-  prev = lambda rr: jnp.maximum(rr - 1, 0)
+  prev = lambda rr: jnp.maximum(rr - 1, 0)  # block 0 reads the carried block instead
   queries = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, 0)
-  out_v = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, jj)
   kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, 0)
   kv_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), 0)
-  v_this = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
-  v_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
+  v_tile = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
+  v_tile_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
   row = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, rr)
   row_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, prev(rr))
-  fixed_kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
-  fixed_kv_v = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
-  in_specs = [spec((lq, dk), queries), spec((l, dk), kv), spec((l, dk), kv_prev), spec((l, dt), v_this),
-              spec((l, dt), v_prev), spec((1, l), row), spec((1, l), row_prev), spec((l, 1), kv_prev),
-              pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once)]
-  args = [q, k, k, v, v, zr, zr, zc, codebook]
+  carried = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
+  carried_tile = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
+  carry_k, carry_v, carry_z_row, carry_z_col, carry_sum, carry_count_row, carry_count_col = carry
+
+  inputs = _pallas.Inputs()
+  inputs.add("q", q, spec((lq, dk), queries))
+  inputs.add("k", k, spec((l, dk), kv))
+  inputs.add("k_prev", k, spec((l, dk), kv_prev))
+  inputs.add("v", v, spec((l, dt), v_tile))
+  inputs.add("v_prev", v, spec((l, dt), v_tile_prev))
+  inputs.add("z_row", zr, spec((1, l), row))                 # key validity (code S: no key)
+  inputs.add("z_row_prev", zr, spec((1, l), row_prev))
+  inputs.add("z_col_prev", zc, spec((l, 1), kv_prev))        # the fold's one-hot rows
+  inputs.add("codebook", codebook, pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once))
   if has_bias:
-    in_specs.append(spec((lq, 2 * l), queries))
-    args.append(bias)
+    inputs.add("bias", bias, spec((lq, 2 * l), queries))
   if has_segments:  # one row of ids per batch row, whatever the head
     doc_col = lambda bb, hh, jj, rr, qq: (bb, 0, rr * nq + qq, 0)
     doc_row = lambda bb, hh, jj, rr, qq: (bb, 0, 0, rr)
-    doc_row_prev = lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))
-    in_specs += [spec((lq, 1), doc_col), spec((lq, 1), doc_col), spec((1, l), doc_row), spec((1, l), doc_row_prev),
-                 spec((1, l), doc_row)]
-    args += [docs["q_seg"], docs["reads"], docs["k_seg"], docs["k_seg"], docs["keep"]]
-  in_specs += [spec((l, dk), fixed_kv, **once), spec((l, dt), fixed_kv_v, **once), spec((1, l), fixed_kv, **once),
-               spec((l, 1), fixed_kv, **once), spec((s, dt), fixed_kv_v, **once), spec((1, s), fixed_kv, **once),
-               spec((s, 1), fixed_kv, **once)]
-  if has_segments:
-    in_specs.append(spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
-  out_specs = [spec((lq, dt), out_v), spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
+    inputs.add("q_seg", docs["q_seg"], spec((lq, 1), doc_col))
+    inputs.add("reads", docs["reads"], spec((lq, 1), doc_col))
+    inputs.add("k_seg", docs["k_seg"], spec((1, l), doc_row))
+    inputs.add("k_seg_prev", docs["k_seg"], spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))))
+    inputs.add("keep", docs["keep"], spec((1, l), doc_row))
+    inputs.add("carry_k_seg", docs["carry_seg"], spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
+  inputs.add("carry_k", carry_k, spec((l, dk), carried, **once))
+  inputs.add("carry_v", carry_v, spec((l, dt), carried_tile, **once))
+  inputs.add("carry_z_row", carry_z_row, spec((1, l), carried, **once))
+  inputs.add("carry_z_col", carry_z_col, spec((l, 1), carried, **once))
+  inputs.add("carry_sum", carry_sum, spec((s, dt), carried_tile, **once))
+  inputs.add("carry_count_row", carry_count_row, spec((1, s), carried, **once))
+  inputs.add("carry_count_col", carry_count_col, spec((s, 1), carried, **once))
+  out_specs = [spec((lq, dt), lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, jj)),
+               spec((s, dt), lambda bb, hh, jj, rr, qq: (bb, hh, 0, jj)),
                spec((None, s, 1), lambda bb, hh, jj, rr, qq: (bb, hh, jj, 0, 0))]
   call = pl.pallas_call(
-      functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, nj, r, nq),
-      in_specs=in_specs, out_specs=out_specs,
+      functools.partial(_grid_kernel, names=tuple(inputs.names), n_code=s, compressive=compressive),
+      out_shape=out_shape, grid=(b, h, nj, r, nq), in_specs=inputs.specs, out_specs=out_specs,
       scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
       compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2), interpret=interpret,
       cost_estimate=estimate, name="vq_attention")
-  return call(*args, *carried)
+  return call(*inputs.arrays)
 
 
 def _head_major_carry(carry: dict, fold_z: Array) -> tuple:

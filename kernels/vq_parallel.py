@@ -30,24 +30,24 @@ f32 = jnp.float32
 MASK = vq_xla.MASK
 
 
-def _kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments: bool, block_len: int,
-                     key_block: int, code_block: int):
+def _kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool, block_len: int, key_block: int,
+            code_block: int):
   """Grid (B, H, R, Q, J): one [Lq, Dt] output tile of block r, the Lq queries of sub-block q and the Dt value
   columns of tile j, by an online softmax over Lk-key tiles of the [previous, present] window (the present
   one up to the diagonal) and Sc-code tiles of the cache block r reads (XLA's prefix: `cache_variables`).
 
   A code scores q.c_s + log count_s and contributes its mean, so the cache enters as S more keys. Refs keep
-  whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile."""
-  q_ref, k_ref, v_ref, zr_ref, cb_ref, mean_ref, logc_ref, *rest = refs
-  bias_ref = rest.pop(0) if has_bias else None
-  qs_ref, reads_ref, ks_ref = rest[:3] if has_segments else (None,) * 3
-  o_ref = rest[-1]
+  whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile. Inputs
+  by name (`attention` declares them), then the output."""
+  x, (o_ref,) = _pallas.named_refs(refs, names)
+  q_ref, k_ref, v_ref, zr_ref = x["q"], x["k"], x["v"], x["z_row"]
+  has_bias, has_segments = "bias" in x, "q_seg" in x
   l, lk, sc = block_len, key_block, code_block
   r, qi = pl.program_id(2), pl.program_id(3)
   q = q_ref[...]
   lq = q.shape[0]
   row = qi * lq + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 0)       # the queries' places in the block
-  q_seg = qs_ref[...] if has_segments else None
+  q_seg = x["q_seg"][...] if has_segments else None
 
   def update(state, scores, keep, values):
     """One tile of the online softmax: masked scores [Lq,K] against values [K,Dt]."""
@@ -65,7 +65,7 @@ def _kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments:
       start = r * l + half * l + kt * lk                                 # in the [T + L] window arrays
       scores = _pallas.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
       if has_bias:
-        scores = scores + bias_ref[:, pl.ds(half * l + kt * lk, lk)]
+        scores = scores + x["bias"][:, pl.ds(half * l + kt * lk, lk)]
       col = kt * lk + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 1)
       keep = zr_ref[:, pl.ds(start, lk)] != n_code
       if half == 1:
@@ -73,17 +73,17 @@ def _kernel(*refs, n_code: int, compressive: bool, has_bias: bool, has_segments:
       elif not compressive:
         keep = keep & (col >= row)                                       # distance <= L
       if has_segments:
-        keep = keep & (q_seg == ks_ref[:, pl.ds(start, lk)])
+        keep = keep & (q_seg == x["k_seg"][:, pl.ds(start, lk)])
       return update(state, scores, keep, v_ref[pl.ds(start, lk), :])
     return step
 
   def codes(ct, state):
-    log_count = logc_ref[:, pl.ds(ct * sc, sc)]                          # -MASK where a code is empty
-    scores = _pallas.dot(q, cb_ref[pl.ds(ct * sc, sc), :], (1, 1)) + log_count
+    log_count = x["log_count"][:, pl.ds(ct * sc, sc)]                    # -MASK where a code is empty
+    scores = _pallas.dot(q, x["codebook"][pl.ds(ct * sc, sc), :], (1, 1)) + log_count
     keep = log_count > -MASK / 2
     if has_segments:
-      keep = keep & (reads_ref[...] > 0)                                 # only queries of the cache's document
-    return update(state, scores, keep, mean_ref[pl.ds(ct * sc, sc), :])
+      keep = keep & (x["reads"][...] > 0)                                # only queries of the cache's document
+    return update(state, scores, keep, x["mean"][pl.ds(ct * sc, sc), :])
 
   dt = o_ref.shape[-1]
   state = (jnp.zeros((lq, dt), f32), jnp.full((lq, 1), -MASK, f32), jnp.zeros((lq, 1), f32))
@@ -113,37 +113,41 @@ def attention(q, k_hat, z, v, codebook, carry, bias, segments, *, block_len: int
   # every block's [previous, present] window is rows r L .. r L + 2L of the carried block + the sequence
   window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)
   heads = lambda x: x.transpose(0, 2, 1, 3)
-  args = [heads(q), heads(window(k_hat, carry["k"])), heads(window(v, carry["v"])),
-          window(z, carry["z"]).transpose(0, 2, 1)[:, :, None, :], codebook, mean[:, :r], log_count]
   kv_head = lambda hh: jax.lax.div(hh, g)
   tiled = lambda shape, index: pl.BlockSpec((None, None) + shape, index)
-  in_specs = [tiled((lq, dk), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)),
-              tiled((t + l, dk), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)),
-              tiled((t + l, dt), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, jj)),
-              tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)),
-              pl.BlockSpec((None, s, dk), lambda bb, hh, rr, qq, jj: (kv_head(hh), 0, 0)),
-              pl.BlockSpec((None, None, None, s, dt), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, jj)),
-              pl.BlockSpec((None, None, None, 1, s), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, 0))]
+  queries = lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)
+  whole_kv = lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)
+  inputs = _pallas.Inputs()
+  inputs.add("q", heads(q), tiled((lq, dk), queries))
+  inputs.add("k", heads(window(k_hat, carry["k"])), tiled((t + l, dk), whole_kv))
+  inputs.add("v", heads(window(v, carry["v"])), tiled((t + l, dt), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, jj)))
+  inputs.add("z_row", window(z, carry["z"]).transpose(0, 2, 1)[:, :, None, :], tiled((1, t + l), whole_kv))
+  inputs.add("codebook", codebook, pl.BlockSpec((None, s, dk), lambda bb, hh, rr, qq, jj: (kv_head(hh), 0, 0)))
+  # the cache block r reads: its means [S,Dt] and log counts [1,S]
+  inputs.add("mean", mean[:, :r],
+             pl.BlockSpec((None, None, None, s, dt), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, jj)))
+  inputs.add("log_count", log_count,
+             pl.BlockSpec((None, None, None, 1, s), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, 0)))
   if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
-    args.append(bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l))
-    in_specs.append(tiled((lq, 2 * l), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)))
+    inputs.add("bias", bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l), tiled((lq, 2 * l), queries))
   if plan is not None:  # one row of ids per batch row, whatever the head
-    col = lambda x: x.reshape(b, 1, t, 1)
-    args += [col(plan["seg"]), col(plan["reads"].astype(f32)),
-             window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l)]
-    in_specs += [tiled((lq, 1), lambda bb, hh, rr, qq, jj: (bb, 0, rr * (l // lq) + qq, 0))] * 2
-    in_specs.append(tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)))
-  statics = dict(n_code=s, compressive=compressive, has_bias=bias is not None, has_segments=plan is not None,
-                 block_len=l, key_block=key_block, code_block=code_block)
+    col = lambda a: a.reshape(b, 1, t, 1)
+    doc_col = tiled((lq, 1), lambda bb, hh, rr, qq, jj: (bb, 0, rr * (l // lq) + qq, 0))
+    inputs.add("q_seg", col(plan["seg"]), doc_col)
+    inputs.add("reads", col(plan["reads"].astype(f32)), doc_col)
+    inputs.add("k_seg", window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l),
+               tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)))
+  statics = dict(names=tuple(inputs.names), n_code=s, compressive=compressive, block_len=l, key_block=key_block,
+                 code_block=code_block)
   estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
                            query_block=lq, itemsize=jnp.dtype(v.dtype).itemsize, has_bias=bias is not None,
                            compressive=compressive)
   out = pl.pallas_call(
       functools.partial(_kernel, **statics), out_shape=jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
-      grid=(b, h, r, l // lq, dv // dt), in_specs=in_specs,
+      grid=(b, h, r, l // lq, dv // dt), in_specs=inputs.specs,
       out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
       compiler_params=_pallas.compiler_params(5, sequential=False, kernel="vq_attention"), interpret=interpret,
-      cost_estimate=estimate, name="vq_attention")(*args)
+      cost_estimate=estimate, name="vq_attention")(*inputs.arrays)
   return heads(out), mean[:, r], count[:, r]
 
 
