@@ -1,5 +1,9 @@
 """The Linear Transformer's attention against its quadratic form (the README's example family)."""
 
+import ast
+import pathlib
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -54,3 +58,18 @@ def test_packed_documents_are_independent(task):
   model.eval()
   oracles.assert_documents_independent(lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23,
                                        (np.arange(7) * 5 + 1) % 23, 20)
+
+
+def test_the_readmes_adding_a_model_section_matches_the_files():
+  """The README's worked example names what the module defines and copies its config file verbatim
+  (without the docstring): an edit to either file that the README does not follow fails here."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  readme = (root / "README.md").read_text()
+  section = readme[readme.index("## Adding a model"):]
+  section = section[:section.index("\n## ")]
+  for name in ("linear_attention", "LinearAttention", "Model", "FAMILY"):
+    assert re.search(rf"`[^`]*\b{name}\b[^`]*`", section) and hasattr(linear_transformer, name), name
+  config_file = root / "configs/enwik8/linear_transformer.py"
+  module = ast.parse(config_file.read_text())
+  body = config_file.read_text().splitlines()[module.body[0].end_lineno:]
+  assert re.findall(r"```python\n(.*?)```", section, re.S) == ["\n".join(body).strip("\n") + "\n"]
