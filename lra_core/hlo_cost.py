@@ -160,13 +160,18 @@ class _Op:
   root: bool = False         # the computation's result
 
 
+_PARENTHESIS = re.compile(r"[()]")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_LAYOUT = re.compile(r"\{[^}]*\}")
+
+
 def _split_balanced(text: str, start: int) -> int:
   """Index just past the parenthesised group opening at text[start]."""
   depth = 0
-  for i in range(start, len(text)):
-    depth += {"(": 1, ")": -1}.get(text[i], 0)
+  for m in _PARENTHESIS.finditer(text, start):
+    depth += 1 if m.group() == "(" else -1
     if depth == 0:
-      return i + 1
+      return m.end()
   return len(text)
 
 
@@ -188,7 +193,7 @@ def _parse_op(line: str) -> _Op | None:
     return None
   opcode = rest[:paren]
   close = _split_balanced(rest, paren)
-  operands = re.findall(r"%([\w.\-]+)", rest[paren:close])
+  operands = _OPERAND.findall(rest, paren, close)
   return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1:close - 1], rest[close:], root)
 
 
@@ -214,7 +219,7 @@ def parse(text: str) -> tuple[dict[str, list[_Op]], str]:
 
 def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
   """The (element type, dims) of every array in a shape string, layouts stripped."""
-  plain = re.sub(r"\{[^}]*\}", "", shape)
+  plain = _LAYOUT.sub("", shape)
   return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in _ARRAY.findall(plain)]
 
 
@@ -329,9 +334,14 @@ def _kernel_key(op: _Op, shapes: dict[str, str]) -> str:
   return f"{m.group(1) if m else ''}({', '.join(operands)})"
 
 
+@functools.cache
+def _called_pattern(key: str) -> re.Pattern:
+  return re.compile(key + r"=\{?([^}]*?)\}?(?:,\s*[a-z_]+=|$)")
+
+
 def _called(op: _Op, key: str) -> list[str]:
-  m = re.search(key + r"=\{?([^}]*?)\}?(?:,\s*[a-z_]+=|$)", op.attrs)
-  return re.findall(r"%([\w.\-]+)", m.group(1)) if m else []
+  m = _called_pattern(key).search(op.attrs)
+  return _OPERAND.findall(m.group(1)) if m else []
 
 
 def _declared(op: _Op) -> tuple[float, float] | None:
