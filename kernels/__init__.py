@@ -5,5 +5,13 @@ from lra_core.kernels.flash import linear_attention, mixed_chunk_attention, relu
 from lra_core.kernels.latte import bidirectional_latte, causal_latte
 from lra_core.kernels.vq import vq_attention
 
-__all__ = ["bidirectional_latte", "causal_latte", "dot_product_attention", "linear_attention", "local_attention",
-           "mixed_chunk_attention", "relu2_attention", "vq_attention"]
+__all__ = [
+  "bidirectional_latte",
+  "causal_latte",
+  "dot_product_attention",
+  "linear_attention",
+  "local_attention",
+  "mixed_chunk_attention",
+  "relu2_attention",
+  "vq_attention",
+]

@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
-from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jax.sharding import AxisType, Mesh
+from jax.sharding import PartitionSpec as P
 
 DRIVERS = ("grid", "loop", "parallel")
 _GPU_PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}
@@ -59,6 +60,7 @@ _GPU_PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}
 class Target:
   """The devices the kernels are traced for: platform 'tpu', 'gpu' or 'cpu', and the JAX device kind
   ("TPU v5 lite", "TPU v3", ...; None where only the platform is known)."""
+
   platform: str
   device_kind: str | None = None
 
@@ -141,14 +143,21 @@ def bf16_matmuls() -> bool:
 
 
 # JAX device kind -> the chip generation pltpu describes (per-TensorCore VMEM and lanes).
-_CHIP_VERSIONS = {"TPU v2": pltpu.ChipVersion.TPU_V2, "TPU v3": pltpu.ChipVersion.TPU_V3,
-                  "TPU v4": pltpu.ChipVersion.TPU_V4, "TPU v4 lite": pltpu.ChipVersion.TPU_V4I,
-                  "TPU v5 lite": pltpu.ChipVersion.TPU_V5E, "TPU v5e": pltpu.ChipVersion.TPU_V5E,
-                  "TPU v5": pltpu.ChipVersion.TPU_V5P, "TPU v5p": pltpu.ChipVersion.TPU_V5P,
-                  "TPU v6 lite": pltpu.ChipVersion.TPU_V6E, "TPU v6e": pltpu.ChipVersion.TPU_V6E,
-                  "TPU7x": pltpu.ChipVersion.TPU_7X}
+_CHIP_VERSIONS = {
+  "TPU v2": pltpu.ChipVersion.TPU_V2,
+  "TPU v3": pltpu.ChipVersion.TPU_V3,
+  "TPU v4": pltpu.ChipVersion.TPU_V4,
+  "TPU v4 lite": pltpu.ChipVersion.TPU_V4I,
+  "TPU v5 lite": pltpu.ChipVersion.TPU_V5E,
+  "TPU v5e": pltpu.ChipVersion.TPU_V5E,
+  "TPU v5": pltpu.ChipVersion.TPU_V5P,
+  "TPU v5p": pltpu.ChipVersion.TPU_V5P,
+  "TPU v6 lite": pltpu.ChipVersion.TPU_V6E,
+  "TPU v6e": pltpu.ChipVersion.TPU_V6E,
+  "TPU7x": pltpu.ChipVersion.TPU_7X,
+}
 SMALLEST_VMEM = 16 * 2**20  # TPU v2-v4: 16 MiB per TensorCore, also assumed for a kind pltpu does not know
-SCOPED_VMEM = 16 * 2**20    # the VMEM a Mosaic kernel may use by default; more must be asked for
+SCOPED_VMEM = 16 * 2**20  # the VMEM a Mosaic kernel may use by default; more must be asked for
 
 
 def vmem_capacity(device_kind: str | None = None) -> int | None:
@@ -188,14 +197,15 @@ def vmem_budget(device_kind: str | None = None) -> int | None:
 # memory and ptxas spills little or nothing at the papers' sizes (lra_core/bench/gpu_compile.py reports
 # both; docs/kernels.md has the table). Every size is a power of two, as Triton needs.
 GPU_TILES: dict[str, dict[str, int]] = {
-    # query rows x key rows (and codes) per step of the online softmax, value columns per program
-    "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
-    "mixed_chunk_attention": dict(query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8,
-                                  num_stages=2),  # state_block: rows of the [S, Et] state per step of lin_q KV
-    # Latte: time blocks (chunk; the reduction's block), value columns per program, latents per group
-    # (per program for the reduction); every float32 matmul contracts a block or a latent group
-    "causal_latte": dict(chunk=16, value_block=32, latent_block=16, num_warps=8, num_stages=1),
-    "bidirectional_latte": dict(block=16, chunk=16, value_block=32, latent_block=16, num_warps=4, num_stages=1),
+  # query rows x key rows (and codes) per step of the online softmax, value columns per program
+  "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
+  "mixed_chunk_attention": dict(
+    query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8, num_stages=2
+  ),  # state_block: rows of the [S, Et] state per step of lin_q KV
+  # Latte: time blocks (chunk; the reduction's block), value columns per program, latents per group
+  # (per program for the reduction); every float32 matmul contracts a block or a latent group
+  "causal_latte": dict(chunk=16, value_block=32, latent_block=16, num_warps=8, num_stages=1),
+  "bidirectional_latte": dict(block=16, chunk=16, value_block=32, latent_block=16, num_warps=4, num_stages=1),
 }
 
 
@@ -220,8 +230,9 @@ def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1
 def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precision=None) -> jax.Array:
   """2-D matmul in a kernel, accumulated in float32: a's axis contract[0] with b's axis contract[1]
   (so (1, 1) is a b^T and (0, 0) is a^T b, without an explicit transpose)."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((contract[0],), (contract[1],)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 class Inputs:
@@ -244,7 +255,7 @@ class Inputs:
 
 def named_refs(refs: Sequence, names: Sequence[str]) -> tuple[dict, list]:
   """A kernel's refs -> ({input name: ref}, the refs after the inputs: outputs, then scratch)."""
-  return dict(zip(names, refs)), list(refs[len(names):])
+  return dict(zip(names, refs)), list(refs[len(names) :])
 
 
 def scratch(shape: Sequence[int], dtype):
@@ -253,6 +264,7 @@ def scratch(shape: Sequence[int], dtype):
 
 
 # -- per-device execution under a mesh ---------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class _MeshAxes:
@@ -269,8 +281,9 @@ def _names(axes: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def per_device_mesh(mesh: Mesh, *, batch: str | Sequence[str] | None,
-                    heads: str | Sequence[str] | None) -> Iterator[None]:
+def per_device_mesh(
+  mesh: Mesh, *, batch: str | Sequence[str] | None, heads: str | Sequence[str] | None
+) -> Iterator[None]:
   """Within this context the kernels run per device: batch over `batch`, heads over `heads`.
 
   The context is read while tracing: a function jitted inside it shards its kernels, while one
@@ -303,8 +316,9 @@ def _typed_axes(args: Sequence, dims: Sequence, letter: str) -> tuple[str, ...]:
   return ()
 
 
-def run_per_device(fn: Callable, args: Sequence, dims: Sequence, out_dims, *, batch: int, heads: int,
-                   kv_heads: int | None = None):
+def run_per_device(
+  fn: Callable, args: Sequence, dims: Sequence, out_dims, *, batch: int, heads: int, kv_heads: int | None = None
+):
   """fn(*args), per device when a mesh of more than one device is set.
 
   The mesh is the kernel mesh of `per_device_mesh` (batch and heads split over the axes it names) or
@@ -346,7 +360,9 @@ def run_per_device(fn: Callable, args: Sequence, dims: Sequence, out_dims, *, ba
   in_specs = tuple(jax.tree.map(spec, d, is_leaf=is_dims) for d in dims)
   out_specs = jax.tree.map(spec, out_dims, is_leaf=is_dims)
   if AxisType.Explicit in mesh.axis_types:  # explicit shardings must match in_specs: move the arguments there
-    args = tuple(a if a is None else jax.tree.map(lambda x, s: jax.sharding.reshard(x, s), a, sp)
-                 for a, sp in zip(args, in_specs))
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=set(free),
-                       check_vma=False)(*args)
+    args = tuple(
+      a if a is None else jax.tree.map(lambda x, s: jax.sharding.reshard(x, s), a, sp) for a, sp in zip(args, in_specs)
+    )
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=set(free), check_vma=False)(
+    *args
+  )

@@ -20,9 +20,16 @@ Array = jax.Array
 MASK_VALUE = -1e30  # large finite value: fully masked rows stay NaN-free
 
 
-def attention_mask(q_pos: Array, k_pos: Array, *, causal: bool, window: int = 0,
-                   k_valid: Array | None = None, q_segments: Array | None = None,
-                   k_segments: Array | None = None) -> Array:
+def attention_mask(
+  q_pos: Array,
+  k_pos: Array,
+  *,
+  causal: bool,
+  window: int = 0,
+  k_valid: Array | None = None,
+  q_segments: Array | None = None,
+  k_segments: Array | None = None,
+) -> Array:
   """bool, broadcastable to [B,Tq,Tk]: which keys each query may read.
 
   q_pos: int[Tq] or [B,Tq]; k_pos: int[Tk] or [B,Tk], negative = empty cache slot.
@@ -49,9 +56,16 @@ def attention_mask(q_pos: Array, k_pos: Array, *, causal: bool, window: int = 0,
   return mask
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                          bias: Array | None = None, scale: float | None = None,
-                          probs_fn: Callable[[Array], Array] | None = None) -> Array:
+def dot_product_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  mask: Array | None = None,
+  bias: Array | None = None,
+  scale: float | None = None,
+  probs_fn: Callable[[Array], Array] | None = None,
+) -> Array:
   """softmax(q k^T * scale + bias, masked) v.
 
   q: [B,Tq,H,D]  k: [B,Tk,K,D]  v: [B,Tk,K,Dv]  mask: bool[B|1,Tq,Tk]  bias: [H|1,Tq,Tk]
@@ -63,15 +77,16 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     raise ValueError(f"query heads {h} are not a multiple of key-value heads {kv_heads}.")
   if k.shape[:2] != v.shape[:2] or k.shape[2] != v.shape[2] or k.shape[-1] != d:
     raise ValueError(f"incompatible attention shapes q {q.shape}, k {k.shape}, v {v.shape}.")
-  scale = d ** -0.5 if scale is None else scale
+  scale = d**-0.5 if scale is None else scale
   groups = h // kv_heads
   if _pallas.platform() == "cpu":
     return _attention_rows(q, k, v, groups, mask=mask, bias=bias, scale=scale, probs_fn=probs_fn)
   qg = q.reshape(b, tq, kv_heads, groups, d)
   logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
-    logits = logits + bias.reshape(-1, kv_heads if bias.shape[0] == h else 1,
-                                   groups if bias.shape[0] == h else 1, *bias.shape[1:])
+    logits = logits + bias.reshape(
+      -1, kv_heads if bias.shape[0] == h else 1, groups if bias.shape[0] == h else 1, *bias.shape[1:]
+    )
   if mask is not None:
     logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -115,10 +130,18 @@ def _query_rows(x: Array, groups: int, tq: int, *, per_head: bool = False) -> Ar
   return x if x.shape[1] == 1 else jnp.tile(x, (1, groups, 1))
 
 
-def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,
-                    k_valid: Array | None = None, segments: Array | None = None,
-                    scale: float | None = None,
-                    probs_fn: Callable[[Array], Array] | None = None) -> Array:
+def local_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  window: int,
+  causal: bool,
+  k_valid: Array | None = None,
+  segments: Array | None = None,
+  scale: float | None = None,
+  probs_fn: Callable[[Array], Array] | None = None,
+) -> Array:
   """Sliding-window attention in O(T window): equals `dot_product_attention` with
   `attention_mask(arange(T), arange(T), causal=causal, window=window, k_valid=k_valid,
   q_segments=segments, k_segments=segments)`.
@@ -151,9 +174,21 @@ def local_attention(q: Array, k: Array, v: Array, *, window: int, causal: bool,
   if segments is not None:
     q_seg = blocks(segments, -1)
     seg = dict(q_segments=q_seg.reshape(b * n, w), k_segments=neighbours(q_seg, -2).reshape(b * n, -1))
-  mask = attention_mask(q_pos.reshape(b * n, w), k_pos.reshape(b * n, -1), causal=causal, window=w,
-                        k_valid=neighbours(blocks(valid), False).reshape(b * n, -1), **seg)
+  mask = attention_mask(
+    q_pos.reshape(b * n, w),
+    k_pos.reshape(b * n, -1),
+    causal=causal,
+    window=w,
+    k_valid=neighbours(blocks(valid), False).reshape(b * n, -1),
+    **seg,
+  )
   flat = lambda x: x.reshape(b * n, -1, *x.shape[3:])
-  out = dot_product_attention(flat(blocks(q)), flat(neighbours(blocks(k), 0)), flat(neighbours(blocks(v), 0)),
-                              mask=mask, scale=scale, probs_fn=probs_fn)
+  out = dot_product_attention(
+    flat(blocks(q)),
+    flat(neighbours(blocks(k), 0)),
+    flat(neighbours(blocks(v), 0)),
+    mask=mask,
+    scale=scale,
+    probs_fn=probs_fn,
+  )
   return out.reshape(b, n * w, h, -1)[:, :t]

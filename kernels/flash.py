@@ -12,20 +12,49 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import flash_pallas, flash_xla
-from lra_core.kernels.flash_xla import (GLOBAL_NORMS, chunk_step, init_chunk_state, linear_attention_reference,
-                                        linear_step, relu2_attention)
+from lra_core.kernels.flash_xla import (
+  GLOBAL_NORMS,
+  chunk_step,
+  init_chunk_state,
+  linear_attention_reference,
+  linear_step,
+  relu2_attention,
+)
 
-__all__ = ["GLOBAL_NORMS", "IMPLS", "chunk_step", "init_chunk_state", "linear_attention", "linear_attention_reference",
-           "linear_step", "mixed_chunk_attention", "relu2_attention"]
+__all__ = [
+  "GLOBAL_NORMS",
+  "IMPLS",
+  "chunk_step",
+  "init_chunk_state",
+  "linear_attention",
+  "linear_attention_reference",
+  "linear_step",
+  "mixed_chunk_attention",
+  "relu2_attention",
+]
 
 Array = jax.Array
 IMPLS = ("xla", "pallas")
 
 
-def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin_k: Array | None,
-                          v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
-                          global_norm: str = "sum", kernel: str = "relu2", impl: str = "xla") -> Array:
+def mixed_chunk_attention(
+  quad_q: Array,
+  quad_k: Array,
+  lin_q: Array | None,
+  lin_k: Array | None,
+  v: Array,
+  *,
+  chunk: int,
+  causal: bool,
+  quad_scale: float,
+  lin_scale: float,
+  bias: Array | None = None,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  global_norm: str = "sum",
+  kernel: str = "relu2",
+  impl: str = "xla",
+) -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
   Arguments and result as in `flash_xla.mixed_chunk_attention` (segments int[B,T]: packed
@@ -35,13 +64,36 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   core = flash_pallas.mixed_chunk_attention if impl == "pallas" else flash_xla.mixed_chunk_attention
-  return core(quad_q, quad_k, lin_q, lin_k, v, chunk=chunk, causal=causal, quad_scale=quad_scale,
-              lin_scale=lin_scale, bias=bias, mask=mask, segments=segments, global_norm=global_norm, kernel=kernel)
+  return core(
+    quad_q,
+    quad_k,
+    lin_q,
+    lin_k,
+    v,
+    chunk=chunk,
+    causal=causal,
+    quad_scale=quad_scale,
+    lin_scale=lin_scale,
+    bias=bias,
+    mask=mask,
+    segments=segments,
+    global_norm=global_norm,
+    kernel=kernel,
+  )
 
 
-def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, chunk: int = 64,
-                     mask: Array | None = None, segments: Array | None = None, eps: float = 1e-6,
-                     impl: str = "xla") -> Array:
+def linear_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  causal: bool,
+  chunk: int = 64,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  eps: float = 1e-6,
+  impl: str = "xla",
+) -> Array:
   """Normalised linear attention with feature map relu (Performer's ReLU kernel, Choromanski et al.):
 
     y_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps),  j <= i when causal.
@@ -57,8 +109,20 @@ def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, chunk: int =
   ones = jnp.ones((*v.shape[:-1], 1), v.dtype)
   # Non-causal: the global sum already covers every chunk, so there is no local part.
   local_q = fq if causal else None
-  both = mixed_chunk_attention(local_q, fk, fq, fk, jnp.concatenate([v, ones], -1), chunk=chunk, causal=causal,
-                               quad_scale=1.0, lin_scale=1.0, mask=mask, segments=segments, kernel="linear",
-                               impl=impl)
+  both = mixed_chunk_attention(
+    local_q,
+    fk,
+    fq,
+    fk,
+    jnp.concatenate([v, ones], -1),
+    chunk=chunk,
+    causal=causal,
+    quad_scale=1.0,
+    lin_scale=1.0,
+    mask=mask,
+    segments=segments,
+    kernel="linear",
+    impl=impl,
+  )
   num, den = both[..., :-1].astype(jnp.float32), both[..., -1:].astype(jnp.float32)
   return (num / (den + eps)).astype(v.dtype)

@@ -49,9 +49,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas
-from lra_core.kernels import flash_parallel
-from lra_core.kernels import flash_xla
+from lra_core.kernels import _pallas, flash_parallel, flash_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -60,7 +58,7 @@ DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/_pallas.py)
 # Kernel operands in a fixed order; a call passes the ones its parts need.
 OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias", "qdoc", "kdoc", "keep", "read", "oscale")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
-ROWS = ("row", "kdoc")                                       # [B,1,T] operands: one value per key, along lanes
+ROWS = ("row", "kdoc")  # [B,1,T] operands: one value per key, along lanes
 COLUMNS = ("col", "qdoc", "keep", "read", "read2", "oscale")  # [B,T,1] operands (both drivers)
 
 
@@ -78,9 +76,30 @@ def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
   return w if allowed is None else jnp.where(allowed, w, 0.0)
 
 
-def _chunk_step(kv, qq, qk, lq, lk, v, row, col, bias, qdoc, kdoc, keep, read, oscale, *, causal: bool,
-                carried: bool, own: bool, kernel: str, quad_scale: float, lin_scale: float,
-                upcast: bool) -> tuple[Array, Array | None]:
+def _chunk_step(
+  kv,
+  qq,
+  qk,
+  lq,
+  lk,
+  v,
+  row,
+  col,
+  bias,
+  qdoc,
+  kdoc,
+  keep,
+  read,
+  oscale,
+  *,
+  causal: bool,
+  carried: bool,
+  own: bool,
+  kernel: str,
+  quad_scale: float,
+  lin_scale: float,
+  upcast: bool,
+) -> tuple[Array, Array | None]:
   """One chunk. qq, qk, lq, lk [C,S] (None where the part is absent); v [C,E]; row [1,C] float, > 0
   for a real key (None: all real); bias [C,C] or None; kv [S,E] float32 (the carried sum of the
   chunks before this one in the walk when `carried`, the total otherwise) -> (out [C,E] float32,
@@ -176,13 +195,25 @@ def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None
   if platform != "tpu" or e % LANES:
     return e
   widths = [w for w in range(e, 0, -LANES) if e % w == 0]
-  fits = [w for w in widths
-          if budget is None or vmem_bytes(chunk=chunk, s=s, value_block=w, itemsize=itemsize) <= budget]
+  fits = [
+    w for w in widths if budget is None or vmem_bytes(chunk=chunk, s=s, value_block=w, itemsize=itemsize) <= budget
+  ]
   return fits[0] if fits else widths[-1]
 
 
-def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, value_tile: int, itemsize: int,
-         local: bool, carried: bool) -> pl.CostEstimate:
+def cost(
+  *,
+  batch: int,
+  heads: int,
+  seq_len: int,
+  chunk: int,
+  s: int,
+  e: int,
+  value_tile: int,
+  itemsize: int,
+  local: bool,
+  carried: bool,
+) -> pl.CostEstimate:
   """What the grid driver computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
   opaque to them): per chunk the local [C,C] scores once per value tile and their product with the
   values, the global part's lin_q KV and (causal) KV update over all of E; the [C,S] blocks read once
@@ -194,9 +225,21 @@ def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, va
   return pl.CostEstimate(flops=int(b * h * flops), transcendentals=0, bytes_accessed=int(b * h * moved))
 
 
-def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal: bool, carried: bool, own: bool,
-                  reverse: bool, kernel: str, quad_scale: float, lin_scale: float, upcast: bool,
-                  interpret: bool) -> Array:
+def _grid_forward(
+  args: dict[str, Array],
+  *,
+  chunk: int,
+  value_tile: int,
+  causal: bool,
+  carried: bool,
+  own: bool,
+  reverse: bool,
+  kernel: str,
+  quad_scale: float,
+  lin_scale: float,
+  upcast: bool,
+  interpret: bool,
+) -> Array:
   """The grid driver on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv [B,H,S,E];
   ROWS [B,1,T]; COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E].
   E is read in J = E / value_tile tiles, each its own program (the local scores recomputed per tile).
@@ -206,10 +249,21 @@ def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal
   nj = e // et
   names = tuple(n for n in OPERANDS if n in args)
   s = args["lq"].shape[-1] if "lq" in args else 0
-  statics = dict(causal=causal, carried=carried, own=own, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale,
-                 upcast=upcast)
-  estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=max(s, args["qq"].shape[-1] if "qq" in args else 0), e=e,
-                  value_tile=et, itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args, carried=carried)
+  statics = dict(
+    causal=causal, carried=carried, own=own, kernel=kernel, quad_scale=quad_scale, lin_scale=lin_scale, upcast=upcast
+  )
+  estimate = cost(
+    batch=b,
+    heads=h,
+    seq_len=t,
+    chunk=c,
+    s=max(s, args["qq"].shape[-1] if "qq" in args else 0),
+    e=e,
+    value_tile=et,
+    itemsize=jnp.dtype(args["v"].dtype).itemsize,
+    local="qq" in args,
+    carried=carried,
+  )
   at = (lambda rr: g - 1 - rr) if reverse else (lambda rr: rr)
   time = lambda bb, hh, jj, rr: (bb, hh, at(rr), 0)
   tiled = lambda bb, hh, jj, rr: (bb, hh, at(rr), jj)
@@ -221,17 +275,43 @@ def _grid_forward(args: dict[str, Array], *, chunk: int, value_tile: int, causal
     index[n], block[n] = (lambda bb, hh, jj, rr: (bb, at(rr), 0)), (None, c, 1)
   in_specs = [pl.BlockSpec(block.get(n, (None, None, c, args[n].shape[-1])), index.get(n, time)) for n in names]
   call = pl.pallas_call(
-      functools.partial(_grid_kernel, names=names, **statics),
-      out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype), grid=(b, h, nj, g), in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, None, c, et), tiled),
-      scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
-      compiler_params=_pallas.compiler_params(3, sequential=True), interpret=interpret,
-      cost_estimate=estimate, name="mixed_chunk_attention")
+    functools.partial(_grid_kernel, names=names, **statics),
+    out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype),
+    grid=(b, h, nj, g),
+    in_specs=in_specs,
+    out_specs=pl.BlockSpec((None, None, c, et), tiled),
+    scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
+    compiler_params=_pallas.compiler_params(3, sequential=True),
+    interpret=interpret,
+    cost_estimate=estimate,
+    name="mixed_chunk_attention",
+  )
   return call(*(args[n] for n in names))
 
 
-def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, value_tile, query_tile, key_tile,
-                 causal, quad_scale, lin_scale, global_norm, kernel, upcast, driver, interpret) -> Array:
+def _kernel_call(
+  quad_q,
+  quad_k,
+  lin_q,
+  lin_k,
+  v,
+  bias,
+  mask,
+  segments,
+  *,
+  chunk,
+  value_tile,
+  query_tile,
+  key_tile,
+  causal,
+  quad_scale,
+  lin_scale,
+  global_norm,
+  kernel,
+  upcast,
+  driver,
+  interpret,
+) -> Array:
   """[B,T,H,.] in, the head-major kernel per device, [B,T,H,E] out.
 
   Grid driver: without documents and with "sum", causal carries KV forward, non-causal reads the
@@ -259,31 +339,49 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
   lay = {}
   if not plain:
     doc = flash_xla.documents(segments, keep[:, :t] > 0, g * c)
-    lay = flash_xla.global_layout(doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal,
-                                  global_norm=global_norm)
+    lay = flash_xla.global_layout(
+      doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal, global_norm=global_norm
+    )
     documents = dict(qdoc=doc.astype(f32)[:, :, None], kdoc=doc.astype(f32)[:, None, :])
     if segments is not None and quad_q is not None:
       args.update(documents)
-  statics = dict(chunk=c, value_tile=value_tile, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                 lin_scale=lin_scale, upcast=upcast, interpret=interpret)
+  statics = dict(
+    chunk=c,
+    value_tile=value_tile,
+    causal=causal,
+    kernel=kernel,
+    quad_scale=quad_scale,
+    lin_scale=lin_scale,
+    upcast=upcast,
+    interpret=interpret,
+  )
   dims = lambda call_args: {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in call_args}
   if driver == "parallel":
     if lin_q is not None:
       lq, lk = head_major(lin_q), head_major(lin_k)
-      states = functools.partial(flash_parallel.chunk_states, lk, args["v"], chunk=c, causal=causal, lin_scale=lin_scale)
+      states = functools.partial(
+        flash_parallel.chunk_states, lk, args["v"], chunk=c, causal=causal, lin_scale=lin_scale
+      )
       args["lq"] = lq
       if plain:
         args["kv"] = states(keep, None)
       else:
         tokens = lambda x: x.reshape(b, g * c)[:, :, None]  # [B,G,C] -> [B,T,1]
-        args.update(kv=states(lay["fwd_w"].reshape(b, g * c), lay["fwd_keep"]),
-                    read=tokens(lay["fwd_read"] * lay["scale"]))
+        args.update(
+          kv=states(lay["fwd_w"].reshape(b, g * c), lay["fwd_keep"]), read=tokens(lay["fwd_read"] * lay["scale"])
+        )
         if not causal:  # the later chunks of the document, and its keys in the query's own chunk
-          args.update(kv2=states(lay["bwd_w"].reshape(b, g * c), lay["bwd_keep"], reverse=True),
-                      read2=tokens(lay["bwd_read"] * lay["scale"]), lk=lk, row=keep[:, None, :],
-                      oscale=tokens(lay["scale"]), **documents)
-    run = functools.partial(flash_parallel.forward, query_tile=query_tile, key_tile=key_tile,
-                            local_documents=segments is not None, **statics)
+          args.update(
+            kv2=states(lay["bwd_w"].reshape(b, g * c), lay["bwd_keep"], reverse=True),
+            read2=tokens(lay["bwd_read"] * lay["scale"]),
+            lk=lk,
+            row=keep[:, None, :],
+            oscale=tokens(lay["scale"]),
+            **documents,
+          )
+    run = functools.partial(
+      flash_parallel.forward, query_tile=query_tile, key_tile=key_tile, local_documents=segments is not None, **statics
+    )
     out = _pallas.run_per_device(run, (args,), (dims(args),), "bh..", batch=b, heads=h)
     return out[:, :, :t].transpose(0, 2, 1, 3)
   # Per-chunk flags onto their tokens, [B,T,1].
@@ -308,8 +406,14 @@ def _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk
       args.update(row=keep[:, None, :], oscale=layout["scale"], **documents)
     calls.append((args, True, not causal, False))
     if not causal:
-      later = dict(v=args["v"], lq=lq, lk=lk, col=layout["bwd_w"], keep=layout["bwd_keep"],
-                   read=layout["bwd_read"] * layout["scale"])
+      later = dict(
+        v=args["v"],
+        lq=lq,
+        lk=lk,
+        col=layout["bwd_w"],
+        keep=layout["bwd_keep"],
+        read=layout["bwd_read"] * layout["scale"],
+      )
       calls.append((later, True, False, True))
   out = 0
   for call_args, carried, own, reverse in calls:
@@ -333,8 +437,9 @@ def _attention_bwd(statics, residuals, cotangent):
   d = {k: x for k, x in statics if k not in ("value_tile", "query_tile", "key_tile", "upcast", "driver", "interpret")}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
-    return flash_xla.mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments,
-                                           **d)
+    return flash_xla.mixed_chunk_attention(
+      quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, **d
+    )
 
   _, vjp = jax.vjp(xla, *floats)
   return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
@@ -343,12 +448,28 @@ def _attention_bwd(statics, residuals, cotangent):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None,
-                          v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
-                          global_norm: str = "sum", kernel: str = "relu2", driver: str | None = None,
-                          interpret: bool | None = None, value_tile: int | None = None,
-                          query_tile: int | None = None, key_tile: int | None = None) -> Array:
+def mixed_chunk_attention(
+  quad_q: Array | None,
+  quad_k: Array | None,
+  lin_q: Array | None,
+  lin_k: Array | None,
+  v: Array,
+  *,
+  chunk: int,
+  causal: bool,
+  quad_scale: float,
+  lin_scale: float,
+  bias: Array | None = None,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  global_norm: str = "sum",
+  kernel: str = "relu2",
+  driver: str | None = None,
+  interpret: bool | None = None,
+  value_tile: int | None = None,
+  query_tile: int | None = None,
+  key_tile: int | None = None,
+) -> Array:
   """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
   (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T]; segments
   int[B,T]; global_norm "sum" | "mean" -> [B,T,H,E]);
@@ -377,8 +498,9 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
   if value_tile is None:
     s = max(x.shape[-1] for x in (quad_q, lin_q) if x is not None)
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (quad_q, lin_q, v) if x is not None)
-    value_tile = value_block(e, chunk=c, s=s, itemsize=itemsize, budget=_pallas.vmem_budget(),
-                             platform=_pallas.platform())
+    value_tile = value_block(
+      e, chunk=c, s=s, itemsize=itemsize, budget=_pallas.vmem_budget(), platform=_pallas.platform()
+    )
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
   tiles = _pallas.gpu_tiles("mixed_chunk_attention")
@@ -387,10 +509,18 @@ def mixed_chunk_attention(quad_q: Array | None, quad_k: Array | None, lin_q: Arr
   for name, tile in (("query", query_tile), ("key", key_tile)):
     if tile <= 0 or c % tile:
       raise ValueError(f"{name} tile {tile} does not divide the chunk {c}.")
-  statics = (("chunk", chunk), ("value_tile", value_tile), ("query_tile", query_tile), ("key_tile", key_tile),
-             ("causal", causal), ("quad_scale", quad_scale),
-             ("lin_scale", lin_scale), ("global_norm", global_norm), ("kernel", kernel),
-             ("upcast", not _pallas.bf16_matmuls()),
-             ("driver", _pallas.driver(driver, gpu="parallel", drivers=DRIVERS)),
-             ("interpret", _pallas.interpret_default() if interpret is None else interpret))
+  statics = (
+    ("chunk", chunk),
+    ("value_tile", value_tile),
+    ("query_tile", query_tile),
+    ("key_tile", key_tile),
+    ("causal", causal),
+    ("quad_scale", quad_scale),
+    ("lin_scale", lin_scale),
+    ("global_norm", global_norm),
+    ("kernel", kernel),
+    ("upcast", not _pallas.bf16_matmuls()),
+    ("driver", _pallas.driver(driver, gpu="parallel", drivers=DRIVERS)),
+    ("interpret", _pallas.interpret_default() if interpret is None else interpret),
+  )
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

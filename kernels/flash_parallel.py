@@ -26,21 +26,31 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas
-from lra_core.kernels import flash_xla
+from lra_core.kernels import _pallas, flash_xla
 
 Array = jax.Array
 f32 = jnp.float32
 MASK = 1e30
 # The operands: no carry, so no col / keep; kv2 and read2 the sum from the right.
 OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "kv2", "row", "bias", "qdoc", "kdoc", "read", "read2", "oscale")
-ROWS = ("row", "kdoc")                          # [B,1,T] operands: one value per key, along lanes
-COLUMNS = ("qdoc", "read", "read2", "oscale")   # [B,T,1] operands: one value per token
+ROWS = ("row", "kdoc")  # [B,1,T] operands: one value per key, along lanes
+COLUMNS = ("qdoc", "read", "read2", "oscale")  # [B,T,1] operands: one value per token
 
 
-def _kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state_tile: int, chunk: int,
-                     causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
-                     upcast: bool):
+def _kernel(
+  *refs,
+  names: tuple[str, ...],
+  query_tile: int,
+  key_tile: int,
+  state_tile: int,
+  chunk: int,
+  causal: bool,
+  kernel: str,
+  quad_scale: float,
+  lin_scale: float,
+  local_documents: bool,
+  upcast: bool,
+):
   """Grid (B, H, G, Q, J): query tile Q of chunk G, value tile J -> out [Cq,Et], no carry.
 
   Blocks: qq, lq [Cq,S], qdoc / read / read2 / oscale [Cq,1] and bias [Cq,C] of the query tile; qk, lk
@@ -57,7 +67,7 @@ def _kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state
   load = lambda name: ins[name][...] if name in ins else None
   cast = (lambda x: x.astype(f32)) if upcast else (lambda x: x)
   keys = lambda name, k: cast(ins[name][pl.ds(k * ck, ck), :])  # key tile k, [Ck, .]
-  lanes = lambda name, k: ins[name][:, pl.ds(k * ck, ck)]        # key tile k along lanes, [., Ck]
+  lanes = lambda name, k: ins[name][:, pl.ds(k * ck, ck)]  # key tile k along lanes, [., Ck]
   qdoc = load("qdoc")
 
   def allowed(k, *, local: bool):
@@ -133,9 +143,21 @@ def _kernel(*refs, names: tuple[str, ...], query_tile: int, key_tile: int, state
   o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def forward(args: dict[str, Array], *, chunk: int, value_tile: int, query_tile: int, key_tile: int,
-                      causal: bool, kernel: str, quad_scale: float, lin_scale: float, local_documents: bool,
-                      upcast: bool, interpret: bool) -> Array:
+def forward(
+  args: dict[str, Array],
+  *,
+  chunk: int,
+  value_tile: int,
+  query_tile: int,
+  key_tile: int,
+  causal: bool,
+  kernel: str,
+  quad_scale: float,
+  lin_scale: float,
+  local_documents: bool,
+  upcast: bool,
+  interpret: bool,
+) -> Array:
   """The parallel driver on head-major operands: qq, qk, lq, lk [B,H,T,S]; v [B,H,T,E]; kv, kv2
   [B,H,G,S,E] (the state each chunk reads) or kv [B,H,S,E] (one for all chunks); ROWS [B,1,T];
   COLUMNS [B,T,1]; bias [C,C] (each only where needed; T a multiple of C) -> [B,H,T,E]."""
@@ -167,25 +189,62 @@ def forward(args: dict[str, Array], *, chunk: int, value_tile: int, query_tile: 
       return pl.BlockSpec((None, cq, 1), lambda bb, hh, gg, qq, jj: (bb, gg * nq + qq, 0))
     return pl.BlockSpec((cq, c), lambda bb, hh, gg, qq, jj: (qq, 0))  # bias
 
-  estimate = cost(batch=b, heads=h, seq_len=t, chunk=c, s=s, e=e, value_tile=et,
-                  itemsize=jnp.dtype(args["v"].dtype).itemsize, local="qq" in args,
-                  tiles=(cq, key_tile), causal=causal, own="oscale" in args,
-                  states=("kv" in args) + ("kv2" in args), softmax=kernel == "softmax")
+  estimate = cost(
+    batch=b,
+    heads=h,
+    seq_len=t,
+    chunk=c,
+    s=s,
+    e=e,
+    value_tile=et,
+    itemsize=jnp.dtype(args["v"].dtype).itemsize,
+    local="qq" in args,
+    tiles=(cq, key_tile),
+    causal=causal,
+    own="oscale" in args,
+    states=("kv" in args) + ("kv2" in args),
+    softmax=kernel == "softmax",
+  )
   state_tile = tile(lin_s, _pallas.gpu_tiles("mixed_chunk_attention")["state_block"])
-  kernel_fn = functools.partial(_kernel, names=names, query_tile=cq, key_tile=key_tile,
-                                state_tile=state_tile, chunk=c, causal=causal, kernel=kernel, quad_scale=quad_scale,
-                                lin_scale=lin_scale, local_documents=local_documents, upcast=upcast)
+  kernel_fn = functools.partial(
+    _kernel,
+    names=names,
+    query_tile=cq,
+    key_tile=key_tile,
+    state_tile=state_tile,
+    chunk=c,
+    causal=causal,
+    kernel=kernel,
+    quad_scale=quad_scale,
+    lin_scale=lin_scale,
+    local_documents=local_documents,
+    upcast=upcast,
+  )
   call = pl.pallas_call(
-      kernel_fn, out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype), grid=(b, h, g, nq, nj),
-      in_specs=[spec(n) for n in names],
-      out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
-      compiler_params=_pallas.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
-      interpret=interpret, cost_estimate=estimate, name="mixed_chunk_attention")
+    kernel_fn,
+    out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype),
+    grid=(b, h, g, nq, nj),
+    in_specs=[spec(n) for n in names],
+    out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
+    compiler_params=_pallas.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
+    interpret=interpret,
+    cost_estimate=estimate,
+    name="mixed_chunk_attention",
+  )
   return call(*(args[n] for n in names))
 
 
-def chunk_states(lk: Array, v: Array, weight: Array | None, restart: Array | None, *, chunk: int, causal: bool,
-                  lin_scale: float, reverse: bool = False) -> Array:
+def chunk_states(
+  lk: Array,
+  v: Array,
+  weight: Array | None,
+  restart: Array | None,
+  *,
+  chunk: int,
+  causal: bool,
+  lin_scale: float,
+  reverse: bool = False,
+) -> Array:
   """The global state each chunk reads, as the reference sums it (for the parallel driver): lk [B,H,T,S],
   v [B,H,T,E] head-major, weight [B,T] each key's weight (0: not summed; None: all 1), restart [B,G] the
   chunks' carry factors (`flash_xla.global_layout`; None: no documents) -> float32 [B,H,G,S,E], the
@@ -197,17 +256,35 @@ def chunk_states(lk: Array, v: Array, weight: Array | None, restart: Array | Non
     lk = jnp.where(weight[:, None, :, None] > 0, lk, jnp.zeros_like(lk))
   if restart is None and not causal:
     return jnp.einsum("bhts,bhte->bhse", lk, v, preferred_element_type=f32) * lin_scale
-  sums = jnp.einsum("bhgcs,bhgce->bhgse", lk.reshape(b, h, g, chunk, s), v.reshape(b, h, g, chunk, e),
-                    preferred_element_type=f32) * lin_scale
+  sums = (
+    jnp.einsum(
+      "bhgcs,bhgce->bhgse", lk.reshape(b, h, g, chunk, s), v.reshape(b, h, g, chunk, e), preferred_element_type=f32
+    )
+    * lin_scale
+  )
   if restart is None:
     return jnp.concatenate([jnp.zeros_like(sums[:, :, :1]), jnp.cumsum(sums[:, :, :-1], axis=2)], axis=2)
   carried = flash_xla.carried_sums(sums.reshape(b * h, g, s, e), jnp.repeat(restart, h, axis=0), reverse=reverse)
   return carried.reshape(b, h, g, s, e)
 
 
-def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, value_tile: int, itemsize: int,
-         tiles: tuple[int, int], causal: bool, local: bool = True, own: bool = False, states: int = 0,
-         softmax: bool = False) -> pl.CostEstimate:
+def cost(
+  *,
+  batch: int,
+  heads: int,
+  seq_len: int,
+  chunk: int,
+  s: int,
+  e: int,
+  value_tile: int,
+  itemsize: int,
+  tiles: tuple[int, int],
+  causal: bool,
+  local: bool = True,
+  own: bool = False,
+  states: int = 0,
+  softmax: bool = False,
+) -> pl.CostEstimate:
   """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
   opaque to them): `tiles` = (Cq, Ck); `states` KV tensors read, `own` the non-causal documents'
   own-chunk term; `softmax` the local kernel's exp. Per program the key tiles it visits (causal: up
@@ -221,11 +298,18 @@ def cost(*, batch: int, heads: int, seq_len: int, chunk: int, s: int, e: int, va
   keys = sum(ck * -(-(i + 1) * cq // ck) if causal else c for i in range(nq))  # key rows, all query tiles
   # Per chunk and value tile: scores [Cq,S]x[S,keys] and weights x values [keys,Et] for each query tile.
   flops = (local * cq * keys + own * c * c) * 2 * (s + et) + states * 2 * c * s * et
-  moved = (local * (c * s + keys * (s + et + cq)) * a + own * (c * s + nq * c * (s + et)) * a
-           + (states > 0) * c * s * a + nq * states * s * et * 4 + c * et * a)
-  return pl.CostEstimate(flops=int(b * h * chunks * tiles_e * flops),
-                         transcendentals=int(b * h * chunks * tiles_e * local * softmax * cq * keys),
-                         bytes_accessed=int(b * h * chunks * tiles_e * moved))
+  moved = (
+    local * (c * s + keys * (s + et + cq)) * a
+    + own * (c * s + nq * c * (s + et)) * a
+    + (states > 0) * c * s * a
+    + nq * states * s * et * 4
+    + c * et * a
+  )
+  return pl.CostEstimate(
+    flops=int(b * h * chunks * tiles_e * flops),
+    transcendentals=int(b * h * chunks * tiles_e * local * softmax * cq * keys),
+    bytes_accessed=int(b * h * chunks * tiles_e * moved),
+  )
 
 
 def tile(c: int, want: int) -> int:

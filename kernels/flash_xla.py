@@ -47,8 +47,17 @@ def _local_weights(scores: Array, allowed: Array, kernel: str) -> Array:
   raise ValueError(f"local kernel {kernel!r} is not one of {LOCAL_KERNELS}.")
 
 
-def relu2_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None = None,
-                    causal: bool = False, mask: Array | None = None, kernel: str = "relu2") -> Array:
+def relu2_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  scale: float,
+  bias: Array | None = None,
+  causal: bool = False,
+  mask: Array | None = None,
+  kernel: str = "relu2",
+) -> Array:
   """Quadratic GAU attention: y_i = sum_j relu(scale q_i . k_j + bias[i, j])^2 v_j.
 
   q, k [B,T,H,S], v [B,T,H,E], bias [T,T] (added to every head), mask bool[B,T] (False = padding
@@ -103,11 +112,17 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   edge = jnp.full((b, 1), -1, doc.dtype)  # no document: before the first and after the last chunk
   prev_last = jnp.concatenate([edge, last[:, :-1]], axis=1)
   next_first = jnp.concatenate([first[:, 1:], edge], axis=1)
-  out = dict(fwd_w=(valid & (doc == last[..., None])).astype(f32), fwd_keep=(last == prev_last).astype(f32),
-             fwd_read=(doc == prev_last[..., None]).astype(f32))
+  out = dict(
+    fwd_w=(valid & (doc == last[..., None])).astype(f32),
+    fwd_keep=(last == prev_last).astype(f32),
+    fwd_read=(doc == prev_last[..., None]).astype(f32),
+  )
   if not causal:
-    out.update(bwd_w=(valid & (doc == first[..., None])).astype(f32), bwd_keep=(first == next_first).astype(f32),
-               bwd_read=(doc == next_first[..., None]).astype(f32))
+    out.update(
+      bwd_w=(valid & (doc == first[..., None])).astype(f32),
+      bwd_keep=(first == next_first).astype(f32),
+      bwd_read=(doc == next_first[..., None]).astype(f32),
+    )
   if global_norm == "sum":
     out["scale"] = jnp.ones((b, g, c), f32)
     return out
@@ -128,9 +143,11 @@ def carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
   """The exclusive running sum with restarts: out[g] = keep[g-1] out[g-1] + kv[g-1] (out[0] = 0);
   reverse: from the right, out[g] = keep[g+1] out[g+1] + kv[g+1]. kv [B,G,...], keep [B,G]."""
   keep = keep.reshape(keep.shape + (1,) * (kv.ndim - 2))
+
   def combine(first, then):  # affine maps x -> a x + b, `first` applied first (in scan order)
     (a1, b1), (a2, b2) = first, then
     return a1 * a2, a2 * b1 + b2
+
   _, inclusive = jax.lax.associative_scan(combine, (keep, kv), axis=1, reverse=reverse)
   zero = jnp.zeros_like(inclusive[:, :1])
   if reverse:
@@ -138,10 +155,23 @@ def carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
   return jnp.concatenate([zero, inclusive[:, :-1]], axis=1)
 
 
-def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin_k: Array | None,
-                          v: Array, *, chunk: int, causal: bool, quad_scale: float, lin_scale: float,
-                          bias: Array | None = None, mask: Array | None = None, segments: Array | None = None,
-                          global_norm: str = "sum", kernel: str = "relu2") -> Array:
+def mixed_chunk_attention(
+  quad_q: Array,
+  quad_k: Array,
+  lin_q: Array | None,
+  lin_k: Array | None,
+  v: Array,
+  *,
+  chunk: int,
+  causal: bool,
+  quad_scale: float,
+  lin_scale: float,
+  bias: Array | None = None,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  global_norm: str = "sum",
+  kernel: str = "relu2",
+) -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
   quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C] relative bias inside a chunk
@@ -168,8 +198,9 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
   doc = None if plain else documents(segments, valid, g * c)
   if g * c != t:
     widths = lambda x: [(0, 0), (0, g * c - t)] + [(0, 0)] * (x.ndim - 2)
-    quad_q, quad_k, lin_q, lin_k, v, valid = (None if x is None else jnp.pad(x, widths(x))
-                                              for x in (quad_q, quad_k, lin_q, lin_k, v, valid))
+    quad_q, quad_k, lin_q, lin_k, v, valid = (
+      None if x is None else jnp.pad(x, widths(x)) for x in (quad_q, quad_k, lin_q, lin_k, v, valid)
+    )
   chunked = lambda x: None if x is None else x.reshape(b, g, c, *x.shape[2:])
   quad_q, quad_k, lin_q, lin_k, v, valid, doc = map(chunked, (quad_q, quad_k, lin_q, lin_k, v, valid, doc))
   same = None if doc is None else doc[:, :, :, None] == doc[:, :, None, :]  # [B,G,C,C]
@@ -188,8 +219,10 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
   if lin_q is None:
     return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
   lq = lin_q.astype(jnp.float32)
-  sums = lambda w: jnp.einsum("bgchs,bgche->bghse", jnp.where(w[..., None, None] > 0, lin_k, 0), v,
-                              preferred_element_type=jnp.float32) * lin_scale
+  sums = lambda w: (
+    jnp.einsum("bgchs,bgche->bghse", jnp.where(w[..., None, None] > 0, lin_k, 0), v, preferred_element_type=jnp.float32)
+    * lin_scale
+  )
   if plain:
     kv = sums(valid)
     if causal:  # chunk g reads chunks 0..g-1: an exclusive cumulative sum over G steps, not T
@@ -211,35 +244,57 @@ def mixed_chunk_attention(quad_q: Array, quad_k: Array, lin_q: Array | None, lin
   return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
 
 
-def linear_attention_reference(q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None = None,
-                               eps: float = 1e-6) -> Array:
+def linear_attention_reference(
+  q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None = None, eps: float = 1e-6
+) -> Array:
   """linear_attention as one T x T matrix (the oracle)."""
   fq, fk = jax.nn.relu(q), jax.nn.relu(k)
   ones = jnp.ones((*v.shape[:-1], 1), v.dtype)
-  both = relu2_attention(fq, fk, jnp.concatenate([v, ones], -1), scale=1.0, causal=causal, mask=mask,
-                         kernel="linear")
+  both = relu2_attention(fq, fk, jnp.concatenate([v, ones], -1), scale=1.0, causal=causal, mask=mask, kernel="linear")
   return (both[..., :-1] / (both[..., -1:] + eps)).astype(v.dtype)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
 
-def init_chunk_state(batch: int, heads: int, chunk: int, qk_dim: int, v_dim: int, *, local: bool = True,
-                     linear: bool = True, dtype=jnp.float32) -> dict[str, Array]:
+
+def init_chunk_state(
+  batch: int,
+  heads: int,
+  chunk: int,
+  qk_dim: int,
+  v_dim: int,
+  *,
+  local: bool = True,
+  linear: bool = True,
+  dtype=jnp.float32,
+) -> dict[str, Array]:
   """State of causal mixed chunk attention before position 0."""
   state = {}
   if local:  # the current chunk's keys and values
     state["keys"] = jnp.zeros((batch, chunk, heads, qk_dim), dtype)
     state["values"] = jnp.zeros((batch, chunk, heads, v_dim), dtype)
   if linear:
-    state["kv"] = jnp.zeros((batch, heads, qk_dim, v_dim), jnp.float32)       # finished chunks
+    state["kv"] = jnp.zeros((batch, heads, qk_dim, v_dim), jnp.float32)  # finished chunks
     state["partial"] = jnp.zeros((batch, heads, qk_dim, v_dim), jnp.float32)  # the current chunk
   return state
 
 
-def chunk_step(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, lin_k: Array | None, v: Array,
-               state: dict[str, Array], position: Array, *, chunk: int, quad_scale: float, lin_scale: float,
-               bias_row: Array | None = None, kernel: str = "relu2",
-               global_norm: str = "sum") -> tuple[Array, dict[str, Array]]:
+def chunk_step(
+  quad_q: Array | None,
+  quad_k: Array | None,
+  lin_q: Array | None,
+  lin_k: Array | None,
+  v: Array,
+  state: dict[str, Array],
+  position: Array,
+  *,
+  chunk: int,
+  quad_scale: float,
+  lin_scale: float,
+  bias_row: Array | None = None,
+  kernel: str = "relu2",
+  global_norm: str = "sum",
+) -> tuple[Array, dict[str, Array]]:
   """One causal step at `position`: inputs [B,H,S] / [B,H,E], bias_row [C] (bias[i, :] for
   i = position mod C) -> y [B,H,E], next state. Equals mixed_chunk_attention at that position
   (None drops a part, as there; decoding is one document, so "mean" divides by position // C)."""
@@ -267,12 +322,24 @@ def chunk_step(quad_q: Array | None, quad_k: Array | None, lin_q: Array | None, 
   return out.astype(v.dtype), state
 
 
-def linear_step(q: Array, k: Array, v: Array, state: dict[str, Array], position: Array, *, chunk: int,
-                eps: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+def linear_step(
+  q: Array, k: Array, v: Array, state: dict[str, Array], position: Array, *, chunk: int, eps: float = 1e-6
+) -> tuple[Array, dict[str, Array]]:
   """One causal step of linear_attention: q, k [B,H,S], v [B,H,E] -> y [B,H,E], next state
   (init_chunk_state with v_dim E + 1)."""
   fq, fk = jax.nn.relu(q), jax.nn.relu(k)
-  both, state = chunk_step(fq, fk, fq, fk, jnp.concatenate([v, jnp.ones_like(v[..., :1])], -1), state, position,
-                           chunk=chunk, quad_scale=1.0, lin_scale=1.0, kernel="linear")
+  both, state = chunk_step(
+    fq,
+    fk,
+    fq,
+    fk,
+    jnp.concatenate([v, jnp.ones_like(v[..., :1])], -1),
+    state,
+    position,
+    chunk=chunk,
+    quad_scale=1.0,
+    lin_scale=1.0,
+    kernel="linear",
+  )
   both = both.astype(jnp.float32)
   return (both[..., :-1] / (both[..., -1:] + eps)).astype(v.dtype), state

@@ -16,18 +16,36 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import _pallas, latte_pallas, latte_xla
-from lra_core.kernels.latte_xla import (bidirectional_latte_reference, causal_latte_reference, init_latte_state,
-                                        latte_step)
+from lra_core.kernels.latte_xla import (
+  bidirectional_latte_reference,
+  causal_latte_reference,
+  init_latte_state,
+  latte_step,
+)
 
-__all__ = ["IMPLS", "bidirectional_latte", "bidirectional_latte_reference", "causal_latte", "causal_latte_reference",
-           "default_chunk", "init_latte_state", "latte_step"]
+__all__ = [
+  "IMPLS",
+  "bidirectional_latte",
+  "bidirectional_latte_reference",
+  "causal_latte",
+  "causal_latte_reference",
+  "default_chunk",
+  "init_latte_state",
+  "latte_step",
+]
 
 Array = jax.Array
 IMPLS = ("xla", "pallas")
 
 
-def _check(q: Array, k: Array, v: Array, mask: Array | None = None, segments: Array | None = None,
-           latent_scale: Array | None = None) -> None:
+def _check(
+  q: Array,
+  k: Array,
+  v: Array,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+) -> None:
   if q.ndim != 4 or q.shape != k.shape:
     raise ValueError(f"latte expects q and k of one shape [B,T,H,L], got q {q.shape}, k {k.shape}.")
   if v.ndim != 4 or v.shape[:3] != q.shape[:3]:
@@ -51,9 +69,17 @@ def default_chunk() -> int:
   return 8 if _pallas.platform() == "cpu" else 64
 
 
-def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                        segments: Array | None = None, latent_scale: Array | None = None,
-                        impl: str = "xla", chunk: int | None = None) -> Array:
+def bidirectional_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+  impl: str = "xla",
+  chunk: int | None = None,
+) -> Array:
   """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding.
 
   With `segments` int[B,T] every document has its own softmax over time, in O(T L (C + D)) with
@@ -73,9 +99,17 @@ def _check_chunk(chunk: int | None) -> None:
     raise ValueError(f"chunk must be >= 1, got {chunk}.")
 
 
-def causal_latte(q: Array, k: Array, v: Array, *, impl: str = "xla", chunk: int | None = None,
-                 state: dict[str, Array] | None = None, segments: Array | None = None,
-                 latent_scale: Array | None = None) -> Array:
+def causal_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  impl: str = "xla",
+  chunk: int | None = None,
+  state: dict[str, Array] | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+) -> Array:
   """Causal Latte: a scan over chunks of `chunk` tokens (default per backend), exact inside each.
 
   O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.

@@ -82,14 +82,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas
-from lra_core.kernels import latte_xla
+from lra_core.kernels import _pallas, latte_xla
 
 Array = jax.Array
 f32 = jnp.float32
 NEG = latte_xla.NEG
 PAD = 2 * NEG  # time padding: below every key, masked ones (NEG) included
-BLOCK = 128    # time block of the bidirectional reduction (off GPU)
+BLOCK = 128  # time block of the bidirectional reduction (off GPU)
 DRIVERS = ("grid", "loop")  # of kernels/_pallas.py: no "parallel", the state crosses the blocks in order
 
 
@@ -123,8 +122,18 @@ _dot = functools.partial(_pallas.dot, precision=jax.lax.Precision.HIGHEST)
 
 # -- block steps ------------------------------------------------------------------------------------
 
-def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Array, doc: Array | None = None,
-                  doc_rows: Array | None = None, cont: Array | None = None):
+
+def _causal_block(
+  state,
+  p: Array,
+  k: Array,
+  k_rows: Array,
+  v: Array,
+  v_rows: Array,
+  doc: Array | None = None,
+  doc_rows: Array | None = None,
+  cont: Array | None = None,
+):
   """C tokens after `state` = (num [D,L], den [1,L], max [1,L]): p, k [C,L], v [C,D], and k, v once more
   one token per leading index, k_rows [C,1,L], v_rows [C,1,D] -> state, (y [C,D],). With packed
   documents: doc [C,1] and doc_rows [C,1,1] the tokens' document indices, cont [C,1] 1 where a token
@@ -138,26 +147,38 @@ def _causal_block(state, p: Array, k: Array, k_rows: Array, v: Array, v_rows: Ar
   num, den, mx = state
   k, v = k.astype(f32), v.astype(f32)
   c = k.shape[0]
-  causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0)
-            <= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))               # [Cs,Ct,1]: s <= t
-  past = mx                                                                       # [1,L] or [Ct,L]
+  causal = jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0) <= jax.lax.broadcasted_iota(
+    jnp.int32, (c, c, 1), 1
+  )  # [Cs,Ct,1]: s <= t
+  past = mx  # [1,L] or [Ct,L]
   if doc is not None:
-    causal = causal & (doc_rows == doc[None])                                     # and s in t's document
+    causal = causal & (doc_rows == doc[None])  # and s in t's document
     past = jnp.where(cont > 0, mx, NEG)
-  prefix = jnp.where(causal, k_rows.astype(f32), NEG)                             # [Cs,Ct,L]: k_s for s <= t
-  m = jnp.maximum(past, prefix.max(0))                                            # running max [Ct,L]
-  within = jnp.where(causal, jnp.exp(prefix - m), 0.0)                            # [Cs,Ct,L], <= 1
-  carried = jnp.exp(past - m)                                                     # [Ct,L], <= 1
+  prefix = jnp.where(causal, k_rows.astype(f32), NEG)  # [Cs,Ct,L]: k_s for s <= t
+  m = jnp.maximum(past, prefix.max(0))  # running max [Ct,L]
+  within = jnp.where(causal, jnp.exp(prefix - m), 0.0)  # [Cs,Ct,L], <= 1
+  carried = jnp.exp(past - m)  # [Ct,L], <= 1
   if doc is not None:
     carried = jnp.where(cont > 0, carried, 0.0)
-  r = p / (within.sum(0) + carried * den)                  # den_t >= 1: it holds the max term
-  weights = (r * within).sum(-1, keepdims=True)                                   # [Cs,Ct,1]: sum_l r_tl w_stl
+  r = p / (within.sum(0) + carried * den)  # den_t >= 1: it holds the max term
+  weights = (r * within).sum(-1, keepdims=True)  # [Cs,Ct,1]: sum_l r_tl w_stl
   y = (weights * v_rows.astype(f32)).sum(0) + _dot(r * carried, num, (1, 1))
   return _causal_end(num, den, mx, k, v, doc, cont), (y,)
 
 
-def _linear_block(state, r: Array, e: Array, e_rows: Array, v: Array, v_rows: Array, doc: Array, doc_rows: Array,
-                  cont: Array, *, strict: bool):
+def _linear_block(
+  state,
+  r: Array,
+  e: Array,
+  e_rows: Array,
+  v: Array,
+  v_rows: Array,
+  doc: Array,
+  doc_rows: Array,
+  cont: Array,
+  *,
+  strict: bool,
+):
   """The linear sums of segmented bidirectional Latte over C tokens after state = (num [D,L],), the sum of
   e_s v_s over the open document: r, e [C,L], e_rows [C,1,L], v [C,D], v_rows [C,1,D], doc [C,1], doc_rows
   [C,1,1], cont [C,1] -> state, (y [C,D],) with y_t = sum (r_t . e_s) v_s over the earlier tokens s of t's
@@ -166,8 +187,8 @@ def _linear_block(state, r: Array, e: Array, e_rows: Array, v: Array, v_rows: Ar
   e, v = e.astype(f32), v.astype(f32)
   c = e.shape[0]
   s_index, t_index = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), axis) for axis in (0, 1))
-  same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc_rows == doc[None])   # [Cs,Ct,1]
-  weights = jnp.where(same, (r[None] * e_rows.astype(f32)).sum(-1, keepdims=True), 0.0)        # r_t . e_s
+  same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc_rows == doc[None])  # [Cs,Ct,1]
+  weights = jnp.where(same, (r[None] * e_rows.astype(f32)).sum(-1, keepdims=True), 0.0)  # r_t . e_s
   y = (weights * v_rows.astype(f32)).sum(0) + _dot(jnp.where(cont > 0, r, 0.0), num, (1, 1))
   last = doc == _last_row(doc)
   num = jnp.where(_last_row(cont) > 0, num, 0.0) + _dot(v, jnp.where(last, e, 0.0), (0, 0))
@@ -186,30 +207,33 @@ def _last_row(x: Array) -> Array:
 # ((rows + columns per thread) x K floats), so every contraction here is a time block (C) or a latent
 # group (Lg), and the only 3-D value is the causal step's [C,C,Lg] weights of one group.
 
-def _causal_groups(state, p: Callable, k: Callable, v: Callable, doc: Callable | None = None,
-                   cont: Callable | None = None):
+
+def _causal_groups(
+  state, p: Callable, k: Callable, v: Callable, doc: Callable | None = None, cont: Callable | None = None
+):
   """`_causal_block` per latent group: state ((num [Dv,Lg], den [1,Lg], max [1,Lg]) per group), p, k
   [C,Lg] per group, v [C,Dv], with packed documents doc, cont [C,1] -> state, (y [C,Dv],). The weights
   sum_l r_tl w_stl add up over the groups as [Cs,Ct] and meet v in one matmul."""
   v = v().astype(f32)
   c = v.shape[0]
-  causal = (jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0)
-            <= jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 1))               # [Cs,Ct,1]: s <= t
+  causal = jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0) <= jax.lax.broadcasted_iota(
+    jnp.int32, (c, c, 1), 1
+  )  # [Cs,Ct,1]: s <= t
   if doc is not None:
     doc, cont = doc(), cont()
-    causal = causal & (doc[:, None] == doc[None])                                 # and s in t's document
+    causal = causal & (doc[:, None] == doc[None])  # and s in t's document
   weights, y, out = jnp.zeros((c, c), f32), jnp.zeros(v.shape, f32), []
   for g, (num, den, mx) in enumerate(state):
     kg = k(g).astype(f32)
-    past = mx if doc is None else jnp.where(cont > 0, mx, NEG)                    # [1,Lg] or [Ct,Lg]
-    prefix = jnp.where(causal, kg[:, None], NEG)                                  # [Cs,Ct,Lg]: k_s for s <= t
-    m = jnp.maximum(past, prefix.max(0))                                          # running max [Ct,Lg]
-    within = jnp.where(causal, jnp.exp(prefix - m), 0.0)                          # [Cs,Ct,Lg], <= 1
-    carried = jnp.exp(past - m)                                                   # [Ct,Lg], <= 1
+    past = mx if doc is None else jnp.where(cont > 0, mx, NEG)  # [1,Lg] or [Ct,Lg]
+    prefix = jnp.where(causal, kg[:, None], NEG)  # [Cs,Ct,Lg]: k_s for s <= t
+    m = jnp.maximum(past, prefix.max(0))  # running max [Ct,Lg]
+    within = jnp.where(causal, jnp.exp(prefix - m), 0.0)  # [Cs,Ct,Lg], <= 1
+    carried = jnp.exp(past - m)  # [Ct,Lg], <= 1
     if doc is not None:
       carried = jnp.where(cont > 0, carried, 0.0)
-    r = p(g) / (within.sum(0) + carried * den)                                    # den_t >= 1: holds the max term
-    weights = weights + (r * within).sum(-1)                                      # [Cs,Ct]: sum_l r_tl w_stl
+    r = p(g) / (within.sum(0) + carried * den)  # den_t >= 1: holds the max term
+    weights = weights + (r * within).sum(-1)  # [Cs,Ct]: sum_l r_tl w_stl
     y = y + _dot(r * carried, num, (1, 1))
     out.append(_causal_end(num, den, mx, kg, v, doc, cont))
   return tuple(out), (y + _dot(weights, v, (0, 0)),)
@@ -219,12 +243,12 @@ def _causal_end(num, den, mx, k, v, doc, cont):
   """The causal state after a block (as `_causal_block`'s): the sums scaled to the max at its end, over the
   document open there."""
   if doc is None:
-    end = jnp.maximum(mx, k.max(0, keepdims=True))                                # m after the block [1,L]
+    end = jnp.maximum(mx, k.max(0, keepdims=True))  # m after the block [1,L]
     to_end, decay = jnp.exp(k - end), jnp.exp(mx - end)
   else:
-    last, cont_last = doc == _last_row(doc), _last_row(cont) > 0                  # [C,1], [1,1]
+    last, cont_last = doc == _last_row(doc), _last_row(cont) > 0  # [C,1], [1,1]
     end = jnp.maximum(jnp.where(cont_last, mx, NEG), jnp.where(last, k, NEG).max(0, keepdims=True))  # [1,L]
-    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)       # the document open at the end
+    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)  # the document open at the end
     decay = jnp.where(cont_last, jnp.exp(mx - end), 0.0)
   return decay * num + _dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end
 
@@ -235,7 +259,7 @@ def _linear_groups(state, r: Callable, e: Callable, v: Callable, doc: Callable, 
   v, doc, cont = v().astype(f32), doc(), cont()
   c = v.shape[0]
   t_index, s_index = (jax.lax.broadcasted_iota(jnp.int32, (c, c), axis) for axis in (0, 1))
-  same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc == doc.T)   # [Ct,Cs]
+  same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc == doc.T)  # [Ct,Cs]
   last, cont_last = doc == _last_row(doc), _last_row(cont) > 0
   scores, y, out = jnp.zeros((c, c), f32), jnp.zeros(v.shape, f32), []
   for g, (num,) in enumerate(state):
@@ -264,11 +288,12 @@ def _summary_block(state, k: Array, v: Array):
 
 # -- the two drivers --------------------------------------------------------------------------------
 
+
 def _grid_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final: bool):
   """Grid (B, H, R), R sequential: the state in scratch across the block axis."""
-  init, xs, ys = refs[:n_state], refs[n_state:n_state + n_x], refs[n_state + n_x:n_state + n_x + n_y]
-  finals = refs[n_state + n_x + n_y:len(refs) - n_state] if final else ()
-  scratch = refs[len(refs) - n_state:]
+  init, xs, ys = refs[:n_state], refs[n_state : n_state + n_x], refs[n_state + n_x : n_state + n_x + n_y]
+  finals = refs[n_state + n_x + n_y : len(refs) - n_state] if final else ()
+  scratch = refs[len(refs) - n_state :]
   r = pl.program_id(2)
 
   @pl.when(r == 0)
@@ -282,19 +307,30 @@ def _grid_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final:
   for s, value in zip(scratch, state):
     s[...] = value
   if final:
+
     @pl.when(r == pl.num_programs(2) - 1)
     def _():
       for f, value in zip(finals, state):
         f[...] = value
 
 
-def _loop_kernel(*refs, step: Callable, n_state: int, n_x: int, n_y: int, final: bool, chunk: int,
-                 num_chunks: int, groups: int, shared: tuple[bool, ...]):
+def _loop_kernel(
+  *refs,
+  step: Callable,
+  n_state: int,
+  n_x: int,
+  n_y: int,
+  final: bool,
+  chunk: int,
+  num_chunks: int,
+  groups: int,
+  shared: tuple[bool, ...],
+):
   """Grid (B, H, value tiles, latent tiles): a loop over the blocks of the whole [T, .] slices, the state in
   loop values, a tuple over `groups` latent groups (see the GPU block steps). A final state `shared` by the
   value tiles (no value rows: each computes the same) is written by the first alone."""
-  init, xs, ys = refs[:n_state], refs[n_state:n_state + n_x], refs[n_state + n_x:n_state + n_x + n_y]
-  finals = refs[n_state + n_x + n_y:]
+  init, xs, ys = refs[:n_state], refs[n_state : n_state + n_x], refs[n_state + n_x : n_state + n_x + n_y]
+  finals = refs[n_state + n_x + n_y :]
   width = init[0].shape[-1] // groups
   group = lambda g: pl.ds(g * width, width)
 
@@ -324,10 +360,23 @@ def _tile(size: int, block: int) -> int:
   return block if size % block == 0 else size
 
 
-def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequence[tuple[int, jnp.dtype]], *,
-          final: bool, chunk: int, driver: str, interpret: bool, name: str,
-          cost: Callable[[int], tuple[int, int]], kinds: Sequence[str] = (), tiles: dict[str, int] | None = None,
-          kernel: str = "", latent_grid: bool = False) -> tuple[Array, ...]:
+def _scan(
+  step: Callable,
+  init: Sequence[Array],
+  xs: Sequence[Array],
+  ys: Sequence[tuple[int, jnp.dtype]],
+  *,
+  final: bool,
+  chunk: int,
+  driver: str,
+  interpret: bool,
+  name: str,
+  cost: Callable[[int], tuple[int, int]],
+  kinds: Sequence[str] = (),
+  tiles: dict[str, int] | None = None,
+  kernel: str = "",
+  latent_grid: bool = False,
+) -> tuple[Array, ...]:
   """`step` over the time blocks of every (batch, head), head-major: init (the state) [B,H,.,L] float32,
   xs [B,H,T,.] with T a multiple of `chunk` -> per (width Y, dtype) in `ys` an output [B,H,T,Y] written
   block by block, then the last state if `final`. `cost(tokens)` = (flops, exps) of `step` over that many
@@ -340,23 +389,30 @@ def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequen
   `_pallas.compiler_params` of `kernel`."""
   b, h, t = xs[0].shape[:3]
   flops, exps = cost(b * h * t)
-  moved = sum(x.size * x.dtype.itemsize for x in (*init, *xs)) + sum(b * h * t * w * jnp.dtype(d).itemsize
-                                                                      for w, d in ys)
+  moved = sum(x.size * x.dtype.itemsize for x in (*init, *xs)) + sum(
+    b * h * t * w * jnp.dtype(d).itemsize for w, d in ys
+  )
   estimate = pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
   n = t // chunk
   statics = dict(step=step, n_state=len(init), n_x=len(xs), n_y=len(ys), final=final)
-  out_shape = ([jax.ShapeDtypeStruct((b, h, t, width), dtype) for width, dtype in ys]
-               + ([jax.ShapeDtypeStruct(s.shape, f32) for s in init] if final else []))
+  out_shape = [jax.ShapeDtypeStruct((b, h, t, width), dtype) for width, dtype in ys] + (
+    [jax.ShapeDtypeStruct(s.shape, f32) for s in init] if final else []
+  )
   if driver == "grid":
     timed = lambda x: pl.BlockSpec((None, None, chunk) + x.shape[3:], lambda i, j, r: (i, j, r) + (0,) * (x.ndim - 3))
     fixed = lambda x: pl.BlockSpec((None, None) + x.shape[2:], lambda i, j, r: (i, j, 0, 0))
     call = pl.pallas_call(
-        functools.partial(_grid_kernel, **statics), out_shape=out_shape, grid=(b, h, n),
-        in_specs=[fixed(s) for s in init] + [timed(x) for x in xs],
-        out_specs=[timed(y) for y in out_shape[:len(ys)]] + [fixed(s) for s in init if final],
-        scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
-        compiler_params=_pallas.compiler_params(2, sequential=True), interpret=interpret, cost_estimate=estimate,
-        name=name)
+      functools.partial(_grid_kernel, **statics),
+      out_shape=out_shape,
+      grid=(b, h, n),
+      in_specs=[fixed(s) for s in init] + [timed(x) for x in xs],
+      out_specs=[timed(y) for y in out_shape[: len(ys)]] + [fixed(s) for s in init if final],
+      scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
+      compiler_params=_pallas.compiler_params(2, sequential=True),
+      interpret=interpret,
+      cost_estimate=estimate,
+      name=name,
+    )
     return tuple(call(*init, *xs))
   d, l = init[0].shape[2:]
   dv, lg = _tile(d, tiles["value_block"]), _tile(l, tiles["latent_block"])
@@ -368,14 +424,18 @@ def _scan(step: Callable, init: Sequence[Array], xs: Sequence[Array], ys: Sequen
     return pl.BlockSpec((None, None) + tuple(sizes.get(c, size) for c, size in zip(kind, x.shape[2:])), index)
 
   state_specs = [spec(s, kind) for s, kind in zip(init, kinds)]
-  shared = tuple("v" not in kind for kind in kinds[:len(init)]) if final else ()
+  shared = tuple("v" not in kind for kind in kinds[: len(init)]) if final else ()
   call = pl.pallas_call(
-      functools.partial(_loop_kernel, chunk=chunk, num_chunks=n, groups=lt // lg, shared=shared, **statics),
-      out_shape=out_shape, grid=(b, h, d // dv, l // lt),
-      in_specs=state_specs + [spec(x, kind) for x, kind in zip(xs, kinds[len(init):])],
-      out_specs=[spec(y, ".v") for y in out_shape[:len(ys)]] + (state_specs if final else []),
-      compiler_params=_pallas.compiler_params(4, sequential=False, kernel=kernel), interpret=interpret,
-      cost_estimate=estimate, name=name)
+    functools.partial(_loop_kernel, chunk=chunk, num_chunks=n, groups=lt // lg, shared=shared, **statics),
+    out_shape=out_shape,
+    grid=(b, h, d // dv, l // lt),
+    in_specs=state_specs + [spec(x, kind) for x, kind in zip(xs, kinds[len(init) :])],
+    out_specs=[spec(y, ".v") for y in out_shape[: len(ys)]] + (state_specs if final else []),
+    compiler_params=_pallas.compiler_params(4, sequential=False, kernel=kernel),
+    interpret=interpret,
+    cost_estimate=estimate,
+    name=name,
+  )
   return tuple(call(*init, *xs))
 
 
@@ -390,6 +450,7 @@ def _options(driver: str | None, interpret: bool | None) -> tuple[str, bool]:
 
 
 # -- causal -----------------------------------------------------------------------------------------
+
 
 def _triton_width(v: Array) -> Array:
   """v [B,T,H,D] with D padded by zeros to a power of two on GPU (Triton takes no other sizes; the padded
@@ -410,29 +471,54 @@ def _document_rows(segments: Array, heads: int, chunk: int, t: int) -> tuple[Arr
   return doc, doc[..., None], column(cont)
 
 
-def _causal_forward(q, k, v, state, segments, latent_scale, *, chunk: int, driver: str, interpret: bool,
-                    tiles: tuple[tuple[str, int], ...]) -> Array:
+def _causal_forward(
+  q,
+  k,
+  v,
+  state,
+  segments,
+  latent_scale,
+  *,
+  chunk: int,
+  driver: str,
+  interpret: bool,
+  tiles: tuple[tuple[str, int], ...],
+) -> Array:
   b, t, h, _ = q.shape
   d = v.shape[-1]
   tp = -(-t // chunk) * chunk
   v = _triton_width(v)
   num = jnp.pad(state["num"].astype(f32), [(0, 0)] * 3 + [(0, v.shape[-1] - d)])
-  init = (num.swapaxes(-1, -2), state["den"].astype(f32)[:, :, None],
-          state["max"].astype(f32)[:, :, None])                                    # [B,H,D,L], 2 x [B,H,1,L]
+  init = (
+    num.swapaxes(-1, -2),
+    state["den"].astype(f32)[:, :, None],
+    state["max"].astype(f32)[:, :, None],
+  )  # [B,H,D,L], 2 x [B,H,1,L]
   p = _head_major(latte_xla.latent_probs(q, latent_scale), tp)
   k, v = _head_major(k.astype(f32), tp, PAD), _head_major(v, tp)
   docs = () if segments is None else _document_rows(segments, h, chunk, tp)
   if driver == "grid":
-    rows = lambda x: x[:, :, :, None, :]                                          # [B,H,T,1,X], same bytes
+    rows = lambda x: x[:, :, :, None, :]  # [B,H,T,1,X], same bytes
     step, xs = _causal_block, (p, k, rows(k), v, rows(v)) + docs
   else:
-    step, xs = _causal_groups, (p, k, v) + docs[::2]                             # doc and cont [B,H,T,1]
+    step, xs = _causal_groups, (p, k, v) + docs[::2]  # doc and cont [B,H,T,1]
   l, dp = q.shape[-1], v.shape[-1]
   # per token: the [C,L] block weights and their products with v (C D), the carried part and the state update
   cost = lambda n: (n * (3 * chunk * l + 2 * chunk * dp + 4 * l * dp), n * (chunk * l + 3 * l))
-  run = functools.partial(_scan, step, ys=((dp, v.dtype),), final=False, chunk=chunk, driver=driver,
-                          interpret=interpret, name="causal_latte", cost=cost, kernel="causal_latte",
-                          kinds=("vl", ".l", ".l", ".l", ".l", ".v", "..", ".."), tiles=dict(tiles))
+  run = functools.partial(
+    _scan,
+    step,
+    ys=((dp, v.dtype),),
+    final=False,
+    chunk=chunk,
+    driver=driver,
+    interpret=interpret,
+    name="causal_latte",
+    cost=cost,
+    kernel="causal_latte",
+    kinds=("vl", ".l", ".l", ".l", ".l", ".v", "..", ".."),
+    tiles=dict(tiles),
+  )
   dims = tuple("bh" + "." * (x.ndim - 2) for x in xs)
   (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, dims), ("bh..",), batch=b, heads=h)
   return out[:, :, :t, :d].swapaxes(1, 2)
@@ -450,8 +536,9 @@ def _causal_fwd(q, k, v, state, segments, latent_scale, options):
 def _causal_bwd(options, residuals, cotangent):
   chunk = dict(options)["chunk"]
   *floats, segments, latent_scale = residuals
-  xla = lambda q, k, v, state, latent_scale: latte_xla.causal_latte(q, k, v, chunk=chunk, state=state,
-                                                                    segments=segments, latent_scale=latent_scale)
+  xla = lambda q, k, v, state, latent_scale: latte_xla.causal_latte(
+    q, k, v, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale
+  )
   *grads, scale_grad = jax.vjp(xla, *floats, latent_scale)[1](cotangent)
   return (*grads, None, scale_grad)
 
@@ -459,10 +546,20 @@ def _causal_bwd(options, residuals, cotangent):
 _causal.defvjp(_causal_fwd, _causal_bwd)
 
 
-def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, state: dict[str, Array] | None = None,
-                 segments: Array | None = None, latent_scale: Array | None = None, driver: str | None = None,
-                 interpret: bool | None = None, value_block: int | None = None,
-                 latent_block: int | None = None) -> Array:
+def causal_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  chunk: int | None = None,
+  state: dict[str, Array] | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+  driver: str | None = None,
+  interpret: bool | None = None,
+  value_block: int | None = None,
+  latent_block: int | None = None,
+) -> Array:
   """`kernels.latte.causal_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D] -> [B,T,H,D] in v's dtype. `chunk` is the kernel's time block (default per backend);
   `segments` int[B,T] packed documents, `latent_scale` [B,T,H,L] times p(l|t); `driver` "grid" | "loop"
@@ -472,15 +569,38 @@ def causal_latte(q: Array, k: Array, v: Array, *, chunk: int | None = None, stat
   chunk = default_chunk() if chunk is None else chunk
   state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
   driver, interpret = _options(driver, interpret)
-  return _causal(q, k, v, state, segments, latent_scale,
-                 (("chunk", chunk), ("driver", driver), ("interpret", interpret),
-                  ("tiles", _loop_tiles("causal_latte", value_block, latent_block))))
+  return _causal(
+    q,
+    k,
+    v,
+    state,
+    segments,
+    latent_scale,
+    (
+      ("chunk", chunk),
+      ("driver", driver),
+      ("interpret", interpret),
+      ("tiles", _loop_tiles("causal_latte", value_block, latent_block)),
+    ),
+  )
 
 
 # -- bidirectional ----------------------------------------------------------------------------------
 
-def _bidirectional_forward(q, k, v, segments, latent_scale, *, block: int, chunk: int, driver: str,
-                           interpret: bool, tiles: tuple[tuple[str, int], ...]) -> Array:
+
+def _bidirectional_forward(
+  q,
+  k,
+  v,
+  segments,
+  latent_scale,
+  *,
+  block: int,
+  chunk: int,
+  driver: str,
+  interpret: bool,
+  tiles: tuple[tuple[str, int], ...],
+) -> Array:
   b, t, h, l = q.shape
   d = v.shape[-1]
   p = latte_xla.latent_probs(q, latent_scale)
@@ -493,17 +613,36 @@ def _bidirectional_forward(q, k, v, segments, latent_scale, *, block: int, chunk
   init = (jnp.zeros((b, h, dp, l), f32), jnp.zeros((b, h, 1, l), f32), jnp.full((b, h, 1, l), NEG, f32))
   cost = lambda n: (n * 2 * l * dp, n * l)  # per token: v^T exp(k - m), one exp per latent
   step = _summary_block if driver == "grid" else _summary_groups
-  run = functools.partial(_scan, step, ys=(), final=True, chunk=c, driver=driver, interpret=interpret,
-                          name="bidirectional_latte", cost=cost, kernel="bidirectional_latte",
-                          kinds=("vl", ".l", ".l", ".l", ".v"), tiles=dict(tiles), latent_grid=True)
-  num, den, _ = _pallas.run_per_device(run, (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
-                                       (("bh..",) * 3, ("bh..",) * 2), ("bh..",) * 3, batch=b, heads=h)
-  summary = num[:, :, :d] / den                                             # [B,H,D,L]; den >= 1
+  run = functools.partial(
+    _scan,
+    step,
+    ys=(),
+    final=True,
+    chunk=c,
+    driver=driver,
+    interpret=interpret,
+    name="bidirectional_latte",
+    cost=cost,
+    kernel="bidirectional_latte",
+    kinds=("vl", ".l", ".l", ".l", ".v"),
+    tiles=dict(tiles),
+    latent_grid=True,
+  )
+  num, den, _ = _pallas.run_per_device(
+    run,
+    (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
+    (("bh..",) * 3, ("bh..",) * 2),
+    ("bh..",) * 3,
+    batch=b,
+    heads=h,
+  )
+  summary = num[:, :, :d] / den  # [B,H,D,L]; den >= 1
   return jnp.einsum("bthl,bhdl->bthd", p, summary).astype(v.dtype)
 
 
-def _segmented_forward(p, k, v, segments, *, chunk: int, driver: str, interpret: bool,
-                       tiles: tuple[tuple[str, int], ...]) -> Array:
+def _segmented_forward(
+  p, k, v, segments, *, chunk: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
+) -> Array:
   """Bidirectional Latte over packed documents: `latte_xla.bidirectional_parts`, then `_linear_block`
   forward (s <= t) and over the reversed sequence (s > t)."""
   b, t, h, l = p.shape
@@ -525,10 +664,20 @@ def _segmented_forward(p, k, v, segments, *, chunk: int, driver: str, interpret:
       step, xs = _linear_block, (re, ee, rows(ee), ve, rows(ve), doc, doc_rows, cont)
     else:
       step, xs = _linear_groups, (re, ee, ve, doc, cont)
-    run = functools.partial(_scan, functools.partial(step, strict=strict), ys=((dp, f32),), final=False,
-                            chunk=chunk, driver=driver, interpret=interpret, name="bidirectional_latte_documents",
-                            cost=cost, kernel="bidirectional_latte", kinds=("vl", ".l", ".l", ".v", "..", ".."),
-                            tiles=dict(tiles))
+    run = functools.partial(
+      _scan,
+      functools.partial(step, strict=strict),
+      ys=((dp, f32),),
+      final=False,
+      chunk=chunk,
+      driver=driver,
+      interpret=interpret,
+      name="bidirectional_latte_documents",
+      cost=cost,
+      kernel="bidirectional_latte",
+      kinds=("vl", ".l", ".l", ".v", "..", ".."),
+      tiles=dict(tiles),
+    )
     dims = tuple("bh" + "." * (x.ndim - 2) for x in xs)
     (y,) = _pallas.run_per_device(run, (init, xs), (("bh..",), dims), ("bh..",), batch=b, heads=h)
     outs.append(order(y[:, :, :t, :d].swapaxes(1, 2)))
@@ -547,7 +696,8 @@ def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
 def _bidirectional_bwd(options, residuals, cotangent):
   q, k, v, segments, latent_scale = residuals
   xla = lambda q, k, v, latent_scale: latte_xla.bidirectional_latte(
-      q, k, v, segments=segments, latent_scale=latent_scale, chunk=dict(options)["chunk"])
+    q, k, v, segments=segments, latent_scale=latent_scale, chunk=dict(options)["chunk"]
+  )
   dq, dk, dv, dscale = jax.vjp(xla, q, k, v, latent_scale)[1](cotangent)
   return dq, dk, dv, None, dscale
 
@@ -555,10 +705,21 @@ def _bidirectional_bwd(options, residuals, cotangent):
 _bidirectional.defvjp(_bidirectional_fwd, _bidirectional_bwd)
 
 
-def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None, segments: Array | None = None,
-                        latent_scale: Array | None = None, block: int | None = None, chunk: int | None = None,
-                        driver: str | None = None, interpret: bool | None = None, value_block: int | None = None,
-                        latent_block: int | None = None) -> Array:
+def bidirectional_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+  block: int | None = None,
+  chunk: int | None = None,
+  driver: str | None = None,
+  interpret: bool | None = None,
+  value_block: int | None = None,
+  latent_block: int | None = None,
+) -> Array:
   """`kernels.latte.bidirectional_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D], mask bool [B,T] -> [B,T,H,D] in v's dtype. `block`: the time block of the reduction
   (at most the next power of two >= T; default `default_block()`). With `segments` int[B,T] (packed

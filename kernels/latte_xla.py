@@ -87,9 +87,17 @@ def _per_document(x: Array, doc: Array, op) -> Array:
 
 # -- bidirectional (Def. 1) ---------------------------------------------------------------------
 
-def bidirectional_latte(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                        segments: Array | None = None, latent_scale: Array | None = None,
-                        chunk: int = 8) -> Array:
+
+def bidirectional_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+  chunk: int = 8,
+) -> Array:
   """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding.
   With `segments` int[B,T] each document has its own softmax over time (`bidirectional_parts` and
   two `linear_scan`s over chunks of `chunk` tokens)."""
@@ -115,8 +123,9 @@ def bidirectional_parts(p: Array, k: Array, segments: Array) -> tuple[Array, Arr
   return p / _per_document(e, doc, jax.ops.segment_sum), e, doc
 
 
-def linear_chunk(num: Array, r: Array, e: Array, v: Array, doc: Array, cont: Array, *,
-                 strict: bool) -> tuple[Array, Array]:
+def linear_chunk(
+  num: Array, r: Array, e: Array, v: Array, doc: Array, cont: Array, *, strict: bool
+) -> tuple[Array, Array]:
   """C tokens after `num` [B,H,L,D] (the sum of e_s v_s over the open document before the chunk):
   r, e [B,C,H,L], v [B,C,H,D], doc int[B,C], cont bool[B,C] (see `chunk_documents`) -> next num,
   y [B,C,H,D] with y_t = sum (r_t . e_s) v_s over the earlier tokens s of t's document (and s = t
@@ -124,13 +133,14 @@ def linear_chunk(num: Array, r: Array, e: Array, v: Array, doc: Array, cont: Arr
   c = r.shape[1]
   t_index, s_index = jnp.arange(c)[:, None], jnp.arange(c)[None, :]
   order = t_index > s_index if strict else t_index >= s_index
-  same = order[None] & (doc[:, :, None] == doc[:, None, :])                   # [B,Ct,Cs]
+  same = order[None] & (doc[:, :, None] == doc[:, None, :])  # [B,Ct,Cs]
   scores = jnp.where(same[..., None], jnp.einsum("bthl,bshl->btsh", r, e), 0.0)
   y = jnp.einsum("btsh,bshd->bthd", scores, v)
   y = y + jnp.einsum("bthl,bhld->bthd", jnp.where(cont[:, :, None, None], r, 0.0), num)
-  last = doc == doc[:, -1:]                                                   # the document open at the end
-  num = (jnp.where(cont[:, -1, None, None, None], num, 0.0)
-         + jnp.einsum("bshl,bshd->bhld", jnp.where(last[:, :, None, None], e, 0.0), v))
+  last = doc == doc[:, -1:]  # the document open at the end
+  num = jnp.where(cont[:, -1, None, None, None], num, 0.0) + jnp.einsum(
+    "bshl,bshd->bhld", jnp.where(last[:, :, None, None], e, 0.0), v
+  )
   return num, y
 
 
@@ -156,8 +166,15 @@ def _document_keys(k: Array, allowed: Array) -> Array:
   return jnp.where(allowed[:, None, None], jnp.einsum("bshl->bhls", k)[:, :, :, None, :], OTHER)
 
 
-def bidirectional_latte_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                                  segments: Array | None = None, latent_scale: Array | None = None) -> Array:
+def bidirectional_latte_reference(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+) -> Array:
   """Quadratic: A[t,s] = sum_l p(l|t) p(s|l) as a T x T matrix, then A V; with `segments`, p(s|l)
   a softmax over the token's own document (an explicit [T,S] mask per latent)."""
   p = latent_probs(q, latent_scale)
@@ -172,16 +189,20 @@ def bidirectional_latte_reference(q: Array, k: Array, v: Array, *, mask: Array |
 
 # -- causal (Def. 2) ------------------------------------------------------------------------------
 
+
 def init_latte_state(batch: int, heads: int, latents: int, width: int) -> dict[str, Array]:
   """The recurrent state of eq. 12 in the stable form of eq. 21: the sums over the past scaled by
   exp(-running max). Constant size: [B,H,L,D] + 2 x [B,H,L]."""
-  return {"num": jnp.zeros((batch, heads, latents, width), f32),
-          "den": jnp.zeros((batch, heads, latents), f32),
-          "max": jnp.full((batch, heads, latents), NEG, f32)}
+  return {
+    "num": jnp.zeros((batch, heads, latents, width), f32),
+    "den": jnp.zeros((batch, heads, latents), f32),
+    "max": jnp.full((batch, heads, latents), NEG, f32),
+  }
 
 
-def latte_chunk(state: dict[str, Array], p: Array, k: Array, v: Array,
-                docs: tuple[Array, Array] | None = None) -> tuple[dict[str, Array], Array]:
+def latte_chunk(
+  state: dict[str, Array], p: Array, k: Array, v: Array, docs: tuple[Array, Array] | None = None
+) -> tuple[dict[str, Array], Array]:
   """C tokens after `state`: p = p(l|t), k [B,C,H,L], v [B,C,H,D] -> next state, y [B,C,H,D].
 
   Inside the chunk the weights exp(k_s - m_t), s <= t, are exact (m_t the running max, masked before
@@ -195,18 +216,18 @@ def latte_chunk(state: dict[str, Array], p: Array, k: Array, v: Array,
   c = k.shape[1]
   causal = (jnp.arange(c)[:, None] >= jnp.arange(c)[None, :])[None, :, :, None, None]
   if docs is None:
-    past_max = state["max"][:, None]                                           # [B,1,H,L]
+    past_max = state["max"][:, None]  # [B,1,H,L]
     m = sg(jnp.maximum(past_max, jax.lax.cummax(k, axis=1)))  # outputs do not depend on it
   else:
     doc, cont = docs
-    causal = causal & (doc[:, :, None] == doc[:, None, :])[..., None, None]    # [B,Ct,Cs,1,1]
-    past_max = jnp.where(cont[:, :, None, None], state["max"][:, None], NEG)   # [B,Ct,H,L]
+    causal = causal & (doc[:, :, None] == doc[:, None, :])[..., None, None]  # [B,Ct,Cs,1,1]
+    past_max = jnp.where(cont[:, :, None, None], state["max"][:, None], NEG)  # [B,Ct,H,L]
     m = sg(jnp.maximum(past_max, jnp.where(causal, k[:, None], NEG).max(2)))
-  carried = jnp.exp(past_max - m)                                              # [B,Ct,H,L]
+  carried = jnp.exp(past_max - m)  # [B,Ct,H,L]
   if docs is not None:
     carried = jnp.where(cont[:, :, None, None], carried, 0.0)
   within = jnp.where(causal, jnp.exp(jnp.where(causal, k[:, None] - m[:, :, None], 0.0)), 0.0)
-  den = within.sum(2) + carried * state["den"][:, None]                       # >= 1: holds the max term
+  den = within.sum(2) + carried * state["den"][:, None]  # >= 1: holds the max term
   r = p / den
   y = jnp.einsum("btsh,bshd->bthd", (r[:, :, None] * within).sum(-1), v)
   y = y + jnp.einsum("bthl,bhld->bthd", r * carried, state["num"])
@@ -214,16 +235,27 @@ def latte_chunk(state: dict[str, Array], p: Array, k: Array, v: Array,
   if docs is None:
     to_end, decay = jnp.exp(k - end[:, None]), jnp.exp(state["max"] - end)
   else:
-    last = (doc == doc[:, -1:])[:, :, None, None]                              # the document open at the end
+    last = (doc == doc[:, -1:])[:, :, None, None]  # the document open at the end
     to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end[:, None], 0.0)), 0.0)
     decay = jnp.where(cont[:, -1, None, None], jnp.exp(state["max"] - end), 0.0)
-  new = {"num": decay[..., None] * state["num"] + jnp.einsum("bshl,bshd->bhld", to_end, v),
-         "den": decay * state["den"] + to_end.sum(1), "max": end}
+  new = {
+    "num": decay[..., None] * state["num"] + jnp.einsum("bshl,bshd->bhld", to_end, v),
+    "den": decay * state["den"] + to_end.sum(1),
+    "max": end,
+  }
   return new, y
 
 
-def causal_latte(q: Array, k: Array, v: Array, *, chunk: int, state: dict[str, Array] | None = None,
-                 segments: Array | None = None, latent_scale: Array | None = None) -> Array:
+def causal_latte(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  chunk: int,
+  state: dict[str, Array] | None = None,
+  segments: Array | None = None,
+  latent_scale: Array | None = None,
+) -> Array:
   """Causal Latte: a scan over chunks of `chunk` >= 1 tokens, exact inside each.
 
   O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.
@@ -256,14 +288,15 @@ def latte_step(q: Array, k: Array, v: Array, state: dict[str, Array]) -> tuple[A
   return y[:, 0].astype(v.dtype), state
 
 
-def causal_latte_reference(q: Array, k: Array, v: Array, *, segments: Array | None = None,
-                           latent_scale: Array | None = None) -> Array:
+def causal_latte_reference(
+  q: Array, k: Array, v: Array, *, segments: Array | None = None, latent_scale: Array | None = None
+) -> Array:
   """Quadratic: p(s|l,t) as an explicit masked softmax over s for every (t, l), then the sums of eq. 8;
   with `segments` the mask also keeps s to t's document."""
   b, t = q.shape[:2]
   allowed = jnp.broadcast_to(jnp.arange(t)[:, None] >= jnp.arange(t)[None, :], (b, t, t))
   if segments is not None:
     allowed = allowed & (segments[:, :, None] == segments[:, None, :])
-  p_s = jax.nn.softmax(_document_keys(k.astype(f32), allowed), axis=-1)   # [B,H,L,T,S]
+  p_s = jax.nn.softmax(_document_keys(k.astype(f32), allowed), axis=-1)  # [B,H,L,T,S]
   a = jnp.einsum("bthl,bhlts->bhts", latent_probs(q, latent_scale), p_s)
   return jnp.einsum("bhts,bshd->bthd", a, v.astype(f32)).astype(v.dtype)

@@ -37,7 +37,7 @@ def same_segment(q_segments: Array, k_segments: Array) -> Array:
 def shift_right(segment_ids: Array, steps: int = 1, fill: int = -1) -> Array:
   """segment_ids [B,T] moved `steps` positions later, `fill` in front: the id of the token
   `steps` back, for masks of causal convolutions and shifts."""
-  return jnp.pad(segment_ids, ((0, 0), (steps, 0)), constant_values=fill)[:, :segment_ids.shape[1]]
+  return jnp.pad(segment_ids, ((0, 0), (steps, 0)), constant_values=fill)[:, : segment_ids.shape[1]]
 
 
 def check_segments(segment_ids: Array | None, inputs_shape: tuple[int, ...]) -> None:
@@ -45,7 +45,9 @@ def check_segments(segment_ids: Array | None, inputs_shape: tuple[int, ...]) -> 
   if segment_ids is None:
     return
   if tuple(segment_ids.shape) != tuple(inputs_shape[:2]):
-    raise ValueError(f"segment_ids shape {tuple(segment_ids.shape)} does not match the inputs' batch and "
-                     f"length {tuple(inputs_shape[:2])}.")
+    raise ValueError(
+      f"segment_ids shape {tuple(segment_ids.shape)} does not match the inputs' batch and "
+      f"length {tuple(inputs_shape[:2])}."
+    )
   if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
     raise ValueError(f"segment_ids must be integers, got {segment_ids.dtype}.")

@@ -12,15 +12,47 @@ from __future__ import annotations
 import jax
 
 from lra_core.kernels import vq_pallas, vq_xla
-from lra_core.kernels.vq_xla import (MASK, REDUCTIONS, band_to_matrix, cached_attention, codewords, decode_step,
-                                     dense_attention, document_plan, group_heads, group_table, init_carry,
-                                     init_decode_state, quantize, relative_bias, vq_attention_reference,
-                                     xl_bias_blocks)
+from lra_core.kernels.vq_xla import (
+  MASK,
+  REDUCTIONS,
+  band_to_matrix,
+  cached_attention,
+  codewords,
+  decode_step,
+  dense_attention,
+  document_plan,
+  group_heads,
+  group_table,
+  init_carry,
+  init_decode_state,
+  quantize,
+  relative_bias,
+  vq_attention_reference,
+  xl_bias_blocks,
+)
 
-__all__ = ["IMPLS", "MASK", "REDUCTIONS", "band_to_matrix", "cached_attention", "check_shapes", "codewords",
-           "decode_step", "dense_attention", "document_plan", "group_heads", "group_table", "init_carry",
-           "init_decode_state", "quantize", "relative_bias", "vq_attention", "vq_attention_blocks",
-           "vq_attention_reference", "xl_bias_blocks"]
+__all__ = [
+  "IMPLS",
+  "MASK",
+  "REDUCTIONS",
+  "band_to_matrix",
+  "cached_attention",
+  "check_shapes",
+  "codewords",
+  "decode_step",
+  "dense_attention",
+  "document_plan",
+  "group_heads",
+  "group_table",
+  "init_carry",
+  "init_decode_state",
+  "quantize",
+  "relative_bias",
+  "vq_attention",
+  "vq_attention_blocks",
+  "vq_attention_reference",
+  "xl_bias_blocks",
+]
 
 Array = jax.Array
 IMPLS = ("xla", "pallas")
@@ -28,11 +60,22 @@ IMPLS = ("xla", "pallas")
 sg = jax.lax.stop_gradient
 
 
-def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, *, block_len: int,
-                        reduction: str = "serial", carry: dict | None = None,
-                        rel: tuple[Array, Array] | None = None,
-                        compressive: bool = True, impl: str = "xla",
-                        segments: Array | None = None, grad_through_cache: bool = True) -> tuple[Array, dict]:
+def vq_attention_blocks(
+  q: Array,
+  k_hat: Array,
+  z: Array,
+  v: Array,
+  codebook: Array,
+  *,
+  block_len: int,
+  reduction: str = "serial",
+  carry: dict | None = None,
+  rel: tuple[Array, Array] | None = None,
+  compressive: bool = True,
+  impl: str = "xla",
+  segments: Array | None = None,
+  grad_through_cache: bool = True,
+) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
   q [B,T,H,Dk]; k_hat [B,T,Hk,Dk] (quantized keys; straight-through gradients are the
@@ -51,8 +94,9 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   if impl == "pallas" and reduction != "serial":
-    raise ValueError(f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be "
-                     f"'serial', got {reduction!r}.")
+    raise ValueError(
+      f"impl 'pallas' scans the blocks serially in on-chip memory; reduction must be 'serial', got {reduction!r}."
+    )
   b, t, _, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   if segments is not None and tuple(segments.shape) != (b, t):
@@ -61,11 +105,33 @@ def vq_attention_blocks(q: Array, k_hat: Array, z: Array, v: Array, codebook: Ar
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
   bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
   if impl == "pallas":
-    return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block_len, carry=carry, bias=bias,
-                                         compressive=compressive, segments=segments,
-                                         grad_through_cache=grad_through_cache)
-  return vq_xla.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=block_len, reduction=reduction,
-                                 compressive=compressive, segments=segments, grad_through_cache=grad_through_cache)
+    return vq_pallas.vq_attention_blocks(
+      q,
+      k_hat,
+      z,
+      v,
+      codebook,
+      block_len=block_len,
+      carry=carry,
+      bias=bias,
+      compressive=compressive,
+      segments=segments,
+      grad_through_cache=grad_through_cache,
+    )
+  return vq_xla.cached_attention(
+    q,
+    k_hat,
+    z,
+    v,
+    codebook,
+    carry,
+    bias,
+    block_len=block_len,
+    reduction=reduction,
+    compressive=compressive,
+    segments=segments,
+    grad_through_cache=grad_through_cache,
+  )
 
 
 def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) -> None:
@@ -74,8 +140,9 @@ def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) 
     raise ValueError(f"q, k, v must be [B,T,H,D]; got shapes {q.shape}, {k.shape}, {v.shape}.")
   b, t, h, dk = q.shape
   if k.shape[:2] != (b, t) or v.shape[:2] != (b, t) or k.shape[2] != v.shape[2]:
-    raise ValueError(f"k {k.shape} and v {v.shape} must share batch, time and heads with each other "
-                     f"and batch/time with q {q.shape}.")
+    raise ValueError(
+      f"k {k.shape} and v {v.shape} must share batch, time and heads with each other and batch/time with q {q.shape}."
+    )
   if k.shape[-1] != dk or h % k.shape[2]:
     raise ValueError(f"k {k.shape} must have q's key width {dk} and a head count dividing q's {h}.")
   if codebook.ndim != 3 or codebook.shape[0] != k.shape[2] or codebook.shape[2] != dk:
@@ -84,8 +151,17 @@ def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) 
     raise ValueError(f"sequence length {t} is not a multiple of block_len {block_len}.")
 
 
-def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: int, reduction: str = "serial",
-                 impl: str = "xla", segments: Array | None = None) -> Array:
+def vq_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  codebook: Array,
+  *,
+  block_len: int,
+  reduction: str = "serial",
+  impl: str = "xla",
+  segments: Array | None = None,
+) -> Array:
   """Causal softmax attention of q over the vector-quantized keys, in linear time.
 
   q, k: [B,T,H,Dk]; v: [B,T,H,Dv]; codebook: [H,S,Dk] -> [B,T,H,Dv]. Equal (values and
@@ -99,6 +175,7 @@ def vq_attention(q: Array, k: Array, v: Array, codebook: Array, *, block_len: in
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   z, _ = quantize(sg(k), sg(codebook))
-  out, _ = vq_attention_blocks(q, codewords(z, codebook), z, v, codebook, block_len=block_len,
-                               reduction=reduction, impl=impl, segments=segments)
+  out, _ = vq_attention_blocks(
+    q, codewords(z, codebook), z, v, codebook, block_len=block_len, reduction=reduction, impl=impl, segments=segments
+  )
   return out

@@ -22,16 +22,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas
-from lra_core.kernels import vq_xla
+from lra_core.kernels import _pallas, vq_xla
 
 Array = jax.Array
 f32 = jnp.float32
 MASK = vq_xla.MASK
 
 
-def _kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool, block_len: int, key_block: int,
-            code_block: int):
+def _kernel(
+  *refs, names: tuple[str, ...], n_code: int, compressive: bool, block_len: int, key_block: int, code_block: int
+):
   """Grid (B, H, R, Q, J): one [Lq, Dt] output tile of block r, the Lq queries of sub-block q and the Dt value
   columns of tile j, by an online softmax over Lk-key tiles of the [previous, present] window (the present
   one up to the diagonal) and Sc-code tiles of the cache block r reads (XLA's prefix: `cache_variables`).
@@ -46,7 +46,7 @@ def _kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool, block
   r, qi = pl.program_id(2), pl.program_id(3)
   q = q_ref[...]
   lq = q.shape[0]
-  row = qi * lq + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 0)       # the queries' places in the block
+  row = qi * lq + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 0)  # the queries' places in the block
   q_seg = x["q_seg"][...] if has_segments else None
 
   def update(state, scores, keep, values):
@@ -61,43 +61,61 @@ def _kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool, block
 
   def keys(half: int):
     """The key tiles of half 0 (previous block) or 1 (present block) of block r's window."""
+
     def step(kt, state):
-      start = r * l + half * l + kt * lk                                 # in the [T + L] window arrays
+      start = r * l + half * l + kt * lk  # in the [T + L] window arrays
       scores = _pallas.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
       if has_bias:
         scores = scores + x["bias"][:, pl.ds(half * l + kt * lk, lk)]
       col = kt * lk + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 1)
       keep = zr_ref[:, pl.ds(start, lk)] != n_code
       if half == 1:
-        keep = keep & (col <= row)                                       # causal within the block
+        keep = keep & (col <= row)  # causal within the block
       elif not compressive:
-        keep = keep & (col >= row)                                       # distance <= L
+        keep = keep & (col >= row)  # distance <= L
       if has_segments:
         keep = keep & (q_seg == x["k_seg"][:, pl.ds(start, lk)])
       return update(state, scores, keep, v_ref[pl.ds(start, lk), :])
+
     return step
 
   def codes(ct, state):
-    log_count = x["log_count"][:, pl.ds(ct * sc, sc)]                    # -MASK where a code is empty
+    log_count = x["log_count"][:, pl.ds(ct * sc, sc)]  # -MASK where a code is empty
     scores = _pallas.dot(q, x["codebook"][pl.ds(ct * sc, sc), :], (1, 1)) + log_count
     keep = log_count > -MASK / 2
     if has_segments:
-      keep = keep & (x["reads"][...] > 0)                                # only queries of the cache's document
+      keep = keep & (x["reads"][...] > 0)  # only queries of the cache's document
     return update(state, scores, keep, x["mean"][pl.ds(ct * sc, sc), :])
 
   dt = o_ref.shape[-1]
   state = (jnp.zeros((lq, dt), f32), jnp.full((lq, 1), -MASK, f32), jnp.zeros((lq, 1), f32))
-  first = 0 if compressive else jax.lax.div(qi * lq, lk)                 # tiles wholly farther than L: none
+  first = 0 if compressive else jax.lax.div(qi * lq, lk)  # tiles wholly farther than L: none
   state = jax.lax.fori_loop(first, l // lk, keys(0), state)
-  state = jax.lax.fori_loop(0, jax.lax.div(qi * lq + lq + lk - 1, lk), keys(1), state)   # up to the diagonal
+  state = jax.lax.fori_loop(0, jax.lax.div(qi * lq + lq + lk - 1, lk), keys(1), state)  # up to the diagonal
   if compressive:
     state = jax.lax.fori_loop(0, n_code // sc, codes, state)
   acc, _, total = state
   o_ref[...] = (acc / total).astype(o_ref.dtype)
 
 
-def attention(q, k_hat, z, v, codebook, carry, bias, segments, *, block_len: int, value_block: int,
-                   query_block: int, key_block: int, code_block: int, compressive: bool, interpret: bool):
+def attention(
+  q,
+  k_hat,
+  z,
+  v,
+  codebook,
+  carry,
+  bias,
+  segments,
+  *,
+  block_len: int,
+  value_block: int,
+  query_block: int,
+  key_block: int,
+  code_block: int,
+  compressive: bool,
+  interpret: bool,
+):
   """XLA's prefix gives the cache every block reads (`vq_xla.cache_variables`, as the
   reference computes it), then one pallas_call over (B, H, R, L / Lq, Dv / Dt) attends every block at once.
   [B,T,H,.] in -> out [B,T,H,Dv], and the cache after the last block (mean [B,Hk,S,Dv], count [B,Hk,S])."""
@@ -124,10 +142,16 @@ def attention(q, k_hat, z, v, codebook, carry, bias, segments, *, block_len: int
   inputs.add("z_row", window(z, carry["z"]).transpose(0, 2, 1)[:, :, None, :], tiled((1, t + l), whole_kv))
   inputs.add("codebook", codebook, pl.BlockSpec((None, s, dk), lambda bb, hh, rr, qq, jj: (kv_head(hh), 0, 0)))
   # the cache block r reads: its means [S,Dt] and log counts [1,S]
-  inputs.add("mean", mean[:, :r],
-             pl.BlockSpec((None, None, None, s, dt), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, jj)))
-  inputs.add("log_count", log_count,
-             pl.BlockSpec((None, None, None, 1, s), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, 0)))
+  inputs.add(
+    "mean",
+    mean[:, :r],
+    pl.BlockSpec((None, None, None, s, dt), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, jj)),
+  )
+  inputs.add(
+    "log_count",
+    log_count,
+    pl.BlockSpec((None, None, None, 1, s), lambda bb, hh, rr, qq, jj: (bb, rr, kv_head(hh), 0, 0)),
+  )
   if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
     inputs.add("bias", bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l), tiled((lq, 2 * l), queries))
   if plan is not None:  # one row of ids per batch row, whatever the head
@@ -135,25 +159,62 @@ def attention(q, k_hat, z, v, codebook, carry, bias, segments, *, block_len: int
     doc_col = tiled((lq, 1), lambda bb, hh, rr, qq, jj: (bb, 0, rr * (l // lq) + qq, 0))
     inputs.add("q_seg", col(plan["seg"]), doc_col)
     inputs.add("reads", col(plan["reads"].astype(f32)), doc_col)
-    inputs.add("k_seg", window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l),
-               tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)))
-  statics = dict(names=tuple(inputs.names), n_code=s, compressive=compressive, block_len=l, key_block=key_block,
-                 code_block=code_block)
-  estimate = cost(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, value_block=dt,
-                           query_block=lq, itemsize=jnp.dtype(v.dtype).itemsize, has_bias=bias is not None,
-                           compressive=compressive)
+    inputs.add(
+      "k_seg",
+      window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l),
+      tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)),
+    )
+  statics = dict(
+    names=tuple(inputs.names),
+    n_code=s,
+    compressive=compressive,
+    block_len=l,
+    key_block=key_block,
+    code_block=code_block,
+  )
+  estimate = cost(
+    batch=b,
+    heads=h,
+    seq_len=t,
+    block_len=l,
+    n_code=s,
+    d_k=dk,
+    d_v=dv,
+    value_block=dt,
+    query_block=lq,
+    itemsize=jnp.dtype(v.dtype).itemsize,
+    has_bias=bias is not None,
+    compressive=compressive,
+  )
   out = pl.pallas_call(
-      functools.partial(_kernel, **statics), out_shape=jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
-      grid=(b, h, r, l // lq, dv // dt), in_specs=inputs.specs,
-      out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
-      compiler_params=_pallas.compiler_params(5, sequential=False, kernel="vq_attention"), interpret=interpret,
-      cost_estimate=estimate, name="vq_attention")(*inputs.arrays)
+    functools.partial(_kernel, **statics),
+    out_shape=jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
+    grid=(b, h, r, l // lq, dv // dt),
+    in_specs=inputs.specs,
+    out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
+    compiler_params=_pallas.compiler_params(5, sequential=False, kernel="vq_attention"),
+    interpret=interpret,
+    cost_estimate=estimate,
+    name="vq_attention",
+  )(*inputs.arrays)
   return heads(out), mean[:, r], count[:, r]
 
 
-def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int,
-                  value_block: int, query_block: int, itemsize: int, has_bias: bool, compressive: bool
-                  ) -> pl.CostEstimate:
+def cost(
+  *,
+  batch: int,
+  heads: int,
+  seq_len: int,
+  block_len: int,
+  n_code: int,
+  d_k: int,
+  d_v: int,
+  value_block: int,
+  query_block: int,
+  itemsize: int,
+  has_bias: bool,
+  compressive: bool,
+) -> pl.CostEstimate:
   """The parallel driver's work for the rooflines: per query and value tile, scores against the previous
   block, the present one up to the diagonal (about half) and the codes, and their products with the values;
   per program the query tile, the keys and values of its window, its bias rows and the cache block."""
@@ -162,8 +223,12 @@ def cost(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d
   keys = l + (l + query_block) // 2 + (s if compressive else 0)
   flops = b * h * t * tiles * keys * 2 * (dk + value_block)
   exps = b * h * t * tiles * keys
-  per_program = (query_block * dk + keys * (dk + value_block)) * itemsize + keys * 4 + (
-      query_block * 2 * l * 4 if has_bias else 0) + (s * value_block * 4 if compressive else 0)
+  per_program = (
+    (query_block * dk + keys * (dk + value_block)) * itemsize
+    + keys * 4
+    + (query_block * 2 * l * 4 if has_bias else 0)
+    + (s * value_block * 4 if compressive else 0)
+  )
   moved = programs * per_program + b * h * t * dv * itemsize
   return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
 
@@ -173,5 +238,9 @@ def tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]
   to its dimension (a dimension that the tile does not divide is taken whole)."""
   tiles = _pallas.gpu_tiles("vq_attention")
   fit = lambda size, want: min(want, size) if size % min(want, size) == 0 else size
-  return (fit(d_v, tiles["value_block"]), fit(block_len, tiles["query_block"]), fit(block_len, tiles["key_block"]),
-          fit(n_code, tiles["code_block"]))
+  return (
+    fit(d_v, tiles["value_block"]),
+    fit(block_len, tiles["query_block"]),
+    fit(block_len, tiles["key_block"]),
+    fit(n_code, tiles["code_block"]),
+  )

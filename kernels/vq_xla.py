@@ -43,11 +43,15 @@ sg = jax.lax.stop_gradient
 
 # -- quantization ------------------------------------------------------------------------------
 
+
 def quantize(k: Array, codebook: Array) -> tuple[Array, Array]:
   """Nearest codeword ids and squared distances: k [B,T,H,Dk], codebook [H,S,Dk] -> int32 [B,T,H], [B,T,H]."""
   k32, c32 = k.astype(jnp.float32), codebook.astype(jnp.float32)
-  d2 = (jnp.sum(k32 * k32, -1)[..., None] - 2.0 * jnp.einsum("bthk,hsk->bths", k32, c32)
-        + jnp.sum(c32 * c32, -1)[None, None])
+  d2 = (
+    jnp.sum(k32 * k32, -1)[..., None]
+    - 2.0 * jnp.einsum("bthk,hsk->bths", k32, c32)
+    + jnp.sum(c32 * c32, -1)[None, None]
+  )
   return jnp.argmin(d2, -1).astype(jnp.int32), jax.nn.relu(jnp.min(d2, -1))
 
 
@@ -57,6 +61,7 @@ def codewords(z: Array, codebook: Array) -> Array:
 
 
 # -- cache variables -----------------------------------------------------------------------------
+
 
 def block_summaries(z: Array, v: Array, n_code: int) -> tuple[Array, Array]:
   """Per block and code: mean of the values and count. z [B,R,L,H], v [B,R,L,H,Dv] -> [B,R,H,S,Dv], [B,R,H,S]."""
@@ -74,8 +79,7 @@ def merge(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]
   return (count_a / denom)[..., None] * mean_a + (count_b / denom)[..., None] * mean_b, count
 
 
-def prefix_summaries(mean: Array, count: Array, reduction: str,
-                     reset: Array | None = None) -> tuple[Array, Array]:
+def prefix_summaries(mean: Array, count: Array, reduction: str, reset: Array | None = None) -> tuple[Array, Array]:
   """Inclusive prefix merge along axis 1: mean [B,N,H,S,Dv], count [B,N,H,S]. `reset` bool [B,N]
   (optional): True at element n drops everything before it (a document boundary: the prefix restarts
   at n)."""
@@ -84,28 +88,32 @@ def prefix_summaries(mean: Array, count: Array, reduction: str,
   if reset is None:
     reset = jnp.zeros(count.shape[:2], bool)
   if reduction == "serial":
+
     def step(acc, x):
       mean_x, count_x, r = x
       (mean_a, count_a) = acc
       acc = merge((mean_a, jnp.where(_lift(r, count_a), 0.0, count_a)), (mean_x, count_x))
       return acc, acc
+
     xs = (jnp.moveaxis(mean, 1, 0), jnp.moveaxis(count, 1, 0), jnp.moveaxis(reset, 1, 0))
     init = (jnp.zeros_like(xs[0][0]), jnp.zeros_like(xs[1][0]))
     _, (m, c) = jax.lax.scan(step, init, xs)
     return jnp.moveaxis(m, 0, 1), jnp.moveaxis(c, 0, 1)
   if reduction == "assoc":
+
     def combine(a, b):
       (mean_a, count_a, r_a), (mean_b, count_b, r_b) = a, b
       m, c = merge((mean_a, jnp.where(_lift(r_b, count_a), 0.0, count_a)), (mean_b, count_b))
       return m, c, r_a | r_b
+
     m, c, _ = jax.lax.associative_scan(combine, (mean, count, reset), axis=1)
     return m, c
   if reduction == "matmul":
     n = count.shape[1]
     g = jnp.arange(n)
-    first = jax.lax.cummax(jnp.where(reset, g, 0), axis=1)                   # [B,N]: where r's prefix starts
+    first = jax.lax.cummax(jnp.where(reset, g, 0), axis=1)  # [B,N]: where r's prefix starts
     weights = ((g[None, None, :] <= g[None, :, None]) & (g[None, None, :] >= first[:, :, None])).astype(jnp.float32)
-    cum = jnp.einsum("brg,bghs->brhs", weights, count)                       # [B,N,H,S]
+    cum = jnp.einsum("brg,bghs->brhs", weights, count)  # [B,N,H,S]
     frac = jnp.einsum("brg,bghs->brghs", weights, count) / jnp.maximum(cum, 1.0)[:, :, None]
     return jnp.einsum("brghs,bghsv->brhsv", frac, mean), cum
   raise ValueError(f"reduction {reduction!r} is not one of {REDUCTIONS}.")
@@ -116,17 +124,22 @@ def _lift(flag: Array, x: Array) -> Array:
   return flag.reshape(flag.shape + (1,) * (x.ndim - flag.ndim))
 
 
-def init_carry(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
-               dtype=jnp.float32) -> dict[str, Array]:
+def init_carry(
+  batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int, dtype=jnp.float32
+) -> dict[str, Array]:
   """The cache before position 0: an empty previous block and an empty compressive cache.
 
   `seg` int32 [B,L] holds the segment ids of the previous block (-1: no document), read only when
   the attention is given `segments`."""
   b, l, h = batch_size, block_len, num_heads
-  return {"k": jnp.zeros((b, l, h, d_k), dtype), "v": jnp.zeros((b, l, h, d_v), dtype),
-          "z": jnp.full((b, l, h), n_code, jnp.int32),
-          "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32), "count": jnp.zeros((b, h, n_code), jnp.float32),
-          "seg": jnp.full((b, l), -1, jnp.int32)}
+  return {
+    "k": jnp.zeros((b, l, h, d_k), dtype),
+    "v": jnp.zeros((b, l, h, d_v), dtype),
+    "z": jnp.full((b, l, h), n_code, jnp.int32),
+    "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32),
+    "count": jnp.zeros((b, h, n_code), jnp.float32),
+    "seg": jnp.full((b, l), -1, jnp.int32),
+  }
 
 
 def document_plan(segments: Array, carry_segments: Array, block_len: int) -> dict[str, Array]:
@@ -145,11 +158,17 @@ def document_plan(segments: Array, carry_segments: Array, block_len: int) -> dic
   l = block_len
   seg = segments.astype(jnp.int32).reshape(b, t // l, l)
   prev = jnp.concatenate([carry_segments.astype(jnp.int32)[:, None], seg[:, :-1]], axis=1)
-  return {"seg": seg, "prev": prev, "reads": seg == prev[..., :1], "enters": prev == seg[..., :1],
-          "keep": prev[..., 0] == seg[..., 0]}
+  return {
+    "seg": seg,
+    "prev": prev,
+    "reads": seg == prev[..., :1],
+    "enters": prev == seg[..., :1],
+    "keep": prev[..., 0] == seg[..., 0],
+  }
 
 
 # -- attention -----------------------------------------------------------------------------------
+
 
 def relative_bias(rel_q: Array, rel_table: Array, distance: Array) -> Array:
   """Transformer-XL position term (q + v).r_d for distances d in [0, L]; 0 outside.
@@ -207,7 +226,7 @@ def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) 
   b, t = rel_q.shape[:2]
   l = block_len
   rq = group_heads(rel_q, num_kv_heads).reshape(b, t // l, l, num_kv_heads, -1, rel_q.shape[-1])
-  rq = rq.transpose(0, 1, 3, 4, 2, 5)                                          # [B,R,Hk,G,L,Dk]
+  rq = rq.transpose(0, 1, 3, 4, 2, 5)  # [B,R,Hk,G,L,Dk]
   table = group_table(rel_table, num_kv_heads)
   by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
   return skew(jnp.flip(by_distance, -1), 2 * l)
@@ -220,8 +239,9 @@ def previous_blocks(x: Array, carried: Array, block_len: int) -> Array:
   return jnp.concatenate([carried[:, None].astype(x.dtype), blocks[:, :-1]], axis=1)
 
 
-def cache_variables(z_prev: Array, v_prev: Array, carry: dict, plan: dict | None, *, n_code: int,
-                    reduction: str) -> tuple[Array, Array]:
+def cache_variables(
+  z_prev: Array, v_prev: Array, carry: dict, plan: dict | None, *, n_code: int, reduction: str
+) -> tuple[Array, Array]:
   """The compressive cache every block reads, and the one after the last block: z_prev [B,R,L,Hk] and
   v_prev [B,R,L,Hk,Dv] each block's previous block (`previous_blocks`); `plan` from `document_plan` or
   None -> (mean [B,R+1,Hk,S,Dv], count [B,R+1,Hk,S]); block r reads index r, index R is the new carry's.
@@ -240,10 +260,21 @@ def cache_variables(z_prev: Array, v_prev: Array, carry: dict, plan: dict | None
   return prefix_summaries(mean_seq, count_seq, reduction, reset)
 
 
-def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, carry: dict,
-                     bias: Array | None, *, block_len: int, reduction: str,
-                     compressive: bool, segments: Array | None = None,
-                     grad_through_cache: bool = True) -> tuple[Array, dict]:
+def cached_attention(
+  q: Array,
+  k_hat: Array,
+  z: Array,
+  v: Array,
+  codebook: Array,
+  carry: dict,
+  bias: Array | None,
+  *,
+  block_len: int,
+  reduction: str,
+  compressive: bool,
+  segments: Array | None = None,
+  grad_through_cache: bool = True,
+) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output;
   `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`);
   `grad_through_cache=False` holds the compressive cache's value means constant in the backward pass."""
@@ -257,19 +288,19 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
 
   qb, kb, zb, vb = blocks(group_heads(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
   k_prev, v_prev, z_prev = (previous_blocks(x, carry[n], l) for x, n in ((k_hat, "k"), (v, "v"), (z, "z")))
-  recent_k = jnp.concatenate([k_prev, kb], axis=2)                  # [B,R,2L,Hk,Dk]
+  recent_k = jnp.concatenate([k_prev, kb], axis=2)  # [B,R,2L,Hk,Dk]
   recent_v = jnp.concatenate([v_prev, vb], axis=2)
-  recent_z = jnp.concatenate([z_prev, zb], axis=2)                  # [B,R,2L,Hk]
+  recent_z = jnp.concatenate([z_prev, zb], axis=2)  # [B,R,2L,Hk]
 
   i = jnp.arange(l)[:, None]
   j = jnp.arange(2 * l)[None, :]
-  distance = l + i - j                                              # [L,2L]
+  distance = l + i - j  # [L,2L]
   keep = (distance >= 0) & (recent_z != s).transpose(0, 1, 3, 2)[:, :, :, None, None, :]
   if not compressive:
     keep = keep & (distance <= l)
   plan = None if segments is None else document_plan(segments, carry["seg"], l)
   if plan is not None:
-    recent_seg = jnp.concatenate([plan["prev"], plan["seg"]], axis=2)    # [B,R,2L]
+    recent_seg = jnp.concatenate([plan["prev"], plan["seg"]], axis=2)  # [B,R,2L]
     keep = keep & (plan["seg"][..., :, None] == recent_seg[..., None, :])[:, :, None, None]
   scores = jnp.einsum("brihgk,brjhk->brhgij", qb, recent_k.astype(jnp.float32))
   if bias is not None:
@@ -290,21 +321,37 @@ def cached_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array
 
   out = _softmax_combine(scores, recent_v, cache_scores, cache_mean)
   out = out.reshape(b, t, h, v.shape[-1]).astype(v.dtype)
-  new_carry = {"k": kb[:, -1], "v": vb[:, -1], "z": zb[:, -1], "mean": cum_mean[:, r], "count": cum_count[:, r],
-               "seg": carry["seg"] if plan is None else plan["seg"][:, -1]}
+  new_carry = {
+    "k": kb[:, -1],
+    "v": vb[:, -1],
+    "z": zb[:, -1],
+    "mean": cum_mean[:, r],
+    "count": cum_count[:, r],
+    "seg": carry["seg"] if plan is None else plan["seg"][:, -1],
+  }
   return out, jax.tree.map(sg, new_carry)
 
 
-def init_decode_state(batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int,
-                      dtype=jnp.float32) -> dict[str, Array]:
+def init_decode_state(
+  batch_size: int, block_len: int, num_heads: int, n_code: int, d_k: int, d_v: int, dtype=jnp.float32
+) -> dict[str, Array]:
   """Token-by-token cache: the previous and the present block ([B,2L,...]) plus the compressive cache."""
   state = init_carry(batch_size, 2 * block_len, num_heads, n_code, d_k, d_v, dtype)
   del state["seg"]  # decoding is one document
   return dict(state, index=jnp.zeros((), jnp.int32))
 
 
-def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, state: dict, *,
-                rel: tuple[Array, Array] | None = None, compressive: bool = True) -> tuple[Array, dict]:
+def decode_step(
+  q: Array,
+  k_hat: Array,
+  z: Array,
+  v: Array,
+  codebook: Array,
+  state: dict,
+  *,
+  rel: tuple[Array, Array] | None = None,
+  compressive: bool = True,
+) -> tuple[Array, dict]:
   """One position of `kernels.vq.vq_attention_blocks`, in O(L + S) time and memory whatever the context.
 
   q [B,1,H,Dk], k_hat [B,1,Hk,Dk], z [B,1,Hk], v [B,1,Hk,Dv]; `state` from `init_decode_state`.
@@ -332,8 +379,8 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
   values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), slot, axis=1)
   codes = jax.lax.dynamic_update_slice_in_dim(codes, z, slot, axis=1)
 
-  qg = group_heads(q, hk).astype(jnp.float32)[:, None]                          # [B,1,1,Hk,G,Dk]
-  distance = (slot - jnp.arange(2 * l))[None, :]                            # [1,2L]
+  qg = group_heads(q, hk).astype(jnp.float32)[:, None]  # [B,1,1,Hk,G,Dk]
+  distance = (slot - jnp.arange(2 * l))[None, :]  # [1,2L]
   keep = (codes != s).transpose(0, 2, 1)[:, None, :, None, None, :]
   if not compressive:
     keep = keep & (distance <= l)
@@ -341,8 +388,7 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
   if rel is not None:
     rel_q, rel_table = rel
     rq = group_heads(rel_q, hk)[:, None].transpose(0, 1, 3, 4, 2, 5)
-    scores = scores + relative_bias(rq, group_table(rel_table, hk),
-                                    distance)
+    scores = scores + relative_bias(rq, group_table(rel_table, hk), distance)
   scores = jnp.where(keep, scores, -MASK)
   cache_scores = cache_mean = None
   if compressive:
@@ -357,9 +403,17 @@ def decode_step(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, sta
 
 # -- quadratic oracles ---------------------------------------------------------------------------
 
-def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
-                    rel: tuple[Array, Array] | None = None, sliding: bool = False,
-                    segments: Array | None = None) -> Array:
+
+def dense_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  window: int | None = None,
+  rel: tuple[Array, Array] | None = None,
+  sliding: bool = False,
+  segments: Array | None = None,
+) -> Array:
   """Quadratic causal softmax attention with the same optional position terms as the VQ core.
 
   q [B,T,H,Dk], k [B,T,Hk,Dk], v [B,T,Hk,Dv]. With `rel` = (rel_q, rel_table [H,window+1,Dk])
@@ -375,8 +429,9 @@ def dense_attention(q: Array, k: Array, v: Array, *, window: int | None = None,
   if rel is not None:
     rel_q, rel_table = rel
     rq = group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
-    by_distance = jnp.einsum("...hgik,hgdk->...hgid", rq.astype(jnp.float32),
-                             group_table(rel_table, hk).astype(jnp.float32))
+    by_distance = jnp.einsum(
+      "...hgik,hgdk->...hgid", rq.astype(jnp.float32), group_table(rel_table, hk).astype(jnp.float32)
+    )
     scores = scores + band_to_matrix(by_distance)
   if sliding:
     keep = keep & (distance <= window)
@@ -395,7 +450,7 @@ def skew(x: Array, width: int) -> Array:
   """
   *lead, i, c = x.shape
   flat = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (0, width + 1 - c)]).reshape(*lead, i * (width + 1))
-  return flat[..., :i * width].reshape(*lead, i, width)
+  return flat[..., : i * width].reshape(*lead, i, width)
 
 
 def band_to_matrix(by_distance: Array) -> Array:
@@ -405,8 +460,7 @@ def band_to_matrix(by_distance: Array) -> Array:
   return skew(jnp.flip(by_distance, -1), w + t)[..., w:]
 
 
-def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array, *,
-                           segments: Array | None = None) -> Array:
+def vq_attention_reference(q: Array, k: Array, v: Array, codebook: Array, *, segments: Array | None = None) -> Array:
   """The quadratic definition: causal softmax attention over k replaced by its nearest codeword
   (within each query's document when `segments` int [B,T] is given)."""
   z, _ = quantize(sg(k), sg(codebook))

@@ -15,12 +15,19 @@ import pathlib
 import sys
 
 from lra_core.config import load_config
-from lra_core.errors import (CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged,
-                             UserError)
+from lra_core.errors import CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged, UserError
 from lra_core.registry import build_model
 
-__all__ = ["load_config", "build_model", "UserError", "ConfigError", "DataError", "CheckpointError",
-           "DecodingError", "TrainingDiverged"]
+__all__ = [
+  "load_config",
+  "build_model",
+  "UserError",
+  "ConfigError",
+  "DataError",
+  "CheckpointError",
+  "DecodingError",
+  "TrainingDiverged",
+]
 __version__ = "0.1.0"
 
 
@@ -30,12 +37,15 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
   root = pathlib.Path(__file__).resolve().parent.parent
 
   def find_spec(self, fullname, path, target=None):
-    if fullname not in ("lra_core.models", "lra_core.kernels", "lra_core.configs") or \
-        not (self.root / "pyproject.toml").is_file():
+    if (
+      fullname not in ("lra_core.models", "lra_core.kernels", "lra_core.configs")
+      or not (self.root / "pyproject.toml").is_file()
+    ):
       return None
     folder = self.root / fullname.removeprefix("lra_core.")
-    return importlib.util.spec_from_file_location(fullname, folder / "__init__.py",
-                                                  submodule_search_locations=[str(folder)])
+    return importlib.util.spec_from_file_location(
+      fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
 
 
 sys.meta_path.append(_CheckoutFolders())  # last: an install's own mapping comes first

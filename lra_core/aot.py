@@ -53,27 +53,37 @@ GIB = 2**30
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
   """Per-device bytes of one compiled program, from XLA's buffer assignment."""
+
   arguments: int
   outputs: int
-  aliased: int       # output buffers that reuse donated argument buffers
+  aliased: int  # output buffers that reuse donated argument buffers
   temporaries: int
   code: int
-  peak: int          # XLA's own peak when it reports one, else arguments + outputs - aliased + temporaries
+  peak: int  # XLA's own peak when it reports one, else arguments + outputs - aliased + temporaries
 
   @classmethod
   def of(cls, compiled: jax.stages.Compiled) -> MemoryEstimate | None:
     stats = compiled.memory_analysis()
     if stats is None:
       return None
-    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-             + stats.temp_size_in_bytes)
+    total = (
+      stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+    )
     peak = max(int(getattr(stats, "peak_memory_in_bytes", 0) or 0), total)
-    return cls(stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.alias_size_in_bytes,
-               stats.temp_size_in_bytes, stats.generated_code_size_in_bytes, peak)
+    return cls(
+      stats.argument_size_in_bytes,
+      stats.output_size_in_bytes,
+      stats.alias_size_in_bytes,
+      stats.temp_size_in_bytes,
+      stats.generated_code_size_in_bytes,
+      peak,
+    )
 
   def describe(self) -> str:
-    return (f"{_gib(self.peak)} per device (arguments {_gib(self.arguments)}, outputs {_gib(self.outputs)}, "
-            f"{_gib(self.aliased)} of them reusing donated inputs, temporaries {_gib(self.temporaries)})")
+    return (
+      f"{_gib(self.peak)} per device (arguments {_gib(self.arguments)}, outputs {_gib(self.outputs)}, "
+      f"{_gib(self.aliased)} of them reusing donated inputs, temporaries {_gib(self.temporaries)})"
+    )
 
 
 def device_memory_limit(device: jax.Device | None = None) -> tuple[int, str] | None:
@@ -130,19 +140,23 @@ def target_devices(topology: str) -> list[jax.Device]:
     return chips.gpu_devices(topology)
   if ":" in topology:
     return chips.tpu_devices(topology)
-  raise ConfigError(f"topology {topology!r} is neither a TPU slice, <generation>:<chips> (e.g. v3:2x2, v5p:2x2x1), "
-                    f"nor GPUs, <gpu> or <gpu>x<count> with <gpu> one of {', '.join(chips.GPUS)} (e.g. h100, "
-                    "a100x4, h100x16).")
+  raise ConfigError(
+    f"topology {topology!r} is neither a TPU slice, <generation>:<chips> (e.g. v3:2x2, v5p:2x2x1), "
+    f"nor GPUs, <gpu> or <gpu>x<count> with <gpu> one of {', '.join(chips.GPUS)} (e.g. h100, "
+    "a100x4, h100x16)."
+  )
 
 
 def jit_train_step(config, spec, task, tx, schedule):
   """The trainer's train step, jitted as the trainer runs it: the state donated, its shardings kept."""
-  return jax.jit(make_train_step(config, spec, task, tx, schedule), donate_argnums=0,
-                 out_shardings=(spec.shardings, None))
+  return jax.jit(
+    make_train_step(config, spec, task, tx, schedule), donate_argnums=0, out_shardings=(spec.shardings, None)
+  )
 
 
-def compile_step(jitted, *abstract_args, name: str, limit_gib: float = 0.0,
-                 device: jax.Device | None = None) -> jax.stages.Compiled:
+def compile_step(
+  jitted, *abstract_args, name: str, limit_gib: float = 0.0, device: jax.Device | None = None
+) -> jax.stages.Compiled:
   """Lowers and compiles `jitted` for `abstract_args` and checks its memory estimate.
 
   limit_gib: the per-device budget; 0 takes the device's own limit (device_memory_limit of
@@ -158,9 +172,11 @@ def compile_step(jitted, *abstract_args, name: str, limit_gib: float = 0.0,
   budget = f" of {_gib(limit[0])} ({limit[1]})" if limit else ""
   logging.info("%s compiled in %.1f s; memory %s%s", name, seconds, estimate.describe(), budget)
   if limit and estimate.peak > limit[0]:
-    raise ResourceError(f"the {name} needs about {estimate.describe()}, more than the {_gib(limit[0])} "
-                        f"available ({limit[1]}); use a smaller batch or model, more gradient "
-                        "accumulation steps, model.remat, or shard over more devices (mesh.fsdp / mesh.tensor).")
+    raise ResourceError(
+      f"the {name} needs about {estimate.describe()}, more than the {_gib(limit[0])} "
+      f"available ({limit[1]}); use a smaller batch or model, more gradient "
+      "accumulation steps, model.remat, or shard over more devices (mesh.fsdp / mesh.tensor)."
+    )
   return compiled
 
 
@@ -176,9 +192,11 @@ def memory_limit(limit_gib: float, device: jax.Device | None = None) -> tuple[in
 
 # ----------------------------------------------------------------------------- a config for a TPU slice or GPUs
 
+
 @dataclasses.dataclass(frozen=True)
 class Report:
   """What `python -m lra_core.aot` prints (and writes with --json): one config on one topology."""
+
   topology: str
   num_devices: int
   device_kind: str
@@ -201,11 +219,11 @@ class Report:
   remat: str
   scan_layers: bool
   num_params: int
-  mosaic_kernels: int     # Pallas kernels compiled by Mosaic in the train step (0: none, interpreted, or a GPU)
-  refusal: str = ""       # the TPU compiler's out-of-memory message, when it refused the step
-  hotspots: tuple = ()    # the train step's dearest operations (hlo_cost.Hotspot), when asked for
+  mosaic_kernels: int  # Pallas kernels compiled by Mosaic in the train step (0: none, interpreted, or a GPU)
+  refusal: str = ""  # the TPU compiler's out-of-memory message, when it refused the step
+  hotspots: tuple = ()  # the train step's dearest operations (hlo_cost.Hotspot), when asked for
   tokens_per_step: int = 0  # global tokens per train step (what tokens/s counts)
-  platform: str = "tpu"   # "tpu" or "gpu"
+  platform: str = "tpu"  # "tpu" or "gpu"
   usable_gib: float = math.nan  # what `fits` compares the peaks with: HBM, or on a GPU HBM x memory_fraction
   memory_fraction: float = 1.0  # GPU: XLA_PYTHON_CLIENT_MEM_FRACTION, the share of HBM JAX preallocates
   pallas_kernels: int = 0  # Pallas kernels compiled for the device in the train step: Mosaic (TPU) or Triton (GPU)
@@ -214,8 +232,18 @@ class Report:
   gemm_fallback: str = ""  # GPU: why a step's matmuls were compiled as cuBLAS calls rather than Triton fusions
   time_split: tuple = ()  # ((kind of work, seconds), ...) of the estimated step (hlo_cost.SPLIT), dearest first
 
-  JSON_FIELDS = ("topology", "num_devices", "device_kind", "hbm_gib", "peak_gib", "fits", "flops_per_device",
-                 "est_step_seconds", "est_tokens_per_s", "est_mfu")
+  JSON_FIELDS = (
+    "topology",
+    "num_devices",
+    "device_kind",
+    "hbm_gib",
+    "peak_gib",
+    "fits",
+    "flops_per_device",
+    "est_step_seconds",
+    "est_tokens_per_s",
+    "est_mfu",
+  )
   # est_mfu counts the model's FLOPs: the program's less what remat recomputes (recompute_flops);
   # est_hfu counts every FLOP the chip runs.
 
@@ -233,10 +261,12 @@ class Report:
     """The report `to_json` wrote (nulls back to NaN; fields a newer report added take their defaults)."""
     known = {f.name: f for f in dataclasses.fields(cls)}
     values = {k: math.nan if v is None else v for k, v in fields.items() if k in known}
-    values["hotspots"] = tuple(hlo_cost.Hotspot(**{k: v for k, v in h.items() if k != "bound"})
-                               for h in fields.get("hotspots", ()))
-    values["kernel_costs"] = tuple(hlo_cost.KernelCost(**(k | {"operands": tuple(k["operands"])}))
-                                   for k in fields.get("kernel_costs", ()))
+    values["hotspots"] = tuple(
+      hlo_cost.Hotspot(**{k: v for k, v in h.items() if k != "bound"}) for h in fields.get("hotspots", ())
+    )
+    values["kernel_costs"] = tuple(
+      hlo_cost.KernelCost(**(k | {"operands": tuple(k["operands"])})) for k in fields.get("kernel_costs", ())
+    )
     values["time_split"] = tuple((kind, seconds) for kind, seconds in fields.get("time_split", ()))
     return cls(**values)
 
@@ -259,49 +289,70 @@ class Report:
       return f"{self.hbm_gib:.2f} GiB"
     if not math.isclose(self.usable_gib, self.hbm_gib * self.memory_fraction, rel_tol=1e-6):
       return f"{self.hbm_gib:.2f} GiB, of which this check allows {self.usable_gib:.2f} GiB (train.memory_limit_gib)"
-    return (f"{self.hbm_gib:.2f} GiB, of which a JAX process may use {self.usable_gib:.2f} GiB "
-            f"(XLA_PYTHON_CLIENT_MEM_FRACTION={self.memory_fraction:g}: JAX preallocates that share)")
+    return (
+      f"{self.hbm_gib:.2f} GiB, of which a JAX process may use {self.usable_gib:.2f} GiB "
+      f"(XLA_PYTHON_CLIENT_MEM_FRACTION={self.memory_fraction:g}: JAX preallocates that share)"
+    )
 
   def table(self) -> str:
     compiler = "GPU" if self.platform == "gpu" else "TPU"
     if self.refusal:  # the compiler refused the step for memory
-      train = (f"needs {self.peak_gib:,.2f} GiB of temporaries (the {compiler} compiler's out-of-memory refusal)"
-               if not math.isnan(self.peak_gib) else f"refused by the {compiler} compiler: {self.refusal}")
+      train = (
+        f"needs {self.peak_gib:,.2f} GiB of temporaries (the {compiler} compiler's out-of-memory refusal)"
+        if not math.isnan(self.peak_gib)
+        else f"refused by the {compiler} compiler: {self.refusal}"
+      )
       estimate = [("estimated step time", "- (not compiled)")]
     else:
-      train = (f"arguments {self.arguments_gib:.2f} GiB, temporaries {self.temporaries_gib:.2f} GiB, "
-               f"peak {self.peak_gib:.2f} GiB")
-      estimate = [("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
-                  ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
-                  ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
-                  ("estimated MFU", f"{100 * self.est_mfu:.1f}% of {self.device_kind} {self.peak_name} "
-                                    f"({100 * self.est_hfu:.1f}% counting remat's recomputation)"),
-                  ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step"),
-                  ("where the step goes", self.split_text())]
-    rows = [("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
-            ("HBM per device", self.memory_row()),
-            ("train step per device", train),
-            ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB" if not math.isnan(self.eval_peak_gib)
-             else "-"),
-            ("fits", "yes" if self.fits else "NO"),
-            ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
-            (f"Pallas kernels ({self.kernel_compiler}) in train step", f"{self.pallas_kernels}"),
-            *([("matrix products", self.gemm_fallback)] if self.gemm_fallback else []),
-            *estimate,
-            ("compile time on this host", f"{self.compile_seconds:.1f} s")]
+      train = (
+        f"arguments {self.arguments_gib:.2f} GiB, temporaries {self.temporaries_gib:.2f} GiB, "
+        f"peak {self.peak_gib:.2f} GiB"
+      )
+      estimate = [
+        ("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
+        ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
+        ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
+        (
+          "estimated MFU",
+          f"{100 * self.est_mfu:.1f}% of {self.device_kind} {self.peak_name} "
+          f"({100 * self.est_hfu:.1f}% counting remat's recomputation)",
+        ),
+        ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step"),
+        ("where the step goes", self.split_text()),
+      ]
+    rows = [
+      ("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
+      ("HBM per device", self.memory_row()),
+      ("train step per device", train),
+      ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB" if not math.isnan(self.eval_peak_gib) else "-"),
+      ("fits", "yes" if self.fits else "NO"),
+      ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
+      (f"Pallas kernels ({self.kernel_compiler}) in train step", f"{self.pallas_kernels}"),
+      *([("matrix products", self.gemm_fallback)] if self.gemm_fallback else []),
+      *estimate,
+      ("compile time on this host", f"{self.compile_seconds:.1f} s"),
+    ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     if self.hotspots:
       total = self.est_step_seconds
       lines.append(f"dearest operations of the train step (share of the {total * 1e3:,.1f} ms estimate):")
       for h in self.hotspots:
-        lines.append(f"  {100 * h.seconds / total:5.1f}%  {h.bound:7s}  x{h.executions:<6,.0f} {h.kind:24s} "
-                     f"{h.source[-90:] or h.name}")
+        lines.append(
+          f"  {100 * h.seconds / total:5.1f}%  {h.bound:7s}  x{h.executions:<6,.0f} {h.kind:24s} "
+          f"{h.source[-90:] or h.name}"
+        )
     return "\n".join(lines)
 
 
-def compile_config(config, topology: str, *, devices: list[jax.Device] | None = None,
-                   hotspots: int = 0, hlo_path: str | os.PathLike | None = None) -> Report:
+def compile_config(
+  config,
+  topology: str,
+  *,
+  devices: list[jax.Device] | None = None,
+  hotspots: int = 0,
+  hlo_path: str | os.PathLike | None = None,
+) -> Report:
   """Compiles `config`'s train and eval steps for the TPU slice or GPUs `topology` (their devices by
   `target_devices` unless given) and measures them. Raises ConfigError for a bad topology or a
   mesh the devices cannot hold; a step that compiles but does not fit comes back with fits=False.
@@ -317,37 +368,73 @@ def compile_config(config, topology: str, *, devices: list[jax.Device] | None = 
   rules = config.sharding.rules
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
     train, train_s, train_fallback = _compile_for_target(traced, platform=platform)
-    evaluate, eval_s, eval_fallback = _compile_for_target(*_eval_step_args(config, spec, task, mesh, rules),
-                                                          platform=platform)
+    evaluate, eval_s, eval_fallback = _compile_for_target(
+      *_eval_step_args(config, spec, task, mesh, rules), platform=platform
+    )
   limit, _ = memory_limit(t.memory_limit_gib, devices[0])
   tokens = t.batch_size * t.seq_len // pipeline.num_windows(config)
   # A GPU program's Triton calls keep no cost estimate: the traced program's Pallas calls give theirs.
   kernel_costs = hlo_cost.pallas_kernel_costs(traced.jaxpr) if platform == "gpu" else ()
-  common = dict(topology=topology, num_devices=len(devices), device_kind=devices[0].device_kind,
-                mesh={k: v for k, v in mesh.shape.items()}, hbm_gib=chip.hbm_bytes / GIB,
-                compile_seconds=train_s + eval_s, remat=str(config.model.get("remat", "none")),
-                scan_layers=bool(config.model.get("scan_layers", False)), num_params=spec.num_params,
-                tokens_per_step=tokens, platform=platform, usable_gib=limit / GIB,
-                memory_fraction=gpu_memory_fraction() if platform == "gpu" else 1.0, kernel_costs=kernel_costs,
-                gemm_fallback=train_fallback or eval_fallback)
+  common = dict(
+    topology=topology,
+    num_devices=len(devices),
+    device_kind=devices[0].device_kind,
+    mesh={k: v for k, v in mesh.shape.items()},
+    hbm_gib=chip.hbm_bytes / GIB,
+    compile_seconds=train_s + eval_s,
+    remat=str(config.model.get("remat", "none")),
+    scan_layers=bool(config.model.get("scan_layers", False)),
+    num_params=spec.num_params,
+    tokens_per_step=tokens,
+    platform=platform,
+    usable_gib=limit / GIB,
+    memory_fraction=gpu_memory_fraction() if platform == "gpu" else 1.0,
+    kernel_costs=kernel_costs,
+    gemm_fallback=train_fallback or eval_fallback,
+  )
   if isinstance(train, OutOfMemory):
     eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
     logging.info("the train step does not fit: %s", train.message)
-    return Report(**common, arguments_gib=math.nan, temporaries_gib=train.required / GIB,
-                  peak_gib=train.required / GIB, eval_peak_gib=eval_peak / GIB, fits=False,
-                  flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan,
-                  est_mfu=math.nan, est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan,
-                  bound="-", mosaic_kernels=0, refusal=train.message)
+    return Report(
+      **common,
+      arguments_gib=math.nan,
+      temporaries_gib=train.required / GIB,
+      peak_gib=train.required / GIB,
+      eval_peak_gib=eval_peak / GIB,
+      fits=False,
+      flops_per_device=math.nan,
+      est_step_seconds=math.nan,
+      est_tokens_per_s=math.nan,
+      est_mfu=math.nan,
+      est_hfu=math.nan,
+      recompute_flops=math.nan,
+      memory_bound_share=math.nan,
+      bound="-",
+      mosaic_kernels=0,
+      refusal=train.message,
+    )
   memory = MemoryEstimate.of(train)
   eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
   hlo = train.as_text()
   if hlo_path is not None:
     write_hlo(hlo, hlo_path)
   report = Report(
-      **common, arguments_gib=memory.arguments / GIB, temporaries_gib=memory.temporaries / GIB,
-      peak_gib=memory.peak / GIB, eval_peak_gib=eval_peak / GIB, fits=max(memory.peak, eval_peak) <= limit,
-      flops_per_device=math.nan, est_step_seconds=math.nan, est_tokens_per_s=math.nan, est_mfu=math.nan,
-      est_hfu=math.nan, recompute_flops=math.nan, memory_bound_share=math.nan, bound="-", mosaic_kernels=0)
+    **common,
+    arguments_gib=memory.arguments / GIB,
+    temporaries_gib=memory.temporaries / GIB,
+    peak_gib=memory.peak / GIB,
+    eval_peak_gib=eval_peak / GIB,
+    fits=max(memory.peak, eval_peak) <= limit,
+    flops_per_device=math.nan,
+    est_step_seconds=math.nan,
+    est_tokens_per_s=math.nan,
+    est_mfu=math.nan,
+    est_hfu=math.nan,
+    recompute_flops=math.nan,
+    memory_bound_share=math.nan,
+    bound="-",
+    mosaic_kernels=0,
+  )
   return estimate_from_hlo(report, hlo, hotspots=hotspots)
 
 
@@ -373,21 +460,33 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
   chip = chips.CHIPS[report.device_kind]
   roof = hlo_cost.roofline(hlo, chip, top=hotspots, split=True, kernel_costs=report.kernel_costs)
   if roof.unknown_loops:
-    logging.warning("%d loop(s) of the train step have no readable trip count and count once in the estimate",
-                    roof.unknown_loops)
+    logging.warning(
+      "%d loop(s) of the train step have no readable trip count and count once in the estimate", roof.unknown_loops
+    )
   if roof.undeclared_kernels:
-    logging.warning("%d Triton kernel(s) of the train step declare no cost: their traffic counts, their FLOPs "
-                    "do not", roof.undeclared_kernels)
+    logging.warning(
+      "%d Triton kernel(s) of the train step declare no cost: their traffic counts, their FLOPs do not",
+      roof.undeclared_kernels,
+    )
   seconds = max(roof.seconds, 1e-12)
   mosaic = hlo.count('custom_call_target="tpu_custom_call"')
   triton = hlo.count(f'custom_call_target="{hlo_cost.TRITON_CALL}"')
   return dataclasses.replace(
-      report, flops_per_device=roof.flops, est_step_seconds=roof.seconds, est_tokens_per_s=report.tokens_per_step / seconds,
-      est_mfu=(roof.flops - roof.recompute_flops) / (seconds * chip.peak_flops),
-      est_hfu=roof.flops / (seconds * chip.peak_flops), recompute_flops=roof.recompute_flops,
-      memory_bound_share=roof.memory_bound_s / seconds, bound=roof.bound, mosaic_kernels=mosaic,
-      pallas_kernels=triton if report.platform == "gpu" else mosaic, undeclared_kernels=roof.undeclared_kernels,
-      hotspots=roof.hotspots, time_split=roof.split)
+    report,
+    flops_per_device=roof.flops,
+    est_step_seconds=roof.seconds,
+    est_tokens_per_s=report.tokens_per_step / seconds,
+    est_mfu=(roof.flops - roof.recompute_flops) / (seconds * chip.peak_flops),
+    est_hfu=roof.flops / (seconds * chip.peak_flops),
+    recompute_flops=roof.recompute_flops,
+    memory_bound_share=roof.memory_bound_s / seconds,
+    bound=roof.bound,
+    mosaic_kernels=mosaic,
+    pallas_kernels=triton if report.platform == "gpu" else mosaic,
+    undeclared_kernels=roof.undeclared_kernels,
+    hotspots=roof.hotspots,
+    time_split=roof.split,
+  )
 
 
 def write_hlo(text: str, path: str | os.PathLike) -> None:
@@ -406,7 +505,8 @@ def read_hlo(path: str | os.PathLike) -> str:
 @dataclasses.dataclass(frozen=True)
 class OutOfMemory:
   """A compile the TPU compiler refused because its buffers exceed the chip's memory."""
-  required: float     # bytes the compiler said it needs (NaN if its message names none)
+
+  required: float  # bytes the compiler said it needs (NaN if its message names none)
   message: str
 
 
@@ -414,8 +514,10 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 _TRITON_TOO_OLD = re.compile(r"Triton support is only enabled for .*compute capability")
 _NO_TRITON_TILING = "Couldn't find output tile sizes"
 CUBLAS_ONLY_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
-GEMM_FALLBACK = ("cuBLAS GEMMs (xla_gpu_enable_triton_gemm=false): XLA:GPU's Triton GEMM emitter found no "
-                 "tiling for a matmul of the step")
+GEMM_FALLBACK = (
+  "cuBLAS GEMMs (xla_gpu_enable_triton_gemm=false): XLA:GPU's Triton GEMM emitter found no "
+  "tiling for a matmul of the step"
+)
 
 
 def _compile_for_target(step, *abstract_args, platform: str = "tpu"):
@@ -435,16 +537,20 @@ def _compile_for_target(step, *abstract_args, platform: str = "tpu"):
       # (e.g. 82,080 rows); on a GPU its autotuner chooses between Triton and cuBLAS per matmul.
       if platform != "gpu" or _NO_TRITON_TILING not in str(e):
         raise
-      logging.warning("XLA:GPU found no Triton tiling for a matmul (%s); compiling with cuBLAS GEMMs",
-                      str(e).strip().splitlines()[0][:200])
+      logging.warning(
+        "XLA:GPU found no Triton tiling for a matmul (%s); compiling with cuBLAS GEMMs",
+        str(e).strip().splitlines()[0][:200],
+      )
       compiled = lowered.compile(compiler_options=dict(CUBLAS_ONLY_OPTIONS))
       fallback = GEMM_FALLBACK
     return compiled, time.perf_counter() - t0, fallback
   except jax.errors.JaxRuntimeError as e:
     text = str(e)
     if platform == "gpu" and _TRITON_TOO_OLD.search(text):
-      raise ConfigError("Pallas kernels compile to Triton, which needs compute capability 8.0 or newer and this GPU "
-                        "has less (a V100 has 7.0); use model.impl=xla.") from e
+      raise ConfigError(
+        "Pallas kernels compile to Triton, which needs compute capability 8.0 or newer and this GPU "
+        "has less (a V100 has 7.0); use model.impl=xla."
+      ) from e
     if "RESOURCE_EXHAUSTED" not in text:
       raise
     first = text.strip().splitlines()[0]
@@ -460,10 +566,14 @@ def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
   batch = sharding.config_batch(config, mesh, rules, batch_size=batch_size)
   carry = None
   if spec.has_carry:
-    carry = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-        (batch_size,) + a.shape[1:], a.dtype,
-        sharding=sharding.NamedSharding(mesh, sharding.batch_spec(rules, mesh, (batch_size,) + a.shape[1:]))),
-        spec.abstract["carry"])
+    carry = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(
+        (batch_size,) + a.shape[1:],
+        a.dtype,
+        sharding=sharding.NamedSharding(mesh, sharding.batch_spec(rules, mesh, (batch_size,) + a.shape[1:])),
+      ),
+      spec.abstract["carry"],
+    )
   step = jax.jit(make_eval_step(config, spec, task))
   return step, spec.abstract["params"], spec.abstract["model_state"], batch, carry
 
@@ -479,21 +589,36 @@ EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, 2, 3
 
 def main(argv=None) -> int:
   def flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topology", required=True,
-                        help="a TPU slice, <generation>:<chips>, e.g. v3:2x2 (8 cores), v4:2x2x2, v5e:4x4, v5p:2x2x4; "
-                             "or NVIDIA GPUs, <gpu>[x<count>] with <gpu> one of " + ", ".join(chips.GPUS)
-                             + ", e.g. h100, a100x4, a100-40gx8, h100x16 (two hosts of 8)")
+    parser.add_argument(
+      "--topology",
+      required=True,
+      help="a TPU slice, <generation>:<chips>, e.g. v3:2x2 (8 cores), v4:2x2x2, v5e:4x4, v5p:2x2x4; "
+      "or NVIDIA GPUs, <gpu>[x<count>] with <gpu> one of "
+      + ", ".join(chips.GPUS)
+      + ", e.g. h100, a100x4, a100-40gx8, h100x16 (two hosts of 8)",
+    )
     parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")
-    parser.add_argument("--hotspots", type=int, default=0,
-                        help="also list this many of the train step's dearest operations (what bounds the estimate)")
-    parser.add_argument("--hlo", default="",
-                        help="also write the compiled train step's HLO text to this file (gzip if it ends in .gz)")
+    parser.add_argument(
+      "--hotspots",
+      type=int,
+      default=0,
+      help="also list this many of the train step's dearest operations (what bounds the estimate)",
+    )
+    parser.add_argument(
+      "--hlo", default="", help="also write the compiled train step's HLO text to this file (gzip if it ends in .gz)"
+    )
 
-  args = cli.parse(argv, extra=flags, workdir=False, prog="python -m lra_core.aot",
-                   description="Compiles a config's train and eval steps for a TPU slice (libtpu) or NVIDIA GPUs "
-                               "(the CUDA plugin) on this host and reports memory, fit and an estimated step time.")
-  report = compile_config(args.config, args.extra.topology, hotspots=args.extra.hotspots,
-                          hlo_path=args.extra.hlo or None)
+  args = cli.parse(
+    argv,
+    extra=flags,
+    workdir=False,
+    prog="python -m lra_core.aot",
+    description="Compiles a config's train and eval steps for a TPU slice (libtpu) or NVIDIA GPUs "
+    "(the CUDA plugin) on this host and reports memory, fit and an estimated step time.",
+  )
+  report = compile_config(
+    args.config, args.extra.topology, hotspots=args.extra.hotspots, hlo_path=args.extra.hlo or None
+  )
   print(f"{args.spec} on {args.extra.topology}:")
   print(report.table())
   if args.extra.json:

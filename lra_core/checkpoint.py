@@ -38,8 +38,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
   def latest_step(self) -> int | None:
@@ -49,8 +48,9 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: dict, meta: dict, *, force: bool = True) -> None:
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)), force=force)
+    self.manager.save(
+      step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force
+    )
 
   def restore(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
     """-> (state placed as `abstract_state`'s shardings say, meta).
@@ -59,16 +59,19 @@ class Checkpointer:
     containers such as optax states are then plain lists and dicts).
     """
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+      restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+      )
     except json.JSONDecodeError:
       raise  # a damaged file, not a mismatch: restore_latest falls back on it
     except (ValueError, KeyError, TypeError) as e:
       layout = self._scan_mismatch(step, abstract_state)
       if layout:
         raise CheckpointError(layout) from e
-      raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this model and "
-                            f"optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from e
+      raise CheckpointError(
+        f"checkpoint {self.directory / str(step)} does not match this model and "
+        f"optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})."
+      ) from e
     logging.info("restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"], dict(restored["meta"])
 
@@ -81,9 +84,11 @@ class Checkpointer:
     wanted = _has_stacked(abstract_state)
     if abstract_state is None or saved == wanted:
       return None
-    return (f"checkpoint {self.directory / str(step)} was written with model.scan_layers={saved} and this run has "
-            f"model.scan_layers={wanted}; resume with the same setting or convert the state with "
-            f"lra_core.state.{'unscan' if saved else 'scan'}_params.")
+    return (
+      f"checkpoint {self.directory / str(step)} was written with model.scan_layers={saved} and this run has "
+      f"model.scan_layers={wanted}; resume with the same setting or convert the state with "
+      f"lra_core.state.{'unscan' if saved else 'scan'}_params."
+    )
 
   def restore_latest(self, abstract_state: dict) -> tuple[dict, dict, int] | None:
     """(state, meta, step) of the newest checkpoint that can be read, or None if there is none.
@@ -100,8 +105,14 @@ class Checkpointer:
         errors.append((step, e))
         continue
       for bad, e in errors:
-        logging.warning("checkpoint step %d in %s cannot be read (%s: %s); resuming from step %d instead",
-                        bad, self.directory, type(e).__name__, str(e).splitlines()[0][:200], step)
+        logging.warning(
+          "checkpoint step %d in %s cannot be read (%s: %s); resuming from step %d instead",
+          bad,
+          self.directory,
+          type(e).__name__,
+          str(e).splitlines()[0][:200],
+          step,
+        )
         self._set_aside(bad)
       if errors:
         self.manager.reload()
@@ -110,9 +121,11 @@ class Checkpointer:
       step, e = errors[0]
       if isinstance(e, CheckpointError):
         raise e
-      raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200]}) and no older one can; move the folder away "
-                            "to start afresh.") from e
+      raise CheckpointError(
+        f"checkpoint step {step} in {self.directory} cannot be read ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200]}) and no older one can; move the folder away "
+        "to start afresh."
+      ) from e
     return None
 
   def _set_aside(self, step: int) -> None:
@@ -147,8 +160,9 @@ def _has_stacked(tree) -> bool:
 PARAM_ENTRIES = ("params", "model_state", "ema")
 
 
-def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
-                   step: int | None = None) -> tuple[dict, int]:
+def restore_params(
+  workdir: str | pathlib.Path | fs.Path, abstract_state: dict, step: int | None = None
+) -> tuple[dict, int]:
   """({"params", "model_state"[, "ema"]}, step) of the latest (or given) checkpoint in `workdir`
   (local or gs://), placed as `abstract_state`'s shardings say, for eval, sampling and warm starts.
   "ema" (the moving average of the weights) is read when `abstract_state` has it (optim.ema_decay > 0).
@@ -160,38 +174,51 @@ def restore_params(workdir: str | pathlib.Path | fs.Path, abstract_state: dict,
   directory = fs.path(workdir, what="workdir") / "checkpoints"
   manager = None
   if directory.is_dir():
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False, read_only=True),
-                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    manager = ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(create=False, read_only=True),
+      item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+    )
   try:
     steps = list(manager.all_steps()) if manager is not None else []
     if step is None and not steps:
-      raise CheckpointError(f"no checkpoint in {directory}; train first with "
-                            f"`python -m lra_core.train --workdir={workdir}`.")
+      raise CheckpointError(
+        f"no checkpoint in {directory}; train first with `python -m lra_core.train --workdir={workdir}`."
+      )
     step = max(steps) if step is None else step
     if step not in steps:
       raise CheckpointError(f"no checkpoint of step {step} in {directory}; it has steps {sorted(steps)}.")
     saved = manager.item_metadata(step)["state"]
     saved = saved.tree if hasattr(saved, "tree") else saved
-    item = {k: abstract_state[k] if k in PARAM_ENTRIES and k in abstract_state
-            else jax.tree.map(lambda _: ocp.PLACEHOLDER, v) for k, v in saved.items()}
+    item = {
+      k: abstract_state[k] if k in PARAM_ENTRIES and k in abstract_state else jax.tree.map(lambda _: ocp.PLACEHOLDER, v)
+      for k, v in saved.items()
+    }
     missing = [k for k in PARAM_ENTRIES if k in abstract_state and k not in saved]
     if missing == ["ema"]:
-      raise CheckpointError(f"checkpoint {directory / str(step)} holds no EMA of the weights (its run had "
-                            "optim.ema_decay 0); set --config.optim.ema_decay=0.0 to use its raw weights.")
+      raise CheckpointError(
+        f"checkpoint {directory / str(step)} holds no EMA of the weights (its run had "
+        "optim.ema_decay 0); set --config.optim.ema_decay=0.0 to use its raw weights."
+      )
     if missing:
-      raise CheckpointError(f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state "
-                            "of lra_core.")
+      raise CheckpointError(
+        f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state of lra_core."
+      )
     args = ocp.args.PyTreeRestore(item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
     try:
       restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
     except (ValueError, KeyError, TypeError) as e:
       scanned, wanted = _has_stacked(saved["params"]), _has_stacked(abstract_state["params"])
       if scanned != wanted:
-        raise CheckpointError(f"checkpoint {directory / str(step)} was written with model.scan_layers={scanned} "
-                              f"and this config has model.scan_layers={wanted}; set "
-                              f"--config.model.scan_layers={scanned}.") from e
-      raise CheckpointError(f"checkpoint {directory / str(step)} does not match this model "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from e
+        raise CheckpointError(
+          f"checkpoint {directory / str(step)} was written with model.scan_layers={scanned} "
+          f"and this config has model.scan_layers={wanted}; set "
+          f"--config.model.scan_layers={scanned}."
+        ) from e
+      raise CheckpointError(
+        f"checkpoint {directory / str(step)} does not match this model "
+        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})."
+      ) from e
   finally:
     if manager is not None:
       manager.close()
@@ -224,8 +251,10 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
     mine, theirs = jax.tree.structure(params), jax.tree.structure(source_params)
     shapes = [np.shape(x) for x in jax.tree.leaves(params)] == [np.shape(x) for x in jax.tree.leaves(source_params)]
     if mine != theirs or not shapes:
-      raise ConfigError(f"train.init_from {source_workdir!r} holds a {source_config.model.name} model whose "
-                        f"parameters do not match this {config.model.name} model.")
+      raise ConfigError(
+        f"train.init_from {source_workdir!r} holds a {source_config.model.name} model whose "
+        f"parameters do not match this {config.model.name} model."
+      )
     params = source_params
   logging.info("parameters initialised from %s (step %d)", path, step)
   state = dict(state, params=jax.device_put(params, spec.shardings["params"]))

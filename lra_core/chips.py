@@ -34,22 +34,25 @@ GIB = 2**30
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """One JAX device of an accelerator."""
-  name: str                # the product name, e.g. "TPU v3"
-  peak_flops: float        # dense bf16 matmul FLOP/s
+
+  name: str  # the product name, e.g. "TPU v3"
+  peak_flops: float  # dense bf16 matmul FLOP/s
   hbm_bytes: int
-  hbm_bandwidth: float     # bytes/s
-  ici_bandwidth: float     # bytes/s this device can send to its neighbours (collectives)
+  hbm_bandwidth: float  # bytes/s
+  ici_bandwidth: float  # bytes/s this device can send to its neighbours (collectives)
   devices_per_chip: int
 
 
-def _per_device(name: str, kind: str, *, tflops: float, hbm_gib: float, hbm_gbps: float, ici_gbps: float,
-                devices_per_chip: int = 1) -> tuple[str, Chip]:
+def _per_device(
+  name: str, kind: str, *, tflops: float, hbm_gib: float, hbm_gbps: float, ici_gbps: float, devices_per_chip: int = 1
+) -> tuple[str, Chip]:
   n = devices_per_chip
   return kind, Chip(name, tflops * 1e12 / n, int(hbm_gib * GIB / n), hbm_gbps * GB / n, ici_gbps * GB / n, n)
 
 
 # JAX device_kind -> Chip (per-chip figures divided among the chip's JAX devices).
-CHIPS: dict[str, Chip] = dict([
+CHIPS: dict[str, Chip] = dict(
+  [
     _per_device("TPU v2", "TPU v2", tflops=45, hbm_gib=16, hbm_gbps=600, ici_gbps=332, devices_per_chip=2),
     _per_device("TPU v3", "TPU v3", tflops=123, hbm_gib=32, hbm_gbps=900, ici_gbps=332, devices_per_chip=2),
     _per_device("TPU v4", "TPU v4", tflops=275, hbm_gib=32, hbm_gbps=1200, ici_gbps=268),
@@ -65,18 +68,18 @@ CHIPS: dict[str, Chip] = dict([
     _per_device("A100 40GB", "NVIDIA A100-SXM4-40GB", tflops=312, hbm_gib=40, hbm_gbps=1555, ici_gbps=300),
     _per_device("V100 16GB", "Tesla V100-SXM2-16GB", tflops=15.7, hbm_gib=16, hbm_gbps=900, ici_gbps=150),
     _per_device("V100 32GB", "Tesla V100-SXM2-32GB", tflops=15.7, hbm_gib=32, hbm_gbps=900, ici_gbps=150),
-])
+  ]
+)
 
 # Topology names: generation -> (the TPU compiler's chip config, chips per host, the slice shapes
 # Cloud TPU offers, in chips). A slice name is "<generation>:<shape>", e.g. "v3:4x4" (32 cores).
 GENERATIONS = {
-    "v2": ("default", (2, 2, 1), ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16")),
-    "v3": ("default", (2, 2, 1), ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32")),
-    "v4": ("megacore", (2, 2, 1), ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8",
-                                   "8x8x16")),
-    "v5e": ("default", (2, 2, 1), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
-    "v5p": ("default", (2, 2, 1), ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")),
-    "v6e": ("default", (2, 2, 1), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+  "v2": ("default", (2, 2, 1), ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16")),
+  "v3": ("default", (2, 2, 1), ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32")),
+  "v4": ("megacore", (2, 2, 1), ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16")),
+  "v5e": ("default", (2, 2, 1), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+  "v5p": ("default", (2, 2, 1), ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")),
+  "v6e": ("default", (2, 2, 1), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
 }
 
 
@@ -107,23 +110,28 @@ def tpu_devices(topology: str) -> list[jax.Device]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     from jax.experimental import topologies
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name=chip_config,
-                                        chips_per_host_bounds=per_host, num_slices=1)
+
+    desc = topologies.get_topology_desc(
+      platform="tpu", topology_name=topology, chip_config_name=chip_config, chips_per_host_bounds=per_host, num_slices=1
+    )
   except (ImportError, RuntimeError, jax.errors.JaxRuntimeError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if not libtpu_installed():
-      raise ConfigError(f"compiling for TPU topology {topology!r} needs libtpu; install it with "
-                        "pip install -e \".[tpu]\".") from e
+      raise ConfigError(
+        f"compiling for TPU topology {topology!r} needs libtpu; install it with pip install -e \".[tpu]\"."
+      ) from e
     raise ConfigError(f"the TPU compiler could not describe topology {topology!r}: {first}") from e
   return list(desc.devices)
 
 
 def libtpu_installed() -> bool:
   import importlib.util
+
   return importlib.util.find_spec("libtpu") is not None
 
 
 # ----------------------------------------------------------------------------- GPUs without a GPU
+
 
 @dataclasses.dataclass(frozen=True)
 class GpuArch:
@@ -132,23 +140,25 @@ class GpuArch:
   "Technical Specifications per Compute Capability" (shared memory per SM and per block, registers,
   threads) and NVIDIA's architecture whitepapers and tuning guides (SMs, L2, boost clock) of each
   product; memory and bandwidth as in `CHIPS`."""
-  kind: str                        # the device kind JAX reports (the key into CHIPS)
+
+  kind: str  # the device kind JAX reports (the key into CHIPS)
   compute_capability: tuple[int, int]
   sms: int
   fp32_lanes_per_sm: int
-  shared_per_sm: int               # bytes
-  shared_per_block: int            # bytes one block may opt in to (what Triton may allocate)
+  shared_per_sm: int  # bytes
+  shared_per_block: int  # bytes one block may opt in to (what Triton may allocate)
   l2_bytes: int
-  clock_ghz: float                 # boost clock
+  clock_ghz: float  # boost clock
   threads_per_sm: int = 2048
-  registers_per_sm: int = 65536    # 32-bit registers, also the most one block may use (at most 255 a thread)
+  registers_per_sm: int = 65536  # 32-bit registers, also the most one block may use (at most 255 a thread)
 
   def target_config(self) -> str:
     """XLA's `GpuTargetConfigProto` text for this GPU: what `jax.experimental.topologies` needs to
     compile for it on a host without one (a real GPU's exact text: `device_target_config`)."""
     chip = CHIPS[self.kind]
     major, minor = self.compute_capability
-    return "\n".join([
+    return "\n".join(
+      [
         "gpu_device_info {",
         f'  name: "{self.kind}"',
         f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
@@ -175,25 +185,48 @@ class GpuArch:
         "}",
         'platform_name: "CUDA"',
         f'device_description_str: "{self.kind}"',
-        ""])
+        "",
+      ]
+    )
 
 
 KIB, MIB = 2**10, 2**20
-_HOPPER = dict(compute_capability=(9, 0), sms=132, fp32_lanes_per_sm=128, shared_per_sm=228 * KIB,
-               shared_per_block=227 * KIB, l2_bytes=50 * MIB, clock_ghz=1.98)
-_AMPERE = dict(compute_capability=(8, 0), sms=108, fp32_lanes_per_sm=64, shared_per_sm=164 * KIB,
-               shared_per_block=163 * KIB, l2_bytes=40 * MIB, clock_ghz=1.41)
-_VOLTA = dict(compute_capability=(7, 0), sms=80, fp32_lanes_per_sm=64, shared_per_sm=96 * KIB,
-              shared_per_block=96 * KIB, l2_bytes=6 * MIB, clock_ghz=1.53)
+_HOPPER = dict(
+  compute_capability=(9, 0),
+  sms=132,
+  fp32_lanes_per_sm=128,
+  shared_per_sm=228 * KIB,
+  shared_per_block=227 * KIB,
+  l2_bytes=50 * MIB,
+  clock_ghz=1.98,
+)
+_AMPERE = dict(
+  compute_capability=(8, 0),
+  sms=108,
+  fp32_lanes_per_sm=64,
+  shared_per_sm=164 * KIB,
+  shared_per_block=163 * KIB,
+  l2_bytes=40 * MIB,
+  clock_ghz=1.41,
+)
+_VOLTA = dict(
+  compute_capability=(7, 0),
+  sms=80,
+  fp32_lanes_per_sm=64,
+  shared_per_sm=96 * KIB,
+  shared_per_block=96 * KIB,
+  l2_bytes=6 * MIB,
+  clock_ghz=1.53,
+)
 
 # GPU target names for `gpu_devices`: "<name>" is one GPU, "<name>x<N>" N GPUs (8 to a host).
 GPUS: dict[str, GpuArch] = {
-    "h100": GpuArch("NVIDIA H100 80GB HBM3", **_HOPPER),
-    "h200": GpuArch("NVIDIA H200", **_HOPPER),
-    "a100": GpuArch("NVIDIA A100-SXM4-80GB", **_AMPERE),
-    "a100-40g": GpuArch("NVIDIA A100-SXM4-40GB", **_AMPERE),
-    "v100": GpuArch("Tesla V100-SXM2-16GB", **_VOLTA),
-    "v100-32g": GpuArch("Tesla V100-SXM2-32GB", **_VOLTA),
+  "h100": GpuArch("NVIDIA H100 80GB HBM3", **_HOPPER),
+  "h200": GpuArch("NVIDIA H200", **_HOPPER),
+  "a100": GpuArch("NVIDIA A100-SXM4-80GB", **_AMPERE),
+  "a100-40g": GpuArch("NVIDIA A100-SXM4-40GB", **_AMPERE),
+  "v100": GpuArch("Tesla V100-SXM2-16GB", **_VOLTA),
+  "v100-32g": GpuArch("Tesla V100-SXM2-32GB", **_VOLTA),
 }
 GPUS_PER_HOST = 8
 _GPU_TOPOLOGY = re.compile(r"^([a-z0-9\-]+?)(?:x(\d+))?$")
@@ -211,23 +244,30 @@ def is_gpu_topology(topology: str) -> bool:
 
 
 def parse_gpu_topology(topology: str) -> tuple[GpuArch, int]:
-  """"h100x8" -> (the H100's GpuArch, 8). Raises ConfigError (one sentence) for an unknown name or a count
+  """ "h100x8" -> (the H100's GpuArch, 8). Raises ConfigError (one sentence) for an unknown name or a count
   that is neither at most one host's 8 GPUs nor whole hosts of 8."""
   m = _GPU_TOPOLOGY.match(topology)
   if ":" in topology or m is None or m.group(1) not in GPUS:
-    raise ConfigError(f"GPU target {topology!r} is not known; expected <gpu> or <gpu>x<count> with <gpu> one of "
-                      f"{', '.join(GPUS)} (e.g. h100, a100x4, h100x16).")
+    raise ConfigError(
+      f"GPU target {topology!r} is not known; expected <gpu> or <gpu>x<count> with <gpu> one of "
+      f"{', '.join(GPUS)} (e.g. h100, a100x4, h100x16)."
+    )
   count = int(m.group(2) or 1)
   if count < 1 or (count > GPUS_PER_HOST and count % GPUS_PER_HOST):
-    raise ConfigError(f"GPU target {topology!r} has {count} GPUs; expected 1 to {GPUS_PER_HOST} on one host or "
-                      f"a multiple of {GPUS_PER_HOST} (whole hosts).")
+    raise ConfigError(
+      f"GPU target {topology!r} has {count} GPUs; expected 1 to {GPUS_PER_HOST} on one host or "
+      f"a multiple of {GPUS_PER_HOST} (whole hosts)."
+    )
   return GPUS[m.group(1)], count
 
 
 def cuda_plugin_installed() -> bool:
   import importlib.util
-  return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None or \
-      importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+
+  return (
+    importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    or importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+  )
 
 
 def gpu_devices(topology: str) -> list[jax.Device]:
@@ -237,18 +277,24 @@ def gpu_devices(topology: str) -> list[jax.Device]:
   unknown name, a missing plugin, or a process whose CUDA plugin did not register."""
   arch, count = parse_gpu_topology(topology)
   if not cuda_plugin_installed():
-    raise ConfigError(f"compiling for GPU target {topology!r} needs the CUDA plugin and ptxas; install them with "
-                      f"pip install -e \".[{GPU_EXTRA}]\".")
+    raise ConfigError(
+      f"compiling for GPU target {topology!r} needs the CUDA plugin and ptxas; install them with "
+      f"pip install -e \".[{GPU_EXTRA}]\"."
+    )
   _skip_cuda_runtime_check()
   hosts, per_host = (1, count) if count <= GPUS_PER_HOST else (count // GPUS_PER_HOST, GPUS_PER_HOST)
   try:
     from jax.experimental import topologies
-    desc = topologies.get_topology_desc(platform="cuda", target_config=arch.target_config(),
-                                        topology=f"1x{hosts}x{per_host}")
+
+    desc = topologies.get_topology_desc(
+      platform="cuda", target_config=arch.target_config(), topology=f"1x{hosts}x{per_host}"
+    )
   except (ImportError, RuntimeError, NotImplementedError, jax.errors.JaxRuntimeError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ConfigError(f"the GPU compiler could not describe {topology!r} ({first[:200]}); on a host without a GPU "
-                      "run with JAX_PLATFORMS=cpu so that the CUDA plugin loads without a driver.") from e
+    raise ConfigError(
+      f"the GPU compiler could not describe {topology!r} ({first[:200]}); on a host without a GPU "
+      "run with JAX_PLATFORMS=cpu so that the CUDA plugin loads without a driver."
+    ) from e
   return list(desc.devices)
 
 
@@ -257,7 +303,9 @@ def _skip_cuda_runtime_check() -> None:
   (its start-up check of the CUDA runtime would fail): before JAX starts its backends, ask for the CPU
   (nothing can run on a GPU here anyway). A host with a driver is left as it is."""
   import ctypes
+
   from jax._src import xla_bridge
+
   if xla_bridge.backends_are_initialized() or jax.config.jax_platforms:
     return
   try:
@@ -270,5 +318,6 @@ def device_target_config(device: jax.Device | None = None) -> str:
   """The exact `GpuTargetConfigProto` text of a real GPU (run on a machine that has one), to compare
   with or replace `GpuArch.target_config`."""
   from jax._src.lib import xla_client
+
   device = device or jax.devices()[0]
   return str(xla_client.get_topology_for_devices([device]).target_config)

@@ -40,8 +40,10 @@ from lra_core.errors import ConfigError, UserError
 from lra_core.registry import package_dir
 
 PREFIX = "--config."
-EXAMPLE = ("python -m lra_core.train --config configs/lra/listops/transformer.py:tiny \\\n"
-           "      --config.train.steps 100 --config.optim.lr=3e-4 --workdir runs/listops_tiny")
+EXAMPLE = (
+  "python -m lra_core.train --config configs/lra/listops/transformer.py:tiny \\\n"
+  "      --config.train.steps 100 --config.optim.lr=3e-4 --workdir runs/listops_tiny"
+)
 
 
 @dataclasses.dataclass
@@ -54,8 +56,12 @@ class Args:
 
 
 def setup_logging() -> None:
-  logging.basicConfig(level=os.environ.get("LRA_CORE_LOG", "INFO"),
-                      format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
+  logging.basicConfig(
+    level=os.environ.get("LRA_CORE_LOG", "INFO"),
+    format="%(asctime)s %(levelname)s %(message)s",
+    datefmt="%H:%M:%S",
+    force=True,
+  )
   for noisy in ("absl", "orbax", "jax._src", "grain"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -71,9 +77,9 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     if not a.startswith(PREFIX):
       rest.append(a)
     elif "=" in a:
-      overrides.append(a[len(PREFIX):])
+      overrides.append(a[len(PREFIX) :])
     elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-      overrides.append(f"{a[len(PREFIX):]}={args[i + 1]}")
+      overrides.append(f"{a[len(PREFIX) :]}={args[i + 1]}")
       i += 1
     else:
       raise ConfigError(f"{a} needs a value: {a}=VALUE or {a} VALUE.")
@@ -104,7 +110,8 @@ class _ListConfigs(argparse.Action):
 
 def help_epilog(example: str) -> str:
   folders = sorted({f.rpartition("/")[0] for f in config_files()})
-  return textwrap.dedent("""\
+  return (
+    textwrap.dedent("""\
       config overrides:
         --config.KEY=VALUE or --config.KEY VALUE
                               set one field of the config (KEY dotted, e.g. train.steps); VALUE is
@@ -112,16 +119,28 @@ def help_epilog(example: str) -> str:
 
       config files:
         configs/<dataset>/<model>.py[:ARG[,ARG...]]   with <dataset> one of
-      """) + textwrap.fill(", ".join(folders), width=96, initial_indent="    ", subsequent_indent="    ") + (
+      """)
+    + textwrap.fill(", ".join(folders), width=96, initial_indent="    ", subsequent_indent="    ")
+    + (
       "\n  (read from the lra_core.configs package when not under the current folder);\n"
       "  `python -m lra_core.configs` or --list_configs lists every file with its args\n\n"
-      f"example:\n  {example}\n")
+      f"example:\n  {example}\n"
+    )
+  )
 
 
-def parse(argv: Sequence[str] | None, *, default_config: str | None = None, default_workdir: str | None = None,
-          extra: Callable[[argparse.ArgumentParser], None] | None = None, prog: str | None = None,
-          workdir: bool = True, description: str | None = None, config_from_workdir: bool = False,
-          example: str | None = None) -> Args:
+def parse(
+  argv: Sequence[str] | None,
+  *,
+  default_config: str | None = None,
+  default_workdir: str | None = None,
+  extra: Callable[[argparse.ArgumentParser], None] | None = None,
+  prog: str | None = None,
+  workdir: bool = True,
+  description: str | None = None,
+  config_from_workdir: bool = False,
+  example: str | None = None,
+) -> Args:
   """The shared flags (`workdir=False` leaves out --workdir, for tools that write no run).
 
   config_from_workdir: without --config, the config is `<workdir>/config.json` (the one the
@@ -130,12 +149,20 @@ def parse(argv: Sequence[str] | None, *, default_config: str | None = None, defa
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = _Parser(prog=prog, description=description, epilog_fn=lambda: help_epilog(example or EXAMPLE))
   optional = default_config is not None or config_from_workdir
-  parser.add_argument("--config", default=default_config, required=not optional,
-                      help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)"
-                           + ("; default: the workdir's config.json" if config_from_workdir else ""))
+  parser.add_argument(
+    "--config",
+    default=default_config,
+    required=not optional,
+    help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)"
+    + ("; default: the workdir's config.json" if config_from_workdir else ""),
+  )
   if workdir:
-    parser.add_argument("--workdir", default=default_workdir, required=default_workdir is None,
-                        help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json")
+    parser.add_argument(
+      "--workdir",
+      default=default_workdir,
+      required=default_workdir is None,
+      help="output folder: checkpoints, metrics.jsonl, TensorBoard events, summary.json",
+    )
   parser.add_argument("--list_configs", action=_ListConfigs, help="list every config file with its args, then exit")
   distributed.add_flags(parser)
   if extra is not None:
@@ -168,8 +195,10 @@ def run(main: Callable[[], None]) -> None:
 
 def as_command(module: str) -> Callable[[], None]:
   """A console script that runs `module` as `python -m <module>` does (its exit status included)."""
+
   def command() -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
   return command
 
 
@@ -235,8 +264,10 @@ def _checked_args(func, param: str | None = None, depth: int = 0) -> tuple[str, 
 
 def list_configs() -> str:
   """One line per config file: `lra/listops/transformer.py: tiny, default, plus, plusplus`."""
-  lines = ["config files under configs/, each with the args it accepts (--config=configs/<file>[:ARG[,ARG...]];",
-           "without ARG the file's full setting):"]
+  lines = [
+    "config files under configs/, each with the args it accepts (--config=configs/<file>[:ARG[,ARG...]];",
+    "without ARG the file's full setting):",
+  ]
   for file in config_files():
     args = config_args(file)
     lines.append(f"  {file}: {', '.join(args) if args else '(none)' if args == () else '(not declared)'}")

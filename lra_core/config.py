@@ -18,9 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
-from lra_core import fs
+from lra_core import fs, registry
 from lra_core import optim as optim_lib
-from lra_core import registry
 from lra_core.errors import ConfigError
 from lra_core.registry import package_dir
 
@@ -34,15 +33,15 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's ro
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
 # over `fsdp` and Megatron-style splitting of heads / MLP width / vocabulary over `tensor`.
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("length", None),
-    ("head_dim", None),
-    ("layers", None),  # the leading axis of scanned layer stacks (model.scan_layers): never split
+  ("batch", ("data", "fsdp")),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("vocab", "tensor"),
+  ("length", None),
+  ("head_dim", None),
+  ("layers", None),  # the leading axis of scanned layer stacks (model.scan_layers): never split
 )
 
 # model.remat: what the backward pass keeps of each layer (models/blocks/stack.py maps the names).
@@ -51,8 +50,13 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 MODEL_DEFAULTS = {"remat": "none", "scan_layers": False}
 
 
-def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
-                optim: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+def base_config(
+  *,
+  task: str,
+  model: ml_collections.ConfigDict,
+  data: ml_collections.ConfigDict,
+  optim: ml_collections.ConfigDict | None = None,
+) -> ml_collections.ConfigDict:
   """The fields every experiment has; config files fill in model, data and sizes."""
   c = ml_collections.ConfigDict()
   c.task = task
@@ -63,42 +67,46 @@ def base_config(*, task: str, model: ml_collections.ConfigDict, data: ml_collect
     if "num_threads" not in c.data:
       c.data.num_threads = 2  # host threads reading and batching examples
     if "prefetch" not in c.data:
-      c.data.prefetch = 4     # batches read ahead of the train step
-  c.train = ml_collections.ConfigDict(dict(
+      c.data.prefetch = 4  # batches read ahead of the train step
+  c.train = ml_collections.ConfigDict(
+    dict(
       steps=1000,
-      batch_size=32,          # global batch, in sequences
-      eval_batch_size=0,      # 0 -> batch_size
+      batch_size=32,  # global batch, in sequences
+      eval_batch_size=0,  # 0 -> batch_size
       seq_len=512,
-      update_len=0,           # lm: optimizer step per window of this many tokens; 0 -> seq_len
-      grad_accum_steps=1,     # micro-batches per optimizer step
+      update_len=0,  # lm: optimizer step per window of this many tokens; 0 -> seq_len
+      grad_accum_steps=1,  # micro-batches per optimizer step
       seed=0,
       log_every=50,
-      eval_every=500,         # 0 -> only at the end
-      eval_batches=0,         # 0 -> the whole validation split
-      checkpoint_every=500,   # 0 -> only at the end
+      eval_every=500,  # 0 -> only at the end
+      eval_batches=0,  # 0 -> the whole validation split
+      checkpoint_every=500,  # 0 -> only at the end
       keep_checkpoints=3,
-      test_at_end=True,       # evaluate the test split after the last step
-      nan_check=True,         # stop at the first non-finite loss / gradient / parameter
-      skip_nonfinite=False,   # instead, skip such an update and count it (metric skipped_steps)
-      init_from="",           # a workdir whose latest parameters start a fresh run (uptraining)
-      memory_limit_gib=0.0,   # per-device budget the compiled train step must fit; 0 -> the device's
-      profile_steps="",       # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
-      compile_cache="auto",   # persistent compilation cache: auto ($LRA_CORE_CACHE, else next to the
-                              # workdir), off, or a folder (local or gs://)
-      peak_flops=0.0,         # MFU denominator per device; 0 -> lra_core.chips (CPU: measured matmul peak)
-      sample_every=0,         # image tasks: a sample grid in TensorBoard every this many steps; 0 -> off
-      tracker="none",         # none | wandb | trackio: mirror config, metrics and images to a tracker
+      test_at_end=True,  # evaluate the test split after the last step
+      nan_check=True,  # stop at the first non-finite loss / gradient / parameter
+      skip_nonfinite=False,  # instead, skip such an update and count it (metric skipped_steps)
+      init_from="",  # a workdir whose latest parameters start a fresh run (uptraining)
+      memory_limit_gib=0.0,  # per-device budget the compiled train step must fit; 0 -> the device's
+      profile_steps="",  # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
+      compile_cache="auto",  # persistent compilation cache: auto ($LRA_CORE_CACHE, else next to the
+      # workdir), off, or a folder (local or gs://)
+      peak_flops=0.0,  # MFU denominator per device; 0 -> lra_core.chips (CPU: measured matmul peak)
+      sample_every=0,  # image tasks: a sample grid in TensorBoard every this many steps; 0 -> off
+      tracker="none",  # none | wandb | trackio: mirror config, metrics and images to a tracker
       tracker_project="lra_core",
-  ))
+    )
+  )
   c.optim = optim if optim is not None else optim_lib.default_config()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.sharding = ml_collections.ConfigDict(dict(rules=DEFAULT_RULES))
-  c.mlm = ml_collections.ConfigDict(dict(
-      mask_rate=0.15,         # BERT: 15% of tokens are predicted ...
-      replace_mask=0.8,       # ... of which 80% become [MASK],
-      replace_random=0.1,     # 10% a random token, the rest stay unchanged
-      mask_id=-1,             # -1 -> model.vocab_size - 1
-  ))
+  c.mlm = ml_collections.ConfigDict(
+    dict(
+      mask_rate=0.15,  # BERT: 15% of tokens are predicted ...
+      replace_mask=0.8,  # ... of which 80% become [MASK],
+      replace_random=0.1,  # 10% a random token, the rest stay unchanged
+      mask_id=-1,  # -1 -> model.vocab_size - 1
+    )
+  )
   return c
 
 
@@ -112,8 +120,9 @@ def add_model_defaults(config: ml_collections.ConfigDict) -> None:
 
 def tiny_train(config: ml_collections.ConfigDict, seq_len: int) -> None:
   """The `tiny` training settings: a few steps on short sequences, one device, seconds on a CPU."""
-  config.train.update(dict(steps=4, batch_size=8, seq_len=seq_len, log_every=2, eval_every=0,
-                           eval_batches=2, checkpoint_every=0))
+  config.train.update(
+    dict(steps=4, batch_size=8, seq_len=seq_len, log_every=2, eval_every=0, eval_batches=2, checkpoint_every=0)
+  )
   config.optim.warmup_steps = min(config.optim.warmup_steps, 2)
   config.mesh.data = 1
 
@@ -123,8 +132,9 @@ def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
   parts = {p for p in (arg or "").split(",") if p}
   unknown = parts - set(allowed)
   if unknown:
-    raise ConfigError(f"config arg {sorted(unknown)[0]!r} is not known; expected a comma-separated "
-                      f"subset of {list(allowed)}.")
+    raise ConfigError(
+      f"config arg {sorted(unknown)[0]!r} is not known; expected a comma-separated subset of {list(allowed)}."
+    )
   return parts
 
 
@@ -170,12 +180,34 @@ def load_config(spec: str, overrides: Iterable[str] = ()) -> ml_collections.Conf
 
 # Settings a resumed run may change: how it runs, not what it computes. Any other difference from
 # the workdir's config.json stops a resumed run unless forced.
-RESUMABLE_KEYS = ("mesh.", "sharding.", "data.dir", "data.cache_dir", "data.num_threads", "data.prefetch",
-                  "model.impl", "model.remat", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
-                  "train.eval_batch_size", "train.checkpoint_every", "train.keep_checkpoints",
-                  "train.test_at_end", "train.nan_check", "train.skip_nonfinite", "train.memory_limit_gib",
-                  "train.init_from", "train.profile_steps", "train.compile_cache", "train.peak_flops",
-                  "train.sample_every", "train.tracker", "train.tracker_project")
+RESUMABLE_KEYS = (
+  "mesh.",
+  "sharding.",
+  "data.dir",
+  "data.cache_dir",
+  "data.num_threads",
+  "data.prefetch",
+  "model.impl",
+  "model.remat",
+  "train.steps",
+  "train.log_every",
+  "train.eval_every",
+  "train.eval_batches",
+  "train.eval_batch_size",
+  "train.checkpoint_every",
+  "train.keep_checkpoints",
+  "train.test_at_end",
+  "train.nan_check",
+  "train.skip_nonfinite",
+  "train.memory_limit_gib",
+  "train.init_from",
+  "train.profile_steps",
+  "train.compile_cache",
+  "train.peak_flops",
+  "train.sample_every",
+  "train.tracker",
+  "train.tracker_project",
+)
 
 
 def _flat_values(tree: dict, prefix: str = "") -> dict:
@@ -294,11 +326,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"config has no {section!r} section; build it with lra_core.config.base_config.")
   if config.task not in TASKS:
     raise ConfigError(f"task {config.task!r} is not one of {TASKS}.")
-  _positive(config, "train.steps", "train.batch_size", "train.seq_len", "train.grad_accum_steps",
-            "train.keep_checkpoints", "train.log_every")
+  _positive(
+    config,
+    "train.steps",
+    "train.batch_size",
+    "train.seq_len",
+    "train.grad_accum_steps",
+    "train.keep_checkpoints",
+    "train.log_every",
+  )
   train = config.train
-  for key in ("eval_every", "eval_batches", "checkpoint_every", "eval_batch_size", "update_len",
-              "memory_limit_gib", "peak_flops", "sample_every"):
+  for key in (
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "eval_batch_size",
+    "update_len",
+    "memory_limit_gib",
+    "peak_flops",
+    "sample_every",
+  ):
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
   parse_profile_steps(train.profile_steps)
@@ -307,19 +354,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if train.tracker not in TRACKERS:
     raise ConfigError(f"train.tracker {train.tracker!r} is not one of {list(TRACKERS)}.")
   if train.batch_size % train.grad_accum_steps:
-    raise ConfigError(f"train.batch_size {train.batch_size} is not a multiple of "
-                      f"train.grad_accum_steps {train.grad_accum_steps}.")
+    raise ConfigError(
+      f"train.batch_size {train.batch_size} is not a multiple of train.grad_accum_steps {train.grad_accum_steps}."
+    )
   if train.update_len:
     if config.task not in ("lm", "image_ar"):
       raise ConfigError(f"train.update_len applies to autoregressive tasks only, not task {config.task!r}.")
     if train.seq_len % train.update_len:
-      raise ConfigError(f"train.seq_len {train.seq_len} is not a multiple of train.update_len "
-                        f"{train.update_len}.")
+      raise ConfigError(f"train.seq_len {train.seq_len} is not a multiple of train.update_len {train.update_len}.")
   for axis in MESH_AXES:
     size = config.mesh.get(axis)
     if not isinstance(size, int) or (size < 1 and size != -1):
-      raise ConfigError(f"mesh.{axis} must be a positive integer or -1 (all remaining devices), "
-                        f"got {size!r}.")
+      raise ConfigError(f"mesh.{axis} must be a positive integer or -1 (all remaining devices), got {size!r}.")
   if list(config.mesh.values()).count(-1) > 1:
     raise ConfigError("at most one mesh axis may be -1.")
   if config.model.get("remat", "none") not in REMAT_POLICIES:
@@ -335,8 +381,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   registry.dataset_module(config.data.name)
   family = registry.family(config.model.get("name"))
   if config.task not in family.tasks:
-    raise ConfigError(f"model {family.name} is not built for task {config.task!r}; its tasks are "
-                      f"{list(family.tasks)}.")
+    raise ConfigError(f"model {family.name} is not built for task {config.task!r}; its tasks are {list(family.tasks)}.")
   family.validate_config(config)
 
 
@@ -354,8 +399,9 @@ def load_workdir_config(workdir, overrides: Iterable[str] = ()) -> ml_collection
   with `key=value` overrides applied, validated and locked; `workdir` may be local or gs://."""
   path = fs.path(workdir, what="workdir") / "config.json"
   if not path.exists():
-    raise ConfigError(f"workdir {str(workdir)!r} has no config.json; give --config=<spec>, or the workdir of a "
-                      "run the trainer wrote.")
+    raise ConfigError(
+      f"workdir {str(workdir)!r} has no config.json; give --config=<spec>, or the workdir of a run the trainer wrote."
+    )
   try:
     saved = json.loads(path.read_text())
   except json.JSONDecodeError as e:

@@ -23,8 +23,14 @@ def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
 
 
 # What one target is, by data.name (only names a metric; the step does not depend on it).
-UNITS = {"bytes": "byte", "imdb": "byte", "retrieval": "byte", "cifar10": "pixel", "pathfinder": "pixel",
-         "imagenet64": "dim"}
+UNITS = {
+  "bytes": "byte",
+  "imdb": "byte",
+  "retrieval": "byte",
+  "cifar10": "pixel",
+  "pathfinder": "pixel",
+  "imagenet64": "dim",
+}
 
 
 def config_data_info(config) -> data_lib.DataInfo:
@@ -42,21 +48,27 @@ def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
   """Cross-checks between config, data and devices that need the data or the mesh."""
   m, t = config.model, config.train
   if m.get("vocab_size", info.vocab_size) < info.vocab_size:
-    raise ConfigError(f"model.vocab_size {m.vocab_size} is smaller than the {config.data.name} "
-                      f"vocabulary ({info.vocab_size} ids).")
+    raise ConfigError(
+      f"model.vocab_size {m.vocab_size} is smaller than the {config.data.name} vocabulary ({info.vocab_size} ids)."
+    )
   if config.task == "mlm":
     mask_id = config.mlm.mask_id if config.mlm.mask_id >= 0 else m.vocab_size - 1
     if mask_id < info.vocab_size:
-      raise ConfigError(f"mlm mask id {mask_id} is a real {config.data.name} token; set model.vocab_size "
-                        f"to at least {info.vocab_size + 1} or mlm.mask_id outside the data vocabulary.")
+      raise ConfigError(
+        f"mlm mask id {mask_id} is a real {config.data.name} token; set model.vocab_size "
+        f"to at least {info.vocab_size + 1} or mlm.mask_id outside the data vocabulary."
+      )
   if info.num_classes and m.get("num_classes", info.num_classes) != info.num_classes:
-    raise ConfigError(f"model.num_classes {m.num_classes} does not match the {info.num_classes} classes "
-                      f"of {config.data.name}.")
+    raise ConfigError(
+      f"model.num_classes {m.num_classes} does not match the {info.num_classes} classes of {config.data.name}."
+    )
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   micro = t.batch_size // t.grad_accum_steps
   if micro % shards:
-    raise ConfigError(f"micro-batch size {micro} (train.batch_size {t.batch_size} / grad_accum_steps "
-                      f"{t.grad_accum_steps}) is not a multiple of the {shards} data-parallel shards.")
+    raise ConfigError(
+      f"micro-batch size {micro} (train.batch_size {t.batch_size} / grad_accum_steps "
+      f"{t.grad_accum_steps}) is not a multiple of the {shards} data-parallel shards."
+    )
   eval_bs = t.eval_batch_size or t.batch_size
   if eval_bs % shards:
     raise ConfigError(f"eval batch size {eval_bs} is not a multiple of the {shards} data-parallel shards.")
@@ -66,9 +78,14 @@ def check_batch(batch: dict[str, np.ndarray], config, index: int) -> None:
   """Token ids and labels must fit the model: a one-sentence DataError (before the step that
   would read them, and for the first batch before anything compiles) instead of silent garbage
   from an out-of-range embedding lookup."""
-  limits = {"inputs": ("model.vocab_size", config.model.get("vocab_size")),
-            "targets": (("model.num_classes", config.model.get("num_classes")) if config.task in ("classify", "retrieval")
-                        else ("model.vocab_size", config.model.get("vocab_size")))}
+  limits = {
+    "inputs": ("model.vocab_size", config.model.get("vocab_size")),
+    "targets": (
+      ("model.num_classes", config.model.get("num_classes"))
+      if config.task in ("classify", "retrieval")
+      else ("model.vocab_size", config.model.get("vocab_size"))
+    ),
+  }
   for name, (key, limit) in limits.items():
     x = batch.get(name)
     if limit is None or x is None or not np.issubdtype(x.dtype, np.integer) or not x.size:
@@ -76,5 +93,7 @@ def check_batch(batch: dict[str, np.ndarray], config, index: int) -> None:
     low, high = int(x.min()), int(x.max())
     if low < 0 or high >= limit:
       bad = low if low < 0 else high
-      raise DataError(f"training batch {index} holds {name} id {bad}, outside 0..{limit - 1} ({key}); "
-                      "the data does not match the model's vocabulary or classes.")
+      raise DataError(
+        f"training batch {index} holds {name} id {bad}, outside 0..{limit - 1} ({key}); "
+        "the data does not match the model's vocabulary or classes."
+      )

@@ -42,6 +42,7 @@ __all__ = ["DecodingError", "Sampling", "check_int", "check_key", "filter_logits
 # Settings
 # ---------------------------------------------------------------------------------------
 
+
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
   """Returns `value` as a Python int (numpy integers welcome, bools and floats not), or raises
   DecodingError naming `name`."""
@@ -64,8 +65,9 @@ def check_key(key: Any) -> None:
   raw = not typed and key.dtype == jnp.uint32 and key.ndim == 1  # (2,) threefry, (4,) rbg
   if not (typed and key.shape == () or raw):
     raise DecodingError(
-        f"key has dtype {key.dtype} and shape {key.shape}; expected a single PRNG key "
-        "(jax.random.key(seed) or jax.random.PRNGKey(seed))")
+      f"key has dtype {key.dtype} and shape {key.shape}; expected a single PRNG key "
+      "(jax.random.key(seed) or jax.random.PRNGKey(seed))"
+    )
 
 
 def _as_number(name: str, value: Any) -> float:
@@ -84,6 +86,7 @@ class Sampling:
   over their values compiles once) and `mode` stays static, since it changes the program:
   "greedy" (temperature 0), "plain" (no top-k / top-p filter) or "filtered".
   """
+
   temperature: Any
   top_k: Any
   top_p: Any
@@ -128,9 +131,8 @@ def _as_float(logits: jax.Array) -> jax.Array:
 # Pure functions on logits
 # ---------------------------------------------------------------------------------------
 
-def filter_logits(
-    logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> jax.Array:
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
   """Applies temperature, then top-k, then nucleus (top-p) filtering.
 
   Args:
@@ -172,18 +174,17 @@ def _filter_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
   # the test: rounding can push the mass before a rare last token to 1.0.
   mass_before = jnp.cumsum(probs, axis=-1) - probs
   keep_sorted = keep_sorted & ((mass_before < top_p) | (top_p >= 1.0))
-  keep = jnp.put_along_axis(
-      jnp.zeros(keep_sorted.shape, dtype=bool), order, keep_sorted, axis=-1, inplace=False)
+  keep = jnp.put_along_axis(jnp.zeros(keep_sorted.shape, dtype=bool), order, keep_sorted, axis=-1, inplace=False)
   return jnp.where(keep, logits, fill)
 
 
 def sample_token(
-    key: jax.Array,
-    logits: jax.Array,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+  key: jax.Array,
+  logits: jax.Array,
+  *,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
 ) -> jax.Array:
   """Draws one token per row from the filtered distribution.
 
@@ -211,19 +212,18 @@ def _sample_token(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.
 # Generation
 # ---------------------------------------------------------------------------------------
 
-@functools.partial(
-    jax.jit, static_argnums=(0,),
-    static_argnames=("max_new_tokens", "eos_id", "pad_id"))
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "eos_id", "pad_id"))
 def _generate_compiled(
-    graphdef: nnx.GraphDef,
-    params: nnx.State,
-    prompt: jax.Array,
-    key: jax.Array,
-    sampling: Sampling,
-    *,
-    max_new_tokens: int,
-    eos_id: int | None,
-    pad_id: int,
+  graphdef: nnx.GraphDef,
+  params: nnx.State,
+  prompt: jax.Array,
+  key: jax.Array,
+  sampling: Sampling,
+  *,
+  max_new_tokens: int,
+  eos_id: int | None,
+  pad_id: int,
 ) -> jax.Array:
   """prompt int32[B,P] -> int32[B,P+N]: the prompt and its sampled continuation."""
   model = nnx.merge(graphdef, params)
@@ -238,8 +238,8 @@ def _generate_compiled(
     logits, state = model.decode_step(tokens[:, None], state)
     if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
       raise DecodingError(
-          f"{type(model).__name__}.decode_step returned logits of shape {logits.shape}; "
-          f"expected [B,1,V] with B={batch}")
+        f"{type(model).__name__}.decode_step returned logits of shape {logits.shape}; expected [B,1,V] with B={batch}"
+      )
     return _as_float(logits[:, 0]), state
 
   def sample(key: jax.Array, logits: jax.Array) -> jax.Array:
@@ -271,9 +271,12 @@ def _generate_compiled(
   return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
 
 
-def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
-             step: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
-             ) -> tuple[Any, jax.Array]:
+def _prefill(
+  model: nnx.Module,
+  state: Any,
+  prompt: jax.Array,
+  step: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
+) -> tuple[Any, jax.Array]:
   """Feeds the whole prompt (`step` is one decode step) -> (state, float logits[B,V] of its
   last position)."""
   batch = prompt.shape[0]
@@ -281,8 +284,8 @@ def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
     logits, new_state = model.prefill(prompt, state)
     if logits.ndim != 3 or logits.shape[:2] != (batch, 1):
       raise DecodingError(
-          f"{type(model).__name__}.prefill returned logits of shape {logits.shape}; "
-          f"expected [B,1,V] with B={batch}")
+        f"{type(model).__name__}.prefill returned logits of shape {logits.shape}; expected [B,1,V] with B={batch}"
+      )
     return new_state, _as_float(logits[:, 0])
 
   # Only the last position's logits are needed, so they ride in the carry instead of
@@ -300,16 +303,16 @@ def _prefill(model: nnx.Module, state: Any, prompt: jax.Array,
 
 
 def generate(
-    model: nnx.Module,
-    prompt: jax.Array,
-    *,
-    max_new_tokens: int,
-    key: jax.Array,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_id: int | None = None,
-    pad_id: int = 0,
+  model: nnx.Module,
+  prompt: jax.Array,
+  *,
+  max_new_tokens: int,
+  key: jax.Array,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int | None = None,
+  pad_id: int = 0,
 ) -> jax.Array:
   """Samples a continuation of `prompt` from an autoregressive model.
 
@@ -342,12 +345,12 @@ def generate(
   """
   if not isinstance(model, Decoder):
     raise DecodingError(
-        f"model {type(model).__name__} does not decode; generate needs the decode protocol "
-        "(lra_core.protocol.Decoder: init_decode_state, decode_step)")
+      f"model {type(model).__name__} does not decode; generate needs the decode protocol "
+      "(lra_core.protocol.Decoder: init_decode_state, decode_step)"
+    )
   prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
-    raise DecodingError(
-        f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P]")
+    raise DecodingError(f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P]")
   if prompt.shape[0] < 1 or prompt.shape[1] < 1:
     raise DecodingError(f"prompt shape {prompt.shape} needs B >= 1 and P >= 1 tokens")
   max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
@@ -361,4 +364,5 @@ def generate(
 
   graphdef, params = nnx.split(model)
   return _generate_compiled(
-      graphdef, params, prompt, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+    graphdef, params, prompt, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id
+  )

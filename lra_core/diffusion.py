@@ -50,19 +50,21 @@ _DEFAULT_PARAMS = {"cosine": (0.0, 1.0, 1.0), "sigmoid": (-3.0, 3.0, 1.0)}
 
 def default_config() -> ml_collections.ConfigDict:
   """The `config.diffusion` section read by the `diffusion` task."""
-  return ml_collections.ConfigDict(dict(
-      schedule="cosine",       # training gamma(t): cosine | sigmoid [@start,end,tau] | linear
-      pred_type="eps",         # what the denoiser outputs: eps | x0 | v (the MSE target)
-      self_cond_rate=0.5,      # share of examples that see their own first-pass latents
-      sampler="ddim",          # ddim | ddpm (variance 1 - alpha) | ddpm@small (posterior variance)
+  return ml_collections.ConfigDict(
+    dict(
+      schedule="cosine",  # training gamma(t): cosine | sigmoid [@start,end,tau] | linear
+      pred_type="eps",  # what the denoiser outputs: eps | x0 | v (the MSE target)
+      self_cond_rate=0.5,  # share of examples that see their own first-pass latents
+      sampler="ddim",  # ddim | ddpm (variance 1 - alpha) | ddpm@small (posterior variance)
       sample_steps=100,
-      sample_schedule="",      # gamma(t) while sampling; "" -> schedule
-      x0_clip=True,            # clip x0 estimates to [-1, 1] while sampling
-      cond_dropout=0.0,        # share of training labels replaced by the null class (> 0: guidable;
-                               # no effect on an unconditional denoiser)
-      guidance=0.0,            # classifier-free guidance scale w while sampling; 0 -> off
+      sample_schedule="",  # gamma(t) while sampling; "" -> schedule
+      x0_clip=True,  # clip x0 estimates to [-1, 1] while sampling
+      cond_dropout=0.0,  # share of training labels replaced by the null class (> 0: guidable;
+      # no effect on an unconditional denoiser)
+      guidance=0.0,  # classifier-free guidance scale w while sampling; 0 -> off
       normalize_noisy_input=False,  # the denoiser sees x_t / std(x_t) (per example)
-  ))
+    )
+  )
 
 
 # ------------------------------------------------------------------------------- Schedules
@@ -92,8 +94,9 @@ def make_schedule(spec: str) -> Schedule:
   """'cosine', 'sigmoid@-3,3,1.1', 'linear' -> gamma(t)."""
   name, _, args = spec.partition("@")
   if name not in SCHEDULES or (args and name == "linear"):
-    raise ConfigError(f"noise schedule {spec!r} is not one of {list(SCHEDULES)} (cosine and sigmoid may "
-                      f"add '@start,end,tau').")
+    raise ConfigError(
+      f"noise schedule {spec!r} is not one of {list(SCHEDULES)} (cosine and sigmoid may add '@start,end,tau')."
+    )
   if name == "linear":
     return linear_schedule
   params = _DEFAULT_PARAMS[name]
@@ -134,8 +137,10 @@ def validate_config(config) -> None:
   if not (math.isfinite(guidance) and guidance >= 0.0):
     raise ConfigError(f"diffusion.guidance {guidance} is not a finite number >= 0.")
   if guidance > 0 and null_label(config) is None:
-    raise ConfigError(f"diffusion.guidance {guidance} needs a class-conditional denoiser (model.num_classes > 0) "
-                      f"trained with diffusion.cond_dropout > 0 (the null class); set them or guidance 0.")
+    raise ConfigError(
+      f"diffusion.guidance {guidance} needs a class-conditional denoiser (model.num_classes > 0) "
+      f"trained with diffusion.cond_dropout > 0 (the null class); set them or guidance 0."
+    )
 
 
 def null_label(config) -> int | None:
@@ -197,8 +202,9 @@ def eps_from_x0(x_t: Array, gamma: Array, x0: Array) -> Array:
   return (x_t - jnp.sqrt(g) * x0) / jnp.sqrt(1.0 - g)
 
 
-def x0_eps_from_prediction(pred_type: str, x_t: Array, gamma: Array, pred: Array, *,
-                           clip: bool = False) -> tuple[Array, Array]:
+def x0_eps_from_prediction(
+  pred_type: str, x_t: Array, gamma: Array, pred: Array, *, clip: bool = False
+) -> tuple[Array, Array]:
   """(x0, eps) implied by a `pred_type` prediction. With `clip`, x0 is clipped to [-1, 1] and eps
   recomputed from it, so the pair stays consistent with x_t (pix2seq's truncate_noise)."""
   g = _expand(gamma, x_t)
@@ -229,8 +235,7 @@ def ddim_step(x0: Array, eps: Array, gamma_prev: Array) -> Array:
 DDPM_VARIANCES = ("large", "small")
 
 
-def ddpm_step(key: Array, x_t: Array, eps: Array, gamma: Array, gamma_prev: Array, *,
-              variance: str = "large") -> Array:
+def ddpm_step(key: Array, x_t: Array, eps: Array, gamma: Array, gamma_prev: Array, *, variance: str = "large") -> Array:
   """Ancestral step from gamma to gamma_prev > gamma with alpha = gamma / gamma_prev: the mean of
   q(x_prev | x_t, x0) plus noise of variance beta = 1 - alpha ('large', pix2seq's default) or the
   posterior variance beta~ = (1 - gamma_prev) / (1 - gamma) * beta ('small'; 0 at the last step,
@@ -251,9 +256,20 @@ def guided_prediction(cond: Array, uncond: Array, guidance: float) -> Array:
   return cond * (1.0 + guidance) - uncond * guidance
 
 
-def sample(model, key: Array, shape: tuple[int, ...], steps: int, *, schedule: str = "cosine",
-           pred_type: str = "eps", sampler: str = "ddim", labels: Array | None = None,
-           x0_clip: bool = True, guidance: float = 0.0, normalize: bool = False) -> Array:
+def sample(
+  model,
+  key: Array,
+  shape: tuple[int, ...],
+  steps: int,
+  *,
+  schedule: str = "cosine",
+  pred_type: str = "eps",
+  sampler: str = "ddim",
+  labels: Array | None = None,
+  x0_clip: bool = True,
+  guidance: float = 0.0,
+  normalize: bool = False,
+) -> Array:
   """Images [B,S,S,C] in [-1, 1] drawn by `steps` reverse steps from t=1 to t=0.
 
   model(x_t, gamma, labels=, latents_prev=) -> (prediction, latents); a model whose
@@ -271,8 +287,9 @@ def sample(model, key: Array, shape: tuple[int, ...], steps: int, *, schedule: s
     raise ValueError(f"guidance must be >= 0, got {guidance}.")
   null = getattr(model, "null_label", None)
   if guidance and (labels is None or null is None):
-    raise ValueError("classifier-free guidance needs labels and a denoiser trained with a null class "
-                     "(diffusion.cond_dropout > 0).")
+    raise ValueError(
+      "classifier-free guidance needs labels and a denoiser trained with a null class (diffusion.cond_dropout > 0)."
+    )
   gamma_fn = make_schedule(schedule)
   b = shape[0]
   self_cond = model.self_condition
@@ -317,6 +334,16 @@ def sample_from_config(model, config, key: Array, batch_size: int, *, labels: Ar
   normalize_noisy_input."""
   d, m = config.diffusion, config.model
   shape = (batch_size, m.image_size, m.image_size, m.image_channels)
-  return sample(model, key, shape, d.sample_steps, schedule=d.sample_schedule or d.schedule,
-                pred_type=d.pred_type, sampler=d.sampler, labels=labels, x0_clip=d.x0_clip,
-                guidance=float(d.get("guidance", 0.0)), normalize=bool(d.get("normalize_noisy_input", False)))
+  return sample(
+    model,
+    key,
+    shape,
+    d.sample_steps,
+    schedule=d.sample_schedule or d.schedule,
+    pred_type=d.pred_type,
+    sampler=d.sampler,
+    labels=labels,
+    x0_clip=d.x0_clip,
+    guidance=float(d.get("guidance", 0.0)),
+    normalize=bool(d.get("normalize_noisy_input", False)),
+  )

@@ -36,9 +36,13 @@ MODES = ("auto", "on", "off")
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group("multi-process runs (docs/launching.md)")
-  group.add_argument("--distributed", choices=MODES, default="auto",
-                     help="join a multi-process run with jax.distributed.initialize (auto: when "
-                          "--coordinator_address is given or a TPU pod / multi-task SLURM step is detected)")
+  group.add_argument(
+    "--distributed",
+    choices=MODES,
+    default="auto",
+    help="join a multi-process run with jax.distributed.initialize (auto: when "
+    "--coordinator_address is given or a TPU pod / multi-task SLURM step is detected)",
+  )
   group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0's coordinator")
   group.add_argument("--num_processes", type=int, default=None, help="number of processes in the run")
   group.add_argument("--process_id", type=int, default=None, help="this process's index, 0..num_processes-1")
@@ -55,16 +59,16 @@ def cluster_detected(environ=os.environ) -> str | None:
   return None
 
 
-def settings(mode: str, coordinator_address: str | None, num_processes: int | None,
-             process_id: int | None, environ=os.environ) -> dict | None:
+def settings(
+  mode: str, coordinator_address: str | None, num_processes: int | None, process_id: int | None, environ=os.environ
+) -> dict | None:
   """The keyword arguments for `jax.distributed.initialize`, or None to stay a single process.
 
   Raises ConfigError (one sentence) for inconsistent flags, before any device is touched.
   """
   if mode not in MODES:
     raise ConfigError(f"--distributed must be one of {MODES}, got {mode!r}.")
-  explicit = {"coordinator_address": coordinator_address, "num_processes": num_processes,
-              "process_id": process_id}
+  explicit = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
   given = {k: v for k, v in explicit.items() if v is not None}
   if mode == "off":
     if given:
@@ -74,8 +78,10 @@ def settings(mode: str, coordinator_address: str | None, num_processes: int | No
     return None
   if given and cluster_detected(environ) is None and len(given) < 3:
     missing = sorted(set(explicit) - set(given))
-    raise ConfigError(f"a multi-process run outside a TPU pod or SLURM step needs --{missing[0]} as well "
-                      "(give --coordinator_address, --num_processes and --process_id together).")
+    raise ConfigError(
+      f"a multi-process run outside a TPU pod or SLURM step needs --{missing[0]} as well "
+      "(give --coordinator_address, --num_processes and --process_id together)."
+    )
   if num_processes is not None and num_processes < 1:
     raise ConfigError(f"--num_processes must be at least 1, got {num_processes}.")
   if process_id is not None and not 0 <= process_id < (num_processes or process_id + 1):
@@ -85,8 +91,12 @@ def settings(mode: str, coordinator_address: str | None, num_processes: int | No
   return given
 
 
-def initialize(mode: str = "auto", coordinator_address: str | None = None,
-               num_processes: int | None = None, process_id: int | None = None) -> bool:
+def initialize(
+  mode: str = "auto",
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> bool:
   """Joins the multi-process run if the flags or the environment ask for one; True if joined."""
   kwargs = settings(mode, coordinator_address, num_processes, process_id)
   if kwargs is None:
@@ -94,8 +104,13 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
   if jax.distributed.is_initialized():
     return True
   jax.distributed.initialize(**kwargs)
-  logging.info("process %d of %d joined the run (%d local / %d global devices)", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  logging.info(
+    "process %d of %d joined the run (%d local / %d global devices)",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True
 
 

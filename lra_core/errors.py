@@ -47,5 +47,4 @@ def optional_import(module: str, extra: str):
     package = module.partition(".")[0]
     if e.name is None or e.name.partition(".")[0] != package:
       raise  # the package is there but something it needs is not
-    raise MissingExtra(f"{package} is not installed; install the {extra} extra: "
-                       f"pip install -e \".[{extra}]\".") from e
+    raise MissingExtra(f"{package} is not installed; install the {extra} extra: pip install -e \".[{extra}]\".") from e

@@ -41,8 +41,10 @@ class Evaluator:
     self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
     self.rules = config.sharding.rules
     self.batch_size = config.train.eval_batch_size or config.train.batch_size
-    self.readers = {split: pipeline.BatchReader(config, src, train=False, batch_size=self.batch_size)
-                    for split, src in sources.items()}
+    self.readers = {
+      split: pipeline.BatchReader(config, src, train=False, batch_size=self.batch_size)
+      for split, src in sources.items()
+    }
     self.step = jax.jit(make_eval_step(config, spec, task))
 
   def __call__(self, state: dict, split: str, limit: int = 0) -> dict[str, float]:
@@ -57,12 +59,10 @@ class Evaluator:
     # Every autoregressive eval batch starts with reset=True, so this only fixes the shapes.
     carry = None
     if self.spec.has_carry:
-      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype),
-                           self.spec.abstract["carry"])
+      carry = jax.tree.map(lambda a: jnp.zeros((self.batch_size,) + a.shape[1:], a.dtype), self.spec.abstract["carry"])
     totals = None
     n = reader.num_eval_batches(limit)
-    it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads,
-                          prefetch=self.config.data.prefetch)
+    it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads, prefetch=self.config.data.prefetch)
     for local in it:
       batch = sharding.to_device(local, self.mesh, self.rules)
       metrics, carry = self.step(params, model_state, batch, carry)

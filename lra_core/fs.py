@@ -24,17 +24,17 @@ from lra_core.errors import ConfigError
 # Object-store schemes epath knows -> the packages that give it a filesystem (any one suffices)
 # and the pip requirement to name when none is installed.
 SCHEMES = {
-    "gs": (("gcsfs", "tensorflow"), "gcsfs"),
-    "s3": (("s3fs", "tensorflow"), "s3fs"),
-    "az": (("adlfs",), "adlfs"),
-    "hf": (("huggingface_hub",), "huggingface_hub"),
+  "gs": (("gcsfs", "tensorflow"), "gcsfs"),
+  "s3": (("s3fs", "tensorflow"), "s3fs"),
+  "az": (("adlfs",), "adlfs"),
+  "hf": (("huggingface_hub",), "huggingface_hub"),
 }
 
 Path = epath.Path
 
 
 def scheme(path: str | os.PathLike) -> str:
-  """"gs" for "gs://b/x", "" for a local path."""
+  """ "gs" for "gs://b/x", "" for a local path."""
   text = os.fspath(path)
   head, sep, _ = text.partition("://")
   return head if sep and head.isidentifier() else ""
@@ -53,12 +53,15 @@ def path(p: str | os.PathLike, *, what: str = "path") -> epath.Path:
   if not kind:
     return epath.Path(pathlib.Path(text).expanduser().absolute())
   if kind not in SCHEMES:
-    raise ConfigError(f"{what} {text!r} uses the scheme {kind}://, which lra_core cannot reach; use a local "
-                      f"path or one of {', '.join(s + '://' for s in SCHEMES)}.")
+    raise ConfigError(
+      f"{what} {text!r} uses the scheme {kind}://, which lra_core cannot reach; use a local "
+      f"path or one of {', '.join(s + '://' for s in SCHEMES)}."
+    )
   modules, requirement = SCHEMES[kind]
   if not any(importlib.util.find_spec(m) is not None for m in modules):
-    raise ConfigError(f"{what} {text!r} needs the {requirement} package for {kind}:// paths; install it with "
-                      f"pip install {requirement}.")
+    raise ConfigError(
+      f"{what} {text!r} needs the {requirement} package for {kind}:// paths; install it with pip install {requirement}."
+    )
   return epath.Path(text)
 
 
@@ -75,4 +78,3 @@ def upload_tree(local: pathlib.Path, remote: epath.Path) -> None:
       target = remote / f.relative_to(local).as_posix()
       target.parent.mkdir(parents=True, exist_ok=True)
       target.write_bytes(f.read_bytes())
-

@@ -41,14 +41,63 @@ import re
 
 from lra_core.chips import Chip
 
-BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
-         "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
-FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
-        "iota", "opt-barrier", "add-dependency", "domain"}
-DONE = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "send-done", "recv-done",
-        "copy-done", "slice-done"}
-COLLECTIVES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter", "all-to-all",
-               "collective-permute", "collective-permute-start", "ragged-all-to-all", "collective-broadcast"}
+BYTES = {
+  "pred": 1,
+  "s4": 0.5,
+  "u4": 0.5,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "bf16": 2,
+  "f16": 2,
+  "s16": 2,
+  "u16": 2,
+  "f32": 4,
+  "s32": 4,
+  "u32": 4,
+  "f64": 8,
+  "s64": 8,
+  "u64": 8,
+  "c64": 8,
+  "c128": 16,
+}
+FREE = {
+  "parameter",
+  "constant",
+  "get-tuple-element",
+  "tuple",
+  "bitcast",
+  "after-all",
+  "partition-id",
+  "replica-id",
+  "iota",
+  "opt-barrier",
+  "add-dependency",
+  "domain",
+}
+DONE = {
+  "all-gather-done",
+  "all-reduce-done",
+  "collective-permute-done",
+  "async-done",
+  "send-done",
+  "recv-done",
+  "copy-done",
+  "slice-done",
+}
+COLLECTIVES = {
+  "all-gather",
+  "all-gather-start",
+  "all-reduce",
+  "all-reduce-start",
+  "reduce-scatter",
+  "all-to-all",
+  "collective-permute",
+  "collective-permute-start",
+  "ragged-all-to-all",
+  "collective-broadcast",
+}
 
 TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel compiled by Triton (XLA:GPU)
 PALLAS_CALLS = (TRITON_CALL, "tpu_custom_call")  # Pallas kernels: Triton on a GPU, Mosaic on a TPU
@@ -63,12 +112,14 @@ CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 # backward-filter's first operand, the backward-input's result; w the forward's and backward-input's
 # second operand, the backward-filter's result; y the forward's result, the backward-input's first
 # operand, the backward-filter's second.
-CUDNN_CONVS = {"__cudnn$convForward": ("operand0", "operand1", "result"),
-               "__cudnn$convBiasActivationForward": ("operand0", "operand1", "result"),
-               "__cudnn$convBackwardInput": ("result", "operand1", "operand0"),
-               "__cudnn$convBackwardFilter": ("operand0", "result", "operand1")}
+CUDNN_CONVS = {
+  "__cudnn$convForward": ("operand0", "operand1", "result"),
+  "__cudnn$convBiasActivationForward": ("operand0", "operand1", "result"),
+  "__cudnn$convBackwardInput": ("result", "operand1", "operand0"),
+  "__cudnn$convBackwardFilter": ("operand0", "result", "operand1"),
+}
 
-_REMAT = "rematted_computation"   # in the op_name metadata of what jax.checkpoint recomputes
+_REMAT = "rematted_computation"  # in the op_name metadata of what jax.checkpoint recomputes
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 
@@ -79,8 +130,8 @@ class Cost:
   recompute_flops: float = 0.0  # of `flops`, those of the forward pass run again for the backward (remat)
   bytes: float = 0.0
   comm_bytes: float = 0.0
-  compute_s: float = 0.0     # sum over operations of max(flops / peak, bytes / bandwidth)
-  memory_s: float = 0.0      # of compute_s, the operations whose HBM traffic takes longer than their FLOPs
+  compute_s: float = 0.0  # sum over operations of max(flops / peak, bytes / bandwidth)
+  memory_s: float = 0.0  # of compute_s, the operations whose HBM traffic takes longer than their FLOPs
   comm_s: float = 0.0
 
   def add(self, other: Cost, times: float = 1.0) -> None:
@@ -93,6 +144,7 @@ class KernelCost:
   """What a Pallas kernel declares (its `CostEstimate`), keyed by its name and per-device operand
   shapes in HLO notation ("f32[4,2,64,16]"): how a Triton call of a GPU program, which keeps no
   estimate, finds its own (`kernel_costs`)."""
+
   name: str
   operands: tuple[str, ...]
   flops: float
@@ -107,18 +159,19 @@ class KernelCost:
 @dataclasses.dataclass(frozen=True)
 class Roofline:
   """One device's estimated step: `seconds` and its parts."""
+
   flops: float
-  recompute_flops: float     # of `flops`, the forward pass recomputed for the backward pass (remat)
+  recompute_flops: float  # of `flops`, the forward pass recomputed for the backward pass (remat)
   hbm_bytes: float
   comm_bytes: float
-  compute_s: float           # operations, each at the slower of its FLOPs and its HBM traffic
-  memory_bound_s: float      # of compute_s, the operations bound by HBM traffic
-  flop_s: float              # the FLOPs alone at peak
+  compute_s: float  # operations, each at the slower of its FLOPs and its HBM traffic
+  memory_bound_s: float  # of compute_s, the operations bound by HBM traffic
+  flop_s: float  # the FLOPs alone at peak
   comm_s: float
-  unknown_loops: int         # while loops whose trip count could not be read (counted once)
-  hotspots: tuple = ()       # the dearest operations: Hotspot records, dearest first
+  unknown_loops: int  # while loops whose trip count could not be read (counted once)
+  hotspots: tuple = ()  # the dearest operations: Hotspot records, dearest first
   undeclared_kernels: int = 0  # Triton (Pallas) calls with no KernelCost: their traffic counted, no FLOPs
-  split: tuple = ()          # (kind of operation, seconds) over the whole step, dearest first: see SPLIT
+  split: tuple = ()  # (kind of operation, seconds) over the whole step, dearest first: see SPLIT
 
   @property
   def seconds(self) -> float:
@@ -134,15 +187,16 @@ class Roofline:
 @dataclasses.dataclass(frozen=True)
 class Hotspot:
   """One operation of the program with what it costs over the whole step (times its executions)."""
+
   name: str
-  kind: str                  # opcode, or for a fusion the kind XLA gave it (kLoop, kOutput, ...) and its matmuls
+  kind: str  # opcode, or for a fusion the kind XLA gave it (kLoop, kOutput, ...) and its matmuls
   executions: float
   seconds: float
   flops: float
   bytes: float
-  flop_seconds: float        # its FLOPs alone at peak: near `seconds` when compute-bound
-  source: str = ""           # the JAX operation it came from (metadata op_name), if recorded
-  category: str = ""         # one of SPLIT: what kind of work it is
+  flop_seconds: float  # its FLOPs alone at peak: near `seconds` when compute-bound
+  source: str = ""  # the JAX operation it came from (metadata op_name), if recorded
+  category: str = ""  # one of SPLIT: what kind of work it is
 
   @property
   def bound(self) -> str:
@@ -155,9 +209,9 @@ class _Op:
   opcode: str
   shape: str
   operands: list[str]
-  args: str                  # the text between the opcode's parentheses (a constant's value)
+  args: str  # the text between the opcode's parentheses (a constant's value)
   attrs: str
-  root: bool = False         # the computation's result
+  root: bool = False  # the computation's result
 
 
 _PARENTHESIS = re.compile(r"[()]")
@@ -194,7 +248,7 @@ def _parse_op(line: str) -> _Op | None:
   opcode = rest[:paren]
   close = _split_balanced(rest, paren)
   operands = _OPERAND.findall(rest, paren, close)
-  return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1:close - 1], rest[close:], root)
+  return _Op(name.lstrip("%"), opcode, shape, operands, rest[paren + 1 : close - 1], rest[close:], root)
 
 
 def parse(text: str) -> tuple[dict[str, list[_Op]], str]:
@@ -250,28 +304,41 @@ def _window(attrs: str, rank: int) -> dict[str, list]:
   fields = dict(f.split("=", 1) for f in m.group(1).split()) if m else {}
   per_dim = lambda key, default: [int(v) for v in fields[key].split("x")] if key in fields else [default] * rank
   pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields else [(0, 0)] * rank
-  return dict(size=per_dim("size", 1), stride=per_dim("stride", 1), pad=pads, lhs_dilate=per_dim("lhs_dilate", 1),
-              rhs_dilate=per_dim("rhs_dilate", 1))
+  return dict(
+    size=per_dim("size", 1),
+    stride=per_dim("stride", 1),
+    pad=pads,
+    lhs_dilate=per_dim("lhs_dilate", 1),
+    rhs_dilate=per_dim("rhs_dilate", 1),
+  )
 
 
-def real_taps(*, input_size: int, size: int, outputs: int, stride: int = 1, pad_low: int = 0, lhs_dilate: int = 1,
-              rhs_dilate: int = 1) -> int:
+def real_taps(
+  *,
+  input_size: int,
+  size: int,
+  outputs: int,
+  stride: int = 1,
+  pad_low: int = 0,
+  lhs_dilate: int = 1,
+  rhs_dilate: int = 1,
+) -> int:
   """Window taps, summed over one spatial dimension's output positions, that land on input data: not
   on padding, and not on the holes a base (lhs) dilation puts between input elements. Tap k of output
   o reads position o * stride + k * rhs_dilate - pad_low of the dilated input, which holds data where
   that position is in [0, (input_size - 1) * lhs_dilate] and a multiple of lhs_dilate. (Window
   reversal reorders taps; it changes no count.)"""
-  span = (input_size - 1) * lhs_dilate           # the last position of the dilated input
+  span = (input_size - 1) * lhs_dilate  # the last position of the dilated input
   g = math.gcd(stride, lhs_dilate)
-  period = lhs_dilate // g                        # outputs between two whose tap k lands on data
+  period = lhs_dilate // g  # outputs between two whose tap k lands on data
   inverse = pow(stride // g, -1, period) if period > 1 else 0
   total = 0
   for k in range(size):
-    c = k * rhs_dilate - pad_low                  # tap k's position at output 0
+    c = k * rhs_dilate - pad_low  # tap k's position at output 0
     lo, hi = max(0, -(c // stride)), min(outputs - 1, (span - c) // stride)
     if hi < lo or (-c) % g:
       continue
-    solution = ((-c) // g * inverse) % period     # o * stride + c = 0 (mod lhs_dilate) for o = solution + n * period
+    solution = ((-c) // g * inverse) % period  # o * stride + c = 0 (mod lhs_dilate) for o = solution + n * period
     first = lo + (solution - lo) % period
     total += 0 if first > hi else (hi - first) // period + 1
   return total
@@ -293,12 +360,18 @@ def _conv_flops(attrs: str, lhs: tuple[int, ...], rhs: tuple[int, ...], out: tup
   w = _window(attrs, len(window_sizes))
   taps = 1
   for d in sorted(window_sizes):
-    if d not in in_sizes:   # the input's shape is unknown: every tap counts
+    if d not in in_sizes:  # the input's shape is unknown: every tap counts
       taps *= window_sizes[d] * out_sizes.get(d, 1)
       continue
-    taps *= real_taps(input_size=in_sizes[d], size=window_sizes[d], outputs=out_sizes.get(d, 1),
-                      stride=w["stride"][d], pad_low=w["pad"][d][0], lhs_dilate=w["lhs_dilate"][d],
-                      rhs_dilate=w["rhs_dilate"][d])
+    taps *= real_taps(
+      input_size=in_sizes[d],
+      size=window_sizes[d],
+      outputs=out_sizes.get(d, 1),
+      stride=w["stride"][d],
+      pad_low=w["pad"][d][0],
+      lhs_dilate=w["lhs_dilate"][d],
+      rhs_dilate=w["rhs_dilate"][d],
+    )
   features = math.prod(size for label, size in zip(rhs_labels, rhs) if label == "i")
   others = math.prod(size for label, size in zip(out_labels, out) if not label.isdigit())
   return 2.0 * others * features * taps
@@ -329,8 +402,9 @@ def _target(op: _Op) -> str:
 def _kernel_key(op: _Op, shapes: dict[str, str]) -> str:
   """A Triton call's KernelCost key: its kernel's name and its operands' shapes (layouts dropped)."""
   m = re.search(r'\bname = "([^"]*)"', op.attrs)
-  operands = [", ".join(f"{t}[{','.join(map(str, dims))}]" for t, dims in _arrays(shapes.get(x, "")))
-              for x in op.operands]
+  operands = [
+    ", ".join(f"{t}[{','.join(map(str, dims))}]" for t, dims in _arrays(shapes.get(x, ""))) for x in op.operands
+  ]
   return f"{m.group(1) if m else ''}({', '.join(operands)})"
 
 
@@ -361,7 +435,7 @@ class _Walker:
     self.computations, self.chip = computations, chip
     self.kernels = {k.key: k for k in kernel_costs}
     self.unknown_loops = 0
-    self.undeclared = set()   # names of the Triton calls that found no KernelCost
+    self.undeclared = set()  # names of the Triton calls that found no KernelCost
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
 
   @functools.cache
@@ -445,8 +519,10 @@ class _Walker:
     """Bytes a fused computation reads of its parameter `index` (`full` bytes in all): only the windows
     its (dynamic) slices take, nothing of a buffer it updates in place, looking through nested fusions
     (a scanned layer's stacked weights or residuals are sliced one layer at a time)."""
-    param = next((o for o in self.computations.get(computation, ())
-                  if o.opcode == "parameter" and o.args.strip() == str(index)), None)
+    param = next(
+      (o for o in self.computations.get(computation, ()) if o.opcode == "parameter" and o.args.strip() == str(index)),
+      None,
+    )
     return full if param is None else self.value_read(computation, param.name, full)
 
   def value_read(self, computation: str, name: str, full: float) -> float:
@@ -492,8 +568,10 @@ class _Walker:
       scaled.add(body, n)
       return scaled
     if op.opcode == "conditional":
-      branches = [self.cost(b) for b in _called(op, "branch_computations")
-                  + _called(op, "true_computation") + _called(op, "false_computation")]
+      branches = [
+        self.cost(b)
+        for b in _called(op, "branch_computations") + _called(op, "true_computation") + _called(op, "false_computation")
+      ]
       return max(branches, key=lambda c: c.compute_s + c.comm_s, default=Cost())
     if op.opcode in ("call", "async-start"):
       total = Cost()
@@ -568,9 +646,19 @@ def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
           m = re.search(r"kind=(\w+)", op.attrs)
           kind = f"fusion {m.group(1) if m else ''}{' with matmul' if c.flops else ''}"
         source = re.search(r'op_name="([^"]*)"', op.attrs)
-        found.append(Hotspot(op.name, kind, times, times * c.compute_s, times * c.flops, times * c.bytes,
-                             times * c.flops / walker.chip.peak_flops, source.group(1) if source else "",
-                             walker.category(op, c)))
+        found.append(
+          Hotspot(
+            op.name,
+            kind,
+            times,
+            times * c.compute_s,
+            times * c.flops,
+            times * c.bytes,
+            times * c.flops / walker.chip.peak_flops,
+            source.group(1) if source else "",
+            walker.category(op, c),
+          )
+        )
 
   visit(entry, 1.0)
   return sorted(found, key=lambda h: -h.seconds)
@@ -594,12 +682,20 @@ def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, ke
   walker = _Walker(computations, chip, kernel_costs)
   total = walker.cost(entry)
   operations = _operations(walker, entry) if top or split else []
-  return Roofline(flops=total.flops, recompute_flops=total.recompute_flops, hbm_bytes=total.bytes,
-                  comm_bytes=total.comm_bytes, memory_bound_s=total.memory_s,
-                  compute_s=total.compute_s, flop_s=total.flops / chip.peak_flops, comm_s=total.comm_s,
-                  unknown_loops=walker.unknown_loops, hotspots=tuple(operations[:top]),
-                  undeclared_kernels=len(walker.undeclared),
-                  split=_split(operations, total.compute_s) if split else ())
+  return Roofline(
+    flops=total.flops,
+    recompute_flops=total.recompute_flops,
+    hbm_bytes=total.bytes,
+    comm_bytes=total.comm_bytes,
+    memory_bound_s=total.memory_s,
+    compute_s=total.compute_s,
+    flop_s=total.flops / chip.peak_flops,
+    comm_s=total.comm_s,
+    unknown_loops=walker.unknown_loops,
+    hotspots=tuple(operations[:top]),
+    undeclared_kernels=len(walker.undeclared),
+    split=_split(operations, total.compute_s) if split else (),
+  )
 
 
 def step_flops(hlo_text: str, kernel_costs=()) -> tuple[float, float]:
@@ -611,9 +707,21 @@ def step_flops(hlo_text: str, kernel_costs=()) -> tuple[float, float]:
   return total.flops, total.recompute_flops
 
 
-_HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "s32",
-              "uint32": "u32", "int8": "s8", "uint8": "u8", "int16": "s16", "uint16": "u16", "int64": "s64",
-              "uint64": "u64", "bool": "pred"}
+_HLO_TYPES = {
+  "float32": "f32",
+  "bfloat16": "bf16",
+  "float16": "f16",
+  "float64": "f64",
+  "int32": "s32",
+  "uint32": "u32",
+  "int8": "s8",
+  "uint8": "u8",
+  "int16": "s16",
+  "uint16": "u16",
+  "int64": "s64",
+  "uint64": "u64",
+  "bool": "pred",
+}
 
 
 def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
@@ -621,6 +729,7 @@ def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
   `jax.jit(f).trace(...).jaxpr`), inner jaxprs (loops, shard_map, remat, custom derivatives)
   included, each signature once. Under shard_map its operand shapes are per device, as in the HLO."""
   from jax.extend import core as jex_core
+
   found: dict[str, KernelCost] = {}
 
   def visit(j) -> None:
@@ -629,10 +738,17 @@ def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
         estimate = eqn.params.get("cost_estimate")
         if estimate is not None:
           name = eqn.params["jaxpr"].debug_info.func_name
-          operands = tuple(f"{_HLO_TYPES.get(v.aval.dtype.name, v.aval.dtype.name)}[{','.join(map(str, v.aval.shape))}]"
-                           for v in eqn.invars)
-          cost = KernelCost(_sanitized(name), operands, float(estimate.flops), float(estimate.bytes_accessed),
-                            float(estimate.transcendentals))
+          operands = tuple(
+            f"{_HLO_TYPES.get(v.aval.dtype.name, v.aval.dtype.name)}[{','.join(map(str, v.aval.shape))}]"
+            for v in eqn.invars
+          )
+          cost = KernelCost(
+            _sanitized(name),
+            operands,
+            float(estimate.flops),
+            float(estimate.bytes_accessed),
+            float(estimate.transcendentals),
+          )
           found.setdefault(cost.key, cost)
         continue
       for value in eqn.params.values():
@@ -649,4 +765,5 @@ def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
 def _sanitized(name: str) -> str:
   """The kernel name as Pallas' Triton lowering writes it into the HLO (PTX-safe)."""
   from jax._src.interpreters import mlir
+
   return mlir.sanitize_name(name)

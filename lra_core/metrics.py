@@ -45,8 +45,8 @@ class MetricWriter:
     self.local = fs.local_or_none(self.workdir)
     self.tracker = tracker
     self._tb = None
-    self._spool: pathlib.Path | None = None   # object stores: the local TensorBoard folder uploaded on flush
-    self._records: list[str] | None = None    # object stores: metrics.jsonl's lines
+    self._spool: pathlib.Path | None = None  # object stores: the local TensorBoard folder uploaded on flush
+    self._records: list[str] | None = None  # object stores: metrics.jsonl's lines
     self._logged_at_start: tuple[int, set[str]] = (-1, set())
     if self.enabled:
       self.workdir.mkdir(parents=True, exist_ok=True)
@@ -80,14 +80,14 @@ class MetricWriter:
 
   def _open_tensorboard(self, start: int) -> None:
     from tensorboardX import SummaryWriter
+
     if self.local is None:
       self._spool = pathlib.Path(tempfile.mkdtemp(prefix="lra_core_tensorboard_"))
     folder = self._spool or self.local / "tensorboard"
     # A restart writes a new event file whose SessionLog START at `purge_step` makes TensorBoard
     # drop the earlier attempt's events from that step on; the suffix orders files of one second.
     existing = self.tensorboard_dir.exists() and any(self.tensorboard_dir.glob("events.out.tfevents.*"))
-    self._tb = SummaryWriter(str(folder), purge_step=start + 1 if existing else None,
-                             filename_suffix=f".{start:010d}")
+    self._tb = SummaryWriter(str(folder), purge_step=start + 1 if existing else None, filename_suffix=f".{start:010d}")
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     if not self.enabled:
@@ -188,6 +188,7 @@ class Progress:
     self.bar = None
     if self.enabled and sys.stderr.isatty():
       from tqdm import tqdm
+
       self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, smoothing=0.1)
     self.done = start
 
@@ -213,8 +214,11 @@ class Progress:
     else:
       steps_per_s = rate / max(self.tokens_per_step, 1)
       eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
-      shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
-                       if isinstance(v, float) and k not in ("tokens_per_s", "mfu", "step_time_s"))
+      shown = " ".join(
+        f"{k}={v:.4g}"
+        for k, v in metrics.items()
+        if isinstance(v, float) and k not in ("tokens_per_s", "mfu", "step_time_s")
+      )
       logging.info("step %d/%d %s | %.0f tokens/s%s | ETA %s", step, self.total, shown, recent, mfu, _clock(eta))
 
   def close(self) -> None:

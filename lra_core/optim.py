@@ -75,36 +75,45 @@ MAIN_LABEL = "main"
 
 # Group keys that do NOT fall back to the main settings when left out.
 GROUP_DEFAULTS = {
-    "schedule": "constant",
-    "warmup_steps": 0,
-    "decay_steps": 0,
-    "min_lr_ratio": 0.0,
-    "weight_decay": 0.0,
-    "weight_decay_schedule": "lr",
-    "momentum": 0.0,
+  "schedule": "constant",
+  "warmup_steps": 0,
+  "decay_steps": 0,
+  "min_lr_ratio": 0.0,
+  "weight_decay": 0.0,
+  "weight_decay_schedule": "lr",
+  "momentum": 0.0,
 }
 # Optimizer internals a group shares with the main settings unless it names them.
-GROUP_INHERITED = ("b1", "b2", "eps", "factored", "min_dim_size_to_factor", "decay_rate",
-                   "clipping_threshold", "multiply_by_parameter_scale", "factored_eps")
+GROUP_INHERITED = (
+  "b1",
+  "b2",
+  "eps",
+  "factored",
+  "min_dim_size_to_factor",
+  "decay_rate",
+  "clipping_threshold",
+  "multiply_by_parameter_scale",
+  "factored_eps",
+)
 _GROUP_REQUIRED = ("name", "pattern", "optimizer")
 _GROUP_KEYS = frozenset(_GROUP_REQUIRED + ("lr",) + tuple(GROUP_DEFAULTS) + GROUP_INHERITED)
 
 # key: (low, low_inclusive, high, high_inclusive); None means unbounded.
 _RANGES = {
-    "lr": (0.0, True, None, False),
-    "warmup_steps": (0, True, None, False),
-    "decay_steps": (0, True, None, False),
-    "min_lr_ratio": (0.0, True, 1.0, True),
-    "b1": (0.0, True, 1.0, False),
-    "b2": (0.0, True, 1.0, False),
-    "eps": (0.0, True, None, False),
-    "weight_decay": (0.0, True, None, False),
-    "clip_norm": (0.0, True, None, False),
-    "momentum": (0.0, True, 1.0, False),
-    "min_dim_size_to_factor": (1, True, None, False),
-    "decay_rate": (0.0, False, 1.0, True),
-    "clipping_threshold": (0.0, True, None, False),
-    "factored_eps": (0.0, True, None, False),
+  "lr": (0.0, True, None, False),
+  "warmup_steps": (0, True, None, False),
+  "decay_steps": (0, True, None, False),
+  "min_lr_ratio": (0.0, True, 1.0, True),
+  "b1": (0.0, True, 1.0, False),
+  "b2": (0.0, True, 1.0, False),
+  "eps": (0.0, True, None, False),
+  "weight_decay": (0.0, True, None, False),
+  "clip_norm": (0.0, True, None, False),
+  "momentum": (0.0, True, 1.0, False),
+  "min_dim_size_to_factor": (1, True, None, False),
+  "decay_rate": (0.0, False, 1.0, True),
+  "clipping_threshold": (0.0, True, None, False),
+  "factored_eps": (0.0, True, None, False),
 }
 
 
@@ -181,8 +190,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     where = f"optim.groups[{i}]"
     settings = _group_settings(main, group, where)
     if settings["name"] in names or settings["name"] == MAIN_LABEL:
-      raise ConfigError(f"{where} name {settings['name']!r} is reserved or already used; "
-                        f"expected a unique name other than {MAIN_LABEL!r}.")
+      raise ConfigError(
+        f"{where} name {settings['name']!r} is reserved or already used; "
+        f"expected a unique name other than {MAIN_LABEL!r}."
+      )
     names.add(settings["name"])
     _check_settings(where, "optimizer", settings, GROUP_OPTIMIZERS, total_steps)
 
@@ -206,44 +217,45 @@ def _main_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 def _group_settings(main: Mapping[str, Any], group: Any, where: str) -> dict[str, Any]:
   """Resolves a group dict against GROUP_DEFAULTS and the main settings."""
   if not isinstance(group, Mapping) and not hasattr(group, "to_dict"):
-    raise ConfigError(f"{where} {group!r} is not a dict; expected a dict with keys "
-                      f"{', '.join(_GROUP_REQUIRED)} and lr.")
+    raise ConfigError(
+      f"{where} {group!r} is not a dict; expected a dict with keys {', '.join(_GROUP_REQUIRED)} and lr."
+    )
   group = dict(group.to_dict() if hasattr(group, "to_dict") else group)
   for key in group:
     if key not in _GROUP_KEYS:
-      raise ConfigError(f"{where} key {key!r} is not a group setting; expected one of "
-                        f"{', '.join(sorted(_GROUP_KEYS))} (clip_norm applies to the main "
-                        "group only).")
+      raise ConfigError(
+        f"{where} key {key!r} is not a group setting; expected one of "
+        f"{', '.join(sorted(_GROUP_KEYS))} (clip_norm applies to the main "
+        "group only)."
+      )
   for key in _GROUP_REQUIRED:
     if key not in group:
-      raise ConfigError(f"{where} {group!r} has no {key!r}; expected keys "
-                        f"{', '.join(_GROUP_REQUIRED)}.")
+      raise ConfigError(f"{where} {group!r} has no {key!r}; expected keys {', '.join(_GROUP_REQUIRED)}.")
   if group["optimizer"] != "none" and "lr" not in group:
-    raise ConfigError(f"{where} ({group['name']!r}) has no lr; expected an lr for optimizer "
-                      f"{group['optimizer']!r}.")
+    raise ConfigError(f"{where} ({group['name']!r}) has no lr; expected an lr for optimizer {group['optimizer']!r}.")
   settings = {k: main[k] for k in GROUP_INHERITED}
   settings.update(GROUP_DEFAULTS)
   settings["lr"] = 0.0
   settings.update(group)
   for key in ("name", "pattern"):
     if not isinstance(settings[key], str) or not settings[key]:
-      raise ConfigError(f"{where} {key} {settings[key]!r} is not a non-empty string; expected "
-                        "a string.")
+      raise ConfigError(f"{where} {key} {settings[key]!r} is not a non-empty string; expected a string.")
   try:
     re.compile(settings["pattern"])
   except re.error as e:
-    raise ConfigError(f"{where} pattern {settings['pattern']!r} is not a valid regular "
-                      f"expression ({e}); expected a Python regex.") from None
+    raise ConfigError(
+      f"{where} pattern {settings['pattern']!r} is not a valid regular expression ({e}); expected a Python regex."
+    ) from None
   return settings
 
 
-def _check_settings(where: str, opt_key: str, s: Mapping[str, Any],
-                    optimizers: tuple[str, ...], total_steps: int) -> None:
+def _check_settings(
+  where: str, opt_key: str, s: Mapping[str, Any], optimizers: tuple[str, ...], total_steps: int
+) -> None:
   """Checks one resolved set of settings; `opt_key` names the optimizer key in messages."""
   _check_choice(where, opt_key, s["optimizer"], optimizers)
   _check_choice(where, "schedule", s["schedule"], SCHEDULES)
-  _check_choice(where, "weight_decay_schedule", s["weight_decay_schedule"],
-                WEIGHT_DECAY_SCHEDULES)
+  _check_choice(where, "weight_decay_schedule", s["weight_decay_schedule"], WEIGHT_DECAY_SCHEDULES)
   defaults = default_config()
   for key in _RANGES:
     if key not in s:  # clip_norm exists in the main settings only
@@ -256,21 +268,23 @@ def _check_settings(where: str, opt_key: str, s: Mapping[str, Any],
   if schedule in ("cosine", "linear"):
     horizon = s["decay_steps"] or total_steps
     if warmup > horizon:
-      raise ConfigError(f"{where}.warmup_steps {warmup} exceeds the {schedule} decay horizon "
-                        f"{horizon} (decay_steps, or train.steps when it is 0); expected "
-                        f"warmup_steps <= {horizon}.")
+      raise ConfigError(
+        f"{where}.warmup_steps {warmup} exceeds the {schedule} decay horizon "
+        f"{horizon} (decay_steps, or train.steps when it is 0); expected "
+        f"warmup_steps <= {horizon}."
+      )
   if s["optimizer"] == "lamb" and s["weight_decay"] > 0 and s["weight_decay_schedule"] != "lr":
-    raise ConfigError(f"{where}.weight_decay_schedule {s['weight_decay_schedule']!r} does not apply to lamb, "
-                      "whose decay is part of the update the trust ratio scales; expected 'lr'.")
+    raise ConfigError(
+      f"{where}.weight_decay_schedule {s['weight_decay_schedule']!r} does not apply to lamb, "
+      "whose decay is part of the update the trust ratio scales; expected 'lr'."
+    )
   if schedule == "rsqrt" and warmup < 1:
-    raise ConfigError(f"{where}.warmup_steps {warmup} is not positive; schedule rsqrt "
-                      "expected warmup_steps >= 1.")
+    raise ConfigError(f"{where}.warmup_steps {warmup} is not positive; schedule rsqrt expected warmup_steps >= 1.")
 
 
 def _check_choice(where: str, key: str, value: Any, choices: tuple[str, ...]) -> None:
   if value not in choices:
-    raise ConfigError(f"{where}.{key} {value!r} is unknown; expected one of "
-                      f"{', '.join(repr(c) for c in choices)}.")
+    raise ConfigError(f"{where}.{key} {value!r} is unknown; expected one of {', '.join(repr(c) for c in choices)}.")
 
 
 def _check_type(where: str, key: str, value: Any, expected: type) -> None:
@@ -278,19 +292,21 @@ def _check_type(where: str, key: str, value: Any, expected: type) -> None:
   if expected is float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
   if not ok:
-    raise ConfigError(f"{where}.{key} {value!r} has type {type(value).__name__}; expected "
-                      f"{expected.__name__}.")
+    raise ConfigError(f"{where}.{key} {value!r} has type {type(value).__name__}; expected {expected.__name__}.")
 
 
 def _check_range(where: str, key: str, value: float) -> None:
   lo, lo_incl, hi, hi_incl = _RANGES[key]
-  bad = (not math.isfinite(value) or value < lo or (value == lo and not lo_incl)
-         or (hi is not None and (value > hi or (value == hi and not hi_incl))))
+  bad = (
+    not math.isfinite(value)
+    or value < lo
+    or (value == lo and not lo_incl)
+    or (hi is not None and (value > hi or (value == hi and not hi_incl)))
+  )
   if bad:
     lo_s = f"{'[' if lo_incl else '('}{lo}"
     hi_s = f"{hi}{']' if hi_incl else ')'}" if hi is not None else "inf)"
-    raise ConfigError(f"{where}.{key} {value!r} is out of range; expected a value in "
-                      f"{lo_s}, {hi_s}.")
+    raise ConfigError(f"{where}.{key} {value!r} is out of range; expected a value in {lo_s}, {hi_s}.")
 
 
 # ------------------------------------------------------------------------------- schedules
@@ -330,8 +346,7 @@ def _schedule(s: Mapping[str, Any], total_steps: int) -> optax.Schedule:
 # ------------------------------------------------------------------------------ optimizers
 
 
-def make_optimizer(
-    config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns the transform for `config.optim` and the main group's lr schedule (for logging).
 
   Params are a nested dict of arrays; groups are told apart by their '/'-joined paths.
@@ -343,8 +358,7 @@ def make_optimizer(
   main_tx = _transform(main, main_schedule)
   if main["clip_norm"] > 0:
     main_tx = optax.chain(optax.clip_by_global_norm(main["clip_norm"]), main_tx)
-  groups = [_group_settings(main, g, f"optim.groups[{i}]")
-            for i, g in enumerate(config.optim.groups)]
+  groups = [_group_settings(main, g, f"optim.groups[{i}]") for i, g in enumerate(config.optim.groups)]
   if not groups:
     return _per_layer(config, main_tx), main_schedule
   transforms = {MAIN_LABEL: main_tx}
@@ -378,8 +392,10 @@ def _labeler(groups: list[dict[str, Any]]) -> Callable[[Any], Any]:
     for name, _, pattern in compiled:
       # A typo in a pattern would otherwise silently hand codebooks to the main optimizer.
       if name not in used:
-        raise ConfigError(f"optim group {name!r} pattern {pattern!r} matches no parameter "
-                          "path; expected at least one match (see param_paths).")
+        raise ConfigError(
+          f"optim group {name!r} pattern {pattern!r} matches no parameter "
+          "path; expected at least one match (see param_paths)."
+        )
     return tree
 
   return labels
@@ -394,11 +410,9 @@ def _transform(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.Gradient
   if wd == 0.0:
     return optax.chain(core, optax.scale_by_learning_rate(schedule))
   if s["weight_decay_schedule"] == "lr":
-    return optax.chain(core, optax.add_decayed_weights(wd, mask=_decay_mask),
-                       optax.scale_by_learning_rate(schedule))
+    return optax.chain(core, optax.add_decayed_weights(wd, mask=_decay_mask), optax.scale_by_learning_rate(schedule))
   # Added after the lr sign flip, so a negative rate subtracts wd * p at every step.
-  return optax.chain(core, optax.scale_by_learning_rate(schedule),
-                     optax.add_decayed_weights(-wd, mask=_decay_mask))
+  return optax.chain(core, optax.scale_by_learning_rate(schedule), optax.add_decayed_weights(-wd, mask=_decay_mask))
 
 
 def _lamb(s: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
@@ -437,9 +451,14 @@ def _core(s: Mapping[str, Any]) -> optax.GradientTransformation:
     return optax.scale_by_adam(b1=s["b1"], b2=s["b2"], eps=s["eps"])
   if name == "sgd":
     return optax.trace(decay=momentum) if momentum > 0 else optax.identity()
-  parts = [optax.scale_by_factored_rms(
-      factored=s["factored"], decay_rate=s["decay_rate"],
-      min_dim_size_to_factor=s["min_dim_size_to_factor"], epsilon=s["factored_eps"])]
+  parts = [
+    optax.scale_by_factored_rms(
+      factored=s["factored"],
+      decay_rate=s["decay_rate"],
+      min_dim_size_to_factor=s["min_dim_size_to_factor"],
+      epsilon=s["factored_eps"],
+    )
+  ]
   if s["clipping_threshold"] > 0:
     parts.append(optax.clip_by_block_rms(s["clipping_threshold"]))
   if s["multiply_by_parameter_scale"]:

@@ -63,5 +63,6 @@ class PreemptionNotice:
     """True at the step where this run should save and stop (every process gets the same answer)."""
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
+
       return multihost_utils.reached_preemption_sync_point(step)
     return self.received is not None

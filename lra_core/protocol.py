@@ -75,13 +75,15 @@ class Denoiser(Protocol):
 
   def latents_shape(self, batch_size: int) -> tuple[int, ...]: ...
 
-  def __call__(self, x_t: Array, gamma: Array, *, labels: Array | None = None,
-               latents_prev: Array | None = None, rngs: Any = None) -> tuple[Array, Array]: ...
+  def __call__(
+    self, x_t: Array, gamma: Array, *, labels: Array | None = None, latents_prev: Array | None = None, rngs: Any = None
+  ) -> tuple[Array, Array]: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
   """Which optional parts of the protocol a family implements (module docstring)."""
+
   decode: bool = False
   prefill: bool = False
   carry: bool = False
@@ -95,25 +97,27 @@ class Smoke:
   """A small config of the family that the cross-family tests run without being edited: kill and
   resume, the config property test, sharding layouts, remat/scan and (with `decode`) the causal and
   decoding oracles."""
-  config: str                                   # a `tiny` config spec, seconds per step on a CPU
-  data: str                                     # the dataset it reads; the tests build it as a fixture
-  overrides: tuple[str, ...] = ()               # settings that keep it small and reach its code paths
-  light: tuple[str, ...] = ()                   # cuts (fewer layers) for tests of state and shapes only:
-                                                # kill/resume and the property test
+
+  config: str  # a `tiny` config spec, seconds per step on a CPU
+  data: str  # the dataset it reads; the tests build it as a fixture
+  overrides: tuple[str, ...] = ()  # settings that keep it small and reach its code paths
+  light: tuple[str, ...] = ()  # cuts (fewer layers) for tests of state and shapes only:
+  # kill/resume and the property test
   fuzz: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
   """family-specific config keys -> candidate values (valid and invalid) for the property test"""
-  causal: str = ""                              # with `decode`: a causal tiny spec for the decode oracles
+  causal: str = ""  # with `decode`: a causal tiny spec for the decode oracles
 
 
 @dataclasses.dataclass(frozen=True)
 class PaperRow:
   """One parameter count a paper prints, and the config that builds that model."""
-  config: str                                   # config spec at the paper's size
-  count: float                                  # the paper's number
-  source: str                                   # e.g. "Transformer-VQ Table 10, Enwik8"
-  tolerance: float = 0.05                       # relative gap allowed: the papers round their counts
-  counts: str = "total"                         # "total" or "non_embedding" (what the paper counts)
-  gap_reason: str = ""                          # why a count outside the tolerance is kept as printed
+
+  config: str  # config spec at the paper's size
+  count: float  # the paper's number
+  source: str  # e.g. "Transformer-VQ Table 10, Enwik8"
+  tolerance: float = 0.05  # relative gap allowed: the papers round their counts
+  counts: str = "total"  # "total" or "non_embedding" (what the paper counts)
+  gap_reason: str = ""  # why a count outside the tolerance is kept as printed
 
 
 def no_checks(config: ConfigDict) -> None:
@@ -127,9 +131,10 @@ def always(config: ConfigDict) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A model family's record: how the framework builds, checks, counts and tests it."""
-  name: str                                     # config.model.name, the module's name in models/
-  model: Callable[..., Any]                     # the Model class: model(config, rngs=rngs)
-  tasks: tuple[str, ...]                        # config.task values it is built for
+
+  name: str  # config.model.name, the module's name in models/
+  model: Callable[..., Any]  # the Model class: model(config, rngs=rngs)
+  tasks: tuple[str, ...]  # config.task values it is built for
   smoke: Smoke
   capabilities: Capabilities = Capabilities()
   validate_config: Callable[[ConfigDict], None] = no_checks
@@ -138,7 +143,7 @@ class Family:
   """(params, source params, config) -> params: with capability `uptrain` (train.init_from)"""
   embedding_params: tuple[str, ...] = ("embed", "positions", "head")
   """top-level attributes that map tokens in and out (not counted in non-embedding sizes)"""
-  counted_state: tuple[type, ...] = ()          # non-Param variables counted beside the parameters
+  counted_state: tuple[type, ...] = ()  # non-Param variables counted beside the parameters
   paper_rows: tuple[PaperRow, ...] = ()
   generate: Callable[..., Array] | None = None
   """the family's own sampling loop, (model, prompt, *, max_new_tokens, key, temperature, top_k, top_p,

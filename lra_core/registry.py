@@ -22,25 +22,25 @@ from lra_core.protocol import Family
 
 # data.name -> the module that reads it (lra_core/data/__init__.py describes what it gives).
 DATASETS = {
-    "listops": "lra_core.data.lra.listops",
-    "retrieval": "lra_core.data.lra.retrieval",
-    "bytes": "lra_core.data.bytes",
-    "pg19": "lra_core.data.pg19",
-    "c4": "lra_core.data.c4",
-    "imagenet64": "lra_core.data.imagenet64",
-    "imdb": "lra_core.data.lra.imdb",
-    "cifar10": "lra_core.data.lra.cifar10",
-    "pathfinder": "lra_core.data.lra.pathfinder",
+  "listops": "lra_core.data.lra.listops",
+  "retrieval": "lra_core.data.lra.retrieval",
+  "bytes": "lra_core.data.bytes",
+  "pg19": "lra_core.data.pg19",
+  "c4": "lra_core.data.c4",
+  "imagenet64": "lra_core.data.imagenet64",
+  "imdb": "lra_core.data.lra.imdb",
+  "cifar10": "lra_core.data.lra.cifar10",
+  "pathfinder": "lra_core.data.lra.pathfinder",
 }
 
 # config.task -> the objective's class (lra_core/tasks/base.py describes the interface).
 TASKS = {
-    "lm": "lra_core.tasks.lm:LMTask",
-    "image_ar": "lra_core.tasks.lm:ImageARTask",
-    "mlm": "lra_core.tasks.mlm:MLMTask",
-    "classify": "lra_core.tasks.classify:ClassifyTask",
-    "retrieval": "lra_core.tasks.classify:ClassifyTask",
-    "diffusion": "lra_core.tasks.diffusion:DiffusionTask",
+  "lm": "lra_core.tasks.lm:LMTask",
+  "image_ar": "lra_core.tasks.lm:ImageARTask",
+  "mlm": "lra_core.tasks.mlm:MLMTask",
+  "classify": "lra_core.tasks.classify:ClassifyTask",
+  "retrieval": "lra_core.tasks.classify:ClassifyTask",
+  "diffusion": "lra_core.tasks.diffusion:DiffusionTask",
 }
 
 

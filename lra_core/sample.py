@@ -55,9 +55,20 @@ def load_model(config, workdir, *, step: int | None = None) -> tuple[nnx.Module,
   return nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"]), step
 
 
-def sample(config, workdir, *, prompt: str | None, num_samples: int = 1, max_new_tokens: int = 100,
-           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-           prompt_len: int = 32, step: int | None = None) -> list[str]:
+def sample(
+  config,
+  workdir,
+  *,
+  prompt: str | None,
+  num_samples: int = 1,
+  max_new_tokens: int = 100,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  seed: int = 0,
+  prompt_len: int = 32,
+  step: int | None = None,
+) -> list[str]:
   if config.task not in AUTOREGRESSIVE:
     raise ConfigError(f"sampling needs an autoregressive task {AUTOREGRESSIVE}, not {config.task!r}.")
   encode, decode = data_lib.text_codec(config)
@@ -69,8 +80,15 @@ def sample(config, workdir, *, prompt: str | None, num_samples: int = 1, max_new
     raise ConfigError("the prompt encodes to no tokens; give a non-empty --prompt.")
   model, _ = load_model(config, workdir, step=step)
   prompt_ids = np.tile(np.asarray(ids, np.int32)[None], (num_samples, 1))
-  out = decoding.generate(model, prompt_ids, max_new_tokens=max_new_tokens, key=jax.random.key(seed),
-                          temperature=temperature, top_k=top_k, top_p=top_p)
+  out = decoding.generate(
+    model,
+    prompt_ids,
+    max_new_tokens=max_new_tokens,
+    key=jax.random.key(seed),
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+  )
   return [decode(np.asarray(row)) for row in out]
 
 
@@ -85,21 +103,44 @@ class PixelsOnly(nnx.Module):
 
   def decode_step(self, tokens, state):
     logits, state = self.model.decode_step(tokens, state)
-    return logits.at[..., self.num_pixels:].set(-jnp.inf), state
+    return logits.at[..., self.num_pixels :].set(-jnp.inf), state
 
 
-@functools.partial(nnx.jit, static_argnames=("shape", "steps", "schedule", "pred_type", "sampler", "x0_clip",
-                                             "guidance", "normalize"))
+@functools.partial(
+  nnx.jit, static_argnames=("shape", "steps", "schedule", "pred_type", "sampler", "x0_clip", "guidance", "normalize")
+)
 def _denoise(model, key, labels, *, shape, steps, schedule, pred_type, sampler, x0_clip, guidance, normalize):
   """uint8 images from pure noise; one program per model structure and sampling setting."""
-  x0 = diffusion.sample(model, key, shape, steps, schedule=schedule, pred_type=pred_type, sampler=sampler,
-                        labels=labels, x0_clip=x0_clip, guidance=guidance, normalize=normalize)
+  x0 = diffusion.sample(
+    model,
+    key,
+    shape,
+    steps,
+    schedule=schedule,
+    pred_type=pred_type,
+    sampler=sampler,
+    labels=labels,
+    x0_clip=x0_clip,
+    guidance=guidance,
+    normalize=normalize,
+  )
   return diffusion.unit_to_pixels(x0)
 
 
-def training_samples(config, model, key: jax.Array, num: int, *, temperature: float = 1.0, top_k: int = 0,
-                     top_p: float = 1.0, sampler: str = "", steps: int = 0,
-                     labels: np.ndarray | None = None, guidance: float | None = None) -> np.ndarray:
+def training_samples(
+  config,
+  model,
+  key: jax.Array,
+  num: int,
+  *,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  sampler: str = "",
+  steps: int = 0,
+  labels: np.ndarray | None = None,
+  guidance: float | None = None,
+) -> np.ndarray:
   """uint8 [num,S,S,C] images drawn from `model` in eval mode (e.g. nnx.merge(spec.eval_graphdef,
   state["params"], state["model_state"])) for tasks image_ar and diffusion.
 
@@ -112,14 +153,22 @@ def training_samples(config, model, key: jax.Array, num: int, *, temperature: fl
   """
   conditional = config.task == "diffusion" and config.model.get("num_classes", 0) > 0
   if labels is not None and not conditional:
-    raise ConfigError(f"labels need a class-conditional diffusion model; this {config.model.name} "
-                      f"({config.task}) is unconditional.")
+    raise ConfigError(
+      f"labels need a class-conditional diffusion model; this {config.model.name} ({config.task}) is unconditional."
+    )
   if config.task == "image_ar":
     if config.data.name != "imagenet64":
       raise ConfigError(f"image sampling needs task 'image_ar' on imagenet64, not on {config.data.name!r}.")
     prompt = np.full((num, 1), imagenet64.START, np.int32)
-    out = decoding.generate(PixelsOnly(model, imagenet64.START), prompt, max_new_tokens=config.train.seq_len,
-                            key=key, temperature=temperature, top_k=top_k, top_p=top_p)
+    out = decoding.generate(
+      PixelsOnly(model, imagenet64.START),
+      prompt,
+      max_new_tokens=config.train.seq_len,
+      key=key,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+    )
     d = config.data
     return imagenet64.to_image(to_host(out)[:, 1:], d.image_size, d.order, d.patch_size)
   if config.task != "diffusion":
@@ -133,17 +182,28 @@ def training_samples(config, model, key: jax.Array, num: int, *, temperature: fl
   check_guidance(config, guidance)
   k_labels, k_draw = jax.random.split(key)
   if conditional:
-    labels = (jax.random.randint(k_labels, (num,), 0, m.num_classes) if labels is None
-              else jnp.asarray(labels, jnp.int32))
-  images = _denoise(model, k_draw, labels, shape=(num, m.image_size, m.image_size, m.image_channels),
-                    steps=steps or d.sample_steps, schedule=d.sample_schedule or d.schedule,
-                    pred_type=d.pred_type, sampler=sampler or d.sampler, x0_clip=bool(d.x0_clip),
-                    guidance=guidance, normalize=bool(d.get("normalize_noisy_input", False)))
+    labels = (
+      jax.random.randint(k_labels, (num,), 0, m.num_classes) if labels is None else jnp.asarray(labels, jnp.int32)
+    )
+  images = _denoise(
+    model,
+    k_draw,
+    labels,
+    shape=(num, m.image_size, m.image_size, m.image_channels),
+    steps=steps or d.sample_steps,
+    schedule=d.sample_schedule or d.schedule,
+    pred_type=d.pred_type,
+    sampler=sampler or d.sampler,
+    x0_clip=bool(d.x0_clip),
+    guidance=guidance,
+    normalize=bool(d.get("normalize_noisy_input", False)),
+  )
   return to_host(images)
 
 
-def sample_images(config, workdir, *, num_samples: int = 16, seed: int = 0, step: int | None = None,
-                  **options) -> np.ndarray:
+def sample_images(
+  config, workdir, *, num_samples: int = 16, seed: int = 0, step: int | None = None, **options
+) -> np.ndarray:
   """uint8 [N,S,S,C] images sampled from the trained image_ar or diffusion model of `workdir`;
   `options` as training_samples takes them."""
   if config.task not in IMAGE_TASKS:
@@ -165,7 +225,7 @@ def grid(images: np.ndarray, columns: int = 0, scale: int = 1) -> np.ndarray:
   out = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, c), 255, np.uint8)
   for i, image in enumerate(images):
     r, k = divmod(i, cols)
-    out[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + k * (w + 1):1 + k * (w + 1) + w] = image
+    out[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + k * (w + 1) : 1 + k * (w + 1) + w] = image
   return out
 
 
@@ -184,13 +244,17 @@ def check_guidance(config, guidance: float | None) -> None:
   if guidance is None or guidance == 0:
     return
   if config.task != "diffusion":
-    raise ConfigError(f"guidance applies to diffusion models trained with diffusion.cond_dropout > 0; this "
-                      f"config's task is {config.task!r}.")
+    raise ConfigError(
+      f"guidance applies to diffusion models trained with diffusion.cond_dropout > 0; this "
+      f"config's task is {config.task!r}."
+    )
   if not (np.isfinite(guidance) and guidance > 0):
     raise ConfigError(f"the guidance scale must be a finite number >= 0, got {guidance}.")
   if diffusion.null_label(config) is None:
-    raise ConfigError(f"guidance {guidance:g} needs a class-conditional denoiser trained with "
-                      f"diffusion.cond_dropout > 0 (the null class); this {config.model.name} has none.")
+    raise ConfigError(
+      f"guidance {guidance:g} needs a class-conditional denoiser trained with "
+      f"diffusion.cond_dropout > 0 (the null class); this {config.model.name} has none."
+    )
 
 
 def main(argv=None) -> None:
@@ -204,43 +268,78 @@ def main(argv=None) -> None:
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus mass; 1 = off")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    parser.add_argument("--png", default="", help="image models: the PNG grid to write "
-                                                  "(default: <workdir>/samples_step<N>.png)")
+    parser.add_argument(
+      "--png", default="", help="image models: the PNG grid to write (default: <workdir>/samples_step<N>.png)"
+    )
     parser.add_argument("--png_scale", type=int, default=1, help="--png: pixels per image pixel")
-    parser.add_argument("--sampler", default="", choices=("",) + diffusion.SAMPLERS,
-                        help="diffusion: the reverse process (default: config.diffusion.sampler)")
-    parser.add_argument("--steps", type=int, default=0, help="diffusion: reverse steps (default: "
-                                                             "config.diffusion.sample_steps)")
-    parser.add_argument("--label", type=int, default=None,
-                        help="class-conditional diffusion: the class of every sample (default: random)")
-    parser.add_argument("--guidance", type=float, default=None,
-                        help="diffusion: classifier-free guidance scale w (default: config.diffusion.guidance)")
+    parser.add_argument(
+      "--sampler",
+      default="",
+      choices=("",) + diffusion.SAMPLERS,
+      help="diffusion: the reverse process (default: config.diffusion.sampler)",
+    )
+    parser.add_argument(
+      "--steps", type=int, default=0, help="diffusion: reverse steps (default: config.diffusion.sample_steps)"
+    )
+    parser.add_argument(
+      "--label", type=int, default=None, help="class-conditional diffusion: the class of every sample (default: random)"
+    )
+    parser.add_argument(
+      "--guidance",
+      type=float,
+      default=None,
+      help="diffusion: classifier-free guidance scale w (default: config.diffusion.guidance)",
+    )
 
   args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample", config_from_workdir=True, example=EXAMPLE)
   e, config = args.extra, args.config
   check_guidance(config, e.guidance)
   if config.task != "diffusion" and (e.sampler or e.steps or e.label is not None):
-    raise ConfigError(f"--sampler, --steps and --label apply to diffusion models; this config's task is "
-                      f"{config.task!r}.")
+    raise ConfigError(
+      f"--sampler, --steps and --label apply to diffusion models; this config's task is {config.task!r}."
+    )
   if config.task in IMAGE_TASKS:
     num = e.num_samples or 16
     labels = None if e.label is None else np.full((num,), e.label, np.int32)
     if labels is not None and not 0 <= e.label < config.model.get("num_classes", 0):
-      raise ConfigError(f"--label {e.label} is not a class of this model (model.num_classes="
-                        f"{config.model.get('num_classes', 0)}).")
+      raise ConfigError(
+        f"--label {e.label} is not a class of this model (model.num_classes={config.model.get('num_classes', 0)})."
+      )
     model, step = load_model(config, args.workdir, step=e.step)
-    images = training_samples(config, model, jax.random.key(e.seed), num, temperature=e.temperature, top_k=e.top_k,
-                              top_p=e.top_p, sampler=e.sampler, steps=e.steps, labels=labels, guidance=e.guidance)
+    images = training_samples(
+      config,
+      model,
+      jax.random.key(e.seed),
+      num,
+      temperature=e.temperature,
+      top_k=e.top_k,
+      top_p=e.top_p,
+      sampler=e.sampler,
+      steps=e.steps,
+      labels=labels,
+      guidance=e.guidance,
+    )
     png = e.png or str(fs.path(args.workdir, what="workdir") / f"samples_step{step}.png")
     save_grid(images, png, scale=e.png_scale)
     print(f"wrote {len(images)} samples of step {step} to {png}")
     return
   if e.png:
-    raise ConfigError(f"--png applies to image models (tasks {list(IMAGE_TASKS)}); this config's task is "
-                      f"{config.task!r}.")
-  texts = sample(config, args.workdir, prompt=e.prompt, num_samples=e.num_samples or 1,
-                 max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_k=e.top_k,
-                 top_p=e.top_p, seed=e.seed, prompt_len=e.prompt_len, step=e.step)
+    raise ConfigError(
+      f"--png applies to image models (tasks {list(IMAGE_TASKS)}); this config's task is {config.task!r}."
+    )
+  texts = sample(
+    config,
+    args.workdir,
+    prompt=e.prompt,
+    num_samples=e.num_samples or 1,
+    max_new_tokens=e.max_new_tokens,
+    temperature=e.temperature,
+    top_k=e.top_k,
+    top_p=e.top_p,
+    seed=e.seed,
+    prompt_len=e.prompt_len,
+    step=e.step,
+  )
   for i, text in enumerate(texts):
     print(f"--- sample {i}\n{text}")
 

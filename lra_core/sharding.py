@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 from flax import nnx, traverse_util
-from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from lra_core.config import MESH_AXES
 from lra_core.data import pipeline
@@ -39,8 +40,7 @@ def mesh_shape(mesh_config, num_devices: int) -> dict[str, int]:
   fixed = math.prod(s for s in sizes.values() if s != -1)
   if -1 in sizes.values():
     if num_devices % fixed:
-      raise ConfigError(f"mesh {sizes} cannot use {num_devices} devices: {num_devices} is not a "
-                        f"multiple of {fixed}.")
+      raise ConfigError(f"mesh {sizes} cannot use {num_devices} devices: {num_devices} is not a multiple of {fixed}.")
     sizes = {a: (num_devices // fixed if s == -1 else s) for a, s in sizes.items()}
   elif fixed > num_devices:
     raise ConfigError(f"mesh {sizes} needs {fixed} devices, but only {num_devices} are available.")
@@ -53,9 +53,11 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
   shape = tuple(sizes[a] for a in MESH_AXES)
   if math.prod(shape) < len(devices):
     if jax.process_count() > 1:
-      raise ConfigError(f"mesh {sizes} uses {math.prod(shape)} of {len(devices)} devices; a multi-process "
-                        "run must use all of them (set one mesh axis to -1).")
-    devices = devices[:math.prod(shape)]
+      raise ConfigError(
+        f"mesh {sizes} uses {math.prod(shape)} of {len(devices)} devices; a multi-process "
+        "run must use all of them (set one mesh axis to -1)."
+      )
+    devices = devices[: math.prod(shape)]
   # make_mesh orders devices by topology on TPU/GPU. Auto axes: GSPMD propagates shardings from
   # the annotations below (the default Explicit axes would not).
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
@@ -65,8 +67,7 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
-def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh,
-                    shape: Sequence[int] | None = None) -> P:
+def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape: Sequence[int] | None = None) -> P:
   """Maps logical axis names to a PartitionSpec; each mesh axis is used at most once."""
   table = dict((name, target) for name, target in rules)
   used: set[str] = set()
@@ -113,8 +114,10 @@ def match_param_specs(tree, params: dict, param_specs: dict):
   layer axis.
   """
   by_path = {}
-  for (path, p), (_, s) in zip(jax.tree_util.tree_leaves_with_path(params),
-                               jax.tree_util.tree_leaves_with_path(param_specs, is_leaf=lambda x: isinstance(x, P))):
+  for (path, p), (_, s) in zip(
+    jax.tree_util.tree_leaves_with_path(params),
+    jax.tree_util.tree_leaves_with_path(param_specs, is_leaf=lambda x: isinstance(x, P)),
+  ):
     names = tuple(_key_name(k) for k in path)
     by_path[names] = (tuple(p.shape), s)
     if STACKED in names:
@@ -122,9 +125,9 @@ def match_param_specs(tree, params: dict, param_specs: dict):
 
   def spec(path, leaf):
     names = tuple(_key_name(k) for k in path)
-    layer_paths = [("<layer>",) + names[:j] + (STACKED,) + names[j + 1:] for j, n in enumerate(names) if n.isdigit()]
+    layer_paths = [("<layer>",) + names[:j] + (STACKED,) + names[j + 1 :] for j, n in enumerate(names) if n.isdigit()]
     for start in range(len(names)):
-      for key in [names[start:]] + [p[:1] + p[start + 1:] for p in layer_paths]:
+      for key in [names[start:]] + [p[:1] + p[start + 1 :] for p in layer_paths]:
         hit = by_path.get(key)
         if hit is not None and hit[0] == tuple(np.shape(leaf)):
           return hit[1]
@@ -176,10 +179,17 @@ def parameter_layout(config, num_devices: int) -> list[dict]:
     shape = tuple(var.get_value().shape)
     axes = var.get_metadata().get("logical_axes")
     spec = P() if axes is None else logical_to_spec(axes, config.sharding.rules, mesh, shape)
-    split = math.prod(mesh.shape[a] for entry in spec if entry
-                      for a in ((entry,) if isinstance(entry, str) else entry))
-    rows.append(dict(path="/".join(map(str, path)), shape=shape, logical_axes=axes, spec=spec,
-                     size=math.prod(shape), per_device=math.prod(shape) // split))
+    split = math.prod(mesh.shape[a] for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
+    rows.append(
+      dict(
+        path="/".join(map(str, path)),
+        shape=shape,
+        logical_axes=axes,
+        spec=spec,
+        size=math.prod(shape),
+        per_device=math.prod(shape) // split,
+      )
+    )
   return rows
 
 
@@ -188,6 +198,7 @@ def mesh_axes_used(spec: P) -> set[str]:
 
 
 # -- batches ------------------------------------------------------------------------------------------
+
 
 def _global_layout(local: np.ndarray, mesh, rules) -> tuple[tuple[int, ...], NamedSharding]:
   """The global shape and sharding of a batch field of which this process holds `local`."""

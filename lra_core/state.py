@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from lra_core import optim, registry, sharding
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
@@ -33,11 +34,12 @@ from lra_core.registry import build_model
 @dataclasses.dataclass
 class StateSpec:
   """Everything static about a model's train state."""
-  train_graphdef: Any          # module structure in train mode (dropout on)
-  eval_graphdef: Any           # the same in eval mode
-  abstract: dict               # ShapeDtypeStructs of the state
-  shardings: dict              # NamedShardings of the state
-  init: Callable[[], dict]     # jitted: builds a fresh, sharded state
+
+  train_graphdef: Any  # module structure in train mode (dropout on)
+  eval_graphdef: Any  # the same in eval mode
+  abstract: dict  # ShapeDtypeStructs of the state
+  shardings: dict  # NamedShardings of the state
+  init: Callable[[], dict]  # jitted: builds a fresh, sharded state
   has_carry: bool
   num_params: int
 
@@ -69,9 +71,13 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
     model = build_model(config, seed=seed)
     _, params, rest = split_model(model)
     params = nnx.to_pure_dict(params)
-    state = {"step": jnp.zeros((), jnp.int32),
-             "rng": jax.random.key_data(jax.random.key(seed)),
-             "params": params, "opt_state": tx.init(params), "model_state": nnx.to_pure_dict(rest)}
+    state = {
+      "step": jnp.zeros((), jnp.int32),
+      "rng": jax.random.key_data(jax.random.key(seed)),
+      "params": params,
+      "opt_state": tx.init(params),
+      "model_state": nnx.to_pure_dict(rest),
+    }
     if has_carry:
       state["carry"] = model.init_carry(batch_size)
     if has_ema:  # the average starts at the initial parameters
@@ -79,8 +85,13 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
     return state
 
   abstract = jax.eval_shape(init)
-  specs = {"step": P(), "rng": P(), "params": param_specs, "model_state": rest_specs,
-           "opt_state": sharding.match_param_specs(abstract["opt_state"], params_pure, param_specs)}
+  specs = {
+    "step": P(),
+    "rng": P(),
+    "params": param_specs,
+    "model_state": rest_specs,
+    "opt_state": sharding.match_param_specs(abstract["opt_state"], params_pure, param_specs),
+  }
   if has_carry:
     specs["carry"] = jax.tree.map(lambda x: sharding.batch_spec(rules, mesh, x.shape), abstract["carry"])
   if has_ema:
@@ -100,6 +111,7 @@ def eval_params(state: dict) -> dict:
 def to_host(x) -> np.ndarray:
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
 
@@ -120,6 +132,7 @@ def param_checksum(params) -> float:
 
 
 # -- scanned and unscanned layer stacks ----------------------------------------------------------------
+
 
 def stacked_paths(config) -> set[tuple]:
   """Dict-key paths of the stacks that `config` with model.scan_layers=True scans."""
@@ -143,7 +156,7 @@ def scan_params(tree, config):
   paths = stacked_paths(config)
 
   def stack(path, d: dict):
-    if not d or not any(_same_path(path[len(path) - len(p):], p) for p in paths):
+    if not d or not any(_same_path(path[len(path) - len(p) :], p) for p in paths):
       return d
     if {str(k) for k in d} != {str(i) for i in range(len(d))}:  # int keys, or str ones as orbax reads them
       return d

@@ -51,8 +51,9 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
 
   def loss_fn(params, model_state, batch, carry, key, normalizer):
     model = nnx.merge(spec.train_graphdef, params, model_state)
-    loss, metrics, carry = task.loss_and_metrics(model, batch, normalizer=normalizer,
-                                                 rngs=nnx.Rngs(dropout=key), carry=carry)
+    loss, metrics, carry = task.loss_and_metrics(
+      model, batch, normalizer=normalizer, rngs=nnx.Rngs(dropout=key), carry=carry
+    )
     _, _, new_model_state = split_model(model)
     return loss, (metrics, nnx.to_pure_dict(new_model_state), carry)
 
@@ -68,12 +69,10 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
     normalizer = task.normalizer(batch)
     carry = state.get("carry")
     if carry is not None:
-      carry = _reset_carry(nnx.merge(spec.train_graphdef, params, model_state), carry, reset,
-                           _batch_size(batch))
+      carry = _reset_carry(nnx.merge(spec.train_graphdef, params, model_state), carry, reset, _batch_size(batch))
 
     if k == 1:
-      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, k_model,
-                                                             normalizer)
+      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, k_model, normalizer)
     else:
       micro = jax.tree.map(lambda x: split_micro(x, k), (batch, carry))
 
@@ -96,13 +95,18 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
     params = optax.apply_updates(params, updates)
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state, model_state=model_state)
     if "ema" in state:
-      new_state["ema"] = jax.tree.map(lambda e, p: (ema_decay * e + (1.0 - ema_decay) * p).astype(e.dtype),
-                                      state["ema"], params)
+      new_state["ema"] = jax.tree.map(
+        lambda e, p: (ema_decay * e + (1.0 - ema_decay) * p).astype(e.dtype), state["ema"], params
+      )
     if carry is not None:
       new_state["carry"] = carry
     out = {name: jnp.stack(pair) for name, pair in metrics.items()}
-    out.update(objective=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params),
-               learning_rate=schedule(state["step"]))
+    out.update(
+      objective=loss,
+      grad_norm=optax.tree.norm(grads),
+      param_norm=optax.tree.norm(params),
+      learning_rate=schedule(state["step"]),
+    )
     if skip_nonfinite:
       # A non-finite update changes nothing but the step (the data and the keys move on): the
       # parameters, optimizer, model state (e.g. codebook EMAs) and carried state stay as they were.

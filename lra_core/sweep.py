@@ -64,11 +64,12 @@ ORDER = ("val_", "test_", "step", "num_params", "train_time_s", "tokens_per_s", 
 
 class Run(NamedTuple):
   """One point of the sweep."""
+
   name: str
   workdir: str
-  values: dict[str, str]   # swept key -> value, as typed
-  overrides: list[str]     # the swept `key=value`s (the fixed ones come first, see plan())
-  config: object           # the loaded, validated config
+  values: dict[str, str]  # swept key -> value, as typed
+  overrides: list[str]  # the swept `key=value`s (the fixed ones come first, see plan())
+  config: object  # the loaded, validated config
 
 
 def split_values(text: str) -> list[str]:
@@ -124,8 +125,7 @@ def run_name(values: dict[str, str]) -> str:
   return "_".join(parts)
 
 
-def plan(spec: str, fixed: Sequence[str], sweeps: dict[str, list[str]], zipped: bool,
-         workdir: str) -> list[Run]:
+def plan(spec: str, fixed: Sequence[str], sweeps: dict[str, list[str]], zipped: bool, workdir: str) -> list[Run]:
   """Every run, its config loaded and validated (the first bad one raises its ConfigError)."""
   fixed_keys = {o.partition("=")[0].strip() for o in fixed}
   both = [k for k in sweeps if k in fixed_keys]
@@ -150,10 +150,14 @@ def command(spec: str, fixed: Sequence[str], run: Run, launcher: str) -> str:
   return shlex.join(["python", "-m", "lra_core.train", *args])
 
 
-def write_sweep(workdir: str, spec: str, fixed: Sequence[str], sweeps: dict, zipped: bool,
-                runs: Sequence[Run]) -> None:
-  record = dict(config=spec, overrides=list(fixed), sweep=sweeps, zip=zipped,
-                runs=[dict(name=r.name, workdir=r.workdir, values=r.values, overrides=r.overrides) for r in runs])
+def write_sweep(workdir: str, spec: str, fixed: Sequence[str], sweeps: dict, zipped: bool, runs: Sequence[Run]) -> None:
+  record = dict(
+    config=spec,
+    overrides=list(fixed),
+    sweep=sweeps,
+    zip=zipped,
+    runs=[dict(name=r.name, workdir=r.workdir, values=r.values, overrides=r.overrides) for r in runs],
+  )
   folder = pathlib.Path(workdir)
   folder.mkdir(parents=True, exist_ok=True)
   (folder / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -258,16 +262,22 @@ def write_tables(workdir: str, keys: Sequence[str], rows: Sequence[dict]) -> str
 def main(argv: Sequence[str] | None = None) -> int:
   """Returns the exit status: 0, or 1 if a run failed or (--collect) has no summary.json."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  fixed = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+  fixed = [a[len("--config.") :] for a in argv if a.startswith("--config.")]
   parser = argparse.ArgumentParser(prog="python scripts/sweep.py", description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="", help="config file[:arg], as for lra_core.train")
-  parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
-                      help="values of one config key (repeatable); runs = the product of all sweeps")
+  parser.add_argument(
+    "--sweep",
+    action="append",
+    default=[],
+    metavar="KEY=V1,V2,...",
+    help="values of one config key (repeatable); runs = the product of all sweeps",
+  )
   parser.add_argument("--zip", action="store_true", help="pair the i-th values of every sweep instead")
   parser.add_argument("--workdir", default="runs/sweep", help="sweep folder: one subfolder per run, tables")
   parser.add_argument("--launcher", default="", help="print `LAUNCHER -- <train args>` per run, train nothing")
-  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                      help="print the commands, write nothing")
+  parser.add_argument(
+    "--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print the commands, write nothing"
+  )
   parser.add_argument("--force", action="store_true", help="hand finished runs to the trainer again")
   parser.add_argument("--collect", action="store_true", help="only rebuild the tables from <workdir>")
   args = parser.parse_args([a for a in argv if not a.startswith("--config.")])

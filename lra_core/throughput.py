@@ -4,7 +4,8 @@ MFU = model FLOPs per step / step time / peak FLOP/s of the devices the step run
 
 - Model FLOPs are the matrix products of the compiled train step (`lra_core.hlo_cost.step_flops`,
   the count `lra_core.aot` estimates with, Pallas kernels at their declared costs), less what remat
-  recomputes, times the number of devices. XLA's `cost_analysis()` is not used: it counts a while loop's body once, so scanned
+  recomputes, times the number of devices. XLA's `cost_analysis()` is not used: it counts a while loop's body
+  once, so scanned
   layers, update windows and micro-batches would be undercounted.
 - The peak is the chip's dense bf16 matmul peak from `lra_core.chips.CHIPS` (one table with
   `lra_core.aot`), times the number of devices; `train.peak_flops` overrides it per device. A CPU

@@ -140,8 +140,9 @@ def image_list(images: np.ndarray) -> list[np.ndarray]:
   """uint8 [N,H,W,C] or [H,W,C] -> N images [H,W,C] ([H,W] for one channel)."""
   images = np.asarray(images)
   if images.dtype != np.uint8 or images.ndim not in (3, 4) or images.shape[-1] not in (1, 3, 4):
-    raise ValueError(f"images must be uint8 [N,H,W,C] or [H,W,C] with C in (1, 3, 4), got "
-                     f"{images.dtype} {list(images.shape)}.")
+    raise ValueError(
+      f"images must be uint8 [N,H,W,C] or [H,W,C] with C in (1, 3, 4), got {images.dtype} {list(images.shape)}."
+    )
   if images.ndim == 3:
     images = images[None]
   return [image[..., 0] if image.shape[-1] == 1 else image for image in images]
@@ -157,5 +158,5 @@ def tile(images: list[np.ndarray]) -> np.ndarray:
   grid = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, *images[0].shape[2:]), 255, np.uint8)
   for i, image in enumerate(images):
     r, c = divmod(i, cols)
-    grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = image
+    grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = image
   return grid

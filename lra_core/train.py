@@ -23,14 +23,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lra_core import data as data_lib
 from lra_core import aot, cli, compile_cache, data_setup, fs, optim, sharding, throughput, trackers
+from lra_core import data as data_lib
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, warm_start
-from lra_core.evaluate import Evaluator
-from lra_core.data import pipeline
 from lra_core.config import parse_profile_steps, resume_conflicts
+from lra_core.data import pipeline
 from lra_core.errors import ConfigError, TrainingDiverged
+from lra_core.evaluate import Evaluator
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler
@@ -40,8 +40,9 @@ DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
 
 
-def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int | None = None,
-                       force: bool = False) -> dict:
+def train_and_evaluate(
+  config, workdir: str | os.PathLike, *, stop_at_step: int | None = None, force: bool = False
+) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the summary.
 
   stop_at_step: leave after saving a checkpoint at this step (an interrupted run, for tests and
@@ -92,11 +93,15 @@ def train_and_evaluate(config, workdir: str | os.PathLike, *, stop_at_step: int 
     tokens_per_step = t.batch_size * t.seq_len // windows
     progress = Progress(start, total_steps, tokens_per_step)
     devices = list(mesh.devices.flat)
-    meter = throughput.Throughput(tokens_per_step, flops_per_step,
-                                  throughput.peak_flops(devices, t.peak_flops), start)
+    meter = throughput.Throughput(tokens_per_step, flops_per_step, throughput.peak_flops(devices, t.peak_flops), start)
     profiler = StepProfiler(parse_profile_steps(t.profile_steps), writer.tensorboard_dir)
-    batches = pipeline.iterate(train_reader, next_batch, next_batch + total_steps - start,
-                               num_threads=config.data.num_threads, prefetch=config.data.prefetch)
+    batches = pipeline.iterate(
+      train_reader,
+      next_batch,
+      next_batch + total_steps - start,
+      num_threads=config.data.num_threads,
+      prefetch=config.data.prefetch,
+    )
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     pending, log_sums = None, {}
     guard.last_saved = start
@@ -176,8 +181,9 @@ def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> 
   same step for TPU slices)."""
   jitted = aot.jit_train_step(config, spec, task, tx, schedule)
   batch_shapes = sharding.abstract_batch(batch, mesh, config.sharding.rules)
-  train_step = aot.compile_step(jitted, spec.abstract, batch_shapes, name="train step",
-                                limit_gib=config.train.memory_limit_gib)
+  train_step = aot.compile_step(
+    jitted, spec.abstract, batch_shapes, name="train step", limit_gib=config.train.memory_limit_gib
+  )
   # A GPU program's Pallas (Triton) calls keep no cost: the traced step (jit's cached trace) gives theirs.
   traced = jitted.trace(spec.abstract, batch_shapes) if mesh.devices.flat[0].platform == "gpu" else None
   return train_step, throughput.model_flops(train_step, mesh.devices.size, traced)
@@ -208,15 +214,24 @@ def _open_writer(config, workdir: fs.Path) -> MetricWriter:
 
 
 def _log_mesh(mesh) -> None:
-  logging.info("mesh %s over %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size,
-               jax.devices()[0].platform, jax.process_count())
+  logging.info(
+    "mesh %s over %d %s device(s), %d process(es)",
+    dict(mesh.shape),
+    mesh.size,
+    jax.devices()[0].platform,
+    jax.process_count(),
+  )
 
 
 def _log_document_mask(batch: dict, task) -> None:
   if "segment_ids" in batch:
-    logging.info("document mask %s: %s", "on" if task.document_mask else "off",
-                 "documents of a packed row attend and count positions apart" if task.document_mask
-                 else "attention runs across the documents of a row")
+    logging.info(
+      "document mask %s: %s",
+      "on" if task.document_mask else "off",
+      "documents of a packed row attend and count positions apart"
+      if task.document_mask
+      else "attention runs across the documents of a row",
+    )
 
 
 def _initial_state(config, spec, ckpt: Checkpointer, mesh) -> tuple[dict, int, dict]:
@@ -267,16 +282,20 @@ class _Guard:
     host = jax.device_get(metrics)
     if self.skip and float(host.pop("skipped", 0.0)):
       self.skipped += 1
-      logging.warning("step %d: non-finite objective, gradients or parameters; update skipped (%d so far)",
-                      step, self.skipped)
+      logging.warning(
+        "step %d: non-finite objective, gradients or parameters; update skipped (%d so far)", step, self.skipped
+      )
       return
     host.pop("skipped", None)
     if self.nan_check:
       for name in ("objective", "grad_norm", "param_norm"):
         value = float(host[name])
         if not np.isfinite(value):
-          where = (f"the last good checkpoint is step {self.last_saved} in {self.ckpt.directory}" if self.last_saved
-                   else "no checkpoint was written yet")
+          where = (
+            f"the last good checkpoint is step {self.last_saved} in {self.ckpt.directory}"
+            if self.last_saved
+            else "no checkpoint was written yet"
+          )
           raise TrainingDiverged(f"non-finite {name} ({value}) at step {step}; {where}.")
     for name, value in host.items():
       value = np.asarray(value, np.float64)
@@ -302,13 +321,16 @@ def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
     return
   more = f" and {len(conflicts) - 1} more difference(s)" if len(conflicts) > 1 else ""
   if not force:
-    raise ConfigError(f"workdir {workdir} holds checkpoints of a different config ({conflicts[0]}{more}); "
-                      "use another workdir, or --force to continue these checkpoints with the new config.")
+    raise ConfigError(
+      f"workdir {workdir} holds checkpoints of a different config ({conflicts[0]}{more}); "
+      "use another workdir, or --force to continue these checkpoints with the new config."
+    )
   if jax.process_index() == 0:
     kept = workdir / f"config.before_force.{len(list(workdir.glob('config.before_force.*')))}.json"
     saved.rename(kept)
-    logging.warning("--force: continuing %s with a changed config (%s%s); the old one is %s",
-                    workdir, conflicts[0], more, kept.name)
+    logging.warning(
+      "--force: continuing %s with a changed config (%s%s); the old one is %s", workdir, conflicts[0], more, kept.name
+    )
 
 
 SAMPLES = 16  # images in each train.sample_every grid
@@ -341,18 +363,23 @@ def _fmt(metrics: dict) -> str:
 
 def main(argv=None) -> None:
   def flags(parser):
-    parser.add_argument("--stop_at_step", type=int, default=None,
-                        help="leave after the checkpoint at this step (to split a run across job allocations); "
-                             "the same command without it continues")
+    parser.add_argument(
+      "--stop_at_step",
+      type=int,
+      default=None,
+      help="leave after the checkpoint at this step (to split a run across job allocations); "
+      "the same command without it continues",
+    )
 
-    parser.add_argument("--force", action="store_true",
-                        help="continue a workdir whose checkpoints were made with a different config")
+    parser.add_argument(
+      "--force", action="store_true", help="continue a workdir whose checkpoints were made with a different config"
+    )
 
-  args = cli.parse(argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR, extra=flags,
-                   prog="python -m lra_core.train")
+  args = cli.parse(
+    argv, default_config=DEFAULT_CONFIG, default_workdir=DEFAULT_WORKDIR, extra=flags, prog="python -m lra_core.train"
+  )
   logging.info("config %s, workdir %s", args.spec, args.workdir)
-  summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step,
-                               force=args.extra.force)
+  summary = train_and_evaluate(args.config, args.workdir, stop_at_step=args.extra.stop_at_step, force=args.extra.force)
   if "stopped_at" in summary:
     why = "interrupted" if summary.get("interrupted") else "preempted" if summary.get("preempted") else "stopped"
     print(f"{why}: {args.spec} saved at step {summary['stopped_at']} in {args.workdir}; run again to continue")

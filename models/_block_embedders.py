@@ -20,8 +20,11 @@ class LookupEmbedder(nnx.Module):
 
   def __init__(self, vocab: int, block_len: int, width: int, d_model: int, *, dtype, rngs: nnx.Rngs):
     self.table = Embed(vocab, width, dtype=dtype, rngs=rngs)
-    self.proj = (Dense(block_len * width, d_model, axes=(None, "embed"), dtype=dtype, rngs=rngs)
-                 if block_len * width != d_model else None)
+    self.proj = (
+      Dense(block_len * width, d_model, axes=(None, "embed"), dtype=dtype, rngs=rngs)
+      if block_len * width != d_model
+      else None
+    )
 
   def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
     """blocks int[B,N,L] -> [B,N,D]."""
@@ -42,13 +45,25 @@ class EncoderEmbedder(nnx.Module):
     w = m.encoder_width
     self.num_cls = m.num_cls if m.embedder == "cls" else 0
     self.pad_id, self.mask_pads = m.pad_id, m.get("mask_pads", True)
-    s = transformer.model_config("transformer", d_model=w, num_heads=m.encoder_heads, d_ff=4 * w, norm=m.norm,
-                                 activation=m.activation, use_bias=m.use_bias)
+    s = transformer.model_config(
+      "transformer",
+      d_model=w,
+      num_heads=m.encoder_heads,
+      d_ff=4 * w,
+      norm=m.norm,
+      activation=m.activation,
+      use_bias=m.use_bias,
+    )
     self.embed = Embed(m.vocab_size, w, dtype=dtype, rngs=rngs)
     self.positions = AbsolutePositions("learned", w, m.block_len + self.num_cls, dtype=dtype, rngs=rngs)
-    self.cls = param(rngs, jax.nn.initializers.normal(1.0), (self.num_cls, w), (None, "embed")) if self.num_cls else None
-    self.layers = stack.make_layers(lambda: transformer.Block(s, causal=False, dtype=dtype, rngs=rngs),
-                                    m.encoder_layers, scan=m.get("scan_layers", False))
+    self.cls = (
+      param(rngs, jax.nn.initializers.normal(1.0), (self.num_cls, w), (None, "embed")) if self.num_cls else None
+    )
+    self.layers = stack.make_layers(
+      lambda: transformer.Block(s, causal=False, dtype=dtype, rngs=rngs),
+      m.encoder_layers,
+      scan=m.get("scan_layers", False),
+    )
     self.remat = m.get("remat", "none")
     self.final_norm = make_norm(m.norm, w, rngs=rngs)
     read = self.num_cls or m.block_len
@@ -66,10 +81,17 @@ class EncoderEmbedder(nnx.Module):
       mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), real], axis=1)
     positions = jnp.arange(x.shape[1])
     x = x + self.positions(positions)
-    x = self.final_norm(stack.apply(self.layers, x, lambda layer, x, r: layer(x, positions=positions, mask=mask,
-                                                                               rngs=r), remat=self.remat, rngs=rngs))
+    x = self.final_norm(
+      stack.apply(
+        self.layers,
+        x,
+        lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r),
+        remat=self.remat,
+        rngs=rngs,
+      )
+    )
     if self.cls is not None:
-      x = x[:, :self.num_cls]
+      x = x[:, : self.num_cls]
     elif self.mask_pads:
       x = jnp.where(real[..., None], x, 0)
     return self.proj(x.reshape(*lead, -1))

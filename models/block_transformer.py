@@ -53,14 +53,14 @@ from flax import nnx
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.kernels.segments import check_segments, segment_positions
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models import transformer
-from lra_core.state import scan_params, unscan_params
+from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention, empty_cache
 from lra_core.models.blocks.heads import TaskHead
 from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
-from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.state import scan_params, unscan_params
 
 Array = jax.Array
 
@@ -71,24 +71,25 @@ EMBEDDING_PARAMS = ("embedder", "token_embed", "head", "context_proj", "start_co
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(dict(
+  c = ml_collections.ConfigDict(
+    dict(
       name="block_transformer",
-      vocab_size=50304,          # Pythia's padded GPT-NeoX vocabulary (Appendix G.1)
+      vocab_size=50304,  # Pythia's padded GPT-NeoX vocabulary (Appendix G.1)
       pad_id=0,
-      block_len=4,               # L_B
-      embedder="lookup",         # lookup | encoder | cls
-      embed_width=0,             # lookup: token embedding width; 0 -> d_model / block_len
-      encoder_width=256,         # encoder / cls embedders: RoBERTa-like, 3 layers of 256 (F.1)
+      block_len=4,  # L_B
+      embedder="lookup",  # lookup | encoder | cls
+      embed_width=0,  # lookup: token embedding width; 0 -> d_model / block_len
+      encoder_width=256,  # encoder / cls embedders: RoBERTa-like, 3 layers of 256 (F.1)
       encoder_layers=3,
       encoder_heads=4,
       num_cls=3,
-      token_decoder="prefix",    # prefix | summation | cross
-      prefix_len=2,              # R
-      d_model=256,               # block decoder
+      token_decoder="prefix",  # prefix | summation | cross
+      prefix_len=2,  # R
+      d_model=256,  # block decoder
       num_layers=3,
       num_heads=8,
-      d_ff=0,                    # 0 -> 4 d_model
-      token_d_model=0,           # token decoder; 0 -> the block decoder's value
+      d_ff=0,  # 0 -> 4 d_model
+      token_d_model=0,  # token decoder; 0 -> the block decoder's value
       token_num_layers=0,
       token_num_heads=0,
       token_d_ff=0,
@@ -98,11 +99,12 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       use_bias=True,
       norm="layer",
       activation="gelu",
-      tie_embeddings=False,      # token decoder output tied to its input embedding (Pythia: untied)
-      mask_pads=True,            # pads are masked in the token decoder and the encoder embedder
+      tie_embeddings=False,  # token decoder output tied to its input embedding (Pythia: untied)
+      mask_pads=True,  # pads are masked in the token decoder and the encoder embedder
       dropout=0.0,
       dtype="float32",
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -115,9 +117,20 @@ def _token_sizes(m) -> tuple[int, int, int, int]:
 def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
   """transformer.Block settings of one Pythia-style stack."""
   return transformer.model_config(
-      "transformer", d_model=width, num_heads=heads, d_ff=d_ff, position="none", rope=True,
-      rope_fraction=m.rope_fraction, rope_max_wavelength=m.rope_max_wavelength, norm=m.norm,
-      activation=m.activation, use_bias=m.use_bias, parallel_residual=m.parallel_residual, dropout=m.dropout)
+    "transformer",
+    d_model=width,
+    num_heads=heads,
+    d_ff=d_ff,
+    position="none",
+    rope=True,
+    rope_fraction=m.rope_fraction,
+    rope_max_wavelength=m.rope_max_wavelength,
+    norm=m.norm,
+    activation=m.activation,
+    use_bias=m.use_bias,
+    parallel_residual=m.parallel_residual,
+    dropout=m.dropout,
+  )
 
 
 def validate_config(config) -> None:
@@ -132,8 +145,10 @@ def validate_config(config) -> None:
   if m.token_decoder == "prefix" and m.prefix_len < 1:
     raise ConfigError(f"model.prefix_len must be >= 1 for the prefix token decoder, got {m.prefix_len}.")
   if m.embedder == "lookup" and not m.embed_width and m.d_model % m.block_len:
-    raise ConfigError(f"model.d_model {m.d_model} is not a multiple of model.block_len {m.block_len} "
-                      "(the lookup embedder concatenates block_len embeddings; or set model.embed_width).")
+    raise ConfigError(
+      f"model.d_model {m.d_model} is not a multiple of model.block_len {m.block_len} "
+      "(the lookup embedder concatenates block_len embeddings; or set model.embed_width)."
+    )
   if not 0 <= m.pad_id < m.vocab_size:
     raise ConfigError(f"model.pad_id {m.pad_id} is outside the vocabulary [0, {m.vocab_size}).")
   dt, _, ht, _ = _token_sizes(m)
@@ -142,8 +157,9 @@ def validate_config(config) -> None:
     widths.append(("encoder_", m.encoder_width, m.encoder_heads))
   for prefix, width, heads in widths:
     if width % heads or (width // heads) % 2:
-      raise ConfigError(f"model.{prefix}d_model {width} must split into model.{prefix}num_heads {heads} heads "
-                        "of an even width.")
+      raise ConfigError(
+        f"model.{prefix}d_model {width} must split into model.{prefix}num_heads {heads} heads of an even width."
+      )
   if config.train.seq_len % m.block_len:
     raise ConfigError(f"train.seq_len {config.train.seq_len} is not a multiple of model.block_len {m.block_len}.")
   padding = config.data.get("block_padding", 0)
@@ -156,19 +172,38 @@ class Stack(nnx.Module):
   cross-attends to a memory (the cross-attention token decoder). With `scan`, the layers (and the
   cross-attentions) are one scanned stack (models/blocks/stack.py)."""
 
-  def __init__(self, s, num_layers: int, *, memory_width: int = 0, scan: bool = False, remat: str = "none",
-               dtype, rngs: nnx.Rngs):
-    self.layers = stack.make_layers(lambda: transformer.Block(s, causal=True, dtype=dtype, rngs=rngs), num_layers,
-                                    scan=scan)
-    self.cross = (stack.make_layers(lambda: CrossAttention(s.d_model, memory_width, heads=s.num_heads, width=s.d_model,
-                                                           use_bias=s.use_bias, dtype=dtype, rngs=rngs),
-                                    num_layers, scan=scan) if memory_width else None)
+  def __init__(
+    self, s, num_layers: int, *, memory_width: int = 0, scan: bool = False, remat: str = "none", dtype, rngs: nnx.Rngs
+  ):
+    self.layers = stack.make_layers(
+      lambda: transformer.Block(s, causal=True, dtype=dtype, rngs=rngs), num_layers, scan=scan
+    )
+    self.cross = (
+      stack.make_layers(
+        lambda: CrossAttention(
+          s.d_model, memory_width, heads=s.num_heads, width=s.d_model, use_bias=s.use_bias, dtype=dtype, rngs=rngs
+        ),
+        num_layers,
+        scan=scan,
+      )
+      if memory_width
+      else None
+    )
     self.final_norm = make_norm(s.norm, s.d_model, rngs=rngs)
     self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, memory: Array | None = None, fresh_memory: Array | None = None,
-               fresh: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    memory: Array | None = None,
+    fresh_memory: Array | None = None,
+    fresh: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x [B,S,D] -> [B,S,D]. positions int[S] or [B,S] (default 0..S-1); mask bool[B,S]: False
     for keys no query reads (padding); segments int[B,S]: document ids, keys of another document
     are masked. Cross-attention reads memory [B,M,Dm], and fresh_memory where fresh bool[B,S]."""
@@ -182,21 +217,29 @@ class Stack(nnx.Module):
       y = layer(x, memory)
       return y if fresh is None else jnp.where(fresh[..., None], layer(x, fresh_memory), y)
 
-    x = stack.apply((self.cross, self.layers), x, lambda pair, x, r: block(pair[1], cross(pair[0], x), r),
-                    remat=self.remat, rngs=rngs)
+    x = stack.apply(
+      (self.cross, self.layers), x, lambda pair, x, r: block(pair[1], cross(pair[0], x), r), remat=self.remat, rngs=rngs
+    )
     return self.final_norm(x)
 
   def init_cache(self, batch_size: int, size: int, dtype) -> list[dict]:
     return [empty_cache(batch_size, size, self.heads, self.head_dim, dtype) for _ in range(len(self.layers))]
 
-  def decode_block(self, x: Array, caches: list[dict], positions: Array, slot, *,
-                   k_valid: Array | None = None, memory: Array | None = None) -> tuple[Array, list[dict]]:
+  def decode_block(
+    self,
+    x: Array,
+    caches: list[dict],
+    positions: Array,
+    slot,
+    *,
+    k_valid: Array | None = None,
+    memory: Array | None = None,
+  ) -> tuple[Array, list[dict]]:
     """x [B,S,D] at `positions` written to cache slots slot..slot+S-1 (S = 1 is one decode step)."""
     kw = {} if k_valid is None else {"k_valid": k_valid}
     out = []
     for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-      x, cache = layer.decode_block(x if self.cross is None else self.cross[i](x, memory), cache, positions, slot,
-                                    **kw)
+      x, cache = layer.decode_block(x if self.cross is None else self.cross[i](x, memory), cache, positions, slot, **kw)
       out.append(cache)
     return self.final_norm(x), out
 
@@ -225,13 +268,14 @@ class Model(nnx.Module):
     self.lead = m.prefix_len if self.kind == "prefix" else 1
     projected = m.prefix_len if self.kind == "prefix" else m.block_len
     self.context_proj = Dense(d, (projected, dt), axes=("embed", None, None), use_bias=m.use_bias, **kw)
-    self.block_start = (None if self.kind == "prefix" else
-                        param(rngs, jax.nn.initializers.normal(1.0), (dt,), ("embed",)))
+    self.block_start = (
+      None if self.kind == "prefix" else param(rngs, jax.nn.initializers.normal(1.0), (dt,), ("embed",))
+    )
     self.token_embed = Embed(m.vocab_size, dt, **kw)
-    self.token_decoder = Stack(stack_config(m, dt, ht, fft), nt, memory_width=dt if self.kind == "cross" else 0,
-                               **stacks)
-    self.head = TaskHead("lm", dt, vocab_size=m.vocab_size, embed=self.token_embed if m.tie_embeddings else None,
-                         **kw)
+    self.token_decoder = Stack(
+      stack_config(m, dt, ht, fft), nt, memory_width=dt if self.kind == "cross" else 0, **stacks
+    )
+    self.head = TaskHead("lm", dt, vocab_size=m.vocab_size, embed=self.token_embed if m.tie_embeddings else None, **kw)
 
   # -- pieces shared by the forward pass and decoding ------------------------------------------
 
@@ -243,7 +287,7 @@ class Model(nnx.Module):
   def _lead(self, context: Array) -> tuple[Array, Array | None]:
     """context [B',D] -> the token decoder's first `lead` inputs [B',lead,Dt] (R prefix vectors, or
     the block-start vector plus projection 0 for summation) and the cross-attention memory."""
-    proj = self.context_proj(context)                                   # [B',R|L,Dt]
+    proj = self.context_proj(context)  # [B',R|L,Dt]
     if self.kind == "prefix":
       return proj, None
     start = jnp.broadcast_to(self.block_start[...].astype(proj.dtype), (proj.shape[0], 1, proj.shape[-1]))
@@ -275,8 +319,9 @@ class Model(nnx.Module):
 
   # -- forward --------------------------------------------------------------------------------
 
-  def __call__(self, tokens: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self, tokens: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> Array:
     """tokens int[B,T] -> logits [B,T,V]; segment_ids int[B,T]: the documents of a packed row (see
     the module docstring); mask is unused (padding is the pad token itself)."""
     del mask
@@ -295,27 +340,29 @@ class Model(nnx.Module):
       read = jnp.where(seg == block_seg[..., None], blocks, self.pad_id)
       positions = segment_positions(block_seg)
     valid = (read != self.pad_id).any(-1)  # an all-pad block is absent: no block reads it
-    h = self.block_decoder(self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg,
-                           rngs=rngs)
+    h = self.block_decoder(
+      self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg, rngs=rngs
+    )
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
     contexts = jnp.concatenate([start, self._contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
     # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
     # (block N lies past the input: only its first output, which reads no token, is used).
-    inputs = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)[:, :, :L - 1]
+    inputs = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)[:, :, : L - 1]
     inputs = inputs.reshape(b * (n + 1), L - 1)
     if seg is None:
       lead, memory = self._lead(contexts)
       x = jnp.concatenate([lead, self._token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
       y = self.token_decoder(x, mask=self._key_mask(inputs), memory=memory, rngs=rngs)
-      y = y[:, self.lead - 1:self.lead - 1 + L]
+      y = y[:, self.lead - 1 : self.lead - 1 + L]
     else:
       y = self._decode_documents(contexts, inputs, seg, block_seg, rngs)
     # Output j of target block i predicts token iL + j, i.e. it is the logit at position iL + j - 1.
-    y = y.reshape(b, (n + 1) * L, -1)[:, 1:t + 1]
+    y = y.reshape(b, (n + 1) * L, -1)[:, 1 : t + 1]
     return self.head(y)
 
-  def _decode_documents(self, contexts: Array, inputs: Array, seg: Array, block_seg: Array,
-                        rngs: nnx.Rngs | None) -> Array:
+  def _decode_documents(
+    self, contexts: Array, inputs: Array, seg: Array, block_seg: Array, rngs: nnx.Rngs | None
+  ) -> Array:
     """The token decoder over packed documents -> outputs [B(N+1),L,Dt] of each target block.
 
     contexts [B(N+1),D] (the previous block's context), inputs int[B(N+1),L-1], seg int[B,N,L]
@@ -330,11 +377,11 @@ class Model(nnx.Module):
     r = self.lead
     none = jnp.full((b, 1), -1, jnp.int32)
     # prev: the document of the previous block's context (-1 before block 0)
-    prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)                         # [B(N+1)]
-    token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, :L - 1]
+    prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)  # [B(N+1)]
+    token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, : L - 1]
     token_seg = token_seg.reshape(-1, L - 1)
     # fresh: tokens of a document other than the context's, i.e. one that starts in this block
-    fresh = token_seg != prev[:, None]                                                    # [B(N+1),L-1]
+    fresh = token_seg != prev[:, None]  # [B(N+1),L-1]
     # starting: the first such document (-2: none), the one the start-context lead serves
     if L > 1:
       first = jnp.take_along_axis(token_seg, jnp.argmax(fresh, axis=1)[:, None], axis=1)[:, 0]
@@ -349,10 +396,10 @@ class Model(nnx.Module):
       proj_prev, proj_start = self.context_proj(contexts)[:, 1:L], self.context_proj(start_context)[:, 1:L]
       e = e + jnp.where(fresh[..., None], proj_start, proj_prev).astype(e.dtype)
     m = inputs.shape[0]
-    x = jnp.concatenate([lead_prev, jnp.broadcast_to(lead_start, lead_prev.shape), e.astype(lead_prev.dtype)],
-                        axis=1)
-    segments = jnp.concatenate([jnp.repeat(prev[:, None], r, 1), jnp.repeat(starting[:, None], r, 1), token_seg],
-                               axis=1)
+    x = jnp.concatenate([lead_prev, jnp.broadcast_to(lead_start, lead_prev.shape), e.astype(lead_prev.dtype)], axis=1)
+    segments = jnp.concatenate(
+      [jnp.repeat(prev[:, None], r, 1), jnp.repeat(starting[:, None], r, 1), token_seg], axis=1
+    )
     positions = jnp.concatenate([jnp.arange(r), jnp.arange(r), r + jnp.arange(L - 1)])
     key_mask = None
     if self.mask_pads:  # the pads of a second document starting in the block stay: it has no lead to read
@@ -360,11 +407,12 @@ class Model(nnx.Module):
       key_mask = jnp.concatenate([jnp.ones((m, 2 * r), bool), (inputs != self.pad_id) | other], axis=1)
     cross = {}
     if memory is not None:
-      cross = dict(fresh_memory=jnp.broadcast_to(start_memory, memory.shape),
-                   fresh=jnp.concatenate([jnp.zeros((m, r), bool), jnp.ones((m, r), bool), fresh], axis=1))
-    y = self.token_decoder(x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs,
-                           **cross)
-    return jnp.concatenate([y[:, r - 1:r], y[:, 2 * r:]], axis=1)
+      cross = dict(
+        fresh_memory=jnp.broadcast_to(start_memory, memory.shape),
+        fresh=jnp.concatenate([jnp.zeros((m, r), bool), jnp.ones((m, r), bool), fresh], axis=1),
+      )
+    y = self.token_decoder(x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs, **cross)
+    return jnp.concatenate([y[:, r - 1 : r], y[:, 2 * r :]], axis=1)
 
   # -- one token at a time (README, "Adding a model") --------------------------------------------------------
 
@@ -380,11 +428,13 @@ class Model(nnx.Module):
     num_blocks = max(1, -(-max_len // self.block_len))
     start = jnp.broadcast_to(self.start_context[...].astype(self.dtype), (batch_size, self.start_context.shape[0]))
     _, token_state = self._start_block(start, batch_size)
-    return {"index": jnp.zeros((), jnp.int32),
-            "block": jnp.full((batch_size, self.block_len), self.pad_id, jnp.int32),
-            "block_caches": self.block_decoder.init_cache(batch_size, num_blocks, self.dtype),
-            "block_valid": jnp.zeros((batch_size, num_blocks), bool),
-            "token": token_state}
+    return {
+      "index": jnp.zeros((), jnp.int32),
+      "block": jnp.full((batch_size, self.block_len), self.pad_id, jnp.int32),
+      "block_caches": self.block_decoder.init_cache(batch_size, num_blocks, self.dtype),
+      "block_valid": jnp.zeros((batch_size, num_blocks), bool),
+      "token": token_state,
+    }
 
   def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
     """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V] for the next token."""
@@ -396,9 +446,14 @@ class Model(nnx.Module):
     def inside(state):  # the token decoder reads token t at its position lead + j
       token_state = state["token"]
       x = self._token_inputs(token_state["context"], tokens, j)
-      y, caches = self.token_decoder.decode_block(x, token_state["caches"], (self.lead + j)[None],
-                                                  self.lead + j, memory=token_state["memory"],
-                                                  k_valid=self._key_mask(state["block"][:, :-1]))
+      y, caches = self.token_decoder.decode_block(
+        x,
+        token_state["caches"],
+        (self.lead + j)[None],
+        self.lead + j,
+        memory=token_state["memory"],
+        k_valid=self._key_mask(state["block"][:, :-1]),
+      )
       return self.head(y), dict(state, token=dict(token_state, caches=caches))
 
     def finish(state):  # block complete: one block-decoder step, then the next block's lead inputs
@@ -415,14 +470,26 @@ class Model(nnx.Module):
     e = self.embedder(block[:, None])
     h, caches = self.block_decoder.decode_block(e, state["block_caches"], k[None], k, k_valid=block_valid)
     logits, token_state = self._start_block(self._contexts(h[:, 0], valid), block.shape[0])
-    return logits, dict(state, block_caches=caches, block_valid=block_valid, token=token_state,
-                        block=jnp.full_like(block, self.pad_id))
+    return logits, dict(
+      state, block_caches=caches, block_valid=block_valid, token=token_state, block=jnp.full_like(block, self.pad_id)
+    )
 
 
 # -- fast batched generation ----------------------------------------------------------------------
 
-def generate(model: Model, prompt: Array, *, max_new_tokens: int, key: Array, prompt_lengths=None,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None) -> Array:
+
+def generate(
+  model: Model,
+  prompt: Array,
+  *,
+  max_new_tokens: int,
+  key: Array,
+  prompt_lengths=None,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int | None = None,
+) -> Array:
   """Samples continuations of prompts of any length; returns the new tokens int32[B,N].
 
   Row b's prompt is prompt[b, :prompt_lengths[b]] (default: the whole row). Each is left-padded
@@ -441,20 +508,23 @@ def generate(model: Model, prompt: Array, *, max_new_tokens: int, key: Array, pr
   if lengths.shape != (b,) or int(lengths.min()) < 0 or int(lengths.max()) > p:
     raise DecodingError(f"prompt_lengths must be {b} values in [0, {p}], got {prompt_lengths}.")
   if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
-    raise DecodingError(f"prompt token ids must lie in [0, {model.vocab_size}), got "
-                        f"[{int(prompt.min())}, {int(prompt.max())}].")
+    raise DecodingError(
+      f"prompt token ids must lie in [0, {model.vocab_size}), got [{int(prompt.min())}, {int(prompt.max())}]."
+    )
   max_new_tokens = decoding.check_int("max_new_tokens", max_new_tokens, minimum=1)
   eos_id = None if eos_id is None else decoding.check_int("eos_id", eos_id)
   decoding.check_key(key)
   sampling = decoding.Sampling.of(temperature, top_k, top_p)
   graphdef, params = nnx.split(model)
-  return _generate(graphdef, params, prompt.astype(jnp.int32), lengths, key, sampling,
-                   max_new_tokens=max_new_tokens, eos_id=eos_id)
+  return _generate(
+    graphdef, params, prompt.astype(jnp.int32), lengths, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "eos_id"))
-def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Sampling, *, max_new_tokens: int,
-              eos_id: int | None) -> Array:
+def _generate(
+  graphdef, params, prompt, lengths, key, sampling: decoding.Sampling, *, max_new_tokens: int, eos_id: int | None
+) -> Array:
   model = nnx.merge(graphdef, params)
   model.eval()
   L, pad, lead = model.block_len, model.pad_id, model.lead
@@ -469,8 +539,9 @@ def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Samplin
   valid = (blocks != pad).any(-1)
   block_valid = jnp.zeros((b, prompt_blocks + new_blocks), bool).at[:, :prompt_blocks].set(valid)
   caches = model.block_decoder.init_cache(b, prompt_blocks + new_blocks, model.dtype)
-  h, caches = model.block_decoder.decode_block(model.embedder(blocks), caches, jnp.arange(prompt_blocks), 0,
-                                               k_valid=block_valid)
+  h, caches = model.block_decoder.decode_block(
+    model.embedder(blocks), caches, jnp.arange(prompt_blocks), 0, k_valid=block_valid
+  )
   context = model._contexts(h[:, -1], valid[:, -1])
 
   def sample(key, logits):
@@ -485,9 +556,14 @@ def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Samplin
       if j:  # the token decoder reads the previous token at position lead + j - 1
         x = model._token_inputs(context, tokens[-1][:, None], j - 1)
         written = jnp.concatenate([jnp.stack(tokens, axis=1), jnp.full((b, L - 1 - j), pad, jnp.int32)], axis=1)
-        y, token_caches = model.token_decoder.decode_block(x, token_state["caches"], jnp.array([lead + j - 1]),
-                                                           lead + j - 1, memory=token_state["memory"],
-                                                           k_valid=model._key_mask(written))
+        y, token_caches = model.token_decoder.decode_block(
+          x,
+          token_state["caches"],
+          jnp.array([lead + j - 1]),
+          lead + j - 1,
+          memory=token_state["memory"],
+          k_valid=model._key_mask(written),
+        )
         token_state = dict(token_state, caches=token_caches)
         logits = model.head(y)
       token = sample(keys[j], logits)
@@ -498,8 +574,9 @@ def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Samplin
     block = jnp.stack(tokens, axis=1)
     valid = (block != pad).any(-1)
     block_valid = jax.lax.dynamic_update_slice_in_dim(block_valid, valid[:, None], k, 1)
-    h, caches = model.block_decoder.decode_block(model.embedder(block[:, None]), caches, k[None], k,
-                                                 k_valid=block_valid)
+    h, caches = model.block_decoder.decode_block(
+      model.embedder(block[:, None]), caches, k[None], k, k_valid=block_valid
+    )
     return (caches, block_valid, model._contexts(h[:, 0], valid), done), block
 
   keys = jax.random.split(key, new_blocks * L).reshape(new_blocks, L)
@@ -510,13 +587,13 @@ def _generate(graphdef, params, prompt, lengths, key, sampling: decoding.Samplin
 
 # -- uptraining from a vanilla transformer (Section 3.7, Appendix N) ------------------------------
 
+
 def vanilla_config(config) -> ml_collections.ConfigDict:
   """The `config.model` of the vanilla Transformer this Block Transformer can be uptrained from:
   the same family (Pythia layers) and width, with num_layers + token_num_layers layers."""
   m = config.model
   c = stack_config(m, m.d_model, m.num_heads, m.d_ff or 4 * m.d_model)
-  c.update(dict(vocab_size=m.vocab_size, num_layers=m.num_layers + _token_sizes(m)[1],
-                tie_embeddings=m.tie_embeddings))
+  c.update(dict(vocab_size=m.vocab_size, num_layers=m.num_layers + _token_sizes(m)[1], tie_embeddings=m.tie_embeddings))
   return c
 
 
@@ -533,15 +610,21 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   d, (dt, nt, _, _) = m.d_model, _token_sizes(m)
   out, vanilla = unscan_params(params), unscan_params(vanilla)
   if not {"blocks", "embed", "final_norm", "head"} <= set(vanilla):
-    raise ConfigError("the source model is not a vanilla transformer; uptraining starts from one "
-                      "(e.g. configs/c4/block_transformer.py:<size>,vanilla).")
+    raise ConfigError(
+      "the source model is not a vanilla transformer; uptraining starts from one "
+      "(e.g. configs/c4/block_transformer.py:<size>,vanilla)."
+    )
   layers = len(vanilla["blocks"])
   if m.embedder != "lookup" or m.token_decoder != "prefix" or (m.embed_width or 0) != d or dt != d:
-    raise ConfigError("uptraining needs the lookup embedder with model.embed_width = model.d_model, the prefix "
-                      "token decoder and equal block / token decoder widths.")
+    raise ConfigError(
+      "uptraining needs the lookup embedder with model.embed_width = model.d_model, the prefix "
+      "token decoder and equal block / token decoder widths."
+    )
   if layers != m.num_layers + nt or vanilla["embed"]["embedding"].shape != (m.vocab_size, d):
-    raise ConfigError(f"the vanilla model ({layers} layers, embedding {vanilla['embed']['embedding'].shape}) does "
-                      f"not split into {m.num_layers} + {nt} layers of width {d} over {m.vocab_size} tokens.")
+    raise ConfigError(
+      f"the vanilla model ({layers} layers, embedding {vanilla['embed']['embedding'].shape}) does "
+      f"not split into {m.num_layers} + {nt} layers of width {d} over {m.vocab_size} tokens."
+    )
   for i in range(m.num_layers):
     out["block_decoder"]["layers"][i] = vanilla["blocks"][i]
   for i in range(nt):
@@ -549,9 +632,9 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   out["block_decoder"]["final_norm"] = out["token_decoder"]["final_norm"] = vanilla["final_norm"]
   out["embedder"]["table"] = out["token_embed"] = vanilla["embed"]
   out["head"] = vanilla["head"]
-  average = jnp.tile(jnp.eye(d), (m.block_len, 1)) / m.block_len               # [L*D, D]
+  average = jnp.tile(jnp.eye(d), (m.block_len, 1)) / m.block_len  # [L*D, D]
   out["embedder"]["proj"]["kernel"] = average.astype(params["embedder"]["proj"]["kernel"].dtype)
-  copies = jnp.broadcast_to(jnp.eye(d)[:, None, :], (d, m.prefix_len, d))       # [D, R, D]
+  copies = jnp.broadcast_to(jnp.eye(d)[:, None, :], (d, m.prefix_len, d))  # [D, R, D]
   out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
   if "bias" in out["context_proj"]:
     out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
@@ -560,32 +643,61 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
 
 # -- family record --------------------------------------------------------------------------------
 
-MEGABYTE_85M = ("Table 4 labels this MEGABYTE model 85M, but its printed layers (a 4-layer token decoder of "
-                "width 512 and an 11-layer block decoder of width 768) give 90.6M under the paper's own "
-                "non-embedding formula 2 nL (12 D^2 + 13 D); the layer counts are kept as printed.")
+MEGABYTE_85M = (
+  "Table 4 labels this MEGABYTE model 85M, but its printed layers (a 4-layer token decoder of "
+  "width 512 and an 11-layer block decoder of width 768) give 90.6M under the paper's own "
+  "non-embedding formula 2 nL (12 D^2 + 13 D); the layer counts are kept as printed."
+)
 FAMILY = Family(
-    name="block_transformer",
-    model=Model,
-    tasks=("lm",),
-    capabilities=Capabilities(decode=True, uptrain=True, block_losses=True),
-    validate_config=validate_config,
-    uptrain_params=uptrain_params,
-    generate=generate,
-    embedding_params=EMBEDDING_PARAMS,
-    smoke=Smoke(
-        config="configs/c4/block_transformer.py:tiny", data="c4", causal="configs/c4/block_transformer.py:tiny",
-        overrides=("train.seq_len=32",), light=("model.num_layers=1", "model.token_num_layers=1"),
-        fuzz={"model.block_len": ["2", "4", "3", "0"], "model.embedder": ["lookup", "encoder", "cls", "x"],
-              "model.token_decoder": ["prefix", "summation", "cross_attention", "y"],
-              "model.prefix_len": ["1", "2", "0"], "model.num_heads": ["2", "4", "3"]}),
-    # Tables 2-4 print 5M / 19M / 85M; 2 nL (12 D^2 + 13 D) gives 4.7M / 18.9M / 85.1M
-    paper_rows=tuple(
-        PaperRow(f"configs/c4/block_transformer.py:{size}", count,
-                 f"Block Transformer Table 3, block {size}, non-embedding", tolerance=0.02, counts="non_embedding")
-        for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6), ("805m", 805e6),
-                            ("1.2b", 1.2e9))) + tuple(
-        PaperRow(f"configs/c4/block_transformer.py:{size},megabyte", count,
-                 f"Block Transformer Table 4, MEGABYTE {size}, non-embedding", tolerance=0.02, counts="non_embedding",
-                 gap_reason=MEGABYTE_85M if size == "85m" else "")
-        for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6))),
+  name="block_transformer",
+  model=Model,
+  tasks=("lm",),
+  capabilities=Capabilities(decode=True, uptrain=True, block_losses=True),
+  validate_config=validate_config,
+  uptrain_params=uptrain_params,
+  generate=generate,
+  embedding_params=EMBEDDING_PARAMS,
+  smoke=Smoke(
+    config="configs/c4/block_transformer.py:tiny",
+    data="c4",
+    causal="configs/c4/block_transformer.py:tiny",
+    overrides=("train.seq_len=32",),
+    light=("model.num_layers=1", "model.token_num_layers=1"),
+    fuzz={
+      "model.block_len": ["2", "4", "3", "0"],
+      "model.embedder": ["lookup", "encoder", "cls", "x"],
+      "model.token_decoder": ["prefix", "summation", "cross_attention", "y"],
+      "model.prefix_len": ["1", "2", "0"],
+      "model.num_heads": ["2", "4", "3"],
+    },
+  ),
+  # Tables 2-4 print 5M / 19M / 85M; 2 nL (12 D^2 + 13 D) gives 4.7M / 18.9M / 85.1M
+  paper_rows=tuple(
+    PaperRow(
+      f"configs/c4/block_transformer.py:{size}",
+      count,
+      f"Block Transformer Table 3, block {size}, non-embedding",
+      tolerance=0.02,
+      counts="non_embedding",
+    )
+    for size, count in (
+      ("5m", 4.7e6),
+      ("19m", 18.9e6),
+      ("85m", 85.1e6),
+      ("302m", 302e6),
+      ("805m", 805e6),
+      ("1.2b", 1.2e9),
+    )
+  )
+  + tuple(
+    PaperRow(
+      f"configs/c4/block_transformer.py:{size},megabyte",
+      count,
+      f"Block Transformer Table 4, MEGABYTE {size}, non-embedding",
+      tolerance=0.02,
+      counts="non_embedding",
+      gap_reason=MEGABYTE_85M if size == "85m" else "",
+    )
+    for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6))
+  ),
 )

@@ -52,7 +52,8 @@ MASKED = -1e30
 def model_config(**overrides) -> ml_collections.ConfigDict:
   """The `config.model` section: Combiner-Axial in FLASH's Table 8 (C4 masked LM, d 768)."""
   c = transformer.model_config("transformer+")
-  c.update(dict(
+  c.update(
+    dict(
       name="combiner",
       variant="axial",  # row-major Combiner-Axial, the one variant here
       vocab_size=32128,
@@ -62,7 +63,8 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       d_ff=3072,
       chunk=128,  # C, the row length (the Combiner authors' setting for this variant)
       tie_embeddings=True,
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -83,6 +85,7 @@ def validate_config(config) -> None:
 
 
 # -- the factorised attention, as pure functions over rows ---------------------------------------------
+
 
 def documents(segments: Array | None, b: int, t: int) -> Array:
   """Document index int32[B,T]: 0, 1, ... counting segment starts (None: one document per row)."""
@@ -112,13 +115,23 @@ def row_summaries(q: Array, k: Array, v: Array, *, chunk: int, valid: Array, doc
   b, t, h, d = q.shape
   qr, kr, vr = (_rows(x, chunk) for x in (q, k, v))
   allowed = _rows(valid, chunk)[:, :, None, :] & (_rows(doc, chunk)[..., :, None] == _rows(doc, chunk)[..., None, :])
-  scores = jnp.einsum("bgihd,bgjhd->bghij", qr, kr, preferred_element_type=jnp.float32) * d ** -0.5
+  scores = jnp.einsum("bgihd,bgjhd->bghij", qr, kr, preferred_element_type=jnp.float32) * d**-0.5
   weights = _softmax(scores, allowed[:, :, None])
   return jnp.einsum("bghij,bgjhd->bgihd", weights, vr.astype(jnp.float32)).reshape(b, t, h, d)
 
 
-def axial_attention(q: Array, k: Array, v: Array, summaries: Array, summary_keys: Array, *, chunk: int, causal: bool,
-                    valid: Array, doc: Array) -> Array:
+def axial_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  summaries: Array,
+  summary_keys: Array,
+  *,
+  chunk: int,
+  causal: bool,
+  valid: Array,
+  doc: Array,
+) -> Array:
   """Combiner-Axial (row-major): q, k, v [B,T,H,D]; summaries (`row_summaries`) and summary_keys
   [B,T,H,D], the value and key of each token's row as seen from its column; valid bool[B,T]; doc
   int[B,T]; T a multiple of `chunk` -> [B,T,H,D]. One softmax over the query's own row (direct)
@@ -126,7 +139,7 @@ def axial_attention(q: Array, k: Array, v: Array, summaries: Array, summary_keys
   within the query's document."""
   b, t, h, d = q.shape
   c, g = chunk, t // chunk
-  scale = d ** -0.5
+  scale = d**-0.5
   qr, kr, vr, sr, ksr = (_rows(x, c) for x in (q, k, v, summaries, summary_keys))
   validr, docr = _rows(valid, c), _rows(doc, c)
   # direct: [B,G,H,C,C]
@@ -139,9 +152,10 @@ def axial_attention(q: Array, k: Array, v: Array, summaries: Array, summary_keys
   order = jnp.arange(g)
   before = order[None, :] < order[:, None] if causal else order[None, :] != order[:, None]  # [r, k]
   entry_doc, entry_ok = docr.transpose(0, 2, 1), validr.transpose(0, 2, 1)  # [B,C,G]: entry (k, col)
-  rows_ok = (before[None, :, None, :] & entry_ok[:, None] & (docr[..., None] == entry_doc[:, None]))  # [B,G,C,G]
-  weights = _softmax(jnp.concatenate([local, rows], axis=-1),
-                     jnp.concatenate([local_ok[:, :, None], rows_ok[:, :, None]], axis=-1))
+  rows_ok = before[None, :, None, :] & entry_ok[:, None] & (docr[..., None] == entry_doc[:, None])  # [B,G,C,G]
+  weights = _softmax(
+    jnp.concatenate([local, rows], axis=-1), jnp.concatenate([local_ok[:, :, None], rows_ok[:, :, None]], axis=-1)
+  )
   direct, through = weights[..., :c], weights[..., c:]
   out = jnp.einsum("bghij,bgjhd->bgihd", direct, vr.astype(jnp.float32))
   out = out + jnp.einsum("brhck,bkchd->brchd", through, sr.astype(jnp.float32))
@@ -150,15 +164,25 @@ def axial_attention(q: Array, k: Array, v: Array, summaries: Array, summary_keys
 
 # -- the token mixer ---------------------------------------------------------------------------------------
 
+
 class CombinerAttention(Attention):
   """Combiner-Axial self-attention: heads, projections and RoPE of blocks.Attention, plus the row
   summary keys W_2 norm(x + W_1 row_out) (Combiner's "proj" summary)."""
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
     head_dim = m.head_dim or m.d_model // m.num_heads
-    super().__init__(m.d_model, m.num_heads, head_dim, causal=causal, rope=m.rope,
-                     rope_max_wavelength=m.rope_max_wavelength, rope_fraction=m.rope_fraction,
-                     use_bias=m.use_bias, dtype=dtype, rngs=rngs)
+    super().__init__(
+      m.d_model,
+      m.num_heads,
+      head_dim,
+      causal=causal,
+      rope=m.rope,
+      rope_max_wavelength=m.rope_max_wavelength,
+      rope_fraction=m.rope_fraction,
+      use_bias=m.use_bias,
+      dtype=dtype,
+      rngs=rngs,
+    )
     kw = dict(use_bias=m.use_bias, dtype=dtype, rngs=rngs)
     self.summary_in = Dense((m.num_heads, head_dim), m.d_model, axes=("heads", "head_dim", "embed"), **kw)
     self.summary_norm = make_norm(m.norm, m.d_model, rngs=rngs)
@@ -172,8 +196,15 @@ class CombinerAttention(Attention):
       keys = apply_rope(keys, positions, max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction)
     return keys
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x [B,T,D]; positions int[T] or [B,T] (per document with segments); mask bool[B,T], False =
     padding; segments int[B,T] packed documents. T need not be a multiple of C: the tail is padded."""
     del rngs
@@ -201,9 +232,14 @@ class CombinerAttention(Attention):
     h, dh, c = self.num_heads, self.head_dim, self.chunk
     g = -(-max_len // c)
     row = lambda *shape: jnp.zeros((batch_size, c) + shape, dtype)
-    return {"q": row(h, dh), "k": row(h, dh), "v": row(h, dh), "x": row(self.summary_in.out_features[0]),
-            "summary_keys": jnp.zeros((batch_size, g, c, h, dh), dtype),
-            "summaries": jnp.zeros((batch_size, g, c, h, dh), dtype)}
+    return {
+      "q": row(h, dh),
+      "k": row(h, dh),
+      "v": row(h, dh),
+      "x": row(self.summary_in.out_features[0]),
+      "summary_keys": jnp.zeros((batch_size, g, c, h, dh), dtype),
+      "summaries": jnp.zeros((batch_size, g, c, h, dh), dtype),
+    }
 
   def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
     """One token x [B,1,D] at `position` -> y [B,1,D], next cache; equals the forward pass there."""
@@ -213,7 +249,7 @@ class CombinerAttention(Attention):
     cache = dict(cache)
     for name, a in (("q", q), ("k", k), ("v", v), ("x", x[:, 0])):
       cache[name] = jax.lax.dynamic_update_index_in_dim(cache[name], a.astype(cache[name].dtype), col, 1)
-    scale = self.head_dim ** -0.5
+    scale = self.head_dim**-0.5
     local = jnp.einsum("bhd,bjhd->bhj", q, cache["k"], preferred_element_type=jnp.float32) * scale
     entries = jax.lax.dynamic_index_in_dim(cache["summary_keys"], col, 2, keepdims=False)  # [B,G,H,Dh]
     values = jax.lax.dynamic_index_in_dim(cache["summaries"], col, 2, keepdims=False)
@@ -221,13 +257,13 @@ class CombinerAttention(Attention):
     g = entries.shape[1]
     allowed = jnp.concatenate([jnp.arange(c) <= col, jnp.arange(g) < row])
     weights = _softmax(jnp.concatenate([local, rows], axis=-1), allowed)
-    y = (jnp.einsum("bhj,bjhd->bhd", weights[..., :c], cache["v"].astype(jnp.float32))
-         + jnp.einsum("bhk,bkhd->bhd", weights[..., c:], values.astype(jnp.float32)))
+    y = jnp.einsum("bhj,bjhd->bhd", weights[..., :c], cache["v"].astype(jnp.float32)) + jnp.einsum(
+      "bhk,bkhd->bhd", weights[..., c:], values.astype(jnp.float32)
+    )
     # A finished row: its summaries, seen from each column, for the rows after it.
     b = x.shape[0]
     ones = jnp.ones((b, c), bool)
-    summaries = row_summaries(cache["q"], cache["k"], cache["v"], chunk=c, valid=ones,
-                              doc=jnp.zeros((b, c), jnp.int32))
+    summaries = row_summaries(cache["q"], cache["k"], cache["v"], chunk=c, valid=ones, doc=jnp.zeros((b, c), jnp.int32))
     keys = self._summary_keys(cache["x"], summaries, row * c + jnp.arange(c))
     done = col == c - 1
     for name, a in (("summary_keys", keys), ("summaries", summaries)):
@@ -245,13 +281,20 @@ class Model(transformer.Model):
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = transformer.mixer_family(
-    "combiner", Model,
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/c4/combiner.py:tiny", data="c4", causal="configs/c4/combiner.py:tiny,lm",
-        light=("model.num_layers=1",),
-        fuzz={"model.chunk": ["4", "16", "5", "0"], "model.num_heads": ["1", "2", "3", "0"],
-              "model.variant": ["axial", "fixed"]}),
-    # Table 8 (C4 masked LM, d 768): 124M
-    paper_rows=(PaperRow("configs/c4/combiner.py", 124e6, "FLASH Table 8, Combiner (C4 MLM)", tolerance=0.03),),
+  "combiner",
+  Model,
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/c4/combiner.py:tiny",
+    data="c4",
+    causal="configs/c4/combiner.py:tiny,lm",
+    light=("model.num_layers=1",),
+    fuzz={
+      "model.chunk": ["4", "16", "5", "0"],
+      "model.num_heads": ["1", "2", "3", "0"],
+      "model.variant": ["axial", "fixed"],
+    },
+  ),
+  # Table 8 (C4 masked LM, d 768): 124M
+  paper_rows=(PaperRow("configs/c4/combiner.py", 124e6, "FLASH Table 8, Combiner (C4 MLM)", tolerance=0.03),),
 )

@@ -32,46 +32,48 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
 from lra_core.models.transformer import Block
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 
 Array = jax.Array
 CAUSAL_TASKS = ("lm", "image_ar")
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(dict(
+  c = ml_collections.ConfigDict(
+    dict(
       name="fit",
       vocab_size=256,
       num_classes=0,
       layers="L(4)G(2)L(4)G(2)L(4)",
-      grouping="1d",           # 1d: consecutive tokens | 2d: square image blocks
-      group_size=64,           # 1d: data tokens per group (n)
-      image_channels=1,        # 2d: tokens per pixel
-      group_side=8,            # 2d: a group is a group_side x group_side block of pixels
-      latents_per_group=8,     # m
-      overlap=0,               # FIT-AR: prefix tokens from the previous group (Appendix D)
-      d_model=256,             # data (local) layers
+      grouping="1d",  # 1d: consecutive tokens | 2d: square image blocks
+      group_size=64,  # 1d: data tokens per group (n)
+      image_channels=1,  # 2d: tokens per pixel
+      group_side=8,  # 2d: a group is a group_side x group_side block of pixels
+      latents_per_group=8,  # m
+      overlap=0,  # FIT-AR: prefix tokens from the previous group (Appendix D)
+      d_model=256,  # data (local) layers
       num_heads=4,
       d_ff=1024,
-      d_latent=256,            # latent (global) layers
+      d_latent=256,  # latent (global) layers
       latent_heads=4,
       latent_d_ff=1024,
-      max_len=0,               # longest sequence; 0 -> train.seq_len (sizes the latent table)
+      max_len=0,  # longest sequence; 0 -> train.seq_len (sizes the latent table)
       activation="gelu",
       use_bias=True,
       dropout=0.0,
       attention_dropout=0.0,
-      pooling="mean",          # classify / retrieval over the final data tokens
+      pooling="mean",  # classify / retrieval over the final data tokens
       classifier_hidden=0,
       tie_embeddings=True,
       dtype="float32",
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -121,8 +123,9 @@ def group_1d(x: Array, group_size: int, overlap: int = 0, pad_value=0) -> tuple[
   x = x.reshape(b, t, group_size, *rest)
   valid = valid.reshape(b, t, group_size)
   if overlap:
-    prev = jnp.pad(x[:, :-1, group_size - overlap:], [(0, 0), (1, 0)] + [(0, 0)] * (len(rest) + 1),
-                   constant_values=pad_value)
+    prev = jnp.pad(
+      x[:, :-1, group_size - overlap :], [(0, 0), (1, 0)] + [(0, 0)] * (len(rest) + 1), constant_values=pad_value
+    )
     prev_valid = jnp.arange(t)[:, None].repeat(overlap, 1)[None] > 0
     x = jnp.concatenate([prev, x], axis=2)
     valid = jnp.concatenate([jnp.broadcast_to(prev_valid, (b, t, overlap)), valid], axis=2)
@@ -168,6 +171,7 @@ def group_causal_positions(t: int, m: int) -> Array:
 
 # -- modules ----------------------------------------------------------------------------------------
 
+
 class FeedForwardBlock(nnx.Module):
   """x + MLP(LN(x)): a local layer without self-attention (RIN, the FIT denoiser)."""
 
@@ -182,27 +186,51 @@ class FeedForwardBlock(nnx.Module):
 
 def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
   """The transformer-block settings of one stream (data or latents)."""
-  return ml_collections.ConfigDict(dict(
-      d_model=width, num_heads=heads, num_kv_heads=0, head_dim=0, d_ff=d_ff, norm="layer", mlp="mlp",
-      activation=m.activation, use_bias=m.use_bias, dropout=m.dropout, attention_dropout=m.attention_dropout,
-      window=0, rope=False, rope_max_wavelength=1e4, rope_fraction=1.0))
+  return ml_collections.ConfigDict(
+    dict(
+      d_model=width,
+      num_heads=heads,
+      num_kv_heads=0,
+      head_dim=0,
+      d_ff=d_ff,
+      norm="layer",
+      mlp="mlp",
+      activation=m.activation,
+      use_bias=m.use_bias,
+      dropout=m.dropout,
+      attention_dropout=m.attention_dropout,
+      window=0,
+      rope=False,
+      rope_max_wavelength=1e4,
+      rope_fraction=1.0,
+    )
+  )
 
 
 class FITBlock(nnx.Module):
   """One L(a)G(b) block: local layers, then (b > 0) l2x, global layers and (not last) x2l.
   With model.scan_layers the a local and the b global layers are each one scanned stack."""
 
-  def __init__(self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True,
-               dtype, rngs: nnx.Rngs):
+  def __init__(
+    self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True, dtype, rngs: nnx.Rngs
+  ):
     xm = stack_config(m, m.d_model, m.num_heads, m.d_ff)
     lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff)
-    make_local = ((lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs)) if local_attention
-                  else (lambda: FeedForwardBlock(xm, dtype=dtype, rngs=rngs)))
+    make_local = (
+      (lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs))
+      if local_attention
+      else (lambda: FeedForwardBlock(xm, dtype=dtype, rngs=rngs))
+    )
     scan = m.get("scan_layers", False)
     self.local = stack.make_layers(make_local, local, scan=scan)
     self.global_layers = stack.make_layers(lambda: Block(lm, causal=causal, dtype=dtype, rngs=rngs), global_, scan=scan)
-    cross = dict(heads=min(m.num_heads, m.latent_heads), width=min(m.d_model, m.d_latent), use_bias=m.use_bias,
-                 dtype=dtype, rngs=rngs)
+    cross = dict(
+      heads=min(m.num_heads, m.latent_heads),
+      width=min(m.d_model, m.d_latent),
+      use_bias=m.use_bias,
+      dtype=dtype,
+      rngs=rngs,
+    )
     self.l2x = CrossAttention(m.d_latent, m.d_model, **cross) if global_ else None
     self.x2l = CrossAttention(m.d_model, m.d_latent, **cross) if global_ and not last else None
 
@@ -213,14 +241,23 @@ def validate_widths(m) -> None:
     if m[width] % m[heads]:
       raise ConfigError(f"model.{width} {m[width]} is not a multiple of model.{heads} {m[heads]}.")
   if min(m.d_model, m.d_latent) % min(m.num_heads, m.latent_heads):
-    raise ConfigError("the cross-attention width min(d_model, d_latent) is not a multiple of "
-                      "min(num_heads, latent_heads).")
+    raise ConfigError(
+      "the cross-attention width min(d_model, d_latent) is not a multiple of min(num_heads, latent_heads)."
+    )
 
 
 def validate_config(config) -> None:
   m = config.model
-  for key in ("vocab_size", "d_model", "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff",
-              "latents_per_group"):
+  for key in (
+    "vocab_size",
+    "d_model",
+    "num_heads",
+    "d_ff",
+    "d_latent",
+    "latent_heads",
+    "latent_d_ff",
+    "latents_per_group",
+  ):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
   validate_widths(m)
@@ -235,8 +272,10 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.max_len {m.max_len} is shorter than train.seq_len {config.train.seq_len}.")
   if m.grouping == "2d":
     if causal:
-      raise ConfigError("FIT-AR groups a 1-D sequence (model.grouping '1d'); order the pixels by patches in "
-                        "the data (data.order 'patches') instead.")
+      raise ConfigError(
+        "FIT-AR groups a 1-D sequence (model.grouping '1d'); order the pixels by patches in "
+        "the data (data.order 'patches') instead."
+      )
     side = math.isqrt(seq_len // m.image_channels)
     if side * side * m.image_channels != seq_len:
       raise ConfigError(f"sequence length {seq_len} is not a square image of {m.image_channels} channels.")
@@ -263,7 +302,7 @@ class Model(nnx.Module):
     self.overlap, self.m = m.overlap, m.latents_per_group
     if m.grouping == "2d":
       self.side = math.isqrt(self.max_len // m.image_channels)
-      self.group_size = m.group_side ** 2 * m.image_channels
+      self.group_size = m.group_side**2 * m.image_channels
     else:
       self.side, self.group_size = 0, m.group_size
     self.max_groups = -(-self.max_len // self.group_size)
@@ -275,18 +314,30 @@ class Model(nnx.Module):
     self.latents = param(rngs, normal, (self.max_groups * self.m, m.d_latent), (None, "embed"))
     self.embed_dropout = nnx.Dropout(m.dropout)
     self.remat = m.get("remat", "none")
-    self.blocks = nnx.List([FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype,
-                                     rngs=rngs) for i, (a, b) in enumerate(self.spec)])
+    self.blocks = nnx.List(
+      [
+        FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype, rngs=rngs)
+        for i, (a, b) in enumerate(self.spec)
+      ]
+    )
     self.final_norm = LayerNorm(m.d_model, rngs=rngs)
-    self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,
-                         pooling=m.pooling, hidden=m.classifier_hidden,
-                         embed=self.embed if m.tie_embeddings and self.causal else None, dtype=self.dtype,
-                         rngs=rngs)
+    self.head = TaskHead(
+      config.task,
+      m.d_model,
+      vocab_size=m.vocab_size,
+      num_classes=m.num_classes,
+      pooling=m.pooling,
+      hidden=m.classifier_hidden,
+      embed=self.embed if m.tie_embeddings and self.causal else None,
+      dtype=self.dtype,
+      rngs=rngs,
+    )
 
   # -- forward ----------------------------------------------------------------------------------
 
-  def __call__(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> Array:
     """inputs int32[B,L] (retrieval [B,2,L]), mask bool (False = padding), segment_ids int[B,L]:
     the documents of a packed row (see `forward_groups`) -> logits."""
     if self.task == "retrieval":
@@ -299,8 +350,9 @@ class Model(nnx.Module):
     b = x.shape[0]
     return self.head(x.reshape(b, -1, x.shape[-1]), valid.reshape(b, -1))
 
-  def encode(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-             rngs: nnx.Rngs | None = None) -> tuple[Array, Array]:
+  def encode(
+    self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> tuple[Array, Array]:
     """Final data features [B,L,D] of inputs int32[B,L], in input order, and valid bool[B,L]."""
     x, valid = self.grouped_features(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
     return self.ungroup(x, inputs.shape[1]), self.ungroup(valid, inputs.shape[1])
@@ -310,11 +362,12 @@ class Model(nnx.Module):
     if self.grouping == "2d":
       side = math.isqrt(length // self.channels)
       return ungroup_2d(x, side, self.channels, self.group_side)
-    x = x[:, :, self.overlap:]
+    x = x[:, :, self.overlap :]
     return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
 
-  def grouped_features(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-                       rngs: nnx.Rngs | None = None) -> tuple[Array, Array]:
+  def grouped_features(
+    self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> tuple[Array, Array]:
     """inputs int32[B,L] -> (final data features [B,t,k+n,D], valid bool[B,t,k+n]) by group."""
     length = inputs.shape[1]
     if length > self.max_len:
@@ -327,8 +380,7 @@ class Model(nnx.Module):
       if side * side * self.channels != length or side % self.group_side:
         raise ValueError(f"input length {length} is not a square image of side divisible by {self.group_side}.")
       tokens = group_2d(inputs, side, self.channels, self.group_side)
-      valid = (jnp.ones(tokens.shape, bool) if mask is None
-               else group_2d(mask, side, self.channels, self.group_side))
+      valid = jnp.ones(tokens.shape, bool) if mask is None else group_2d(mask, side, self.channels, self.group_side)
     else:
       tokens, valid = group_1d(inputs, self.group_size, self.overlap)
       if mask is not None:
@@ -338,8 +390,9 @@ class Model(nnx.Module):
         segments = group_1d(segment_ids.astype(jnp.int32), self.group_size, self.overlap, pad_value=-1)[0]
     return self.forward_groups(tokens, valid, segments=segments, rngs=rngs), valid
 
-  def forward_groups(self, tokens: Array, valid: Array, *, segments: Array | None = None,
-                     rngs: nnx.Rngs | None = None) -> Array:
+  def forward_groups(
+    self, tokens: Array, valid: Array, *, segments: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> Array:
     """tokens int32[B,t,k+n] (valid: bool, False = padding) -> final data features [B,t,k+n,D].
 
     segments int32[B,t,k+n]: document ids of a packed row, grouped like the tokens (-1 on the
@@ -365,7 +418,7 @@ class Model(nnx.Module):
     local_pos = jnp.arange(n)
     local_kw, global_kw = {}, {}
     if segments is None:
-      latents = jnp.broadcast_to(table[:t * m], (b, t * m, table.shape[-1]))
+      latents = jnp.broadcast_to(table[: t * m], (b, t * m, table.shape[-1]))
     else:
       own = segments[:, :, k:]  # the group's own tokens (FIT-AR's prefix slots belong to the group before)
       # docs [B,t]: the one document each group's latents serve (FIT-AR: the group's last; encoder: its first)
@@ -383,16 +436,24 @@ class Model(nnx.Module):
       x2l_mask = jnp.concatenate([jnp.broadcast_to(reads, (b * t, n, m)), ~reads], axis=-1)
     local_mask = valid.reshape(b * t, n)
     for blk in self.blocks:
-      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=local_mask, rngs=r,
-                                                              **local_kw),
-                      remat=self.remat, rngs=rngs)
+      x = stack.apply(
+        blk.local,
+        x,
+        lambda layer, x, r: layer(x, positions=local_pos, mask=local_mask, rngs=r, **local_kw),
+        remat=self.remat,
+        rngs=rngs,
+      )
       if blk.l2x is None:
         continue
       lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
       latents = lat.reshape(b, t * m, -1)
-      latents = stack.apply(blk.global_layers, latents,
-                            lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r, **global_kw),
-                            remat=self.remat, rngs=rngs)
+      latents = stack.apply(
+        blk.global_layers,
+        latents,
+        lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r, **global_kw),
+        remat=self.remat,
+        rngs=rngs,
+      )
       if blk.x2l is None:
         continue
       grouped = latents.reshape(b, t, m, -1)
@@ -414,19 +475,27 @@ class Model(nnx.Module):
     if not self.causal:
       raise ValueError(f"decoding needs FIT-AR (task lm / image_ar); task {self.task!r} builds an encoder.")
     if max_len > self.max_groups * self.group_size:
-      raise ValueError(f"max_len {max_len} exceeds the latent table ({self.max_groups} groups of "
-                       f"{self.group_size} tokens).")
+      raise ValueError(
+        f"max_len {max_len} exceeds the latent table ({self.max_groups} groups of {self.group_size} tokens)."
+      )
     groups = -(-max_len // self.group_size)
     width = self.overlap + self.group_size
     zeros = jnp.zeros((batch_size, self.m, self.latents.shape[-1]), self.dtype)
-    state = {"index": jnp.zeros((), jnp.int32), "prefix": jnp.zeros((batch_size, self.overlap), jnp.int32),
-             "local": [], "group_x": [], "prev_kv": [], "global": []}
+    state = {
+      "index": jnp.zeros((), jnp.int32),
+      "prefix": jnp.zeros((batch_size, self.overlap), jnp.int32),
+      "local": [],
+      "group_x": [],
+      "prev_kv": [],
+      "global": [],
+    }
     for blk in self.blocks:
       state["local"].append([layer.attn.init_cache(batch_size, width, self.dtype) for layer in blk.local])
       if blk.l2x is not None:
         state["group_x"].append(jnp.zeros((batch_size, width, self.embed.embedding.shape[-1]), self.dtype))
-        state["global"].append([layer.attn.init_cache(batch_size, groups * self.m, self.dtype)
-                                for layer in blk.global_layers])
+        state["global"].append(
+          [layer.attn.init_cache(batch_size, groups * self.m, self.dtype) for layer in blk.global_layers]
+        )
       if blk.x2l is not None:
         state["prev_kv"].append(blk.x2l.kv(zeros))  # group 0 reads zero latents
     return state
@@ -470,11 +539,15 @@ class Model(nnx.Module):
       if blk.x2l is not None:
         prev_kv.append(blk.x2l.kv(lat))
       j += 1
-    state = {**state, "prev_kv": prev_kv, "global": global_caches,
-             "local": [[{**c, "pos": jnp.full_like(c["pos"], -1)} for c in caches] for caches in state["local"]]}
+    state = {
+      **state,
+      "prev_kv": prev_kv,
+      "global": global_caches,
+      "local": [[{**c, "pos": jnp.full_like(c["pos"], -1)} for c in caches] for caches in state["local"]],
+    }
     if self.overlap:
       positions = jnp.arange(self.overlap)
-      x = self.embed(state["prefix"]) + self.data_positions[:self.overlap].astype(self.dtype)
+      x = self.embed(state["prefix"]) + self.data_positions[: self.overlap].astype(self.dtype)
       _, state = self._data_step(x, state, positions)
     return state
 
@@ -488,24 +561,33 @@ class Model(nnx.Module):
     logits = self.head(self.final_norm(x))
     if self.overlap:
       state["prefix"] = jnp.concatenate([state["prefix"][:, 1:], tokens.astype(jnp.int32)], axis=1)
-    state = jax.lax.cond(offset == self.group_size - 1, lambda s: self._finish_group(s, index // self.group_size),
-                         lambda s: s, state)
+    state = jax.lax.cond(
+      offset == self.group_size - 1, lambda s: self._finish_group(s, index // self.group_size), lambda s: s, state
+    )
     return logits, {**state, "index": index + 1}
 
 
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = Family(
-    name="fit",
-    model=Model,
-    tasks=("lm", "image_ar", "classify", "retrieval"),
-    capabilities=Capabilities(decode=True),
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/imagenet64/fit_ar.py:tiny,overlap", data="imagenet64",
-        causal="configs/imagenet64/fit_ar.py:tiny,overlap", light=("model.layers=L(1)G(1)",),
-        fuzz={"model.group_size": ["8", "16", "5", "0"], "model.latents_per_group": ["1", "4", "0"],
-              "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("],
-              "model.overlap": ["0", "2", "-1", "16"], "model.latent_heads": ["1", "2", "3"], "model.d_latent": ["16", "32", "30"]}),
-    paper_rows=(PaperRow("configs/imagenet64/fit_ar.py", 153e6, "FIT Table 4, FIT-AR (ImageNet64)"),),
+  name="fit",
+  model=Model,
+  tasks=("lm", "image_ar", "classify", "retrieval"),
+  capabilities=Capabilities(decode=True),
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/imagenet64/fit_ar.py:tiny,overlap",
+    data="imagenet64",
+    causal="configs/imagenet64/fit_ar.py:tiny,overlap",
+    light=("model.layers=L(1)G(1)",),
+    fuzz={
+      "model.group_size": ["8", "16", "5", "0"],
+      "model.latents_per_group": ["1", "4", "0"],
+      "model.layers": ["L(1)G(1)L(1)", "L(2)", "G(1)", "L(1)X(2)", "L("],
+      "model.overlap": ["0", "2", "-1", "16"],
+      "model.latent_heads": ["1", "2", "3"],
+      "model.d_latent": ["16", "32", "30"],
+    },
+  ),
+  paper_rows=(PaperRow("configs/imagenet64/fit_ar.py", 153e6, "FIT Table 4, FIT-AR (ImageNet64)"),),
 )

@@ -28,41 +28,43 @@ from flax import nnx
 
 from lra_core import diffusion
 from lra_core.errors import ConfigError
-from lra_core.protocol import Capabilities, Family, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
 from lra_core.models.blocks.positions import sinusoid
 from lra_core.models.fit import FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
+from lra_core.protocol import Capabilities, Family, Smoke
 
 Array = jax.Array
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(dict(
+  c = ml_collections.ConfigDict(
+    dict(
       name="fit_denoiser",
-      image_size=64,           # S: images are S x S x image_channels
+      image_size=64,  # S: images are S x S x image_channels
       image_channels=3,
-      patch_size=8,            # p: one data token per p x p patch
-      num_groups=4,            # square number of sub-images (groups); 1 = RIN
-      latents_per_group=32,    # m
+      patch_size=8,  # p: one data token per p x p patch
+      num_groups=4,  # square number of sub-images (groups); 1 = RIN
+      latents_per_group=32,  # m
       layers="L(0)G(4)L(1)G(4)L(1)G(4)L(1)G(4)L(1)",
-      local_attention=False,   # self-attention in the local layers (off: RIN / FIT-denoiser)
-      d_model=512,             # data tokens
+      local_attention=False,  # self-attention in the local layers (off: RIN / FIT-denoiser)
+      d_model=512,  # data tokens
       num_heads=16,
       d_ff=2048,
-      d_latent=768,            # latents
+      d_latent=768,  # latents
       latent_heads=16,
       latent_d_ff=3072,
-      num_classes=0,           # > 0: class-conditional (a label token beside the noise level)
-      self_condition=True,     # latent self-conditioning
-      time_scale=1000.0,       # the noise level is embedded as a sinusoid of gamma * time_scale
+      num_classes=0,  # > 0: class-conditional (a label token beside the noise level)
+      self_condition=True,  # latent self-conditioning
+      time_scale=1000.0,  # the noise level is embedded as a sinusoid of gamma * time_scale
       activation="gelu",
       use_bias=True,
       dropout=0.0,
       attention_dropout=0.0,
       dtype="float32",
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -118,8 +120,7 @@ class LatentSelfCondition(nnx.Module):
 
   def __init__(self, m, *, dtype, rngs: nnx.Rngs):
     self.mlp_norm = LayerNorm(m.d_latent, rngs=rngs)
-    self.mlp = MLP(m.d_latent, m.latent_d_ff, activation=m.activation, use_bias=m.use_bias, dtype=dtype,
-                   rngs=rngs)
+    self.mlp = MLP(m.d_latent, m.latent_d_ff, activation=m.activation, use_bias=m.use_bias, dtype=dtype, rngs=rngs)
     self.out_norm = LayerNorm(m.d_latent, rngs=rngs)
     self.out_norm.scale = param(rngs, jax.nn.initializers.zeros, (m.d_latent,), ("embed",))
 
@@ -130,35 +131,54 @@ class LatentSelfCondition(nnx.Module):
 
 def validate_config(config) -> None:
   m = config.model
-  for key in ("image_size", "image_channels", "patch_size", "num_groups", "latents_per_group", "d_model",
-              "num_heads", "d_ff", "d_latent", "latent_heads", "latent_d_ff"):
+  for key in (
+    "image_size",
+    "image_channels",
+    "patch_size",
+    "num_groups",
+    "latents_per_group",
+    "d_model",
+    "num_heads",
+    "d_ff",
+    "d_latent",
+    "latent_heads",
+    "latent_d_ff",
+  ):
     if not isinstance(m[key], int) or m[key] <= 0:
       raise ConfigError(f"model.{key} must be a positive integer, got {m[key]!r}.")
   validate_widths(m)
   if m.d_latent % 8:
-    raise ConfigError(f"model.d_latent {m.d_latent} is not a multiple of 8 (the noise level embedding "
-                      f"uses d_latent / 4 sinusoid channels, half sine and half cosine).")
+    raise ConfigError(
+      f"model.d_latent {m.d_latent} is not a multiple of 8 (the noise level embedding "
+      f"uses d_latent / 4 sinusoid channels, half sine and half cosine)."
+    )
   if m.activation not in ACTIVATIONS:
     raise ConfigError(f"model.activation {m.activation!r} is not one of {sorted(ACTIVATIONS)}.")
   if m.num_classes < 0:
     raise ConfigError(f"model.num_classes must be >= 0 (0: unconditional), got {m.num_classes}.")
   blocks = parse_layers(m.layers)
   if blocks[-1][1]:
-    raise ConfigError(f"model.layers {m.layers!r} ends with global layers, whose latents never reach the "
-                      f"data tokens the denoiser outputs; end with a local block such as L(1).")
+    raise ConfigError(
+      f"model.layers {m.layers!r} ends with global layers, whose latents never reach the "
+      f"data tokens the denoiser outputs; end with a local block such as L(1)."
+    )
   if m.image_size % m.patch_size:
     raise ConfigError(f"model.patch_size {m.patch_size} does not divide model.image_size {m.image_size}.")
   side, groups_side, _ = patch_grid(m)
-  if groups_side ** 2 != m.num_groups:
+  if groups_side**2 != m.num_groups:
     raise ConfigError(f"model.num_groups {m.num_groups} is not a square number of sub-images (1, 4, 16, ...).")
   if side % groups_side:
-    raise ConfigError(f"the {side}x{side} patch grid (model.image_size {m.image_size} / model.patch_size "
-                      f"{m.patch_size}) does not split into {groups_side}x{groups_side} groups "
-                      f"(model.num_groups {m.num_groups}).")
-  seq_len = m.image_size ** 2 * m.image_channels
+    raise ConfigError(
+      f"the {side}x{side} patch grid (model.image_size {m.image_size} / model.patch_size "
+      f"{m.patch_size}) does not split into {groups_side}x{groups_side} groups "
+      f"(model.num_groups {m.num_groups})."
+    )
+  seq_len = m.image_size**2 * m.image_channels
   if config.train.seq_len != seq_len:
-    raise ConfigError(f"train.seq_len {config.train.seq_len} is not the {seq_len} pixel values of a "
-                      f"{m.image_size}x{m.image_size}x{m.image_channels} image (model.image_size).")
+    raise ConfigError(
+      f"train.seq_len {config.train.seq_len} is not the {seq_len} pixel values of a "
+      f"{m.image_size}x{m.image_size}x{m.image_channels} image (model.image_size)."
+    )
   diffusion.validate_config(config)
 
 
@@ -170,31 +190,48 @@ class Model(nnx.Module):
     self.dtype = jnp.dtype(m.dtype)
     self.side, self.channels, self.patch_size = m.image_size, m.image_channels, m.patch_size
     _, groups_side, self.group_patches = patch_grid(m)
-    self.num_groups, self.m = groups_side ** 2, m.latents_per_group
+    self.num_groups, self.m = groups_side**2, m.latents_per_group
     self.self_condition = m.self_condition
     self.spec = tuple(parse_layers(m.layers))
-    patch_dim = m.patch_size ** 2 * m.image_channels
+    patch_dim = m.patch_size**2 * m.image_channels
     normal = jax.nn.initializers.truncated_normal(0.02)
     kw = dict(use_bias=True, dtype=self.dtype, rngs=rngs)
     self.stem = Dense(patch_dim, m.d_model, axes=(None, "embed"), **kw)
     self.stem_norm = LayerNorm(m.d_model, rngs=rngs)
     # One data position table shared by all groups; one latent table for all groups' latents.
-    self.data_positions = param(rngs, normal, (self.group_patches ** 2, m.d_model), (None, "embed"))
+    self.data_positions = param(rngs, normal, (self.group_patches**2, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.num_groups * self.m, m.d_latent), (None, "embed"))
     self.time_embed = ScalarEmbedding(m.d_latent, scale=m.time_scale, dtype=self.dtype, rngs=rngs)
     self.null_label = diffusion.null_label(config)  # None, or the extra label row of the null class
     rows = m.num_classes + (self.null_label is not None)
-    self.label_embed = (Embed(rows, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs)
-                        if m.num_classes else None)
+    self.label_embed = (
+      Embed(rows, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs) if m.num_classes else None
+    )
     self.latent_prev = LatentSelfCondition(m, dtype=self.dtype, rngs=rngs) if m.self_condition else None
     last = len(self.spec) - 1
     self.remat = m.get("remat", "none")
-    self.blocks = nnx.List([FITBlock(m, a, b, last=i == last, causal=False, local_attention=m.local_attention,
-                                     dtype=self.dtype, rngs=rngs) for i, (a, b) in enumerate(self.spec)])
+    self.blocks = nnx.List(
+      [
+        FITBlock(m, a, b, last=i == last, causal=False, local_attention=m.local_attention, dtype=self.dtype, rngs=rngs)
+        for i, (a, b) in enumerate(self.spec)
+      ]
+    )
     # l2c: latents read the condition tokens, one cross-attention per block with global layers.
-    self.l2c = nnx.List([CrossAttention(m.d_latent, m.d_latent, heads=m.latent_heads, width=m.d_latent,
-                                        use_bias=m.use_bias, dtype=self.dtype, rngs=rngs)
-                         for _, b in self.spec if b])
+    self.l2c = nnx.List(
+      [
+        CrossAttention(
+          m.d_latent,
+          m.d_latent,
+          heads=m.latent_heads,
+          width=m.d_latent,
+          use_bias=m.use_bias,
+          dtype=self.dtype,
+          rngs=rngs,
+        )
+        for _, b in self.spec
+        if b
+      ]
+    )
     self.out_norm = LayerNorm(m.d_model, rngs=rngs)
     self.out = Dense(m.d_model, patch_dim, axes=("embed", None), **kw)
 
@@ -211,8 +248,15 @@ class Model(nnx.Module):
       tokens.append(self.label_embed(labels)[:, None])
     return jnp.concatenate(tokens, axis=1).astype(self.dtype)
 
-  def __call__(self, x_t: Array, gamma: Array, *, labels: Array | None = None,
-               latents_prev: Array | None = None, rngs: nnx.Rngs | None = None) -> tuple[Array, Array]:
+  def __call__(
+    self,
+    x_t: Array,
+    gamma: Array,
+    *,
+    labels: Array | None = None,
+    latents_prev: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> tuple[Array, Array]:
     b = x_t.shape[0]
     expected = (b, self.side, self.side, self.channels)
     if x_t.shape != expected:
@@ -236,16 +280,21 @@ class Model(nnx.Module):
     local_pos, global_pos = jnp.arange(n), jnp.arange(t * m)
     j = 0
     for blk in self.blocks:
-      x = stack.apply(blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=None, rngs=r),
-                      remat=self.remat, rngs=rngs)
+      x = stack.apply(
+        blk.local, x, lambda layer, x, r: layer(x, positions=local_pos, mask=None, rngs=r), remat=self.remat, rngs=rngs
+      )
       if blk.l2x is None:
         continue
       latents = blk.l2x(latents.reshape(b * t, m, -1), x).reshape(b, t * m, -1)
       latents = self.l2c[j](latents, kv=cond_kv[j])
       j += 1
-      latents = stack.apply(blk.global_layers, latents,
-                            lambda layer, x, r: layer(x, positions=global_pos, mask=None, rngs=r),
-                            remat=self.remat, rngs=rngs)
+      latents = stack.apply(
+        blk.global_layers,
+        latents,
+        lambda layer, x, r: layer(x, positions=global_pos, mask=None, rngs=r),
+        remat=self.remat,
+        rngs=rngs,
+      )
       if blk.x2l is not None:
         x = blk.x2l(x, latents.reshape(b * t, m, -1))
     out = self.out(self.out_norm(x)).reshape(tokens.shape).astype(jnp.float32)
@@ -255,19 +304,32 @@ class Model(nnx.Module):
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = Family(
-    name="fit_denoiser",
-    model=Model,
-    tasks=("diffusion",),
-    capabilities=Capabilities(self_condition=True),
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/imagenet64/fit_denoiser.py:tiny", data="imagenet64",
-        overrides=("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
-                   "model.layers=L(1)G(2)L(1)"),
-        light=("model.layers=L(1)G(1)L(1)",),
-        fuzz={"model.patch_size": ["2", "4", "3", "0"], "model.num_groups": ["1", "4", "3"],
-              "model.latents_per_group": ["2", "4", "0"], "model.layers": ["L(1)G(1)L(1)", "L(1)G(1)", "L("],
-              "model.self_condition": ["true", "false"], "diffusion.pred_type": ["eps", "x0", "v", "bogus"],
-              "diffusion.sampler": ["ddim", "ddpm", "ddpm@small", "ddpm@tiny"],
-              "diffusion.cond_dropout": ["0.0", "0.1", "1.0"], "diffusion.guidance": ["0.0", "-1.0"]}),
+  name="fit_denoiser",
+  model=Model,
+  tasks=("diffusion",),
+  capabilities=Capabilities(self_condition=True),
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/imagenet64/fit_denoiser.py:tiny",
+    data="imagenet64",
+    overrides=(
+      "model.d_model=32",
+      "model.d_latent=32",
+      "model.d_ff=64",
+      "model.latent_d_ff=64",
+      "model.layers=L(1)G(2)L(1)",
+    ),
+    light=("model.layers=L(1)G(1)L(1)",),
+    fuzz={
+      "model.patch_size": ["2", "4", "3", "0"],
+      "model.num_groups": ["1", "4", "3"],
+      "model.latents_per_group": ["2", "4", "0"],
+      "model.layers": ["L(1)G(1)L(1)", "L(1)G(1)", "L("],
+      "model.self_condition": ["true", "false"],
+      "diffusion.pred_type": ["eps", "x0", "v", "bogus"],
+      "diffusion.sampler": ["ddim", "ddpm", "ddpm@small", "ddpm@tiny"],
+      "diffusion.cond_dropout": ["0.0", "0.1", "1.0"],
+      "diffusion.guidance": ["0.0", "-1.0"],
+    },
+  ),
 )

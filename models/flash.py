@@ -48,24 +48,24 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import PaperRow, Smoke
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.layers import Dense, param, silu
 from lra_core.models.blocks.positions import RelativePositionBias, apply_rope
+from lra_core.protocol import PaperRow, Smoke
 
 Array = jax.Array
 
 # gau: GAU blocks (no MLP); local / linear: the two parts of mixed chunk attention; chunked:
 # False = one chunk of max_len (FLASH-Quad's quadratic attention).
 VARIANTS = {
-    "flash_quad": dict(gau=True, local=True, linear=False, chunked=False),
-    "flash": dict(gau=True, local=True, linear=True, chunked=True),
-    "flash_local": dict(gau=True, local=True, linear=False, chunked=True),
-    "flash_global": dict(gau=True, local=False, linear=True, chunked=True),
-    "mc_transformer++": dict(gau=False, local=True, linear=True, chunked=True),
-    "performer": dict(gau=False, local=False, linear=True, chunked=True),
+  "flash_quad": dict(gau=True, local=True, linear=False, chunked=False),
+  "flash": dict(gau=True, local=True, linear=True, chunked=True),
+  "flash_local": dict(gau=True, local=True, linear=False, chunked=True),
+  "flash_global": dict(gau=True, local=False, linear=True, chunked=True),
+  "mc_transformer++": dict(gau=False, local=True, linear=True, chunked=True),
+  "performer": dict(gau=False, local=False, linear=True, chunked=True),
 }
 GAU_INIT = jax.nn.initializers.normal(0.02)
 # FLASH (Global Only) of Figure 7 uses chunks of 64, not 256: "more local summaries for the global
@@ -79,24 +79,26 @@ def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDi
     raise ConfigError(f"flash variant {variant!r} is not one of {sorted(VARIANTS)}.")
   gau = VARIANTS[variant]["gau"]
   c = transformer.model_config("transformer++" if variant == "mc_transformer++" else "transformer+")
-  c.update(dict(
+  c.update(
+    dict(
       name="flash",
       variant=variant,
       vocab_size=32128,
       d_model=768,
       num_layers=24 if gau else 12,  # GAUs, or attention + MLP blocks
-      num_heads=12,                  # multi-head variants
+      num_heads=12,  # multi-head variants
       d_ff=2 * 3072 // 3 if variant == "mc_transformer++" else 3072,
       mlp="none" if gau else c.mlp,
       activation="silu" if gau else "gelu",
-      expansion=2,                   # GAU: e = expansion x d_model
-      qk_dim=128,                    # GAU: s, the shared width of z, q and k
+      expansion=2,  # GAU: e = expansion x d_model
+      qk_dim=128,  # GAU: s, the shared width of z, q and k
       chunk=GLOBAL_ONLY_CHUNK if variant == "flash_global" else 256,  # C (Table 6: 256; PG-19: 512)
-      rel_bias="auto",               # GAU relative bias: auto | toeplitz | rope | none
-      global_norm="mean",            # cross-chunk sum divided by the chunks summed (Codes 7-8), or "sum"
-      impl="xla",                    # attention core: one of kernels.flash.IMPLS
+      rel_bias="auto",  # GAU relative bias: auto | toeplitz | rope | none
+      global_norm="mean",  # cross-chunk sum divided by the chunks summed (Codes 7-8), or "sum"
+      impl="xla",  # attention core: one of kernels.flash.IMPLS
       tie_embeddings=True,
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -114,14 +116,15 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.chunk must be positive for variant {m.variant!r}, got {m.chunk}.")
   if v["gau"]:
     if m.mlp != "none":
-      raise ConfigError(f"model.mlp must be 'none' for GAU variants (a GAU is attention and MLP in one), "
-                        f"got {m.mlp!r}.")
+      raise ConfigError(
+        f"model.mlp must be 'none' for GAU variants (a GAU is attention and MLP in one), got {m.mlp!r}."
+      )
     if m.expansion <= 0 or m.qk_dim <= 0 or m.qk_dim % 2:
-      raise ConfigError(f"model.expansion must be positive and model.qk_dim positive and even (RoPE), got "
-                        f"{m.expansion} and {m.qk_dim}.")
+      raise ConfigError(
+        f"model.expansion must be positive and model.qk_dim positive and even (RoPE), got {m.expansion} and {m.qk_dim}."
+      )
     if m.rel_bias not in RelativePositionBias.KINDS + ("none",):
-      raise ConfigError(f"model.rel_bias {m.rel_bias!r} is not one of "
-                        f"{list(RelativePositionBias.KINDS + ('none',))}.")
+      raise ConfigError(f"model.rel_bias {m.rel_bias!r} is not one of {list(RelativePositionBias.KINDS + ('none',))}.")
   elif m.num_kv_heads not in (0, m.num_heads):
     raise ConfigError(f"variant {m.variant!r} needs multi-head attention: model.num_kv_heads must be 0.")
   c = ml_collections.ConfigDict(config.to_dict())  # the shared fields, checked by the transformer's rules
@@ -147,8 +150,11 @@ class GAU(nnx.Module):
     heads = 2 * self.local + 2 * self.linear  # quad_q, quad_k, lin_q, lin_k
     self.gamma = param(rngs, GAU_INIT, (heads, s), (None, None))
     self.beta = param(rngs, jax.nn.initializers.zeros, (heads, s), (None, None))
-    self.rel_bias = (RelativePositionBias(self.chunk, kind=m.rel_bias, width=s, rngs=rngs)
-                     if self.local and m.rel_bias != "none" else None)
+    self.rel_bias = (
+      RelativePositionBias(self.chunk, kind=m.rel_bias, width=s, rngs=rngs)
+      if self.local and m.rel_bias != "none"
+      else None
+    )
 
   def _project(self, x: Array, positions: Array) -> tuple[Array, Array, list[Array | None]]:
     """-> u, v [B,T,1,E] and quad_q, quad_k, lin_q, lin_k [B,T,1,S] (None where unused)."""
@@ -156,7 +162,7 @@ class GAU(nnx.Module):
     u, v, z = jnp.split(uvz, [self.e, 2 * self.e], axis=-1)
     heads = z[..., None, :] * self.gamma[...].astype(z.dtype) + self.beta[...].astype(z.dtype)  # [B,T,n,S]
     heads = apply_rope(heads, positions)
-    parts = [heads[..., i:i + 1, :] for i in range(heads.shape[-2])]
+    parts = [heads[..., i : i + 1, :] for i in range(heads.shape[-2])]
     qk = (parts[:2] if self.local else [None, None]) + (parts[-2:] if self.linear else [None, None])
     return u[..., None, :], v[..., None, :], qk
 
@@ -166,8 +172,15 @@ class GAU(nnx.Module):
     pos = jnp.arange(length)
     return self.rel_bias(pos, pos)
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x [B,T,D]; positions int[T] consecutive, or int[B,T] counted from each document's start;
     mask bool[B,T], False = padding; segments int[B,T]: packed documents, each read on its own
     (kernels.flash.mixed_chunk_attention). The relative bias depends on i - j only, which inside
@@ -176,20 +189,32 @@ class GAU(nnx.Module):
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     u, v, (qq, qk, lq, lk) = self._project(x, positions)
-    y = flash_kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=self.chunk, causal=self.causal,
-                                            quad_scale=self.scale, lin_scale=self.scale,
-                                            bias=self._bias(min(self.chunk, t)), mask=mask, segments=segments,
-                                            global_norm=self.global_norm, impl=self.impl)
+    y = flash_kernels.mixed_chunk_attention(
+      qq,
+      qk,
+      lq,
+      lk,
+      v,
+      chunk=self.chunk,
+      causal=self.causal,
+      quad_scale=self.scale,
+      lin_scale=self.scale,
+      bias=self._bias(min(self.chunk, t)),
+      mask=mask,
+      segments=segments,
+      global_norm=self.global_norm,
+      impl=self.impl,
+    )
     return self.out((u * y)[..., 0, :])
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
     if not self.causal:
       raise ValueError("decoding needs a causal GAU; this layer is bidirectional.")
     if not self.chunked and max_len > self.chunk:
-      raise ValueError(f"max_len {max_len} exceeds the model's max_len {self.chunk} (FLASH-Quad attends to "
-                       "all of it).")
-    return flash_kernels.init_chunk_state(batch_size, 1, self.chunk, self.s, self.e, local=self.local,
-                                          linear=self.linear, dtype=dtype)
+      raise ValueError(f"max_len {max_len} exceeds the model's max_len {self.chunk} (FLASH-Quad attends to all of it).")
+    return flash_kernels.init_chunk_state(
+      batch_size, 1, self.chunk, self.s, self.e, local=self.local, linear=self.linear, dtype=dtype
+    )
 
   def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
     """One step. x [B,1,D] at `position` -> y [B,1,D], next cache (constant size when chunked)."""
@@ -197,9 +222,17 @@ class GAU(nnx.Module):
     row = None
     if self.rel_bias is not None:
       row = self.rel_bias((position % self.chunk)[None], jnp.arange(self.chunk))[0]
-    y, cache = flash_kernels.chunk_step(*(None if a is None else a[:, 0] for a in qk), v[:, 0], cache, position,
-                                        chunk=self.chunk, quad_scale=self.scale, lin_scale=self.scale,
-                                        bias_row=row, global_norm=self.global_norm)
+    y, cache = flash_kernels.chunk_step(
+      *(None if a is None else a[:, 0] for a in qk),
+      v[:, 0],
+      cache,
+      position,
+      chunk=self.chunk,
+      quad_scale=self.scale,
+      lin_scale=self.scale,
+      bias_row=row,
+      global_norm=self.global_norm,
+    )
     return self.out((u * y[:, None])[:, :, 0]), cache
 
 
@@ -214,9 +247,18 @@ class ChunkedAttention(Attention):
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
     head_dim = m.head_dim or m.d_model // m.num_heads
-    super().__init__(m.d_model, m.num_heads, head_dim, causal=causal, rope=m.rope,
-                     rope_max_wavelength=m.rope_max_wavelength, rope_fraction=m.rope_fraction,
-                     use_bias=m.use_bias, dtype=dtype, rngs=rngs)
+    super().__init__(
+      m.d_model,
+      m.num_heads,
+      head_dim,
+      causal=causal,
+      rope=m.rope,
+      rope_max_wavelength=m.rope_max_wavelength,
+      rope_fraction=m.rope_fraction,
+      use_bias=m.use_bias,
+      dtype=dtype,
+      rngs=rngs,
+    )
     self.chunk, self.performer, self.impl, self.global_norm = m.chunk, m.variant == "performer", m.impl, m.global_norm
     if not self.performer:
       self.gamma = param(rngs, GAU_INIT, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))
@@ -226,20 +268,42 @@ class ChunkedAttention(Attention):
     gamma, beta = self.gamma[...].astype(q.dtype), self.beta[...].astype(q.dtype)
     return q * gamma[0] + beta[0], k * gamma[1] + beta[1]
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x [B,T,D]; positions, mask and segments as in GAU.__call__."""
     del rngs
     positions = jnp.arange(x.shape[1]) if positions is None else positions
     q, k, v = self._qkv(x, positions)
     if self.performer:  # normalised per query: global_norm would cancel, so it does not apply
-      return self.out(flash_kernels.linear_attention(q, k, v, causal=self.causal, chunk=self.chunk, mask=mask,
-                                                     segments=segments, impl=self.impl))
+      return self.out(
+        flash_kernels.linear_attention(
+          q, k, v, causal=self.causal, chunk=self.chunk, mask=mask, segments=segments, impl=self.impl
+        )
+      )
     lq, lk = self._linear_qk(q, k)
-    y = flash_kernels.mixed_chunk_attention(q, k, lq, lk, v, chunk=self.chunk, causal=self.causal,
-                                            quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
-                                            mask=mask, segments=segments, global_norm=self.global_norm,
-                                            kernel="softmax", impl=self.impl)
+    y = flash_kernels.mixed_chunk_attention(
+      q,
+      k,
+      lq,
+      lk,
+      v,
+      chunk=self.chunk,
+      causal=self.causal,
+      quad_scale=self.head_dim**-0.5,
+      lin_scale=1.0 / self.chunk,
+      mask=mask,
+      segments=segments,
+      global_norm=self.global_norm,
+      kernel="softmax",
+      impl=self.impl,
+    )
     return self.out(y)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -254,9 +318,20 @@ class ChunkedAttention(Attention):
       y, cache = flash_kernels.linear_step(q, k, v, cache, position, chunk=self.chunk)
     else:
       lq, lk = self._linear_qk(q, k)
-      y, cache = flash_kernels.chunk_step(q, k, lq, lk, v, cache, position, chunk=self.chunk,
-                                          quad_scale=self.head_dim ** -0.5, lin_scale=1.0 / self.chunk,
-                                          kernel="softmax", global_norm=self.global_norm)
+      y, cache = flash_kernels.chunk_step(
+        q,
+        k,
+        lq,
+        lk,
+        v,
+        cache,
+        position,
+        chunk=self.chunk,
+        quad_scale=self.head_dim**-0.5,
+        lin_scale=1.0 / self.chunk,
+        kernel="softmax",
+        global_norm=self.global_norm,
+      )
     return self.out(y[:, None]), cache
 
 
@@ -280,20 +355,28 @@ class Model(transformer.Model):
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = transformer.mixer_family(
-    "flash", Model,
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/c4/flash.py:tiny", data="c4", causal="configs/c4/flash.py:tiny,lm",
-        light=("model.num_layers=1",),
-        fuzz={"model.chunk": ["4", "16", "5", "0"], "model.expansion": ["1", "2", "0"],
-              "model.qk_dim": ["8", "16", "0"], "model.variant": ["flash", "flash_quad", "flash_local", "nope"],
-              "mlm.mask_rate": ["0.15", "0.0", "1.5"]}),
-    # Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024)
-    paper_rows=(
-        PaperRow("configs/c4/flash.py", 112e6, "FLASH Table 8, FLASH (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/c4/flash_quad.py", 112e6, "FLASH Table 8, FLASH-Quad (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/c4/flash.py:performer", 110e6, "FLASH Table 8, Performer (C4 MLM)", tolerance=0.03),
-        PaperRow("configs/pg19/flash.py", 496e6, "FLASH Table 10, FLASH (PG-19)", tolerance=0.03),
-        PaperRow("configs/pg19/flash.py:flash_quad", 496e6, "FLASH Table 10, FLASH-Quad (PG-19)", tolerance=0.03),
-    ),
+  "flash",
+  Model,
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/c4/flash.py:tiny",
+    data="c4",
+    causal="configs/c4/flash.py:tiny,lm",
+    light=("model.num_layers=1",),
+    fuzz={
+      "model.chunk": ["4", "16", "5", "0"],
+      "model.expansion": ["1", "2", "0"],
+      "model.qk_dim": ["8", "16", "0"],
+      "model.variant": ["flash", "flash_quad", "flash_local", "nope"],
+      "mlm.mask_rate": ["0.15", "0.0", "1.5"],
+    },
+  ),
+  # Tables 8 (C4 masked LM, d 768) and 10 (PG-19, d 1024)
+  paper_rows=(
+    PaperRow("configs/c4/flash.py", 112e6, "FLASH Table 8, FLASH (C4 MLM)", tolerance=0.03),
+    PaperRow("configs/c4/flash_quad.py", 112e6, "FLASH Table 8, FLASH-Quad (C4 MLM)", tolerance=0.03),
+    PaperRow("configs/c4/flash.py:performer", 110e6, "FLASH Table 8, Performer (C4 MLM)", tolerance=0.03),
+    PaperRow("configs/pg19/flash.py", 496e6, "FLASH Table 10, FLASH (PG-19)", tolerance=0.03),
+    PaperRow("configs/pg19/flash.py:flash_quad", 496e6, "FLASH Table 10, FLASH-Quad (PG-19)", tolerance=0.03),
+  ),
 )

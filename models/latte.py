@@ -38,7 +38,6 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import PaperRow, Smoke
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.attention import local_attention
 from lra_core.kernels.segments import segment_starts
@@ -46,18 +45,19 @@ from lra_core.models import transformer
 from lra_core.models.blocks.attention import attend_cache, empty_cache, write_cache
 from lra_core.models.blocks.layers import Dense, RMSNorm, param
 from lra_core.models.blocks.positions import apply_rope, rotate_pairs
+from lra_core.protocol import PaperRow, Smoke
 
 Array = jax.Array
 
 VARIANTS = {
-    "latte": dict(norm="layer", mlp="mlp", mixer="none", window=0, vapor=True),
-    "latte++": dict(norm="rms", mlp="glu", mixer="none", window=0, vapor=True),
-    "latte_conv++": dict(norm="rms", mlp="glu", mixer="conv", window=0, vapor=False),
-    "latte_conv_swa++": dict(norm="rms", mlp="glu", mixer="conv", window=128, vapor=False),
-    "latte_rglru++": dict(norm="rms", mlp="glu", mixer="rglru", window=0, vapor=False),
-    "latte_rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False),
-    # Table 2's baseline: Latte-RGLRU-SWA++ without the latent states
-    "rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False, latent=False),
+  "latte": dict(norm="layer", mlp="mlp", mixer="none", window=0, vapor=True),
+  "latte++": dict(norm="rms", mlp="glu", mixer="none", window=0, vapor=True),
+  "latte_conv++": dict(norm="rms", mlp="glu", mixer="conv", window=0, vapor=False),
+  "latte_conv_swa++": dict(norm="rms", mlp="glu", mixer="conv", window=128, vapor=False),
+  "latte_rglru++": dict(norm="rms", mlp="glu", mixer="rglru", window=0, vapor=False),
+  "latte_rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False),
+  # Table 2's baseline: Latte-RGLRU-SWA++ without the latent states
+  "rglru_swa++": dict(norm="rms", mlp="glu", mixer="rglru", window=128, vapor=False, latent=False),
 }
 MIXERS = ("none", "conv", "rglru")
 
@@ -68,22 +68,23 @@ def model_config(variant: str = "latte", **overrides) -> ml_collections.ConfigDi
     raise ConfigError(f"latte variant {variant!r} is not one of {sorted(VARIANTS)}.")
   # The embedding table as the authors store it (E itself, not E / sqrt(d_model)): the same function, and
   # the same Adam steps on it as theirs.
-  c = transformer.model_config("transformer", position="none", tie_embeddings=True, pooling="mean",
-                               embedding="plain")
-  c.update(dict(
+  c = transformer.model_config("transformer", position="none", tie_embeddings=True, pooling="mean", embedding="plain")
+  c.update(
+    dict(
       name="latte",
       variant=variant,
-      num_latents=128,         # L, split across the heads (L / H each)
-      mixer="none",            # what feeds the latent probabilities: none | conv | rglru
-      conv_kernel=3,           # K of eq. 17
-      rglru_c=8.0,             # Griffin's constant c in a_t = a^(c r_t)
-      vapor=False,             # Value-Acting POsitional Rotations (Appendix B.3)
-      rope=True,               # RoPE on the window attention's q and k (Latte-Macchiato)
-      latent=True,             # the latent attention; False: window attention alone (rglru_swa++)
-      latent_dropout=0.0,      # dropout on p(l|t) in training (the authors' code: the layer dropout rate)
-      chunk=0,                 # time chunk of causal Latte; 0 -> per backend (kernels.latte)
-      impl="xla",              # attention core: one of kernels.latte.IMPLS
-  ))
+      num_latents=128,  # L, split across the heads (L / H each)
+      mixer="none",  # what feeds the latent probabilities: none | conv | rglru
+      conv_kernel=3,  # K of eq. 17
+      rglru_c=8.0,  # Griffin's constant c in a_t = a^(c r_t)
+      vapor=False,  # Value-Acting POsitional Rotations (Appendix B.3)
+      rope=True,  # RoPE on the window attention's q and k (Latte-Macchiato)
+      latent=True,  # the latent attention; False: window attention alone (rglru_swa++)
+      latent_dropout=0.0,  # dropout on p(l|t) in training (the authors' code: the layer dropout rate)
+      chunk=0,  # time chunk of causal Latte; 0 -> per backend (kernels.latte)
+      impl="xla",  # attention core: one of kernels.latte.IMPLS
+    )
+  )
   c.update(VARIANTS[variant])
   c.update(overrides)
   return c
@@ -98,16 +99,21 @@ def validate_config(config) -> None:
   if m.impl not in latte_kernels.IMPLS:
     raise ConfigError(f"model.impl {m.impl!r} is not one of {list(latte_kernels.IMPLS)}.")
   if m.num_latents <= 0 or m.num_latents % m.num_heads:
-    raise ConfigError(f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
-                      f"{m.num_heads} (the latent states are split across heads).")
+    raise ConfigError(
+      f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
+      f"{m.num_heads} (the latent states are split across heads)."
+    )
   if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2 and (m.vapor or m.rope and m.window):
-    raise ConfigError(f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width "
-                      "(VAPOR and RoPE rotate pairs).")
+    raise ConfigError(
+      f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width (VAPOR and RoPE rotate pairs)."
+    )
   if not 0.0 <= m.get("latent_dropout", 0.0) < 1.0:
     raise ConfigError(f"model.latent_dropout must be in [0, 1), got {m.latent_dropout}.")
   if not m.get("latent", True) and (m.window <= 0 or m.vapor):
-    raise ConfigError("model.latent=False (window attention alone) needs model.window > 0 and model.vapor=False "
-                      "(VAPOR rotates the latent part's values).")
+    raise ConfigError(
+      "model.latent=False (window attention alone) needs model.window > 0 and model.vapor=False "
+      "(VAPOR rotates the latent part's values)."
+    )
   if m.mixer == "conv" and m.conv_kernel < 1:
     raise ConfigError(f"model.conv_kernel must be >= 1, got {m.conv_kernel}.")
   if m.chunk < 0:
@@ -123,6 +129,7 @@ def _as_transformer(config):
 
 
 # -- what feeds the latent probabilities (Section 2.4) --------------------------------------------
+
 
 class Conv(nnx.Module):
   """Depthwise 1D convolution y_t = sum_i w_i x_{t-i} + b (eq. 17); centred when bidirectional."""
@@ -141,10 +148,10 @@ class Conv(nnx.Module):
     xp = jnp.pad(x, widths + ((0, 0),))
     w = self.kernel[...].astype(x.dtype)
     # tap i reads x_{t - i} (shifted by k // 2 when centred)
-    tap = lambda i: xp[:, k - 1 - i:k - 1 - i + t]
+    tap = lambda i: xp[:, k - 1 - i : k - 1 - i + t]
     if segments is not None:
       sp, read = jnp.pad(segments, widths, constant_values=-1), tap
-      tap = lambda i: jnp.where((sp[:, k - 1 - i:k - 1 - i + t] == segments)[..., None], read(i), 0)
+      tap = lambda i: jnp.where((sp[:, k - 1 - i : k - 1 - i + t] == segments)[..., None], read(i), 0)
     return sum(tap(i) * w[i] for i in range(k)) + self.bias[...].astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
@@ -152,8 +159,8 @@ class Conv(nnx.Module):
 
   def step(self, x: Array, state: Array) -> tuple[Array, Array]:
     """x [B,D] with the last K-1 inputs [B,K-1,D] (oldest first) -> y [B,D], next state."""
-    window = jnp.concatenate([state, x[:, None]], axis=1)          # x_{t-K+1} .. x_t
-    w = self.kernel[...].astype(x.dtype)[::-1]                     # w_{K-1} .. w_0
+    window = jnp.concatenate([state, x[:, None]], axis=1)  # x_{t-K+1} .. x_t
+    w = self.kernel[...].astype(x.dtype)[::-1]  # w_{K-1} .. w_0
     return (window * w).sum(1) + self.bias[...].astype(x.dtype), window[:, 1:]
 
 
@@ -165,8 +172,9 @@ class RGLRU(nnx.Module):
 
   def __init__(self, features: int, blocks: int, *, c: float, causal: bool, rngs: nnx.Rngs):
     width = features // blocks
-    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
-                                                batch_axis=(0,))
+    init = jax.nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2, batch_axis=(0,)
+    )
     zeros = jax.nn.initializers.zeros
     self.input_gate = param(rngs, init, (blocks, width, width), ("heads", None, None))
     self.input_bias = param(rngs, zeros, (blocks, width), ("heads", None))
@@ -199,9 +207,9 @@ class RGLRU(nnx.Module):
     a_forward = a_backward = a
     if segments is not None:
       starts = segment_starts(segments)
-      a_forward = jnp.where(starts[..., None], 0.0, a)            # h_t = b_t at a first token
+      a_forward = jnp.where(starts[..., None], 0.0, a)  # h_t = b_t at a first token
       ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
-      a_backward = jnp.where(ends[..., None], 0.0, a)             # and, backwards, at a last one
+      a_backward = jnp.where(ends[..., None], 0.0, a)  # and, backwards, at a last one
     h = jax.lax.associative_scan(combine, (a_forward, b), axis=1)[1]
     if not self.causal:
       h = 0.5 * (h + jax.lax.associative_scan(combine, (a_backward, b), axis=1, reverse=True)[1])
@@ -217,6 +225,7 @@ class RGLRU(nnx.Module):
 
 
 # -- the token mixer ---------------------------------------------------------------------------------
+
 
 class LatteAttention(nnx.Module):
   """Latent attention over H heads of L/H latent states; with `window` > 0, Latte-Macchiato; with
@@ -251,9 +260,16 @@ class LatteAttention(nnx.Module):
     self.out = Dense((h, width), d, axes=("heads", "head_dim", "embed"), **kw)
     # VAPOR: a learnable block-diagonal rotation R; R^t acts on the values (eq. 22). Angles start
     # at RoPE's frequencies.
-    self.vapor = (param(rngs, lambda key, shape, dtype: jnp.broadcast_to(
-        1e4 ** (-jnp.arange(shape[1], dtype=dtype) / shape[1]), shape), (h, width // 2), ("heads", None))
-                  if m.vapor else None)
+    self.vapor = (
+      param(
+        rngs,
+        lambda key, shape, dtype: jnp.broadcast_to(1e4 ** (-jnp.arange(shape[1], dtype=dtype) / shape[1]), shape),
+        (h, width // 2),
+        ("heads", None),
+      )
+      if m.vapor
+      else None
+    )
 
   def _rotate(self, x: Array, positions: Array, sign: float) -> Array:
     """x [B,T,H,W] times R^(sign * position)."""
@@ -287,8 +303,15 @@ class LatteAttention(nnx.Module):
       q, k = apply_rope(q, positions), apply_rope(k, positions)
     return q, k
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x: [B,T,D]; positions int[T] or [B,T] (consecutive within a document); mask bool[B,T], False =
     padding (bidirectional); segments int[B,T] document ids of packed rows (kernels/segments.py);
     rngs: the `dropout` stream for latent dropout in training."""
@@ -307,7 +330,7 @@ class LatteAttention(nnx.Module):
     q, k = self.query(y), self.key(y)
     scale = self._latent_scale(q.shape, rngs)
     lq, rotated = (q[..., 1:] if self.window else q), self._rotate(v, positions, -1.0)
-    kw = dict(segments=segments, latent_scale=None if scale is None else scale[..., -lq.shape[-1]:], impl=self.impl)
+    kw = dict(segments=segments, latent_scale=None if scale is None else scale[..., -lq.shape[-1] :], impl=self.impl)
     if self.causal:
       latent = latte_kernels.causal_latte(lq, k, rotated, chunk=self.chunk, **kw)
     else:
@@ -361,18 +384,32 @@ class Model(transformer.Model):
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = transformer.mixer_family(
-    "latte", Model,
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/c4/latte.py:tiny,latte_rglru_swa++", data="c4",
-        causal="configs/c4/latte.py:tiny,latte_rglru_swa++",
-        light=("model.num_layers=1",),
-        fuzz={"model.num_latents": ["4", "8", "0"], "model.chunk": ["1", "4", "5", "0"],
-              "model.num_heads": ["1", "2", "3"], "model.variant": ["latte", "latte++", "macchiato", "bad"],
-              "model.mixer": ["none", "conv", "rglru", "bogus"]}),
-    # Table 1 (OpenWebText, GPT-2 BPE, tied embeddings) at Table 5's sizes
-    paper_rows=tuple(PaperRow(f"configs/c4/latte.py:{variant}", count, f"Latte Table 1, {variant}")
-                     for variant, count in (("latte", 111e6), ("latte++", 140e6), ("latte_conv++", 140e6),
-                                            ("latte_conv_swa++", 153e6), ("latte_rglru++", 139e6),
-                                            ("latte_rglru_swa++", 153e6))),
+  "latte",
+  Model,
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/c4/latte.py:tiny,latte_rglru_swa++",
+    data="c4",
+    causal="configs/c4/latte.py:tiny,latte_rglru_swa++",
+    light=("model.num_layers=1",),
+    fuzz={
+      "model.num_latents": ["4", "8", "0"],
+      "model.chunk": ["1", "4", "5", "0"],
+      "model.num_heads": ["1", "2", "3"],
+      "model.variant": ["latte", "latte++", "macchiato", "bad"],
+      "model.mixer": ["none", "conv", "rglru", "bogus"],
+    },
+  ),
+  # Table 1 (OpenWebText, GPT-2 BPE, tied embeddings) at Table 5's sizes
+  paper_rows=tuple(
+    PaperRow(f"configs/c4/latte.py:{variant}", count, f"Latte Table 1, {variant}")
+    for variant, count in (
+      ("latte", 111e6),
+      ("latte++", 140e6),
+      ("latte_conv++", 140e6),
+      ("latte_conv_swa++", 153e6),
+      ("latte_rglru++", 139e6),
+      ("latte_rglru_swa++", 153e6),
+    )
+  ),
 )

@@ -23,14 +23,24 @@ Array = jax.Array
 def _running_sum(x: Array, starts: Array) -> Array:
   """Inclusive prefix sum of x [B,T,...] over T that restarts where starts bool[B,T] is True."""
   keep = (~starts).astype(x.dtype).reshape(starts.shape + (1,) * (x.ndim - 2))
+
   def combine(first, then):  # affine maps s -> a s + b, `first` applied first
     (a1, b1), (a2, b2) = first, then
     return a1 * a2, a2 * b1 + b2
+
   return jax.lax.associative_scan(combine, (keep, x), axis=1)[1]
 
 
-def linear_attention(q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None = None,
-                     segments: Array | None = None, eps: float = 1e-6) -> Array:
+def linear_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  causal: bool,
+  mask: Array | None = None,
+  segments: Array | None = None,
+  eps: float = 1e-6,
+) -> Array:
   """q, k [B,T,H,Dk], v [B,T,H,Dv], mask bool[B,T] (False = padding), segments int[B,T] (packed
   documents: the sums of phi(k) v^T and phi(k) hold the query's document only; causal, they
   restart at each document's first token) -> [B,T,H,Dv]."""
@@ -65,14 +75,16 @@ class LinearAttention(nnx.Module):
     h, dh = m.num_heads, m.d_model // m.num_heads
     kw = dict(axes=("embed", "heads", "head_dim"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
     self.query, self.key, self.value = (Dense(m.d_model, (h, dh), **kw) for _ in range(3))
-    self.out = Dense((h, dh), m.d_model, axes=("heads", "head_dim", "embed"), use_bias=m.use_bias, dtype=dtype,
-                     rngs=rngs)
+    self.out = Dense(
+      (h, dh), m.d_model, axes=("heads", "head_dim", "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs
+    )
     self.causal, self.shape = causal, (h, dh)
 
   def __call__(self, x: Array, *, positions=None, mask=None, segments=None, rngs=None) -> Array:
     """x [B,T,D]; mask bool[B,T]; segments int[B,T]: packed documents, each summed on its own."""
-    return self.out(linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask,
-                                     segments=segments))
+    return self.out(
+      linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask, segments=segments)
+    )
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
     h, dh = self.shape
@@ -92,12 +104,16 @@ class Model(transformer.Model):
 
 
 FAMILY = Family(
-    name="linear_transformer",
-    model=Model,
-    tasks=transformer.TASKS,
-    capabilities=Capabilities(decode=True),
-    validate_config=transformer.validate_config,
-    smoke=Smoke(config="configs/enwik8/linear_transformer.py:tiny", data="enwik8",
-                causal="configs/enwik8/linear_transformer.py:tiny", light=("model.num_layers=1",),
-                fuzz={"model.num_heads": ["1", "2", "3", "0"], "model.d_model": ["16", "30"]}),
+  name="linear_transformer",
+  model=Model,
+  tasks=transformer.TASKS,
+  capabilities=Capabilities(decode=True),
+  validate_config=transformer.validate_config,
+  smoke=Smoke(
+    config="configs/enwik8/linear_transformer.py:tiny",
+    data="enwik8",
+    causal="configs/enwik8/linear_transformer.py:tiny",
+    light=("model.num_layers=1",),
+    fuzz={"model.num_heads": ["1", "2", "3", "0"], "model.d_model": ["16", "30"]},
+  ),
 )

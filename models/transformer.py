@@ -19,20 +19,20 @@ from flax import nnx
 
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.blocks.positions import AbsolutePositions
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.sharding import constrain
 
 Array = jax.Array
 
 VARIANTS = {
-    "transformer": dict(position="learned", rope=False, mlp="mlp"),
-    "transformer+": dict(position="scaled_sinusoid", rope=True, mlp="mlp"),
-    "transformer++": dict(position="scaled_sinusoid", rope=True, mlp="glu"),
+  "transformer": dict(position="learned", rope=False, mlp="mlp"),
+  "transformer+": dict(position="scaled_sinusoid", rope=True, mlp="mlp"),
+  "transformer++": dict(position="scaled_sinusoid", rope=True, mlp="glu"),
 }
 
 
@@ -40,36 +40,38 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
   """The `config.model` section; `variant` picks position / MLP settings from VARIANTS."""
   if variant not in VARIANTS:
     raise ConfigError(f"transformer variant {variant!r} is not one of {sorted(VARIANTS)}.")
-  c = ml_collections.ConfigDict(dict(
+  c = ml_collections.ConfigDict(
+    dict(
       name="transformer",
       variant=variant,
       vocab_size=256,
-      num_classes=0,           # classification tasks
+      num_classes=0,  # classification tasks
       d_model=256,
       num_layers=4,
       num_heads=4,
-      num_kv_heads=0,          # 0 -> num_heads; 1 -> multi-query attention
-      head_dim=0,              # 0 -> d_model // num_heads
+      num_kv_heads=0,  # 0 -> num_heads; 1 -> multi-query attention
+      head_dim=0,  # 0 -> d_model // num_heads
       d_ff=1024,
-      max_len=0,               # longest position; 0 -> train.seq_len
-      position="learned",      # learned | sinusoid | scaled_sinusoid | none
+      max_len=0,  # longest position; 0 -> train.seq_len
+      position="learned",  # learned | sinusoid | scaled_sinusoid | none
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
-      mlp="mlp",               # mlp | glu | none (blocks that mix and feed forward in one, e.g. GAU)
+      mlp="mlp",  # mlp | glu | none (blocks that mix and feed forward in one, e.g. GAU)
       activation="gelu",
-      norm="layer",            # layer | rms | scale
-      window=0,                # sliding-window attention; 0 -> full
-      dropout=0.0,             # residual and embedding dropout
+      norm="layer",  # layer | rms | scale
+      window=0,  # sliding-window attention; 0 -> full
+      dropout=0.0,  # residual and embedding dropout
       attention_dropout=0.0,
-      pooling="mean",          # classify / retrieval: cls | mean | max
-      classifier_hidden=0,     # 0 -> d_model
+      pooling="mean",  # classify / retrieval: cls | mean | max
+      classifier_hidden=0,  # 0 -> d_model
       tie_embeddings=False,
-      embedding="scaled",      # what the table stores: "scaled" E / sqrt(d_model) (T5's) | "plain" E
+      embedding="scaled",  # what the table stores: "scaled" E / sqrt(d_model) (T5's) | "plain" E
       use_bias=False,
-      parallel_residual=False, # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
-      dtype="float32",         # compute dtype; parameters stay float32
-  ))
+      parallel_residual=False,  # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
+      dtype="float32",  # compute dtype; parameters stay float32
+    )
+  )
   c.update(VARIANTS[variant])
   c.update(overrides)
   return c
@@ -85,14 +87,20 @@ def validate_config(config) -> None:
   if m.get("embedding", "scaled") not in EMBEDDINGS:
     raise ConfigError(f"model.embedding {m.embedding!r} is not one of {list(EMBEDDINGS)}.")
   if not m.head_dim and m.d_model % m.num_heads:
-    raise ConfigError(f"model.d_model {m.d_model} is not a multiple of model.num_heads {m.num_heads} "
-                      "(or set model.head_dim).")
+    raise ConfigError(
+      f"model.d_model {m.d_model} is not a multiple of model.num_heads {m.num_heads} (or set model.head_dim)."
+    )
   if m.num_kv_heads and m.num_heads % m.num_kv_heads:
     raise ConfigError(f"model.num_heads {m.num_heads} is not a multiple of model.num_kv_heads {m.num_kv_heads}.")
   if m.rope and (m.head_dim or m.d_model // m.num_heads) % 2:
     raise ConfigError("RoPE needs an even head dimension.")
-  choices = {"position": AbsolutePositions.KINDS, "mlp": ("mlp", "glu", "none"), "norm": tuple(NORMS),
-             "activation": tuple(ACTIVATIONS), "pooling": POOLING}
+  choices = {
+    "position": AbsolutePositions.KINDS,
+    "mlp": ("mlp", "glu", "none"),
+    "norm": tuple(NORMS),
+    "activation": tuple(ACTIVATIONS),
+    "pooling": POOLING,
+  }
   for key, allowed in choices.items():
     if m[key] not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
@@ -106,10 +114,21 @@ def validate_config(config) -> None:
 
 def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
   head_dim = m.head_dim or m.d_model // m.num_heads
-  return Attention(m.d_model, m.num_heads, head_dim, num_kv_heads=m.num_kv_heads, causal=causal,
-                   window=m.window, rope=m.rope, rope_max_wavelength=m.rope_max_wavelength,
-                   rope_fraction=m.rope_fraction, use_bias=m.use_bias, dropout=m.attention_dropout,
-                   dtype=dtype, rngs=rngs)
+  return Attention(
+    m.d_model,
+    m.num_heads,
+    head_dim,
+    num_kv_heads=m.num_kv_heads,
+    causal=causal,
+    window=m.window,
+    rope=m.rope,
+    rope_max_wavelength=m.rope_max_wavelength,
+    rope_fraction=m.rope_fraction,
+    use_bias=m.use_bias,
+    dropout=m.attention_dropout,
+    dtype=dtype,
+    rngs=rngs,
+  )
 
 
 class Block(nnx.Module):
@@ -129,8 +148,9 @@ class Block(nnx.Module):
       self.mlp_norm = self.mlp = None
     else:
       self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
-      self.mlp = MLP(m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias,
-                     dtype=dtype, rngs=rngs)
+      self.mlp = MLP(
+        m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias, dtype=dtype, rngs=rngs
+      )
     self.dropout = nnx.Dropout(m.dropout)
     self.parallel = bool(m.get("parallel_residual", False))
 
@@ -141,8 +161,9 @@ class Block(nnx.Module):
       return y
     return y + self.dropout(self.mlp(self.mlp_norm(x if self.parallel else y), rngs=rngs), rngs=rngs)
 
-  def __call__(self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None,
-               segments: Array | None = None) -> Array:
+  def __call__(
+    self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None, segments: Array | None = None
+  ) -> Array:
     seg = {} if segments is None else {"segments": segments}
     h = self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs, **seg), rngs=rngs)
     return constrain(self._add_mlp(x, h, rngs), ("batch", "length", "embed"))
@@ -172,36 +193,49 @@ class Model(nnx.Module):
     self.causal = config.task in ("lm", "image_ar")
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or config.train.seq_len
-    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs,
-                       parameterisation=m.get("embedding", "scaled"))
+    self.embed = Embed(
+      m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
+    )
     use_cls = config.task in ("classify", "retrieval") and m.pooling == "cls"
     # The CLS vector sits at position 0 and shifts the tokens by one.
     self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None
-    self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype,
-                                       rngs=rngs)
+    self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype, rngs=rngs)
     self.embed_dropout = nnx.Dropout(m.dropout)
     self.remat = m.get("remat", "none")
-    self.blocks = stack.make_layers(lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs,
-                                                  mixer=self.mixer), m.num_layers, scan=m.get("scan_layers", False))
+    self.blocks = stack.make_layers(
+      lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer),
+      m.num_layers,
+      scan=m.get("scan_layers", False),
+    )
     self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
-    self.head = TaskHead(config.task, m.d_model, vocab_size=m.vocab_size, num_classes=m.num_classes,
-                         pooling=m.pooling, hidden=m.classifier_hidden,
-                         embed=self.embed if m.tie_embeddings else None, dtype=self.dtype, rngs=rngs)
+    self.head = TaskHead(
+      config.task,
+      m.d_model,
+      vocab_size=m.vocab_size,
+      num_classes=m.num_classes,
+      pooling=m.pooling,
+      hidden=m.classifier_hidden,
+      embed=self.embed if m.tie_embeddings else None,
+      dtype=self.dtype,
+      rngs=rngs,
+    )
 
   def _embed(self, tokens: Array, positions: Array) -> Array:
     x = self.embed(tokens)
     pos = self.positions(positions)
     return x if pos is None else x + pos
 
-  def __call__(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> Array:
     if self.task == "retrieval":
       inputs, mask = fold_towers(inputs, mask)
     x, mask = self.encode(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
     return self.head(x, mask)
 
-  def encode(self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None,
-             rngs: nnx.Rngs | None = None) -> tuple[Array, Array | None]:
+  def encode(
+    self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
+  ) -> tuple[Array, Array | None]:
     """Final features [B,T(+1 with CLS),D] of inputs [B,T], and the matching mask. segment_ids
     int[B,T]: documents of a packed row, each attended and positioned on its own."""
     b, t = inputs.shape
@@ -223,9 +257,13 @@ class Model(nnx.Module):
       x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, x.shape[-1])), x], axis=1)
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
-    x = stack.apply(self.blocks, x, lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r,
-                                                              segments=segment_ids),
-                    remat=self.remat, rngs=rngs)
+    x = stack.apply(
+      self.blocks,
+      x,
+      lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r, segments=segment_ids),
+      remat=self.remat,
+      rngs=rngs,
+    )
     return self.final_norm(x), mask
 
   # -- decoding (causal models) --------------------------------------------------------------
@@ -235,8 +273,10 @@ class Model(nnx.Module):
       raise ValueError(f"decoding needs a causal model; task {self.task!r} builds an encoder.")
     if self.positions.kind == "learned" and max_len > self.max_len:
       raise ValueError(f"max_len {max_len} exceeds the learned position table ({self.max_len}).")
-    return {"index": jnp.zeros((), jnp.int32),
-            "layers": [blk.attn.init_cache(batch_size, max_len, self.dtype) for blk in self.blocks]}
+    return {
+      "index": jnp.zeros((), jnp.int32),
+      "layers": [blk.attn.init_cache(batch_size, max_len, self.dtype) for blk in self.blocks],
+    }
 
   def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
     """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V], next state."""
@@ -264,11 +304,12 @@ class Model(nnx.Module):
     feeds the prompt through decode_step.
     """
     if not self.can_prefill:
-      raise ValueError(f"{type(self).__name__}.prefill needs plain softmax attention in every block; "
-                       "use decode_step.")
+      raise ValueError(f"{type(self).__name__}.prefill needs plain softmax attention in every block; use decode_step.")
     length = tokens.shape[1]
-    chunk = min([length] + [block.attn.window for block, cache in zip(self.blocks, state["layers"])
-                            if _ring_wraps(block.attn, cache)])
+    chunk = min(
+      [length]
+      + [block.attn.window for block, cache in zip(self.blocks, state["layers"]) if _ring_wraps(block.attn, cache)]
+    )
     last = (length - 1) // chunk * chunk  # start of the final chunk; full chunks before it
     if last:
       chunks = tokens[:, :last].reshape(tokens.shape[0], last // chunk, chunk).swapaxes(0, 1)
@@ -307,8 +348,11 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
   if not _ring_wraps(block.attn, cache):
     return block.decode_block(x, cache, positions, positions[0])
   widths = [(0, 0), (0, count), (0, 0), (0, 0)]  # [B,S,K,D]
-  extended = {"key": jnp.pad(cache["key"], widths), "value": jnp.pad(cache["value"], widths),
-              "pos": jnp.concatenate([cache["pos"], jnp.full((count,), -1, jnp.int32)])}
+  extended = {
+    "key": jnp.pad(cache["key"], widths),
+    "value": jnp.pad(cache["value"], widths),
+    "pos": jnp.concatenate([cache["pos"], jnp.full((count,), -1, jnp.int32)]),
+  }
   x, extended = block.decode_block(x, extended, positions, size)
   # Slot s ends with the newest chunk position p = s (mod size), if p is in the chunk (p >= index);
   # otherwise it keeps what it held.
@@ -316,8 +360,11 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
   slots = jnp.arange(size, dtype=jnp.int32)
   newest = final - (final - slots) % size
   source = jnp.where(newest >= index, size + newest - index, slots)
-  return x, {"key": jnp.take(extended["key"], source, axis=1),
-             "value": jnp.take(extended["value"], source, axis=1), "pos": extended["pos"][source]}
+  return x, {
+    "key": jnp.take(extended["key"], source, axis=1),
+    "value": jnp.take(extended["value"], source, axis=1),
+    "pos": extended["pos"][source],
+  }
 
 
 # -- family records -------------------------------------------------------------------------------
@@ -328,31 +375,59 @@ TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 def mixer_family(name: str, model, *, validate_config, smoke: Smoke, **fields) -> Family:
   """The record of a family that is this stack with another token mixer (Latte, FLASH): the same
   tasks, and decoding step by step (a mixer other than softmax attention has no one-pass prefill)."""
-  return Family(name=name, model=model, tasks=TASKS, capabilities=Capabilities(decode=True),
-                validate_config=validate_config, smoke=smoke, **fields)
+  return Family(
+    name=name,
+    model=model,
+    tasks=TASKS,
+    capabilities=Capabilities(decode=True),
+    validate_config=validate_config,
+    smoke=smoke,
+    **fields,
+  )
 
 
 BLOCK_PAPER = "configs/c4/block_transformer.py"
 FAMILY = Family(
-    name="transformer",
-    model=Model,
-    tasks=TASKS,
-    capabilities=Capabilities(decode=True, prefill=True),
-    validate_config=validate_config,
-    smoke=Smoke(
-        config="configs/lra/listops/transformer.py:tiny", data="listops", causal="configs/enwik8/transformer.py:tiny",
-        overrides=("model.dropout=0.1",), light=("model.num_layers=1",),
-        fuzz={"model.num_heads": ["1", "2", "3", "4", "0"], "model.num_kv_heads": ["0", "1", "2", "3"],
-              "model.position": ["sinusoid", "learned", "rope", "none", "bogus"], "model.window": ["0", "4", "-1"],
-              "model.vocab_size": ["8", "16", "64"], "model.num_classes": ["10", "4"]}),
-    paper_rows=(
-        *(PaperRow(spec, count, f"FLASH {where}", tolerance=0.03) for spec, count, where in (
-            ("configs/c4/transformer.py:mlm", 110e6, "Table 8, Transformer (C4 MLM)"),
-            ("configs/c4/transformer.py:mlm,plus", 110e6, "Table 8, Transformer+ (C4 MLM)"),
-            ("configs/c4/transformer.py:mlm,plusplus", 110e6, "Table 8, Transformer++ (C4 MLM)"),
-            ("configs/pg19/transformer.py:flash", 486e6, "Table 10, Transformer+ (PG-19)"),
-            ("configs/pg19/transformer.py:flash,plusplus", 486e6, "Table 10, Transformer++ (PG-19)"))),
-        *(PaperRow(f"{BLOCK_PAPER}:{size},vanilla", count, f"Block Transformer Table 2, vanilla {size}, "
-                   "non-embedding", tolerance=0.02, counts="non_embedding")
-          for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6)))),
+  name="transformer",
+  model=Model,
+  tasks=TASKS,
+  capabilities=Capabilities(decode=True, prefill=True),
+  validate_config=validate_config,
+  smoke=Smoke(
+    config="configs/lra/listops/transformer.py:tiny",
+    data="listops",
+    causal="configs/enwik8/transformer.py:tiny",
+    overrides=("model.dropout=0.1",),
+    light=("model.num_layers=1",),
+    fuzz={
+      "model.num_heads": ["1", "2", "3", "4", "0"],
+      "model.num_kv_heads": ["0", "1", "2", "3"],
+      "model.position": ["sinusoid", "learned", "rope", "none", "bogus"],
+      "model.window": ["0", "4", "-1"],
+      "model.vocab_size": ["8", "16", "64"],
+      "model.num_classes": ["10", "4"],
+    },
+  ),
+  paper_rows=(
+    *(
+      PaperRow(spec, count, f"FLASH {where}", tolerance=0.03)
+      for spec, count, where in (
+        ("configs/c4/transformer.py:mlm", 110e6, "Table 8, Transformer (C4 MLM)"),
+        ("configs/c4/transformer.py:mlm,plus", 110e6, "Table 8, Transformer+ (C4 MLM)"),
+        ("configs/c4/transformer.py:mlm,plusplus", 110e6, "Table 8, Transformer++ (C4 MLM)"),
+        ("configs/pg19/transformer.py:flash", 486e6, "Table 10, Transformer+ (PG-19)"),
+        ("configs/pg19/transformer.py:flash,plusplus", 486e6, "Table 10, Transformer++ (PG-19)"),
+      )
+    ),
+    *(
+      PaperRow(
+        f"{BLOCK_PAPER}:{size},vanilla",
+        count,
+        f"Block Transformer Table 2, vanilla {size}, non-embedding",
+        tolerance=0.02,
+        counts="non_embedding",
+      )
+      for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6))
+    ),
+  ),
 )

@@ -34,13 +34,12 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
-from lra_core.models.blocks.layers import (EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param, rms_normalize,
-                                           silu)
+from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param, rms_normalize, silu
 from lra_core.models.blocks.positions import sinusoid
+from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
 from lra_core.sharding import constrain
 
 Array = jax.Array
@@ -53,37 +52,39 @@ _PROJ = dict(distribution="normal")
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
   """The `config.model` section (defaults: a small enwik8-style model)."""
-  c = ml_collections.ConfigDict(dict(
+  c = ml_collections.ConfigDict(
+    dict(
       name="transformer_vq",
       vocab_size=256,
       d_model=256,
-      d_k=128,                 # key width (per head)
-      d_v=512,                 # value / gate width (all heads together); the paper uses 2 d_model
-      num_layers=4,            # number of GAUs (the paper's N; two GAUs ~ one transformer layer)
+      d_k=128,  # key width (per head)
+      d_v=512,  # value / gate width (all heads together); the paper uses 2 d_model
+      num_layers=4,  # number of GAUs (the paper's N; two GAUs ~ one transformer layer)
       num_heads=1,
-      head_type="shga",        # shga | mha | mqa
-      attention="vq",          # vq | full
-      n_code=512,              # codebook size S
-      block_len=512,           # L; also the local window of exact attention and XL biases
-      reduction="serial",      # serial | matmul | assoc
-      input_scan=False,        # process the stack one block at a time
-      compressive=True,        # False: sliding window only (no codebook cache)
+      head_type="shga",  # shga | mha | mqa
+      attention="vq",  # vq | full
+      n_code=512,  # codebook size S
+      block_len=512,  # L; also the local window of exact attention and XL biases
+      reduction="serial",  # serial | matmul | assoc
+      input_scan=False,  # process the stack one block at a time
+      compressive=True,  # False: sliding window only (no codebook cache)
       grad_through_cache=True,  # False: the cache is held constant in the backward pass (authors' grad_thru_cache)
-      rel_bias=True,           # Transformer-XL relative biases inside the local window
-      abs_position=False,      # scaled sinusoid added to embeddings (image models)
-      wavelength=1e5,          # sinusoid maximum wavelength (appendix C.2)
-      commit_coef=1e-4,        # beta
-      ema_rate=0.99,           # gamma
-      dropsin=0.0,             # dropout on the XL sinusoids (per sequence)
-      dropres=0.0,             # dropout on each unit's residual branch
-      droplyr=0.0,             # LayerDrop per unit and sequence row
-      final_norm=False,        # RMSNorm before the classifier (large models)
-      tie_embeddings=False,    # tied classifier: logits = (x E^T + b) * output_scale (large models)
-      output_scale=0.005,      # the tied classifier's scale: the authors' e_scale for their tied models
-      embedding="plain",       # what the table stores: "plain" E (the authors') | "scaled" E / sqrt(d_model)
-      impl="xla",              # attention core implementation: one of kernels.vq.IMPLS
+      rel_bias=True,  # Transformer-XL relative biases inside the local window
+      abs_position=False,  # scaled sinusoid added to embeddings (image models)
+      wavelength=1e5,  # sinusoid maximum wavelength (appendix C.2)
+      commit_coef=1e-4,  # beta
+      ema_rate=0.99,  # gamma
+      dropsin=0.0,  # dropout on the XL sinusoids (per sequence)
+      dropres=0.0,  # dropout on each unit's residual branch
+      droplyr=0.0,  # LayerDrop per unit and sequence row
+      final_norm=False,  # RMSNorm before the classifier (large models)
+      tie_embeddings=False,  # tied classifier: logits = (x E^T + b) * output_scale (large models)
+      output_scale=0.005,  # the tied classifier's scale: the authors' e_scale for their tied models
+      embedding="plain",  # what the table stores: "plain" E (the authors') | "scaled" E / sqrt(d_model)
+      impl="xla",  # attention core implementation: one of kernels.vq.IMPLS
       dtype="float32",
-  ))
+    )
+  )
   c.update(overrides)
   return c
 
@@ -93,24 +94,32 @@ def validate_config(config) -> None:
   for key in ("vocab_size", "d_model", "d_k", "d_v", "num_layers", "num_heads", "n_code", "block_len"):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
-  choices = {"head_type": HEAD_TYPES, "attention": ATTENTIONS, "reduction": vq.REDUCTIONS, "impl": vq.IMPLS,
-             "embedding": EMBEDDINGS}
+  choices = {
+    "head_type": HEAD_TYPES,
+    "attention": ATTENTIONS,
+    "reduction": vq.REDUCTIONS,
+    "impl": vq.IMPLS,
+    "embedding": EMBEDDINGS,
+  }
   for key, allowed in choices.items():
     if m.get(key, allowed[0]) not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
   if m.get("output_scale", 1.0) <= 0:
     raise ConfigError(f"model.output_scale must be positive, got {m.output_scale}.")
   if m.impl == "pallas" and (m.attention != "vq" or m.reduction != "serial"):
-    raise ConfigError(f"model.impl 'pallas' is the VQ kernel, a serial scan over blocks: it needs attention 'vq' "
-                      f"and reduction 'serial', got {m.attention!r} and {m.reduction!r}.")
+    raise ConfigError(
+      f"model.impl 'pallas' is the VQ kernel, a serial scan over blocks: it needs attention 'vq' "
+      f"and reduction 'serial', got {m.attention!r} and {m.reduction!r}."
+    )
   if m.head_type == "shga" and m.num_heads != 1:
     raise ConfigError(f"head_type 'shga' is single-head; model.num_heads is {m.num_heads}.")
   if m.d_v % m.num_heads:
     raise ConfigError(f"model.d_v {m.d_v} is not a multiple of model.num_heads {m.num_heads}.")
   window = t.update_len or t.seq_len
   if window % m.block_len:
-    raise ConfigError(f"update window {window} (train.update_len or train.seq_len) is not a multiple of "
-                      f"model.block_len {m.block_len}.")
+    raise ConfigError(
+      f"update window {window} (train.update_len or train.seq_len) is not a multiple of model.block_len {m.block_len}."
+    )
   if m.input_scan and m.attention != "vq":
     raise ConfigError("model.input_scan needs attention 'vq' (full attention has no per-block cache).")
   for key in ("dropsin", "dropres", "droplyr"):
@@ -147,7 +156,7 @@ class VectorQuantizer(nnx.Module):
 
   def __init__(self, num_heads: int, n_code: int, d_k: int, *, ema_rate: float, rngs: nnx.Rngs):
     # Keys are RMS-normalised and scaled by Dk^-1/4, so their coordinates have that scale.
-    init = jax.random.normal(next_key(rngs), (num_heads, n_code, d_k)) * d_k ** -0.25
+    init = jax.random.normal(next_key(rngs), (num_heads, n_code, d_k)) * d_k**-0.25
     self.c_sum = Codebook(init, logical_axes=("kv_heads", None, "head_dim"))
     self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=("kv_heads", None))
     self.ema_rate = ema_rate
@@ -156,8 +165,7 @@ class VectorQuantizer(nnx.Module):
     return jax.lax.stop_gradient(self.c_sum[...] / jnp.maximum(self.c_count[...], 0.01)[..., None])
 
   def update(self, k_sum: Array, count: Array) -> None:
-    self.c_sum[...], self.c_count[...] = ema_targets(self.c_sum[...], self.c_count[...], k_sum, count,
-                                                     self.ema_rate)
+    self.c_sum[...], self.c_count[...] = ema_targets(self.c_sum[...], self.c_count[...], k_sum, count, self.ema_rate)
 
 
 class GAU(nnx.Module):
@@ -184,12 +192,13 @@ class GAU(nnx.Module):
       self.xl_v = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "head_dim"))
     else:
       self.r_proj = self.xl_u = self.xl_v = None
-    self.quantizer = (VectorQuantizer(self.hk, m.n_code, m.d_k, ema_rate=m.ema_rate, rngs=rngs)
-                      if m.attention == "vq" else None)
+    self.quantizer = (
+      VectorQuantizer(self.hk, m.n_code, m.d_k, ema_rate=m.ema_rate, rngs=rngs) if m.attention == "vq" else None
+    )
 
   def projections(self, x: Array) -> tuple[Array, Array, Array, Array]:
     h = self.norm(x)
-    scale = self.d_k ** -0.25
+    scale = self.d_k**-0.25
     q, k = rms_normalize(self.q_proj(h)) * scale, rms_normalize(self.k_proj(h)) * scale
     return q, k, silu(self.v_proj(h)), silu(self.g_proj(h))
 
@@ -197,7 +206,7 @@ class GAU(nnx.Module):
     """(rel_q, r table [H, L+1, Dk]) for the XL position term, and the content query q + u."""
     if self.r_proj is None:
       return None, q
-    scale = self.d_k ** -0.25
+    scale = self.d_k**-0.25
     table = sinusoid(jnp.arange(self.block_len + 1), self.r_proj.in_features[0], self.wavelength)
     table = dropout(table, self.dropsin, key)
     r = self.r_proj(table.astype(self.r_proj.dtype)).transpose(1, 0, 2) * scale
@@ -212,8 +221,16 @@ class GAU(nnx.Module):
     commit = jnp.sum(jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)) * weights)
     return k + jax.lax.stop_gradient(c_z - k), z, commit, codebook
 
-  def __call__(self, x: Array, carry: dict | None, *, sin_key: Array | None, res_key: Array | None,
-               weights: Array, segments: Array | None = None) -> tuple[Array, dict | None, dict]:
+  def __call__(
+    self,
+    x: Array,
+    carry: dict | None,
+    *,
+    sin_key: Array | None,
+    res_key: Array | None,
+    weights: Array,
+    segments: Array | None = None,
+  ) -> tuple[Array, dict | None, dict]:
     """x [B,T,D] -> residual branch [B,T,D], carry after the window, EMA statistics and the summed
     commitment loss of the tokens of weight 1 (weights float [B,T]: 0 on padding); segments int [B,T]
     or None (packed documents)."""
@@ -223,13 +240,27 @@ class GAU(nnx.Module):
     aux = {}
     if self.quantizer is not None:
       k_hat, z, commit, codebook = self.quantize(k, weights)
-      out, carry = vq.vq_attention_blocks(q_content, k_hat, z, v, codebook, block_len=self.block_len,
-                                          reduction=self.reduction, carry=carry, rel=rel,
-                                          compressive=self.compressive, impl=self.impl, segments=segments,
-                                          grad_through_cache=self.grad_through_cache)
-      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]   # [B,T,Hk,S]
-      aux = {"commit": commit, "count": onehot.sum((0, 1)),
-             "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32))}
+      out, carry = vq.vq_attention_blocks(
+        q_content,
+        k_hat,
+        z,
+        v,
+        codebook,
+        block_len=self.block_len,
+        reduction=self.reduction,
+        carry=carry,
+        rel=rel,
+        compressive=self.compressive,
+        impl=self.impl,
+        segments=segments,
+        grad_through_cache=self.grad_through_cache,
+      )
+      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]  # [B,T,Hk,S]
+      aux = {
+        "commit": commit,
+        "count": onehot.sum((0, 1)),
+        "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32)),
+      }
     else:
       out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel, segments=segments)
     out = out.reshape(b, t, self.d_v) * g
@@ -239,10 +270,11 @@ class GAU(nnx.Module):
 
   def init_decode_state(self, batch_size: int, max_len: int, dtype) -> dict:
     if self.quantizer is not None:
-      return vq.init_decode_state(batch_size, self.block_len, self.hk, self.n_code, self.d_k, self.dv_head,
-                                  dtype)
-    return {"k": jnp.zeros((batch_size, max_len, self.hk, self.d_k), dtype),
-            "v": jnp.zeros((batch_size, max_len, self.hk, self.dv_head), dtype)}
+      return vq.init_decode_state(batch_size, self.block_len, self.hk, self.n_code, self.d_k, self.dv_head, dtype)
+    return {
+      "k": jnp.zeros((batch_size, max_len, self.hk, self.d_k), dtype),
+      "v": jnp.zeros((batch_size, max_len, self.hk, self.dv_head), dtype),
+    }
 
   def decode(self, x: Array, state: dict, position: Array) -> tuple[Array, dict]:
     q, k, v, g = self.projections(x)
@@ -250,8 +282,16 @@ class GAU(nnx.Module):
     if self.quantizer is not None:
       codebook = self.quantizer.codebook()
       z, _ = vq.quantize(k, codebook)
-      out, state = vq.decode_step(q_content, vq.codewords(z, codebook).astype(k.dtype), z, v, codebook, state,
-                                  rel=rel, compressive=self.compressive)
+      out, state = vq.decode_step(
+        q_content,
+        vq.codewords(z, codebook).astype(k.dtype),
+        z,
+        v,
+        codebook,
+        state,
+        rel=rel,
+        compressive=self.compressive,
+      )
     else:
       keys = jax.lax.dynamic_update_slice_in_dim(state["k"], k.astype(state["k"].dtype), position, axis=1)
       values = jax.lax.dynamic_update_slice_in_dim(state["v"], v.astype(state["v"].dtype), position, axis=1)
@@ -269,8 +309,7 @@ def _attend_cache(q: Array, keys: Array, values: Array, position: Array, rel) ->
   if rel is not None:
     rel_q, table = rel
     rq = vq.group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
-    scores = scores + vq.relative_bias(rq, vq.group_table(table, hk),
-                                       distance)
+    scores = scores + vq.relative_bias(rq, vq.group_table(table, hk), distance)
   weights = jax.nn.softmax(jnp.where(distance >= 0, scores, -vq.MASK), axis=-1)
   out = jnp.einsum("bhgij,bjhv->bihgv", weights, values.astype(jnp.float32))
   return out.reshape(q.shape[:3] + (values.shape[-1],)).astype(values.dtype)
@@ -282,19 +321,26 @@ class Model(nnx.Module):
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     m = self.m = ml_collections.FrozenConfigDict(config.model)
     self.dtype = jnp.dtype(m.dtype)
-    self.deterministic = False   # set by .train() / .eval(): EMA updates and dropout only in training
-    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs,
-                       parameterisation=m.get("embedding", "scaled"))
+    self.deterministic = False  # set by .train() / .eval(): EMA updates and dropout only in training
+    self.embed = Embed(
+      m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
+    )
     self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
-    self.units = stack.make_layers(lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers,
-                                   scan=m.get("scan_layers", False))
+    self.units = stack.make_layers(
+      lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers, scan=m.get("scan_layers", False)
+    )
     self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
-    self.classifier = (None if m.tie_embeddings else
-                       Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs,
-                             **_PROJ))
+    self.classifier = (
+      None
+      if m.tie_embeddings
+      else Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs, **_PROJ)
+    )
     # The tied classifier's output bias (the authors' bias_out); configs saved before output_scale have none.
-    self.output_bias = (param(rngs, jax.nn.initializers.zeros, (m.vocab_size,), ("vocab",))
-                        if m.tie_embeddings and "output_scale" in m else None)
+    self.output_bias = (
+      param(rngs, jax.nn.initializers.zeros, (m.vocab_size,), ("vocab",))
+      if m.tie_embeddings and "output_scale" in m
+      else None
+    )
 
   # -- carried state -------------------------------------------------------------------------------
 
@@ -303,11 +349,13 @@ class Model(nnx.Module):
     m = self.m
     if m.attention != "vq":
       raise ValueError("full attention carries no state between update windows.")
-    units = [vq.init_carry(batch_size, m.block_len, u.hk, m.n_code, m.d_k, u.dv_head, self.dtype)
-             for u in self.units]
-    return {"units": units, "offset": jnp.zeros((batch_size,), jnp.int32),
-            "doc_position": jnp.zeros((batch_size,), jnp.int32),
-            "seq_key": jnp.zeros((batch_size, 2), jnp.uint32)}
+    units = [vq.init_carry(batch_size, m.block_len, u.hk, m.n_code, m.d_k, u.dv_head, self.dtype) for u in self.units]
+    return {
+      "units": units,
+      "offset": jnp.zeros((batch_size,), jnp.int32),
+      "doc_position": jnp.zeros((batch_size,), jnp.int32),
+      "seq_key": jnp.zeros((batch_size, 2), jnp.uint32),
+    }
 
   # -- forward -------------------------------------------------------------------------------------
 
@@ -323,12 +371,16 @@ class Model(nnx.Module):
       x = self.final_norm(x)
     if self.classifier is None:
       logits = self.embed.attend(x).astype(jnp.float32)
-      return (logits * self.m.d_model ** -1.0 if self.output_bias is None
-              else (logits + self.output_bias[...]) * self.m.output_scale)
+      return (
+        logits * self.m.d_model**-1.0
+        if self.output_bias is None
+        else (logits + self.output_bias[...]) * self.m.output_scale
+      )
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
-  def _stack(self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array,
-             segments: Array | None):
+  def _stack(
+    self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array, segments: Array | None
+  ):
     """All units over x [B,T,D]; returns x, carries, the commit loss summed over units and tokens
     (weights [B,T]) and the EMA statistics (k_sum [N,...], count [N,...]) of the N units, or () with
     full attention."""
@@ -353,8 +405,15 @@ class Model(nnx.Module):
     stats = (aux["k_sum"], aux["count"]) if aux else ()
     return x, [None] * n if new is None else stack.unstack(new, n), commit, stats
 
-  def __call__(self, inputs: Array, *, carry: dict | None = None, rngs: nnx.Rngs | None = None,
-               mask: Array | None = None, segment_ids: Array | None = None):
+  def __call__(
+    self,
+    inputs: Array,
+    *,
+    carry: dict | None = None,
+    rngs: nnx.Rngs | None = None,
+    mask: Array | None = None,
+    segment_ids: Array | None = None,
+  ):
     """inputs int32[B,T] -> logits float32[B,T,V] (and the carry after the window when `carry` is given).
 
     mask bool[B,T] (False on padding) and segment_ids int[B,T] (packed documents, 0 on padding):
@@ -396,8 +455,12 @@ class Model(nnx.Module):
     logits = self._logits(x)
     if carry is None:
       return logits
-    new = {"units": carries, "offset": offset + t, "doc_position": positions[:, -1] + 1,
-           "seq_key": jnp.broadcast_to(seq_key_data(seq_key, state), state["seq_key"].shape)}
+    new = {
+      "units": carries,
+      "offset": offset + t,
+      "doc_position": positions[:, -1] + 1,
+      "seq_key": jnp.broadcast_to(seq_key_data(seq_key, state), state["seq_key"].shape),
+    }
     return logits, jax.tree.map(jax.lax.stop_gradient, new)
 
   def _document_positions(self, segment_ids: Array, state: dict | None) -> Array:
@@ -405,7 +468,7 @@ class Model(nnx.Module):
     the window's first new document continue the carried block's last document."""
     if state is None:
       return seg_lib.segment_positions(segment_ids)
-    last = state["units"][0]["seg"][:, -1:]                                   # -1 at a sequence's start
+    last = state["units"][0]["seg"][:, -1:]  # -1 at a sequence's start
     starts = jnp.concatenate([last, segment_ids], axis=1)
     starts = starts[:, 1:] != starts[:, :-1]
     t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None]
@@ -428,10 +491,15 @@ class Model(nnx.Module):
       return (caches, commit + c, stats), y
 
     n, unit = len(self.units), self.units[0]
-    zero_stats = (jnp.zeros((n,) + unit.quantizer.c_sum[...].shape), jnp.zeros((n,) + unit.quantizer.c_count[...].shape))
+    zero_stats = (
+      jnp.zeros((n,) + unit.quantizer.c_sum[...].shape),
+      jnp.zeros((n,) + unit.quantizer.c_count[...].shape),
+    )
     (carries, commit, stats), ys = jax.lax.scan(
-        body, (carries, jnp.zeros((), jnp.float32), zero_stats),
-        (per_block(x), per_block(weights), segs, jnp.arange(t // l)))
+      body,
+      (carries, jnp.zeros((), jnp.float32), zero_stats),
+      (per_block(x), per_block(weights), segs, jnp.arange(t // l)),
+    )
     return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit, stats
 
   def _codebook_step(self, stats: list, commit: Array) -> None:
@@ -440,10 +508,15 @@ class Model(nnx.Module):
     k_sums, counts = stats
     usage = [codebook_usage(count) for count in counts]
     self.sow(nnx.Intermediate, "aux_loss", self.m.commit_coef * commit)
-    self.sow(nnx.Intermediate, "aux_metrics", {
+    self.sow(
+      nnx.Intermediate,
+      "aux_metrics",
+      {
         "commit_loss": commit,
         "codebook_perplexity": jnp.mean(jnp.stack([p.mean() for p, _ in usage])),
-        "codebook_unused": jnp.mean(jnp.stack([u.mean() for _, u in usage]))})
+        "codebook_unused": jnp.mean(jnp.stack([u.mean() for _, u in usage])),
+      },
+    )
     if self.deterministic:
       return
     if isinstance(self.units, stack.Stacked):  # one update of the stacked codebooks [N,...]
@@ -455,8 +528,10 @@ class Model(nnx.Module):
   # -- decoding ------------------------------------------------------------------------------------
 
   def init_decode_state(self, batch_size: int, max_len: int) -> dict:
-    return {"index": jnp.zeros((), jnp.int32),
-            "units": [u.init_decode_state(batch_size, max_len, self.dtype) for u in self.units]}
+    return {
+      "index": jnp.zeros((), jnp.int32),
+      "units": [u.init_decode_state(batch_size, max_len, self.dtype) for u in self.units],
+    }
 
   def decode_step(self, tokens: Array, state: dict) -> tuple[Array, dict]:
     """tokens int32[B,1] at position state['index'] -> logits float32[B,1,V], next state."""
@@ -477,25 +552,34 @@ def seq_key_data(seq_key: Array | None, state: dict) -> Array:
 # -- family record --------------------------------------------------------------------------------
 
 FAMILY = Family(
-    name="transformer_vq",
-    model=Model,
-    tasks=("lm", "image_ar"),
-    capabilities=Capabilities(decode=True, carry=True),
-    carry_if=lambda config: config.model.attention == "vq",
-    validate_config=validate_config,
-    counted_state=(Codebook,),
-    smoke=Smoke(
-        config="configs/enwik8/transformer_vq.py:tiny", data="enwik8", causal="configs/enwik8/transformer_vq.py:tiny",
-        overrides=("model.droplyr=0.3", "train.seq_len=32", "train.update_len=16"), light=("model.num_layers=1",),
-        fuzz={"model.block_len": ["4", "8", "5", "16", "0"], "model.n_code": ["8", "16", "0"],
-              "train.update_len": ["0", "8", "16", "7"], "model.head_type": ["shga", "mqa", "mha", "xyz"],
-              "model.num_heads": ["1", "2", "3"], "model.reduction": ["serial", "matmul", "assoc", "bogus"],
-              "model.vocab_size": ["256", "100"]}),
-    # Table 10: trainable parameters plus the codebooks' EMA statistics
-    paper_rows=(
-        PaperRow("configs/enwik8/transformer_vq.py", 190e6, "Transformer-VQ Table 10, Enwik8"),
-        PaperRow("configs/pg19/transformer_vq.py", 1.3e9, "Transformer-VQ Table 10, PG-19"),
-        PaperRow("configs/imagenet64/transformer_vq.py", 190e6, "Transformer-VQ Table 10, ImageNet64 (small)"),
-        PaperRow("configs/imagenet64/transformer_vq.py:large", 1.2e9, "Transformer-VQ Table 10, ImageNet64 (large)"),
-    ),
+  name="transformer_vq",
+  model=Model,
+  tasks=("lm", "image_ar"),
+  capabilities=Capabilities(decode=True, carry=True),
+  carry_if=lambda config: config.model.attention == "vq",
+  validate_config=validate_config,
+  counted_state=(Codebook,),
+  smoke=Smoke(
+    config="configs/enwik8/transformer_vq.py:tiny",
+    data="enwik8",
+    causal="configs/enwik8/transformer_vq.py:tiny",
+    overrides=("model.droplyr=0.3", "train.seq_len=32", "train.update_len=16"),
+    light=("model.num_layers=1",),
+    fuzz={
+      "model.block_len": ["4", "8", "5", "16", "0"],
+      "model.n_code": ["8", "16", "0"],
+      "train.update_len": ["0", "8", "16", "7"],
+      "model.head_type": ["shga", "mqa", "mha", "xyz"],
+      "model.num_heads": ["1", "2", "3"],
+      "model.reduction": ["serial", "matmul", "assoc", "bogus"],
+      "model.vocab_size": ["256", "100"],
+    },
+  ),
+  # Table 10: trainable parameters plus the codebooks' EMA statistics
+  paper_rows=(
+    PaperRow("configs/enwik8/transformer_vq.py", 190e6, "Transformer-VQ Table 10, Enwik8"),
+    PaperRow("configs/pg19/transformer_vq.py", 1.3e9, "Transformer-VQ Table 10, PG-19"),
+    PaperRow("configs/imagenet64/transformer_vq.py", 190e6, "Transformer-VQ Table 10, ImageNet64 (small)"),
+    PaperRow("configs/imagenet64/transformer_vq.py:large", 1.2e9, "Transformer-VQ Table 10, ImageNet64 (large)"),
+  ),
 )

@@ -45,13 +45,13 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
   if "--" not in argv:
     return argv, []
   i = argv.index("--")
-  return argv[:i], argv[i + 1:]
+  return argv[:i], argv[i + 1 :]
 
 
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      description=__doc__.splitlines()[0],
-      usage="%(prog)s --nodes=N --gpus_per_node=G [options] -- <train args>")
+    description=__doc__.splitlines()[0], usage="%(prog)s --nodes=N --gpus_per_node=G [options] -- <train args>"
+  )
   parser.add_argument("--nodes", type=int, required=True, help="number of nodes")
   parser.add_argument("--gpus_per_node", type=int, required=True, help="GPUs per node = tasks per node")
   parser.add_argument("--cpus_per_task", type=int, default=None, help="CPU cores per task (default: the cluster's)")
@@ -60,17 +60,27 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--partition", default=None)
   parser.add_argument("--account", default=None)
   parser.add_argument("--output", default=None, help="the job's log (default: <workdir>/slurm-%%j.out)")
-  parser.add_argument("--chdir", default=str(ROOT),
-                      help="the job's working folder, a checkout of this repository (default: this one)")
-  parser.add_argument("--setup", default="",
-                      help="shell line run before srun, e.g. 'source /shared/venv/bin/activate'")
-  parser.add_argument("--signal_seconds", type=int, default=120,
-                      help="seconds before the time limit at which the run saves and stops (0: no signal)")
-  parser.add_argument("--requeue", action="store_true",
-                      help="requeue the job after that stop, so that it resumes from the checkpoint")
+  parser.add_argument(
+    "--chdir", default=str(ROOT), help="the job's working folder, a checkout of this repository (default: this one)"
+  )
+  parser.add_argument("--setup", default="", help="shell line run before srun, e.g. 'source /shared/venv/bin/activate'")
+  parser.add_argument(
+    "--signal_seconds",
+    type=int,
+    default=120,
+    help="seconds before the time limit at which the run saves and stops (0: no signal)",
+  )
+  parser.add_argument(
+    "--requeue", action="store_true", help="requeue the job after that stop, so that it resumes from the checkpoint"
+  )
   parser.add_argument("--script_out", default=None, help="where to write the sbatch script")
-  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                      help="print the script and the sbatch command, submit nothing")
+  parser.add_argument(
+    "--dry-run",
+    "--dry_run",
+    dest="dry_run",
+    action="store_true",
+    help="print the script and the sbatch command, submit nothing",
+  )
   return parser
 
 
@@ -108,29 +118,29 @@ def srun_line(train_args: list[str]) -> str:
 def stop_lines(args: argparse.Namespace) -> list[str]:
   """srun in the background under a USR1 trap: SIGTERM to the run, wait for it, requeue (--requeue)."""
   lines = [
-      f"# USR1 comes {args.signal_seconds} s before the time limit (--signal above): srun passes SIGTERM on to",
-      "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
-      "stop_run() {",
-      '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
-      "  stopping=1",
-      '  kill -TERM "$srun_pid" 2>/dev/null || true',
-      "}",
-      "stopping=0",
-      "trap stop_run USR1",
-      srun_line(args.train_args) + " &",
-      "srun_pid=$!",
-      "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
-      "  status=0",
-      '  wait "$srun_pid" || status=$?',
-      '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
-      "done",
+    f"# USR1 comes {args.signal_seconds} s before the time limit (--signal above): srun passes SIGTERM on to",
+    "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
+    "stop_run() {",
+    '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
+    "  stopping=1",
+    '  kill -TERM "$srun_pid" 2>/dev/null || true',
+    "}",
+    "stopping=0",
+    "trap stop_run USR1",
+    srun_line(args.train_args) + " &",
+    "srun_pid=$!",
+    "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
+    "  status=0",
+    '  wait "$srun_pid" || status=$?',
+    '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
+    "done",
   ]
   if args.requeue:
     lines += [
-        'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
-        '  echo "requeueing job $SLURM_JOB_ID" >&2',
-        '  scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
+      'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+      '  echo "requeueing job $SLURM_JOB_ID" >&2',
+      '  scontrol requeue "$SLURM_JOB_ID"',
+      "fi",
     ]
   return lines + ['exit "$status"']
 
@@ -139,19 +149,32 @@ def render(args: argparse.Namespace) -> str:
   """The sbatch script."""
   wd = workdir(args.train_args)
   output = args.output or (f"{wd}/slurm-%j.out" if wd else "slurm-%j.out")
-  options = [("job-name", args.job_name), ("nodes", args.nodes), ("ntasks-per-node", args.gpus_per_node),
-             ("gpus-per-node", args.gpus_per_node), ("cpus-per-task", args.cpus_per_task), ("time", args.time),
-             ("partition", args.partition), ("account", args.account), ("output", output),
-             ("chdir", args.chdir), ("signal", f"B:USR1@{args.signal_seconds}" if args.signal_seconds else None),
-             ("requeue", "" if args.requeue else None), ("open-mode", "append" if args.requeue else None)]
-  lines = ["#!/bin/bash",
-           f"# {args.nodes} node(s) x {args.gpus_per_node} GPU(s): one task, one JAX process per GPU.",
-           "# Rendered by scripts/launch_slurm.py (docs/launching.md)."]
+  options = [
+    ("job-name", args.job_name),
+    ("nodes", args.nodes),
+    ("ntasks-per-node", args.gpus_per_node),
+    ("gpus-per-node", args.gpus_per_node),
+    ("cpus-per-task", args.cpus_per_task),
+    ("time", args.time),
+    ("partition", args.partition),
+    ("account", args.account),
+    ("output", output),
+    ("chdir", args.chdir),
+    ("signal", f"B:USR1@{args.signal_seconds}" if args.signal_seconds else None),
+    ("requeue", "" if args.requeue else None),
+    ("open-mode", "append" if args.requeue else None),
+  ]
+  lines = [
+    "#!/bin/bash",
+    f"# {args.nodes} node(s) x {args.gpus_per_node} GPU(s): one task, one JAX process per GPU.",
+    "# Rendered by scripts/launch_slurm.py (docs/launching.md).",
+  ]
   spaced = [f"--{key}={value}" for key, value in options if value is not None and any(c.isspace() for c in str(value))]
   if spaced:
     raise SystemExit(f"error: #SBATCH {spaced[0]!r} would be cut at its whitespace; use a path without spaces.")
-  lines += [f"#SBATCH --{key}={value}" if value != "" else f"#SBATCH --{key}" for key, value in options
-            if value is not None]
+  lines += [
+    f"#SBATCH --{key}={value}" if value != "" else f"#SBATCH --{key}" for key, value in options if value is not None
+  ]
   lines += ["", "set -e"]
   if args.setup:
     lines.append(args.setup)
@@ -185,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
   try:
     subprocess.run(submit, check=True)
   except FileNotFoundError:
-    raise SystemExit("error: sbatch is not installed or not on PATH; submit the script from a SLURM login node.") \
-        from None
+    raise SystemExit(
+      "error: sbatch is not installed or not on PATH; submit the script from a SLURM login node."
+    ) from None
   except subprocess.CalledProcessError as e:
     raise SystemExit(f"error: sbatch failed with exit status {e.returncode}.") from None
 

@@ -59,12 +59,12 @@ REMOTE_TARBALL = "lra_core-code.tar.gz"  # in the remote home folder, removed on
 
 # The software runtime of a new VM, by TPU generation (the accelerator type without its "-<cores>").
 RUNTIMES = {
-    "v2": "tpu-ubuntu2204-base",
-    "v3": "tpu-ubuntu2204-base",
-    "v4": "tpu-ubuntu2204-base",
-    "v5litepod": "v2-alpha-tpuv5-lite",  # v5e
-    "v5p": "v2-alpha-tpuv5",
-    "v6e": "v2-alpha-tpuv6e",
+  "v2": "tpu-ubuntu2204-base",
+  "v3": "tpu-ubuntu2204-base",
+  "v4": "tpu-ubuntu2204-base",
+  "v5litepod": "v2-alpha-tpuv5-lite",  # v5e
+  "v5p": "v2-alpha-tpuv5",
+  "v6e": "v2-alpha-tpuv6e",
 }
 GONE = "GONE"  # the state this launcher gives a node or queued resource that gcloud does not find
 # Node states (and GONE) after which the slice is deleted and created again under --supervise.
@@ -80,6 +80,7 @@ class Step:
   "wait" polls a queued resource until it is ACTIVE; "state" asks for the node's state under
   --supervise; "delete" must succeed or find nothing to delete; "pack" writes the tarball `path`
   here, in Python (it has no argv)."""
+
   comment: str
   argv: tuple[str, ...]
   kind: str = "run"
@@ -91,7 +92,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
   if "--" not in argv:
     return argv, []
   i = argv.index("--")
-  return argv[:i], argv[i + 1:]
+  return argv[:i], argv[i + 1 :]
 
 
 def runtime_version(accelerator_type: str) -> str:
@@ -99,8 +100,10 @@ def runtime_version(accelerator_type: str) -> str:
   match = re.fullmatch(r"(v\d+[a-z]*)-\d+", accelerator_type)
   generation = match.group(1) if match else accelerator_type
   if generation not in RUNTIMES:
-    raise ValueError(f"--accelerator_type={accelerator_type}: unknown TPU generation {generation!r}, choose the "
-                     f"runtime with --version (known generations: {', '.join(RUNTIMES)}).")
+    raise ValueError(
+      f"--accelerator_type={accelerator_type}: unknown TPU generation {generation!r}, choose the "
+      f"runtime with --version (known generations: {', '.join(RUNTIMES)})."
+    )
   return RUNTIMES[generation]
 
 
@@ -117,34 +120,48 @@ def train_workdir(train_args: list[str]) -> str | None:
 
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      description=__doc__.splitlines()[0],
-      usage="%(prog)s --name=NAME --zone=ZONE --accelerator_type=TYPE [options] -- <train args>")
+    description=__doc__.splitlines()[0],
+    usage="%(prog)s --name=NAME --zone=ZONE --accelerator_type=TYPE [options] -- <train args>",
+  )
   parser.add_argument("--name", required=True, help="the TPU VM's name (reused if it exists)")
   parser.add_argument("--zone", required=True, help="e.g. us-central2-b")
   parser.add_argument("--accelerator_type", required=True, help="e.g. v4-8 (one host), v4-32 (4 workers)")
   parser.add_argument("--project", default=None, help="gcloud project (default: gcloud's configured one)")
-  parser.add_argument("--version", default=None,
-                      help="TPU software runtime of a new VM (default: by generation, see RUNTIMES)")
+  parser.add_argument(
+    "--version", default=None, help="TPU software runtime of a new VM (default: by generation, see RUNTIMES)"
+  )
   parser.add_argument("--spot", action="store_true", help="create a spot VM (preemptible, cheaper)")
-  parser.add_argument("--queued", action="store_true",
-                      help="create the VM through a queued resource, which waits for capacity")
+  parser.add_argument(
+    "--queued", action="store_true", help="create the VM through a queued resource, which waits for capacity"
+  )
   parser.add_argument("--queued_resource", default=None, help="the queued resource's name (default: --name)")
-  parser.add_argument("--poll_seconds", type=float, default=30.0,
-                      help="seconds between two state queries while waiting for a queued resource")
-  parser.add_argument("--supervise", action="store_true",
-                      help="re-create a preempted slice and relaunch the run until it ends")
+  parser.add_argument(
+    "--poll_seconds",
+    type=float,
+    default=30.0,
+    help="seconds between two state queries while waiting for a queued resource",
+  )
+  parser.add_argument(
+    "--supervise", action="store_true", help="re-create a preempted slice and relaunch the run until it ends"
+  )
   parser.add_argument("--max_restarts", type=int, default=20, help="relaunches --supervise makes at most")
-  parser.add_argument("--code", choices=("copy", "git"), default="copy",
-                      help="copy: this checkout's files; git: clone / pull --repo on the workers")
+  parser.add_argument(
+    "--code",
+    choices=("copy", "git"),
+    default="copy",
+    help="copy: this checkout's files; git: clone / pull --repo on the workers",
+  )
   parser.add_argument("--repo", default=None, help="git URL the workers clone (--code=git)")
   parser.add_argument("--branch", default="main", help="branch the workers check out (--code=git)")
   parser.add_argument("--remote_dir", default="~/lra_core", help="the checkout's folder on every worker")
   parser.add_argument("--extra", default="tpu", help="pyproject.toml extra to install ('' for none)")
   parser.add_argument("--python", default="python3", help="the workers' Python (3.11 or newer)")
-  parser.add_argument("--setup", default="",
-                      help="shell command run before install and train, e.g. 'source ~/venv/bin/activate'")
-  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                      help="print the commands, run none")
+  parser.add_argument(
+    "--setup", default="", help="shell command run before install and train, e.g. 'source ~/venv/bin/activate'"
+  )
+  parser.add_argument(
+    "--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print the commands, run none"
+  )
   return parser
 
 
@@ -164,8 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   if args.queued_resource and not args.queued:
     parser.error("--queued_resource names a queued resource, which only --queued creates.")
   if args.max_restarts < 0 or args.poll_seconds < 0:
-    parser.error(f"--max_restarts and --poll_seconds must not be negative, got {args.max_restarts} "
-                 f"and {args.poll_seconds}.")
+    parser.error(
+      f"--max_restarts and --poll_seconds must not be negative, got {args.max_restarts} and {args.poll_seconds}."
+    )
   if args.version is None:
     try:
       args.version = runtime_version(args.accelerator_type)
@@ -201,14 +219,32 @@ def _create(args: argparse.Namespace, label: str, comment: str, kind: str) -> li
   where = _where(args)
   spot = ("--spot",) if args.spot else ()
   if not args.queued:
-    return [Step(f"{label}. {comment}", TPU + ("create", args.name) + where + (
-        f"--accelerator-type={args.accelerator_type}", f"--version={args.version}") + spot, kind)]
+    return [
+      Step(
+        f"{label}. {comment}",
+        TPU
+        + ("create", args.name)
+        + where
+        + (f"--accelerator-type={args.accelerator_type}", f"--version={args.version}")
+        + spot,
+        kind,
+      )
+    ]
   return [
-      Step(f"{label}. {comment}: a queued resource {args.queued_resource} for the TPU VM {args.name}",
-           QUEUED + ("create", args.queued_resource, f"--node-id={args.name}") + where + (
-               f"--accelerator-type={args.accelerator_type}", f"--runtime-version={args.version}") + spot, kind),
-      Step(f"{label}b. wait until it is ACTIVE (state every {args.poll_seconds:g} s)",
-           QUEUED + ("describe", args.queued_resource) + where + ("--format=value(state.state)",), "wait"),
+    Step(
+      f"{label}. {comment}: a queued resource {args.queued_resource} for the TPU VM {args.name}",
+      QUEUED
+      + ("create", args.queued_resource, f"--node-id={args.name}")
+      + where
+      + (f"--accelerator-type={args.accelerator_type}", f"--runtime-version={args.version}")
+      + spot,
+      kind,
+    ),
+    Step(
+      f"{label}b. wait until it is ACTIVE (state every {args.poll_seconds:g} s)",
+      QUEUED + ("describe", args.queued_resource) + where + ("--format=value(state.state)",),
+      "wait",
+    ),
   ]
 
 
@@ -225,26 +261,41 @@ def _work(args: argparse.Namespace, prefix: str = "", pack: bool = True) -> list
 
   if args.code == "git":
     repo, branch = shlex.quote(args.repo), shlex.quote(args.branch)
-    steps = [Step(
+    steps = [
+      Step(
         f"{prefix}3. code: clone or update {args.repo} ({args.branch}) on every worker",
-        ssh(f"if [ -d {folder}/.git ]; then cd {folder} && git fetch && git checkout {branch} && git pull; "
-            f"else git clone --branch {branch} {repo} {folder}; fi"))]
+        ssh(
+          f"if [ -d {folder}/.git ]; then cd {folder} && git fetch && git checkout {branch} && git pull; "
+          f"else git clone --branch {branch} {repo} {folder}; fi"
+        ),
+      )
+    ]
   else:
     tarball = local_tarball(args.name)
     steps = [
-        Step(f"{prefix}3a. code: pack this checkout's files (git ls-files --cached --others --exclude-standard) "
-             f"into {tarball}", (), "pack", tarball),
-        Step(f"{prefix}3b. copy the tarball{'' if pack else ' of step 3a'} to every worker",
-             TPU + ("scp", tarball, f"{args.name}:{REMOTE_TARBALL}") + where + ("--worker=all",)),
-        Step(f"{prefix}3c. unpack it into {args.remote_dir} on every worker",
-             ssh(f"mkdir -p {folder} && tar -xzf ~/{REMOTE_TARBALL} -C {folder} && rm ~/{REMOTE_TARBALL}")),
-    ][0 if pack else 1:]
+      Step(
+        f"{prefix}3a. code: pack this checkout's files (git ls-files --cached --others --exclude-standard) "
+        f"into {tarball}",
+        (),
+        "pack",
+        tarball,
+      ),
+      Step(
+        f"{prefix}3b. copy the tarball{'' if pack else ' of step 3a'} to every worker",
+        TPU + ("scp", tarball, f"{args.name}:{REMOTE_TARBALL}") + where + ("--worker=all",),
+      ),
+      Step(
+        f"{prefix}3c. unpack it into {args.remote_dir} on every worker",
+        ssh(f"mkdir -p {folder} && tar -xzf ~/{REMOTE_TARBALL} -C {folder} && rm ~/{REMOTE_TARBALL}"),
+      ),
+    ][0 if pack else 1 :]
   target = f'".[{args.extra}]"' if args.extra else "."
   return steps + [
-      Step(f"{prefix}4. install the package on every worker",
-           ssh(in_env(f"{args.python} -m pip install -e {target}"))),
-      Step(f"{prefix}5. train: the same command on every worker",
-           ssh(in_env(f"{args.python} -m lra_core.train {shlex.join(args.train_args)} --distributed=on"))),
+    Step(f"{prefix}4. install the package on every worker", ssh(in_env(f"{args.python} -m pip install -e {target}"))),
+    Step(
+      f"{prefix}5. train: the same command on every worker",
+      ssh(in_env(f"{args.python} -m lra_core.train {shlex.join(args.train_args)} --distributed=on")),
+    ),
   ]
 
 
@@ -252,12 +303,17 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
   """The commands of a launch, in order."""
   where = _where(args)
   if args.queued:
-    probe = Step(f"1. does the queued resource {args.queued_resource} exist? (reused if ACTIVE, waited for "
-                 "while provisioning)",
-                 QUEUED + ("describe", args.queued_resource) + where + ("--format=value(state.state)",), "probe")
+    probe = Step(
+      f"1. does the queued resource {args.queued_resource} exist? (reused if ACTIVE, waited for while provisioning)",
+      QUEUED + ("describe", args.queued_resource) + where + ("--format=value(state.state)",),
+      "probe",
+    )
   else:
-    probe = Step(f"1. does the TPU VM {args.name} exist? (reused if READY)",
-                 TPU + ("describe", args.name) + where + ("--format=value(state)",), "probe")
+    probe = Step(
+      f"1. does the TPU VM {args.name} exist? (reused if READY)",
+      TPU + ("describe", args.name) + where + ("--format=value(state)",),
+      "probe",
+    )
   return [probe, *_create(args, "2", "create it (only if the describe fails)", "create"), *_work(args)]
 
 
@@ -266,25 +322,31 @@ def supervise_steps(args: argparse.Namespace) -> list[Step]:
   preemption, which ends with the same train command as step 5."""
   where = _where(args)
   if args.queued:
-    delete = Step(f"R1. delete the queued resource {args.queued_resource} and its TPU VM",
-                  QUEUED + ("delete", args.queued_resource) + where + ("--force", "--quiet"), "delete")
+    delete = Step(
+      f"R1. delete the queued resource {args.queued_resource} and its TPU VM",
+      QUEUED + ("delete", args.queued_resource) + where + ("--force", "--quiet"),
+      "delete",
+    )
   else:
-    delete = Step(f"R1. delete the TPU VM {args.name}",
-                  TPU + ("delete", args.name) + where + ("--quiet",), "delete")
+    delete = Step(f"R1. delete the TPU VM {args.name}", TPU + ("delete", args.name) + where + ("--quiet",), "delete")
   return [
-      Step(f"6. supervise, after step 5: the TPU VM's state (READY: stop with the run's exit status; "
-           f"{', '.join(s for s in LOST if s != GONE)} or not found: R1 to R5, at most {args.max_restarts} times)",
-           TPU + ("describe", args.name) + where + ("--format=value(state)",), "state"),
-      delete,
-      *_create(args, "R2", "re-create it", "run"),
-      *_work(args, "R", pack=False),
+    Step(
+      f"6. supervise, after step 5: the TPU VM's state (READY: stop with the run's exit status; "
+      f"{', '.join(s for s in LOST if s != GONE)} or not found: R1 to R5, at most {args.max_restarts} times)",
+      TPU + ("describe", args.name) + where + ("--format=value(state)",),
+      "state",
+    ),
+    delete,
+    *_create(args, "R2", "re-create it", "run"),
+    *_work(args, "R", pack=False),
   ]
 
 
 def code_files(root: pathlib.Path = ROOT) -> list[str]:
   """The files git tracks or would track (not ignored) that exist in the working tree."""
-  out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                       check=True, capture_output=True).stdout.decode()
+  out = subprocess.run(
+    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, check=True, capture_output=True
+  ).stdout.decode()
   return sorted({f for f in out.split("\0") if f and (root / f).is_file()})
 
 
@@ -364,8 +426,10 @@ def execute(steps: list[Step], poll_seconds: float = 30.0, run=None, sleep=None)
         continue
       if exists and state != ready:
         delete = "queued-resources delete --force" if queued else "tpu-vm delete"
-        raise SystemExit(f"error: the {what} exists but is {state or 'in an unknown state'}, not {ready}; delete it "
-                         f"(gcloud compute tpus {delete}) or choose another --name.")
+        raise SystemExit(
+          f"error: the {what} exists but is {state or 'in an unknown state'}, not {ready}; delete it "
+          f"(gcloud compute tpus {delete}) or choose another --name."
+        )
       print(f"exists and is {state}: reusing it" if exists else "not found: creating it", flush=True)
       continue
     if step.kind == "wait":
@@ -399,22 +463,31 @@ def supervise(args: argparse.Namespace, launch: list[Step], recovery: list[Step]
       (sleep or time.sleep)(args.poll_seconds)
     if code and state != GONE:
       reason = err.splitlines()[-1] if err else f"exit status {code}"
-      print(f"supervise: the run exited with status {status} and the TPU VM's state could not be read ({reason}): "
-            "stopping", flush=True)
+      print(
+        f"supervise: the run exited with status {status} and the TPU VM's state could not be read ({reason}): stopping",
+        flush=True,
+      )
       return status
     if state == "READY":
       if status == 0:
         print("supervise: the run finished", flush=True)
       else:
-        print(f"supervise: the run failed with exit status {status} on a READY TPU VM, not a preemption: stopping",
-              flush=True)
+        print(
+          f"supervise: the run failed with exit status {status} on a READY TPU VM, not a preemption: stopping",
+          flush=True,
+        )
       return status
     if state not in LOST:
-      print(f"supervise: the run exited with status {status} and the TPU VM is {state}, neither READY nor "
-            "preempted: stopping", flush=True)
+      print(
+        f"supervise: the run exited with status {status} and the TPU VM is {state}, neither READY nor "
+        "preempted: stopping",
+        flush=True,
+      )
       return status
-    print(f"supervise: preempted: the run exited with status {status} and the TPU VM {args.name} is "
-          f"{_said(state)}", flush=True)
+    print(
+      f"supervise: preempted: the run exited with status {status} and the TPU VM {args.name} is {_said(state)}",
+      flush=True,
+    )
     if restarts == args.max_restarts:
       print(f"supervise: stopping after {restarts} relaunches (--max_restarts={args.max_restarts})", flush=True)
       return status or 1
@@ -433,8 +506,10 @@ def workdir_warning(args: argparse.Namespace) -> str | None:
   if wd and wd.startswith("gs://"):
     return None
   flag = "--supervise" if args.supervise else "--spot"
-  return (f"warning: {flag} with --workdir={wd or '(the trainer default)'}, not a gs:// bucket: a re-created TPU VM "
-          "would not have its checkpoints unless that folder is a mount every new VM shares.")
+  return (
+    f"warning: {flag} with --workdir={wd or '(the trainer default)'}, not a gs:// bucket: a re-created TPU VM "
+    "would not have its checkpoints unless that folder is a mount every new VM shares."
+  )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,7 +52,7 @@ def plot(workdirs: list[str], metrics: list[str] | None, out: str) -> list[str]:
     ax.set_title(metric)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(metrics):]:
+  for ax in list(axes.flat)[len(metrics) :]:
     ax.axis("off")
   axes.flat[0].legend(fontsize=8)
   fig.tight_layout()

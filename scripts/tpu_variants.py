@@ -43,9 +43,10 @@ def gau_layer(p, x, fused: bool, act):
     u, v = uv[..., :E], uv[..., E:]
     z = act(_dense(x, p["w_z"], p["b_z"]))
   heads = z[..., None, :] * p["gamma"].astype(BF16) + p["beta"].astype(BF16)  # [B,T,4,S]
-  qq, qk, lq, lk = (heads[..., i:i + 1, :] for i in range(4))
-  y = flash_kernels.mixed_chunk_attention(qq, qk, lq, lk, v[..., None, :], chunk=CHUNK, causal=False,
-                                          quad_scale=1 / CHUNK, lin_scale=1 / CHUNK)
+  qq, qk, lq, lk = (heads[..., i : i + 1, :] for i in range(4))
+  y = flash_kernels.mixed_chunk_attention(
+    qq, qk, lq, lk, v[..., None, :], chunk=CHUNK, causal=False, quad_scale=1 / CHUNK, lin_scale=1 / CHUNK
+  )
   return x + _dense(u * y[..., 0, :], p["w_o"])
 
 
@@ -59,8 +60,9 @@ def glu_layer(p, x, fused: bool, act):
 
 def shapes(block: str, fused: bool) -> dict[str, tuple[int, ...]]:
   if block == "gau":
-    proj = dict(w=(D, 2 * E + S), b=(2 * E + S,)) if fused else dict(w_uv=(D, 2 * E), b_uv=(2 * E,), w_z=(D, S),
-                                                                      b_z=(S,))
+    proj = (
+      dict(w=(D, 2 * E + S), b=(2 * E + S,)) if fused else dict(w_uv=(D, 2 * E), b_uv=(2 * E,), w_z=(D, S), b_z=(S,))
+    )
     return {**proj, "gamma": (4, S), "beta": (4, S), "w_o": (E, D)}
   return ({"w_gv": (D, 2 * D_FF)} if fused else {"w_g": (D, D_FF), "w_v": (D, D_FF)}) | {"w_o": (D_FF, D)}
 
@@ -88,14 +90,23 @@ def main(argv=None) -> None:
   parser.add_argument("--seq_len", type=int, default=512)
   args = parser.parse_args(argv)
   device = chips.tpu_devices(args.topology)[0]
-  variants = [("gau", True, "jax"), ("gau", True, "checkpoint"), ("gau", True, "lean"), ("gau", False, "lean"),
-              ("glu", False, "jax"), ("glu", False, "lean"), ("glu", True, "lean")]
+  variants = [
+    ("gau", True, "jax"),
+    ("gau", True, "checkpoint"),
+    ("gau", True, "lean"),
+    ("gau", False, "lean"),
+    ("glu", False, "jax"),
+    ("glu", False, "lean"),
+    ("glu", True, "lean"),
+  ]
   print(f"{LAYERS}-layer stacks, gradient, batch {args.batch} x {args.seq_len} tokens, one {device.device_kind}:")
   print(f"{'block':6} {'projection':12} {'silu':11} {'est. ms':>8} {'HBM GB':>7} {'FLOPs at peak, ms':>18}")
   for block, fused, act in variants:
     r = estimate(block, fused, act, device, args.batch, args.seq_len)
-    print(f"{block:6} {'one fused' if fused else 'two':12} {act:11} {r.seconds * 1e3:8.1f} {r.hbm_bytes / 1e9:7.1f} "
-          f"{r.flop_s * 1e3:18.1f}")
+    print(
+      f"{block:6} {'one fused' if fused else 'two':12} {act:11} {r.seconds * 1e3:8.1f} {r.hbm_bytes / 1e9:7.1f} "
+      f"{r.flop_s * 1e3:18.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -37,11 +37,20 @@ class Store:
     self.uploads: dict[str, tuple[str, str, dict, bytearray]] = {}
 
   def resource(self, bucket: str, name: str, obj: _Object) -> dict:
-    return {"kind": "storage#object", "bucket": bucket, "name": name, "id": f"{bucket}/{name}/{obj.generation}",
-            "size": str(len(obj.data)), "generation": str(obj.generation), "metageneration": "1",
-            "contentType": obj.content_type, "timeCreated": "2026-01-01T00:00:00.000Z",
-            "updated": "2026-01-01T00:00:00.000Z", "storageClass": "STANDARD",
-            "md5Hash": base64.b64encode(hashlib.md5(obj.data).digest()).decode()}
+    return {
+      "kind": "storage#object",
+      "bucket": bucket,
+      "name": name,
+      "id": f"{bucket}/{name}/{obj.generation}",
+      "size": str(len(obj.data)),
+      "generation": str(obj.generation),
+      "metageneration": "1",
+      "contentType": obj.content_type,
+      "timeCreated": "2026-01-01T00:00:00.000Z",
+      "updated": "2026-01-01T00:00:00.000Z",
+      "storageClass": "STANDARD",
+      "md5Hash": base64.b64encode(hashlib.md5(obj.data).digest()).decode(),
+    }
 
 
 def _precondition(query: dict, obj: _Object | None) -> bool:
@@ -66,8 +75,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     n = int(self.headers.get("Content-Length") or 0)
     return self.rfile.read(n) if n else b""
 
-  def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
-            content_type: str = "application/json") -> None:
+  def _send(
+    self, status: int, body: bytes = b"", headers: dict | None = None, content_type: str = "application/json"
+  ) -> None:
     self.send_response(status)
     for k, v in (headers or {}).items():
       self.send_header(k, v)
@@ -101,8 +111,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     if m := re.fullmatch(r"/storage/v1/b/([^/]+)", path):
       if m.group(1) not in self.store.buckets:
         return self._error(404, "no such bucket")
-      return self._json(200, {"kind": "storage#bucket", "name": m.group(1), "id": m.group(1),
-                              "location": "US", "storageClass": "STANDARD"})
+      return self._json(
+        200,
+        {"kind": "storage#bucket", "name": m.group(1), "id": m.group(1), "location": "US", "storageClass": "STANDARD"},
+      )
     self._error(501, f"GET {path} is not implemented")
 
   do_HEAD = do_GET
@@ -115,8 +127,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     if not _precondition(query, obj):
       status = 304 if "ifGenerationNotMatch" in query and "ifGenerationMatch" not in query else 412
       return self._send(status, b"" if status == 304 else b"{}", {"x-goog-generation": str(obj.generation)})
-    headers = {"x-goog-generation": str(obj.generation), "x-goog-metageneration": "1",
-               "x-goog-stored-content-length": str(len(obj.data)), "ETag": f'"{obj.generation}"'}
+    headers = {
+      "x-goog-generation": str(obj.generation),
+      "x-goog-metageneration": "1",
+      "x-goog-stored-content-length": str(len(obj.data)),
+      "ETag": f'"{obj.generation}"',
+    }
     if query.get("alt") != "media":
       return self._send(200, json.dumps(self.store.resource(bucket, name, obj)).encode(), headers)
     data, status = obj.data, 200
@@ -145,9 +161,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     for name, obj in names:
       if not name.startswith(prefix) or (start and name < start) or (end and name >= end) or name <= token:
         continue
-      rest = name[len(prefix):]
+      rest = name[len(prefix) :]
       if delimiter and delimiter in rest:
-        p = prefix + rest[:rest.index(delimiter) + len(delimiter)]
+        p = prefix + rest[: rest.index(delimiter) + len(delimiter)]
         if p not in prefixes:
           prefixes.append(p)
         continue
@@ -166,8 +182,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     if m := re.fullmatch(r"/upload/storage/v1/b/([^/]+)/o", path):
       return self._upload(m.group(1), query, body)
     if m := re.fullmatch(r"/storage/v1/b/([^/]+)/o/(.+)/(?:rewriteTo|copyTo)/b/([^/]+)/o/(.+)", path):
-      return self._copy(m.group(1), urllib.parse.unquote(m.group(2)), m.group(3), urllib.parse.unquote(m.group(4)),
-                        query)
+      return self._copy(
+        m.group(1), urllib.parse.unquote(m.group(2)), m.group(3), urllib.parse.unquote(m.group(4)), query
+      )
     if path == "/batch/storage/v1":
       return self._batch(body)
     self._error(501, f"POST {path} is not implemented")
@@ -216,7 +233,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
       return self._store(bucket, query["name"], body, self.headers.get("Content-Type"), query)
     if kind == "multipart":
       message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-          b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body)
+        b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body
+      )
       parts = list(message.iter_parts())
       meta = json.loads(parts[0].get_content())
       data = parts[1].get_payload(decode=True)
@@ -240,8 +258,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
       self.store.buckets[dst_bucket][dst] = new
       resource = self.store.resource(dst_bucket, dst, new)
     size = str(len(obj.data))
-    self._json(200, {"kind": "storage#rewriteResponse", "totalBytesRewritten": size, "objectSize": size,
-                     "done": True, "resource": resource})
+    self._json(
+      200,
+      {
+        "kind": "storage#rewriteResponse",
+        "totalBytesRewritten": size,
+        "objectSize": size,
+        "done": True,
+        "resource": resource,
+      },
+    )
 
   def _delete(self, bucket: str, name: str, query: dict) -> int:
     with self.store.lock:
@@ -256,7 +282,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
   def _batch(self, body: bytes) -> None:
     """multipart/mixed of embedded requests (gcsfs deletes many objects this way): only DELETEs."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body)
+      b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body
+    )
     boundary = "batch_response"
     out = []
     for part in message.iter_parts():
@@ -267,8 +294,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
       status = self._delete(m.group(1), urllib.parse.unquote(m.group(2)), {}) if method == "DELETE" and m else 501
       reason = {204: "No Content", 404: "Not Found"}.get(status, "Error")
       content_id = part.get("Content-ID", "")
-      out.append(f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: response-{content_id.strip('<>')}"
-                 f"\r\n\r\nHTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\n\r\n")
+      out.append(
+        f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: response-{content_id.strip('<>')}"
+        f"\r\n\r\nHTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\n\r\n"
+      )
     payload = ("".join(out) + f"--{boundary}--\r\n").encode()
     self._send(200, payload, content_type=f"multipart/mixed; boundary={boundary}")
 

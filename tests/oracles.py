@@ -8,10 +8,10 @@ from flax import nnx
 def assert_no_future_leakage(model, tokens, logits, cuts, *, vocab: int, shift: int, changed_atol: float):
   """Changing tokens after t leaves the logits at <= t unchanged (atol 1e-6) and changes later ones."""
   for t in cuts:
-    perturbed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + shift) % vocab)
+    perturbed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + shift) % vocab)
     out = model(perturbed)
-    np.testing.assert_allclose(out[:, :t + 1], logits[:, :t + 1], atol=1e-6)
-    assert not np.allclose(out[:, t + 1:], logits[:, t + 1:], atol=changed_atol)
+    np.testing.assert_allclose(out[:, : t + 1], logits[:, : t + 1], atol=1e-6)
+    assert not np.allclose(out[:, t + 1 :], logits[:, t + 1 :], atol=changed_atol)
 
 
 def assert_decode_matches_forward(model, tokens, logits, atol: float = 1e-4):
@@ -21,7 +21,7 @@ def assert_decode_matches_forward(model, tokens, logits, atol: float = 1e-4):
   state = model.init_decode_state(b, t)
   outs = []
   for i in range(t):
-    out, state = step(model, tokens[:, i:i + 1], state)
+    out, state = step(model, tokens[:, i : i + 1], state)
     outs.append(out)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=atol)
 
@@ -34,8 +34,8 @@ def packed_pair(doc_a, doc_b, length: int, *, pad_id: int = 0):
   assert la + lb <= length, "the two documents must fit the row"
   rows = np.full((3, length), pad_id, np.int32)
   segs = np.zeros((3, length), np.int32)
-  rows[0, :la], rows[0, la:la + lb] = doc_a, doc_b
-  segs[0, :la], segs[0, la:la + lb] = 1, 2
+  rows[0, :la], rows[0, la : la + lb] = doc_a, doc_b
+  segs[0, :la], segs[0, la : la + lb] = 1, 2
   rows[1, :la], segs[1, :la] = doc_a, 1
   rows[2, :lb], segs[2, :lb] = doc_b, 1
   return jnp.asarray(rows), jnp.asarray(segs)
@@ -49,14 +49,13 @@ def assert_documents_independent(apply, doc_a, doc_b, length: int, *, atol: floa
   out = np.asarray(apply(rows, segs), np.float64)
   la, lb = len(doc_a), len(doc_b)
   np.testing.assert_allclose(out[0, :la], out[1, :la], atol=atol, err_msg="first document")
-  np.testing.assert_allclose(out[0, la:la + lb], out[2, :lb], atol=atol, err_msg="second document")
+  np.testing.assert_allclose(out[0, la : la + lb], out[2, :lb], atol=atol, err_msg="second document")
   # Without the mask the second document reads the first: the oracle can fail.
   plain = np.asarray(apply(rows, None), np.float64)
-  assert not np.allclose(plain[0, la:la + lb], plain[2, :lb], atol=atol), "the model ignores the packing"
+  assert not np.allclose(plain[0, la : la + lb], plain[2, :lb], atol=atol), "the model ignores the packing"
 
 
-def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, atol: float = 1e-5,
-                              pad_id: int = 0):
+def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, atol: float = 1e-5, pad_id: int = 0):
   """The weaker oracle for models whose numbers depend on where a document starts relative to
   their chunks (FLASH chunks, FIT groups, Block Transformer blocks) at unaligned boundaries: in a
   packed row, changing every token of one document leaves the other document's outputs as they
@@ -66,9 +65,9 @@ def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, a
   la, lb = len(doc_a), len(doc_b)
   out = np.asarray(apply(rows, segs), np.float64)
   new_a = rows.at[0, :la].set((rows[0, :la] + 1 + jnp.arange(la)) % vocab)
-  new_b = rows.at[0, la:la + lb].set((rows[0, la:la + lb] + 1 + jnp.arange(lb)) % vocab)
+  new_b = rows.at[0, la : la + lb].set((rows[0, la : la + lb] + 1 + jnp.arange(lb)) % vocab)
   out_a = np.asarray(apply(new_a, segs), np.float64)
   out_b = np.asarray(apply(new_b, segs), np.float64)
-  np.testing.assert_allclose(out_a[0, la:la + lb], out[0, la:la + lb], atol=atol, err_msg="second reads first")
+  np.testing.assert_allclose(out_a[0, la : la + lb], out[0, la : la + lb], atol=atol, err_msg="second reads first")
   np.testing.assert_allclose(out_b[0, :la], out[0, :la], atol=atol, err_msg="first reads second")
   assert not np.allclose(out_a[0, :la], out[0, :la], atol=atol), "changing a document must change its outputs"

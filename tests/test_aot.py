@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fixtures
 import lra_core
+from fixtures import listops
 from lra_core import aot, chips, hlo_cost, sharding
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
-import fixtures
-from fixtures import listops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -41,8 +41,11 @@ def test_estimate_counts_arguments_outputs_and_donation():
 
 
 def test_a_step_over_the_budget_is_refused_with_the_estimate():
-  with pytest.raises(ResourceError, match=r"needs about 0\.\d+ MiB per device .* more than the 0\.00 MiB available "
-                                          r"\(train.memory_limit_gib\)"):
+  with pytest.raises(
+    ResourceError,
+    match=r"needs about 0\.\d+ MiB per device .* more than the 0\.00 MiB available "
+    r"\(train.memory_limit_gib\)",
+  ):
     aot.compile_step(_step(), *ARGS, name="step", limit_gib=1e-9)
 
 
@@ -60,18 +63,23 @@ def test_trainer_stops_before_allocating_state(tmp_path):
 
 # ----------------------------------------------------------------------------- batches without data
 
-@pytest.mark.parametrize("name", ["enwik8", "listops", "retrieval", "pg19", "c4", "c4_mlm", "imagenet64", "imdb",
-                                  "cifar10", "pathfinder"])
+
+@pytest.mark.parametrize(
+  "name", ["enwik8", "listops", "retrieval", "pg19", "c4", "c4_mlm", "imagenet64", "imdb", "cifar10", "pathfinder"]
+)
 def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
   """lra_core.aot compiles for shapes read off the config alone; they are exactly the real batches'."""
-  from lra_core import data as data_lib, sharding
+  from lra_core import data as data_lib
+  from lra_core import sharding
   from lra_core.data import pipeline
+
   fixture = fixtures.load(name)
   extra = ["train.update_len=8"] if name == "enwik8" else []  # two update windows per sequence
   (tmp_path / "data").mkdir()
   config = lra_core.load_config(fixture.SPEC, fixture.build(tmp_path / "data") + extra)
-  reader = pipeline.BatchReader(config, data_lib.make_source(config, "train"), train=True,
-                                batch_size=config.train.batch_size)
+  reader = pipeline.BatchReader(
+    config, data_lib.make_source(config, "train"), train=True, batch_size=config.train.batch_size
+  )
   real = {k: (np.shape(v), np.asarray(v).dtype) for k, v in reader(1).items()}
   assert pipeline.batch_fields(config, config.train.batch_size) == real
   mesh = sharding.make_mesh(config.mesh)
@@ -86,14 +94,20 @@ needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu i
 
 def _aot(*args, env=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-  return subprocess.run([sys.executable, "-m", "lra_core.aot", *args], capture_output=True, text=True, env=env,
-                        cwd=ROOT, timeout=600)
+  return subprocess.run(
+    [sys.executable, "-m", "lra_core.aot", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+  )
 
 
 @needs_libtpu
 def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
-  out = _aot("--config=configs/enwik8/transformer_vq.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=4",
-             f"--json={tmp_path / 'r.json'}", f"--hlo={tmp_path / 'train.hlo.gz'}")
+  out = _aot(
+    "--config=configs/enwik8/transformer_vq.py:tiny",
+    "--topology=v5e:2x2",
+    "--config.mesh.data=4",
+    f"--json={tmp_path / 'r.json'}",
+    f"--hlo={tmp_path / 'train.hlo.gz'}",
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert "4 x TPU v5 lite" in out.stdout and "fits" in out.stdout and "estimated MFU" in out.stdout
   report = json.loads((tmp_path / "r.json").read_text())
@@ -130,8 +144,14 @@ def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
 def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp_path):
   """Full attention over 65,536 tokens needs 136 GiB of temporaries: the compiler refuses it, and
   that refusal is the answer (exit 3, the needed bytes), not a crash."""
-  out = _aot("--config=configs/enwik8/transformer.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=4",
-             "--config.train.seq_len=65536", "--config.train.batch_size=4", f"--json={tmp_path / 'r.json'}")
+  out = _aot(
+    "--config=configs/enwik8/transformer.py:tiny",
+    "--topology=v5e:2x2",
+    "--config.mesh.data=4",
+    "--config.train.seq_len=65536",
+    "--config.train.batch_size=4",
+    f"--json={tmp_path / 'r.json'}",
+  )
   assert out.returncode == aot.EXIT_DOES_NOT_FIT, out.stderr[-2000:]
   assert "the TPU compiler's out-of-memory refusal" in out.stdout
   report = json.loads((tmp_path / "r.json").read_text())
@@ -139,17 +159,21 @@ def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp
 
 
 @needs_libtpu
-@pytest.mark.parametrize("spec, overrides", [
+@pytest.mark.parametrize(
+  "spec, overrides",
+  [
     # Mosaic tiles are 8 x 128: the VQ kernel's code blocks span whole 128-token tiles.
-    pytest.param("configs/enwik8/transformer_vq.py:tiny", ["model.impl=pallas", "model.block_len=128",
-                                                         "train.seq_len=256", "train.update_len=256"],
-                 marks=pytest.mark.slow),
+    pytest.param(
+      "configs/enwik8/transformer_vq.py:tiny",
+      ["model.impl=pallas", "model.block_len=128", "train.seq_len=256", "train.update_len=256"],
+      marks=pytest.mark.slow,
+    ),
     ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0"]),  # 0: the chunk the target takes
-    ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0", "model.scan_layers=True",
-                                  "model.remat=full"]),
+    ("configs/c4/latte.py:tiny", ["model.impl=pallas", "model.chunk=0", "model.scan_layers=True", "model.remat=full"]),
     ("configs/lra/listops/latte.py:tiny", ["model.impl=pallas"]),
     ("configs/c4/flash.py:tiny", ["model.impl=pallas", "model.chunk=128", "train.seq_len=256", "model.max_len=256"]),
-])
+  ],
+)
 @pytest.mark.usefixtures("no_persistent_compile_cache")
 def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   """The trainer's step with each kernel family's Pallas kernel, through the real TPU compiler:
@@ -163,8 +187,9 @@ def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
 
 # ----------------------------------------------------------------------------- python -m lra_core.aot for GPUs
 
-needs_cuda_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(),
-                                       reason=f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)")
+needs_cuda_plugin = pytest.mark.skipif(
+  not chips.cuda_plugin_installed(), reason=f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)"
+)
 
 
 @needs_cuda_plugin
@@ -172,9 +197,17 @@ def test_cli_compiles_for_gpus_and_counts_their_triton_kernels(tmp_path):
   """XLA:GPU, Triton and ptxas compile the trainer's step for two H100s on this host; the Pallas kernel
   is a Triton call, and the fit is judged against the memory JAX would preallocate."""
   env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
-  out = _aot("--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1",
-             "--config.model.scan_layers=True", "--topology=h100x2", "--config.mesh.data=2",
-             f"--json={tmp_path / 'r.json'}", f"--hlo={tmp_path / 'train.hlo.gz'}", env=env)
+  out = _aot(
+    "--config=configs/c4/latte.py:tiny",
+    "--config.model.impl=pallas",
+    "--config.model.num_layers=1",
+    "--config.model.scan_layers=True",
+    "--topology=h100x2",
+    "--config.mesh.data=2",
+    f"--json={tmp_path / 'r.json'}",
+    f"--hlo={tmp_path / 'train.hlo.gz'}",
+    env=env,
+  )
   assert out.returncode == aot.EXIT_FITS, out.stderr[-2000:]
   assert "2 x NVIDIA H100 80GB HBM3" in out.stdout
   assert re.search(r"^Pallas kernels \(Triton\) in train step +1$", out.stdout, re.M), out.stdout
@@ -193,18 +226,26 @@ def test_cli_compiles_for_gpus_and_counts_their_triton_kernels(tmp_path):
 @pytest.mark.slow
 def test_a_batch_too_large_for_a_v100_compiles_and_does_not_fit():
   """XLA:GPU compiles a step of any size: 'fits' compares its peak with the V100's 16 GiB x 0.75."""
-  out = _aot("--config=configs/c4/transformer.py:tiny", "--config.model.num_layers=1",
-             "--config.model.scan_layers=True", "--config.train.batch_size=65536", "--topology=v100",
-             env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ""})
+  out = _aot(
+    "--config=configs/c4/transformer.py:tiny",
+    "--config.model.num_layers=1",
+    "--config.model.scan_layers=True",
+    "--config.train.batch_size=65536",
+    "--topology=v100",
+    env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ""},
+  )
   assert out.returncode == aot.EXIT_DOES_NOT_FIT, out.stderr[-2000:]
   assert re.search(r"^fits +NO$", out.stdout, re.M) and "Tesla V100-SXM2-16GB" in out.stdout
   assert "may use 12.00 GiB (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75" in out.stdout
 
 
-@pytest.mark.parametrize("topology, expected", [
+@pytest.mark.parametrize(
+  "topology, expected",
+  [
     ("h900", r"^error: topology 'h900' is neither a TPU slice, .* nor GPUs, .*h100, h200, a100, a100-40g, v100"),
     ("h100x12", r"^error: GPU target 'h100x12' has 12 GPUs; expected 1 to 8 on one host or a multiple of 8"),
-])
+  ],
+)
 def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(topology, expected):
   out = _aot("--config=configs/c4/transformer.py:tiny", f"--topology={topology}")
   assert out.returncode == aot.EXIT_USER_ERROR
@@ -217,8 +258,9 @@ def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(topology, expec
 @pytest.mark.slow
 def test_pallas_on_a_v100_says_to_use_the_xla_kernels():
   """Triton needs compute capability 8.0: the V100's refusal is a config error, not a traceback."""
-  out = _aot("--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1",
-             "--topology=v100")
+  out = _aot(
+    "--config=configs/c4/latte.py:tiny", "--config.model.impl=pallas", "--config.model.num_layers=1", "--topology=v100"
+  )
   assert out.returncode == aot.EXIT_USER_ERROR
   assert "error: Pallas kernels compile to Triton, which needs compute capability 8.0" in out.stderr
   assert "model.impl=xla" in out.stderr and "Traceback" not in out.stderr
@@ -228,6 +270,7 @@ def test_gpu_fit_rows_name_known_gpus_with_distinct_records():
   """The gpu_fit table (lra_core/reproduce/gpu.py): every row on a GPU target chips knows, V100 rows in
   float32 with the XLA kernels, every setting its own record."""
   from lra_core.reproduce import gpu, tpu
+
   assert all(chips.is_gpu_topology(row.topology) for row in gpu.ROWS)
   slugs = {row.slug(rung) for row in gpu.ROWS for rung in tpu.LADDER}
   assert len(slugs) == len(gpu.ROWS) * len(tpu.LADDER)
@@ -243,6 +286,7 @@ def test_gpu_fit_rows_name_known_gpus_with_distinct_records():
 def test_a_matmul_triton_cannot_tile_compiles_again_with_cublas_gemms():
   """Without a device XLA:GPU cannot autotune, and its default Triton GEMM tiling fails for some shapes
   (the Block Transformer's 82,080-row matmuls): the step compiles again with cuBLAS GEMMs and says so."""
+
   class Lowered:
     def compile(self, compiler_options=None):
       if compiler_options != aot.CUBLAS_ONLY_OPTIONS:
@@ -267,8 +311,8 @@ def test_a_matmul_triton_cannot_tile_compiles_again_with_cublas_gemms():
 # masked copy of every block's cache means for the backward pass (341.98 MiB here; the README's enwik8 command
 # needed 16.23 GiB of v3's 15.48): the budget fails that. A compiler update may move these; re-measure then.
 TPU_MEMORY_BUDGETS = [
-    ("configs/enwik8/transformer_vq.py", ["train.update_len=4096"], 328.48),
-    ("configs/c4/latte.py", [], 4227.69),
+  ("configs/enwik8/transformer_vq.py", ["train.update_len=4096"], 328.48),
+  ("configs/c4/latte.py", [], 4227.69),
 ]
 
 
@@ -277,8 +321,9 @@ TPU_MEMORY_BUDGETS = [
 def test_reduced_paper_steps_keep_their_tpu_temporaries(spec, overrides, measured_mib):
   if not chips.libtpu_installed():
     pytest.skip("libtpu is not installed")
-  config = lra_core.load_config(spec, overrides + ["model.num_layers=1", "train.seq_len=4096", "train.batch_size=1",
-                                                   "mesh.data=1"])
+  config = lra_core.load_config(
+    spec, overrides + ["model.num_layers=1", "train.seq_len=4096", "train.batch_size=1", "mesh.data=1"]
+  )
   # The train step alone, as `python -m lra_core.aot` compiles it (its report also compiles the eval step).
   mesh, _, _, traced = aot.trace_train_step(config, chips.tpu_devices("v3:2x2")[:1])
   with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):

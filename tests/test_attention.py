@@ -71,8 +71,10 @@ def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per
   bias = rng.normal(size=(heads if per_head else 1, tq, tk)).astype(np.float32)
   valid = np.ones((b, tk), bool)
   valid[0, -1] = False
-  for mask in (attention_mask(jnp.arange(tk - tq, tk), jnp.arange(tk), causal=True, k_valid=jnp.asarray(valid)),
-               jnp.asarray(valid)[:, None, :]):
+  for mask in (
+    attention_mask(jnp.arange(tk - tq, tk), jnp.arange(tk), causal=True, k_valid=jnp.asarray(valid)),
+    jnp.asarray(valid)[:, None, :],
+  ):
     allowed = np.broadcast_to(np.asarray(mask), (b, tq, tk))
     with _pallas.target(platform):
       out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))

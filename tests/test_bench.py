@@ -20,8 +20,16 @@ FAST = {"xla_backend_optimization_level": 0}
 @pytest.fixture(scope="module")
 def bench_run():
   variants = [bench.parse_variant(v) for v in VARIANTS]
-  return bench.run(ENWIK8, overrides=SMALL, variants=variants, seq_lens=SEQ_LENS, steps=2, warmup=1,
-                   matmul_size=256, compiler_options=FAST)
+  return bench.run(
+    ENWIK8,
+    overrides=SMALL,
+    variants=variants,
+    seq_lens=SEQ_LENS,
+    steps=2,
+    warmup=1,
+    matmul_size=256,
+    compiler_options=FAST,
+  )
 
 
 def test_parse_variant_keeps_commas_inside_values():
@@ -46,8 +54,17 @@ def test_variant_may_name_its_own_config_and_batches_follow_tokens_per_batch():
   own = bench.parse_variant("quad:config=configs/c4/flash_quad.py:tiny,lm,model.num_layers=1")
   assert bench.variant_config(ENWIK8, own) == ("configs/c4/flash_quad.py:tiny,lm", ["model.num_layers=1"])
   assert bench.variant_config(ENWIK8, bench.Variant("base")) == (ENWIK8, [])
-  rows, _ = bench.run(ENWIK8, overrides=SMALL, variants=[own], seq_lens=(16, 32), tokens_per_batch=64, steps=1,
-                      warmup=0, matmul_size=64, compiler_options=FAST)
+  rows, _ = bench.run(
+    ENWIK8,
+    overrides=SMALL,
+    variants=[own],
+    seq_lens=(16, 32),
+    tokens_per_batch=64,
+    steps=1,
+    warmup=0,
+    matmul_size=64,
+    compiler_options=FAST,
+  )
   assert [(r["seq_len"], r["batch_size"], r["status"]) for r in rows] == [(16, 4, "ok"), (32, 2, "ok")]
 
 
@@ -77,8 +94,9 @@ def test_table_has_one_line_per_row_and_marks_oom(bench_run):
   lines = bench.format_table(rows + [oom]).splitlines()
   assert lines[0].startswith("| variant | T | batch | tokens/s | step ms (median) | compile s | peak memory MiB")
   assert len(lines) == 2 + len(rows) + 1
-  assert [line.split("|")[1:3] for line in lines[2:6]] == [[f" {v.split(':')[0]} ", f" {t} "]
-                                                         for v in VARIANTS for t in SEQ_LENS]
+  assert [line.split("|")[1:3] for line in lines[2:6]] == [
+    [f" {v.split(':')[0]} ", f" {t} "] for v in VARIANTS for t in SEQ_LENS
+  ]
   assert lines[-1].split("|")[4].strip() == "OOM"
 
 
@@ -103,9 +121,19 @@ def test_out_of_memory_becomes_a_row(monkeypatch):
 
 def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
   out, raw = tmp_path / "docs" / "bench.md", tmp_path / "rows.json"
-  argv = [f"--config={ENWIK8}", *(f"--override={o}" for o in SMALL), "--variant", "base:", "--seq_lens=16",
-          "--steps=2", "--warmup=1", "--matmul_size=256", "--compiler_option=xla_backend_optimization_level=0",
-          f"--out={out}", f"--json={raw}"]
+  argv = [
+    f"--config={ENWIK8}",
+    *(f"--override={o}" for o in SMALL),
+    "--variant",
+    "base:",
+    "--seq_lens=16",
+    "--steps=2",
+    "--warmup=1",
+    "--matmul_size=256",
+    "--compiler_option=xla_backend_optimization_level=0",
+    f"--out={out}",
+    f"--json={raw}",
+  ]
   rows = bench.main(argv)
   assert [r["status"] for r in rows] == ["ok"] and rows[0]["compiler_options"] == FAST
   printed = capsys.readouterr().out
@@ -121,13 +149,27 @@ def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
 
 def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
   out = tmp_path / "cores.md"
-  rows = bench.main(["--cores=causal_attention,causal_latte:chunk=4,bidirectional_latte,window_attention:window=4,"
-                     "vq_attention:block=4,codes=8,impl=pallas,mixed_chunk:chunk=4,impl=pallas",
-                     "--seq_lens=16", "--heads=2", "--width=8", "--latents=6", "--steps=1", "--warmup=0",
-                     f"--out={out}"])
-  assert [r["variant"] for r in rows] == ["causal_attention", "causal_latte:chunk=4", "bidirectional_latte",
-                                          "window_attention:window=4", "vq_attention:block=4,codes=8,impl=pallas",
-                                          "mixed_chunk:chunk=4,impl=pallas"]
+  rows = bench.main(
+    [
+      "--cores=causal_attention,causal_latte:chunk=4,bidirectional_latte,window_attention:window=4,"
+      "vq_attention:block=4,codes=8,impl=pallas,mixed_chunk:chunk=4,impl=pallas",
+      "--seq_lens=16",
+      "--heads=2",
+      "--width=8",
+      "--latents=6",
+      "--steps=1",
+      "--warmup=0",
+      f"--out={out}",
+    ]
+  )
+  assert [r["variant"] for r in rows] == [
+    "causal_attention",
+    "causal_latte:chunk=4",
+    "bidirectional_latte",
+    "window_attention:window=4",
+    "vq_attention:block=4,codes=8,impl=pallas",
+    "mixed_chunk:chunk=4,impl=pallas",
+  ]
   assert all(r["status"] == "ok" and r["ms"] > 0 and r["seq_len"] == 16 and r["gb_per_s"] > 0 for r in rows)
   assert "| `causal_latte:chunk=4` | 16 | 1 |" in out.read_text()
   with pytest.raises(ConfigError, match="either --config"):
@@ -138,10 +180,22 @@ def test_cores_mode_times_attention_cores_alone(tmp_path, capsys):
 
 def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
   from lra_core.bench import decode as bench_decode
+
   out = tmp_path / "decode.md"
-  rows = bench_decode.main(["--config=configs/imagenet64/fit_ar.py:tiny", "--variant", "fit:",
-                            "--variant", "tpp:config=configs/imagenet64/transformer.py:tiny,plusplus",
-                            "--context_lens=96,192", "--tokens=48", "--repeats=1", "--warmup=0", f"--out={out}"])
+  rows = bench_decode.main(
+    [
+      "--config=configs/imagenet64/fit_ar.py:tiny",
+      "--variant",
+      "fit:",
+      "--variant",
+      "tpp:config=configs/imagenet64/transformer.py:tiny,plusplus",
+      "--context_lens=96,192",
+      "--tokens=48",
+      "--repeats=1",
+      "--warmup=0",
+      f"--out={out}",
+    ]
+  )
   assert [(r["variant"], r["context"]) for r in rows] == [("fit", 96), ("fit", 192), ("tpp", 96), ("tpp", 192)]
   assert all(r["ms_per_token"] > 0 for r in rows)
   fit_state, tpp_state = [r["state_mib"] for r in rows[:2]], [r["state_mib"] for r in rows[2:]]
@@ -154,10 +208,22 @@ def test_decode_bench_times_each_variant_and_context(tmp_path, capsys):
 
 def test_bench_generate_times_block_and_vanilla_generation(tmp_path, capsys):
   from lra_core.bench import generate as bench_generate
+
   out = tmp_path / "generate.md"
-  rows = bench_generate.main(["--config=configs/c4/block_transformer.py:tiny", "--variant", "block:",
-                              "--variant", "vanilla:config=configs/c4/block_transformer.py:tiny,vanilla",
-                              "--batch_sizes=2", "--settings=32:8", "--repeats=1", "--warmup=0", f"--out={out}"])
+  rows = bench_generate.main(
+    [
+      "--config=configs/c4/block_transformer.py:tiny",
+      "--variant",
+      "block:",
+      "--variant",
+      "vanilla:config=configs/c4/block_transformer.py:tiny,vanilla",
+      "--batch_sizes=2",
+      "--settings=32:8",
+      "--repeats=1",
+      "--warmup=0",
+      f"--out={out}",
+    ]
+  )
   assert [(r["variant"], r["prompt"], r["new"]) for r in rows] == [("block", 32, 8), ("vanilla", 32, 8)]
   assert all(r["tokens_per_s"] > 0 for r in rows)
   block, vanilla = rows

@@ -12,18 +12,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_block_transformer import PAD, VOCAB, L, make_config, make_model, tokens
 
 import oracles
 import tiers
 from lra_core.models import block_transformer as bt
-from test_block_transformer import L, PAD, VOCAB, make_config, make_model, tokens
 
 T = 24
-DOC_A = (np.arange(8) * 3 + 1) % (VOCAB - 1) + 1   # two whole blocks, no pad token
-DOC_B = (np.arange(9) * 5 + 2) % (VOCAB - 1) + 1   # ends inside a block
+DOC_A = (np.arange(8) * 3 + 1) % (VOCAB - 1) + 1  # two whole blocks, no pad token
+DOC_B = (np.arange(9) * 5 + 2) % (VOCAB - 1) + 1  # ends inside a block
 
-VARIANTS = [dict(), dict(token_decoder="summation", token_d_model=16, token_num_heads=2),
-            dict(token_decoder="cross"), dict(embedder="encoder")]
+VARIANTS = [
+  dict(),
+  dict(token_decoder="summation", token_d_model=16, token_num_heads=2),
+  dict(token_decoder="cross"),
+  dict(embedder="encoder"),
+]
 IDS = ["prefix", "summation", "cross", "encoder"]
 
 
@@ -47,17 +51,18 @@ def test_a_document_inside_a_block_reads_as_after_left_pads_and_never_reads_the_
     oracles.assert_documents_isolated(apply, DOC_A[:la], DOC_B, T, vocab=VOCAB)
     rows, segs = oracles.packed_pair(DOC_A[:la], DOC_B, T)
     s, lb = la % L, len(DOC_B)
-    alone = jnp.full((1, T), PAD, jnp.int32).at[0, s:s + lb].set(DOC_B)
-    alone_segs = jnp.zeros((1, T), jnp.int32).at[0, :s + lb].set(1)   # its pads belong to it (block padding)
-    np.testing.assert_allclose(apply(rows[:1], segs[:1])[0, la:la + lb], apply(alone, alone_segs)[0, s:s + lb],
-                               atol=1e-5)
+    alone = jnp.full((1, T), PAD, jnp.int32).at[0, s : s + lb].set(DOC_B)
+    alone_segs = jnp.zeros((1, T), jnp.int32).at[0, : s + lb].set(1)  # its pads belong to it (block padding)
+    np.testing.assert_allclose(
+      apply(rows[:1], segs[:1])[0, la : la + lb], apply(alone, alone_segs)[0, s : s + lb], atol=1e-5
+    )
 
 
 def test_two_documents_starting_in_one_block_stay_isolated():
   """Two documents start in block 0; the second reads no context embedding, and its pad
   (masked elsewhere) stays readable to it, so its pad position reads nothing of the first."""
   model = make_model(make_config(seq_len=T))
-  doc_b = np.array([PAD, 4, 5, 6, 7, 8, 9])   # a left pad, as block padding writes
+  doc_b = np.array([PAD, 4, 5, 6, 7, 8, 9])  # a left pad, as block padding writes
   oracles.assert_documents_isolated(apply_fn(model), DOC_A[:1], doc_b, T, vocab=VOCAB)
 
 
@@ -75,6 +80,7 @@ def test_bad_segment_ids_shape_is_one_sentence():
 
 
 # -- pad masking ------------------------------------------------------------------------------------
+
 
 def padded_tokens():
   """Rows with pads inside blocks (left, middle and right of a block) and a whole pad block."""
@@ -95,20 +101,23 @@ def moved_pad_embeddings(model):
   return moved
 
 
-@pytest.mark.parametrize("variant", [dict(embedder="encoder"), dict(token_decoder="summation"),
-                                     dict(embedder="encoder", token_decoder="cross")],
-                         ids=["encoder,prefix", "lookup,summation", "encoder,cross"])
+@pytest.mark.parametrize(
+  "variant",
+  [dict(embedder="encoder"), dict(token_decoder="summation"), dict(embedder="encoder", token_decoder="cross")],
+  ids=["encoder,prefix", "lookup,summation", "encoder,cross"],
+)
 def test_pads_are_masked_in_the_token_decoder_and_encoder_embedder(variant):
   masked = make_model(make_config(**variant))
   unmasked = make_model(make_config(mask_pads=False, **variant))
   x, padded = tokens(t=16), padded_tokens()
-  np.testing.assert_allclose(masked(x), unmasked(x), atol=1e-6)     # nothing changes without pads
+  np.testing.assert_allclose(masked(x), unmasked(x), atol=1e-6)  # nothing changes without pads
   real = np.asarray(padded != PAD)
   # The lookup embedder reads pads by design (Appendix H); its table keeps the pad row.
   out = np.asarray(masked(padded))
   np.testing.assert_allclose(np.asarray(moved_pad_embeddings(masked)(padded))[real], out[real], atol=1e-5)
-  assert not np.allclose(np.asarray(moved_pad_embeddings(unmasked)(padded))[real],
-                         np.asarray(unmasked(padded))[real], atol=1e-5)
+  assert not np.allclose(
+    np.asarray(moved_pad_embeddings(unmasked)(padded))[real], np.asarray(unmasked(padded))[real], atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(token_decoder="cross")], ids=["prefix", "cross"])

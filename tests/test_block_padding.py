@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 
 import lra_core
+from fixtures import c4_mlm as c4_mlm_fixture
+from fixtures import pg19 as pg19_fixture
 from lra_core import data as data_lib
 from lra_core.data import c4, packing, pg19, tokenizer
 from lra_core.data import text as text_corpus
 from lra_core.errors import ConfigError, DataError
-
-from fixtures import c4_mlm as c4_mlm_fixture
-from fixtures import pg19 as pg19_fixture
 
 TOK = tokenizer.ByteTokenizer()
 PAD = TOK.pad_id
@@ -34,7 +33,7 @@ def _oracle(corpus: packing.Corpus, left: np.ndarray, block: int) -> tuple[np.nd
   """The padded stream written out document by document, and the document of each position."""
   ids, docs = [], []
   for d in range(corpus.num_documents):
-    doc = corpus.tokens[corpus.starts[d]:corpus.starts[d + 1]].tolist()
+    doc = corpus.tokens[corpus.starts[d] : corpus.starts[d + 1]].tolist()
     right = -(int(left[d]) + len(doc)) % block
     ids += [PAD] * int(left[d]) + doc + [PAD] * right
     docs += [d] * (int(left[d]) + len(doc) + right)
@@ -56,9 +55,9 @@ def test_concat_windows_cut_the_padded_stream_with_documents_on_block_boundaries
   assert source.stream_len == len(stream) and len(source) == (len(stream) - 1) // seq_len
   rows = _rows(source)
   for i, ex in enumerate(rows):
-    np.testing.assert_array_equal(ex["inputs"], stream[i * seq_len:(i + 1) * seq_len])
-    np.testing.assert_array_equal(ex["targets"], stream[i * seq_len + 1:(i + 1) * seq_len + 1])
-    window_docs = docs[i * seq_len:(i + 1) * seq_len]
+    np.testing.assert_array_equal(ex["inputs"], stream[i * seq_len : (i + 1) * seq_len])
+    np.testing.assert_array_equal(ex["targets"], stream[i * seq_len + 1 : (i + 1) * seq_len + 1])
+    window_docs = docs[i * seq_len : (i + 1) * seq_len]
     np.testing.assert_array_equal(ex["segment_ids"], window_docs - window_docs[0] + 1)
     # No block of L aligned positions holds two documents.
     assert (ex["segment_ids"].reshape(-1, block) == ex["segment_ids"][::block, None]).all()
@@ -68,16 +67,15 @@ def test_concat_windows_cut_the_padded_stream_with_documents_on_block_boundaries
   # Without the pads the windows are the original stream, in order, nothing lost or repeated.
   covered = np.concatenate([ex["inputs"] for ex in rows] + [rows[-1]["targets"][-1:]])
   real = covered[covered != PAD]
-  np.testing.assert_array_equal(real, corpus.tokens[:len(real)])
-  assert len(corpus.tokens) - len(real) < seq_len + 1   # only the tail after the last window is cut
+  np.testing.assert_array_equal(real, corpus.tokens[: len(real)])
+  assert len(corpus.tokens) - len(real) < seq_len + 1  # only the tail after the last window is cut
 
 
 @pytest.mark.parametrize("lm", [True, False])
 @pytest.mark.parametrize("block", [4, 8])
 def test_packed_rows_hold_whole_padded_documents_and_keep_long_ones_block_aligned(block, lm):
   corpus, seq_len = _corpus(max_len=150), 32
-  source = packing.CorpusSequences(corpus, TOK, seq_len, packing="pack", lm=lm, block_padding=block,
-                                   padding_seed=3)
+  source = packing.CorpusSequences(corpus, TOK, seq_len, packing="pack", lm=lm, block_padding=block, padding_seed=3)
   left, begins = source.layout
   stream, docs = _oracle(corpus, left, block)
   rows = source.rows
@@ -96,7 +94,7 @@ def test_packed_rows_hold_whole_padded_documents_and_keep_long_ones_block_aligne
     assert (full[n:] == PAD).all() and (ex["segment_ids"][n:] == 0).all()
     segments = ex["segment_ids"]
     assert (segments.reshape(-1, block) == segments[::block, None]).all()
-    inputs.append(ex["inputs"][:input_ends[len(inputs)] - begin])
+    inputs.append(ex["inputs"][: input_ends[len(inputs)] - begin])
     if lm:
       next_segments = np.append(segments[1:], 0 if n <= seq_len else segments[-1])
       same_doc = (segments > 0) & (segments == next_segments)
@@ -129,7 +127,7 @@ def test_padding_is_fixed_by_the_seed_and_survives_pickling():
   assert not np.array_equal(first.layout[0], other.layout[0])
   blob = pickle.dumps(first)
   restored = pickle.loads(blob)
-  assert restored._layout is None   # rebuilt from the seed, not shipped
+  assert restored._layout is None  # rebuilt from the seed, not shipped
   for a, b in zip(_rows(first), _rows(restored)):
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])

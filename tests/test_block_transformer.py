@@ -2,15 +2,14 @@
 repeated full-forward argmax, padding behaviour, Table 3 sizes, the authors' optimizer and schedules,
 uptraining, and the tiny configs (packed documents and pad masking: tests/test_block_documents.py)."""
 
-import fixtures.c4
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
-from oracles import assert_decode_matches_forward, assert_no_future_leakage
 
+import fixtures.c4
 import lra_core
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
@@ -20,6 +19,7 @@ from lra_core.registry import non_embedding_parameter_count
 from lra_core.tasks.base import token_nll
 from lra_core.tasks.lm import loss_by_block_position
 from lra_core.train import train_and_evaluate
+from oracles import assert_decode_matches_forward, assert_no_future_leakage
 
 VOCAB, PAD, L = 17, 0, 4
 SPEC = "configs/c4/block_transformer.py"
@@ -28,8 +28,17 @@ SPEC = "configs/c4/block_transformer.py"
 def make_config(seq_len=16, **model):
   c = ml_collections.ConfigDict()
   c.task = "lm"
-  defaults = dict(vocab_size=VOCAB, pad_id=PAD, block_len=L, d_model=32, num_layers=2, num_heads=4,
-                  encoder_width=16, encoder_layers=1, encoder_heads=2)
+  defaults = dict(
+    vocab_size=VOCAB,
+    pad_id=PAD,
+    block_len=L,
+    d_model=32,
+    num_layers=2,
+    num_heads=4,
+    encoder_width=16,
+    encoder_layers=1,
+    encoder_heads=2,
+  )
   c.model = bt.model_config(**{**defaults, **model})
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   c.data = ml_collections.ConfigDict(dict(block_padding=0))
@@ -47,8 +56,13 @@ def tokens(b=2, t=14, seed=1):
   return jax.random.randint(jax.random.key(seed), (b, t), 1, VOCAB)  # no pad tokens
 
 
-VARIANTS = [dict(), dict(token_decoder="summation", token_d_model=16, token_num_heads=2),  # MEGABYTE-like
-            dict(token_decoder="cross"), dict(embedder="cls", prefix_len=3), dict(embedder="encoder", block_len=1)]
+VARIANTS = [
+  dict(),
+  dict(token_decoder="summation", token_d_model=16, token_num_heads=2),  # MEGABYTE-like
+  dict(token_decoder="cross"),
+  dict(embedder="cls", prefix_len=3),
+  dict(embedder="encoder", block_len=1),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "prefix")
@@ -76,6 +90,7 @@ def test_each_block_reads_the_previous_blocks_context():
 
 # -- padding ----------------------------------------------------------------------------------------------------
 
+
 def left_pad(x, n):
   return jnp.concatenate([jnp.full((x.shape[0], n), PAD, x.dtype), x], axis=1)
 
@@ -86,7 +101,7 @@ def test_whole_pad_blocks_are_absent_and_right_padding_changes_nothing():
   x = tokens(t=10)
   logits = forward(left_pad(x, 2))[:, 2:]
   for extra in (L, 3 * L):  # more whole blocks of padding on the left
-    np.testing.assert_allclose(forward(left_pad(x, 2 + extra))[:, 2 + extra:], logits, atol=2e-5)
+    np.testing.assert_allclose(forward(left_pad(x, 2 + extra))[:, 2 + extra :], logits, atol=2e-5)
   right = jnp.concatenate([x, jnp.full((2, 5), PAD, x.dtype)], axis=1)
   np.testing.assert_allclose(forward(left_pad(right, 2))[:, 2:12], logits, atol=1e-5)
 
@@ -102,6 +117,7 @@ def test_padding_inside_a_block_is_a_token_so_alignment_matters():
 
 # -- generation -------------------------------------------------------------------------------------------------
 
+
 def greedy_by_forward(model, prompt, n):
   """Repeated full forward argmax over the prompt left-padded to a block boundary (the sequence is
   kept at its final length with right padding, which earlier positions never read)."""
@@ -115,18 +131,19 @@ def greedy_by_forward(model, prompt, n):
   return seq[:, start:]
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(token_decoder="summation"),
-                                     pytest.param(dict(token_decoder="cross"), marks=pytest.mark.slow)],
-                         ids=["prefix", "summation", "cross"])
+@pytest.mark.parametrize(
+  "variant",
+  [dict(), dict(token_decoder="summation"), pytest.param(dict(token_decoder="cross"), marks=pytest.mark.slow)],
+  ids=["prefix", "summation", "cross"],
+)
 def test_generate_greedy_equals_repeated_full_forward_argmax(variant):
   model = make_model(make_config(**variant))
   prompt = tokens(b=3, t=7, seed=2)
   lengths = np.array([7, 2, 5])
-  out = bt.generate(model, prompt, prompt_lengths=lengths, max_new_tokens=10, key=jax.random.key(0),
-                    temperature=0.0)
+  out = bt.generate(model, prompt, prompt_lengths=lengths, max_new_tokens=10, key=jax.random.key(0), temperature=0.0)
   assert out.shape == (3, 10) and out.dtype == jnp.int32
   for row, n in enumerate(lengths):
-    alone = greedy_by_forward(model, prompt[row:row + 1, :n], 10)
+    alone = greedy_by_forward(model, prompt[row : row + 1, :n], 10)
     np.testing.assert_array_equal(out[row], alone[0])
   # The one-token contract path over the same left-padded prompt agrees.
   aligned = left_pad(prompt, 1)
@@ -141,14 +158,15 @@ def test_generate_eos_per_row_and_sampling_is_reproducible():
   eos = int(greedy[0, 2])
   stopped = bt.generate(model, prompt, max_new_tokens=9, key=jax.random.key(0), temperature=0.0, eos_id=eos)
   first = int(np.argmax(np.asarray(greedy[0]) == eos))
-  np.testing.assert_array_equal(stopped[0, :first + 1], greedy[0, :first + 1])
-  assert (np.asarray(stopped[0, first + 1:]) == PAD).all()
+  np.testing.assert_array_equal(stopped[0, : first + 1], greedy[0, : first + 1])
+  assert (np.asarray(stopped[0, first + 1 :]) == PAD).all()
   hits = np.flatnonzero(np.asarray(greedy[1]) == eos)
   end = hits[0] + 1 if hits.size else 9
   np.testing.assert_array_equal(stopped[1, :end], greedy[1, :end])
   one = bt.generate(model, prompt, max_new_tokens=9, key=jax.random.key(4), temperature=1.0, top_k=5)
-  np.testing.assert_array_equal(one, bt.generate(model, prompt, max_new_tokens=9, key=jax.random.key(4),
-                                                 temperature=1.0, top_k=5))
+  np.testing.assert_array_equal(
+    one, bt.generate(model, prompt, max_new_tokens=9, key=jax.random.key(4), temperature=1.0, top_k=5)
+  )
 
 
 def test_generate_rejects_bad_input():
@@ -160,6 +178,7 @@ def test_generate_rejects_bad_input():
 
 
 # -- loss by position in a block ------------------------------------------------------------------------------
+
 
 def test_loss_by_block_position_splits_the_loss():
   logits = jax.random.normal(jax.random.key(0), (2, 8, VOCAB))
@@ -179,9 +198,18 @@ def test_loss_by_block_position_splits_the_loss():
 TABLE_3 = {"5m": 4.7e6, "19m": 18.9e6, "85m": 85.1e6, "302m": 302e6, "805m": 805e6, "1.2b": 1.2e9}
 
 
-@pytest.mark.parametrize("arg,paper", [*TABLE_3.items(), ("5m,vanilla", 4.7e6), ("19m,vanilla", 19e6),
-                                       ("85m,vanilla", 85e6), ("302m,vanilla", 302e6),
-                                       ("5m,megabyte", 4.7e6), ("19m,megabyte", 18.9e6)])
+@pytest.mark.parametrize(
+  "arg,paper",
+  [
+    *TABLE_3.items(),
+    ("5m,vanilla", 4.7e6),
+    ("19m,vanilla", 19e6),
+    ("85m,vanilla", 85e6),
+    ("302m,vanilla", 302e6),
+    ("5m,megabyte", 4.7e6),
+    ("19m,megabyte", 18.9e6),
+  ],
+)
 def test_non_embedding_parameters_match_the_papers_tables(arg, paper):
   count = non_embedding_parameter_count(lra_core.load_config(f"{SPEC}:{arg}"))
   assert abs(count / paper - 1) < 0.02, (arg, count)
@@ -210,8 +238,17 @@ def test_optimizer_and_schedule_are_the_authors(arg):
   at batch 256 and 286,000 with 1,500 at batch 512; uptraining takes 10% of the steps, same warm-up."""
   config = lra_core.load_config(f"{SPEC}:{arg}")
   o = config.optim
-  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm, o.schedule, o.min_lr_ratio, o.decay_steps) == \
-      ("adamw", 0.9, 0.95, 1e-8, 0.1, 1.0, "cosine", 0.1, 0)
+  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm, o.schedule, o.min_lr_ratio, o.decay_steps) == (
+    "adamw",
+    0.9,
+    0.95,
+    1e-8,
+    0.1,
+    1.0,
+    "cosine",
+    0.1,
+    0,
+  )
   big = arg.split(",")[0] in ("805m", "1.2b")
   assert (config.train.batch_size, o.warmup_steps) == ((512, 1_500) if big else (256, 3_000))
   steps = 286_000 if big else 572_000
@@ -220,12 +257,12 @@ def test_optimizer_and_schedule_are_the_authors(arg):
 
 def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   config = make_config(embed_width=32)
-  vanilla_cfg = ml_collections.ConfigDict(dict(task="lm", model=bt.vanilla_config(config),
-                                               train=dict(seq_len=16)))
+  vanilla_cfg = ml_collections.ConfigDict(dict(task="lm", model=bt.vanilla_config(config), train=dict(seq_len=16)))
   vanilla = transformer.Model(vanilla_cfg, rngs=nnx.Rngs(params=3))
   model = make_model(config)
-  params = bt.uptrain_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-                             nnx.to_pure_dict(nnx.state(vanilla, nnx.Param)), config)
+  params = bt.uptrain_params(
+    nnx.to_pure_dict(nnx.state(model, nnx.Param)), nnx.to_pure_dict(nnx.state(vanilla, nnx.Param)), config
+  )
   nnx.update(model, params)
   v = nnx.to_pure_dict(nnx.state(vanilla, nnx.Param))
   jax.tree.map(np.testing.assert_array_equal, params["block_decoder"]["layers"][1], v["blocks"][1])
@@ -254,17 +291,20 @@ def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
     assert np.isfinite(train_and_evaluate(uptrained, tmp_path / "up")["test_loss"])
   assert f"parameters initialised from {tmp_path / 'vanilla'} (step 2)" in caplog.text
   with pytest.raises(ConfigError, match="not a vanilla transformer"):  # a block model is no source
-    train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
-                       tmp_path / "wrong")
-
+    train_and_evaluate(
+      lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
+      tmp_path / "wrong",
+    )
 
 
 # -- the block_throughput table ---------------------------------------------------------------------------------
+
 
 def test_throughput_table_has_megabyte_rows_beside_block_and_vanilla(tmp_path, monkeypatch):
   """Rows and ratios from stand-in timings (the table itself runs for minutes: docs/results.md)."""
   from lra_core.reproduce import block_transformer as table
   from lra_core.reproduce.common import Context
+
   speed = {"5m": 1.0, "19m": 0.5, "5m,megabyte": 0.8, "19m,megabyte": 0.4, "5m,vanilla": 0.1, "19m,vanilla": 0.05}
   seen = []
 
@@ -279,5 +319,5 @@ def test_throughput_table_has_megabyte_rows_beside_block_and_vanilla(tmp_path, m
   result = table.block_throughput(Context(img_dir=tmp_path, log=lambda _: None))
   assert sorted(set(seen)) == sorted(speed)
   lines = [line for line in result.markdown.splitlines() if "| MEGABYTE-style |" in line]
-  assert len(lines) == 8 and "| 800 | 8.0x | 1.2x |" in lines[0]   # prefill-heavy, batch 1, 5m
+  assert len(lines) == 8 and "| 800 | 8.0x | 1.2x |" in lines[0]  # prefill-heavy, batch 1, 5m
   assert "Block / MEGABYTE-style 1.2x-1.2x" in result.comparison and "Block / vanilla 10.0x-10.0x" in result.comparison

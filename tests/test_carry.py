@@ -39,8 +39,13 @@ class CarryProbe(nnx.Module):
     return logits, {"sum": sums[:, -1], "count": counts[:, -1]}
 
 
-PROBE = Family(name="carry_probe", model=CarryProbe, tasks=("lm",), capabilities=Capabilities(carry=True),
-               smoke=Smoke(config="", data=""))
+PROBE = Family(
+  name="carry_probe",
+  model=CarryProbe,
+  tasks=("lm",),
+  capabilities=Capabilities(carry=True),
+  smoke=Smoke(config="", data=""),
+)
 
 
 @pytest.fixture
@@ -59,9 +64,10 @@ def text_file(tmp_path):
 
 
 def probe_config(text_file, *overrides):
-  return lra_core.load_config("configs/enwik8/transformer.py:tiny",
-                              ["model.name=carry_probe", f"data.path={text_file}", "train.eval_batches=0",
-                               *overrides])
+  return lra_core.load_config(
+    "configs/enwik8/transformer.py:tiny",
+    ["model.name=carry_probe", f"data.path={text_file}", "train.eval_batches=0", *overrides],
+  )
 
 
 def test_windowed_evaluation_with_carry_equals_whole_sequences(tmp_path, probe, text_file):

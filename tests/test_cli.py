@@ -20,16 +20,31 @@ SPEC = "configs/lra/listops/transformer.py:tiny"
 
 
 def test_overrides_take_their_value_after_an_equals_sign_or_a_space():
-  overrides, rest = cli.split_overrides(["--config", SPEC, "--config.train.steps", "7", "--workdir", "w",
-                                         "--config.optim.lr=0.5", "--config.optim.b1", "-0.1", "--force"])
+  overrides, rest = cli.split_overrides(
+    [
+      "--config",
+      SPEC,
+      "--config.train.steps",
+      "7",
+      "--workdir",
+      "w",
+      "--config.optim.lr=0.5",
+      "--config.optim.b1",
+      "-0.1",
+      "--force",
+    ]
+  )
   assert overrides == ["train.steps=7", "optim.lr=0.5", "optim.b1=-0.1"]
   assert rest == ["--config", SPEC, "--workdir", "w", "--force"]
 
 
 @pytest.mark.parametrize("argv", [["--config.train.steps"], ["--config.train.steps", "--workdir=w"]])
 def test_an_override_without_a_value_is_one_sentence(argv):
-  with pytest.raises(ConfigError, match=r"^--config\.train\.steps needs a value: --config\.train\.steps=VALUE or "
-                                        r"--config\.train\.steps VALUE\.$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^--config\.train\.steps needs a value: --config\.train\.steps=VALUE or "
+    r"--config\.train\.steps VALUE\.$",
+  ):
     cli.split_overrides(argv)
 
 
@@ -55,6 +70,7 @@ def test_help_shows_the_override_syntax_the_config_folders_and_an_example(capsys
 
 def test_a_command_shows_its_own_example(capsys):
   from lra_core import evaluate
+
   with pytest.raises(SystemExit):
     evaluate.main(["--help"])
   out = capsys.readouterr().out
@@ -100,21 +116,30 @@ def test_every_listed_arg_loads():
 
 
 def test_python_m_lra_core_configs_and_list_configs_print_the_listing():
-  out = subprocess.run([sys.executable, "-m", "lra_core.configs"], capture_output=True, text=True, timeout=300,
-                       cwd="/").stdout
+  out = subprocess.run(
+    [sys.executable, "-m", "lra_core.configs"], capture_output=True, text=True, timeout=300, cwd="/"
+  ).stdout
   assert "  lra/listops/transformer.py: tiny, default, plus, plusplus\n" in out
   for file in cli.config_files():
     assert f"\n  {file}: " in out, file
-  again = subprocess.run([sys.executable, "-m", "lra_core.train", "--list_configs"], capture_output=True, text=True,
-                         timeout=300)
+  again = subprocess.run(
+    [sys.executable, "-m", "lra_core.train", "--list_configs"], capture_output=True, text=True, timeout=300
+  )
   assert again.returncode == 0 and again.stdout == out
 
 
 # -- configs from a workdir ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [SPEC, "configs/imagenet64/fit_denoiser.py:tiny",
-                                  "configs/c4/block_transformer.py:tiny", "configs/pg19/transformer_vq.py:tiny"])
+@pytest.mark.parametrize(
+  "spec",
+  [
+    SPEC,
+    "configs/imagenet64/fit_denoiser.py:tiny",
+    "configs/c4/block_transformer.py:tiny",
+    "configs/pg19/transformer_vq.py:tiny",
+  ],
+)
 def test_a_saved_config_reads_back_equal(tmp_path, spec):
   config = lra_core.load_config(spec)
   (tmp_path / "config.json").write_text(json.dumps(config.to_dict(), indent=2))  # as the trainer writes it
@@ -128,8 +153,9 @@ def test_without_config_the_workdirs_config_json_is_read(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(lra_core.load_config(SPEC).to_dict()))
   args = cli.parse(["--workdir", str(tmp_path), "--config.train.eval_batch_size", "16"], config_from_workdir=True)
   assert args.config.train.eval_batch_size == 16 and args.spec == f"{tmp_path}/config.json"
-  explicit = cli.parse(["--workdir", str(tmp_path), "--config", SPEC, "--config.model.d_model=16"],
-                       config_from_workdir=True)
+  explicit = cli.parse(
+    ["--workdir", str(tmp_path), "--config", SPEC, "--config.model.d_model=16"], config_from_workdir=True
+  )
   assert explicit.spec == SPEC and explicit.config.model.d_model == 16
 
 

@@ -60,8 +60,9 @@ def test_factorised_attention_equals_its_dense_definition(causal, documents):
 def make_config(task="lm", seq_len=16, **model):
   c = ml_collections.ConfigDict()
   c.task = task
-  c.model = combiner.model_config(**{**dict(vocab_size=23, d_model=16, num_layers=2, num_heads=2, d_ff=32, chunk=4,
-                                            norm="layer"), **model})
+  c.model = combiner.model_config(
+    **{**dict(vocab_size=23, d_model=16, num_layers=2, num_heads=2, d_ff=32, chunk=4, norm="layer"), **model}
+  )
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   combiner.validate_config(c)
   return c
@@ -104,7 +105,7 @@ def test_packed_documents(task):
 
 
 def test_table8_parameter_count():
-  row, = combiner.FAMILY.paper_rows
+  (row,) = combiner.FAMILY.paper_rows
   count = registry.parameter_count(lra_core.load_config(row.config))
   assert abs(count - row.count) / row.count < row.tolerance, count
   # the summary projections are what Combiner adds to Transformer+ (110M): two d x d maps per layer

@@ -9,8 +9,11 @@ import pytest
 import lra_core
 from lra_core.config import PROJECT_ROOT, load_config
 
-CONFIG_FILES = sorted(str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "configs").rglob("*.py")
-                      if "def get_config" in p.read_text())
+CONFIG_FILES = sorted(
+  str(p.relative_to(PROJECT_ROOT))
+  for p in (PROJECT_ROOT / "configs").rglob("*.py")
+  if "def get_config" in p.read_text()
+)
 
 
 def test_there_are_configs():
@@ -25,6 +28,7 @@ def test_every_config_loads_full_and_tiny(path):
   assert tiny.train.seq_len <= 256 and tiny.train.steps <= 10
   model = lra_core.build_model(tiny, seed=0)
   from flax import nnx
+
   num = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert 0 < num <= 2_000_000
   # The docstring holds the command that launches it.
@@ -32,9 +36,17 @@ def test_every_config_loads_full_and_tiny(path):
 
 
 def test_overrides_are_parsed_with_the_field_type():
-  c = load_config("configs/enwik8/transformer.py:tiny",
-                  ["train.steps=7", "optim.lr=3e-4", "model.rope=true", "data.split_fractions=(0.8, 0.1, 0.1)",
-                   "model.variant=transformer++", "train.batch_size=1_6"])
+  c = load_config(
+    "configs/enwik8/transformer.py:tiny",
+    [
+      "train.steps=7",
+      "optim.lr=3e-4",
+      "model.rope=true",
+      "data.split_fractions=(0.8, 0.1, 0.1)",
+      "model.variant=transformer++",
+      "train.batch_size=1_6",
+    ],
+  )
   assert (c.train.steps, c.optim.lr, c.model.rope, c.train.batch_size) == (7, 3e-4, True, 16)
   assert c.data.split_fractions == (0.8, 0.1, 0.1)
   assert c.model.variant == "transformer++"
@@ -47,7 +59,9 @@ def test_load_config_works_from_any_directory(monkeypatch, tmp_path):
   assert load_config("configs/lra/listops/transformer.py:tiny").task == "classify"
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
     (["train.stepz=3"], "unknown config key 'train.stepz'; did you mean 'train.steps'"),
     (["modell.d_model=3"], "unknown config key 'modell.d_model'; did you mean 'model.d_model'"),
     (["train.steps=ten"], "config key 'train.steps' expects an int, got 'ten'."),
@@ -55,7 +69,10 @@ def test_load_config_works_from_any_directory(monkeypatch, tmp_path):
     (["train=3"], "config key 'train' is a section"),
     (["train.steps"], "is not of the form key=value"),
     (["train.seq_len=100", "train.update_len=32"], "train.seq_len 100 is not a multiple of train.update_len 32."),
-    (["train.batch_size=6", "train.grad_accum_steps=4"], "train.batch_size 6 is not a multiple of train.grad_accum_steps 4."),
+    (
+      ["train.batch_size=6", "train.grad_accum_steps=4"],
+      "train.batch_size 6 is not a multiple of train.grad_accum_steps 4.",
+    ),
     (["model.num_heads=3"], "model.d_model 64 is not a multiple of model.num_heads 3"),
     (["model.name=nonexistent"], "model.name 'nonexistent' is not a module in models/"),
     (["task=translate"], "task 'translate' is not one of"),
@@ -63,7 +80,8 @@ def test_load_config_works_from_any_directory(monkeypatch, tmp_path):
     (["mesh.data=0"], "mesh.data must be a positive integer or -1"),
     (["optim.schedule=exp"], "optim.schedule"),
     (["model.dtype=float8"], "model.dtype 'float8' is not one of"),
-])
+  ],
+)
 def test_config_errors_are_one_clear_sentence(overrides, message):
   with pytest.raises(lra_core.ConfigError) as info:
     load_config("configs/enwik8/transformer.py:tiny", overrides)

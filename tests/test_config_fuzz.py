@@ -12,7 +12,8 @@ import pathlib
 
 import jax
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fixtures
 import lra_core
@@ -25,19 +26,19 @@ from lra_core.steps import make_train_step
 # Keys every family has, with candidate values (valid and invalid, as command-line text); each
 # family's smoke record adds its own (`fuzz`).
 COMMON = {
-    "train.batch_size": ["1", "2", "4", "8", "6", "0", "-2", "many"],
-    "train.seq_len": ["8", "16", "24", "32", "33", "0"],
-    "train.grad_accum_steps": ["1", "2", "3", "0"],
-    "model.d_model": ["16", "32", "48", "33", "0"],
-    "model.num_layers": ["1", "0"],
-    "model.dropout": ["0.0", "0.1", "1.5", "-0.1"],
-    "model.dtype": ["float32", "bfloat16", "float8"],
-    "optim.lr": ["0.001", "0.0", "-1.0"],
-    "optim.name": ["adamw", "adafactor", "sgd", "adam_w"],
-    "optim.schedule": ["cosine", "constant", "linear", "bogus"],
-    "mesh.data": ["1", "2", "-1", "0", "3"],
-    "mesh.tensor": ["1", "2", "3"],
-    "train.steps": ["1", "3", "0", "x"],
+  "train.batch_size": ["1", "2", "4", "8", "6", "0", "-2", "many"],
+  "train.seq_len": ["8", "16", "24", "32", "33", "0"],
+  "train.grad_accum_steps": ["1", "2", "3", "0"],
+  "model.d_model": ["16", "32", "48", "33", "0"],
+  "model.num_layers": ["1", "0"],
+  "model.dropout": ["0.0", "0.1", "1.5", "-0.1"],
+  "model.dtype": ["float32", "bfloat16", "float8"],
+  "optim.lr": ["0.001", "0.0", "-1.0"],
+  "optim.name": ["adamw", "adafactor", "sgd", "adam_w"],
+  "optim.schedule": ["cosine", "constant", "linear", "bogus"],
+  "mesh.data": ["1", "2", "-1", "0", "3"],
+  "mesh.tensor": ["1", "2", "3"],
+  "train.steps": ["1", "3", "0", "x"],
 }
 FAMILIES = {f.name: f.smoke for f in registry.families()}
 # Keys that do not exist: the error must name them.
@@ -46,8 +47,10 @@ MISSPELT = ["model.d_modle", "train.stepz", "optim.learning_rate", "mesh.model"]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-  return {name: fixtures.load(name).build(pathlib.Path(tmp_path_factory.mktemp(name)))
-          for name in sorted({smoke.data for smoke in FAMILIES.values()})}
+  return {
+    name: fixtures.load(name).build(pathlib.Path(tmp_path_factory.mktemp(name)))
+    for name in sorted({smoke.data for smoke in FAMILIES.values()})
+  }
 
 
 @st.composite
@@ -78,8 +81,13 @@ def before_first_step(spec, data_overrides, overrides):
 
 
 @pytest.mark.slow  # 100 examples, a model built for each valid one; tests/test_config.py has the fixed cases
-@settings(max_examples=100, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+  max_examples=100,
+  deadline=None,
+  derandomize=True,
+  database=None,
+  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(case=cases())
 def test_random_overrides_succeed_or_fail_with_one_clear_sentence(case, data):
   spec, fixture, overrides = case

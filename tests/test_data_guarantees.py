@@ -56,7 +56,7 @@ def test_splits_load_with_constant_shapes_and_valid_ids(dataset):
         assert 0 <= example["targets"].min() and example["targets"].max() < info.vocab_size
       assert example["weights"].max() > 0, "a real example must carry weight"
     zero = {k: np.zeros_like(v) for k, v in first.items()}
-    assert zero["weights"].sum() == 0   # the pipeline's padding example weighs nothing
+    assert zero["weights"].sum() == 0  # the pipeline's padding example weighs nothing
 
 
 class Recording:
@@ -80,8 +80,7 @@ def test_two_processes_read_disjoint_rows_covering_an_epoch(dataset):
   reads = []
   for process in range(2):
     recording = Recording(train)
-    reader = pipeline.BatchReader(config, recording, train=True, batch_size=2, process_index=process,
-                                  process_count=2)
+    reader = pipeline.BatchReader(config, recording, train=True, batch_size=2, process_index=process, process_count=2)
     recording.read.clear()  # the reader looks at example 0 once for the padding shapes
     for step in range(n // 2):
       reader(step * reader.windows)
@@ -119,8 +118,7 @@ def test_resumed_iterator_yields_the_uninterrupted_batches(dataset):
   resumed.set_state(state)
   _assert_same(head + _batches(resumed, total - len(head)), uninterrupted)
   # The trainer restarts from the step stored in its checkpoint: the same batches again.
-  _assert_same(_batches(pipeline.iterate(reader(), len(head), total), total - len(head)),
-               uninterrupted[len(head):])
+  _assert_same(_batches(pipeline.iterate(reader(), len(head), total), total - len(head)), uninterrupted[len(head) :])
 
 
 def test_same_seed_same_batches_other_seed_other_order(dataset):
@@ -152,9 +150,11 @@ def test_evaluation_covers_each_split_once(dataset):
 def test_tiny_config_trains_and_evaluates_on_the_fixture(dataset):
   name, _, overrides, _, root = dataset
   module = fixtures.load(name)
-  config = lra_core.load_config(module.SPEC, overrides + [
-      "train.steps=2", "train.eval_every=2", "train.eval_batches=1", "train.checkpoint_every=2",
-      "train.log_every=1"])
+  config = lra_core.load_config(
+    module.SPEC,
+    overrides
+    + ["train.steps=2", "train.eval_every=2", "train.eval_batches=1", "train.checkpoint_every=2", "train.log_every=1"],
+  )
   summary = train_and_evaluate(config, workdir=str(root / "run"))
   assert np.isfinite(summary["param_checksum"])
   finals = {k: v for k, v in summary.items() if isinstance(v, float) and "loss" in k}
@@ -168,8 +168,12 @@ def test_stats_command_reports_counts_labels_and_throughput(tmp_path, capsys):
   module = fixtures.load("retrieval")
   overrides = module.build(tmp_path)
   from lra_core.data import stats
-  stats.main([f"--config={module.SPEC}"] + [f"--config.{o}" for o in overrides] +
-             ["--splits=train,test", "--throughput=50", "--batch_size=4"])
+
+  stats.main(
+    [f"--config={module.SPEC}"]
+    + [f"--config.{o}" for o in overrides]
+    + ["--splits=train,test", "--throughput=50", "--batch_size=4"]
+  )
   lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert [(s["split"], s["examples"]) for s in lines] == [("train", 24), ("test", 10)]
   assert lines[0]["labels"] == {"0": 12, "1": 12} and lines[0]["majority"] == 0.5

@@ -5,16 +5,14 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lra_core
-
+from lra_core.data import DataInfo, cache, files, packing, tfds_source, tokenizer
 from lra_core.data import bytes as bytes_data
-from lra_core.data import cache, files, packing, tfds_source, tokenizer
-from lra_core.data import DataInfo
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks.lm import LMTask
-
 
 # ----------------------------------------------------------------------------- cache
 
@@ -49,10 +47,18 @@ def test_file_fingerprint_changes_when_a_file_is_rewritten(tmp_path):
 # ----------------------------------------------------------------------------- files
 
 
-@pytest.mark.parametrize("spec,n,expected", [
-    ("train", 10, (0, 10)), ("train[:90%]", 10, (0, 9)), ("train[90%:]", 10, (9, 10)),
-    ("x[2:5]", 10, (2, 5)), ("x[-3:]", 10, (7, 10)), ("x[:-20%]", 10, (0, 8)), ("x[:50]", 10, (0, 10)),
-])
+@pytest.mark.parametrize(
+  "spec,n,expected",
+  [
+    ("train", 10, (0, 10)),
+    ("train[:90%]", 10, (0, 9)),
+    ("train[90%:]", 10, (9, 10)),
+    ("x[2:5]", 10, (2, 5)),
+    ("x[-3:]", 10, (7, 10)),
+    ("x[:-20%]", 10, (0, 8)),
+    ("x[:50]", 10, (0, 10)),
+  ],
+)
 def test_slice_range(spec, n, expected):
   assert files.slice_range(spec, n) == expected
 
@@ -112,8 +118,7 @@ def spm_model(tmp_path_factory):
   words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 9))) for _ in range(400)]
   words += [f"w{i}{c}" for i in range(60) for c in "abc"]
   (corpus / "1.txt").write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(300)) + "\n")
-  code = tokenizer.main(["--train", f"--input={corpus}", f"--model_prefix={root / 'bpe'}",
-                         "--vocab_size=200"])
+  code = tokenizer.main(["--train", f"--input={corpus}", f"--model_prefix={root / 'bpe'}", "--vocab_size=200"])
   assert code == 0
   return root / "bpe.model"
 
@@ -153,11 +158,11 @@ def test_pack_rows_keep_order_cover_stream_and_never_split_fitting_documents(len
   starts = np.concatenate([[0], np.cumsum(lengths)])
   rows = packing.pack_rows(starts, row_len)
   assert rows[0, 0] == 0 and rows[-1, 1] == starts[-1]
-  np.testing.assert_array_equal(rows[1:, 0], rows[:-1, 1])       # contiguous, in order
+  np.testing.assert_array_equal(rows[1:, 0], rows[:-1, 1])  # contiguous, in order
   assert ((rows[:, 1] - rows[:, 0] >= 1) & (rows[:, 1] - rows[:, 0] <= row_len)).all()
   boundaries = set(rows[:, 0].tolist())
   for a, b in zip(starts[:-1], starts[1:]):
-    if b - a <= row_len:   # a document that fits a row is never cut
+    if b - a <= row_len:  # a document that fits a row is never cut
       inside = [r for r in boundaries if a < r < b]
       assert not inside
 
@@ -176,10 +181,10 @@ def test_concat_windows_tile_the_stream_with_document_ids():
   source = packing.CorpusSequences(corpus, tok, 8, packing="concat")
   assert len(source) == (len(corpus.tokens) - 1) // 8
   stream = np.concatenate([source[i]["inputs"] for i in range(len(source))])
-  np.testing.assert_array_equal(stream, corpus.tokens[:len(stream)])
+  np.testing.assert_array_equal(stream, corpus.tokens[: len(stream)])
   for i in range(len(source)):
     ex = source[i]
-    np.testing.assert_array_equal(ex["targets"], corpus.tokens[i * 8 + 1:i * 8 + 9])
+    np.testing.assert_array_equal(ex["targets"], corpus.tokens[i * 8 + 1 : i * 8 + 9])
     assert ex["weights"].min() == 1.0
     docs = corpus.document_of(np.arange(i * 8, i * 8 + 8))
     np.testing.assert_array_equal(ex["segment_ids"], docs - docs[0] + 1)
@@ -197,8 +202,8 @@ def test_packed_rows_hold_whole_documents_and_mask_cross_document_targets():
     same_doc = (pos + 1 < end) & (corpus.document_of(pos) == corpus.document_of(pos + 1))
     np.testing.assert_array_equal(ex["weights"], same_doc)
     assert (ex["inputs"][~real] == tok.pad_id).all()
-    np.testing.assert_array_equal(ex["inputs"][real], corpus.tokens[begin:min(end, begin + 24)])
-    np.testing.assert_array_equal(ex["targets"][:end - begin - 1], corpus.tokens[begin + 1:end])
+    np.testing.assert_array_equal(ex["inputs"][real], corpus.tokens[begin : min(end, begin + 24)])
+    np.testing.assert_array_equal(ex["targets"][: end - begin - 1], corpus.tokens[begin + 1 : end])
   np.testing.assert_array_equal(np.concatenate([corpus.tokens[b:e] for b, e in source.rows]), corpus.tokens)
 
 
@@ -209,7 +214,7 @@ def test_mlm_rows_are_packed_without_targets():
   assert set(ex) == {"inputs", "weights", "segment_ids"} and ex["inputs"].shape == (16,)
   np.testing.assert_array_equal(ex["weights"], ex["segment_ids"] > 0)
   total = sum(source[i]["weights"].sum() for i in range(len(source)))
-  assert total == len(corpus.tokens)   # every token in exactly one row
+  assert total == len(corpus.tokens)  # every token in exactly one row
 
 
 def test_word_marks_over_a_concat_pass_count_the_words():
@@ -240,19 +245,26 @@ def test_word_perplexity_is_total_loss_over_words():
 
 
 def test_unprepared_tfds_dataset_says_how_to_prepare(tmp_path):
-  with pytest.raises(DataError, match=r"'imdb_reviews' is not prepared under .*tfds build imdb_reviews "
-                                      r"--file_format=array_record"):
+  with pytest.raises(
+    DataError,
+    match=r"'imdb_reviews' is not prepared under .*tfds build imdb_reviews "
+    r"--file_format=array_record",
+  ):
     tfds_source.open_split("imdb_reviews", "train", str(tmp_path))
 
 
 def test_short_enwik8_logs_the_scaled_standard_split(tmp_path, caplog):
   import ml_collections
+
   path = tmp_path / "enwik8.zip"
   with zipfile.ZipFile(path, "w") as z:
     z.writestr("enwik8", b"x" * 1000)
-  config = ml_collections.ConfigDict({"task": "lm", "train": {"seq_len": 8},
-                                      "data": bytes_data.data_config(path=str(path))})
+  config = ml_collections.ConfigDict(
+    {"task": "lm", "train": {"seq_len": 8}, "data": bytes_data.data_config(path=str(path))}
+  )
   with caplog.at_level(logging.INFO):
     bytes_data.make_source(config, "validation")
-  assert "standard 90M/5M/5M split of the 100,000,000-byte enwik8, scaled proportionally to this " \
-         "file's 1,000 bytes" in caplog.text
+  assert (
+    "standard 90M/5M/5M split of the 100,000,000-byte enwik8, scaled proportionally to this "
+    "file's 1,000 bytes" in caplog.text
+  )

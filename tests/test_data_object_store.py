@@ -61,17 +61,21 @@ def _assert_same_examples(local, remote):
 # ----------------------------------------------------------------------------- same examples
 
 
-@pytest.mark.parametrize("name", [
-    "enwik8", "listops",
+@pytest.mark.parametrize(
+  "name",
+  [
+    "enwik8",
+    "listops",
     pytest.param("retrieval", marks=pytest.mark.slow),
     pytest.param("pg19", marks=pytest.mark.slow),
-    pytest.param("c4", marks=pytest.mark.slow),      # with its SentencePiece model in the bucket
+    pytest.param("c4", marks=pytest.mark.slow),  # with its SentencePiece model in the bucket
     pytest.param("c4_mlm", marks=pytest.mark.slow),  # document slices of one shard
     pytest.param("imagenet64", marks=pytest.mark.slow),
     pytest.param("imdb", marks=pytest.mark.slow),
     pytest.param("cifar10", marks=pytest.mark.slow),
     pytest.param("pathfinder", marks=pytest.mark.slow),
-])
+  ],
+)
 def test_a_bucket_gives_the_examples_of_a_local_folder(name, tmp_path, fake_gcs):
   _assert_same_examples(*_configs(name, tmp_path, fake_gcs))
 
@@ -82,14 +86,18 @@ def _extract(archive_name, subfolder):
     with tarfile.open(root / archive_name) as archive:
       archive.extractall(out, filter="data")
     return out / subfolder
+
   return layout
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,archive,subfolder", [
+@pytest.mark.parametrize(
+  "name,archive,subfolder",
+  [
     ("imdb", "aclImdb_v1.tar.gz", "aclImdb"),
     ("cifar10", "cifar-10-python.tar.gz", "cifar-10-batches-py"),
-])
+  ],
+)
 def test_an_extracted_release_in_a_bucket_reads_like_a_local_one(name, archive, subfolder, tmp_path, fake_gcs):
   _assert_same_examples(*_configs(name, tmp_path, fake_gcs, layout=_extract(archive, subfolder)))
 
@@ -137,8 +145,9 @@ def _error(config):
   return info.type, str(info.value)
 
 
-@pytest.mark.parametrize("name", ["enwik8", "listops", "retrieval", "pg19", "c4", "imagenet64", "imdb",
-                                  "cifar10", "pathfinder"])
+@pytest.mark.parametrize(
+  "name", ["enwik8", "listops", "retrieval", "pg19", "c4", "imagenet64", "imdb", "cifar10", "pathfinder"]
+)
 def test_a_missing_bucket_folder_gives_the_local_sentence(name, tmp_path, fake_gcs):
   module = fixtures.load(name)
   url, local = fake_gcs(name), tmp_path / "nothing" / name
@@ -161,10 +170,15 @@ def test_a_missing_bucket_tfds_data_dir_gives_the_local_sentence(name, tmp_path,
   assert remote_message == message.replace(str(local), url) and "tfds data_dir" in remote_message
 
 
-@pytest.mark.parametrize("name,missing", [
-    ("imagenet64", "val_data.npz"), ("listops", "basic_test.tsv"),
-    ("retrieval", "new_aan_pairs.test.tsv"), ("pg19", "metadata.csv"),
-])
+@pytest.mark.parametrize(
+  "name,missing",
+  [
+    ("imagenet64", "val_data.npz"),
+    ("listops", "basic_test.tsv"),
+    ("retrieval", "new_aan_pairs.test.tsv"),
+    ("pg19", "metadata.csv"),
+  ],
+)
 def test_a_missing_or_empty_bucket_file_gives_the_local_sentence(name, missing, tmp_path, fake_gcs):
   module = fixtures.load(name)
   root = tmp_path / "local"
@@ -186,8 +200,9 @@ def test_a_missing_or_empty_bucket_file_gives_the_local_sentence(name, missing, 
 # ----------------------------------------------------------------------------- missing packages
 
 
-@pytest.mark.parametrize("name", ["enwik8", "pg19", "imagenet64", "listops", "retrieval", "imdb", "cifar10",
-                                  "pathfinder", "c4"])
+@pytest.mark.parametrize(
+  "name", ["enwik8", "pg19", "imagenet64", "listops", "retrieval", "imdb", "cifar10", "pathfinder", "c4"]
+)
 def test_a_scheme_without_its_package_is_one_sentence_naming_it(name, tmp_path, monkeypatch):
   module = fixtures.load(name)
   overrides = [o for o in module.build(tmp_path) if not o.startswith("data.dir=")]
@@ -195,8 +210,12 @@ def test_a_scheme_without_its_package_is_one_sentence_naming_it(name, tmp_path, 
   hidden = {"gcsfs", "tensorflow"}
   monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in hidden else real(n, *a))
   config = lra_core.load_config(module.SPEC, overrides + ["data.dir=gs://some-bucket/data"])
-  with pytest.raises(ConfigError, match=re.escape("data.dir 'gs://some-bucket/data' needs the gcsfs package "
-                                                  "for gs:// paths; install it with pip install gcsfs.")):
+  with pytest.raises(
+    ConfigError,
+    match=re.escape(
+      "data.dir 'gs://some-bucket/data' needs the gcsfs package for gs:// paths; install it with pip install gcsfs."
+    ),
+  ):
     registry.dataset_module(config.data.name).validate_config(config)
   if importlib.util.find_spec("adlfs") is None:
     config = lra_core.load_config(module.SPEC, overrides + ["data.dir=az://container/data"])

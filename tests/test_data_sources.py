@@ -59,6 +59,7 @@ def gz_file(tmp_path, payload):
 
 # ---------------------------------------------------------------- bytes
 
+
 def test_windows_are_consecutive_and_targets_shift_by_one(raw_file, payload):
   seq_len = 16
   config = _bytes_config(raw_file, seq_len)
@@ -72,12 +73,12 @@ def test_windows_are_consecutive_and_targets_shift_by_one(raw_file, payload):
     for i in (0, 1, len(source) - 1):
       ex = source[i]
       begin = start + i * seq_len
-      np.testing.assert_array_equal(ex["inputs"], data[begin:begin + seq_len])
-      np.testing.assert_array_equal(ex["targets"], data[begin + 1:begin + seq_len + 1])
+      np.testing.assert_array_equal(ex["inputs"], data[begin : begin + seq_len])
+      np.testing.assert_array_equal(ex["targets"], data[begin + 1 : begin + seq_len + 1])
       np.testing.assert_array_equal(ex["weights"], np.ones(seq_len, np.float32))
       dtypes = (ex["inputs"].dtype, ex["targets"].dtype, ex["weights"].dtype)
       assert dtypes == (np.int32, np.int32, np.float32)
-      assert begin + seq_len + 1 <= stop   # never reads into the next split
+      assert begin + seq_len + 1 <= stop  # never reads into the next split
     # Window i's last target is window i+1's first input.
     assert source[0]["targets"][-1] == source[1]["inputs"][0]
     with pytest.raises(IndexError):
@@ -96,7 +97,10 @@ def test_split_ranges_are_contiguous_with_requested_fractions():
       assert abs((stop - start) - f * num_bytes) <= 1
   # The usual enwik8 boundaries.
   assert bytes_data.split_ranges(10**8, (0.9, 0.05, 0.05)) == {
-      "train": (0, 90_000_000), "validation": (90_000_000, 95_000_000), "test": (95_000_000, 10**8)}
+    "train": (0, 90_000_000),
+    "validation": (90_000_000, 95_000_000),
+    "test": (95_000_000, 10**8),
+  }
 
 
 @pytest.mark.parametrize("archive", ["zip_file", "gz_file"])
@@ -131,7 +135,7 @@ def test_encode_decode_round_trip():
   assert ids == list(text.encode("utf-8")) and all(0 <= i < 256 for i in ids)
   assert bytes_data.decode(ids) == text
   assert bytes_data.decode(np.asarray(ids, np.int32)) == text
-  assert bytes_data.decode(ids[:-len(" ascii") - 1]).endswith("\ufffd")   # cut inside a character
+  assert bytes_data.decode(ids[: -len(" ascii") - 1]).endswith("\ufffd")  # cut inside a character
   with pytest.raises(DataError, match="256"):
     bytes_data.decode([65, 256])
 
@@ -175,8 +179,7 @@ def test_too_short_split_names_split_length_and_seq_len(raw_file, payload):
   assert len(bytes_data.make_source(exact, "test")) == 1
 
 
-@pytest.mark.parametrize(
-    "fractions", [(0.9, 0.05, 0.04), (1.1, -0.05, -0.05), (0.9, 0.1, 0.0), (0.5, 0.5)])
+@pytest.mark.parametrize("fractions", [(0.9, 0.05, 0.04), (1.1, -0.05, -0.05), (0.9, 0.1, 0.0), (0.5, 0.5)])
 def test_bad_fractions_are_config_errors(raw_file, fractions):
   with pytest.raises(ConfigError, match="split_fractions"):
     bytes_data.validate_config(_bytes_config(raw_file, split_fractions=fractions))
@@ -196,13 +199,13 @@ def test_bad_config_fields_are_config_errors(raw_file):
 # (label as written, id1, id2, text1, text2): labels as LRA's float reader accepts them,
 # texts with quotes (the reader does not treat them specially), non-ASCII and an empty text.
 PAIRS = {
-    "train": [
-        ("1", "P01-1001", "P02-2002", 'a "quoted" title, long enough to be cut' * 3, "short"),
-        ("0", "W03-0301", "J04-0404", "Zürich 日本語", ""),
-        ("1.0", "A", "B", "x" * 7, "y" * 8),
-    ],
-    "validation": [("0.0", "C", "D", "eval one", "eval two")],
-    "test": [("1", "E", "F", "test one", "test two"), ("0", "G", "H", "t", "u")],
+  "train": [
+    ("1", "P01-1001", "P02-2002", 'a "quoted" title, long enough to be cut' * 3, "short"),
+    ("0", "W03-0301", "J04-0404", "Zürich 日本語", ""),
+    ("1.0", "A", "B", "x" * 7, "y" * 8),
+  ],
+  "validation": [("0.0", "C", "D", "eval one", "eval two")],
+  "test": [("1", "E", "F", "test one", "test two"), ("0", "G", "H", "t", "u")],
 }
 
 
@@ -219,8 +222,11 @@ def _retrieval_config(folder, seq_len=8):
 
 
 def test_file_names_follow_the_lra_release():
-  assert retrieval.FILES == {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
-                             "test": "new_aan_pairs.test.tsv"}
+  assert retrieval.FILES == {
+    "train": "new_aan_pairs.train.tsv",
+    "validation": "new_aan_pairs.eval.tsv",
+    "test": "new_aan_pairs.test.tsv",
+  }
 
 
 def test_retrieval_pads_truncates_and_masks(tmp_path):
@@ -249,7 +255,7 @@ def test_retrieval_decode_and_long_sequences(tmp_path):
   config = _retrieval_config(_write_aan(tmp_path / "aan"), seq_len=512)
   ex = retrieval.make_source(config, "train")[1]
   assert retrieval.decode(ex["inputs"][0]) == "Zürich 日本語"
-  assert not ex["mask"][1].any()   # an empty text is all padding
+  assert not ex["mask"][1].any()  # an empty text is all padding
   assert retrieval.decode(retrieval.encode("abc", 2)) == "ab"
 
 
@@ -264,13 +270,16 @@ def test_retrieval_missing_file_and_dir(tmp_path):
     retrieval.validate_config(_retrieval_config(""))
 
 
-@pytest.mark.parametrize("bad_line, message", [
+@pytest.mark.parametrize(
+  "bad_line, message",
+  [
     ("1\tA\tB\tonly four", "line 2 .* 4 tab-separated columns"),
     ("1\tA\tB\ttext\twith\ttab", "line 2 .* 6 tab-separated columns"),
     ("yes\tA\tB\tx\ty", "line 2 .* label 'yes'"),
     ("0.5\tA\tB\tx\ty", "line 2 .* label '0.5'"),
     ("2\tA\tB\tx\ty", "line 2 .* label '2'"),
-])
+  ],
+)
 def test_retrieval_malformed_lines_name_file_and_line(tmp_path, bad_line, message):
   pairs = dict(PAIRS, test=[PAIRS["test"][0], tuple(bad_line.split("\t"))])
   folder = _write_aan(tmp_path / "aan", pairs)

@@ -56,9 +56,9 @@ class ToyRecurrentLM(nnx.Module):
   def init_decode_state(self, batch_size: int, max_len: int) -> dict:
     del max_len  # constant-size state
     return {
-        "h": jnp.zeros((batch_size, self.dim)),
-        "total": jnp.zeros((batch_size, self.dim)),
-        "pos": jnp.zeros((), jnp.int32),
+      "h": jnp.zeros((batch_size, self.dim)),
+      "total": jnp.zeros((batch_size, self.dim)),
+      "pos": jnp.zeros((), jnp.int32),
     }
 
   def decode_step(self, tokens: jax.Array, state: dict) -> tuple[jax.Array, dict]:
@@ -127,16 +127,16 @@ def _within_bound(counts: np.ndarray, probs: np.ndarray, sigmas: float = 5.0) ->
 # The toy model itself honours the protocol (otherwise the generate tests prove nothing)
 # ---------------------------------------------------------------------------------------
 
+
 def test_toy_decode_matches_forward(model):
   tokens = _prompt(3, 7)
   step = nnx.jit(lambda m, t, s: m.decode_step(t, s))
   state = model.init_decode_state(3, 7)
   steps = []
   for t in range(7):
-    logits, state = step(model, tokens[:, t:t + 1], state)
+    logits, state = step(model, tokens[:, t : t + 1], state)
     steps.append(np.asarray(logits))
-  np.testing.assert_allclose(np.concatenate(steps, axis=1), _forward(model, tokens),
-                             atol=1e-5)
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), _forward(model, tokens), atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,15 +147,18 @@ def test_toy_decode_matches_forward(model):
 _NUCLEUS_LOGITS = np.log(np.array([0.125, 0.5, 0.125, 0.25], np.float32))
 
 
-@pytest.mark.parametrize("top_p, kept", [
-    (0.01, {1}),          # below the argmax's mass: the argmax alone
+@pytest.mark.parametrize(
+  "top_p, kept",
+  [
+    (0.01, {1}),  # below the argmax's mass: the argmax alone
     (0.45, {1}),
     (0.55, {1, 3}),
     (0.70, {1, 3}),
-    (0.80, {1, 3, 0}),    # needs one of the tied 1/8 tokens: the lower id wins
+    (0.80, {1, 3, 0}),  # needs one of the tied 1/8 tokens: the lower id wins
     (0.95, {0, 1, 2, 3}),
     (1.00, {0, 1, 2, 3}),
-])
+  ],
+)
 def test_nucleus_keeps_expected_set(top_p, kept):
   out = np.asarray(decoding.filter_logits(_NUCLEUS_LOGITS, top_p=top_p))
   assert set(np.flatnonzero(out > FILL).tolist()) == kept
@@ -165,10 +168,13 @@ def test_nucleus_keeps_expected_set(top_p, kept):
 
 
 def test_nucleus_ties_and_rows_are_independent():
-  logits = np.array([
-      [0.0, 0.0, 0.0, 0.0],            # uniform: mass 0.4 needs two tokens, lowest ids
-      [0.0, 0.0, 0.0, 10.0],           # peaked: argmax alone
-  ], np.float32)
+  logits = np.array(
+    [
+      [0.0, 0.0, 0.0, 0.0],  # uniform: mass 0.4 needs two tokens, lowest ids
+      [0.0, 0.0, 0.0, 10.0],  # peaked: argmax alone
+    ],
+    np.float32,
+  )
   keep = np.asarray(decoding.filter_logits(logits, top_p=0.4)) > FILL
   np.testing.assert_array_equal(keep, [[True, True, False, False], [False, False, False, True]])
 
@@ -183,8 +189,7 @@ def test_nucleus_keeps_rare_tokens_at_top_p_one():
 def test_top_k_keeps_exactly_k_with_ties():
   logits = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [5.0, 4.0, 3.0, 2.0, 1.0]], np.float32)
   keep = np.asarray(decoding.filter_logits(logits, top_k=2)) > FILL
-  np.testing.assert_array_equal(keep, [[False, True, True, False, False],
-                                       [True, True, False, False, False]])
+  np.testing.assert_array_equal(keep, [[False, True, True, False, False], [True, True, False, False, False]])
   # k >= V keeps everything unchanged.
   np.testing.assert_array_equal(decoding.filter_logits(logits, top_k=9), logits)
 
@@ -212,8 +217,15 @@ def test_temperature_scales_and_zero_keeps_argmax():
 
 def test_bad_settings_are_refused():
   logits = np.zeros((2, 4), np.float32)
-  for kwargs in [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=-1),
-                 dict(top_k=1.5), dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5)]:
+  for kwargs in [
+    dict(temperature=-1.0),
+    dict(temperature=float("nan")),
+    dict(top_k=-1),
+    dict(top_k=1.5),
+    dict(top_k=True),
+    dict(top_p=0.0),
+    dict(top_p=1.5),
+  ]:
     with pytest.raises(decoding.DecodingError):
       decoding.filter_logits(logits, **kwargs)
 
@@ -261,10 +273,12 @@ def test_sample_greedy_and_determinism():
 # generate
 # ---------------------------------------------------------------------------------------
 
+
 def test_greedy_generate_matches_full_forward_argmax(model, greedy_case):
   prompt, expected = greedy_case
-  out = decoding.generate(model, prompt, max_new_tokens=expected.shape[1] - prompt.shape[1],
-                          key=jax.random.key(0), temperature=0.0)
+  out = decoding.generate(
+    model, prompt, max_new_tokens=expected.shape[1] - prompt.shape[1], key=jax.random.key(0), temperature=0.0
+  )
   assert out.dtype == jnp.int32 and out.shape == expected.shape
   np.testing.assert_array_equal(out, expected)
 
@@ -273,15 +287,15 @@ def test_top_k_one_equals_greedy_and_reuses_the_compiled_program(model, greedy_c
   prompt, expected = greedy_case
   n = expected.shape[1] - prompt.shape[1]
   before = _DECODE_TRACES["decode_step"]
-  out = decoding.generate(model, prompt, max_new_tokens=n, key=jax.random.key(42),
-                          temperature=1.3, top_k=1)
+  out = decoding.generate(model, prompt, max_new_tokens=n, key=jax.random.key(42), temperature=1.3, top_k=1)
   np.testing.assert_array_equal(out, expected)
   traced = _DECODE_TRACES["decode_step"] - before
   assert traced > 0
   # A cloned module (new arrays, same structure), a new key and new temperature / top_p
   # values: the same program runs, untraced.
-  out = decoding.generate(nnx.clone(model), prompt, max_new_tokens=n, key=jax.random.key(43),
-                          temperature=0.6, top_k=1, top_p=0.9)
+  out = decoding.generate(
+    nnx.clone(model), prompt, max_new_tokens=n, key=jax.random.key(43), temperature=0.6, top_k=1, top_p=0.9
+  )
   np.testing.assert_array_equal(out, expected)
   assert _DECODE_TRACES["decode_step"] - before == traced
 
@@ -290,8 +304,9 @@ def test_generate_runs_a_train_mode_model_in_eval_mode(model, greedy_case):
   prompt, expected = greedy_case
   m = nnx.clone(model)
   m.train()
-  out = decoding.generate(m, prompt, max_new_tokens=expected.shape[1] - prompt.shape[1],
-                          key=jax.random.key(0), temperature=0.0)
+  out = decoding.generate(
+    m, prompt, max_new_tokens=expected.shape[1] - prompt.shape[1], key=jax.random.key(0), temperature=0.0
+  )
   assert m.dropout.deterministic is False  # the caller's module keeps its mode
   np.testing.assert_array_equal(out, expected)
 
@@ -299,8 +314,7 @@ def test_generate_runs_a_train_mode_model_in_eval_mode(model, greedy_case):
 def test_first_sampled_token_follows_tempered_model_distribution(model):
   n, temperature = 4000, 0.8
   prompt = np.broadcast_to(_prompt(1, 3, seed=4), (n, 3))
-  out = np.asarray(decoding.generate(model, prompt, max_new_tokens=1,
-                                     key=jax.random.key(11), temperature=temperature))
+  out = np.asarray(decoding.generate(model, prompt, max_new_tokens=1, key=jax.random.key(11), temperature=temperature))
   np.testing.assert_array_equal(out[:, :3], prompt)
   counts = np.bincount(out[:, 3], minlength=VOCAB)
   probs = _softmax(_forward(model, prompt[:1])[0, -1] / temperature)
@@ -321,8 +335,7 @@ def test_same_key_same_samples_other_key_differs(model):
 def test_eos_rows_are_padded_after_eos(model):
   eos, pad, p = 2, 0, _SAMPLED["prompt"].shape[1]
   free = np.asarray(decoding.generate(model, key=jax.random.key(3), **_SAMPLED))
-  out = np.asarray(decoding.generate(model, key=jax.random.key(3), eos_id=eos, pad_id=pad,
-                                     **_SAMPLED))
+  out = np.asarray(decoding.generate(model, key=jax.random.key(3), eos_id=eos, pad_id=pad, **_SAMPLED))
   np.testing.assert_array_equal(out[:, :p], _SAMPLED["prompt"])
   padded_rows = 0
   for row_free, row in zip(free[:, p:], out[:, p:]):
@@ -332,8 +345,8 @@ def test_eos_rows_are_padded_after_eos(model):
       continue
     # Rows advance independently under one key, so up to EOS the run is unchanged.
     first = hits[0]
-    np.testing.assert_array_equal(row[:first + 1], row_free[:first + 1])
-    assert np.all(row[first + 1:] == pad)
+    np.testing.assert_array_equal(row[: first + 1], row_free[: first + 1])
+    assert np.all(row[first + 1 :] == pad)
     padded_rows += int(first + 1 < row.size)
   assert padded_rows >= 2, "seed gives too few rows with EOS before the end to test padding"
   assert np.any(np.all(free[:, p:] != eos, axis=1)), "seed gives no row without EOS"
@@ -342,15 +355,15 @@ def test_eos_rows_are_padded_after_eos(model):
 def test_generate_refuses_bad_input(model):
   key = jax.random.key(0)
   bad = [
-      (dict(prompt=np.zeros((2, 0), np.int32)), "P >= 1"),
-      (dict(prompt=np.zeros((4,), np.int32)), r"expected int\[B,P\]"),
-      (dict(prompt=np.zeros((2, 3), np.float32)), r"expected int\[B,P\]"),
-      (dict(max_new_tokens=-1), "max_new_tokens -1"),
-      (dict(max_new_tokens=2.0), "max_new_tokens 2.0"),
-      (dict(top_p=2.0), "top_p 2.0"),
-      (dict(eos_id="2"), "eos_id"),
-      (dict(key=0), "PRNG key"),
-      (dict(key=jax.random.split(jax.random.key(0), 2)), "single PRNG key"),
+    (dict(prompt=np.zeros((2, 0), np.int32)), "P >= 1"),
+    (dict(prompt=np.zeros((4,), np.int32)), r"expected int\[B,P\]"),
+    (dict(prompt=np.zeros((2, 3), np.float32)), r"expected int\[B,P\]"),
+    (dict(max_new_tokens=-1), "max_new_tokens -1"),
+    (dict(max_new_tokens=2.0), "max_new_tokens 2.0"),
+    (dict(top_p=2.0), "top_p 2.0"),
+    (dict(eos_id="2"), "eos_id"),
+    (dict(key=0), "PRNG key"),
+    (dict(key=jax.random.split(jax.random.key(0), 2)), "single PRNG key"),
   ]
   for override, message in bad:
     kwargs = dict(prompt=np.zeros((2, 3), np.int32), max_new_tokens=2, key=key)
@@ -358,8 +371,7 @@ def test_generate_refuses_bad_input(model):
     with pytest.raises(decoding.DecodingError, match=message):
       decoding.generate(model, **kwargs)
   with pytest.raises(decoding.DecodingError, match="decode_step"):
-    decoding.generate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), np.zeros((1, 1), np.int32),
-                      max_new_tokens=1, key=key)
+    decoding.generate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), np.zeros((1, 1), np.int32), max_new_tokens=1, key=key)
 
 
 def test_zero_new_tokens_returns_prompt(model):

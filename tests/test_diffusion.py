@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import tiers
 from flax import nnx
 
 import lra_core
+import tiers
 from fixtures import imagenet64 as fx
 from lra_core import diffusion, registry
 from lra_core import sample as sample_lib
@@ -45,6 +45,7 @@ def _images(n: int, size: int, offset: int = 0) -> np.ndarray:
 
 # -- schedules and conversions ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("spec", SCHEDULES)
 def test_schedule_goes_from_clean_to_pure_noise_monotonically(spec):
   gamma = diffusion.make_schedule(spec)
@@ -58,8 +59,9 @@ def test_schedule_goes_from_clean_to_pure_noise_monotonically(spec):
 def test_schedule_closed_forms():
   # Chen 2023: cosine gamma = cos(pi t / 2)^2; the sigmoid schedule is symmetric around t = 1/2.
   t = jnp.array([0.25, 0.5])
-  np.testing.assert_allclose(diffusion.make_schedule("cosine")(t), np.cos(np.pi * np.array([0.25, 0.5]) / 2) ** 2,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    diffusion.make_schedule("cosine")(t), np.cos(np.pi * np.array([0.25, 0.5]) / 2) ** 2, rtol=1e-6
+  )
   assert abs(float(diffusion.make_schedule("sigmoid")(jnp.array(0.5))) - 0.5) < 1e-6
   np.testing.assert_allclose(diffusion.make_schedule("linear")(t), [0.75, 0.5])
 
@@ -91,8 +93,9 @@ def test_v_is_the_rotated_pair_and_clipping_keeps_x_t():
   g = gamma[:, None, None, None]
   # v = d x_t / d phi for x_t = cos(phi) x0 + sin(phi) eps, phi = arccos(sqrt(gamma)) (Salimans & Ho 2022)
   phi = jnp.arccos(jnp.sqrt(g))
-  np.testing.assert_allclose(diffusion.prediction_target("v", x0, eps, gamma),
-                             -jnp.sin(phi) * x0 + jnp.cos(phi) * eps, atol=1e-5)
+  np.testing.assert_allclose(
+    diffusion.prediction_target("v", x0, eps, gamma), -jnp.sin(phi) * x0 + jnp.cos(phi) * eps, atol=1e-5
+  )
   x_t = diffusion.q_sample(x0, gamma, eps)
   wild = 3.0 * eps  # an x0 estimate far outside [-1, 1]
   x0_c, eps_c = diffusion.x0_eps_from_prediction("x0", x_t, gamma, wild, clip=True)
@@ -143,6 +146,7 @@ def test_normalized_input_has_unit_std_per_example():
 
 # -- the denoiser -----------------------------------------------------------------------------------
 
+
 def test_grouping_keeps_neighbouring_pixels_together_and_inverts():
   s, p, q = 16, 4, 2  # 4x4 patches, groups of 2x2 patches = 8x8-pixel sub-images
   y, x, c = np.meshgrid(np.arange(s), np.arange(s), np.arange(3), indexing="ij")
@@ -179,8 +183,13 @@ def test_rin_and_fit_shapes(groups, latents):
 
 def test_groups_are_independent_until_latents_mix_them():
   # With no global block (one L block), a pixel's prediction depends on its own group only.
-  config = _config("model.layers=L(2)", "model.local_attention=true", "model.self_condition=false",
-                   "model.num_classes=0", "model.num_groups=4")
+  config = _config(
+    "model.layers=L(2)",
+    "model.local_attention=true",
+    "model.self_condition=false",
+    "model.num_classes=0",
+    "model.num_groups=4",
+  )
   model = registry.build_model(config)
   x = jax.random.normal(jax.random.key(0), (1, 8, 8, 3))
   pred = lambda x: _forward(model, x, jnp.array([0.5]))[0]
@@ -215,7 +224,9 @@ def test_noise_level_and_label_condition_the_output():
     _forward(model, x, jnp.array([0.5]))
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
     (["model.patch_size=5"], "does not divide model.image_size"),
     (["model.num_groups=3"], "not a square number"),
     (["model.num_groups=9"], "does not split into 3x3 groups"),
@@ -231,7 +242,8 @@ def test_noise_level_and_label_condition_the_output():
     (["diffusion.cond_dropout=1.0"], r"diffusion.cond_dropout 1.0 is not in \[0, 1\)"),
     (["diffusion.cond_dropout=0.0", "diffusion.guidance=1.0"], "trained with diffusion.cond_dropout > 0"),
     (["model.num_classes=0", "diffusion.guidance=1.0"], "needs a class-conditional denoiser"),
-])
+  ],
+)
 def test_bad_settings_are_config_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
     _config(*overrides)
@@ -245,6 +257,7 @@ def test_diffusion_reads_raster_images_only(tmp_path):
 
 # -- sampling ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sampler", diffusion.SAMPLERS)
 def test_sampling_is_finite_and_deterministic_given_the_key(sampler):
   model = registry.build_model(_config())
@@ -253,8 +266,7 @@ def test_sampling_is_finite_and_deterministic_given_the_key(sampler):
 
   @nnx.jit(static_argnums=2)
   def draw(model, key, steps):
-    return diffusion.sample(model, key, (2, 8, 8, 3), steps, schedule="cosine", sampler=sampler,
-                            labels=labels)
+    return diffusion.sample(model, key, (2, 8, 8, 3), steps, schedule="cosine", sampler=sampler, labels=labels)
 
   for steps in (1, 3):
     a = draw(model, jax.random.key(0), steps)
@@ -267,21 +279,27 @@ def test_sampling_is_finite_and_deterministic_given_the_key(sampler):
 
 def test_sampling_settings_come_from_the_config():
   """diffusion.sampler / sample_steps / sample_schedule / x0_clip decide the draw."""
-  config = _config("diffusion.sample_steps=2", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear",
-                   "diffusion.x0_clip=False")
+  config = _config(
+    "diffusion.sample_steps=2", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear", "diffusion.x0_clip=False"
+  )
   model = registry.build_model(config)
   labels = jnp.array([0, 5])
   draw = lambda c: nnx.jit(lambda m, key: diffusion.sample_from_config(m, c, key, 2, labels=labels))(
-      model, jax.random.key(0))
+    model, jax.random.key(0)
+  )
   out = draw(config)
   d = config.diffusion
   # The same draw spelt out, compiled too: eager and jitted draws round differently (without x0
   # clipping the values reach 1e5, so float32 rounding alone is about 1e-2 there).
-  same = nnx.jit(lambda m, key: diffusion.sample(m, key, out.shape, 2, schedule="linear", pred_type=d.pred_type,
-                                                 sampler="ddim", labels=labels, x0_clip=False))(model, jax.random.key(0))
+  same = nnx.jit(
+    lambda m, key: diffusion.sample(
+      m, key, out.shape, 2, schedule="linear", pred_type=d.pred_type, sampler="ddim", labels=labels, x0_clip=False
+    )
+  )(model, jax.random.key(0))
   np.testing.assert_allclose(out, same, rtol=1e-6, atol=1e-6)
-  other = _config("diffusion.sample_steps=3", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear",
-                  "diffusion.x0_clip=False")
+  other = _config(
+    "diffusion.sample_steps=3", "diffusion.sampler=ddim", "diffusion.sample_schedule=linear", "diffusion.x0_clip=False"
+  )
   assert float(jnp.abs(out - draw(other)).max()) > 1e-5
 
 
@@ -290,13 +308,27 @@ def _draw(config, model, **options):
   return sample_lib.training_samples(config, model, jax.random.key(0), 2, labels=np.array([3, 7]), **options)
 
 
-SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64", "model.layers=L(1)G(1)L(1)",
-         "diffusion.sampler=ddim", "diffusion.sample_steps=3", "diffusion.sample_schedule=linear")
+SMALL = (
+  "model.d_model=32",
+  "model.d_latent=32",
+  "model.d_ff=64",
+  "model.latent_d_ff=64",
+  "model.layers=L(1)G(1)L(1)",
+  "diffusion.sampler=ddim",
+  "diffusion.sample_steps=3",
+  "diffusion.sample_schedule=linear",
+)
 
 
-SAMPLING_KEYS = ["diffusion.sampler=ddpm", "diffusion.sampler=ddpm@small", "diffusion.sample_steps=4",
-                 "diffusion.sample_schedule=cosine", "diffusion.x0_clip=False", "diffusion.guidance=2.0",
-                 "diffusion.normalize_noisy_input=True"]
+SAMPLING_KEYS = [
+  "diffusion.sampler=ddpm",
+  "diffusion.sampler=ddpm@small",
+  "diffusion.sample_steps=4",
+  "diffusion.sample_schedule=cosine",
+  "diffusion.x0_clip=False",
+  "diffusion.guidance=2.0",
+  "diffusion.normalize_noisy_input=True",
+]
 
 
 @pytest.mark.parametrize("override", tiers.quick(SAMPLING_KEYS, keep=[1, 5], ids=SAMPLING_KEYS))
@@ -320,8 +352,11 @@ def test_guided_sampling_combines_conditional_and_null_class_predictions():
   model = registry.build_model(config)
   assert model.null_label == 1000 and model.label_embed.embedding.shape[0] == 1001
   labels, key, shape = jnp.array([3, 7]), jax.random.key(4), (2, 8, 8, 3)
-  guided = nnx.jit(lambda m, k: diffusion.sample(m, k, shape, 1, schedule="cosine", pred_type="x0", sampler="ddim",
-                                                 labels=labels, x0_clip=False, guidance=2.0))(model, key)
+  guided = nnx.jit(
+    lambda m, k: diffusion.sample(
+      m, k, shape, 1, schedule="cosine", pred_type="x0", sampler="ddim", labels=labels, x0_clip=False, guidance=2.0
+    )
+  )(model, key)
   # One step from t=1: the x0 estimate is the guided prediction at the initial noise.
   x = jax.random.normal(jax.random.split(key)[0], shape)
   gamma = diffusion.make_schedule("cosine")(jnp.ones(2))
@@ -338,8 +373,11 @@ def test_guided_sampling_combines_conditional_and_null_class_predictions():
 def _prepared(config, n=64):
   task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
   images = _images(n, 8)
-  batch = {"inputs": jnp.asarray(images.reshape(n, -1), jnp.int32), "targets": jnp.arange(n, dtype=jnp.int32),
-           "weights": jnp.ones(n, jnp.float32)}
+  batch = {
+    "inputs": jnp.asarray(images.reshape(n, -1), jnp.int32),
+    "targets": jnp.arange(n, dtype=jnp.int32),
+    "weights": jnp.ones(n, jnp.float32),
+  }
   return task, jax.jit(task.prepare)(batch, jax.random.key(11))
 
 
@@ -353,9 +391,10 @@ def test_conditioning_dropout_puts_the_null_class_in_training_only():
   dropped = np.asarray(batch["drop_label"])
   assert 0.3 < dropped.mean() < 0.7
   model = registry.build_model(config)
-  run = nnx.jit(lambda m, b, train: task.loss_and_metrics(m, b, normalizer=jnp.ones(()),
-                                                          rngs=nnx.Rngs(0) if train else None)[0],
-                static_argnums=2)
+  run = nnx.jit(
+    lambda m, b, train: task.loss_and_metrics(m, b, normalizer=jnp.ones(()), rngs=nnx.Rngs(0) if train else None)[0],
+    static_argnums=2,
+  )
   loss = lambda b, train: float(run(model, b, train))
   manual = dict(batch, labels=jnp.where(batch["drop_label"], 1000, batch["labels"]))
   assert loss(batch, True) == pytest.approx(loss(manual, False), rel=1e-6)  # training: the null class
@@ -372,14 +411,18 @@ def test_normalize_noisy_input_scales_what_the_denoiser_sees():
 
 # -- training ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_diffusion_loss_decreases_on_a_tiny_image_set():
   config = _config()
   task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
   model = registry.build_model(config)
   images = _images(8, 8)
-  batch = {"inputs": jnp.asarray(images.reshape(8, -1), jnp.int32), "targets": jnp.arange(8, dtype=jnp.int32),
-           "weights": jnp.ones(8, jnp.float32)}
+  batch = {
+    "inputs": jnp.asarray(images.reshape(8, -1), jnp.int32),
+    "targets": jnp.arange(8, dtype=jnp.int32),
+    "weights": jnp.ones(8, jnp.float32),
+  }
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   tx = optax.adam(2e-3)
   opt_state = tx.init(params)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_transformer import make_config
 
 import oracles
 import tiers
@@ -19,7 +20,6 @@ from lra_core.errors import ConfigError
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
 from lra_core.kernels.segments import segment_positions, segment_starts
 from lra_core.models import transformer
-from test_transformer import make_config
 
 
 def test_segment_positions_and_starts():
@@ -35,22 +35,25 @@ def test_local_attention_with_segments_equals_masked_quadratic(causal):
   seg = jnp.array([[1] * 6 + [2] * 9 + [3] * 4 + [0] * 2, [1] * 3 + [2] * 18])
   valid = seg > 0
   got = local_attention(q, k, v, window=w, causal=causal, k_valid=valid, segments=seg)
-  m = attention_mask(jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid,
-                     q_segments=seg, k_segments=seg)
+  m = attention_mask(
+    jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid, q_segments=seg, k_segments=seg
+  )
   real = np.asarray(valid)  # padding queries read no key at all: their rows are arbitrary
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(dot_product_attention(q, k, v, mask=m))[real], atol=1e-5)
 
 
 CASES = [
-    dict(task="lm", variant="transformer"),
-    dict(task="lm", variant="transformer++", num_kv_heads=1),
-    dict(task="lm", variant="transformer+", window=4),
-    dict(task="mlm", variant="transformer"),
-    dict(task="mlm", variant="transformer++", window=3),
+  dict(task="lm", variant="transformer"),
+  dict(task="lm", variant="transformer++", num_kv_heads=1),
+  dict(task="lm", variant="transformer+", window=4),
+  dict(task="mlm", variant="transformer"),
+  dict(task="mlm", variant="transformer++", window=3),
 ]
 
 
-@pytest.mark.parametrize("case", tiers.quick(CASES, keep=[1, 4], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())))
+@pytest.mark.parametrize(
+  "case", tiers.quick(CASES, keep=[1, 4], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+)
 def test_transformer_documents_are_independent(case):
   config = make_config(seq_len=24, **case)
   model = transformer.Model(config, rngs=nnx.Rngs(params=0))
@@ -65,11 +68,14 @@ def test_bad_segment_ids_shape_is_one_sentence():
     model(jnp.zeros((2, 8), jnp.int32), segment_ids=jnp.zeros((2, 7), jnp.int32))
 
 
-@pytest.mark.parametrize("packing, setting, expected", [
-    ("pack", "auto", True), ("concat", "auto", False), ("concat", "true", True), ("pack", "false", False)])
+@pytest.mark.parametrize(
+  "packing, setting, expected",
+  [("pack", "auto", True), ("concat", "auto", False), ("concat", "true", True), ("pack", "false", False)],
+)
 def test_document_mask_setting(packing, setting, expected):
-  config = config_lib.load_config("configs/c4/transformer.py:tiny",
-                                  [f"data.packing={packing}", f"data.document_mask={setting}"])
+  config = config_lib.load_config(
+    "configs/c4/transformer.py:tiny", [f"data.packing={packing}", f"data.document_mask={setting}"]
+  )
   assert document_mask(config) is expected
 
 
@@ -80,6 +86,7 @@ def test_document_mask_is_off_for_datasets_without_documents():
 
 def test_bad_document_mask_setting_is_rejected():
   from lra_core.data import text
+
   config = config_lib.load_config("configs/c4/transformer.py:tiny", ["data.document_mask=maybe"])
   with pytest.raises(ConfigError, match="data.document_mask 'maybe' is not one of"):
     text.check_settings(config)
@@ -89,8 +96,9 @@ def test_isolation_oracle_holds_for_the_transformer():
   config = make_config(seq_len=20, task="mlm")
   model = transformer.Model(config, rngs=nnx.Rngs(params=0))
   model.eval()
-  oracles.assert_documents_isolated(lambda rows, segs: model(rows, segment_ids=segs), np.arange(1, 8),
-                                    np.arange(2, 13), 20, vocab=23)
+  oracles.assert_documents_isolated(
+    lambda rows, segs: model(rows, segment_ids=segs), np.arange(1, 8), np.arange(2, 13), 20, vocab=23
+  )
 
 
 @pytest.mark.slow  # two short training runs
@@ -108,6 +116,8 @@ def test_c4_mlm_run_masks_documents_and_says_so(tmp_path, caplog):
   caplog.set_level(logging.INFO)
   on = train_and_evaluate(lra_core.load_config(c4_mlm.SPEC, overrides), tmp_path / "on")
   assert "document mask on" in caplog.text
-  off = train_and_evaluate(lra_core.load_config(c4_mlm.SPEC, overrides + ["data.document_mask=false"]), tmp_path / "off")
+  off = train_and_evaluate(
+    lra_core.load_config(c4_mlm.SPEC, overrides + ["data.document_mask=false"]), tmp_path / "off"
+  )
   assert "document mask off" in caplog.text
   assert on["val_loss"] != off["val_loss"]

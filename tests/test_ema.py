@@ -22,8 +22,7 @@ from lra_core.tasks import make_task
 from lra_core.train import train_and_evaluate
 
 SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
-SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64",
-         "model.layers=L(1)G(1)L(1)")
+SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64", "model.layers=L(1)G(1)L(1)")
 
 
 def _steps(decay: float, n: int = 3):
@@ -34,8 +33,11 @@ def _steps(decay: float, n: int = 3):
   spec = make_state_spec(config, mesh, tx)
   task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))
   rng = np.random.default_rng(0)
-  batch = {"inputs": jnp.asarray(rng.integers(0, 256, (8, 192)), jnp.int32),
-           "targets": jnp.arange(8, dtype=jnp.int32), "weights": jnp.ones(8, jnp.float32)}
+  batch = {
+    "inputs": jnp.asarray(rng.integers(0, 256, (8, 192)), jnp.int32),
+    "targets": jnp.arange(8, dtype=jnp.int32),
+    "weights": jnp.ones(8, jnp.float32),
+  }
   step = jax.jit(make_train_step(config, spec, task, tx, schedule))
   states = [spec.init()]
   for _ in range(n):
@@ -54,8 +56,9 @@ def test_ema_follows_its_recurrence_and_leaves_training_unchanged():
   for prev, cur in zip(with_ema, with_ema[1:]):
     expected = jax.tree.map(lambda e, p: 0.5 * e + 0.5 * p, prev["ema"], cur["params"])
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur["ema"], expected)
-  moved = jax.tree.leaves(jax.tree.map(lambda e, p: float(jnp.abs(e - p).max()), with_ema[-1]["ema"],
-                                       with_ema[-1]["params"]))
+  moved = jax.tree.leaves(
+    jax.tree.map(lambda e, p: float(jnp.abs(e - p).max()), with_ema[-1]["ema"], with_ema[-1]["params"])
+  )
   assert max(moved) > 1e-5  # the average lags the weights
 
 

@@ -13,8 +13,8 @@ from flax import nnx
 
 import family_configs
 import lra_core
-import tiers
 import oracles
+import tiers
 from lra_core import protocol, registry
 from lra_core.tasks.base import apply_model
 
@@ -27,8 +27,11 @@ def quick_tier(families, keep=("transformer",)):
 
 
 def test_every_family_module_has_its_record():
-  assert {f.name for f in FAMILIES} == set(registry.family_names()) >= {
-      "transformer", "transformer_vq", "latte", "flash", "fit", "fit_denoiser", "block_transformer"}
+  assert (
+    {f.name for f in FAMILIES}
+    == set(registry.family_names())
+    >= {"transformer", "transformer_vq", "latte", "flash", "fit", "fit_denoiser", "block_transformer"}
+  )
   with pytest.raises(lra_core.ConfigError, match="is not a module in models/"):
     registry.family("transformr")
 
@@ -67,8 +70,9 @@ def test_decoding_families_are_causal_and_decode_like_the_forward_pass(family):
   jitted = nnx.jit(lambda m, x: apply_model(m, x)[0])  # logits; what the model sows is dropped
   forward = lambda x: jitted(model, x)
   logits = forward(tokens)
-  oracles.assert_no_future_leakage(forward, tokens, logits, (0, length // 2, length - 2),
-                                   vocab=config.model.vocab_size, shift=5, changed_atol=1e-6)
+  oracles.assert_no_future_leakage(
+    forward, tokens, logits, (0, length // 2, length - 2), vocab=config.model.vocab_size, shift=5, changed_atol=1e-6
+  )
   oracles.assert_decode_matches_forward(model, tokens, logits)
 
 
@@ -76,12 +80,16 @@ PAPER_ROWS = [(f.name, row) for f in FAMILIES for row in f.paper_rows]
 FIRST_ROW_OF_EACH_FAMILY = [i for i, (name, _) in enumerate(PAPER_ROWS) if i == 0 or PAPER_ROWS[i - 1][0] != name]
 
 
-@pytest.mark.parametrize("row", tiers.quick([(row,) for _, row in PAPER_ROWS], keep=FIRST_ROW_OF_EACH_FAMILY,
-                                            ids=lambda case: case[0].config))
+@pytest.mark.parametrize(
+  "row", tiers.quick([(row,) for _, row in PAPER_ROWS], keep=FIRST_ROW_OF_EACH_FAMILY, ids=lambda case: case[0].config)
+)
 def test_paper_rows_build_their_family_at_the_papers_size(row):
   config = lra_core.load_config(row.config)
-  count = (registry.non_embedding_parameter_count(config) if row.counts == "non_embedding"
-           else registry.parameter_counts(config)["total"])
+  count = (
+    registry.non_embedding_parameter_count(config)
+    if row.counts == "non_embedding"
+    else registry.parameter_counts(config)["total"]
+  )
   assert abs(count - row.count) / row.count <= row.tolerance or row.gap_reason, (row, count)
 
 
@@ -97,8 +105,9 @@ def test_records_reject_inconsistent_capabilities():
   smoke = protocol.Smoke(config="configs/enwik8/transformer.py:tiny", data="enwik8")
   for capability, message in (("uptrain", "uptrain"), ("decode", "causal spec")):
     with pytest.raises(ValueError, match=message):
-      protocol.Family(name="x", model=object, tasks=("lm",), smoke=smoke,
-                      capabilities=protocol.Capabilities(**{capability: True}))
+      protocol.Family(
+        name="x", model=object, tasks=("lm",), smoke=smoke, capabilities=protocol.Capabilities(**{capability: True})
+      )
 
 
 @pytest.mark.parametrize("family", quick_tier([f for f in FAMILIES if f.capabilities.decode]))
@@ -146,4 +155,4 @@ def test_head_projections_start_from_their_true_fan_in(family):
   assert kernels, f"{family.name}: no head projection found"
   for path, kernel, n_in in kernels:
     fan_in = int(np.prod(kernel.shape[:n_in]))
-    assert kernel.std() == pytest.approx(fan_in ** -0.5, rel=0.03), (spec, path, kernel.shape)
+    assert kernel.std() == pytest.approx(fan_in**-0.5, rel=0.03), (spec, path, kernel.shape)

@@ -1,8 +1,8 @@
 """FIT and FIT-AR (models/fit.py): grouping, causality, decoding, special cases, configs."""
 
 import jax
-import matplotlib.pyplot as plt
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 import pytest
@@ -15,12 +15,12 @@ import lra_core
 import oracles
 import tiers
 from lra_core import registry
+from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import segment_positions
 from lra_core.models import fit, transformer
 from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
-from lra_core.bench import param_counts
 
 VOCAB = 13
 
@@ -28,9 +28,19 @@ VOCAB = 13
 def make_config(task="lm", seq_len=16, **model):
   c = ml_collections.ConfigDict()
   c.task = task
-  defaults = dict(vocab_size=VOCAB, layers="L(1)G(1)L(1)G(1)L(1)", group_size=4, latents_per_group=2,
-                  d_model=16, num_heads=2, d_ff=32, d_latent=24, latent_heads=3, latent_d_ff=40,
-                  num_classes=3 if task == "classify" else 0)
+  defaults = dict(
+    vocab_size=VOCAB,
+    layers="L(1)G(1)L(1)G(1)L(1)",
+    group_size=4,
+    latents_per_group=2,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    d_latent=24,
+    latent_heads=3,
+    latent_d_ff=40,
+    num_classes=3 if task == "classify" else 0,
+  )
   c.model = fit.model_config(**{**defaults, **model})
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   fit.validate_config(c)
@@ -48,6 +58,7 @@ def tokens(b=2, t=14, seed=1):
 
 
 # -- pure functions ------------------------------------------------------------------------------------------
+
 
 def test_layer_strings():
   assert fit.parse_layers("L(8)G(2)L(8)G(2)L(8)G(2)L(8)") == [(8, 2)] * 3 + [(8, 0)]
@@ -84,6 +95,7 @@ def test_shift_latents_moves_each_group_one_right():
 
 # -- FIT-AR ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("overlap", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_fit_ar_is_causal_and_decode_matches_forward(overlap):
   """Groups of 4: cuts inside groups, at their ends and right after; 14 tokens (a partial group)."""
@@ -91,8 +103,9 @@ def test_fit_ar_is_causal_and_decode_matches_forward(overlap):
   x = tokens()
   logits = model(x)
   assert logits.shape == (2, 14, VOCAB)
-  oracles.assert_no_future_leakage(model, x, logits, (0, 2, 3, 4, 7, 8, 11, 12), vocab=VOCAB, shift=5,
-                                   changed_atol=1e-5)
+  oracles.assert_no_future_leakage(
+    model, x, logits, (0, 2, 3, 4, 7, 8, 11, 12), vocab=VOCAB, shift=5, changed_atol=1e-5
+  )
   oracles.assert_decode_matches_forward(model, x, logits)
 
 
@@ -119,6 +132,7 @@ def test_decode_state_per_token_work_is_bounded_by_the_group():
 
 # -- special cases and the encoder -----------------------------------------------------------------------------
 
+
 def copy_params(source, target):
   nnx.update(target, nnx.state(source, nnx.Param))
 
@@ -132,9 +146,19 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
   cfg = make_config(task, layers=f"L({n})", group_size=t, pooling="mean")
   model = make_model(cfg)
   tc = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=t)))
-  tc.model = transformer.model_config("transformer", vocab_size=VOCAB, d_model=16, num_layers=n, num_heads=2,
-                                      d_ff=32, use_bias=True, position="learned", pooling="mean",
-                                      tie_embeddings=task == "lm", num_classes=cfg.model.num_classes)
+  tc.model = transformer.model_config(
+    "transformer",
+    vocab_size=VOCAB,
+    d_model=16,
+    num_layers=n,
+    num_heads=2,
+    d_ff=32,
+    use_bias=True,
+    position="learned",
+    pooling="mean",
+    tie_embeddings=task == "lm",
+    num_classes=cfg.model.num_classes,
+  )
   base = transformer.Model(tc, rngs=nnx.Rngs(params=1))
   base.eval()
   copy_params(model.embed, base.embed)
@@ -188,6 +212,7 @@ def test_config_errors_are_clear():
 
 # -- packed documents (segment_ids) ---------------------------------------------------------------------------
 
+
 def document_apply(model):
   """(rows, segment_ids) -> per-token outputs: logits (FIT-AR) or the encoder's final features."""
   if model.causal:
@@ -217,8 +242,9 @@ def test_documents_starting_on_group_boundaries_are_independent(task, overlap):
   document gets exactly its outputs alone (the latent table's rows and the group-0 zero latents
   restart with it), causal and bidirectional, with and without prefix tokens."""
   model = make_model(make_config(task, seq_len=16, overlap=overlap))
-  oracles.assert_documents_independent(document_apply(model), np.arange(3, 11) % VOCAB,
-                                       (np.arange(7) * 5 + 1) % VOCAB, 16)
+  oracles.assert_documents_independent(
+    document_apply(model), np.arange(3, 11) % VOCAB, (np.arange(7) * 5 + 1) % VOCAB, 16
+  )
 
 
 @pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[], ids=lambda c: f"{c[0]}-{c[1]}"))
@@ -259,6 +285,7 @@ def test_segment_ids_errors_are_one_sentence():
 
 
 # -- configs ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_imagenet64_fit_ar_has_table_4s_153m_parameters():

@@ -14,12 +14,12 @@ import lra_core
 import oracles
 import tiers
 from lra_core import kernels, registry
+from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.kernels import flash as fk
 from lra_core.models import flash
 from lra_core.models.blocks.positions import RelativePositionBias
 from lra_core.train import train_and_evaluate
-from lra_core.bench import param_counts
 
 
 def rand(seed, shape, scale=1.0):
@@ -54,13 +54,15 @@ def mixed_chunk_oracle(qq, qk, lq, lk, v, *, chunk, causal, bias, segments=None,
 
 # -- kernels -------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("t,chunk", [(16, 4), (13, 4), (7, 1), (12, 5), (9, 9)])
 def test_mixed_chunk_equals_quadratic_matrix(t, chunk, causal):
   args = qkv(t)
   bias = rand(9, (chunk, chunk), 0.3)
-  got = kernels.mixed_chunk_attention(*args, chunk=chunk, causal=causal, quad_scale=1 / chunk,
-                                      lin_scale=1 / chunk, bias=bias)
+  got = kernels.mixed_chunk_attention(
+    *args, chunk=chunk, causal=causal, quad_scale=1 / chunk, lin_scale=1 / chunk, bias=bias
+  )
   np.testing.assert_allclose(got, mixed_chunk_oracle(*args, chunk=chunk, causal=causal, bias=bias), atol=2e-5)
 
 
@@ -75,10 +77,20 @@ def test_mixed_chunk_with_documents_equals_masked_quadratic_matrix(causal, globa
   args = qkv(16)
   bias = rand(9, (4, 4), 0.3)
   mask = jnp.asarray(SEGMENTS > 0)
-  got = kernels.mixed_chunk_attention(*args, chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, bias=bias,
-                                      mask=mask, segments=jnp.asarray(SEGMENTS), global_norm=global_norm)
-  want = mixed_chunk_oracle(*args, chunk=4, causal=causal, bias=bias, segments=SEGMENTS, mask=mask,
-                            global_norm=global_norm)
+  got = kernels.mixed_chunk_attention(
+    *args,
+    chunk=4,
+    causal=causal,
+    quad_scale=0.25,
+    lin_scale=0.25,
+    bias=bias,
+    mask=mask,
+    segments=jnp.asarray(SEGMENTS),
+    global_norm=global_norm,
+  )
+  want = mixed_chunk_oracle(
+    *args, chunk=4, causal=causal, bias=bias, segments=SEGMENTS, mask=mask, global_norm=global_norm
+  )
   real = SEGMENTS > 0  # padded rows read nothing: arbitrary
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5)
 
@@ -95,8 +107,9 @@ def test_global_norm_mean_divides_by_the_chunks_summed(causal):
   count = np.maximum(np.arange(16) // 4, 1) if causal else np.full(16, 3)
   np.testing.assert_allclose(mean[:, :11], total[:, :11] / count[None, :11, None, None], atol=1e-5)
   assert not np.allclose(mean[:, 8:11], total[:, 8:11], atol=1e-3)
-  want = mixed_chunk_oracle(jnp.zeros_like(qq), qk, lq, lk, v, chunk=4, causal=causal, bias=jnp.zeros((4, 4)),
-                            mask=mask, global_norm="mean")  # relu(0)^2: the global part alone
+  want = mixed_chunk_oracle(
+    jnp.zeros_like(qq), qk, lq, lk, v, chunk=4, causal=causal, bias=jnp.zeros((4, 4)), mask=mask, global_norm="mean"
+  )  # relu(0)^2: the global part alone
   np.testing.assert_allclose(mean[:, :11], want[:, :11], atol=1e-5)
 
 
@@ -105,8 +118,11 @@ def test_one_document_per_row_is_no_segments(global_norm):
   args = qkv(13)
   for causal in (True, False):
     kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=global_norm)
-    np.testing.assert_allclose(kernels.mixed_chunk_attention(*args, segments=jnp.ones((2, 13), jnp.int32), **kw),
-                               kernels.mixed_chunk_attention(*args, **kw), atol=1e-5)
+    np.testing.assert_allclose(
+      kernels.mixed_chunk_attention(*args, segments=jnp.ones((2, 13), jnp.int32), **kw),
+      kernels.mixed_chunk_attention(*args, **kw),
+      atol=1e-5,
+    )
 
 
 def test_one_chunk_reduces_to_quadratic_gau_values_and_gradients():
@@ -114,8 +130,12 @@ def test_one_chunk_reduces_to_quadratic_gau_values_and_gradients():
   qq, qk, lq, lk, v = qkv(12)
   bias = rand(9, (12, 12), 0.3)
   w = rand(7, v.shape)  # a loss that weighs every output differently
-  mixed = lambda qq, qk, v: (w * kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=12, causal=True,
-                                                               quad_scale=1 / 12, lin_scale=1 / 12, bias=bias)).sum()
+  mixed = lambda qq, qk, v: (
+    w
+    * kernels.mixed_chunk_attention(
+      qq, qk, lq, lk, v, chunk=12, causal=True, quad_scale=1 / 12, lin_scale=1 / 12, bias=bias
+    )
+  ).sum()
   quad = lambda qq, qk, v: (w * kernels.relu2_attention(qq, qk, v, scale=1 / 12, bias=bias, causal=True)).sum()
   np.testing.assert_allclose(mixed(qq, qk, v), quad(qq, qk, v), rtol=1e-6)
   for a, b in zip(jax.grad(mixed, argnums=(0, 1, 2))(qq, qk, v), jax.grad(quad, argnums=(0, 1, 2))(qq, qk, v)):
@@ -140,8 +160,9 @@ def test_chunk_step_equals_forward(kernel, global_norm):
   full = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=4, causal=True, bias=bias, **kw)
   state = fk.init_chunk_state(2, 2, 4, 6, 5)
   for t in range(11):
-    y, state = fk.chunk_step(qq[:, t], qk[:, t], lq[:, t], lk[:, t], v[:, t], state, jnp.int32(t), chunk=4,
-                             bias_row=bias[t % 4], **kw)
+    y, state = fk.chunk_step(
+      qq[:, t], qk[:, t], lq[:, t], lk[:, t], v[:, t], state, jnp.int32(t), chunk=4, bias_row=bias[t % 4], **kw
+    )
     np.testing.assert_allclose(y, full[:, t], atol=1e-5)
 
 
@@ -150,15 +171,18 @@ def test_linear_attention_equals_quadratic_form_and_steps(causal):
   q, k, _, _, v = qkv(13, heads=2)
   mask = jnp.broadcast_to(jnp.arange(13) < 10, (2, 13))
   for m in (None, mask):
-    np.testing.assert_allclose(kernels.linear_attention(q, k, v, causal=causal, chunk=4, mask=m),
-                               fk.linear_attention_reference(q, k, v, causal=causal, mask=m), atol=1e-5)
+    np.testing.assert_allclose(
+      kernels.linear_attention(q, k, v, causal=causal, chunk=4, mask=m),
+      fk.linear_attention_reference(q, k, v, causal=causal, mask=m),
+      atol=1e-5,
+    )
   # documents: each the linear attention of its own tokens alone
   seg = jnp.array([[1] * 6 + [2] * 7, [1] * 4 + [2] * 9])
   got = kernels.linear_attention(q, k, v, causal=causal, chunk=4, segments=seg)
   for row, cut in ((0, 6), (1, 4)):
     for lo, hi in ((0, cut), (cut, 13)):
-      alone = fk.linear_attention_reference(*(x[row:row + 1, lo:hi] for x in (q, k, v)), causal=causal)
-      np.testing.assert_allclose(got[row:row + 1, lo:hi], alone, atol=1e-5)
+      alone = fk.linear_attention_reference(*(x[row : row + 1, lo:hi] for x in (q, k, v)), causal=causal)
+      np.testing.assert_allclose(got[row : row + 1, lo:hi], alone, atol=1e-5)
   if causal:
     full = kernels.linear_attention(q, k, v, causal=True, chunk=4)
     state = fk.init_chunk_state(2, 2, 4, 6, 6)
@@ -173,7 +197,7 @@ def test_relative_bias_depends_on_distance_only(kind, n):
   pos = jnp.arange(n)
   b = bias(pos, pos)
   np.testing.assert_allclose(bias(pos + 5, pos + 5), b, atol=1e-5)
-  np.testing.assert_allclose(b[1:, 1:], b[:-1, :-1], atol=1e-5)   # Toeplitz
+  np.testing.assert_allclose(b[1:, 1:], b[:-1, :-1], atol=1e-5)  # Toeplitz
   assert RelativePositionBias(511, rngs=nnx.Rngs(params=0)).kind == "toeplitz"
   assert RelativePositionBias(512, rngs=nnx.Rngs(params=0)).kind == "rope"
 
@@ -186,8 +210,17 @@ CAUSAL_VARIANTS = sorted(flash.VARIANTS)
 def make_config(task="lm", variant="flash", seq_len=16, **model):
   c = ml_collections.ConfigDict()
   c.task = task
-  defaults = dict(vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48, qk_dim=8, chunk=4,
-                  num_classes=3 if task == "classify" else 0, norm="layer")
+  defaults = dict(
+    vocab_size=23,
+    d_model=32,
+    num_layers=2,
+    num_heads=2,
+    d_ff=48,
+    qk_dim=8,
+    chunk=4,
+    num_classes=3 if task == "classify" else 0,
+    norm="layer",
+  )
   c.model = flash.model_config(variant, **{**defaults, **model})
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   flash.validate_config(c)
@@ -228,9 +261,14 @@ def documents_apply(model):
 FLASH_DOCUMENT_CASES = [(v, t, i) for v in ("flash_quad", "flash") for t in ("lm", "mlm") for i in ("xla", "pallas")]
 
 
-@pytest.mark.parametrize("variant,task,impl", tiers.quick(
-    FLASH_DOCUMENT_CASES, keep=[FLASH_DOCUMENT_CASES.index(c) for c in (("flash", "lm", "pallas"), ("flash_quad", "mlm", "xla"))],
-    ids=lambda c: "-".join(c)))
+@pytest.mark.parametrize(
+  "variant,task,impl",
+  tiers.quick(
+    FLASH_DOCUMENT_CASES,
+    keep=[FLASH_DOCUMENT_CASES.index(c) for c in (("flash", "lm", "pallas"), ("flash_quad", "mlm", "xla"))],
+    ids=lambda c: "-".join(c),
+  ),
+)
 def test_packed_documents_are_independent(variant, task, impl):
   model = make_model(make_config(task=task, variant=variant, num_layers=1, impl=impl))
   apply = documents_apply(model)
@@ -240,8 +278,9 @@ def test_packed_documents_are_independent(variant, task, impl):
   oracles.assert_documents_isolated(apply, DOC_A_UNALIGNED, DOC_B_UNALIGNED, 16, vocab=23)
 
 
-OTHER_DOCUMENT_CASES = [(v, t) for v in ("flash_local", "flash_global", "mc_transformer++", "performer")
-                        for t in ("lm", "mlm")]
+OTHER_DOCUMENT_CASES = [
+  (v, t) for v in ("flash_local", "flash_global", "mc_transformer++", "performer") for t in ("lm", "mlm")
+]
 
 
 @pytest.mark.parametrize("variant,task", tiers.quick(OTHER_DOCUMENT_CASES, keep=[3], ids=lambda c: "-".join(c)))
@@ -275,8 +314,11 @@ def test_global_norm_config_changes_the_model(task):
 def test_global_only_ablation_uses_chunks_of_64():
   """Figure 7: FLASH (Global Only) reduces the chunk from 256 to 64 (Section 4.4)."""
   assert flash.model_config("flash_global").chunk == 64 and flash.model_config("flash").chunk == 256
-  for spec in ("configs/c4/flash.py:flash_global", "configs/c4/flash.py:flash_global,lm",
-               "configs/pg19/flash.py:flash_global"):
+  for spec in (
+    "configs/c4/flash.py:flash_global",
+    "configs/c4/flash.py:flash_global,lm",
+    "configs/pg19/flash.py:flash_global",
+  ):
     assert lra_core.load_config(spec).model.chunk == 64, spec
   assert lra_core.load_config("configs/c4/flash.py:flash_local").model.chunk == 256
 
@@ -340,11 +382,16 @@ def test_config_errors_are_clear():
     lra_core.load_config("configs/c4/flash.py:flash,performer")
 
 
-@pytest.mark.parametrize("spec,paper", [("configs/c4/flash.py", 112e6), ("configs/c4/flash_quad.py", 112e6),
-                                        ("configs/c4/flash.py:performer", 110e6),
-                                        pytest.param("configs/pg19/flash.py", 496e6, marks=pytest.mark.slow),
-                                        pytest.param("configs/pg19/flash.py:flash_quad", 496e6,
-                                                     marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "spec,paper",
+  [
+    ("configs/c4/flash.py", 112e6),
+    ("configs/c4/flash_quad.py", 112e6),
+    ("configs/c4/flash.py:performer", 110e6),
+    pytest.param("configs/pg19/flash.py", 496e6, marks=pytest.mark.slow),
+    pytest.param("configs/pg19/flash.py:flash_quad", 496e6, marks=pytest.mark.slow),
+  ],
+)
 def test_paper_parameter_counts_within_three_percent(spec, paper):
   count = registry.parameter_count(lra_core.load_config(spec))
   assert abs(count - paper) / paper < 0.03, (spec, count)
@@ -360,11 +407,14 @@ def test_tiny_mlm_config_trains(tmp_path):
   assert np.isfinite(whole["test_loss"])
 
 
-@pytest.mark.parametrize("fixture,spec", [(fixtures.c4, "configs/c4/flash_quad.py:tiny,lm"),
-                                          pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,mc_transformer++",
-                                                       marks=pytest.mark.slow),
-                                          pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,performer",
-                                                       marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "fixture,spec",
+  [
+    (fixtures.c4, "configs/c4/flash_quad.py:tiny,lm"),
+    pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,mc_transformer++", marks=pytest.mark.slow),
+    pytest.param(fixtures.pg19, "configs/pg19/flash.py:tiny,performer", marks=pytest.mark.slow),
+  ],
+)
 def test_tiny_lm_configs_train(tmp_path, fixture, spec):
   summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
   assert np.isfinite(summary["test_loss"])

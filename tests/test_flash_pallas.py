@@ -9,17 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiers
 
 import lra_core
+import tiers
 from lra_core import kernels, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.sharding import to_device
-from lra_core.kernels import _pallas
+from lra_core.kernels import _pallas, flash_pallas, flash_parallel
 from lra_core.kernels import flash as fk
-from lra_core.kernels import flash_pallas
-from lra_core.kernels import flash_parallel
+from lra_core.sharding import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -70,7 +68,8 @@ def assert_close(got, want, tolerance):
 # non-causal total read per tile). The parallel driver (the GPU's) takes every case with query and key tiles
 # smaller than C, key tiles narrower and wider than query tiles (the causal bound at the diagonal), and once the
 # defaults (the whole chunk here). linear_attention below adds the non-causal global-only form.
-CASES = tiers.quick([
+CASES = tiers.quick(
+  [
     (True, "relu2", 37, 8, "both", True, True, "grid", jnp.float32, 3, None),
     (True, "linear", 37, 16, "global", False, True, "grid", jnp.float32, None, None),
     (False, "softmax", 37, 16, "both", True, True, "grid", jnp.float32, 2, None),
@@ -81,16 +80,26 @@ CASES = tiers.quick([
     (False, "relu2", 32, 8, "local", True, False, "parallel", jnp.float32, None, (4, 4)),
     (False, "softmax", 37, 16, "both", True, True, "parallel", jnp.float32, 2, (4, 8)),
     (True, "relu2", 37, 8, "both", True, True, "parallel", jnp.bfloat16, None, None),
-    (False, "softmax", 32, 16, "both", False, True, "parallel", jnp.bfloat16, None, (8, 4))],
-    keep=[0, 3, 4, 5, 8], ids=lambda c: "-".join(map(str, c[:8] + (jnp.dtype(c[8]).name,) + c[9:])))
+    (False, "softmax", 32, 16, "both", False, True, "parallel", jnp.bfloat16, None, (8, 4)),
+  ],
+  keep=[0, 3, 4, 5, 8],
+  ids=lambda c: "-".join(map(str, c[:8] + (jnp.dtype(c[8]).name,) + c[9:])),
+)
 
 
 @pytest.mark.parametrize("causal,kernel,t,chunk,parts,with_bias,with_mask,driver,dtype,tile,tiles", CASES)
-def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts, with_bias, with_mask, driver,
-                                                dtype, tile, tiles):
+def test_kernel_equals_xla_values_and_gradients(
+  causal, kernel, t, chunk, parts, with_bias, with_mask, driver, dtype, tile, tiles
+):
   (qq, qk, lq, lk), v, bias, mask = inputs(t=t, chunk=chunk, dtype=dtype)
-  kw = dict(chunk=chunk, causal=causal, quad_scale=8 ** -0.5 if kernel == "softmax" else 1 / chunk,
-            lin_scale=1 / chunk, mask=mask if with_mask else None, kernel=kernel)
+  kw = dict(
+    chunk=chunk,
+    causal=causal,
+    quad_scale=8**-0.5 if kernel == "softmax" else 1 / chunk,
+    lin_scale=1 / chunk,
+    mask=mask if with_mask else None,
+    kernel=kernel,
+  )
   query_tile, key_tile = tiles or (None, None)
 
   def attention(impl):
@@ -101,13 +110,14 @@ def test_kernel_equals_xla_values_and_gradients(causal, kernel, t, chunk, parts,
         qq = None
       if impl == "xla":
         return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
-      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile,
-                                                query_tile=query_tile, key_tile=key_tile, **kw)
+      return flash_pallas.mixed_chunk_attention(
+        qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, query_tile=query_tile, key_tile=key_tile, **kw
+      )
+
     return fn
 
   args = (qq, qk, lq, lk, v, bias if with_bias else None)
-  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)),
-                  *args)
+  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)), *args)
   assert got[0].dtype == dtype
   assert_close(got, want, F32 if dtype == jnp.float32 else BF16)
 
@@ -119,19 +129,38 @@ DOCUMENTS = np.array([[1] * 5 + [2] * 11 + [3] * 3 + [4] * 12 + [0] * 6, [1] * 3
 
 # The parallel driver with documents: a chunk's own keys of the query's document (non-causal) in a second loop,
 # after the local part's online softmax too; query tiles of 4, key tiles of 2.
-@pytest.mark.parametrize("causal,kernel,global_norm,parts,driver,tile", tiers.quick([
-    (True, "relu2", "sum", "both", "grid", 3), (False, "relu2", "mean", "both", "grid", None),
-    (True, "linear", "mean", "global", "grid", None),
-    (True, "relu2", "sum", "both", "parallel", 3), (True, "relu2", "mean", "both", "parallel", None),
-    (False, "relu2", "sum", "both", "parallel", 2), (False, "relu2", "mean", "both", "parallel", None),
-    (False, "softmax", "mean", "global", "parallel", None), (True, "linear", "mean", "global", "parallel", None),
-    (False, "softmax", "sum", "both", "parallel", 2)],
-    keep=[0, 1, 5, 9], ids=lambda c: "-".join(map(str, c))))
+@pytest.mark.parametrize(
+  "causal,kernel,global_norm,parts,driver,tile",
+  tiers.quick(
+    [
+      (True, "relu2", "sum", "both", "grid", 3),
+      (False, "relu2", "mean", "both", "grid", None),
+      (True, "linear", "mean", "global", "grid", None),
+      (True, "relu2", "sum", "both", "parallel", 3),
+      (True, "relu2", "mean", "both", "parallel", None),
+      (False, "relu2", "sum", "both", "parallel", 2),
+      (False, "relu2", "mean", "both", "parallel", None),
+      (False, "softmax", "mean", "global", "parallel", None),
+      (True, "linear", "mean", "global", "parallel", None),
+      (False, "softmax", "sum", "both", "parallel", 2),
+    ],
+    keep=[0, 1, 5, 9],
+    ids=lambda c: "-".join(map(str, c)),
+  ),
+)
 def test_kernel_with_documents_equals_xla_values_and_gradients(causal, kernel, global_norm, parts, driver, tile):
   (qq, qk, lq, lk), v, bias, _ = inputs(t=37, chunk=8)
   segments = jnp.asarray(DOCUMENTS)
-  kw = dict(chunk=8, causal=causal, quad_scale=0.125, lin_scale=0.125, mask=segments > 0, segments=segments,
-            global_norm=global_norm, kernel=kernel)
+  kw = dict(
+    chunk=8,
+    causal=causal,
+    quad_scale=0.125,
+    lin_scale=0.125,
+    mask=segments > 0,
+    segments=segments,
+    global_norm=global_norm,
+    kernel=kernel,
+  )
   tiles = dict(query_tile=4, key_tile=2) if driver == "parallel" else {}
 
   def attention(impl):
@@ -139,13 +168,14 @@ def test_kernel_with_documents_equals_xla_values_and_gradients(causal, kernel, g
       qq = None if parts == "global" else qq
       if impl == "xla":
         return fk.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, **kw)
-      return flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile,
-                                                **tiles, **kw)
+      return flash_pallas.mixed_chunk_attention(
+        qq, qk, lq, lk, v, bias=bias, driver=driver, value_tile=tile, **tiles, **kw
+      )
+
     return fn
 
   args = (qq, qk, lq, lk, v, bias)
-  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)),
-                  *args)
+  got, want = run(lambda *a: (value_and_grads(attention("pallas"), *a), value_and_grads(attention("xla"), *a)), *args)
   real = DOCUMENTS > 0  # padded queries read nothing: their rows are arbitrary
   assert_close(np.asarray(got[0])[real], np.asarray(want[0])[real], F32)
   assert_close(got[1], want[1], F32)
@@ -157,11 +187,15 @@ def test_one_chunk_without_the_global_part_is_quadratic_attention():
 
   def both(qq, qk, v, bias):
     out = []
-    for causal, kernel, driver in ((True, "relu2", "parallel"), (False, "softmax", "grid"),
-                                   (False, "softmax", "parallel")):
+    for causal, kernel, driver in (
+      (True, "relu2", "parallel"),
+      (False, "softmax", "grid"),
+      (False, "softmax", "parallel"),
+    ):
       kw = dict(causal=causal, mask=mask, kernel=kernel)
       fast = lambda qq, qk, v, bias: flash_pallas.mixed_chunk_attention(
-          qq, qk, None, None, v, chunk=16, quad_scale=0.25, lin_scale=1.0, bias=bias, driver=driver, **kw)
+        qq, qk, None, None, v, chunk=16, quad_scale=0.25, lin_scale=1.0, bias=bias, driver=driver, **kw
+      )
       oracle = lambda qq, qk, v, bias: fk.relu2_attention(qq, qk, v, scale=0.25, bias=bias[:13, :13], **kw)
       out.append((value_and_grads(fast, qq, qk, v, bias), value_and_grads(oracle, qq, qk, v, bias)))
     return out
@@ -172,8 +206,9 @@ def test_one_chunk_without_the_global_part_is_quadratic_attention():
 
 def with_driver(monkeypatch, driver):
   """kernels.flash's impl="pallas" (which names no driver) on `driver`, in interpret mode as on the CPU."""
-  monkeypatch.setattr(flash_pallas, "mixed_chunk_attention",
-                      functools.partial(flash_pallas.mixed_chunk_attention, driver=driver))
+  monkeypatch.setattr(
+    flash_pallas, "mixed_chunk_attention", functools.partial(flash_pallas.mixed_chunk_attention, driver=driver)
+  )
 
 
 @pytest.mark.parametrize("driver", ["grid", "parallel"])
@@ -182,16 +217,22 @@ def test_linear_attention_kernel_equals_quadratic_form(monkeypatch, driver):
   (q, k, _, _), v, _, mask = inputs(t=13)
 
   def both(q, k, v):
-    return [(value_and_grads(lambda *a: kernels.linear_attention(*a, causal=causal, chunk=4, mask=mask,
-                                                                 impl="pallas"), q, k, v),
-             value_and_grads(lambda *a: fk.linear_attention_reference(*a, causal=causal, mask=mask), q, k, v))
-            for causal in (True, False)]
+    return [
+      (
+        value_and_grads(
+          lambda *a: kernels.linear_attention(*a, causal=causal, chunk=4, mask=mask, impl="pallas"), q, k, v
+        ),
+        value_and_grads(lambda *a: fk.linear_attention_reference(*a, causal=causal, mask=mask), q, k, v),
+      )
+      for causal in (True, False)
+    ]
 
   for got, want in run(both, q, k, v):
     assert_close(got, want, F32)
 
 
 # -- per device under a mesh ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("driver", ["grid", "parallel"])
 def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
@@ -203,9 +244,15 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
   (qq, qk, lq, lk), v, bias, mask = inputs(b=4, t=13, chunk=4)
 
   def both(*args):
-    return [value_and_grads(lambda *a: kernels.mixed_chunk_attention(
-        *a[:5], bias=a[5], chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, mask=mask, impl="pallas"),
-        *args) for causal in (True, False)]
+    return [
+      value_and_grads(
+        lambda *a: kernels.mixed_chunk_attention(
+          *a[:5], bias=a[5], chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, mask=mask, impl="pallas"
+        ),
+        *args,
+      )
+      for causal in (True, False)
+    ]
 
   args = (qq, qk, lq, lk, v, bias)
   plain = run(both, *args)
@@ -217,6 +264,7 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
 
 
 # -- the model in the trainer ---------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_tiny_flash_trains_the_same_with_the_kernel():
@@ -248,8 +296,9 @@ def test_tiny_flash_trains_the_same_with_the_kernel():
 def test_bad_impl_is_a_clear_error():
   (q, k, _, _), v, _, _ = inputs(t=8)
   with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
-    kernels.mixed_chunk_attention(q, k, None, None, v, chunk=4, causal=True, quad_scale=1.0, lin_scale=1.0,
-                                  impl="triton")
+    kernels.mixed_chunk_attention(
+      q, k, None, None, v, chunk=4, causal=True, quad_scale=1.0, lin_scale=1.0, impl="triton"
+    )
   with pytest.raises(ValueError, match=r"impl 'triton' is not one of \('xla', 'pallas'\)"):
     kernels.linear_attention(q, k, v, causal=True, impl="triton")
   with pytest.raises(ConfigError, match=r"model.impl 'triton' is not one of \['xla', 'pallas'\]"):
@@ -262,8 +311,9 @@ def test_on_a_gpu_the_kernel_is_the_parallel_driver_with_the_gpu_tiles():
   the per-chunk states [B,H,G,S,E] built by XLA; its cost counts the causal key tiles only."""
   t, c, s, e = 2048, 256, 128, 1536
   x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  fn = lambda q, k, v: flash_pallas.mixed_chunk_attention(q, k, q, k, v, chunk=c, causal=True, quad_scale=1.0,
-                                                          lin_scale=1.0)
+  fn = lambda q, k, v: flash_pallas.mixed_chunk_attention(
+    q, k, q, k, v, chunk=c, causal=True, quad_scale=1.0, lin_scale=1.0
+  )
   with _pallas.target("gpu"):
     text = str(jax.make_jaxpr(fn)(x(1, t, 1, s), x(1, t, 1, s), x(1, t, 1, e)))
   tiles = _pallas.gpu_tiles("mixed_chunk_attention")
@@ -288,7 +338,7 @@ def test_parallel_driver_at_the_c4_sizes_equals_the_xla_form(causal):
   qq, qk, lq, lk = (jax.random.normal(k, (1, t, 1, s)) * 0.3 for k in ks[:4])
   v = jax.random.normal(ks[4], (1, t, 1, e))
   bias = jax.random.normal(ks[5], (c, c)) * 0.1
-  kw = dict(chunk=c, causal=causal, quad_scale=s ** -0.5, lin_scale=1.0 / c, bias=bias)
+  kw = dict(chunk=c, causal=causal, quad_scale=s**-0.5, lin_scale=1.0 / c, bias=bias)
 
   def attend(pallas, qq, lq, v):
     if pallas:
@@ -299,8 +349,9 @@ def test_parallel_driver_at_the_c4_sizes_equals_the_xla_form(causal):
   got, want = (jax.jit(lambda *a, p=p: attend(p, *a))(*args) for p in (True, False))
   scale = max(1.0, float(jnp.abs(want).max()))
   np.testing.assert_allclose(got, want, atol=1e-5 * scale)
-  grads = [jax.jit(jax.grad(lambda *a, p=p: jnp.sum(jnp.sin(attend(p, *a))), argnums=(0, 1, 2)))(*args)
-           for p in (True, False)]
+  grads = [
+    jax.jit(jax.grad(lambda *a, p=p: jnp.sum(jnp.sin(attend(p, *a))), argnums=(0, 1, 2)))(*args) for p in (True, False)
+  ]
   for g_got, g_want in zip(*grads):
     np.testing.assert_allclose(g_got, g_want, atol=1e-5 * max(1.0, float(jnp.abs(g_want).max())))
 
@@ -317,8 +368,10 @@ def test_value_tiles_fit_the_target_vmem():
   assert flash_pallas.value_block(96, chunk=256, s=128, itemsize=2, budget=2**20) == 96
   (qq, qk, lq, lk), v, _, _ = inputs()
   with pytest.raises(ValueError, match="value tile 4 does not divide E 6"):
-    flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0,
-                                       value_tile=4)
+    flash_pallas.mixed_chunk_attention(
+      qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0, value_tile=4
+    )
   with pytest.raises(ValueError, match="key tile 3 does not divide the chunk 8"):
-    flash_pallas.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0,
-                                       driver="parallel", key_tile=3)
+    flash_pallas.mixed_chunk_attention(
+      qq, qk, lq, lk, v, chunk=8, causal=True, quad_scale=1.0, lin_scale=1.0, driver="parallel", key_tile=3
+    )

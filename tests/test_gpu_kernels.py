@@ -4,23 +4,27 @@ Triton call, and XLA:GPU, Triton (its shared-memory allocation included) and ptx
 FLASH kernels also at their papers' sizes, where they once exceeded the H100's shared memory.
 scripts/check_lowering.py --platforms=gpu runs the same compiles with a table of the kernels' resources."""
 
-import pytest
-import tiers
-
 import jax
+import pytest
 
+import tiers
 from lra_core import chips
 from lra_core.bench import gpu_compile
 from lra_core.bench import lowering as check_lowering
 from lra_core.errors import ConfigError
 from lra_core.kernels import _pallas
 
-needs_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(),
-                                  reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)")
+needs_plugin = pytest.mark.skipif(
+  not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)"
+)
 SIZES = dict(seq_len=256, width=64, latents=32, block=128, codes=128, chunk=0, flash_chunk=128)
 KERNELS = tuple(check_lowering.kernels_at(**SIZES))
-NAMES = {"vq_attention": {"vq_attention"}, "causal_latte": {"causal_latte"}, "mixed_chunk": {"mixed_chunk_attention"},
-         "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents"}}
+NAMES = {
+  "vq_attention": {"vq_attention"},
+  "causal_latte": {"causal_latte"},
+  "mixed_chunk": {"mixed_chunk_attention"},
+  "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents"},
+}
 
 # Executables compiled for a compile-only topology cannot be read back on this host: no persistent cache.
 pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
@@ -36,15 +40,19 @@ def _compile_both_passes(fn, args, devices):
   found = []
   for f in (fn, check_lowering.gradient(fn)):
     compiled, _, kernels = gpu_compile.compile_for_gpu(f, args, devices)
-    assert gpu_compile.TRITON_TARGET in compiled.as_text()   # the Pallas kernel, not interpret mode or XLA
+    assert gpu_compile.TRITON_TARGET in compiled.as_text()  # the Pallas kernel, not interpret mode or XLA
     assert kernels and all(k.threads > 0 and k.grid != (0, 0, 0) for k in kernels)
     found += kernels
   return found
 
 
 @needs_plugin
-@pytest.mark.parametrize("name,segments", tiers.quick([(n, d) for n in KERNELS for d in (False, True)], keep=[3, 7],
-                                                      ids=lambda c: f"{c[0]}{'-documents' if c[1] else ''}"))
+@pytest.mark.parametrize(
+  "name,segments",
+  tiers.quick(
+    [(n, d) for n in KERNELS for d in (False, True)], keep=[3, 7], ids=lambda c: f"{c[0]}{'-documents' if c[1] else ''}"
+  ),
+)
 def test_forward_and_gradient_compile_for_an_h100(h100, name, segments):
   fn, args = check_lowering.kernels_at(**SIZES, dtype="float32", segments=segments)[name]
   kernels = _compile_both_passes(fn, args, h100)

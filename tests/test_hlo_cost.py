@@ -6,12 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiers
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 import lra_core
+import tiers
 from lra_core import aot, chips, hlo_cost, registry, sharding, throughput
 
 # Executables compiled for a TPU topology or compile-only GPUs cannot be read back on this host: no
@@ -48,8 +49,10 @@ def v100():
 
 
 def _compile(fn, mesh, *shapes_and_specs, dtype=jnp.bfloat16):
-  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
-          for shape, spec in shapes_and_specs]
+  args = [
+    jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+    for shape, spec in shapes_and_specs
+  ]
   with jax.set_mesh(mesh):  # Pallas kernels lower for the mesh's devices (Triton on a GPU)
     return jax.jit(fn).lower(*args).compile()
 
@@ -61,6 +64,7 @@ def xla_flops(compiled) -> float:
   analysis = compiled.cost_analysis()
   if analysis is None:
     from jax._src.lib import _jax
+
     module = compiled.runtime_executable().hlo_modules()[0]
     analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   return float(analysis["flops"])
@@ -110,6 +114,7 @@ def test_the_step_splits_into_matmuls_in_place_updates_and_elementwise_work(v5e)
   def keep_outputs(w, x):
     def layer(h, wi):
       return jnp.tanh(h @ wi), h
+
     h, inputs = jax.lax.scan(layer, x, w)
     return inputs, h
 
@@ -139,6 +144,7 @@ def test_a_loop_writing_one_row_at_a_time_moves_rows_not_the_buffer(v5e):
     def step(i, b):
       row = jax.lax.dynamic_index_in_dim(b, i, keepdims=False)
       return jax.lax.dynamic_update_index_in_dim(b, jnp.tanh(row) * 2, i, 0)
+
     return jax.lax.fori_loop(0, rows, step, buf)
 
   roof = hlo_cost.roofline(_compile(fill, mesh, ((rows, width), jax.sharding.PartitionSpec())).as_text(), chip)
@@ -158,8 +164,7 @@ def test_remat_recomputation_is_counted_apart(v5e):
   unit = 2.0 * N**3 * LAYERS
   assert roof.flops == pytest.approx(4 * unit, rel=1e-6)
   assert roof.recompute_flops == pytest.approx(unit, rel=1e-6)
-  plain = jax.grad(lambda w, x: jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
-                   .astype(jnp.float32).sum())
+  plain = jax.grad(lambda w, x: jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0].astype(jnp.float32).sum())
   assert hlo_cost.roofline(_compile(plain, mesh, *shapes).as_text(), chip).recompute_flops == 0
 
 
@@ -220,30 +225,43 @@ ENTRY %main (a: bf16[4,8]) -> bf16[4,8] {
 # Convolutions from programs compiled for TPU v4 (jax 0.10.2, libtpu 0.0.42.1), metadata cut: the line,
 # its operands' shapes, and the multiply-adds that meet input data, counted by hand.
 TPU_CONVOLUTIONS = {
-    # einsum('btd,dhk->bthk') with b 4, t 128, d 768, 12 heads of 64: a window as wide as the heads,
-    # padded 11 on each side, so each of the 12 outputs meets the input with one tap of 12.
-    "head-split projection": (
-        "%c = bf16[4,128,12,64]{3,2,1,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, "
-        "dim_labels=0bf1_i1o0->0b1f", ("bf16[4,128,768,1]", "bf16[768,12,64,1]"), 4 * 128 * 768 * 12 * 64),
-    # its weight gradient: the window runs over the batch (4 taps, all data) and the heads (padded, 1 of 12)
-    "head-split weight gradient": (
-        "%c = bf16[768,12,64,1]{3,2,1,0} convolution(%x, %g), window={size=12x4 pad=11_11x0_0 rhs_reversal=1x0}, "
-        "dim_labels=1fb0_1i0o->b0f1", ("bf16[4,128,768,1]", "bf16[4,128,12,64]"), 4 * 128 * 768 * 12 * 64),
-    # a depthwise causal convolution of width 4 dilated by 2 over 128 features (feature_group_count):
-    # 16 rows of 15 inputs (the causal padding already in the data), 9 outputs, every tap on data
-    "rhs_dilate, feature groups": (
-        "%c = f32[16,9,128]{2,1,0} convolution(%x, %k), window={size=4 rhs_dilate=2}, dim_labels=b0f_0io->b0f, "
-        "feature_group_count=128", ("bf16[16,15,128]", "f32[4,1,128]"), 16 * 9 * 128 * 4),
-    # its filter gradient (batch_group_count): for tap w of 4 the positions t of 64 with t >= 2 (3 - w)
-    # meet data, the window's other taps fall on the 6 padded positions (stride 2: the rhs dilation)
-    "stride, padding, batch groups": (
-        "%c = f32[4,1,128]{2,1,0} convolution(%x, %g), window={size=64 stride=2 pad=6_0}, "
-        "dim_labels=f0b_i0o->0bf, batch_group_count=128", ("bf16[2,64,128]", "bf16[2,64,128]"),
-        128 * 2 * (58 + 60 + 62 + 64)),
-    # einsum('bij,bjk->bik') with b 4: the batch is a window of 4 dilated by 4, one tap per output on data
-    "lhs_dilate, stride": (
-        "%c = f32[4,1536,512]{1,2,0} convolution(%x, %y), window={size=4 stride=3 lhs_dilate=4}, "
-        "dim_labels=0fb_0oi->0bf", ("f32[4,1024,512]", "f32[4,1536,1024]"), 4 * 512 * 1024 * 1536),
+  # einsum('btd,dhk->bthk') with b 4, t 128, d 768, 12 heads of 64: a window as wide as the heads,
+  # padded 11 on each side, so each of the 12 outputs meets the input with one tap of 12.
+  "head-split projection": (
+    "%c = bf16[4,128,12,64]{3,2,1,0} convolution(%x, %w), window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, "
+    "dim_labels=0bf1_i1o0->0b1f",
+    ("bf16[4,128,768,1]", "bf16[768,12,64,1]"),
+    4 * 128 * 768 * 12 * 64,
+  ),
+  # its weight gradient: the window runs over the batch (4 taps, all data) and the heads (padded, 1 of 12)
+  "head-split weight gradient": (
+    "%c = bf16[768,12,64,1]{3,2,1,0} convolution(%x, %g), window={size=12x4 pad=11_11x0_0 rhs_reversal=1x0}, "
+    "dim_labels=1fb0_1i0o->b0f1",
+    ("bf16[4,128,768,1]", "bf16[4,128,12,64]"),
+    4 * 128 * 768 * 12 * 64,
+  ),
+  # a depthwise causal convolution of width 4 dilated by 2 over 128 features (feature_group_count):
+  # 16 rows of 15 inputs (the causal padding already in the data), 9 outputs, every tap on data
+  "rhs_dilate, feature groups": (
+    "%c = f32[16,9,128]{2,1,0} convolution(%x, %k), window={size=4 rhs_dilate=2}, dim_labels=b0f_0io->b0f, "
+    "feature_group_count=128",
+    ("bf16[16,15,128]", "f32[4,1,128]"),
+    16 * 9 * 128 * 4,
+  ),
+  # its filter gradient (batch_group_count): for tap w of 4 the positions t of 64 with t >= 2 (3 - w)
+  # meet data, the window's other taps fall on the 6 padded positions (stride 2: the rhs dilation)
+  "stride, padding, batch groups": (
+    "%c = f32[4,1,128]{2,1,0} convolution(%x, %g), window={size=64 stride=2 pad=6_0}, "
+    "dim_labels=f0b_i0o->0bf, batch_group_count=128",
+    ("bf16[2,64,128]", "bf16[2,64,128]"),
+    128 * 2 * (58 + 60 + 62 + 64),
+  ),
+  # einsum('bij,bjk->bik') with b 4: the batch is a window of 4 dilated by 4, one tap per output on data
+  "lhs_dilate, stride": (
+    "%c = f32[4,1536,512]{1,2,0} convolution(%x, %y), window={size=4 stride=3 lhs_dilate=4}, dim_labels=0fb_0oi->0bf",
+    ("f32[4,1024,512]", "f32[4,1536,1024]"),
+    4 * 512 * 1024 * 1536,
+  ),
 }
 
 
@@ -254,15 +272,32 @@ def test_a_convolution_counts_the_taps_that_meet_input_data(form):
   assert hlo_cost._matmul_flops(op, dict(zip(op.operands, (x, y)))) == 2 * multiply_adds
 
 
-@given(input_size=st.integers(1, 12), size=st.integers(1, 9), outputs=st.integers(1, 14),
-       stride=st.integers(1, 5), pad_low=st.integers(-3, 12), lhs_dilate=st.integers(1, 6), rhs_dilate=st.integers(1, 4))
+@given(
+  input_size=st.integers(1, 12),
+  size=st.integers(1, 9),
+  outputs=st.integers(1, 14),
+  stride=st.integers(1, 5),
+  pad_low=st.integers(-3, 12),
+  lhs_dilate=st.integers(1, 6),
+  rhs_dilate=st.integers(1, 4),
+)
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 def test_real_taps_equal_counting_them_one_by_one(input_size, size, outputs, stride, pad_low, lhs_dilate, rhs_dilate):
   last = (input_size - 1) * lhs_dilate
   taps = [o * stride + k * rhs_dilate - pad_low for o in range(outputs) for k in range(size)]
   want = sum(0 <= p <= last and p % lhs_dilate == 0 for p in taps)
-  assert hlo_cost.real_taps(input_size=input_size, size=size, outputs=outputs, stride=stride, pad_low=pad_low,
-                            lhs_dilate=lhs_dilate, rhs_dilate=rhs_dilate) == want
+  assert (
+    hlo_cost.real_taps(
+      input_size=input_size,
+      size=size,
+      outputs=outputs,
+      stride=stride,
+      pad_low=pad_low,
+      lhs_dilate=lhs_dilate,
+      rhs_dilate=rhs_dilate,
+    )
+    == want
+  )
 
 
 def test_slices_move_their_window_not_the_whole_operand():
@@ -285,6 +320,7 @@ ENTRY %main (a: bf16[16,512,256]) -> bf16[4,512,256] {
 
 # ----------------------------------------------------------------------------- XLA:GPU programs
 
+
 def test_on_gpu_a_scan_counts_every_step_and_the_unrolled_stack_agrees_with_xla(h100):
   """XLA:GPU writes the matmuls as Triton GEMM fusions (a `dot` inside): counted inside loops by trip count."""
   mesh, chip = h100
@@ -306,17 +342,19 @@ def test_cublas_gemms_and_cudnn_convolutions_count_their_flops(v100):
 
   def loss(w, x, k):
     h = jnp.tanh(x @ w)
-    c = jax.lax.conv_general_dilated(h, k, (1,), [(width - 1, 0)], dimension_numbers=("NWC", "WIO", "NWC"),
-                                     feature_group_count=d)
+    c = jax.lax.conv_general_dilated(
+      h, k, (1,), [(width - 1, 0)], dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=d
+    )
     return (c * c).sum()
 
   rep = jax.sharding.PartitionSpec()
-  compiled = _compile(jax.grad(loss, argnums=(0, 2)), mesh, ((d, d), rep), ((b, t, d), rep), ((width, 1, d), rep),
-                      dtype=jnp.float32)
+  compiled = _compile(
+    jax.grad(loss, argnums=(0, 2)), mesh, ((d, d), rep), ((b, t, d), rep), ((width, 1, d), rep), dtype=jnp.float32
+  )
   text = compiled.as_text()
   assert "__cublas$" in text and "__cudnn$conv" in text
   matmuls = 2 * (2.0 * b * t * d * d)  # x @ w and the gradient of w
-  convs = 2.0 * b * t * d * width      # each depthwise pass: one multiply-add per tap per output
+  convs = 2.0 * b * t * d * width  # each depthwise pass: one multiply-add per tap per output
   flops = hlo_cost.roofline(text, chip).flops
   # The forward convolution, its gradient by the filter and by the input (which reaches w's gradient).
   assert flops == pytest.approx(matmuls + 3 * convs, rel=1e-6)
@@ -330,12 +368,15 @@ def _pallas_matmul(x, y):
     o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
 
   return pl.pallas_call(
-      kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // 64, n // 64),
-      in_specs=[pl.BlockSpec((64, k), lambda i, j: (i, 0)), pl.BlockSpec((k, 64), lambda i, j: (0, j))],
-      out_specs=pl.BlockSpec((64, 64), lambda i, j: (i, j)),
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),  # Triton, not Mosaic GPU
-      cost_estimate=pl.CostEstimate(flops=2 * m * n * k, transcendentals=0, bytes_accessed=2 * (m * k + k * n + m * n)),
-      name="test_matmul")(x, y)
+    kernel,
+    out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+    grid=(m // 64, n // 64),
+    in_specs=[pl.BlockSpec((64, k), lambda i, j: (i, 0)), pl.BlockSpec((k, 64), lambda i, j: (0, j))],
+    out_specs=pl.BlockSpec((64, 64), lambda i, j: (i, j)),
+    compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),  # Triton, not Mosaic GPU
+    cost_estimate=pl.CostEstimate(flops=2 * m * n * k, transcendentals=0, bytes_accessed=2 * (m * k + k * n + m * n)),
+    name="test_matmul",
+  )(x, y)
 
 
 def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
@@ -345,8 +386,10 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
   m = 256
   fn = lambda w, x: jax.lax.scan(lambda h, wi: (jnp.tanh(_pallas_matmul(h, wi)), None), x, w)[0]
   rep = jax.sharding.PartitionSpec()
-  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, rep))
-          for s in ((LAYERS, m, m), (m, m))]
+  args = [
+    jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, rep))
+    for s in ((LAYERS, m, m), (m, m))
+  ]
   with jax.set_mesh(mesh):
     traced = jax.jit(fn).trace(*args)
     compiled = traced.lower().compile()
@@ -367,14 +410,21 @@ def _train_step(config, devices):
     return traced.lower().compile(), traced
 
 
-@pytest.mark.parametrize("spec, overrides, against_xla", [
+@pytest.mark.parametrize(
+  "spec, overrides, against_xla",
+  [
     # A small Transformer whose matmuls dominate, layers unrolled so that XLA's count (loop bodies
     # once) is complete: XLA also counts elementwise FLOPs (3% here), hlo_cost only matmuls.
-    pytest.param("configs/c4/transformer.py:tiny", ["model.d_model=256", "model.d_ff=1024", "model.num_heads=4"], True,
-                 marks=pytest.mark.slow),
+    pytest.param(
+      "configs/c4/transformer.py:tiny",
+      ["model.d_model=256", "model.d_ff=1024", "model.num_heads=4"],
+      True,
+      marks=pytest.mark.slow,
+    ),
     # Latte's Pallas kernel: a Triton call on the GPU (its declared cost), interpreted on the CPU.
     pytest.param("configs/c4/latte.py:tiny", ["model.impl=pallas"], False, marks=pytest.mark.slow),
-])
+  ],
+)
 def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100, spec, overrides, against_xla):
   """The same config and per-device batch: XLA:GPU's program (cuBLAS / Triton GEMMs, Triton Pallas calls)
   counts the FLOPs of the CPU's program within 2% (XLA:GPU pads some matmul dimensions, e.g. a
@@ -404,17 +454,20 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
 # 256 wide (3.3%); FIT's denoiser adds the diffusion's per-pixel arithmetic to a one-layer step (6.3%).
 SMALL_IMAGE = ["data.image_size=32", "train.seq_len=3072"]
 FAMILY_STEPS = [
-    ("transformer", "configs/c4/transformer.py:mlm", ["model.num_layers=1"], 0.03),
-    ("transformer_vq", "configs/enwik8/transformer_vq.py", ["model.num_layers=1", "train.update_len=512"], 0.03),
-    ("latte", "configs/c4/latte.py", ["model.num_layers=1"], 0.03),
-    ("flash", "configs/c4/flash.py", ["model.num_layers=1"], 0.03),
-    ("combiner", "configs/c4/combiner.py", ["model.num_layers=1"], 0.03),
-    ("linear_transformer", "configs/enwik8/linear_transformer.py", ["model.num_layers=1"], 0.20),
-    ("block_transformer", "configs/c4/block_transformer.py:5m", ["model.num_layers=1", "model.encoder_layers=1"],
-     0.04),
-    ("fit", "configs/imagenet64/fit_ar.py", ["model.layers=L(1)G(1)", *SMALL_IMAGE], 0.03),
-    ("fit_denoiser", "configs/imagenet64/fit_denoiser.py", ["model.layers=L(0)G(1)L(1)", "model.image_size=32",
-                                                            *SMALL_IMAGE], 0.07),
+  ("transformer", "configs/c4/transformer.py:mlm", ["model.num_layers=1"], 0.03),
+  ("transformer_vq", "configs/enwik8/transformer_vq.py", ["model.num_layers=1", "train.update_len=512"], 0.03),
+  ("latte", "configs/c4/latte.py", ["model.num_layers=1"], 0.03),
+  ("flash", "configs/c4/flash.py", ["model.num_layers=1"], 0.03),
+  ("combiner", "configs/c4/combiner.py", ["model.num_layers=1"], 0.03),
+  ("linear_transformer", "configs/enwik8/linear_transformer.py", ["model.num_layers=1"], 0.20),
+  ("block_transformer", "configs/c4/block_transformer.py:5m", ["model.num_layers=1", "model.encoder_layers=1"], 0.04),
+  ("fit", "configs/imagenet64/fit_ar.py", ["model.layers=L(1)G(1)", *SMALL_IMAGE], 0.03),
+  (
+    "fit_denoiser",
+    "configs/imagenet64/fit_denoiser.py",
+    ["model.layers=L(0)G(1)L(1)", "model.image_size=32", *SMALL_IMAGE],
+    0.07,
+  ),
 ]
 
 
@@ -422,16 +475,20 @@ def test_the_cross_check_covers_every_family():
   assert {family for family, *_ in FAMILY_STEPS} == set(registry.family_names())
 
 
-@pytest.mark.parametrize("family, spec, overrides, elementwise", tiers.quick(
-    FAMILY_STEPS, keep=[0], ids=lambda case: case[1].removeprefix("configs/")))
+@pytest.mark.parametrize(
+  "family, spec, overrides, elementwise",
+  tiers.quick(FAMILY_STEPS, keep=[0], ids=lambda case: case[1].removeprefix("configs/")),
+)
 def test_a_train_step_has_the_same_flops_compiled_for_a_tpu_and_for_the_cpu(family, spec, overrides, elementwise):
   """The same per-device batch compiled for TPU v4 and for the CPU counts the same FLOPs within 3%
   (the TPU compiler writes head-split projections and batched matmuls as padded and dilated
   convolutions: counting every tap of those windows once made the Transformer's step 1.75x the CPU's),
   and the CPU's count is XLA's own less the elementwise arithmetic XLA also counts."""
   sequence = [] if spec.startswith("configs/imagenet64") else ["train.seq_len=512"]
-  config = lra_core.load_config(spec, overrides + sequence + [
-      "train.batch_size=1", "model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"])
+  config = lra_core.load_config(
+    spec,
+    overrides + sequence + ["train.batch_size=1", "model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"],
+  )
   assert config.model.name == family
   if not chips.libtpu_installed():
     pytest.skip("libtpu is not installed")

@@ -49,10 +49,13 @@ def test_full_size_examples_are_raster_hwc_pixels_after_start(tmp_path):
     for k in (0, len(src) - 1):
       ex = src[k]
       assert {n: (v.dtype, v.shape) for n, v in ex.items()} == {
-          "inputs": (np.int32, (12288,)), "targets": (np.int32, (12288,)), "weights": (np.float32, (12288,))}
+        "inputs": (np.int32, (12288,)),
+        "targets": (np.int32, (12288,)),
+        "weights": (np.float32, (12288,)),
+      }
       # Independent of the loader's transpose: the planar row's pixel (y, x) has R at y*64+x,
       # G at 4096+y*64+x, B at 8192+y*64+x, and token 3*(y*64+x)+c must be that value.
-      row = fx.planar_rows(images[k:k + 1])[0]
+      row = fx.planar_rows(images[k : k + 1])[0]
       pix = np.arange(4096)
       oracle = np.stack([row[pix], row[4096 + pix], row[8192 + pix]], axis=1).reshape(-1)
       np.testing.assert_array_equal(ex["targets"], oracle)
@@ -101,8 +104,9 @@ def test_flip_adds_mirror_images_to_the_train_split_only(tmp_path):
   assert len(plain) == n
 
 
-@pytest.mark.parametrize("shape,size,patch,channels", [
-    ((), 8, 4, 3), ((5,), 64, 8, 3), ((2, 3), 16, 2, 1), ((4,), 8, 8, 3), ((1,), 6, 3, 2)])
+@pytest.mark.parametrize(
+  "shape,size,patch,channels", [((), 8, 4, 3), ((5,), 64, 8, 3), ((2, 3), 16, 2, 1), ((4,), 8, 8, 3), ((1,), 6, 3, 2)]
+)
 def test_patchify_matches_einops_and_inverts(shape, size, patch, channels):
   rng = np.random.default_rng(0)
   x = rng.integers(0, 256, shape + (size * size * channels,))
@@ -177,13 +181,16 @@ def _build_tfds(root, num_train=10, num_val=8):
 
     def _info(self):
       names = tfds.core.tfds_path("image_classification/imagenet_resized_labels.txt")
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "image": tfds.features.Image(shape=(64, 64, 3)),
-          "label": tfds.features.ClassLabel(names_file=names)}), supervised_keys=("image", "label"))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {"image": tfds.features.Image(shape=(64, 64, 3)), "label": tfds.features.ClassLabel(names_file=names)}
+        ),
+        supervised_keys=("image", "label"),
+      )
 
     def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples(num_train, 0),
-              "validation": self._generate_examples(num_val, 100)}
+      return {"train": self._generate_examples(num_train, 0), "validation": self._generate_examples(num_val, 100)}
 
     def _generate_examples(self, count, offset):
       for k, image in enumerate(fx.images(count, offset)):
@@ -211,15 +218,22 @@ def test_tfds_source_reads_imagenet_resized(tmp_path):
   assert pickle.loads(pickle.dumps(train))[0]["targets"].shape == (12288,)
 
 
-@pytest.mark.parametrize("overrides,error,message", [
+@pytest.mark.parametrize(
+  "overrides,error,message",
+  [
     (["train.seq_len=100"], ConfigError, "train.seq_len 100 is not the 192 tokens of a 8x8 RGB image"),
     (["data.image_size=24", "train.seq_len=1728"], ConfigError, "data.image_size 24 is not a divisor of 64"),
     (["data.order=patches", "data.patch_size=3"], ConfigError, "data.patch_size 3 does not divide"),
     (["data.order=zigzag"], ConfigError, "data.order 'zigzag' is not one of"),
     (["task=lm"], ConfigError, "task 'lm' cannot use the imagenet64 dataset"),
-    (["data.dir="], ConfigError, "data.dir is empty; expected a folder with <dir>/train_data_batch_<N>.npz and "
-                                 "<dir>/val_data.npz, the Imagenet64_*_npz release"),
-])
+    (
+      ["data.dir="],
+      ConfigError,
+      "data.dir is empty; expected a folder with <dir>/train_data_batch_<N>.npz and "
+      "<dir>/val_data.npz, the Imagenet64_*_npz release",
+    ),
+  ],
+)
 def test_config_errors(tmp_path, overrides, error, message):
   config = _config(tmp_path, *overrides)
   with pytest.raises(error) as info:
@@ -247,19 +261,27 @@ def test_missing_files_name_the_release_layout(tmp_path):
   assert f"is not a folder; expected {tmp_path}/nowhere/train_data_batch_<N>.npz" in msg
 
 
-@pytest.mark.parametrize("write,message", [
+@pytest.mark.parametrize(
+  "write,message",
+  [
     (lambda p: np.savez(p, data=fx.planar_rows(fx.images(2))), "has no 'labels' array"),
     (lambda p: np.savez(p, labels=np.array([1, 2])), "has no 'data' array"),
-    (lambda p: np.savez(p, data=np.zeros((2, 3072), np.uint8), labels=np.array([1, 2])),
-     "has `data` uint8[2, 3072]; expected uint8[N, 12288]"),
-    (lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([0, 1])),
-     "has labels in [0, 1]; expected 1-based labels 1..1000"),
-    (lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([1, 1001])),
-     "has labels in [1, 1001]"),
-    (lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([1])),
-     "has `labels` int64[1] for 2 images"),
+    (
+      lambda p: np.savez(p, data=np.zeros((2, 3072), np.uint8), labels=np.array([1, 2])),
+      "has `data` uint8[2, 3072]; expected uint8[N, 12288]",
+    ),
+    (
+      lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([0, 1])),
+      "has labels in [0, 1]; expected 1-based labels 1..1000",
+    ),
+    (lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([1, 1001])), "has labels in [1, 1001]"),
+    (
+      lambda p: np.savez(p, data=fx.planar_rows(fx.images(2)), labels=np.array([1])),
+      "has `labels` int64[1] for 2 images",
+    ),
     (lambda p: p.write_bytes(b"not a zip"), "is not a readable npz file"),
-])
+  ],
+)
 def test_malformed_files_are_named(tmp_path, write, message):
   fx.write_npz(tmp_path / "val_data.npz", fx.images(2), [1, 2])
   bad = tmp_path / "train_data_batch_1.npz"

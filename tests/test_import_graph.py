@@ -15,8 +15,12 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = {"lra_core": ROOT / "lra_core", "lra_core.models": ROOT / "models",
-            "lra_core.kernels": ROOT / "kernels", "lra_core.configs": ROOT / "configs"}
+PACKAGES = {
+  "lra_core": ROOT / "lra_core",
+  "lra_core.models": ROOT / "models",
+  "lra_core.kernels": ROOT / "kernels",
+  "lra_core.configs": ROOT / "configs",
+}
 
 
 def project_modules() -> dict[str, pathlib.Path]:
@@ -37,7 +41,7 @@ def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
   base = node.module or ""
   if node.level:
     anchor = module.split(".") if is_package else module.split(".")[:-1]
-    anchor = anchor[:len(anchor) - node.level + 1]
+    anchor = anchor[: len(anchor) - node.level + 1]
     base = ".".join(anchor + ([base] if base else []))
   return [f"{base}.{alias.name}" for alias in node.names] + [base]
 
@@ -48,8 +52,13 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
   edges, hidden = {name: set() for name in modules}, []
   for name, path in modules.items():
     tree = ast.parse(path.read_text(), str(path))
-    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-              for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    nested = {
+      id(n)
+      for f in ast.walk(tree)
+      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+      for n in ast.walk(f)
+      if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
     for node in ast.walk(tree):
       if not isinstance(node, (ast.Import, ast.ImportFrom)):
         continue
@@ -72,8 +81,11 @@ def private_reaches() -> list[str]:
   """'file:line name' for each use of another project module's `_private` name: imported by name,
   or read as an attribute of an imported project module."""
   modules = project_modules()
-  return [f"{path.relative_to(ROOT)}:{use}" for name, path in modules.items()
-          for use in private_uses(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", modules)]
+  return [
+    f"{path.relative_to(ROOT)}:{use}"
+    for name, path in modules.items()
+    for use in private_uses(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", modules)
+  ]
 
 
 def private_uses(tree: ast.AST, name: str, is_package: bool, modules) -> list[str]:
@@ -82,8 +94,9 @@ def private_uses(tree: ast.AST, name: str, is_package: bool, modules) -> list[st
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom):
       for alias in node.names:
-        target = imported_names(ast.ImportFrom(module=node.module, names=[alias], level=node.level), name,
-                                is_package)[0]
+        target = imported_names(ast.ImportFrom(module=node.module, names=[alias], level=node.level), name, is_package)[
+          0
+        ]
         if target in modules:
           module_aliases[alias.asname or alias.name] = target
         elif _is_private(alias.name):
@@ -93,8 +106,12 @@ def private_uses(tree: ast.AST, name: str, is_package: bool, modules) -> list[st
         if alias.asname and alias.name in modules:
           module_aliases[alias.asname] = alias.name
   for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _is_private(node.attr)
-        and module_aliases.get(node.value.id, name) != name):
+    if (
+      isinstance(node, ast.Attribute)
+      and isinstance(node.value, ast.Name)
+      and _is_private(node.attr)
+      and module_aliases.get(node.value.id, name) != name
+    ):
       found.append(f"{node.lineno} {node.value.id}.{node.attr}")
   return found
 
@@ -172,6 +189,8 @@ def test_the_checker_sees_cycles_and_resolves_relative_imports():
   assert "lra_core.models.blocks.layers" in edges["lra_core.models.transformer"]
   assert "lra_core.registry" in edges["lra_core.config"]
   modules = project_modules()
-  reaching = ast.parse("from lra_core import decoding\nfrom lra_core.fs import _x, y\n"
-                       "import lra_core.optim as opt\ndecoding._mode(opt._y, _z)\n")
+  reaching = ast.parse(
+    "from lra_core import decoding\nfrom lra_core.fs import _x, y\n"
+    "import lra_core.optim as opt\ndecoding._mode(opt._y, _z)\n"
+  )
   assert private_uses(reaching, "lra_core.models.fit", False, modules) == ["2 _x", "4 decoding._mode", "4 opt._y"]

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from lra_core.bench import kernel_run, lowering as check_lowering
+from lra_core.bench import kernel_run
+from lra_core.bench import lowering as check_lowering
 
 SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 
@@ -49,11 +50,24 @@ def test_a_program_without_the_kernel_is_a_failure(monkeypatch):
 def test_run_kernels_compares_each_kernel_with_its_xla_form(tmp_path, capsys):
   """scripts/run_kernels.py on this host (interpret mode): every kernel's output and gradients equal
   its XLA form's to float32 rounding, and the table names each kernel and how it ran."""
-  rows = kernel_run.main(["--seq_len=64", "--width=16", "--latents=8", "--block=16", "--codes=16",
-                          "--flash_chunk=16", "--batch=1", "--heads=1", "--dtypes=float32", "--steps=1",
-                          f"--json={tmp_path / 'rows.json'}"])
-  assert [r["kernel"] for r in rows] == list(check_lowering.kernels_at(
-      seq_len=64, width=16, latents=8, block=16, codes=16, chunk=0, flash_chunk=16))
+  rows = kernel_run.main(
+    [
+      "--seq_len=64",
+      "--width=16",
+      "--latents=8",
+      "--block=16",
+      "--codes=16",
+      "--flash_chunk=16",
+      "--batch=1",
+      "--heads=1",
+      "--dtypes=float32",
+      "--steps=1",
+      f"--json={tmp_path / 'rows.json'}",
+    ]
+  )
+  assert [r["kernel"] for r in rows] == list(
+    check_lowering.kernels_at(seq_len=64, width=16, latents=8, block=16, codes=16, chunk=0, flash_chunk=16)
+  )
   for r in rows:
     assert r["call"] == "interpret" and max(r["out_rel"], r["dq_rel"], r["dv_rel"]) < 1e-5, r
     assert r["forward_ms_xla"] > 0 and r["step_ms_pallas"] > 0

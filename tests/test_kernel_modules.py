@@ -22,13 +22,12 @@ def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [a.name for a in node.names]
   base = node.module or ""
   if node.level:
-    base = ".".join(PACKAGE.split(".")[:len(PACKAGE.split(".")) - node.level + 1] + ([base] if base else []))
+    base = ".".join(PACKAGE.split(".")[: len(PACKAGE.split(".")) - node.level + 1] + ([base] if base else []))
   return [f"{base}.{a.name}" for a in node.names]
 
 
 def _imports(tree: ast.Module) -> set[str]:
-  return {name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-          for name in _imported(node)}
+  return {name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for name in _imported(node)}
 
 
 def _kernel_deps(tree: ast.Module, modules) -> set[str]:
@@ -38,7 +37,7 @@ def _kernel_deps(tree: ast.Module, modules) -> set[str]:
     if name == PACKAGE:
       deps.add("__init__")
     elif name.startswith(PACKAGE + "."):
-      stem = name[len(PACKAGE) + 1:].split(".")[0]
+      stem = name[len(PACKAGE) + 1 :].split(".")[0]
       deps.add(stem if stem in modules else "__init__")
   return deps
 
@@ -48,8 +47,11 @@ def test_no_import_inside_a_function():
   for stem, tree in _modules().items():
     for fn in ast.walk(tree):
       if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        found += [f"kernels/{stem}.py:{n.lineno} in {fn.name}" for n in ast.walk(fn)
-                  if isinstance(n, (ast.Import, ast.ImportFrom))]
+        found += [
+          f"kernels/{stem}.py:{n.lineno} in {fn.name}"
+          for n in ast.walk(fn)
+          if isinstance(n, (ast.Import, ast.ImportFrom))
+        ]
   assert not found, found
 
 
@@ -74,7 +76,7 @@ def test_no_cycle_between_kernel_modules():
 
   def visit(stem):
     if stem in path:
-      raise AssertionError(f"import cycle: {' -> '.join(path[path.index(stem):] + [stem])}")
+      raise AssertionError(f"import cycle: {' -> '.join(path[path.index(stem) :] + [stem])}")
     if stem in done:
       return
     path.append(stem)

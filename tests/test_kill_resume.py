@@ -23,19 +23,26 @@ import time
 import pytest
 
 import fixtures
-import outputs
 import lra_core
+import outputs
 from lra_core import cli, fs, registry
 from lra_core.preemption import PreemptionNotice
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 9
-RUN = [f"train.steps={STEPS}", "train.checkpoint_every=3", "train.log_every=1", "train.eval_batches=1",
-       "train.test_at_end=False", "train.keep_checkpoints=2"]
+RUN = [
+  f"train.steps={STEPS}",
+  "train.checkpoint_every=3",
+  "train.log_every=1",
+  "train.eval_batches=1",
+  "train.test_at_end=False",
+  "train.keep_checkpoints=2",
+]
 
 # Every registered family; the quick tier keeps the transformer's run.
-FAMILIES = [pytest.param(f, id=f.name, marks=() if f.name == "transformer" else pytest.mark.slow)
-            for f in registry.families()]
+FAMILIES = [
+  pytest.param(f, id=f.name, marks=() if f.name == "transformer" else pytest.mark.slow) for f in registry.families()
+]
 
 
 # The runs are forked from a server that has imported the framework once (multiprocessing's
@@ -54,9 +61,11 @@ def _train_main(argv, log, env):
   # The compiler's fast mode: these runs test state, not speed (read when the backend starts).
   os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
   import jax
+
   jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   from lra_core import cli, train
+
   cli.run(lambda: train.main(argv))
 
 
@@ -108,8 +117,9 @@ def _interrupt(argv, log, sig, at_step, delay, timeout=120):
 
 
 def _resumed_steps(out: str) -> list[int]:
-  return [int(line.split("resuming at step ")[1].split()[0]) for line in out.splitlines()
-          if "resuming at step " in line]
+  return [
+    int(line.split("resuming at step ")[1].split()[0]) for line in out.splitlines() if "resuming at step " in line
+  ]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -184,6 +194,7 @@ def test_a_second_ctrl_c_aborts_at_once():
 def test_ctrl_c_outside_the_loop_ends_with_one_line_and_130(capsys):
   def interrupted():
     raise KeyboardInterrupt
+
   with pytest.raises(SystemExit) as exit_:
     cli.run(interrupted)
   assert exit_.value.code == 130

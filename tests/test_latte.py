@@ -36,8 +36,11 @@ def grads(fn, q, k, v):
 
 # -- kernels ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t,chunk", [(13, 1), (13, 4), (16, 4), pytest.param(7, 32, marks=pytest.mark.slow),
-                                     pytest.param(20, 7, marks=pytest.mark.slow)])
+
+@pytest.mark.parametrize(
+  "t,chunk",
+  [(13, 1), (13, 4), (16, 4), pytest.param(7, 32, marks=pytest.mark.slow), pytest.param(20, 7, marks=pytest.mark.slow)],
+)
 def test_causal_latte_equals_quadratic_formula_values_and_gradients(t, chunk):
   q, k, v = qkv(t=t)
   fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk)
@@ -105,12 +108,21 @@ def test_kernel_shape_and_impl_errors_are_clear():
 
 # -- the model -------------------------------------------------------------------------------------------
 
+
 def make_config(task="lm", variant="latte", seq_len=16, **model):
   c = ml_collections.ConfigDict()
   c.task = task
-  defaults = dict(vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48, num_latents=8, chunk=3,
-                  window=4 if "swa" in variant else 0,
-                  num_classes=3 if task in ("classify", "retrieval") else 0)
+  defaults = dict(
+    vocab_size=23,
+    d_model=32,
+    num_layers=2,
+    num_heads=2,
+    d_ff=48,
+    num_latents=8,
+    chunk=3,
+    window=4 if "swa" in variant else 0,
+    num_classes=3 if task in ("classify", "retrieval") else 0,
+  )
   c.model = latte.model_config(variant, **{**defaults, **model})
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   latte.validate_config(c)
@@ -144,8 +156,9 @@ def test_decode_state_has_constant_size():
   assert size(model.init_decode_state(2, 16)) == size(model.init_decode_state(2, 4096))
 
 
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v == "latte_conv_swa++" else v
-                                     for v in sorted(latte.VARIANTS)])
+@pytest.mark.parametrize(
+  "variant", [pytest.param(v, marks=pytest.mark.slow) if v == "latte_conv_swa++" else v for v in sorted(latte.VARIANTS)]
+)
 def test_bidirectional_padding_does_not_change_real_tokens(variant):
   model = make_model(make_config(task="classify", variant=variant))
   x = tokens()
@@ -163,7 +176,7 @@ def quadratic_layer(layer, x, causal):
   pos = jnp.arange(t)
   y = x if layer.mixer is None else layer.mixer(x)
   q, k, v = layer.query(y), layer.key(y), layer.value(x)
-  p_all = jax.nn.softmax(q, -1)                                             # over L (+ 1) states
+  p_all = jax.nn.softmax(q, -1)  # over L (+ 1) states
   allowed = (pos[:, None] >= pos[None, :]) if causal else jnp.ones((t, t), bool)
   logits = jnp.where(allowed[None, None, None], jnp.einsum("bshl->bhls", k)[:, :, :, None, :], -1e30)
   latent = jnp.einsum("bthl,bhlts->bhts", p_all[..., 1:] if layer.window else p_all, jax.nn.softmax(logits, -1))
@@ -171,7 +184,7 @@ def quadratic_layer(layer, x, causal):
     out = jnp.einsum("bhts,bshd->bthd", latent, v)
   else:  # eq. 22: y_t = sum_s a_ts R^(t-s) v_s
     angles = (pos[:, None] - pos[None, :]).astype(jnp.float32)[..., None, None] * layer.vapor[...]
-    c, s = jnp.cos(angles), jnp.sin(angles)                                 # [T,S,H,W/2]
+    c, s = jnp.cos(angles), jnp.sin(angles)  # [T,S,H,W/2]
     v1, v2 = jnp.split(v, 2, -1)
     mix = lambda u, rot: jnp.einsum("bhts,bshw,tshw->bthw", latent, u, rot)
     out = jnp.concatenate([mix(v1, c) - mix(v2, s), mix(v2, c) + mix(v1, s)], -1)
@@ -216,12 +229,17 @@ def test_local_attention_equals_dense_sliding_window():
     for t, w in ((13, 4), (16, 4), (5, 8)):
       q, k, v = rand(1, (2, t, 4, 8)), rand(2, (2, t, 2, 8)), rand(3, (2, t, 2, 3))
       valid = jnp.arange(t)[None] < jnp.array([[t], [t - 2]])
-      dense = jax.jit(lambda q, k, v, valid: dot_product_attention(q, k, v, mask=attention_mask(
-          jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid)))(q, k, v, valid)
-      banded = jax.jit(lambda q, k, v, valid: kernels.local_attention(q, k, v, window=w, causal=causal,
-                                                                      k_valid=valid))(q, k, v, valid)
-      np.testing.assert_allclose(jnp.where(valid[..., None, None], banded, 0),
-                                 jnp.where(valid[..., None, None], dense, 0), atol=1e-5)
+      dense = jax.jit(
+        lambda q, k, v, valid: dot_product_attention(
+          q, k, v, mask=attention_mask(jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid)
+        )
+      )(q, k, v, valid)
+      banded = jax.jit(lambda q, k, v, valid: kernels.local_attention(q, k, v, window=w, causal=causal, k_valid=valid))(
+        q, k, v, valid
+      )
+      np.testing.assert_allclose(
+        jnp.where(valid[..., None, None], banded, 0), jnp.where(valid[..., None, None], dense, 0), atol=1e-5
+      )
 
 
 def test_config_errors_are_clear():
@@ -236,6 +254,7 @@ def test_config_errors_are_clear():
 
 
 # -- paper sizes and the trainer ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("row", latte.FAMILY.paper_rows, ids=lambda row: row.config.rpartition(":")[2])
 def test_table1_parameter_counts_within_five_percent(row):

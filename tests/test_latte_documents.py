@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_latte import make_config, make_model, tokens
 
 import lra_core
 import oracles
@@ -20,7 +21,6 @@ from lra_core.kernels import latte as lk
 from lra_core.kernels.attention import attention_mask
 from lra_core.models import latte
 from lra_core.models.blocks.positions import apply_rope
-from test_latte import make_config, make_model, tokens
 
 O0 = {"xla_backend_optimization_level": 0}
 # Three documents (one of 4 tokens, across chunk boundaries at chunk 3 and 4) and trailing padding
@@ -45,14 +45,16 @@ def value_and_grads(fn, q, k, v):
 
 
 def assert_same(fn, reference, q, k, v):
-  got, want = jax.jit(lambda *a: (value_and_grads(fn, *a), value_and_grads(reference, *a))).lower(
-      q, k, v).compile(O0)(q, k, v)
+  got, want = (
+    jax.jit(lambda *a: (value_and_grads(fn, *a), value_and_grads(reference, *a))).lower(q, k, v).compile(O0)(q, k, v)
+  )
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     assert np.isfinite(a).all()
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 # -- kernels ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("impl,chunk", [("xla", 1), ("xla", 3), ("xla", 16), ("pallas", 4)])
 def test_causal_kernel_with_segments_equals_masked_formula(impl, chunk):
@@ -61,8 +63,7 @@ def test_causal_kernel_with_segments_equals_masked_formula(impl, chunk):
   q, k, v = qkv()
   k = 30.0 * k
   scale = keep_mask(q.shape)
-  fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk, impl=impl, segments=SEGMENTS,
-                                              latent_scale=scale)
+  fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk, impl=impl, segments=SEGMENTS, latent_scale=scale)
   reference = lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=SEGMENTS, latent_scale=scale)
   assert_same(fast, reference, q, k, v)
   # The mask matters: without segments the second document reads the first.
@@ -76,10 +77,12 @@ def test_bidirectional_kernel_with_segments_equals_masked_formula(impl, chunk):
   k = 30.0 * k
   mask = jnp.arange(13)[None] < jnp.array([[12], [9]])
   scale = keep_mask(q.shape)
-  fast = lambda q, k, v: kernels.bidirectional_latte(q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale,
-                                                     impl=impl, chunk=chunk)
-  reference = lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask, segments=SEGMENTS,
-                                                               latent_scale=scale)
+  fast = lambda q, k, v: kernels.bidirectional_latte(
+    q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale, impl=impl, chunk=chunk
+  )
+  reference = lambda q, k, v: lk.bidirectional_latte_reference(
+    q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale
+  )
   assert_same(fast, reference, q, k, v)
   plain = lk.bidirectional_latte_reference(q, k, v, mask=mask)
   assert not np.allclose(plain[0, :10], reference(q, k, v)[0, :10], atol=1e-3)
@@ -104,12 +107,15 @@ def test_segment_and_scale_shapes_are_checked():
 
 # -- the model: packed documents --------------------------------------------------------------------------
 
+
 def document_apply(model, task):
   """apply(rows, segment_ids) for the oracle, one compiled call per argument structure. The masked
   LM passes the padding mask along, as tasks/mlm.py does."""
+
   def apply(rows, segs):
     mask = (rows != 0) if task == "mlm" else None
     return model(rows, mask=mask, segment_ids=segs)
+
   compiled = {}
 
   def run(rows, segs):
@@ -117,6 +123,7 @@ def document_apply(model, task):
     if key not in compiled:
       compiled[key] = jax.jit(apply).lower(rows, segs).compile(O0)
     return compiled[key](rows, segs)
+
   return run
 
 
@@ -124,15 +131,22 @@ def document_apply(model, task):
 DOC_A, DOC_B = np.arange(3, 10), (np.arange(9) * 5 + 1) % 22 + 1
 # The impl switches the latent core only: under the kernel, the variants with VAPOR, conv + window
 # and RG-LRU + window (the baseline has no latent core).
-ORACLE_CASES = ([(v, task, "xla") for v in sorted(latte.VARIANTS) for task in ("lm", "mlm")]
-                + [(v, task, "pallas") for v in ("latte", "latte_conv_swa++", "latte_rglru_swa++")
-                   for task in ("lm", "mlm")])
+ORACLE_CASES = [(v, task, "xla") for v in sorted(latte.VARIANTS) for task in ("lm", "mlm")] + [
+  (v, task, "pallas") for v in ("latte", "latte_conv_swa++", "latte_rglru_swa++") for task in ("lm", "mlm")
+]
 
 
-@pytest.mark.parametrize("variant,task,impl", tiers.quick(
-    ORACLE_CASES, keep=[ORACLE_CASES.index(c) for c in (("latte", "lm", "xla"), ("latte_conv_swa++", "mlm", "xla"),
-                                                      ("latte_rglru_swa++", "lm", "pallas"))],
-    ids=lambda c: "-".join(c)))
+@pytest.mark.parametrize(
+  "variant,task,impl",
+  tiers.quick(
+    ORACLE_CASES,
+    keep=[
+      ORACLE_CASES.index(c)
+      for c in (("latte", "lm", "xla"), ("latte_conv_swa++", "mlm", "xla"), ("latte_rglru_swa++", "lm", "pallas"))
+    ],
+    ids=lambda c: "-".join(c),
+  ),
+)
 def test_documents_are_independent(variant, task, impl):
   """The exact oracle at an unaligned boundary: no chunked form here depends on chunk alignment."""
   config = make_config(task=task, variant=variant, seq_len=20, num_layers=1, impl=impl)
@@ -146,8 +160,10 @@ def test_mixers_keep_to_their_document(causal):
   each document's outputs equal those of the document alone."""
   x = jax.random.normal(jax.random.key(3), (1, 11, 8))
   seg = jnp.array([[1] * 5 + [2] * 6])
-  for mixer in (latte.Conv(8, 3, causal=causal, rngs=nnx.Rngs(params=0)),
-                latte.RGLRU(8, 2, c=8.0, causal=causal, rngs=nnx.Rngs(params=0))):
+  for mixer in (
+    latte.Conv(8, 3, causal=causal, rngs=nnx.Rngs(params=0)),
+    latte.RGLRU(8, 2, c=8.0, causal=causal, rngs=nnx.Rngs(params=0)),
+  ):
     packed = mixer(x, seg)
     np.testing.assert_allclose(packed[:, :5], mixer(x[:, :5]), atol=1e-6)
     np.testing.assert_allclose(packed[:, 5:], mixer(x[:, 5:]), atol=1e-6)
@@ -155,6 +171,7 @@ def test_mixers_keep_to_their_document(causal):
 
 
 # -- latent dropout -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("variant,task", [("latte", "lm"), ("latte_rglru_swa++", "lm"), ("latte_conv++", "mlm")])
 def test_latent_dropout_acts_in_training_only(variant, task):
@@ -180,6 +197,7 @@ def test_latent_dropout_config_is_checked_and_paper_configs_set_it():
 
 
 # -- the RGLRU-SWA++ baseline (Table 2) -----------------------------------------------------------------------
+
 
 def test_rglru_swa_baseline_is_window_attention_over_normalised_rglru():
   """Q = Wq RMSNorm(RGLRU(X)), K = Wk RMSNorm(RGLRU(X)), V = Wv X, sliding-window softmax attention

@@ -13,10 +13,9 @@ import tiers
 from lra_core import kernels, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.sharding import to_device
-from lra_core.kernels import _pallas
+from lra_core.kernels import _pallas, latte_pallas
 from lra_core.kernels import latte as lk
-from lra_core.kernels import latte_pallas
+from lra_core.sharding import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -50,8 +49,9 @@ def assert_same(got, want, dtype=np.float32):
   """Equal pytrees of arrays (same dtypes, finite), to the tolerance of `dtype` inputs."""
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     assert a.dtype == b.dtype and np.isfinite(np.asarray(a, np.float32)).all()
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                               **(F32 if dtype == np.float32 else BF16))
+    np.testing.assert_allclose(
+      np.asarray(a, np.float32), np.asarray(b, np.float32), **(F32 if dtype == np.float32 else BF16)
+    )
 
 
 def assert_equals_reference(fn, reference, q, k, v, *, grads=True):
@@ -66,9 +66,13 @@ def assert_equals_reference(fn, reference, q, k, v, *, grads=True):
 # T odd (padded to whole chunks), chunks of 1 to 16 (one longer than T), L per head 8 to 512. The
 # backward is the XLA form's whatever the driver, so gradients are checked once per dtype.
 CAUSAL_CASES = [  # t, chunk, l, driver, dtype, grads
-    (13, 4, 64, "grid", np.float32, True), (37, 8, 64, "loop", np.float32, False),
-    (13, 4, 512, "loop", np.float32, False), (7, 16, 64, "grid", np.float32, False),
-    (13, 1, 8, "loop", jnp.bfloat16, False), (13, 8, 64, "grid", jnp.bfloat16, True)]
+  (13, 4, 64, "grid", np.float32, True),
+  (37, 8, 64, "loop", np.float32, False),
+  (13, 4, 512, "loop", np.float32, False),
+  (7, 16, 64, "grid", np.float32, False),
+  (13, 1, 8, "loop", jnp.bfloat16, False),
+  (13, 8, 64, "grid", jnp.bfloat16, True),
+]
 
 
 @pytest.mark.parametrize("t,chunk,l,driver,dtype,grads", CAUSAL_CASES)
@@ -101,11 +105,17 @@ def test_causal_kernel_continues_a_carried_state():
 # per program (bidirectional reduction), dividing D and L or not (then one tile covers all), with packed
 # documents and a carried state.
 TILE_CASES = [  # value_block, latent_block, segments
-    (2, 4, False), (4, 2, True), (3, 8, False), (8, 3, True)]
+  (2, 4, False),
+  (4, 2, True),
+  (3, 8, False),
+  (8, 3, True),
+]
 
 
-@pytest.mark.parametrize("value_block,latent_block,segmented",
-                         tiers.quick(TILE_CASES, keep=[0, 1], ids=lambda c: f"v{c[0]}-l{c[1]}-seg{int(c[2])}"))
+@pytest.mark.parametrize(
+  "value_block,latent_block,segmented",
+  tiers.quick(TILE_CASES, keep=[0, 1], ids=lambda c: f"v{c[0]}-l{c[1]}-seg{int(c[2])}"),
+)
 def test_loop_driver_tiles_equal_the_formulas(value_block, latent_block, segmented):
   """Both kernels on the "loop" driver with the given tiles == the formulas (causal: the XLA form with a
   carried state, or the quadratic one with documents), large key logits."""
@@ -117,13 +127,15 @@ def test_loop_driver_tiles_equal_the_formulas(value_block, latent_block, segment
   tiles = dict(driver="loop", value_block=value_block, latent_block=latent_block)
 
   def fast(q, k, v):
-    causal = latte_pallas.causal_latte(q, k, v, chunk=4, state=None if segmented else state, segments=segments,
-                                       **tiles)
+    causal = latte_pallas.causal_latte(q, k, v, chunk=4, state=None if segmented else state, segments=segments, **tiles)
     return causal, latte_pallas.bidirectional_latte(q, k, v, block=4, chunk=4, segments=segments, **tiles)
 
   def references(q, k, v):
-    causal = (lk.causal_latte_reference(q, k, v, segments=segments) if segmented
-              else lk.causal_latte(q, k, v, chunk=4, state=state, impl="xla"))
+    causal = (
+      lk.causal_latte_reference(q, k, v, segments=segments)
+      if segmented
+      else lk.causal_latte(q, k, v, chunk=4, state=state, impl="xla")
+    )
     return causal, lk.bidirectional_latte_reference(q, k, v, segments=segments)
 
   assert_same(run(fast, q, k, v), run(references, q, k, v))
@@ -139,13 +151,16 @@ def test_kernels_for_gpu_equal_the_formulas_in_interpret_mode():
   q, k, v = qkv(b=1, t=causal["chunk"] + 5, l=l, d=d)
   segments = np.array([[1] * 7 + [2] * (q.shape[1] - 7)], np.int32)
   for segs in (None, segments):
+
     def fast(q, k, v):
-      return (latte_pallas.causal_latte(q, k, v, segments=segs, interpret=True)
-              + latte_pallas.bidirectional_latte(q, k, v, segments=segs, interpret=True))
+      return latte_pallas.causal_latte(q, k, v, segments=segs, interpret=True) + latte_pallas.bidirectional_latte(
+        q, k, v, segments=segs, interpret=True
+      )
 
     def reference(q, k, v):
-      return (lk.causal_latte_reference(q, k, v, segments=segs)
-              + lk.bidirectional_latte_reference(q, k, v, segments=segs))
+      return lk.causal_latte_reference(q, k, v, segments=segs) + lk.bidirectional_latte_reference(
+        q, k, v, segments=segs
+      )
 
     with _pallas.target("gpu"):
       assert latte_pallas.default_chunk() == causal["chunk"]
@@ -183,6 +198,7 @@ def test_value_widths_triton_cannot_take_are_padded_for_gpu():
 
 # -- bidirectional -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("driver", latte_pallas.DRIVERS)
 def test_bidirectional_kernel_equals_quadratic_formula(driver):
   """Blocks of 4 over 11 steps (padded), large key logits; float32 with padding (some, and a whole
@@ -210,24 +226,36 @@ def test_kernels_with_segments_equal_the_masked_formulas(driver):
   k = 30 * k
   scale = (np.random.default_rng(3).random(q.shape) > 0.3).astype(np.float32) / 0.7
   mask = np.arange(15)[None] < np.array([[14], [10]])
-  causal = lambda q, k, v: latte_pallas.causal_latte(q, k, v, chunk=4, segments=SEGMENTS, latent_scale=scale,
-                                                     driver=driver)
-  assert_equals_reference(causal, lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=SEGMENTS,
-                                                                            latent_scale=scale), q, k, v)
-  both = lambda q, k, v: latte_pallas.bidirectional_latte(q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale,
-                                                          chunk=4, driver=driver)
-  assert_equals_reference(both, lambda q, k, v: lk.bidirectional_latte_reference(
-      q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale), q, k, v)
+  causal = lambda q, k, v: latte_pallas.causal_latte(
+    q, k, v, chunk=4, segments=SEGMENTS, latent_scale=scale, driver=driver
+  )
+  assert_equals_reference(
+    causal, lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=SEGMENTS, latent_scale=scale), q, k, v
+  )
+  both = lambda q, k, v: latte_pallas.bidirectional_latte(
+    q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale, chunk=4, driver=driver
+  )
+  assert_equals_reference(
+    both,
+    lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale),
+    q,
+    k,
+    v,
+  )
 
 
 def test_kernels_with_segments_run_per_device_under_a_mesh():
   """Batch over 'data' and heads over 'tensor': the document indices split with the batch."""
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   segs = np.array([[1] * 3 + [2] * 6, [1] * 9, [1] * 7 + [0] * 2, [1, 2, 2, 3, 3, 3, 4, 4, 4]], np.int32)
-  fns = (lambda q, k, v: kernels.causal_latte(q, k, v, chunk=4, impl="pallas", segments=segs),
-         lambda q, k, v: kernels.bidirectional_latte(q, k, v, chunk=4, impl="pallas", segments=segs))
-  references = (lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=segs),
-                lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs))
+  fns = (
+    lambda q, k, v: kernels.causal_latte(q, k, v, chunk=4, impl="pallas", segments=segs),
+    lambda q, k, v: kernels.bidirectional_latte(q, k, v, chunk=4, impl="pallas", segments=segs),
+  )
+  references = (
+    lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=segs),
+    lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs),
+  )
   q, k, v = qkv(b=4, t=9, l=8)
   with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
     # one kernel causal, two bidirectional (forward and reversed)
@@ -237,6 +265,7 @@ def test_kernels_with_segments_run_per_device_under_a_mesh():
 
 
 # -- per device under a mesh ---------------------------------------------------------------------------------
+
 
 def test_kernels_run_per_device_under_a_mesh():
   """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the values and gradients of the
@@ -260,6 +289,7 @@ def test_kernels_run_per_device_under_a_mesh():
 
 # -- the model in the trainer ---------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_tiny_lm_trains_the_same_with_the_kernel():
   """Three trainer steps (lra_core.steps) of the tiny causal LM (one layer) on random bytes, once per impl."""
@@ -274,8 +304,12 @@ def test_tiny_lm_trains_the_same_with_the_kernel():
     task = make_task(config, DataInfo(vocab_size=config.model.vocab_size, unit="byte"))
     with sharding.activate(mesh, rules):
       state = spec.init.lower().compile(O0)() if state is None else state  # one initial state for both
-      batches = [to_device({"inputs": x[:, :-1], "targets": x[:, 1:], "weights": np.ones(x[:, 1:].shape, np.float32)},
-                           mesh, rules) for x in tokens]
+      batches = [
+        to_device(
+          {"inputs": x[:, :-1], "targets": x[:, 1:], "weights": np.ones(x[:, 1:].shape, np.float32)}, mesh, rules
+        )
+        for x in tokens
+      ]
       step = jax.jit(make_train_step(config, spec, task, tx, schedule)).lower(state, batches[0]).compile(O0)
       current, losses[impl] = state, []
       for batch in batches:

@@ -34,10 +34,16 @@ def load(name):
 tpu = load("launch_tpu")
 slurm = load("launch_slurm")
 
-TRAIN = ["--config=configs/lra/listops/transformer.py", "--workdir=/mnt/shared/runs/listops",
-         "--config.optim.lr=4e-4", "--config.data.dir=/mnt/data/list ops"]
-TRAIN_QUOTED = ("--config=configs/lra/listops/transformer.py --workdir=/mnt/shared/runs/listops "
-                "--config.optim.lr=4e-4 '--config.data.dir=/mnt/data/list ops' --distributed=on")
+TRAIN = [
+  "--config=configs/lra/listops/transformer.py",
+  "--workdir=/mnt/shared/runs/listops",
+  "--config.optim.lr=4e-4",
+  "--config.data.dir=/mnt/data/list ops",
+]
+TRAIN_QUOTED = (
+  "--config=configs/lra/listops/transformer.py --workdir=/mnt/shared/runs/listops "
+  "--config.optim.lr=4e-4 '--config.data.dir=/mnt/data/list ops' --distributed=on"
+)
 TPU = ("gcloud", "compute", "tpus", "tpu-vm")
 WHERE = ("--zone=us-central2-b",)
 SSH = TPU + ("ssh", "lra-v4") + WHERE + ("--worker=all",)
@@ -52,36 +58,53 @@ def test_tpu_copy_steps_are_exact():
   got = steps()
   tarball = tpu.local_tarball("lra-v4")
   assert [(s.kind, s.argv) for s in got] == [
-      ("probe", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
-      ("create", TPU + ("create", "lra-v4") + WHERE + ("--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base")),
-      ("pack", ()),
-      ("run", TPU + ("scp", tarball, "lra-v4:lra_core-code.tar.gz") + WHERE + ("--worker=all",)),
-      ("run", SSH + ("--command=mkdir -p ~/lra_core && tar -xzf ~/lra_core-code.tar.gz -C ~/lra_core "
-                     "&& rm ~/lra_core-code.tar.gz",)),
-      ("run", SSH + ('--command=cd ~/lra_core && python3 -m pip install -e ".[tpu]"',)),
-      ("run", SSH + (f"--command=cd ~/lra_core && python3 -m lra_core.train {TRAIN_QUOTED}",)),
+    ("probe", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
+    ("create", TPU + ("create", "lra-v4") + WHERE + ("--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base")),
+    ("pack", ()),
+    ("run", TPU + ("scp", tarball, "lra-v4:lra_core-code.tar.gz") + WHERE + ("--worker=all",)),
+    (
+      "run",
+      SSH
+      + (
+        "--command=mkdir -p ~/lra_core && tar -xzf ~/lra_core-code.tar.gz -C ~/lra_core && rm ~/lra_core-code.tar.gz",
+      ),
+    ),
+    ("run", SSH + ('--command=cd ~/lra_core && python3 -m pip install -e ".[tpu]"',)),
+    ("run", SSH + (f"--command=cd ~/lra_core && python3 -m lra_core.train {TRAIN_QUOTED}",)),
   ]
   assert got[2].path == tarball
 
 
 def test_tpu_git_spot_project_setup_and_remote_dir():
-  got = steps("--project=my-proj", "--spot", "--version=v2-alpha-tpuv5-lite", "--code=git",
-              "--repo=https://example.org/lra_core.git", "--branch=dev", "--remote_dir=/opt/my code",
-              "--extra=", "--setup=source ~/venv/bin/activate")
+  got = steps(
+    "--project=my-proj",
+    "--spot",
+    "--version=v2-alpha-tpuv5-lite",
+    "--code=git",
+    "--repo=https://example.org/lra_core.git",
+    "--branch=dev",
+    "--remote_dir=/opt/my code",
+    "--extra=",
+    "--setup=source ~/venv/bin/activate",
+  )
   where = ("--zone=us-central2-b", "--project=my-proj")
   ssh = TPU + ("ssh", "lra-v4") + where + ("--worker=all",)
   assert [s.argv for s in got] == [
-      TPU + ("describe", "lra-v4") + where + ("--format=value(state)",),
-      TPU + ("create", "lra-v4") + where + ("--accelerator-type=v4-32", "--version=v2-alpha-tpuv5-lite", "--spot"),
-      ssh + ("--command=if [ -d '/opt/my code'/.git ]; then cd '/opt/my code' && git fetch && git checkout dev "
-             "&& git pull; else git clone --branch dev https://example.org/lra_core.git '/opt/my code'; fi",),
-      ssh + ("--command=source ~/venv/bin/activate && cd '/opt/my code' && python3 -m pip install -e .",),
-      ssh + (f"--command=source ~/venv/bin/activate && cd '/opt/my code' && python3 -m lra_core.train "
-             f"{TRAIN_QUOTED}",),
+    TPU + ("describe", "lra-v4") + where + ("--format=value(state)",),
+    TPU + ("create", "lra-v4") + where + ("--accelerator-type=v4-32", "--version=v2-alpha-tpuv5-lite", "--spot"),
+    ssh
+    + (
+      "--command=if [ -d '/opt/my code'/.git ]; then cd '/opt/my code' && git fetch && git checkout dev "
+      "&& git pull; else git clone --branch dev https://example.org/lra_core.git '/opt/my code'; fi",
+    ),
+    ssh + ("--command=source ~/venv/bin/activate && cd '/opt/my code' && python3 -m pip install -e .",),
+    ssh + (f"--command=source ~/venv/bin/activate && cd '/opt/my code' && python3 -m lra_core.train {TRAIN_QUOTED}",),
   ]
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["--zone=z", "--accelerator_type=v4-8", "--", "--workdir=w"], "required: --name"),
     (["--name=n", "--accelerator_type=v4-8", "--", "--workdir=w"], "required: --zone"),
     (["--name=n", "--zone=z", "--accelerator_type=v4-8"], "no train arguments"),
@@ -89,7 +112,8 @@ def test_tpu_git_spot_project_setup_and_remote_dir():
     (["--name=n", "--zone=z", "--accelerator_type=v4-8", "--code=git", "--", "--workdir=w"], "needs --repo"),
     (["--name=n", "--zone=z", "--accelerator_type=v4-8", "--extra=tpu;rm", "--", "--workdir=w"], "--extra"),
     (["--name=n", "--zone=z", "--accelerator_type=v4-8", "--", "--distributed=off"], "leave --distributed out"),
-])
+  ],
+)
 def test_tpu_errors(argv, message, capsys):
   with pytest.raises(SystemExit):
     tpu.parse_args(argv)
@@ -102,8 +126,10 @@ def test_tpu_dry_run_subprocess_prints_every_step():
   assert out[0] == "# 1. does the TPU VM lra-v4 exist? (reused if READY)"
   assert out[1] == "gcloud compute tpus tpu-vm describe lra-v4 --zone=us-central2-b '--format=value(state)'"
   assert out[2] == "# 2. create it (only if the describe fails)"
-  assert out[3] == ("gcloud compute tpus tpu-vm create lra-v4 --zone=us-central2-b --accelerator-type=v4-32 "
-                    "--version=tpu-ubuntu2204-base")
+  assert out[3] == (
+    "gcloud compute tpus tpu-vm create lra-v4 --zone=us-central2-b --accelerator-type=v4-32 "
+    "--version=tpu-ubuntu2204-base"
+  )
   assert out[-2] == "# 5. train: the same command on every worker"
   assert out[-1].startswith("gcloud compute tpus tpu-vm ssh lra-v4 --zone=us-central2-b --worker=all '--command=")
   assert "'\"'\"'--config.data.dir=/mnt/data/list ops'\"'\"'" in out[-1]  # quoted twice: local, remote
@@ -136,11 +162,14 @@ def test_tpu_copy_packs_git_files_and_unpacks_remotely(tmp_path):
   assert not (home / tpu.REMOTE_TARBALL).exists()
 
 
-@pytest.mark.parametrize("probe, ran_create, error", [
+@pytest.mark.parametrize(
+  "probe, ran_create, error",
+  [
     (subprocess.CompletedProcess([], 0, "READY\n"), False, None),
     (subprocess.CompletedProcess([], 1, ""), True, None),
     (subprocess.CompletedProcess([], 0, "PREEMPTED\n"), False, "is PREEMPTED, not READY"),
-])
+  ],
+)
 def test_tpu_execute_reuses_creates_or_stops(probe, ran_create, error, monkeypatch, capsys):
   calls = []
 
@@ -163,19 +192,40 @@ def test_tpu_execute_reuses_creates_or_stops(probe, ran_create, error, monkeypat
 QUEUED = ("gcloud", "compute", "tpus", "queued-resources")
 
 
-@pytest.mark.parametrize("accelerator_type, runtime", [
-    ("v2-8", "tpu-ubuntu2204-base"), ("v3-32", "tpu-ubuntu2204-base"), ("v4-32", "tpu-ubuntu2204-base"),
-    ("v5litepod-16", "v2-alpha-tpuv5-lite"), ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e"),
-])
+@pytest.mark.parametrize(
+  "accelerator_type, runtime",
+  [
+    ("v2-8", "tpu-ubuntu2204-base"),
+    ("v3-32", "tpu-ubuntu2204-base"),
+    ("v4-32", "tpu-ubuntu2204-base"),
+    ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v2-alpha-tpuv5"),
+    ("v6e-8", "v2-alpha-tpuv6e"),
+  ],
+)
 def test_tpu_runtime_version_by_generation(accelerator_type, runtime):
-  got = tpu.build_steps(tpu.parse_args(["--name=n", "--zone=z", f"--accelerator_type={accelerator_type}", "--spot",
-                                        "--", *TRAIN]))
-  assert got[1].argv == TPU + ("create", "n", "--zone=z", f"--accelerator-type={accelerator_type}",
-                               f"--version={runtime}", "--spot")
-  queued = tpu.build_steps(tpu.parse_args(["--name=n", "--zone=z", f"--accelerator_type={accelerator_type}",
-                                           "--queued", "--", *TRAIN]))
-  assert queued[1].argv == QUEUED + ("create", "n", "--node-id=n", "--zone=z",
-                                     f"--accelerator-type={accelerator_type}", f"--runtime-version={runtime}")
+  got = tpu.build_steps(
+    tpu.parse_args(["--name=n", "--zone=z", f"--accelerator_type={accelerator_type}", "--spot", "--", *TRAIN])
+  )
+  assert got[1].argv == TPU + (
+    "create",
+    "n",
+    "--zone=z",
+    f"--accelerator-type={accelerator_type}",
+    f"--version={runtime}",
+    "--spot",
+  )
+  queued = tpu.build_steps(
+    tpu.parse_args(["--name=n", "--zone=z", f"--accelerator_type={accelerator_type}", "--queued", "--", *TRAIN])
+  )
+  assert queued[1].argv == QUEUED + (
+    "create",
+    "n",
+    "--node-id=n",
+    "--zone=z",
+    f"--accelerator-type={accelerator_type}",
+    f"--runtime-version={runtime}",
+  )
 
 
 def test_tpu_version_flag_overrides_the_table_and_unknown_generations_are_refused(capsys):
@@ -184,8 +234,10 @@ def test_tpu_version_flag_overrides_the_table_and_unknown_generations_are_refuse
   for bad, generation in (("v7x-8", "v7x"), ("tpu-big", "tpu-big")):
     with pytest.raises(SystemExit):
       tpu.parse_args(["--name=n", "--zone=z", f"--accelerator_type={bad}", "--", "--x=1"])
-    assert (f"--accelerator_type={bad}: unknown TPU generation {generation!r}, choose the runtime with --version "
-            "(known generations: v2, v3, v4, v5litepod, v5p, v6e).") in capsys.readouterr().err
+    assert (
+      f"--accelerator_type={bad}: unknown TPU generation {generation!r}, choose the runtime with --version "
+      "(known generations: v2, v3, v4, v5litepod, v5p, v6e)."
+    ) in capsys.readouterr().err
 
 
 def test_tpu_queued_steps_are_exact():
@@ -193,10 +245,15 @@ def test_tpu_queued_steps_are_exact():
   where = ("--zone=us-central2-b", "--project=p")
   describe = QUEUED + ("describe", "lra-qr") + where + ("--format=value(state.state)",)
   assert [(s.kind, s.argv) for s in got[:3]] == [
-      ("probe", describe),
-      ("create", QUEUED + ("create", "lra-qr", "--node-id=lra-v4") + where + (
-          "--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base", "--spot")),
-      ("wait", describe),
+    ("probe", describe),
+    (
+      "create",
+      QUEUED
+      + ("create", "lra-qr", "--node-id=lra-v4")
+      + where
+      + ("--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base", "--spot"),
+    ),
+    ("wait", describe),
   ]
   assert got[2].comment == "2b. wait until it is ACTIVE (state every 5 s)"
   assert [s.kind for s in got[3:]] == ["pack", "run", "run", "run", "run"]  # code, install, train: as without
@@ -208,63 +265,111 @@ def test_tpu_supervise_steps_are_exact():
   launch, got = tpu.build_steps(args), tpu.supervise_steps(args)
   create = TPU + ("create", "lra-v4") + WHERE + ("--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base", "--spot")
   assert [(s.kind, s.argv) for s in got] == [
-      ("state", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
-      ("delete", TPU + ("delete", "lra-v4") + WHERE + ("--quiet",)),
-      ("run", create),
-      *[("run", s.argv) for s in launch[3:]],  # scp, unpack, install, train: the tarball is not packed again
+    ("state", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
+    ("delete", TPU + ("delete", "lra-v4") + WHERE + ("--quiet",)),
+    ("run", create),
+    *[("run", s.argv) for s in launch[3:]],  # scp, unpack, install, train: the tarball is not packed again
   ]
   assert launch[1].argv == create and got[-1].argv == launch[-1].argv
   assert [s.comment.split(".")[0] for s in got] == ["6", "R1", "R2", "R3b", "R3c", "R4", "R5"]
-  queued = tpu.supervise_steps(tpu.parse_args([*BASE, "--supervise", "--queued", "--code=git", "--repo=u", "--",
-                                               "--x=1"]))
+  queued = tpu.supervise_steps(
+    tpu.parse_args([*BASE, "--supervise", "--queued", "--code=git", "--repo=u", "--", "--x=1"])
+  )
   assert [(s.kind, s.argv) for s in queued[:4]] == [
-      ("state", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
-      ("delete", QUEUED + ("delete", "lra-v4") + WHERE + ("--force", "--quiet")),
-      ("run", QUEUED + ("create", "lra-v4", "--node-id=lra-v4") + WHERE + (
-          "--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base")),
-      ("wait", QUEUED + ("describe", "lra-v4") + WHERE + ("--format=value(state.state)",)),
+    ("state", TPU + ("describe", "lra-v4") + WHERE + ("--format=value(state)",)),
+    ("delete", QUEUED + ("delete", "lra-v4") + WHERE + ("--force", "--quiet")),
+    (
+      "run",
+      QUEUED
+      + ("create", "lra-v4", "--node-id=lra-v4")
+      + WHERE
+      + ("--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base"),
+    ),
+    ("wait", QUEUED + ("describe", "lra-v4") + WHERE + ("--format=value(state.state)",)),
   ]
   assert [s.comment.split(".")[0] for s in queued[4:]] == ["R3", "R4", "R5"]
 
 
 def test_tpu_dry_run_supervise_prints_launch_and_recovery_and_warns():
-  argv = [sys.executable, str(PROJECT_ROOT / "scripts" / "launch_tpu.py"), *BASE, "--supervise", "--queued",
-          "--max_restarts=3", "--dry-run", "--", *TRAIN]
+  argv = [
+    sys.executable,
+    str(PROJECT_ROOT / "scripts" / "launch_tpu.py"),
+    *BASE,
+    "--supervise",
+    "--queued",
+    "--max_restarts=3",
+    "--dry-run",
+    "--",
+    *TRAIN,
+  ]
   done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
   out = done.stdout.splitlines()
   assert [line.split(".")[0] for line in out if line.startswith("#")] == [
-      "# 1", "# 2", "# 2b", "# 3a", "# 3b", "# 3c", "# 4", "# 5", "# 6", "# R1", "# R2", "# R2b", "# R3b", "# R3c",
-      "# R4", "# R5"]
+    "# 1",
+    "# 2",
+    "# 2b",
+    "# 3a",
+    "# 3b",
+    "# 3c",
+    "# 4",
+    "# 5",
+    "# 6",
+    "# R1",
+    "# R2",
+    "# R2b",
+    "# R3b",
+    "# R3c",
+    "# R4",
+    "# R5",
+  ]
   assert out[out.index(next(line for line in out if line.startswith("# 6."))) + 1] == (
-      "gcloud compute tpus tpu-vm describe lra-v4 --zone=us-central2-b '--format=value(state)'")
-  assert "# 6. supervise, after step 5: the TPU VM's state (READY: stop with the run's exit status; PREEMPTED, " \
-         "TERMINATED, FAILED, SUSPENDING, SUSPENDED or not found: R1 to R5, at most 3 times)" in out
+    "gcloud compute tpus tpu-vm describe lra-v4 --zone=us-central2-b '--format=value(state)'"
+  )
+  assert (
+    "# 6. supervise, after step 5: the TPU VM's state (READY: stop with the run's exit status; PREEMPTED, "
+    "TERMINATED, FAILED, SUSPENDING, SUSPENDED or not found: R1 to R5, at most 3 times)" in out
+  )
   assert "gcloud compute tpus queued-resources delete lra-v4 --zone=us-central2-b --force --quiet" in out
   assert out[-1] == out[out.index("# 5. train: the same command on every worker") + 1]
-  assert done.stderr == ("warning: --supervise with --workdir=/mnt/shared/runs/listops, not a gs:// bucket: a "
-                         "re-created TPU VM would not have its checkpoints unless that folder is a mount every new VM "
-                         "shares.\n")
+  assert done.stderr == (
+    "warning: --supervise with --workdir=/mnt/shared/runs/listops, not a gs:// bucket: a "
+    "re-created TPU VM would not have its checkpoints unless that folder is a mount every new VM "
+    "shares.\n"
+  )
 
 
-@pytest.mark.parametrize("flags, workdir, warned", [
-    ((), "/mnt/x", False), (("--spot",), "/mnt/x", True), (("--supervise",), "runs/x", True),
-    (("--spot", "--supervise"), "gs://bucket/x", False), (("--spot",), None, True),
-])
+@pytest.mark.parametrize(
+  "flags, workdir, warned",
+  [
+    ((), "/mnt/x", False),
+    (("--spot",), "/mnt/x", True),
+    (("--supervise",), "runs/x", True),
+    (("--spot", "--supervise"), "gs://bucket/x", False),
+    (("--spot",), None, True),
+  ],
+)
 def test_tpu_warns_about_a_local_workdir_of_a_preemptible_run(flags, workdir, warned):
   train = [f"--workdir={workdir}"] if workdir else ["--config=c.py"]
   warning = tpu.workdir_warning(tpu.parse_args([*BASE, *flags, "--", *train]))
   assert (warning is not None) == warned
   if warned:
-    assert warning.startswith(f"warning: {'--supervise' if '--supervise' in flags else '--spot'} with "
-                              f"--workdir={workdir or '(the trainer default)'}, not a gs:// bucket")
+    assert warning.startswith(
+      f"warning: {'--supervise' if '--supervise' in flags else '--spot'} with "
+      f"--workdir={workdir or '(the trainer default)'}, not a gs:// bucket"
+    )
 
 
-@pytest.mark.parametrize("states, error", [  # the answers of the probe, then of the wait's queries
+@pytest.mark.parametrize(
+  "states, error",
+  [  # the answers of the probe, then of the wait's queries
     (["ACTIVE", "ACTIVE"], None),
     (["PROVISIONING", "PROVISIONING", "ACTIVE"], None),
-    (["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "SUSPENDED"],
-     "the queued resource is SUSPENDED instead of becoming ACTIVE."),
-])
+    (
+      ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "SUSPENDED"],
+      "the queued resource is SUSPENDED instead of becoming ACTIVE.",
+    ),
+  ],
+)
 def test_tpu_queued_probe_waits_for_a_provisioning_resource(states, error, monkeypatch, capsys):
   calls, answers = [], iter(states)
 
@@ -356,8 +461,16 @@ def run_with_fake_gcloud(tmp_path, flags, train_exits, node=None, queued=None):
   gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
   gcloud.chmod(0o755)
   (bin_dir / "state.json").write_text(json.dumps({"node": node, "queued": queued, "train_exits": train_exits}))
-  argv = [sys.executable, str(PROJECT_ROOT / "scripts" / "launch_tpu.py"), *BASE, *flags, "--poll_seconds=0",
-          "--", *TRAIN[:1], "--workdir=gs://bucket/run"]
+  argv = [
+    sys.executable,
+    str(PROJECT_ROOT / "scripts" / "launch_tpu.py"),
+    *BASE,
+    *flags,
+    "--poll_seconds=0",
+    "--",
+    *TRAIN[:1],
+    "--workdir=gs://bucket/run",
+  ]
   env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
   done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
   calls = (bin_dir / "calls.log").read_text().splitlines()
@@ -384,25 +497,26 @@ def test_tpu_supervise_recovers_from_a_preemption_through_a_fake_gcloud(queued, 
   zone = "--zone=us-central2-b"
   if queued:
     assert calls[7:11] == [
-        f"gcloud compute tpus tpu-vm describe lra-v4 {zone} '--format=value(state)'",
-        f"gcloud compute tpus queued-resources delete lra-v4 {zone} --force --quiet",
-        f"gcloud compute tpus queued-resources create lra-v4 --node-id=lra-v4 {zone} --accelerator-type=v4-32 "
-        "--runtime-version=tpu-ubuntu2204-base --spot",
-        f"gcloud compute tpus queued-resources describe lra-v4 {zone} '--format=value(state.state)'"]
+      f"gcloud compute tpus tpu-vm describe lra-v4 {zone} '--format=value(state)'",
+      f"gcloud compute tpus queued-resources delete lra-v4 {zone} --force --quiet",
+      f"gcloud compute tpus queued-resources create lra-v4 --node-id=lra-v4 {zone} --accelerator-type=v4-32 "
+      "--runtime-version=tpu-ubuntu2204-base --spot",
+      f"gcloud compute tpus queued-resources describe lra-v4 {zone} '--format=value(state.state)'",
+    ]
   else:
     assert calls[6:9] == [
-        f"gcloud compute tpus tpu-vm describe lra-v4 {zone} '--format=value(state)'",
-        f"gcloud compute tpus tpu-vm delete lra-v4 {zone} --quiet",
-        f"gcloud compute tpus tpu-vm create lra-v4 {zone} --accelerator-type=v4-32 --version=tpu-ubuntu2204-base "
-        "--spot"]
+      f"gcloud compute tpus tpu-vm describe lra-v4 {zone} '--format=value(state)'",
+      f"gcloud compute tpus tpu-vm delete lra-v4 {zone} --quiet",
+      f"gcloud compute tpus tpu-vm create lra-v4 {zone} --accelerator-type=v4-32 --version=tpu-ubuntu2204-base --spot",
+    ]
     assert done.stdout.count("packed ") == 1  # the recovery copies the tarball of the first launch
   assert calls[-2] == by_comment["5"]  # the identical train command
   events = [line for line in done.stdout.splitlines() if line.startswith("supervise:")]
   assert events == [
-      "supervise: preempted: the run exited with status 255 and the TPU VM lra-v4 is PREEMPTED",
-      "supervise: re-creating lra-v4",
-      "supervise: relaunching #1: the run resumes from its workdir's latest checkpoint",
-      "supervise: the run finished",
+    "supervise: preempted: the run exited with status 255 and the TPU VM lra-v4 is PREEMPTED",
+    "supervise: re-creating lra-v4",
+    "supervise: relaunching #1: the run resumes from its workdir's latest checkpoint",
+    "supervise: the run finished",
   ]
   assert done.stderr == ""  # the workdir is in a bucket: no warning
 
@@ -413,25 +527,61 @@ def test_tpu_supervise_failure_restart_limit_and_clean_exit_on_a_preempted_slice
   assert done.returncode == 3
   assert [c.split()[4] for c in calls] == ["describe", "ssh", "ssh", "ssh", "describe"]  # no delete
   assert "supervise: the run failed with exit status 3 on a READY TPU VM, not a preemption: stopping" in done.stdout
-  done, calls, _ = run_with_fake_gcloud(tmp_path / "b", ["--supervise", "--code=git", "--repo=u", "--max_restarts=1"],
-                                        [255, 255], node="READY")
+  done, calls, _ = run_with_fake_gcloud(
+    tmp_path / "b", ["--supervise", "--code=git", "--repo=u", "--max_restarts=1"], [255, 255], node="READY"
+  )
   assert done.returncode == 255
-  assert [c.split()[4] for c in calls] == ["describe", "ssh", "ssh", "ssh", "describe", "delete", "create", "ssh",
-                                           "ssh", "ssh", "describe"]
+  assert [c.split()[4] for c in calls] == [
+    "describe",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+    "delete",
+    "create",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+  ]
   assert done.stdout.splitlines()[-1] == "supervise: stopping after 1 relaunches (--max_restarts=1)"
   # a run that saved and exited 0 on the preemption notice: the slice is gone all the same
-  done, calls, _ = run_with_fake_gcloud(tmp_path / "c", ["--supervise", "--code=git", "--repo=u"], ["saved", 0],
-                                        node="READY")
+  done, calls, _ = run_with_fake_gcloud(
+    tmp_path / "c", ["--supervise", "--code=git", "--repo=u"], ["saved", 0], node="READY"
+  )
   assert done.returncode == 0
-  assert [c.split()[4] for c in calls] == ["describe", "ssh", "ssh", "ssh", "describe", "delete", "create", "ssh",
-                                           "ssh", "ssh", "describe"]
+  assert [c.split()[4] for c in calls] == [
+    "describe",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+    "delete",
+    "create",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+  ]
   assert "supervise: preempted: the run exited with status 0 and the TPU VM lra-v4 is PREEMPTED" in done.stdout
   # a slice that is gone: nothing to delete, created again
-  done, calls, _ = run_with_fake_gcloud(tmp_path / "d", ["--supervise", "--code=git", "--repo=u"], ["gone", 0],
-                                        node="READY")
+  done, calls, _ = run_with_fake_gcloud(
+    tmp_path / "d", ["--supervise", "--code=git", "--repo=u"], ["gone", 0], node="READY"
+  )
   assert done.returncode == 0
-  assert [c.split()[4] for c in calls] == ["describe", "ssh", "ssh", "ssh", "describe", "delete", "create", "ssh",
-                                           "ssh", "ssh", "describe"]
+  assert [c.split()[4] for c in calls] == [
+    "describe",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+    "delete",
+    "create",
+    "ssh",
+    "ssh",
+    "ssh",
+    "describe",
+  ]
   assert "supervise: preempted: the run exited with status 255 and the TPU VM lra-v4 is gone" in done.stdout
   assert "not found: nothing to delete" in done.stdout
 
@@ -452,8 +602,9 @@ def test_tpu_supervise_stops_when_the_state_cannot_be_read(capsys):
   assert calls == ["describe", "ssh", "ssh", "ssh", "describe", "describe", "describe"]  # asked 3 times
   assert sleeps == [9, 9]
   assert capsys.readouterr().out.splitlines()[-1] == (
-      "supervise: the run exited with status 7 and the TPU VM's state could not be read (ERROR: (gcloud) "
-      "PERMISSION_DENIED: no): stopping")
+    "supervise: the run exited with status 7 and the TPU VM's state could not be read (ERROR: (gcloud) "
+    "PERMISSION_DENIED: no): stopping"
+  )
 
 
 def test_tpu_remote_path_keeps_tilde_outside_quotes():
@@ -462,40 +613,58 @@ def test_tpu_remote_path_keeps_tilde_outside_quotes():
   assert tpu.remote_path("/srv/x") == "/srv/x"
 
 
-SLURM_EXAMPLE = ["--nodes=2", "--gpus_per_node=8", "--cpus_per_task=8", "--time=24:00:00",
-                 "--chdir=/shared/lra_core", "--setup=source /shared/lra_core/.venv/bin/activate", "--requeue", "--",
-                 "--config=configs/enwik8/transformer_vq.py", "--config.data.dir=/shared/data/enwik8",
-                 "--workdir=/shared/runs/enwik8_vq"]
-SLURM_SRUN = ("srun python -m lra_core.train --config=configs/enwik8/transformer_vq.py "
-              "--config.data.dir=/shared/data/enwik8 --workdir=/shared/runs/enwik8_vq --distributed=on")
+SLURM_EXAMPLE = [
+  "--nodes=2",
+  "--gpus_per_node=8",
+  "--cpus_per_task=8",
+  "--time=24:00:00",
+  "--chdir=/shared/lra_core",
+  "--setup=source /shared/lra_core/.venv/bin/activate",
+  "--requeue",
+  "--",
+  "--config=configs/enwik8/transformer_vq.py",
+  "--config.data.dir=/shared/data/enwik8",
+  "--workdir=/shared/runs/enwik8_vq",
+]
+SLURM_SRUN = (
+  "srun python -m lra_core.train --config=configs/enwik8/transformer_vq.py "
+  "--config.data.dir=/shared/data/enwik8 --workdir=/shared/runs/enwik8_vq --distributed=on"
+)
 
 
-SBATCH_LINES = ["#SBATCH --job-name=lra_core", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8",
-                "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=8", "#SBATCH --time=24:00:00",
-                "#SBATCH --output=/shared/runs/enwik8_vq/slurm-%j.out", "#SBATCH --chdir=/shared/lra_core"]
+SBATCH_LINES = [
+  "#SBATCH --job-name=lra_core",
+  "#SBATCH --nodes=2",
+  "#SBATCH --ntasks-per-node=8",
+  "#SBATCH --gpus-per-node=8",
+  "#SBATCH --cpus-per-task=8",
+  "#SBATCH --time=24:00:00",
+  "#SBATCH --output=/shared/runs/enwik8_vq/slurm-%j.out",
+  "#SBATCH --chdir=/shared/lra_core",
+]
 STOP_LINES = [
-    "# USR1 comes 120 s before the time limit (--signal above): srun passes SIGTERM on to",
-    "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
-    "stop_run() {",
-    '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
-    "  stopping=1",
-    '  kill -TERM "$srun_pid" 2>/dev/null || true',
-    "}",
-    "stopping=0",
-    "trap stop_run USR1",
-    SLURM_SRUN + " &",
-    "srun_pid=$!",
-    "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
-    "  status=0",
-    '  wait "$srun_pid" || status=$?',
-    '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
-    "done",
+  "# USR1 comes 120 s before the time limit (--signal above): srun passes SIGTERM on to",
+  "# every training process, which finishes the step in flight, saves a checkpoint and exits.",
+  "stop_run() {",
+  '  echo "USR1: the time limit is near; stopping the run with a checkpoint" >&2',
+  "  stopping=1",
+  '  kill -TERM "$srun_pid" 2>/dev/null || true',
+  "}",
+  "stopping=0",
+  "trap stop_run USR1",
+  SLURM_SRUN + " &",
+  "srun_pid=$!",
+  "while :; do  # the trap ends `wait` early: wait again while srun is still stopping the run",
+  "  status=0",
+  '  wait "$srun_pid" || status=$?',
+  '  if [ "$status" -le 128 ] || ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
+  "done",
 ]
 REQUEUE_LINES = [
-    'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
-    '  echo "requeueing job $SLURM_JOB_ID" >&2',
-    '  scontrol requeue "$SLURM_JOB_ID"',
-    "fi",
+  'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+  '  echo "requeueing job $SLURM_JOB_ID" >&2',
+  '  scontrol requeue "$SLURM_JOB_ID"',
+  "fi",
 ]
 
 
@@ -503,24 +672,38 @@ def test_slurm_script_lines_and_srun_command():
   lines = slurm.render(slurm.parse_args(SLURM_EXAMPLE)).splitlines()
   assert lines[0] == "#!/bin/bash"
   assert [line for line in lines if line.startswith("#SBATCH")] == SBATCH_LINES + [
-      "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    "#SBATCH --signal=B:USR1@120",
+    "#SBATCH --requeue",
+    "#SBATCH --open-mode=append",
+  ]
   setup = lines.index("set -e")
-  assert lines[setup:] == ["set -e", "source /shared/lra_core/.venv/bin/activate", *STOP_LINES, *REQUEUE_LINES,
-                           'exit "$status"']
+  assert lines[setup:] == [
+    "set -e",
+    "source /shared/lra_core/.venv/bin/activate",
+    *STOP_LINES,
+    *REQUEUE_LINES,
+    'exit "$status"',
+  ]
 
 
-@pytest.mark.parametrize("flags, sbatch, tail", [
+@pytest.mark.parametrize(
+  "flags, sbatch, tail",
+  [
     ([], ["#SBATCH --signal=B:USR1@120"], [*STOP_LINES, 'exit "$status"']),
-    (["--signal_seconds=300"], ["#SBATCH --signal=B:USR1@300"],
-     [STOP_LINES[0].replace("120 s", "300 s"), *STOP_LINES[1:], 'exit "$status"']),
+    (
+      ["--signal_seconds=300"],
+      ["#SBATCH --signal=B:USR1@300"],
+      [STOP_LINES[0].replace("120 s", "300 s"), *STOP_LINES[1:], 'exit "$status"'],
+    ),
     (["--signal_seconds=0"], [], [SLURM_SRUN]),
     (["--signal_seconds=0", "--requeue"], ["#SBATCH --requeue", "#SBATCH --open-mode=append"], [SLURM_SRUN]),
-])
+  ],
+)
 def test_slurm_signal_and_requeue_options(flags, sbatch, tail):
   example = [a for a in SLURM_EXAMPLE if a != "--requeue"]
   lines = slurm.render(slurm.parse_args(flags + example)).splitlines()
   assert [line for line in lines if line.startswith("#SBATCH")] == SBATCH_LINES + sbatch
-  assert lines[lines.index("set -e") + 2:] == tail
+  assert lines[lines.index("set -e") + 2 :] == tail
 
 
 def test_slurm_static_example_is_what_the_launcher_renders():
@@ -530,8 +713,20 @@ def test_slurm_static_example_is_what_the_launcher_renders():
 
 
 def test_slurm_optional_lines_quoting_and_script_path(tmp_path):
-  args = slurm.parse_args(["--nodes=1", "--gpus_per_node=4", "--partition=gpu", "--account=lab", "--job_name=vq",
-                           f"--chdir={tmp_path}", "--", "--workdir", "runs/a", "--config.data.dir=/data/a b"])
+  args = slurm.parse_args(
+    [
+      "--nodes=1",
+      "--gpus_per_node=4",
+      "--partition=gpu",
+      "--account=lab",
+      "--job_name=vq",
+      f"--chdir={tmp_path}",
+      "--",
+      "--workdir",
+      "runs/a",
+      "--config.data.dir=/data/a b",
+    ]
+  )
   lines = slurm.render(args).splitlines()
   assert "#SBATCH --partition=gpu" in lines and "#SBATCH --account=lab" in lines
   assert "#SBATCH --output=runs/a/slurm-%j.out" in lines  # relative to --chdir
@@ -556,14 +751,17 @@ def test_slurm_dry_run_prints_script_and_submits_nothing(tmp_path, capsys):
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["--gpus_per_node=8", "--", "--workdir=w"], "required: --nodes"),
     (["--nodes=2", "--", "--workdir=w"], "required: --gpus_per_node"),
     (["--nodes=2", "--gpus_per_node=8"], "no train arguments"),
     (["--nodes=0", "--gpus_per_node=8", "--", "--workdir=w"], "at least 1"),
     (["--nodes=2", "--gpus_per_node=8", "--", "--workdir=w", "--distributed=off"], "leave --distributed out"),
     (["--nodes=2", "--gpus_per_node=8", "--signal_seconds=-1", "--", "--workdir=w"], "must not be negative"),
-])
+  ],
+)
 def test_slurm_errors(argv, message, capsys):
   with pytest.raises(SystemExit):
     slurm.parse_args(argv)
@@ -593,12 +791,15 @@ echo "scontrol $*" >> "$FAKE_DIR/events"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("flags, signal, exit_code, status, events", [
+@pytest.mark.parametrize(
+  "flags, signal, exit_code, status, events",
+  [
     (["--requeue"], True, 0, 0, ["TERM", "saved", "scontrol requeue 4242"]),
     ([], True, 0, 0, ["TERM", "saved"]),
     (["--requeue"], False, 0, 0, ["finished"]),
     (["--requeue"], False, 3, 3, ["finished"]),
-])
+  ],
+)
 def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_code, status, events, tmp_path):
   """The rendered script under bash, srun and scontrol faked: USR1 (what SLURM sends before the time
   limit) reaches the run as SIGTERM, the script waits for the run to save, then requeues the job."""
@@ -608,10 +809,19 @@ def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_cod
     (fake / name).write_text(text)
     (fake / name).chmod(0o755)
   script = tmp_path / "job.sbatch"
-  script.write_text(slurm.render(slurm.parse_args(["--nodes=1", "--gpus_per_node=2", *flags, "--",
-                                                   "--workdir=/shared/run", "--config.x=a b"])))
-  env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(fake),
-         "SLURM_JOB_ID": "4242", "FAKE_SECONDS": "30" if signal else "0.2", "FAKE_EXIT": str(exit_code)}
+  script.write_text(
+    slurm.render(
+      slurm.parse_args(["--nodes=1", "--gpus_per_node=2", *flags, "--", "--workdir=/shared/run", "--config.x=a b"])
+    )
+  )
+  env = {
+    **os.environ,
+    "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+    "FAKE_DIR": str(fake),
+    "SLURM_JOB_ID": "4242",
+    "FAKE_SECONDS": "30" if signal else "0.2",
+    "FAKE_EXIT": str(exit_code),
+  }
   job = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
   try:
     if signal:
@@ -626,7 +836,8 @@ def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_cod
   assert job.returncode == status
   assert (fake / "events").read_text().splitlines() == events
   assert (fake / "srun.args").read_text() == (
-      "python -m lra_core.train --workdir=/shared/run --config.x=a b --distributed=on\n")
+    "python -m lra_core.train --workdir=/shared/run --config.x=a b --distributed=on\n"
+  )
   assert ("USR1: the time limit is near" in err) == signal
 
 
@@ -638,9 +849,15 @@ def test_docs_dry_run_examples_print_what_the_launchers_print():
   for block in blocks:
     lines = block.splitlines()
     end = next(i for i, line in enumerate(lines) if not line.endswith("\\"))
-    argv = shlex.split(" ".join(line.removeprefix("$ ").removesuffix("\\") for line in lines[:end + 1]))
+    argv = shlex.split(" ".join(line.removeprefix("$ ").removesuffix("\\") for line in lines[: end + 1]))
     assert argv[0] == "python" and "--dry-run" in argv
-    done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60,
-                          env={**os.environ, "TMPDIR": "/tmp"})  # the tarball's folder in the printed commands
+    done = subprocess.run(
+      [sys.executable, *argv[1:]],
+      capture_output=True,
+      text=True,
+      cwd=PROJECT_ROOT,
+      timeout=60,
+      env={**os.environ, "TMPDIR": "/tmp"},
+    )  # the tarball's folder in the printed commands
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "\n".join(lines[end + 1:]) + "\n", argv[1]
+    assert done.stdout == "\n".join(lines[end + 1 :]) + "\n", argv[1]

@@ -4,10 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from lra_core.kernels import _pallas
 from flax import nnx
 
+from lra_core.kernels import _pallas
 from lra_core.models.blocks.layers import ACTIVATIONS, contract, next_key, silu
 
 
@@ -63,6 +62,7 @@ def test_contract_layouts_agree_in_value_and_gradient(in_shape, out_shape):
 def test_next_key_draws_the_keys_of_flax_streams_eagerly_and_traced():
   """The same keys and counts as `rngs.params()` / `rngs.dropout()`, so parameters initialise as with
   flax's own call (which, traced, walks the whole trace on every key: quadratic model builds)."""
+
   def draw(take):
     rngs = nnx.Rngs(params=3, dropout=4)
     keys = [jax.random.key_data(take(rngs, stream)) for stream in ("params", "params", "dropout", "params")]

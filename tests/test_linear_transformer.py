@@ -43,21 +43,24 @@ def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
   seg = np.array([[1] * 4 + [2] * 5 + [0] * 2, [1] * 11])
   out = np.asarray(linear_attention(q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg)))
   for row, lo, hi in ((0, 0, 4), (0, 4, 9), (1, 0, 11)):  # each document alone
-    alone = quadratic(q[row:row + 1, lo:hi], k[row:row + 1, lo:hi], v[row:row + 1, lo:hi], causal,
-                      np.ones((1, hi - lo), bool))
-    np.testing.assert_allclose(out[row:row + 1, lo:hi], alone, rtol=1e-5, atol=1e-5)
+    alone = quadratic(
+      q[row : row + 1, lo:hi], k[row : row + 1, lo:hi], v[row : row + 1, lo:hi], causal, np.ones((1, hi - lo), bool)
+    )
+    np.testing.assert_allclose(out[row : row + 1, lo:hi], alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("task", tiers.quick(["lm", "mlm"], keep=[1], ids=["lm", "mlm"]))
 def test_packed_documents_are_independent(task):
   c = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=20)))
-  c.model = linear_transformer.transformer.model_config("transformer", vocab_size=23, d_model=16, num_layers=2,
-                                                        num_heads=2, d_ff=32)
+  c.model = linear_transformer.transformer.model_config(
+    "transformer", vocab_size=23, d_model=16, num_layers=2, num_heads=2, d_ff=32
+  )
   c.model.name = "linear_transformer"
   model = linear_transformer.Model(c, rngs=nnx.Rngs(params=0))
   model.eval()
-  oracles.assert_documents_independent(lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23,
-                                       (np.arange(7) * 5 + 1) % 23, 20)
+  oracles.assert_documents_independent(
+    lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23, (np.arange(7) * 5 + 1) % 23, 20
+  )
 
 
 def test_the_readmes_adding_a_model_section_matches_the_files():
@@ -65,11 +68,11 @@ def test_the_readmes_adding_a_model_section_matches_the_files():
   (without the docstring): an edit to either file that the README does not follow fails here."""
   root = pathlib.Path(__file__).resolve().parent.parent
   readme = (root / "README.md").read_text()
-  section = readme[readme.index("## Adding a model"):]
-  section = section[:section.index("\n## ")]
+  section = readme[readme.index("## Adding a model") :]
+  section = section[: section.index("\n## ")]
   for name in ("linear_attention", "LinearAttention", "Model", "FAMILY"):
     assert re.search(rf"`[^`]*\b{name}\b[^`]*`", section) and hasattr(linear_transformer, name), name
   config_file = root / "configs/enwik8/linear_transformer.py"
   module = ast.parse(config_file.read_text())
-  body = config_file.read_text().splitlines()[module.body[0].end_lineno:]
+  body = config_file.read_text().splitlines()[module.body[0].end_lineno :]
   assert re.findall(r"```python\n(.*?)```", section, re.S) == ["\n".join(body).strip("\n") + "\n"]

@@ -12,8 +12,7 @@ import pytest
 from lra_core.data.lra import listops
 from lra_core.errors import ConfigError, DataError
 
-SMALL = dict(num_train=40, num_val=10, num_test=10, max_depth=5, max_args=5,
-             min_length=16, max_length=128)
+SMALL = dict(num_train=40, num_val=10, num_test=10, max_depth=5, max_args=5, min_length=16, max_length=128)
 
 
 def _parse_pairs(tokens, i=0):
@@ -41,8 +40,7 @@ def _evaluate(node) -> tuple[int, int]:
   assert head in listops.OPERATORS and len(args) >= 2
   results = [_evaluate(c) for c in reversed(args)]
   values = np.array([v for v, _ in results])
-  value = {"[MIN": values.min(), "[MAX": values.max(), "[SM": values.sum() % 10,
-           "[MED": int(np.median(values))}[head]
+  value = {"[MIN": values.min(), "[MAX": values.max(), "[SM": values.sum() % 10, "[MED": int(np.median(values))}[head]
   return int(value), 2 + sum(n for _, n in results)
 
 
@@ -101,13 +99,14 @@ def test_file_format_counts_and_disjoint_splits(small_set):
     seen |= sources
 
 
-@pytest.mark.parametrize("settings", [
+@pytest.mark.parametrize(
+  "settings",
+  [
     SMALL,
-    dict(num_train=200, num_val=1, num_test=1, max_depth=3, max_args=4, min_length=4,
-         max_length=12),
-    dict(num_train=20, num_val=5, num_test=5, max_depth=10, max_args=10, min_length=500,
-         max_length=2000),
-])
+    dict(num_train=200, num_val=1, num_test=1, max_depth=3, max_args=4, min_length=4, max_length=12),
+    dict(num_train=20, num_val=5, num_test=5, max_depth=10, max_args=10, min_length=500, max_length=2000),
+  ],
+)
 def test_labels_match_independent_evaluators_and_lengths_are_strict(tmp_path, settings):
   listops.generate_files(tmp_path, seed=0, **settings)
   for name in listops.SPLIT_FILES.values():
@@ -135,22 +134,39 @@ def test_official_string_form():
 
 
 def test_vocabulary_is_fixed_and_sorted():
-  assert listops.VOCAB == ("<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
-                           "X", "[MAX", "[MED", "[MIN", "[SM")
+  assert listops.VOCAB == (
+    "<pad>",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    "X",
+    "[MAX",
+    "[MED",
+    "[MIN",
+    "[SM",
+  )
   assert list(listops.VOCAB[1:]) == sorted(listops.VOCAB[1:])
   assert listops.VOCAB_SIZE == listops.Source.info.vocab_size == 16
   assert listops.Source.info.num_classes == 10
 
 
-FIXTURE = ("Source\tTarget\r\n"
-           "( ( ( [MAX 2 ) 9 ) ] )\t9\r\n"
-           "( ( ( ( [SM 7 ) ( ( ( [MIN 4 ) 6 ) ] ) ) 8 ) ] )\t9\r\n"
-           "( ( ( ( ( [MED 1 ) 2 ) 8 ) 9 ) ] )\t5\r\n")
+FIXTURE = (
+  "Source\tTarget\r\n"
+  "( ( ( [MAX 2 ) 9 ) ] )\t9\r\n"
+  "( ( ( ( [SM 7 ) ( ( ( [MIN 4 ) 6 ) ] ) ) 8 ) ] )\t9\r\n"
+  "( ( ( ( ( [MED 1 ) 2 ) 8 ) 9 ) ] )\t5\r\n"
+)
 
 
 def _config(folder="", seq_len=8, **data):
-  return ml_collections.ConfigDict(dict(
-      data=listops.data_config(dir=str(folder), **data), train=dict(seq_len=seq_len)))
+  return ml_collections.ConfigDict(dict(data=listops.data_config(dir=str(folder), **data), train=dict(seq_len=seq_len)))
 
 
 def test_loader_on_handwritten_file(tmp_path, caplog):
@@ -159,13 +175,15 @@ def test_loader_on_handwritten_file(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     source = listops.Source(tmp_path / "basic_train.tsv", seq_len=6)
   assert len(source) == 3
-  expected = [(["[MAX", "2", "9", "X"], 9),
-              (["[SM", "7", "[MIN", "4", "6", "X"], 9),   # 8 X cut off at seq_len 6
-              (["[MED", "1", "2", "8", "9", "X"], 5)]
+  expected = [
+    (["[MAX", "2", "9", "X"], 9),
+    (["[SM", "7", "[MIN", "4", "6", "X"], 9),  # 8 X cut off at seq_len 6
+    (["[MED", "1", "2", "8", "9", "X"], 5),
+  ]
   for i, (tokens, label) in enumerate(expected):
     ex = source[i]
     want = np.zeros(6, np.int32)
-    want[:len(tokens)] = [ids[t] for t in tokens]
+    want[: len(tokens)] = [ids[t] for t in tokens]
     np.testing.assert_array_equal(ex["inputs"], want)
     np.testing.assert_array_equal(ex["mask"], want != 0)
     assert ex["inputs"].dtype == np.int32 and ex["mask"].dtype == bool
@@ -173,20 +191,22 @@ def test_loader_on_handwritten_file(tmp_path, caplog):
     assert ex["weights"].dtype == np.float32 and ex["weights"] == 1.0
   np.testing.assert_array_equal(source[-1]["inputs"], source[2]["inputs"])
   assert [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()] == [
-      f"{tmp_path / 'basic_train.tsv'}: 1 of 3 ListOps examples are longer than seq_len 6 "
-      "and are truncated."]
+    f"{tmp_path / 'basic_train.tsv'}: 1 of 3 ListOps examples are longer than seq_len 6 and are truncated."
+  ]
   assert listops.encode("( ( ( [SM 7 ) 8 ) ] )") == [ids["[SM"], ids["7"], ids["8"], ids["X"]]
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(
+  "content, message",
+  [
     ("", "is empty"),
     ("Text\tLabel\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n", "line 1: header"),
     ("Source\tTarget\r\n", "no examples"),
-    ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n( ( ( [AVG 2 ) 9 ) ] )\t5\r\n",
-     "line 3: token '[AVG'"),
+    ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n( ( ( [AVG 2 ) 9 ) ] )\t5\r\n", "line 3: token '[AVG'"),
     ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t12\r\n", "line 2: label '12'"),
     ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\r\n", "line 2: found 1"),
-])
+  ],
+)
 def test_bad_files_raise_data_error_naming_the_file(tmp_path, content, message):
   path = tmp_path / "basic_val.tsv"
   path.write_text(content, newline="")
@@ -210,9 +230,13 @@ def test_validate_config_errors(tmp_path):
   (tmp_path / "basic_train.tsv").write_bytes(FIXTURE.encode())
   with pytest.raises(DataError, match="basic_val.tsv"):
     listops.validate_config(_config(tmp_path))
-  for bad, name in ((dict(min_length=600, max_length=600), "min_length"),
-                    (dict(max_args=1), "max_args"), (dict(max_depth=0), "max_depth"),
-                    (dict(num_val=0), "num_val"), (dict(max_depth=2, min_length=20), "longest")):
+  for bad, name in (
+    (dict(min_length=600, max_length=600), "min_length"),
+    (dict(max_args=1), "max_args"),
+    (dict(max_depth=0), "max_depth"),
+    (dict(num_val=0), "num_val"),
+    (dict(max_depth=2, min_length=20), "longest"),
+  ):
     with pytest.raises(ConfigError, match=name):
       listops.validate_config(_config(generate=True, **bad))
   with pytest.raises(ConfigError, match="is not a field of the listops dataset"):
@@ -255,9 +279,29 @@ def test_losing_a_generation_race_keeps_the_winner(tmp_path, monkeypatch):
 
 
 def test_cli_generate_and_stats(tmp_path, capsys):
-  listops.main(["generate", "--out", str(tmp_path), "--num_train", "5", "--num_val", "2",
-                "--num_test", "2", "--max_depth", "4", "--max_args", "4", "--min_length", "8",
-                "--max_length", "40", "--seed", "7"])
+  listops.main(
+    [
+      "generate",
+      "--out",
+      str(tmp_path),
+      "--num_train",
+      "5",
+      "--num_val",
+      "2",
+      "--num_test",
+      "2",
+      "--max_depth",
+      "4",
+      "--max_args",
+      "4",
+      "--min_length",
+      "8",
+      "--max_length",
+      "40",
+      "--seed",
+      "7",
+    ]
+  )
   listops.main(["stats", str(tmp_path / "basic_train.tsv")])
   out = capsys.readouterr().out
   assert "basic_train.tsv: 5 examples; length min" in out and "labels 0:" in out

@@ -35,8 +35,9 @@ def _all(source) -> list[dict[str, np.ndarray]]:
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
-  return len(a) == len(b) and all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
-                                  for x, y in zip(a, b))
+  return len(a) == len(b) and all(
+    x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+  )
 
 
 # ---------------------------------------------------------------- IMDB
@@ -55,8 +56,12 @@ def _imdb_config(folder, seq_len=40, **overrides):
 
 
 def _expected_reviews(data, split, seq_len):
-  rows = sorted((label, i, text) for (s, name), reviews in data.items() if s == split
-                for label, i, text in [(("neg", "pos").index(name), i, t) for i, _, t in reviews])
+  rows = sorted(
+    (label, i, text)
+    for (s, name), reviews in data.items()
+    if s == split
+    for label, i, text in [(("neg", "pos").index(name), i, t) for i, _, t in reviews]
+  )
   out = []
   for label, _, text in rows:
     raw = np.frombuffer(text.strip()[:seq_len], np.uint8).astype(np.int32) + 1
@@ -135,9 +140,13 @@ def _tfds_imdb(data_dir, data):
     BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="plain_text")]
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}),
-          supervised_keys=("text", "label"))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}
+        ),
+        supervised_keys=("text", "label"),
+      )
 
     def _split_generators(self, dl_manager):
       return {s: self._generate_examples(s) for s in ("train", "test")}
@@ -163,13 +172,16 @@ def test_imdb_tfds_source_matches_files(imdb_release, tmp_path_factory):
     assert len(pickle.dumps(tfds_source)) < 2000
 
 
-@pytest.mark.parametrize("case, message", [
+@pytest.mark.parametrize(
+  "case, message",
+  [
     ("no_dir", "is not a folder"),
     ("empty_dir", "holds neither aclImdb_v1.tar.gz"),
     ("not_gzip", "is not a readable gzip tar archive"),
     ("no_reviews", "holds no aclImdb/train/neg/\\*.txt reviews"),
     ("bad_name", "is not named <id>_<rating>.txt"),
-])
+  ],
+)
 def test_imdb_errors_name_file_and_layout(tmp_path, case, message):
   folder = tmp_path / "imdb"
   if case != "no_dir":
@@ -204,11 +216,28 @@ def test_imdb_bad_config(tmp_path):
 
 # tf.image.rgb_to_grayscale (TensorFlow 2.21, CPU) on RGB triples where the float32 order of
 # operations or float64 arithmetic changes the result: (R, G, B, gray).
-TF_GRAY = [(5, 49, 41, 34), (50, 205, 39, 140), (91, 117, 157, 113), (126, 175, 73, 148),
-           (152, 103, 253, 135), (188, 110, 0, 120), (213, 100, 91, 133), (238, 182, 111, 190),
-           (0, 122, 186, 93), (48, 144, 192, 121), (83, 69, 180, 86), (119, 198, 113, 165),
-           (182, 112, 128, 135), (211, 39, 244, 114), (236, 254, 192, 242),
-           (0, 0, 0, 0), (255, 255, 255, 255), (255, 0, 0, 76), (0, 255, 0, 149), (0, 0, 255, 29)]
+TF_GRAY = [
+  (5, 49, 41, 34),
+  (50, 205, 39, 140),
+  (91, 117, 157, 113),
+  (126, 175, 73, 148),
+  (152, 103, 253, 135),
+  (188, 110, 0, 120),
+  (213, 100, 91, 133),
+  (238, 182, 111, 190),
+  (0, 122, 186, 93),
+  (48, 144, 192, 121),
+  (83, 69, 180, 86),
+  (119, 198, 113, 165),
+  (182, 112, 128, 135),
+  (211, 39, 244, 114),
+  (236, 254, 192, 242),
+  (0, 0, 0, 0),
+  (255, 255, 255, 255),
+  (255, 0, 0, 76),
+  (0, 255, 0, 149),
+  (0, 0, 255, 29),
+]
 
 
 def test_grayscale_equals_tensorflow():
@@ -252,8 +281,10 @@ def test_cifar_grayscale_pixels_labels_and_lra_splits(cifar_release):
   sources = {s: cifar10.make_source(config, s) for s in ("train", "validation", "test")}
   assert {s: len(v) for s, v in sources.items()} == {"train": 45, "validation": 5, "test": 10}
   assert sources["train"].info.vocab_size == 256 and sources["train"].info.num_classes == 10
-  for split, names, parts in (("train", ["data_batch_1", "data_batch_2"], ("train", "validation")),
-                              ("test", ["test_batch"], ("test",))):
+  for split, names, parts in (
+    ("train", ["data_batch_1", "data_batch_2"], ("train", "validation")),
+    ("test", ["test_batch"], ("test",)),
+  ):
     images, labels = _decode_batches(batches, names)
     order = _tfds_key_order(split, len(labels))
     got = [ex for part in parts for ex in _all(sources[part])]
@@ -309,13 +340,23 @@ def _tfds_cifar10(data_dir, batches):
     VERSION = tfds.core.Version("3.0.2")
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "id": tfds.features.Text(), "image": tfds.features.Image(shape=(32, 32, 3)),
-          "label": tfds.features.ClassLabel(num_classes=10)}), supervised_keys=("image", "label"))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {
+            "id": tfds.features.Text(),
+            "image": tfds.features.Image(shape=(32, 32, 3)),
+            "label": tfds.features.ClassLabel(num_classes=10),
+          }
+        ),
+        supervised_keys=("image", "label"),
+      )
 
     def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples("train_", ["data_batch_1", "data_batch_2"]),
-              "test": self._generate_examples("test_", ["test_batch"])}
+      return {
+        "train": self._generate_examples("train_", ["data_batch_1", "data_batch_2"]),
+        "test": self._generate_examples("test_", ["test_batch"]),
+      }
 
     def _generate_examples(self, prefix, names):
       images, labels = _decode_batches(batches, names)
@@ -344,7 +385,9 @@ def _bad_pickle():
   return b"\x80\x02cos\nsystem\nU\x04trueR."
 
 
-@pytest.mark.parametrize("case, message", [
+@pytest.mark.parametrize(
+  "case, message",
+  [
     ("no_test_batch", "holds no cifar-10-batches-py/test_batch"),
     ("no_train_batch", "holds no cifar-10-batches-py/data_batch_N"),
     ("garbage", "member 'cifar-10-batches-py/data_batch_2' .* is not a readable CIFAR-10 batch pickle"),
@@ -352,7 +395,8 @@ def _bad_pickle():
     ("label", "test_batch' .* has label 10 at row 3, outside 0..9"),
     ("shape", "has b'data' uint8\\[4, 1024\\], not uint8\\[N, 3072\\]"),
     ("not_gzip", "is not a readable gzip tar archive"),
-])
+  ],
+)
 def test_cifar_errors_name_file_and_layout(tmp_path, case, message):
   batches = cifar_fixture.release_batches(train_sizes=(4, 4), test_size=4)
   if case == "no_test_batch":
@@ -364,11 +408,17 @@ def test_cifar_errors_name_file_and_layout(tmp_path, case, message):
   if case == "code":
     batches = _replace(batches, "data_batch_1", _bad_pickle())
   if case == "label":
-    batches = _replace(batches, "test_batch", cifar_fixture.batch_pickle(
-        np.zeros((4, 3072), np.uint8), [1, 2, 3, 10], "testing batch 1 of 1"))
+    batches = _replace(
+      batches,
+      "test_batch",
+      cifar_fixture.batch_pickle(np.zeros((4, 3072), np.uint8), [1, 2, 3, 10], "testing batch 1 of 1"),
+    )
   if case == "shape":
-    batches = _replace(batches, "data_batch_1", cifar_fixture.batch_pickle(
-        np.zeros((4, 1024), np.uint8), [0, 1, 2, 3], "training batch 1 of 5"))
+    batches = _replace(
+      batches,
+      "data_batch_1",
+      cifar_fixture.batch_pickle(np.zeros((4, 1024), np.uint8), [0, 1, 2, 3], "training batch 1 of 5"),
+    )
   cifar_fixture.write_release(tmp_path / cifar10.ARCHIVE, batches)
   if case == "not_gzip":
     (tmp_path / cifar10.ARCHIVE).write_bytes(b"\x00" * 100)
@@ -398,6 +448,7 @@ def test_cifar_missing_release_and_bad_config(tmp_path):
 
 def test_tfds_order_is_tfds_hashing():
   from tensorflow_datasets.core import hashing
+
   hasher = hashing.Hasher("train")
   assert list(cifar10.tfds_order("train", 200)) == sorted(range(200), key=hasher.hash_key)
   assert "tensorflow" not in sys.modules  # tfds works here without TensorFlow

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import lra_core
+from fixtures import listops
 from lra_core import distributed, optim, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.errors import ConfigError
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec
 from lra_core.train import train_and_evaluate
-from fixtures import listops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Data over the two processes x fsdp over each process's two devices; batch 8 -> 2 rows a device.
@@ -40,17 +40,34 @@ def _free_port() -> int:
 
 def _launch(overrides, workdir, *extra):
   """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             # 2 devices a process; the compiler's fast mode keeps this test cheap.
-             XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-                       " --xla_cpu_use_fusion_emitters=false",
-             JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=str(ROOT),
+    # 2 devices a process; the compiler's fast mode keeps this test cheap.
+    XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    " --xla_cpu_use_fusion_emitters=false",
+    JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+  )
   port = _free_port()
-  args = [sys.executable, "-m", "lra_core.train", f"--config={listops.SPEC}", f"--workdir={workdir}",
-          *(f"--config.{o}" for o in overrides), f"--coordinator_address=localhost:{port}", "--num_processes=2",
-          *extra]
-  procs = [subprocess.Popen([*args, f"--process_id={i}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  args = [
+    sys.executable,
+    "-m",
+    "lra_core.train",
+    f"--config={listops.SPEC}",
+    f"--workdir={workdir}",
+    *(f"--config.{o}" for o in overrides),
+    f"--coordinator_address=localhost:{port}",
+    "--num_processes=2",
+    *extra,
+  ]
+  procs = [
+    subprocess.Popen(
+      [*args, f"--process_id={i}"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for i in range(2)
+  ]
   outputs = []
   try:
     for p in procs:
@@ -115,26 +132,35 @@ def test_the_run_shards_parameters_over_fsdp(runs):
   assert any("fsdp" in tuple(s) for s in specs)
 
 
-@pytest.mark.parametrize("flags, env, expected", [
+@pytest.mark.parametrize(
+  "flags, env, expected",
+  [
     (("auto", None, None, None), {}, None),
     (("auto", "host:1234", 2, 0), {}, {"coordinator_address": "host:1234", "num_processes": 2, "process_id": 0}),
     (("auto", None, None, None), {"TPU_WORKER_HOSTNAMES": "a,b"}, {}),
     (("auto", None, None, None), {"TPU_WORKER_HOSTNAMES": "a"}, None),
-    (("auto", None, None, None), dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[1-2]", SLURM_NTASKS="16",
-                                       SLURM_PROCID="3", SLURM_LOCALID="3"), {}),
+    (
+      ("auto", None, None, None),
+      dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[1-2]", SLURM_NTASKS="16", SLURM_PROCID="3", SLURM_LOCALID="3"),
+      {},
+    ),
     (("on", None, None, None), {}, {}),
     (("off", None, None, None), {"TPU_WORKER_HOSTNAMES": "a,b"}, None),
-])
+  ],
+)
 def test_distributed_settings(flags, env, expected):
   assert distributed.settings(*flags, environ=env) == expected
 
 
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize(
+  "flags, message",
+  [
     (("auto", "host:1234", None, 0), "needs --num_processes"),
     (("auto", "host", 2, 0), "HOST:PORT"),
     (("auto", "host:1", 2, 2), "--process_id 2 is outside 0..1"),
     (("off", "host:1", 2, 0), "contradicts"),
-])
+  ],
+)
 def test_distributed_flag_errors(flags, message):
   with pytest.raises(ConfigError, match=message):
     distributed.settings(*flags, environ={})

@@ -15,15 +15,22 @@ from lra_core.config import PROJECT_ROOT
 from lra_core.errors import MissingExtra, optional_import
 
 SPEC = "configs/lra/listops/transformer.py:tiny"
-MAPPED = {"lra_core": "lra_core", "lra_core.models": "models", "lra_core.kernels": "kernels",
-          "lra_core.configs": "configs"}
+MAPPED = {
+  "lra_core": "lra_core",
+  "lra_core.models": "models",
+  "lra_core.kernels": "kernels",
+  "lra_core.configs": "configs",
+}
 
 
 def test_pyproject_lists_every_package_folder():
   setuptools = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
   assert setuptools["package-dir"] == {k: v for k, v in MAPPED.items() if k != "lra_core"}
-  folders = {name + "".join("." + part for part in init.parent.relative_to(PROJECT_ROOT / folder).parts)
-             for name, folder in MAPPED.items() for init in (PROJECT_ROOT / folder).rglob("__init__.py")}
+  folders = {
+    name + "".join("." + part for part in init.parent.relative_to(PROJECT_ROOT / folder).parts)
+    for name, folder in MAPPED.items()
+    for init in (PROJECT_ROOT / folder).rglob("__init__.py")
+  }
   assert sorted(setuptools["packages"]) == sorted(folders)
 
 
@@ -37,8 +44,11 @@ def test_an_uninstalled_checkout_maps_its_folders():
 
 
 def test_a_missing_optional_package_names_its_extra():
-  with pytest.raises(MissingExtra, match=r'^lra_core_absent is not installed; install the plot extra: '
-                                          r'pip install -e "\.\[plot\]"\.$'):
+  with pytest.raises(
+    MissingExtra,
+    match=r'^lra_core_absent is not installed; install the plot extra: '
+    r'pip install -e "\.\[plot\]"\.$',
+  ):
     optional_import("lra_core_absent.image", "plot")
 
 
@@ -61,8 +71,18 @@ def run(args, cwd, **env):
 def train_tiny(folder, **env):
   """A tiny ListOps run started in `folder`; returns the file of the lra_core imported there."""
   where = run([sys.executable, "-c", "import lra_core.models; print(lra_core.__file__)"], folder, **env)
-  out = run([sys.executable, "-m", "lra_core.train", f"--config={SPEC}", f"--workdir={folder / 'run'}",
-             "--config.train.steps=2"], folder, **env)
+  out = run(
+    [
+      sys.executable,
+      "-m",
+      "lra_core.train",
+      f"--config={SPEC}",
+      f"--workdir={folder / 'run'}",
+      "--config.train.steps=2",
+    ],
+    folder,
+    **env,
+  )
   assert "test_accuracy=" in out and (folder / "run" / "summary.json").is_file()
   return where.strip()
 
@@ -76,15 +96,46 @@ def test_train_beside_unrelated_packages_with_the_editable_install(decoys):
 def test_train_and_console_script_after_a_plain_install(decoys, tmp_path):
   source, site = tmp_path / "source", tmp_path / "site"
   # A copy, so the build leaves no build/ or egg-info in the checkout.
-  shutil.copytree(PROJECT_ROOT, source, ignore=shutil.ignore_patterns(
-      ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", ".jax_cache", "runs",
-      "workdirs", ".venv", "venv"))
-  run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
-       str(site), str(source)], tmp_path)
+  shutil.copytree(
+    PROJECT_ROOT,
+    source,
+    ignore=shutil.ignore_patterns(
+      ".git",
+      "build",
+      "dist",
+      "*.egg-info",
+      "__pycache__",
+      ".pytest_cache",
+      ".hypothesis",
+      ".jax_cache",
+      "runs",
+      "workdirs",
+      ".venv",
+      "venv",
+    ),
+  )
+  run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "install",
+      "--quiet",
+      "--no-deps",
+      "--no-build-isolation",
+      "--target",
+      str(site),
+      str(source),
+    ],
+    tmp_path,
+  )
   assert not {"models", "kernels", "configs"} & {p.name for p in site.iterdir()}
   assert (site / "lra_core" / "configs" / "lra" / "listops" / "transformer.py").is_file()
   where = train_tiny(decoys, PYTHONPATH=str(site))
   assert where == str(site / "lra_core" / "__init__.py")
-  out = run([str(site / "bin" / "lra-eval"), f"--config={SPEC}", f"--workdir={decoys / 'run'}", "--split=test"],
-            decoys, PYTHONPATH=str(site))
+  out = run(
+    [str(site / "bin" / "lra-eval"), f"--config={SPEC}", f"--workdir={decoys / 'run'}", "--split=test"],
+    decoys,
+    PYTHONPATH=str(site),
+  )
   assert "split=test" in out

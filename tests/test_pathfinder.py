@@ -12,11 +12,10 @@ import pytest
 from PIL import Image
 
 import lra_core
+from fixtures import pathfinder as fixture
 from lra_core.data import SPLITS
 from lra_core.data.lra import pathfinder, pathfinder_generator
 from lra_core.errors import ConfigError, DataError
-
-from fixtures import pathfinder as fixture
 
 RES = fixture.RESOLUTION
 HARD = "curv_contour_length_14"
@@ -24,9 +23,12 @@ HARD = "curv_contour_length_14"
 
 def _config(folder, *, seq_len=RES * RES, cache=None, **data):
   data.setdefault("resolution", RES)
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       data=pathfinder.data_config(dir=str(folder), cache_dir=str(cache or pathlib.Path(folder) / "cache"), **data),
-      train=dict(seq_len=seq_len)))
+      train=dict(seq_len=seq_len),
+    )
+  )
 
 
 @pytest.fixture
@@ -81,12 +83,19 @@ def test_splits_equal_those_of_a_tfds_builder_written_like_lras(release, tmp_pat
 
   class Pathfinder8(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """LRA's keys and one split per difficulty; a Tensor instead of an Image (no TensorFlow)."""
+
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "image": tfds.features.Tensor(shape=(RES, RES, 1), dtype=np.uint8),
-          "label": tfds.features.ClassLabel(num_classes=2)}))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {
+            "image": tfds.features.Tensor(shape=(RES, RES, 1), dtype=np.uint8),
+            "label": tfds.features.ClassLabel(num_classes=2),
+          }
+        ),
+      )
 
     def _split_generators(self, dl_manager):
       return {"hard": self._generate_examples()}
@@ -166,11 +175,14 @@ def test_missing_folders_name_the_path_and_layout(tmp_path):
     pathfinder.validate_config(_config(tmp_path))
 
 
-@pytest.mark.parametrize("line, message", [
+@pytest.mark.parametrize(
+  "line, message",
+  [
     ("imgs/0 sample_0.png 0\n", "line 2: 'imgs/0 sample_0.png 0' has 3 space-separated fields"),
     ("imgs/0 sample_0.png 0 2 1.0\n", "line 2: label '2' (field 4) is not 0 or 1"),
     ("imgs/0 sample_99.png 0 1 1.0\n", "line 2: image"),
-])
+  ],
+)
 def test_bad_metadata_lines_name_file_and_line(release, line, message):
   meta = release / HARD / "metadata" / "0.npy"
   lines = meta.read_text().splitlines(keepends=True)
@@ -209,7 +221,13 @@ def test_config_errors(release):
 def test_configs_follow_lra_and_tiny_runs_on_the_fixture(release):
   pf = lra_core.load_config("configs/lra/pathfinder/transformer.py")
   assert (pf.train.seq_len, pf.data.resolution, pf.data.difficulty, pf.train.batch_size) == (1024, 32, "hard", 512)
-  assert (pf.model.num_layers, pf.model.d_model, pf.model.num_heads, pf.model.head_dim, pf.model.d_ff) == (4, 32, 4, 4, 32)
+  assert (pf.model.num_layers, pf.model.d_model, pf.model.num_heads, pf.model.head_dim, pf.model.d_ff) == (
+    4,
+    32,
+    4,
+    4,
+    32,
+  )
   assert (pf.model.pooling, pf.model.position, pf.optim.schedule, pf.optim.lr) == ("mean", "sinusoid", "cosine", 1e-3)
   px = lra_core.load_config("configs/lra/pathx/transformer.py:plus")
   assert (px.train.seq_len, px.data.resolution, px.optim.clip_norm, px.model.num_layers) == (16384, 128, 1.0, 1)
@@ -240,8 +258,9 @@ def _point_distance(px, py, dash) -> float:
 
 def _segment_distance(a, b) -> float:
   """Distance of two segments that do not cross."""
-  return min(_point_distance(*a[:2], b), _point_distance(*a[2:], b), _point_distance(*b[:2], a),
-             _point_distance(*b[2:], a))
+  return min(
+    _point_distance(*a[:2], b), _point_distance(*a[2:], b), _point_distance(*b[:2], a), _point_distance(*b[2:], a)
+  )
 
 
 @pytest.mark.parametrize("resolution, contour_length", [(32, 14), (32, 6), (64, 9)])
@@ -285,8 +304,17 @@ def test_generate_writes_the_release_layout_the_loader_reads(tmp_path, capsys):
   assert sorted(p.name for p in (folder / "metadata").iterdir()) == ["0.npy", "1.npy", "2.npy"]
   lines = (folder / "metadata" / "2.npy").read_text().splitlines()
   assert lines[0].startswith("imgs/2 sample_10.png 10 ") and len(lines) == 2
-  pathfinder.main(["generate", f"--out={tmp_path / 'b'}", "--resolution=16", "--contour_length=6",
-                   "--num=12", "--batch_size=5", "--seed=1"])
+  pathfinder.main(
+    [
+      "generate",
+      f"--out={tmp_path / 'b'}",
+      "--resolution=16",
+      "--contour_length=6",
+      "--num=12",
+      "--batch_size=5",
+      "--seed=1",
+    ]
+  )
   assert "wrote 12 Pathfinder-style 16x16 images" in capsys.readouterr().out
   for path in sorted(folder.rglob("*.*")):  # same seed, same bytes
     assert (tmp_path / "b" / path.relative_to(tmp_path / "a")).read_bytes() == path.read_bytes()

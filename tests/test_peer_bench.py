@@ -15,8 +15,14 @@ from lra_core.bench import loop, peer, peer_lm1b
 from lra_core.errors import ConfigError
 from tiers import quick
 
-SMALL = ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64", "train.seq_len=16",
-         "model.dropout=0.0"]
+SMALL = [
+  "model.d_model=32",
+  "model.num_layers=2",
+  "model.num_heads=2",
+  "model.d_ff=64",
+  "train.seq_len=16",
+  "model.dropout=0.0",
+]
 
 
 @pytest.mark.parametrize("variant", quick(["", ":plus", ":plusplus"], keep=[], ids=["transformer", "plus", "plusplus"]))
@@ -50,8 +56,14 @@ def test_lm1b_peer_computes_our_transformer_on_our_weights(variant):
 
 
 def test_lm1b_peer_refuses_what_it_does_not_mirror():
-  for override in ("model.window=4", "model.num_kv_heads=1", "model.dropout=0.1", "model.norm=rms",
-                   "model.scan_layers=True", "model.remat=full"):
+  for override in (
+    "model.window=4",
+    "model.num_kv_heads=1",
+    "model.dropout=0.1",
+    "model.norm=rms",
+    "model.scan_layers=True",
+    "model.remat=full",
+  ):
     with pytest.raises(ConfigError, match="lm1b-style peer"):
       peer_lm1b.make_peer(lra_core.load_config("configs/enwik8/transformer.py", [*SMALL, override]))
   with pytest.raises(ConfigError, match="no peer"):
@@ -75,9 +87,21 @@ def test_shapes_parse_and_refuse():
 @pytest.mark.slow
 def test_peer_bench_times_both_steps_and_writes_the_table(tmp_path):
   out, raw = tmp_path / "bench.md", tmp_path / "rows.json"
-  rows = peer.main(["--config=configs/enwik8/transformer.py", *(f"--override={o}" for o in SMALL[:4]),
-                    "--override=model.dropout=0.0", "--variant=base:", "--variant=pp:config=configs/enwik8/transformer.py:plusplus",
-                    "--shapes=16x2", "--steps=2", "--warmup=1", "--matmul_size=128", f"--out={out}", f"--json={raw}"])
+  rows = peer.main(
+    [
+      "--config=configs/enwik8/transformer.py",
+      *(f"--override={o}" for o in SMALL[:4]),
+      "--override=model.dropout=0.0",
+      "--variant=base:",
+      "--variant=pp:config=configs/enwik8/transformer.py:plusplus",
+      "--shapes=16x2",
+      "--steps=2",
+      "--warmup=1",
+      "--matmul_size=128",
+      f"--out={out}",
+      f"--json={raw}",
+    ]
+  )
   assert [r["variant"] for r in rows] == ["base", "pp"]
   for r in rows:
     assert r["ours_ms"] > 0 and r["peer_ms"] > 0 and r["ratio"] == pytest.approx(r["ours_ms"] / r["peer_ms"])
@@ -93,9 +117,17 @@ def test_peer_bench_times_both_steps_and_writes_the_table(tmp_path):
 
 @pytest.mark.slow
 def test_bench_loop_compares_the_trainer_with_its_bare_step(tmp_path):
-  row = loop.main(["--config=configs/lra/listops/transformer.py:tiny", "--override=train.steps=6",
-                   "--override=train.log_every=2", f"--workdir={tmp_path / 'run'}", "--bare_steps=3", "--warmup=1",
-                   f"--json={tmp_path / 'loop.json'}"])
+  row = loop.main(
+    [
+      "--config=configs/lra/listops/transformer.py:tiny",
+      "--override=train.steps=6",
+      "--override=train.log_every=2",
+      f"--workdir={tmp_path / 'run'}",
+      "--bare_steps=3",
+      "--warmup=1",
+      f"--json={tmp_path / 'loop.json'}",
+    ]
+  )
   assert len(row["loop_intervals"]) == 3
   assert row["loop_tokens_per_s"] > 0 and row["bare_tokens_per_s"] > 0
   assert row["ratio"] == pytest.approx(row["loop_tokens_per_s"] / row["bare_tokens_per_s"])

@@ -10,18 +10,29 @@ import pytest
 from flax import nnx
 
 import lra_core
+import tiers
 from lra_core import optim
 from lra_core.bench import peer_vq
 from lra_core.bench import train_step as bench
 from lra_core.bench.common import cost_flops
 from lra_core.tasks.base import apply_model, token_nll
 
-import tiers
-
 CONFIG = "configs/enwik8/transformer_vq.py"
-SMALL = ("model.d_model=32", "model.d_k=16", "model.d_v=64", "model.num_layers=2", "model.n_code=16",
-         "model.block_len=8", "model.vocab_size=256", "model.dropsin=0.0", "model.dropres=0.0",
-         "model.droplyr=0.0", "train.seq_len=32", "train.update_len=0", "train.batch_size=2")
+SMALL = (
+  "model.d_model=32",
+  "model.d_k=16",
+  "model.d_v=64",
+  "model.num_layers=2",
+  "model.n_code=16",
+  "model.block_len=8",
+  "model.vocab_size=256",
+  "model.dropsin=0.0",
+  "model.dropres=0.0",
+  "model.droplyr=0.0",
+  "train.seq_len=32",
+  "train.update_len=0",
+  "train.batch_size=2",
+)
 FAST = {"xla_backend_optimization_level": 0}
 
 
@@ -38,16 +49,16 @@ def oracle_attention(q, k_hat, z, v, codebook, xl, block_len):
   b, t, _ = q.shape
   pos = np.arange(t)
   dist = pos[:, None] - pos[None, :]
-  older = (pos[None, :] // block_len) <= (pos[:, None] // block_len) - 2            # [T,T]: in the cache
+  older = (pos[None, :] // block_len) <= (pos[:, None] // block_len) - 2  # [T,T]: in the cache
   out = np.zeros((b, t, v.shape[-1]))
   for bi in range(b):
     qu = q[bi] if xl is None else q[bi] + np.asarray(xl[1], np.float64)
-    keys = np.where(older[..., None], codebook[z[bi]][None, :, :], k_hat[bi][None, :, :])   # [T(query),T,K]
+    keys = np.where(older[..., None], codebook[z[bi]][None, :, :], k_hat[bi][None, :, :])  # [T(query),T,K]
     scores = np.einsum("ik,ijk->ij", qu, keys)
     if xl is not None:
       xl_r, _, xl_v = (np.asarray(a, np.float64) for a in xl)
-      r = xl_r[::-1]                                                               # r[d]: distance d
-      bias = (q[bi] + xl_v) @ r.T                                                  # [T, 2L]
+      r = xl_r[::-1]  # r[d]: distance d
+      bias = (q[bi] + xl_v) @ r.T  # [T, 2L]
       in_window = (dist >= 0) & (dist <= block_len)
       scores = scores + np.where(in_window, np.take_along_axis(bias, np.clip(dist, 0, 2 * block_len - 1), 1), 0.0)
     scores = np.where(dist >= 0, scores, -np.inf)
@@ -87,8 +98,7 @@ def test_vq_attention_matches_quadratic_oracle(seq_len, rel_bias, quantized):
   over the quantized keys; with other keys it pins down which blocks are exact and which cached."""
   q, k_hat, z, v, codebook, xl = attention_inputs(seq_len, rel_bias=rel_bias, quantized=quantized)
   got = peer_attention(*map(jnp.asarray, (q, k_hat, z, v, codebook)), xl, 8)
-  np.testing.assert_allclose(np.asarray(got), oracle_attention(q, k_hat, z, v, codebook, xl, 8),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), oracle_attention(q, k_hat, z, v, codebook, xl, 8), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -144,12 +154,26 @@ def ours_loss_grads_and_codebooks(model, inputs, targets):
   return value, grads, deep_merge(params, new_rest)
 
 
-@pytest.mark.parametrize("overrides", tiers.quick([  # one-tuples: each case is one argument, a tuple
-    ((),),
-    (("model.rel_bias=False", "model.tie_embeddings=True", "model.final_norm=True", "model.abs_position=True",
-      "model.commit_coef=1.0"),),
-    (("model.scan_layers=True", "model.remat=full", "model.num_layers=3"),),
-], keep=[], ids=["paper", "tied_final_norm_abs_no_rel_commit1", "scanned_remat"]))
+@pytest.mark.parametrize(
+  "overrides",
+  tiers.quick(
+    [  # one-tuples: each case is one argument, a tuple
+      ((),),
+      (
+        (
+          "model.rel_bias=False",
+          "model.tie_embeddings=True",
+          "model.final_norm=True",
+          "model.abs_position=True",
+          "model.commit_coef=1.0",
+        ),
+      ),
+      (("model.scan_layers=True", "model.remat=full", "model.num_layers=3"),),
+    ],
+    keep=[],
+    ids=["paper", "tied_final_norm_abs_no_rel_commit1", "scanned_remat"],
+  ),
+)
 def test_loss_gradients_and_codebooks_match_ours(overrides):
   config = small_config(*overrides)
   model = lra_core.build_model(config, seed=0)
@@ -187,8 +211,16 @@ def test_init_has_the_layout_of_our_weights():
     assert jax.tree.map(lambda a: (a.shape, a.dtype), shapes) == jax.tree.map(lambda a: (a.shape, a.dtype), ours)
 
 
-@pytest.mark.parametrize("override", ["model.head_type=mqa", "model.attention=full", "train.update_len=16",
-                                      "model.dropres=0.1", "model.compressive=False"])
+@pytest.mark.parametrize(
+  "override",
+  [
+    "model.head_type=mqa",
+    "model.attention=full",
+    "train.update_len=16",
+    "model.dropres=0.1",
+    "model.compressive=False",
+  ],
+)
 def test_unsupported_settings_raise(override):
   with pytest.raises(ValueError, match="VQ peer"):
     peer_vq.make_peer(small_config(override))
@@ -197,8 +229,17 @@ def test_unsupported_settings_raise(override):
 @pytest.mark.slow
 def test_train_step_runs_and_its_flops_are_within_15_percent_of_ours():
   """A jitted peer step (value_and_grad, the config's AdamW) at d 128, T 256 against our trainer's step."""
-  overrides = ["model.d_model=128", "model.d_k=64", "model.d_v=256", "model.num_layers=2", "model.n_code=64",
-               "model.block_len=64", "model.dropsin=0.0", "model.dropres=0.0", "model.droplyr=0.0"]
+  overrides = [
+    "model.d_model=128",
+    "model.d_k=64",
+    "model.d_v=256",
+    "model.num_layers=2",
+    "model.n_code=64",
+    "model.block_len=64",
+    "model.dropsin=0.0",
+    "model.dropres=0.0",
+    "model.droplyr=0.0",
+  ]
   config = bench.bench_config(CONFIG, overrides, seq_len=256, batch_size=1)
   ours = bench.time_train_step(config, steps=1, warmup=0, compiler_options=FAST)
 
@@ -221,6 +262,8 @@ def test_train_step_runs_and_its_flops_are_within_15_percent_of_ours():
   assert not np.allclose(new_state["codebook_count"], state["codebook_count"])
 
   peer_flops = cost_flops(compiled)
-  print(f"XLA flops per train step: peer {peer_flops:.4g}, ours {ours['flops_per_step']:.4g} "
-        f"(ratio {peer_flops / ours['flops_per_step']:.3f})")
+  print(
+    f"XLA flops per train step: peer {peer_flops:.4g}, ours {ours['flops_per_step']:.4g} "
+    f"(ratio {peer_flops / ours['flops_per_step']:.3f})"
+  )
   assert abs(peer_flops / ours["flops_per_step"] - 1.0) < 0.15

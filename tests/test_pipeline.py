@@ -5,8 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from lra_core.data import DataInfo
-from lra_core.data import pipeline
+from lra_core.data import DataInfo, pipeline
 
 
 class Numbers:
@@ -59,8 +58,9 @@ def test_resuming_the_iterator_continues_the_same_stream():
 def test_processes_read_disjoint_rows_of_the_same_global_batch():
   source, config = Numbers(32, 8), make_config()
   one = pipeline.BatchReader(config, source, train=True, batch_size=8, process_index=0, process_count=1)
-  parts = [pipeline.BatchReader(config, source, train=True, batch_size=8, process_index=p, process_count=4)
-           for p in range(4)]
+  parts = [
+    pipeline.BatchReader(config, source, train=True, batch_size=8, process_index=p, process_count=4) for p in range(4)
+  ]
   for s in range(5):
     assert sum((ids(r(s)) for r in parts), []) == ids(one(s))
   with pytest.raises(ValueError, match="not a multiple of the process count"):
@@ -97,7 +97,6 @@ def test_eval_covers_the_split_once_and_pads_with_zero_weight():
 def test_empty_source_is_refused():
   with pytest.raises(ValueError, match="empty"):
     pipeline.BatchReader(make_config(), Numbers(0, 8), train=True, batch_size=4)
-
 
 
 def test_training_order_is_grains_shuffle_of_each_epoch():

@@ -6,17 +6,17 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from test_transformer import make_config, make_model
 
 from lra_core import decoding
 from lra_core.models import flash, latte, transformer
-from test_transformer import make_config, make_model
 
 CASES = [
-    dict(variant="transformer", parallel_residual=True),       # learned positions
-    dict(variant="transformer+"),                              # RoPE
-    dict(variant="transformer++", num_kv_heads=1),             # RoPE + GLU, multi-query
-    dict(variant="transformer+", window=3),                    # ring buffer far shorter than the prompt
-    dict(variant="transformer++", num_kv_heads=2, window=16),  # window > max_len: the cache never wraps
+  dict(variant="transformer", parallel_residual=True),  # learned positions
+  dict(variant="transformer+"),  # RoPE
+  dict(variant="transformer++", num_kv_heads=1),  # RoPE + GLU, multi-query
+  dict(variant="transformer+", window=3),  # ring buffer far shorter than the prompt
+  dict(variant="transformer++", num_kv_heads=2, window=16),  # window > max_len: the cache never wraps
 ]
 
 
@@ -57,10 +57,12 @@ class PerToken(nnx.Module):
 def _prefill_and_steps(model, tokens):
   """Twelve decode steps, against two prefills (7 tokens from an empty cache, then 3 from
   position 7, where a window has wrapped) and two decode steps."""
+
   def steps(state, tokens):
     def body(state, t):
       logits, state = model.decode_step(t[:, None], state)
       return state, logits[:, 0]
+
     return jax.lax.scan(body, state, tokens.T)
 
   ref_state, ref = steps(model.init_decode_state(2, 12), tokens)
@@ -108,15 +110,18 @@ def test_generate_prefills_in_one_call_and_matches_per_token_path(case, monkeypa
 
 def _other_mixer_config(module, variant, **model):
   c = ml_collections.ConfigDict(dict(task="lm", train=dict(seq_len=16)))
-  c.model = module.model_config(variant, vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48,
-                                **model)
+  c.model = module.model_config(variant, vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48, **model)
   return c
 
 
-@pytest.mark.parametrize("module, variant, extra", [
+@pytest.mark.parametrize(
+  "module, variant, extra",
+  [
     (flash, "mc_transformer++", dict(chunk=4)),
     (latte, "latte", dict(num_latents=8, chunk=3)),
-], ids=["flash_chunked", "latte"])
+  ],
+  ids=["flash_chunked", "latte"],
+)
 def test_models_with_other_mixers_decline_prefill_and_still_generate(module, variant, extra):
   """flash.ChunkedAttention subclasses Attention but decodes differently: it must not be
   prefilled through Attention.decode_block."""
@@ -125,7 +130,6 @@ def test_models_with_other_mixers_decline_prefill_and_still_generate(module, var
   with pytest.raises(ValueError, match="needs plain softmax attention"):
     model.prefill(_tokens(1, 3), {"index": 0, "layers": []})
   prompt = _tokens(2, 6, seed=3)
-  out = np.asarray(decoding.generate(model, prompt, max_new_tokens=4, key=jax.random.key(0),
-                                     temperature=0.0))
+  out = np.asarray(decoding.generate(model, prompt, max_new_tokens=4, key=jax.random.key(0), temperature=0.0))
   np.testing.assert_array_equal(out[:, :6], prompt)
   np.testing.assert_array_equal(np.argmax(_forward(model, out[:, :-1])[:, 5:], axis=-1), out[:, 6:])

@@ -71,8 +71,11 @@ def test_no_readable_checkpoint_is_a_clear_error(data, uninterrupted, tmp_path):
 def test_a_changed_config_is_refused_unless_forced(data, uninterrupted, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(uninterrupted[0], workdir)
-  with pytest.raises(ConfigError, match=r"holds checkpoints of a different config \(train.seed: 0 -> 1\); "
-                                        r"use another workdir, or --force"):
+  with pytest.raises(
+    ConfigError,
+    match=r"holds checkpoints of a different config \(train.seed: 0 -> 1\); "
+    r"use another workdir, or --force",
+  ):
     train_and_evaluate(config(data, "train.seed=1"), workdir)
   # Settings that do not change what is computed may differ.
   train_and_evaluate(config(data, "train.log_every=1", "train.eval_batches=2"), workdir)
@@ -83,8 +86,14 @@ def test_a_changed_config_is_refused_unless_forced(data, uninterrupted, tmp_path
 
 def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   # Every update overflows the parameter norm, so all are skipped and nothing changes.
-  cfg = config(data, "optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0",
-               "train.skip_nonfinite=True", "train.log_every=3")
+  cfg = config(
+    data,
+    "optim.lr=1e30",
+    "optim.schedule=constant",
+    "optim.warmup_steps=0",
+    "train.skip_nonfinite=True",
+    "train.log_every=3",
+  )
   assert train_and_evaluate(cfg, tmp_path, stop_at_step=3) == {"stopped_at": 3}
   summary = train_and_evaluate(cfg, tmp_path)  # resumed: the count goes on
   assert [r["skipped_steps"] for r in read_metrics(tmp_path) if "skipped_steps" in r] == [3, 6]
@@ -97,8 +106,11 @@ def test_token_ids_outside_the_vocabulary_are_refused():
   vocab = cfg.model.vocab_size
   good = {"inputs": np.zeros((2, 4), np.int32), "targets": np.zeros((2,), np.int32)}
   data_setup.check_batch(good, cfg, 0)
-  with pytest.raises(DataError, match=f"training batch 7 holds inputs id {vocab}, outside 0..{vocab - 1} "
-                                      r"\(model.vocab_size\)"):
+  with pytest.raises(
+    DataError,
+    match=f"training batch 7 holds inputs id {vocab}, outside 0..{vocab - 1} "
+    r"\(model.vocab_size\)",
+  ):
     data_setup.check_batch(dict(good, inputs=np.full((2, 4), vocab, np.int32)), cfg, 7)
   with pytest.raises(DataError, match=r"targets id -1, outside 0..9 \(model.num_classes\)"):
     data_setup.check_batch(dict(good, targets=np.array([0, -1], np.int32)), cfg, 0)

@@ -17,8 +17,8 @@ import lra_core
 from lra_core import optim, registry, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
-from lra_core.errors import CheckpointError, ConfigError
 from lra_core.data_setup import config_data_info
+from lra_core.errors import CheckpointError, ConfigError
 from lra_core.registry import build_model
 from lra_core.state import make_state_spec, param_checksum, scan_params, unscan_params
 from lra_core.steps import make_train_step
@@ -36,8 +36,9 @@ VARIANTS["transformer"] += (("dots", False), ("none", True))
 
 def load(name, remat="none", scan=False, *extra):
   smoke = FAMILIES[name]
-  return lra_core.load_config(smoke.config, [*smoke.overrides, f"model.remat={remat}", f"model.scan_layers={scan}",
-                                             *extra])
+  return lra_core.load_config(
+    smoke.config, [*smoke.overrides, f"model.remat={remat}", f"model.scan_layers={scan}", *extra]
+  )
 
 
 def random_batch(config, batch_size=2):
@@ -48,7 +49,7 @@ def random_batch(config, batch_size=2):
   batch = {}
   for name, (shape, dtype) in pipeline.batch_fields(config, batch_size).items():
     dtype = np.dtype(dtype)
-    if dtype == bool:
+    if dtype == np.dtype(bool):
       batch[name] = np.ones(shape, bool)
     elif np.issubdtype(dtype, np.integer):
       batch[name] = rng.integers(0, classes if name == "targets" else vocab, shape).astype(dtype)
@@ -72,8 +73,9 @@ def loss_and_grads(config, batch):
     model = nnx.merge(graphdef, params, rest)
     b = task.prepare(dict(batch), jax.random.key(1))
     carry = model.init_carry(2) if registry.family(config.model.name).keeps_carry(config) else None
-    value, _, _ = task.loss_and_metrics(model, b, normalizer=task.normalizer(b),
-                                        rngs=nnx.Rngs(dropout=jax.random.key(2)), carry=carry)
+    value, _, _ = task.loss_and_metrics(
+      model, b, normalizer=task.normalizer(b), rngs=nnx.Rngs(dropout=jax.random.key(2)), carry=carry
+    )
     return value
 
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
@@ -86,8 +88,9 @@ def assert_trees_close(a, b, **tol):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "transformer" else pytest.mark.slow)
-                                  for name in sorted(FAMILIES)])
+@pytest.mark.parametrize(
+  "name", [pytest.param(name, marks=() if name == "transformer" else pytest.mark.slow) for name in sorted(FAMILIES)]
+)
 def test_remat_and_scan_keep_init_values_and_gradients(name):
   base = load(name)
   batch = random_batch(base)
@@ -156,8 +159,11 @@ def test_state_conversion_round_trips_and_checkpoint_names_the_switch(tmp_path):
 
 
 def test_unknown_remat_is_one_sentence_before_any_build():
-  with pytest.raises(ConfigError, match=r"^model\.remat 'fast' is not one of \['none', 'full', 'dots', "
-                                        r"'dots_no_batch'\]\.$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^model\.remat 'fast' is not one of \['none', 'full', 'dots', "
+    r"'dots_no_batch'\]\.$",
+  ):
     load("transformer", "fast")
 
 
@@ -173,8 +179,15 @@ def test_stacked_parameters_keep_their_sharding_with_an_unsplit_layer_axis():
     assert row["spec"] == P(None, *layer0["spec"])
 
 
-@pytest.mark.parametrize("spec", ["configs/enwik8/transformer.py:tiny", "configs/enwik8/transformer_vq.py:tiny",
-                                  "configs/imagenet64/fit_ar.py:tiny", "configs/c4/block_transformer.py:tiny"])
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "configs/enwik8/transformer.py:tiny",
+    "configs/enwik8/transformer_vq.py:tiny",
+    "configs/imagenet64/fit_ar.py:tiny",
+    "configs/c4/block_transformer.py:tiny",
+  ],
+)
 def test_decoding_reads_scanned_stacks(spec):
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 5)), jnp.int32)
 
@@ -188,7 +201,7 @@ def test_decoding_reads_scanned_stacks(spec):
       model = nnx.merge(graphdef, state)
       decode_state, logits = model.init_decode_state(2, 8), []
       for i in range(tokens.shape[1]):
-        out, decode_state = model.decode_step(tokens[:, i:i + 1], decode_state)
+        out, decode_state = model.decode_step(tokens[:, i : i + 1], decode_state)
         logits.append(out)
       return jnp.concatenate(logits, axis=1)
 

@@ -21,16 +21,30 @@ def test_every_table_resolves_to_a_function_and_is_listed():
   for table in reproduce.TABLES:
     assert callable(reproduce.table_function(table)), table.name
     assert table.name in listing
-  required = {"params", "vq_throughput", "vq_codebook", "vq_cache", "flash_latency", "flash_quality",
-              "latte_runtime", "latte_lra", "fit_scaling", "fit_interleave", "block_throughput"}
+  required = {
+    "params",
+    "vq_throughput",
+    "vq_codebook",
+    "vq_cache",
+    "flash_latency",
+    "flash_quality",
+    "latte_runtime",
+    "latte_lra",
+    "fit_scaling",
+    "fit_interleave",
+    "block_throughput",
+  }
   assert required <= set(reproduce.BY_NAME)
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["--table", "nope"], "is not a table"),
     (["--table", "vq_codebook"], "pass --data_dir"),
     (["--table", "vq_codebook", "--data_dir", "/nonexistent/data"], "does not exist"),
-])
+  ],
+)
 def test_bad_arguments_fail_before_running(argv, message):
   with pytest.raises(ConfigError, match=message):
     reproduce.main(argv)
@@ -39,21 +53,43 @@ def test_bad_arguments_fail_before_running(argv, message):
 def test_section_replaces_only_its_own_part(tmp_path):
   table = reproduce.BY_NAME["params"]
   plot = tmp_path / "img" / "p.png"
-  result = common.Result(setting="Setting.", markdown="| a |\n|---|\n| 1 |", plots=[plot],
-                         comparison="ours / paper: 0.98x")
-  first = reproduce.section(table, result, command="python scripts/reproduce.py --table params", seconds=90,
-                            machine_text="cpu", commit_text="abc", relative_to=tmp_path)
+  result = common.Result(
+    setting="Setting.", markdown="| a |\n|---|\n| 1 |", plots=[plot], comparison="ours / paper: 0.98x"
+  )
+  first = reproduce.section(
+    table,
+    result,
+    command="python scripts/reproduce.py --table params",
+    seconds=90,
+    machine_text="cpu",
+    commit_text="abc",
+    relative_to=tmp_path,
+  )
   assert "![p](img/p.png)" in first and "(1.5 min)" in first and "commit: `abc`" in first
   assert first.index("![p]") < first.index("ours / paper: 0.98x") < first.index("<!-- /table: params -->")
   with pytest.raises(ValueError, match="more than one line"):  # why ours differs is hand-written, not generated
     common.Result(setting="s", markdown="m", comparison="ours / paper: 0.98x\nbecause ...")
-  other = reproduce.section(reproduce.BY_NAME["vq_cache"], result, command="c", seconds=1, machine_text="cpu",
-                            commit_text="abc", relative_to=tmp_path)
+  other = reproduce.section(
+    reproduce.BY_NAME["vq_cache"],
+    result,
+    command="c",
+    seconds=1,
+    machine_text="cpu",
+    commit_text="abc",
+    relative_to=tmp_path,
+  )
   text = reproduce.replace_section("# Results\n", "params", first)
   text = reproduce.replace_section(text, "vq_cache", other)
   assert text.index("table: params") < text.index("table: vq_cache")
-  again = reproduce.section(table, common.Result(setting="New.", markdown="| b |\n|---|\n| 2 |"), command="c",
-                            seconds=1, machine_text="cpu", commit_text="def", relative_to=tmp_path)
+  again = reproduce.section(
+    table,
+    common.Result(setting="New.", markdown="| b |\n|---|\n| 2 |"),
+    command="c",
+    seconds=1,
+    machine_text="cpu",
+    commit_text="def",
+    relative_to=tmp_path,
+  )
   text = reproduce.replace_section(text, "params", again)
   assert text.startswith("# Results\n") and "New." in text and "Setting." in text  # vq_cache kept
   assert text.count("<!-- table: params -->") == 1 and "| 1 |" in text.split("table: vq_cache")[1]
@@ -63,8 +99,11 @@ def test_section_replaces_only_its_own_part(tmp_path):
 def test_out_keeps_the_hand_written_discussion(tmp_path, monkeypatch):
   results = tmp_path / "results.md"
   settings = iter(["First run.", "Second run."])
-  monkeypatch.setattr(reproduce, "table_function",
-                      lambda table: lambda ctx: common.Result(setting=next(settings), markdown="| a |\n|---|\n| 1 |"))
+  monkeypatch.setattr(
+    reproduce,
+    "table_function",
+    lambda table: lambda ctx: common.Result(setting=next(settings), markdown="| a |\n|---|\n| 1 |"),
+  )
   argv = ["--table", "params", "--out", str(results), "--workdir", str(tmp_path)]
   reproduce.main(argv)  # a new table: its section, then an empty discussion to write
   text = results.read_text()
@@ -84,7 +123,7 @@ def test_every_results_section_is_followed_by_its_discussion():
   for table in reproduce.TABLES:
     end, begin = reproduce.end_marker(table.name), f"<!-- discussion: {table.name} -->"
     assert text.count(end) == 1 and text.count(begin) == 1, table.name
-    between = text[text.index(end) + len(end):text.index(begin)]
+    between = text[text.index(end) + len(end) : text.index(begin)]
     assert not between.strip(), table.name  # the discussion follows its section
     assert text.index(f"<!-- /discussion: {table.name} -->") > text.index(begin), table.name
 
@@ -105,14 +144,18 @@ def test_data_path_names_the_missing_folder(tmp_path):
 
 
 def test_the_printed_command_leaves_out_where_it_was_pasted():
-  assert reproduce.without_out(["--table", "params", "--out", "docs/results.md", "--full"]) == \
-      ["--table", "params", "--full"]
+  assert reproduce.without_out(["--table", "params", "--out", "docs/results.md", "--full"]) == [
+    "--table",
+    "params",
+    "--full",
+  ]
   assert reproduce.without_out(["--out=x.md", "--table=params"]) == ["--table=params"]
 
 
 def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
   from lra_core import chips
   from lra_core.reproduce import tpu
+
   specs = [row.spec for row in tpu.paper_rows()]
   assert specs == [row.config for row in param_counts.PAPER]
   slugs = {row.slug(rung) for row in tpu.FULL_ROWS for rung in tpu.LADDER}
@@ -127,6 +170,7 @@ def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_record
 
 def test_the_fit_tables_fail_a_row_whose_paper_run_would_exceed_peak():
   from lra_core.reproduce import tpu
+
   timed = tpu.Row("timed", "configs/c4/flash.py", "v4:2x4x4", paper_step_ms=50.0)
   rated = tpu.Row("rated", tpu.VQ, "v3:2x2", paper_tokens_per_s=80_000.0)
   unmeasured = tpu.Row("unmeasured", tpu.VQ, "v3:2x2")
@@ -144,9 +188,9 @@ def test_the_fit_tables_fail_a_row_whose_paper_run_would_exceed_peak():
   assert line.startswith("paper runs over 100% MFU under our FLOP count: 1 of 2 measured rows (fast)")
 
 
-
 def test_the_fit_tables_name_the_commits_their_records_were_compiled_at():
   from lra_core.reproduce import tpu
+
   metas = [{"commit": "abc"}, {"commit": "abc"}, {}, {"commit": "def+changes"}]
   assert tpu.compiled_at(metas) == "`abc` (2 rows); `unrecorded` (1 row); `def+changes` (1 row)"
 
@@ -155,11 +199,12 @@ def test_the_published_tpu_fit_table_has_every_row_from_the_current_count():
   """docs/results.md's tpu_fit section: one row per default row, each with where its step goes, the
   sanity column, no paper run over 100% MFU, and no estimate left from before the convolution fix."""
   from lra_core.reproduce import tpu
+
   text = (PROJECT_ROOT / "docs" / "results.md").read_text()
-  section = text[text.index("<!-- table: tpu_fit -->"):text.index("<!-- /discussion: tpu_fit -->")]
+  section = text[text.index("<!-- table: tpu_fit -->") : text.index("<!-- /discussion: tpu_fit -->")]
   assert "paper's MFU under our count" in section and "where the step goes" in section
   assert "**fails" not in section and "predates" not in section
-  table = section[:section.index("<!-- /table: tpu_fit -->")]
+  table = section[: section.index("<!-- /table: tpu_fit -->")]
   rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| setting")]
   assert [line.split(" | ")[0][2:] for line in rows] == [row.paper for row in tpu.DEFAULT_ROWS]
   assert "paper runs over 100% MFU under our FLOP count: 0 of" in section

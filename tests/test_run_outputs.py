@@ -50,12 +50,12 @@ def test_a_restart_drops_the_records_past_its_checkpoint(where, tmp_path, reques
   workdir = tmp_path if where == "local" else request.getfixturevalue("fake_gcs")("writer")
   first = MetricWriter(workdir, enabled=True)
   first.resume(0)
-  _write_steps(first, range(1, 6))          # steps 1-5 logged; the last checkpoint was step 3
+  _write_steps(first, range(1, 6))  # steps 1-5 logged; the last checkpoint was step 3
   first.close()
   second = MetricWriter(workdir, enabled=True)
   second.resume(3)
   _write_steps(second, range(3, 8), offset=0.25)  # step 3 again (already logged: not repeated)
-  second.write(3, {"val_loss": 1.0})              # a metric step 3 did not have yet is added
+  second.write(3, {"val_loss": 1.0})  # a metric step 3 did not have yet is added
   second.close()
   logged = outputs.logged_once(workdir)
   assert logged["train_loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.25), (5, 5.25), (6, 6.25), (7, 7.25)]
@@ -99,7 +99,9 @@ def test_throughput_and_mfu_are_logged(uninterrupted, cache_dir):
   t = listops(cache_dir).train
   records = [r for r in read_metrics(workdir) if "train_loss" in r]
   for r in records[1:]:  # the first interval also holds the first step's dispatch
-    assert r["step_time_s"] > 0 and r["tokens_per_s"] == pytest.approx(t.batch_size * t.seq_len / r["step_time_s"], rel=1e-6)
+    assert r["step_time_s"] > 0 and r["tokens_per_s"] == pytest.approx(
+      t.batch_size * t.seq_len / r["step_time_s"], rel=1e-6
+    )
     assert 0 < r["mfu"] < 1
   assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
 
@@ -114,6 +116,7 @@ def test_step_flops_count_the_matrix_products_and_the_loops_cost_analysis_misses
 
   def scanned(a, b):
     return jax.lax.scan(lambda x, _: (jnp.tanh(x @ b), None), a, None, length=10)[0]
+
   compiled = jax.jit(scanned).lower(a, jnp.ones((128, 128), jnp.float32)).compile()
   assert hlo_cost.step_flops(compiled.as_text())[0] == 10 * 2 * 64 * 128 * 128
   assert compiled.cost_analysis()["flops"] < 2 * 2 * 64 * 128 * 128  # the loop body counted once
@@ -151,23 +154,36 @@ def test_the_compile_cache_folder_follows_the_setting_and_the_workdir(monkeypatc
 def test_a_second_run_loads_its_steps_from_the_persistent_cache(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
   env.update(LRA_CORE_CACHE=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  command = [sys.executable, "-m", "lra_core.train", f"--config={LISTOPS}", "--config.train.steps=2",
-             f"--workdir={tmp_path / 'run'}"]
+  command = [
+    sys.executable,
+    "-m",
+    "lra_core.train",
+    f"--config={LISTOPS}",
+    "--config.train.steps=2",
+    f"--workdir={tmp_path / 'run'}",
+  ]
   subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
   entries = list((tmp_path / "cache" / "jax_compile").iterdir())
   assert entries, "the first run wrote no compile cache entries"
-  again = subprocess.run([*command[:-1], f"--workdir={tmp_path / 'again'}"], env=env, check=True,
-                         capture_output=True, text=True, timeout=600)
+  again = subprocess.run(
+    [*command[:-1], f"--workdir={tmp_path / 'again'}"], env=env, check=True, capture_output=True, text=True, timeout=600
+  )
   assert "persistent compilation cache: " + str(tmp_path / "cache" / "jax_compile") in again.stderr
   assert sorted(p.name for p in (tmp_path / "cache" / "jax_compile").iterdir()) == sorted(p.name for p in entries)
 
 
 def test_an_object_store_without_its_package_is_one_sentence(monkeypatch):
   import importlib.util
+
   real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("gcsfs", "tensorflow") else real(name, *a))
-  with pytest.raises(ConfigError, match=r"^workdir 'gs://b/run' needs the gcsfs package for gs:// paths; "
-                                        r"install it with pip install gcsfs\.$"):
+  monkeypatch.setattr(
+    importlib.util, "find_spec", lambda name, *a: None if name in ("gcsfs", "tensorflow") else real(name, *a)
+  )
+  with pytest.raises(
+    ConfigError,
+    match=r"^workdir 'gs://b/run' needs the gcsfs package for gs:// paths; "
+    r"install it with pip install gcsfs\.$",
+  ):
     train_and_evaluate(lra_core.load_config(LISTOPS), "gs://b/run")
   with pytest.raises(ConfigError, match="scheme memory://"):
     fs.path("memory://x/run", what="workdir")
@@ -178,11 +194,14 @@ def test_image_training_writes_sample_grids_to_tensorboard(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator
 
   import fixtures.imagenet64
-  config = lra_core.load_config("configs/imagenet64/fit_denoiser.py:tiny",
-                                [*fixtures.imagenet64.build(tmp_path), "train.sample_every=2"])
+
+  config = lra_core.load_config(
+    "configs/imagenet64/fit_denoiser.py:tiny", [*fixtures.imagenet64.build(tmp_path), "train.sample_every=2"]
+  )
   train_and_evaluate(config, tmp_path / "run")
-  acc = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tensorboard"),
-                                           size_guidance={event_accumulator.IMAGES: 0})
+  acc = event_accumulator.EventAccumulator(
+    str(tmp_path / "run" / "tensorboard"), size_guidance={event_accumulator.IMAGES: 0}
+  )
   acc.Reload()
   grids = acc.Images("samples")
   assert [g.step for g in grids] == [2, 4]

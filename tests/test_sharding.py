@@ -8,10 +8,9 @@ from jax.sharding import PartitionSpec as P
 import lra_core
 from lra_core import optim, registry, sharding
 from lra_core.bench.shardings import summarize
-from lra_core.sharding import mesh_axes_used
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import DataInfo
-from lra_core.sharding import to_device
+from lra_core.sharding import mesh_axes_used, to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task

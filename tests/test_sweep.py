@@ -17,7 +17,6 @@ import fixtures.listops
 from lra_core import cli, sweep
 from lra_core.errors import ConfigError, DataError
 
-
 LISTOPS = fixtures.listops.SPEC
 FAST = ["--config.train.test_at_end=False", "--config.model.num_layers=1"]
 NAMES = ["steps-2_eval_batches-1", "steps-2_eval_batches-2", "steps-3_eval_batches-1", "steps-3_eval_batches-2"]
@@ -28,8 +27,15 @@ def grid(tmp_path_factory):
   """(workdir, argv) of a trained 2x2 sweep: train.steps=2,3 x train.eval_batches=1,2."""
   data = fixtures.listops.build(tmp_path_factory.mktemp("listops"))
   workdir = tmp_path_factory.mktemp("sweep")
-  argv = [f"--config={LISTOPS}", "--sweep", "train.steps=2,3", "--sweep=train.eval_batches=1,2",
-          f"--workdir={workdir}", *(f"--config.{o}" for o in data), *FAST]
+  argv = [
+    f"--config={LISTOPS}",
+    "--sweep",
+    "train.steps=2,3",
+    "--sweep=train.eval_batches=1,2",
+    f"--workdir={workdir}",
+    *(f"--config.{o}" for o in data),
+    *FAST,
+  ]
   assert sweep.main(argv) == 0
   return workdir, argv
 
@@ -47,8 +53,13 @@ def stub_trainer(monkeypatch, fail_lr=None):
     calls.append(workdir)
     if config.optim.lr == fail_lr:
       raise DataError("data.dir '/nowhere' has no basic_train.tsv.")
-    summary = {"step": config.train.steps, "num_params": 1234, "val_loss": 1.23456789,
-               "val_accuracy": 0.5, "param_checksum": 0.123456789012}
+    summary = {
+      "step": config.train.steps,
+      "num_params": 1234,
+      "val_loss": 1.23456789,
+      "val_accuracy": 0.5,
+      "param_checksum": 0.123456789012,
+    }
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
     (pathlib.Path(workdir) / "summary.json").write_text(json.dumps(summary))
     return summary
@@ -63,7 +74,11 @@ def test_grid_trains_every_run_and_tables_their_summaries(grid):
   summaries = [json.loads((workdir / name / "summary.json").read_text()) for name in NAMES]
   rows = read_csv(workdir / "results.csv")
   assert [(r["train.steps"], r["train.eval_batches"], r["step"]) for r in rows] == [
-      ("2", "1", "2"), ("2", "2", "2"), ("3", "1", "3"), ("3", "2", "3")]
+    ("2", "1", "2"),
+    ("2", "2", "2"),
+    ("3", "1", "3"),
+    ("3", "2", "3"),
+  ]
   columns = list(rows[0])
   assert columns[:5] == ["train.steps", "train.eval_batches", "val_accuracy", "val_loss", "step"]
   assert columns[-1] == "param_checksum" and "status" not in columns
@@ -107,28 +122,47 @@ def test_collect_rebuilds_the_tables(grid, tmp_path):
 
 def test_product_and_zip_order():
   sweeps = {"a": ["1", "2"], "b": ["x", "y"]}
-  assert sweep.grid(sweeps, zipped=False) == [{"a": "1", "b": "x"}, {"a": "1", "b": "y"}, {"a": "2", "b": "x"},
-                                              {"a": "2", "b": "y"}]
+  assert sweep.grid(sweeps, zipped=False) == [
+    {"a": "1", "b": "x"},
+    {"a": "1", "b": "y"},
+    {"a": "2", "b": "x"},
+    {"a": "2", "b": "y"},
+  ]
   assert sweep.grid(sweeps, zipped=True) == [{"a": "1", "b": "x"}, {"a": "2", "b": "y"}]
   with pytest.raises(ConfigError) as e:
-    sweep.main([f"--config={LISTOPS}", "--sweep", "model.d_model=32,64,128", "--sweep", "optim.lr=1e-3,3e-3",
-                "--zip", "--dry-run"])
-  assert str(e.value) == ("--zip needs the same number of values in every sweep, but model.d_model has 3, "
-                          "optim.lr has 2.")
+    sweep.main(
+      [
+        f"--config={LISTOPS}",
+        "--sweep",
+        "model.d_model=32,64,128",
+        "--sweep",
+        "optim.lr=1e-3,3e-3",
+        "--zip",
+        "--dry-run",
+      ]
+    )
+  assert str(e.value) == (
+    "--zip needs the same number of values in every sweep, but model.d_model has 3, optim.lr has 2."
+  )
 
 
 def test_values_and_names():
   assert sweep.split_values("1, (2, 3),'a,b',[4,5]") == ["1", "(2, 3)", "'a,b'", "[4,5]"]
-  assert sweep.run_name({"model.dropout": "0.1", "data.dropout": "(1, 2)", "optim.lr": "1e-4"}) == \
-      "model.dropout-0.1_data.dropout-1_2_lr-1e-4"
+  assert (
+    sweep.run_name({"model.dropout": "0.1", "data.dropout": "(1, 2)", "optim.lr": "1e-4"})
+    == "model.dropout-0.1_data.dropout-1_2_lr-1e-4"
+  )
   with pytest.raises(ConfigError, match="is not of the form KEY=V1,V2"):
     sweep.parse_sweep("optim.lr")
 
 
-@pytest.mark.parametrize("swept,sentence", [
+@pytest.mark.parametrize(
+  "swept,sentence",
+  [
     ("optim.lrr=1e-3", "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'"),
     ("train.steps=2,0", "error: train.steps must be a positive integer, got 0."),  # the last run only
-])
+  ],
+)
 def test_bad_run_fails_before_any_run(swept, sentence, tmp_path, monkeypatch, capsys):
   calls = stub_trainer(monkeypatch)
   argv = [f"--config={LISTOPS}", "--sweep", swept, f"--workdir={tmp_path / 'sweep'}"]
@@ -140,17 +174,25 @@ def test_bad_run_fails_before_any_run(swept, sentence, tmp_path, monkeypatch, ca
 
 def test_launcher_and_dry_run_print_the_commands(tmp_path, capsys):
   workdir = tmp_path / "sweep"
-  argv = [f"--config={LISTOPS}", "--sweep", "model.d_model=32,64", f"--workdir={workdir}",
-          "--config.data.dir=/data/list ops"]
+  argv = [
+    f"--config={LISTOPS}",
+    "--sweep",
+    "model.d_model=32,64",
+    f"--workdir={workdir}",
+    "--config.data.dir=/data/list ops",
+  ]
   assert sweep.main([*argv, "--launcher=python scripts/launch_tpu.py --name=x --zone=y"]) == 0
   assert capsys.readouterr().out.splitlines() == [
-      f"python scripts/launch_tpu.py --name=x --zone=y -- --config={LISTOPS} --workdir={workdir}/d_model-{d} "
-      f"'--config.data.dir=/data/list ops' --config.model.d_model={d}" for d in (32, 64)]
+    f"python scripts/launch_tpu.py --name=x --zone=y -- --config={LISTOPS} --workdir={workdir}/d_model-{d} "
+    f"'--config.data.dir=/data/list ops' --config.model.d_model={d}"
+    for d in (32, 64)
+  ]
   assert json.loads((workdir / "sweep.json").read_text())["overrides"] == ["data.dir=/data/list ops"]
   assert sweep.main([*argv, f"--workdir={tmp_path / 'dry'}", "--dry-run"]) == 0
   assert capsys.readouterr().out.splitlines()[1] == (
-      f"python -m lra_core.train --config={LISTOPS} --workdir={tmp_path}/dry/d_model-64 "
-      "'--config.data.dir=/data/list ops' --config.model.d_model=64")
+    f"python -m lra_core.train --config={LISTOPS} --workdir={tmp_path}/dry/d_model-64 "
+    "'--config.data.dir=/data/list ops' --config.model.d_model=64"
+  )
   assert not (tmp_path / "dry").exists()
 
 
@@ -160,8 +202,7 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, cap
   assert sweep.main([f"--config={LISTOPS}", "--sweep", "optim.lr=3e-3,1e-3", f"--workdir={workdir}"]) == 1
   assert len(calls) == 2
   rows = read_csv(workdir / "results.csv")
-  assert list(rows[0]) == ["optim.lr", "val_accuracy", "val_loss", "step", "num_params", "param_checksum",
-                           "status"]
+  assert list(rows[0]) == ["optim.lr", "val_accuracy", "val_loss", "step", "num_params", "param_checksum", "status"]
   assert [r["status"] for r in rows] == ["failed: data.dir '/nowhere' has no basic_train.tsv.", "ok"]
   assert rows[1]["val_loss"] == "1.23456789"
   assert capsys.readouterr().out.splitlines()[-1] == "| 1e-3 | 0.5 | 1.235 | 4 | 1234 | 0.123456789012 | ok |"

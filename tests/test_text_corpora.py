@@ -14,15 +14,14 @@ import pytest
 import sentencepiece as spm
 
 import lra_core
-from lra_core import data as data_lib
-from lra_core.data import c4, pg19, tokenizer
-from lra_core.data import text as text_corpus
-from lra_core.errors import ConfigError, DataError
-
 from fixtures import c4 as c4_fixture
 from fixtures import c4_mlm as c4_mlm_fixture
 from fixtures import pg19 as pg19_fixture
 from fixtures import pg19_tfds as pg19_tfds_fixture
+from lra_core import data as data_lib
+from lra_core.data import c4, pg19, tokenizer
+from lra_core.data import text as text_corpus
+from lra_core.errors import ConfigError, DataError
 
 
 def _load(fixture, root, *overrides):
@@ -64,11 +63,14 @@ def test_pg19_concat_windows_equal_the_independent_byte_stream(tmp_path):
     for i in (0, 1, len(source) - 1):
       ex = source[i]
       assert {k: (v.shape, v.dtype) for k, v in ex.items()} == {
-          "inputs": ((seq_len,), np.int32), "targets": ((seq_len,), np.int32),
-          "weights": ((seq_len,), np.float32), "segment_ids": ((seq_len,), np.int32),
-          "words": ((seq_len,), np.float32)}
-      np.testing.assert_array_equal(ex["inputs"], stream[i * seq_len:(i + 1) * seq_len])
-      np.testing.assert_array_equal(ex["targets"], stream[i * seq_len + 1:(i + 1) * seq_len + 1])
+        "inputs": ((seq_len,), np.int32),
+        "targets": ((seq_len,), np.int32),
+        "weights": ((seq_len,), np.float32),
+        "segment_ids": ((seq_len,), np.int32),
+        "words": ((seq_len,), np.float32),
+      }
+      np.testing.assert_array_equal(ex["inputs"], stream[i * seq_len : (i + 1) * seq_len])
+      np.testing.assert_array_equal(ex["targets"], stream[i * seq_len + 1 : (i + 1) * seq_len + 1])
       np.testing.assert_array_equal(ex["weights"], 1.0)
     # Segment ids restart at 1 in every window and step by one after each eos.
     ex = source[len(source) // 2]
@@ -87,8 +89,8 @@ def test_pg19_word_marks_count_the_whitespace_words_of_the_split(tmp_path, split
   assert _all(source, "words").sum() == whole - 1
   # With T = 32 the pass stops before the last T+1 window; count the words of what it covers.
   source = data_lib.make_source(lra_core.load_config(pg19_fixture.SPEC, overrides + ["train.seq_len=32"]), split)
-  text = b"".join(t.encode("utf-8") + b"\n" for t in texts)   # eos separates words like a newline
-  covered = text[:len(source) * 32 + 1]
+  text = b"".join(t.encode("utf-8") + b"\n" for t in texts)  # eos separates words like a newline
+  covered = text[: len(source) * 32 + 1]
   assert _all(source, "words").sum() == len(covered.split()) - 1
 
 
@@ -101,8 +103,9 @@ def test_pg19_tfds_gives_the_same_books_as_the_files(tmp_path):
     for config in (files_config, tfds_config):
       source = data_lib.make_source(config, split)
       starts, tokens = source.corpus.starts, source.corpus.tokens
-      by_id[config.data.source] = {int(i): tokens[starts[d]:starts[d + 1]].tolist()
-                                   for d, i in enumerate(source.doc_ids)}
+      by_id[config.data.source] = {
+        int(i): tokens[starts[d] : starts[d + 1]].tolist() for d, i in enumerate(source.doc_ids)
+      }
     assert by_id["files"] == by_id["tfds"] and len(by_id["files"]) == len(_books(split))
 
 
@@ -126,22 +129,32 @@ def test_pg19_second_source_reuses_the_cached_stream_and_pickles_small(tmp_path,
 
 def test_pg19_errors_name_the_file_and_the_layout(tmp_path):
   def error(match, *overrides, kind=DataError):
-    config = lra_core.load_config(pg19_fixture.SPEC, [f"data.dir={tmp_path}",
-                                                      f"data.cache_dir={tmp_path / 'cache'}", *overrides])
+    config = lra_core.load_config(
+      pg19_fixture.SPEC, [f"data.dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", *overrides]
+    )
     with pytest.raises(kind, match=match) as info:
       pg19.validate_config(config)
     assert "\n" not in str(info.value)
 
-  error(re.escape(f"{tmp_path / 'nope'}' is not a folder; expected the PG-19 release layout"),
-        f"data.dir={tmp_path / 'nope'}")
-  error(re.escape(f"no files match '{tmp_path}/train/*.txt'; expected the PG-19 release layout "
-                  f"<dir>/{{train,validation,test}}/<id>.txt with <dir>/metadata.csv (copy it with `gsutil"))
+  error(
+    re.escape(f"{tmp_path / 'nope'}' is not a folder; expected the PG-19 release layout"),
+    f"data.dir={tmp_path / 'nope'}",
+  )
+  error(
+    re.escape(
+      f"no files match '{tmp_path}/train/*.txt'; expected the PG-19 release layout "
+      f"<dir>/{{train,validation,test}}/<id>.txt with <dir>/metadata.csv (copy it with `gsutil"
+    )
+  )
   pg19_fixture.build(tmp_path)
   error(r"data.packing 'rows' is not one of", "data.packing=rows", kind=ConfigError)
   error(r"data.source 'hf' is not one of", "data.source=hf", kind=ConfigError)
-  error(re.escape(f"data.tokenizer '{tmp_path / 'spm_bpe32k.model'}' does not exist") + ".*" +
-        re.escape(f"python -m lra_core.data.tokenizer --train --input={tmp_path}/train"),
-        "data.tokenizer=spm_bpe32k.model")
+  error(
+    re.escape(f"data.tokenizer '{tmp_path / 'spm_bpe32k.model'}' does not exist")
+    + ".*"
+    + re.escape(f"python -m lra_core.data.tokenizer --train --input={tmp_path}/train"),
+    "data.tokenizer=spm_bpe32k.model",
+  )
   (tmp_path / "validation" / "4300.txt").write_text("Ulysses", encoding="utf-8")
   error(re.escape(f"book '{tmp_path / 'validation' / '4300.txt'}' has no line in '{tmp_path / 'metadata.csv'}'"))
   (tmp_path / "validation" / "4300.txt").unlink()
@@ -152,8 +165,11 @@ def test_pg19_errors_name_the_file_and_the_layout(tmp_path):
   error(re.escape(f"line 1 of '{tmp_path / 'metadata.csv'}' is not `id,short_book_title,publication_date,url`"))
   (tmp_path / "metadata.csv").unlink()
   error(re.escape(f"'{tmp_path / 'metadata.csv'}' does not exist; expected the PG-19 release layout"))
-  error(r"tfds dataset 'pg19' is not prepared under .*tfds build pg19 --file_format=array_record",
-        "data.source=tfds", f"data.tfds_dir={tmp_path / 'tfds'}")
+  error(
+    r"tfds dataset 'pg19' is not prepared under .*tfds build pg19 --file_format=array_record",
+    "data.source=tfds",
+    f"data.tfds_dir={tmp_path / 'tfds'}",
+  )
 
 
 def test_pg19_non_utf8_book_names_the_file(tmp_path):
@@ -208,8 +224,9 @@ def test_c4_lm_streams_match_sentencepiece_and_test_reads_validation(tmp_path, c
   texts = {"train": _c4_docs(0, 30) + _c4_docs(1, 30), "validation": _c4_docs(2, 30), "test": _c4_docs(2, 30)}
   with caplog.at_level(logging.INFO):
     sources = {split: data_lib.make_source(config, split) for split in data_lib.SPLITS}
-  assert "c4 has no test split: the test split reads the validation data " \
-         "'c4-validation.*-of-00008.json.gz'" in caplog.text
+  assert (
+    "c4 has no test split: the test split reads the validation data 'c4-validation.*-of-00008.json.gz'" in caplog.text
+  )
   for split, source in sources.items():
     want = np.concatenate([np.append(sp.encode(t), 1) for t in texts[split]])
     np.testing.assert_array_equal(source.corpus.tokens, want)
@@ -217,7 +234,7 @@ def test_c4_lm_streams_match_sentencepiece_and_test_reads_validation(tmp_path, c
     np.testing.assert_array_equal(source[2]["targets"], want[65:97])
   assert sources["test"].corpus.tokens.filename == sources["validation"].corpus.tokens.filename
   encode, decode = c4.codec(config)
-  line = " ".join(texts["train"][0].split())   # SentencePiece's normalizer turns newlines into spaces
+  line = " ".join(texts["train"][0].split())  # SentencePiece's normalizer turns newlines into spaces
   assert decode(encode(line)) == line
 
 
@@ -237,7 +254,7 @@ def test_c4_mlm_packs_whole_documents_from_slices_of_one_shard(tmp_path):
     np.testing.assert_array_equal(np.concatenate([r["inputs"][r["weights"] > 0] for r in rows]), stream)
     for r in rows:
       real = r["weights"] > 0
-      assert real[0] and np.all(real[:real.sum()]) and np.all(r["inputs"][~real] == 0)
+      assert real[0] and np.all(real[: real.sum()]) and np.all(r["inputs"][~real] == 0)
       # A row ends at a document end (eos) unless a long document fills it completely.
       assert r["inputs"][real][-1] == 1 or real.all()
   assert sorted(seen) == list(range(100))
@@ -256,30 +273,39 @@ def test_c4_errors_name_the_file_and_the_layout(tmp_path):
   shard = tmp_path / "c4-validation.00000-of-00008.json.gz"
 
   def error(match, *overrides, kind=DataError):
-    config = lra_core.load_config(c4_mlm_fixture.SPEC, [f"data.dir={tmp_path}", "train.seq_len=8",
-                                                        f"data.cache_dir={tmp_path / 'cache'}", *overrides])
+    config = lra_core.load_config(
+      c4_mlm_fixture.SPEC,
+      [f"data.dir={tmp_path}", "train.seq_len=8", f"data.cache_dir={tmp_path / 'cache'}", *overrides],
+    )
     with pytest.raises(kind, match=match) as info:
       c4.validate_config(config)
       for split in data_lib.SPLITS:
         c4.make_source(config, split)
     assert "\n" not in str(info.value)
 
-  error(re.escape(f"no files match '{tmp_path}/c4-train.*-of-01024.json.gz'; expected allenai/c4 en/ shards "
-                  f"(gzip, one JSON object per line with text, timestamp and url)"))
+  error(
+    re.escape(
+      f"no files match '{tmp_path}/c4-train.*-of-01024.json.gz'; expected allenai/c4 en/ shards "
+      f"(gzip, one JSON object per line with text, timestamp and url)"
+    )
+  )
   one = "data.train_files=c4-validation.*.json.gz"
   c4_fixture.write_shard(shard, c4_fixture.documents(0, 3))
-  error(r"task 'classify' cannot use the c4 dataset", one, "task=classify", "model.num_classes=2",
-        kind=ConfigError)
-  error(re.escape(f"data.tokenizer '{tmp_path / 't5.model'}' does not exist") + ".*sentencepiece.model",
-        one, "data.tokenizer=t5.model")
+  error(r"task 'classify' cannot use the c4 dataset", one, "task=classify", "model.num_classes=2", kind=ConfigError)
+  error(
+    re.escape(f"data.tokenizer '{tmp_path / 't5.model'}' does not exist") + ".*sentencepiece.model",
+    one,
+    "data.tokenizer=t5.model",
+  )
   shard.write_bytes(gzip.compress(b'{"text": "fine", "url": "u"}\n{"url": "no text"}\n'))
   error(re.escape(f"line 2 of '{shard}' is not a JSON object with a \"text\" string; expected allenai/c4"), one)
   shard.write_bytes(gzip.compress(b'{"text": "fine"}\n{"text": "cut off'))
   error(re.escape(f"line 2 of '{shard}'"), one)
   shard.write_bytes(b"not gzip at all")
   error(re.escape(f"'{shard}' cannot be read as gzip UTF-8 JSON lines"), one)
-  error(r"data.tfds_splits \('train',\) has 1 entries", "data.source=tfds", "data.tfds_splits=('train',)",
-        kind=ConfigError)
+  error(
+    r"data.tfds_splits \('train',\) has 1 entries", "data.source=tfds", "data.tfds_splits=('train',)", kind=ConfigError
+  )
 
 
 def test_c4_tfds_source_with_slices_and_test_from_validation(tmp_path):
@@ -289,27 +315,44 @@ def test_c4_tfds_source_with_slices_and_test_from_validation(tmp_path):
 
   class C4(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """tfds c4/en 3.1.0 with the installed builder's features."""
+
     VERSION = tfds.core.Version("3.1.0")
     BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="en")]
     code_path = None  # no checksums file to look up (see fixtures/pg19_tfds.py)
 
     def _info(self):
       names = ("text", "url", "content-type", "content-length", "timestamp")
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-          {k: tfds.features.Text() for k in names}))
+      return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in names})
+      )
 
     def _split_generators(self, dl_manager):
       return {split: self._generate_examples(split) for split in docs}
 
     def _generate_examples(self, split):
       for i, text in enumerate(docs[split]):
-        yield i, {"text": text, "url": f"https://example.com/{i}", "content-type": "text/plain",
-                  "content-length": str(len(text)), "timestamp": "2019-04-19T08:56:10Z"}
+        yield (
+          i,
+          {
+            "text": text,
+            "url": f"https://example.com/{i}",
+            "content-type": "text/plain",
+            "content-length": str(len(text)),
+            "timestamp": "2019-04-19T08:56:10Z",
+          },
+        )
 
   C4(config="en", data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
-  config = lra_core.load_config(c4_fixture.SPEC, [
-      "data.source=tfds", f"data.tfds_dir={tmp_path / 'tfds'}", f"data.cache_dir={tmp_path / 'cache'}",
-      "train.seq_len=16", "data.tfds_splits=('train[:50%]', 'validation', '')"])
+  config = lra_core.load_config(
+    c4_fixture.SPEC,
+    [
+      "data.source=tfds",
+      f"data.tfds_dir={tmp_path / 'tfds'}",
+      f"data.cache_dir={tmp_path / 'cache'}",
+      "train.seq_len=16",
+      "data.tfds_splits=('train[:50%]', 'validation', '')",
+    ],
+  )
   c4.validate_config(config)
   sources = {split: data_lib.make_source(config, split) for split in data_lib.SPLITS}
   got = {}

@@ -4,22 +4,23 @@ compile with the real TPU compiler; under a mesh of CPU devices they run in inte
 the references; the VQ kernel at its paper model's value width fits TPU v3's VMEM.
 scripts/check_lowering.py runs the same compile at the papers' T = 8192 and widths."""
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from lra_core import chips, kernels
+from lra_core.bench import lowering as check_lowering
 from lra_core.kernels import _pallas
 from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla
 from lra_core.kernels import vq as vq_xla
-from lra_core.bench import lowering as check_lowering
 
-needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(),
-                                  reason="libtpu is not installed (pip install -e \".[test]\" brings it)")
+needs_libtpu = pytest.mark.skipif(
+  not chips.libtpu_installed(), reason="libtpu is not installed (pip install -e \".[test]\" brings it)"
+)
 SIZES = dict(seq_len=1024, width=128, latents=128, block=512, codes=512, chunk=0, flash_chunk=256)
 KERNELS = tuple(check_lowering.kernels_at(**SIZES))
 
@@ -34,14 +35,16 @@ def tpu_mesh():
 
 
 def _abstract(args, mesh, spec=P()):
-  return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec if a.ndim == 4 else P()))
-               for a in args)
+  return tuple(
+    jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec if a.ndim == 4 else P())) for a in args
+  )
 
 
 @needs_libtpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n
-                                  for n in KERNELS])
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n for n in KERNELS]
+)
 def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
   fn, args = check_lowering.kernels_at(**SIZES, dtype=dtype)[name]
   for f in (fn, check_lowering.gradient(fn)):
@@ -53,8 +56,9 @@ def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n
-                                  for n in KERNELS])
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n for n in KERNELS]
+)
 def test_kernels_with_packed_documents_compile_for_a_tpu_mesh(tpu_mesh, name):
   """The document-masked forms (segment ids as an extra operand) are Mosaic kernels too, forward and
   gradient, not a fallback to the XLA form."""
@@ -136,19 +140,28 @@ def _cases(b, t, h, d, rng):
   x = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
   q, k, v = x(b, t, h, d), x(b, t, h, d), x(b, t, h, d)
   codebook, bias = x(h, 8, d), 0.1 * x(4, 4)
-  mixed = dict(chunk=4, causal=True, quad_scale=d ** -0.5, lin_scale=0.25)
+  mixed = dict(chunk=4, causal=True, quad_scale=d**-0.5, lin_scale=0.25)
   return {
-      "vq_attention": ((q, k, v, codebook),
-                       lambda q, k, v, c: kernels.vq_attention(q, k, v, c, block_len=4, impl="pallas"),
-                       lambda q, k, v, c: vq_xla.vq_attention_reference(q, k, v, c)),
-      "causal_latte": ((q, k, v), lambda q, k, v: kernels.causal_latte(q, k, v, impl="pallas"),
-                       latte_xla.causal_latte_reference),
-      "bidirectional_latte": ((q, k, v), lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
-                              latte_xla.bidirectional_latte_reference),
-      "mixed_chunk": ((q, k, v, bias),
-                      lambda q, k, v, bias: kernels.mixed_chunk_attention(q, k, q, k, v, bias=bias, impl="pallas",
-                                                                          **mixed),
-                      lambda q, k, v, bias: flash_xla.mixed_chunk_attention(q, k, q, k, v, bias=bias, **mixed)),
+    "vq_attention": (
+      (q, k, v, codebook),
+      lambda q, k, v, c: kernels.vq_attention(q, k, v, c, block_len=4, impl="pallas"),
+      lambda q, k, v, c: vq_xla.vq_attention_reference(q, k, v, c),
+    ),
+    "causal_latte": (
+      (q, k, v),
+      lambda q, k, v: kernels.causal_latte(q, k, v, impl="pallas"),
+      latte_xla.causal_latte_reference,
+    ),
+    "bidirectional_latte": (
+      (q, k, v),
+      lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl="pallas"),
+      latte_xla.bidirectional_latte_reference,
+    ),
+    "mixed_chunk": (
+      (q, k, v, bias),
+      lambda q, k, v, bias: kernels.mixed_chunk_attention(q, k, q, k, v, bias=bias, impl="pallas", **mixed),
+      lambda q, k, v, bias: flash_xla.mixed_chunk_attention(q, k, q, k, v, bias=bias, **mixed),
+    ),
   }
 
 

@@ -49,14 +49,27 @@ IMAGES = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
 
 def offline_env(tmp_path: pathlib.Path) -> dict:
   """os.environ with both trackers kept local and off the network."""
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("WANDB_", "TRACKIO_")) and k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("WANDB_", "TRACKIO_")) and k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+  }
   home = tmp_path / "home"
-  env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DISABLE_CODE="true", WANDB_DISABLE_GIT="true",
-             WANDB_CONFIG_DIR=str(home / "wandb_config"), WANDB_CACHE_DIR=str(home / "wandb_cache"),
-             WANDB_DATA_DIR=str(home / "wandb_data"), WANDB_ARTIFACT_DIR=str(home / "wandb_artifacts"),
-             TRACKIO_DIR=str(tmp_path / "trackio"), HF_HOME=str(home / "hf"), HF_HUB_OFFLINE="1",
-             HF_HUB_DISABLE_TELEMETRY="1", JAX_PLATFORMS="cpu")
+  env.update(
+    WANDB_MODE="offline",
+    WANDB_SILENT="true",
+    WANDB_DISABLE_CODE="true",
+    WANDB_DISABLE_GIT="true",
+    WANDB_CONFIG_DIR=str(home / "wandb_config"),
+    WANDB_CACHE_DIR=str(home / "wandb_cache"),
+    WANDB_DATA_DIR=str(home / "wandb_data"),
+    WANDB_ARTIFACT_DIR=str(home / "wandb_artifacts"),
+    TRACKIO_DIR=str(tmp_path / "trackio"),
+    HF_HOME=str(home / "hf"),
+    HF_HUB_OFFLINE="1",
+    HF_HUB_DISABLE_TELEMETRY="1",
+    JAX_PLATFORMS="cpu",
+  )
   return env
 
 
@@ -96,8 +109,17 @@ def test_other_processes_get_the_no_op_tracker(tmp_path):
 
 
 def test_metrics_and_images_are_normalized():
-  assert trackers.scalars({"a": np.float32(0.5), "b": np.int64(3), "c": np.array(2.0), "d": "x", "e": [1],
-                           "f": np.zeros(2), "g": float("nan")}) == {"a": 0.5, "b": 3, "c": 2.0, "g": pytest.approx(np.nan, nan_ok=True)}
+  assert trackers.scalars(
+    {
+      "a": np.float32(0.5),
+      "b": np.int64(3),
+      "c": np.array(2.0),
+      "d": "x",
+      "e": [1],
+      "f": np.zeros(2),
+      "g": float("nan"),
+    }
+  ) == {"a": 0.5, "b": 3, "c": 2.0, "g": pytest.approx(np.nan, nan_ok=True)}
   assert [i.shape for i in trackers.image_list(np.zeros((2, 5, 6, 1), np.uint8))] == [(5, 6), (5, 6)]
   assert [i.shape for i in trackers.image_list(np.zeros((5, 6, 3), np.uint8))] == [(5, 6, 3)]
   for bad in (np.zeros((5, 6, 3)), np.zeros((5, 6), np.uint8), np.zeros((1, 5, 6, 2), np.uint8)):
@@ -113,16 +135,17 @@ def wandb_records(path: pathlib.Path) -> list:
   It is a LevelDB-style log: a 7-byte file header, then 32 KiB blocks of chunks, each with a
   7-byte header (checksum, length, kind: 1 whole record, 2 first, 3 middle, 4 last part)."""
   from wandb.proto import wandb_internal_pb2
+
   data, block, records, parts, pos = path.read_bytes(), 32768, [], b"", 7
   assert data[:4] == b":W&B"
   while pos + 7 <= len(data):
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
       continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
     if kind == 0:
       break
-    parts += data[pos + 7:pos + 7 + length]
+    parts += data[pos + 7 : pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):
       records.append(wandb_internal_pb2.Record.FromString(parts))
@@ -157,8 +180,9 @@ def test_wandb_offline_run_is_read_back_and_resumed(tmp_path):
     assert sorted(np.asarray(Image.open(f)).tobytes() for f in files) == sorted(i.tobytes() for i in IMAGES)
   for history, start in zip(histories, (1, 3)):
     image = history[2]
-    assert history[:2] == [{"step": s, "train_loss": pytest.approx(1 / s), "lr": 0.5, "tokens": 7 * s}
-                           for s in (start, start + 1)]
+    assert history[:2] == [
+      {"step": s, "train_loss": pytest.approx(1 / s), "lr": 0.5, "tokens": 7 * s} for s in (start, start + 1)
+    ]
     assert (image["step"], image["samples/count"], image["samples/_type"]) == (start + 1, 2, "images/separated")
 
 
@@ -167,11 +191,13 @@ def test_trackio_local_run_is_read_back_and_resumed(tmp_path):
   workdir = tmp_path / "runs" / "listops-tiny"
   python(env, "-c", RUN, "trackio", str(workdir), "1")
   python(env, "-c", RUN, "trackio", str(workdir), "3")
-  read = ("import json, sys, trackio\n"
-          "from trackio.sqlite_storage import SQLiteStorage\n"
-          "runs = trackio.Api().runs(sys.argv[1])\n"
-          "print(json.dumps([dict(name=r.name, config=r.config, logs=SQLiteStorage.get_logs(sys.argv[1], r.name, run_id=r.id))"
-          " for r in runs], default=str))\n")
+  read = (
+    "import json, sys, trackio\n"
+    "from trackio.sqlite_storage import SQLiteStorage\n"
+    "runs = trackio.Api().runs(sys.argv[1])\n"
+    "print(json.dumps([dict(name=r.name, config=r.config,"
+    " logs=SQLiteStorage.get_logs(sys.argv[1], r.name, run_id=r.id)) for r in runs], default=str))\n"
+  )
   (run,) = json.loads(python(env, "-c", read, PROJECT))  # one run: the second process resumed it
   assert run["name"] == f"listops-tiny-{trackers.run_id(str(workdir))[:6]}"
   assert run["config"]["train"]["tracker"] == "trackio" and run["config"]["model"]["num_layers"] >= 1
@@ -189,9 +215,16 @@ def test_trackio_local_run_is_read_back_and_resumed(tmp_path):
 def test_a_training_run_mirrors_its_metrics_to_wandb(tmp_path):
   env = offline_env(tmp_path)
   workdir = tmp_path / "run"
-  python(env, "-m", "lra_core.train", f"--config={SPEC}", "--config.train.tracker=wandb",
-         f"--config.train.tracker_project={PROJECT}", f"--config.data.cache_dir={tmp_path / 'cache'}",
-         f"--workdir={workdir}")
+  python(
+    env,
+    "-m",
+    "lra_core.train",
+    f"--config={SPEC}",
+    "--config.train.tracker=wandb",
+    f"--config.train.tracker_project={PROJECT}",
+    f"--config.data.cache_dir={tmp_path / 'cache'}",
+    f"--workdir={workdir}",
+  )
   (folder,) = glob.glob(str(workdir / "wandb" / "offline-run-*"))
   records = {}
   for record in wandb_records(next(pathlib.Path(folder).glob("run-*.wandb"))):

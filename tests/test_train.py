@@ -75,8 +75,7 @@ def test_stopped_and_resumed_run_matches_uninterrupted(tmp_path, cache_dir):
 @pytest.mark.slow
 def test_lm_with_update_windows_and_grad_accumulation(tmp_path, text_file):
   overrides = [f"data.path={text_file}", "train.steps=4", "train.eval_batches=1"]
-  windows = train_and_evaluate(lra_core.load_config(ENWIK8, overrides + ["train.update_len=16"]),
-                               tmp_path / "windows")
+  windows = train_and_evaluate(lra_core.load_config(ENWIK8, overrides + ["train.update_len=16"]), tmp_path / "windows")
   assert {"test_bits_per_byte", "test_perplexity", "val_loss"} <= set(windows)
   assert windows["test_bits_per_byte"] == pytest.approx(windows["test_loss"] / np.log(2))
   # Accumulating 2 micro-batches gives the full-batch gradient (without dropout). SGD, because
@@ -103,6 +102,7 @@ def test_retrieval_end_to_end(tmp_path, aan_dir):
 def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file):
   from lra_core.evaluate import evaluate
   from lra_core.sample import sample
+
   config = lra_core.load_config(ENWIK8, [f"data.path={text_file}"])
   summary = train_and_evaluate(config, tmp_path)
   result = evaluate(config, tmp_path, "test")
@@ -120,8 +120,7 @@ def test_data_and_model_mismatch_is_a_clear_error(tmp_path, cache_dir):
 
 
 def test_non_finite_loss_stops_with_step_and_metric(tmp_path, cache_dir):
-  config = listops(cache_dir, "optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0",
-                   "train.log_every=1")
+  config = listops(cache_dir, "optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0", "train.log_every=1")
   with pytest.raises(lra_core.TrainingDiverged, match=r"non-finite \w+ \(\w+\) at step \d"):
     train_and_evaluate(config, tmp_path)
 
@@ -134,21 +133,31 @@ def own_lines(stderr: str) -> list[str]:
   """stderr without what the CUDA plugin of the test extra (gpu-compile) logs at every start on a host
   without a CUDA driver (absl's pre-initialisation notice and "cudart_stub.cc ... Could not find cuda
   drivers"): the library's lines, not the command's."""
-  return [line for line in stderr.strip().splitlines()
-          if "cudart_stub.cc" not in line and not line.startswith("WARNING: All log messages before absl::")]
+  return [
+    line
+    for line in stderr.strip().splitlines()
+    if "cudart_stub.cc" not in line and not line.startswith("WARNING: All log messages before absl::")
+  ]
 
 
 def test_cli_reports_config_errors_in_one_sentence(tmp_path):
   proc = run_cli("lra_core.train", f"--config={LISTOPS}", "--config.train.stepz=3", f"--workdir={tmp_path}")
   assert proc.returncode == 2
   assert own_lines(proc.stderr) == [
-      "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.tracker'."]
+    "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.tracker'."
+  ]
 
 
 @pytest.mark.slow
 def test_cli_trains_tiny_config_from_another_directory(tmp_path, cache_dir):
-  proc = run_cli("lra_core.train", f"--config={LISTOPS}", f"--workdir={tmp_path / 'run'}",
-                 f"--config.data.cache_dir={cache_dir}", "--config.train.steps=2", cwd=tmp_path)
+  proc = run_cli(
+    "lra_core.train",
+    f"--config={LISTOPS}",
+    f"--workdir={tmp_path / 'run'}",
+    f"--config.data.cache_dir={cache_dir}",
+    "--config.train.steps=2",
+    cwd=tmp_path,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "test_accuracy=" in proc.stdout
   assert (tmp_path / "run" / "summary.json").exists()

@@ -14,8 +14,14 @@ from lra_core.models import transformer
 def make_config(task="lm", variant="transformer", seq_len=12, **model):
   c = ml_collections.ConfigDict()
   c.task = task
-  defaults = dict(vocab_size=23, d_model=32, num_layers=2, num_heads=4, d_ff=48,
-                  num_classes=3 if task in ("classify", "retrieval") else 0)
+  defaults = dict(
+    vocab_size=23,
+    d_model=32,
+    num_layers=2,
+    num_heads=4,
+    d_ff=48,
+    num_classes=3 if task in ("classify", "retrieval") else 0,
+  )
   c.model = transformer.model_config(variant, **{**defaults, **model})
   c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
   return c
@@ -28,12 +34,12 @@ def make_model(config, seed=0):
 
 
 DECODER_CASES = [
-    dict(variant="transformer"),
-    dict(variant="transformer+"),
-    dict(variant="transformer++"),
-    dict(variant="transformer++", num_kv_heads=1),          # multi-query
-    dict(variant="transformer+", num_kv_heads=2, window=4),  # grouped, sliding window
-    dict(variant="transformer", position="sinusoid", norm="rms", tie_embeddings=True),
+  dict(variant="transformer"),
+  dict(variant="transformer+"),
+  dict(variant="transformer++"),
+  dict(variant="transformer++", num_kv_heads=1),  # multi-query
+  dict(variant="transformer+", num_kv_heads=2, window=4),  # grouped, sliding window
+  dict(variant="transformer", position="sinusoid", norm="rms", tie_embeddings=True),
 ]
 
 
@@ -55,7 +61,7 @@ def test_sliding_window_cache_is_bounded_and_decodes_past_it():
   tokens = jax.random.randint(jax.random.key(2), (1, 16), 0, 23)
   logits = model(tokens)
   for i in range(16):
-    out, state = model.decode_step(tokens[:, i:i + 1], state)
+    out, state = model.decode_step(tokens[:, i : i + 1], state)
     np.testing.assert_allclose(out[:, 0], logits[:, i], atol=1e-4)
 
 
@@ -139,6 +145,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 def test_validate_config_errors():
   from lra_core.errors import ConfigError
+
   with pytest.raises(ConfigError, match="num_kv_heads"):
     transformer.validate_config(make_config(num_kv_heads=3))
   with pytest.raises(ConfigError, match="num_classes"):

@@ -11,9 +11,9 @@ from flax import nnx
 import fixtures.enwik8
 import fixtures.imagenet64
 import fixtures.pg19
+import lra_core
 import oracles
 import tiers
-import lra_core
 from lra_core import decoding, kernels, registry
 from lra_core.errors import ConfigError
 from lra_core.kernels import vq, vq_xla
@@ -34,17 +34,21 @@ def qkvc(b=2, t=24, h=2, hk=2, dk=8, dv=5, s=7):
 
 # -- the attention core -------------------------------------------------------------------------------
 
+
 # Each reduction once with a different block length / head grouping (one block, many, MQA); all
 # three also meet on long sequences below.
-@pytest.mark.parametrize("reduction,block_len,hk", [("serial", 4, 2), ("serial", 24, 2), ("matmul", 3, 1),
-                                                    ("assoc", 4, 1)])
+@pytest.mark.parametrize(
+  "reduction,block_len,hk", [("serial", 4, 2), ("serial", 24, 2), ("matmul", 3, 1), ("assoc", 4, 1)]
+)
 def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, block_len, hk):
   q, k, v, c = qkvc(hk=hk)
   w = rand(4, (v.shape[-1],))
   fast = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=block_len, reduction=reduction))
   np.testing.assert_allclose(fast(q, k, v, c), vq.vq_attention_reference(q, k, v, c), atol=ATOL)
-  grads = [jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2, 3)))(q, k, v, c)
-           for f in (fast, vq.vq_attention_reference)]
+  grads = [
+    jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2, 3)))(q, k, v, c)
+    for f in (fast, vq.vq_attention_reference)
+  ]
   for name, a, b in zip("qkvc", *grads):
     np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
   assert not np.any(grads[0][2] == 0)  # values get real gradients
@@ -62,9 +66,10 @@ def quadratic_with_constant_cache(q, k, v, c, block_len):
   scores = jnp.einsum("bihgk,bjhk->bhgij", qg, k_hat)
   i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
   weights = jax.nn.softmax(jnp.where(j <= i, scores, -1e30), axis=-1)
-  old = j < (i // block_len - 1) * block_len                          # [T,T]: keys in the cache
-  out = (jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, 0.0, weights), v)
-         + jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, weights, 0.0), jax.lax.stop_gradient(v)))
+  old = j < (i // block_len - 1) * block_len  # [T,T]: keys in the cache
+  out = jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, 0.0, weights), v) + jnp.einsum(
+    "bhgij,bjhv->bihgv", jnp.where(old, weights, 0.0), jax.lax.stop_gradient(v)
+  )
   return out.reshape(b, t, h, -1)
 
 
@@ -76,8 +81,9 @@ def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_valu
 
   def blocks(q, k, v, c, through):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(c))
-    return vq.vq_attention_blocks(q, vq.codewords(z, c), z, v, c, block_len=block_len, reduction=reduction,
-                                  impl=impl, grad_through_cache=through)[0]
+    return vq.vq_attention_blocks(
+      q, vq.codewords(z, c), z, v, c, block_len=block_len, reduction=reduction, impl=impl, grad_through_cache=through
+    )[0]
 
   oracle = lambda q, k, v, c: quadratic_with_constant_cache(q, k, v, c, block_len)
   held = lambda q, k, v, c: blocks(q, k, v, c, False)
@@ -104,11 +110,15 @@ def test_windowed_core_equals_dense_attention_with_xl_biases(compressive):
   q, k, v, c = qkvc()
   z, _ = vq.quantize(k, c)
   k_hat = vq.codewords(z, c)
-  rel = (rand(5, q.shape), rand(6, (q.shape[2], 5, q.shape[3])))     # window L = 4
-  fast = jax.jit(lambda q, kh, v, rq: vq.vq_attention_blocks(q, kh, z, v, c, block_len=4, rel=(rq, rel[1]),
-                                                             compressive=compressive)[0])
-  dense = jax.jit(lambda q, kh, v, rq: vq.dense_attention(q, kh, v, window=4, rel=(rq, rel[1]),
-                                                          sliding=not compressive))
+  rel = (rand(5, q.shape), rand(6, (q.shape[2], 5, q.shape[3])))  # window L = 4
+  fast = jax.jit(
+    lambda q, kh, v, rq: vq.vq_attention_blocks(q, kh, z, v, c, block_len=4, rel=(rq, rel[1]), compressive=compressive)[
+      0
+    ]
+  )
+  dense = jax.jit(
+    lambda q, kh, v, rq: vq.dense_attention(q, kh, v, window=4, rel=(rq, rel[1]), sliding=not compressive)
+  )
   np.testing.assert_allclose(fast(q, k_hat, v, rel[0]), dense(q, k_hat, v, rel[0]), atol=ATOL)
   w = rand(7, (v.shape[-1],))
   # Keys older than the previous block reach the output only through the (constant) codebook, so
@@ -128,8 +138,9 @@ def test_carry_and_decode_continue_the_blockwise_computation():
   full, _ = vq.vq_attention_blocks(q, k_hat, z, v, c, block_len=4, rel=(rq, table))
   parts, carry = [], None
   for sl in (slice(0, 8), slice(8, 12), slice(12, 24)):
-    out, carry = jax.jit(vq.vq_attention_blocks, static_argnames="block_len")(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, block_len=4,
-                                        rel=(rq[:, sl], table), carry=carry)
+    out, carry = jax.jit(vq.vq_attention_blocks, static_argnames="block_len")(
+      q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, block_len=4, rel=(rq[:, sl], table), carry=carry
+    )
     parts.append(out)
   np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=ATOL)
   state = vq.init_decode_state(2, 4, 2, c.shape[1], q.shape[-1], v.shape[-1])
@@ -147,30 +158,46 @@ def test_carry_and_decode_continue_the_blockwise_computation():
 SEGMENTS = jnp.array([[1] * 3 + [2] * 2 + [3] * 11 + [4] * 5 + [0] * 3, [1] * 8 + [2] * 4 + [3] * 9 + [0] * 3])
 
 
-@pytest.mark.parametrize("reduction,compressive", tiers.quick(
-    [("serial", True), ("matmul", True), ("assoc", True), ("serial", False)], keep=[0],
-    ids=lambda c: f"{c[0]}-{c[1]}"))
+@pytest.mark.parametrize(
+  "reduction,compressive",
+  tiers.quick(
+    [("serial", True), ("matmul", True), ("assoc", True), ("serial", False)], keep=[0], ids=lambda c: f"{c[0]}-{c[1]}"
+  ),
+)
 def test_documents_keep_the_linear_core_equal_to_masked_quadratic_attention(reduction, compressive):
   # The cache holds one document (restarting where one begins): each query sees exactly the keys
   # of its own document, as causal attention masked by segment ids, also through carried windows.
   q, k, v, c = qkvc(hk=1)
   z, _ = vq.quantize(k, c)
   k_hat = vq.codewords(z, c)
-  table = rand(6, (q.shape[2], 5, q.shape[3]))                        # window L = 4
+  table = rand(6, (q.shape[2], 5, q.shape[3]))  # window L = 4
 
   def windows(q, v, rq, cuts):
     parts, carry = [], None
     for sl in cuts:
-      out, carry = vq.vq_attention_blocks(q[:, sl], k_hat[:, sl], z[:, sl], v[:, sl], c, block_len=4,
-                                          reduction=reduction, carry=carry, rel=(rq[:, sl], table),
-                                          compressive=compressive, segments=SEGMENTS[:, sl])
+      out, carry = vq.vq_attention_blocks(
+        q[:, sl],
+        k_hat[:, sl],
+        z[:, sl],
+        v[:, sl],
+        c,
+        block_len=4,
+        reduction=reduction,
+        carry=carry,
+        rel=(rq[:, sl], table),
+        compressive=compressive,
+        segments=SEGMENTS[:, sl],
+      )
       parts.append(out)
     return jnp.concatenate(parts, 1)
 
   one = jax.jit(lambda *a: windows(*a, [slice(0, 24)]))
   carried = jax.jit(lambda *a: windows(*a, [slice(0, 8), slice(8, 12), slice(12, 24)]))
-  dense = jax.jit(lambda q, v, rq: vq.dense_attention(q, k_hat, v, window=4, rel=(rq, table), sliding=not compressive,
-                                                      segments=SEGMENTS))
+  dense = jax.jit(
+    lambda q, v, rq: vq.dense_attention(
+      q, k_hat, v, window=4, rel=(rq, table), sliding=not compressive, segments=SEGMENTS
+    )
+  )
   args = (q, v, rand(5, q.shape))
   want = dense(*args)
   np.testing.assert_allclose(one(*args), want, atol=ATOL)
@@ -180,8 +207,9 @@ def test_documents_keep_the_linear_core_equal_to_masked_quadratic_attention(redu
   for name, a, b in zip(("q", "v", "rel_q"), *grads):
     np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
   # Without segments the documents read each other.
-  plain, _ = vq.vq_attention_blocks(q, k_hat, z, v, c, block_len=4, reduction=reduction, rel=(args[2], table),
-                                    compressive=compressive)
+  plain, _ = vq.vq_attention_blocks(
+    q, k_hat, z, v, c, block_len=4, reduction=reduction, rel=(args[2], table), compressive=compressive
+  )
   assert not np.allclose(plain, want, atol=1e-2)
 
 
@@ -196,14 +224,15 @@ def test_public_vq_attention_takes_segments():
 def test_reset_prefix_merges_agree_across_reductions():
   # Element n with reset drops everything before it: each reduction == a merge restarted by hand.
   count = jnp.abs(rand(10, (2, 6, 1, 3))).round()
-  mean = rand(9, (2, 6, 1, 3, 2)) * (count > 0)[..., None]           # summaries: mean 0 where count 0
+  mean = rand(9, (2, 6, 1, 3, 2)) * (count > 0)[..., None]  # summaries: mean 0 where count 0
   reset = jnp.array([[False, False, True, False, True, True], [False, True, False, False, False, False]])
   want_m, want_c = np.zeros(mean.shape), np.zeros(count.shape)
   for b in range(2):
     acc = (jnp.zeros(mean.shape[2:]), jnp.zeros(count.shape[2:]))
     for n in range(6):
-      acc = vq_xla.merge((jnp.zeros_like(acc[0]), jnp.zeros_like(acc[1])) if reset[b, n] else acc,
-                         (mean[b, n], count[b, n]))
+      acc = vq_xla.merge(
+        (jnp.zeros_like(acc[0]), jnp.zeros_like(acc[1])) if reset[b, n] else acc, (mean[b, n], count[b, n])
+      )
       want_m[b, n], want_c[b, n] = acc
   for reduction in vq.REDUCTIONS:
     m, c = vq_xla.prefix_summaries(mean, count, reduction, reset)
@@ -222,6 +251,7 @@ def test_kernel_shape_errors_are_clear():
 
 
 # -- the model ---------------------------------------------------------------------------------------
+
 
 def make_model(seq_len=32, seed=0, **model):
   overrides = [f"train.seq_len={seq_len}", "train.update_len=0"] + [f"model.{k}={v}" for k, v in model.items()]
@@ -244,9 +274,17 @@ def tokens(b=2, t=32, seed=1):
   return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, 256)
 
 
-VARIANTS = [dict(), dict(reduction="matmul"), dict(reduction="assoc"), dict(input_scan=True),
-            dict(compressive=False), dict(head_type="mqa", num_heads=2), dict(head_type="mha", num_heads=4),
-            dict(abs_position=True, final_norm=True, tie_embeddings=True), dict(attention="full")]
+VARIANTS = [
+  dict(),
+  dict(reduction="matmul"),
+  dict(reduction="assoc"),
+  dict(input_scan=True),
+  dict(compressive=False),
+  dict(head_type="mqa", num_heads=2),
+  dict(head_type="mha", num_heads=4),
+  dict(abs_position=True, final_norm=True, tie_embeddings=True),
+  dict(attention="full"),
+]
 
 
 def ids(v):
@@ -262,7 +300,7 @@ def test_decode_equals_forward_and_no_future_leakage(variant):
   state = model.init_decode_state(2, 32)
   steps = []
   for t in range(32):
-    out, state = decode(model, x[:, t:t + 1], state)
+    out, state = decode(model, x[:, t : t + 1], state)
     steps.append(out)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), logits, atol=1e-4)
   changed = x.at[:, 20:].set((x[:, 20:] + 7) % 256)
@@ -288,7 +326,7 @@ def test_carried_windows_equal_one_long_forward(variant):
   full = fwd(model, x)
   carry, parts = model.init_carry(2), []
   for w in range(4):
-    out, carry = fwd(model, x[:, 8 * w:8 * w + 8], carry=carry)
+    out, carry = fwd(model, x[:, 8 * w : 8 * w + 8], carry=carry)
     parts.append(out)
   np.testing.assert_allclose(jnp.concatenate(parts, 1), full, atol=1e-5)
   np.testing.assert_array_equal(carry["offset"], [32, 32])
@@ -305,8 +343,9 @@ def test_grad_through_cache_changes_the_gradients_and_not_the_loss():
 
   (loss_on, grads_on), (loss_off, grads_off) = (loss_and_grads(m) for m in models)
   np.testing.assert_allclose(loss_on, loss_off, rtol=1e-6)
-  v_on, v_off = (g["units"][0]["v_proj"]["kernel"][...] for g in (nnx.to_pure_dict(grads_on),
-                                                                   nnx.to_pure_dict(grads_off)))
+  v_on, v_off = (
+    g["units"][0]["v_proj"]["kernel"][...] for g in (nnx.to_pure_dict(grads_on), nnx.to_pure_dict(grads_off))
+  )
   assert np.abs(v_on - v_off).max() > 1e-3 * np.abs(v_on).max()
 
 
@@ -314,8 +353,12 @@ def test_tied_classifier_is_the_authors_formula_at_the_pg19_setting():
   # configs/pg19/transformer_vq.py: tied, final RMSNorm, e_scale 0.005, a learned output bias; the
   # embedding table holds E itself. Oracle in float64 from the formula, with random norm and bias values.
   config = lra_core.load_config("configs/pg19/transformer_vq.py:tiny")
-  assert (config.model.tie_embeddings, config.model.final_norm, config.model.output_scale,
-          config.model.embedding) == (True, True, 0.005, "plain")
+  assert (config.model.tie_embeddings, config.model.final_norm, config.model.output_scale, config.model.embedding) == (
+    True,
+    True,
+    0.005,
+    "plain",
+  )
   model = lra_core.build_model(config, seed=0)
   rng = np.random.default_rng(0)
   d, v = config.model.d_model, config.model.vocab_size
@@ -344,6 +387,7 @@ def test_input_scan_equals_parallel_blocks():
 
 # -- packed documents ---------------------------------------------------------------------------------
 
+
 @nnx.jit
 def fwd_docs(model, x, segment_ids=None, carry=None):
   return apply_model(model, x, carry=carry, segment_ids=segment_ids)[0]
@@ -358,8 +402,13 @@ def doc_pair(la, lb, seed=3):
 # and both span several blocks, so the compressive cache is read. Linear time == quadratic holds
 # whatever the alignment (the XL biases go by distance, not by block), so the exact oracle holds
 # for both starts; float32 rounding of the cache's running means stays below 1e-6 here.
-DOC_VARIANTS = [dict(impl="xla"), dict(impl="pallas"), dict(input_scan=True, abs_position=True, reduction="serial"),
-                dict(reduction="assoc", head_type="mqa", num_heads=2), dict(attention="full")]
+DOC_VARIANTS = [
+  dict(impl="xla"),
+  dict(impl="pallas"),
+  dict(input_scan=True, abs_position=True, reduction="serial"),
+  dict(reduction="assoc", head_type="mqa", num_heads=2),
+  dict(attention="full"),
+]
 
 
 @pytest.mark.parametrize("variant", tiers.quick(DOC_VARIANTS, keep=[1], ids=ids))
@@ -367,10 +416,9 @@ DOC_VARIANTS = [dict(impl="xla"), dict(impl="pallas"), dict(input_scan=True, abs
 def test_packed_documents_give_each_document_its_own_outputs(variant, la, lb):
   _, model = make_model(block_len=4, **variant)
   if model.pos_scale is not None:
-    model.pos_scale[...] = jnp.ones(())   # (starts at 0): absolute positions must restart per document
+    model.pos_scale[...] = jnp.ones(())  # (starts at 0): absolute positions must restart per document
   model.eval()
-  oracles.assert_documents_independent(lambda rows, segs: fwd_docs(model, rows, segs), *doc_pair(la, lb), 32,
-                                       atol=1e-5)
+  oracles.assert_documents_independent(lambda rows, segs: fwd_docs(model, rows, segs), *doc_pair(la, lb), 32, atol=1e-5)
 
 
 def test_carried_windows_with_documents_equal_one_forward():
@@ -408,12 +456,14 @@ def _train_step_statistics(x, **kwargs):
 
 def test_padding_stays_out_of_the_codebook_statistics_and_the_commitment_loss():
   x = tokens()
-  real = jnp.arange(32)[None] < jnp.array([[32], [20]])                 # row 1 padded from 20 on
+  real = jnp.arange(32)[None] < jnp.array([[32], [20]])  # row 1 padded from 20 on
   segs = real.astype(jnp.int32)
   other_pads = jnp.where(real, x, (x * 7 + 3) % 256)
   base = _train_step_statistics(x, segment_ids=segs)
-  for name, got in (("other pad tokens", _train_step_statistics(other_pads, segment_ids=segs)),
-                    ("padding mask", _train_step_statistics(other_pads, mask=real))):
+  for name, got in (
+    ("other pad tokens", _train_step_statistics(other_pads, segment_ids=segs)),
+    ("padding mask", _train_step_statistics(other_pads, mask=real)),
+  ):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(base)):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=name)
   changed = _train_step_statistics(x.at[1, 5].set((x[1, 5] + 1) % 256), segment_ids=segs)
@@ -426,10 +476,10 @@ def test_padding_stays_out_of_the_codebook_statistics_and_the_commitment_loss():
   z, _ = vq.quantize(k, codebook)
   onehot = jax.nn.one_hot(z, codebook.shape[1]) * real[:, :, None, None]
   gamma = model.m.ema_rate
-  np.testing.assert_allclose(base[1], gamma * unit.quantizer.c_count[...] + (1 - gamma) * onehot.sum((0, 1)),
-                             atol=1e-5)
-  np.testing.assert_allclose(base[0], gamma * unit.quantizer.c_sum[...]
-                             + (1 - gamma) * jnp.einsum("bths,bthk->hsk", onehot, k), atol=1e-5)
+  np.testing.assert_allclose(base[1], gamma * unit.quantizer.c_count[...] + (1 - gamma) * onehot.sum((0, 1)), atol=1e-5)
+  np.testing.assert_allclose(
+    base[0], gamma * unit.quantizer.c_sum[...] + (1 - gamma) * jnp.einsum("bths,bthk->hsk", onehot, k), atol=1e-5
+  )
   err = jnp.sum(jnp.square(k - vq.codewords(z, codebook)), axis=(-2, -1))
   np.testing.assert_allclose(base[3]["commit_loss"], (err * real).sum() / real.sum(), rtol=1e-5)
   perplexity, unused = tvq.codebook_usage(onehot.sum((0, 1)))
@@ -446,7 +496,7 @@ def test_ema_update_equals_closed_form_target():
   codebook = unit.quantizer.codebook()
   _, k, _, _ = nnx.jit(lambda m, x: m.units[0].projections(m._embed(x, jnp.arange(32)[None])))(model, x)
   z, _ = vq.quantize(k, codebook)
-  onehot = jax.nn.one_hot(z, codebook.shape[1])                       # [B,T,H,S]
+  onehot = jax.nn.one_hot(z, codebook.shape[1])  # [B,T,H,S]
   gamma = model.m.ema_rate
   want_count = gamma * old_count + (1 - gamma) * onehot.sum((0, 1))
   want_sum = gamma * old_sum + (1 - gamma) * jnp.einsum("bths,bthk->hsk", onehot, k)
@@ -471,8 +521,9 @@ def test_ema_statistics_cover_every_window_block_in_input_scan_mode():
   for m in (parallel, scanned):
     m.train()
     fwd(m, tokens(), rngs=nnx.Rngs(dropout=0))
-  np.testing.assert_allclose(scanned.units[0].quantizer.c_count[...], parallel.units[0].quantizer.c_count[...],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    scanned.units[0].quantizer.c_count[...], parallel.units[0].quantizer.c_count[...], atol=1e-5
+  )
 
 
 def test_commitment_and_straight_through_gradients_reach_the_key_projection():
@@ -508,12 +559,15 @@ def test_config_errors_are_clear():
     lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.reduction=scan"])
 
 
-@pytest.mark.parametrize("spec,paper", [("configs/enwik8/transformer_vq.py", 190e6),
-                                        pytest.param("configs/pg19/transformer_vq.py", 1.3e9, marks=pytest.mark.slow),
-                                        pytest.param("configs/imagenet64/transformer_vq.py:large", 1.2e9,
-                                                     marks=pytest.mark.slow),
-                                        pytest.param("configs/imagenet64/transformer_vq.py", 190e6,
-                                                     marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "spec,paper",
+  [
+    ("configs/enwik8/transformer_vq.py", 190e6),
+    pytest.param("configs/pg19/transformer_vq.py", 1.3e9, marks=pytest.mark.slow),
+    pytest.param("configs/imagenet64/transformer_vq.py:large", 1.2e9, marks=pytest.mark.slow),
+    pytest.param("configs/imagenet64/transformer_vq.py", 190e6, marks=pytest.mark.slow),
+  ],
+)
 def test_paper_parameter_counts(spec, paper):
   counts = registry.parameter_counts(lra_core.load_config(spec))
   assert abs(counts["total"] - paper) / paper < 0.05, counts
@@ -522,8 +576,16 @@ def test_paper_parameter_counts(spec, paper):
 def test_trainer_runs_update_windows_with_codebook_metrics(tmp_path):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
   data = fixtures.enwik8.build(tmp_path)
-  overrides = data + ["train.seq_len=32", "train.update_len=16", "train.steps=6", "train.checkpoint_every=3",
-                      "train.log_every=1", "model.droplyr=0.2", "model.dropsin=0.1", "model.dropres=0.1"]
+  overrides = data + [
+    "train.seq_len=32",
+    "train.update_len=16",
+    "train.steps=6",
+    "train.checkpoint_every=3",
+    "train.log_every=1",
+    "model.droplyr=0.2",
+    "model.dropsin=0.1",
+    "model.dropres=0.1",
+  ]
   config = lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", overrides)
   whole = train_and_evaluate(config, tmp_path / "whole")
   assert np.isfinite(whole["val_bits_per_byte"])
@@ -540,8 +602,7 @@ def test_greedy_and_nucleus_generation():
   out = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(0), temperature=0.0)
   expected = prompt
   for _ in range(12):  # greedy = argmax of the full forward pass on the growing sequence
-    nxt = jnp.argmax(fwd(model, jnp.pad(expected, ((0, 0), (0, 32 - expected.shape[1]))))[:, expected.shape[1] - 1],
-                     -1)
+    nxt = jnp.argmax(fwd(model, jnp.pad(expected, ((0, 0), (0, 32 - expected.shape[1]))))[:, expected.shape[1] - 1], -1)
     expected = jnp.concatenate([expected, nxt[:, None].astype(expected.dtype)], 1)
   np.testing.assert_array_equal(out, expected)
   a = decoding.generate(model, prompt, max_new_tokens=12, key=jax.random.key(1), top_p=0.9)
@@ -559,8 +620,13 @@ def test_band_skew_places_each_distance_on_its_diagonal(t, window):
   np.testing.assert_array_equal(vq.band_to_matrix(jnp.asarray(by_distance)), want)
 
 
-@pytest.mark.parametrize("fixture,spec", [(fixtures.pg19, "configs/pg19/transformer_vq.py:tiny"),
-                                          (fixtures.imagenet64, "configs/imagenet64/transformer_vq.py:tiny,large")])
+@pytest.mark.parametrize(
+  "fixture,spec",
+  [
+    (fixtures.pg19, "configs/pg19/transformer_vq.py:tiny"),
+    (fixtures.imagenet64, "configs/imagenet64/transformer_vq.py:tiny,large"),
+  ],
+)
 @pytest.mark.slow
 def test_tiny_configs_train_on_their_datasets(tmp_path, fixture, spec):
   config = lra_core.load_config(spec, fixture.build(tmp_path) + ["train.steps=2", "train.eval_batches=1"])

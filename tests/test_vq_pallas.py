@@ -9,15 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiers
 
 import fixtures.enwik8
 import lra_core
+import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
 from lra_core.kernels import _pallas, vq, vq_pallas, vq_parallel
 from lra_core.train import train_and_evaluate
-
 
 O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
 
@@ -41,11 +40,13 @@ def loss_of(fn):
 
 
 # (T, L, S, H, Hk, driver, dtype, atol): odd T, several block lengths, S in {64, 512}, MQA and MHA.
-CASES = [(15, 5, 64, 2, 1, "grid", jnp.float32, 1e-5),
-         (15, 5, 64, 2, 1, "parallel", jnp.float32, 1e-5),
-         (24, 8, 512, 2, 2, "parallel", jnp.float32, 1e-5),
-         (16, 4, 64, 4, 2, "grid", jnp.bfloat16, 3e-2),
-         (16, 4, 64, 4, 2, "parallel", jnp.bfloat16, 3e-2)]
+CASES = [
+  (15, 5, 64, 2, 1, "grid", jnp.float32, 1e-5),
+  (15, 5, 64, 2, 1, "parallel", jnp.float32, 1e-5),
+  (24, 8, 512, 2, 2, "parallel", jnp.float32, 1e-5),
+  (16, 4, 64, 4, 2, "grid", jnp.bfloat16, 3e-2),
+  (16, 4, 64, 4, 2, "parallel", jnp.bfloat16, 3e-2),
+]
 
 
 @pytest.mark.parametrize("t,block_len,s,h,hk,driver,dtype,atol", CASES)
@@ -55,8 +56,9 @@ def test_kernel_equals_quadratic_definition_values_and_gradients(t, block_len, s
 
   def kernel(q, v, codebook):
     carry = vq.init_carry(2, block_len, hk, s, 8, 6, dtype)
-    out, _ = vq_pallas.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block_len, carry=carry,
-                                           driver=driver)
+    out, _ = vq_pallas.vq_attention_blocks(
+      q, vq.codewords(z, codebook), z, v, codebook, block_len=block_len, carry=carry, driver=driver
+    )
     return out
 
   def reference(q, v, codebook):
@@ -66,8 +68,10 @@ def test_kernel_equals_quadratic_definition_values_and_gradients(t, block_len, s
   assert got.dtype == dtype
   np.testing.assert_allclose(np.float32(got), np.float32(want), atol=atol)
   # Gradients: the kernel's backward is the XLA form's VJP; the reference is the quadratic one.
-  for g_got, g_want in zip(jit(jax.grad(loss_of(kernel), argnums=(0, 1, 2)))(q, v, codebook),
-                           jit(jax.grad(loss_of(reference), argnums=(0, 1, 2)))(q, v, codebook)):
+  for g_got, g_want in zip(
+    jit(jax.grad(loss_of(kernel), argnums=(0, 1, 2)))(q, v, codebook),
+    jit(jax.grad(loss_of(reference), argnums=(0, 1, 2)))(q, v, codebook),
+  ):
     scale = float(jnp.abs(g_want.astype(jnp.float32)).max())
     np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=atol * max(scale, 1.0) * 3)
 
@@ -86,8 +90,12 @@ def two_window_inputs():
   return q, vq.codewords(z, codebook), z, v, codebook, rel_q, table
 
 
-@pytest.mark.parametrize("driver,compressive", tiers.quick([("grid", True), ("parallel", True), ("parallel", False)],
-                                                        keep=[0, 2], ids=["grid", "parallel", "parallel-window"]))
+@pytest.mark.parametrize(
+  "driver,compressive",
+  tiers.quick(
+    [("grid", True), ("parallel", True), ("parallel", False)], keep=[0, 2], ids=["grid", "parallel", "parallel-window"]
+  ),
+)
 def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
   """Two windows, the second continuing from the first's carry, with XL biases and MQA."""
   t, l = WINDOW, BLOCK
@@ -96,9 +104,18 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
   def two_windows(impl, q, v, codebook, rel_q, table):
     carry, outs = None, []
     for w in (slice(0, t), slice(t, 2 * t)):
-      out, carry = vq.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l,
-                                          carry=carry, rel=(rel_q[:, w], table), compressive=compressive,
-                                          impl=impl)
+      out, carry = vq.vq_attention_blocks(
+        q[:, w],
+        k_hat[:, w],
+        z[:, w],
+        v[:, w],
+        codebook,
+        block_len=l,
+        carry=carry,
+        rel=(rel_q[:, w], table),
+        compressive=compressive,
+        impl=impl,
+      )
       outs.append(out)
     return jnp.concatenate(outs, 1), carry
 
@@ -109,8 +126,10 @@ def test_kernel_continues_the_carried_cache_with_xl_biases(driver, compressive):
     np.testing.assert_allclose(got, want, atol=1e-5)
     for key in want_carry:
       np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
-    grad = {impl: jit(jax.grad(loss_of(lambda *a, impl=impl: two_windows(impl, *a)[0]), argnums=(0, 1, 2, 3, 4)))
-            for impl in ("xla", "pallas")}
+    grad = {
+      impl: jit(jax.grad(loss_of(lambda *a, impl=impl: two_windows(impl, *a)[0]), argnums=(0, 1, 2, 3, 4)))
+      for impl in ("xla", "pallas")
+    }
     for g_got, g_want in zip(grad["pallas"](*args), grad["xla"](*args)):
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
@@ -133,8 +152,18 @@ def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_for
     k_hat = vq.codewords(z, codebook)
     carry, outs = None, []
     for w in cuts:
-      out, carry = vq.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l, carry=carry,
-                                          rel=(rel_q[:, w], table), segments=SEGMENTS[:, w], impl=impl)
+      out, carry = vq.vq_attention_blocks(
+        q[:, w],
+        k_hat[:, w],
+        z[:, w],
+        v[:, w],
+        codebook,
+        block_len=l,
+        carry=carry,
+        rel=(rel_q[:, w], table),
+        segments=SEGMENTS[:, w],
+        impl=impl,
+      )
       outs.append(out)
     return jnp.concatenate(outs, 1), carry
 
@@ -145,8 +174,10 @@ def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_for
   args = (q, v, codebook, rel_q)
   with _force_driver(driver):
     np.testing.assert_allclose(jit(one)(*args), jit(reference)(*args), atol=1e-5)
-    for g_got, g_want in zip(jit(jax.grad(loss_of(one), argnums=(0, 1, 2, 3)))(*args),
-                             jit(jax.grad(loss_of(reference), argnums=(0, 1, 2, 3)))(*args)):
+    for g_got, g_want in zip(
+      jit(jax.grad(loss_of(one), argnums=(0, 1, 2, 3)))(*args),
+      jit(jax.grad(loss_of(reference), argnums=(0, 1, 2, 3)))(*args),
+    ):
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
     cuts = [slice(0, t), slice(t, 2 * t)]
     run = {impl: jit(lambda *a, impl=impl: blocks(impl, cuts, *a)) for impl in ("xla", "pallas")}
@@ -156,16 +187,22 @@ def test_kernel_with_documents_equals_masked_quadratic_attention_and_the_xla_for
     for key in want_carry:
       np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
     np.testing.assert_array_equal(got_carry["seg"], SEGMENTS[:, -l:])
-    grad = {impl: jit(jax.grad(loss_of(lambda *a, impl=impl: blocks(impl, cuts, *a)[0]), argnums=(0, 1, 3)))
-            for impl in ("xla", "pallas")}
+    grad = {
+      impl: jit(jax.grad(loss_of(lambda *a, impl=impl: blocks(impl, cuts, *a)[0]), argnums=(0, 1, 3)))
+      for impl in ("xla", "pallas")
+    }
     for g_got, g_want in zip(grad["pallas"](*args), grad["xla"](*args)):
       np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
 
-@pytest.mark.parametrize("driver,tiles", tiers.quick([("grid", (3, 2)), ("parallel", (3, 2, 2, 4)),
-                                                      ("parallel", (2, 2, 4, 8)), ("parallel", (6, 4, 2, 16))],
-                                                     keep=[0, 2], ids=["grid", "parallel-narrow-keys",
-                                                                       "parallel-wide-keys", "parallel-whole"]))
+@pytest.mark.parametrize(
+  "driver,tiles",
+  tiers.quick(
+    [("grid", (3, 2)), ("parallel", (3, 2, 2, 4)), ("parallel", (2, 2, 4, 8)), ("parallel", (6, 4, 2, 16))],
+    keep=[0, 2],
+    ids=["grid", "parallel-narrow-keys", "parallel-wide-keys", "parallel-whole"],
+  ),
+)
 def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
   """Dv read in tiles (each program its own slice of the cache), the grid driver's queries in sub-blocks
   (the fold after the last one), the parallel driver's query, key and code tiles (key tiles wider or
@@ -180,11 +217,31 @@ def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
     for w in (slice(0, t), slice(t, 2 * t)):
       bias = vq.xl_bias_blocks((rel_q[:, w], table), hk, l)
       if pallas:
-        out, carry = vq_pallas.vq_attention_blocks(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, block_len=l,
-                                                   carry=carry, bias=bias, driver=driver, tiles=tiles)
+        out, carry = vq_pallas.vq_attention_blocks(
+          q[:, w],
+          k_hat[:, w],
+          z[:, w],
+          v[:, w],
+          codebook,
+          block_len=l,
+          carry=carry,
+          bias=bias,
+          driver=driver,
+          tiles=tiles,
+        )
       else:
-        out, carry = vq.cached_attention(q[:, w], k_hat[:, w], z[:, w], v[:, w], codebook, carry, bias, block_len=l,
-                                         reduction="serial", compressive=True)
+        out, carry = vq.cached_attention(
+          q[:, w],
+          k_hat[:, w],
+          z[:, w],
+          v[:, w],
+          codebook,
+          carry,
+          bias,
+          block_len=l,
+          reduction="serial",
+          compressive=True,
+        )
       outs.append(out)
     return jnp.concatenate(outs, 1), carry
 
@@ -193,8 +250,9 @@ def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
   np.testing.assert_allclose(got, want, atol=1e-5)
   for key in want_carry:
     np.testing.assert_allclose(got_carry[key], want_carry[key], atol=1e-5, err_msg=key)
-  grads = [jit(jax.grad(loss_of(lambda *a, p=p: two_windows(p, *a)[0]), argnums=(0, 1, 2, 3)))(*args)
-           for p in (True, False)]
+  grads = [
+    jit(jax.grad(loss_of(lambda *a, p=p: two_windows(p, *a)[0]), argnums=(0, 1, 2, 3)))(*args) for p in (True, False)
+  ]
   for g_got, g_want in zip(*grads):
     np.testing.assert_allclose(g_got, g_want, atol=2e-5)
 
@@ -217,10 +275,12 @@ def test_parallel_driver_at_the_enwik8_heads_sizes_equals_the_xla_form(dtype):
   def attend(pallas, q, v, rel_q):
     bias = vq.xl_bias_blocks((rel_q, table), 1, l)
     if pallas:
-      return vq_pallas.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=l, carry=carry, bias=bias,
-                                           driver="parallel")[0]
-    return vq.cached_attention(q, k_hat, z, v, codebook, carry, bias, block_len=l, reduction="serial",
-                               compressive=True)[0]
+      return vq_pallas.vq_attention_blocks(
+        q, k_hat, z, v, codebook, block_len=l, carry=carry, bias=bias, driver="parallel"
+      )[0]
+    return vq.cached_attention(
+      q, k_hat, z, v, codebook, carry, bias, block_len=l, reduction="serial", compressive=True
+    )[0]
 
   assert vq_parallel.tiles(dv, block_len=l, n_code=s)[:2] == (128, 64)
   args = (q, v, rel_q)
@@ -253,8 +313,9 @@ def test_block_sizes_fit_the_target_vmem():
   assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
   gpu = _pallas.gpu_tiles("vq_attention")
   assert vq_parallel.tiles(1536, block_len=512, n_code=512) == tuple(
-      gpu[k] for k in ("value_block", "query_block", "key_block", "code_block"))
-  assert vq_parallel.tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)   # small dimensions whole
+    gpu[k] for k in ("value_block", "query_block", "key_block", "code_block")
+  )
+  assert vq_parallel.tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)  # small dimensions whole
   assert _pallas.vmem_limit("TPU v3") is None and _pallas.vmem_limit("TPU v5 lite") == 96 * 2**20
 
 
@@ -298,8 +359,15 @@ def test_model_trains_with_the_kernel_as_with_xla(tmp_path):
   data = fixtures.enwik8.build(tmp_path)
   losses = {}
   for impl, devices in (("xla", 1), ("pallas", 2)):
-    overrides = data + ["train.seq_len=32", "train.update_len=16", "train.steps=4", "train.log_every=1",
-                        "train.eval_every=0", f"model.impl={impl}", f"mesh.data={devices}"]
+    overrides = data + [
+      "train.seq_len=32",
+      "train.update_len=16",
+      "train.steps=4",
+      "train.log_every=1",
+      "train.eval_every=0",
+      f"model.impl={impl}",
+      f"mesh.data={devices}",
+    ]
     config = lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", overrides)
     assert train_and_evaluate(config, tmp_path / impl, stop_at_step=3) == {"stopped_at": 3}  # no evaluation
     rows = [json.loads(line) for line in (tmp_path / impl / "metrics.jsonl").read_text().splitlines()]
@@ -317,8 +385,7 @@ def test_kernel_settings_are_checked():
   with pytest.raises(ValueError, match="query sub-block 3 does not divide block_len 4"):
     vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 3))
   with pytest.raises(ValueError, match="code tile 3 does not divide n_code 8"):
-    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 4, 2, 3),
-                                  driver="parallel")
+    vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 4, 2, 3), driver="parallel")
   with pytest.raises(ValueError, match="the parallel driver takes 4"):
     vq_pallas.vq_attention_blocks(q, k, z, v, codebook, block_len=4, carry=carry, tiles=(4, 4), driver="parallel")
   with pytest.raises(ValueError, match="driver 'loop' is not one of"):

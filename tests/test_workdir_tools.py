@@ -43,8 +43,12 @@ def test_evaluate_reads_the_workdirs_config(listops_run, capsys):
   assert explicit["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
   evaluate.main([f"--workdir={workdir}"])  # no --config
   printed = _printed(capsys)
-  assert printed == {"step": "4", "split": "test", "accuracy": f"{explicit['accuracy']:.4f}",
-                     "loss": f"{explicit['loss']:.4f}"}
+  assert printed == {
+    "step": "4",
+    "split": "test",
+    "accuracy": f"{explicit['accuracy']:.4f}",
+    "loss": f"{explicit['loss']:.4f}",
+  }
   saved = json.loads((workdir / "eval_test_4.json").read_text())
   assert saved == pytest.approx(explicit)
 
@@ -53,8 +57,17 @@ def test_overrides_apply_on_top_of_the_workdirs_config(listops_run, capsys):
   config, workdir, _ = listops_run
   explicit = evaluate.evaluate(config, workdir, "validation")
   # Another eval batch and another optimizer: the optimizer state is never read.
-  evaluate.main(["--workdir", str(workdir), "--split", "validation", "--config.train.eval_batch_size", "16",
-                 "--config.optim.name=sgd"])
+  evaluate.main(
+    [
+      "--workdir",
+      str(workdir),
+      "--split",
+      "validation",
+      "--config.train.eval_batch_size",
+      "16",
+      "--config.optim.name=sgd",
+    ]
+  )
   printed = _printed(capsys)
   assert float(printed["loss"]) == pytest.approx(explicit["loss"], abs=1e-4)
   assert printed["accuracy"] == f"{explicit['accuracy']:.4f}"
@@ -74,12 +87,18 @@ def test_restore_params_reads_params_and_model_state_only(listops_run):
     restore_params(workdir.parent / "elsewhere", spec.abstract)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.scan_layers=True", r"was written with model\.scan_layers=False and this config has "
-                               r"model\.scan_layers=True; set --config\.model\.scan_layers=False\.$"),
+@pytest.mark.parametrize(
+  "override,message",
+  [
+    (
+      "model.scan_layers=True",
+      r"was written with model\.scan_layers=False and this config has "
+      r"model\.scan_layers=True; set --config\.model\.scan_layers=False\.$",
+    ),
     ("model.num_layers=1", r"does not match this model \(ValueError: "),  # a layer left over in the checkpoint
     ("model.d_model=64", r"does not match this model \("),
-])
+  ],
+)
 def test_a_checkpoint_of_another_model_is_one_sentence(listops_run, override, message):
   _, workdir, _ = listops_run
   with pytest.raises(CheckpointError, match=r"^checkpoint .*checkpoints/4 " + message):
@@ -99,8 +118,11 @@ def test_evaluate_a_gcs_workdir(listops_run, fake_gcs, capsys):
 
 def test_text_sampling_refuses_image_flags(listops_run):
   _, workdir, _ = listops_run
-  with pytest.raises(ConfigError, match=r"^--sampler, --steps and --label apply to diffusion models; this "
-                                        r"config's task is 'classify'\.$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^--sampler, --steps and --label apply to diffusion models; this "
+    r"config's task is 'classify'\.$",
+  ):
     sample.main([f"--workdir={workdir}", "--sampler=ddim"])
   with pytest.raises(ConfigError, match=r"^guidance applies to diffusion models trained with diffusion\.cond_dropout"):
     sample.main([f"--workdir={workdir}", "--guidance", "2"])
@@ -170,18 +192,37 @@ def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
   labels = np.array([3, 3])
   ddim = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
   assert ddim.shape == default.shape and not np.array_equal(ddim, default)
-  np.testing.assert_array_equal(ddim, sample.training_samples(config, model, key, 2, sampler="ddim", steps=2,
-                                                              labels=labels))
+  np.testing.assert_array_equal(
+    ddim, sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
+  )
   out = tmp_path / "grid.png"
-  sample.main([f"--workdir={workdir}", "--sampler", "ddim", "--steps", "2", "--label", "3", "--num_samples", "2",
-               "--png", str(out), "--png_scale", "2"])
+  sample.main(
+    [
+      f"--workdir={workdir}",
+      "--sampler",
+      "ddim",
+      "--steps",
+      "2",
+      "--label",
+      "3",
+      "--num_samples",
+      "2",
+      "--png",
+      str(out),
+      "--png_scale",
+      "2",
+    ]
+  )
   np.testing.assert_array_equal(np.asarray(Image.open(out)), sample.grid(ddim, scale=2))
   with pytest.raises(ConfigError, match=r"^--label 1000 is not a class of this model \(model\.num_classes=1000\)\.$"):
     sample.main([f"--workdir={workdir}", "--label=1000"])
   guided = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels, guidance=3.0)
   assert not np.array_equal(guided, ddim)  # the tiny config trains with a null class (diffusion.cond_dropout)
-  with pytest.raises(ConfigError, match=r"^guidance 3 needs a class-conditional denoiser trained with "
-                                        r"diffusion\.cond_dropout > 0 \(the null class\); this fit_denoiser has none\.$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^guidance 3 needs a class-conditional denoiser trained with "
+    r"diffusion\.cond_dropout > 0 \(the null class\); this fit_denoiser has none\.$",
+  ):
     sample.main([f"--workdir={workdir}", "--guidance=3", "--config.diffusion.cond_dropout=0.0"])
 
 

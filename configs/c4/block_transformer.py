@@ -48,13 +48,21 @@ from lra_core.models import block_transformer, transformer
 T5_VOCAB_MODEL = "sentencepiece.model"
 VOCAB = 50304
 # size: (layers, width, heads) of each decoder, lr (Table 3).
-BLOCK = {"5m": (3, 256, 8, 1e-3), "19m": (3, 512, 8, 1e-3), "85m": (6, 768, 12, 6e-4),
-         "302m": (12, 1024, 16, 3e-4), "805m": (8, 2048, 16, 3e-4), "1.2b": (12, 2048, 16, 2e-4)}
-VANILLA = {"5m": (6, 256, 8, 1e-3), "19m": (6, 512, 8, 1e-3), "85m": (12, 768, 12, 6e-4),
-           "302m": (24, 1024, 16, 3e-4)}
+BLOCK = {
+  "5m": (3, 256, 8, 1e-3),
+  "19m": (3, 512, 8, 1e-3),
+  "85m": (6, 768, 12, 6e-4),
+  "302m": (12, 1024, 16, 3e-4),
+  "805m": (8, 2048, 16, 3e-4),
+  "1.2b": (12, 2048, 16, 2e-4),
+}
+VANILLA = {"5m": (6, 256, 8, 1e-3), "19m": (6, 512, 8, 1e-3), "85m": (12, 768, 12, 6e-4), "302m": (24, 1024, 16, 3e-4)}
 # size: token decoder (layers, width, heads), block decoder (layers, width, heads), lr (Table 4).
-MEGABYTE = {"5m": ((4, 128, 4), (5, 256, 8), 1e-3), "19m": ((4, 256, 8), (5, 512, 8), 1e-3),
-            "85m": ((4, 512, 8), (11, 768, 12), 6e-4)}
+MEGABYTE = {
+  "5m": ((4, 128, 4), (5, 256, 8), 1e-3),
+  "19m": ((4, 256, 8), (5, 512, 8), 1e-3),
+  "85m": ((4, 512, 8), (11, 768, 12), 6e-4),
+}
 ABLATIONS = ("encoder", "cls", "summation", "cross")
 
 
@@ -67,16 +75,38 @@ UPTRAIN_FRACTION = 0.1  # Section 3.7: uptraining takes 10% of the pretraining s
 def authors_optim(lr: float, warmup: int):
   """AdamW b2 .95, weight decay 0.1, linear warmup, cosine decay to 10% of lr, clipping 1.0."""
   c = optim.default_config()
-  c.update(dict(name="adamw", lr=lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, clip_norm=1.0,
-                schedule="cosine", warmup_steps=warmup, min_lr_ratio=0.1))
+  c.update(
+    dict(
+      name="adamw",
+      lr=lr,
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      weight_decay=0.1,
+      clip_norm=1.0,
+      schedule="cosine",
+      warmup_steps=warmup,
+      min_lr_ratio=0.1,
+    )
+  )
   return c
 
 
 def vanilla_model(layers: int, width: int, heads: int):
   """Pythia: the transformer baseline with GPT-NeoX layers, rotary on 25%, untied output."""
-  return transformer.model_config("transformer", vocab_size=VOCAB, d_model=width, num_layers=layers,
-                                  num_heads=heads, d_ff=4 * width, position="none", rope=True,
-                                  rope_fraction=0.25, use_bias=True, parallel_residual=True)
+  return transformer.model_config(
+    "transformer",
+    vocab_size=VOCAB,
+    d_model=width,
+    num_layers=layers,
+    num_heads=heads,
+    d_ff=4 * width,
+    position="none",
+    rope=True,
+    rope_fraction=0.25,
+    use_bias=True,
+    parallel_residual=True,
+  )
 
 
 def get_config(arg=None):
@@ -88,8 +118,10 @@ def get_config(arg=None):
   size = sizes[0] if sizes else "5m" if "tiny" in parts else "302m"
   table = VANILLA if "vanilla" in parts else MEGABYTE if "megabyte" in parts else BLOCK
   if size not in table:
-    raise ConfigError(f"size {size!r} has no {'vanilla' if table is VANILLA else 'MEGABYTE'} model in the "
-                      f"paper; expected one of {list(table)}.")
+    raise ConfigError(
+      f"size {size!r} has no {'vanilla' if table is VANILLA else 'MEGABYTE'} model in the "
+      f"paper; expected one of {list(table)}."
+    )
   if "vanilla" in parts and parts & {"megabyte", "uptrain", *ABLATIONS}:
     raise ConfigError("config arg 'vanilla' builds the baseline transformer; it takes no Block Transformer args.")
 
@@ -98,9 +130,16 @@ def get_config(arg=None):
     model = vanilla_model(layers, width, heads)
   elif "megabyte" in parts:
     (tl, tw, th), (layers, width, heads), lr = MEGABYTE[size]
-    model = block_transformer.model_config(vocab_size=VOCAB, d_model=width, num_layers=layers, num_heads=heads,
-                                           token_d_model=tw, token_num_layers=tl, token_num_heads=th,
-                                           token_decoder="summation")
+    model = block_transformer.model_config(
+      vocab_size=VOCAB,
+      d_model=width,
+      num_layers=layers,
+      num_heads=heads,
+      token_d_model=tw,
+      token_num_layers=tl,
+      token_num_heads=th,
+      token_decoder="summation",
+    )
   else:
     layers, width, heads, lr = BLOCK[size]
     model = block_transformer.model_config(vocab_size=VOCAB, d_model=width, num_layers=layers, num_heads=heads)
@@ -117,8 +156,9 @@ def get_config(arg=None):
     steps = round(steps * UPTRAIN_FRACTION)
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="concat")
   config = base_config(task="lm", model=model, data=data, optim=authors_optim(lr, WARMUP[batch]))
-  config.train.update(dict(steps=steps, batch_size=batch, seq_len=2048, eval_every=5000, eval_batches=50,
-                           checkpoint_every=5000))
+  config.train.update(
+    dict(steps=steps, batch_size=batch, seq_len=2048, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
   if model.name == "block_transformer":
     config.data.block_padding = model.block_len
 
@@ -126,9 +166,15 @@ def get_config(arg=None):
     config.data.tokenizer = "bytes"
     small = dict(vocab_size=ByteTokenizer.vocab_size, d_model=64, num_layers=2, num_heads=4)
     if model.name == "block_transformer":
-      small.update(token_d_model=32 if "megabyte" in parts else 0, token_num_layers=2,
-                   token_num_heads=2 if "megabyte" in parts else 0, encoder_width=32, encoder_layers=1,
-                   encoder_heads=2, embed_width=64 if "uptrain" in parts else 0)
+      small.update(
+        token_d_model=32 if "megabyte" in parts else 0,
+        token_num_layers=2,
+        token_num_heads=2 if "megabyte" in parts else 0,
+        encoder_width=32,
+        encoder_layers=1,
+        encoder_heads=2,
+        embed_width=64 if "uptrain" in parts else 0,
+      )
     else:
       small.update(num_layers=4, d_ff=256)
     config.model.update(small)

@@ -40,8 +40,9 @@ def make(arg, default: str):
   variant = named.pop() if named else default
   mlm = "lm" not in parts
   chunk = 512 if "c512" in parts else flash.GLOBAL_ONLY_CHUNK if variant == "flash_global" else 256
-  model = flash.model_config(variant, vocab_size=EMBED_VOCAB, d_model=768, num_heads=12,
-                             norm="scale" if mlm else "layer", chunk=chunk)
+  model = flash.model_config(
+    variant, vocab_size=EMBED_VOCAB, d_model=768, num_heads=12, norm="scale" if mlm else "layer", chunk=chunk
+  )
   config = flash_setting(model, mlm=mlm)
   if "tiny" in parts:
     tiny(config, mlm=mlm)
@@ -52,8 +53,7 @@ def tiny(config, *, mlm: bool) -> None:
   """The `tiny` size of every FLASH variant (and Combiner): bytes, several chunks per sequence,
   seconds on a CPU; masked LM adds the mask id to the byte vocabulary."""
   config.data.tokenizer = "bytes"
-  config.model.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, qk_dim=16, chunk=16,
-                           classifier_hidden=32))
+  config.model.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, qk_dim=16, chunk=16, classifier_hidden=32))
   tiny_train(config, seq_len=64)
   config.model.vocab_size = ByteTokenizer.vocab_size + mlm
 

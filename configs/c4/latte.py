@@ -31,10 +31,16 @@ SPM_MODEL = "spm_bpe50k.model"  # relative: resolved under data.dir
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + tuple(latte.VARIANTS))
-  model, opt, train = presets.lm_config(presets.variant_from_args(parts), vocab_size=VOCAB,
-                                      sizes=presets.PAPER_LM, lr=6e-4, warmup=2000, steps=100_000, dropout=0.0)
-  config = base_config(task="lm", model=model, data=c4.data_config(tokenizer=SPM_MODEL, packing="concat"),
-                       optim=opt)
+  model, opt, train = presets.lm_config(
+    presets.variant_from_args(parts),
+    vocab_size=VOCAB,
+    sizes=presets.PAPER_LM,
+    lr=6e-4,
+    warmup=2000,
+    steps=100_000,
+    dropout=0.0,
+  )
+  config = base_config(task="lm", model=model, data=c4.data_config(tokenizer=SPM_MODEL, packing="concat"), optim=opt)
   config.train.update(dict(batch_size=80, seq_len=1024, **train))
   if "tiny" in parts:
     config.data.tokenizer = "bytes"

@@ -37,7 +37,7 @@ from lra_core.errors import ConfigError
 from lra_core.models import transformer
 
 T5_VOCAB_MODEL = "sentencepiece.model"  # relative: resolved under data.dir
-EMBED_VOCAB = 32128                     # T5's padded embedding size for its 32000-piece vocabulary
+EMBED_VOCAB = 32128  # T5's padded embedding size for its 32000-piece vocabulary
 
 
 def flash_setting(model, *, mlm: bool, clip: bool = True):
@@ -45,8 +45,9 @@ def flash_setting(model, *, mlm: bool, clip: bool = True):
   LM on concatenated ones; context 512 at 2^18 tokens per step, 125k steps, the paper's optimizer."""
   data = c4.data_config(tokenizer=T5_VOCAB_MODEL, packing="pack" if mlm else "concat")
   config = base_config(task="mlm" if mlm else "lm", model=model, data=data, optim=flash_presets.paper_optim(clip=clip))
-  config.train.update(dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  config.train.update(
+    dict(steps=125_000, batch_size=2**18 // 512, seq_len=512, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
   return config
 
 
@@ -56,16 +57,24 @@ def get_config(arg=None):
     raise ConfigError("config args 'mlm' and 'lm' are two different tasks; give one of them.")
   mlm = "mlm" in parts
   variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
-  model = transformer.model_config(variant, vocab_size=EMBED_VOCAB, d_model=768, num_layers=12, num_heads=12,
-                                   d_ff=2 * 3072 // 3 if variant == "transformer++" else 3072, dropout=0.0,
-                                   tie_embeddings=True)
+  model = transformer.model_config(
+    variant,
+    vocab_size=EMBED_VOCAB,
+    d_model=768,
+    num_layers=12,
+    num_heads=12,
+    d_ff=2 * 3072 // 3 if variant == "transformer++" else 3072,
+    dropout=0.0,
+    tie_embeddings=True,
+  )
   if mlm and variant != "transformer":
     model.norm = "scale"  # Table 8: ScaleNorm for every MLM model except the vanilla Transformer
   config = flash_setting(model, mlm=mlm, clip=variant != "transformer")
 
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
-    config.model.update(dict(vocab_size=ByteTokenizer.vocab_size + mlm, d_model=64, num_layers=2, num_heads=4,
-                             d_ff=128))
+    config.model.update(
+      dict(vocab_size=ByteTokenizer.vocab_size + mlm, d_model=64, num_layers=2, num_heads=4, d_ff=128)
+    )
     tiny_train(config, seq_len=64)
   return config

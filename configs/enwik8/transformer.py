@@ -33,15 +33,30 @@ def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus", "mlm", "vq"))
   variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
   mlm = "mlm" in parts
-  model = transformer.model_config(variant, vocab_size=257 if mlm else 256, d_model=512, num_layers=8,
-                                   num_heads=8, d_ff=2048, dropout=0.1)
+  model = transformer.model_config(
+    variant, vocab_size=257 if mlm else 256, d_model=512, num_layers=8, num_heads=8, d_ff=2048, dropout=0.1
+  )
   opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1, schedule="cosine",
-                  warmup_steps=4000, min_lr_ratio=0.1, weight_decay=0.0))
-  config = base_config(task="mlm" if mlm else "lm", model=model,
-                       data=bytes_data.data_config(filename="enwik8.zip"), optim=opt)
-  config.train.update(dict(steps=100_000, batch_size=32, seq_len=1024, eval_every=5000, eval_batches=50,
-                           checkpoint_every=5000))
+  opt.update(
+    dict(
+      name="adamw",
+      lr=4e-4,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-9,
+      clip_norm=0.1,
+      schedule="cosine",
+      warmup_steps=4000,
+      min_lr_ratio=0.1,
+      weight_decay=0.0,
+    )
+  )
+  config = base_config(
+    task="mlm" if mlm else "lm", model=model, data=bytes_data.data_config(filename="enwik8.zip"), optim=opt
+  )
+  config.train.update(
+    dict(steps=100_000, batch_size=32, seq_len=1024, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
   if "vq" in parts:  # Transformer-VQ, Table 10 (enwik8 column) and appendix C.1
     config.model.update(dict(d_model=768, num_layers=24, num_heads=6, d_ff=3072, dropout=0.5))
     config.optim.update(dict(warmup_steps=10_000, weight_decay=2e-4, weight_decay_schedule="constant"))

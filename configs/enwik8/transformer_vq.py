@@ -24,12 +24,26 @@ from lra_core.models import transformer_vq
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "full"))
-  model = transformer_vq.model_config(**vq_presets.PAPER_SIZES["190M"], vocab_size=256, dropsin=0.2,
-                                      dropres=0.5, droplyr=0.3)
-  config = base_config(task="lm", model=model, data=bytes_data.data_config(filename="enwik8.zip"),
-                       optim=vq_presets.paper_optim("adamw", weight_decay=2e-4))
-  config.train.update(dict(steps=125_000, batch_size=128, seq_len=8192, update_len=2048, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  model = transformer_vq.model_config(
+    **vq_presets.PAPER_SIZES["190M"], vocab_size=256, dropsin=0.2, dropres=0.5, droplyr=0.3
+  )
+  config = base_config(
+    task="lm",
+    model=model,
+    data=bytes_data.data_config(filename="enwik8.zip"),
+    optim=vq_presets.paper_optim("adamw", weight_decay=2e-4),
+  )
+  config.train.update(
+    dict(
+      steps=125_000,
+      batch_size=128,
+      seq_len=8192,
+      update_len=2048,
+      eval_every=5000,
+      eval_batches=50,
+      checkpoint_every=5000,
+    )
+  )
   if "full" in parts:
     config.model.attention = "full"
   if "tiny" in parts:

@@ -30,14 +30,32 @@ def get_config(arg=None):
   vocab = config.model.vocab_size
   patch = config.data.patch_size
   config.model = fit.model_config(
-      vocab_size=vocab, layers="L(8)G(2)L(8)G(2)L(8)G(2)L(8)", group_size=patch * patch * 3,
-      latents_per_group=32, d_model=512, num_heads=8, d_ff=2048, d_latent=768, latent_heads=12,
-      latent_d_ff=3072)
+    vocab_size=vocab,
+    layers="L(8)G(2)L(8)G(2)L(8)G(2)L(8)",
+    group_size=patch * patch * 3,
+    latents_per_group=32,
+    d_model=512,
+    num_heads=8,
+    d_ff=2048,
+    d_latent=768,
+    latent_heads=12,
+    latent_d_ff=3072,
+  )
   if "overlap" in parts:
     config.model.overlap = 8 * 3
   if "tiny" in parts:
-    config.model.update(dict(layers="L(1)G(1)L(1)", latents_per_group=4, d_model=64, num_heads=4, d_ff=128,
-                             d_latent=64, latent_heads=4, latent_d_ff=128))
+    config.model.update(
+      dict(
+        layers="L(1)G(1)L(1)",
+        latents_per_group=4,
+        d_model=64,
+        num_heads=4,
+        d_ff=128,
+        d_latent=64,
+        latent_heads=4,
+        latent_d_ff=128,
+      )
+    )
     if "overlap" in parts:
       config.model.overlap = patch * 3
   return config

@@ -43,32 +43,86 @@ from lra_core.models import fit_denoiser
 def rin_optim():
   """pix2seq's RIN ImageNet64 optimizer: LAMB, its schedule and regularisation, EMA 0.9999."""
   c = optim.default_config()
-  c.update(dict(name="lamb", lr=2e-3, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.0, schedule="cosine",
-                warmup_steps=10_000, decay_steps=210_000, min_lr_ratio=0.0, weight_decay=1e-2,
-                weight_decay_schedule="lr", ema_decay=0.9999))
+  c.update(
+    dict(
+      name="lamb",
+      lr=2e-3,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      clip_norm=0.0,
+      schedule="cosine",
+      warmup_steps=10_000,
+      decay_steps=210_000,
+      min_lr_ratio=0.0,
+      weight_decay=1e-2,
+      weight_decay_schedule="lr",
+      ema_decay=0.9999,
+    )
+  )
   return c
 
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "rin"))
   model = fit_denoiser.model_config(
-      image_size=imagenet64.SIZE, image_channels=imagenet64.CHANNELS, patch_size=8, num_groups=4,
-      latents_per_group=32, layers="L(0)G(4)L(1)G(4)L(1)G(4)L(1)G(4)L(1)", d_model=512, num_heads=16,
-      d_ff=2048, d_latent=768, latent_heads=16, latent_d_ff=3072, num_classes=imagenet64.NUM_CLASSES)
+    image_size=imagenet64.SIZE,
+    image_channels=imagenet64.CHANNELS,
+    patch_size=8,
+    num_groups=4,
+    latents_per_group=32,
+    layers="L(0)G(4)L(1)G(4)L(1)G(4)L(1)G(4)L(1)",
+    d_model=512,
+    num_heads=16,
+    d_ff=2048,
+    d_latent=768,
+    latent_heads=16,
+    latent_d_ff=3072,
+    num_classes=imagenet64.NUM_CLASSES,
+  )
   config = base_config(task="diffusion", model=model, data=imagenet64.data_config(flip=True), optim=rin_optim())
   config.diffusion = diffusion.default_config()
-  config.diffusion.update(dict(schedule="linear", pred_type="eps", self_cond_rate=0.9, sampler="ddpm",
-                               sample_steps=100, sample_schedule="cosine", cond_dropout=0.1, guidance=0.0))
-  config.train.update(dict(steps=150_000, batch_size=1024, seq_len=imagenet64.num_tokens(imagenet64.SIZE),
-                           eval_every=5000, eval_batches=10, checkpoint_every=10_000))
+  config.diffusion.update(
+    dict(
+      schedule="linear",
+      pred_type="eps",
+      self_cond_rate=0.9,
+      sampler="ddpm",
+      sample_steps=100,
+      sample_schedule="cosine",
+      cond_dropout=0.1,
+      guidance=0.0,
+    )
+  )
+  config.train.update(
+    dict(
+      steps=150_000,
+      batch_size=1024,
+      seq_len=imagenet64.num_tokens(imagenet64.SIZE),
+      eval_every=5000,
+      eval_batches=10,
+      checkpoint_every=10_000,
+    )
+  )
   if "rin" in parts:
     config.model.update(dict(num_groups=1, latents_per_group=128))
 
   if "tiny" in parts:
     config.data.image_size = 8
-    config.model.update(dict(image_size=8, patch_size=2, latents_per_group=16 if "rin" in parts else 4,
-                             layers="L(1)G(1)L(1)G(1)L(1)", d_model=128, num_heads=4, d_ff=256, d_latent=128,
-                             latent_heads=4, latent_d_ff=256))
+    config.model.update(
+      dict(
+        image_size=8,
+        patch_size=2,
+        latents_per_group=16 if "rin" in parts else 4,
+        layers="L(1)G(1)L(1)G(1)L(1)",
+        d_model=128,
+        num_heads=4,
+        d_ff=256,
+        d_latent=128,
+        latent_heads=4,
+        latent_d_ff=256,
+      )
+    )
     config.diffusion.sample_steps = 4
     tiny_train(config, seq_len=imagenet64.num_tokens(8))
   return config

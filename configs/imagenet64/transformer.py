@@ -41,8 +41,21 @@ from lra_core.models import transformer
 def vq_optim():
   """Transformer-VQ's AdamW recipe (appendix C.1; Table 10 ImageNet64 190M: weight decay 0)."""
   c = optim.default_config()
-  c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1, schedule="cosine",
-                warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=0.0, weight_decay_schedule="constant"))
+  c.update(
+    dict(
+      name="adamw",
+      lr=4e-4,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-9,
+      clip_norm=0.1,
+      schedule="cosine",
+      warmup_steps=10_000,
+      min_lr_ratio=0.1,
+      weight_decay=0.0,
+      weight_decay_schedule="constant",
+    )
+  )
   return c
 
 
@@ -51,13 +64,15 @@ def get_config(arg=None):
   if parts >= {"vq", "fit"}:
     raise ConfigError("config args vq and fit are different paper settings; pick one of them.")
   variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
-  model = transformer.model_config(variant, vocab_size=imagenet64.START + 1, d_model=512, num_layers=8,
-                                   num_heads=8, d_ff=2048)
+  model = transformer.model_config(
+    variant, vocab_size=imagenet64.START + 1, d_model=512, num_layers=8, num_heads=8, d_ff=2048
+  )
   data = imagenet64.data_config()
   config = base_config(task="image_ar", model=model, data=data, optim=vq_optim())
   seq_len = imagenet64.num_tokens(imagenet64.SIZE)  # 12288
-  config.train.update(dict(steps=125_000, batch_size=16, seq_len=seq_len, eval_every=5000, eval_batches=50,
-                           checkpoint_every=5000))
+  config.train.update(
+    dict(steps=125_000, batch_size=16, seq_len=seq_len, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
 
   if "vq" in parts:  # Transformer-VQ Table 10, ImageNet64 190M column
     config.model.update(dict(d_model=768, num_layers=24, num_heads=6, d_ff=3072, dropout=0.0))

@@ -26,14 +26,29 @@ def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "large", "full"))
   large = "large" in parts
   size = vq_presets.PAPER_SIZES["1.2B" if large else "190M"]
-  model = transformer_vq.model_config(**size, vocab_size=imagenet64.START + 1, abs_position=True, dropsin=0.1,
-                                      final_norm=large, tie_embeddings=large, output_scale=0.005)
+  model = transformer_vq.model_config(
+    **size,
+    vocab_size=imagenet64.START + 1,
+    abs_position=True,
+    dropsin=0.1,
+    final_norm=large,
+    tie_embeddings=large,
+    output_scale=0.005,
+  )
   optim = vq_presets.paper_optim("adafactor") if large else vq_presets.paper_optim("adamw")
   config = base_config(task="image_ar", model=model, data=imagenet64.data_config(), optim=optim)
   seq_len = imagenet64.num_tokens(imagenet64.SIZE)  # 12288
-  config.train.update(dict(steps=500_000 if large else 125_000, batch_size=128 if large else 16,
-                           seq_len=seq_len, update_len=2048 if large else 0, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  config.train.update(
+    dict(
+      steps=500_000 if large else 125_000,
+      batch_size=128 if large else 16,
+      seq_len=seq_len,
+      update_len=2048 if large else 0,
+      eval_every=5000,
+      eval_batches=50,
+      checkpoint_every=5000,
+    )
+  )
   if "full" in parts:
     config.model.attention = "full"
   if "tiny" in parts:

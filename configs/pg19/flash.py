@@ -42,8 +42,9 @@ def get_config(arg=None):
     model.update(dict(num_layers=36, d_ff=4096 * 2 // 3 if model.mlp == "glu" else 4096))
   opt = flash_presets.paper_optim()
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
-  config.train.update(dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  config.train.update(
+    dict(steps=125_000, batch_size=2**18 // 8192, seq_len=8192, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
   if "tiny" in parts:
     tiny(config, mlm=False)
   return config

@@ -55,20 +55,46 @@ def get_config(arg=None):
   if {"vq", "flash"} <= parts:
     raise ConfigError("config args 'vq' and 'flash' are two different paper settings; give one of them.")
   variant = "transformer++" if "plusplus" in parts else "transformer+" if "plus" in parts else "transformer"
-  model = transformer.model_config(variant, vocab_size=SPM_VOCAB, d_model=768, num_layers=12, num_heads=12,
-                                   d_ff=3072, dropout=0.1, tie_embeddings=True)
+  model = transformer.model_config(
+    variant, vocab_size=SPM_VOCAB, d_model=768, num_layers=12, num_heads=12, d_ff=3072, dropout=0.1, tie_embeddings=True
+  )
   opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1, schedule="cosine",
-                  warmup_steps=4000, min_lr_ratio=0.1, weight_decay=0.0))
+  opt.update(
+    dict(
+      name="adamw",
+      lr=4e-4,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-9,
+      clip_norm=0.1,
+      schedule="cosine",
+      warmup_steps=4000,
+      min_lr_ratio=0.1,
+      weight_decay=0.0,
+    )
+  )
   config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=opt)
-  config.train.update(dict(steps=100_000, batch_size=64, seq_len=1024, eval_every=5000, eval_batches=50,
-                           checkpoint_every=5000))
+  config.train.update(
+    dict(steps=100_000, batch_size=64, seq_len=1024, eval_every=5000, eval_batches=50, checkpoint_every=5000)
+  )
 
   if "vq" in parts:  # Transformer-VQ, Table 10 (PG-19 column) and appendix C
     config.model.update(dict(d_model=2048, num_layers=24, num_heads=16, d_ff=8192, norm="rms", dropout=0.1))
-    config.optim.update(dict(name="adafactor", lr=0.01, momentum=0.0, decay_rate=0.8, clipping_threshold=1.0,
-                             multiply_by_parameter_scale=True, clip_norm=0.0, schedule="cosine",
-                             warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=0.0))
+    config.optim.update(
+      dict(
+        name="adafactor",
+        lr=0.01,
+        momentum=0.0,
+        decay_rate=0.8,
+        clipping_threshold=1.0,
+        multiply_by_parameter_scale=True,
+        clip_norm=0.0,
+        schedule="cosine",
+        warmup_steps=10_000,
+        min_lr_ratio=0.1,
+        weight_decay=0.0,
+      )
+    )
     config.train.update(dict(steps=500_000, batch_size=128, seq_len=8192, update_len=2048))
   if "flash" in parts:  # FLASH, Table 7 (PG-19 column) and Table 10 (Transformer+ / ++)
     if variant == "transformer":
@@ -82,8 +108,7 @@ def get_config(arg=None):
 
   if "tiny" in parts:
     config.data.tokenizer = "bytes"
-    config.model.update(dict(vocab_size=ByteTokenizer.vocab_size, d_model=64, num_layers=2, num_heads=4,
-                             d_ff=128))
+    config.model.update(dict(vocab_size=ByteTokenizer.vocab_size, d_model=64, num_layers=2, num_heads=4, d_ff=128))
     tiny_train(config, seq_len=64)
     config.train.update_len = 16 if "vq" in parts else 0
   return config

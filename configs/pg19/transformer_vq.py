@@ -29,13 +29,30 @@ SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "full"))
-  model = transformer_vq.model_config(**vq_presets.PAPER_SIZES["1.3B"], vocab_size=SPM_VOCAB, dropsin=0.1,
-                                      dropres=0.1, droplyr=0.1, final_norm=True, tie_embeddings=True,
-                                      output_scale=0.005)
-  config = base_config(task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL),
-                       optim=vq_presets.paper_optim("adafactor"))
-  config.train.update(dict(steps=500_000, batch_size=128, seq_len=8192, update_len=2048, eval_every=5000,
-                           eval_batches=50, checkpoint_every=5000))
+  model = transformer_vq.model_config(
+    **vq_presets.PAPER_SIZES["1.3B"],
+    vocab_size=SPM_VOCAB,
+    dropsin=0.1,
+    dropres=0.1,
+    droplyr=0.1,
+    final_norm=True,
+    tie_embeddings=True,
+    output_scale=0.005,
+  )
+  config = base_config(
+    task="lm", model=model, data=pg19.data_config(tokenizer=SPM_MODEL), optim=vq_presets.paper_optim("adafactor")
+  )
+  config.train.update(
+    dict(
+      steps=500_000,
+      batch_size=128,
+      seq_len=8192,
+      update_len=2048,
+      eval_every=5000,
+      eval_batches=50,
+      checkpoint_every=5000,
+    )
+  )
   if "full" in parts:
     config.model.attention = "full"
   if "tiny" in parts:

@@ -13,6 +13,19 @@ def paper_optim(*, clip: bool = True) -> ml_collections.ConfigDict:
   decay to 0, gradient clipping 0.1 for all but the vanilla Transformer (`clip=False`); the paper
   clips locally, here by global norm."""
   c = optim.default_config()
-  c.update(dict(name="adamw", lr=7e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_schedule="lr",
-                clip_norm=0.1 if clip else 0.0, schedule="linear", warmup_steps=10_000, min_lr_ratio=0.0))
+  c.update(
+    dict(
+      name="adamw",
+      lr=7e-4,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-6,
+      weight_decay=0.01,
+      weight_decay_schedule="lr",
+      clip_norm=0.1 if clip else 0.0,
+      schedule="linear",
+      warmup_steps=10_000,
+      min_lr_ratio=0.0,
+    )
+  )
   return c

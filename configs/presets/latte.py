@@ -23,8 +23,9 @@ def variant_from_args(parts: set[str]) -> str:
   return chosen.pop() if chosen else "latte"
 
 
-def lm_config(variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: int, steps: int,
-              dropout: float) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict, dict]:
+def lm_config(
+  variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: int, steps: int, dropout: float
+) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict, dict]:
   """(model, optim, train) sections of a Table 5 language-modelling column: tied embeddings, RoPE on
   the window, VAPOR where no convolution / RG-LRU breaks position invariance, AdamW with linear
   warmup and cosine decay, weight decay 0.01 (Table 5 gives no Adam betas: we use 0.9 / 0.95).
@@ -32,14 +33,35 @@ def lm_config(variant: str, *, vocab_size: int, sizes: dict, lr: float, warmup: 
   its one dropout rate for both."""
   model = latte.model_config(variant, vocab_size=vocab_size, dropout=dropout, latent_dropout=dropout, **sizes)
   opt = optim.default_config()
-  opt.update(dict(name="adamw", lr=lr, schedule="cosine", warmup_steps=warmup, b1=0.9, b2=0.95, eps=1e-8,
-                  weight_decay=0.01, clip_norm=1.0))
+  opt.update(
+    dict(
+      name="adamw",
+      lr=lr,
+      schedule="cosine",
+      warmup_steps=warmup,
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      weight_decay=0.01,
+      clip_norm=1.0,
+    )
+  )
   return model, opt, dict(steps=steps, eval_every=5000, eval_batches=50, checkpoint_every=5000)
 
 
 def tiny(config: ml_collections.ConfigDict, *, seq_len: int) -> None:
   """The `tiny` size: every code path of the variant (window, mixer, chunks), seconds on a CPU."""
   m = config.model
-  m.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, num_latents=8, chunk=4,
-                window=min(m.window, 8), classifier_hidden=32))
+  m.update(
+    dict(
+      d_model=32,
+      num_layers=2,
+      num_heads=2,
+      d_ff=64,
+      num_latents=8,
+      chunk=4,
+      window=min(m.window, 8),
+      classifier_hidden=32,
+    )
+  )
   tiny_train(config, seq_len=seq_len)

@@ -8,9 +8,9 @@ from lra_core import optim
 from lra_core.config import tiny_train
 
 PAPER_SIZES = {
-    "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),
-    "1.3B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
-    "1.2B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
+  "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),
+  "1.3B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
+  "1.2B": dict(d_model=2048, d_k=128, d_v=4096, num_layers=48, n_code=512, block_len=512),
 }
 
 
@@ -20,11 +20,19 @@ def paper_optim(name: str, weight_decay: float = 0.0) -> ml_collections.ConfigDi
   c = optim.default_config()
   c.update(dict(schedule="cosine", warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=weight_decay))
   if name == "adamw":
-    c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1,
-                  weight_decay_schedule="constant"))
+    c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1, weight_decay_schedule="constant"))
   else:
-    c.update(dict(name="adafactor", lr=0.01, momentum=0.0, decay_rate=0.8, clipping_threshold=1.0,
-                  multiply_by_parameter_scale=True, clip_norm=0.0))
+    c.update(
+      dict(
+        name="adafactor",
+        lr=0.01,
+        momentum=0.0,
+        decay_rate=0.8,
+        clipping_threshold=1.0,
+        multiply_by_parameter_scale=True,
+        clip_norm=0.0,
+      )
+    )
   return c
 
 

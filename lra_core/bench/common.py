@@ -22,11 +22,12 @@ import jax
 from lra_core import cli
 from lra_core.errors import ConfigError
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 class Variant(NamedTuple):
   """A named set of config overrides, compared against the other variants."""
+
   name: str
   overrides: tuple[str, ...] = ()
 
@@ -57,7 +58,8 @@ def is_oom(error: BaseException) -> bool:
     return True
   text = str(error)
   return isinstance(error, jax.errors.JaxRuntimeError) and (
-      "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text)
+    "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+  )
 
 
 def cost_flops(compiled) -> float | None:
@@ -80,8 +82,7 @@ def xla_memory_bytes(compiled) -> int | None:
     return None
   if m is None:
     return None
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-             - m.alias_size_in_bytes)
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def median_seconds(fn: Callable[[], object], *, steps: int, warmup: int) -> tuple[float, list[float]]:
@@ -110,9 +111,11 @@ def ints(text: str) -> list[int]:
 def machine_line(peak_flops: float | None = None, matmul_size: int = 0) -> str:
   """Platform, device kind, CPU count and versions: tables from different machines never mix."""
   device = jax.devices()[0]
-  line = (f"machine: {device.platform} ({device.device_kind}), {jax.device_count()} device(s) of which 1 used, "
-          f"{os.cpu_count()} CPUs, {platform.machine()}, jax {jax.__version__}, "
-          f"Python {platform.python_version()}")
+  line = (
+    f"machine: {device.platform} ({device.device_kind}), {jax.device_count()} device(s) of which 1 used, "
+    f"{os.cpu_count()} CPUs, {platform.machine()}, jax {jax.__version__}, "
+    f"Python {platform.python_version()}"
+  )
   if peak_flops:
     n = matmul_size or (2048 if device.platform == "cpu" else 8192)
     line += f"; float32 {n}x{n} matmul: {peak_flops / 1e9:,.1f} GFLOP/s"
@@ -130,17 +133,24 @@ def output_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--json", default="", help="file to write the raw rows to")
 
 
-def parse_command(argv: Sequence[str] | None, *, prog: str, doc: str, variant_help: str,
-                  flags: Callable[[argparse.ArgumentParser], None],
-                  repeats: int) -> tuple[list[str], argparse.Namespace, list[Variant]]:
+def parse_command(
+  argv: Sequence[str] | None,
+  *,
+  prog: str,
+  doc: str,
+  variant_help: str,
+  flags: Callable[[argparse.ArgumentParser], None],
+  repeats: int,
+) -> tuple[list[str], argparse.Namespace, list[Variant]]:
   """(argv, args, variants) of a generation benchmark's command line: --config / --override /
   --variant, the command's own `flags`, --repeats / --warmup, and --title / --out / --json."""
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
   parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help=variant_help)
+  parser.add_argument(
+    "--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]", help=variant_help
+  )
   flags(parser)
   parser.add_argument("--repeats", type=int, default=repeats)
   parser.add_argument("--warmup", type=int, default=1)
@@ -150,8 +160,17 @@ def parse_command(argv: Sequence[str] | None, *, prog: str, doc: str, variant_he
   return argv, args, [parse_variant(v) for v in args.variant] or [Variant("default")]
 
 
-def publish(script: str, argv: Sequence[str], table: str, rows: Sequence[dict], args, *,
-            peak: float | None = None, matmul_size: int = 0, title: str = "") -> None:
+def publish(
+  script: str,
+  argv: Sequence[str],
+  table: str,
+  rows: Sequence[dict],
+  args,
+  *,
+  peak: float | None = None,
+  matmul_size: int = 0,
+  title: str = "",
+) -> None:
   """Prints the table under the machine line (with the matmul yardstick's FLOP/s `peak`, if any)
   and the command; appends it to --out as a section (heading `title`, else --title, else --config)
   and writes the rows to --json."""

@@ -35,8 +35,15 @@ from lra_core.errors import ConfigError
 from lra_core.kernels.attention import attention_mask
 from lra_core.tables import markdown_table
 
-CORES = ("causal_latte", "bidirectional_latte", "causal_attention", "attention", "window_attention", "vq_attention",
-         "mixed_chunk")
+CORES = (
+  "causal_latte",
+  "bidirectional_latte",
+  "causal_attention",
+  "attention",
+  "window_attention",
+  "vq_attention",
+  "mixed_chunk",
+)
 IMPLS = ("xla", "pallas")
 
 
@@ -65,14 +72,25 @@ def core_fn(name: str, options: dict) -> Callable:
   if name == "bidirectional_latte":
     return lambda q, k, v: kernels.bidirectional_latte(q, k, v, impl=impl)
   if name == "vq_attention":
+
     def vq_attention(q, k, v):
       codebook = jax.random.normal(jax.random.key(3), (k.shape[2], options.get("codes", 512), k.shape[3]), k.dtype)
       return kernels.vq_attention(q, k, v, codebook, block_len=min(options.get("block", 512), q.shape[1]), impl=impl)
+
     return vq_attention
   if name == "mixed_chunk":
-    return lambda q, k, v: kernels.mixed_chunk_attention(q, k, q, k, v, chunk=options.get("chunk", 256), causal=True,
-                                                         quad_scale=q.shape[-1] ** -0.5, lin_scale=1.0 / q.shape[1],
-                                                         impl=impl)
+    return lambda q, k, v: kernels.mixed_chunk_attention(
+      q,
+      k,
+      q,
+      k,
+      v,
+      chunk=options.get("chunk", 256),
+      causal=True,
+      quad_scale=q.shape[-1] ** -0.5,
+      lin_scale=1.0 / q.shape[1],
+      impl=impl,
+    )
   if name == "window_attention":
     return lambda q, k, v: kernels.local_attention(q, k, v, window=options.get("window", 128), causal=True)
   causal = name == "causal_attention"
@@ -85,8 +103,18 @@ def core_fn(name: str, options: dict) -> Callable:
   return attention
 
 
-def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: int, latents: int,
-              steps: int, warmup: int, backward: bool = False) -> dict:
+def time_core(
+  label: str,
+  *,
+  seq_len: int,
+  batch_size: int,
+  heads: int,
+  width: int,
+  latents: int,
+  steps: int,
+  warmup: int,
+  backward: bool = False,
+) -> dict:
   name, options = parse_core(label)
   b, t, h = batch_size, seq_len, heads
   if width % h or latents % h:
@@ -110,15 +138,29 @@ def time_core(label: str, *, seq_len: int, batch_size: int, heads: int, width: i
     row.update(status="OOM", error=str(e).strip().splitlines()[0][:300])
     return row
   moved = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + v.size * v.dtype.itemsize
-  row.update(status="ok", ms=1e3 * median, ms_all=[1e3 * s for s in times], memory_bytes=xla_memory_bytes(compiled),
-             tokens_per_s=b * t / median, gb_per_s=moved / median / 1e9)
+  row.update(
+    status="ok",
+    ms=1e3 * median,
+    ms_all=[1e3 * s for s in times],
+    memory_bytes=xla_memory_bytes(compiled),
+    tokens_per_s=b * t / median,
+    gb_per_s=moved / median / 1e9,
+  )
   return row
 
 
 def format_table(rows: Sequence[dict]) -> str:
   """Markdown rows; the last column is the first core's time at the same length over this row's."""
-  header = ["core", "T", "batch", "ms (median)", "tokens/s", "XLA memory MiB", "GB/s (in + out once)",
-            "speed-up vs first core"]
+  header = [
+    "core",
+    "T",
+    "batch",
+    "ms (median)",
+    "tokens/s",
+    "XLA memory MiB",
+    "GB/s (in + out once)",
+    "speed-up vs first core",
+  ]
   lines, first = [], {}
   for r in rows:
     if r["status"] == "ok":
@@ -128,9 +170,14 @@ def format_table(rows: Sequence[dict]) -> str:
     if r["status"] != "ok":
       cells += [r["status"]] + ["-"] * 4
     else:
-      mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2 ** 20:,.0f}"
-      cells += [f"{r['ms']:,.2f}", f"{r['tokens_per_s']:,.0f}", mem, f"{r['gb_per_s']:,.2f}",
-                f"{first[r['seq_len']] / r['ms']:,.1f}x"]
+      mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:,.0f}"
+      cells += [
+        f"{r['ms']:,.2f}",
+        f"{r['tokens_per_s']:,.0f}",
+        mem,
+        f"{r['gb_per_s']:,.2f}",
+        f"{first[r['seq_len']] / r['ms']:,.1f}x",
+      ]
     lines.append(cells)
   return markdown_table(header, lines)
 

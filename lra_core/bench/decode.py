@@ -55,18 +55,37 @@ def time_decode(config, *, tokens: int, batch_size: int, repeats: int, warmup: i
     def step(state, token):
       logits, state = model.decode_step(token, state)
       return state, logits[:, 0, 0]
+
     return jax.lax.scan(step, state, ids)
 
   median, _ = median_seconds(lambda: decode(params, state, ids), steps=repeats, warmup=warmup)
   state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  return dict(context=context, batch_size=batch_size, tokens=tokens, ms_per_token=1e3 * median / tokens,
-              state_mib=state_bytes / MiB, params=sum(x.size for x in jax.tree.leaves(params)))
+  return dict(
+    context=context,
+    batch_size=batch_size,
+    tokens=tokens,
+    ms_per_token=1e3 * median / tokens,
+    state_mib=state_bytes / MiB,
+    params=sum(x.size for x in jax.tree.leaves(params)),
+  )
 
 
 def format_table(rows: Sequence[dict]) -> str:
   header = ["variant", "context L", "batch", "ms / token", "decode state MiB", "parameters"]
-  return markdown_table(header, [(r["variant"], f"{r['context']:,}", r["batch_size"], f"{r['ms_per_token']:.2f}",
-                                   f"{r['state_mib']:,.1f}", f"{r['params']:,}") for r in rows])
+  return markdown_table(
+    header,
+    [
+      (
+        r["variant"],
+        f"{r['context']:,}",
+        r["batch_size"],
+        f"{r['ms_per_token']:.2f}",
+        f"{r['state_mib']:,.1f}",
+        f"{r['params']:,}",
+      )
+      for r in rows
+    ],
+  )
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -77,15 +96,22 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv, args, variants = parse_command(
-      argv, prog="python scripts/bench_decode.py", doc=__doc__, flags=add_flags, repeats=5,
-      variant_help="as scripts/bench.py: named overrides, config=<spec> for another config file")
+    argv,
+    prog="python scripts/bench_decode.py",
+    doc=__doc__,
+    flags=add_flags,
+    repeats=5,
+    variant_help="as scripts/bench.py: named overrides, config=<spec> for another config file",
+  )
   rows = []
   for variant in variants:
     spec, overrides = variant_config(args.config, variant)
     for context in ints(args.context_lens):
       config = decode_config(spec, [*args.override, *overrides], context)
-      row = {"variant": variant.name, **time_decode(config, tokens=args.tokens, batch_size=args.batch_size,
-                                                    repeats=args.repeats, warmup=args.warmup)}
+      row = {
+        "variant": variant.name,
+        **time_decode(config, tokens=args.tokens, batch_size=args.batch_size, repeats=args.repeats, warmup=args.warmup),
+      }
       print(f"{variant.name} L={context}: {row['ms_per_token']:.2f} ms/token", file=sys.stderr, flush=True)
       rows.append(row)
   publish("scripts/bench_decode.py", argv, format_table(rows), rows, args)

@@ -29,7 +29,7 @@ from lra_core.tables import markdown_table
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
-  """"2048:128,128:2048" -> [(prompt, new), ...]."""
+  """ "2048:128,128:2048" -> [(prompt, new), ...]."""
   out = []
   for item in text.split(","):
     prompt, _, new = item.partition(":")
@@ -47,22 +47,40 @@ def time_generate(config, *, batch_size: int, prompt_len: int, new_tokens: int, 
   prompt = np.random.default_rng(0).integers(1, vocab, (batch_size, prompt_len)).astype(np.int32)
   key = jax.random.key(0)
   if own is not None:
+
     def run():
       return own(model, prompt, max_new_tokens=new_tokens, key=key, temperature=0.0)
   else:
+
     def run():
       return decoding.generate(model, prompt, max_new_tokens=new_tokens, key=key, temperature=0.0)
+
   median, _ = median_seconds(run, steps=repeats, warmup=warmup)
   state = jax.eval_shape(lambda: model.init_decode_state(batch_size, prompt_len + new_tokens))
   state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  return dict(batch_size=batch_size, prompt=prompt_len, new=new_tokens, seconds=median,
-              tokens_per_s=batch_size * new_tokens / median, state_mib=state_bytes / MiB,
-              non_embedding=non_embedding_parameter_count(config))
+  return dict(
+    batch_size=batch_size,
+    prompt=prompt_len,
+    new=new_tokens,
+    seconds=median,
+    tokens_per_s=batch_size * new_tokens / median,
+    state_mib=state_bytes / MiB,
+    non_embedding=non_embedding_parameter_count(config),
+  )
 
 
 def format_table(rows: Sequence[dict]) -> str:
-  header = ["variant", "non-embedding params", "batch", "prompt", "generated", "time (s)", "generated tokens/s",
-            "speed-up", "decode state MiB"]
+  header = [
+    "variant",
+    "non-embedding params",
+    "batch",
+    "prompt",
+    "generated",
+    "time (s)",
+    "generated tokens/s",
+    "speed-up",
+    "decode state MiB",
+  ]
   lines = []
   base = {}
   for r in rows:  # speed-up against the last variant (the baseline) at the same setting
@@ -73,8 +91,19 @@ def format_table(rows: Sequence[dict]) -> str:
       continue
     ref = base[(r["batch_size"], r["prompt"], r["new"])]
     speedup = f"{r['tokens_per_s'] / ref:.1f}x" if ref else ""
-    lines.append((r["variant"], f"{r['non_embedding']:,}", r["batch_size"], f"{r['prompt']:,}", f"{r['new']:,}",
-                  f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}", speedup, f"{r['state_mib']:,.1f}"))
+    lines.append(
+      (
+        r["variant"],
+        f"{r['non_embedding']:,}",
+        r["batch_size"],
+        f"{r['prompt']:,}",
+        f"{r['new']:,}",
+        f"{r['seconds']:.2f}",
+        f"{r['tokens_per_s']:,.0f}",
+        speedup,
+        f"{r['state_mib']:,.1f}",
+      )
+    )
   return markdown_table(header, lines)
 
 
@@ -85,8 +114,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv, args, variants = parse_command(
-      argv, prog="python scripts/bench_generate.py", doc=__doc__, flags=add_flags, repeats=3,
-      variant_help="as scripts/bench.py; the last variant is the baseline of the speed-up column")
+    argv,
+    prog="python scripts/bench_generate.py",
+    doc=__doc__,
+    flags=add_flags,
+    repeats=3,
+    variant_help="as scripts/bench.py; the last variant is the baseline of the speed-up column",
+  )
   rows = []
   for prompt_len, new in parse_settings(args.settings):
     for batch_size in ints(args.batch_sizes):
@@ -95,8 +129,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         config = load_config(spec, [*args.override, *overrides, f"train.seq_len={prompt_len + new}"])
         row = {"variant": variant.name, "batch_size": batch_size, "prompt": prompt_len, "new": new}
         try:
-          row.update(time_generate(config, batch_size=batch_size, prompt_len=prompt_len, new_tokens=new,
-                                   repeats=args.repeats, warmup=args.warmup))
+          row.update(
+            time_generate(
+              config,
+              batch_size=batch_size,
+              prompt_len=prompt_len,
+              new_tokens=new,
+              repeats=args.repeats,
+              warmup=args.warmup,
+            )
+          )
           shown = f"{row['tokens_per_s']:,.0f} generated tokens/s"
         except Exception as error:  # noqa: BLE001 - an out-of-memory row, anything else re-raised
           if not is_oom(error):

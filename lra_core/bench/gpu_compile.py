@@ -26,12 +26,15 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-TRITON_TARGET = "__gpu$xla.gpu.triton"   # the custom call a Pallas kernel becomes on GPU
+TRITON_TARGET = "__gpu$xla.gpu.triton"  # the custom call a Pallas kernel becomes on GPU
 
-_THUNK = re.compile(r"kCustomKernel .*?\]\s+(\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]\s+"
-                    r"shared_memory: (\d+) bytes")
+_THUNK = re.compile(
+  r"kCustomKernel .*?\]\s+(\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]\s+"
+  r"shared_memory: (\d+) bytes"
+)
 _NAME = re.compile(r'name = "([^"]+)"')
 _WARPS = re.compile(r"num_warps = (\d+)")
 _STAGES = re.compile(r"num_stages = (\d+)")
@@ -42,29 +45,36 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 @dataclasses.dataclass(frozen=True)
 class TritonKernel:
   """One Pallas kernel of a compiled GPU program, as the compiler and ptxas describe it."""
+
   name: str
   grid: tuple[int, int, int]
   threads: int
   warps: int
   stages: int
-  shared_bytes: int        # dynamic shared memory per block (Triton's allocation)
-  registers: int | None    # per thread (ptxas -v); None when no ptxas was found
+  shared_bytes: int  # dynamic shared memory per block (Triton's allocation)
+  registers: int | None  # per thread (ptxas -v); None when no ptxas was found
   spill_stores: int | None  # bytes per thread
   spill_loads: int | None
   stack_bytes: int | None
   ptx_bytes: int
 
   def describe(self) -> str:
-    regs = "ptxas not found" if self.registers is None else (
-        f"{self.registers} registers, spills {self.spill_stores} B stored / {self.spill_loads} B loaded")
-    return (f"{self.name}: grid {'x'.join(map(str, self.grid))}, {self.warps} warps, "
-            f"{self.shared_bytes / 1024:.0f} KiB shared, {regs}, PTX {self.ptx_bytes / 1e6:.2f} MB")
+    regs = (
+      "ptxas not found"
+      if self.registers is None
+      else (f"{self.registers} registers, spills {self.spill_stores} B stored / {self.spill_loads} B loaded")
+    )
+    return (
+      f"{self.name}: grid {'x'.join(map(str, self.grid))}, {self.warps} warps, "
+      f"{self.shared_bytes / 1024:.0f} KiB shared, {regs}, PTX {self.ptx_bytes / 1e6:.2f} MB"
+    )
 
 
 def ptxas_path() -> str | None:
   """The ptxas XLA uses: the nvidia-cuda-nvcc wheel's, else one on PATH or under /usr/local/cuda."""
   try:
     import nvidia.cuda_nvcc
+
     path = pathlib.Path(next(iter(nvidia.cuda_nvcc.__path__))) / "bin" / "ptxas"
     if path.exists():
       return str(path)
@@ -116,12 +126,18 @@ def triton_kernels(hlo: str, dump: pathlib.Path) -> list[TritonKernel]:
     grid = tuple(int(thunk.group(i)) for i in (2, 3, 4)) if thunk else (0, 0, 0)
     threads = int(thunk.group(5)) * int(thunk.group(6)) * int(thunk.group(7)) if thunk else 0
     assembled = _ptxas(ptx[name]) if name in ptx else {}
-    out.append(TritonKernel(
-        name=name, grid=grid, threads=threads,
+    out.append(
+      TritonKernel(
+        name=name,
+        grid=grid,
+        threads=threads,
         warps=int(_WARPS.search(call).group(1)) if _WARPS.search(call) else 0,
         stages=int(_STAGES.search(call).group(1)) if _STAGES.search(call) else 0,
-        shared_bytes=int(thunk.group(8)) if thunk else 0, ptx_bytes=ptx[name].stat().st_size if name in ptx else 0,
-        **assembled))
+        shared_bytes=int(thunk.group(8)) if thunk else 0,
+        ptx_bytes=ptx[name].stat().st_size if name in ptx else 0,
+        **assembled,
+      )
+    )
   return out
 
 
@@ -133,11 +149,16 @@ def _ptxas(path: pathlib.Path) -> dict:
   target = re.search(r"^\.target (\w+)", path.read_text(errors="replace"), re.M)
   if binary is None or target is None:
     return none
-  done = subprocess.run([binary, "-v", f"-arch={target.group(1)}", str(path), "-o", os.devnull],
-                        capture_output=True, text=True, check=False)
+  done = subprocess.run(
+    [binary, "-v", f"-arch={target.group(1)}", str(path), "-o", os.devnull], capture_output=True, text=True, check=False
+  )
   text = done.stdout + done.stderr
   spills, registers = _SPILLS.search(text), _REGISTERS.search(text)
   if spills is None or registers is None:
     return none
-  return dict(registers=int(registers.group(1)), stack_bytes=int(spills.group(1)),
-              spill_stores=int(spills.group(2)), spill_loads=int(spills.group(3)))
+  return dict(
+    registers=int(registers.group(1)),
+    stack_bytes=int(spills.group(1)),
+    spill_stores=int(spills.group(2)),
+    spill_loads=int(spills.group(3)),
+  )

@@ -21,8 +21,17 @@ from lra_core.bench import common
 from lra_core.bench.lowering import GPU_MARKER, PAPER, TPU_MARKER, gradient, kernels_at
 from lra_core.tables import markdown_table
 
-COLUMNS = ("kernel", "sizes", "dtype", "out rel. diff", "dq rel. diff", "dv rel. diff", "forward ms (XLA / Pallas)",
-           "forward + grad ms (XLA / Pallas)", "kernel call")
+COLUMNS = (
+  "kernel",
+  "sizes",
+  "dtype",
+  "out rel. diff",
+  "dq rel. diff",
+  "dv rel. diff",
+  "forward ms (XLA / Pallas)",
+  "forward + grad ms (XLA / Pallas)",
+  "kernel call",
+)
 
 
 def relative_difference(a, b) -> float:
@@ -45,25 +54,43 @@ def run(sizes: dict, *, only: tuple[str, ...] = (), steps: int = 10, warmup: int
     step = {impl: jax.jit(gradient(fn)) for impl, fn in (("xla", reference), ("pallas", kernel))}
     (_, grads_xla), (_, grads_pallas) = step["xla"](*args), step["pallas"](*args)
     text = forward["pallas"].lower(*args).as_text()
-    ms = {f"{what}_ms_{impl}": 1e3 * common.median_seconds(lambda: fns[impl](*args),
-                                                            steps=steps, warmup=warmup)[0]
-          for what, fns in (("forward", forward), ("step", step)) for impl in ("xla", "pallas")}
-    rows.append(dict(kernel=name, **{k: v for k, v in sizes.items() if k != "segments"},
-                     out_rel=relative_difference(forward["pallas"](*args), forward["xla"](*args)),
-                     dq_rel=relative_difference(grads_pallas[0], grads_xla[0]),
-                     dv_rel=relative_difference(grads_pallas[1], grads_xla[1]),
-                     call="Triton" if GPU_MARKER in text else "Mosaic" if TPU_MARKER in text else "interpret",
-                     device=jax.devices()[0].device_kind, **ms))
+    ms = {
+      f"{what}_ms_{impl}": 1e3 * common.median_seconds(lambda: fns[impl](*args), steps=steps, warmup=warmup)[0]
+      for what, fns in (("forward", forward), ("step", step))
+      for impl in ("xla", "pallas")
+    }
+    rows.append(
+      dict(
+        kernel=name,
+        **{k: v for k, v in sizes.items() if k != "segments"},
+        out_rel=relative_difference(forward["pallas"](*args), forward["xla"](*args)),
+        dq_rel=relative_difference(grads_pallas[0], grads_xla[0]),
+        dv_rel=relative_difference(grads_pallas[1], grads_xla[1]),
+        call="Triton" if GPU_MARKER in text else "Mosaic" if TPU_MARKER in text else "interpret",
+        device=jax.devices()[0].device_kind,
+        **ms,
+      )
+    )
   return rows
 
 
 def table(rows) -> str:
   def cells(r):
-    sizes = (f"B {r['batch']} T {r['seq_len']} H {r['heads']} d {r['width']}" +
-             (f" dv {r['value_width']}" if r.get("value_width") else ""))
-    return (r["kernel"], sizes, r["dtype"], f"{r['out_rel']:.1e}", f"{r['dq_rel']:.1e}", f"{r['dv_rel']:.1e}",
-            f"{r['forward_ms_xla']:.3f} / {r['forward_ms_pallas']:.3f}",
-            f"{r['step_ms_xla']:.3f} / {r['step_ms_pallas']:.3f}", r["call"])
+    sizes = f"B {r['batch']} T {r['seq_len']} H {r['heads']} d {r['width']}" + (
+      f" dv {r['value_width']}" if r.get("value_width") else ""
+    )
+    return (
+      r["kernel"],
+      sizes,
+      r["dtype"],
+      f"{r['out_rel']:.1e}",
+      f"{r['dq_rel']:.1e}",
+      f"{r['dv_rel']:.1e}",
+      f"{r['forward_ms_xla']:.3f} / {r['forward_ms_pallas']:.3f}",
+      f"{r['step_ms_xla']:.3f} / {r['step_ms_pallas']:.3f}",
+      r["call"],
+    )
+
   return markdown_table(COLUMNS, [cells(r) for r in rows])
 
 
@@ -78,21 +105,40 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--batch", type=int, default=2)
   parser.add_argument("--heads", type=int, default=2)
   parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated input dtypes")
-  parser.add_argument("--paper", default="", help=f"comma-separated, or 'all': each kernel at the widths of a paper "
-                      f"model that runs it, overriding the size flags ({', '.join(PAPER)})")
+  parser.add_argument(
+    "--paper",
+    default="",
+    help=f"comma-separated, or 'all': each kernel at the widths of a paper "
+    f"model that runs it, overriding the size flags ({', '.join(PAPER)})",
+  )
   parser.add_argument("--steps", type=int, default=10, help="timed calls per median")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
   papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
   if sorted(set(papers) - set(PAPER)):
     parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
-  base = dict(seq_len=args.seq_len, width=args.width, latents=args.latents, block=args.block, codes=args.codes,
-              chunk=0, flash_chunk=args.flash_chunk, batch=args.batch, heads=args.heads)
+  base = dict(
+    seq_len=args.seq_len,
+    width=args.width,
+    latents=args.latents,
+    block=args.block,
+    codes=args.codes,
+    chunk=0,
+    flash_chunk=args.flash_chunk,
+    batch=args.batch,
+    heads=args.heads,
+  )
   cases = [(dict(base, **PAPER[p][1]), (PAPER[p][0],)) for p in papers] or [(base, ())]
-  rows = [row for sizes, only in cases for dtype in args.dtypes.split(",")
-          for row in run(dict(sizes, dtype=dtype), only=only, steps=args.steps)]
-  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, matmul precision "
-        f"{jax.config.jax_default_matmul_precision or 'default'}\n\n{table(rows)}")
+  rows = [
+    row
+    for sizes, only in cases
+    for dtype in args.dtypes.split(",")
+    for row in run(dict(sizes, dtype=dtype), only=only, steps=args.steps)
+  ]
+  print(
+    f"{jax.devices()[0].device_kind}, jax {jax.__version__}, matmul precision "
+    f"{jax.config.jax_default_matmul_precision or 'default'}\n\n{table(rows)}"
+  )
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
   return rows

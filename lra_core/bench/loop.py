@@ -48,29 +48,42 @@ def measure(config, workdir: pathlib.Path, *, bare_steps: int = 50, warmup: int 
   summary = train_and_evaluate(config, workdir)
   intervals = loop_tokens_per_s(workdir)
   if not intervals:
-    raise ConfigError(f"the run logged no tokens/s; train.steps {config.train.steps} must reach "
-                      f"train.log_every {config.train.log_every}.")
+    raise ConfigError(
+      f"the run logged no tokens/s; train.steps {config.train.steps} must reach "
+      f"train.log_every {config.train.log_every}."
+    )
   steady = intervals[1:] or intervals
   run = TrainStepRun(config).ready()
   median, _ = median_seconds(run, steps=bare_steps, warmup=warmup)
   run.free()
   tokens = config.train.batch_size * config.train.seq_len
   loop = statistics.median(steady)
-  return {"steps": config.train.steps, "log_every": config.train.log_every, "batch_size": config.train.batch_size,
-          "seq_len": config.train.seq_len, "loop_tokens_per_s": loop, "loop_intervals": intervals,
-          "run_tokens_per_s": summary.get("tokens_per_s"), "bare_tokens_per_s": tokens / median,
-          "bare_step_ms": 1e3 * median, "ratio": loop / (tokens / median)}
+  return {
+    "steps": config.train.steps,
+    "log_every": config.train.log_every,
+    "batch_size": config.train.batch_size,
+    "seq_len": config.train.seq_len,
+    "loop_tokens_per_s": loop,
+    "loop_intervals": intervals,
+    "run_tokens_per_s": summary.get("tokens_per_s"),
+    "bare_tokens_per_s": tokens / median,
+    "bare_step_ms": 1e3 * median,
+    "ratio": loop / (tokens / median),
+  }
 
 
 def format_table(row: dict) -> str:
   run = row["run_tokens_per_s"]
-  return "\n".join([
+  return "\n".join(
+    [
       "| T x batch | steps | loop tokens/s (median interval) | whole run tokens/s (with evals) | "
       "bare step tokens/s | bare step ms | loop / bare |",
       "|---|---|---|---|---|---|---|",
       f"| {row['seq_len']} x {row['batch_size']} | {row['steps']} | {row['loop_tokens_per_s']:,.0f} | "
       f"{'-' if run is None else format(run, ',.0f')} | {row['bare_tokens_per_s']:,.0f} | {row['bare_step_ms']:.1f} | "
-      f"{row['ratio']:.3f} |"])
+      f"{row['ratio']:.3f} |",
+    ]
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import export
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 try:  # a device kind to lower for, without the device
   from jax.sharding import AbstractDevice
@@ -50,18 +51,29 @@ KERNEL_FIELDS = ("shared_kib", "registers", "spill_stores", "spill_loads")  # GP
 # Each kernel at the per-head widths of the paper models that run it (--paper): width is Dk (VQ), the
 # value width per head (Latte) or FLASH's s; value_width is VQ's Dv and FLASH's e.
 PAPER = {
-    "enwik8_vq": ("vq_attention", dict(width=128, value_width=1536, block=512, codes=512)),  # configs/enwik8
-    "c4_latte": ("causal_latte", dict(width=96, latents=16, heads=8)),                 # d 768, L 128, 8 heads
-    "lra_text_latte": ("bidirectional_latte", dict(width=64, latents=64, heads=4)),    # d 256, L 256, 4 heads
-    "c4_flash": ("mixed_chunk", dict(width=128, value_width=1536, flash_chunk=256)),  # d 768, expansion 2
-    "pg19_flash": ("mixed_chunk", dict(width=128, value_width=2048, flash_chunk=512)),  # d 1024, expansion 2
+  "enwik8_vq": ("vq_attention", dict(width=128, value_width=1536, block=512, codes=512)),  # configs/enwik8
+  "c4_latte": ("causal_latte", dict(width=96, latents=16, heads=8)),  # d 768, L 128, 8 heads
+  "lra_text_latte": ("bidirectional_latte", dict(width=64, latents=64, heads=4)),  # d 256, L 256, 4 heads
+  "c4_flash": ("mixed_chunk", dict(width=128, value_width=1536, flash_chunk=256)),  # d 768, expansion 2
+  "pg19_flash": ("mixed_chunk", dict(width=128, value_width=2048, flash_chunk=512)),  # d 1024, expansion 2
 }
 
 
-def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, chunk: int, flash_chunk: int,
-               dtype: str = "float32", batch: int = 1, heads: int = 1,
-               value_width: int = 0, segments: bool = False,
-               impl: str = "pallas") -> dict[str, tuple[Callable, tuple]]:
+def kernels_at(
+  seq_len: int,
+  width: int,
+  latents: int,
+  block: int,
+  codes: int,
+  chunk: int,
+  flash_chunk: int,
+  dtype: str = "float32",
+  batch: int = 1,
+  heads: int = 1,
+  value_width: int = 0,
+  segments: bool = False,
+  impl: str = "pallas",
+) -> dict[str, tuple[Callable, tuple]]:
   """name -> (function, argument shapes) of each kernel through its public `impl` path; q is
   argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
   takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
@@ -73,23 +85,38 @@ def kernels_at(seq_len: int, width: int, latents: int, block: int, codes: int, c
 
   def vq_attention(q, k, v, codebook, table, seg=None):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
-    out, _ = vq.vq_attention_blocks(q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table),
-                                    impl=impl, segments=seg)
+    out, _ = vq.vq_attention_blocks(
+      q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table), impl=impl, segments=seg
+    )
     return out
 
   table = {
-      "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d),
-                                      x(h, block + 1, d))),
-      "causal_latte": (lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl=impl,
-                                                                      segments=seg),
-                       (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
-      "bidirectional_latte": (lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl=impl,
-                                                                                    segments=seg),
-                              (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d))),
-      "mixed_chunk": (lambda q, k, v, bias, seg=None: kernels.mixed_chunk_attention(
-                          q, k, q, k, v, chunk=flash_chunk, causal=True, quad_scale=d ** -0.5, lin_scale=1.0 / c,
-                          bias=bias, segments=seg, impl=impl),
-                      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c))),
+    "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d), x(h, block + 1, d))),
+    "causal_latte": (
+      lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl=impl, segments=seg),
+      (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d)),
+    ),
+    "bidirectional_latte": (
+      lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl=impl, segments=seg),
+      (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d)),
+    ),
+    "mixed_chunk": (
+      lambda q, k, v, bias, seg=None: kernels.mixed_chunk_attention(
+        q,
+        k,
+        q,
+        k,
+        v,
+        chunk=flash_chunk,
+        causal=True,
+        quad_scale=d**-0.5,
+        lin_scale=1.0 / c,
+        bias=bias,
+        segments=seg,
+        impl=impl,
+      ),
+      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c)),
+    ),
   }
   if segments:
     ids = jax.ShapeDtypeStruct((b, t), jnp.int32)
@@ -134,8 +161,18 @@ def _error(e: Exception) -> str:
   return f"{type(e).__name__}: {text[:300]}"
 
 
-def check(platforms, *, topology: str = "v5e:2x2", gpu: str = "h100", passes=PASSES, compile_tpu: bool | None = None,
-          compile_gpu: bool | None = None, log=None, only: tuple[str, ...] = (), **sizes) -> list[dict]:
+def check(
+  platforms,
+  *,
+  topology: str = "v5e:2x2",
+  gpu: str = "h100",
+  passes=PASSES,
+  compile_tpu: bool | None = None,
+  compile_gpu: bool | None = None,
+  log=None,
+  only: tuple[str, ...] = (),
+  **sizes,
+) -> list[dict]:
   """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
   'lowered'), compile seconds, error, and for compiled GPU rows the kernel's shared memory (KiB),
   registers and spill bytes (the largest over the program's Pallas kernels)."""
@@ -152,10 +189,19 @@ def check(platforms, *, topology: str = "v5e:2x2", gpu: str = "h100", passes=PAS
       compiled = devices if platform == "tpu" else gpu_devices
       for pass_ in passes if compiled else ("forward",):
         f = fn if pass_ == "forward" else gradient(fn)
-        row = {"kernel": name, "shapes": " ".join("x".join(map(str, a.shape)) for a in args), "platform": platform,
-               "target": (tpu_kind if platform == "tpu" else compiled[0].device_kind if compiled else "cuda"),
-               "pass": pass_, "dtype": str(args[0].dtype), "ok": False, "how": "compiled" if compiled else "lowered",
-               "seconds": None, "error": "", **dict.fromkeys(KERNEL_FIELDS)}
+        row = {
+          "kernel": name,
+          "shapes": " ".join("x".join(map(str, a.shape)) for a in args),
+          "platform": platform,
+          "target": (tpu_kind if platform == "tpu" else compiled[0].device_kind if compiled else "cuda"),
+          "pass": pass_,
+          "dtype": str(args[0].dtype),
+          "ok": False,
+          "how": "compiled" if compiled else "lowered",
+          "seconds": None,
+          "error": "",
+          **dict.fromkeys(KERNEL_FIELDS),
+        }
         try:
           if platform == "tpu" and compiled:
             text, row["seconds"] = compile_for_tpu(f, args, devices)
@@ -163,8 +209,10 @@ def check(platforms, *, topology: str = "v5e:2x2", gpu: str = "h100", passes=PAS
             program, row["seconds"], found = gpu_compile.compile_for_gpu(f, args, gpu_devices)
             text = program.as_text()
             if found:
-              row.update(shared_kib=max(k.shared_bytes for k in found) / 1024,
-                         **{k: _largest(found, k) for k in KERNEL_FIELDS[1:]})
+              row.update(
+                shared_kib=max(k.shared_bytes for k in found) / 1024,
+                **{k: _largest(found, k) for k in KERNEL_FIELDS[1:]},
+              )
           else:
             text = lower(f, args, platform, tpu_kind)
           marker = TPU_MARKER if platform == "tpu" else GPU_MARKER
@@ -187,23 +235,33 @@ def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(prog="python scripts/check_lowering.py", description=__doc__.splitlines()[0])
   parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
   parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.chips)")
-  parser.add_argument("--gpu", default="h100", help=f"GPU to compile for (lra_core.chips.GPUS: {', '.join(chips.GPUS)})")
-  parser.add_argument("--passes", default="forward,grad", help="comma-separated forward, grad (rows that are only "
-                      "lowered take the forward)")
+  parser.add_argument(
+    "--gpu", default="h100", help=f"GPU to compile for (lra_core.chips.GPUS: {', '.join(chips.GPUS)})"
+  )
+  parser.add_argument(
+    "--passes",
+    default="forward,grad",
+    help="comma-separated forward, grad (rows that are only lowered take the forward)",
+  )
   parser.add_argument("--seq_len", type=int, default=2048)
   parser.add_argument("--width", type=int, default=128, help="head width (Dk = Dv; FLASH's S = E)")
   parser.add_argument("--latents", type=int, default=128, help="Latte's latent states per head")
   parser.add_argument("--block", type=int, default=512, help="VQ block length")
   parser.add_argument("--codes", type=int, default=512, help="VQ codebook size")
-  parser.add_argument("--chunk", type=int, default=0, help="causal Latte's time block (0: the kernel's default "
-                      "for the target)")
+  parser.add_argument(
+    "--chunk", type=int, default=0, help="causal Latte's time block (0: the kernel's default for the target)"
+  )
   parser.add_argument("--flash_chunk", type=int, default=256, help="FLASH chunk (the c4 configs' 256)")
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--heads", type=int, default=1)
   parser.add_argument("--value_width", type=int, default=0, help="VQ's Dv and FLASH's e (0: --width)")
   parser.add_argument("--dtype", default="float32", help="inputs: float32 or bfloat16")
-  parser.add_argument("--paper", default="", help=f"comma-separated, or 'all': each kernel at the widths of a paper "
-                      f"model that runs it, overriding the size flags ({', '.join(PAPER)})")
+  parser.add_argument(
+    "--paper",
+    default="",
+    help=f"comma-separated, or 'all': each kernel at the widths of a paper "
+    f"model that runs it, overriding the size flags ({', '.join(PAPER)})",
+  )
   parser.add_argument("--segments", action="store_true", help="the kernels' packed-document forms")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
@@ -215,8 +273,11 @@ def main(argv=None) -> list[dict]:
   papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
   if sorted(set(papers) - set(PAPER)):
     parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
-  print("| kernel | shapes (q k v ...) | target | dtype | pass | result | compile s | shared KiB | registers | "
-        "spill B (stores / loads) | error |\n|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+  print(
+    "| kernel | shapes (q k v ...) | target | dtype | pass | result | compile s | shared KiB | registers | "
+    "spill B (stores / loads) | error |\n|---|---|---|---|---|---|---|---|---|---|---|",
+    flush=True,
+  )
 
   def log(r):
     result = r["how"] if r["ok"] else "FAILED"
@@ -224,12 +285,26 @@ def main(argv=None) -> list[dict]:
     shared = "" if r["shared_kib"] is None else f"{r['shared_kib']:.0f}"
     registers = "" if r["registers"] is None else r["registers"]
     spills = "" if r["spill_stores"] is None else f"{r['spill_stores']} / {r['spill_loads']}"
-    print(f"| {r['kernel']} | {r['shapes']} | {r['target']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
-          f"{shared} | {registers} | {spills} | {r['error']} |", flush=True)
+    print(
+      f"| {r['kernel']} | {r['shapes']} | {r['target']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
+      f"{shared} | {registers} | {spills} | {r['error']} |",
+      flush=True,
+    )
 
-  sizes = dict(seq_len=args.seq_len, width=args.width, latents=args.latents, block=args.block, codes=args.codes,
-               chunk=args.chunk, flash_chunk=args.flash_chunk, dtype=args.dtype, batch=args.batch, heads=args.heads,
-               value_width=args.value_width, segments=args.segments)
+  sizes = dict(
+    seq_len=args.seq_len,
+    width=args.width,
+    latents=args.latents,
+    block=args.block,
+    codes=args.codes,
+    chunk=args.chunk,
+    flash_chunk=args.flash_chunk,
+    dtype=args.dtype,
+    batch=args.batch,
+    heads=args.heads,
+    value_width=args.value_width,
+    segments=args.segments,
+  )
   where = dict(topology=args.topology, gpu=args.gpu, passes=passes, log=log)
   if not papers:
     rows = check(platforms, **where, **sizes)

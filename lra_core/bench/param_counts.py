@@ -29,8 +29,17 @@ def rows() -> list[dict]:
   out = []
   for row in PAPER:
     c = counts(lra_core.load_config(row.config), row)
-    out.append(dict(spec=row.config, source=row.source, paper=row.count, tolerance=row.tolerance,
-                    gap_reason=row.gap_reason, **c, gap=(c["total"] - row.count) / row.count))
+    out.append(
+      dict(
+        spec=row.config,
+        source=row.source,
+        paper=row.count,
+        tolerance=row.tolerance,
+        gap_reason=row.gap_reason,
+        **c,
+        gap=(c["total"] - row.count) / row.count,
+      )
+    )
   return out
 
 
@@ -38,8 +47,10 @@ def table(records: list[dict]) -> str:
   lines = ["| config | paper | ours: trainable | codebooks (EMA) | total | gap |", "|---|---|---|---|---|---|"]
   for r in records:
     paper = f"{r['paper'] / 1e9:.3g}B" if r["paper"] >= 1e9 else f"{r['paper'] / 1e6:.3g}M"
-    lines.append(f"| `{r['spec']}` | {paper} ({r['source']}) | {r['params']:,} | "
-                 f"{r['codebook']:,} | {r['total']:,} | {100 * r['gap']:+.1f}% |")
+    lines.append(
+      f"| `{r['spec']}` | {paper} ({r['source']}) | {r['params']:,} | "
+      f"{r['codebook']:,} | {r['total']:,} | {100 * r['gap']:+.1f}% |"
+    )
   return "\n".join(lines)
 
 

@@ -32,8 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from lra_core import cli
-from lra_core.bench.common import (Variant, cost_flops, ints, output_flags, parse_variant, publish,
-                                   variant_config)
+from lra_core.bench.common import Variant, cost_flops, ints, output_flags, parse_variant, publish, variant_config
 from lra_core.bench.train_step import TrainStepRun, bench_config, matmul_peak_flops
 from lra_core.errors import ConfigError
 from lra_core.tables import markdown_table
@@ -72,13 +71,17 @@ class PeerStepRun:
     self.params, self.opt_state = params, jax.jit(tx.init)(params)
     self.key = jax.random.key(seed + 1)
     self.num_params = sum(x.size for x in jax.tree.leaves(params))
-    self.compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
-        self.params, self.opt_state, self.state, self.batch, self.key).compile()
+    self.compiled = (
+      jax.jit(step, donate_argnums=(0, 1, 2))
+      .lower(self.params, self.opt_state, self.state, self.batch, self.key)
+      .compile()
+    )
     self.loss = None
 
   def __call__(self):
     self.params, self.opt_state, self.state, self.loss = self.compiled(
-        self.params, self.opt_state, self.state, self.batch, self.key)
+      self.params, self.opt_state, self.state, self.batch, self.key
+    )
     return self.loss
 
 
@@ -106,18 +109,39 @@ def compare(config, *, steps: int = 5, warmup: int = 2, peer: Peer | None = None
   ours_times, peer_times = interleaved_seconds([ours, theirs], steps=steps, warmup=warmup)
   ours_s, peer_s = statistics.median(ours_times), statistics.median(peer_times)
   ours_flops, peer_flops = cost_flops(ours.compiled), cost_flops(theirs.compiled)
-  row = {"seq_len": config.train.seq_len, "batch_size": config.train.batch_size, "peer": peer.name,
-         "steps": steps, "warmup": warmup, "ours_ms": 1e3 * ours_s, "peer_ms": 1e3 * peer_s, "ratio": ours_s / peer_s,
-         "ours_ms_all": [1e3 * t for t in ours_times], "peer_ms_all": [1e3 * t for t in peer_times],
-         "ours_flops": ours_flops, "peer_flops": peer_flops, "ours_params": ours.num_params,
-         "peer_params": theirs.num_params, "ours_loss": float(jax.device_get(ours.metrics["objective"])),
-         "peer_loss": float(jax.device_get(theirs.loss))}
+  row = {
+    "seq_len": config.train.seq_len,
+    "batch_size": config.train.batch_size,
+    "peer": peer.name,
+    "steps": steps,
+    "warmup": warmup,
+    "ours_ms": 1e3 * ours_s,
+    "peer_ms": 1e3 * peer_s,
+    "ratio": ours_s / peer_s,
+    "ours_ms_all": [1e3 * t for t in ours_times],
+    "peer_ms_all": [1e3 * t for t in peer_times],
+    "ours_flops": ours_flops,
+    "peer_flops": peer_flops,
+    "ours_params": ours.num_params,
+    "peer_params": theirs.num_params,
+    "ours_loss": float(jax.device_get(ours.metrics["objective"])),
+    "peer_loss": float(jax.device_get(theirs.loss)),
+  }
   ours.free()
   return row
 
 
-COLUMNS = ("variant", "T x batch", "ours ms/step", "peer ms/step", "ours / peer", "ours GFLOP/step",
-           "peer GFLOP/step", "ours % of matmul peak", "peer % of matmul peak")
+COLUMNS = (
+  "variant",
+  "T x batch",
+  "ours ms/step",
+  "peer ms/step",
+  "ours / peer",
+  "ours GFLOP/step",
+  "peer GFLOP/step",
+  "ours % of matmul peak",
+  "peer % of matmul peak",
+)
 
 
 def shapes(text: str) -> list[tuple[int, int]]:
@@ -145,9 +169,17 @@ def format_table(rows: Sequence[dict]) -> str:
   lines = []
   num = lambda x, scale, fmt: "-" if x is None else format(x * scale, fmt)
   for r in rows:
-    cells = [r["variant"], f"{r['seq_len']} x {r['batch_size']}", f"{r['ours_ms']:,.0f}", f"{r['peer_ms']:,.0f}",
-             f"{r['ratio']:.2f}", num(r["ours_flops"], 1e-9, ",.1f"), num(r["peer_flops"], 1e-9, ",.1f"),
-             num(r.get("ours_peak_fraction"), 100, ".1f"), num(r.get("peer_peak_fraction"), 100, ".1f")]
+    cells = [
+      r["variant"],
+      f"{r['seq_len']} x {r['batch_size']}",
+      f"{r['ours_ms']:,.0f}",
+      f"{r['peer_ms']:,.0f}",
+      f"{r['ratio']:.2f}",
+      num(r["ours_flops"], 1e-9, ",.1f"),
+      num(r["peer_flops"], 1e-9, ",.1f"),
+      num(r.get("ours_peak_fraction"), 100, ".1f"),
+      num(r.get("peer_peak_fraction"), 100, ".1f"),
+    ]
     lines.append(cells)
   return markdown_table(COLUMNS, lines)
 
@@ -155,12 +187,23 @@ def format_table(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog="python scripts/peer_bench.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="config file[:arg] of a family with a peer "
-                      f"({', '.join(sorted(PEERS))})")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override for every variant (repeatable)")
-  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help="a named set of overrides (repeatable); config=<spec> gives it its own config file")
+  parser.add_argument(
+    "--config", required=True, help=f"config file[:arg] of a family with a peer ({', '.join(sorted(PEERS))})"
+  )
+  parser.add_argument(
+    "--override",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override for every variant (repeatable)",
+  )
+  parser.add_argument(
+    "--variant",
+    action="append",
+    default=[],
+    metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
+    help="a named set of overrides (repeatable); config=<spec> gives it its own config file",
+  )
   parser.add_argument("--shapes", default="1024x8,256x32", help="comma-separated TxB (sequence length x batch)")
   parser.add_argument("--steps", type=int, default=5, help="timed steps of each side (the median is reported)")
   parser.add_argument("--warmup", type=int, default=2, help="untimed rounds after compiling")
@@ -176,8 +219,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
       config = bench_config(spec, [*args.override, *variant_overrides], seq_len=seq_len, batch_size=batch_size)
       row = {"variant": variant.name, **compare(config, steps=args.steps, warmup=args.warmup)}
       rows.append(row)
-      print(f"{variant.name} {seq_len}x{batch_size}: ours {row['ours_ms']:,.0f} ms, peer {row['peer_ms']:,.0f} ms, "
-            f"ratio {row['ratio']:.2f}", file=sys.stderr, flush=True)
+      print(
+        f"{variant.name} {seq_len}x{batch_size}: ours {row['ours_ms']:,.0f} ms, peer {row['peer_ms']:,.0f} ms, "
+        f"ratio {row['ratio']:.2f}",
+        file=sys.stderr,
+        flush=True,
+      )
       gc.collect()
   peak = matmul_peak_flops(args.matmul_size, steps=args.steps, warmup=args.warmup)
   set_peak_fractions(rows, peak)

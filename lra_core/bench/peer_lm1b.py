@@ -27,26 +27,40 @@ import optax
 from lra_core.bench.peer import Peer
 from lra_core.errors import ConfigError
 
-ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=False), "gelu_tanh": jax.nn.gelu,
-               "relu": jax.nn.relu, "silu": jax.nn.silu}
+ACTIVATIONS = {
+  "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+  "gelu_tanh": jax.nn.gelu,
+  "relu": jax.nn.relu,
+  "silu": jax.nn.silu,
+}
 
 
 def _check(config) -> None:
   m = config.model
-  unsupported = {"task": (config.task, "lm"), "model.name": (m.name, "transformer"), "model.norm": (m.norm, "layer"),
-                 "model.window": (m.window, 0), "model.tie_embeddings": (m.tie_embeddings, False),
-                 "model.parallel_residual": (m.get("parallel_residual", False), False),
-                 "model.use_bias": (m.use_bias, False), "model.dropout": (m.dropout, 0.0),
-                 "model.attention_dropout": (m.attention_dropout, 0.0), "model.rope_fraction": (m.rope_fraction, 1.0),
-                 "model.scan_layers": (m.get("scan_layers", False), False), "model.remat": (m.get("remat", "none"), "none")}
+  unsupported = {
+    "task": (config.task, "lm"),
+    "model.name": (m.name, "transformer"),
+    "model.norm": (m.norm, "layer"),
+    "model.window": (m.window, 0),
+    "model.tie_embeddings": (m.tie_embeddings, False),
+    "model.parallel_residual": (m.get("parallel_residual", False), False),
+    "model.use_bias": (m.use_bias, False),
+    "model.dropout": (m.dropout, 0.0),
+    "model.attention_dropout": (m.attention_dropout, 0.0),
+    "model.rope_fraction": (m.rope_fraction, 1.0),
+    "model.scan_layers": (m.get("scan_layers", False), False),
+    "model.remat": (m.get("remat", "none"), "none"),
+  }
   for key, (value, wanted) in unsupported.items():
     if value != wanted:
       raise ConfigError(f"the lm1b-style peer needs {key} = {wanted!r}, got {value!r}.")
   if m.num_kv_heads not in (0, m.num_heads):
     raise ConfigError(f"the lm1b-style peer is multi-head; model.num_kv_heads is {m.num_kv_heads}.")
   if m.activation not in ACTIVATIONS or m.mlp not in ("mlp", "glu") or m.position not in ("learned", "scaled_sinusoid"):
-    raise ConfigError(f"the lm1b-style peer has no activation {m.activation!r}, mlp {m.mlp!r} or position "
-                      f"{m.position!r} (it mirrors transformer, transformer+ and transformer++).")
+    raise ConfigError(
+      f"the lm1b-style peer has no activation {m.activation!r}, mlp {m.mlp!r} or position "
+      f"{m.position!r} (it mirrors transformer, transformer+ and transformer++)."
+    )
 
 
 def sinusoid_table(length: int, dim: int, max_wavelength: float = 1e4) -> np.ndarray:
@@ -60,8 +74,8 @@ def rope(x: jax.Array, max_wavelength: float) -> jax.Array:
   """Rotates dimension pairs (i, i + Dh/2) of x [B,T,H,Dh] by position * frequency_i."""
   t, d = x.shape[1], x.shape[-1]
   angles = jnp.asarray(sinusoid_table(t, d, max_wavelength))  # [T, Dh]: sin | cos
-  sin, cos = angles[None, :, None, : d // 2], angles[None, :, None, d // 2:]
-  x1, x2 = x[..., : d // 2], x[..., d // 2:]
+  sin, cos = angles[None, :, None, : d // 2], angles[None, :, None, d // 2 :]
+  x1, x2 = x[..., : d // 2], x[..., d // 2 :]
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
@@ -86,19 +100,25 @@ def make_peer(config) -> Peer:
     xavier = jax.nn.initializers.xavier_uniform()
     dense = lambda shape, fan_in, fan_out: xavier(next(keys), (fan_in, fan_out)).reshape(shape)
     zeros, ones = jnp.zeros, jnp.ones
-    params = {"embed": jax.random.normal(next(keys), (vocab, d)) * d ** -0.5,
-              "final_norm": {"scale": ones(d), "bias": zeros(d)},
-              "logits": {"kernel": dense((d, vocab), d, vocab), "bias": zeros(vocab)}, "blocks": []}
+    params = {
+      "embed": jax.random.normal(next(keys), (vocab, d)) * d**-0.5,
+      "final_norm": {"scale": ones(d), "bias": zeros(d)},
+      "logits": {"kernel": dense((d, vocab), d, vocab), "bias": zeros(vocab)},
+      "blocks": [],
+    }
     if m.position == "learned":
       params["position_table"] = jax.random.normal(next(keys), (seq_len, d)) * 0.02
     else:
-      params["position_scale"] = jnp.asarray(d ** -0.5)
+      params["position_scale"] = jnp.asarray(d**-0.5)
     for _ in range(layers):
-      block = {"attn_norm": {"scale": ones(d), "bias": zeros(d)}, "mlp_norm": {"scale": ones(d), "bias": zeros(d)},
-               **{name: dense((d, heads, head_dim), d, heads * head_dim) for name in ("query", "key", "value")},
-               "out": dense((heads, head_dim, d), heads * head_dim, d),
-               "wi": {"kernel": dense((d, ff), d, ff), "bias": zeros(ff)},
-               "wo": {"kernel": dense((ff, d), ff, d), "bias": zeros(d)}}
+      block = {
+        "attn_norm": {"scale": ones(d), "bias": zeros(d)},
+        "mlp_norm": {"scale": ones(d), "bias": zeros(d)},
+        **{name: dense((d, heads, head_dim), d, heads * head_dim) for name in ("query", "key", "value")},
+        "out": dense((heads, head_dim, d), heads * head_dim, d),
+        "wi": {"kernel": dense((d, ff), d, ff), "bias": zeros(ff)},
+        "wo": {"kernel": dense((ff, d), ff, d), "bias": zeros(d)},
+      }
       if glu:
         block["wg"] = {"kernel": dense((d, ff), d, ff), "bias": zeros(ff)}
       params["blocks"].append(block)
@@ -148,18 +168,25 @@ def params_from_ours(params: dict, config) -> dict:
   scanned); the biases our model lacks are zero, so the peer computes our model's function."""
   m = config.model
   zeros = lambda n: jnp.zeros((n,), jnp.float32)
-  out = {"embed": params["embed"]["embedding"], "final_norm": dict(params["final_norm"]),
-         "logits": {"kernel": params["head"]["out"]["kernel"], "bias": zeros(m.vocab_size)}, "blocks": []}
+  out = {
+    "embed": params["embed"]["embedding"],
+    "final_norm": dict(params["final_norm"]),
+    "logits": {"kernel": params["head"]["out"]["kernel"], "bias": zeros(m.vocab_size)},
+    "blocks": [],
+  }
   if m.position == "learned":
-    out["position_table"] = params["positions"]["table"][:config.train.seq_len]
+    out["position_table"] = params["positions"]["table"][: config.train.seq_len]
   else:
     out["position_scale"] = params["positions"]["scale"]
   for i in range(m.num_layers):
     ours = params["blocks"][i]
-    block = {"attn_norm": dict(ours["attn_norm"]), "mlp_norm": dict(ours["mlp_norm"]),
-             **{name: ours["attn"][name]["kernel"] for name in ("query", "key", "value", "out")},
-             "wi": {"kernel": ours["mlp"]["up"]["kernel"], "bias": zeros(m.d_ff)},
-             "wo": {"kernel": ours["mlp"]["down"]["kernel"], "bias": zeros(m.d_model)}}
+    block = {
+      "attn_norm": dict(ours["attn_norm"]),
+      "mlp_norm": dict(ours["mlp_norm"]),
+      **{name: ours["attn"][name]["kernel"] for name in ("query", "key", "value", "out")},
+      "wi": {"kernel": ours["mlp"]["up"]["kernel"], "bias": zeros(m.d_ff)},
+      "wo": {"kernel": ours["mlp"]["down"]["kernel"], "bias": zeros(m.d_model)},
+    }
     if m.mlp == "glu":
       block["wg"] = {"kernel": ours["mlp"]["gate"]["kernel"], "bias": zeros(m.d_ff)}
     out["blocks"].append(block)

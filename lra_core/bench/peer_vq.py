@@ -60,6 +60,7 @@ sg = jax.lax.stop_gradient
 
 class Sizes(NamedTuple):
   """What the peer reads from config.model and config.train."""
+
   vocab_size: int
   d_model: int
   d_k: int
@@ -75,8 +76,8 @@ class Sizes(NamedTuple):
   wavelength: float
   final_norm: bool
   tie_embeddings: bool
-  embed_scale: float            # lookups multiply the table by this: sqrt(d_model) ("scaled") or 1 ("plain")
-  output_scale: float | None    # tied: (x E^T + b) * output_scale; None: x E^T / d_model, no bias (older configs)
+  embed_scale: float  # lookups multiply the table by this: sqrt(d_model) ("scaled") or 1 ("plain")
+  output_scale: float | None  # tied: (x E^T + b) * output_scale; None: x E^T / d_model, no bias (older configs)
   dtype: Any
   scan_layers: bool
   remat: str
@@ -94,8 +95,9 @@ def sizes(config) -> Sizes:
   if not m.compressive:
     raise ValueError("the VQ peer needs model.compressive=True (the sliding-window ablation is not mirrored).")
   if t.update_len not in (0, t.seq_len):
-    raise ValueError(f"the VQ peer needs one update window per sequence (train.update_len 0 or {t.seq_len}), "
-                     f"got {t.update_len}.")
+    raise ValueError(
+      f"the VQ peer needs one update window per sequence (train.update_len 0 or {t.seq_len}), got {t.update_len}."
+    )
   for key in ("dropsin", "dropres", "droplyr"):
     if m[key] != 0.0:
       raise ValueError(f"the VQ peer has no dropout; model.{key} is {m[key]}.")
@@ -104,18 +106,32 @@ def sizes(config) -> Sizes:
   remat = m.get("remat", "none")
   if remat != "none" and remat not in POLICIES:
     raise ValueError(f"model.remat {remat!r} is not one of {['none', *POLICIES]}.")
-  return Sizes(vocab_size=m.vocab_size, d_model=m.d_model, d_k=m.d_k, d_v=m.d_v, num_layers=m.num_layers,
-               n_code=m.n_code, block_len=m.block_len, seq_len=t.seq_len, commit_coef=float(m.commit_coef),
-               ema_rate=float(m.ema_rate), rel_bias=bool(m.rel_bias), abs_position=bool(m.abs_position),
-               wavelength=float(m.wavelength), final_norm=bool(m.final_norm),
-               tie_embeddings=bool(m.tie_embeddings),
-               embed_scale=m.d_model ** 0.5 if m.get("embedding", "scaled") == "scaled" else 1.0,
-               output_scale=float(m.output_scale) if m.tie_embeddings and "output_scale" in m else None,
-               dtype=jnp.dtype(m.dtype),
-               scan_layers=bool(m.get("scan_layers", False)), remat=remat)
+  return Sizes(
+    vocab_size=m.vocab_size,
+    d_model=m.d_model,
+    d_k=m.d_k,
+    d_v=m.d_v,
+    num_layers=m.num_layers,
+    n_code=m.n_code,
+    block_len=m.block_len,
+    seq_len=t.seq_len,
+    commit_coef=float(m.commit_coef),
+    ema_rate=float(m.ema_rate),
+    rel_bias=bool(m.rel_bias),
+    abs_position=bool(m.abs_position),
+    wavelength=float(m.wavelength),
+    final_norm=bool(m.final_norm),
+    tie_embeddings=bool(m.tie_embeddings),
+    embed_scale=m.d_model**0.5 if m.get("embedding", "scaled") == "scaled" else 1.0,
+    output_scale=float(m.output_scale) if m.tie_embeddings and "output_scale" in m else None,
+    dtype=jnp.dtype(m.dtype),
+    scan_layers=bool(m.get("scan_layers", False)),
+    remat=remat,
+  )
 
 
 # -- small pieces ----------------------------------------------------------------------------------
+
 
 def rms_norm(x: Array, eps: float = EPS) -> Array:
   """x / rms(x) over the last axis, in float32, returned in x's dtype."""
@@ -162,15 +178,18 @@ def causal_keep_mask(q_len: int, k_len: int, *, with_locality: bool) -> Array:
 
 # -- quantizer -------------------------------------------------------------------------------------
 
+
 def get_codebook(c_sum: Array, c_count: Array) -> Array:
   return sg(c_sum / jnp.clip(c_count, 0.01)[..., None])
 
 
 def get_shortcodes(vecs: Array, codebook: Array) -> tuple[Array, Array]:
   """Nearest code and squared distance: vecs [B,R,C,K], codebook [S,K] -> int32 [B,R,C], [B,R,C]."""
-  diffs2 = (jnp.einsum("brck->brc", jnp.square(vecs))[..., None]
-            - 2.0 * jnp.einsum("brck,sk->brcs", vecs, codebook)
-            + jnp.einsum("sk->s", jnp.square(codebook))[None, None, None])
+  diffs2 = (
+    jnp.einsum("brck->brc", jnp.square(vecs))[..., None]
+    - 2.0 * jnp.einsum("brck,sk->brcs", vecs, codebook)
+    + jnp.einsum("sk->s", jnp.square(codebook))[None, None, None]
+  )
   z = jnp.argmin(diffs2, axis=-1).astype(jnp.int32)
   return z, jax.nn.relu(jnp.min(diffs2, axis=-1))
 
@@ -192,12 +211,13 @@ def quantize(k: Array, c_sum: Array, c_count: Array, ema_rate: float):
 
 # -- attention -------------------------------------------------------------------------------------
 
+
 def cache_vars(z: Array, v: Array, n_code: int) -> tuple[Array, Array]:
   """Per block r: the value means and counts per code of blocks 0..r-2, [B,R,S,V] and [B,R,S].
 
   Block summaries, then a serial scan merging (count, mean) without ever forming sums of values.
   """
-  delta = jax.nn.one_hot(z, n_code, dtype=jnp.float32)                       # [B,R,C,S]
+  delta = jax.nn.one_hot(z, n_code, dtype=jnp.float32)  # [B,R,C,S]
   delta1_by_block = jnp.einsum("brcs->brs", delta)
   deltav_by_block = jnp.einsum("brcs,brcv->brsv", delta, v)
   deltav_by_block_normalized = deltav_by_block / jnp.clip(delta1_by_block[..., None], 1.0)
@@ -214,15 +234,17 @@ def cache_vars(z: Array, v: Array, n_code: int) -> tuple[Array, Array]:
   b, n_block = z.shape[:2]
   init = (jnp.zeros((b, n_code), jnp.float32), jnp.zeros((b, n_code, v.shape[-1]), jnp.float32))
   _, (lowers, upper_div_lowers) = jax.lax.scan(
-      body, init, (delta1_by_block.transpose(1, 0, 2), deltav_by_block_normalized.transpose(1, 0, 2, 3)))
+    body, init, (delta1_by_block.transpose(1, 0, 2), deltav_by_block_normalized.transpose(1, 0, 2, 3))
+  )
   # Block r reads the merge through block r - 2: shift by two blocks (blocks 0 and 1 read nothing).
   lower = jnp.pad(lowers, ((2, 0), (0, 0), (0, 0)))[:n_block].transpose(1, 0, 2)
   upper_div_lower = jnp.pad(upper_div_lowers, ((2, 0), (0, 0), (0, 0), (0, 0)))[:n_block].transpose(1, 0, 2, 3)
   return upper_div_lower, lower
 
 
-def vq_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array,
-                 xl: tuple[Array, Array, Array] | None) -> Array:
+def vq_attention(
+  q: Array, k_hat: Array, z: Array, v: Array, codebook: Array, xl: tuple[Array, Array, Array] | None
+) -> Array:
   """Causal softmax attention over quantized keys in blocks, in float32.
 
   q, k_hat [B,R,C,K]; z int32 [B,R,C]; v [B,R,C,V]; codebook [S,K]; xl = (xl_r [2C,K] rows for
@@ -247,8 +269,7 @@ def vq_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array,
     scores_present = scores_present + scores_bd_present
     scores_prev = scores_prev + scores_bd_prev
 
-  scores_present = jnp.where(causal_keep_mask(block_len, block_len, with_locality=False), scores_present,
-                             -INFTY_APPROX)
+  scores_present = jnp.where(causal_keep_mask(block_len, block_len, with_locality=False), scores_present, -INFTY_APPROX)
   # Block 0 has no previous block: its zero padding must get no weight.
   scores_prev = jnp.pad(scores_prev[:, 1:], ((0, 0), (1, 0), (0, 0), (0, 0)), constant_values=-INFTY_APPROX)
 
@@ -270,11 +291,12 @@ def vq_attention(q: Array, k_hat: Array, z: Array, v: Array, codebook: Array,
 
 # -- model -----------------------------------------------------------------------------------------
 
+
 def xl_helpers(p: dict, s: Sizes) -> tuple[Array, Array, Array] | None:
   """(xl_r [2C,K], xl_u [K], xl_v [K]), all scaled by d_k^-1/4, or None without relative biases."""
   if not s.rel_bias:
     return None
-  tau = s.d_k ** -0.25
+  tau = s.d_k**-0.25
   table = sinusoid_embs(2 * s.block_len, s.d_model, s.wavelength, flip=True)
   xl_r = dense(table, p["r_proj"], s.dtype)
   return xl_r * tau, p["xl_u"] * tau, p["xl_v"] * tau
@@ -282,7 +304,7 @@ def xl_helpers(p: dict, s: Sizes) -> tuple[Array, Array, Array] | None:
 
 def gau(p: dict, c_sum: Array, c_count: Array, x: Array, s: Sizes):
   """One gated attention unit on x [B,R,C,D] -> (residual branch, commitment loss, EMA targets)."""
-  tau = s.d_k ** -0.25
+  tau = s.d_k**-0.25
   x_tilde = affine_rms_norm(x, p["norm"])
   q = rms_norm(dense(x_tilde, p["q_proj"], s.dtype)) * tau
   k = rms_norm(dense(x_tilde, p["k_proj"], s.dtype)) * tau
@@ -357,6 +379,7 @@ def make_peer(config) -> Peer:
 
 # -- parameters ------------------------------------------------------------------------------------
 
+
 def init(key: Array, s: Sizes) -> tuple[dict, dict]:
   """Parameters and codebook state, initialised as our model initialises its own."""
   w_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -364,18 +387,24 @@ def init(key: Array, s: Sizes) -> tuple[dict, dict]:
   d, dk, dv = s.d_model, s.d_k, s.d_v
 
   def unit():
-    p = {"norm": {"scale": jnp.ones((d,)), "bias": jnp.zeros((d,))},
-         "q_proj": w_init(next(keys), (d, dk)), "k_proj": w_init(next(keys), (d, dk)),
-         "v_proj": w_init(next(keys), (d, dv)), "g_proj": w_init(next(keys), (d, dv)),
-         "res_proj": w_init(next(keys), (dv, d))}
+    p = {
+      "norm": {"scale": jnp.ones((d,)), "bias": jnp.zeros((d,))},
+      "q_proj": w_init(next(keys), (d, dk)),
+      "k_proj": w_init(next(keys), (d, dk)),
+      "v_proj": w_init(next(keys), (d, dv)),
+      "g_proj": w_init(next(keys), (d, dv)),
+      "res_proj": w_init(next(keys), (dv, d)),
+    }
     r_key = next(keys)
     if s.rel_bias:
       p.update(r_proj=w_init(r_key, (d, dk)), xl_u=jnp.zeros((dk,)), xl_v=jnp.zeros((dk,)))
-    return p, jax.random.normal(next(keys), (s.n_code, dk)) * dk ** -0.25
+    return p, jax.random.normal(next(keys), (s.n_code, dk)) * dk**-0.25
 
   units = [unit() for _ in range(s.num_layers)]
-  params = {"embed": {"embedding": jax.random.normal(next(keys), (s.vocab_size, d)) * s.embed_scale ** -1},
-            "layers": _layers([p for p, _ in units], s)}
+  params = {
+    "embed": {"embedding": jax.random.normal(next(keys), (s.vocab_size, d)) * s.embed_scale**-1},
+    "layers": _layers([p for p, _ in units], s),
+  }
   if s.abs_position:
     params["pos_scale"] = jnp.zeros(())
   if s.final_norm:
@@ -384,8 +413,7 @@ def init(key: Array, s: Sizes) -> tuple[dict, dict]:
     params["classifier"] = {"kernel": w_init(next(keys), (d, s.vocab_size)), "bias": jnp.zeros((s.vocab_size,))}
   elif s.output_scale is not None:
     params["output_bias"] = jnp.zeros((s.vocab_size,))
-  state = {"codebook_sum": jnp.stack([c for _, c in units]),
-           "codebook_count": jnp.ones((s.num_layers, s.n_code))}
+  state = {"codebook_sum": jnp.stack([c for _, c in units]), "codebook_count": jnp.ones((s.num_layers, s.n_code))}
   return params, state
 
 
@@ -411,15 +439,20 @@ def params_from_ours(model_or_state, config) -> tuple[dict, dict]:
   units, c_sums, c_counts = [], [], []
   for i in range(s.num_layers):
     u = ours["units"][i]
-    p = {"norm": {"scale": as_array(u["norm"]["scale"]), "bias": as_array(u["norm"]["bias"])},
-         "q_proj": as_array(u["q_proj"]["kernel"]).reshape(s.d_model, s.d_k),
-         "k_proj": as_array(u["k_proj"]["kernel"]).reshape(s.d_model, s.d_k),
-         "v_proj": as_array(u["v_proj"]["kernel"]).reshape(s.d_model, s.d_v),
-         "g_proj": as_array(u["g_proj"]["kernel"]).reshape(s.d_model, s.d_v),
-         "res_proj": as_array(u["out_proj"]["kernel"]).reshape(s.d_v, s.d_model)}
+    p = {
+      "norm": {"scale": as_array(u["norm"]["scale"]), "bias": as_array(u["norm"]["bias"])},
+      "q_proj": as_array(u["q_proj"]["kernel"]).reshape(s.d_model, s.d_k),
+      "k_proj": as_array(u["k_proj"]["kernel"]).reshape(s.d_model, s.d_k),
+      "v_proj": as_array(u["v_proj"]["kernel"]).reshape(s.d_model, s.d_v),
+      "g_proj": as_array(u["g_proj"]["kernel"]).reshape(s.d_model, s.d_v),
+      "res_proj": as_array(u["out_proj"]["kernel"]).reshape(s.d_v, s.d_model),
+    }
     if s.rel_bias:
-      p.update(r_proj=as_array(u["r_proj"]["kernel"]).reshape(s.d_model, s.d_k),
-               xl_u=as_array(u["xl_u"]).reshape(s.d_k), xl_v=as_array(u["xl_v"]).reshape(s.d_k))
+      p.update(
+        r_proj=as_array(u["r_proj"]["kernel"]).reshape(s.d_model, s.d_k),
+        xl_u=as_array(u["xl_u"]).reshape(s.d_k),
+        xl_v=as_array(u["xl_v"]).reshape(s.d_k),
+      )
     units.append(p)
     c_sums.append(as_array(u["quantizer"]["c_sum"]).reshape(s.n_code, s.d_k))
     c_counts.append(as_array(u["quantizer"]["c_count"]).reshape(s.n_code))
@@ -427,12 +460,15 @@ def params_from_ours(model_or_state, config) -> tuple[dict, dict]:
   if s.abs_position:
     params["pos_scale"] = as_array(ours["pos_scale"])
   if s.final_norm:
-    params["final_norm"] = {"scale": as_array(ours["final_norm"]["scale"]),
-                            "bias": as_array(ours["final_norm"]["bias"])}
+    params["final_norm"] = {
+      "scale": as_array(ours["final_norm"]["scale"]),
+      "bias": as_array(ours["final_norm"]["bias"]),
+    }
   if not s.tie_embeddings:
-    params["classifier"] = {"kernel": as_array(ours["classifier"]["kernel"]),
-                            "bias": as_array(ours["classifier"]["bias"])}
+    params["classifier"] = {
+      "kernel": as_array(ours["classifier"]["kernel"]),
+      "bias": as_array(ours["classifier"]["bias"]),
+    }
   elif s.output_scale is not None:
     params["output_bias"] = as_array(ours["output_bias"])
   return params, {"codebook_sum": jnp.stack(c_sums), "codebook_count": jnp.stack(c_counts)}
-

@@ -30,16 +30,22 @@ def paper_spec(spec: str) -> str:
 
 def summarize(rows: list[dict]) -> dict:
   total = sum(r["size"] for r in rows)
-  share = {axis: sum(r["size"] for r in rows if axis in mesh_axes_used(r["spec"])) / total
-           for axis in ("fsdp", "tensor")}
+  share = {
+    axis: sum(r["size"] for r in rows if axis in mesh_axes_used(r["spec"])) / total for axis in ("fsdp", "tensor")
+  }
   names = sorted({a for r in rows for a in (r["logical_axes"] or ()) if a})
-  return dict(params=total, fsdp=share["fsdp"], tensor=share["tensor"], logical_axes=names,
-              per_device_mib=4 * sum(r["per_device"] for r in rows) / 2**20)
+  return dict(
+    params=total,
+    fsdp=share["fsdp"],
+    tensor=share["tensor"],
+    logical_axes=names,
+    per_device_mib=4 * sum(r["per_device"] for r in rows) / 2**20,
+  )
 
 
 def main(argv=None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
-  overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+  overrides = [a[len("--config.") :] for a in argv if a.startswith("--config.")]
   parser = argparse.ArgumentParser(prog="python scripts/shardings.py")
   parser.add_argument("--config", help="a config spec (file[:arg])")
   parser.add_argument("--families", action="store_true", help="one row per model family (tiny configs)")
@@ -52,8 +58,9 @@ def main(argv=None) -> None:
   specs = dict(FAMILIES) if ns.families else {ns.config: ns.config}
   if ns.paper:
     specs = {name: paper_spec(spec) for name, spec in specs.items()}
-  print("| model | config | mesh | parameters | split over fsdp | split over tensor | "
-        "MiB per device (f32) | logical axes |")
+  print(
+    "| model | config | mesh | parameters | split over fsdp | split over tensor | MiB per device (f32) | logical axes |"
+  )
   print("|---|---|---|---:|---:|---:|---:|---|")
   layouts = {}
   for name, spec in specs.items():
@@ -61,8 +68,10 @@ def main(argv=None) -> None:
     rows = layouts[name] = parameter_layout(config, ns.devices)
     s = summarize(rows)
     mesh = " x ".join(f"{a} {n}" for a, n in mesh_shape(config.mesh, ns.devices).items())
-    print(f"| {name} | `{spec}` | {mesh} | {s['params']:,} | {s['fsdp']:.0%} | {s['tensor']:.0%} | "
-          f"{s['per_device_mib']:.3f} | {', '.join(s['logical_axes'])} |")
+    print(
+      f"| {name} | `{spec}` | {mesh} | {s['params']:,} | {s['fsdp']:.0%} | {s['tensor']:.0%} | "
+      f"{s['per_device_mib']:.3f} | {', '.join(s['logical_axes'])} |"
+    )
   if ns.params:
     for name, rows in layouts.items():
       print(f"\n{name}:\n\n| parameter | shape | logical axes | PartitionSpec |\n|---|---|---|---|")

@@ -31,18 +31,38 @@ import numpy as np
 
 from lra_core import cli, data_setup, optim, sharding
 from lra_core.bench import cores
-from lra_core.bench.common import (MiB, Variant, cost_flops, ints, is_oom, median_seconds, output_flags,
-                                   parse_variant, publish, variant_config, xla_memory_bytes)
+from lra_core.bench.common import (
+  MiB,
+  Variant,
+  cost_flops,
+  ints,
+  is_oom,
+  median_seconds,
+  output_flags,
+  parse_variant,
+  publish,
+  variant_config,
+  xla_memory_bytes,
+)
 from lra_core.config import load_config
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
-from lra_core.tasks import make_task
 from lra_core.tables import markdown_table
+from lra_core.tasks import make_task
 
-COLUMNS = ("variant", "T", "batch", "tokens/s", "step ms (median)", "compile s", "peak memory MiB",
-           "GFLOP/s", "% of matmul peak")
+COLUMNS = (
+  "variant",
+  "T",
+  "batch",
+  "tokens/s",
+  "step ms (median)",
+  "compile s",
+  "peak memory MiB",
+  "GFLOP/s",
+  "% of matmul peak",
+)
 
 
 def bench_config(spec: str, overrides: Sequence[str] = (), *, seq_len: int, batch_size: int = 1):
@@ -52,8 +72,14 @@ def bench_config(spec: str, overrides: Sequence[str] = (), *, seq_len: int, batc
   may set it; the length, batch, window and mesh settings always win.
   """
   overrides = ["train.grad_accum_steps=1", *overrides]
-  fixed = [f"train.seq_len={seq_len}", f"train.batch_size={batch_size}", "train.update_len=0",
-           "mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
+  fixed = [
+    f"train.seq_len={seq_len}",
+    f"train.batch_size={batch_size}",
+    "train.update_len=0",
+    "mesh.data=1",
+    "mesh.fsdp=1",
+    "mesh.tensor=1",
+  ]
   # Loaded once at the config's own length to see whether the model pins a position table size.
   base = load_config(spec, overrides)
   if base.model.get("max_len", 0):
@@ -74,17 +100,23 @@ def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, 
 
   if task in ("lm", "image_ar"):
     # One window per sequence: the pipeline marks every batch as a sequence start.
-    return {"inputs": tokens((b, t)), "targets": tokens((b, t)), "weights": np.ones((b, t), np.float32),
-            "reset": np.asarray(True)}
+    return {
+      "inputs": tokens((b, t)),
+      "targets": tokens((b, t)),
+      "weights": np.ones((b, t), np.float32),
+      "reset": np.asarray(True),
+    }
   if task == "mlm":
     return {"inputs": tokens((b, t)), "weights": np.ones((b, t), np.float32)}
   if task in ("classify", "retrieval"):
     shape = (b, 2, t) if task == "retrieval" else (b, t)
-    return {"inputs": tokens(shape), "mask": np.ones(shape, bool),
-            "targets": rng.integers(0, max(info.num_classes, 1), (b,), dtype=np.int32),
-            "weights": np.ones((b,), np.float32)}
-  raise ConfigError(f"task {config.task!r} has no benchmark batch; expected lm, image_ar, mlm, classify "
-                    "or retrieval.")
+    return {
+      "inputs": tokens(shape),
+      "mask": np.ones(shape, bool),
+      "targets": rng.integers(0, max(info.num_classes, 1), (b,), dtype=np.int32),
+      "weights": np.ones((b,), np.float32),
+    }
+  raise ConfigError(f"task {config.task!r} has no benchmark batch; expected lm, image_ar, mlm, classify or retrieval.")
 
 
 def one_device_mesh():
@@ -100,8 +132,9 @@ def peak_memory(device: jax.Device) -> tuple[int, str]:
   return int(rss if sys.platform == "darwin" else rss * 1024), "host RSS"  # macOS: bytes, Linux: KiB
 
 
-def matmul_peak_flops(n: int = 0, *, dtype=jnp.float32, steps: int = 5, warmup: int = 2,
-                      device: jax.Device | None = None) -> float:
+def matmul_peak_flops(
+  n: int = 0, *, dtype=jnp.float32, steps: int = 5, warmup: int = 2, device: jax.Device | None = None
+) -> float:
   """FLOP/s of an n x n matmul on `device`: the yardstick for the step's achieved FLOP/s.
 
   n = 0 picks 2048 on CPU and 8192 on accelerators (large enough to be compute bound).
@@ -113,7 +146,7 @@ def matmul_peak_flops(n: int = 0, *, dtype=jnp.float32, steps: int = 5, warmup: 
   b = jax.device_put(jax.random.normal(kb, (n, n), dtype), device)
   dot = jax.jit(jnp.dot).lower(a, b).compile()
   median, _ = median_seconds(lambda: dot(a, b), steps=steps, warmup=warmup)
-  return 2.0 * n ** 3 / median
+  return 2.0 * n**3 / median
 
 
 def init_state(spec) -> dict:
@@ -152,8 +185,9 @@ class TrainStepRun:
     spec = make_state_spec(config, mesh, self.tx)
     self.num_params = spec.num_params
     with sharding.activate(mesh, rules):
-      step = jax.jit(make_train_step(config, spec, task, self.tx, schedule), donate_argnums=0,
-                     out_shardings=(spec.shardings, None))
+      step = jax.jit(
+        make_train_step(config, spec, task, self.tx, schedule), donate_argnums=0, out_shardings=(spec.shardings, None)
+      )
       rng = np.random.default_rng(seed)
       self.host_batches = [random_batch(config, info, rng) for _ in range(2)]
       self.batches = [sharding.to_device(b, mesh, rules) for b in self.host_batches]
@@ -180,8 +214,15 @@ class TrainStepRun:
     self.state = self.batches = self.metrics = None
 
 
-def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: float | None = None,
-                    seed: int = 0, compiler_options: dict | None = None) -> dict:
+def time_train_step(
+  config,
+  *,
+  steps: int = 5,
+  warmup: int = 2,
+  peak_flops: float | None = None,
+  seed: int = 0,
+  compiler_options: dict | None = None,
+) -> dict:
   """Compiles and times the trainer's train step for `config` on one device.
 
   compiler_options: XLA options for the step's compile (e.g. {"xla_backend_optimization_level": 0}
@@ -215,8 +256,7 @@ def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: floa
     compiled = None if run is None else run.compiled
     run = None
     gc.collect()
-    row.update(status="OOM", stage="compile" if compiled is None else "run",
-               error=str(e).strip().splitlines()[0][:300])
+    row.update(status="OOM", stage="compile" if compiled is None else "run", error=str(e).strip().splitlines()[0][:300])
     if compiled is not None:  # what XLA planned to allocate, for comparison with the device
       row["xla_memory_bytes"] = xla_memory_bytes(compiled)
     return row
@@ -224,22 +264,42 @@ def time_train_step(config, *, steps: int = 5, warmup: int = 2, peak_flops: floa
   memory_after, memory_kind = peak_memory(device)
   flops = cost_flops(run.compiled)
   tokens = t.batch_size * t.seq_len
-  row.update(status="ok", tokens_per_s=tokens / median, step_ms=1e3 * median,
-             step_ms_all=[1e3 * s for s in times], trace_lower_s=run.lowered_at - run.start,
-             xla_compile_s=run.compiled_at - run.lowered_at, compile_s=run.compiled_at - run.start,
-             memory_bytes=memory_after, memory_kind=memory_kind, memory_exact=memory_after > memory_before,
-             xla_memory_bytes=xla_memory_bytes(run.compiled), flops_per_step=flops,
-             flops_per_s=None if flops is None else flops / median, loss=loss)
+  row.update(
+    status="ok",
+    tokens_per_s=tokens / median,
+    step_ms=1e3 * median,
+    step_ms_all=[1e3 * s for s in times],
+    trace_lower_s=run.lowered_at - run.start,
+    xla_compile_s=run.compiled_at - run.lowered_at,
+    compile_s=run.compiled_at - run.start,
+    memory_bytes=memory_after,
+    memory_kind=memory_kind,
+    memory_exact=memory_after > memory_before,
+    xla_memory_bytes=xla_memory_bytes(run.compiled),
+    flops_per_step=flops,
+    flops_per_s=None if flops is None else flops / median,
+    loss=loss,
+  )
   if peak_flops:
     row["peak_flops"] = peak_flops
     row["peak_fraction"] = None if flops is None else flops / median / peak_flops
   return row
 
 
-def run(spec: str, *, overrides: Sequence[str] = (), variants: Sequence[Variant] = (Variant("default"),),
-        seq_lens: Sequence[int] = (2048,), batch_size: int = 1, tokens_per_batch: int = 0, steps: int = 5,
-        warmup: int = 2, matmul_size: int = 0, compiler_options: dict | None = None,
-        log: Callable[[str], None] | None = None) -> tuple[list[dict], float]:
+def run(
+  spec: str,
+  *,
+  overrides: Sequence[str] = (),
+  variants: Sequence[Variant] = (Variant("default"),),
+  seq_lens: Sequence[int] = (2048,),
+  batch_size: int = 1,
+  tokens_per_batch: int = 0,
+  steps: int = 5,
+  warmup: int = 2,
+  matmul_size: int = 0,
+  compiler_options: dict | None = None,
+  log: Callable[[str], None] | None = None,
+) -> tuple[list[dict], float]:
   """Times every variant at every length; -> (rows, matmul FLOP/s), fractions filled in.
 
   tokens_per_batch > 0 sets the batch of length T to max(1, tokens_per_batch // T) (the papers'
@@ -274,8 +334,10 @@ def set_peak_fractions(rows: Sequence[dict], peak: float) -> None:
 def format_row_log(row: dict) -> str:
   if row["status"] != "ok":
     return f"{row['variant']} T={row['seq_len']}: {row['status']} ({row.get('error', '')})"
-  return (f"{row['variant']} T={row['seq_len']}: {row['tokens_per_s']:,.0f} tokens/s, "
-          f"{row['step_ms']:.1f} ms/step, compile {row['compile_s']:.1f} s, loss {row['loss']:.3f}")
+  return (
+    f"{row['variant']} T={row['seq_len']}: {row['tokens_per_s']:,.0f} tokens/s, "
+    f"{row['step_ms']:.1f} ms/step, compile {row['compile_s']:.1f} s, loss {row['loss']:.3f}"
+  )
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -298,9 +360,14 @@ def format_table(rows: Sequence[dict]) -> str:
       if not r.get("memory_exact", True):
         memory = "<= " + memory
       fraction = r.get("peak_fraction")
-      cells += [f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.2f}", f"{r['compile_s']:.2f}", memory,
-                _num(None if r.get("flops_per_s") is None else r["flops_per_s"] / 1e9, ",.1f"),
-                _num(None if fraction is None else 100 * fraction, ".1f")]
+      cells += [
+        f"{r['tokens_per_s']:,.0f}",
+        f"{r['step_ms']:.2f}",
+        f"{r['compile_s']:.2f}",
+        memory,
+        _num(None if r.get("flops_per_s") is None else r["flops_per_s"] / 1e9, ",.1f"),
+        _num(None if fraction is None else 100 * fraction, ".1f"),
+      ]
     lines.append(cells)
   return markdown_table(header, lines)
 
@@ -324,28 +391,48 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="", help="config file[:arg], as for lra_core.train")
-  parser.add_argument("--cores", default="", help="comma-separated attention cores to time alone instead of "
-                      "a train step (see lra_core/bench/cores.py), e.g. causal_latte,causal_attention")
+  parser.add_argument(
+    "--cores",
+    default="",
+    help="comma-separated attention cores to time alone instead of "
+    "a train step (see lra_core/bench/cores.py), e.g. causal_latte,causal_attention",
+  )
   parser.add_argument("--heads", type=int, default=4, help="--cores: heads")
   parser.add_argument("--width", type=int, default=128, help="--cores: value width of all heads together")
   parser.add_argument("--latents", type=int, default=128, help="--cores: Latte's latent states, all heads")
   parser.add_argument("--backward", action="store_true", help="--cores: time forward + backward")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override for every variant (repeatable)")
-  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
-                      help="a named set of overrides (repeatable; default: one variant 'default'); "
-                      "the override config=<spec> gives the variant its own config file")
+  parser.add_argument(
+    "--override",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override for every variant (repeatable)",
+  )
+  parser.add_argument(
+    "--variant",
+    action="append",
+    default=[],
+    metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
+    help="a named set of overrides (repeatable; default: one variant 'default'); "
+    "the override config=<spec> gives the variant its own config file",
+  )
   parser.add_argument("--seq_lens", default="2048", help="comma-separated sequence lengths")
   parser.add_argument("--batch_size", type=int, default=1)
-  parser.add_argument("--tokens_per_batch", type=int, default=0,
-                      help="if > 0: batch max(1, N // T) at length T instead of --batch_size")
+  parser.add_argument(
+    "--tokens_per_batch", type=int, default=0, help="if > 0: batch max(1, N // T) at length T instead of --batch_size"
+  )
   parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-  parser.add_argument("--matmul_size", type=int, default=0, help="matmul yardstick size; 0: 2048 on CPU, "
-                      "8192 on accelerators")
-  parser.add_argument("--compiler_option", action="append", default=[], metavar="KEY=VALUE",
-                      help="XLA compile option for the train step (repeatable), e.g. "
-                      "xla_backend_optimization_level=0")
+  parser.add_argument(
+    "--matmul_size", type=int, default=0, help="matmul yardstick size; 0: 2048 on CPU, 8192 on accelerators"
+  )
+  parser.add_argument(
+    "--compiler_option",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="XLA compile option for the train step (repeatable), e.g. xla_backend_optimization_level=0",
+  )
   output_flags(parser)
   args = parser.parse_args(argv)
   cli.setup_logging()
@@ -355,21 +442,48 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     raise ConfigError("give either --config (time a train step) or --cores (time attention cores).")
   log = lambda s: print(s, file=sys.stderr, flush=True)
   if args.cores:
-    rows = cores.run(re.split(r",(?![^,:]*=)", args.cores), seq_lens=ints(args.seq_lens),
-                           batch_size=args.batch_size, heads=args.heads, width=args.width, latents=args.latents,
-                           steps=args.steps, warmup=args.warmup, backward=args.backward, log=log)
+    rows = cores.run(
+      re.split(r",(?![^,:]*=)", args.cores),
+      seq_lens=ints(args.seq_lens),
+      batch_size=args.batch_size,
+      heads=args.heads,
+      width=args.width,
+      latents=args.latents,
+      steps=args.steps,
+      warmup=args.warmup,
+      backward=args.backward,
+      log=log,
+    )
     peak, table = None, cores.format_table(rows)
   else:
     variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
       raise ConfigError(f"variant names {names} repeat; expected distinct names.")
-    rows, peak = run(args.config, overrides=args.override, variants=variants, seq_lens=ints(args.seq_lens),
-                     batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch, steps=args.steps, warmup=args.warmup,
-                     matmul_size=args.matmul_size, compiler_options=_options(args.compiler_option), log=log)
+    rows, peak = run(
+      args.config,
+      overrides=args.override,
+      variants=variants,
+      seq_lens=ints(args.seq_lens),
+      batch_size=args.batch_size,
+      tokens_per_batch=args.tokens_per_batch,
+      steps=args.steps,
+      warmup=args.warmup,
+      matmul_size=args.matmul_size,
+      compiler_options=_options(args.compiler_option),
+      log=log,
+    )
     table = format_table(rows)
-  publish("scripts/bench.py", argv, table, rows, args, peak=peak, matmul_size=args.matmul_size,
-          title=args.config or args.cores)
+  publish(
+    "scripts/bench.py",
+    argv,
+    table,
+    rows,
+    args,
+    peak=peak,
+    matmul_size=args.matmul_size,
+    title=args.config or args.cores,
+  )
   return rows
 
 

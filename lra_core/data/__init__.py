@@ -35,11 +35,12 @@ SPLITS = ("train", "validation", "test")
 @dataclasses.dataclass(frozen=True)
 class DataInfo:
   """What a model and a task need to know about a dataset."""
+
   vocab_size: int
-  num_classes: int = 0          # classification tasks only
-  unit: str = "token"           # what one target is: bits-per-<unit> is reported for LMs
+  num_classes: int = 0  # classification tasks only
+  unit: str = "token"  # what one target is: bits-per-<unit> is reported for LMs
   pad_id: int = 0
-  vocab: tuple[str, ...] = ()   # id -> token string, where the dataset has a small vocabulary
+  vocab: tuple[str, ...] = ()  # id -> token string, where the dataset has a small vocabulary
 
 
 # Datasets whose token examples carry more than the task's fields (document-packed text corpora).
@@ -69,8 +70,9 @@ def example_fields(config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   if task in ("classify", "retrieval", "diffusion"):
     shape = (2, t) if task == "retrieval" else (t,)
     return {"inputs": (shape, i32), "mask": (shape, np.dtype(bool)), "targets": ((), i32), "weights": ((), f32)}
-  raise ConfigError(f"task {task!r} has no example layout; expected one of lm, image_ar, mlm, classify, "
-                    "retrieval or diffusion.")
+  raise ConfigError(
+    f"task {task!r} has no example layout; expected one of lm, image_ar, mlm, classify, retrieval or diffusion."
+  )
 
 
 DOCUMENT_MASKS = ("auto", "true", "false")
@@ -98,8 +100,12 @@ def check_index(index: int, n: int, items: str = "examples") -> int:
 
 def labelled_example(inputs: np.ndarray, mask: np.ndarray, label) -> dict[str, np.ndarray]:
   """The fields of one classification example: inputs int32, mask bool, targets int32[], weights 1."""
-  return {"inputs": np.asarray(inputs, np.int32), "mask": np.asarray(mask, bool),
-          "targets": np.asarray(label, np.int32), "weights": np.asarray(1.0, np.float32)}
+  return {
+    "inputs": np.asarray(inputs, np.int32),
+    "mask": np.asarray(mask, bool),
+    "targets": np.asarray(label, np.int32),
+    "weights": np.asarray(1.0, np.float32),
+  }
 
 
 class Source(Protocol):
@@ -129,11 +135,13 @@ def config_section(defaults: dict, overrides: dict) -> ml_collections.ConfigDict
   section = ml_collections.ConfigDict(defaults)
   for key, value in overrides.items():
     if key not in defaults:
-      raise ConfigError(f"data.{key} is not a field of the {defaults['name']} dataset; "
-                        f"expected one of {sorted(defaults)}.")
+      raise ConfigError(
+        f"data.{key} is not a field of the {defaults['name']} dataset; expected one of {sorted(defaults)}."
+      )
     try:
       section[key] = value
     except TypeError as e:
-      raise ConfigError(f"data.{key}={value!r} has type {type(value).__name__}; "
-                        f"expected {type(defaults[key]).__name__}.") from e
+      raise ConfigError(
+        f"data.{key}={value!r} has type {type(value).__name__}; expected {type(defaults[key]).__name__}."
+      ) from e
   return section

@@ -37,11 +37,11 @@ VOCAB_SIZE = 256
 TASKS = ("lm", "mlm")
 
 _DEFAULTS = dict(
-    name="bytes",
-    dir="",
-    path="",        # full path of the file; when empty, dir/filename
-    filename="",
-    split_fractions=(0.9, 0.05, 0.05),  # train, validation, test
+  name="bytes",
+  dir="",
+  path="",  # full path of the file; when empty, dir/filename
+  filename="",
+  split_fractions=(0.9, 0.05, 0.05),  # train, validation, test
 )
 
 # Ranges already logged, so building the three splits logs the layout once.
@@ -137,8 +137,9 @@ def split_ranges(num_bytes: int, fractions: Sequence[float]) -> dict[str, tuple[
 
 def _check_fractions(fractions: Sequence[float]) -> None:
   if len(fractions) != len(SPLITS):
-    raise ConfigError(f"data.split_fractions {tuple(fractions)} has {len(fractions)} entries; "
-                      f"expected 3 (train, validation, test).")
+    raise ConfigError(
+      f"data.split_fractions {tuple(fractions)} has {len(fractions)} entries; expected 3 (train, validation, test)."
+    )
   if any(not f > 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-6):
     raise ConfigError(f"data.split_fractions {tuple(fractions)} must be positive and sum to 1.")
 
@@ -153,8 +154,10 @@ def _seq_len(config) -> int:
 def _check_split(path: str, split: str, span: tuple[int, int], seq_len: int) -> None:
   length = span[1] - span[0]
   if length < seq_len + 1:
-    raise DataError(f"split {split!r} of {path!r} holds {length} bytes; expected at least "
-                    f"train.seq_len + 1 = {seq_len + 1} for one window.")
+    raise DataError(
+      f"split {split!r} of {path!r} holds {length} bytes; expected at least "
+      f"train.seq_len + 1 = {seq_len + 1} for one window."
+    )
 
 
 def validate_config(config) -> None:
@@ -193,11 +196,11 @@ class ByteWindows:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     begin = self.start + check_index(index, len(self), "windows") * self.seq_len
-    window = np.asarray(self.data[begin:begin + self.seq_len + 1], dtype=np.int32)
+    window = np.asarray(self.data[begin : begin + self.seq_len + 1], dtype=np.int32)
     return {
-        "inputs": window[:-1],
-        "targets": window[1:],
-        "weights": np.ones(self.seq_len, np.float32),
+      "inputs": window[:-1],
+      "targets": window[1:],
+      "weights": np.ones(self.seq_len, np.float32),
     }
 
   def __getstate__(self):
@@ -213,8 +216,10 @@ def _scale_note(num_bytes: int, fractions) -> str:
   """Says when the usual 90M/5M/5M enwik8 split is being scaled to a file of another length."""
   if num_bytes == ENWIK8_BYTES or tuple(fractions) != (0.9, 0.05, 0.05):
     return ""
-  return (f" (the standard 90M/5M/5M split of the {ENWIK8_BYTES:,}-byte enwik8, scaled "
-          f"proportionally to this file's {num_bytes:,} bytes)")
+  return (
+    f" (the standard 90M/5M/5M split of the {ENWIK8_BYTES:,}-byte enwik8, scaled "
+    f"proportionally to this file's {num_bytes:,} bytes)"
+  )
 
 
 def make_source(config, split: str) -> ByteWindows:
@@ -229,9 +234,14 @@ def make_source(config, split: str) -> ByteWindows:
   key = (files.absolute(path), data.size, tuple(ranges.items()))
   if key not in _LOGGED:
     _LOGGED.add(key)
-    logging.info("bytes %s: %d bytes, split %s by data.split_fractions %s%s", path, data.size,
-                 ", ".join(f"{s} [{a}, {b})" for s, (a, b) in ranges.items()),
-                 tuple(config.data.split_fractions), _scale_note(data.size, config.data.split_fractions))
+    logging.info(
+      "bytes %s: %d bytes, split %s by data.split_fractions %s%s",
+      path,
+      data.size,
+      ", ".join(f"{s} [{a}, {b})" for s, (a, b) in ranges.items()),
+      tuple(config.data.split_fractions),
+      _scale_note(data.size, config.data.split_fractions),
+    )
   return ByteWindows(path, *ranges[split], seq_len, data=data)
 
 

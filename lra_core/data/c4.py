@@ -50,33 +50,39 @@ from lra_core.data import text as text_corpus
 from lra_core.errors import ConfigError, DataError
 
 TFDS_NAME = "c4/en"
-LAYOUT = ("allenai/c4 en/ shards (gzip, one JSON object per line with text, timestamp and url) named "
-          "like c4-train.00000-of-01024.json.gz")
-PREPARE = ("download the en/ files of https://huggingface.co/datasets/allenai/c4 into data.dir, or set "
-           "data.source=tfds with a tfds c4/en prepared in array_record format")
-TOKENIZER_HINT = ("python -m lra_core.data.tokenizer --train --input=<dir>/c4-train.00000-of-01024.json.gz "
-                  "--model_prefix=<dir>/spm32k --vocab_size=32000` or T5's "
-                  "`gs://t5-data/vocabs/cc_all.32000/sentencepiece.model")
+LAYOUT = (
+  "allenai/c4 en/ shards (gzip, one JSON object per line with text, timestamp and url) named "
+  "like c4-train.00000-of-01024.json.gz"
+)
+PREPARE = (
+  "download the en/ files of https://huggingface.co/datasets/allenai/c4 into data.dir, or set "
+  "data.source=tfds with a tfds c4/en prepared in array_record format"
+)
+TOKENIZER_HINT = (
+  "python -m lra_core.data.tokenizer --train --input=<dir>/c4-train.00000-of-01024.json.gz "
+  "--model_prefix=<dir>/spm32k --vocab_size=32000` or T5's "
+  "`gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+)
 _FORMAT = 1
 # A trailing [start:stop] on a file pattern is a document slice; a glob class has no colon.
 _SLICE = re.compile(r"^(?P<pattern>.*?)(?P<slice>\[[^\[\]]*:[^\[\]]*\])?$")
 
 _DEFAULTS = dict(
-    name="c4",
-    dir="",             # allenai/c4 en/ shards (source "files"); relative tokenizer paths resolve here
-    source="files",     # files | tfds
-    train_files="c4-train.*-of-01024.json.gz",
-    validation_files="c4-validation.*-of-00008.json.gz",
-    test_files="",      # C4 has no test split: "" -> validation_files
-    tfds_dir="",        # tfds data_dir holding c4/en/3.1.0 (source "tfds")
-    tfds_splits=("train", "validation", ""),  # train, validation, test ("" -> validation)
-    tokenizer="bytes",  # "bytes" or a SentencePiece .model path
-    packing="concat",   # concat | pack; masked LM reads packed rows of whole documents
-    document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
-                           # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
-    block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
-                        # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
-    cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  name="c4",
+  dir="",  # allenai/c4 en/ shards (source "files"); relative tokenizer paths resolve here
+  source="files",  # files | tfds
+  train_files="c4-train.*-of-01024.json.gz",
+  validation_files="c4-validation.*-of-00008.json.gz",
+  test_files="",  # C4 has no test split: "" -> validation_files
+  tfds_dir="",  # tfds data_dir holding c4/en/3.1.0 (source "tfds")
+  tfds_splits=("train", "validation", ""),  # train, validation, test ("" -> validation)
+  tokenizer="bytes",  # "bytes" or a SentencePiece .model path
+  packing="concat",  # concat | pack; masked LM reads packed rows of whole documents
+  document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
+  # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
+  block_padding=0,  # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
+  # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
+  cache_dir="",  # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 
 
@@ -91,8 +97,10 @@ def split_setting(data, split: str) -> str:
     raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
   if data.source == "tfds":
     if len(data.tfds_splits) != len(SPLITS):
-      raise ConfigError(f"data.tfds_splits {tuple(data.tfds_splits)} has {len(data.tfds_splits)} entries; "
-                        f"expected 3 (train, validation, test).")
+      raise ConfigError(
+        f"data.tfds_splits {tuple(data.tfds_splits)} has {len(data.tfds_splits)} entries; "
+        f"expected 3 (train, validation, test)."
+      )
     settings = dict(zip(SPLITS, data.tfds_splits))
   else:
     settings = dict(train=data.train_files, validation=data.validation_files, test=data.test_files)
@@ -104,7 +112,7 @@ def split_setting(data, split: str) -> str:
 
 
 def split_pattern(setting: str) -> tuple[str, str]:
-  """"c4-validation.*.json.gz[:90%]" -> ("c4-validation.*.json.gz", "[:90%]"); slice checked."""
+  """ "c4-validation.*.json.gz[:90%]" -> ("c4-validation.*.json.gz", "[:90%]"); slice checked."""
   m = _SLICE.match(setting.strip())
   pattern, slice_ = m["pattern"], m["slice"] or ""
   if slice_:
@@ -134,8 +142,9 @@ def read_documents(path: epath.Path) -> Iterator[str]:
           except json.JSONDecodeError:
             record = None
           if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataError(f"line {line_no} of {str(path)!r} is not a JSON object with a \"text\" string; "
-                            f"expected {LAYOUT}.")
+            raise DataError(
+              f"line {line_no} of {str(path)!r} is not a JSON object with a \"text\" string; expected {LAYOUT}."
+            )
           yield record["text"]
   except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
     raise DataError(f"{str(path)!r} cannot be read as gzip UTF-8 JSON lines ({e}); expected {LAYOUT}.") from e
@@ -180,16 +189,17 @@ def make_source(config, split: str) -> text_corpus.TextSource:
     documents = _sliced(lambda: (t for p in paths for t in read_documents(p)), slice_)
   else:
     records = tfds_source.open_split(TFDS_NAME, setting, data.tfds_dir)
-    key = dict(format=_FORMAT, source="tfds", split=setting,
-               files=text_corpus.tfds_fingerprint(records, setting))
+    key = dict(format=_FORMAT, source="tfds", split=setting, files=text_corpus.tfds_fingerprint(records, setting))
     where = f"tfds {TFDS_NAME} {setting} in {records.dataset_info.data_dir}"
 
     def documents():
       for i in range(len(records)):
         yield i, tfds_source.text(records[i]["text"])
+
   name = "c4-" + ("validation" if setting == split_setting(data, "validation") else split)
-  return text_corpus.corpus_source(config, name, key, documents, tokenizer=tokenizer, where=where,
-                                   unit_name="documents")
+  return text_corpus.corpus_source(
+    config, name, key, documents, tokenizer=tokenizer, where=where, unit_name="documents"
+  )
 
 
 def _sliced(texts: Callable[[], Iterator[str]], slice_: str) -> Callable[[], Iterator[tuple[int, str]]]:

@@ -28,8 +28,10 @@ def cache_root(configured: str = "") -> pathlib.Path:
   """`configured`, else $LRA_CORE_CACHE, else ~/.cache/lra_core; always a local folder."""
   root = configured or os.environ.get("LRA_CORE_CACHE", "") or "~/.cache/lra_core"
   if not fs.is_local(root):
-    raise ConfigError(f"data.cache_dir {root!r} is not a local folder; the cache holds memory-mapped arrays, "
-                      f"so set it (or $LRA_CORE_CACHE) to a local path such as ~/.cache/lra_core.")
+    raise ConfigError(
+      f"data.cache_dir {root!r} is not a local folder; the cache holds memory-mapped arrays, "
+      f"so set it (or $LRA_CORE_CACHE) to a local path such as ~/.cache/lra_core."
+    )
   return pathlib.Path(root).expanduser()
 
 
@@ -52,8 +54,9 @@ def digest(key) -> str:
   return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cached_arrays(name: str, key, build: Callable[[], dict[str, np.ndarray]], *,
-                  root: str = "") -> dict[str, np.ndarray]:
+def cached_arrays(
+  name: str, key, build: Callable[[], dict[str, np.ndarray]], *, root: str = ""
+) -> dict[str, np.ndarray]:
   """The arrays `build()` returns, stored under <root>/<name>-<digest(key)>/ and memory-mapped.
 
   `build` runs only when the entry is missing; every array comes back read-only.
@@ -78,5 +81,4 @@ def cached_arrays(name: str, key, build: Callable[[], dict[str, np.ndarray]], *,
         for f in tmp.iterdir():
           f.unlink()
         tmp.rmdir()
-  return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False)
-          for f in sorted(folder.glob("*.npy"))}
+  return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in sorted(folder.glob("*.npy"))}

@@ -25,11 +25,12 @@ _SLICE = re.compile(r"^(?P<name>[\w.-]+)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)
 
 
 def parse_split(spec: str) -> tuple[str, str | None, str | None]:
-  """"train[:90%]" -> ("train", None, "90%"); "test" -> ("test", None, None)."""
+  """ "train[:90%]" -> ("train", None, "90%"); "test" -> ("test", None, None)."""
   m = _SLICE.match(spec.strip())
   if not m:
-    raise ConfigError(f"split {spec!r} is not of the form name or name[start:stop] "
-                      f"(counts or percentages, e.g. train[:90%]).")
+    raise ConfigError(
+      f"split {spec!r} is not of the form name or name[start:stop] (counts or percentages, e.g. train[:90%])."
+    )
   return m["name"], m["start"], m["stop"]
 
 
@@ -113,7 +114,7 @@ def prefetch(paths: Sequence[str | os.PathLike]) -> Iterator[bytes | None]:
 
   with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
     for start in range(0, len(paths), _READ_AHEAD):
-      yield from pool.map(read, paths[start:start + _READ_AHEAD])
+      yield from pool.map(read, paths[start : start + _READ_AHEAD])
 
 
 def require_dir(data_dir: str, *, field: str = "data.dir", layout: str, prepare: str) -> epath.Path:
@@ -155,5 +156,6 @@ def check_release_or_tfds(data, locate, *, tfds_name: str, prepare: str) -> None
   if data.source == "files":
     locate(data.dir)
   elif data.dir and not expand(data.dir).is_dir():
-    raise DataError(f"data.dir {data.dir!r} is not a folder; expected the tfds data_dir holding "
-                    f"{tfds_name} ({prepare}).")
+    raise DataError(
+      f"data.dir {data.dir!r} is not a folder; expected the tfds data_dir holding {tfds_name} ({prepare})."
+    )

@@ -49,16 +49,15 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
-from lra_core.data import tfds_source
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, flip_left_right, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
-SIZE = 64                 # height and width of the release's images
+SIZE = 64  # height and width of the release's images
 CHANNELS = 3
-ROW_LEN = CHANNELS * SIZE * SIZE   # 12288 bytes per image
+ROW_LEN = CHANNELS * SIZE * SIZE  # 12288 bytes per image
 NUM_CLASSES = 1000
-START = 256               # image_ar: the token before the first pixel
+START = 256  # image_ar: the token before the first pixel
 TASKS = ("image_ar", "classify", "diffusion")
 SOURCES = ("npz", "tfds")
 ORDERS = ("raster", "patches")
@@ -67,20 +66,22 @@ TFDS_SPLITS = {"train": "train", "validation": "validation", "test": "validation
 TRAIN_GLOB = "train_data_batch_*.npz"
 VAL_FILE = "val_data.npz"
 _TRAIN_FILE = re.compile(r"^train_data_batch_(\d+)\.npz$")
-_CACHE_VERSION = 1        # bump when the cached arrays change meaning
-PREPARE = ("download Imagenet64_train_part1_npz.zip, Imagenet64_train_part2_npz.zip and "
-           "Imagenet64_val_npz.zip (Downsampled ImageNet 64x64, https://image-net.org/download-images) "
-           "and unzip them into that folder")
+_CACHE_VERSION = 1  # bump when the cached arrays change meaning
+PREPARE = (
+  "download Imagenet64_train_part1_npz.zip, Imagenet64_train_part2_npz.zip and "
+  "Imagenet64_val_npz.zip (Downsampled ImageNet 64x64, https://image-net.org/download-images) "
+  "and unzip them into that folder"
+)
 
 _DEFAULTS = dict(
-    name="imagenet64",
-    source="npz",         # npz | tfds
-    dir="",               # npz: the folder of the .npz files; tfds: its data_dir ("" -> default)
-    image_size=64,        # S: box-average down to S x S (a divisor of 64) -> 3*S*S tokens
-    order="raster",       # raster | patches (p x p patch groups of p*p*3 tokens)
-    patch_size=8,         # p, for order "patches"
-    cache_dir="",         # decoded npz arrays; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
-    flip=False,           # train split: add the left-right mirror of every image (2N examples)
+  name="imagenet64",
+  source="npz",  # npz | tfds
+  dir="",  # npz: the folder of the .npz files; tfds: its data_dir ("" -> default)
+  image_size=64,  # S: box-average down to S x S (a divisor of 64) -> 3*S*S tokens
+  order="raster",  # raster | patches (p x p patch groups of p*p*3 tokens)
+  patch_size=8,  # p, for order "patches"
+  cache_dir="",  # decoded npz arrays; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  flip=False,  # train split: add the left-right mirror of every image (2N examples)
 )
 
 # Layouts already logged, so opening the three splits logs once.
@@ -111,8 +112,10 @@ def planar_to_raster(rows: np.ndarray, size: int = SIZE) -> np.ndarray:
 
 def _check_patch_shape(length: int, image_size: int, patch_size: int, channels: int) -> None:
   if length != num_tokens(image_size, channels):
-    raise DataError(f"sequence length {length} is not image_size**2 * channels = "
-                    f"{image_size}**2 * {channels} = {num_tokens(image_size, channels)}.")
+    raise DataError(
+      f"sequence length {length} is not image_size**2 * channels = "
+      f"{image_size}**2 * {channels} = {num_tokens(image_size, channels)}."
+    )
   if patch_size < 1 or image_size % patch_size:
     raise ConfigError(f"patch_size {patch_size} does not divide image_size {image_size}.")
 
@@ -151,8 +154,9 @@ def to_tokens(images: np.ndarray, order: str = "raster", patch_size: int = 8) ->
   return patchify(flat, s, patch_size, c) if order == "patches" else flat
 
 
-def to_image(tokens, image_size: int = SIZE, order: str = "raster", patch_size: int = 8,
-             channels: int = CHANNELS) -> np.ndarray:
+def to_image(
+  tokens, image_size: int = SIZE, order: str = "raster", patch_size: int = 8, channels: int = CHANNELS
+) -> np.ndarray:
   """Tokens [..., T] (targets or sampled pixels, 0..255) -> uint8 [..., S, S, C] images."""
   if order not in ORDERS:
     raise ConfigError(f"order {order!r} is not one of {ORDERS}.")
@@ -163,8 +167,9 @@ def to_image(tokens, image_size: int = SIZE, order: str = "raster", patch_size: 
   if order == "patches":
     tokens = unpatchify(tokens, image_size, patch_size, channels)
   elif tokens.shape[-1] != num_tokens(image_size, channels):
-    raise DataError(f"sequence length {tokens.shape[-1]} is not image_size**2 * channels = "
-                    f"{num_tokens(image_size, channels)}.")
+    raise DataError(
+      f"sequence length {tokens.shape[-1]} is not image_size**2 * channels = {num_tokens(image_size, channels)}."
+    )
   return tokens.astype(np.uint8).reshape(*tokens.shape[:-1], image_size, image_size, channels)
 
 
@@ -181,8 +186,7 @@ def npz_files(data_dir: str) -> dict[str, list[str]]:
   for path in found:
     m = _TRAIN_FILE.match(path.name)
     if not m:
-      raise DataError(f"{str(path)!r} is not named train_data_batch_<N>.npz with a number N; "
-                      f"expected {where}.")
+      raise DataError(f"{str(path)!r} is not named train_data_batch_<N>.npz with a number N; expected {where}.")
     numbered.append((int(m[1]), str(path)))
   val = files.require_file(folder / VAL_FILE, layout=where, prepare=PREPARE)
   train = [p for _, p in sorted(numbered)]
@@ -199,25 +203,31 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     with epath.Path(path).open("rb") as f, np.load(f, allow_pickle=False) as npz:
       missing = [k for k in ("data", "labels") if k not in npz.files]
       if missing:
-        raise DataError(f"{path!r} has no {' or '.join(repr(k) for k in missing)} array "
-                        f"(it holds {sorted(npz.files)}); {where} ({PREPARE}).")
+        raise DataError(
+          f"{path!r} has no {' or '.join(repr(k) for k in missing)} array "
+          f"(it holds {sorted(npz.files)}); {where} ({PREPARE})."
+        )
       data, labels = npz["data"], np.asarray(npz["labels"]).reshape(-1)
   except DataError:
     raise
   except (OSError, ValueError, EOFError) as e:  # not a zip, truncated, or pickled objects
     raise DataError(f"{path!r} is not a readable npz file ({e}); {where} ({PREPARE}).") from e
   if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != ROW_LEN:
-    raise DataError(f"{path!r} has `data` {data.dtype}{list(data.shape)}; expected uint8[N, {ROW_LEN}] "
-                    f"channel-planar 64x64 RGB rows.")
+    raise DataError(
+      f"{path!r} has `data` {data.dtype}{list(data.shape)}; expected uint8[N, {ROW_LEN}] channel-planar 64x64 RGB rows."
+    )
   if labels.shape[0] != data.shape[0] or not np.issubdtype(labels.dtype, np.integer):
-    raise DataError(f"{path!r} has `labels` {labels.dtype}{list(labels.shape)} for {data.shape[0]} "
-                    f"images; expected one integer label per row.")
+    raise DataError(
+      f"{path!r} has `labels` {labels.dtype}{list(labels.shape)} for {data.shape[0]} "
+      f"images; expected one integer label per row."
+    )
   if labels.size and (labels.min() < 1 or labels.max() > NUM_CLASSES):
-    raise DataError(f"{path!r} has labels in [{labels.min()}, {labels.max()}]; expected 1-based labels "
-                    f"1..{NUM_CLASSES}.")
+    raise DataError(
+      f"{path!r} has labels in [{labels.min()}, {labels.max()}]; expected 1-based labels 1..{NUM_CLASSES}."
+    )
   pixels = np.empty_like(data)
   for start in range(0, data.shape[0], 8192):  # chunks: no second full-size temporary
-    pixels[start:start + 8192] = planar_to_raster(data[start:start + 8192])
+    pixels[start : start + 8192] = planar_to_raster(data[start : start + 8192])
   return {"pixels": pixels, "labels": (labels - 1).astype(np.int16)}
 
 
@@ -281,8 +291,10 @@ class TfdsImages:
     record = self.source[int(index)]
     image = np.asarray(record["image"])
     if image.shape != (SIZE, SIZE, CHANNELS) or image.dtype != np.uint8:
-      raise DataError(f"tfds {TFDS_NAME} {self.split} record {index} has image {image.dtype}"
-                      f"{list(image.shape)}; expected uint8[64, 64, 3].")
+      raise DataError(
+        f"tfds {TFDS_NAME} {self.split} record {index} has image {image.dtype}"
+        f"{list(image.shape)}; expected uint8[64, 64, 3]."
+      )
     return image, int(record["label"])
 
   def __getstate__(self):
@@ -302,8 +314,11 @@ class PixelSequences:
     self.images, self.task, self.flip = images, task, flip
     self.image_size, self.order, self.patch_size = image_size, order, patch_size
     self.seq_len = num_tokens(image_size)
-    self.info = (DataInfo(vocab_size=START + 1, unit="dim") if task == "image_ar"
-                 else DataInfo(vocab_size=256, num_classes=NUM_CLASSES))
+    self.info = (
+      DataInfo(vocab_size=START + 1, unit="dim")
+      if task == "image_ar"
+      else DataInfo(vocab_size=256, num_classes=NUM_CLASSES)
+    )
 
   def __len__(self) -> int:
     return len(self.images) * (2 if self.flip else 1)
@@ -321,8 +336,11 @@ class PixelSequences:
     tokens, label = self.tokens(index)
     if self.task in ("classify", "diffusion"):
       return labelled_example(tokens, np.ones(self.seq_len, bool), label)
-    return {"inputs": np.concatenate([np.full(1, START, np.int32), tokens[:-1]]),
-            "targets": tokens, "weights": np.ones(self.seq_len, np.float32)}
+    return {
+      "inputs": np.concatenate([np.full(1, START, np.int32), tokens[:-1]]),
+      "targets": tokens,
+      "weights": np.ones(self.seq_len, np.float32),
+    }
 
 
 def _check_settings(config) -> None:
@@ -335,17 +353,20 @@ def _check_settings(config) -> None:
   if d.order not in ORDERS:
     raise ConfigError(f"data.order {d.order!r} is not one of {ORDERS}.")
   if task == "diffusion" and d.order != "raster":
-    raise ConfigError(f"task 'diffusion' reads images in data.order 'raster', not {d.order!r} "
-                      f"(the denoiser makes its own patches).")
+    raise ConfigError(
+      f"task 'diffusion' reads images in data.order 'raster', not {d.order!r} (the denoiser makes its own patches)."
+    )
   size = d.image_size
   if not isinstance(size, int) or size < 1 or SIZE % size:
     raise ConfigError(f"data.image_size {size!r} is not a divisor of {SIZE} (e.g. 8, 16, 32, 64).")
   if d.order == "patches" and (not isinstance(d.patch_size, int) or d.patch_size < 1 or size % d.patch_size):
     raise ConfigError(f"data.patch_size {d.patch_size!r} does not divide data.image_size {size}.")
   if config.train.seq_len != num_tokens(size):
-    raise ConfigError(f"train.seq_len {config.train.seq_len} is not the {num_tokens(size)} tokens of a "
-                      f"{size}x{size} RGB image (3 * data.image_size**2); set train.seq_len="
-                      f"{num_tokens(size)}.")
+    raise ConfigError(
+      f"train.seq_len {config.train.seq_len} is not the {num_tokens(size)} tokens of a "
+      f"{size}x{size} RGB image (3 * data.image_size**2); set train.seq_len="
+      f"{num_tokens(size)}."
+    )
 
 
 def validate_config(config) -> None:
@@ -376,10 +397,25 @@ def make_source(config, split: str) -> PixelSequences:
     _LOGGED.add(key)
     note = " (the validation images: ImageNet64 has no public test labels)" if split == "test" else ""
     note += " and their left-right mirrors (data.flip)" if flip else ""
-    logging.info("imagenet64 %s: %d images from %s%s; %d tokens each (%dx%d, %s order)", split,
-                 len(images), where, note, num_tokens(d.image_size), d.image_size, d.image_size, d.order)
-  return PixelSequences(images, task=config.get("task", "image_ar"), image_size=d.image_size,
-                        order=d.order, patch_size=d.patch_size, flip=flip)
+    logging.info(
+      "imagenet64 %s: %d images from %s%s; %d tokens each (%dx%d, %s order)",
+      split,
+      len(images),
+      where,
+      note,
+      num_tokens(d.image_size),
+      d.image_size,
+      d.image_size,
+      d.order,
+    )
+  return PixelSequences(
+    images,
+    task=config.get("task", "image_ar"),
+    image_size=d.image_size,
+    order=d.order,
+    patch_size=d.patch_size,
+    flip=flip,
+  )
 
 
 codec = None  # images: no text encoding to sample with

@@ -47,8 +47,8 @@ PACKINGS = ("concat", "pack")
 
 @dataclasses.dataclass
 class Corpus:
-  tokens: np.ndarray   # uint16 (vocab <= 65536) or int32 [N]
-  starts: np.ndarray   # int64 [D + 1]; document d is tokens[starts[d]:starts[d+1]], eos included
+  tokens: np.ndarray  # uint16 (vocab <= 65536) or int32 [N]
+  starts: np.ndarray  # int64 [D + 1]; document d is tokens[starts[d]:starts[d+1]], eos included
 
   @property
   def num_documents(self) -> int:
@@ -85,10 +85,10 @@ def pack_rows(starts: np.ndarray, row_len: int, step: int | None = None) -> np.n
   begin = int(starts[0])
   for d in range(len(starts) - 1):
     a, b = int(starts[d]), int(starts[d + 1])
-    if b - begin > row_len and a > begin:   # the document does not fit after what is there
+    if b - begin > row_len and a > begin:  # the document does not fit after what is there
       rows.append((begin, a))
       begin = a
-    while b - begin > row_len:              # a document longer than a row
+    while b - begin > row_len:  # a document longer than a row
       rows.append((begin, begin + row_len))
       begin += step
   if len(starts) > 1 and begin < int(starts[-1]):
@@ -108,15 +108,16 @@ def block_layout(starts: np.ndarray, block: int, seed: int) -> tuple[np.ndarray,
   return left.astype(np.min_scalar_type(block - 1)), begins
 
 
-def padded_window(tokens: np.ndarray, starts: np.ndarray, layout: tuple[np.ndarray, np.ndarray],
-                  begin: int, end: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def padded_window(
+  tokens: np.ndarray, starts: np.ndarray, layout: tuple[np.ndarray, np.ndarray], begin: int, end: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(ids int32, document, is_pad) of padded positions [begin, end) under `block_layout`."""
   left, begins = layout
   pos = np.arange(begin, end, dtype=np.int64)
   docs = np.searchsorted(begins, pos, side="right") - 1
   # Only the documents the window touches are read from `starts`, which may be memory-mapped.
   first_doc = int(docs[0])
-  local = np.asarray(starts[first_doc:int(docs[-1]) + 2], np.int64)
+  local = np.asarray(starts[first_doc : int(docs[-1]) + 2], np.int64)
   offset = pos - begins[docs] - left[docs]
   real = (offset >= 0) & (offset < np.diff(local)[docs - first_doc])
   ids = np.full(len(pos), pad_id, np.int32)
@@ -126,21 +127,32 @@ def padded_window(tokens: np.ndarray, starts: np.ndarray, layout: tuple[np.ndarr
     # is never empty: it holds its eos), so one slice reads them.
     i = int(np.argmax(real))
     source = int(local[docs[i] - first_doc] + offset[i])
-    ids[real] = tokens[source:source + count]
+    ids[real] = tokens[source : source + count]
   return ids, docs, ~real
 
 
 class CorpusSequences:
   """Random-access fixed-length examples over a `Corpus`; see the module docstring."""
 
-  def __init__(self, corpus: Corpus, tokenizer: Tokenizer, seq_len: int, *, packing: str = "concat",
-               lm: bool = True, unit: str = "token", name: str = "corpus", block_padding: int = 0,
-               padding_seed: int = 0):
+  def __init__(
+    self,
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    *,
+    packing: str = "concat",
+    lm: bool = True,
+    unit: str = "token",
+    name: str = "corpus",
+    block_padding: int = 0,
+    padding_seed: int = 0,
+  ):
     if packing not in PACKINGS:
       raise DataError(f"packing {packing!r} is not one of {PACKINGS}.")
     if block_padding < 0 or (block_padding and seq_len % block_padding):
-      raise DataError(f"block_padding {block_padding} must be 0 or a positive divisor of the sequence "
-                      f"length {seq_len}.")
+      raise DataError(
+        f"block_padding {block_padding} must be 0 or a positive divisor of the sequence length {seq_len}."
+      )
     self.corpus, self.tokenizer, self.seq_len = corpus, tokenizer, seq_len
     self.packing, self.lm = packing, lm
     self.block_padding, self.padding_seed, self._layout = block_padding, padding_seed, None
@@ -153,8 +165,7 @@ class CorpusSequences:
       self.rows = pack_rows(corpus.starts, seq_len + lm)
     if len(self) == 0:
       padded = " (block-padded)" if block_padding else ""
-      raise DataError(f"{name} holds {self.stream_len} tokens{padded}, fewer than one sequence of "
-                      f"{seq_len + lm}.")
+      raise DataError(f"{name} holds {self.stream_len} tokens{padded}, fewer than one sequence of {seq_len + lm}.")
 
   @property
   def layout(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -189,15 +200,16 @@ class CorpusSequences:
     row = np.full(length, self.tokenizer.pad_id, np.int32)
     segments = np.zeros(length, np.int32)
     if self.block_padding:
-      ids, docs, pads = padded_window(self.corpus.tokens, self.corpus.starts, self.layout, begin, end,
-                                      self.tokenizer.pad_id)
+      ids, docs, pads = padded_window(
+        self.corpus.tokens, self.corpus.starts, self.layout, begin, end, self.tokenizer.pad_id
+      )
     else:
       ids, docs, pads = self.corpus.tokens[begin:end], self.corpus.document_of(np.arange(begin, end)), None
-    row[:end - begin] = ids
-    segments[:end - begin] = docs - docs[0] + 1
+    row[: end - begin] = ids
+    segments[: end - begin] = docs - docs[0] + 1
     carries = segments > 0
     if pads is not None:
-      carries[:end - begin] &= ~pads
+      carries[: end - begin] &= ~pads
     if not self.lm:
       return {"inputs": row, "weights": carries.astype(np.float32), "segment_ids": segments}
     inputs, targets = row[:-1], row[1:]
@@ -206,9 +218,9 @@ class CorpusSequences:
     real = carries[1:] & (segments[1:] == segments[:-1] if self.packing == "pack" else True)
     words = self.tokenizer.word_starts(inputs, targets) & real
     return {
-        "inputs": inputs,
-        "targets": targets,
-        "weights": real.astype(np.float32),
-        "segment_ids": segments[:-1],
-        "words": words.astype(np.float32),
+      "inputs": inputs,
+      "targets": targets,
+      "weights": real.astype(np.float32),
+      "segment_ids": segments[:-1],
+      "words": words.astype(np.float32),
     }

@@ -46,25 +46,28 @@ TFDS_NAME = "pg19"
 METADATA = "metadata.csv"
 METADATA_FIELDS = ("id", "short_book_title", "publication_date", "url")
 LAYOUT = "the PG-19 release layout <dir>/{train,validation,test}/<id>.txt with <dir>/metadata.csv"
-PREPARE = ("copy it with `gsutil -m cp -r gs://deepmind-gutenberg/* <dir>`, or set data.source=tfds "
-           "with a tfds pg19 prepared in array_record format")
-TOKENIZER_HINT = ("python -m lra_core.data.tokenizer --train --input=<dir>/train "
-                  "--model_prefix=<dir>/spm_bpe32k --vocab_size=32000")
+PREPARE = (
+  "copy it with `gsutil -m cp -r gs://deepmind-gutenberg/* <dir>`, or set data.source=tfds "
+  "with a tfds pg19 prepared in array_record format"
+)
+TOKENIZER_HINT = (
+  "python -m lra_core.data.tokenizer --train --input=<dir>/train --model_prefix=<dir>/spm_bpe32k --vocab_size=32000"
+)
 # Bumped when the text that reaches the tokenizer changes, so old cache entries are not reused.
 _FORMAT = 1
 
 _DEFAULTS = dict(
-    name="pg19",
-    dir="",             # release layout (source "files"); relative tokenizer paths resolve here
-    source="files",     # files | tfds
-    tfds_dir="",        # tfds data_dir holding pg19/0.1.1 (source "tfds"); "" -> ~/tensorflow_datasets
-    tokenizer="bytes",  # "bytes" or a SentencePiece .model path
-    packing="concat",   # concat | pack (see lra_core/data/packing.py)
-    document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
-                           # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
-    block_padding=0,    # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
-                        # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
-    cache_dir="",       # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  name="pg19",
+  dir="",  # release layout (source "files"); relative tokenizer paths resolve here
+  source="files",  # files | tfds
+  tfds_dir="",  # tfds data_dir holding pg19/0.1.1 (source "tfds"); "" -> ~/tensorflow_datasets
+  tokenizer="bytes",  # "bytes" or a SentencePiece .model path
+  packing="concat",  # concat | pack (see lra_core/data/packing.py)
+  document_mask="auto",  # auto | true | false: attention and positions stop at document boundaries;
+  # auto = on for "pack" rows, off for "concat" windows (lra_core.data.document_mask)
+  block_padding=0,  # L > 0: 0..L-1 random pads before each document, pads after it to a multiple
+  # of L (Block Transformer, App. H); train.seq_len % L == 0; 0 is off
+  cache_dir="",  # token streams; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 
 
@@ -82,8 +85,7 @@ def book_files(data_dir: str, split: str) -> list[epath.Path]:
   paths = files.require_files(root, f"{split}/*.txt", layout=LAYOUT, prepare=PREPARE)
   for path in paths:
     if not path.stem.isdigit():
-      raise DataError(f"book file {str(path)!r} is not named <id>.txt with its Gutenberg id; expected "
-                      f"{LAYOUT}.")
+      raise DataError(f"book file {str(path)!r} is not named <id>.txt with its Gutenberg id; expected {LAYOUT}.")
   return sorted(paths, key=lambda p: int(p.stem))
 
 
@@ -97,8 +99,10 @@ def read_metadata(data_dir: str) -> dict[int, tuple[str, str, str]]:
       if not row:
         continue
       if len(row) < len(METADATA_FIELDS) or not row[0].strip().isdigit():
-        raise DataError(f"line {line_no} of {str(path)!r} is not `{','.join(METADATA_FIELDS)}` with an "
-                        f"integer id (the file has no header row).")
+        raise DataError(
+          f"line {line_no} of {str(path)!r} is not `{','.join(METADATA_FIELDS)}` with an "
+          f"integer id (the file has no header row)."
+        )
       # A title with an unquoted comma spills into the next fields; the url is always last.
       out[int(row[0])] = (",".join(row[1:-2]), row[-2], row[-1])
   if not out:
@@ -109,8 +113,10 @@ def read_metadata(data_dir: str) -> dict[int, tuple[str, str, str]]:
 def check_metadata(data_dir: str, books: Iterable[epath.Path], metadata: dict) -> None:
   missing = [p for p in books if int(p.stem) not in metadata]
   if missing:
-    raise DataError(f"book {str(missing[0])!r} has no line in {str(files.expand(data_dir) / METADATA)!r} "
-                    f"({len(missing)} books have none); expected one line per book in {LAYOUT}.")
+    raise DataError(
+      f"book {str(missing[0])!r} has no line in {str(files.expand(data_dir) / METADATA)!r} "
+      f"({len(missing)} books have none); expected one line per book in {LAYOUT}."
+    )
 
 
 def read_book(path: epath.Path) -> str:
@@ -164,8 +170,8 @@ def make_source(config, split: str) -> TextSource:
       for i in range(len(records)):
         record = records[i]
         yield int(record["book_id"]), tfds_source.text(record["book_text"])
-  return corpus_source(config, f"pg19-{split}", key, documents, tokenizer=tokenizer, where=where,
-                       unit_name="books")
+
+  return corpus_source(config, f"pg19-{split}", key, documents, tokenizer=tokenizer, where=where, unit_name="books")
 
 
 def codec(config) -> tuple[Callable[[str], np.ndarray], Callable[..., str]]:

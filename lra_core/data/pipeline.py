@@ -59,8 +59,10 @@ def window(batch: dict[str, np.ndarray], index: int, count: int, seq_len: int) -
   """Window `index` of `count` along the time axis (axis 1) of every [B, seq_len, ...] field,
   with `reset` = whether it starts a sequence (always, for one window per sequence)."""
   size = seq_len // count
-  out = {k: (v[:, index * size:(index + 1) * size] if v.ndim >= 2 and v.shape[1] == seq_len else v)
-         for k, v in batch.items()}
+  out = {
+    k: (v[:, index * size : (index + 1) * size] if v.ndim >= 2 and v.shape[1] == seq_len else v)
+    for k, v in batch.items()
+  }
   out["reset"] = np.asarray(index == 0)
   return out
 
@@ -68,8 +70,16 @@ def window(batch: dict[str, np.ndarray], index: int, count: int, seq_len: int) -
 class BatchReader:
   """Reads this process's rows of global batches; `train=True` shuffles and repeats."""
 
-  def __init__(self, config, source: Source, *, train: bool, batch_size: int,
-               process_index: int | None = None, process_count: int | None = None):
+  def __init__(
+    self,
+    config,
+    source: Source,
+    *,
+    train: bool,
+    batch_size: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+  ):
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
     if batch_size % self.process_count:
@@ -92,8 +102,9 @@ class BatchReader:
     grain's index_shuffle directly: the dataset wrappers cost ~40 us per example.
     """
     epoch, position = divmod(i, len(self.source))
-    return grain.experimental.index_shuffle(position, max_index=len(self.source) - 1,
-                                            seed=(self.seed + epoch) % 2**32, rounds=4)
+    return grain.experimental.index_shuffle(
+      position, max_index=len(self.source) - 1, seed=(self.seed + epoch) % 2**32, rounds=4
+    )
 
   def _example(self, i: int) -> dict[str, np.ndarray]:
     if self.train:
@@ -114,8 +125,9 @@ class BatchReader:
     return min(n, limit * self.windows) if limit else n
 
 
-def iterate(reader: BatchReader, start: int, stop: int, *, num_threads: int = 2,
-            prefetch: int = 4) -> grain.DatasetIterator:
+def iterate(
+  reader: BatchReader, start: int, stop: int, *, num_threads: int = 2, prefetch: int = 4
+) -> grain.DatasetIterator:
   """An iterator over batches start..stop-1 read ahead by threads; its state is resumable."""
   ds = grain.MapDataset.range(start, stop).map(reader)
   options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
@@ -124,5 +136,6 @@ def iterate(reader: BatchReader, start: int, stop: int, *, num_threads: int = 2,
 
 def log_sizes(config, sources: dict[str, Source]) -> None:
   parts = ", ".join(f"{split} {len(src)}" for split, src in sources.items())
-  logging.info("data %s: %s examples; %d update window(s) per sequence batch.", config.data.name,
-               parts, num_windows(config))
+  logging.info(
+    "data %s: %s examples; %d update window(s) per sequence batch.", config.data.name, parts, num_windows(config)
+  )

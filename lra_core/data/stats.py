@@ -6,7 +6,8 @@
 Per split: examples, real tokens (non-padding input positions), label balance for classification,
 the time to open the split (first open builds the loader's cache, later ones map it), random-access
 reads per second, and examples per second through the batched, prefetching pipeline the trainer
-uses (`--batch_size`, default the config's; at least 16 batches, timed from the iterator's start). Reading is single-process; the pipeline reads with
+uses (`--batch_size`, default the config's; at least 16 batches, timed from the iterator's start). Reading is
+single-process; the pipeline reads with
 `data.num_threads` threads.
 """
 
@@ -18,9 +19,8 @@ import time
 
 import numpy as np
 
-from lra_core import cli
+from lra_core import cli, registry
 from lra_core import data as data_lib
-from lra_core import registry
 from lra_core.data import pipeline
 
 
@@ -34,8 +34,9 @@ def real_tokens(example: dict[str, np.ndarray]) -> int:
   return int((weights > 0).sum()) if weights.ndim else int(np.asarray(example["inputs"]).size)
 
 
-def split_stats(config, split: str, *, max_examples: int = 0, throughput: int = 2000,
-                batch_size: int = 0, seed: int = 0) -> dict:
+def split_stats(
+  config, split: str, *, max_examples: int = 0, throughput: int = 2000, batch_size: int = 0, seed: int = 0
+) -> dict:
   start = time.perf_counter()
   source = data_lib.make_source(config, split)
   open_s = time.perf_counter() - start
@@ -54,27 +55,27 @@ def split_stats(config, split: str, *, max_examples: int = 0, throughput: int = 
     source[int(i)]
   random_access = throughput / (time.perf_counter() - start)
   batch_size = batch_size or config.train.batch_size
-  reader = pipeline.BatchReader(config, source, train=True, batch_size=batch_size,
-                                process_index=0, process_count=1)
+  reader = pipeline.BatchReader(config, source, train=True, batch_size=batch_size, process_index=0, process_count=1)
   num_batches = max(16, throughput // batch_size)
   start = time.perf_counter()  # from the iterator's creation: threads and prefetch included
-  iterator = pipeline.iterate(reader, 0, num_batches, num_threads=config.data.get("num_threads", 2),
-                              prefetch=config.data.get("prefetch", 4))
+  iterator = pipeline.iterate(
+    reader, 0, num_batches, num_threads=config.data.get("num_threads", 2), prefetch=config.data.get("prefetch", 4)
+  )
   for _ in range(num_batches):
     next(iterator)
   batched = num_batches * batch_size / (time.perf_counter() - start)
   example = source[0]
   out = {
-      "split": split,
-      "examples": n,
-      "scanned": scan,
-      "real_tokens": tokens,
-      "tokens_per_example": tokens / max(scan, 1),
-      "fields": {k: f"{v.dtype}{list(v.shape)}" for k, v in example.items()},
-      "vocab_size": source.info.vocab_size,
-      "open_s": round(open_s, 3),
-      "random_access_per_s": round(random_access, 1),
-      "pipeline_examples_per_s": round(batched, 1),
+    "split": split,
+    "examples": n,
+    "scanned": scan,
+    "real_tokens": tokens,
+    "tokens_per_example": tokens / max(scan, 1),
+    "fields": {k: f"{v.dtype}{list(v.shape)}" for k, v in example.items()},
+    "vocab_size": source.info.vocab_size,
+    "open_s": round(open_s, 3),
+    "random_access_per_s": round(random_access, 1),
+    "pipeline_examples_per_s": round(batched, 1),
   }
   if labels:
     out["labels"] = {str(k): labels[k] for k in sorted(labels)}
@@ -96,8 +97,9 @@ def main(argv=None) -> None:
     config, ns = args.config, args.extra
     registry.dataset_module(config.data.name).validate_config(config)
     for split in ns.splits.split(","):
-      stats = split_stats(config, split, max_examples=ns.max_examples, throughput=ns.throughput,
-                          batch_size=ns.batch_size)
+      stats = split_stats(
+        config, split, max_examples=ns.max_examples, throughput=ns.throughput, batch_size=ns.batch_size
+      )
       print(json.dumps(dict(data=config.data.name, **stats)), flush=True)
 
   cli.run(run)

@@ -35,9 +35,11 @@ def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
   if mask not in DOCUMENT_MASKS:
     raise ConfigError(f"data.document_mask {mask!r} is not one of {list(DOCUMENT_MASKS)}.")
   if document_mask(config) and config.data.packing == "concat" and _keeps_carry(config):
-    raise ConfigError(f"data.document_mask with data.packing='concat' cannot go with model {config.model.name}'s "
-                      "state carried across windows (a window's first document may continue the last one); "
-                      "use data.packing='pack'.")
+    raise ConfigError(
+      f"data.document_mask with data.packing='concat' cannot go with model {config.model.name}'s "
+      "state carried across windows (a window's first document may continue the last one); "
+      "use data.packing='pack'."
+    )
   block = block_padding(config.data)
   if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 0:
     raise ConfigError(f"data.block_padding {block!r} must be a non-negative integer (0 turns it off).")
@@ -63,7 +65,7 @@ def padding_seed(name: str) -> int:
 
 
 def tokenizer_spec(data) -> str:
-  """"bytes", or the SentencePiece model path with a relative path resolved under data.dir
+  """ "bytes", or the SentencePiece model path with a relative path resolved under data.dir
   (which may be a gs:// URL: the model is then read from the bucket)."""
   spec = data.tokenizer
   if spec == "bytes" or not spec:
@@ -79,8 +81,10 @@ def load_tokenizer(data, *, hint: str) -> Tokenizer:
   spec = tokenizer_spec(data)
   if spec and spec != "bytes" and not files.expand(spec, what="data.tokenizer").is_file():
     hint = hint.replace("<dir>", str(files.expand(data.dir))) if data.dir else hint
-    raise DataError(f"data.tokenizer {spec!r} does not exist; expected \"bytes\" or a SentencePiece .model "
-                    f"file (relative paths resolve under data.dir), e.g. trained with `{hint}`.")
+    raise DataError(
+      f"data.tokenizer {spec!r} does not exist; expected \"bytes\" or a SentencePiece .model "
+      f"file (relative paths resolve under data.dir), e.g. trained with `{hint}`."
+    )
   return make_tokenizer(spec)
 
 
@@ -128,8 +132,16 @@ def _remap(value):
 _LOGGED: set[str] = set()
 
 
-def corpus_source(config, name: str, key: dict, documents: Callable[[], Iterator[tuple[int, str]]], *,
-                  tokenizer: Tokenizer, where: str, unit_name: str) -> TextSource:
+def corpus_source(
+  config,
+  name: str,
+  key: dict,
+  documents: Callable[[], Iterator[tuple[int, str]]],
+  *,
+  tokenizer: Tokenizer,
+  where: str,
+  unit_name: str,
+) -> TextSource:
   """A `TextSource` over the documents `documents()` yields as (id, text), tokenized once.
 
   `key` names the inputs (file fingerprints, slices); the tokenizer is added here. The cached
@@ -162,9 +174,27 @@ def corpus_source(config, name: str, key: dict, documents: Callable[[], Iterator
   if entry not in _LOGGED or built:
     _LOGGED.add(entry)
     how = f"tokenized in {built[0]:.1f} s" if built else "memory-mapped"
-    logging.info("%s: %d %s, %d tokens (tokenizer %s), %s from %s; cache %s", name, corpus.num_documents,
-                 unit_name, len(corpus.tokens), spec, how, where, cache.cache_root(data.cache_dir) / entry)
+    logging.info(
+      "%s: %d %s, %d tokens (tokenizer %s), %s from %s; cache %s",
+      name,
+      corpus.num_documents,
+      unit_name,
+      len(corpus.tokens),
+      spec,
+      how,
+      where,
+      cache.cache_root(data.cache_dir) / entry,
+    )
   unit = "byte" if spec == "bytes" else "token"
-  return TextSource(corpus, spec, int(config.train.seq_len), doc_ids=arrays["doc_ids"], packing=data.packing,
-                    lm=config.get("task", "lm") == "lm", unit=unit, name=f"{name} ({where})",
-                    block_padding=int(block_padding(data)), padding_seed=padding_seed(name))
+  return TextSource(
+    corpus,
+    spec,
+    int(config.train.seq_len),
+    doc_ids=arrays["doc_ids"],
+    packing=data.packing,
+    lm=config.get("task", "lm") == "lm",
+    unit=unit,
+    name=f"{name} ({where})",
+    block_padding=int(block_padding(data)),
+    padding_seed=padding_seed(name),
+  )

@@ -17,13 +17,17 @@ def open_split(name: str, split: str, data_dir: str):
   tfds = optional_import("tensorflow_datasets", "tfds")  # imported here: the raw-file loaders never need it
 
   data_dir = os.path.expanduser(data_dir) if data_dir else None
-  prepare = (f"prepare it with `tfds build {name.split('/')[0]} --file_format=array_record"
-             f"{' --data_dir=' + data_dir if data_dir else ''}`, or read the release files instead")
+  prepare = (
+    f"prepare it with `tfds build {name.split('/')[0]} --file_format=array_record"
+    f"{' --data_dir=' + data_dir if data_dir else ''}`, or read the release files instead"
+  )
   where = data_dir or "~/tensorflow_datasets"
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # tfds raises many kinds for an unknown name or unreadable folder
-    raise DataError(f"tfds dataset {name!r} cannot be opened under {where} ({str(e).strip().splitlines()[0]}); {prepare}.") from e
+    raise DataError(
+      f"tfds dataset {name!r} cannot be opened under {where} ({str(e).strip().splitlines()[0]}); {prepare}."
+    ) from e
   if not builder.is_prepared():
     raise DataError(f"tfds dataset {name!r} is not prepared under {where}; {prepare}.")
   try:

@@ -67,8 +67,7 @@ class ByteTokenizer:
     ids = np.asarray(ids, np.int64).reshape(-1)
     ids = ids[ids >= self.offset] - self.offset
     if ids.size and ids.max() > 255:
-      raise DataError(f"id {int(ids.max()) + self.offset} is outside the byte vocabulary "
-                      f"[0, {self.vocab_size}).")
+      raise DataError(f"id {int(ids.max()) + self.offset} is outside the byte vocabulary [0, {self.vocab_size}).")
     return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
   def word_starts(self, previous: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -89,8 +88,10 @@ class SentencePieceTokenizer:
     path = os.path.expanduser(path)
     file = files.expand(path, what="data.tokenizer")
     if not file.is_file():
-      raise DataError(f"SentencePiece model {path!r} does not exist; train one with "
-                      f"`python -m lra_core.data.tokenizer --train --input=... --model_prefix=...`.")
+      raise DataError(
+        f"SentencePiece model {path!r} does not exist; train one with "
+        f"`python -m lra_core.data.tokenizer --train --input=... --model_prefix=...`."
+      )
     # SentencePiece reads only local files: a model in a bucket is loaded from its bytes.
     self._proto = None if fs.is_local(path) else file.read_bytes()
     try:
@@ -105,8 +106,7 @@ class SentencePieceTokenizer:
     self.eos_id = self.sp.eos_id()
     self.pad_id = self.sp.pad_id() if self.sp.pad_id() >= 0 else 0
     if self.eos_id < 0:
-      raise DataError(f"SentencePiece model {path!r} has no eos piece; documents need one to be "
-                      f"concatenated.")
+      raise DataError(f"SentencePiece model {path!r} has no eos piece; documents need one to be concatenated.")
     pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
     self._word_table = np.array([p.startswith("\u2581") for p in pieces], bool)
 
@@ -235,9 +235,16 @@ def _json_lines(f, path: epath.Path) -> Iterator[str]:
     yield from (part for part in text.split("\n") if part.strip())
 
 
-def train(inputs: Sequence[str], model_prefix: str, *, vocab_size: int = 32000, model_type: str = "bpe",
-          input_sentence_size: int = 10_000_000, character_coverage: float = 1.0,
-          seed: int = 0) -> str:
+def train(
+  inputs: Sequence[str],
+  model_prefix: str,
+  *,
+  vocab_size: int = 32000,
+  model_type: str = "bpe",
+  input_sentence_size: int = 10_000_000,
+  character_coverage: float = 1.0,
+  seed: int = 0,
+) -> str:
   """Trains a SentencePiece model on the lines of `inputs`; returns the .model path. A gs://
   model_prefix is trained in a local temporary folder and copied up."""
   import sentencepiece as spm
@@ -250,11 +257,20 @@ def train(inputs: Sequence[str], model_prefix: str, *, vocab_size: int = 32000, 
     out.parent.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)  # which lines are sampled, when there are more than enough
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter_lines(found), model_prefix=str(out), vocab_size=vocab_size,
-        model_type=model_type, character_coverage=character_coverage,
-        input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=os.cpu_count() or 1,
-        minloglevel=2)
+      sentence_iterator=iter_lines(found),
+      model_prefix=str(out),
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True,
+      pad_id=0,
+      eos_id=1,
+      unk_id=2,
+      bos_id=-1,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+    )
     if not fs.is_local(target):
       for suffix in (".model", ".vocab"):
         (target.parent / (target.name + suffix)).write_bytes(out.with_name(out.name + suffix).read_bytes())
@@ -268,8 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--model_prefix", default="", help="output: <prefix>.model and <prefix>.vocab")
   parser.add_argument("--vocab_size", type=int, default=32000)
   parser.add_argument("--model_type", default="bpe", choices=["bpe", "unigram", "char", "word"])
-  parser.add_argument("--input_sentence_size", type=int, default=10_000_000,
-                      help="lines sampled for training (0 = all)")
+  parser.add_argument(
+    "--input_sentence_size", type=int, default=10_000_000, help="lines sampled for training (0 = all)"
+  )
   parser.add_argument("--character_coverage", type=float, default=1.0)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--model", default="", help="a .model file to inspect with --encode")
@@ -280,9 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       if not args.input or not args.model_prefix:
         raise ConfigError("--train needs --input and --model_prefix.")
       start = time.time()
-      path = train(args.input.split(","), args.model_prefix, vocab_size=args.vocab_size,
-                   model_type=args.model_type, input_sentence_size=args.input_sentence_size,
-                   character_coverage=args.character_coverage, seed=args.seed)
+      path = train(
+        args.input.split(","),
+        args.model_prefix,
+        vocab_size=args.vocab_size,
+        model_type=args.model_type,
+        input_sentence_size=args.input_sentence_size,
+        character_coverage=args.character_coverage,
+        seed=args.seed,
+      )
       tok = SentencePieceTokenizer(path)
       print(f"wrote {path}: {args.model_type} vocabulary {tok.vocab_size} in {time.time() - start:.1f} s")
     elif args.encode is not None:

@@ -31,40 +31,91 @@ from lra_core.reproduce.common import ROOT, Context, Result, commit
 @dataclasses.dataclass(frozen=True)
 class Table:
   name: str
-  module: str           # lra_core.reproduce.<module>, holding a function named like the table
-  paper: str            # which table / figure of which paper
+  module: str  # lra_core.reproduce.<module>, holding a function named like the table
+  paper: str  # which table / figure of which paper
   summary: str
-  data: str = ""        # what under --data_dir it trains on ("" for none)
+  data: str = ""  # what under --data_dir it trains on ("" for none)
 
 
 TABLES = (
-    Table("params", "params", "all five papers' size tables",
-          "parameter counts of every paper config, from shapes, against the papers"),
-    Table("vq_throughput", "transformer_vq", "Transformer-VQ Tables 6-9",
-          "train-step throughput of full vs VQ attention: reductions, head types, sequence lengths"),
-    Table("vq_codebook", "transformer_vq", "Transformer-VQ Table 1",
-          "codebook size ablation: small enwik8 runs", data="enwik8"),
-    Table("vq_cache", "transformer_vq", "Transformer-VQ Table 2",
-          "compressive cache ablation: small enwik8 runs", data="enwik8"),
-    Table("flash_latency", "flash", "FLASH Table 11",
-          "train-step latency of FLASH, FLASH-Quad and Transformer++ by context length"),
-    Table("flash_quality", "flash", "FLASH Figure 6 (small)",
-          "quality against training cost of FLASH, FLASH-Quad and Transformer++ on C4 bytes", data="c4"),
-    Table("latte_runtime", "latte", "Latte Figures 8-10",
-          "attention core time and memory of Latte vs softmax attention by sequence length"),
-    Table("latte_lra", "latte", "Latte Table 3",
-          "LRA rows on the available LRA data: Latte, Latte-Macchiato, Transformer", data="lra"),
-    Table("fit_scaling", "fit", "FIT Table 2b",
-          "train-step time and memory of FIT vs ViT as the image grows"),
-    Table("fit_interleave", "fit", "FIT Table 6 (small)",
-          "local/global interleaving patterns: small FIT runs on LRA Image (CIFAR-10 pixels)", data="lra/cifar10"),
-    Table("block_throughput", "block_transformer", "Block Transformer Table 2, Figure 2",
-          "generation throughput of Block Transformer vs vanilla, and the Pareto plot"),
-    Table("tpu_fit", "tpu", "every paper's hardware (TPU v3 / v4; GPU papers on TPU v5p)",
-          "paper configs compiled for their TPU slices on this host: memory, fit, estimated step time and MFU"),
-    Table("gpu_fit", "gpu", "the GPU papers' hardware (Latte: 4 x A100; Block Transformer: 8 x A100 40GB, "
-          "8 x H100; FLASH Table 11: V100)",
-          "GPU papers' configs compiled for their GPUs on this host: memory, fit, estimated step time and MFU"),
+  Table(
+    "params",
+    "params",
+    "all five papers' size tables",
+    "parameter counts of every paper config, from shapes, against the papers",
+  ),
+  Table(
+    "vq_throughput",
+    "transformer_vq",
+    "Transformer-VQ Tables 6-9",
+    "train-step throughput of full vs VQ attention: reductions, head types, sequence lengths",
+  ),
+  Table(
+    "vq_codebook",
+    "transformer_vq",
+    "Transformer-VQ Table 1",
+    "codebook size ablation: small enwik8 runs",
+    data="enwik8",
+  ),
+  Table(
+    "vq_cache",
+    "transformer_vq",
+    "Transformer-VQ Table 2",
+    "compressive cache ablation: small enwik8 runs",
+    data="enwik8",
+  ),
+  Table(
+    "flash_latency",
+    "flash",
+    "FLASH Table 11",
+    "train-step latency of FLASH, FLASH-Quad and Transformer++ by context length",
+  ),
+  Table(
+    "flash_quality",
+    "flash",
+    "FLASH Figure 6 (small)",
+    "quality against training cost of FLASH, FLASH-Quad and Transformer++ on C4 bytes",
+    data="c4",
+  ),
+  Table(
+    "latte_runtime",
+    "latte",
+    "Latte Figures 8-10",
+    "attention core time and memory of Latte vs softmax attention by sequence length",
+  ),
+  Table(
+    "latte_lra",
+    "latte",
+    "Latte Table 3",
+    "LRA rows on the available LRA data: Latte, Latte-Macchiato, Transformer",
+    data="lra",
+  ),
+  Table("fit_scaling", "fit", "FIT Table 2b", "train-step time and memory of FIT vs ViT as the image grows"),
+  Table(
+    "fit_interleave",
+    "fit",
+    "FIT Table 6 (small)",
+    "local/global interleaving patterns: small FIT runs on LRA Image (CIFAR-10 pixels)",
+    data="lra/cifar10",
+  ),
+  Table(
+    "block_throughput",
+    "block_transformer",
+    "Block Transformer Table 2, Figure 2",
+    "generation throughput of Block Transformer vs vanilla, and the Pareto plot",
+  ),
+  Table(
+    "tpu_fit",
+    "tpu",
+    "every paper's hardware (TPU v3 / v4; GPU papers on TPU v5p)",
+    "paper configs compiled for their TPU slices on this host: memory, fit, estimated step time and MFU",
+  ),
+  Table(
+    "gpu_fit",
+    "gpu",
+    "the GPU papers' hardware (Latte: 4 x A100; Block Transformer: 8 x A100 40GB, 8 x H100; FLASH Table 11: V100)",
+    "GPU papers' configs compiled for their GPUs on this host: memory, fit, estimated step time and MFU",
+  ),
 )
 BY_NAME = {t.name: t for t in TABLES}
 
@@ -75,10 +126,14 @@ def table_function(table: Table):
 
 def machine() -> str:
   import platform
+
   import jax
+
   device = jax.devices()[0]
-  return (f"{device.platform} ({device.device_kind}), {jax.device_count()} device(s), {os.cpu_count()} CPUs, "
-          f"{platform.machine()}, jax {jax.__version__}, Python {platform.python_version()}")
+  return (
+    f"{device.platform} ({device.device_kind}), {jax.device_count()} device(s), {os.cpu_count()} CPUs, "
+    f"{platform.machine()}, jax {jax.__version__}, Python {platform.python_version()}"
+  )
 
 
 def begin_marker(name: str) -> str:
@@ -94,12 +149,30 @@ def discussion_block(name: str) -> str:
   return f"<!-- discussion: {name} -->\n### Discussion\n\n<!-- /discussion: {name} -->\n"
 
 
-def section(table: Table, result: Result, *, command: str, seconds: float, machine_text: str, commit_text: str,
-            relative_to: pathlib.Path) -> str:
+def section(
+  table: Table,
+  result: Result,
+  *,
+  command: str,
+  seconds: float,
+  machine_text: str,
+  commit_text: str,
+  relative_to: pathlib.Path,
+) -> str:
   """The markdown section of one table, between markers that --out replaces it by."""
-  lines = [begin_marker(table.name), f"## `{table.name}`: {table.paper}", "", result.setting.strip(), "",
-           f"machine: {machine_text}  ", f"commit: `{commit_text}`  ",
-           f"command: `{command}` ({seconds / 60:.1f} min)", "", result.markdown.strip(), ""]
+  lines = [
+    begin_marker(table.name),
+    f"## `{table.name}`: {table.paper}",
+    "",
+    result.setting.strip(),
+    "",
+    f"machine: {machine_text}  ",
+    f"commit: `{commit_text}`  ",
+    f"command: `{command}` ({seconds / 60:.1f} min)",
+    "",
+    result.markdown.strip(),
+    "",
+  ]
   for path in result.plots:
     rel = os.path.relpath(path, relative_to)
     lines += [f"![{path.stem}]({rel})", ""]
@@ -146,13 +219,15 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser = argparse.ArgumentParser(prog="python scripts/reproduce.py", description=__doc__.splitlines()[0])
   parser.add_argument("--list", action="store_true", help="list the tables and exit")
   parser.add_argument("--table", default="", help="the table to reproduce (see --list)")
-  parser.add_argument("--full", action="store_true", help="the paper's sizes (for TPU / GPU) instead of "
-                      "the CPU default")
+  parser.add_argument(
+    "--full", action="store_true", help="the paper's sizes (for TPU / GPU) instead of the CPU default"
+  )
   parser.add_argument("--data_dir", default="", help="folder holding enwik8/, c4/, lra/ ... (training tables)")
   parser.add_argument("--workdir", default="runs/reproduce", help="where training runs go, one folder each")
   parser.add_argument("--img_dir", default=str(ROOT / "docs" / "img"), help="where plots are written")
-  parser.add_argument("--out", default="", help="markdown file whose section for this table is replaced "
-                      "(appended if it has none)")
+  parser.add_argument(
+    "--out", default="", help="markdown file whose section for this table is replaced (appended if it has none)"
+  )
   args = parser.parse_args(argv)
   if args.list:
     text = list_tables()
@@ -168,15 +243,27 @@ def main(argv: Sequence[str] | None = None) -> str:
     raise ConfigError(f"{data_dir / table.data} does not exist; --data_dir must hold {table.data}/.")
   cli.setup_logging()
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  ctx = Context(full=args.full, data_dir=data_dir, workdir=pathlib.Path(args.workdir) / table.name,
-                img_dir=pathlib.Path(args.img_dir), log=log)
+  ctx = Context(
+    full=args.full,
+    data_dir=data_dir,
+    workdir=pathlib.Path(args.workdir) / table.name,
+    img_dir=pathlib.Path(args.img_dir),
+    log=log,
+  )
   start = time.perf_counter()
   result = table_function(table)(ctx)
   seconds = time.perf_counter() - start
   command = shlex.join(["python", "scripts/reproduce.py", *without_out(argv)])
   out = pathlib.Path(args.out) if args.out else None
-  text = section(table, result, command=command, seconds=seconds, machine_text=machine(), commit_text=commit(),
-                 relative_to=(out.parent if out else pathlib.Path.cwd()).resolve())
+  text = section(
+    table,
+    result,
+    command=command,
+    seconds=seconds,
+    machine_text=machine(),
+    commit_text=commit(),
+    relative_to=(out.parent if out else pathlib.Path.cwd()).resolve(),
+  )
   print(text)
   if out is not None:
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from lra_core import train as train_lib
-from lra_core.config import PROJECT_ROOT as ROOT, load_config
+from lra_core.config import PROJECT_ROOT as ROOT
+from lra_core.config import load_config
 from lra_core.errors import DataError, optional_import
 from lra_core.metrics import read_metrics
 
@@ -27,11 +28,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 @dataclasses.dataclass
 class Context:
   """Where and how big a table runs."""
-  full: bool = False                      # the paper's sizes instead of the CPU default
-  data_dir: pathlib.Path | None = None    # the folder with enwik8/, c4/, lra/, imagenet64/ ...
+
+  full: bool = False  # the paper's sizes instead of the CPU default
+  data_dir: pathlib.Path | None = None  # the folder with enwik8/, c4/, lra/, imagenet64/ ...
   workdir: pathlib.Path = pathlib.Path("runs/reproduce")  # training runs, one folder each
-  img_dir: pathlib.Path = ROOT / "docs" / "img"            # where plots are written
-  log: Callable[[str], None] = print      # progress lines (stderr in the CLI)
+  img_dir: pathlib.Path = ROOT / "docs" / "img"  # where plots are written
+  log: Callable[[str], None] = print  # progress lines (stderr in the CLI)
 
 
 @dataclasses.dataclass
@@ -39,21 +41,26 @@ class Result:
   """What a table prints: the setting, the markdown (paper beside ours), its plots and at most one
   comparison line. Why ours differs from the paper is not computed: it is the hand-written discussion
   under the table's section in docs/results.md, which --out leaves as it is."""
-  setting: str                                   # a paragraph: models, sizes, what was timed or trained
-  markdown: str                                  # one or more markdown tables
+
+  setting: str  # a paragraph: models, sizes, what was timed or trained
+  markdown: str  # one or more markdown tables
   plots: list[pathlib.Path] = dataclasses.field(default_factory=list)
-  comparison: str = ""                           # one line from the numbers, e.g. "ours / paper: 0.98x"
+  comparison: str = ""  # one line from the numbers, e.g. "ours / paper: 0.98x"
 
   def __post_init__(self) -> None:
     if "\n" in self.comparison.strip():
-      raise ValueError(f"comparison {self.comparison!r} is more than one line; discussion belongs in "
-                       "docs/results.md, under the table's section.")
+      raise ValueError(
+        f"comparison {self.comparison!r} is more than one line; discussion belongs in "
+        "docs/results.md, under the table's section."
+      )
 
 
 def commit() -> str:
   """The checked-out commit, with '+changes' when the work tree differs from it."""
+
   def git(*args):
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
   head = git("rev-parse", "--short=10", "HEAD")
   if head.returncode != 0:
     return "unknown (not a git checkout)"
@@ -119,6 +126,7 @@ def train(ctx: Context, name: str, spec: str, overrides: Sequence[str] = ()) -> 
 
 def _clear(workdir: pathlib.Path) -> None:
   import shutil
+
   shutil.rmtree(workdir)
 
 
@@ -131,4 +139,3 @@ def curve(ctx: Context, name: str, metric: str) -> tuple[list[int], list[float]]
       steps.append(int(record["step"]))
       values.append(float(value))
   return steps, values
-

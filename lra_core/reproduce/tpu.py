@@ -31,30 +31,42 @@ from lra_core import aot
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
-from lra_core.tables import markdown_table
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
+from lra_core.tables import markdown_table
 
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.
 COMMON = ("model.dtype=bfloat16", "model.scan_layers=True")
 # Tried in order until the train and eval steps fit the chip's HBM: no recomputation, then all of it,
 # then the same global batch in 4 and 16 micro-batches (gradient accumulation, as the GPU papers trained).
-LADDER = ((), ("model.remat=full",), ("model.remat=full", "train.grad_accum_steps=4"),
-          ("model.remat=full", "train.grad_accum_steps=16"))
+LADDER = (
+  (),
+  ("model.remat=full",),
+  ("model.remat=full", "train.grad_accum_steps=4"),
+  ("model.remat=full", "train.grad_accum_steps=16"),
+)
 
 # Transformer-VQ Tables 6-9 at 131,072 tokens (the module's PAPER_THROUGHPUT stops at 32,768):
 # (full, VQ) tokens/s, None = out of memory.
-PAPER_131072 = {"serial": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)},
-                "matmul": {"shga": (None, 69.5e3), "mqa": (None, 67.7e3), "mha": (None, None)},
-                "assoc": {"shga": (None, None), "mqa": (None, 67.0e3), "mha": (None, None)},
-                "input_scan": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)}}
+PAPER_131072 = {
+  "serial": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)},
+  "matmul": {"shga": (None, 69.5e3), "mqa": (None, 67.7e3), "mha": (None, None)},
+  "assoc": {"shga": (None, None), "mqa": (None, 67.0e3), "mha": (None, None)},
+  "input_scan": {"shga": (None, None), "mqa": (None, None), "mha": (None, None)},
+}
 # FLASH Tables 12 (C4 MLM, 512 tokens) and 3 (PG-19, 8,192 tokens): step latency on 64 TPU v4 cores, ms.
 FLASH_LATENCY_MS = {
-    "configs/c4/flash.py": 51.2, "configs/c4/flash_quad.py": 43.7, "configs/c4/flash.py:performer": 37.2,
-    "configs/c4/transformer.py:mlm": 47.7, "configs/c4/transformer.py:mlm,plus": 48.8,
-    "configs/c4/transformer.py:mlm,plusplus": 47.6, "configs/pg19/flash.py": 250,
-    "configs/pg19/flash.py:flash_quad": 560, "configs/pg19/transformer.py:flash": 1292,
-    "configs/pg19/transformer.py:flash,plusplus": 1272}
+  "configs/c4/flash.py": 51.2,
+  "configs/c4/flash_quad.py": 43.7,
+  "configs/c4/flash.py:performer": 37.2,
+  "configs/c4/transformer.py:mlm": 47.7,
+  "configs/c4/transformer.py:mlm,plus": 48.8,
+  "configs/c4/transformer.py:mlm,plusplus": 47.6,
+  "configs/pg19/flash.py": 250,
+  "configs/pg19/flash.py:flash_quad": 560,
+  "configs/pg19/transformer.py:flash": 1292,
+  "configs/pg19/transformer.py:flash,plusplus": 1272,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +75,10 @@ class Row:
   spec: str
   topology: str
   overrides: tuple[str, ...] = ()
-  paper_tokens_per_s: float | None = None   # what the paper measured for this setting, if anything
+  paper_tokens_per_s: float | None = None  # what the paper measured for this setting, if anything
   paper_step_ms: float | None = None
   paper_oom: bool = False
-  common: tuple[str, ...] = COMMON           # the compute settings every rung keeps (float32 on a V100)
+  common: tuple[str, ...] = COMMON  # the compute settings every rung keeps (float32 on a V100)
 
   @property
   def paper_measured(self) -> str:
@@ -77,8 +89,15 @@ class Row:
     return f"{self.paper_step_ms:,.0f} ms/step" if self.paper_step_ms else ""
 
   def command(self, rung: tuple[str, ...], report: str, hlo: str) -> list[str]:
-    return ["-m", "lra_core.aot", f"--config={self.spec}", f"--topology={self.topology}",
-            *(f"--config.{o}" for o in self.common + self.overrides + rung), f"--json={report}", f"--hlo={hlo}"]
+    return [
+      "-m",
+      "lra_core.aot",
+      f"--config={self.spec}",
+      f"--topology={self.topology}",
+      *(f"--config.{o}" for o in self.common + self.overrides + rung),
+      f"--json={report}",
+      f"--hlo={hlo}",
+    ]
 
   def rungs(self) -> tuple[tuple[str, ...], ...]:
     """The LADDER rungs this row can take: micro-batches must still split evenly over the batch axes."""
@@ -104,27 +123,40 @@ class Row:
 
 def table6(attention: str, head_type: str, t: int) -> Row:
   """Transformer-VQ Table 6 (serial reduction): 8 TPU v3 cores, batch 8, backprop through all t tokens."""
-  full, vq = (PAPER_131072["serial"] if t == 131072 else {h: v[t] for h, v in
-                                                          PAPER_THROUGHPUT["serial"].items()})[head_type]
+  full, vq = (PAPER_131072["serial"] if t == 131072 else {h: v[t] for h, v in PAPER_THROUGHPUT["serial"].items()})[
+    head_type
+  ]
   heads = ("model.num_heads=1",) if head_type == "shga" else ("model.num_heads=8",)
   name = "Full" if attention == "full" else "VQ"
   measured = full if attention == "full" else vq
-  return Row(f"Transformer-VQ Table 6, {name} {head_type.upper()}, T={t:,}", VQ, "v3:2x2",
-             (f"model.attention={attention}", f"model.head_type={head_type}", *heads, "train.batch_size=8",
-              f"train.seq_len={t}", f"train.update_len={t}", "mesh.data=8"),
-             paper_tokens_per_s=measured, paper_oom=measured is None)
+  return Row(
+    f"Transformer-VQ Table 6, {name} {head_type.upper()}, T={t:,}",
+    VQ,
+    "v3:2x2",
+    (
+      f"model.attention={attention}",
+      f"model.head_type={head_type}",
+      *heads,
+      "train.batch_size=8",
+      f"train.seq_len={t}",
+      f"train.update_len={t}",
+      "mesh.data=8",
+    ),
+    paper_tokens_per_s=measured,
+    paper_oom=measured is None,
+  )
 
 
 # (path prefix of a paper config, topology, mesh and other overrides, why that slice)
 PLACEMENT = (
-    ("configs/enwik8/transformer_vq.py", "v3:4x8", ("mesh.data=64",), "TPU v3 (the paper's pod slices)"),
-    ("configs/pg19/transformer_vq.py", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
-    ("configs/imagenet64/transformer_vq.py:large", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
-    ("configs/imagenet64/transformer_vq.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
-    ("configs/c4/latte.py", "v5p:2x2x1", ("mesh.data=4",), "4 x 80 GB A100 -> 4 v5p chips"),
-    ("configs/c4/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
-    ("configs/pg19/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
-    ("configs/imagenet64/fit_ar.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
+  ("configs/enwik8/transformer_vq.py", "v3:4x8", ("mesh.data=64",), "TPU v3 (the paper's pod slices)"),
+  ("configs/pg19/transformer_vq.py", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
+  ("configs/imagenet64/transformer_vq.py:large", "v3:8x8", ("mesh.data=8", "mesh.fsdp=16"), "TPU v3"),
+  ("configs/imagenet64/transformer_vq.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
+  ("configs/c4/latte.py", "v5p:2x2x1", ("mesh.data=4",), "4 x 80 GB A100 -> 4 v5p chips"),
+  ("configs/c4/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
+  ("configs/pg19/", "v4:2x4x4", ("mesh.data=32",), "64 TPU v4 cores"),
+  ("configs/imagenet64/fit_ar.py", "v3:2x2", ("mesh.data=8",), "TPU v3"),
 )
 BLOCK_CONFIG = "configs/c4/block_transformer.py"  # vanilla and MEGABYTE rows too: the Block paper's setup
 BLOCK_PLACEMENT = ("v5p:2x2x1", ("mesh.data=4",), "8 x 40 GB A100 -> 4 v5p chips")
@@ -144,9 +176,13 @@ def paper_rows() -> tuple[Row, ...]:
 
 # The issue's acceptance rows first, then every paper config; --full adds all of Table 6.
 DEFAULT_ROWS = (table6("vq", "shga", 8192), table6("full", "shga", 131072)) + paper_rows()
-FULL_ROWS = DEFAULT_ROWS + tuple(table6(a, h, t) for h in ("shga", "mqa", "mha")
-                                 for t in (2048, 8192, 32768, 131072) for a in ("vq", "full")
-                                 if (a, h, t) not in (("vq", "shga", 8192), ("full", "shga", 131072)))
+FULL_ROWS = DEFAULT_ROWS + tuple(
+  table6(a, h, t)
+  for h in ("shga", "mqa", "mha")
+  for t in (2048, 8192, 32768, 131072)
+  for a in ("vq", "full")
+  if (a, h, t) not in (("vq", "shga", 8192), ("full", "shga", 131072))
+)
 
 
 def _compile(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fit") -> dict:
@@ -194,8 +230,10 @@ def run_row(ctx: Context, row: Row, table: str = "tpu_fit") -> tuple[dict, tuple
 
 def utilisation(r: dict) -> str:
   """'MFU / HFU (bound; memory-bound share)'."""
-  return (f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
-          f"{100 * r['memory_bound_share']:.0f}% memory-bound)")
+  return (
+    f"{100 * r['est_mfu']:.0f}% / {100 * r['est_hfu']:.0f}% ({r['bound']}; "
+    f"{100 * r['memory_bound_share']:.0f}% memory-bound)"
+  )
 
 
 def split_cell(r: dict) -> str:
@@ -255,8 +293,9 @@ def failed_rows(rows: Sequence[Row], reports: Sequence[dict | None]) -> str:
   implied = [(row.paper, paper_mfu(row, r)) for row, r in zip(rows, reports) if r]
   failed = [paper for paper, mfu in implied if mfu is not None and mfu > 1]
   measured = sum(mfu is not None for _, mfu in implied)
-  return (f"paper runs over 100% MFU under our FLOP count: {len(failed)} of {measured} measured rows"
-          + (f" ({'; '.join(failed)})" if failed else ""))
+  return f"paper runs over 100% MFU under our FLOP count: {len(failed)} of {measured} measured rows" + (
+    f" ({'; '.join(failed)})" if failed else ""
+  )
 
 
 def compiled_at(metas: Sequence[dict]) -> str:
@@ -274,41 +313,86 @@ def tpu_fit(ctx: Context) -> Result:
     reports.append(r)
     metas.append(meta)
     if r is None:
-      lines.append([row.paper, row.topology, "-", settings_cell(row, rung), "-",
-                    f"compile failed: {meta['error'][:80]}",
-                    "-", "-", "-", "-", "-", f"{wall:.0f}", row.paper_measured, "", ""])
+      lines.append(
+        [
+          row.paper,
+          row.topology,
+          "-",
+          settings_cell(row, rung),
+          "-",
+          f"compile failed: {meta['error'][:80]}",
+          "-",
+          "-",
+          "-",
+          "-",
+          "-",
+          f"{wall:.0f}",
+          row.paper_measured,
+          "",
+          "",
+        ]
+      )
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     compiled = r["est_step_seconds"] is not None  # None: the compiler refused the step for memory
-    lines.append([row.paper, f"{row.topology} ({r['num_devices']} x {r['device_kind']})", mesh,
-                  settings_cell(row, rung), memory_cell(r),
-                  "yes" if r["fits"] else "**no**",
-                  fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
-                  fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
-                  utilisation(r) if compiled else "-", split_cell(r) if compiled else "-",
-                  f"{r['num_params'] / 1e6:,.0f}M", f"{wall:.0f}", row.paper_measured, against_paper(row, r),
-                  sanity_cell(row, r)])
-  table = markdown_table(["setting", "topology", "mesh", "remat / scan", "GiB per device (peak / HBM)", "fits",
-                          "est. step ms", "est. tokens/s", "est. MFU / HFU (bound)", "where the step goes", "params",
-                          "compile s (this host)",
-                          "paper measured", "est. / paper", "paper's MFU under our count"], lines)
-  setting = ("`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
-             "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
-             "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
-             "Memory is XLA's per-device buffer assignment (the larger peak of the train and eval steps, against "
-             "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
-             "`model.remat=full`, then also in 4 and in 16 micro-batches of the same global batch, and shows the "
-             "first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
-             "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
-             "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
-             "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
-             "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows, and "
-             "where the step goes: its time split into matrix products at the chip's peak or waiting on HBM, "
-             "Pallas kernels, in-place updates (a scanned stack storing its residuals, a cache) and elementwise "
-             "work (activations, norms, their gradients, casts, copies). Estimates, not measurements. "
-             "Where the paper measured the run, the last column is the MFU its own run would have had under our "
-             "count (our model FLOPs per step over the paper's step time and the chips' peak); over 100% fails the "
-             "row, for then the setting, the hardware mapping or the count is wrong. Compile s is "
-             "the wall time of all attempts of the row on this 2-core host. The rows' programs were compiled at "
-             f"{compiled_at(metas)}; every estimate is recomputed from their HLO at the commit below.")
+    lines.append(
+      [
+        row.paper,
+        f"{row.topology} ({r['num_devices']} x {r['device_kind']})",
+        mesh,
+        settings_cell(row, rung),
+        memory_cell(r),
+        "yes" if r["fits"] else "**no**",
+        fmt(r["est_step_seconds"] * 1e3, ",.0f") if compiled else "-",
+        fmt(r["est_tokens_per_s"], ",.0f") if compiled else "-",
+        utilisation(r) if compiled else "-",
+        split_cell(r) if compiled else "-",
+        f"{r['num_params'] / 1e6:,.0f}M",
+        f"{wall:.0f}",
+        row.paper_measured,
+        against_paper(row, r),
+        sanity_cell(row, r),
+      ]
+    )
+  table = markdown_table(
+    [
+      "setting",
+      "topology",
+      "mesh",
+      "remat / scan",
+      "GiB per device (peak / HBM)",
+      "fits",
+      "est. step ms",
+      "est. tokens/s",
+      "est. MFU / HFU (bound)",
+      "where the step goes",
+      "params",
+      "compile s (this host)",
+      "paper measured",
+      "est. / paper",
+      "paper's MFU under our count",
+    ],
+    lines,
+  )
+  setting = (
+    "`python -m lra_core.aot` for each paper config at the paper's global batch and sequence length: the "
+    "trainer's real train step and eval step compiled by libtpu's TPU compiler for the slice named, on "
+    "this CPU host, in bfloat16 compute (float32 parameters and optimizer state) with scanned layers. "
+    "Memory is XLA's per-device buffer assignment (the larger peak of the train and eval steps, against "
+    "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
+    "`model.remat=full`, then also in 4 and in 16 micro-batches of the same global batch, and shows the "
+    "first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
+    "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
+    "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
+    "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
+    "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows, and "
+    "where the step goes: its time split into matrix products at the chip's peak or waiting on HBM, "
+    "Pallas kernels, in-place updates (a scanned stack storing its residuals, a cache) and elementwise "
+    "work (activations, norms, their gradients, casts, copies). Estimates, not measurements. "
+    "Where the paper measured the run, the last column is the MFU its own run would have had under our "
+    "count (our model FLOPs per step over the paper's step time and the chips' peak); over 100% fails the "
+    "row, for then the setting, the hardware mapping or the count is wrong. Compile s is "
+    "the wall time of all attempts of the row on this 2-core host. The rows' programs were compiled at "
+    f"{compiled_at(metas)}; every estimate is recomputed from their HLO at the commit below."
+  )
   return Result(setting=setting, markdown=table, comparison=failed_rows(rows, reports))

@@ -18,18 +18,26 @@ from lra_core.tables import markdown_table
 CONFIG = "configs/enwik8/transformer_vq.py"
 # Tables 6-9 (8 TPU v3 cores, tokens/s): reduction -> head type -> {T: (full, vq)}; None = OOM.
 PAPER_THROUGHPUT = {
-    "serial": {"shga": {2048: (65.5e3, 63.0e3), 8192: (23.9e3, 77.2e3), 32768: (6.5e3, 82.1e3)},
-               "mqa": {2048: (58.9e3, 63.0e3), 8192: (10.4e3, 74.8e3), 32768: (None, 79.7e3)},
-               "mha": {2048: (52.0e3, 49.6e3), 8192: (9.5e3, 57.8e3), 32768: (None, 60.7e3)}},
-    "matmul": {"shga": {2048: (65.5e3, 62.5e3), 8192: (23.9e3, 75.2e3), 32768: (6.5e3, 80.0e3)},
-               "mqa": {2048: (58.9e3, 62.5e3), 8192: (10.4e3, 74.9e3), 32768: (None, 80.2e3)},
-               "mha": {2048: (52.0e3, 48.2e3), 8192: (9.5e3, 58.2e3), 32768: (None, 61.6e3)}},
-    "assoc": {"shga": {2048: (65.5e3, 58.9e3), 8192: (23.9e3, 62.2e3), 32768: (6.5e3, 63.4e3)},
-              "mqa": {2048: (58.9e3, 62.8e3), 8192: (10.4e3, 74.2e3), 32768: (None, 79.0e3)},
-              "mha": {2048: (52.0e3, 49.1e3), 8192: (9.5e3, 55.4e3), 32768: (None, 57.8e3)}},
-    "input_scan": {"shga": {2048: (32.0e3, 40.8e3), 8192: (12.7e3, 47.4e3), 32768: (None, 49.4e3)},
-                   "mqa": {2048: (36.2e3, 54.8e3), 8192: (14.5e3, 64.9e3), 32768: (None, 68.3e3)},
-                   "mha": {2048: (30.0e3, 43.7e3), 8192: (11.4e3, 50.7e3), 32768: (None, 53.1e3)}},
+  "serial": {
+    "shga": {2048: (65.5e3, 63.0e3), 8192: (23.9e3, 77.2e3), 32768: (6.5e3, 82.1e3)},
+    "mqa": {2048: (58.9e3, 63.0e3), 8192: (10.4e3, 74.8e3), 32768: (None, 79.7e3)},
+    "mha": {2048: (52.0e3, 49.6e3), 8192: (9.5e3, 57.8e3), 32768: (None, 60.7e3)},
+  },
+  "matmul": {
+    "shga": {2048: (65.5e3, 62.5e3), 8192: (23.9e3, 75.2e3), 32768: (6.5e3, 80.0e3)},
+    "mqa": {2048: (58.9e3, 62.5e3), 8192: (10.4e3, 74.9e3), 32768: (None, 80.2e3)},
+    "mha": {2048: (52.0e3, 48.2e3), 8192: (9.5e3, 58.2e3), 32768: (None, 61.6e3)},
+  },
+  "assoc": {
+    "shga": {2048: (65.5e3, 58.9e3), 8192: (23.9e3, 62.2e3), 32768: (6.5e3, 63.4e3)},
+    "mqa": {2048: (58.9e3, 62.8e3), 8192: (10.4e3, 74.2e3), 32768: (None, 79.0e3)},
+    "mha": {2048: (52.0e3, 49.1e3), 8192: (9.5e3, 55.4e3), 32768: (None, 57.8e3)},
+  },
+  "input_scan": {
+    "shga": {2048: (32.0e3, 40.8e3), 8192: (12.7e3, 47.4e3), 32768: (None, 49.4e3)},
+    "mqa": {2048: (36.2e3, 54.8e3), 8192: (14.5e3, 64.9e3), 32768: (None, 68.3e3)},
+    "mha": {2048: (30.0e3, 43.7e3), 8192: (11.4e3, 50.7e3), 32768: (None, 53.1e3)},
+  },
 }
 # Table 1 (codebook size) and Table 2 (compressive cache): setting -> (validation bits/byte, latency rel.).
 PAPER_CODEBOOK = {256: (1.010, 0.927), 512: (1.005, 1.0), 1024: (1.000, 1.109)}
@@ -38,7 +46,7 @@ PAPER_CACHE = {False: (1.026, 0.836), True: (1.010, 0.927)}
 
 @dataclasses.dataclass(frozen=True)
 class ThroughputSize:
-  model: tuple[str, ...]       # overrides of the enwik8 config
+  model: tuple[str, ...]  # overrides of the enwik8 config
   seq_lens: tuple[int, ...]
   head_types: tuple[str, ...]
   reductions: tuple[str, ...]  # serial / matmul / assoc / input_scan
@@ -47,12 +55,24 @@ class ThroughputSize:
 
 
 DEFAULT_THROUGHPUT = ThroughputSize(
-    ("model.d_model=128", "model.d_k=64", "model.d_v=256", "model.num_layers=2", "model.n_code=128",
-     "model.block_len=256", "model.num_heads=2"),
-    (1024, 4096), ("shga", "mqa", "mha"), ("serial", "matmul", "assoc", "input_scan"), 2, 1)
+  (
+    "model.d_model=128",
+    "model.d_k=64",
+    "model.d_v=256",
+    "model.num_layers=2",
+    "model.n_code=128",
+    "model.block_len=256",
+    "model.num_heads=2",
+  ),
+  (1024, 4096),
+  ("shga", "mqa", "mha"),
+  ("serial", "matmul", "assoc", "input_scan"),
+  2,
+  1,
+)
 FULL_THROUGHPUT = ThroughputSize(
-    ("model.num_heads=8",), (2048, 8192, 32768), ("shga", "mqa", "mha"),
-    ("serial", "matmul", "assoc", "input_scan"), 5, 2)
+  ("model.num_heads=8",), (2048, 8192, 32768), ("shga", "mqa", "mha"), ("serial", "matmul", "assoc", "input_scan"), 5, 2
+)
 
 
 def _head_overrides(head_type: str) -> list[str]:
@@ -74,8 +94,15 @@ def vq_throughput(ctx: Context) -> Result:
   for head in size.head_types:
     variants.append(_variant(f"full/{head}", "serial", head, "full"))
     variants += [_variant(f"vq-{r}/{head}", r, head, "vq") for r in size.reductions]
-  rows, peak = train_step.run(CONFIG, overrides=size.model, variants=variants, seq_lens=size.seq_lens,
-                         steps=size.steps, warmup=size.warmup, log=ctx.log)
+  rows, peak = train_step.run(
+    CONFIG,
+    overrides=size.model,
+    variants=variants,
+    seq_lens=size.seq_lens,
+    steps=size.steps,
+    warmup=size.warmup,
+    log=ctx.log,
+  )
   by = {(r["variant"], r["seq_len"]): r for r in rows}
 
   def tps(name, t):
@@ -91,27 +118,50 @@ def vq_throughput(ctx: Context) -> Result:
         full, vq = tps(full_name, t), tps(f"vq-{reduction}/{head}", t)
         paper_t = paper_lengths[t]
         p_full, p_vq = PAPER_THROUGHPUT[reduction][head][paper_t]
-        lines.append([reduction, head.upper(), f"{t:,}", fmt(full, ",.0f") if full else "OOM",
-                      fmt(vq, ",.0f") if vq else "OOM", "-" if not (full and vq) else f"{vq / full:.2f}x",
-                      f"{paper_t:,}", fmt(p_full, ",.0f") if p_full else "OOM", fmt(p_vq, ",.0f"),
-                      "-" if not p_full else f"{p_vq / p_full:.2f}x"])
-  table = markdown_table(["reduction", "heads", "T", "ours: full tokens/s", "ours: VQ tokens/s", "ours: VQ / full",
-                          "paper T", "paper full", "paper VQ", "paper VQ / full"], lines)
+        lines.append(
+          [
+            reduction,
+            head.upper(),
+            f"{t:,}",
+            fmt(full, ",.0f") if full else "OOM",
+            fmt(vq, ",.0f") if vq else "OOM",
+            "-" if not (full and vq) else f"{vq / full:.2f}x",
+            f"{paper_t:,}",
+            fmt(p_full, ",.0f") if p_full else "OOM",
+            fmt(p_vq, ",.0f"),
+            "-" if not p_full else f"{p_vq / p_full:.2f}x",
+          ]
+        )
+  table = markdown_table(
+    [
+      "reduction",
+      "heads",
+      "T",
+      "ours: full tokens/s",
+      "ours: VQ tokens/s",
+      "ours: VQ / full",
+      "paper T",
+      "paper full",
+      "paper VQ",
+      "paper VQ / full",
+    ],
+    lines,
+  )
   detail = train_step.format_table(rows)
   plots = [_throughput_plot(ctx, size, tps)]
   setting = (
-      f"The trainer's train step (forward, backward, AdamW) of `{CONFIG}` with {', '.join(size.model)}: full "
-      "attention (`model.attention=full`: unquantized softmax attention with the same XL biases, equal width and "
-      "depth, the codebook being the only difference) against VQ attention with each cache reduction "
-      "(`model.reduction=serial|matmul|assoc`) and with input scanning (`model.input_scan=True`, the whole "
-      "stack one block at a time; full attention has no per-block form here, so these rows compare with plain "
-      "full attention, where the paper's Table 9 scans both), for single-head gated "
-      "attention (SHGA), multi-query and multi-head attention (`model.head_type`). Batch 1, one update window "
-      f"= the whole sequence, median of {size.steps} steps after {size.warmup} warm-up step(s), compile apart "
-      f"(`scripts/bench.py`); the float32 matmul yardstick measured {peak / 1e9:,.1f} GFLOP/s. The paper's "
-      "numbers are Tables 6-9 (190M-class models on 8 TPU v3 cores) at its nearest length.")
-  return Result(setting=setting, markdown=table + "\n\nEvery row as the harness measured it:\n\n" + detail,
-                plots=plots)
+    f"The trainer's train step (forward, backward, AdamW) of `{CONFIG}` with {', '.join(size.model)}: full "
+    "attention (`model.attention=full`: unquantized softmax attention with the same XL biases, equal width and "
+    "depth, the codebook being the only difference) against VQ attention with each cache reduction "
+    "(`model.reduction=serial|matmul|assoc`) and with input scanning (`model.input_scan=True`, the whole "
+    "stack one block at a time; full attention has no per-block form here, so these rows compare with plain "
+    "full attention, where the paper's Table 9 scans both), for single-head gated "
+    "attention (SHGA), multi-query and multi-head attention (`model.head_type`). Batch 1, one update window "
+    f"= the whole sequence, median of {size.steps} steps after {size.warmup} warm-up step(s), compile apart "
+    f"(`scripts/bench.py`); the float32 matmul yardstick measured {peak / 1e9:,.1f} GFLOP/s. The paper's "
+    "numbers are Tables 6-9 (190M-class models on 8 TPU v3 cores) at its nearest length."
+  )
+  return Result(setting=setting, markdown=table + "\n\nEvery row as the harness measured it:\n\n" + detail, plots=plots)
 
 
 def _paired_lengths(seq_lens: Sequence[int]) -> dict[int, int]:
@@ -136,6 +186,7 @@ def _throughput_plot(ctx: Context, size: ThroughputSize, tps):
 
 # ----------------------------------------------------------------------------- Tables 1 and 2: enwik8 runs
 
+
 @dataclasses.dataclass(frozen=True)
 class TrainSize:
   overrides: tuple[str, ...]
@@ -143,11 +194,25 @@ class TrainSize:
 
 
 DEFAULT_TRAIN = TrainSize(
-    ("model.d_model=64", "model.d_k=32", "model.d_v=128", "model.num_layers=4", "model.block_len=32",
-     "train.seq_len=256", "train.update_len=128", "train.batch_size=8", "train.steps=300",
-     "train.eval_every=0", "train.eval_batches=8", "train.log_every=50", "train.checkpoint_every=0",
-     "optim.lr=2e-3", "optim.warmup_steps=30"),
-    (32, 64, 128))
+  (
+    "model.d_model=64",
+    "model.d_k=32",
+    "model.d_v=128",
+    "model.num_layers=4",
+    "model.block_len=32",
+    "train.seq_len=256",
+    "train.update_len=128",
+    "train.batch_size=8",
+    "train.steps=300",
+    "train.eval_every=0",
+    "train.eval_batches=8",
+    "train.log_every=50",
+    "train.checkpoint_every=0",
+    "optim.lr=2e-3",
+    "optim.warmup_steps=30",
+  ),
+  (32, 64, 128),
+)
 FULL_TRAIN = TrainSize((), (256, 512, 1024))  # the paper's enwik8 model and schedule (Table 10)
 
 
@@ -169,35 +234,74 @@ def vq_codebook(ctx: Context) -> Result:
   rows = []
   for i, (s, summary) in enumerate(runs.items()):
     p_s, (p_bpb, p_lat) = paper[i] if i < len(paper) else (None, (None, None))
-    rows.append([f"{s:,}", fmt(summary.get("val_bits_per_byte"), ".3f"), fmt(summary.get("val_codebook_perplexity"), ".1f"),
-                 fmt(_step_ms(summary), ",.1f"), fmt(_step_ms(summary) / _step_ms(base), ".3f"),
-                 f"{p_s:,}" if p_s else "-", fmt(p_bpb, ".3f"), fmt(p_lat, ".3f")])
-  table = markdown_table(["codebook size S", "ours: val bits/byte", "ours: code perplexity", "ours: ms / step",
-                          "ours: latency (rel.)", "paper S", "paper val bits/byte", "paper latency (rel.)"], rows)
+    rows.append(
+      [
+        f"{s:,}",
+        fmt(summary.get("val_bits_per_byte"), ".3f"),
+        fmt(summary.get("val_codebook_perplexity"), ".1f"),
+        fmt(_step_ms(summary), ",.1f"),
+        fmt(_step_ms(summary) / _step_ms(base), ".3f"),
+        f"{p_s:,}" if p_s else "-",
+        fmt(p_bpb, ".3f"),
+        fmt(p_lat, ".3f"),
+      ]
+    )
+  table = markdown_table(
+    [
+      "codebook size S",
+      "ours: val bits/byte",
+      "ours: code perplexity",
+      "ours: ms / step",
+      "ours: latency (rel.)",
+      "paper S",
+      "paper val bits/byte",
+      "paper latency (rel.)",
+    ],
+    rows,
+  )
   return Result(setting=_train_setting(size, "model.n_code"), markdown=table)
 
 
 def vq_cache(ctx: Context) -> Result:
   size = FULL_TRAIN if ctx.full else DEFAULT_TRAIN
   s = size.codebooks[0]
-  runs = {c: _enwik8(ctx, f"cache_{c}", [*size.overrides, f"model.n_code={s}", f"model.compressive={c}"])
-          for c in (False, True)}
+  runs = {
+    c: _enwik8(ctx, f"cache_{c}", [*size.overrides, f"model.n_code={s}", f"model.compressive={c}"])
+    for c in (False, True)
+  }
   rows = []
   for c, summary in runs.items():
     p_bpb, p_lat = PAPER_CACHE[c]
-    rows.append(["yes" if c else "no", fmt(summary.get("val_bits_per_byte"), ".3f"), fmt(_step_ms(summary), ",.1f"),
-                 fmt(_step_ms(summary) / _step_ms(runs[True]), ".3f"), fmt(p_bpb, ".3f"),
-                 fmt(p_lat / PAPER_CACHE[True][1], ".3f")])
-  table = markdown_table(["compressive cache", "ours: val bits/byte", "ours: ms / step",
-                          "ours: latency (rel. to with cache)", "paper val bits/byte",
-                          "paper latency (rel. to with cache)"], rows)
+    rows.append(
+      [
+        "yes" if c else "no",
+        fmt(summary.get("val_bits_per_byte"), ".3f"),
+        fmt(_step_ms(summary), ",.1f"),
+        fmt(_step_ms(summary) / _step_ms(runs[True]), ".3f"),
+        fmt(p_bpb, ".3f"),
+        fmt(p_lat / PAPER_CACHE[True][1], ".3f"),
+      ]
+    )
+  table = markdown_table(
+    [
+      "compressive cache",
+      "ours: val bits/byte",
+      "ours: ms / step",
+      "ours: latency (rel. to with cache)",
+      "paper val bits/byte",
+      "paper latency (rel. to with cache)",
+    ],
+    rows,
+  )
   return Result(setting=_train_setting(size, "model.compressive", codebook=s), markdown=table)
 
 
 def _train_setting(size: TrainSize, varied: str, codebook: int | None = None) -> str:
   what = " ".join(size.overrides) if size.overrides else "the paper's enwik8 model and schedule (Table 10)"
   extra = f", S = {codebook}" if codebook else ""
-  return (f"Byte-level LM on the enwik8 sample under --data_dir/enwik8 (split 90/5/5 by bytes), trained with the "
-          f"real trainer from `{CONFIG}` with {what}{extra}, varying `{varied}`. Validation bits/byte on the "
-          "validation split at the end; ms / step is the trainer's training time over its steps (compile apart). "
-          "The paper's numbers are its 190M enwik8 model after 125k steps.")
+  return (
+    f"Byte-level LM on the enwik8 sample under --data_dir/enwik8 (split 90/5/5 by bytes), trained with the "
+    f"real trainer from `{CONFIG}` with {what}{extra}, varying `{varied}`. Validation bits/byte on the "
+    "validation split at the end; ms / step is the trainer's training time over its steps (compile apart). "
+    "The paper's numbers are its 190M enwik8 model after 125k steps."
+  )

@@ -33,8 +33,9 @@ def token_nll(logits: Array, targets: Array) -> Array:
   return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
 
 
-def weighted_cross_entropy(logits: Array, targets: Array, weights: Array, *,
-                           nll: Array | None = None) -> tuple[Array, Array, Array]:
+def weighted_cross_entropy(
+  logits: Array, targets: Array, weights: Array, *, nll: Array | None = None
+) -> tuple[Array, Array, Array]:
   """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32);
   `nll`: the per-token NLL if the caller has it already."""
   logits = logits.astype(jnp.float32)
@@ -68,8 +69,9 @@ def apply_model(model: nnx.Module, *args, **kwargs) -> tuple[Any, Aux]:
   return out, (total, metrics)
 
 
-def classification_loss(logits: Array, batch: dict[str, Array], normalizer: Array,
-                        aux: Aux, *, nll: Array | None = None) -> tuple[Array, Metrics]:
+def classification_loss(
+  logits: Array, batch: dict[str, Array], normalizer: Array, aux: Aux, *, nll: Array | None = None
+) -> tuple[Array, Metrics]:
   """Weighted cross-entropy / normalizer plus the model's auxiliary losses, and metric sums.
 
   An auxiliary loss is a mean over this batch's tokens; it is weighted by the batch's share of
@@ -106,8 +108,9 @@ class Task(abc.ABC):
     return jnp.maximum(batch["weights"].astype(jnp.float32).sum(), 1.0)
 
   @abc.abstractmethod
-  def loss_and_metrics(self, model: nnx.Module, batch: dict[str, Array], *, normalizer: Array,
-                       rngs: nnx.Rngs | None, carry: Any = None) -> tuple[Array, Metrics, Any]:
+  def loss_and_metrics(
+    self, model: nnx.Module, batch: dict[str, Array], *, normalizer: Array, rngs: nnx.Rngs | None, carry: Any = None
+  ) -> tuple[Array, Metrics, Any]:
     """-> (scalar loss to differentiate, metric (sum, weight) pairs, carried state)."""
 
   def finalize(self, sums: dict[str, tuple[float, float]]) -> dict[str, float]:

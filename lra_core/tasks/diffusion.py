@@ -51,10 +51,13 @@ class DiffusionTask(Task):
     gamma = self.gamma(t)
     eps = jax.random.normal(k_eps, x0.shape, jnp.float32)
     x_t = diffusion.q_sample(x0, gamma, eps)
-    out = {"inputs": diffusion.normalize_input(x_t) if self.normalize else x_t, "gamma": gamma,
-           "targets": diffusion.prediction_target(self.pred_type, x0, eps, gamma),
-           "weights": batch["weights"].astype(jnp.float32).reshape(b),
-           "self_cond": (jax.random.uniform(k_sc, (b,)) < self.self_cond_rate).astype(jnp.float32)}
+    out = {
+      "inputs": diffusion.normalize_input(x_t) if self.normalize else x_t,
+      "gamma": gamma,
+      "targets": diffusion.prediction_target(self.pred_type, x0, eps, gamma),
+      "weights": batch["weights"].astype(jnp.float32).reshape(b),
+      "self_cond": (jax.random.uniform(k_sc, (b,)) < self.self_cond_rate).astype(jnp.float32),
+    }
     if self.conditional:
       out["labels"] = batch["targets"].astype(jnp.int32).reshape(b)
     if self.null_label is not None:  # its own key: the draws above stay those of a run without it
@@ -69,8 +72,9 @@ class DiffusionTask(Task):
     if self.self_condition:
       _, latents = model(x_t, gamma, labels=labels, rngs=rngs)
       latents_prev = jax.lax.stop_gradient(latents) * batch["self_cond"][:, None, None].astype(latents.dtype)
-    (pred, _), (aux_loss, aux_metrics) = apply_model(model, x_t, gamma, labels=labels,
-                                                     latents_prev=latents_prev, rngs=rngs)
+    (pred, _), (aux_loss, aux_metrics) = apply_model(
+      model, x_t, gamma, labels=labels, latents_prev=latents_prev, rngs=rngs
+    )
     mse = jnp.square(pred.astype(jnp.float32) - batch["targets"]).mean(axis=tuple(range(1, pred.ndim)))
     weights = batch["weights"]
     total, weight = (mse * weights).sum(), weights.sum()

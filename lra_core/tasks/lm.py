@@ -49,6 +49,7 @@ class LMTask(TokenTask):
 
 class ImageARTask(LMTask):
   """Pixels (x channels) as tokens; bits per dim is the figure of merit."""
+
   name = "image_ar"
 
 

@@ -19,8 +19,9 @@ def mask_tokens(key, tokens, valid, *, mask_rate, replace_mask, replace_random, 
   chosen = (jax.random.uniform(k_choose, tokens.shape) < mask_rate) & valid
   kind = jax.random.uniform(k_kind, tokens.shape)
   random_tokens = jax.random.randint(k_rand, tokens.shape, 0, vocab_size, tokens.dtype)
-  corrupted = jnp.where(kind < replace_mask, mask_id,
-                        jnp.where(kind < replace_mask + replace_random, random_tokens, tokens))
+  corrupted = jnp.where(
+    kind < replace_mask, mask_id, jnp.where(kind < replace_mask + replace_random, random_tokens, tokens)
+  )
   inputs = jnp.where(chosen, corrupted, tokens)
   return inputs, tokens, chosen.astype(jnp.float32)
 
@@ -32,9 +33,13 @@ class MLMTask(TokenTask):
     super().__init__(config, info)
     cfg = config.mlm
     self.mask_id = cfg.mask_id if cfg.mask_id >= 0 else config.model.vocab_size - 1
-    self.kwargs = dict(mask_rate=cfg.mask_rate, replace_mask=cfg.replace_mask,
-                       replace_random=cfg.replace_random, mask_id=self.mask_id,
-                       vocab_size=info.vocab_size)
+    self.kwargs = dict(
+      mask_rate=cfg.mask_rate,
+      replace_mask=cfg.replace_mask,
+      replace_random=cfg.replace_random,
+      mask_id=self.mask_id,
+      vocab_size=info.vocab_size,
+    )
 
   def prepare(self, batch, key):
     valid = batch["weights"] > 0

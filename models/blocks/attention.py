@@ -27,10 +27,23 @@ class Attention(nnx.Module):
   rope: rotary embedding of q and k on the first `rope_fraction` of each head.
   """
 
-  def __init__(self, features: int, num_heads: int, head_dim: int, *, num_kv_heads: int = 0,
-               causal: bool = False, window: int = 0, rope: bool = False,
-               rope_max_wavelength: float = 1e4, rope_fraction: float = 1.0, use_bias: bool = False,
-               dropout: float = 0.0, dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    features: int,
+    num_heads: int,
+    head_dim: int,
+    *,
+    num_kv_heads: int = 0,
+    causal: bool = False,
+    window: int = 0,
+    rope: bool = False,
+    rope_max_wavelength: float = 1e4,
+    rope_fraction: float = 1.0,
+    use_bias: bool = False,
+    dropout: float = 0.0,
+    dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     kv_heads = num_kv_heads or num_heads
     if num_heads % kv_heads:
       raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}.")
@@ -49,11 +62,21 @@ class Attention(nnx.Module):
     if self.rope:
       kw = dict(max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction)
       q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
-    return (constrain(q, ("batch", "length", "heads", "head_dim")),
-            constrain(k, ("batch", "length", "kv_heads", "head_dim")), v)
+    return (
+      constrain(q, ("batch", "length", "heads", "head_dim")),
+      constrain(k, ("batch", "length", "kv_heads", "head_dim")),
+      v,
+    )
 
-  def __call__(self, x: Array, *, positions: Array | None = None, mask: Array | None = None,
-               segments: Array | None = None, rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    positions: Array | None = None,
+    mask: Array | None = None,
+    segments: Array | None = None,
+    rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """x: [B,T,D]; positions: int[T] or [B,T] (default 0..T-1); mask: bool[B,T], False = padding;
     segments: int[B,T] document ids (kernels/segments.py), None = one document per row."""
     t = x.shape[1]
@@ -62,11 +85,19 @@ class Attention(nnx.Module):
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
     if self.window and t > self.window:  # banded, O(T window): row offsets, so any per-document
       # positions only feed RoPE; within a document they are consecutive like the row's
-      y = local_attention(q, k, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments,
-                          probs_fn=probs_fn)
+      y = local_attention(
+        q, k, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments, probs_fn=probs_fn
+      )
     else:
-      m = attention_mask(positions, positions, causal=self.causal, window=self.window, k_valid=mask,
-                         q_segments=segments, k_segments=segments)
+      m = attention_mask(
+        positions,
+        positions,
+        causal=self.causal,
+        window=self.window,
+        k_valid=mask,
+        q_segments=segments,
+        k_segments=segments,
+      )
       y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
     return self.out(y)
 
@@ -78,23 +109,27 @@ class Attention(nnx.Module):
       raise ValueError("decoding needs causal attention; this layer is bidirectional.")
     return empty_cache(batch_size, self.cache_len(max_len), self.num_kv_heads, self.head_dim, dtype)
 
-  def decode(self, x: Array, cache: dict[str, Array], position: Array, *,
-             k_valid: Array | None = None) -> tuple[Array, dict[str, Array]]:
+  def decode(
+    self, x: Array, cache: dict[str, Array], position: Array, *, k_valid: Array | None = None
+  ) -> tuple[Array, dict[str, Array]]:
     """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache.
     k_valid: bool[B,S] per cache slot (after this write), False = a key this row must not read."""
     q, k, v = self._qkv(x, position[None])
     cache = write_cache(cache, k, v, position)
     return self.out(attend_cache(q, cache, position, window=self.window, k_valid=k_valid)), cache
 
-  def decode_block(self, x: Array, cache: dict[str, Array], positions: Array, slot: Array, *,
-                   k_valid: Array | None = None) -> tuple[Array, dict[str, Array]]:
+  def decode_block(
+    self, x: Array, cache: dict[str, Array], positions: Array, slot: Array, *, k_valid: Array | None = None
+  ) -> tuple[Array, dict[str, Array]]:
     """S tokens at once. x: [B,S,D], positions: int32[S], written to slots slot..slot+S-1; each
     query sees the cached keys whose position is <= its own (equal positions see each other).
     k_valid: bool[B,cache size] as in `decode`."""
     q, k, v = self._qkv(x, positions)
-    cache = {"key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
-             "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
-             "pos": jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), slot, 0)}
+    cache = {
+      "key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
+      "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
+      "pos": jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), slot, 0),
+    }
     m = attention_mask(positions, cache["pos"], causal=True, window=self.window, k_valid=k_valid)
     y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
     return self.out(y), cache
@@ -109,13 +144,16 @@ def empty_cache(batch_size: int, size: int, heads: int, width: int, dtype=jnp.fl
 def write_cache(cache: dict[str, Array], k: Array, v: Array, position: Array) -> dict[str, Array]:
   """Stores k, v [B,1,K,D] of `position` in ring-buffer slot position % S."""
   slot = position % cache["pos"].shape[0]
-  return {"key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
-          "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
-          "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0)}
+  return {
+    "key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
+    "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
+    "pos": jax.lax.dynamic_update_index_in_dim(cache["pos"], position, slot, 0),
+  }
 
 
-def attend_cache(q: Array, cache: dict[str, Array], position: Array, *, window: int = 0,
-                 k_valid: Array | None = None) -> Array:
+def attend_cache(
+  q: Array, cache: dict[str, Array], position: Array, *, window: int = 0, k_valid: Array | None = None
+) -> Array:
   """Causal (optionally windowed) attention of q [B,1,H,D] at `position` over the cached keys
   (k_valid: bool[B,S], False = a slot this row must not read)."""
   m = attention_mask(position[None], cache["pos"], causal=True, window=window, k_valid=k_valid)
@@ -140,8 +178,15 @@ class CrossAttention(nnx.Module):
     y = self.kv_norm(y)
     return self.key(y), self.value(y)
 
-  def __call__(self, x: Array, y: Array | None = None, *, kv: tuple[Array, Array] | None = None,
-               k_valid: Array | None = None, mask: Array | None = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    y: Array | None = None,
+    *,
+    kv: tuple[Array, Array] | None = None,
+    k_valid: Array | None = None,
+    mask: Array | None = None,
+  ) -> Array:
     """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
     bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
     k, v = self.kv(y) if kv is None else kv

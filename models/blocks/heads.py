@@ -35,8 +35,9 @@ def pool(x: Array, mask: Array | None, kind: str) -> Array:
 class ClassifierHead(nnx.Module):
   """features [B,F] -> logits [B,C] through one hidden layer (as the LRA classifiers)."""
 
-  def __init__(self, features: int, hidden: int, num_classes: int, *, activation: str = "relu",
-               dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self, features: int, hidden: int, num_classes: int, *, activation: str = "relu", dtype=jnp.float32, rngs: nnx.Rngs
+  ):
     self.hidden = Dense(features, hidden, axes=("embed", "mlp"), use_bias=True, dtype=dtype, rngs=rngs)
     self.out = Dense(hidden, num_classes, axes=("mlp", None), use_bias=True, dtype=dtype, rngs=rngs)
     self.activation = activation
@@ -48,10 +49,10 @@ class ClassifierHead(nnx.Module):
 class TwoTowerHead(nnx.Module):
   """pooled [B,2,D] -> logits [B,C] from [e1, e2, e1*e2, e1-e2] (LRA retrieval)."""
 
-  def __init__(self, features: int, hidden: int, num_classes: int, *, activation: str = "relu",
-               dtype=jnp.float32, rngs: nnx.Rngs):
-    self.classifier = ClassifierHead(4 * features, hidden, num_classes, activation=activation,
-                                     dtype=dtype, rngs=rngs)
+  def __init__(
+    self, features: int, hidden: int, num_classes: int, *, activation: str = "relu", dtype=jnp.float32, rngs: nnx.Rngs
+  ):
+    self.classifier = ClassifierHead(4 * features, hidden, num_classes, activation=activation, dtype=dtype, rngs=rngs)
 
   def __call__(self, pooled: Array) -> Array:
     e1, e2 = pooled[:, 0], pooled[:, 1]
@@ -65,14 +66,23 @@ class TaskHead(nnx.Module):
   classify: pooled -> [B,C]; retrieval: the batch holds both towers ([2B,T,D]) -> [B,C].
   """
 
-  def __init__(self, task: str, features: int, *, vocab_size: int = 0, num_classes: int = 0,
-               pooling: str = "mean", hidden: int = 0, embed=None, dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    task: str,
+    features: int,
+    *,
+    vocab_size: int = 0,
+    num_classes: int = 0,
+    pooling: str = "mean",
+    hidden: int = 0,
+    embed=None,
+    dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     self.task, self.pooling, self.embed = task, pooling, embed
     hidden = hidden or features
     if task in ("lm", "mlm", "image_ar"):
-      out = None if embed is not None else Dense(features, vocab_size, axes=("embed", "vocab"),
-                                                 dtype=dtype, rngs=rngs)
+      out = None if embed is not None else Dense(features, vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
     elif task == "classify":
       out = ClassifierHead(features, hidden, num_classes, dtype=dtype, rngs=rngs)
     elif task == "retrieval":

@@ -34,8 +34,9 @@ def next_key(rngs: nnx.Rngs, stream: str = "params") -> Array:
   return jax.random.fold_in(rng.key.get_value(), count)
 
 
-def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequence[str | None],
-          dtype=jnp.float32) -> nnx.Param:
+def param(
+  rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequence[str | None], dtype=jnp.float32
+) -> nnx.Param:
   """A parameter with logical axis names (one per dimension) for sharding."""
   if len(axes) != len(shape):
     raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}.")
@@ -56,7 +57,7 @@ def contract(x: Array, kernel: Array, n_in: int) -> Array:
   CPU host keep the dot_general, which the TPU compiler estimates no slower.
   """
   if _pallas.platform() == "cpu":
-    batch, size_in = x.shape[:x.ndim - n_in], math.prod(kernel.shape[:n_in])
+    batch, size_in = x.shape[: x.ndim - n_in], math.prod(kernel.shape[:n_in])
     y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))
     return y.reshape(*batch, *kernel.shape[n_in:])
   dims = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
@@ -72,22 +73,31 @@ class Dense(nnx.Module):
   (D for a head projection, not H * Dh), drawn from `distribution` (variance_scaling's names).
   """
 
-  def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
-               axes: Sequence[str | None], use_bias: bool = False, dtype=jnp.float32,
-               kernel_init: Initializer | None = None, distribution: str = "truncated_normal", rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int | Sequence[int],
+    out_features: int | Sequence[int],
+    *,
+    axes: Sequence[str | None],
+    use_bias: bool = False,
+    dtype=jnp.float32,
+    kernel_init: Initializer | None = None,
+    distribution: str = "truncated_normal",
+    rngs: nnx.Rngs,
+  ):
     self.in_features, self.out_features = as_tuple(in_features), as_tuple(out_features)
     n_in, n_out = len(self.in_features), len(self.out_features)
     if kernel_init is None:
       kernel_init = jax.nn.initializers.variance_scaling(
-          1.0, "fan_in", distribution, in_axis=tuple(range(n_in)), out_axis=tuple(range(n_in, n_in + n_out)))
+        1.0, "fan_in", distribution, in_axis=tuple(range(n_in)), out_axis=tuple(range(n_in, n_in + n_out))
+      )
     self.kernel = param(rngs, kernel_init, self.in_features + self.out_features, axes)
-    self.bias = (param(rngs, jax.nn.initializers.zeros, self.out_features, tuple(axes)[n_in:])
-                 if use_bias else None)
+    self.bias = param(rngs, jax.nn.initializers.zeros, self.out_features, tuple(axes)[n_in:]) if use_bias else None
     self.dtype = dtype
 
   def __call__(self, x: Array) -> Array:
     n_in = len(self.in_features)
-    if x.shape[x.ndim - n_in:] != self.in_features:
+    if x.shape[x.ndim - n_in :] != self.in_features:
       raise ValueError(f"Dense expects trailing input shape {self.in_features}, got {x.shape}.")
     y = contract(x.astype(self.dtype), self.kernel[...].astype(self.dtype), n_in)
     if self.bias is not None:
@@ -109,14 +119,22 @@ class Embed(nnx.Module):
   keeps the table's D^-1/2 variance in the lookups (e.g. a class-label embedding).
   """
 
-  def __init__(self, vocab_size: int, features: int, *, dtype=jnp.float32, scale_by_sqrt_dim: bool = True,
-               parameterisation: str = "scaled", rngs: nnx.Rngs):
+  def __init__(
+    self,
+    vocab_size: int,
+    features: int,
+    *,
+    dtype=jnp.float32,
+    scale_by_sqrt_dim: bool = True,
+    parameterisation: str = "scaled",
+    rngs: nnx.Rngs,
+  ):
     if parameterisation not in EMBEDDINGS:
       raise ValueError(f"embedding parameterisation {parameterisation!r} is not one of {EMBEDDINGS}.")
     plain = parameterisation == "plain"
-    init = jax.nn.initializers.normal(stddev=1.0 if plain else features ** -0.5)
+    init = jax.nn.initializers.normal(stddev=1.0 if plain else features**-0.5)
     self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
-    self.scale = features ** 0.5 if scale_by_sqrt_dim and not plain else 1.0
+    self.scale = features**0.5 if scale_by_sqrt_dim and not plain else 1.0
     self.dtype = dtype
 
   def __call__(self, ids: Array) -> Array:
@@ -151,8 +169,9 @@ class LayerNorm(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-  def __init__(self, features: int, *, eps: float = 1e-6, use_scale: bool = True, use_bias: bool = False,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, features: int, *, eps: float = 1e-6, use_scale: bool = True, use_bias: bool = False, rngs: nnx.Rngs
+  ):
     self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",)) if use_scale else None
     self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",)) if use_bias else None
     self.eps = eps
@@ -215,25 +234,36 @@ silu.defvjp(_silu_fwd, _silu_bwd)
 
 
 ACTIVATIONS = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu,
-    "silu": silu,
-    "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+  "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+  "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+  "relu": jax.nn.relu,
+  "silu": silu,
+  "relu2": lambda x: jnp.square(jax.nn.relu(x)),
 }
 
 
 class MLP(nnx.Module):
   """Feed-forward block: act(x W_u) W_o, or with `glu` the gated form (act(x W_u) * x W_v) W_o."""
 
-  def __init__(self, features: int, hidden: int, *, activation: str = "gelu", glu: bool = False,
-               use_bias: bool = False, dropout: float = 0.0, dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    features: int,
+    hidden: int,
+    *,
+    activation: str = "gelu",
+    glu: bool = False,
+    use_bias: bool = False,
+    dropout: float = 0.0,
+    dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if activation not in ACTIVATIONS:
       raise ValueError(f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}.")
     self.activation = activation
     self.up = Dense(features, hidden, axes=("embed", "mlp"), use_bias=use_bias, dtype=dtype, rngs=rngs)
-    self.gate = (Dense(features, hidden, axes=("embed", "mlp"), use_bias=use_bias, dtype=dtype, rngs=rngs)
-                 if glu else None)
+    self.gate = (
+      Dense(features, hidden, axes=("embed", "mlp"), use_bias=use_bias, dtype=dtype, rngs=rngs) if glu else None
+    )
     self.down = Dense(hidden, features, axes=("mlp", "embed"), use_bias=use_bias, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(dropout)
 

@@ -60,16 +60,19 @@ class AbsolutePositions(nnx.Module):
 
   KINDS = ("learned", "sinusoid", "scaled_sinusoid", "none")
 
-  def __init__(self, kind: str, features: int, max_len: int, *, max_wavelength: float = 1e4,
-               dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self, kind: str, features: int, max_len: int, *, max_wavelength: float = 1e4, dtype=jnp.float32, rngs: nnx.Rngs
+  ):
     if kind not in self.KINDS:
       raise ValueError(f"position kind {kind!r} is not one of {self.KINDS}.")
     self.kind, self.features, self.max_len = kind, features, max_len
     self.max_wavelength, self.dtype = max_wavelength, dtype
-    self.table = (param(rngs, jax.nn.initializers.normal(0.02), (max_len, features), (None, "embed"))
-                  if kind == "learned" else None)
-    self.scale = (param(rngs, jax.nn.initializers.constant(features ** -0.5), (), ())
-                  if kind == "scaled_sinusoid" else None)
+    self.table = (
+      param(rngs, jax.nn.initializers.normal(0.02), (max_len, features), (None, "embed")) if kind == "learned" else None
+    )
+    self.scale = (
+      param(rngs, jax.nn.initializers.constant(features**-0.5), (), ()) if kind == "scaled_sinusoid" else None
+    )
 
   def __call__(self, positions: Array) -> Array | None:
     """positions [B,T] or [T] -> [B|1, T, D], or None for kind 'none'."""

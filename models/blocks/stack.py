@@ -34,9 +34,9 @@ Array = jax.Array
 
 # What each remat name keeps for the backward pass (None: nothing but the layer's inputs).
 POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  "full": None,
+  "dots": jax.checkpoint_policies.checkpoint_dots,
+  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 assert set(POLICIES) | {"none"} == set(REMAT_POLICIES)
 
@@ -78,8 +78,9 @@ def make_layers(make: Callable[[], nnx.Module], num_layers: int, *, scan: bool) 
   return Stacked(layers) if scan and layers else nnx.List(layers)
 
 
-def scan(stacks, fn: Callable, carry: Any, xs: Any = None, *, remat: str = "none",
-         rngs: nnx.Rngs | None = None) -> tuple[Any, Any]:
+def scan(
+  stacks, fn: Callable, carry: Any, xs: Any = None, *, remat: str = "none", rngs: nnx.Rngs | None = None
+) -> tuple[Any, Any]:
   """carry, y_i = fn(layer_i, carry, x_i, rngs) for each layer i; -> (carry, ys [N, ...] or None).
 
   `stacks` is one stack from make_layers, or a tuple of stacks of equal length whose layers i are
@@ -108,6 +109,7 @@ def scan(stacks, fn: Callable, carry: Any, xs: Any = None, *, remat: str = "none
       r = None if rng_def is None else nnx.merge(rng_def, rng_state)
       carry, y = fn(pick(layers), carry, x, r)
       return carry, y, None if r is None else nnx.state(r)
+
     return step if remat == "none" else jax.checkpoint(step, policy=POLICIES[remat])
 
   if scanned:

@@ -5,7 +5,8 @@
 
 FIT has no LRA setting; this one is ours. The task's Transformer config (configs/lra/image/transformer.py)
 gives the data, optimizer, schedule, dropout, widths and classifier; its N layers become FIT's local
-layers around global layers (configs.lra.common.lra_fit). Grouping: the 32x32 image -> 16 blocks of 8x8 pixels, 8 latents per group.
+layers around global layers (configs.lra.common.lra_fit). Grouping: the 32x32 image -> 16 blocks of 8x8
+pixels, 8 latents per group.
 
 Args: tiny (the Transformer's tiny setting; blocks of 4 x 4 pixels, 2 latents per group).
 """

@@ -19,9 +19,18 @@ TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 45_000, 32, 200
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
-  model, opt = lra_latte(parts, rope=False, lr=1e-3, weight_decay=0.05, dropout=0.1,
-                         vocab_size=cifar10.VOCAB_SIZE, num_classes=cifar10.NUM_CLASSES, d_model=512,
-                         num_latents=40, classifier_hidden=512)
+  model, opt = lra_latte(
+    parts,
+    rope=False,
+    lr=1e-3,
+    weight_decay=0.05,
+    dropout=0.1,
+    vocab_size=cifar10.VOCAB_SIZE,
+    num_classes=cifar10.NUM_CLASSES,
+    d_model=512,
+    num_latents=40,
+    classifier_hidden=512,
+  )
   config = base_config(task="classify", model=model, data=cifar10.data_config(), optim=opt)
   config.train.update(seq_len=cifar10.PIXELS, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:

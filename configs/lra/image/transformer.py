@@ -32,8 +32,17 @@ EPOCHS = 200
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
   # LRA's classifier head is Dense(mlp_dim) -> ReLU -> Dense(classes): hidden = MLP width.
-  model = lra_transformer(parts, vocab_size=cifar10.VOCAB_SIZE, num_classes=cifar10.NUM_CLASSES, d_model=128,
-                          num_layers=1, num_heads=8, head_dim=8, d_ff=128, classifier_hidden=128)
+  model = lra_transformer(
+    parts,
+    vocab_size=cifar10.VOCAB_SIZE,
+    num_classes=cifar10.NUM_CLASSES,
+    d_model=128,
+    num_layers=1,
+    num_heads=8,
+    head_dim=8,
+    d_ff=128,
+    classifier_hidden=128,
+  )
   model.update(dict(dropout=0.3, attention_dropout=0.2))
   if not parts & {"plus", "plusplus"}:
     model.position = "learned"  # LRA's cifar10 base config: learn_pos_emb=True
@@ -42,8 +51,15 @@ def get_config(arg=None):
   # steps_per_cycle = all 35000 steps; ours is (step - warmup) / (decay_steps - warmup): the same.
   optim.update(dict(schedule="cosine", min_lr_ratio=0.0, decay_steps=STEPS_PER_EPOCH * (EPOCHS + 1)))
   config = base_config(task="classify", model=model, data=cifar10.data_config(), optim=optim)
-  config.train.update(dict(steps=STEPS_PER_EPOCH * EPOCHS, batch_size=BATCH_SIZE, seq_len=cifar10.PIXELS,
-                           eval_every=STEPS_PER_EPOCH, checkpoint_every=STEPS_PER_EPOCH * 10))
+  config.train.update(
+    dict(
+      steps=STEPS_PER_EPOCH * EPOCHS,
+      batch_size=BATCH_SIZE,
+      seq_len=cifar10.PIXELS,
+      eval_every=STEPS_PER_EPOCH,
+      checkpoint_every=STEPS_PER_EPOCH * 10,
+    )
+  )
   if "tiny" in parts:
     config.data.image_size = 16
     config.model.update(dict(d_model=32, num_layers=1, num_heads=2, head_dim=0, d_ff=64, classifier_hidden=32))

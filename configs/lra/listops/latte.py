@@ -19,12 +19,23 @@ TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 96_000, 64, 50
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
-  model, opt = lra_latte(parts, rope=True, lr=1e-3, weight_decay=0.01, dropout=0.1, vocab_size=listops.VOCAB_SIZE,
-                         num_classes=listops.NUM_CLASSES, d_model=128, num_latents=40, classifier_hidden=128)
+  model, opt = lra_latte(
+    parts,
+    rope=True,
+    lr=1e-3,
+    weight_decay=0.01,
+    dropout=0.1,
+    vocab_size=listops.VOCAB_SIZE,
+    num_classes=listops.NUM_CLASSES,
+    d_model=128,
+    num_latents=40,
+    classifier_hidden=128,
+  )
   config = base_config(task="classify", model=model, data=listops.data_config(), optim=opt)
   config.train.update(seq_len=2000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:
-    config.data.update(dict(generate=True, num_train=200, num_val=40, num_test=40, max_depth=4, max_args=5,
-                            min_length=16, max_length=64))
+    config.data.update(
+      dict(generate=True, num_train=200, num_val=40, num_test=40, max_depth=4, max_args=5, min_length=16, max_length=64)
+    )
     presets.tiny(config, seq_len=64)
   return config

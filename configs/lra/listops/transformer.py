@@ -25,22 +25,43 @@ from lra_core.data.lra import listops
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "default", "plus", "plusplus"))
-  model = lra_transformer(parts, vocab_size=listops.VOCAB_SIZE, num_classes=listops.NUM_CLASSES, d_model=512,
-                          num_layers=4, num_heads=8, d_ff=1024, classifier_hidden=1024)
-  config = base_config(task="classify", model=model, data=listops.data_config(),
-                       optim=lra_optim(lr=0.05, warmup=1000, weight_decay=0.1))
+  model = lra_transformer(
+    parts,
+    vocab_size=listops.VOCAB_SIZE,
+    num_classes=listops.NUM_CLASSES,
+    d_model=512,
+    num_layers=4,
+    num_heads=8,
+    d_ff=1024,
+    classifier_hidden=1024,
+  )
+  config = base_config(
+    task="classify", model=model, data=listops.data_config(), optim=lra_optim(lr=0.05, warmup=1000, weight_decay=0.1)
+  )
   config.train.update(dict(steps=5000, batch_size=32, seq_len=2000, eval_every=500, checkpoint_every=1000))
 
   if parts & {"default", "tiny"}:
-    config.data.update(dict(generate=True, num_train=20000, num_val=1000, num_test=2000,
-                            max_depth=4, max_args=5, min_length=16, max_length=65))
+    config.data.update(
+      dict(
+        generate=True,
+        num_train=20000,
+        num_val=1000,
+        num_test=2000,
+        max_depth=4,
+        max_args=5,
+        min_length=16,
+        max_length=65,
+      )
+    )
   if "default" in parts:
-    config.model.update(dict(d_model=128, num_layers=2, num_heads=4, d_ff=256, classifier_hidden=128,
-                             dropout=0.0, attention_dropout=0.0))
+    config.model.update(
+      dict(d_model=128, num_layers=2, num_heads=4, d_ff=256, classifier_hidden=128, dropout=0.0, attention_dropout=0.0)
+    )
     config.optim.update(dict(lr=1e-3, schedule="cosine", warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.0))
     # Expressions have 17..64 tokens (median 22), so seq_len 64 truncates none.
-    config.train.update(dict(steps=1000, batch_size=64, seq_len=64, eval_every=250, eval_batches=0,
-                             checkpoint_every=250, log_every=50))
+    config.train.update(
+      dict(steps=1000, batch_size=64, seq_len=64, eval_every=250, eval_batches=0, checkpoint_every=250, log_every=50)
+    )
     config.mesh.data = 1  # one device: the demo must not depend on the host's device count
   if "tiny" in parts:
     config.data.update(dict(num_train=200, num_val=40, num_test=40, max_length=64))

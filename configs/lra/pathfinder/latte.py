@@ -18,11 +18,21 @@ TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 160_000, 64, 200
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
-  model, opt = lra_latte(parts, rope=False, lr=1e-3, weight_decay=0.03, dropout=0.2,
-                         vocab_size=pathfinder.VOCAB_SIZE, num_classes=pathfinder.NUM_CLASSES, d_model=256,
-                         num_latents=256, classifier_hidden=256)
-  config = base_config(task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=32),
-                       optim=opt)
+  model, opt = lra_latte(
+    parts,
+    rope=False,
+    lr=1e-3,
+    weight_decay=0.03,
+    dropout=0.2,
+    vocab_size=pathfinder.VOCAB_SIZE,
+    num_classes=pathfinder.NUM_CLASSES,
+    d_model=256,
+    num_latents=256,
+    classifier_hidden=256,
+  )
+  config = base_config(
+    task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=32), optim=opt
+  )
   config.train.update(seq_len=32 * 32, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS, checkpoint_epochs=10))
   if "tiny" in parts:
     config.data.resolution = 16

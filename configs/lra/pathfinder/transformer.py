@@ -32,14 +32,35 @@ EPOCH = TRAIN_EXAMPLES // BATCH_SIZE  # 312 steps
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
   # LRA's qkv_dim 16 is the width of all heads together: 4 heads of 4.
-  model = lra_transformer(parts, vocab_size=pathfinder.VOCAB_SIZE, num_classes=pathfinder.NUM_CLASSES,
-                          d_model=32, num_layers=4, num_heads=4, head_dim=4, d_ff=32, classifier_hidden=32)
+  model = lra_transformer(
+    parts,
+    vocab_size=pathfinder.VOCAB_SIZE,
+    num_classes=pathfinder.NUM_CLASSES,
+    d_model=32,
+    num_layers=4,
+    num_heads=4,
+    head_dim=4,
+    d_ff=32,
+    classifier_hidden=32,
+  )
   model.update(dict(pooling="mean", dropout=0.2, attention_dropout=0.1))
-  config = base_config(task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=32),
-                       optim=lra_optim(lr=1e-3, warmup=EPOCH, weight_decay=0.0))
+  config = base_config(
+    task="classify",
+    model=model,
+    data=pathfinder.data_config(difficulty="hard", resolution=32),
+    optim=lra_optim(lr=1e-3, warmup=EPOCH, weight_decay=0.0),
+  )
   config.optim.schedule = "cosine"  # LRA: constant * linear_warmup * cosine_decay
-  config.train.update(dict(steps=200 * EPOCH, batch_size=BATCH_SIZE, seq_len=32 * 32, eval_every=EPOCH,
-                           eval_batches=VALID_EXAMPLES // BATCH_SIZE, checkpoint_every=10 * EPOCH))
+  config.train.update(
+    dict(
+      steps=200 * EPOCH,
+      batch_size=BATCH_SIZE,
+      seq_len=32 * 32,
+      eval_every=EPOCH,
+      eval_batches=VALID_EXAMPLES // BATCH_SIZE,
+      checkpoint_every=10 * EPOCH,
+    )
+  )
   if "tiny" in parts:
     config.data.resolution = 16
     config.model.update(dict(d_model=32, num_layers=2, num_heads=2, head_dim=0, d_ff=64, classifier_hidden=32))

@@ -32,16 +32,37 @@ EPOCH = TRAIN_EXAMPLES // BATCH_SIZE  # 2500 steps
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
   # LRA's qkv_dim 16 is the width of all heads together: 2 heads of 8.
-  model = lra_transformer(parts, vocab_size=pathfinder.VOCAB_SIZE, num_classes=pathfinder.NUM_CLASSES,
-                          d_model=32, num_layers=1, num_heads=2, head_dim=8, d_ff=32, classifier_hidden=32)
+  model = lra_transformer(
+    parts,
+    vocab_size=pathfinder.VOCAB_SIZE,
+    num_classes=pathfinder.NUM_CLASSES,
+    d_model=32,
+    num_layers=1,
+    num_heads=2,
+    head_dim=8,
+    d_ff=32,
+    classifier_hidden=32,
+  )
   model.update(dict(pooling="mean", dropout=0.1, attention_dropout=0.1))
   if not parts & {"plus", "plusplus"}:
     model.position = "learned"  # base_pathfinder128_config: learn_pos_emb = True
-  config = base_config(task="classify", model=model, data=pathfinder.data_config(difficulty="hard", resolution=128),
-                       optim=lra_optim(lr=1e-3, warmup=EPOCH, weight_decay=0.0))
+  config = base_config(
+    task="classify",
+    model=model,
+    data=pathfinder.data_config(difficulty="hard", resolution=128),
+    optim=lra_optim(lr=1e-3, warmup=EPOCH, weight_decay=0.0),
+  )
   config.optim.update(dict(schedule="cosine", clip_norm=1.0))  # LRA: constant * linear_warmup * cosine_decay
-  config.train.update(dict(steps=200 * EPOCH, batch_size=BATCH_SIZE, seq_len=128 * 128, eval_every=EPOCH,
-                           eval_batches=VALID_EXAMPLES // BATCH_SIZE, checkpoint_every=10 * EPOCH))
+  config.train.update(
+    dict(
+      steps=200 * EPOCH,
+      batch_size=BATCH_SIZE,
+      seq_len=128 * 128,
+      eval_every=EPOCH,
+      eval_batches=VALID_EXAMPLES // BATCH_SIZE,
+      checkpoint_every=10 * EPOCH,
+    )
+  )
   if "tiny" in parts:
     config.data.resolution = 16
     tiny_train(config, seq_len=16 * 16)

@@ -5,7 +5,8 @@
 
 FIT has no LRA setting; this one is ours. The task's Transformer config (configs/lra/retrieval/transformer.py)
 gives the data, optimizer, schedule, dropout, widths and classifier; its N layers become FIT's local
-layers around global layers (configs.lra.common.lra_fit). Grouping: each 4000-byte document -> 32 groups of 128, 16 latents per group.
+layers around global layers (configs.lra.common.lra_fit). Grouping: each 4000-byte document -> 32 groups of
+128, 16 latents per group.
 
 Args: tiny (the Transformer's tiny setting; groups of 16 tokens, 4 latents per group).
 """

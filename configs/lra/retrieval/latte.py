@@ -19,9 +19,18 @@ TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 147_086, 32, 20
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
-  model, opt = lra_latte(parts, rope=True, lr=1e-4, weight_decay=0.01, dropout=0.1,
-                         vocab_size=retrieval.VOCAB_SIZE, num_classes=2, d_model=128, num_latents=40,
-                         classifier_hidden=128)
+  model, opt = lra_latte(
+    parts,
+    rope=True,
+    lr=1e-4,
+    weight_decay=0.01,
+    dropout=0.1,
+    vocab_size=retrieval.VOCAB_SIZE,
+    num_classes=2,
+    d_model=128,
+    num_latents=40,
+    classifier_hidden=128,
+  )
   config = base_config(task="retrieval", model=model, data=retrieval.data_config(), optim=opt)
   config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:

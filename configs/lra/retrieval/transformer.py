@@ -18,10 +18,19 @@ from lra_core.data.lra import retrieval
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
-  model = lra_transformer(parts, vocab_size=retrieval.VOCAB_SIZE, num_classes=2, d_model=128, num_layers=4,
-                          num_heads=4, d_ff=512, classifier_hidden=512)
-  config = base_config(task="retrieval", model=model, data=retrieval.data_config(),
-                       optim=lra_optim(lr=0.05, warmup=8000, weight_decay=0.1))
+  model = lra_transformer(
+    parts,
+    vocab_size=retrieval.VOCAB_SIZE,
+    num_classes=2,
+    d_model=128,
+    num_layers=4,
+    num_heads=4,
+    d_ff=512,
+    classifier_hidden=512,
+  )
+  config = base_config(
+    task="retrieval", model=model, data=retrieval.data_config(), optim=lra_optim(lr=0.05, warmup=8000, weight_decay=0.1)
+  )
   config.train.update(dict(steps=5000, batch_size=32, seq_len=4000, eval_every=500, checkpoint_every=1000))
   if "tiny" in parts:
     config.model.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, classifier_hidden=32))

@@ -18,8 +18,18 @@ TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 25_000, 32, 32
 
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny",) + LATTE_ARGS)
-  model, opt = lra_latte(parts, rope=True, lr=1e-3, weight_decay=0.05, dropout=0.1, vocab_size=imdb.VOCAB_SIZE,
-                         num_classes=imdb.NUM_CLASSES, d_model=256, num_latents=256, classifier_hidden=256)
+  model, opt = lra_latte(
+    parts,
+    rope=True,
+    lr=1e-3,
+    weight_decay=0.05,
+    dropout=0.1,
+    vocab_size=imdb.VOCAB_SIZE,
+    num_classes=imdb.NUM_CLASSES,
+    d_model=256,
+    num_latents=256,
+    classifier_hidden=256,
+  )
   config = base_config(task="classify", model=model, data=imdb.data_config(), optim=opt)
   config.train.update(seq_len=4000, **epochs(TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS))
   if "tiny" in parts:

@@ -26,10 +26,19 @@ from lra_core.data.lra import imdb
 def get_config(arg=None):
   parts = config_arg(arg, ("tiny", "plus", "plusplus"))
   # LRA's classifier head is Dense(mlp_dim) -> ReLU -> Dense(classes): hidden = MLP width.
-  model = lra_transformer(parts, vocab_size=imdb.VOCAB_SIZE, num_classes=imdb.NUM_CLASSES, d_model=256,
-                          num_layers=4, num_heads=4, d_ff=1024, classifier_hidden=1024)
-  config = base_config(task="classify", model=model, data=imdb.data_config(),
-                       optim=lra_optim(lr=0.05, warmup=8000, weight_decay=0.1))
+  model = lra_transformer(
+    parts,
+    vocab_size=imdb.VOCAB_SIZE,
+    num_classes=imdb.NUM_CLASSES,
+    d_model=256,
+    num_layers=4,
+    num_heads=4,
+    d_ff=1024,
+    classifier_hidden=1024,
+  )
+  config = base_config(
+    task="classify", model=model, data=imdb.data_config(), optim=lra_optim(lr=0.05, warmup=8000, weight_decay=0.1)
+  )
   config.train.update(dict(steps=20000, batch_size=32, seq_len=4000, eval_every=1000, checkpoint_every=1000))
   if "tiny" in parts:
     config.model.update(dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, classifier_hidden=32))

@@ -52,8 +52,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
-                           tfds_source)
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
 
@@ -70,27 +69,37 @@ TFDS_NAME = "cifar10"
 SOURCES = files.SOURCES
 FILE_SPLITS = ("train", "test")
 
-LAYOUT = (f"{ARCHIVE} or an extracted {FOLDER}/ with data_batch_1..5 and {TEST_BATCH} "
-          "(python pickles with b'data' uint8[N,3072] and b'labels')")
-PREPARE = ("download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, or set data.source=tfds "
-           "after `tfds build cifar10 --file_format=array_record`")
+LAYOUT = (
+  f"{ARCHIVE} or an extracted {FOLDER}/ with data_batch_1..5 and {TEST_BATCH} "
+  "(python pickles with b'data' uint8[N,3072] and b'labels')"
+)
+PREPARE = (
+  "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, or set data.source=tfds "
+  "after `tfds build cifar10 --file_format=array_record`"
+)
 _BATCH = re.compile(r"^(?:\./)?(?:cifar-10-batches-py/)?(data_batch_(\d+)|test_batch)$")
 # The only globals a CIFAR batch pickle refers to (numpy arrays; _codecs when written by Python 3).
-_PICKLE_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-                   ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-                   ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+_PICKLE_GLOBALS = {
+  ("numpy.core.multiarray", "_reconstruct"),
+  ("numpy._core.multiarray", "_reconstruct"),
+  ("numpy.core.numeric", "_frombuffer"),
+  ("numpy._core.numeric", "_frombuffer"),
+  ("numpy", "ndarray"),
+  ("numpy", "dtype"),
+  ("_codecs", "encode"),
+}
 _CACHE_VERSION = 1
 
 _DEFAULTS = dict(
-    name="cifar10",
-    source="files",                  # files | tfds
-    dir="",                          # folder with cifar-10-python.tar.gz or cifar-10-batches-py/; tfds: data_dir
-    grayscale=True,                  # LRA; False -> 3072 RGB tokens
-    image_size=32,                   # S < 32: box-average to S x S first (smoke tests)
-    train_split="train[:90%]",       # LRA image/input_pipeline.py
-    validation_split="train[90%:]",
-    test_split="test",
-    cache_dir="",                    # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  name="cifar10",
+  source="files",  # files | tfds
+  dir="",  # folder with cifar-10-python.tar.gz or cifar-10-batches-py/; tfds: data_dir
+  grayscale=True,  # LRA; False -> 3072 RGB tokens
+  image_size=32,  # S < 32: box-average to S x S first (smoke tests)
+  train_split="train[:90%]",  # LRA image/input_pipeline.py
+  validation_split="train[90%:]",
+  test_split="test",
+  cache_dir="",  # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 
 _LOGGED: set[tuple] = set()
@@ -142,8 +151,10 @@ class _BatchUnpickler(pickle.Unpickler):
 def read_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
   """One batch pickle (Python-2 protocol 2, loaded with encoding='bytes') -> (uint8[N, 32, 32, 3]
   HWC images, uint8[N] labels)."""
+
   def fail(what):
     return DataError(f"{where} {what}; expected {LAYOUT} ({PREPARE}).")
+
   try:
     batch = _BatchUnpickler(io.BytesIO(raw), encoding="bytes").load()
   except Exception as e:  # pickle raises many kinds for a corrupt stream
@@ -178,8 +189,9 @@ def locate(data_dir: str) -> epath.Path:
     if (folder / TEST_BATCH).is_file():
       files.require_files(folder, "data_batch_*", layout=LAYOUT, prepare=PREPARE)
       return folder
-  raise DataError(f"data.dir {str(root)!r} holds neither {ARCHIVE} nor {FOLDER}/{TEST_BATCH}; "
-                  f"expected {LAYOUT} ({PREPARE}).")
+  raise DataError(
+    f"data.dir {str(root)!r} holds neither {ARCHIVE} nor {FOLDER}/{TEST_BATCH}; expected {LAYOUT} ({PREPARE})."
+  )
 
 
 def _batch_files(location: epath.Path) -> dict[str, epath.Path]:
@@ -198,8 +210,9 @@ def _read_batches(location: epath.Path) -> dict[str, tuple[bytes, str]]:
         if m and member.isfile():
           found[m[1]] = (archive.extractfile(member).read(), f"member {member.name!r} of {str(location)!r}")
   except (tarfile.TarError, OSError, EOFError) as e:
-    raise DataError(f"{str(location)!r} is not a readable gzip tar archive ({e}); expected "
-                    f"{LAYOUT} ({PREPARE}).") from e
+    raise DataError(
+      f"{str(location)!r} is not a readable gzip tar archive ({e}); expected {LAYOUT} ({PREPARE})."
+    ) from e
   return found
 
 
@@ -219,17 +232,29 @@ def read_release(location: epath.Path, grayscale: bool = True, size: int = SIDE)
     order = tfds_order(split, len(labels))
     arrays[f"{split}_inputs"] = tokens(images[order], grayscale, size)
     arrays[f"{split}_labels"] = labels[order]
-  logging.info("cifar10: %s has %d training batch(es) %s (%d images) and %d test images", location,
-               len(train_names), train_names, len(arrays["train_labels"]), len(arrays["test_labels"]))
+  logging.info(
+    "cifar10: %s has %d training batch(es) %s (%d images) and %d test images",
+    location,
+    len(train_names),
+    train_names,
+    len(arrays["train_labels"]),
+    len(arrays["test_labels"]),
+  )
   return arrays
 
 
-def load_release(location: epath.Path, grayscale: bool = True, size: int = SIDE,
-                 cache_dir: str = "") -> dict[str, np.ndarray]:
+def load_release(
+  location: epath.Path, grayscale: bool = True, size: int = SIDE, cache_dir: str = ""
+) -> dict[str, np.ndarray]:
   """`read_release`, built once into the lra_core cache and memory-mapped after."""
   inputs = [location] if location.is_file() else sorted(_batch_files(location).values())
-  key = dict(kind="cifar10", version=_CACHE_VERSION, grayscale=bool(grayscale), image_size=int(size),
-             input=cache.file_fingerprint(inputs))
+  key = dict(
+    kind="cifar10",
+    version=_CACHE_VERSION,
+    grayscale=bool(grayscale),
+    image_size=int(size),
+    input=cache.file_fingerprint(inputs),
+  )
   start = time.perf_counter()
   arrays = cache.cached_arrays("cifar10", key, lambda: read_release(location, grayscale, size), root=cache_dir)
   logging.info("cifar10: %s ready in %.2f s", location, time.perf_counter() - start)
@@ -292,8 +317,10 @@ class TfdsImages:
     record = self._source[index]
     image, label = np.asarray(record["image"]), int(record["label"])
     if image.shape != (SIDE, SIDE, 3) or image.dtype != np.uint8 or not 0 <= label < NUM_CLASSES:
-      raise DataError(f"tfds cifar10 {self.spec} example {index} has image {image.dtype}{list(image.shape)} "
-                      f"and label {label}; expected uint8[32, 32, 3] and 0..9.")
+      raise DataError(
+        f"tfds cifar10 {self.spec} example {index} has image {image.dtype}{list(image.shape)} "
+        f"and label {label}; expected uint8[32, 32, 3] and 0..9."
+      )
     return _example(tokens(image[None], self.grayscale, self.size)[0], label)
 
   def __getstate__(self):
@@ -305,15 +332,17 @@ class TfdsImages:
 
 def seq_len_of(data) -> int:
   """Tokens per image: S*S grayscale pixels (1024 at full size), or 3*S*S RGB values."""
-  return data.image_size ** 2 * (1 if data.grayscale else 3)
+  return data.image_size**2 * (1 if data.grayscale else 3)
 
 
 def _split_spec(data, split: str) -> str:
   spec = data[f"{split}_split"]
   name, _, _ = files.parse_split(spec)
   if name not in FILE_SPLITS:
-    raise ConfigError(f"data.{split}_split {spec!r} names split {name!r}; expected train or test "
-                      "with an optional slice such as train[90%:].")
+    raise ConfigError(
+      f"data.{split}_split {spec!r} names split {name!r}; expected train or test "
+      "with an optional slice such as train[90%:]."
+    )
   return spec
 
 
@@ -327,8 +356,10 @@ def validate_config(config) -> None:
     raise ConfigError(f"data.image_size {size!r} is not a divisor of {SIDE} (32 = full size, as LRA).")
   if config.train.seq_len != seq_len_of(data):
     kind = "grayscale pixels" if data.grayscale else "RGB values"
-    raise ConfigError(f"train.seq_len {config.train.seq_len} does not match the {seq_len_of(data)} {kind} "
-                      f"of a {size}x{size} CIFAR-10 image; set train.seq_len={seq_len_of(data)}.")
+    raise ConfigError(
+      f"train.seq_len {config.train.seq_len} does not match the {seq_len_of(data)} {kind} "
+      f"of a {size}x{size} CIFAR-10 image; set train.seq_len={seq_len_of(data)}."
+    )
   for split in SPLITS:
     _split_spec(data, split)
   files.check_release_or_tfds(data, locate, tfds_name="cifar10", prepare=PREPARE)
@@ -353,8 +384,16 @@ def make_source(config, split: str) -> Images | TfdsImages:
   key = (data.source, data.dir, split, spec)
   if key not in _LOGGED:
     _LOGGED.add(key)
-    logging.info("cifar10 %s: %d images from %s, %dx%d %s (%d tokens)", split, len(source), spec,
-                 data.image_size, data.image_size, "grayscale" if data.grayscale else "RGB", seq_len_of(data))
+    logging.info(
+      "cifar10 %s: %d images from %s, %dx%d %s (%d tokens)",
+      split,
+      len(source),
+      spec,
+      data.image_size,
+      data.image_size,
+      "grayscale" if data.grayscale else "RGB",
+      seq_len_of(data),
+    )
   return source
 
 
@@ -363,11 +402,12 @@ def make_source(config, split: str) -> Images | TfdsImages:
 
 def describe(source: Images) -> str:
   """Image count, per-class shares and mean token value."""
-  labels = np.asarray(source.labels[source.start:source.stop])
-  inputs = np.asarray(source.inputs[source.start:source.stop])
+  labels = np.asarray(source.labels[source.start : source.stop])
+  inputs = np.asarray(source.inputs[source.start : source.stop])
   shares = np.bincount(labels, minlength=NUM_CLASSES) / len(labels)
-  return (f"{len(source)} images; mean token {inputs.mean():.2f}; classes "
-          + " ".join(f"{i}:{p:.3f}" for i, p in enumerate(shares)))
+  return f"{len(source)} images; mean token {inputs.mean():.2f}; classes " + " ".join(
+    f"{i}:{p:.3f}" for i, p in enumerate(shares)
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

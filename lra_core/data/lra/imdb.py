@@ -42,34 +42,35 @@ import numpy as np
 from etils import epath
 
 from lra_core import fs
-from lra_core.data import (SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example,
-                           tfds_source)
+from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.errors import ConfigError, DataError
 
 ARCHIVE = "aclImdb_v1.tar.gz"
 FOLDER = "aclImdb"
-LABELS = ("neg", "pos")             # label id = position, as tfds ClassLabel(names=["neg", "pos"])
+LABELS = ("neg", "pos")  # label id = position, as tfds ClassLabel(names=["neg", "pos"])
 FILE_SPLITS = ("train", "test")
 # LRA validates on the test reviews: IMDB ships no validation split.
 SPLIT_SOURCE = {"train": "train", "validation": "test", "test": "test"}
-BYTE_OFFSET = 1                     # id = byte + 1; 0 is padding
+BYTE_OFFSET = 1  # id = byte + 1; 0 is padding
 VOCAB_SIZE = 256 + BYTE_OFFSET
 NUM_CLASSES = len(LABELS)
 TFDS_NAME = "imdb_reviews/plain_text"
 SOURCES = files.SOURCES
 
-LAYOUT = (f"{ARCHIVE} or an extracted {FOLDER}/{{train,test}}/{{neg,pos}}/<id>_<rating>.txt")
-PREPARE = ("download http://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz, or set "
-           "data.source=tfds after `tfds build imdb_reviews --file_format=array_record`")
+LAYOUT = f"{ARCHIVE} or an extracted {FOLDER}/{{train,test}}/{{neg,pos}}/<id>_<rating>.txt"
+PREPARE = (
+  "download http://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz, or set "
+  "data.source=tfds after `tfds build imdb_reviews --file_format=array_record`"
+)
 _REVIEW = re.compile(r"^(\d+)_(\d+)\.txt$")
 _MEMBER = re.compile(r"^(?:\./)?aclImdb/(train|test)/(neg|pos)/([^/]+)$")
-_CACHE_VERSION = 1                  # bump when the cached arrays change for the same input
+_CACHE_VERSION = 1  # bump when the cached arrays change for the same input
 
 _DEFAULTS = dict(
-    name="imdb",
-    source="files",   # files | tfds
-    dir="",           # folder with aclImdb_v1.tar.gz or aclImdb/; for tfds its data_dir
-    cache_dir="",     # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  name="imdb",
+  source="files",  # files | tfds
+  dir="",  # folder with aclImdb_v1.tar.gz or aclImdb/; for tfds its data_dir
+  cache_dir="",  # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 
 _LOGGED: set[tuple] = set()
@@ -107,8 +108,10 @@ def locate(data_dir: str) -> epath.Path:
   for folder in (root / FOLDER, root):
     if all((folder / s / label).is_dir() for s in FILE_SPLITS for label in LABELS):
       return folder
-  raise DataError(f"data.dir {str(root)!r} holds neither {ARCHIVE} nor the folders "
-                  f"{FOLDER}/{{train,test}}/{{neg,pos}}/; expected {LAYOUT} ({PREPARE}).")
+  raise DataError(
+    f"data.dir {str(root)!r} holds neither {ARCHIVE} nor the folders "
+    f"{FOLDER}/{{train,test}}/{{neg,pos}}/; expected {LAYOUT} ({PREPARE})."
+  )
 
 
 def _parse_name(name: str, where: str) -> tuple[int, int]:
@@ -129,8 +132,7 @@ def _archive_reviews(path: epath.Path) -> Iterator[tuple[str, int, int, int, byt
         text = archive.extractfile(member).read()
         yield m[1], LABELS.index(m[2]), review_id, rating, text
   except (tarfile.TarError, OSError, EOFError) as e:
-    raise DataError(f"{str(path)!r} is not a readable gzip tar archive ({e}); expected "
-                    f"{LAYOUT} ({PREPARE}).") from e
+    raise DataError(f"{str(path)!r} is not a readable gzip tar archive ({e}); expected {LAYOUT} ({PREPARE}).") from e
 
 
 def _folder_files(folder: epath.Path) -> list[tuple[str, int, epath.Path]]:
@@ -163,8 +165,9 @@ def read_reviews(location: epath.Path) -> dict[str, np.ndarray]:
     counts = np.bincount([r[0] for r in rows], minlength=NUM_CLASSES)
     for label, count in zip(LABELS, counts):
       if not count:
-        raise DataError(f"{str(location)!r} holds no {FOLDER}/{split}/{label}/*.txt reviews; "
-                        f"expected {LAYOUT} ({PREPARE}).")
+        raise DataError(
+          f"{str(location)!r} holds no {FOLDER}/{split}/{label}/*.txt reviews; expected {LAYOUT} ({PREPARE})."
+        )
     lengths = np.fromiter((len(r[3]) for r in rows), np.int64, len(rows))
     arrays[f"{split}_bytes"] = np.frombuffer(b"".join(r[3] for r in rows), np.uint8)
     arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum(lengths)])
@@ -180,8 +183,7 @@ def _fingerprint(location: epath.Path) -> list:
   # 50k small files: a digest of the listing instead of a 5 MB key.
   found = _folder_files(location)
   stats = cache.file_fingerprint([p for _, _, p in found])
-  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{size}:{mtime}"
-                   for (s, l, p), (_, size, mtime) in zip(found, stats))
+  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{size}:{mtime}" for (s, l, p), (_, size, mtime) in zip(found, stats))
   where = str(pathlib.Path(location).resolve()) if fs.is_local(location) else str(location)
   return [where, len(listing), hashlib.sha256("\n".join(listing).encode()).hexdigest()]
 
@@ -225,7 +227,7 @@ class Reviews:
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     index = check_index(index, len(self), "reviews")
     begin, end = self.offsets[index], self.offsets[index + 1]
-    return _example(self.text[begin:min(end, begin + self.seq_len)], self.labels[index], self.seq_len)
+    return _example(self.text[begin : min(end, begin + self.seq_len)], self.labels[index], self.seq_len)
 
   def __getstate__(self):
     state = dict(self.__dict__)
@@ -261,8 +263,7 @@ class TfdsReviews:
     record = self._source[index]
     label = int(record["label"])
     if label not in (0, 1):
-      raise DataError(f"tfds {TFDS_NAME} {self.split} example {index} has label {label}; "
-                      f"expected 0 (neg) or 1 (pos).")
+      raise DataError(f"tfds {TFDS_NAME} {self.split} example {index} has label {label}; expected 0 (neg) or 1 (pos).")
     return _example(np.frombuffer(record["text"], np.uint8), label, self.seq_len)
 
   def __getstate__(self):
@@ -302,8 +303,14 @@ def make_source(config, split: str) -> Reviews | TfdsReviews:
   if key not in _LOGGED:
     _LOGGED.add(key)
     note = " (IMDB has no validation split; LRA validates on the test reviews)" if split == "validation" else ""
-    logging.info("imdb %s: %d reviews from the %s split%s, bytes truncated to T=%d", split, len(source),
-                 SPLIT_SOURCE[split], note, seq_len)
+    logging.info(
+      "imdb %s: %d reviews from the %s split%s, bytes truncated to T=%d",
+      split,
+      len(source),
+      SPLIT_SOURCE[split],
+      note,
+      seq_len,
+    )
   return source
 
 
@@ -314,9 +321,11 @@ def describe(source: Reviews) -> str:
   """Review count, label balance and byte-length statistics, with the share cut at T."""
   lengths = source.lengths
   pos = float(np.mean(source.labels))
-  return (f"{len(source)} reviews, {100 * (1 - pos):.1f}% neg / {100 * pos:.1f}% pos; bytes mean "
-          f"{lengths.mean():.1f} / median {np.median(lengths):g} / p95 {np.percentile(lengths, 95):.0f} / max "
-          f"{lengths.max()}; {100 * np.mean(lengths > source.seq_len):.2f}% longer than T={source.seq_len}")
+  return (
+    f"{len(source)} reviews, {100 * (1 - pos):.1f}% neg / {100 * pos:.1f}% pos; bytes mean "
+    f"{lengths.mean():.1f} / median {np.median(lengths):g} / p95 {np.percentile(lengths, 95):.0f} / max "
+    f"{lengths.max()}; {100 * np.mean(lengths > source.seq_len):.2f}% longer than T={source.seq_len}"
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

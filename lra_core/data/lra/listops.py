@@ -50,8 +50,7 @@ _DIGITS = range(10)
 
 SPLIT_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv", "test": "basic_test.tsv"}
 HEADER = ("Source", "Target")
-GENERATOR_FIELDS = ("seed", "num_train", "num_val", "num_test",
-                    "max_depth", "max_args", "min_length", "max_length")
+GENERATOR_FIELDS = ("seed", "num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length")
 # Bumped whenever generated files would change for the same settings: part of the cache key.
 _GENERATOR_VERSION = 1
 # Attempts in a row without a new expression before settings are declared (nearly) impossible.
@@ -112,9 +111,17 @@ def random_tree(rng: random.Random, max_depth: int, max_args: int) -> tuple[list
       depth += 1
 
 
-def check_generator_settings(*, num_train: int, num_val: int, num_test: int, max_depth: int,
-                             max_args: int, min_length: int, max_length: int,
-                             seed: int = 0) -> None:
+def check_generator_settings(
+  *,
+  num_train: int,
+  num_val: int,
+  num_test: int,
+  max_depth: int,
+  max_args: int,
+  min_length: int,
+  max_length: int,
+  seed: int = 0,
+) -> None:
   """Raises ConfigError for settings that cannot produce the requested examples."""
   del seed
   for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
@@ -125,18 +132,23 @@ def check_generator_settings(*, num_train: int, num_val: int, num_test: int, max
   if max_args < 2:
     raise ConfigError(f"data.max_args {max_args} must be at least 2 (an operator takes 2 or more).")
   if min_length + 1 >= max_length:
-    raise ConfigError(f"data.min_length {min_length} must be below data.max_length {max_length}"
-                      " - 1 (lengths are kept strictly between them).")
+    raise ConfigError(
+      f"data.min_length {min_length} must be below data.max_length {max_length}"
+      " - 1 (lengths are kept strictly between them)."
+    )
   longest = 1
   for _ in range(max_depth - 1):
     longest = min(2 + max_args * longest, max_length)  # capped: only the comparison matters
   if longest <= min_length:
-    raise ConfigError(f"data.min_length {min_length} is not below the longest expression "
-                      f"{longest} that max_depth {max_depth} and max_args {max_args} allow.")
+    raise ConfigError(
+      f"data.min_length {min_length} is not below the longest expression "
+      f"{longest} that max_depth {max_depth} and max_args {max_args} allow."
+    )
 
 
-def sample_expressions(num: int, *, seed: int = 0, max_depth: int = 10, max_args: int = 10,
-                       min_length: int = 500, max_length: int = 2000) -> Iterator[tuple[str, int]]:
+def sample_expressions(
+  num: int, *, seed: int = 0, max_depth: int = 10, max_args: int = 10, min_length: int = 500, max_length: int = 2000
+) -> Iterator[tuple[str, int]]:
   """Yields `num` distinct (source string, label) pairs with min_length < length < max_length."""
   rng = random.Random(seed)
   seen: set[bytes] = set()
@@ -154,22 +166,47 @@ def sample_expressions(num: int, *, seed: int = 0, max_depth: int = 10, max_args
         continue
     misses += 1
     if misses >= _PATIENCE:
-      raise ConfigError(f"only {len(seen)} distinct expressions found of the {num} requested "
-                        f"after {_PATIENCE} tries; widen data.min_length/max_length or raise "
-                        "data.max_depth/max_args.")
+      raise ConfigError(
+        f"only {len(seen)} distinct expressions found of the {num} requested "
+        f"after {_PATIENCE} tries; widen data.min_length/max_length or raise "
+        "data.max_depth/max_args."
+      )
 
 
-def generate_files(out_dir: str | os.PathLike, *, num_train: int = 96000, num_val: int = 2000,
-                   num_test: int = 2000, max_depth: int = 10, max_args: int = 10,
-                   min_length: int = 500, max_length: int = 2000, seed: int = 0) -> None:
+def generate_files(
+  out_dir: str | os.PathLike,
+  *,
+  num_train: int = 96000,
+  num_val: int = 2000,
+  num_test: int = 2000,
+  max_depth: int = 10,
+  max_args: int = 10,
+  min_length: int = 500,
+  max_length: int = 2000,
+  seed: int = 0,
+) -> None:
   """Writes basic_{train,val,test}.tsv: the first num_train expressions drawn go to train, etc."""
-  settings = dict(num_train=num_train, num_val=num_val, num_test=num_test, max_depth=max_depth,
-                  max_args=max_args, min_length=min_length, max_length=max_length, seed=seed)
+  settings = dict(
+    num_train=num_train,
+    num_val=num_val,
+    num_test=num_test,
+    max_depth=max_depth,
+    max_args=max_args,
+    min_length=min_length,
+    max_length=max_length,
+    seed=seed,
+  )
   check_generator_settings(**settings)
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  examples = sample_expressions(num_train + num_val + num_test, seed=seed, max_depth=max_depth,
-                                max_args=max_args, min_length=min_length, max_length=max_length)
+  examples = sample_expressions(
+    num_train + num_val + num_test,
+    seed=seed,
+    max_depth=max_depth,
+    max_args=max_args,
+    min_length=min_length,
+    max_length=max_length,
+  )
   for split, count in (("train", num_train), ("validation", num_val), ("test", num_test)):
     with open(out / SPLIT_FILES[split], "w", newline="", encoding="utf-8") as f:
       writer = csv.writer(f, delimiter="\t")  # default "\r\n" line ends, as in the official files
@@ -201,9 +238,10 @@ def decode(ids: Sequence[int] | np.ndarray) -> str:
 @dataclasses.dataclass(frozen=True)
 class Examples:
   """One TSV file: example i is tokens[offsets[i]:offsets[i + 1]] with label labels[i]."""
-  tokens: np.ndarray   # uint8[sum of lengths]
+
+  tokens: np.ndarray  # uint8[sum of lengths]
   offsets: np.ndarray  # int64[N + 1]
-  labels: np.ndarray   # uint8[N]
+  labels: np.ndarray  # uint8[N]
 
   def __len__(self) -> int:
     return len(self.labels)
@@ -232,8 +270,7 @@ def load_tsv(path: str | os.PathLike) -> Examples:
         continue
       fields = line.split("\t")
       if len(fields) != 2:
-        raise DataError(f"{path} line {lineno}: found {len(fields)} tab-separated fields, "
-                        "expected 2.")
+        raise DataError(f"{path} line {lineno}: found {len(fields)} tab-separated fields, expected 2.")
       source, target = fields
       if target.strip() not in _LABELS:
         raise DataError(f"{path} line {lineno}: label {target!r} is not an integer in 0..9.")
@@ -243,8 +280,9 @@ def load_tsv(path: str | os.PathLike) -> Examples:
       try:
         ids = np.fromiter(map(_TOKEN_ID.__getitem__, tokens), np.uint8, len(tokens))
       except KeyError as e:
-        raise DataError(f"{path} line {lineno}: token {e.args[0]!r} is not in the ListOps "
-                        f"vocabulary {VOCAB[1:]}.") from None
+        raise DataError(
+          f"{path} line {lineno}: token {e.args[0]!r} is not in the ListOps vocabulary {VOCAB[1:]}."
+        ) from None
       chunks.append(ids)
       lengths.append(len(ids))
       labels.append(int(target))
@@ -268,8 +306,13 @@ class Source:
     self.examples = load_tsv(path)
     truncated = int(np.sum(self.examples.lengths > seq_len))
     if truncated:
-      log.warning("%s: %d of %d ListOps examples are longer than seq_len %d and are truncated.",
-                  self.path, truncated, len(self.examples), seq_len)
+      log.warning(
+        "%s: %d of %d ListOps examples are longer than seq_len %d and are truncated.",
+        self.path,
+        truncated,
+        len(self.examples),
+        seq_len,
+      )
 
   def __len__(self) -> int:
     return len(self.examples)
@@ -277,10 +320,10 @@ class Source:
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     """-> inputs int32[T], mask bool[T] (True = real token), targets int32[], weights float32[]."""
     index = check_index(index, len(self.examples))
-    start, stop = self.examples.offsets[index:index + 2]
+    start, stop = self.examples.offsets[index : index + 2]
     stop = min(stop, start + self.seq_len)
     inputs = np.zeros(self.seq_len, np.int32)
-    inputs[:stop - start] = self.examples.tokens[start:stop]
+    inputs[: stop - start] = self.examples.tokens[start:stop]
     return labelled_example(inputs, inputs != 0, self.examples.labels[index])
 
 
@@ -288,12 +331,19 @@ class Source:
 
 
 _DEFAULTS = dict(
-    name="listops",
-    dir="",           # folder holding basic_{train,val,test}.tsv (local or gs://)
-    generate=False,   # with dir "": generate the set below once into cache_dir and use it
-    cache_dir="",     # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
-    seed=0, num_train=96000, num_val=2000, num_test=2000,
-    max_depth=10, max_args=10, min_length=500, max_length=2000)
+  name="listops",
+  dir="",  # folder holding basic_{train,val,test}.tsv (local or gs://)
+  generate=False,  # with dir "": generate the set below once into cache_dir and use it
+  cache_dir="",  # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  seed=0,
+  num_train=96000,
+  num_val=2000,
+  num_test=2000,
+  max_depth=10,
+  max_args=10,
+  min_length=500,
+  max_length=2000,
+)
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
@@ -335,8 +385,14 @@ def ensure_generated(data) -> pathlib.Path:
         raise
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  log.info("Generated ListOps %d/%d/%d examples into %s in %.0f s.", settings["num_train"],
-           settings["num_val"], settings["num_test"], final, time.time() - start)
+  log.info(
+    "Generated ListOps %d/%d/%d examples into %s in %.0f s.",
+    settings["num_train"],
+    settings["num_val"],
+    settings["num_test"],
+    final,
+    time.time() - start,
+  )
   return final
 
 
@@ -345,8 +401,10 @@ def _folder(data) -> epath.Path:
     return files.expand(data.dir)
   if data.get("generate", False):
     return ensure_generated(data)
-  raise DataError("data.dir is empty and data.generate is False; set data.dir to a folder with "
-                  "basic_{train,val,test}.tsv or data.generate=True.")
+  raise DataError(
+    "data.dir is empty and data.generate is False; set data.dir to a folder with "
+    "basic_{train,val,test}.tsv or data.generate=True."
+  )
 
 
 def validate_config(config) -> None:
@@ -377,14 +435,15 @@ def describe(examples: Examples) -> str:
   """Example count, token lengths (min / mean / median / max) and the label fractions."""
   lengths = examples.lengths
   fractions = np.bincount(examples.labels, minlength=NUM_CLASSES) / len(examples)
-  return (f"{len(examples)} examples; length min {lengths.min()} / mean {lengths.mean():.1f} / "
-          f"median {np.median(lengths):g} / max {lengths.max()}; labels "
-          + " ".join(f"{i}:{p:.3f}" for i, p in enumerate(fractions)))
+  return (
+    f"{len(examples)} examples; length min {lengths.min()} / mean {lengths.mean():.1f} / "
+    f"median {np.median(lengths):g} / max {lengths.max()}; labels "
+    + " ".join(f"{i}:{p:.3f}" for i, p in enumerate(fractions))
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.listops",
-                                   description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.listops", description=__doc__.split("\n")[0])
   commands = parser.add_subparsers(dest="command", required=True)
   gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv into --out")
   gen.add_argument("--out", required=True)
@@ -397,8 +456,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "generate":
       start = time.time()
       generate_files(args.out, **{name: getattr(args, name) for name in GENERATOR_FIELDS})
-      print(f"wrote {args.num_train}/{args.num_val}/{args.num_test} examples to {args.out} "
-            f"in {time.time() - start:.1f} s")
+      print(
+        f"wrote {args.num_train}/{args.num_val}/{args.num_test} examples to {args.out} in {time.time() - start:.1f} s"
+      )
     else:
       for path in args.files:
         print(f"{path}: {describe(load_tsv(path))}")

@@ -58,9 +58,9 @@ from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
 
 DIFFICULTIES = {
-    "easy": "curv_baseline",
-    "intermediate": "curv_contour_length_9",
-    "hard": "curv_contour_length_14",
+  "easy": "curv_baseline",
+  "intermediate": "curv_contour_length_9",
+  "hard": "curv_contour_length_14",
 }
 SPLIT_SLICES = {"train": "[:80%]", "validation": "[80%:90%]", "test": "[90%:]"}
 VOCAB_SIZE = 256
@@ -70,11 +70,11 @@ METADATA_GLOB = "metadata/*.npy"
 _CACHE_VERSION = 1
 
 _DEFAULTS = dict(
-    name="pathfinder",
-    dir="",             # the resolution folder, e.g. lra_release/pathfinder32/
-    difficulty="hard",  # easy | intermediate | hard
-    resolution=32,      # 32 = Pathfinder, 128 = Path-X (64, 256 and any other size also load)
-    cache_dir="",       # decoded pixels; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
+  name="pathfinder",
+  dir="",  # the resolution folder, e.g. lra_release/pathfinder32/
+  difficulty="hard",  # easy | intermediate | hard
+  resolution=32,  # 32 = Pathfinder, 128 = Path-X (64, 256 and any other size also load)
+  cache_dir="",  # decoded pixels; "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
 )
 
 
@@ -85,12 +85,15 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 def layout(folder: str | os.PathLike, difficulty: str, resolution: int) -> str:
   sub = DIFFICULTIES.get(difficulty, difficulty)
-  return (f"{folder}/{sub}/metadata/*.npy text files and imgs/<batch>/*.png, the lra_release "
-          f"pathfinder{resolution} layout")
+  return (
+    f"{folder}/{sub}/metadata/*.npy text files and imgs/<batch>/*.png, the lra_release pathfinder{resolution} layout"
+  )
 
 
-PREPARE = ("download lra_release.gz from github.com/google-research/long-range-arena, or write "
-           "Pathfinder-style images with `python -m lra_core.data.lra.pathfinder generate`")
+PREPARE = (
+  "download lra_release.gz from github.com/google-research/long-range-arena, or write "
+  "Pathfinder-style images with `python -m lra_core.data.lra.pathfinder generate`"
+)
 
 # ----------------------------------------------------------------------------- metadata
 
@@ -98,10 +101,11 @@ PREPARE = ("download lra_release.gz from github.com/google-research/long-range-a
 @dataclasses.dataclass(frozen=True)
 class Row:
   """One metadata line: the image it names, its label and LRA's tfds key."""
-  image: str     # path relative to the difficulty folder, "imgs/0/sample_0.png"
+
+  image: str  # path relative to the difficulty folder, "imgs/0/sample_0.png"
   label: int
-  key: str       # "imgs/0_sample_0.png_1"
-  where: str     # "<metadata file> line <k>", for errors
+  key: str  # "imgs/0_sample_0.png_1"
+  where: str  # "<metadata file> line <k>", for errors
 
 
 def read_metadata(path: str | os.PathLike) -> list[Row]:
@@ -110,9 +114,11 @@ def read_metadata(path: str | os.PathLike) -> list[Row]:
   try:
     text = path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as e:
-    raise DataError(f"metadata file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
-                    "expected lines like 'imgs/0 sample_0.png 0 1 ...' (the LRA release writes text "
-                    "despite the .npy name).") from None
+    raise DataError(
+      f"metadata file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+      "expected lines like 'imgs/0 sample_0.png 0 1 ...' (the LRA release writes text "
+      "despite the .npy name)."
+    ) from None
   rows = []
   for lineno, line in enumerate(text.split("\n"), start=1):
     line = line.rstrip("\r")
@@ -121,12 +127,15 @@ def read_metadata(path: str | os.PathLike) -> list[Row]:
     fields = line.split(" ")
     where = f"{path} line {lineno}"
     if len(fields) < 4 or not fields[0] or not fields[1]:
-      raise DataError(f"{where}: {line[:80]!r} has {len(fields)} space-separated fields; expected "
-                      "at least 4 (image folder, image file, index, label).")
+      raise DataError(
+        f"{where}: {line[:80]!r} has {len(fields)} space-separated fields; expected "
+        "at least 4 (image folder, image file, index, label)."
+      )
     if fields[3] not in ("0", "1"):
       raise DataError(f"{where}: label {fields[3]!r} (field 4) is not 0 or 1.")
-    rows.append(Row(image=f"{fields[0]}/{fields[1]}", label=int(fields[3]),
-                    key=f"{fields[0]}_{fields[1]}_{lineno}", where=where))
+    rows.append(
+      Row(image=f"{fields[0]}/{fields[1]}", label=int(fields[3]), key=f"{fields[0]}_{fields[1]}_{lineno}", where=where)
+    )
   return rows
 
 
@@ -159,13 +168,16 @@ def decode_png(path: str | os.PathLike, resolution: int, data: bytes | None = No
         size, mode = image.size, image.mode
         pixels = image.tobytes() if size == (resolution, resolution) and mode == "L" else b""
   except FileNotFoundError:
-    raise DataError(f"image {path!r} does not exist; expected every image a metadata line names "
-                    f"under imgs/<batch>/ ({PREPARE}).") from None
+    raise DataError(
+      f"image {path!r} does not exist; expected every image a metadata line names under imgs/<batch>/ ({PREPARE})."
+    ) from None
   except (OSError, SyntaxError, ValueError) as e:
     raise DataError(f"image {path!r} is not a readable PNG ({e}).") from None
   if size != (resolution, resolution):
-    raise DataError(f"image {path!r} is {size[0]}x{size[1]} pixels; expected {resolution}x{resolution} "
-                    f"(data.resolution {resolution}).")
+    raise DataError(
+      f"image {path!r} is {size[0]}x{size[1]} pixels; expected {resolution}x{resolution} "
+      f"(data.resolution {resolution})."
+    )
   if mode != "L":
     raise DataError(f"image {path!r} has PNG mode {mode!r}; expected 8-bit greyscale (mode 'L').")
   return np.frombuffer(pixels, np.uint8)
@@ -191,12 +203,15 @@ def decode_difficulty(folder: epath.Path, difficulty: str, resolution: int) -> d
   Returns pixels uint8[N, res*res], labels uint8[N] and empty bool[N] (empty PNG files, which
   LRA filters out after slicing; their pixels are zero).
   """
-  metadata = files.require_files(folder, METADATA_GLOB, layout=layout(folder.parent, difficulty, resolution),
-                                 prepare=PREPARE)
+  metadata = files.require_files(
+    folder, METADATA_GLOB, layout=layout(folder.parent, difficulty, resolution), prepare=PREPARE
+  )
   rows = [row for path in metadata for row in read_metadata(path)]
   if not rows:
-    raise DataError(f"the metadata files {str(folder / METADATA_GLOB)!r} list no images; expected "
-                    f"{layout(folder.parent, difficulty, resolution)} ({PREPARE}).")
+    raise DataError(
+      f"the metadata files {str(folder / METADATA_GLOB)!r} list no images; expected "
+      f"{layout(folder.parent, difficulty, resolution)} ({PREPARE})."
+    )
   order = tfds_order([row.key for row in rows], difficulty)
   pixels = np.zeros((len(rows), resolution * resolution), np.uint8)
   labels = np.empty(len(rows), np.uint8)
@@ -218,20 +233,36 @@ def decode_difficulty(folder: epath.Path, difficulty: str, resolution: int) -> d
     if (i + 1) % 20000 == 0:
       logging.info("Pathfinder %s: decoded %d of %d images.", folder, i + 1, len(rows))
   seconds = time.perf_counter() - start
-  logging.info("Pathfinder %s: decoded %d images (%d empty) in %.1f s, %.0f images/s.", folder,
-               len(rows), int(empty.sum()), seconds, len(rows) / max(seconds, 1e-9))
+  logging.info(
+    "Pathfinder %s: decoded %d images (%d empty) in %.1f s, %.0f images/s.",
+    folder,
+    len(rows),
+    int(empty.sum()),
+    seconds,
+    len(rows) / max(seconds, 1e-9),
+  )
   return {"pixels": pixels, "labels": labels, "empty": empty}
 
 
 def load_difficulty(data_dir: str, difficulty: str, resolution: int, cache_dir: str = "") -> dict[str, np.ndarray]:
   """`decode_difficulty`, decoded once into the cache and memory-mapped from then on."""
   folder = difficulty_folder(data_dir, difficulty, resolution)
-  metadata = files.require_files(folder, METADATA_GLOB, layout=layout(data_dir, difficulty, resolution),
-                                 prepare=PREPARE)
-  key = dict(version=_CACHE_VERSION, folder=files.absolute(folder), difficulty=difficulty,
-             resolution=resolution, metadata=cache.file_fingerprint(metadata))
-  return cache.cached_arrays(f"pathfinder{resolution}-{difficulty}", key,
-                             lambda: decode_difficulty(folder, difficulty, resolution), root=cache_dir)
+  metadata = files.require_files(
+    folder, METADATA_GLOB, layout=layout(data_dir, difficulty, resolution), prepare=PREPARE
+  )
+  key = dict(
+    version=_CACHE_VERSION,
+    folder=files.absolute(folder),
+    difficulty=difficulty,
+    resolution=resolution,
+    metadata=cache.file_fingerprint(metadata),
+  )
+  return cache.cached_arrays(
+    f"pathfinder{resolution}-{difficulty}",
+    key,
+    lambda: decode_difficulty(folder, difficulty, resolution),
+    root=cache_dir,
+  )
 
 
 def split_indices(empty: np.ndarray, split: str, difficulty: str) -> np.ndarray:
@@ -295,8 +326,7 @@ class Source:
 def _resolution(data) -> int:
   resolution = data.resolution
   if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
-    raise ConfigError(f"data.resolution {resolution!r} must be a positive integer (32 = Pathfinder, "
-                      "128 = Path-X).")
+    raise ConfigError(f"data.resolution {resolution!r} must be a positive integer (32 = Pathfinder, 128 = Path-X).")
   return int(resolution)
 
 
@@ -307,8 +337,10 @@ def validate_config(config) -> None:
   if data.difficulty not in DIFFICULTIES:
     raise ConfigError(f"data.difficulty {data.difficulty!r} is not one of {list(DIFFICULTIES)}.")
   if "train" in config and config.train.seq_len != resolution * resolution:
-    raise ConfigError(f"train.seq_len {config.train.seq_len} is not data.resolution {resolution} squared "
-                      f"({resolution * resolution}); a Pathfinder example is a whole image in raster order.")
+    raise ConfigError(
+      f"train.seq_len {config.train.seq_len} is not data.resolution {resolution} squared "
+      f"({resolution * resolution}); a Pathfinder example is a whole image in raster order."
+    )
   difficulty_folder(data.dir, data.difficulty, resolution)
 
 
@@ -333,14 +365,15 @@ def describe(arrays: dict[str, np.ndarray], difficulty: str) -> str:
     labels = np.asarray(arrays["labels"])[rows]
     pixels = np.asarray(arrays["pixels"])[rows]
     positive = labels.mean() if len(rows) else float("nan")
-    lines.append(f"  {split}: {len(rows)} examples, label 1 fraction {positive:.3f} "
-                 f"({int(labels.sum())}/{len(rows)}), mean pixel {pixels.mean() if len(rows) else 0:.2f}")
+    lines.append(
+      f"  {split}: {len(rows)} examples, label 1 fraction {positive:.3f} "
+      f"({int(labels.sum())}/{len(rows)}), mean pixel {pixels.mean() if len(rows) else 0:.2f}"
+    )
   return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.pathfinder",
-                                   description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.pathfinder", description=__doc__.split("\n")[0])
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="decode (or map from the cache) and describe the splits")
   stats.add_argument("dir")
@@ -358,15 +391,25 @@ def main(argv: Sequence[str] | None = None) -> None:
   try:
     start = time.perf_counter()
     if args.command == "generate":
-      folder = generate(args.out, resolution=args.resolution, contour_length=args.contour_length,
-                        num=args.num, batch_size=args.batch_size, seed=args.seed)
-      print(f"wrote {args.num} Pathfinder-style {args.resolution}x{args.resolution} images to {folder} "
-            f"in {time.perf_counter() - start:.1f} s")
+      folder = generate(
+        args.out,
+        resolution=args.resolution,
+        contour_length=args.contour_length,
+        num=args.num,
+        batch_size=args.batch_size,
+        seed=args.seed,
+      )
+      print(
+        f"wrote {args.num} Pathfinder-style {args.resolution}x{args.resolution} images to {folder} "
+        f"in {time.perf_counter() - start:.1f} s"
+      )
       return
     arrays = load_difficulty(args.dir, args.difficulty, args.resolution, args.cache_dir)
-    print(f"{args.dir} {args.difficulty} ({DIFFICULTIES[args.difficulty]}), {args.resolution}x"
-          f"{args.resolution}: {len(arrays['labels'])} images, {int(np.sum(arrays['empty']))} empty, "
-          f"loaded in {time.perf_counter() - start:.2f} s")
+    print(
+      f"{args.dir} {args.difficulty} ({DIFFICULTIES[args.difficulty]}), {args.resolution}x"
+      f"{args.resolution}: {len(arrays['labels'])} images, {int(np.sum(arrays['empty']))} empty, "
+      f"loaded in {time.perf_counter() - start:.2f} s"
+    )
     print(describe(arrays, args.difficulty))
   except (ConfigError, DataError) as e:
     sys.exit(f"error: {e}")

@@ -22,11 +22,11 @@ import numpy as np
 from lra_core.errors import ConfigError
 
 _FOLDER_OF_LENGTH = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
-_SUPERSAMPLE = 4        # drawn at 4x and box-filtered down: anti-aliased dashes
-_MAX_TURN = np.pi / 3   # largest bend between consecutive dashes
-_GRID = 2               # occupancy cells per pixel when keeping contours apart
-_TRIES = 100            # attempts per contour (and per image) before giving up
-_BEND_TRIES = 8         # bends tried for one dash before its contour starts over
+_SUPERSAMPLE = 4  # drawn at 4x and box-filtered down: anti-aliased dashes
+_MAX_TURN = np.pi / 3  # largest bend between consecutive dashes
+_GRID = 2  # occupancy cells per pixel when keeping contours apart
+_TRIES = 100  # attempts per contour (and per image) before giving up
+_BEND_TRIES = 8  # bends tried for one dash before its contour starts over
 
 
 def generator_folder(contour_length: int) -> str:
@@ -37,8 +37,7 @@ def _dash_cells(x0: float, y0: float, x1: float, y1: float) -> set[tuple[int, in
   """Occupancy cells (x, y) along a segment, _GRID cells per pixel."""
   g = _GRID
   steps = int(math.hypot(x1 - x0, y1 - y0) * 2 * g) + 2
-  return {(int(g * (x0 + (x1 - x0) * i / steps)), int(g * (y0 + (y1 - y0) * i / steps)))
-          for i in range(steps + 1)}
+  return {(int(g * (x0 + (x1 - x0) * i / steps)), int(g * (y0 + (y1 - y0) * i / steps))) for i in range(steps + 1)}
 
 
 def _dilate(cells: set[tuple[int, int]], radius: int) -> set[tuple[int, int]]:
@@ -93,6 +92,7 @@ def _point_segment_distance(px: float, py: float, dash: tuple[float, float, floa
 class Scene:
   """What one image shows, in pixel coordinates: contours of dashes (x0, y0, x1, y1), the first
   two being the targets, and the two dots."""
+
   resolution: int
   contours: list[list[tuple[float, float, float, float]]]
   dots: tuple[tuple[float, float], tuple[float, float]]
@@ -139,8 +139,10 @@ def sample_scene(rng: np.random.Generator, resolution: int, contour_length: int)
     if len(targets) == 2:
       break
   else:
-    raise ConfigError(f"two contours of contour_length {contour_length} dashes do not fit in a "
-                      f"{resolution}x{resolution} image; use a larger resolution or a shorter contour.")
+    raise ConfigError(
+      f"two contours of contour_length {contour_length} dashes do not fit in a "
+      f"{resolution}x{resolution} image; use a larger resolution or a shorter contour."
+    )
   contours = list(targets)
   for _ in range(20 // short):
     contour = _draw_contour(rng, occupied, resolution, short, dash, gap, spacing)
@@ -171,13 +173,24 @@ def render(scene: Scene) -> np.ndarray:
   return np.asarray(canvas.resize((res, res), Image.Resampling.BOX))
 
 
-def generate(out: str | os.PathLike, *, resolution: int = 32, contour_length: int = 14, num: int = 1000,
-             batch_size: int = 1000, seed: int = 0) -> pathlib.Path:
+def generate(
+  out: str | os.PathLike,
+  *,
+  resolution: int = 32,
+  contour_length: int = 14,
+  num: int = 1000,
+  batch_size: int = 1000,
+  seed: int = 0,
+) -> pathlib.Path:
   """Writes `num` Pathfinder-style images in the release layout under out/<difficulty folder>/."""
   from PIL import Image
 
-  for name, value, low in (("resolution", resolution, 16), ("contour_length", contour_length, 2),
-                           ("num", num, 1), ("batch_size", batch_size, 1)):
+  for name, value, low in (
+    ("resolution", resolution, 16),
+    ("contour_length", contour_length, 2),
+    ("num", num, 1),
+    ("batch_size", batch_size, 1),
+  ):
     if value < low:
       raise ConfigError(f"{name} {value} must be at least {low}.")
   folder = pathlib.Path(out) / generator_folder(contour_length)
@@ -194,5 +207,3 @@ def generate(out: str | os.PathLike, *, resolution: int = 32, contour_length: in
       lines.append(f"imgs/{batch} sample_{k}.png {k} {scene.label} 1.0 {contour_length} {short} 2 0.5 1 1\n")
     (folder / "metadata" / f"{batch}.npy").write_text("".join(lines))
   return folder
-
-

@@ -33,13 +33,13 @@ from lra_core.data import SPLITS, DataInfo, check_index, config_section, files, 
 from lra_core.errors import ConfigError, DataError
 
 FILES = {
-    "train": "new_aan_pairs.train.tsv",
-    "validation": "new_aan_pairs.eval.tsv",
-    "test": "new_aan_pairs.test.tsv",
+  "train": "new_aan_pairs.train.tsv",
+  "validation": "new_aan_pairs.eval.tsv",
+  "test": "new_aan_pairs.test.tsv",
 }
-BYTE_OFFSET = 1   # id = byte + 1; 0 is padding
+BYTE_OFFSET = 1  # id = byte + 1; 0 is padding
 VOCAB_SIZE = 256 + BYTE_OFFSET
-NUM_COLUMNS = 5   # label, id1, id2, text1, text2
+NUM_COLUMNS = 5  # label, id1, id2, text1, text2
 
 _DEFAULTS = dict(name="retrieval", dir="")
 
@@ -126,8 +126,10 @@ def read_pairs(path: str, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndar
         continue
       fields = line.split(b"\t")
       if len(fields) != NUM_COLUMNS:
-        raise DataError(f"line {line_no} of {path!r} has {len(fields)} tab-separated columns; expected "
-                        f"{NUM_COLUMNS} (label, id1, id2, text1, text2).")
+        raise DataError(
+          f"line {line_no} of {path!r} has {len(fields)} tab-separated columns; expected "
+          f"{NUM_COLUMNS} (label, id1, id2, text1, text2)."
+        )
       labels.append(_parse_label(fields[0], path, line_no))
       for text in fields[3:]:
         buffer += text[:seq_len]
@@ -135,8 +137,7 @@ def read_pairs(path: str, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndar
   if not labels:
     raise DataError(f"retrieval file {path!r} holds no pairs.")
   # frombuffer shares the bytearray's memory: no second copy of the texts.
-  return (np.frombuffer(buffer, dtype=np.uint8), np.asarray(offsets, np.int64),
-          np.asarray(labels, np.int8))
+  return (np.frombuffer(buffer, dtype=np.uint8), np.asarray(offsets, np.int64), np.asarray(labels, np.int8))
 
 
 class RetrievalPairs:
@@ -156,9 +157,9 @@ class RetrievalPairs:
     mask = np.zeros((2, self.seq_len), bool)
     for k in range(2):
       begin, end = self.offsets[2 * index + k], self.offsets[2 * index + k + 1]
-      inputs[k, :end - begin] = self.buffer[begin:end]
-      inputs[k, :end - begin] += BYTE_OFFSET
-      mask[k, :end - begin] = True
+      inputs[k, : end - begin] = self.buffer[begin:end]
+      inputs[k, : end - begin] += BYTE_OFFSET
+      mask[k, : end - begin] = True
     return labelled_example(inputs, mask, self.labels[index])
 
 
@@ -167,8 +168,14 @@ def make_source(config, split: str) -> RetrievalPairs:
   seq_len = _seq_len(config)
   path = split_path(config, split)
   buffer, offsets, labels = read_pairs(path, seq_len)
-  logging.info("retrieval %s: %d pairs (%.1f%% positive), %d text bytes kept at T=%d",
-               path, len(labels), 100.0 * labels.mean(), buffer.size, seq_len)
+  logging.info(
+    "retrieval %s: %d pairs (%.1f%% positive), %d text bytes kept at T=%d",
+    path,
+    len(labels),
+    100.0 * labels.mean(),
+    buffer.size,
+    seq_len,
+  )
   return RetrievalPairs(buffer, offsets, labels, seq_len)
 
 
