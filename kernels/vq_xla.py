@@ -252,11 +252,15 @@ def cache_variables(
   b = z_prev.shape[0]
   z_fold, reset = z_prev, None
   if plan is not None:
+    # A key that does not enter the cache (another document follows) folds into the empty code S.
     z_fold = jnp.where(plan["enters"][..., None], z_prev, n_code)
+    # Where a block starts a new document, the prefix restarts instead of adding to the cache before.
     reset = jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
+  # Each block's previous block summarised per code (mean, count), after the carried cache ...
   mean_p, count_p = block_summaries(z_fold, v_prev, n_code)
   mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
   count_seq = jnp.concatenate([carry["count"][:, None], count_p], axis=1)
+  # ... and merged by a running (count-weighted) prefix: index r is what block r reads.
   return prefix_summaries(mean_seq, count_seq, reduction, reset)
 
 

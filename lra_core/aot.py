@@ -391,6 +391,16 @@ def compile_config(
     memory_fraction=gpu_memory_fraction() if platform == "gpu" else 1.0,
     kernel_costs=kernel_costs,
     gemm_fallback=train_fallback or eval_fallback,
+    # The estimate's fields, until estimate_from_hlo reads them off the compiled step.
+    flops_per_device=math.nan,
+    est_step_seconds=math.nan,
+    est_tokens_per_s=math.nan,
+    est_mfu=math.nan,
+    est_hfu=math.nan,
+    recompute_flops=math.nan,
+    memory_bound_share=math.nan,
+    bound="-",
+    mosaic_kernels=0,
   )
   if isinstance(train, OutOfMemory):
     eval_peak = evaluate.required if isinstance(evaluate, OutOfMemory) else MemoryEstimate.of(evaluate).peak
@@ -402,15 +412,6 @@ def compile_config(
       peak_gib=train.required / GIB,
       eval_peak_gib=eval_peak / GIB,
       fits=False,
-      flops_per_device=math.nan,
-      est_step_seconds=math.nan,
-      est_tokens_per_s=math.nan,
-      est_mfu=math.nan,
-      est_hfu=math.nan,
-      recompute_flops=math.nan,
-      memory_bound_share=math.nan,
-      bound="-",
-      mosaic_kernels=0,
       refusal=train.message,
     )
   memory = MemoryEstimate.of(train)
@@ -425,15 +426,6 @@ def compile_config(
     peak_gib=memory.peak / GIB,
     eval_peak_gib=eval_peak / GIB,
     fits=max(memory.peak, eval_peak) <= limit,
-    flops_per_device=math.nan,
-    est_step_seconds=math.nan,
-    est_tokens_per_s=math.nan,
-    est_mfu=math.nan,
-    est_hfu=math.nan,
-    recompute_flops=math.nan,
-    memory_bound_share=math.nan,
-    bound="-",
-    mosaic_kernels=0,
   )
   return estimate_from_hlo(report, hlo, hotspots=hotspots)
 
