@@ -23,6 +23,30 @@ jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
+# Under `--dist=loadfile` (pyproject.toml) pytest-xdist hands out whole files in collection order: the longest
+# go first (CPU seconds in a full run, longest first), so that no worker is left running one alone at the end.
+LONGEST_FIRST = (
+  "test_hlo_cost.py",
+  "test_aot.py",
+  "test_kill_resume.py",
+  "test_flash.py",
+  "test_transformer_vq.py",
+  "test_block_transformer.py",
+  "test_diffusion.py",
+  "test_fit.py",
+  "test_latte.py",
+  "test_vq_pallas.py",
+  "test_remat_scan.py",
+  "test_tpu_kernels.py",
+  "test_families.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
+
 @pytest.fixture
 def no_persistent_compile_cache():
   """Compiles made while it is active stay out of the persistent cache: executables compiled for a

@@ -279,20 +279,20 @@ def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
 @pytest.mark.slow
 def test_tiny_configs_train_and_uptrain(tmp_path, caplog):
   # Killed and resumed runs of this config: tests/test_kill_resume.py.
-  overrides = fixtures.c4.build(tmp_path) + ["train.seq_len=32", "train.steps=4", "train.checkpoint_every=2"]
-  config = lra_core.load_config(f"{SPEC}:tiny", overrides)
-  whole = train_and_evaluate(config, tmp_path / "whole")
-  assert all(np.isfinite(whole[f"test_block_pos{j}_loss"]) for j in range(1, L + 1))
-  short = overrides + ["train.steps=2"]
-  vanilla = train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,vanilla", short), tmp_path / "vanilla")
+  # The vanilla source run, then the block model uptrained from it (its metrics: the loss at every
+  # position of a block).
+  overrides = fixtures.c4.build(tmp_path) + ["train.seq_len=32", "train.steps=2", "train.checkpoint_every=2"]
+  vanilla = train_and_evaluate(lra_core.load_config(f"{SPEC}:tiny,vanilla", overrides), tmp_path / "vanilla")
   assert "test_block_pos1_loss" not in vanilla
-  uptrained = lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'vanilla'}"])
+  uptrained = lra_core.load_config(f"{SPEC}:tiny,uptrain", overrides + [f"train.init_from={tmp_path / 'vanilla'}"])
   with caplog.at_level("INFO"):
-    assert np.isfinite(train_and_evaluate(uptrained, tmp_path / "up")["test_loss"])
+    up = train_and_evaluate(uptrained, tmp_path / "up")
+  assert np.isfinite(up["test_loss"])
+  assert all(np.isfinite(up[f"test_block_pos{j}_loss"]) for j in range(1, L + 1))
   assert f"parameters initialised from {tmp_path / 'vanilla'} (step 2)" in caplog.text
   with pytest.raises(ConfigError, match="not a vanilla transformer"):  # a block model is no source
     train_and_evaluate(
-      lra_core.load_config(f"{SPEC}:tiny,uptrain", short + [f"train.init_from={tmp_path / 'whole'}"]),
+      lra_core.load_config(f"{SPEC}:tiny,uptrain", overrides + [f"train.init_from={tmp_path / 'up'}"]),
       tmp_path / "wrong",
     )
 

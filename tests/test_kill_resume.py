@@ -1,13 +1,13 @@
 """Killed and restarted training ends exactly where an uninterrupted run ends, for every family.
 
 For each registered model family's smoke config, the command `python -m lra_core.train` is started,
-killed with SIGKILL at a random training step and once stopped with SIGTERM, restarted each time with
-the same command, and finally run to the end. The Transformer's run is killed at 5 random moments (the
-first during start-up, the others at random training steps plus a random fraction of a step, so some
-land inside checkpoint writes): where a kill lands does not depend on the family, what is restored
-does. Its `param_checksum` must equal, bit for bit, that of an uninterrupted run of the same command:
-the data position, root key, optimizer, model state (codebook EMAs), carried state and LayerDrop masks
-all come back.
+stopped with SIGTERM at a random training step (the run saves the step in flight, whichever step that
+is), restarted with the same command, and run to the end. The Transformer's run is also killed with
+SIGKILL at 5 random moments before that (the first during start-up, the others at random training steps
+plus a random fraction of a step, so some land inside checkpoint writes): where a kill lands does not
+depend on the family, what is restored does. The `param_checksum` must equal, bit for bit, that of an
+uninterrupted run of the same command: the data position, root key, optimizer, model state (codebook
+EMAs), carried state and LayerDrop masks all come back.
 """
 
 import json
@@ -134,10 +134,11 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
   _run([*argv[:1], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
   reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
   rng = random.Random(family.name)
-  # SIGKILL at random steps (the Transformer: once during start-up and four times), then SIGTERM.
-  full = family.name == "transformer"
-  plan = [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))] if full else []
-  plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(4 if full else 1)]
+  # The Transformer: SIGKILL once during start-up and at four random steps; every family: SIGTERM.
+  plan = []
+  if family.name == "transformer":
+    plan += [(signal.SIGKILL, None, rng.uniform(0.2, 1.5))]
+    plan += [(signal.SIGKILL, rng.randint(1, STEPS - 1), rng.uniform(0, 0.05)) for _ in range(4)]
   plan += [(signal.SIGTERM, rng.randint(1, STEPS - 2), 0.0)]
   resumed_from = []
   for sig, at_step, delay in plan:
