@@ -368,9 +368,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"mesh.{axis} must be a positive integer or -1 (all remaining devices), got {size!r}.")
   if list(config.mesh.values()).count(-1) > 1:
     raise ConfigError("at most one mesh axis may be -1.")
-  if config.model.get("remat", "none") not in REMAT_POLICIES:
+  if config.model.remat not in REMAT_POLICIES:
     raise ConfigError(f"model.remat {config.model.remat!r} is not one of {list(REMAT_POLICIES)}.")
-  if not isinstance(config.model.get("scan_layers", False), bool):
+  if not isinstance(config.model.scan_layers, bool):
     raise ConfigError(f"model.scan_layers must be True or False, got {config.model.scan_layers!r}.")
   if config.model.get("dtype", "float32") not in DTYPES:
     raise ConfigError(f"model.dtype {config.model.dtype!r} is not one of {DTYPES}.")

@@ -7,7 +7,8 @@ attributes. docs/api.md describes the protocol in prose.
 
 Every model:
 
-  Model(config, *, rngs)            built from the whole ConfigDict (its own section is config.model)
+  Model(m, run, *, rngs)            built from its section m = config.model and run = RunInfo.of(config),
+                                    the few facts of the run it needs (task, training length)
   model(inputs, *, mask=None, rngs=None) -> logits, or (logits, aux) with aux a dict of extra losses
 
 Capabilities add methods (see the Protocol classes below):
@@ -129,11 +130,27 @@ def always(config: ConfigDict) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunInfo:
+  """What a model needs to know of its run besides its own `config.model` section."""
+
+  task: str  # the objective (config.task): causal or not, which output head
+  seq_len: int  # the training length (config.train.seq_len): position tables where model.max_len is 0
+  # Classifier-free guidance (diffusion.cond_dropout > 0): a class-conditional model keeps one more label
+  # row, the null class (lra_core.diffusion.null_label).
+  null_class: bool = False
+
+  @classmethod
+  def of(cls, config: ConfigDict) -> RunInfo:
+    guided = "diffusion" in config and config.diffusion.get("cond_dropout", 0.0) > 0  # as diffusion.null_label
+    return cls(task=config.task, seq_len=config.train.seq_len, null_class=guided)
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
   """A model family's record: how the framework builds, checks, counts and tests it."""
 
   name: str  # config.model.name, the module's name in models/
-  model: Callable[..., Any]  # the Model class: model(config, rngs=rngs)
+  model: Callable[..., Any]  # the Model class: model(config.model, RunInfo.of(config), rngs=rngs)
   tasks: tuple[str, ...]  # config.task values it is built for
   smoke: Smoke
   capabilities: Capabilities = Capabilities()

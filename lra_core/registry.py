@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.protocol import Family
+from lra_core.protocol import Family, RunInfo
 
 # data.name -> the module that reads it (lra_core/data/__init__.py describes what it gives).
 DATASETS = {
@@ -87,7 +87,7 @@ def task_class(name: str):
 
 def build_model(config, seed: int = 0) -> nnx.Module:
   """A freshly initialised model for `config` (parameters float32, from `seed`)."""
-  return family(config.model.name).model(config, rngs=nnx.Rngs(params=seed))
+  return family(config.model.name).model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
 
 
 def _size(state) -> int:

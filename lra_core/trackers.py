@@ -100,8 +100,8 @@ class TrackioTracker(Tracker):
 def make_tracker(config, workdir: str, *, enabled: bool) -> Tracker:
   """The tracker config.train.tracker names for the run in `workdir`; the no-op one for "none" and
   when not `enabled` (every process but 0). MissingExtra when the tracker's package is absent."""
-  kind = config.train.get("tracker", "none")
-  project = config.train.get("tracker_project", "lra_core")
+  kind = config.train.tracker
+  project = config.train.tracker_project
   if kind == "none":
     return Tracker()
   if kind not in TRACKERS:

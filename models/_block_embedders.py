@@ -62,9 +62,9 @@ class EncoderEmbedder(nnx.Module):
     self.layers = stack.make_layers(
       lambda: transformer.Block(s, causal=False, dtype=dtype, rngs=rngs),
       m.encoder_layers,
-      scan=m.get("scan_layers", False),
+      scan=m.scan_layers,
     )
-    self.remat = m.get("remat", "none")
+    self.remat = m.remat
     self.final_norm = make_norm(m.norm, w, rngs=rngs)
     read = self.num_cls or m.block_len
     self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)

@@ -51,6 +51,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core import decoding
+from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models import transformer
@@ -59,7 +60,7 @@ from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention, empty_cache
 from lra_core.models.blocks.heads import TaskHead
 from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.state import scan_params, unscan_params
 
 Array = jax.Array
@@ -105,6 +106,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       dtype="float32",
     )
   )
+  c.update(MODEL_DEFAULTS)  # the layer-stacking switches every model section has
   c.update(overrides)
   return c
 
@@ -247,16 +249,14 @@ class Stack(nnx.Module):
 class Model(nnx.Module):
   """tokens int32[B,T] -> logits float32[B,T,V]; see the module docstring."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    m = config.model
-    validate_config(config)
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
     self.dtype = jnp.dtype(m.dtype)
     self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
     self.mask_pads = m.get("mask_pads", True)
     self.kind = m.token_decoder
     d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
     kw = dict(dtype=self.dtype, rngs=rngs)
-    stacks = dict(scan=m.get("scan_layers", False), remat=m.get("remat", "none"), **kw)
+    stacks = dict(scan=m.scan_layers, remat=m.remat, **kw)
     if m.embedder == "lookup":
       self.embedder = LookupEmbedder(m.vocab_size, m.block_len, m.embed_width or d // m.block_len, d, **kw)
     else:
@@ -638,7 +638,7 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
   if "bias" in out["context_proj"]:
     out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
-  return scan_params(out, config) if m.get("scan_layers", False) else out
+  return scan_params(out, config) if m.scan_layers else out
 
 
 # -- family record --------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models.blocks import stack
@@ -38,7 +39,7 @@ from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
 from lra_core.models.transformer import Block
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 
 Array = jax.Array
 CAUSAL_TASKS = ("lm", "image_ar")
@@ -74,6 +75,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       dtype="float32",
     )
   )
+  c.update(MODEL_DEFAULTS)  # the layer-stacking switches every model section has
   c.update(overrides)
   return c
 
@@ -221,7 +223,7 @@ class FITBlock(nnx.Module):
       if local_attention
       else (lambda: FeedForwardBlock(xm, dtype=dtype, rngs=rngs))
     )
-    scan = m.get("scan_layers", False)
+    scan = m.scan_layers
     self.local = stack.make_layers(make_local, local, scan=scan)
     self.global_layers = stack.make_layers(lambda: Block(lm, causal=causal, dtype=dtype, rngs=rngs), global_, scan=scan)
     cross = dict(
@@ -292,12 +294,11 @@ def validate_config(config) -> None:
 class Model(nnx.Module):
   """inputs int32[B,L] -> logits [B,L,V] (FIT-AR, tasks lm / image_ar) or [B,C] (encoder)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    m = config.model
-    self.task = config.task
-    self.causal = config.task in CAUSAL_TASKS
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
+    self.task = run.task
+    self.causal = run.task in CAUSAL_TASKS
     self.dtype = jnp.dtype(m.dtype)
-    self.max_len = m.max_len or config.train.seq_len
+    self.max_len = m.max_len or run.seq_len
     self.grouping, self.channels, self.group_side = m.grouping, m.image_channels, m.group_side
     self.overlap, self.m = m.overlap, m.latents_per_group
     if m.grouping == "2d":
@@ -313,7 +314,7 @@ class Model(nnx.Module):
     self.data_positions = param(rngs, normal, (self.overlap + self.group_size, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.max_groups * self.m, m.d_latent), (None, "embed"))
     self.embed_dropout = nnx.Dropout(m.dropout)
-    self.remat = m.get("remat", "none")
+    self.remat = m.remat
     self.blocks = nnx.List(
       [
         FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype, rngs=rngs)
@@ -322,7 +323,7 @@ class Model(nnx.Module):
     )
     self.final_norm = LayerNorm(m.d_model, rngs=rngs)
     self.head = TaskHead(
-      config.task,
+      run.task,
       m.d_model,
       vocab_size=m.vocab_size,
       num_classes=m.num_classes,

@@ -27,13 +27,14 @@ import ml_collections
 from flax import nnx
 
 from lra_core import diffusion
+from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
 from lra_core.models.blocks.positions import sinusoid
 from lra_core.models.fit import FITBlock, group_2d, parse_layers, ungroup_2d, validate_widths
-from lra_core.protocol import Capabilities, Family, Smoke
+from lra_core.protocol import Capabilities, Family, RunInfo, Smoke
 
 Array = jax.Array
 
@@ -65,6 +66,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       dtype="float32",
     )
   )
+  c.update(MODEL_DEFAULTS)  # the layer-stacking switches every model section has
   c.update(overrides)
   return c
 
@@ -185,8 +187,7 @@ def validate_config(config) -> None:
 class Model(nnx.Module):
   """(x_t [B,S,S,C], gamma [B]) -> (prediction [B,S,S,C] float32, latents [B, groups*m, d_latent])."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    m = config.model
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
     self.dtype = jnp.dtype(m.dtype)
     self.side, self.channels, self.patch_size = m.image_size, m.image_channels, m.patch_size
     _, groups_side, self.group_patches = patch_grid(m)
@@ -202,14 +203,15 @@ class Model(nnx.Module):
     self.data_positions = param(rngs, normal, (self.group_patches**2, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.num_groups * self.m, m.d_latent), (None, "embed"))
     self.time_embed = ScalarEmbedding(m.d_latent, scale=m.time_scale, dtype=self.dtype, rngs=rngs)
-    self.null_label = diffusion.null_label(config)  # None, or the extra label row of the null class
+    # None, or the extra label row of the null class (as lra_core.diffusion.null_label gives it)
+    self.null_label = m.num_classes if run.null_class and m.num_classes > 0 else None
     rows = m.num_classes + (self.null_label is not None)
     self.label_embed = (
       Embed(rows, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs) if m.num_classes else None
     )
     self.latent_prev = LatentSelfCondition(m, dtype=self.dtype, rngs=rngs) if m.self_condition else None
     last = len(self.spec) - 1
-    self.remat = m.get("remat", "none")
+    self.remat = m.remat
     self.blocks = nnx.List(
       [
         FITBlock(m, a, b, last=i == last, causal=False, local_attention=m.local_attention, dtype=self.dtype, rngs=rngs)

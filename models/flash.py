@@ -53,7 +53,7 @@ from lra_core.models import transformer
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.layers import Dense, param, silu
 from lra_core.models.blocks.positions import RelativePositionBias, apply_rope
-from lra_core.protocol import PaperRow, Smoke
+from lra_core.protocol import PaperRow, RunInfo, Smoke
 
 Array = jax.Array
 
@@ -345,11 +345,11 @@ class Model(transformer.Model):
 
   mixer = staticmethod(token_mixer)
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    if not config.model.max_len:  # FLASH-Quad's fixed n is the training length
-      config = ml_collections.ConfigDict(config.to_dict())
-      config.model.max_len = config.train.seq_len
-    super().__init__(config, rngs=rngs)
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
+    if not m.max_len:  # FLASH-Quad's fixed n is the training length
+      m = ml_collections.ConfigDict(m.to_dict())
+      m.max_len = run.seq_len
+    super().__init__(m, run, rngs=rngs)
 
 
 # -- family record --------------------------------------------------------------------------------

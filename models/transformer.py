@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.models.blocks import stack
@@ -24,7 +25,7 @@ from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.blocks.positions import AbsolutePositions
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 
 Array = jax.Array
@@ -72,6 +73,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       dtype="float32",  # compute dtype; parameters stay float32
     )
   )
+  c.update(MODEL_DEFAULTS)  # the layer-stacking switches every model section has
   c.update(VARIANTS[variant])
   c.update(overrides)
   return c
@@ -187,29 +189,28 @@ class Model(nnx.Module):
 
   mixer = staticmethod(softmax_attention)
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    m = config.model
-    self.task = config.task
-    self.causal = config.task in ("lm", "image_ar")
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
+    self.task = run.task
+    self.causal = run.task in ("lm", "image_ar")
     self.dtype = jnp.dtype(m.dtype)
-    self.max_len = m.max_len or config.train.seq_len
+    self.max_len = m.max_len or run.seq_len
     self.embed = Embed(
       m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
     )
-    use_cls = config.task in ("classify", "retrieval") and m.pooling == "cls"
+    use_cls = run.task in ("classify", "retrieval") and m.pooling == "cls"
     # The CLS vector sits at position 0 and shifts the tokens by one.
     self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None
     self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype, rngs=rngs)
     self.embed_dropout = nnx.Dropout(m.dropout)
-    self.remat = m.get("remat", "none")
+    self.remat = m.remat
     self.blocks = stack.make_layers(
       lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer),
       m.num_layers,
-      scan=m.get("scan_layers", False),
+      scan=m.scan_layers,
     )
     self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
     self.head = TaskHead(
-      config.task,
+      run.task,
       m.d_model,
       vocab_size=m.vocab_size,
       num_classes=m.num_classes,

@@ -33,13 +33,14 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param, rms_normalize, silu
 from lra_core.models.blocks.positions import sinusoid
-from lra_core.protocol import Capabilities, Family, PaperRow, Smoke
+from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 
 Array = jax.Array
@@ -85,6 +86,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       dtype="float32",
     )
   )
+  c.update(MODEL_DEFAULTS)  # the layer-stacking switches every model section has
   c.update(overrides)
   return c
 
@@ -318,17 +320,15 @@ def _attend_cache(q: Array, keys: Array, values: Array, position: Array, rel) ->
 class Model(nnx.Module):
   """tokens int32[B,T] -> logits float32[B,T,V]; with `carry`, also the state for the next window."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    m = self.m = ml_collections.FrozenConfigDict(config.model)
+  def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
+    m = self.m = ml_collections.FrozenConfigDict(m)
     self.dtype = jnp.dtype(m.dtype)
     self.deterministic = False  # set by .train() / .eval(): EMA updates and dropout only in training
     self.embed = Embed(
       m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
     )
     self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
-    self.units = stack.make_layers(
-      lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers, scan=m.get("scan_layers", False)
-    )
+    self.units = stack.make_layers(lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers, scan=m.scan_layers)
     self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
     self.classifier = (
       None
@@ -398,7 +398,7 @@ class Model(nnx.Module):
 
     n = len(self.units)
     xs = (None if carries[0] is None else stack.stack_trees(carries), jnp.arange(n))
-    x, (new, aux) = stack.scan(self.units, unit_step, x, xs, remat=m.get("remat", "none"))
+    x, (new, aux) = stack.scan(self.units, unit_step, x, xs, remat=m.remat)
     commit = jnp.zeros((), jnp.float32)
     for i in range(n if aux else 0):
       commit = commit + aux["commit"][i]

@@ -15,6 +15,7 @@ from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.models import block_transformer as bt
 from lra_core.models import transformer
+from lra_core.protocol import RunInfo
 from lra_core.registry import non_embedding_parameter_count
 from lra_core.tasks.base import token_nll
 from lra_core.tasks.lm import loss_by_block_position
@@ -47,7 +48,7 @@ def make_config(seq_len=16, **model):
 
 
 def make_model(config, seed=0):
-  model = bt.Model(config, rngs=nnx.Rngs(params=seed))
+  model = bt.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
   model.eval()
   return model
 
@@ -257,8 +258,7 @@ def test_optimizer_and_schedule_are_the_authors(arg):
 
 def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   config = make_config(embed_width=32)
-  vanilla_cfg = ml_collections.ConfigDict(dict(task="lm", model=bt.vanilla_config(config), train=dict(seq_len=16)))
-  vanilla = transformer.Model(vanilla_cfg, rngs=nnx.Rngs(params=3))
+  vanilla = transformer.Model(bt.vanilla_config(config), RunInfo("lm", seq_len=16), rngs=nnx.Rngs(params=3))
   model = make_model(config)
   params = bt.uptrain_params(
     nnx.to_pure_dict(nnx.state(model, nnx.Param)), nnx.to_pure_dict(nnx.state(vanilla, nnx.Param)), config

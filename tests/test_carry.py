@@ -20,8 +20,8 @@ from lra_core.train import train_and_evaluate
 
 
 class CarryProbe(nnx.Module):
-  def __init__(self, config, *, rngs):
-    d, v = 16, config.model.vocab_size
+  def __init__(self, m, run, *, rngs):
+    d, v = 16, m.vocab_size
     self.embed = nnx.Param(jax.random.normal(rngs.params(), (v, d)))
     self.out = nnx.Param(jax.random.normal(rngs.params(), (d, v)) * 0.1)
 

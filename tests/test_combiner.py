@@ -14,6 +14,7 @@ import tiers
 from lra_core import registry
 from lra_core.errors import ConfigError
 from lra_core.models import combiner
+from lra_core.protocol import RunInfo
 
 
 def dense_reference(q, k, v, summary_keys, *, chunk, causal, seg):
@@ -69,7 +70,7 @@ def make_config(task="lm", seq_len=16, **model):
 
 
 def make_model(config):
-  model = combiner.Model(config, rngs=nnx.Rngs(params=0))
+  model = combiner.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   return model
 

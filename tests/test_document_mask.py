@@ -20,6 +20,7 @@ from lra_core.errors import ConfigError
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
 from lra_core.kernels.segments import segment_positions, segment_starts
 from lra_core.models import transformer
+from lra_core.protocol import RunInfo
 
 
 def test_segment_positions_and_starts():
@@ -56,14 +57,15 @@ CASES = [
 )
 def test_transformer_documents_are_independent(case):
   config = make_config(seq_len=24, **case)
-  model = transformer.Model(config, rngs=nnx.Rngs(params=0))
+  model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   doc_a, doc_b = np.arange(3, 13) % 23, (np.arange(9) * 5 + 1) % 23
   oracles.assert_documents_independent(lambda rows, segs: model(rows, segment_ids=segs), doc_a, doc_b, 24)
 
 
 def test_bad_segment_ids_shape_is_one_sentence():
-  model = transformer.Model(make_config(seq_len=8), rngs=nnx.Rngs(params=0))
+  config = make_config(seq_len=8)
+  model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   with pytest.raises(ValueError, match="segment_ids shape"):
     model(jnp.zeros((2, 8), jnp.int32), segment_ids=jnp.zeros((2, 7), jnp.int32))
 
@@ -94,7 +96,7 @@ def test_bad_document_mask_setting_is_rejected():
 
 def test_isolation_oracle_holds_for_the_transformer():
   config = make_config(seq_len=20, task="mlm")
-  model = transformer.Model(config, rngs=nnx.Rngs(params=0))
+  model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   oracles.assert_documents_isolated(
     lambda rows, segs: model(rows, segment_ids=segs), np.arange(1, 8), np.arange(2, 13), 20, vocab=23

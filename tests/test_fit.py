@@ -19,6 +19,7 @@ from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import segment_positions
 from lra_core.models import fit, transformer
+from lra_core.protocol import RunInfo
 from lra_core.sample import sample_images, save_grid
 from lra_core.train import train_and_evaluate
 
@@ -48,7 +49,7 @@ def make_config(task="lm", seq_len=16, **model):
 
 
 def make_model(config, seed=0):
-  model = fit.Model(config, rngs=nnx.Rngs(params=seed))
+  model = fit.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
   model.eval()
   return model
 
@@ -145,8 +146,7 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
   t, n = 16, 3
   cfg = make_config(task, layers=f"L({n})", group_size=t, pooling="mean")
   model = make_model(cfg)
-  tc = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=t)))
-  tc.model = transformer.model_config(
+  tc = transformer.model_config(
     "transformer",
     vocab_size=VOCAB,
     d_model=16,
@@ -159,7 +159,7 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
     tie_embeddings=task == "lm",
     num_classes=cfg.model.num_classes,
   )
-  base = transformer.Model(tc, rngs=nnx.Rngs(params=1))
+  base = transformer.Model(tc, RunInfo(task, seq_len=t), rngs=nnx.Rngs(params=1))
   base.eval()
   copy_params(model.embed, base.embed)
   base.positions.table.set_value(model.data_positions[...])

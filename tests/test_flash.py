@@ -19,6 +19,7 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import flash as fk
 from lra_core.models import flash
 from lra_core.models.blocks.positions import RelativePositionBias
+from lra_core.protocol import RunInfo
 from lra_core.train import train_and_evaluate
 
 
@@ -228,7 +229,7 @@ def make_config(task="lm", variant="flash", seq_len=16, **model):
 
 
 def make_model(config, seed=0):
-  model = flash.Model(config, rngs=nnx.Rngs(params=seed))
+  model = flash.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
   model.eval()
   return model
 

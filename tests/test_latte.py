@@ -18,6 +18,7 @@ from lra_core.kernels import latte as lk
 from lra_core.kernels.attention import attention_mask, dot_product_attention
 from lra_core.models import latte
 from lra_core.models.blocks.positions import apply_rope
+from lra_core.protocol import RunInfo
 from lra_core.train import train_and_evaluate
 
 
@@ -130,7 +131,7 @@ def make_config(task="lm", variant="latte", seq_len=16, **model):
 
 
 def make_model(config, seed=0):
-  model = latte.Model(config, rngs=nnx.Rngs(params=seed))
+  model = latte.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
   model.eval()
   return model
 

@@ -6,7 +6,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -15,6 +14,7 @@ import oracles
 import tiers
 from lra_core.models import linear_transformer
 from lra_core.models.linear_transformer import linear_attention
+from lra_core.protocol import RunInfo
 
 
 def quadratic(q, k, v, causal, mask):
@@ -51,12 +51,11 @@ def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
 
 @pytest.mark.parametrize("task", tiers.quick(["lm", "mlm"], keep=[1], ids=["lm", "mlm"]))
 def test_packed_documents_are_independent(task):
-  c = ml_collections.ConfigDict(dict(task=task, train=dict(seq_len=20)))
-  c.model = linear_transformer.transformer.model_config(
+  c = linear_transformer.transformer.model_config(
     "transformer", vocab_size=23, d_model=16, num_layers=2, num_heads=2, d_ff=32
   )
-  c.model.name = "linear_transformer"
-  model = linear_transformer.Model(c, rngs=nnx.Rngs(params=0))
+  c.name = "linear_transformer"
+  model = linear_transformer.Model(c, RunInfo(task, seq_len=20), rngs=nnx.Rngs(params=0))
   model.eval()
   oracles.assert_documents_independent(
     lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23, (np.arange(7) * 5 + 1) % 23, 20

@@ -10,6 +10,7 @@ from test_transformer import make_config, make_model
 
 from lra_core import decoding
 from lra_core.models import flash, latte, transformer
+from lra_core.protocol import RunInfo
 
 CASES = [
   dict(variant="transformer", parallel_residual=True),  # learned positions
@@ -30,7 +31,7 @@ def _tokens(batch, length, seed=1):
 
 def _build(model_cls, config):
   # Eagerly: its op compilations are shared by every model here, a jitted initialiser's are not.
-  model = model_cls(config, rngs=nnx.Rngs(params=0))
+  model = model_cls(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   return model
 

@@ -9,6 +9,7 @@ from flax import nnx
 
 import oracles
 from lra_core.models import transformer
+from lra_core.protocol import RunInfo
 
 
 def make_config(task="lm", variant="transformer", seq_len=12, **model):
@@ -28,7 +29,7 @@ def make_config(task="lm", variant="transformer", seq_len=12, **model):
 
 
 def make_model(config, seed=0):
-  model = transformer.Model(config, rngs=nnx.Rngs(params=seed))
+  model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
   model.eval()
   return model
 

@@ -48,8 +48,8 @@ def _check(config) -> None:
     "model.dropout": (m.dropout, 0.0),
     "model.attention_dropout": (m.attention_dropout, 0.0),
     "model.rope_fraction": (m.rope_fraction, 1.0),
-    "model.scan_layers": (m.get("scan_layers", False), False),
-    "model.remat": (m.get("remat", "none"), "none"),
+    "model.scan_layers": (m.scan_layers, False),
+    "model.remat": (m.remat, "none"),
   }
   for key, (value, wanted) in unsupported.items():
     if value != wanted:

@@ -103,7 +103,7 @@ def sizes(config) -> Sizes:
       raise ValueError(f"the VQ peer has no dropout; model.{key} is {m[key]}.")
   if t.seq_len % m.block_len:
     raise ValueError(f"train.seq_len {t.seq_len} is not a multiple of model.block_len {m.block_len}.")
-  remat = m.get("remat", "none")
+  remat = m.remat
   if remat != "none" and remat not in POLICIES:
     raise ValueError(f"model.remat {remat!r} is not one of {['none', *POLICIES]}.")
   return Sizes(
@@ -125,7 +125,7 @@ def sizes(config) -> Sizes:
     embed_scale=m.d_model**0.5 if m.get("embedding", "scaled") == "scaled" else 1.0,
     output_scale=float(m.output_scale) if m.tie_embeddings and "output_scale" in m else None,
     dtype=jnp.dtype(m.dtype),
-    scan_layers=bool(m.get("scan_layers", False)),
+    scan_layers=bool(m.scan_layers),
     remat=remat,
   )
 

@@ -162,7 +162,7 @@ def _check_split(path: str, split: str, span: tuple[int, int], seq_len: int) -> 
 
 def validate_config(config) -> None:
   """Checks fractions, file and that every split holds at least one window of T+1 bytes."""
-  task = config.get("task", "lm")
+  task = config.task
   if task not in TASKS:
     raise ConfigError(f"task {task!r} cannot use the bytes dataset; expected one of {TASKS}.")
   seq_len = _seq_len(config)

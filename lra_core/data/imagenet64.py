@@ -344,7 +344,7 @@ class PixelSequences:
 
 
 def _check_settings(config) -> None:
-  task = config.get("task", "image_ar")
+  task = config.task
   if task not in TASKS:
     raise ConfigError(f"task {task!r} cannot use the imagenet64 dataset; expected one of {TASKS}.")
   d = config.data
@@ -410,7 +410,7 @@ def make_source(config, split: str) -> PixelSequences:
     )
   return PixelSequences(
     images,
-    task=config.get("task", "image_ar"),
+    task=config.task,
     image_size=d.image_size,
     order=d.order,
     patch_size=d.patch_size,

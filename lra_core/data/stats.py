@@ -59,7 +59,7 @@ def split_stats(
   num_batches = max(16, throughput // batch_size)
   start = time.perf_counter()  # from the iterator's creation: threads and prefetch included
   iterator = pipeline.iterate(
-    reader, 0, num_batches, num_threads=config.data.get("num_threads", 2), prefetch=config.data.get("prefetch", 4)
+    reader, 0, num_batches, num_threads=config.data.num_threads, prefetch=config.data.prefetch
   )
   for _ in range(num_batches):
     next(iterator)

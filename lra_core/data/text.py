@@ -23,7 +23,7 @@ SOURCES = ("files", "tfds")
 
 def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
   """Task, sequence length, packing, block padding and source: the checks that need no files."""
-  task = config.get("task", "lm")
+  task = config.task
   if task not in tasks:
     raise ConfigError(f"task {task!r} cannot use the {config.data.name} dataset; expected one of {tasks}.")
   seq_len = config.train.seq_len
@@ -192,7 +192,7 @@ def corpus_source(
     int(config.train.seq_len),
     doc_ids=arrays["doc_ids"],
     packing=data.packing,
-    lm=config.get("task", "lm") == "lm",
+    lm=config.task == "lm",
     unit=unit,
     name=f"{name} ({where})",
     block_padding=int(block_padding(data)),

@@ -348,7 +348,7 @@ def _split_spec(data, split: str) -> str:
 
 def validate_config(config) -> None:
   """Checks task, T, splits, source and that the release (or the tfds folder) is there."""
-  if config.get("task", "classify") != "classify":
+  if config.task != "classify":
     raise ConfigError(f"task {config.task!r} cannot use the cifar10 dataset; expected 'classify'.")
   data = config.data
   size = data.image_size

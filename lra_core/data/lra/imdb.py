@@ -282,7 +282,7 @@ def _seq_len(config) -> int:
 
 def validate_config(config) -> None:
   """Checks task, T, source and that the release (or the tfds folder) is there; reads nothing."""
-  if config.get("task", "classify") != "classify":
+  if config.task != "classify":
     raise ConfigError(f"task {config.task!r} cannot use the imdb dataset; expected 'classify'.")
   _seq_len(config)
   data = config.data

@@ -359,7 +359,7 @@ def cache_folder(data) -> pathlib.Path:
   """Where `data.generate` puts the set: one subfolder per generator setting."""
   key = json.dumps(dict(_generator_settings(data), version=_GENERATOR_VERSION), sort_keys=True)
   digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-  return cache.cache_root(data.get("cache_dir", "")) / f"listops-{digest}"
+  return cache.cache_root(data.cache_dir) / f"listops-{digest}"
 
 
 def _has_files(folder: pathlib.Path) -> bool:

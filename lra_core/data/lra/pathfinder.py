@@ -350,7 +350,7 @@ def make_source(config, split: str) -> Source:
     raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
   validate_config(config)
   data = config.data
-  arrays = load_difficulty(data.dir, data.difficulty, _resolution(data), data.get("cache_dir", ""))
+  arrays = load_difficulty(data.dir, data.difficulty, _resolution(data), data.cache_dir)
   return Source(arrays, split, data.difficulty)
 
 

@@ -84,7 +84,7 @@ def _seq_len(config) -> int:
 
 def validate_config(config) -> None:
   """Checks the task, T and that the three TSV files exist and are non-empty (no parsing)."""
-  task = config.get("task", "retrieval")
+  task = config.task
   if task != "retrieval":
     raise ConfigError(f"task {task!r} cannot use the retrieval dataset; expected 'retrieval'.")
   _seq_len(config)
