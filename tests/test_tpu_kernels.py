@@ -21,7 +21,7 @@ from lra_core.kernels import vq as vq_xla
 needs_libtpu = pytest.mark.skipif(
   not chips.libtpu_installed(), reason="libtpu is not installed (pip install -e \".[test]\" brings it)"
 )
-SIZES = dict(seq_len=1024, width=128, latents=128, block=512, codes=512, chunk=0, flash_chunk=256)
+SIZES = dict(seq_len=512, width=128, latents=128, block=256, codes=256, chunk=0, flash_chunk=256)
 KERNELS = tuple(check_lowering.kernels_at(**SIZES))
 
 
