@@ -455,25 +455,15 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
 # Transformer's C4 5M model is 256 wide (3.3%); FIT's denoiser adds the diffusion's per-pixel arithmetic
 # to a one-layer step (6.3%).
 SMALL_IMAGE = ["data.image_size=32", "train.seq_len=3072"]
-SHORT, BLOCK = ["train.seq_len=256"], ["train.seq_len=512"]
+ONE, SHORT, BLOCK = "model.num_layers=1", "train.seq_len=256", "train.seq_len=512"
 FAMILY_STEPS = [
-  ("transformer", "configs/c4/transformer.py:mlm", ["model.num_layers=1", *SHORT], 0.03),
-  (
-    "transformer_vq",
-    "configs/enwik8/transformer_vq.py",
-    ["model.num_layers=1", "train.update_len=512", *BLOCK],
-    0.03,
-  ),
-  ("latte", "configs/c4/latte.py", ["model.num_layers=1", *SHORT], 0.03),
-  ("flash", "configs/c4/flash.py", ["model.num_layers=1", *SHORT], 0.03),
-  ("combiner", "configs/c4/combiner.py", ["model.num_layers=1", *SHORT], 0.03),
-  ("linear_transformer", "configs/enwik8/linear_transformer.py", ["model.num_layers=1", *SHORT], 0.20),
-  (
-    "block_transformer",
-    "configs/c4/block_transformer.py:5m",
-    ["model.num_layers=1", "model.encoder_layers=1", *BLOCK],
-    0.04,
-  ),
+  ("transformer", "configs/c4/transformer.py:mlm", [ONE, SHORT], 0.03),
+  ("transformer_vq", "configs/enwik8/transformer_vq.py", [ONE, "train.update_len=512", BLOCK], 0.03),
+  ("latte", "configs/c4/latte.py", [ONE, SHORT], 0.03),
+  ("flash", "configs/c4/flash.py", [ONE, SHORT], 0.03),
+  ("combiner", "configs/c4/combiner.py", [ONE, SHORT], 0.03),
+  ("linear_transformer", "configs/enwik8/linear_transformer.py", [ONE, SHORT], 0.20),
+  ("block_transformer", "configs/c4/block_transformer.py:5m", [ONE, "model.encoder_layers=1", BLOCK], 0.04),
   ("fit", "configs/imagenet64/fit_ar.py", ["model.layers=L(1)G(1)", *SMALL_IMAGE], 0.03),
   (
     "fit_denoiser",
