@@ -31,6 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from lra_core import diffusion
+
 Array = jax.Array
 ConfigDict = Any  # an ml_collections.ConfigDict
 
@@ -135,14 +137,14 @@ class RunInfo:
 
   task: str  # the objective (config.task): causal or not, which output head
   seq_len: int  # the training length (config.train.seq_len): position tables where model.max_len is 0
-  # Classifier-free guidance (diffusion.cond_dropout > 0): a class-conditional model keeps one more label
-  # row, the null class (lra_core.diffusion.null_label).
-  null_class: bool = False
+  # Classifier-free guidance: the label of the null class, a class-conditional denoiser's extra label row
+  # (lra_core.diffusion.null_label); None without guidance.
+  null_label: int | None = None
 
   @classmethod
   def of(cls, config: ConfigDict) -> RunInfo:
-    guided = "diffusion" in config and config.diffusion.get("cond_dropout", 0.0) > 0  # as diffusion.null_label
-    return cls(task=config.task, seq_len=config.train.seq_len, null_class=guided)
+    null = diffusion.null_label(config) if "diffusion" in config else None
+    return cls(task=config.task, seq_len=config.train.seq_len, null_label=null)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -203,8 +203,8 @@ class Model(nnx.Module):
     self.data_positions = param(rngs, normal, (self.group_patches**2, m.d_model), (None, "embed"))
     self.latents = param(rngs, normal, (self.num_groups * self.m, m.d_latent), (None, "embed"))
     self.time_embed = ScalarEmbedding(m.d_latent, scale=m.time_scale, dtype=self.dtype, rngs=rngs)
-    # None, or the extra label row of the null class (as lra_core.diffusion.null_label gives it)
-    self.null_label = m.num_classes if run.null_class and m.num_classes > 0 else None
+    # None, or the extra label row of the null class (classifier-free guidance)
+    self.null_label = run.null_label
     rows = m.num_classes + (self.null_label is not None)
     self.label_embed = (
       Embed(rows, m.d_latent, scale_by_sqrt_dim=False, dtype=self.dtype, rngs=rngs) if m.num_classes else None
