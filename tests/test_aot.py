@@ -15,7 +15,7 @@ import pytest
 import fixtures
 import lra_core
 from fixtures import listops
-from lra_core import aot, chips, hlo_cost, sharding
+from lra_core import aot, chips, cli, hlo_cost, sharding
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 
@@ -99,6 +99,16 @@ def _aot(*args, env=None):
   )
 
 
+def _aot_refused(capsys, *args) -> str:
+  """The stderr of `python -m lra_core.aot ARGS` run in this process (as its `__main__` runs it) for input
+  it must refuse before compiling anything: exit status 2 (aot.EXIT_USER_ERROR)."""
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    cli.run(lambda: aot.main(list(args)))
+  assert exit_.value.code == aot.EXIT_USER_ERROR
+  return capsys.readouterr().err
+
+
 @needs_libtpu
 def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
   out = _aot(
@@ -128,16 +138,17 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_cli_exit_status_says_whether_it_fits_and_names_bad_input():
+def test_cli_exit_status_says_whether_it_fits_and_names_bad_input(capsys):
   base = ["--config=configs/lra/listops/transformer.py:tiny", "--config.mesh.data=4"]
   over = _aot(*base, "--topology=v5e:2x2", "--config.train.memory_limit_gib=1e-6")
   assert over.returncode == aot.EXIT_DOES_NOT_FIT and re.search(r"^fits +NO$", over.stdout, re.M)
-  unknown = _aot(*base, "--topology=v9:2x2")
-  assert unknown.returncode == 2 and "v3:2x2" in unknown.stderr and "v5e:2x2" in unknown.stderr
-  bad_key = _aot(*base, "--topology=v5e:2x2", "--config.train.batch_sise=8")
-  assert bad_key.returncode == 2 and "batch_sise" in bad_key.stderr
-  uneven = _aot("--config=configs/lra/listops/transformer.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=3")
-  assert uneven.returncode == 2 and "error: micro-batch size 8" in uneven.stderr
+  unknown = _aot_refused(capsys, *base, "--topology=v9:2x2")
+  assert "v3:2x2" in unknown and "v5e:2x2" in unknown
+  assert "batch_sise" in _aot_refused(capsys, *base, "--topology=v5e:2x2", "--config.train.batch_sise=8")
+  uneven = _aot_refused(
+    capsys, "--config=configs/lra/listops/transformer.py:tiny", "--topology=v5e:2x2", "--config.mesh.data=3"
+  )
+  assert "error: micro-batch size 8" in uneven
 
 
 @needs_libtpu
@@ -246,11 +257,10 @@ def test_a_batch_too_large_for_a_v100_compiles_and_does_not_fit():
     ("h100x12", r"^error: GPU target 'h100x12' has 12 GPUs; expected 1 to 8 on one host or a multiple of 8"),
   ],
 )
-def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(topology, expected):
-  out = _aot("--config=configs/c4/transformer.py:tiny", f"--topology={topology}")
-  assert out.returncode == aot.EXIT_USER_ERROR
-  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and re.search(expected, errors[0]), out.stderr[-2000:]
+def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(capsys, topology, expected):
+  stderr = _aot_refused(capsys, "--config=configs/c4/transformer.py:tiny", f"--topology={topology}")
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and re.search(expected, errors[0]), stderr[-2000:]
   assert not re.search(r"\w\. [A-Z]", errors[0]) and errors[0].endswith(".")  # one sentence
 
 
