@@ -6,10 +6,17 @@ the loop needs). Orbax writes to a temporary folder and renames it when complete
 checkpoint that was cut off is never listed. Restores always use an abstract target with
 shardings: the state lands directly on the current mesh, whatever mesh saved it.
 
-A listed checkpoint that cannot be read (a disk that lost blocks, a file truncated by hand)
-is never fatal while an older one can be read: `restore_latest` falls back to the newest
-readable step, warns with the step it skipped, and moves the bad folder to
-`<workdir>/unreadable_checkpoints/` (kept, not deleted) so later saves do not trip over it.
+Silent corruption is caught: `meta` records a digest of every saved array (`digests`: a sum of
+the array's bit patterns with odd position weights, modulo 2^32, so one changed byte always
+changes it), and a restore recomputes them. A mismatch is an unreadable checkpoint, reported
+with the array's path.
+
+A listed checkpoint that cannot be read (a disk that lost blocks, a file truncated by hand, a
+digest that does not match) is never fatal while an older one can be read: `restore_latest`
+falls back to the newest readable step, warns with the step it skipped, and moves the bad folder
+to `<workdir>/unreadable_checkpoints/` (kept, not deleted) so later saves do not trip over it.
+With several processes they decide together: every process tries the same step, all take the
+newest step that every one of them read, and the folder is moved only after all have tried it.
 
 `restore_params` reads only the parameters (evaluation, sampling); `warm_start` starts a new run
 from another run's parameters (train.init_from).
@@ -23,6 +30,7 @@ import os
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -40,6 +48,15 @@ class Checkpointer:
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    self._reader = self.manager
+    if jax.process_count() > 1:
+      # Reads without orbax's cross-process barriers: a process that cannot read a step must not
+      # leave the others waiting inside the restore. restore_latest makes them agree afterwards.
+      alone = ocp.options.MultiprocessingOptions(
+        primary_host=jax.process_index(), active_processes={jax.process_index()}
+      )
+      reader_options = ocp.CheckpointManagerOptions(read_only=True, create=False, multiprocessing_options=alone)
+      self._reader = ocp.CheckpointManager(self.directory, options=reader_options, item_names=("state", "meta"))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -48,18 +65,29 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: dict, meta: dict, *, force: bool = True) -> None:
+    meta = dict(meta, digests=digests(state))
     self.manager.save(
       step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force
     )
 
   def restore(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
-    """-> (state placed as `abstract_state`'s shardings say, meta).
+    """-> (state placed as `abstract_state`'s shardings say, meta), its digests checked.
 
-    Without `abstract_state` the arrays come back as saved (for inspection, not for training:
-    containers such as optax states are then plain lists and dicts).
+    Without `abstract_state` the arrays come back as saved, unchecked (for inspection, not for
+    training: containers such as optax states are then plain lists and dicts). With several
+    processes every one of them must call it (the digests are computed over the global arrays).
     """
+    state, meta = self._read(step, abstract_state)
+    if abstract_state is not None:
+      check_digests(state, meta.get("digests"), f"checkpoint {self.directory / str(step)}")
+    return state, meta
+
+  def _read(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
+    """The state and meta of `step` as this process reads them (no collective, no digest check)."""
+    if self._reader is not self.manager:
+      self._reader.reload()  # it lists the steps it saw when it was made
     try:
-      restored = self.manager.restore(
+      restored = self._reader.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
       )
     except json.JSONDecodeError:
@@ -96,21 +124,33 @@ class Checkpointer:
     If none can be read, the newest one's error is raised (most likely the model does not match:
     nothing is moved then).
     """
-    steps = sorted(self.all_steps(), reverse=True)
+    steps = _same_on_every_process(sorted(self.all_steps(), reverse=True))
     errors = []
     for step in steps:
+      # Each process reads on its own; then all learn who could not, and check the digests together.
       try:
-        state, meta = self.restore(step, abstract_state)
+        state, meta = self._read(step, abstract_state)
+        error = None
       except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
-        errors.append((step, e))
+        error = e
+        logging.info("process %d cannot read checkpoint step %d: %s", jax.process_index(), step, _first_line(e))
+      failed = _failed_processes(error is not None)
+      if failed and error is None:
+        error = CheckpointError(f"process {failed[0]} of {jax.process_count()} could not read it")
+      if not failed:
+        try:
+          check_digests(state, meta.get("digests"), f"checkpoint {self.directory / str(step)}")
+        except CheckpointError as e:
+          error = e
+      if error is not None:
+        errors.append((step, error))
         continue
       for bad, e in errors:
         logging.warning(
-          "checkpoint step %d in %s cannot be read (%s: %s); resuming from step %d instead",
+          "checkpoint step %d in %s cannot be read (%s); resuming from step %d instead",
           bad,
           self.directory,
-          type(e).__name__,
-          str(e).splitlines()[0][:200],
+          _first_line(e),
           step,
         )
         self._set_aside(bad)
@@ -122,9 +162,8 @@ class Checkpointer:
       if isinstance(e, CheckpointError):
         raise e
       raise CheckpointError(
-        f"checkpoint step {step} in {self.directory} cannot be read ({type(e).__name__}: "
-        f"{str(e).splitlines()[0][:200]}) and no older one can; move the folder away "
-        "to start afresh."
+        f"checkpoint step {step} in {self.directory} cannot be read ({_first_line(e)}) and no older one can; "
+        "move the folder away to start afresh."
       ) from e
     return None
 
@@ -144,6 +183,13 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+    if self._reader is not self.manager:
+      self._reader.close()
+
+
+def _first_line(e: BaseException) -> str:
+  """`Type: first line of the message`, at most 200 characters of it (TensorStore's run to pages)."""
+  return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 def _has_stacked(tree) -> bool:
@@ -261,3 +307,73 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   if "ema" in state:  # the average starts at the parameters the run starts from
     state["ema"] = jax.device_put(params, spec.shardings["ema"])
   return state
+
+
+# -- digests of the saved arrays -------------------------------------------------------------------
+
+
+def _leaf_digest(x: jax.Array) -> jax.Array:
+  """uint32 sum over the array's elements of (bit pattern) * (2 * position + 1), wrapping mod 2^32.
+
+  An element changed in one byte changes the sum by d * 2^(8k) * w with 0 < |d| < 256, k < 4 and w
+  odd, which is never a multiple of 2^32: one flipped byte is always seen. Integer arithmetic, so
+  the digest is the same on any mesh and any backend."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    bits = x.astype(jnp.uint32)
+  else:  # 8-byte types become two uint32 words along a new last axis
+    unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+  position = jnp.zeros(bits.shape, jnp.uint32)
+  for dim, size in enumerate(bits.shape):  # the row-major index, built without reshaping a sharded array
+    position = position * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, dim)
+  return jnp.sum(bits * (2 * position + 1), dtype=jnp.uint32)
+
+
+@jax.jit
+def _digest_leaves(leaves: list) -> list:
+  return [_leaf_digest(x) for x in leaves]
+
+
+def digests(state: dict) -> dict[str, int]:
+  """{array path (jax.tree_util.keystr): digest} for every array of `state` (see _leaf_digest)."""
+  paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0]) if jax.tree.leaves(state) else ((), ())
+  values = jax.device_get(_digest_leaves(list(leaves)))
+  return {jax.tree_util.keystr(p): int(v) for p, v in zip(paths, values)}
+
+
+def check_digests(state: dict, saved: dict | None, what: str) -> None:
+  """Raises CheckpointError naming the first array of `state` whose digest differs from `saved`'s
+  (the digests written with it; None for a checkpoint written before they were recorded)."""
+  if not saved:
+    return
+  for path, value in digests(state).items():
+    if path in saved and saved[path] != value:
+      raise CheckpointError(f"{what} holds corrupted data: array {path} does not match the digest saved with it.")
+
+
+# -- agreement between processes -------------------------------------------------------------------
+
+
+def _same_on_every_process(steps: list[int]) -> list[int]:
+  """Process 0's list of checkpoint steps, on every process (they try the same steps in the same order)."""
+  if jax.process_count() == 1:
+    return steps
+  from jax.experimental import multihost_utils
+
+  padded = np.full(64, -1, np.int64)
+  padded[: min(len(steps), 64)] = steps[:64]
+  shared = multihost_utils.broadcast_one_to_all(padded.astype(np.int32))
+  return [int(s) for s in np.asarray(shared) if s >= 0]
+
+
+def _failed_processes(failed_here: bool) -> list[int]:
+  """The indices of the processes that could not read the step they all tried, the same list on every
+  process."""
+  if jax.process_count() == 1:
+    return [0] if failed_here else []
+  from jax.experimental import multihost_utils
+
+  flags = np.asarray(multihost_utils.process_allgather(np.int32(failed_here)))
+  return [int(i) for i in np.flatnonzero(flags)]

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 import lra_core
 from lra_core import optim, registry, sharding
 from lra_core.bench.shardings import summarize
-from lra_core.checkpoint import Checkpointer
+from lra_core.checkpoint import Checkpointer, digests
 from lra_core.data import DataInfo
 from lra_core.sharding import mesh_axes_used, to_device
 from lra_core.state import make_state_spec
@@ -122,7 +122,10 @@ def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sha
   ckpt.wait()
   restored, meta = ckpt.restore(3, spec1.abstract)
   ckpt.close()
-  assert meta == {"next_batch": 3}
+  # The digests recorded from the 8-device arrays are those of the 1-device ones (restore checked them).
+  assert meta == {"next_batch": 3, "digests": digests(restored)} and len(meta["digests"]) == len(
+    jax.tree.leaves(state8)
+  )
   assert jax.tree.structure(restored) == jax.tree.structure(state8)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state8)):
     assert a.sharding.num_devices == 1
