@@ -576,7 +576,7 @@ def _gib(n: int) -> str:
 
 # ----------------------------------------------------------------------------- command line
 
-EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, 2, 3
+EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, cli.EXIT_USER_ERROR, 3
 
 
 def main(argv=None) -> int:

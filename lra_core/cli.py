@@ -40,6 +40,14 @@ from lra_core.errors import ConfigError, UserError
 from lra_core.registry import package_dir
 
 PREFIX = "--config."
+
+# Exit statuses of the commands, for supervisors (scripts/launch_tpu.py --supervise relaunches on
+# EXIT_PREEMPTED, the SLURM script requeues on it); docs/reliability.md lists them.
+EXIT_FINISHED = 0
+EXIT_CRASH = 1  # an unexpected error, on this process or on another process of the run
+EXIT_USER_ERROR = 2  # bad config, data, checkpoint or workdir: one sentence on stderr
+EXIT_PREEMPTED = 75  # saved at a SIGTERM (a scheduler's notice): the same command continues (sysexits' TEMPFAIL)
+EXIT_INTERRUPTED = 130  # Ctrl-C (inside the training loop: saved first), as shells report it
 EXAMPLE = (
   "python -m lra_core.train --config configs/lra/listops/transformer.py:tiny \\\n"
   "      --config.train.steps 100 --config.optim.lr=3e-4 --workdir runs/listops_tiny"
@@ -182,15 +190,24 @@ def parse(
 
 def run(main: Callable[[], None]) -> None:
   """Calls `main`, turning a UserError into its one sentence on stderr and exit status 2, and a
-  Ctrl-C outside the training loop (or a second one inside it) into one line and status 130."""
+  Ctrl-C outside the training loop (or a second one inside it) into one line and status 130.
+
+  In a multi-process run an error on this process ends every process at once
+  (lra_core.distributed.report_failure): the others print its line and exit with status 1."""
   try:
     main()
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    distributed.report_failure(str(e), EXIT_USER_ERROR)
+    sys.exit(EXIT_USER_ERROR)
   except KeyboardInterrupt:
     print("aborted (Ctrl-C).", file=sys.stderr)
-    sys.exit(130)
+    distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
+  except Exception as e:
+    first = (str(e).splitlines() or [""])[0][:300]
+    distributed.report_failure(f"{type(e).__name__}: {first}", EXIT_CRASH, traceback_of=e)
+    raise  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
 
 
 def as_command(module: str) -> Callable[[], None]:

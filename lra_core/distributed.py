@@ -19,13 +19,30 @@ processes, which must happen before anything touches a device:
 
 On CPU the processes' collectives go through gloo (JAX's default CPU implementation).
 See docs/launching.md.
+
+One process failing ends them all, promptly. Left alone, an exception on one process leaves the
+others blocked in their next collective, and the failing one waits in JAX's shutdown barrier for
+them: several minutes of idle chips before anything exits. Instead, a process that fails writes
+one line naming itself and its error into the coordination service's key-value store
+(`report_failure`, called by `lra_core.cli.run`), and every process runs a watchdog thread
+(`start_watchdog`) that waits on that key: when it appears, the process prints the line and
+exits at once with status 1 (EXIT_PEER_FAILED), from wherever its main thread is blocked. The
+failing process waits until the others have seen the line (the store lives in process 0, so
+process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier.
+A process that dies without a word (SIGKILL, a lost host) is caught by the coordination
+service's heartbeats (jax.distributed's heartbeat_timeout_seconds, 100 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import sys
+import threading
+import time
+import traceback
 
 import jax
 
@@ -104,6 +121,7 @@ def initialize(
   if jax.distributed.is_initialized():
     return True
   jax.distributed.initialize(**kwargs)
+  start_watchdog()
   logging.info(
     "process %d of %d joined the run (%d local / %d global devices)",
     jax.process_index(),
@@ -116,3 +134,109 @@ def initialize(
 
 def initialize_from_args(ns: argparse.Namespace) -> bool:
   return initialize(ns.distributed, ns.coordinator_address, ns.num_processes, ns.process_id)
+
+
+# -- one failing process ends the run --------------------------------------------------------------
+
+FAILURE_KEY = "lra_core/failure"
+FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to read its line
+EXIT_PEER_FAILED = 1  # the status of a process stopped because another one failed (cli.EXIT_CRASH)
+_POLL_MS = 1000
+
+
+def _client():
+  """The coordination service's client of this process (None outside a multi-process run)."""
+  from jax._src import distributed as jax_distributed
+
+  return jax_distributed.global_state.client
+
+
+class _Watchdog:
+  """Waits on FAILURE_KEY in a daemon thread; ends this process when another one reports a failure."""
+
+  def __init__(self, client, process: int):
+    self.client, self.process = client, process
+    self.stopped = threading.Event()
+    self.thread = threading.Thread(target=self._watch, name="lra_core-failure-watchdog", daemon=True)
+
+  def _watch(self) -> None:
+    while not self.stopped.is_set():
+      try:
+        line = self.client.blocking_key_value_get(FAILURE_KEY, _POLL_MS)
+      except Exception as e:  # noqa: BLE001  (the store's errors are one type with a status text)
+        if self.stopped.is_set() or "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
+          continue
+        line = f"process {self.process} lost the run's coordinator ({str(e).splitlines()[0][:200]})"
+        self._stop_process(line, acknowledge=False)
+        return
+      if line.startswith(f"process {self.process} "):
+        return  # this process's own report: it exits by itself
+      self._stop_process(line, acknowledge=True)
+      return
+
+  def _stop_process(self, line: str, *, acknowledge: bool) -> None:
+    if self.stopped.is_set():
+      return
+    print(f"error: {line}; stopping process {self.process} as well.", file=sys.stderr, flush=True)
+    if acknowledge:
+      try:
+        self.client.key_value_set(f"{FAILURE_KEY}/seen/{self.process}", "1")
+      except Exception:  # noqa: BLE001  (the failing process stops waiting after FAILURE_GRACE_S anyway)
+        pass
+    os._exit(EXIT_PEER_FAILED)  # from this thread: the main thread may be blocked in a collective
+
+
+_watchdog: _Watchdog | None = None
+
+
+def start_watchdog() -> None:
+  """Starts the failure watchdog of a multi-process run (once; stopped at exit, before JAX's shutdown)."""
+  global _watchdog
+  client = _client()
+  if _watchdog is not None or client is None or jax.process_count() < 2:
+    return
+  _watchdog = _Watchdog(client, jax.process_index())
+  _watchdog.thread.start()
+  atexit.register(stop_watchdog)  # runs before jax's own exit handler (registered at import): LIFO
+
+
+def stop_watchdog() -> None:
+  """A clean exit: the run's processes meet in JAX's shutdown barrier, not in the failure key."""
+  global _watchdog
+  if _watchdog is not None:
+    _watchdog.stopped.set()
+    _watchdog.thread.join(timeout=2 * _POLL_MS / 1000)
+    _watchdog = None
+
+
+def report_failure(message: str, status: int, traceback_of: BaseException | None = None) -> None:
+  """Ends a multi-process run after an error on this process: `message` (one line) goes to every
+  other process, which stop with status 1; this one waits until they have read it (at most
+  FAILURE_GRACE_S) and exits with `status` without JAX's shutdown barrier, after printing the
+  traceback of `traceback_of` if given. Returns at once in a single-process run (the caller exits
+  as usual)."""
+  client = _client()
+  if client is None or jax.process_count() < 2:
+    return
+  if traceback_of is not None:
+    traceback.print_exception(traceback_of)
+  me, count = jax.process_index(), jax.process_count()
+  if _watchdog is not None:
+    _watchdog.stopped.set()
+  try:
+    client.key_value_set(FAILURE_KEY, f"process {me} failed: {message}")
+  except Exception:  # noqa: BLE001  (another process reported first: its line stands, this one still ends)
+    pass
+  deadline = time.monotonic() + FAILURE_GRACE_S
+  for other in range(count):
+    remaining_ms = int(1000 * (deadline - time.monotonic()))
+    if other == me or remaining_ms <= 0:
+      continue
+    try:
+      client.blocking_key_value_get(f"{FAILURE_KEY}/seen/{other}", remaining_ms)
+    except Exception:  # noqa: BLE001  (it stopped without a word, or the grace ran out)
+      pass
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.shutdown()
+  os._exit(status)

@@ -30,7 +30,7 @@ from lra_core import chips, hlo_cost
 @functools.cache
 def cpu_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
   """The host's float32 matmul FLOP/s: the best of `repeats` timed n x n x n products."""
-  device = jax.devices("cpu")[0]
+  device = jax.local_devices(backend="cpu")[0]  # this process's own CPU (jax.devices lists process 0's first)
   a = jax.device_put(np.ones((n, n), np.float32), device)
   matmul = jax.jit(jnp.matmul)
   matmul(a, a).block_until_ready()

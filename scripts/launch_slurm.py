@@ -15,15 +15,18 @@ local task id.
 Before the time limit: SLURM sends USR1 to the batch shell --signal_seconds before it (#SBATCH
 --signal=B:USR1@N; 0 leaves it out). The script runs srun in the background and traps USR1: it
 sends SIGTERM to srun, which passes it to every training process; the trainer finishes the step in
-flight, saves a checkpoint and exits. With --requeue (#SBATCH --requeue, and --open-mode=append so
-the log keeps every allocation's output) the script then runs `scontrol requeue $SLURM_JOB_ID`:
-the job waits in the queue again and the same command resumes from that checkpoint.
+flight, saves a checkpoint and exits with status 75 (lra_core.cli.EXIT_PREEMPTED). With --requeue
+(#SBATCH --requeue, and --open-mode=append so the log keeps every allocation's output) the script
+then runs `scontrol requeue $SLURM_JOB_ID`, as it does whenever the run exits with status 75 (a
+SIGTERM from SLURM's own preemption): the job waits in the queue again and the same command resumes
+from that checkpoint.
 
 The script is written to --script_out (default: <workdir>/launch.sbatch, the workdir taken from
-the train args and, when relative, resolved against --chdir; without a workdir, a file in the
-temporary folder) and submitted with `sbatch FILE`. --dry-run prints the script and the sbatch
-command, writes and submits nothing. The job's log goes to --output (default:
-<workdir>/slurm-%j.out, %j being the job id). The workdir, --chdir and the environment must be on a
+the train args and, when relative, resolved against --chdir; without a workdir, or with one in an
+object store (gs://...), a file in the temporary folder) and submitted with `sbatch FILE`.
+--dry-run prints the script and the sbatch command, writes and submits nothing. The job's log goes to --output (default:
+<workdir>/slurm-%j.out, %j being the job id; slurm-%j.out in --chdir for an object-store workdir,
+which is passed to the trainer untouched). The workdir, --chdir and the environment must be on a
 filesystem all nodes share. scripts/slurm/train.sbatch is a rendered example; see docs/launching.md.
 """
 
@@ -38,6 +41,9 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The trainer's exit status after saving at a SIGTERM (lra_core.cli.EXIT_PREEMPTED; this script runs
+# without the package installed, tests/test_launchers.py checks that the two agree).
+EXIT_PREEMPTED = 75
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -137,7 +143,9 @@ def stop_lines(args: argparse.Namespace) -> list[str]:
   ]
   if args.requeue:
     lines += [
-      'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+      "# back to the queue after the stop, or after a SIGTERM from elsewhere (the trainer saved and exited with",
+      f"# status {EXIT_PREEMPTED}): the same command resumes from the checkpoint",
+      f'if [ "$stopping" = 1 ] || [ "$status" = {EXIT_PREEMPTED} ]; then',
       '  echo "requeueing job $SLURM_JOB_ID" >&2',
       '  scontrol requeue "$SLURM_JOB_ID"',
       "fi",
@@ -145,9 +153,16 @@ def stop_lines(args: argparse.Namespace) -> list[str]:
   return lines + ['exit "$status"']
 
 
+def local_workdir(train_args: list[str]) -> str | None:
+  """The workdir when it is a folder of the cluster's file system; None for none or an object store
+  (gs://...), where SLURM can write neither the script nor the log: those go to --chdir / the temp folder."""
+  wd = workdir(train_args)
+  return None if wd is None or "://" in wd else wd
+
+
 def render(args: argparse.Namespace) -> str:
   """The sbatch script."""
-  wd = workdir(args.train_args)
+  wd = local_workdir(args.train_args)
   output = args.output or (f"{wd}/slurm-%j.out" if wd else "slurm-%j.out")
   options = [
     ("job-name", args.job_name),
@@ -185,7 +200,7 @@ def render(args: argparse.Namespace) -> str:
 def script_path(args: argparse.Namespace) -> pathlib.Path:
   if args.script_out:
     return pathlib.Path(args.script_out)
-  wd = workdir(args.train_args)
+  wd = local_workdir(args.train_args)
   if wd is None:
     return pathlib.Path(tempfile.gettempdir()) / f"{args.job_name}.sbatch"
   return pathlib.Path(args.chdir) / os.path.expanduser(wd) / "launch.sbatch"
@@ -201,8 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# submit (not run: --dry-run)\n{shlex.join(submit)}")
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  if workdir(args.train_args):  # SLURM does not create the log's folder; the default log is in it
-    (pathlib.Path(args.chdir) / os.path.expanduser(workdir(args.train_args))).mkdir(parents=True, exist_ok=True)
+  if local_workdir(args.train_args):  # SLURM does not create the log's folder; the default log is in it
+    (pathlib.Path(args.chdir) / os.path.expanduser(local_workdir(args.train_args))).mkdir(parents=True, exist_ok=True)
   path.write_text(script)
   print(f"wrote {path}", flush=True)
   try:

@@ -28,12 +28,13 @@ Everything after `--` goes to `python -m lra_core.train` unchanged. The steps, e
      up) until the run ends.
 
 --supervise keeps the run going through preemptions: after step 5 it asks for the TPU VM's state
-(step 6). READY: the run succeeded (exit 0) or failed for another reason (the launcher exits with
-its status). PREEMPTED, TERMINATED, FAILED, SUSPENDED or gone: the slice was lost, so it is
-deleted (R1: the node, or with --queued the queued resource with --force), re-created (R2),
-given the code again (R3, the tarball of step 3a) and the package (R4), and the identical train
-command runs again (R5), at most --max_restarts times. The trainer resumes from the workdir's
-latest checkpoint, so the workdir has to outlive the VM: a gs:// bucket.
+(step 6). READY: the run succeeded (exit 0), saved at a preemption notice while the VM stayed up
+(exit 75, the trainer's EXIT_PREEMPTED: the train command runs again on the same VM), or failed for
+another reason (the launcher exits with its status). PREEMPTED, TERMINATED, FAILED, SUSPENDED or
+gone: the slice was lost, so it is deleted (R1: the node, or with --queued the queued resource
+with --force), re-created (R2), given the code again (R3, the tarball of step 3a) and the package
+(R4), and the identical train command runs again (R5), at most --max_restarts times. The trainer
+resumes from the workdir's latest checkpoint, so the workdir has to outlive the VM: a gs:// bucket.
 
 The steps are built by `build_steps` and `supervise_steps` as plain argv lists (tests compare
 them exactly); --dry-run prints them (shlex-quoted, each under a comment naming its step) and runs
@@ -68,6 +69,9 @@ RUNTIMES = {
 }
 GONE = "GONE"  # the state this launcher gives a node or queued resource that gcloud does not find
 # Node states (and GONE) after which the slice is deleted and created again under --supervise.
+# The trainer's exit status after saving at a SIGTERM (lra_core.cli.EXIT_PREEMPTED; this script runs
+# without the package installed, tests/test_launchers.py checks that the two agree).
+EXIT_PREEMPTED = 75
 LOST = ("PREEMPTED", "TERMINATED", "FAILED", "SUSPENDING", "SUSPENDED", GONE)
 # Queued resource states on the way to ACTIVE.
 PENDING = ("ACCEPTED", "CREATING", "PROVISIONING", "WAITING_FOR_RESOURCES")
@@ -468,6 +472,16 @@ def supervise(args: argparse.Namespace, launch: list[Step], recovery: list[Step]
         flush=True,
       )
       return status
+    if state == "READY" and status == EXIT_PREEMPTED:
+      print(
+        f"supervise: the run saved at a preemption notice (exit status {status}) and the TPU VM is READY", flush=True
+      )
+      if restarts == args.max_restarts:
+        print(f"supervise: stopping after {restarts} relaunches (--max_restarts={args.max_restarts})", flush=True)
+        return status
+      restarts += 1
+      print(f"supervise: relaunching #{restarts} on the same TPU VM from the workdir's latest checkpoint", flush=True)
+      continue
     if state == "READY":
       if status == 0:
         print("supervise: the run finished", flush=True)

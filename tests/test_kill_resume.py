@@ -147,7 +147,7 @@ def test_killed_and_restarted_run_matches_uninterrupted(family, tmp_path):
     if code == 0 and "finished" in out:
       break  # the run got to its end before the signal arrived: nothing left to interrupt
     if sig == signal.SIGTERM:
-      assert code == 0 and "preempted:" in out, out[-2000:]
+      assert code == cli.EXIT_PREEMPTED and "preempted:" in out, out[-2000:]
     else:
       assert code == -signal.SIGKILL, out[-2000:]
   resumed_from += _resumed_steps(_run(argv, log))

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from lra_core import cli
 from lra_core.config import PROJECT_ROOT
 
 
@@ -430,12 +431,12 @@ if group == "tpu-vm":
     state["node"] = None
   elif verb == "ssh" and "lra_core.train" in args[-1]:
     code = state["train_exits"].pop(0)
-    if code in (255, "saved"):  # the slice is preempted under the run ("saved": the trainer checkpointed, exit 0)
+    if code in (255, "saved"):  # the slice is preempted under the run ("saved": the trainer checkpointed, exit 75)
       state["node"] = "PREEMPTED"
       state["queued"] = state["queued"] and "SUSPENDED"
     if code == "gone":  # the slice was deleted under the run
       state["node"], code = None, 255
-    done(0 if code == "saved" else code)
+    done(75 if code == "saved" else code)
 elif group == "queued-resources":
   if verb == "describe":
     if state["queued"] is None:
@@ -545,7 +546,7 @@ def test_tpu_supervise_failure_restart_limit_and_clean_exit_on_a_preempted_slice
     "describe",
   ]
   assert done.stdout.splitlines()[-1] == "supervise: stopping after 1 relaunches (--max_restarts=1)"
-  # a run that saved and exited 0 on the preemption notice: the slice is gone all the same
+  # a run that saved and exited 75 on the preemption notice: the slice is gone all the same
   done, calls, _ = run_with_fake_gcloud(
     tmp_path / "c", ["--supervise", "--code=git", "--repo=u"], ["saved", 0], node="READY"
   )
@@ -563,7 +564,19 @@ def test_tpu_supervise_failure_restart_limit_and_clean_exit_on_a_preempted_slice
     "ssh",
     "describe",
   ]
-  assert "supervise: preempted: the run exited with status 0 and the TPU VM lra-v4 is PREEMPTED" in done.stdout
+  assert "supervise: preempted: the run exited with status 75 and the TPU VM lra-v4 is PREEMPTED" in done.stdout
+  # a run that saved at a preemption notice (exit 75) on a VM that stays READY: relaunched there, not re-created
+  done, calls, _ = run_with_fake_gcloud(
+    tmp_path / "e", ["--supervise", "--code=git", "--repo=u"], [75, 0], node="READY"
+  )
+  assert done.returncode == 0
+  assert [c.split()[4] for c in calls] == ["describe", "ssh", "ssh", "ssh", "describe", "ssh", "describe"]
+  assert calls[5] == calls[3]  # the identical train command
+  assert [line for line in done.stdout.splitlines() if line.startswith("supervise:")] == [
+    "supervise: the run saved at a preemption notice (exit status 75) and the TPU VM is READY",
+    "supervise: relaunching #1 on the same TPU VM from the workdir's latest checkpoint",
+    "supervise: the run finished",
+  ]
   # a slice that is gone: nothing to delete, created again
   done, calls, _ = run_with_fake_gcloud(
     tmp_path / "d", ["--supervise", "--code=git", "--repo=u"], ["gone", 0], node="READY"
@@ -661,7 +674,9 @@ STOP_LINES = [
   "done",
 ]
 REQUEUE_LINES = [
-  'if [ "$stopping" = 1 ]; then  # back to the queue: the same command resumes from the checkpoint',
+  "# back to the queue after the stop, or after a SIGTERM from elsewhere (the trainer saved and exited with",
+  "# status 75): the same command resumes from the checkpoint",
+  'if [ "$stopping" = 1 ] || [ "$status" = 75 ]; then',
   '  echo "requeueing job $SLURM_JOB_ID" >&2',
   '  scontrol requeue "$SLURM_JOB_ID"',
   "fi",
@@ -740,6 +755,18 @@ def test_slurm_optional_lines_quoting_and_script_path(tmp_path):
   assert "#SBATCH --output=slurm-%j.out" in slurm.render(args).splitlines()
 
 
+def test_slurm_passes_an_object_store_workdir_through_untouched(tmp_path, monkeypatch):
+  """A gs:// workdir is the trainer's business: the script and the log stay local, no folder is made."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(slurm.tempfile, "tempdir", str(tmp_path / "tmp"))
+  monkeypatch.setattr(slurm.subprocess, "run", lambda argv, check: None)  # sbatch
+  slurm.main(["--nodes=1", "--gpus_per_node=2", f"--chdir={tmp_path}", "--", "--workdir=gs://bucket/run"])
+  script = (tmp_path / "tmp" / "lra_core.sbatch").read_text().splitlines()
+  assert "#SBATCH --output=slurm-%j.out" in script
+  assert any(line.startswith("srun python -m lra_core.train --workdir=gs://bucket/run ") for line in script)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no folder named gs:
+
+
 def test_slurm_dry_run_prints_script_and_submits_nothing(tmp_path, capsys):
   workdir = tmp_path / "run"
   slurm.main(["--nodes=2", "--gpus_per_node=8", "--dry-run", "--", f"--workdir={workdir}"])
@@ -769,14 +796,14 @@ def test_slurm_errors(argv, message, capsys):
 
 
 FAKE_SRUN = """#!/bin/bash
-# A stand-in for srun: a training run of FAKE_SECONDS that, on SIGTERM, takes a moment to save and exits 0.
+# A stand-in for srun: a training run of FAKE_SECONDS that, on SIGTERM, takes a moment to save and exits 75.
 echo "$*" > "$FAKE_DIR/srun.args"
 on_term() {
   echo TERM >> "$FAKE_DIR/events"
   kill "$sleeper" 2>/dev/null
   sleep 0.5
   echo saved >> "$FAKE_DIR/events"
-  exit 0
+  exit 75
 }
 trap on_term TERM
 touch "$FAKE_DIR/srun.started"
@@ -794,10 +821,12 @@ echo "scontrol $*" >> "$FAKE_DIR/events"
 @pytest.mark.parametrize(
   "flags, signal, exit_code, status, events",
   [
-    (["--requeue"], True, 0, 0, ["TERM", "saved", "scontrol requeue 4242"]),
-    ([], True, 0, 0, ["TERM", "saved"]),
+    (["--requeue"], True, 0, 75, ["TERM", "saved", "scontrol requeue 4242"]),
+    ([], True, 0, 75, ["TERM", "saved"]),
     (["--requeue"], False, 0, 0, ["finished"]),
     (["--requeue"], False, 3, 3, ["finished"]),
+    # preempted by a SIGTERM that did not come through the script (the trainer saved, exit 75): requeued
+    (["--requeue"], False, 75, 75, ["finished", "scontrol requeue 4242"]),
   ],
 )
 def test_slurm_script_stops_the_run_and_requeues_on_usr1(flags, signal, exit_code, status, events, tmp_path):
@@ -861,3 +890,7 @@ def test_docs_dry_run_examples_print_what_the_launchers_print():
     )  # the tarball's folder in the printed commands
     assert done.returncode == 0, done.stderr
     assert done.stdout == "\n".join(lines[end + 1 :]) + "\n", argv[1]
+
+
+def test_the_launchers_read_the_trainers_preempted_exit_status():
+  assert tpu.EXIT_PREEMPTED == slurm.EXIT_PREEMPTED == cli.EXIT_PREEMPTED

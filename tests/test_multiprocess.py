@@ -3,14 +3,20 @@ checkpoint, stop, resume and finish like one process with the same global batch.
 
 The first half runs data-parallel across the processes with FSDP inside each (data 2 x fsdp 2);
 the second half resumes that checkpoint on FSDP across both processes (fsdp 4), where no process
-holds a whole parameter."""
+holds a whole parameter.
+
+Faults, with that run as the oracle: a checkpoint that only one process cannot read (both resume
+from the same older step), and an error on one process (every process exits within seconds)."""
 
 import json
 import os
 import pathlib
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -18,7 +24,7 @@ import pytest
 
 import lra_core
 from fixtures import listops
-from lra_core import distributed, optim, sharding
+from lra_core import cli, distributed, optim, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.errors import ConfigError
 from lra_core.metrics import read_metrics
@@ -38,8 +44,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(overrides, workdir, *extra):
-  """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs."""
+def _launch(overrides, workdir, *extra, check=True):
+  """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs (with
+  check=False: [(exit status, output, seconds from start to exit)] of each)."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -68,13 +75,22 @@ def _launch(overrides, workdir, *extra):
     )
     for i in range(2)
   ]
-  outputs = []
+  start = time.monotonic()
+  outputs, ended = [], {}
   try:
+    while len(ended) < len(procs) and time.monotonic() - start < 300:
+      ended.update(
+        {i: time.monotonic() - start for i, p in enumerate(procs) if i not in ended and p.poll() is not None}
+      )
+      time.sleep(0.1)
     for p in procs:
-      outputs.append(p.communicate(timeout=300)[0])
+      p.kill()
+      outputs.append(p.communicate()[0])
   finally:
     for p in procs:
       p.kill()
+  if not check:
+    return [(p.returncode, out, ended.get(i)) for i, (p, out) in enumerate(zip(procs, outputs))]
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   return outputs
@@ -91,14 +107,17 @@ def runs(tmp_path_factory):
   # The same mesh in this process (whose 8 devices would otherwise all go to fsdp).
   config = lra_core.load_config(listops.SPEC, [*overrides, "mesh.fsdp=2"])
   summary = train_and_evaluate(config, one)
-  return config, two, first, second, one, summary
+  return config, two, first, second, one, summary, overrides
 
 
 @pytest.mark.slow
 def test_two_processes_resume_and_match_one_process(runs):
-  config, two, first, second, one, summary = runs
+  config, two, first, second, one, summary, _ = runs
   for out in first + second:
     assert "train step compiled in" in out and "per device" in out  # the AOT memory report
+  # Each process times its own CPU for the MFU's peak (process 1 once timed process 0's device: 1e15 FLOP/s).
+  peaks = [float(re.search(r"MFU: \S+ model FLOPs per step over (\S+) FLOP/s", out).group(1)) for out in first]
+  assert all(1e8 < p < 1e13 for p in peaks) and max(peaks) < 10 * min(peaks), peaks
   assert all("mesh {'data': 2, 'fsdp': 2, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in first)
   assert all("mesh {'data': 1, 'fsdp': 4, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in second)
   assert all("stopped" in out and "at step 2" in out for out in first)
@@ -164,3 +183,39 @@ def test_distributed_settings(flags, env, expected):
 def test_distributed_flag_errors(flags, message):
   with pytest.raises(ConfigError, match=message):
     distributed.settings(*flags, environ={})
+
+
+@pytest.mark.slow
+def test_when_one_process_cannot_read_the_newest_checkpoint_all_resume_from_the_same_older_one(runs, tmp_path):
+  """Step 4's data written by process 1 (its FSDP shards, which process 0 never reads) is garbage: both
+  processes take step 2, train steps 3 and 4 again and end with the run's parameters."""
+  _, two, *_, overrides = runs
+  workdir = tmp_path / "run"
+  shutil.copytree(two, workdir)
+  (workdir / "summary.json").unlink()
+  files = [p for p in (workdir / "checkpoints" / "4" / "state" / "ocdbt.process_1").rglob("*") if p.is_file()]
+  assert files
+  for p in files:
+    p.write_bytes(b"\x00garbage" * (p.stat().st_size // 8 + 1))
+  outputs = _launch([*overrides, *FSDP_ACROSS], workdir)
+  assert all("resuming at step 2 (data position 2)" in out for out in outputs)
+  assert "checkpoint step 4 in" in outputs[0] and "process 1 of 2 could not read it" in outputs[0]
+  assert (workdir / "unreadable_checkpoints" / "4" / "state").is_dir()
+  expected = json.loads((two / "summary.json").read_text())["param_checksum"]
+  assert json.loads((workdir / "summary.json").read_text())["param_checksum"] == expected
+
+
+@pytest.mark.slow
+def test_an_error_on_one_process_ends_every_process_at_once(runs, tmp_path):
+  """Process 0 alone writes the metrics; here it cannot (metrics.jsonl is a folder) while process 1 goes
+  on into the first step's collectives. Both exit non-zero within seconds, process 1 with one line
+  naming process 0 and its error."""
+  *_, overrides = runs
+  workdir = tmp_path / "run"
+  (workdir / "metrics.jsonl").mkdir(parents=True)
+  (failing, out0, t0), (other, out1, t1) = _launch(overrides, workdir, check=False)
+  assert failing == cli.EXIT_CRASH and "IsADirectoryError" in out0, out0[-3000:]
+  said = [line for line in out1.splitlines() if line.startswith("error: process 0 failed: ")]
+  assert other == distributed.EXIT_PEER_FAILED and len(said) == 1 and "IsADirectoryError" in said[0], out1[-3000:]
+  assert said[0].endswith("stopping process 1 as well.")
+  assert t0 is not None and t1 is not None and max(t0, t1) - min(t0, t1) < 30, (t0, t1)
