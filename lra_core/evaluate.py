@@ -71,9 +71,9 @@ class Evaluator:
     return self.task.finalize(sums)
 
 
-def evaluate(config, workdir, split: str = "test", *, step: int | None = None) -> dict:
-  """The metrics of the latest (or given) checkpoint in `workdir` on `split`; also written to
-  `<workdir>/eval_<split>_<step>.json`."""
+def evaluate(config, workdir, split: str = "test", *, step: int | None = None, write: bool = True) -> dict:
+  """The metrics of the latest (or given) checkpoint in `workdir` on `split`; with `write`, also written
+  to `<workdir>/eval_<split>_<step>.json` (see write_result)."""
   mesh = sharding.make_mesh(config.mesh)
   sources, task = data_setup.setup_data(config, [split], mesh)
   spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
@@ -81,9 +81,21 @@ def evaluate(config, workdir, split: str = "test", *, step: int | None = None) -
   with sharding.activate(mesh, config.sharding.rules):
     metrics = Evaluator(config, spec, task, mesh, sources)(state, split)
   result = {"step": step, "split": split, **metrics}
-  if jax.process_index() == 0:
-    (fs.path(workdir, what="workdir") / f"eval_{split}_{step}.json").write_text(json.dumps(result, indent=2) + "\n")
+  if write:
+    write_result(workdir, result)
   return result
+
+
+def write_result(workdir, result: dict) -> None:
+  """`<workdir>/eval_<split>_<step>.json` (process 0); a workdir that cannot take it (read-only, full) is
+  a warning: the metrics were computed and the caller has them."""
+  if jax.process_index() != 0:
+    return
+  path = fs.path(workdir, what="workdir") / f"eval_{result['split']}_{result['step']}.json"
+  try:
+    path.write_text(json.dumps(result, indent=2) + "\n")
+  except OSError as e:
+    logging.warning("could not write %s (%s); the metrics are only printed", path, e.strerror or type(e).__name__)
 
 
 def main(argv=None) -> None:
@@ -92,9 +104,10 @@ def main(argv=None) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
 
   args = cli.parse(argv, extra=flags, prog="python -m lra_core.evaluate", config_from_workdir=True, example=EXAMPLE)
-  result = evaluate(args.config, args.workdir, args.extra.split, step=args.extra.step)
+  result = evaluate(args.config, args.workdir, args.extra.split, step=args.extra.step, write=False)
   logging.info("evaluated step %d on %s", result["step"], args.extra.split)
-  print(", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+  print(", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()), flush=True)
+  write_result(args.workdir, result)  # after printing: a workdir that cannot take it loses nothing
 
 
 if __name__ == "__main__":

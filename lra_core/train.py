@@ -12,6 +12,7 @@ A workdir with a checkpoint resumes automatically; the run ends with summary.jso
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from lra_core.evaluate import Evaluator
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler
+from lra_core.run_lock import RunLock
 from lra_core.state import eval_params, make_state_spec, param_checksum
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
@@ -51,8 +53,15 @@ def train_and_evaluate(
   "interrupted": True.
   force: continue a workdir whose checkpoints were made with a different config (else refused).
   `workdir` is a local folder or an object-store URL such as gs://bucket/run (lra_core/fs.py).
+  One run at a time trains in a workdir: its process 0 holds `<workdir>/run.lock` (lra_core/run_lock.py),
+  and a second run is refused with one sentence naming the first.
   """
   workdir = fs.path(workdir, what="workdir")
+  with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+    return _train_and_evaluate(config, workdir, stop_at_step, force)
+
+
+def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool) -> dict:
   _check_workdir(config, workdir, force)
   compile_cache.setup(config.train.compile_cache, workdir)
   writer = _open_writer(config, workdir)
@@ -163,6 +172,7 @@ def train_and_evaluate(
       writer.close()
       return _stopped(preempted, stop, notice, ckpt)
 
+    guard.check_skipped_share(total_steps)
     # --------------------------------------------------------------------------- Final evaluation
     summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
     ckpt.close()
@@ -275,8 +285,18 @@ class _Guard:
   train.skip_nonfinite counts the steps whose update the train step skipped."""
 
   def __init__(self, t, ckpt: Checkpointer, skipped: int):
-    self.nan_check, self.skip = t.nan_check, t.skip_nonfinite
+    self.nan_check, self.skip, self.max_skipped = t.nan_check, t.skip_nonfinite, t.max_skipped_fraction
     self.ckpt, self.skipped, self.last_saved = ckpt, skipped, 0
+
+  def check_skipped_share(self, steps: int) -> None:
+    """A finished run that skipped more than train.max_skipped_fraction of its steps fails (exit status 2)
+    instead of reporting barely trained parameters as a result."""
+    if self.skip and self.skipped > self.max_skipped * steps:
+      raise TrainingDiverged(
+        f"{self.skipped} of {steps} steps were skipped for non-finite values, more than "
+        f"train.max_skipped_fraction={self.max_skipped:g} of them; lower the learning rate or check the data "
+        f"(the checkpoints in {self.ckpt.directory} are kept)."
+      )
 
   def check_and_accumulate(self, step: int, metrics: dict, sums: dict) -> None:
     host = jax.device_get(metrics)
@@ -384,7 +404,9 @@ def main(argv=None) -> None:
     why = "interrupted" if summary.get("interrupted") else "preempted" if summary.get("preempted") else "stopped"
     print(f"{why}: {args.spec} saved at step {summary['stopped_at']} in {args.workdir}; run again to continue")
     if summary.get("interrupted"):
-      sys.exit(130)  # the shell's status for a program ended by Ctrl-C
+      sys.exit(cli.EXIT_INTERRUPTED)
+    if summary.get("preempted"):
+      sys.exit(cli.EXIT_PREEMPTED)  # a supervisor relaunches the same command
     return
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")

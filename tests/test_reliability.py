@@ -5,7 +5,9 @@ The trainer runs here share one small ListOps config, so they compile once."""
 import json
 import shutil
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 import fixtures.listops
@@ -58,6 +60,55 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(data, uninterru
   assert Checkpointer(workdir, async_save=False).all_steps() == [2, 4, 6]
 
 
+def test_one_flipped_byte_falls_back_to_the_previous_checkpoint(data, uninterrupted, tmp_path, caplog):
+  """A byte flipped in the middle of the largest data file of the newest checkpoint: whether the chunk
+  it lands in no longer decompresses or decodes to other values (caught by the saved digests), the
+  step is unreadable and the run resumes from the one before, ending where the uninterrupted run did."""
+  reference, summary = uninterrupted
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  (workdir / "summary.json").unlink()
+  largest = max((p for p in (workdir / "checkpoints" / "6" / "state").rglob("*") if p.is_file()), key=_size)
+  raw = bytearray(largest.read_bytes())
+  raw[len(raw) // 2] ^= 0x10
+  largest.write_bytes(bytes(raw))
+  again = train_and_evaluate(config(data), workdir)
+  assert "checkpoint step 6" in caplog.text and "resuming from step 4 instead" in caplog.text
+  assert again["param_checksum"] == summary["param_checksum"]
+
+
+def test_data_that_reads_but_differs_from_what_was_saved_is_caught_by_its_digest(data, uninterrupted, tmp_path):
+  """Silent corruption: step 6 rewritten with one byte of one Adam moment changed, its saved meta (and
+  digests) kept. The restore names the array, and resuming falls back to step 4."""
+  reference, summary = uninterrupted
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  (workdir / "summary.json").unlink()
+  cfg = config(data)
+  abstract = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
+  ckpt = Checkpointer(workdir, async_save=False)
+  state, meta = ckpt.restore(6, abstract)
+  mu = state["opt_state"][0].mu["embed"]["embedding"]
+  flipped = np.asarray(mu).copy()
+  flipped.view(np.uint8)[5] ^= 0x01
+  state["opt_state"][0].mu["embed"]["embedding"] = jax.device_put(flipped, mu.sharding)
+  shutil.rmtree(workdir / "checkpoints" / "6")
+  ckpt.manager.reload()
+  args = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}  # the old digests
+  ckpt.manager.save(6, args=ocp.args.Composite(**args), force=True)
+  ckpt.wait()
+  corrupted = r"6 holds corrupted data: array \['opt_state'\]\[0\]\.mu\['embed'\]\['embedding'\] does not match"
+  with pytest.raises(lra_core.CheckpointError, match=corrupted):
+    ckpt.restore(6, abstract)
+  ckpt.close()
+  assert train_and_evaluate(cfg, workdir)["param_checksum"] == summary["param_checksum"]
+  assert (workdir / "unreadable_checkpoints" / "6").is_dir()
+
+
+def _size(path):
+  return path.stat().st_size
+
+
 def test_no_readable_checkpoint_is_a_clear_error(data, uninterrupted, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(uninterrupted[0], workdir)
@@ -86,17 +137,15 @@ def test_a_changed_config_is_refused_unless_forced(data, uninterrupted, tmp_path
 
 def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   # Every update overflows the parameter norm, so all are skipped and nothing changes.
-  cfg = config(
-    data,
-    "optim.lr=1e30",
-    "optim.schedule=constant",
-    "optim.warmup_steps=0",
-    "train.skip_nonfinite=True",
-    "train.log_every=3",
-  )
+  skip = ["optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0", "train.skip_nonfinite=True"]
+  cfg = config(data, *skip, "train.log_every=3")
   assert train_and_evaluate(cfg, tmp_path, stop_at_step=3) == {"stopped_at": 3}
-  summary = train_and_evaluate(cfg, tmp_path)  # resumed: the count goes on
+  # Resumed, the count goes on; at the end, all 6 skipped is more than train.max_skipped_fraction (0.1).
+  with pytest.raises(lra_core.TrainingDiverged, match=r"^6 of 6 steps were skipped .* train.max_skipped_fraction=0.1 "):
+    train_and_evaluate(cfg, tmp_path)
+  assert not (tmp_path / "summary.json").exists()
   assert [r["skipped_steps"] for r in read_metrics(tmp_path) if "skipped_steps" in r] == [3, 6]
+  summary = train_and_evaluate(config(data, *skip, "train.log_every=3", "train.max_skipped_fraction=1.0"), tmp_path)
   initial = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
   assert summary["param_checksum"] == param_checksum(initial["params"])
 

@@ -53,6 +53,23 @@ def test_evaluate_reads_the_workdirs_config(listops_run, capsys):
   assert saved == pytest.approx(explicit)
 
 
+def test_evaluate_prints_its_metrics_even_where_the_workdir_cannot_take_them(listops_run, tmp_path, capsys):
+  """The result file cannot be written (a folder already has its name, as a read-only or full workdir
+  would refuse it): the metrics are printed, and the failed write is one warning."""
+  _, workdir, summary = listops_run
+  (workdir / "eval_validation_4.json").mkdir()
+  try:
+    evaluate.main([f"--workdir={workdir}", "--split=validation"])
+  finally:
+    (workdir / "eval_validation_4.json").rmdir()
+  out, err = capsys.readouterr()  # the command's own log lines go to stderr
+  assert "split=validation" in out.strip().splitlines()[-1]
+  said = [line.split(" WARNING ")[1] for line in err.splitlines() if " WARNING could not write " in line]
+  assert said == [
+    f"could not write {workdir / 'eval_validation_4.json'} (Is a directory); the metrics are only printed"
+  ]
+
+
 def test_overrides_apply_on_top_of_the_workdirs_config(listops_run, capsys):
   config, workdir, _ = listops_run
   explicit = evaluate.evaluate(config, workdir, "validation")

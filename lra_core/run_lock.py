@@ -1,0 +1,182 @@
+"""One run per workdir: a lock file, `<workdir>/run.lock`, held while a run trains there.
+
+Two runs writing one workdir corrupt it quietly (one run's weights with both runs' metrics, or one
+run deleting the other's checkpoint in progress). So the trainer's process 0 takes the lock before
+it writes anything, and a second run stops with one sentence naming the first (host, pid, start
+time). The lock holds JSON: the host, the pid, the start time and a heartbeat that a daemon thread
+renews every HEARTBEAT_S seconds. It is given back when the run ends in any way Python sees
+(finished, preempted, an error).
+
+A lock left behind by a run that was killed (SIGKILL, a lost VM) is taken over:
+  - on the same host, when its pid is no longer alive (at once);
+  - from another host, when its heartbeat is older than STALE_S (the holder cannot be asked).
+
+Locally the lock is created atomically (O_EXCL). An object store (gs://) has no such create
+through epath: the lock is written, then read back after a moment, and the run that reads its own
+id back holds it; two runs started within that moment may both see their own write and one of
+them its loss only at the next heartbeat, which stops it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from lra_core import fs
+from lra_core.errors import ConfigError, UserError
+
+NAME = "run.lock"
+HEARTBEAT_S = 30.0
+STALE_S = 300.0
+_SETTLE_S = 1.0  # object stores: how long to wait before reading a lock back
+
+
+class WorkdirInUse(UserError, RuntimeError):
+  """Another live run holds the workdir's lock."""
+
+
+def _now() -> float:
+  return time.time()
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, another user's
+    return True
+  return True
+
+
+class RunLock:
+  """`with RunLock(workdir): train`; raises WorkdirInUse if another live run holds it."""
+
+  def __init__(self, workdir: fs.Path):
+    self.path = workdir / NAME
+    self.local = fs.is_local(os.fspath(workdir))
+    self.record = {
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "id": uuid.uuid4().hex,
+    }
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  # -- the record -------------------------------------------------------------------------------
+
+  def _text(self) -> str:
+    return json.dumps({**self.record, "heartbeat": _now()})
+
+  def _read(self) -> dict | None:
+    try:
+      return json.loads(self.path.read_text())
+    except FileNotFoundError:
+      return None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+      return {}  # half-written or damaged: treated as stale
+
+  def _stale(self, other: dict) -> bool:
+    if not other or "pid" not in other:
+      return True
+    if other.get("host") == self.record["host"]:
+      return not _alive(int(other["pid"]))
+    return _now() - float(other.get("heartbeat", 0.0)) > STALE_S
+
+  def _refusal(self, other: dict) -> WorkdirInUse:
+    return WorkdirInUse(
+      f"workdir {self.path.parent} is in use by the run started {other.get('started', '?')} on host "
+      f"{other.get('host', '?')} (pid {other.get('pid', '?')}); wait for it to end, stop it, or use another "
+      f"workdir (a lock whose run was killed is taken over: at once on the same host, after "
+      f"{STALE_S:.0f} s without a heartbeat from another)."
+    )
+
+  # -- acquiring --------------------------------------------------------------------------------
+
+  def _create(self) -> bool:
+    """Writes the lock if there is none; True if this run now holds it."""
+    if self.local:
+      try:
+        fd = os.open(os.fspath(self.path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+      except FileExistsError:
+        return False
+      with os.fdopen(fd, "w") as f:
+        f.write(self._text())
+      return True
+    if self._read() is not None:
+      return False
+    self.path.write_text(self._text())
+    time.sleep(_SETTLE_S)
+    return (self._read() or {}).get("id") == self.record["id"]
+
+  def acquire(self) -> None:
+    """Takes the lock (the run's first write to the workdir: a workdir that is a file, read-only or
+    full is refused here with one sentence) or raises WorkdirInUse."""
+    workdir = self.path.parent
+    if workdir.exists() and not workdir.is_dir():
+      raise ConfigError(f"workdir {workdir} is a file, not a folder; give a folder (it is created if missing).")
+    for _ in range(3):
+      try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        created = self._create()
+      except OSError as e:
+        raise ConfigError(
+          f"workdir {workdir} cannot be written ({e.strerror or type(e).__name__}); give a writable folder "
+          "with free space."
+        ) from e
+      if created:
+        break
+      other = self._read()
+      if other is None:
+        continue  # given back meanwhile: try again
+      if not self._stale(other):
+        raise self._refusal(other)
+      logging.warning(
+        "taking over the lock of workdir %s from the run started %s on host %s (pid %s), which is gone",
+        self.path.parent,
+        other.get("started", "?"),
+        other.get("host", "?"),
+        other.get("pid", "?"),
+      )
+      self.path.unlink(missing_ok=True)
+    else:
+      raise self._refusal(self._read() or {})
+    self._thread = threading.Thread(target=self._beat, name="lra_core-run-lock", daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        held = (self._read() or {}).get("id") == self.record["id"]
+        if held:
+          self.path.write_text(self._text())
+        else:
+          logging.error("workdir %s: another run has taken the lock over; this run's outputs may mix", self.path.parent)
+          return
+      except OSError as e:  # a store that failed for a moment: the next beat tries again
+        logging.warning("could not renew the workdir lock %s: %s", self.path, e)
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=5)
+      self._thread = None
+    try:
+      if (self._read() or {}).get("id") == self.record["id"]:
+        self.path.unlink(missing_ok=True)
+    except OSError as e:  # a read-only or vanished workdir: nothing to give back
+      logging.warning("could not remove the workdir lock %s: %s", self.path, e)
+
+  def __enter__(self) -> RunLock:
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()

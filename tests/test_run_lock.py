@@ -1,0 +1,112 @@
+"""One run per workdir (lra_core/run_lock.py), and workdirs the trainer cannot write: refused with one
+sentence before anything is written or compiled."""
+
+import errno
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fixtures.listops
+import lra_core
+from lra_core import cli, run_lock
+from lra_core.errors import ConfigError
+from lra_core.train import train_and_evaluate
+
+FAST = ["train.steps=2", "train.test_at_end=False", "train.eval_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+  data = fixtures.listops.build(tmp_path_factory.mktemp("listops"))
+  return lra_core.load_config(fixtures.listops.SPEC, [*data, *FAST])
+
+
+@pytest.fixture
+def other_process():
+  """A live process that is not this one (stands in for a run holding the lock)."""
+  proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
+def _lock(workdir, **record):
+  workdir.mkdir(parents=True, exist_ok=True)
+  base = {"host": socket.gethostname(), "started": "2026-11-27T08:00:00+00:00", "id": "x", "heartbeat": time.time()}
+  (workdir / run_lock.NAME).write_text(json.dumps({**base, **record}))
+
+
+def test_a_second_run_on_a_live_workdir_is_refused_with_one_sentence(config, other_process, tmp_path):
+  workdir = tmp_path / "run"
+  _lock(workdir, pid=other_process.pid)
+  with pytest.raises(run_lock.WorkdirInUse) as refused:
+    train_and_evaluate(config, workdir)
+  message = str(refused.value)
+  assert f"pid {other_process.pid}" in message and socket.gethostname() in message and "2026-11-27T08:00" in message
+  assert "\n" not in message and message.endswith(".")
+  assert sorted(p.name for p in workdir.iterdir()) == [run_lock.NAME]  # nothing written, the lock kept
+  assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == other_process.pid
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_and_given_back_at_the_end(config, tmp_path, caplog):
+  """The holder was SIGKILLed (its pid is gone on this host); another host's lock without a heartbeat
+  for STALE_S is taken over too, and a finished run leaves no lock."""
+  killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  killed.kill()
+  killed.wait()
+  workdir = tmp_path / "run"
+  _lock(workdir, pid=killed.pid)
+  assert "step" in train_and_evaluate(config, workdir)
+  assert "taking over the lock" in caplog.text and f"(pid {killed.pid}), which is gone" in caplog.text
+  assert not (workdir / run_lock.NAME).exists()
+  _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
+  with run_lock.RunLock(workdir):
+    assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == os.getpid()
+  _lock(workdir, host="another-host", pid=1)  # its heartbeat is fresh: that run may be alive
+  with pytest.raises(run_lock.WorkdirInUse, match="on host another-host"):
+    run_lock.RunLock(workdir).acquire()
+
+
+@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="POSIX permissions; root writes anyway")
+def test_a_read_only_workdir_is_one_sentence(config, tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  workdir.chmod(stat.S_IRUSR | stat.S_IXUSR)
+  try:
+    with pytest.raises(ConfigError, match=r"workdir .* cannot be written \(Permission denied\); give a writable"):
+      train_and_evaluate(config, workdir)
+  finally:
+    workdir.chmod(stat.S_IRWXU)
+
+
+@pytest.mark.parametrize(
+  "code, said", [(errno.EROFS, "Read-only file system"), (errno.ENOSPC, "No space left on device")]
+)
+def test_a_read_only_or_full_file_system_is_one_sentence(config, tmp_path, monkeypatch, code, said):
+  """The lock is the run's first write: the file system's refusal (simulated here, since this suite may
+  run as root on a writable disk) becomes one sentence with the system's reason."""
+
+  def refuse(path, *args, **kwargs):
+    raise OSError(code, os.strerror(code), path)
+
+  monkeypatch.setattr(run_lock.os, "open", refuse)
+  with pytest.raises(ConfigError, match=rf"workdir .* cannot be written \({said}\); give a writable folder"):
+    train_and_evaluate(config, tmp_path / "run")
+
+
+def test_a_workdir_that_is_a_file_is_one_sentence_and_exit_status_2(config, tmp_path, capsys):
+  workdir = tmp_path / "run"
+  workdir.write_text("my notes")
+  with pytest.raises(SystemExit) as exit_:
+    cli.run(lambda: train_and_evaluate(config, workdir))
+  assert exit_.value.code == cli.EXIT_USER_ERROR
+  assert capsys.readouterr().err.strip().splitlines() == [
+    f"error: workdir {workdir} is a file, not a folder; give a folder (it is created if missing)."
+  ]
+  assert workdir.read_text() == "my notes"
