@@ -165,6 +165,31 @@ def test_missing_and_empty_files_name_the_path(tmp_path):
     bytes_data.validate_config(_config(bytes_data.data_config(), 16, "lm"))
 
 
+def test_a_damaged_zip_and_a_missing_file_are_one_sentence_each(zip_file, tmp_path):
+  """Bytes overwritten in the middle of the compressed member (its data, past the local header): zlib's
+  error becomes one sentence naming the file; a missing file's sentence names the settings to fix."""
+  raw = bytearray(zip_file.read_bytes())
+  raw[60:200] = bytes(140)
+  damaged = tmp_path / "damaged" / "enwik8.zip"
+  damaged.parent.mkdir()
+  damaged.write_bytes(bytes(raw))
+  with pytest.raises(DataError, match=rf"zip file '{re.escape(str(damaged))}' is not a readable zip archive \(") as e:
+    bytes_data.validate_config(_bytes_config(damaged))
+  assert "\n" not in str(e.value)
+  with pytest.raises(DataError, match=r"does not exist; set --config.data.dir to the folder that holds it"):
+    bytes_data.validate_config(_bytes_config(tmp_path / "nope" / "enwik8.zip"))
+
+
+def test_a_known_file_of_another_size_is_warned_about(raw_file, payload, caplog):
+  """enwik8 is 10^8 bytes; a sample of it trains, with one warning saying its numbers are not the papers'."""
+  bytes_data.validate_config(_bytes_config(raw_file))
+  said = [r.getMessage() for r in caplog.records if "published enwik8 has 100,000,000" in r.getMessage()]
+  assert said == [
+    f"{raw_file} holds {len(payload):,} bytes where the published enwik8 has 100,000,000: a sample "
+    "or a cut file, whose results are not comparable to published ones"
+  ]
+
+
 def test_too_short_split_names_split_length_and_seq_len(raw_file, payload):
   # The test split is the shortest; a window of T+1 = test_len+1 bytes cannot fit in it.
   fractions = (0.9, 0.06, 0.04)

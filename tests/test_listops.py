@@ -205,11 +205,12 @@ def test_loader_on_handwritten_file(tmp_path, caplog):
     ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n( ( ( [AVG 2 ) 9 ) ] )\t5\r\n", "line 3: token '[AVG'"),
     ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t12\r\n", "line 2: label '12'"),
     ("Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\r\n", "line 2: found 1"),
+    (bytes(range(256)) * 4, "is not UTF-8 text"),  # random bytes under the TSV's name
   ],
 )
 def test_bad_files_raise_data_error_naming_the_file(tmp_path, content, message):
   path = tmp_path / "basic_val.tsv"
-  path.write_text(content, newline="")
+  path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, newline="")
   with pytest.raises(DataError, match=re.escape(message)) as e:
     listops.load_tsv(path)
   assert str(path) in str(e.value)

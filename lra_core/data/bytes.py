@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 
 import ml_collections
@@ -46,6 +47,9 @@ _DEFAULTS = dict(
 
 # Ranges already logged, so building the three splits logs the layout once.
 _LOGGED: set[tuple] = set()
+# Published files by name -> their size in bytes once decompressed: another size is warned about
+# (a sample or a cut file trains, but its numbers are not comparable to the papers').
+KNOWN_SIZES = {"enwik8": 100_000_000, "enwik8.zip": 100_000_000}
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
@@ -85,7 +89,10 @@ def load_bytes(path: str) -> np.ndarray:
   an object in a bucket is read into memory once per process."""
   file = files.expand(path, what="byte file")
   if not file.is_file():
-    raise DataError(f"byte file {path!r} does not exist.")
+    raise DataError(
+      f"byte file {path!r} does not exist; set --config.data.dir to the folder that holds it (or "
+      "--config.data.path to the file)."
+    )
   # The key holds size and mtime so a rewritten file is read again.
   _, size, mtime = cache.file_fingerprint([path])[0]
   if size == 0:
@@ -93,6 +100,17 @@ def load_bytes(path: str) -> np.ndarray:
   data = _load_cached(files.absolute(path), size, mtime)
   if data.size == 0:
     raise DataError(f"byte file {path!r} decompresses to zero bytes.")
+  expected = KNOWN_SIZES.get(os.path.basename(path))
+  if expected is not None and data.size != expected and (path, data.size) not in _LOGGED:
+    _LOGGED.add((path, data.size))
+    logging.warning(
+      "%s holds %s bytes where the published %s has %s: a sample or a cut file, whose results are not "
+      "comparable to published ones",
+      path,
+      f"{data.size:,}",
+      os.path.basename(path).removesuffix(".zip"),
+      f"{expected:,}",
+    )
   return data
 
 
@@ -108,8 +126,8 @@ def _load_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
           names = [m.filename for m in members]
           raise DataError(f"zip file {path!r} holds members {names}; expected exactly one.")
         raw = archive.read(members[0])
-    except zipfile.BadZipFile as e:
-      raise DataError(f"zip file {path!r} is not a readable zip archive ({e}).") from e
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as e:  # a damaged archive
+      raise DataError(f"zip file {path!r} is not a readable zip archive ({type(e).__name__}: {e}).") from e
     return np.frombuffer(raw, dtype=np.uint8)
   if lower.endswith(".gz"):
     try:

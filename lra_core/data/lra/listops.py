@@ -258,34 +258,39 @@ def load_tsv(path: str | os.PathLike) -> Examples:
   if not path.is_file():
     raise DataError(f"ListOps file {path} does not exist.")
   chunks, lengths, labels = [], [], []
-  with files.open_text(path, newline="") as f:
-    header = f.readline().rstrip("\r\n")
-    if not header:
-      raise DataError(f"ListOps file {path} is empty; expected a header line 'Source<TAB>Target'.")
-    if tuple(header.split("\t")) != HEADER:
-      raise DataError(f"{path} line 1: header {header!r} is not 'Source<TAB>Target'.")
-    for lineno, line in enumerate(f, start=2):
-      line = line.rstrip("\r\n")
-      if not line:
-        continue
-      fields = line.split("\t")
-      if len(fields) != 2:
-        raise DataError(f"{path} line {lineno}: found {len(fields)} tab-separated fields, expected 2.")
-      source, target = fields
-      if target.strip() not in _LABELS:
-        raise DataError(f"{path} line {lineno}: label {target!r} is not an integer in 0..9.")
-      tokens = _model_tokens(source)
-      if not tokens:
-        raise DataError(f"{path} line {lineno}: the expression has no tokens.")
-      try:
-        ids = np.fromiter(map(_TOKEN_ID.__getitem__, tokens), np.uint8, len(tokens))
-      except KeyError as e:
-        raise DataError(
-          f"{path} line {lineno}: token {e.args[0]!r} is not in the ListOps vocabulary {VOCAB[1:]}."
-        ) from None
-      chunks.append(ids)
-      lengths.append(len(ids))
-      labels.append(int(target))
+  try:
+    with files.open_text(path, newline="") as f:
+      header = f.readline().rstrip("\r\n")
+      if not header:
+        raise DataError(f"ListOps file {path} is empty; expected a header line 'Source<TAB>Target'.")
+      if tuple(header.split("\t")) != HEADER:
+        raise DataError(f"{path} line 1: header {header!r} is not 'Source<TAB>Target'.")
+      for lineno, line in enumerate(f, start=2):
+        line = line.rstrip("\r\n")
+        if not line:
+          continue
+        fields = line.split("\t")
+        if len(fields) != 2:
+          raise DataError(f"{path} line {lineno}: found {len(fields)} tab-separated fields, expected 2.")
+        source, target = fields
+        if target.strip() not in _LABELS:
+          raise DataError(f"{path} line {lineno}: label {target!r} is not an integer in 0..9.")
+        tokens = _model_tokens(source)
+        if not tokens:
+          raise DataError(f"{path} line {lineno}: the expression has no tokens.")
+        try:
+          ids = np.fromiter(map(_TOKEN_ID.__getitem__, tokens), np.uint8, len(tokens))
+        except KeyError as e:
+          raise DataError(
+            f"{path} line {lineno}: token {e.args[0]!r} is not in the ListOps vocabulary {VOCAB[1:]}."
+          ) from None
+        chunks.append(ids)
+        lengths.append(len(ids))
+        labels.append(int(target))
+  except UnicodeDecodeError as e:  # random bytes, or a binary file under the TSV's name
+    raise DataError(
+      f"ListOps file {path} is not UTF-8 text (byte {e.start} of a read block); expected a TSV."
+    ) from None
   if not labels:
     raise DataError(f"ListOps file {path} has a header but no examples.")
   offsets = np.zeros(len(lengths) + 1, np.int64)
