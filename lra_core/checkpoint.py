@@ -223,7 +223,7 @@ def restore_params(
     manager = ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(create=False, read_only=True),
-      item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
     )
   try:
     steps = list(manager.all_steps()) if manager is not None else []
@@ -252,7 +252,8 @@ def restore_params(
       )
     args = ocp.args.PyTreeRestore(item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+      both = manager.restore(step, args=ocp.args.Composite(state=args, meta=ocp.args.JsonRestore()))
+      restored, meta = both["state"], dict(both["meta"] or {})
     except (ValueError, KeyError, TypeError) as e:
       scanned, wanted = _has_stacked(saved["params"]), _has_stacked(abstract_state["params"])
       if scanned != wanted:
@@ -269,6 +270,7 @@ def restore_params(
     if manager is not None:
       manager.close()
   state = {k: restored[k] for k in PARAM_ENTRIES if k in abstract_state}
+  check_digests(state, meta.get("digests"), f"checkpoint {directory / str(step)}")
   jax.block_until_ready(state["params"])
   logging.info("restored the parameters of step %d from %s", step, directory)
   return state, step

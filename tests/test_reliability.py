@@ -13,7 +13,7 @@ import pytest
 import fixtures.listops
 import lra_core
 from lra_core import data_setup, optim, sharding
-from lra_core.checkpoint import Checkpointer
+from lra_core.checkpoint import Checkpointer, restore_params
 from lra_core.errors import ConfigError, DataError
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec, param_checksum
@@ -88,10 +88,11 @@ def test_data_that_reads_but_differs_from_what_was_saved_is_caught_by_its_digest
   abstract = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
   ckpt = Checkpointer(workdir, async_save=False)
   state, meta = ckpt.restore(6, abstract)
-  mu = state["opt_state"][0].mu["embed"]["embedding"]
-  flipped = np.asarray(mu).copy()
-  flipped.view(np.uint8)[5] ^= 0x01
-  state["opt_state"][0].mu["embed"]["embedding"] = jax.device_put(flipped, mu.sharding)
+  for tree in (state["opt_state"][0].mu, state["params"]):  # an Adam moment, and a parameter
+    array = tree["embed"]["embedding"]
+    flipped = np.asarray(array).copy()
+    flipped.view(np.uint8)[5] ^= 0x01
+    tree["embed"]["embedding"] = jax.device_put(flipped, array.sharding)
   shutil.rmtree(workdir / "checkpoints" / "6")
   ckpt.manager.reload()
   args = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}  # the old digests
@@ -101,6 +102,9 @@ def test_data_that_reads_but_differs_from_what_was_saved_is_caught_by_its_digest
   with pytest.raises(lra_core.CheckpointError, match=corrupted):
     ckpt.restore(6, abstract)
   ckpt.close()
+  # Evaluation, sampling and warm starts read the parameters alone, checked as well.
+  with pytest.raises(lra_core.CheckpointError, match=r"6 holds corrupted data: array \['params'\]\['embed'\]"):
+    restore_params(workdir, abstract, step=6)
   assert train_and_evaluate(cfg, workdir)["param_checksum"] == summary["param_checksum"]
   assert (workdir / "unreadable_checkpoints" / "6").is_dir()
 
