@@ -96,12 +96,29 @@ class Checkpointer:
       layout = self._scan_mismatch(step, abstract_state)
       if layout:
         raise CheckpointError(layout) from e
+      if self._shapes_match(step, abstract_state):  # the layout is this model's: its files are at fault
+        raise CheckpointError(
+          f"checkpoint {self.directory / str(step)} cannot be read: its files are damaged or missing "
+          f"({_first_line(e)})."
+        ) from e
       raise CheckpointError(
-        f"checkpoint {self.directory / str(step)} does not match this model and "
-        f"optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})."
+        f"checkpoint {self.directory / str(step)} does not match this model and optimizer ({_first_line(e)})."
       ) from e
     logging.info("restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"], dict(restored["meta"])
+
+  def _shapes_match(self, step: int, abstract_state: dict | None) -> bool:
+    """Whether the arrays the checkpoint's metadata lists have the shapes of `abstract_state`'s (True
+    also when the metadata itself cannot be read: then the files are at fault, not the model)."""
+    if abstract_state is None:
+      return True
+    try:
+      saved = self.manager.item_metadata(step)["state"]
+    except Exception:  # noqa: BLE001  (a missing or damaged metadata file)
+      return True
+    saved = saved.tree if hasattr(saved, "tree") else saved
+    listed = sorted(tuple(m.shape) for m in jax.tree.leaves(saved) if hasattr(m, "shape"))
+    return listed == sorted(tuple(a.shape) for a in jax.tree.leaves(abstract_state))
 
   def _scan_mismatch(self, step: int, abstract_state: dict | None) -> str | None:
     """The sentence for a checkpoint whose layer stacks are laid out for the other model.scan_layers."""
@@ -188,8 +205,10 @@ class Checkpointer:
 
 
 def _first_line(e: BaseException) -> str:
-  """`Type: first line of the message`, at most 200 characters of it (TensorStore's run to pages)."""
-  return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+  """`Type: first line of the message`, at most 200 characters of it (TensorStore's run to pages, and
+  end with a spec printed as `<bound method ...>`: cut there)."""
+  first = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0]
+  return f"{type(e).__name__}: {first[:200]}"
 
 
 def _has_stacked(tree) -> bool:

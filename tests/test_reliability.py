@@ -109,6 +109,20 @@ def test_data_that_reads_but_differs_from_what_was_saved_is_caught_by_its_digest
   assert (workdir / "unreadable_checkpoints" / "6").is_dir()
 
 
+def test_deleted_checkpoint_files_are_not_called_a_model_mismatch(data, uninterrupted, tmp_path):
+  """Every data file of every checkpoint deleted: the one sentence says the files are damaged or missing
+  (not that the model or optimizer changed), without TensorStore's printed spec."""
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  for p in (workdir / "checkpoints").glob("*/state/**/d/*"):
+    p.unlink()
+  with pytest.raises(lra_core.CheckpointError) as e:
+    train_and_evaluate(config(data), workdir)
+  message = str(e.value)
+  assert "cannot be read: its files are damaged or missing" in message and "does not match" not in message, message
+  assert "<bound method" not in message and "\n" not in message
+
+
 def _size(path):
   return path.stat().st_size
 
