@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import pathlib
+import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,18 +38,41 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from lra_core import fs, optim, registry
-from lra_core.errors import CheckpointError, ConfigError
+from lra_core.errors import CheckpointError, ConfigError, StoreFailure
 from lra_core.state import STACKED, make_state_spec
+
+
+class SaveAbandoned(CheckpointError):
+  """A stop was asked for (SIGTERM) while the previous save was still being written: no new save."""
 
 
 class Checkpointer:
   """`workdir`'s checkpoints; a local folder or an object store (gs:// is written by TensorStore's own
-  GCS driver, the small files through etils.epath: lra_core/fs.py)."""
+  GCS driver, the small files through etils.epath: lra_core/fs.py).
 
-  def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+  Saves are asynchronous: `save` (and `wait`, `close`) first wait for the one in flight, at most
+  `save_timeout_s` seconds (0: as long as it takes), and give up once `abandon()` is true (the
+  trainer's SIGTERM) and the wait has lasted ABANDON_AFTER_S (a healthy save finishes first): a store
+  that keeps failing neither blocks the run for its retries nor hides its error (StoreFailure, naming
+  the step and the last complete checkpoint)."""
+
+  ABANDON_AFTER_S = 30.0
+
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    *,
+    keep: int = 3,
+    async_save: bool = True,
+    save_timeout_s: float = 0.0,
+    abandon: Callable[[], bool] = lambda: False,
+  ):
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    self.save_timeout_s, self.abandon = save_timeout_s, abandon
+    self._in_flight: int | None = None
+    self._complete = self.manager.latest_step()
     self._reader = self.manager
     if jax.process_count() > 1:
       # Reads without orbax's cross-process barriers: a process that cannot read a step must not
@@ -58,6 +83,11 @@ class Checkpointer:
       reader_options = ocp.CheckpointManagerOptions(read_only=True, create=False, multiprocessing_options=alone)
       self._reader = ocp.CheckpointManager(self.directory, options=reader_options, item_names=("state", "meta"))
 
+  @property
+  def last_complete(self) -> int | None:
+    """The newest step whose save finished (None before any)."""
+    return self._complete
+
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
@@ -65,10 +95,18 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: dict, meta: dict, *, force: bool = True) -> None:
+    self.wait()
     meta = dict(meta, digests=digests(state))
-    self.manager.save(
-      step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force
-    )
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    self._in_flight = step
+    try:
+      self.manager.save(step, args=args, force=force)
+    except Exception as e:  # noqa: BLE001  (the store's errors come in many types)
+      raise self._failure(f"writing checkpoint step {step} to {self.directory} failed ({_first_line(e)})") from e
+
+  def _failure(self, what: str) -> StoreFailure:
+    last = f"step {self._complete}" if self._complete is not None else "none yet"
+    return StoreFailure(f"{what}; the last complete checkpoint is {last}.")
 
   def restore(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
     """-> (state placed as `abstract_state`'s shardings say, meta), its digests checked.
@@ -195,10 +233,35 @@ class Checkpointer:
     logging.warning("moved the unreadable checkpoint to %s", target)
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the save in flight (bounded and abandonable, see the class); raises StoreFailure if it
+    failed or did not finish in time, SaveAbandoned if `abandon()` turned true first."""
+    if self._in_flight is None:
+      return
+    start = time.monotonic()
+    grace = min(self.ABANDON_AFTER_S, self.save_timeout_s / 4) if self.save_timeout_s else self.ABANDON_AFTER_S
+    while self.manager.is_saving_in_progress():
+      if time.monotonic() - start > grace and self.abandon():
+        raise SaveAbandoned(
+          f"checkpoint step {self._in_flight} in {self.directory} was still being written when the run was asked "
+          "to stop; it stops without a new checkpoint"
+          + (f" (the last complete one is step {self._complete})." if self._complete is not None else ".")
+        )
+      if self.save_timeout_s and time.monotonic() - start > self.save_timeout_s:
+        raise self._failure(
+          f"checkpoint step {self._in_flight} in {self.directory} was still being written after "
+          f"{self.save_timeout_s:g} s (train.save_timeout_s): the store is failing or too slow"
+        )
+      time.sleep(0.05)
+    try:
+      self.manager.wait_until_finished()  # raises what the writer threads met
+    except Exception as e:  # noqa: BLE001
+      raise self._failure(
+        f"writing checkpoint step {self._in_flight} to {self.directory} failed ({_first_line(e)})"
+      ) from e
+    self._complete, self._in_flight = self._in_flight, None
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
     if self._reader is not self.manager:
       self._reader.close()

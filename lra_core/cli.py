@@ -199,6 +199,10 @@ def run(main: Callable[[], None]) -> None:
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     distributed.report_failure(str(e), EXIT_USER_ERROR)
+    if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(EXIT_USER_ERROR)
     sys.exit(EXIT_USER_ERROR)
   except KeyboardInterrupt:
     print("aborted (Ctrl-C).", file=sys.stderr)

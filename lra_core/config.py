@@ -86,6 +86,7 @@ def base_config(
       nan_check=True,  # stop at the first non-finite loss / gradient / parameter
       skip_nonfinite=False,  # instead, skip such an update and count it (metric skipped_steps)
       max_skipped_fraction=0.1,  # with skip_nonfinite: a run that skipped more of its steps fails at the end
+      save_timeout_s=1800.0,  # a checkpoint still being written after this long stops the run (0: no limit)
       init_from="",  # a workdir whose latest parameters start a fresh run (uptraining)
       memory_limit_gib=0.0,  # per-device budget the compiled train step must fit; 0 -> the device's
       profile_steps="",  # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
@@ -201,6 +202,7 @@ RESUMABLE_KEYS = (
   "train.nan_check",
   "train.skip_nonfinite",
   "train.max_skipped_fraction",
+  "train.save_timeout_s",
   "train.memory_limit_gib",
   "train.init_from",
   "train.profile_steps",

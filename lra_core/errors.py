@@ -27,6 +27,13 @@ class TrainingDiverged(UserError, FloatingPointError):
   """A loss, gradient or parameter became NaN or Inf."""
 
 
+class StoreFailure(CheckpointError):
+  """Writing a checkpoint failed, or did not finish within train.save_timeout_s. The store's writer
+  threads may still be retrying: the command leaves without waiting for them (`leave_at_once`)."""
+
+  leave_at_once = True
+
+
 class DecodingError(UserError, ValueError):
   """A sampling setting, prompt or model does not fit what decoding expects."""
 

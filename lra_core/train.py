@@ -27,7 +27,7 @@ from flax import nnx
 from lra_core import aot, cli, compile_cache, data_setup, fs, optim, sharding, throughput, trackers
 from lra_core import data as data_lib
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer, warm_start
+from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
 from lra_core.config import parse_profile_steps, resume_conflicts
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, TrainingDiverged
@@ -91,7 +91,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
-    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
+    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, save_timeout_s=t.save_timeout_s)
     state, start, meta = _initial_state(config, spec, ckpt, mesh)
     writer.resume(start)
     next_batch = meta["next_batch"]
@@ -131,6 +131,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     preempted = None
     # SIGTERM (a scheduler's notice) and SIGINT (Ctrl-C): finish the step in flight, save, return.
     with PreemptionNotice() as notice:
+      ckpt.abandon = lambda: notice.received is not None  # a save stuck on a failing store gives way to SIGTERM
       try:
         for step in range(start, stop):
           local = next(batches)
@@ -163,6 +164,9 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
               save(done)
             preempted = done
             break
+      except SaveAbandoned as e:
+        writer.close()
+        return {"stopped_at": ckpt.last_complete or 0, "preempted": True, "abandoned": str(e)}
       finally:
         profiler.stop()
     progress.close()
@@ -405,6 +409,11 @@ def main(argv=None) -> None:
     print(f"{why}: {args.spec} saved at step {summary['stopped_at']} in {args.workdir}; run again to continue")
     if summary.get("interrupted"):
       sys.exit(cli.EXIT_INTERRUPTED)
+    if summary.get("abandoned"):  # the store's writer threads are stuck: leave without waiting for them
+      logging.warning("%s", summary["abandoned"])
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(cli.EXIT_PREEMPTED)
     if summary.get("preempted"):
       sys.exit(cli.EXIT_PREEMPTED)  # a supervisor relaunches the same command
     return

@@ -64,7 +64,8 @@ def no_persistent_compile_cache():
 def fake_gcs():
   """An in-memory Google Cloud Storage server on localhost (tests/fake_gcs.py) with a bucket "lra-test":
   gs:// paths reach it through the clients a pod uses (TensorStore's gcs driver for checkpoints,
-  gcsfs under etils.epath for everything else). Yields a function giving a fresh gs:// folder."""
+  gcsfs under etils.epath for everything else). Yields a function giving a fresh gs:// folder; its
+  `store` attribute is the server's store (`store.failing`: a pattern of object names whose writes fail)."""
   import itertools
 
   from fake_gcs import FakeGCS
@@ -72,9 +73,15 @@ def fake_gcs():
   names = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
   saved = {k: os.environ.get(k) for k in names}
   counter = itertools.count()
-  with FakeGCS() as url:
+  server = FakeGCS()
+  with server as url:
     os.environ.update(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url, GOOGLE_AUTH_TOKEN_FOR_TESTING="test")
-    yield lambda name="run": f"gs://lra-test/{os.getpid()}-{next(counter)}/{name}"
+
+    def folder(name="run"):
+      return f"gs://lra-test/{os.getpid()}-{next(counter)}/{name}"
+
+    folder.store = server.store
+    yield folder
   for k, v in saved.items():
     if v is None:
       os.environ.pop(k, None)

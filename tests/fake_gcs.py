@@ -35,6 +35,8 @@ class Store:
     self.lock = threading.Lock()
     self.generations = itertools.count(1_000_001)
     self.uploads: dict[str, tuple[str, str, dict, bytearray]] = {}
+    # Object names whose writes fail with 503, as a store that keeps failing: e.g. re.compile("checkpoints/4/").
+    self.failing: re.Pattern | None = None
 
   def resource(self, bucket: str, name: str, obj: _Object) -> dict:
     return {
@@ -216,6 +218,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
   # ---------------------------------------------------------------------------------------- operations
   def _store(self, bucket: str, name: str, data: bytes, content_type: str | None, query: dict) -> None:
+    if self.store.failing is not None and self.store.failing.search(name):
+      return self._error(503, "service unavailable (injected)")
     with self.store.lock:
       objects = self.store.buckets.get(bucket)
       if objects is None:
@@ -306,7 +310,8 @@ class FakeGCS:
   """`with FakeGCS() as url:` serves the store on localhost until the block ends."""
 
   def __init__(self, buckets=("lra-test",)):
-    handler = type("BoundHandler", (Handler,), {"store": Store(buckets)})
+    self.store = Store(buckets)
+    handler = type("BoundHandler", (Handler,), {"store": self.store})
     self.server = http.server.ThreadingHTTPServer(("localhost", 0), handler)
     self.server.daemon_threads = True
     self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

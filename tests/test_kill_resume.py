@@ -224,3 +224,46 @@ def test_a_run_killed_in_an_object_store_resumes_like_an_uninterrupted_one(tmp_p
   expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
   assert summary["param_checksum"] == expected["param_checksum"], resumed_from
   assert outputs.logged_once(workdir) == outputs.logged_once(tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_a_save_stuck_on_a_failing_store_gives_up_in_time_and_yields_to_sigterm(tmp_path, fake_gcs):
+  """Every write of step 4's array data fails (503, retried by TensorStore for many minutes). The save of
+  step 6 waits for step 4 at most train.save_timeout_s, then the run stops with one sentence naming the
+  last complete checkpoint (2), from which the same command resumes once the store is back. A SIGTERM
+  during such a wait ends the run after a grace (a quarter of the timeout here), with status 75."""
+  argv, _ = _transformer_run(tmp_path)
+  log = tmp_path / "run.log"
+  fake_gcs.store.failing = re.compile(r"/checkpoints/4/state/.*/d/")
+  try:
+    workdir = fake_gcs("stuck")
+    stuck = [
+      argv[0],
+      f"--workdir={workdir}",
+      *argv[2:],
+      "--config.train.save_timeout_s=8",
+      "--config.train.checkpoint_every=2",
+    ]
+    log.write_text("")
+    proc = _start(stuck, log)
+    proc.join(120)
+    said = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
+    assert proc.exitcode == cli.EXIT_USER_ERROR and len(said) == 1, log.read_text()[-3000:]
+    assert said[0].endswith(
+      "was still being written after 8 s (train.save_timeout_s): the store is failing or too "
+      "slow; the last complete checkpoint is step 2."
+    ), said
+    sigterm = [
+      argv[0],
+      f"--workdir={fake_gcs('sigterm')}",
+      *argv[2:],
+      "--config.train.save_timeout_s=20",
+      "--config.train.checkpoint_every=2",
+    ]
+    start = time.monotonic()
+    code, out = _interrupt(sigterm, log, signal.SIGTERM, 6, 0.0)
+    assert code == cli.EXIT_PREEMPTED and "saved at step 2 in" in out, out[-3000:]
+    assert time.monotonic() - start < 60
+  finally:
+    fake_gcs.store.failing = None
+  assert _resumed_steps(_run(stuck, log)) == [2]
