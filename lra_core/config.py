@@ -248,6 +248,44 @@ def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   return keys
 
 
+# Names other frameworks give fields of ours: an unknown key ending in one is pointed at our field first
+# (difflib alone would suggest optim.decay_rate for optim.learning_rate).
+ALIASES = {
+  "learning_rate": "lr",
+  "lr_schedule": "schedule",
+  "num_train_steps": "steps",
+  "train_steps": "steps",
+  "max_steps": "steps",
+  "total_steps": "steps",
+  "warmup": "warmup_steps",
+  "num_warmup_steps": "warmup_steps",
+  "seq_length": "seq_len",
+  "max_seq_len": "seq_len",
+  "sequence_length": "seq_len",
+  "hidden_size": "d_model",
+  "emb_dim": "d_model",
+  "n_layers": "num_layers",
+  "num_hidden_layers": "num_layers",
+  "n_heads": "num_heads",
+  "num_attention_heads": "num_heads",
+  "intermediate_size": "d_ff",
+  "mlp_dim": "d_ff",
+  "dropout_rate": "dropout",
+}
+
+
+def suggestions(key: str, config: ml_collections.ConfigDict) -> list[str]:
+  """Up to 3 valid keys for the unknown `key`: our field for a common alias (ALIASES; in the same section
+  first), then the closest spellings."""
+  keys = flat_keys(config)
+  section, _, leaf = key.rpartition(".")
+  ours = ALIASES.get(leaf)
+  aliased = [k for k in keys if ours and k.rpartition(".")[2] == ours]
+  aliased.sort(key=lambda k: k.rpartition(".")[0] != section)
+  close = [k for k in difflib.get_close_matches(key, keys, n=3, cutoff=0.5) if k not in aliased]
+  return (aliased + close)[:3]
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
   for item in overrides:
     key, sep, text = item.partition("=")
@@ -258,7 +296,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
     node = config
     for i, name in enumerate(parents + [leaf]):
       if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-        close = difflib.get_close_matches(key, flat_keys(config), n=3, cutoff=0.5)
+        close = suggestions(key, config)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}" if close else ""
         raise ConfigError(f"unknown config key {key!r}{hint}.")
       if i < len(parents):

@@ -64,6 +64,9 @@ def test_load_config_works_from_any_directory(monkeypatch, tmp_path):
   [
     (["train.stepz=3"], "unknown config key 'train.stepz'; did you mean 'train.steps'"),
     (["modell.d_model=3"], "unknown config key 'modell.d_model'; did you mean 'model.d_model'"),
+    # other frameworks' names point at ours first
+    (["optim.learning_rate=3e-4"], "unknown config key 'optim.learning_rate'; did you mean 'optim.lr'"),
+    (["train.num_train_steps=9"], "unknown config key 'train.num_train_steps'; did you mean 'train.steps'"),
     (["train.steps=ten"], "config key 'train.steps' expects an int, got 'ten'."),
     (["model.rope=maybe"], "config key 'model.rope' expects a bool, got 'maybe'."),
     (["train=3"], "config key 'train' is a section"),
