@@ -139,7 +139,9 @@ def test_cli_prints_and_appends_markdown_and_writes_json(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert printed.startswith("machine: cpu") and "command: python scripts/bench.py --config=" in printed
   assert "| base | 16 | 1 |" in printed
-  bench.main(argv + ["--title=second", "--override=train.log_every=7"])  # same step: cached
+  bench.main(argv + ["--title=second", "--config.train.log_every=7"])  # the trainer's syntax; same step: cached
+  with pytest.raises(ConfigError, match="unknown config key 'train.stepz'"):  # read as an override, not refused
+    bench.main([*argv, "--config.train.stepz", "3"])
   text = out.read_text()
   assert text.startswith(f"### {ENWIK8}\n") and "\n### second\n" in text
   assert text.count("| base | 16 | 1 |") == 2

@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     action="append",
     default=[],
     metavar="KEY=VALUE",
-    help="config override for every variant (repeatable)",
+    help="config override for every variant (repeatable); --config.KEY=VALUE, as lra_core.train takes it, too",
   )
   parser.add_argument(
     "--variant",
@@ -434,7 +434,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     help="XLA compile option for the train step (repeatable), e.g. xla_backend_optimization_level=0",
   )
   output_flags(parser)
+  config_overrides, argv = cli.split_overrides(argv)  # the trainer's --config.KEY=VALUE syntax
   args = parser.parse_args(argv)
+  args.override += config_overrides
   cli.setup_logging()
   if args.batch_size < 1:
     raise ConfigError(f"--batch_size {args.batch_size} is not positive.")
