@@ -84,7 +84,12 @@ class RunLock:
       return {}  # half-written or damaged: treated as stale
 
   def _stale(self, other: dict) -> bool:
-    if not other or "pid" not in other:
+    if not other or "pid" not in other:  # damaged, or being created this instant (local: by its mtime)
+      if self.local:
+        try:
+          return _now() - os.stat(os.fspath(self.path)).st_mtime > _SETTLE_S
+        except FileNotFoundError:
+          return True
       return True
     if other.get("host") == self.record["host"]:
       return not _alive(int(other["pid"]))
@@ -156,12 +161,22 @@ class RunLock:
       try:
         held = (self._read() or {}).get("id") == self.record["id"]
         if held:
-          self.path.write_text(self._text())
+          self._renew()
         else:
           logging.error("workdir %s: another run has taken the lock over; this run's outputs may mix", self.path.parent)
           return
       except OSError as e:  # a store that failed for a moment: the next beat tries again
         logging.warning("could not renew the workdir lock %s: %s", self.path, e)
+
+  def _renew(self) -> None:
+    """Rewrites the record with a new heartbeat; locally through a rename, so no reader sees it half-written."""
+    if not self.local:
+      self.path.write_text(self._text())  # an object is replaced whole
+      return
+    tmp = f"{os.fspath(self.path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      f.write(self._text())
+    os.replace(tmp, os.fspath(self.path))
 
   def release(self) -> None:
     self._stop.set()

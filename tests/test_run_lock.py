@@ -54,7 +54,7 @@ def test_a_second_run_on_a_live_workdir_is_refused_with_one_sentence(config, oth
   assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == other_process.pid
 
 
-def test_the_lock_of_a_killed_run_is_taken_over_and_given_back_at_the_end(config, tmp_path, caplog):
+def test_the_lock_of_a_killed_run_is_taken_over_and_given_back_at_the_end(config, tmp_path, caplog, monkeypatch):
   """The holder was SIGKILLed (its pid is gone on this host); another host's lock without a heartbeat
   for STALE_S is taken over too, and a finished run leaves no lock."""
   killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -68,6 +68,19 @@ def test_the_lock_of_a_killed_run_is_taken_over_and_given_back_at_the_end(config
   _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
   with run_lock.RunLock(workdir):
     assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == os.getpid()
+  _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
+  monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
+  with run_lock.RunLock(workdir):  # the holder renews its heartbeat (a rename: never half-written)
+    first = json.loads((workdir / run_lock.NAME).read_text())["heartbeat"]
+    time.sleep(0.3)
+    assert json.loads((workdir / run_lock.NAME).read_text())["heartbeat"] > first
+  (workdir / run_lock.NAME).write_text("")  # a lock being created this instant: not taken over
+  with pytest.raises(run_lock.WorkdirInUse):
+    run_lock.RunLock(workdir).acquire()
+  old = time.time() - 60
+  os.utime(workdir / run_lock.NAME, (old, old))  # left empty by a run killed while creating it: taken over
+  with run_lock.RunLock(workdir):
+    pass
   _lock(workdir, host="another-host", pid=1)  # its heartbeat is fresh: that run may be alive
   with pytest.raises(run_lock.WorkdirInUse, match="on host another-host"):
     run_lock.RunLock(workdir).acquire()
