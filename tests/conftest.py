@@ -1,5 +1,6 @@
 """Test setup: 8 host CPU devices (for sharding tests) and a persistent compile cache."""
 
+import gc
 import os
 import pathlib
 import tempfile
@@ -58,6 +59,16 @@ def no_persistent_compile_cache():
   yield
   jax.config.update("jax_enable_compilation_cache", saved)
   compilation_cache.reset_cache()
+
+
+@pytest.fixture
+def collect_garbage():
+  """A failed orbax restore leaves asyncio tasks whose exception nobody retrieved; collected at some later
+  allocation, they log from inside whatever runs then, and inside `ast.parse` that breaks CPython 3.11's
+  AST constructor (SystemError: AST constructor recursion depth mismatch). Tests that make restores fail
+  collect them at their own end."""
+  yield
+  gc.collect()
 
 
 @pytest.fixture(scope="session")

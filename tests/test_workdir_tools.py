@@ -19,6 +19,7 @@ from lra_core.state import make_state_spec
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
+pytestmark = pytest.mark.usefixtures("collect_garbage")  # restores made to fail here: see conftest.py
 DENOISER = "configs/imagenet64/fit_denoiser.py:tiny"
 
 
