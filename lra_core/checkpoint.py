@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lra_core import fs, optim, registry
+from lra_core import fs, optim, read_fallout, registry
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure
 from lra_core.state import STACKED, make_state_spec
 
@@ -124,10 +124,15 @@ class Checkpointer:
     """The state and meta of `step` as this process reads them (no collective, no digest check)."""
     if self._reader is not self.manager:
       self._reader.reload()  # it lists the steps it saw when it was made
+    read_fallout.install()
     try:
-      restored = self._reader.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-      )
+      try:
+        restored = self._reader.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+        )
+      except Exception:
+        read_fallout.failed(self.directory)
+        raise
     except json.JSONDecodeError:
       raise  # a damaged file, not a mismatch: restore_latest falls back on it
     except (ValueError, KeyError, TypeError) as e:
