@@ -263,7 +263,7 @@ def test_train_step_runs_and_its_flops_are_within_15_percent_of_ours():
 
   peer_flops = cost_flops(compiled)
   print(
-    f"XLA flops per train step: peer {peer_flops:.4g}, ours {ours['flops_per_step']:.4g} "
+    f"matrix-product FLOPs per train step: peer {peer_flops:.4g}, ours {ours['flops_per_step']:.4g} "
     f"(ratio {peer_flops / ours['flops_per_step']:.3f})"
   )
   assert abs(peer_flops / ours["flops_per_step"] - 1.0) < 0.15

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import jax
 
-from lra_core import cli
+from lra_core import cli, hlo_cost
 from lra_core.errors import ConfigError
 
 MiB = 2**20
@@ -63,15 +63,15 @@ def is_oom(error: BaseException) -> bool:
 
 
 def cost_flops(compiled) -> float | None:
-  """FLOPs of one call from XLA's cost analysis (a dict, or a list of dicts in older jax)."""
+  """Matrix-product FLOPs of one call of `compiled`, every loop counted by its trip count
+  (`lra_core.hlo_cost.step_flops`, what the trainer's MFU uses). XLA's own cost analysis counts a
+  loop's body once: a step that scans its blocks or layers would look cheaper than it is."""
   try:
-    analysis = compiled.cost_analysis()
-  except Exception:  # some backends do not implement it
+    text = compiled.as_text()
+  except Exception:  # noqa: BLE001  (a backend without HLO text)
     return None
-  if isinstance(analysis, (list, tuple)):
-    analysis = next((a for a in analysis if a and "flops" in a), None)
-  flops = (analysis or {}).get("flops")
-  return float(flops) if flops is not None and flops > 0 else None
+  flops, _ = hlo_cost.step_flops(text)
+  return float(flops) if flops > 0 else None
 
 
 def xla_memory_bytes(compiled) -> int | None:

@@ -5,8 +5,9 @@ peer_vq.py), computing the same function as ours. scripts/peer_bench.py times ou
 train step (lra_core/bench/train_step.py's TrainStepRun: metrics, norms, schedule and all) and the
 peer's step in one process, interleaved (the order reversed every round), on the same random batch
 shapes, with the same optimizer built from the same config; median of --steps after --warmup rounds,
-compiles excluded. Reported beside the times: XLA's FLOP count of each step and its FLOP/s as a
-fraction of a float32 matmul's on the same machine.
+compiles excluded. Reported beside the times: each step's matrix-product FLOPs (loops counted by
+their trip counts: bench.common.cost_flops) and its FLOP/s as a fraction of a float32 matmul's on
+the same machine.
 
   Peer.init(key)                       -> (params, state)   params are trained; state is carried
                                                             (e.g. codebook statistics), may be {}

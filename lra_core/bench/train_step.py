@@ -10,8 +10,9 @@ tokens with the fields the task's datasets give, so no dataset is opened. Report
 (trace + lower + XLA compile of the step), the median of --steps timed steps after --warmup
 discarded ones, tokens/s = B*T / median, peak memory (device peak on accelerators, host max RSS
 on CPU; both are process-wide high-water marks, so a row that sets no new mark shows "<="), and
-XLA's FLOP count of the step as GFLOP/s and as a fraction of a float32 matmul's FLOP/s measured
-on the same machine. A length that runs out of memory gives an "OOM" row instead of stopping.
+the step's matrix-product FLOPs (bench.common.cost_flops: loops counted by their trip counts) as
+GFLOP/s and as a fraction of a float32 matmul's FLOP/s measured on the same machine. A length
+that runs out of memory gives an "OOM" row instead of stopping.
 """
 
 from __future__ import annotations
