@@ -75,6 +75,7 @@ def vq_attention_blocks(
   impl: str = "xla",
   segments: Array | None = None,
   grad_through_cache: bool = True,
+  chunk_blocks: int = 0,
 ) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
@@ -89,6 +90,8 @@ def vq_attention_blocks(
   document: `vq_xla.document_plan`); the carry's `seg` continues them across windows.
   `grad_through_cache=False` holds the compressive cache constant in the backward pass (the authors'
   `grad_thru_cache=0`): the output is the same, but older values get no gradient through the cache.
+  `chunk_blocks` > 0 (impl="xla"): a lax.scan over the blocks, that many at a time (`vq_xla.chunked_attention`:
+  the same function, its working set one chunk's); 0: all blocks at once.
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
   if impl not in IMPLS:
@@ -103,8 +106,8 @@ def vq_attention_blocks(
     raise ValueError(f"segments must be [B,T] = [{b},{t}], got {tuple(segments.shape)}.")
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
-  bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
   if impl == "pallas":
+    bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
     return vq_pallas.vq_attention_blocks(
       q,
       k_hat,
@@ -118,15 +121,16 @@ def vq_attention_blocks(
       segments=segments,
       grad_through_cache=grad_through_cache,
     )
-  return vq_xla.cached_attention(
+  return vq_xla.chunked_attention(
     q,
     k_hat,
     z,
     v,
     codebook,
     carry,
-    bias,
+    rel,
     block_len=block_len,
+    chunk_blocks=chunk_blocks,
     reduction=reduction,
     compressive=compressive,
     segments=segments,

@@ -149,6 +149,15 @@ def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
     _ACTIVE.reset(token)
 
 
+def target_platform() -> str:
+  """The platform of the step being traced: that of the active mesh's devices (lra_core.aot traces
+  steps for TPU and GPU targets on a CPU host), else JAX's default backend."""
+  active = _ACTIVE.get()
+  if active is not None:
+    return active[0].devices.flat[0].platform
+  return jax.default_backend()
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   active = _ACTIVE.get()
   if active is None:

@@ -213,6 +213,57 @@ def test_documents_keep_the_linear_core_equal_to_masked_quadratic_attention(redu
   assert not np.allclose(plain, want, atol=1e-2)
 
 
+@pytest.mark.parametrize("grad_through_cache", [True, False])
+def test_the_attention_scanned_a_few_blocks_at_a_time_equals_all_blocks_at_once(grad_through_cache):
+  """chunk_blocks 1, 2, 3 of 6 blocks (documents, position terms, a carry in and out) against all at
+  once and against masked quadratic attention: outputs, the carry after, and every gradient."""
+  q, k, v, c = qkvc(hk=1)
+  z, _ = vq.quantize(k, c)
+  table, rel_q = rand(6, (q.shape[2], 5, q.shape[3])), rand(5, q.shape)
+
+  def core(chunk_blocks, q, v, rq, c):
+    first, carry = vq.vq_attention_blocks(
+      q[:, :8],
+      vq.codewords(z[:, :8], c),
+      z[:, :8],
+      v[:, :8],
+      c,
+      block_len=4,
+      rel=(rq[:, :8], table),
+      segments=SEGMENTS[:, :8],
+    )
+    out, carry = vq.vq_attention_blocks(
+      q[:, 8:],
+      vq.codewords(z[:, 8:], c),
+      z[:, 8:],
+      v[:, 8:],
+      c,
+      block_len=4,
+      carry=carry,
+      rel=(rq[:, 8:], table),
+      segments=SEGMENTS[:, 8:],
+      grad_through_cache=grad_through_cache,
+      chunk_blocks=chunk_blocks,
+    )
+    return out, carry
+
+  args = (q, v, rel_q, c)
+  want_out, want_carry = jax.jit(lambda *a: core(0, *a))(*args)
+  w = rand(7, (v.shape[-1],))
+  want_grads = jax.jit(jax.grad(lambda *a: (core(0, *a)[0] * w).sum(), argnums=(0, 1, 2, 3)))(*args)
+  if grad_through_cache:  # the second window continues the first: as one quadratic attention over both
+    dense = vq.dense_attention(q, vq.codewords(z, c), v, window=4, rel=(rel_q, table), segments=SEGMENTS)
+    np.testing.assert_allclose(want_out, dense[:, 8:], atol=ATOL)
+  for chunk_blocks in (1, 2, 3):
+    out, carry = jax.jit(lambda *a, n=chunk_blocks: core(n, *a))(*args)
+    np.testing.assert_allclose(out, want_out, atol=ATOL)
+    for name in want_carry:
+      np.testing.assert_allclose(carry[name], want_carry[name], atol=ATOL, err_msg=f"carry {name}")
+    grads = jax.jit(jax.grad(lambda *a, n=chunk_blocks: (core(n, *a)[0] * w).sum(), argnums=(0, 1, 2, 3)))(*args)
+    for name, a, b in zip(("q", "v", "rel_q", "codebook"), grads, want_grads):
+      np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"chunk_blocks {chunk_blocks}: gradient w.r.t. {name}")
+
+
 def test_public_vq_attention_takes_segments():
   q, k, v, c = qkvc(hk=1)
   got = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=4, segments=SEGMENTS))(q, k, v, c)
@@ -557,6 +608,8 @@ def test_config_errors_are_clear():
     lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.num_heads=2"])
   with pytest.raises(ConfigError, match="reduction"):
     lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.reduction=scan"])
+  with pytest.raises(ConfigError, match="model.chunk_blocks 3 must be .* divide the 2 blocks"):
+    lra_core.load_config("configs/enwik8/transformer_vq.py:tiny", ["model.chunk_blocks=3"])
 
 
 @pytest.mark.parametrize(

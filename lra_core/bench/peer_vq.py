@@ -31,8 +31,17 @@ whatever model.dtype.
 model.num_layers counts GAUs (a scanned layer of the authors' holds two). The layers run as a
 lax.scan over stacked parameters (the authors' scanned stack) when model.scan_layers, else one
 after another, and are rematerialised per model.remat (the authors always remat each layer), so
-the two steps compile the same way. model.reduction, model.impl and model.input_scan only choose
-how our model computes the same function; the peer always uses the serial scan above.
+the two steps compile the same way. model.reduction, model.chunk_blocks, model.impl and
+model.input_scan only choose how our model computes the same function; the peer always uses the
+serial scan above.
+
+What it does not mirror: the authors' code runs each GAU as a flax `nn.scan` over the blocks (the
+projections, the quantizer and the attention of one block at a time, its cache carried), where
+this peer computes every block's scores at once. That is a different cost at long lengths: on a
+2-core CPU (docs/benchmarks.md, "Beside the authors' own code") their step's time per token stayed
+flat from 2,048 to 32,768 tokens while an all-blocks-at-once step's grew 13% from 2,048 to 8,192
+(its [C, 2C] scores for every block outgrow the CPU's cache). Time the authors' code itself for
+that comparison; this peer checks the arithmetic and the per-token cost of the block layout.
 
   peer = make_peer(config)                          # config: an lra_core transformer_vq config
   params, state = params_from_ours(model, config)   # our weights and codebooks in the peer's layout
