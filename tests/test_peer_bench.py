@@ -1,7 +1,10 @@
 """scripts/peer_bench.py (our step beside a plain JAX peer) and scripts/bench_loop.py (the trainer's
-loop beside its bare step)."""
+loop beside its bare step); scripts/authors_vq_bench.py's check of its input."""
 
+import importlib.util
 import json
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,8 @@ import lra_core
 from lra_core.bench import loop, peer, peer_lm1b
 from lra_core.errors import ConfigError
 from tiers import quick
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SMALL = [
   "model.d_model=32",
@@ -133,3 +138,14 @@ def test_bench_loop_compares_the_trainer_with_its_bare_step(tmp_path):
   assert row["ratio"] == pytest.approx(row["loop_tokens_per_s"] / row["bare_tokens_per_s"])
   with pytest.raises(ConfigError, match="already holds a run"):
     loop.measure(lra_core.load_config("configs/lra/listops/transformer.py:tiny"), tmp_path / "run")
+
+
+def test_the_authors_vq_bench_names_a_missing_source_folder(tmp_path, capsys, monkeypatch):
+  """scripts/authors_vq_bench.py times the authors' own code, which only the user can provide."""
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the folder on it
+  spec = importlib.util.spec_from_file_location("authors_vq_bench", ROOT / "scripts" / "authors_vq_bench.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  with pytest.raises(SystemExit) as e:
+    script.main([f"--authors_src={tmp_path}"])
+  assert e.value.code == 2 and f"--authors_src {tmp_path} holds no transformer_vq package" in capsys.readouterr().err
