@@ -278,118 +278,13 @@ def cached_attention(
   compressive: bool,
   segments: Array | None = None,
   grad_through_cache: bool = True,
+  carry_gradient: bool = False,
 ) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output;
   `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`);
-  `grad_through_cache=False` holds the compressive cache's value means constant in the backward pass."""
-  out, new_carry = _attend(
-    q,
-    k_hat,
-    z,
-    v,
-    codebook,
-    carry,
-    bias,
-    block_len=block_len,
-    reduction=reduction,
-    compressive=compressive,
-    segments=segments,
-    grad_through_cache=grad_through_cache,
-  )
-  return out, jax.tree.map(sg, new_carry)
-
-
-def chunked_attention(
-  q: Array,
-  k_hat: Array,
-  z: Array,
-  v: Array,
-  codebook: Array,
-  carry: dict,
-  rel: tuple[Array, Array] | None,
-  *,
-  block_len: int,
-  chunk_blocks: int,
-  reduction: str,
-  compressive: bool,
-  segments: Array | None = None,
-  grad_through_cache: bool = True,
-) -> tuple[Array, dict]:
-  """`cached_attention` run `chunk_blocks` blocks at a time (a lax.scan over chunks, the cache carried
-  from one to the next with its gradient), the position term built per chunk from `rel`. The same
-  function; its largest arrays (scores and position terms [.., L, 2L] per block) then span one chunk
-  instead of the whole sequence, so they stay in cache however long the sequence: the time per token
-  stays flat instead of growing with the length. chunk_blocks <= 0, or at least the number of blocks:
-  all at once."""
-  b, t = q.shape[:2]
-  hk = codebook.shape[0]
-  r = t // block_len
-  if chunk_blocks <= 0 or chunk_blocks >= r or r % chunk_blocks:
-    bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
-    return cached_attention(
-      q,
-      k_hat,
-      z,
-      v,
-      codebook,
-      carry,
-      bias,
-      block_len=block_len,
-      reduction=reduction,
-      compressive=compressive,
-      segments=segments,
-      grad_through_cache=grad_through_cache,
-    )
-  n, c = r // chunk_blocks, chunk_blocks * block_len
-
-  def chunks(x):  # [B,T,...] -> [N,B,C,...]
-    return jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0)
-
-  xs = {"q": chunks(q), "k_hat": chunks(k_hat), "z": chunks(z), "v": chunks(v)}
-  if rel is not None:
-    xs["rel_q"] = chunks(rel[0])
-  if segments is not None:
-    xs["segments"] = chunks(segments)
-
-  def body(carry, x):
-    bias = None if rel is None else xl_bias_blocks((x["rel_q"], rel[1]), hk, block_len)
-    out, carry = _attend(
-      x["q"],
-      x["k_hat"],
-      x["z"],
-      x["v"],
-      codebook,
-      carry,
-      bias,
-      block_len=block_len,
-      reduction=reduction,
-      compressive=compressive,
-      segments=x.get("segments"),
-      grad_through_cache=grad_through_cache,
-    )
-    return carry, out
-
-  new_carry, out = jax.lax.scan(body, carry, xs)
-  out = jnp.moveaxis(out, 0, 1).reshape((b, t) + out.shape[3:])
-  return out, jax.tree.map(sg, new_carry)
-
-
-def _attend(
-  q: Array,
-  k_hat: Array,
-  z: Array,
-  v: Array,
-  codebook: Array,
-  carry: dict,
-  bias: Array | None,
-  *,
-  block_len: int,
-  reduction: str,
-  compressive: bool,
-  segments: Array | None,
-  grad_through_cache: bool,
-) -> tuple[Array, dict]:
-  """`cached_attention` with the carry after the last block as computed (its gradient kept)."""
+  `grad_through_cache=False` holds the compressive cache's value means constant in the backward pass.
+  The carry after the last block has its gradient stopped, as between update windows, unless
+  `carry_gradient` (`chunked_attention`'s scan passes it from one chunk to the next)."""
   b, t, h, dk = q.shape
   hk, s = codebook.shape[0], codebook.shape[1]
   l = block_len
@@ -441,7 +336,62 @@ def _attend(
     "count": cum_count[:, r],
     "seg": carry["seg"] if plan is None else plan["seg"][:, -1],
   }
-  return out, new_carry
+  return out, (new_carry if carry_gradient else jax.tree.map(sg, new_carry))
+
+
+def chunked_attention(
+  q: Array,
+  k_hat: Array,
+  z: Array,
+  v: Array,
+  codebook: Array,
+  carry: dict,
+  rel: tuple[Array, Array] | None,
+  *,
+  block_len: int,
+  chunk_blocks: int,
+  reduction: str,
+  compressive: bool,
+  segments: Array | None = None,
+  grad_through_cache: bool = True,
+) -> tuple[Array, dict]:
+  """`cached_attention` run `chunk_blocks` blocks at a time (a lax.scan over chunks, the cache carried
+  from one to the next with its gradient), the position term built per chunk from `rel`. The same
+  function; its largest arrays (scores and position terms [.., L, 2L] per block) then span one chunk
+  instead of the whole sequence, so they stay in cache however long the sequence: the time per token
+  stays flat instead of growing with the length. chunk_blocks <= 0, or at least the number of blocks:
+  all at once."""
+  b, t = q.shape[:2]
+  hk = codebook.shape[0]
+  r = t // block_len
+  opts = dict(
+    block_len=block_len,
+    reduction=reduction,
+    compressive=compressive,
+    grad_through_cache=grad_through_cache,
+    carry_gradient=True,
+  )
+
+  def attend(carry, x):  # the blocks of x: its q, k_hat, z, v and, if given, rel_q and segments
+    bias = xl_bias_blocks((x["rel_q"], rel[1]), hk, block_len) if "rel_q" in x else None
+    out, carry = cached_attention(
+      x["q"], x["k_hat"], x["z"], x["v"], codebook, carry, bias, segments=x.get("segments"), **opts
+    )
+    return carry, out
+
+  xs = {"q": q, "k_hat": k_hat, "z": z, "v": v}
+  if rel is not None:
+    xs["rel_q"] = rel[0]
+  if segments is not None:
+    xs["segments"] = segments
+  if chunk_blocks <= 0 or chunk_blocks >= r or r % chunk_blocks:
+    new_carry, out = attend(carry, xs)
+  else:
+    n, c = r // chunk_blocks, chunk_blocks * block_len
+    chunked = jax.tree.map(lambda x: jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0), xs)  # [N,B,C,...]
+    new_carry, out = jax.lax.scan(attend, carry, chunked)
+    out = jnp.moveaxis(out, 0, 1).reshape((b, t) + out.shape[3:])
+  return out, jax.tree.map(sg, new_carry)
 
 
 def init_decode_state(
