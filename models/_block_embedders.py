@@ -51,6 +51,7 @@ class EncoderEmbedder(nnx.Module):
       num_heads=m.encoder_heads,
       d_ff=4 * w,
       norm=m.norm,
+      norm_eps=m.get("norm_eps", 0.0),
       activation=m.activation,
       use_bias=m.use_bias,
     )
@@ -65,7 +66,7 @@ class EncoderEmbedder(nnx.Module):
       scan=m.scan_layers,
     )
     self.remat = m.remat
-    self.final_norm = make_norm(m.norm, w, rngs=rngs)
+    self.final_norm = make_norm(m.norm, w, eps=m.get("norm_eps", 0.0), rngs=rngs)
     read = self.num_cls or m.block_len
     self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
 

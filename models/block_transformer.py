@@ -82,7 +82,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       embed_width=0,  # lookup: token embedding width; 0 -> d_model / block_len
       encoder_width=256,  # encoder / cls embedders: RoBERTa-like, 3 layers of 256 (F.1)
       encoder_layers=3,
-      encoder_heads=4,
+      encoder_heads=8,  # the authors' embedder: 8 heads of 32 at width 256
       num_cls=3,
       token_decoder="prefix",  # prefix | summation | cross
       prefix_len=2,  # R
@@ -99,6 +99,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       parallel_residual=True,
       use_bias=True,
       norm="layer",
+      norm_eps=1e-5,  # every LayerNorm's epsilon: Pythia's layer_norm_eps (the authors' configs)
       activation="gelu",
       tie_embeddings=False,  # token decoder output tied to its input embedding (Pythia: untied)
       mask_pads=True,  # pads are masked in the token decoder and the encoder embedder
@@ -128,6 +129,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
     rope_fraction=m.rope_fraction,
     rope_max_wavelength=m.rope_max_wavelength,
     norm=m.norm,
+    norm_eps=m.get("norm_eps", 0.0),
     activation=m.activation,
     use_bias=m.use_bias,
     parallel_residual=m.parallel_residual,
@@ -191,7 +193,7 @@ class Stack(nnx.Module):
       if memory_width
       else None
     )
-    self.final_norm = make_norm(s.norm, s.d_model, rngs=rngs)
+    self.final_norm = make_norm(s.norm, s.d_model, eps=s.norm_eps, rngs=rngs)
     self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
 
   def __call__(
@@ -629,7 +631,7 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
     out["block_decoder"]["layers"][i] = vanilla["blocks"][i]
   for i in range(nt):
     out["token_decoder"]["layers"][i] = vanilla["blocks"][m.num_layers + i]
-  out["block_decoder"]["final_norm"] = out["token_decoder"]["final_norm"] = vanilla["final_norm"]
+  out["token_decoder"]["final_norm"] = vanilla["final_norm"]  # the block decoder's stays fresh, as the authors'
   out["embedder"]["table"] = out["token_embed"] = vanilla["embed"]
   out["head"] = vanilla["head"]
   average = jnp.tile(jnp.eye(d), (m.block_len, 1)) / m.block_len  # [L*D, D]

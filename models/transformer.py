@@ -61,6 +61,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       mlp="mlp",  # mlp | glu | none (blocks that mix and feed forward in one, e.g. GAU)
       activation="gelu",
       norm="layer",  # layer | rms | scale
+      norm_eps=0.0,  # the norms' epsilon; 0 -> the kind's own (1e-6 layer and rms, 1e-5 scale)
       window=0,  # sliding-window attention; 0 -> full
       dropout=0.0,  # residual and embedding dropout
       attention_dropout=0.0,
@@ -144,12 +145,13 @@ class Block(nnx.Module):
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
-    self.attn_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+    eps = m.get("norm_eps", 0.0)
+    self.attn_norm = make_norm(m.norm, m.d_model, eps=eps, rngs=rngs)
     self.attn = mixer(m, causal=causal, dtype=dtype, rngs=rngs)
     if m.mlp == "none":
       self.mlp_norm = self.mlp = None
     else:
-      self.mlp_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+      self.mlp_norm = make_norm(m.norm, m.d_model, eps=eps, rngs=rngs)
       self.mlp = MLP(
         m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias, dtype=dtype, rngs=rngs
       )
@@ -208,7 +210,7 @@ class Model(nnx.Module):
       m.num_layers,
       scan=m.scan_layers,
     )
-    self.final_norm = make_norm(m.norm, m.d_model, rngs=rngs)
+    self.final_norm = make_norm(m.norm, m.d_model, eps=m.get("norm_eps", 0.0), rngs=rngs)
     self.head = TaskHead(
       run.task,
       m.d_model,

@@ -15,6 +15,7 @@ from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.models import block_transformer as bt
 from lra_core.models import transformer
+from lra_core.models.blocks import layers
 from lra_core.protocol import RunInfo
 from lra_core.registry import non_embedding_parameter_count
 from lra_core.tasks.base import token_nll
@@ -256,6 +257,21 @@ def test_optimizer_and_schedule_are_the_authors(arg):
   assert config.train.steps == (steps // 10 if "uptrain" in arg else steps)
 
 
+def test_every_layer_norm_has_pythias_epsilon_and_the_encoder_the_authors_heads():
+  """GPT-NeoX's layer_norm_eps 1e-5 in every norm of both decoders and the encoder embedder, checked on
+  the normalisation formula itself; the encoder embedder as the authors' (8 heads of 32 at width 256)."""
+  model = make_model(make_config(embedder="encoder", encoder_width=64, encoder_heads=2))
+  norms = [m for _, m in nnx.iter_graph(model) if isinstance(m, layers.LayerNorm)]
+  assert len(norms) == 2 * (2 + 2 + 1) + 3  # two per layer (block, token, encoder stacks), three final
+  for norm in norms:
+    width = norm.scale.shape[0]
+    x = 1e-3 * np.sin(np.arange(width, dtype=np.float32))[None]  # a variance near 5e-7: the epsilon weighs
+    want = (x - x.mean()) / np.sqrt(x.var() + 1e-5)
+    np.testing.assert_allclose(norm(jnp.asarray(x)), want, rtol=1e-4, atol=1e-6)
+  config = lra_core.load_config(SPEC, [])
+  assert (config.model.encoder_width, config.model.encoder_heads) == (256, 8)
+
+
 def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   config = make_config(embed_width=32)
   vanilla = transformer.Model(bt.vanilla_config(config), RunInfo("lm", seq_len=16), rngs=nnx.Rngs(params=3))
@@ -266,6 +282,15 @@ def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   nnx.update(model, params)
   v = nnx.to_pure_dict(nnx.state(vanilla, nnx.Param))
   jax.tree.map(np.testing.assert_array_equal, params["block_decoder"]["layers"][1], v["blocks"][1])
+  # The vanilla final norm (here given other values than a fresh one's) goes to the token decoder only;
+  # the block decoder's starts fresh, as in the authors' uptraining.
+  trained = {"scale": v["final_norm"]["scale"] * 2.0, "bias": v["final_norm"]["bias"] + 0.5}
+  again = bt.uptrain_params(
+    nnx.to_pure_dict(nnx.state(make_model(config), nnx.Param)), {**v, "final_norm": trained}, config
+  )
+  jax.tree.map(np.testing.assert_array_equal, again["token_decoder"]["final_norm"], trained)
+  np.testing.assert_array_equal(again["block_decoder"]["final_norm"]["scale"], np.ones(32))
+  np.testing.assert_array_equal(again["block_decoder"]["final_norm"]["bias"], np.zeros(32))
   jax.tree.map(np.testing.assert_array_equal, params["token_decoder"]["layers"][0], v["blocks"][2])
   blocks = tokens(b=1, t=8).reshape(1, 2, L)
   np.testing.assert_allclose(model.embedder(blocks), vanilla.embed(blocks).mean(2), atol=1e-5)

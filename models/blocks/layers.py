@@ -201,10 +201,11 @@ class ScaleNorm(nnx.Module):
 NORMS = {"layer": LayerNorm, "rms": RMSNorm, "scale": ScaleNorm}
 
 
-def make_norm(kind: str, features: int, *, rngs: nnx.Rngs) -> nnx.Module:
+def make_norm(kind: str, features: int, *, eps: float = 0.0, rngs: nnx.Rngs) -> nnx.Module:
+  """A norm of NORMS; `eps` 0 keeps the kind's own epsilon."""
   if kind not in NORMS:
     raise ValueError(f"norm {kind!r} is not one of {sorted(NORMS)}.")
-  return NORMS[kind](features, rngs=rngs)
+  return NORMS[kind](features, rngs=rngs, **({"eps": eps} if eps else {}))
 
 
 @jax.custom_vjp
