@@ -72,6 +72,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       pooling="mean",  # classify / retrieval over the final data tokens
       classifier_hidden=0,
       tie_embeddings=True,
+      output_bias=True,  # FIT-AR: a learned bias over the vocabulary on the logits (pix2seq's default)
       dtype="float32",
     )
   )
@@ -330,6 +331,7 @@ class Model(nnx.Module):
       pooling=m.pooling,
       hidden=m.classifier_hidden,
       embed=self.embed if m.tie_embeddings and self.causal else None,
+      output_bias=m.get("output_bias", False) and self.causal,
       dtype=self.dtype,
       rngs=rngs,
     )

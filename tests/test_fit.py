@@ -144,7 +144,7 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
   plain pre-LN transformer stack: same weights, same outputs. (One group per token instead leaves each
   token alone in its group, with all mixing through latents; that is a different network.)"""
   t, n = 16, 3
-  cfg = make_config(task, layers=f"L({n})", group_size=t, pooling="mean")
+  cfg = make_config(task, layers=f"L({n})", group_size=t, pooling="mean", output_bias=False)  # as the transformer
   model = make_model(cfg)
   tc = transformer.model_config(
     "transformer",
@@ -315,3 +315,19 @@ def test_tiny_fit_ar_trains_and_samples(tmp_path, arg):
 def test_tiny_lra_configs_train(tmp_path, fixture, spec):
   summary = train_and_evaluate(lra_core.load_config(spec, fixture.build(tmp_path)), tmp_path / "run")
   assert np.isfinite(summary["test_loss"])
+
+
+def test_fit_ar_logits_add_a_learned_bias_to_the_tied_output_as_pix2seq():
+  """pix2seq's FIT-AR defaults to output_bias=True: logits = x E^T / D + b, b learned (zeros at first)."""
+  assert lra_core.load_config("configs/imagenet64/fit_ar.py", []).model.output_bias
+  model = make_model(make_config())
+  x = jax.random.normal(jax.random.key(2), (2, 3, 16))
+  tied = model.embed.attend(x) / 16  # x E^T / D, E what the embedding's lookups return
+  np.testing.assert_allclose(model.head(x), tied, atol=1e-5)  # b starts at zero
+  inputs = tokens()
+  before = model(inputs)
+  b = jnp.arange(VOCAB, dtype=jnp.float32) / 7.0
+  model.head.bias[...] = b
+  np.testing.assert_allclose(model.head(x), tied + b, atol=1e-5)
+  np.testing.assert_allclose(model(inputs) - before, jnp.broadcast_to(b, before.shape), atol=1e-5)
+  assert make_model(make_config(output_bias=False)).head.bias is None

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.models.blocks.layers import ACTIVATIONS, Dense
+from lra_core.models.blocks.layers import ACTIVATIONS, Dense, param
 
 Array = jax.Array
 POOLING = ("cls", "mean", "max")
@@ -62,7 +62,8 @@ class TwoTowerHead(nnx.Module):
 class TaskHead(nnx.Module):
   """The output layer a task needs, on final features x [B',T,D].
 
-  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given: x E^T / D);
+  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given: x E^T / D), plus a learned
+  bias over the vocabulary with `output_bias`;
   classify: pooled -> [B,C]; retrieval: the batch holds both towers ([2B,T,D]) -> [B,C].
   """
 
@@ -76,12 +77,15 @@ class TaskHead(nnx.Module):
     pooling: str = "mean",
     hidden: int = 0,
     embed=None,
+    output_bias: bool = False,
     dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
     self.task, self.pooling, self.embed = task, pooling, embed
     hidden = hidden or features
-    if task in ("lm", "mlm", "image_ar"):
+    tokens = task in ("lm", "mlm", "image_ar")
+    self.bias = param(rngs, jax.nn.initializers.zeros, (vocab_size,), ("vocab",)) if tokens and output_bias else None
+    if tokens:
       out = None if embed is not None else Dense(features, vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
     elif task == "classify":
       out = ClassifierHead(features, hidden, num_classes, dtype=dtype, rngs=rngs)
@@ -98,11 +102,13 @@ class TaskHead(nnx.Module):
   def __call__(self, x: Array, mask: Array | None = None) -> Array:
     if not self.pools:
       if self.out is not None:
-        return self.out(x).astype(jnp.float32)
-      # Tied: x E^T / D. Lookups (E's rows) have norm ~sqrt(D) and so has x (normalised): without the
-      # 1/D (T5's D^-1/2 on a table that stores E / sqrt(D)) a fresh model would score each input token
-      # D above the others.
-      return self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -1.0
+        logits = self.out(x).astype(jnp.float32)
+      else:
+        # Tied: x E^T / D. Lookups (E's rows) have norm ~sqrt(D) and so has x (normalised): without the
+        # 1/D (T5's D^-1/2 on a table that stores E / sqrt(D)) a fresh model would score each input token
+        # D above the others.
+        logits = self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -1.0
+      return logits if self.bias is None else logits + self.bias[...]
     pooled = pool(x, mask, self.pooling)
     if self.task == "retrieval":
       pooled = pooled.reshape(-1, 2, pooled.shape[-1])
