@@ -34,8 +34,12 @@ def install() -> None:
 def failed(directory) -> None:
   """Drops the leftover reads' messages about the checkpoint folder `directory` from now on."""
   install()
+  text = str(directory)
   with _lock:
-    _failed.add(str(directory))
+    _failed.add(text)
+    path = text.split("://", 1)[1].partition("/")[2] if "://" in text else ""
+    if path:  # an object store's TensorStore spec names the bucket and the path apart
+      _failed.add(path)
 
 
 def _names_a_failed_read(text: str) -> bool:

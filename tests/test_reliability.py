@@ -149,8 +149,11 @@ def test_the_reads_left_running_after_a_failed_restore_end_quietly(data, uninter
   gc.collect()
   assert not seen, [str(u.exc_value)[:200] for u in seen[:3]]
   assert "never retrieved" not in caplog.text
-  # Later errors about that folder are its leftovers too; anything else still reaches the hook.
-  for text in (f'Error reading "step/.zarray" in "{workdir}/checkpoints/6/state/"', "something else"):
+  # Later errors about that folder are its leftovers too (in an object store's spec: bucket and path
+  # apart); anything else still reaches the hook.
+  read_fallout.failed("gs://bucket/runs/a/checkpoints")
+  leftovers = [f'Error reading "step/.zarray" in "{workdir}/checkpoints/6/state/"', "'path': 'runs/a/checkpoints/6/'"]
+  for text in (*leftovers, "something else"):
     sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError(text), object=None))
   assert [str(u.exc_value) for u in seen] == ["something else"]
 
