@@ -140,6 +140,10 @@ def initialize_from_args(ns: argparse.Namespace) -> bool:
 
 FAILURE_KEY = "lra_core/failure"
 FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to read its line
+# A process that read the line exits right after saying so; the failing one outlives that by this
+# margin: process 0 hosts the coordination service, and a peer whose JAX client loses it before its
+# own exit is aborted by that client (SIGABRT) instead of exiting with EXIT_PEER_FAILED.
+EXIT_MARGIN_S = 1.0
 EXIT_PEER_FAILED = 1  # the status of a process stopped because another one failed (cli.EXIT_CRASH)
 _POLL_MS = 1000
 
@@ -236,6 +240,7 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
       client.blocking_key_value_get(f"{FAILURE_KEY}/seen/{other}", remaining_ms)
     except Exception:  # noqa: BLE001  (it stopped without a word, or the grace ran out)
       pass
+  time.sleep(EXIT_MARGIN_S)
   sys.stdout.flush()
   sys.stderr.flush()
   logging.shutdown()
