@@ -37,14 +37,17 @@ class EncoderEmbedder(nnx.Module):
   """A small bidirectional transformer over each block (Appendix F.1): the token outputs
   (`encoder`) or `num_cls` CLS outputs (`cls`) concatenated and projected to D.
 
-  Pads are masked as keys (`cls` always; `encoder` with `model.mask_pads`, where a pad's own
-  output is also zeroed), so a block's embedding does not depend on what the pad token embeds to.
+  Pads are masked as keys (`cls` always; `encoder` with `model.mask_pads`), so no real token's output
+  reads a pad. The `encoder` projection reads the pads' own outputs too, as the authors' embedder
+  does; with `model.zero_pad_outputs` they are zeroed first, so that a block's embedding does not
+  depend on what the pad token embeds to.
   """
 
   def __init__(self, m, *, dtype, rngs: nnx.Rngs):
     w = m.encoder_width
     self.num_cls = m.num_cls if m.embedder == "cls" else 0
     self.pad_id, self.mask_pads = m.pad_id, m.get("mask_pads", True)
+    self.zero_pad_outputs = m.get("zero_pad_outputs", False)
     s = transformer.model_config(
       "transformer",
       d_model=w,
@@ -93,6 +96,6 @@ class EncoderEmbedder(nnx.Module):
     )
     if self.cls is not None:
       x = x[:, : self.num_cls]
-    elif self.mask_pads:
+    elif self.zero_pad_outputs:
       x = jnp.where(real[..., None], x, 0)
     return self.proj(x.reshape(*lead, -1))

@@ -25,7 +25,7 @@ a row's predictions do not depend on how many whole pad blocks precede it. The l
 reads padding inside a block like any other token (Appendix H; train with `data.block_padding`), so
 the block alignment of a prompt changes predictions. With `model.mask_pads` (the default, as the
 authors' code) no other part reads a pad: the token decoder masks pad keys, and the encoder
-embedder masks them and zeroes their outputs.
+embedder masks them as keys (and zeroes their outputs with `model.zero_pad_outputs`).
 
 Packed documents (`segment_ids`, kernels/segments.py): a block belongs to the document of its last
 token and its embedding reads only that document's tokens (the others count as pads); the block
@@ -103,6 +103,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       activation="gelu",
       tie_embeddings=False,  # token decoder output tied to its input embedding (Pythia: untied)
       mask_pads=True,  # pads are masked in the token decoder and the encoder embedder
+      zero_pad_outputs=False,  # encoder embedder: zero pad outputs before the projection (authors': no)
       dropout=0.0,
       dtype="float32",
     )

@@ -3,8 +3,9 @@
 Documents: one that starts on a block boundary gives exactly the outputs it gets alone at the start
 of a row (tests/oracles.py, assert_documents_independent); one that starts inside a block gives the
 outputs it gets alone after as many pads as its block offset, and never reads the other document
-(assert_documents_isolated). Pads: the token decoder and the encoder embedder read no pad, so what
-the pad token embeds to changes no real token's output.
+(assert_documents_isolated). Pads: the token decoder and the encoder embedder (with
+model.zero_pad_outputs) read no pad, so what the pad token embeds to changes no real token's output;
+by default the encoder's projection reads its pad outputs, as the authors' embedder does.
 """
 
 import jax
@@ -103,7 +104,11 @@ def moved_pad_embeddings(model):
 
 @pytest.mark.parametrize(
   "variant",
-  [dict(embedder="encoder"), dict(token_decoder="summation"), dict(embedder="encoder", token_decoder="cross")],
+  [
+    dict(embedder="encoder", zero_pad_outputs=True),
+    dict(token_decoder="summation"),
+    dict(embedder="encoder", zero_pad_outputs=True, token_decoder="cross"),
+  ],
   ids=["encoder,prefix", "lookup,summation", "encoder,cross"],
 )
 def test_pads_are_masked_in_the_token_decoder_and_encoder_embedder(variant):
@@ -118,6 +123,30 @@ def test_pads_are_masked_in_the_token_decoder_and_encoder_embedder(variant):
   assert not np.allclose(
     np.asarray(moved_pad_embeddings(unmasked)(padded))[real], np.asarray(unmasked(padded))[real], atol=1e-5
   )
+
+
+def test_the_encoder_embedder_projects_its_pad_outputs_as_the_authors_do_unless_told_to_zero_them():
+  """The authors' encoder embedder masks pads as keys and projects every position's output, so a
+  padded block's embedding moves with the pad token's embedding and with the projection's rows for
+  the pad positions; with zero_pad_outputs it is the projection of its real outputs alone."""
+  blocks = jnp.asarray([[[PAD, PAD, 3, 4], [5, 6, 7, 8]]])  # a padded block, then an unpadded one
+
+  def moved_pad_rows(model):  # other projection rows for positions 0 and 1 of every block
+    moved, kernel = nnx.clone(model), model.embedder.proj.kernel[...]
+    rows = kernel.reshape(L, -1, kernel.shape[-1])  # the projection reads [L, width] flattened
+    rows = rows.at[:2].set(jax.random.normal(jax.random.key(3), rows[:2].shape))
+    moved.embedder.proj.kernel[...] = rows.reshape(kernel.shape)
+    return moved
+
+  def moves(model, change, block):
+    return not np.allclose(change(model).embedder(blocks)[0, block], model.embedder(blocks)[0, block], atol=1e-4)
+
+  kept = make_model(make_config(embedder="encoder"))
+  zeroed = make_model(make_config(embedder="encoder", zero_pad_outputs=True))
+  assert moves(kept, moved_pad_embeddings, 0) and moves(kept, moved_pad_rows, 0)
+  assert not moves(zeroed, moved_pad_embeddings, 0) and not moves(zeroed, moved_pad_rows, 0)
+  assert not moves(kept, moved_pad_embeddings, 1) and not moves(zeroed, moved_pad_embeddings, 1)
+  assert moves(zeroed, moved_pad_rows, 1)  # the rows are read where the positions hold tokens
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(token_decoder="cross")], ids=["prefix", "cross"])
