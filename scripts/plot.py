@@ -2,16 +2,17 @@
 
   python scripts/plot.py runs/a runs/b --metrics=train_loss,val_accuracy --out=curves.png
 
-One panel per metric, one line per workdir (labelled by its folder name), x = step. Without
---metrics, every metric that any workdir logged more than once is drawn.
+One panel per metric, one line per workdir, x = step. Each workdir keeps its colour in every panel
+and is named once, in a legend above the panels (by its folder name, or its path where two folder
+names are the same). Without --metrics, every metric that any workdir logged more than once is drawn.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
 
+from lra_core.cli import doc_parser
 from lra_core.errors import optional_import
 from lra_core.metrics import read_metrics
 
@@ -31,6 +32,36 @@ def curves(workdir: str | pathlib.Path) -> dict[str, tuple[list[int], list[float
   return out
 
 
+def labels(workdirs: list[str]) -> list[str]:
+  """Folder names, or the paths as given where two folder names are the same."""
+  names = [pathlib.Path(w).name or str(w) for w in workdirs]
+  return names if len(set(names)) == len(names) else [str(w) for w in workdirs]
+
+
+def figure(data: dict[str, dict], metrics: list[str]):
+  """The panels of `metrics` for data (workdir -> curves): one colour per workdir, one legend."""
+  palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  colours = {w: palette[i % len(palette)] for i, w in enumerate(data)}
+  cols = min(3, len(metrics))
+  rows = math.ceil(len(metrics) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows + 0.4), squeeze=False)
+  for ax, metric in zip(axes.flat, metrics):
+    for workdir, c in data.items():
+      if metric in c:
+        steps, values = c[metric]
+        ax.plot(steps, values, color=colours[workdir], marker="." if len(steps) < 30 else None)
+    ax.set_title(metric)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(metrics) :]:
+    ax.axis("off")
+  keys = [plt.Line2D([], [], color=colours[w]) for w in data]
+  fig.legend(keys, labels(list(data)), loc="upper center", ncol=min(4, len(data)), fontsize=8, frameon=False)
+  legend_rows = math.ceil(len(data) / 4)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 * legend_rows / fig.get_figheight()))
+  return fig
+
+
 def plot(workdirs: list[str], metrics: list[str] | None, out: str) -> list[str]:
   """Draws the curves; returns the metrics drawn."""
   data = {str(w): curves(w) for w in workdirs}
@@ -41,28 +72,14 @@ def plot(workdirs: list[str], metrics: list[str] | None, out: str) -> list[str]:
     metrics = sorted({k for c in data.values() for k, (s, _) in c.items() if len(s) > 1})
   if not metrics:
     raise SystemExit("error: no metric was logged more than once; name some with --metrics.")
-  cols = min(3, len(metrics))
-  rows = math.ceil(len(metrics) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
-  for ax, metric in zip(axes.flat, metrics):
-    for workdir, c in data.items():
-      if metric in c:
-        steps, values = c[metric]
-        ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=pathlib.Path(workdir).name)
-    ax.set_title(metric)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(metrics) :]:
-    ax.axis("off")
-  axes.flat[0].legend(fontsize=8)
-  fig.tight_layout()
+  fig = figure(data, metrics)
   fig.savefig(out, dpi=120)
   plt.close(fig)
   return metrics
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = doc_parser("python scripts/plot.py", __doc__)
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--metrics", default="", help="comma-separated metric names")
   parser.add_argument("--out", default="curves.png")

@@ -30,6 +30,28 @@ def test_plot_two_workdirs(tmp_path):
   assert plot.plot([str(tmp_path / "a")], ["train_loss", "val_accuracy"], str(out)) == ["train_loss", "val_accuracy"]
 
 
+def test_each_run_keeps_its_colour_in_every_panel_and_is_named_once(tmp_path):
+  write_run(tmp_path / "a", [3.0, 2.0, 1.5])
+  write_run(tmp_path / "b", [3.2, 2.5, 2.0])
+  (tmp_path / "c").mkdir()  # logged only val_accuracy: absent from the train_loss panel
+  (tmp_path / "c" / "metrics.jsonl").write_text(
+    '{"step": 10, "val_accuracy": 0.4}\n{"step": 20, "val_accuracy": 0.6}\n'
+  )
+  runs = [str(tmp_path / name) for name in "abc"]
+  fig = plot.figure({w: plot.curves(w) for w in runs}, ["train_loss", "val_accuracy"])
+  loss, accuracy = fig.axes[:2]
+  assert [len(loss.lines), len(accuracy.lines)] == [2, 3]
+  colours = [line.get_color() for line in accuracy.lines]
+  assert len(set(colours)) == 3
+  assert [line.get_color() for line in loss.lines] == colours[:2]  # a and b as in the other panel
+  assert all(ax.get_legend() is None for ax in fig.axes)
+  (legend,) = fig.legends
+  assert [t.get_text() for t in legend.get_texts()] == ["a", "b", "c"]
+  assert [h.get_color() for h in legend.legend_handles] == colours
+  plot.plt.close(fig)
+  assert plot.labels(["runs/x/seed", "other/seed"]) == ["runs/x/seed", "other/seed"]
+
+
 def test_plot_refuses_empty_workdir(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(SystemExit, match="no metrics.jsonl"):
