@@ -229,9 +229,20 @@ def grid(images: np.ndarray, columns: int = 0, scale: int = 1) -> np.ndarray:
   return out
 
 
-def save_grid(images: np.ndarray, path, columns: int = 0, scale: int = 1) -> None:
-  """Writes `grid(images, columns, scale)` as a PNG to `path` (local or gs://)."""
-  picture = grid(images, columns, scale)
+PNG_MIN_WIDTH = 256  # pixels: save_grid's default scale draws a grid at least this wide
+
+
+def grid_scale(images: np.ndarray, columns: int = 0, min_width: int = PNG_MIN_WIDTH) -> int:
+  """The smallest pixel scale at which `grid(images, columns)` is at least min_width pixels wide."""
+  n, width = len(images), np.shape(images)[2]
+  cols = columns or int(np.ceil(np.sqrt(n)))
+  return max(1, -(-(min_width - 1 - cols) // (cols * width)))
+
+
+def save_grid(images: np.ndarray, path, columns: int = 0, scale: int = 0) -> None:
+  """Writes `grid(images, columns, scale)` as a PNG to `path` (local or gs://); scale 0: the
+  smallest that makes the picture PNG_MIN_WIDTH pixels wide or more."""
+  picture = grid(images, columns, scale or grid_scale(images, columns))
   buffer = io.BytesIO()
   Image.fromarray(picture[..., 0] if picture.shape[-1] == 1 else picture).save(buffer, format="png")
   target = fs.path(path, what="--png")
@@ -271,7 +282,12 @@ def main(argv=None) -> None:
     parser.add_argument(
       "--png", default="", help="image models: the PNG grid to write (default: <workdir>/samples_step<N>.png)"
     )
-    parser.add_argument("--png_scale", type=int, default=1, help="--png: pixels per image pixel")
+    parser.add_argument(
+      "--png_scale",
+      type=int,
+      default=0,
+      help=f"--png: pixels per image pixel (default: enough for a grid {PNG_MIN_WIDTH} pixels wide or more)",
+    )
     parser.add_argument(
       "--sampler",
       default="",
@@ -298,6 +314,8 @@ def main(argv=None) -> None:
     raise ConfigError(
       f"--sampler, --steps and --label apply to diffusion models; this config's task is {config.task!r}."
     )
+  if e.png_scale < 0:
+    raise ConfigError(f"--png_scale must be >= 0 (0: the default size), got {e.png_scale}.")
   if config.task in IMAGE_TASKS:
     num = e.num_samples or 16
     labels = None if e.label is None else np.full((num,), e.label, np.int32)

@@ -3,6 +3,7 @@ top, parameters restored without the optimizer state, local and gs:// workdirs, 
 
 import io
 import json
+import logging
 
 import jax
 import numpy as np
@@ -164,6 +165,17 @@ def test_grid_lays_images_out_with_one_pixel_gaps(tmp_path):
     sample.grid(images[0])
 
 
+def test_a_saved_grid_is_drawn_at_least_256_pixels_wide_unless_a_scale_is_given(tmp_path):
+  tiny = np.zeros((16, 8, 8, 3), np.uint8)  # a 4x4 grid of 8x8 images: 37 pixels wide at scale 1
+  assert sample.grid_scale(tiny) == 8 and sample.grid(tiny, scale=7).shape[1] < 256
+  sample.save_grid(tiny, tmp_path / "tiny.png")
+  assert np.asarray(Image.open(tmp_path / "tiny.png")).shape == (4 * 65 + 1, 4 * 65 + 1, 3)
+  wide = np.zeros((16, 64, 64, 3), np.uint8)  # ImageNet64: 261 pixels at scale 1
+  assert sample.grid_scale(wide) == 1 and sample.grid_scale(wide[:1]) == 4 and sample.grid_scale(tiny, 16) == 2
+  sample.save_grid(tiny, tmp_path / "given.png", scale=1)
+  assert np.asarray(Image.open(tmp_path / "given.png")).shape == (37, 37, 3)
+
+
 @pytest.fixture(scope="module")
 def denoiser_run(tmp_path_factory):
   """(config, workdir) of a tiny class-conditional FIT denoiser run."""
@@ -180,12 +192,12 @@ def test_sample_a_diffusion_workdir_to_a_png_grid(denoiser_run, capsys):
   assert "wrote 5 samples of step 4 to" in capsys.readouterr().out
   png = workdir / "samples_step4.png"
   picture = np.asarray(Image.open(png))
-  assert picture.shape == (2 * 9 + 1, 3 * 9 + 1, 3)  # 8x8 RGB images, 3 columns, 2 rows
+  assert picture.shape == (2 * 89 + 1, 3 * 89 + 1, 3)  # 8x8 RGB images drawn 11x, 3 columns, 2 rows
   # The same draw as training_samples gives from the restored model.
   model, _ = sample.load_model(config, workdir)
   images = sample.training_samples(config, model, jax.random.key(3), 5)
   assert images.shape == (5, 8, 8, 3) and images.dtype == np.uint8
-  np.testing.assert_array_equal(picture, sample.grid(images))
+  np.testing.assert_array_equal(picture, sample.grid(images, scale=11))
 
 
 @pytest.mark.slow
@@ -198,7 +210,8 @@ def test_sample_a_gcs_workdir(denoiser_run, fake_gcs, capsys):
   assert f"to {remote}/samples_step4.png" in capsys.readouterr().out
   picture = np.asarray(Image.open(io.BytesIO((remote / "samples_step4.png").read_bytes())))
   model, _ = sample.load_model(config, workdir)
-  np.testing.assert_array_equal(picture, sample.grid(sample.training_samples(config, model, jax.random.key(3), 5)))
+  images = sample.training_samples(config, model, jax.random.key(3), 5)
+  np.testing.assert_array_equal(picture, sample.grid(images, scale=sample.grid_scale(images)))
 
 
 @pytest.mark.slow
