@@ -41,6 +41,20 @@ from lra_core import fs, optim, read_fallout, registry
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure
 from lra_core.state import STACKED, make_state_spec
 
+READ_ONLY_NOTICE = "Given directory is read only=%s"  # orbax's warning at every read-only manager
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  return record.msg != READ_ONLY_NOTICE
+
+
+logging.getLogger("absl").addFilter(_not_read_only_notice)  # readers are read-only by design: no news
+
+
+def reader_options(**kwargs) -> ocp.CheckpointManagerOptions:
+  """Options of a manager that only reads (nothing to save, so no save interval to warn about)."""
+  return ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0, **kwargs)
+
 
 class SaveAbandoned(CheckpointError):
   """A stop was asked for (SIGTERM) while the previous save was still being written: no new save."""
@@ -80,8 +94,8 @@ class Checkpointer:
       alone = ocp.options.MultiprocessingOptions(
         primary_host=jax.process_index(), active_processes={jax.process_index()}
       )
-      reader_options = ocp.CheckpointManagerOptions(read_only=True, create=False, multiprocessing_options=alone)
-      self._reader = ocp.CheckpointManager(self.directory, options=reader_options, item_names=("state", "meta"))
+      options = reader_options(multiprocessing_options=alone)
+      self._reader = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
   @property
   def last_complete(self) -> int | None:
@@ -309,7 +323,7 @@ def restore_params(
   if directory.is_dir():
     manager = ocp.CheckpointManager(
       directory,
-      options=ocp.CheckpointManagerOptions(create=False, read_only=True),
+      options=reader_options(),
       item_handlers={"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
     )
   try:

@@ -92,11 +92,13 @@ def test_overrides_apply_on_top_of_the_workdirs_config(listops_run, capsys):
   assert printed["accuracy"] == f"{explicit['accuracy']:.4f}"
 
 
-def test_restore_params_reads_params_and_model_state_only(listops_run):
+def test_restore_params_reads_params_and_model_state_only(listops_run, caplog):
   config, workdir, _ = listops_run
   mesh = sharding.make_mesh(config.mesh)
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
-  state, step = restore_params(workdir, spec.abstract)
+  with caplog.at_level(logging.INFO):
+    state, step = restore_params(workdir, spec.abstract)
+  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # orbax's read-only notes
   assert step == 4 and set(state) == {"params", "model_state"}
   shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
   assert shapes(state["params"]) == shapes(spec.abstract["params"])
