@@ -34,6 +34,18 @@ def test_pyproject_lists_every_package_folder():
   assert sorted(setuptools["packages"]) == sorted(folders)
 
 
+def test_the_top_level_layout_with_a_setup_py_shim_beside_pyproject():
+  for folder in ("lra_core", "models", "kernels", "configs", "scripts", "tests", "docs"):
+    assert (PROJECT_ROOT / folder).is_dir(), folder
+  shim = (PROJECT_ROOT / "setup.py").read_text()
+  assert "setup()" in shim and "name=" not in shim  # no metadata of its own: pyproject.toml is the source
+  run = subprocess.run(
+    [sys.executable, "setup.py", "--name", "--version"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+  )
+  project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+  assert run.stdout.split()[-2:] == [project["name"], project["version"]]
+
+
 def test_an_uninstalled_checkout_maps_its_folders():
   finder = lra_core._CheckoutFolders()
   for name in ("models", "kernels", "configs"):
