@@ -29,6 +29,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import runpy
 import sys
 import textwrap
@@ -132,8 +133,33 @@ def help_epilog(example: str) -> str:
     + (
       "\n  (read from the lra_core.configs package when not under the current folder);\n"
       "  `python -m lra_core.configs` or --list_configs lists every file with its args\n\n"
-      f"example:\n  {example}\n"
+      f"examples:\n  {example}\n"
     )
+  )
+
+
+_RUNS_A_COMMAND = re.compile(r" +(\w+=\S* +)*(python|lra-)")  # "  python ...", "  VAR=x python ...", "  lra-sweep ..."
+
+
+def examples_epilog(doc: str) -> str | None:
+  """The worked examples of a command's docstring under "examples:": its first indented paragraph with
+  a line that runs a command (python or lra-..., maybe after VAR=value), as written; None if none."""
+  for paragraph in doc.split("\n\n"):
+    lines = paragraph.strip("\n").splitlines()
+    if all(line.startswith(" ") for line in lines) and any(_RUNS_A_COMMAND.match(line) for line in lines):
+      return "examples:\n" + textwrap.indent(textwrap.dedent("\n".join(lines)), "  ")
+  return None
+
+
+def doc_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
+  """The ArgumentParser of a command documented by `doc` (its module docstring): --help shows the
+  docstring's first paragraph, the flags, then its worked examples (examples_epilog)."""
+  return argparse.ArgumentParser(
+    prog=prog,
+    description=doc.split("\n\n")[0],
+    epilog=examples_epilog(doc),
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    **kwargs,
   )
 
 

@@ -1,6 +1,11 @@
-"""Runs one config over a grid of override values and gathers the runs' summaries into one table.
+r"""Runs one config over a grid of override values and gathers the runs' summaries into one table.
 
-The command is scripts/sweep.py (examples there), `lra-sweep`, or `python -m lra_core.sweep`.
+  python scripts/sweep.py --config=configs/lra/listops/transformer.py:default \
+      --sweep model.d_model=64,128 --sweep optim.lr=1e-4,4e-4 --config.train.steps=500 --workdir=runs/sweep
+  python scripts/sweep.py ... --launcher="python scripts/launch_tpu.py --name=x --zone=y"
+  lra-sweep --collect --workdir=runs/sweep     # lra-sweep: installed with the package
+
+The same command as `lra-sweep` and `python -m lra_core.sweep`.
 
 Runs. Each `--sweep KEY=V1,V2,...` lists values for one config key; values are split at commas
 outside (), [], {} and quotes and are passed on as text, so each is parsed with the type of its
@@ -40,7 +45,6 @@ param_checksum, which is a fingerprint and keeps all its digits; the CSV keeps f
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import itertools
@@ -263,8 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   """Returns the exit status: 0, or 1 if a run failed or (--collect) has no summary.json."""
   argv = list(sys.argv[1:] if argv is None else argv)
   fixed = [a[len("--config.") :] for a in argv if a.startswith("--config.")]
-  parser = argparse.ArgumentParser(prog="python scripts/sweep.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="", help="config file[:arg], as for lra_core.train")
+  parser = cli.doc_parser("python scripts/sweep.py", __doc__)
+  parser.add_argument(
+    "--config",
+    default="",
+    help="config file[:arg], as for lra_core.train; --config.KEY=VALUE sets a field in every run",
+  )
   parser.add_argument(
     "--sweep",
     action="append",

@@ -13,7 +13,6 @@ the trainer's full step (lra_core/bench/peer.py's harness: the same batch, the o
 round, medians after warm-up rounds, compiles apart). Prints one JSON line per length.
 """
 
-import argparse
 import importlib.util
 import json
 import statistics
@@ -22,6 +21,7 @@ import time
 
 import jax.numpy as jnp
 
+from lra_core import cli
 from lra_core.bench.peer import Peer, PeerStepRun, interleaved_seconds
 from lra_core.bench.train_step import TrainStepRun, bench_config
 
@@ -118,7 +118,7 @@ def compare(seq_len: int, *, steps: int, warmup: int, overrides=()) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python scripts/authors_vq_bench.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/authors_vq_bench.py", __doc__)
   parser.add_argument("--authors_src", required=True, help="the `src` folder of their repository")
   parser.add_argument("--lengths", default="2048,8192", help="comma-separated sequence lengths")
   parser.add_argument("--steps", type=int, default=5, help="timed steps of each side (the median is reported)")

@@ -15,13 +15,11 @@ TPU compiler makes of it:
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import chips, hlo_cost
+from lra_core import chips, cli, hlo_cost
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models.blocks.layers import silu
 
@@ -84,7 +82,7 @@ def estimate(block: str, fused: bool, act_name: str, device, batch: int, seq_len
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.doc_parser("python scripts/tpu_variants.py", __doc__)
   parser.add_argument("--topology", default="v4:2x2x1", help="the TPU slice whose first chip compiles the stack")
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq_len", type=int, default=512)

@@ -65,7 +65,7 @@ def test_help_shows_the_override_syntax_the_config_folders_and_an_example(capsys
   assert "configs/<dataset>/<model>.py[:ARG[,ARG...]]" in out
   for folder in ("c4", "enwik8", "imagenet64", "lra/listops", "lra/pathx", "pg19"):
     assert re.search(rf"[ ,]{re.escape(folder)}[,\n]", out), folder
-  assert "python -m lra_core.configs" in out and "example:\n  python -m lra_core.train --config configs/" in out
+  assert "python -m lra_core.configs" in out and "examples:\n  python -m lra_core.train --config configs/" in out
 
 
 def test_a_command_shows_its_own_example(capsys):
@@ -74,7 +74,7 @@ def test_a_command_shows_its_own_example(capsys):
   with pytest.raises(SystemExit):
     evaluate.main(["--help"])
   out = capsys.readouterr().out
-  assert f"example:\n  {evaluate.EXAMPLE}" in out
+  assert f"examples:\n  {evaluate.EXAMPLE}" in out
   assert "default: the workdir's config.json" in " ".join(out.split())  # argparse wraps the flag help
 
 

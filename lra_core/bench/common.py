@@ -145,7 +145,7 @@ def parse_command(
   """(argv, args, variants) of a generation benchmark's command line: --config / --override /
   --variant, the command's own `flags`, --repeats / --warmup, and --title / --out / --json."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+  parser = cli.doc_parser(prog, doc)
   parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
   parser.add_argument(

@@ -1,6 +1,10 @@
-"""Times autoregressive decoding: milliseconds per generated token as the context grows.
+r"""Times autoregressive decoding: milliseconds per generated token as the context grows.
 
-The command is scripts/bench_decode.py (examples there), or `python -m lra_core.bench.decode`.
+  python scripts/bench_decode.py --config=configs/imagenet64/fit_ar.py:tiny \
+      --variant fit_ar: --variant transformer++:config=configs/imagenet64/transformer.py:tiny,plusplus \
+      --context_lens=768,3072,12288 --tokens=96 --batch_size=1 --out=docs/benchmarks.md
+
+The same command as `python -m lra_core.bench.decode`.
 
 For each (variant, context length L) the config gets train.seq_len=L (and model.max_len=L where
 the model pins one), a freshly initialised model in eval mode, and a decode state for L

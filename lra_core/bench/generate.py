@@ -1,7 +1,11 @@
-"""Generation throughput (Block Transformer Table 2 / Figure 2 style): generated tokens per second
+r"""Generation throughput (Block Transformer Table 2 / Figure 2 style): generated tokens per second
 of whole prompt -> continuation calls, by batch size and (prompt, generated) lengths.
 
-The command is scripts/bench_generate.py (examples there), or `python -m lra_core.bench.generate`.
+  python scripts/bench_generate.py --config=configs/c4/block_transformer.py:5m \
+      --variant block: --variant vanilla:config=configs/c4/block_transformer.py:5m,vanilla \
+      --batch_sizes=1,32 --settings=2048:128,128:2048 --out=docs/benchmarks.md
+
+The same command as `python -m lra_core.bench.generate`.
 
 Each variant is freshly initialised (eval mode) and generates greedily from random prompts (ids
 1..V-1, no padding). A model module with its own `generate(model, prompt, ...)` (the Block

@@ -3,13 +3,16 @@ gradients (w.r.t. q and v) against the XLA form's, and the median time of a forw
 plus gradient. On a GPU the kernels run as Triton calls, on a TPU through Mosaic, on a CPU in interpret
 mode (numbers only: interpret-mode times say nothing of a device).
 
-The command is scripts/run_kernels.py (examples there), or `python -m lra_core.bench.kernel_run`; the
-compile-only check for devices this host lacks is scripts/check_lowering.py.
+  python scripts/run_kernels.py                                # B 2, T 1024, 2 heads of 64; float32, bfloat16
+  python scripts/run_kernels.py --paper=all --seq_len=8192     # each kernel at its paper model's widths
+  JAX_DEFAULT_MATMUL_PRECISION=highest python scripts/run_kernels.py   # float32 matmuls without TF32 on a GPU
+
+The same command as `python -m lra_core.bench.kernel_run`; the compile-only check for devices this
+host lacks is scripts/check_lowering.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
@@ -17,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lra_core import cli
 from lra_core.bench import common
 from lra_core.bench.lowering import GPU_MARKER, PAPER, TPU_MARKER, gradient, kernels_at
 from lra_core.tables import markdown_table
@@ -95,7 +99,7 @@ def table(rows) -> str:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python scripts/run_kernels.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/run_kernels.py", __doc__)
   parser.add_argument("--seq_len", type=int, default=1024)
   parser.add_argument("--width", type=int, default=64, help="head width (Dk = Dv; FLASH's S = E)")
   parser.add_argument("--latents", type=int, default=32, help="Latte's latent states per head")

@@ -17,7 +17,6 @@ step's median tokens/s, and loop / bare.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import statistics
@@ -28,7 +27,7 @@ from collections.abc import Sequence
 from lra_core import cli
 from lra_core.bench.common import median_seconds, output_flags, publish
 from lra_core.bench.train_step import TrainStepRun
-from lra_core.config import load_config
+from lra_core.config import load_config, log_interval
 from lra_core.errors import ConfigError
 from lra_core.train import DEFAULT_CONFIG, train_and_evaluate
 
@@ -50,7 +49,7 @@ def measure(config, workdir: pathlib.Path, *, bare_steps: int = 50, warmup: int 
   if not intervals:
     raise ConfigError(
       f"the run logged no tokens/s; train.steps {config.train.steps} must reach "
-      f"train.log_every {config.train.log_every}."
+      f"train.log_every {log_interval(config.train)}."
     )
   steady = intervals[1:] or intervals
   run = TrainStepRun(config).ready()
@@ -60,7 +59,7 @@ def measure(config, workdir: pathlib.Path, *, bare_steps: int = 50, warmup: int 
   loop = statistics.median(steady)
   return {
     "steps": config.train.steps,
-    "log_every": config.train.log_every,
+    "log_every": log_interval(config.train),
     "batch_size": config.train.batch_size,
     "seq_len": config.train.seq_len,
     "loop_tokens_per_s": loop,
@@ -88,7 +87,7 @@ def format_table(row: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/bench_loop.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/bench_loop.py", __doc__)
   parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: the embedded default)")
   parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="config override")
   parser.add_argument("--workdir", default="", help="a fresh folder for the run (default: a temporary one)")

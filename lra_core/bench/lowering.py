@@ -1,7 +1,12 @@
 """Compiles every Pallas kernel for a TPU slice (Mosaic, with libtpu) and for an NVIDIA GPU (Triton and
 ptxas, with the CUDA plugin), on any host, without either device.
 
-The command is scripts/check_lowering.py (examples there), or `python -m lra_core.bench.lowering`.
+  python scripts/check_lowering.py                                  # T 2048: TPU v5e and H100 compiles
+  python scripts/check_lowering.py --platforms=tpu --seq_len=8192 --dtype=bfloat16
+  python scripts/check_lowering.py --platforms=gpu --gpu=a100 --segments   # packed documents, on an A100
+  python scripts/check_lowering.py --paper=all --topology=v3:2x2 --dtype=bfloat16   # the paper models' widths
+
+The same command as `python -m lra_core.bench.lowering`.
 
 TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced under
 `jax.set_mesh` of the devices of `--topology` (lra_core.chips.tpu_devices), forward and gradient
@@ -18,7 +23,6 @@ check the numbers in interpret mode).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -37,7 +41,7 @@ try:  # a device kind to lower for, without the device
 except ImportError:
   from jax._src.mesh import AbstractDevice
 
-from lra_core import chips, kernels
+from lra_core import chips, cli, kernels
 from lra_core.bench import gpu_compile
 from lra_core.kernels import _pallas, vq
 
@@ -232,7 +236,7 @@ def _largest(found, field: str):
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python scripts/check_lowering.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/check_lowering.py", __doc__)
   parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
   parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.chips)")
   parser.add_argument(

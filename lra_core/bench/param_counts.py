@@ -1,16 +1,16 @@
 """Parameter counts of the paper configs, computed from shapes (jax.eval_shape), beside the papers'.
 
-The command is scripts/param_counts.py (examples there), or `python -m lra_core.bench.param_counts`.
+  python scripts/param_counts.py            # markdown table on stdout
+
+The same command as `python -m lra_core.bench.param_counts`.
 
 No parameters are allocated, so the 1.3B models count in seconds on a laptop.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import lra_core
-from lra_core import registry
+from lra_core import cli, registry
 from lra_core.protocol import PaperRow
 
 # Every family's paper rows (its FAMILY record), family by family.
@@ -55,7 +55,7 @@ def table(records: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-  argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+  cli.doc_parser("python scripts/param_counts.py", __doc__).parse_args(argv)
   print(table(rows()))
 
 

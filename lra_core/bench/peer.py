@@ -1,4 +1,12 @@
-"""Our train step side by side with a peer's: a plain JAX implementation of the same model and size.
+r"""Our train step side by side with a peer's: a plain JAX implementation of the same model and size.
+
+  python scripts/peer_bench.py --config=configs/enwik8/transformer.py \
+      --override model.d_model=256 --override model.num_layers=4 --override model.num_heads=4 \
+      --override model.d_ff=1024 --override model.dropout=0.0 \
+      --variant transformer: --variant transformer+:config=configs/enwik8/transformer.py:plus \
+      --shapes=1024x8,256x32 --out=docs/benchmarks.md
+
+The same command as `python -m lra_core.bench.peer`.
 
 A peer is written the way its public code base writes the model (lra_core/bench/peer_lm1b.py,
 peer_vq.py), computing the same function as ours. scripts/peer_bench.py times our trainer's full
@@ -19,7 +27,6 @@ new state: nothing else.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import statistics
@@ -187,7 +194,7 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/peer_bench.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/peer_bench.py", __doc__)
   parser.add_argument(
     "--config", required=True, help=f"config file[:arg] of a family with a peer ({', '.join(sorted(PEERS))})"
   )

@@ -1,6 +1,13 @@
-"""How a config's parameters are split over a mesh, computed without devices.
+r"""How a config's parameters are split over a mesh, computed without devices.
 
-The command is scripts/shardings.py (examples there), or `python -m lra_core.bench.shardings`.
+  python scripts/shardings.py --config=configs/c4/latte.py --devices=256 \
+      --config.mesh.data=16 --config.mesh.fsdp=-1 --config.mesh.tensor=4
+  python scripts/shardings.py --families --devices=8 --config.mesh.data=2 \
+      --config.mesh.fsdp=2 --config.mesh.tensor=2      # every model family's tiny config
+  python scripts/shardings.py --families --paper --devices=64 --config.mesh.data=8 \
+      --config.mesh.fsdp=4 --config.mesh.tensor=2      # the paper sizes (docs/launching.md)
+
+The same command as `python -m lra_core.bench.shardings`.
 
 Prints each parameter's logical axes and PartitionSpec (with --params), and a summary: the
 share of parameters split over `fsdp` and over `tensor`, and the parameter bytes (float32) one
@@ -10,7 +17,6 @@ the logical-to-mesh mapping from `config.sharding.rules`; both can be overridden
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from lra_core import cli, registry
@@ -46,8 +52,10 @@ def summarize(rows: list[dict]) -> dict:
 def main(argv=None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a[len("--config.") :] for a in argv if a.startswith("--config.")]
-  parser = argparse.ArgumentParser(prog="python scripts/shardings.py")
-  parser.add_argument("--config", help="a config spec (file[:arg])")
+  parser = cli.doc_parser("python scripts/shardings.py", __doc__)
+  parser.add_argument(
+    "--config", help="a config spec (file[:arg]); --config.KEY=VALUE overrides one field (e.g. --config.mesh.fsdp=4)"
+  )
   parser.add_argument("--families", action="store_true", help="one row per model family (tiny configs)")
   parser.add_argument("--paper", action="store_true", help="with --families: the paper-size configs")
   parser.add_argument("--devices", type=int, default=8, help="devices of the mesh to lay out")

@@ -1,6 +1,12 @@
-"""Times the trainer's jitted train step: tokens/s, compile time, memory and FLOP/s per length.
+r"""Times the trainer's jitted train step: tokens/s, compile time, memory and FLOP/s per length.
 
-The command is scripts/bench.py (examples there), or `python -m lra_core.bench.train_step`.
+  python scripts/bench.py --config=configs/enwik8/transformer.py \
+      --variant base: --variant glu:model.mlp=glu,model.d_ff=1536 \
+      --seq_lens=2048,8192,16384 --batch_size=1 --steps=5 --warmup=2 --out=docs/bench.md
+  python scripts/bench.py --cores=causal_latte,causal_attention --seq_lens=512,2048   # attention cores alone
+  lra-bench --config=configs/enwik8/transformer.py:tiny --seq_lens=256   # lra-bench: installed with the package
+
+The same command as `lra-bench` and `python -m lra_core.bench.train_step`.
 
 Each (variant, length) loads the config with the --override settings, then the variant's, then
 train.seq_len=T, train.batch_size=B, train.update_len=0 (one update window = the whole
@@ -17,7 +23,6 @@ that runs out of memory gives an "OOM" row instead of stopping.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import gc
 import re
@@ -390,7 +395,7 @@ def _options(items: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/bench.py", __doc__)
   parser.add_argument("--config", default="", help="config file[:arg], as for lra_core.train")
   parser.add_argument(
     "--cores",

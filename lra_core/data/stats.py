@@ -23,6 +23,11 @@ from lra_core import cli, registry
 from lra_core import data as data_lib
 from lra_core.data import pipeline
 
+EXAMPLE = (
+  "python -m lra_core.data.stats --config=configs/lra/listops/transformer.py \\\n"
+  "      --config.data.dir=$DATA/lra/listops --splits=train,test --max_examples=1000"
+)
+
 
 def real_tokens(example: dict[str, np.ndarray]) -> int:
   """Non-padding input positions of one example."""
@@ -93,7 +98,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch_size", type=int, default=0, help="pipeline batch (0 = train.batch_size)")
 
   def run():
-    args = cli.parse(argv, default_workdir="", extra=flags, prog="python -m lra_core.data.stats")
+    args = cli.parse(argv, default_workdir="", extra=flags, prog="python -m lra_core.data.stats", example=EXAMPLE)
     config, ns = args.config, args.extra
     registry.dataset_module(config.data.name).validate_config(config)
     for split in ns.splits.split(","):

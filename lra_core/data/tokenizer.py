@@ -1,4 +1,4 @@
-"""Tokenizers for text corpora (PG-19, C4) and the SentencePiece training command.
+r"""Tokenizers for text corpora (PG-19, C4) and the SentencePiece training command.
 
 `data.tokenizer` names one:
   "bytes"          UTF-8 bytes, id = byte + 2 (pad 0, eos 1), vocabulary 258;
@@ -6,14 +6,14 @@
                    as Transformer-VQ) or a user's own (T5's C4 vocabulary); it must define eos.
                    It may be an object in a bucket (gs://...), loaded from its bytes.
 
-Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them):
+Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them), then inspect it:
 
   python -m lra_core.data.tokenizer --train --input=/data/pg19/train \
       --model_prefix=/data/pg19/spm_bpe32k --vocab_size=32000
+  python -m lra_core.data.tokenizer --model=/data/pg19/spm_bpe32k.model --encode="some text"
 
 `--input` takes folders (every *.txt below them), .txt files and C4 .json(.gz) shards (their
-"text" fields), comma-separated; they and `--model_prefix` may be gs:// paths. Inspect a model
-with `--model=... --encode="some text"`.
+"text" fields), comma-separated; they and `--model_prefix` may be gs:// paths.
 
 Every tokenizer also says which tokens begin a whitespace-separated word (`word_starts`), so an
 evaluation can report word-level perplexity (Rae et al. 2020: total loss / number of words).
@@ -21,7 +21,6 @@ evaluation can report word-level perplexity (Rae et al. 2020: total loss / numbe
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gzip
 import hashlib
@@ -37,7 +36,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from etils import epath
 
-from lra_core import fs
+from lra_core import cli, fs
 from lra_core.data import files
 from lra_core.errors import ConfigError, DataError, UserError
 
@@ -278,7 +277,7 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.tokenizer", description=__doc__.split("\n")[0])
+  parser = cli.doc_parser("python -m lra_core.data.tokenizer", __doc__)
   parser.add_argument("--train", action="store_true", help="train a SentencePiece model")
   parser.add_argument("--input", default="", help="comma-separated folders / .txt / .json(.gz) files")
   parser.add_argument("--model_prefix", default="", help="output: <prefix>.model and <prefix>.vocab")

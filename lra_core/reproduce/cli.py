@@ -1,6 +1,12 @@
 """Reproduces the papers' tables: one command per table, the paper's numbers beside ours.
 
-The command is scripts/reproduce.py (examples there), or `python -m lra_core.reproduce.cli`.
+  python scripts/reproduce.py --list
+  python scripts/reproduce.py --table vq_throughput                  # CPU size, minutes
+  python scripts/reproduce.py --table vq_codebook --data_dir=/data   # tables that train read data
+  python scripts/reproduce.py --table flash_latency --full           # the paper's size (TPU / GPU)
+  python scripts/reproduce.py --table params --out=docs/results.md   # replace its section there
+
+The same command as `python -m lra_core.reproduce.cli`.
 
 Each table prints a markdown section: the setting, the machine, the commit and the command, the
 table and at most one line comparing ours with the paper; plots go to docs/img/ (--img_dir). With
@@ -12,7 +18,6 @@ when their config has not changed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import os
@@ -216,7 +221,7 @@ def list_tables() -> str:
 
 def main(argv: Sequence[str] | None = None) -> str:
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python scripts/reproduce.py", description=__doc__.splitlines()[0])
+  parser = cli.doc_parser("python scripts/reproduce.py", __doc__)
   parser.add_argument("--list", action="store_true", help="list the tables and exit")
   parser.add_argument("--table", default="", help="the table to reproduce (see --list)")
   parser.add_argument(

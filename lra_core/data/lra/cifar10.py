@@ -37,7 +37,6 @@ The files path decodes the pickles once into the lra_core cache (uint8[N, 1024] 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import logging
@@ -52,6 +51,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from lra_core import cli
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
@@ -411,7 +411,7 @@ def describe(source: Images) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.cifar10", description=__doc__.split("\n")[0])
+  parser = cli.doc_parser("python -m lra_core.data.lra.cifar10", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="print size, classes and mean pixel of the LRA splits")
   stats.add_argument("--dir", required=True, help=f"folder with {ARCHIVE} or {FOLDER}/")

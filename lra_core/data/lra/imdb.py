@@ -27,7 +27,6 @@ numeric id). The texts are stored whole and cut to T on access, so one entry ser
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import pathlib
@@ -41,7 +40,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core import fs
+from lra_core import cli, fs
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.errors import ConfigError, DataError
 
@@ -329,7 +328,7 @@ def describe(source: Reviews) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.imdb", description=__doc__.split("\n")[0])
+  parser = cli.doc_parser("python -m lra_core.data.lra.imdb", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="print size, labels and byte lengths of both splits")
   stats.add_argument("--dir", required=True, help=f"folder with {ARCHIVE} or {FOLDER}/")

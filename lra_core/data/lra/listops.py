@@ -13,7 +13,6 @@ vocabulary instead of LRA's set order, which changed with PYTHONHASHSEED.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
@@ -32,6 +31,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from lra_core import cli
 from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
 
@@ -448,7 +448,7 @@ def describe(examples: Examples) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.listops", description=__doc__.split("\n")[0])
+  parser = cli.doc_parser("python -m lra_core.data.lra.listops", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv into --out")
   gen.add_argument("--out", required=True)

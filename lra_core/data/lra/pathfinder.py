@@ -39,7 +39,6 @@ same contour. They are not the official images (drewlinsley/pathfinder's snakes2
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import io
@@ -53,6 +52,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from lra_core import cli
 from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
@@ -373,7 +373,7 @@ def describe(arrays: dict[str, np.ndarray], difficulty: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m lra_core.data.lra.pathfinder", description=__doc__.split("\n")[0])
+  parser = cli.doc_parser("python -m lra_core.data.lra.pathfinder", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="decode (or map from the cache) and describe the splits")
   stats.add_argument("dir")
