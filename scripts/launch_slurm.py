@@ -27,12 +27,16 @@ object store (gs://...), a file in the temporary folder) and submitted with `sba
 --dry-run prints the script and the sbatch command, writes and submits nothing. The job's log goes to --output (default:
 <workdir>/slurm-%j.out, %j being the job id; slurm-%j.out in --chdir for an object-store workdir,
 which is passed to the trainer untouched). The workdir, --chdir and the environment must be on a
-filesystem all nodes share. scripts/slurm/train.sbatch is a rendered example; see docs/launching.md.
+filesystem all nodes share. The launcher installs nothing: when a train argument is a gs:// or s3://
+URL and this Python lacks the package that reaches it (gcsfs, s3fs), it warns that the job's
+environment needs the extra (pip install -e ".[gcs]" / ".[s3]"). scripts/slurm/train.sbatch is a
+rendered example; see docs/launching.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import shlex
@@ -44,6 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The trainer's exit status after saving at a SIGTERM (lra_core.cli.EXIT_PREEMPTED; this script runs
 # without the package installed, tests/test_launchers.py checks that the two agree).
 EXIT_PREEMPTED = 75
+# Object stores by URL scheme: the pyproject.toml extra that reaches one, and the packages that do (lra_core/fs.py).
+STORES = {"gs": ("gcs", ("gcsfs", "tensorflow")), "s3": ("s3", ("s3fs", "tensorflow"))}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -54,9 +60,22 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
   return argv[:i], argv[i + 1 :]
 
 
+EXAMPLE = (
+  "examples:\n"
+  "  python scripts/launch_slurm.py --nodes=2 --gpus_per_node=8 --time=24:00:00 \\\n"
+  "      -- --config=configs/c4/latte.py --workdir=/shared/runs/latte\n"
+  "  python scripts/launch_slurm.py --nodes=2 --gpus_per_node=8 --dry-run \\\n"
+  "      -- --config=configs/c4/latte.py --workdir=/shared/runs/latte   # print the sbatch script only"
+)
+
+
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-    description=__doc__.splitlines()[0], usage="%(prog)s --nodes=N --gpus_per_node=G [options] -- <train args>"
+    prog="python scripts/launch_slurm.py",
+    description=__doc__.splitlines()[0],
+    usage="%(prog)s --nodes=N --gpus_per_node=G [options] -- <train args>",
+    epilog=EXAMPLE,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument("--nodes", type=int, required=True, help="number of nodes")
   parser.add_argument("--gpus_per_node", type=int, required=True, help="GPUs per node = tasks per node")
@@ -160,6 +179,24 @@ def local_workdir(train_args: list[str]) -> str | None:
   return None if wd is None or "://" in wd else wd
 
 
+def store_warning(train_args: list[str], have=lambda m: importlib.util.find_spec(m) is not None) -> str | None:
+  """One line when a train argument, or its value after `=`, is a gs:// or s3:// URL and this Python
+  has none of the packages that reach that store (the job's environment is often this one)."""
+  missing = {
+    scheme: extra
+    for scheme, (extra, modules) in STORES.items()
+    if any(a.startswith(f"{scheme}://") or f"={scheme}://" in a for a in train_args)
+    and not any(have(m) for m in modules)
+  }
+  if not missing:
+    return None
+  urls, packages = " / ".join(f"{s}://" for s in missing), " / ".join(STORES[s][1][0] for s in missing)
+  return (
+    f"warning: the train arguments name {urls} URLs and this Python has no {packages}; the job's environment "
+    f'(--setup, or the python on the PATH sbatch passes on) needs pip install -e ".[{",".join(missing.values())}]".'
+  )
+
+
 def render(args: argparse.Namespace) -> str:
   """The sbatch script."""
   wd = local_workdir(args.train_args)
@@ -209,6 +246,9 @@ def script_path(args: argparse.Namespace) -> pathlib.Path:
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   script, path = render(args), script_path(args)
+  warning = store_warning(args.train_args)
+  if warning:
+    print(warning, file=sys.stderr, flush=True)
   submit = ["sbatch", str(path)]
   if args.dry_run:
     print(f"# {path}")

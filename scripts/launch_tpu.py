@@ -20,7 +20,8 @@ Everything after `--` goes to `python -m lra_core.train` unchanged. The steps, e
      travel, ignored outputs such as runs/ and venvs do not) into a tarball, copies it to every
      worker and unpacks it over --remote_dir (files deleted here are not deleted there);
      `--code=git` clones --repo on every worker, or fetches, checks out --branch and pulls.
-  4. `python3 -m pip install -e ".[EXTRA]"` on every worker.
+  4. `python3 -m pip install -e ".[EXTRA]"` on every worker, EXTRA being --extra plus gcs / s3 when a
+     train argument (--workdir, --config.data.dir, ...) is a gs:// / s3:// URL (STORE_EXTRAS).
   5. the run: the identical train command, with `--distributed=on` added, on every worker
      (`--worker=all`). jax.distributed.initialize then finds the coordinator, process count and
      id of a pod slice itself (from the TPU VM's metadata server). The workers' output comes back
@@ -75,6 +76,9 @@ EXIT_PREEMPTED = 75
 LOST = ("PREEMPTED", "TERMINATED", "FAILED", "SUSPENDING", "SUSPENDED", GONE)
 # Queued resource states on the way to ACTIVE.
 PENDING = ("ACCEPTED", "CREATING", "PROVISIONING", "WAITING_FOR_RESOURCES")
+# The pyproject.toml extra that reaches each object store (lra_core/fs.py), by URL scheme: step 4 adds
+# it to --extra when a train argument is such a URL, since the trainer cannot start without it.
+STORE_EXTRAS = {"gs": "gcs", "s3": "s3"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +126,31 @@ def train_workdir(train_args: list[str]) -> str | None:
   return found
 
 
+def store_extras(train_args: list[str]) -> list[str]:
+  """The STORE_EXTRAS of the object stores the train arguments name: an argument, or its value
+  after `=` (--workdir=gs://..., --config.data.dir=s3://...), that is a gs:// or s3:// URL."""
+  return [
+    extra
+    for scheme, extra in STORE_EXTRAS.items()
+    if any(a.startswith(f"{scheme}://") or f"={scheme}://" in a for a in train_args)
+  ]
+
+
+EXAMPLE = (
+  "examples:\n"
+  "  python scripts/launch_tpu.py --name=vq --zone=us-central2-b --accelerator_type=v4-32 --spot --supervise \\\n"
+  "      -- --config=configs/enwik8/transformer_vq.py --workdir=gs://my-bucket/runs/vq\n"
+  "  python scripts/launch_tpu.py --name=vq --zone=us-central2-b --accelerator_type=v4-32 --dry-run \\\n"
+  "      -- --config=configs/enwik8/transformer_vq.py --workdir=gs://my-bucket/runs/vq   # print the steps only"
+)
+
+
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
+    prog="python scripts/launch_tpu.py",
     description=__doc__.splitlines()[0],
+    epilog=EXAMPLE,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
     usage="%(prog)s --name=NAME --zone=ZONE --accelerator_type=TYPE [options] -- <train args>",
   )
   parser.add_argument("--name", required=True, help="the TPU VM's name (reused if it exists)")
@@ -158,7 +184,12 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repo", default=None, help="git URL the workers clone (--code=git)")
   parser.add_argument("--branch", default="main", help="branch the workers check out (--code=git)")
   parser.add_argument("--remote_dir", default="~/lra_core", help="the checkout's folder on every worker")
-  parser.add_argument("--extra", default="tpu", help="pyproject.toml extra to install ('' for none)")
+  parser.add_argument(
+    "--extra",
+    default="tpu",
+    help="pyproject.toml extras to install, comma-separated ('' for none); gcs / s3 are added when a train "
+    "argument is a gs:// / s3:// URL",
+  )
   parser.add_argument("--python", default="python3", help="the workers' Python (3.11 or newer)")
   parser.add_argument(
     "--setup", default="", help="shell command run before install and train, e.g. 'source ~/venv/bin/activate'"
@@ -293,9 +324,14 @@ def _work(args: argparse.Namespace, prefix: str = "", pack: bool = True) -> list
         ssh(f"mkdir -p {folder} && tar -xzf ~/{REMOTE_TARBALL} -C {folder} && rm ~/{REMOTE_TARBALL}"),
       ),
     ][0 if pack else 1 :]
-  target = f'".[{args.extra}]"' if args.extra else "."
+  extras = [e for e in args.extra.split(",") if e]
+  added = [e for e in store_extras(args.train_args) if e not in extras]
+  target = f'".[{",".join(extras + added)}]"' if extras + added else "."
+  why = f" ({', '.join(added)} added for the train arguments' object-store URLs)" if added else ""
   return steps + [
-    Step(f"{prefix}4. install the package on every worker", ssh(in_env(f"{args.python} -m pip install -e {target}"))),
+    Step(
+      f"{prefix}4. install the package on every worker{why}", ssh(in_env(f"{args.python} -m pip install -e {target}"))
+    ),
     Step(
       f"{prefix}5. train: the same command on every worker",
       ssh(in_env(f"{args.python} -m lra_core.train {shlex.join(args.train_args)} --distributed=on")),

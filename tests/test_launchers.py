@@ -104,6 +104,28 @@ def test_tpu_git_spot_project_setup_and_remote_dir():
 
 
 @pytest.mark.parametrize(
+  "flags, train, target, added",
+  [
+    ((), ["--workdir=gs://bucket/run"], '".[tpu,gcs]"', "gcs"),
+    ((), ["--workdir", "s3://bucket/run"], '".[tpu,s3]"', "s3"),
+    (("--extra=",), ["--workdir=gs://bucket/run", "--config.data.dir=s3://bucket/data"], '".[gcs,s3]"', "gcs, s3"),
+    (("--extra=gcs,tpu",), ["--workdir=gs://bucket/run"], '".[gcs,tpu]"', None),
+    ((), ["--workdir=/mnt/shared/runs/x", "--config.data.dir=/mnt/data"], '".[tpu]"', None),
+    (("--extra=",), ["--workdir=runs/x"], ".", None),
+  ],
+)
+def test_tpu_install_adds_the_extra_of_an_object_store_url(flags, train, target, added):
+  """A gs:// or s3:// workdir or data dir needs gcsfs / s3fs on the workers: step 4 and R4 install it."""
+  args = tpu.parse_args([*BASE, "--supervise", *flags, "--", *train])
+  install = SSH + (f"--command=cd ~/lra_core && python3 -m pip install -e {target}",)
+  comment = "install the package on every worker" + (
+    f" ({added} added for the train arguments' object-store URLs)" if added else ""
+  )
+  for prefix, step in [("", tpu.build_steps(args)[-2]), ("R", tpu.supervise_steps(args)[-2])]:
+    assert (step.comment, step.argv) == (f"{prefix}4. {comment}", install)
+
+
+@pytest.mark.parametrize(
   "argv, message",
   [
     (["--zone=z", "--accelerator_type=v4-8", "--", "--workdir=w"], "required: --name"),
@@ -765,6 +787,43 @@ def test_slurm_passes_an_object_store_workdir_through_untouched(tmp_path, monkey
   assert "#SBATCH --output=slurm-%j.out" in script
   assert any(line.startswith("srun python -m lra_core.train --workdir=gs://bucket/run ") for line in script)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no folder named gs:
+
+
+@pytest.mark.parametrize(
+  "train, have, warning",
+  [
+    (["--workdir=gs://bucket/run"], (), 'gs:// URLs and this Python has no gcsfs; {env} ".[gcs]".'),
+    (["--workdir", "s3://bucket/run"], ("gcsfs",), 's3:// URLs and this Python has no s3fs; {env} ".[s3]".'),
+    (
+      ["--workdir=gs://b/run", "--config.data.dir=s3://b/data"],
+      (),
+      'gs:// / s3:// URLs and this Python has no gcsfs / s3fs; {env} ".[gcs,s3]".',
+    ),
+    (["--workdir=gs://b/run", "--config.data.dir=s3://b/data"], ("tensorflow",), None),
+    (["--workdir=gs://bucket/run"], ("gcsfs",), None),
+    (["--workdir=/shared/runs/x", "--config.data.dir=/shared/data"], (), None),
+  ],
+)
+def test_slurm_warns_when_this_python_cannot_reach_an_object_store_url(train, have, warning):
+  env = "the job's environment (--setup, or the python on the PATH sbatch passes on) needs pip install -e"
+  expected = warning and "warning: the train arguments name " + warning.format(env=env)
+  assert slurm.store_warning(train, have=lambda m: m in have) == expected
+
+
+def test_slurm_dry_run_warns_about_a_missing_gcsfs_before_writing_anything(tmp_path, monkeypatch, capsys):
+  find_spec = slurm.importlib.util.find_spec
+  monkeypatch.setattr(
+    slurm.importlib.util, "find_spec", lambda m, *a: None if m in ("gcsfs", "tensorflow") else find_spec(m, *a)
+  )
+  out_file = tmp_path / "s.sbatch"
+  slurm.main(["--nodes=1", "--gpus_per_node=2", f"--script_out={out_file}", "--dry-run", "--", "--workdir=gs://b/r"])
+  captured = capsys.readouterr()
+  assert captured.err == (
+    "warning: the train arguments name gs:// URLs and this Python has no gcsfs; the job's environment (--setup, or "
+    'the python on the PATH sbatch passes on) needs pip install -e ".[gcs]".\n'
+  )
+  assert captured.out.splitlines()[-1] == f"sbatch {out_file}"
+  assert not out_file.exists()
 
 
 def test_slurm_dry_run_prints_script_and_submits_nothing(tmp_path, capsys):
