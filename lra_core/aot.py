@@ -81,8 +81,9 @@ class MemoryEstimate:
 
   def describe(self) -> str:
     return (
-      f"{_gib(self.peak)} per device (arguments {_gib(self.arguments)}, outputs {_gib(self.outputs)}, "
-      f"{_gib(self.aliased)} of them reusing donated inputs, temporaries {_gib(self.temporaries)})"
+      f"{size(self.peak / GIB)} per device (arguments {size(self.arguments / GIB)}, outputs "
+      f"{size(self.outputs / GIB)}, {size(self.aliased / GIB)} of them reusing donated inputs, temporaries "
+      f"{size(self.temporaries / GIB)})"
     )
 
 
@@ -169,11 +170,11 @@ def compile_step(
     logging.info("%s compiled in %.1f s (the backend gives no memory estimate)", name, seconds)
     return compiled
   limit = memory_limit(limit_gib, device)
-  budget = f" of {_gib(limit[0])} ({limit[1]})" if limit else ""
+  budget = f" of {size(limit[0] / GIB)} ({limit[1]})" if limit else ""
   logging.info("%s compiled in %.1f s; memory %s%s", name, seconds, estimate.describe(), budget)
   if limit and estimate.peak > limit[0]:
     raise ResourceError(
-      f"the {name} needs about {estimate.describe()}, more than the {_gib(limit[0])} "
+      f"the {name} needs about {estimate.describe()}, more than the {size(limit[0] / GIB)} "
       f"available ({limit[1]}); use a smaller batch or model, more gradient "
       "accumulation steps, model.remat, or shard over more devices (mesh.fsdp / mesh.tensor)."
     )
@@ -284,13 +285,23 @@ class Report:
     """What the MFU divides by: the chip's bf16 peak (the V100 has no bf16: its float32 rate)."""
     return "float32 peak (it has no bf16)" if "V100" in self.device_kind else "bf16 peak"
 
+  def mesh_warning(self) -> str:
+    """One line when the config's mesh leaves some of the topology's devices out, else ''."""
+    used = math.prod(self.mesh.values())
+    if used >= self.num_devices:
+      return ""
+    return (
+      f"warning: the config's mesh {self.mesh} uses {used} of the topology's {self.num_devices} devices, so "
+      f"every number below is for a run on {used}; set --config.mesh.data=-1 (or another axis) to use them all."
+    )
+
   def memory_row(self) -> str:
     if self.platform != "gpu":
-      return f"{self.hbm_gib:.2f} GiB"
+      return size(self.hbm_gib)
     if not math.isclose(self.usable_gib, self.hbm_gib * self.memory_fraction, rel_tol=1e-6):
-      return f"{self.hbm_gib:.2f} GiB, of which this check allows {self.usable_gib:.2f} GiB (train.memory_limit_gib)"
+      return f"{size(self.hbm_gib)}, of which this check allows {size(self.usable_gib)} (train.memory_limit_gib)"
     return (
-      f"{self.hbm_gib:.2f} GiB, of which a JAX process may use {self.usable_gib:.2f} GiB "
+      f"{size(self.hbm_gib)}, of which a JAX process may use {size(self.usable_gib)} "
       f"(XLA_PYTHON_CLIENT_MEM_FRACTION={self.memory_fraction:g}: JAX preallocates that share)"
     )
 
@@ -298,19 +309,18 @@ class Report:
     compiler = "GPU" if self.platform == "gpu" else "TPU"
     if self.refusal:  # the compiler refused the step for memory
       train = (
-        f"needs {self.peak_gib:,.2f} GiB of temporaries (the {compiler} compiler's out-of-memory refusal)"
+        f"needs {size(self.peak_gib)} of temporaries (the {compiler} compiler's out-of-memory refusal)"
         if not math.isnan(self.peak_gib)
         else f"refused by the {compiler} compiler: {self.refusal}"
       )
       estimate = [("estimated step time", "- (not compiled)")]
     else:
       train = (
-        f"arguments {self.arguments_gib:.2f} GiB, temporaries {self.temporaries_gib:.2f} GiB, "
-        f"peak {self.peak_gib:.2f} GiB"
+        f"arguments {size(self.arguments_gib)}, temporaries {size(self.temporaries_gib)}, peak {size(self.peak_gib)}"
       )
       estimate = [
         ("FLOPs per device per step", f"{self.flops_per_device:.4g}"),
-        ("estimated step time", f"{self.est_step_seconds * 1e3:,.1f} ms ({self.bound}-bound)"),
+        ("estimated step time", f"{duration(self.est_step_seconds)} ({self.bound}-bound)"),
         ("estimated tokens/s", f"{self.est_tokens_per_s:,.0f}"),
         (
           "estimated MFU",
@@ -324,7 +334,7 @@ class Report:
       ("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
       ("HBM per device", self.memory_row()),
       ("train step per device", train),
-      ("eval step per device", f"peak {self.eval_peak_gib:.2f} GiB" if not math.isnan(self.eval_peak_gib) else "-"),
+      ("eval step per device", f"peak {size(self.eval_peak_gib)}" if not math.isnan(self.eval_peak_gib) else "-"),
       ("fits", "yes" if self.fits else "NO"),
       ("parameters", f"{self.num_params:,} (remat {self.remat}, scan_layers {self.scan_layers})"),
       (f"Pallas kernels ({self.kernel_compiler}) in train step", f"{self.pallas_kernels}"),
@@ -336,7 +346,7 @@ class Report:
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     if self.hotspots:
       total = self.est_step_seconds
-      lines.append(f"dearest operations of the train step (share of the {total * 1e3:,.1f} ms estimate):")
+      lines.append(f"dearest operations of the train step (share of the {duration(total)} estimate):")
       for h in self.hotspots:
         lines.append(
           f"  {100 * h.seconds / total:5.1f}%  {h.bound:7s}  x{h.executions:<6,.0f} {h.kind:24s} "
@@ -570,13 +580,26 @@ def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
   return step, spec.abstract["params"], spec.abstract["model_state"], batch, carry
 
 
-def _gib(n: int) -> str:
-  return f"{n / GIB:.3f} GiB" if n >= GIB / 100 else f"{n / 2**20:.2f} MiB"
+def size(gib: float) -> str:
+  """'1.25 GiB' from 0.1 GiB up, else '3.4 MiB' or '12.0 KiB': small models' numbers do not read 0.00."""
+  if not abs(gib) < 0.1 or gib == 0:  # NaN too
+    return f"{gib:,.2f} GiB"
+  mib = gib * 2**10
+  return f"{mib:,.1f} MiB" if abs(mib) >= 0.1 else f"{mib * 2**10:,.1f} KiB"
+
+
+def duration(seconds: float) -> str:
+  """'12.5 ms' from 0.1 ms up, '35.0 µs' below."""
+  return f"{seconds * 1e3:,.1f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:,.1f} µs"
 
 
 # ----------------------------------------------------------------------------- command line
 
 EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, cli.EXIT_USER_ERROR, 3
+EXAMPLE = (
+  "python -m lra_core.aot --config configs/enwik8/transformer_vq.py --topology v5e:2x2 \\\n"
+  "      --config.mesh.data=4 --config.train.batch_size 8 --json runs/vq_v5e.json"
+)
 
 
 def main(argv=None) -> int:
@@ -605,12 +628,15 @@ def main(argv=None) -> int:
     extra=flags,
     workdir=False,
     prog="python -m lra_core.aot",
+    example=EXAMPLE,
     description="Compiles a config's train and eval steps for a TPU slice (libtpu) or NVIDIA GPUs "
     "(the CUDA plugin) on this host and reports memory, fit and an estimated step time.",
   )
   report = compile_config(
     args.config, args.extra.topology, hotspots=args.extra.hotspots, hlo_path=args.extra.hlo or None
   )
+  if report.mesh_warning():
+    print(report.mesh_warning(), file=sys.stderr)
   print(f"{args.spec} on {args.extra.topology}:")
   print(report.table())
   if args.extra.json:

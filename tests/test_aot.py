@@ -1,5 +1,6 @@
 """Ahead-of-time compilation: the memory estimate and the refusal of a step that cannot fit."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -43,10 +44,32 @@ def test_estimate_counts_arguments_outputs_and_donation():
 def test_a_step_over_the_budget_is_refused_with_the_estimate():
   with pytest.raises(
     ResourceError,
-    match=r"needs about 0\.\d+ MiB per device .* more than the 0\.00 MiB available "
+    match=r"needs about [\d.]+ MiB per device .* more than the 0\.0 KiB available "
     r"\(train.memory_limit_gib\)",
   ):
     aot.compile_step(_step(), *ARGS, name="step", limit_gib=1e-9)
+
+
+def test_small_numbers_are_printed_in_small_units_and_a_partial_mesh_is_warned_about():
+  assert [aot.size(g) for g in (16.0, 0.25, 0.05, 3e-6, 0.0)] == [
+    "16.00 GiB",
+    "0.25 GiB",
+    "51.2 MiB",
+    "3.1 KiB",
+    "0.00 GiB",
+  ]
+  assert [aot.duration(s) for s in (2.5, 0.0125, 3.5e-5)] == ["2,500.0 ms", "12.5 ms", "35.0 µs"]
+  fields = {f.name: 0 for f in dataclasses.fields(aot.Report) if f.default is dataclasses.MISSING}
+  tiny = aot.Report(**fields | dict(topology="v5e:2x2", num_devices=4, device_kind="TPU v5 lite", bound="compute"))
+  small = dict(arguments_gib=1e-3, temporaries_gib=1e-3, peak_gib=2e-3, eval_peak_gib=1e-3, est_step_seconds=4e-5)
+  tiny = dataclasses.replace(tiny, mesh={"data": 1, "fsdp": 1}, hbm_gib=16.0, **small)
+  table = tiny.table()
+  assert "peak 2.0 MiB" in table and "40.0 µs (compute-bound)" in table and "0.00 GiB" not in table
+  assert tiny.mesh_warning() == (
+    "warning: the config's mesh {'data': 1, 'fsdp': 1} uses 1 of the topology's 4 devices, so every number "
+    "below is for a run on 1; set --config.mesh.data=-1 (or another axis) to use them all."
+  )
+  assert dataclasses.replace(tiny, mesh={"data": 2, "fsdp": 2}).mesh_warning() == ""
 
 
 def test_device_memory_limit_on_cpu_shares_the_host():
@@ -142,6 +165,9 @@ def test_cli_exit_status_says_whether_it_fits_and_names_bad_input(capsys):
   base = ["--config=configs/lra/listops/transformer.py:tiny", "--config.mesh.data=4"]
   over = _aot(*base, "--topology=v5e:2x2", "--config.train.memory_limit_gib=1e-6")
   assert over.returncode == aot.EXIT_DOES_NOT_FIT and re.search(r"^fits +NO$", over.stdout, re.M)
+  partial = _aot(base[0], "--topology=v5e:2x2", "--config.mesh.data=1")
+  assert partial.returncode == 0 and "warning: the config's mesh {'data': 1" in partial.stderr
+  assert "uses 1 of the topology's 4 devices" in partial.stderr
   unknown = _aot_refused(capsys, *base, "--topology=v9:2x2")
   assert "v3:2x2" in unknown and "v5e:2x2" in unknown
   assert "batch_sise" in _aot_refused(capsys, *base, "--topology=v5e:2x2", "--config.train.batch_sise=8")
