@@ -33,6 +33,9 @@ Conventions:
 * `ema_decay` d > 0 keeps an exponential moving average of the parameters in the train state,
   ema <- d * ema + (1 - d) * params after every update (starting from the initial parameters);
   evaluation and sampling then use it (lra_core.state, lra_core.steps). 0 (default) = none.
+  `ema_warmup` uses min(d, (1 + n) / (10 + n)) for the update after n updates instead (as
+  TensorFlow's ExponentialMovingAverage with num_updates), so a short run averages its recent weights
+  rather than staying near its initial ones (1 / (1 - d) = 10,000 updates at 0.9999).
 * Weight decay touches the weights that mix features (projection kernels, token embedding tables,
   gates) and nothing that adds to, scales or rotates activations, whatever its layout: parameters
   with ndim < 2 (scalars, biases, norm scales), and by name (`decays`, `UNDECAYED`) [heads, head_dim]
@@ -142,12 +145,22 @@ def default_config() -> ml_collections.ConfigDict:
   c.factored_eps = 1e-30  # added to squared gradients
   c.groups = ()  # tuple of group dicts; see the module docstring
   c.ema_decay = 0.0  # > 0: an EMA of the parameters, used to evaluate and sample; 0 = none
+  c.ema_warmup = False  # True: the decay after n updates is min(ema_decay, (1 + n) / (10 + n))
   return c
 
 
 def ema_decay(config) -> float:
   """`optim.ema_decay` (0.0 for configs saved before it existed): > 0 keeps an EMA of the weights."""
   return float(config.optim.get("ema_decay", 0.0))
+
+
+def ema_rate(config, updates):
+  """The EMA's decay for the update that follows `updates` updates (a traced step count is fine)."""
+  decay = ema_decay(config)
+  if not config.optim.get("ema_warmup", False):
+    return decay
+  n = jnp.asarray(updates, jnp.float32)
+  return jnp.minimum(decay, (1.0 + n) / (10.0 + n))
 
 
 def param_paths(params: Any) -> Any:
@@ -208,7 +221,8 @@ def _total_steps(config: ml_collections.ConfigDict) -> int:
 def _main_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
   d.pop("groups", None)
-  d.pop("ema_decay", None)  # not an optimizer setting: the train step keeps the average
+  d.pop("ema_decay", None)  # not optimizer settings: the train step keeps the average
+  d.pop("ema_warmup", None)
   # Same key as in groups, where 'name' is the group's name.
   d["optimizer"] = d.pop("name")
   return d

@@ -5,7 +5,8 @@ draws the same dropout masks), let the task prepare the batch, reset carried mod
 a new sequence begins, accumulate gradients over micro-batches, apply the optimizer, and return
 metric sums plus the norms the numerics guard checks (with train.skip_nonfinite, a non-finite
 update is dropped on device and reported as `skipped`). With optim.ema_decay d > 0 the state's
-"ema" moves to d * ema + (1 - d) * params after each update.
+"ema" moves to d * ema + (1 - d) * params after each update (d by optim.ema_rate: with
+optim.ema_warmup, smaller for the first updates).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ def _batch_size(batch: dict[str, Array]) -> int:
 def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTransformation, schedule):
   k = config.train.grad_accum_steps
   skip_nonfinite = config.train.skip_nonfinite
-  ema_decay = optim.ema_decay(config)
 
   def loss_fn(params, model_state, batch, carry, key, normalizer):
     model = nnx.merge(spec.train_graphdef, params, model_state)
@@ -95,9 +95,8 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
     params = optax.apply_updates(params, updates)
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state, model_state=model_state)
     if "ema" in state:
-      new_state["ema"] = jax.tree.map(
-        lambda e, p: (ema_decay * e + (1.0 - ema_decay) * p).astype(e.dtype), state["ema"], params
-      )
+      d = optim.ema_rate(config, state["step"])
+      new_state["ema"] = jax.tree.map(lambda e, p: (d * e + (1.0 - d) * p).astype(e.dtype), state["ema"], params)
     if carry is not None:
       new_state["carry"] = carry
     out = {name: jnp.stack(pair) for name, pair in metrics.items()}

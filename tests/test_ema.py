@@ -25,9 +25,9 @@ SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
 SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent_d_ff=64", "model.layers=L(1)G(1)L(1)")
 
 
-def _steps(decay: float, n: int = 3):
+def _steps(decay: float, n: int = 3, warmup: bool = False):
   """(states after each of n train steps, config) of the tiny denoiser on a fixed batch."""
-  config = lra_core.load_config(SPEC, [*SMALL, f"optim.ema_decay={decay}"])
+  config = lra_core.load_config(SPEC, [*SMALL, f"optim.ema_decay={decay}", f"optim.ema_warmup={warmup}"])
   mesh = sharding.make_mesh(config.mesh)
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
@@ -60,6 +60,19 @@ def test_ema_follows_its_recurrence_and_leaves_training_unchanged():
     jax.tree.map(lambda e, p: float(jnp.abs(e - p).max()), with_ema[-1]["ema"], with_ema[-1]["params"])
   )
   assert max(moved) > 1e-5  # the average lags the weights
+
+
+@pytest.mark.slow
+def test_ema_warmup_decays_by_min_of_d_and_1_plus_n_over_10_plus_n():
+  """TensorFlow's ExponentialMovingAverage with num_updates: the update after n updates uses
+  min(d, (1 + n) / (10 + n)), so at d 0.9999 the first three use 0.1, 2/11 and 3/12."""
+  states, config = _steps(0.9999, warmup=True)
+  assert lra_core.load_config(SPEC, []).optim.ema_warmup  # the tiny config's: runs of a few hundred steps
+  for n, (prev, cur) in enumerate(zip(states, states[1:])):
+    d = min(0.9999, (1 + n) / (10 + n))
+    expected = jax.tree.map(lambda e, p: d * e + (1 - d) * p, prev["ema"], cur["params"])
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur["ema"], expected)
+  assert float(optim.ema_rate(config, 10**6)) == pytest.approx(0.9999)
 
 
 @pytest.mark.slow

@@ -124,5 +124,6 @@ def get_config(arg=None):
       )
     )
     config.diffusion.sample_steps = 4
+    config.optim.ema_warmup = True  # a few hundred steps: the average follows recent weights
     tiny_train(config, seq_len=imagenet64.num_tokens(8))
   return config
