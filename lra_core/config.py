@@ -77,7 +77,7 @@ def base_config(
       update_len=0,  # lm: optimizer step per window of this many tokens; 0 -> seq_len
       grad_accum_steps=1,  # micro-batches per optimizer step
       seed=0,
-      log_every=50,
+      log_every=50,  # 0 -> about 10 logs per run (steps // 10)
       eval_every=500,  # 0 -> only at the end
       eval_batches=0,  # 0 -> the whole validation split
       checkpoint_every=500,  # 0 -> only at the end
@@ -123,10 +123,15 @@ def add_model_defaults(config: ml_collections.ConfigDict) -> None:
 def tiny_train(config: ml_collections.ConfigDict, seq_len: int) -> None:
   """The `tiny` training settings: a few steps on short sequences, one device, seconds on a CPU."""
   config.train.update(
-    dict(steps=4, batch_size=8, seq_len=seq_len, log_every=2, eval_every=0, eval_batches=2, checkpoint_every=0)
+    dict(steps=4, batch_size=8, seq_len=seq_len, log_every=0, eval_every=0, eval_batches=2, checkpoint_every=0)
   )
   config.optim.warmup_steps = min(config.optim.warmup_steps, 2)
   config.mesh.data = 1
+
+
+def log_interval(train: ml_collections.ConfigDict) -> int:
+  """Steps between logs: train.log_every, or for 0 about 10 logs per run whatever train.steps is."""
+  return train.log_every or max(1, train.steps // 10)
 
 
 def config_arg(arg: str | None, allowed: Sequence[str]) -> set[str]:
@@ -375,10 +380,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "train.seq_len",
     "train.grad_accum_steps",
     "train.keep_checkpoints",
-    "train.log_every",
   )
   train = config.train
   for key in (
+    "log_every",
     "eval_every",
     "eval_batches",
     "checkpoint_every",

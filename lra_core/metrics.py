@@ -214,16 +214,35 @@ class Progress:
     else:
       steps_per_s = rate / max(self.tokens_per_step, 1)
       eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
-      shown = " ".join(
-        f"{k}={v:.4g}"
-        for k, v in metrics.items()
-        if isinstance(v, float) and k not in ("tokens_per_s", "mfu", "step_time_s")
-      )
-      logging.info("step %d/%d %s | %.0f tokens/s%s | ETA %s", step, self.total, shown, recent, mfu, _clock(eta))
+      logging.info("%s", progress_line(step, self.total, metrics, f"{recent:,.0f} tokens/s{mfu} | ETA {_clock(eta)}"))
 
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
+
+
+# Logged first on a progress line, when present; the other metrics follow in their logged order.
+PROGRESS_FIRST = ("train_loss", "train_accuracy", "train_bits_per_byte", "train_bits_per_dim", "learning_rate")
+PROGRESS_WIDTH = 120 - len("00:00:00 INFO ")  # columns of a progress line's message (cli.setup_logging's prefix)
+NOT_ON_PROGRESS = ("tokens_per_s", "mfu", "step_time_s")  # the line's tail says these
+
+
+def progress_line(step: int, total: int, metrics: Mapping[str, float], tail: str, width: int = PROGRESS_WIDTH) -> str:
+  """'step 100/1000 loss=2.31 accuracy=0.41 ... +6 | <tail>' within `width` columns: the metrics of
+  PROGRESS_FIRST, then the rest, without their train_ prefix, as many as fit; '+N' counts those left
+  out (metrics.jsonl and TensorBoard have every one)."""
+  names = [k for k, v in metrics.items() if isinstance(v, float) and k not in NOT_ON_PROGRESS]
+  names.sort(key=lambda k: PROGRESS_FIRST.index(k) if k in PROGRESS_FIRST else len(PROGRESS_FIRST))
+  head, shown = f"step {step}/{total}", []
+  for i, k in enumerate(names):
+    item = f"{k.removeprefix('train_')}={metrics[k]:.4g}"
+    left_out = len(names) - i - 1
+    more = f" +{left_out}" if left_out else ""
+    if len(" ".join([head, *shown, item])) + len(more) + len(" | ") + len(tail) > width:
+      break
+    shown.append(item)
+  left_out = len(names) - len(shown)
+  return " ".join([head, *shown] + ([f"+{left_out}"] if left_out else [])) + " | " + tail
 
 
 def _clock(seconds: float) -> str:

@@ -28,7 +28,7 @@ from lra_core import aot, cli, compile_cache, data_setup, fs, optim, sharding, t
 from lra_core import data as data_lib
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
-from lra_core.config import parse_profile_steps, resume_conflicts
+from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.evaluate import Evaluator
@@ -112,6 +112,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       prefetch=config.data.prefetch,
     )
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+    log_every = log_interval(t)
     pending, log_sums = None, {}
     guard.last_saved = start
 
@@ -144,7 +145,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
           done = step + 1
           pending = (done, metrics)
           profiler.after(step, state)
-          if done % t.log_every == 0 or done == stop:
+          if done % log_every == 0 or done == stop:
             flush()
             logged = _finish_log(task, log_sums, guard if t.skip_nonfinite else None, meter, done)
             writer.write(done, logged)

@@ -13,8 +13,9 @@ import pytest
 import lra_core
 import outputs
 from lra_core import compile_cache, fs, hlo_cost, throughput
+from lra_core.config import log_interval
 from lra_core.errors import ConfigError
-from lra_core.metrics import MetricWriter, read_metrics
+from lra_core.metrics import PROGRESS_WIDTH, MetricWriter, progress_line, read_metrics
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
@@ -104,6 +105,39 @@ def test_throughput_and_mfu_are_logged(uninterrupted, cache_dir):
     )
     assert 0 < r["mfu"] < 1
   assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
+
+
+def test_a_progress_line_fits_120_columns_and_counts_what_it_leaves_out():
+  logged = dict(
+    train_accuracy=0.0039,
+    train_codebook_perplexity=8.918,
+    train_codebook_unused=2.25,
+    train_commit_loss=7.9,
+    train_loss=6.389,
+    train_perplexity=595.0,
+    train_bits_per_byte=9.217,
+    grad_norm=0.904,
+    learning_rate=2e-4,
+    objective=6.21,
+    param_norm=95.43,
+    tokens_per_s=1604.0,
+    mfu=0.004,
+    step_time_s=0.3,
+  )  # what a Transformer-VQ step logs
+  tail = "1,604 tokens/s | MFU 0.4% | ETA 0:00"
+  line = progress_line(20, 400, logged, tail)
+  assert len("00:00:00 INFO " + line) <= 120 and PROGRESS_WIDTH == 106
+  assert line == "step 20/400 loss=6.389 accuracy=0.0039 bits_per_byte=9.217 +8 | " + tail
+  every = progress_line(20, 400, logged, tail, width=1000)  # room for all, in PROGRESS_FIRST order first
+  assert every.startswith("step 20/400 loss=6.389 accuracy=0.0039 bits_per_byte=9.217 learning_rate=0.0002 ")
+  assert "+" not in every and every.count("=") == 11 and "tokens_per_s" not in every
+
+
+def test_tiny_configs_log_about_ten_times_whatever_the_steps():
+  tiny = lra_core.load_config("configs/lra/listops/transformer.py:tiny", [])
+  assert tiny.train.log_every == 0 and log_interval(tiny.train) == 1  # 4 steps
+  assert log_interval(lra_core.load_config("configs/lra/listops/transformer.py:tiny", ["train.steps=300"]).train) == 30
+  assert log_interval(lra_core.load_config("configs/lra/listops/transformer.py", []).train) == 50  # as set
 
 
 def test_step_flops_count_the_matrix_products_and_the_loops_cost_analysis_misses():
