@@ -96,6 +96,15 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   return overrides, rest
 
 
+def parse_overriding(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+  """parser.parse_args for a command with an `--override KEY=VALUE` flag that also takes the
+  trainer's `--config.KEY=VALUE` / `--config.KEY VALUE` (added to args.override, after the others)."""
+  overrides, rest = split_overrides(argv)
+  args = parser.parse_args(rest)
+  args.override += overrides
+  return args
+
+
 class _Parser(argparse.ArgumentParser):
   """An ArgumentParser whose epilog (the config folders) is only built when help is shown."""
 

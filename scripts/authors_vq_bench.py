@@ -123,8 +123,10 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--lengths", default="2048,8192", help="comma-separated sequence lengths")
   parser.add_argument("--steps", type=int, default=5, help="timed steps of each side (the median is reported)")
   parser.add_argument("--warmup", type=int, default=2, help="untimed rounds after compiling")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="for our config")
-  args = parser.parse_args(argv)
+  parser.add_argument(
+    "--override", action="append", default=[], metavar="KEY=VALUE", help="for our config; or --config.KEY=VALUE"
+  )
+  args = cli.parse_overriding(parser, list(sys.argv[1:] if argv is None else argv))
   sys.path.insert(0, args.authors_src)
   if importlib.util.find_spec("transformer_vq") is None:
     parser.error(f"--authors_src {args.authors_src} holds no transformer_vq package (their repository's src folder).")

@@ -1,6 +1,7 @@
 """The shared command line (lra_core.cli): absl-style overrides, --help, the config listing, and
 configs read back from a workdir's config.json."""
 
+import importlib
 import json
 import re
 import subprocess
@@ -36,6 +37,22 @@ def test_overrides_take_their_value_after_an_equals_sign_or_a_space():
   )
   assert overrides == ["train.steps=7", "optim.lr=0.5", "optim.b1=-0.1"]
   assert rest == ["--config", SPEC, "--workdir", "w", "--force"]
+
+
+@pytest.mark.parametrize(
+  "main",
+  ["lra_core.bench.peer", "lra_core.bench.decode", "lra_core.bench.generate", "lra_core.bench.train_step"],
+)
+def test_the_benchmarks_take_the_trainers_override_syntax_beside_override(main, monkeypatch):
+  """--config.KEY=VALUE and --config.KEY VALUE join --override's list, after it (lra-bench refused them once)."""
+  seen = []
+  monkeypatch.setattr(cli, "setup_logging", lambda: (_ for _ in ()).throw(SystemExit(seen)))  # stop after parsing
+  real = cli.parse_overriding
+  monkeypatch.setattr(cli, "parse_overriding", lambda parser, argv: seen.append(real(parser, argv)) or seen[-1])
+  argv = ["--config", SPEC, "--override", "a=1", "--config.b=2", "--config.c", "3"]
+  with pytest.raises(SystemExit):
+    importlib.import_module(main).main(argv)
+  assert seen[0].override == ["a=1", "b=2", "c=3"] and seen[0].config == SPEC
 
 
 @pytest.mark.parametrize("argv", [["--config.train.steps"], ["--config.train.steps", "--workdir=w"]])

@@ -147,7 +147,13 @@ def parse_command(
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = cli.doc_parser(prog, doc)
   parser.add_argument("--config", required=True, help="config file[:arg] of an autoregressive model")
-  parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument(
+    "--override",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override (repeatable); --config.KEY=VALUE, as lra_core.train takes it, too",
+  )
   parser.add_argument(
     "--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE...]", help=variant_help
   )
@@ -155,7 +161,7 @@ def parse_command(
   parser.add_argument("--repeats", type=int, default=repeats)
   parser.add_argument("--warmup", type=int, default=1)
   output_flags(parser)
-  args = parser.parse_args(argv)
+  args = cli.parse_overriding(parser, argv)
   cli.setup_logging()
   return argv, args, [parse_variant(v) for v in args.variant] or [Variant("default")]
 

@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     action="append",
     default=[],
     metavar="KEY=VALUE",
-    help="config override for every variant (repeatable)",
+    help="config override for every variant (repeatable); --config.KEY=VALUE, as lra_core.train takes it, too",
   )
   parser.add_argument(
     "--variant",
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--warmup", type=int, default=2, help="untimed rounds after compiling")
   parser.add_argument("--matmul_size", type=int, default=0, help="matmul yardstick size (0: 2048 on CPU, 8192 else)")
   output_flags(parser)
-  args = parser.parse_args(argv)
+  args = cli.parse_overriding(parser, argv)
   cli.setup_logging()
   variants = [parse_variant(v) for v in args.variant] or [Variant("default")]
   rows = []

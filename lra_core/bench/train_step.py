@@ -440,9 +440,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     help="XLA compile option for the train step (repeatable), e.g. xla_backend_optimization_level=0",
   )
   output_flags(parser)
-  config_overrides, argv = cli.split_overrides(argv)  # the trainer's --config.KEY=VALUE syntax
-  args = parser.parse_args(argv)
-  args.override += config_overrides
+  args = cli.parse_overriding(parser, argv)
   cli.setup_logging()
   if args.batch_size < 1:
     raise ConfigError(f"--batch_size {args.batch_size} is not positive.")
