@@ -76,6 +76,7 @@ def vq_attention_blocks(
   segments: Array | None = None,
   grad_through_cache: bool = True,
   chunk_blocks: int = 0,
+  carry_gradient: bool = False,
 ) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
@@ -92,7 +93,9 @@ def vq_attention_blocks(
   `grad_thru_cache=0`): the output is the same, but older values get no gradient through the cache.
   `chunk_blocks` > 0 (impl="xla"): a lax.scan over the blocks, that many at a time (`vq_xla.chunked_attention`:
   the same function, its working set one chunk's); 0: all blocks at once.
-  Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position.
+  Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position, held constant
+  in the backward pass unless `carry_gradient` (impl="xla": for a caller that runs a sequence block
+  by block and passes the carry on, which then differentiates what one call over all blocks does).
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
@@ -107,6 +110,8 @@ def vq_attention_blocks(
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
   if impl == "pallas":
+    if carry_gradient:
+      raise ValueError("carry_gradient needs impl 'xla': the Pallas kernel holds its carry constant.")
     bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
     return vq_pallas.vq_attention_blocks(
       q,
@@ -135,6 +140,7 @@ def vq_attention_blocks(
     compressive=compressive,
     segments=segments,
     grad_through_cache=grad_through_cache,
+    carry_gradient=carry_gradient,
   )
 
 

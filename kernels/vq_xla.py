@@ -354,13 +354,15 @@ def chunked_attention(
   compressive: bool,
   segments: Array | None = None,
   grad_through_cache: bool = True,
+  carry_gradient: bool = False,
 ) -> tuple[Array, dict]:
   """`cached_attention` run `chunk_blocks` blocks at a time (a lax.scan over chunks, the cache carried
   from one to the next with its gradient), the position term built per chunk from `rel`. The same
   function; its largest arrays (scores and position terms [.., L, 2L] per block) then span one chunk
   instead of the whole sequence, so they stay in cache however long the sequence: the time per token
   stays flat instead of growing with the length. chunk_blocks <= 0, or at least the number of blocks:
-  all at once."""
+  all at once. With carry_gradient the carry comes back with its gradient (a caller that runs a
+  sequence block by block and passes it on), else held constant."""
   b, t = q.shape[:2]
   hk = codebook.shape[0]
   r = t // block_len
@@ -391,7 +393,7 @@ def chunked_attention(
     chunked = jax.tree.map(lambda x: jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0), xs)  # [N,B,C,...]
     new_carry, out = jax.lax.scan(attend, carry, chunked)
     out = jnp.moveaxis(out, 0, 1).reshape((b, t) + out.shape[3:])
-  return out, jax.tree.map(sg, new_carry)
+  return out, (new_carry if carry_gradient else jax.tree.map(sg, new_carry))
 
 
 def init_decode_state(

@@ -136,6 +136,11 @@ def validate_config(config) -> None:
     )
   if m.input_scan and m.attention != "vq":
     raise ConfigError("model.input_scan needs attention 'vq' (full attention has no per-block cache).")
+  if m.input_scan and m.impl == "pallas":
+    raise ConfigError(
+      "model.input_scan needs impl 'xla': the Pallas kernel's carry has no gradient, so a stack run one "
+      "block at a time would not train through the previous block and the cache."
+    )
   for key in ("dropsin", "dropres", "droplyr"):
     if not 0.0 <= m[key] < 1.0:
       raise ConfigError(f"model.{key} must be in [0, 1), got {m[key]}.")
@@ -145,8 +150,24 @@ def dropout(x: Array, rate: float, key: Array | None, shape=None) -> Array:
   """Inverted dropout with an explicit key (None = off); `shape` broadcasts one mask (e.g. per row)."""
   if key is None or rate == 0.0:
     return x
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape if shape is None else shape)
+  return apply_dropout(x, rate, jax.random.bernoulli(key, 1.0 - rate, x.shape if shape is None else shape))
+
+
+def apply_dropout(x: Array, rate: float, keep: Array | None) -> Array:
+  """Inverted dropout with a given mask (None = off)."""
+  if keep is None or rate == 0.0:
+    return x
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def residual_masks(res_key: Array | None, rate: float, num_units: int, shape: tuple) -> Array | None:
+  """The residual dropout masks bool [N, *shape] of a window's N units (None: off): unit i's is
+  drawn from fold_in(res_key, i) over the whole window, so a run scanned block by block drops
+  exactly what the unscanned one does."""
+  if res_key is None or rate == 0.0:
+    return None
+  keys = jax.vmap(lambda i: jax.random.fold_in(res_key, i))(jnp.arange(num_units))
+  return jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, shape))(keys)
 
 
 def ema_targets(c_sum: Array, c_count: Array, k_sum: Array, count: Array, rate: float) -> tuple[Array, Array]:
@@ -242,13 +263,13 @@ class GAU(nnx.Module):
     carry: dict | None,
     *,
     sin_key: Array | None,
-    res_key: Array | None,
+    res_keep: Array | None,
     weights: Array,
     segments: Array | None = None,
   ) -> tuple[Array, dict | None, dict]:
     """x [B,T,D] -> residual branch [B,T,D], carry after the window, EMA statistics and the summed
     commitment loss of the tokens of weight 1 (weights float [B,T]: 0 on padding); segments int [B,T]
-    or None (packed documents)."""
+    or None (packed documents); res_keep bool [B,T,D] the residual dropout's mask (None: off)."""
     b, t, _ = x.shape
     q, k, v, g = self.projections(x)
     rel, q_content = self.relative(q, sin_key)
@@ -270,6 +291,7 @@ class GAU(nnx.Module):
         segments=segments,
         grad_through_cache=self.grad_through_cache,
         chunk_blocks=self.chunk_blocks if self.chunk_blocks >= 0 else int(target_platform() == "cpu"),
+        carry_gradient=self.impl == "xla",  # Model.scans_blocks passes it on; a window's end stops it
       )
       onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]  # [B,T,Hk,S]
       aux = {
@@ -280,7 +302,7 @@ class GAU(nnx.Module):
     else:
       out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel, segments=segments)
     out = out.reshape(b, t, self.d_v) * g
-    return dropout(self.out_proj(out), self.dropres, res_key), carry, aux
+    return apply_dropout(self.out_proj(out), self.dropres, res_keep), carry, aux
 
   # -- decoding ----------------------------------------------------------------------------------
 
@@ -393,25 +415,34 @@ class Model(nnx.Module):
     return self.classifier(x.astype(jnp.float32)).astype(jnp.float32)
 
   def _stack(
-    self, x: Array, carries: list, seq_key: Array | None, res_key: Array | None, weights: Array, segments: Array | None
+    self,
+    x: Array,
+    carries: list,
+    seq_key: Array | None,
+    res_key: Array | None,
+    weights: Array,
+    segments: Array | None,
+    res_masks: Array | None = None,
   ):
     """All units over x [B,T,D]; returns x, carries, the commit loss summed over units and tokens
     (weights [B,T]) and the EMA statistics (k_sum [N,...], count [N,...]) of the N units, or () with
-    full attention."""
+    full attention. Residual dropout: unit i's mask drawn from fold_in(res_key, i), or res_masks[i]
+    (`residual_masks`' slice for this block when the stack runs a block at a time)."""
     m = self.m
 
     def unit_step(unit, x, inputs, _):
-      carry, i = inputs
-      sin_key = lyr_key = rk = None
+      carry, i, keep = inputs
+      sin_key = lyr_key = None
       if seq_key is not None:
         sin_key, lyr_key = jax.random.fold_in(seq_key, 2 * i), jax.random.fold_in(seq_key, 2 * i + 1)
-        rk = jax.random.fold_in(res_key, i)
-      h, c, aux = unit(x, carry, sin_key=sin_key, res_key=rk, weights=weights, segments=segments)
+      if keep is None and res_key is not None and m.dropres > 0:
+        keep = jax.random.bernoulli(jax.random.fold_in(res_key, i), 1.0 - m.dropres, x.shape)
+      h, c, aux = unit(x, carry, sin_key=sin_key, res_keep=keep, weights=weights, segments=segments)
       x = x + dropout(h, m.droplyr, lyr_key, shape=(x.shape[0], 1, 1))
       return constrain(x, ("batch", "length", "embed")), (c, aux)
 
     n = len(self.units)
-    xs = (None if carries[0] is None else stack.stack_trees(carries), jnp.arange(n))
+    xs = (None if carries[0] is None else stack.stack_trees(carries), jnp.arange(n), res_masks)
     x, (new, aux) = stack.scan(self.units, unit_step, x, xs, remat=m.remat)
     commit = jnp.zeros((), jnp.float32)
     for i in range(n if aux else 0):
@@ -459,7 +490,7 @@ class Model(nnx.Module):
     x = self._embed(inputs, positions)
     carries = [None] * len(self.units) if state is None else state["units"]
 
-    if m.input_scan:
+    if self.scans_blocks():
       x, carries, commit, stats = self._scan_blocks(x, carries, seq_key, res_key, weights, segment_ids)
     else:
       x, carries, commit, stats = self._stack(x, carries, seq_key, res_key, weights, segment_ids)
@@ -489,18 +520,31 @@ class Model(nnx.Module):
     start = jax.lax.cummax(jnp.where(starts, t, -1), axis=1)
     return jnp.where(start >= 0, t - start, state["doc_position"][:, None] + t)
 
+  def scans_blocks(self) -> bool:
+    """Whether the stack runs one block at a time: model.input_scan, or by default (chunk_blocks -1)
+    when traced for CPU devices with the XLA serial VQ attention, where a block's activations stay in
+    the cache (per token: 383 µs at 2,048 tokens, 361 at 8,192, against 415 and 421 for the whole
+    window at once at docs/benchmarks.md's sizes)."""
+    m = self.m
+    if m.input_scan:
+      return True
+    auto = m.get("chunk_blocks", 0) == -1 and (m.attention, m.reduction, m.impl) == ("vq", "serial", "xla")
+    return auto and target_platform() == "cpu"
+
   def _scan_blocks(self, x, carries, seq_key, res_key, weights, segment_ids):
-    """Input scanning: the whole stack one block at a time, carrying each unit's cache."""
+    """Input scanning: the whole stack one block at a time, carrying each unit's cache; the same
+    function as the unscanned stack, residual dropout masks included."""
     b, t, d = x.shape
     l = self.m.block_len
     per_block = lambda a: a.reshape((b, t // l, l) + a.shape[2:]).swapaxes(0, 1)
     segs = None if segment_ids is None else per_block(segment_ids)
+    masks = residual_masks(res_key, self.m.dropres, len(self.units), (b, t, d))
+    masks = None if masks is None else jax.vmap(per_block, out_axes=1)(masks)  # [T/L, N, B, L, D]
 
     def body(carry, xs):
       caches, commit, stats = carry
-      xb, wb, sb, n = xs
-      rk = None if res_key is None else jax.random.fold_in(res_key, n)
-      y, caches, c, s = self._stack(xb, caches, seq_key, rk, wb, sb)
+      xb, wb, sb, mb = xs
+      y, caches, c, s = self._stack(xb, caches, seq_key, res_key, wb, sb, res_masks=mb)
       stats = jax.tree.map(jnp.add, stats, s)
       return (caches, commit + c, stats), y
 
@@ -512,7 +556,7 @@ class Model(nnx.Module):
     (carries, commit, stats), ys = jax.lax.scan(
       body,
       (carries, jnp.zeros((), jnp.float32), zero_stats),
-      (per_block(x), per_block(weights), segs, jnp.arange(t // l)),
+      (per_block(x), per_block(weights), segs, masks),
     )
     return ys.swapaxes(0, 1).reshape(b, t, d), carries, commit, stats
 

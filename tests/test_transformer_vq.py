@@ -429,11 +429,37 @@ def test_tied_classifier_is_the_authors_formula_at_the_pg19_setting():
   assert 0.9 < float(np.std(table)) < 1.1
 
 
-def test_input_scan_equals_parallel_blocks():
-  _, a = make_model()
-  _, b = make_model(input_scan=True)
+def test_input_scan_equals_parallel_blocks_in_training_too(monkeypatch):
+  """The stack run one block at a time computes what the whole window at once does, with the same
+  dropout (sinusoid, LayerDrop and residual masks) in training; chunk_blocks -1 picks it for CPU
+  steps only."""
+  drops = dict(dropsin=0.2, dropres=0.5, droplyr=0.3)
+  _, a = make_model(chunk_blocks=0, **drops)
+  _, b = make_model(input_scan=True, **drops)
+  _, auto = make_model()
+  assert not a.scans_blocks() and b.scans_blocks() and auto.scans_blocks()
+  monkeypatch.setattr(tvq, "target_platform", lambda: "tpu")  # what lra_core.aot's TPU traces see
+  assert not auto.scans_blocks() and not make_model(impl="pallas")[1].scans_blocks()
   a.eval(), b.eval()
   np.testing.assert_allclose(fwd(a, tokens()), fwd(b, tokens()), atol=1e-5)
+  # Gradients too: through the previous block and (grad_through_cache) the compressive cache.
+  w = jax.random.normal(jax.random.key(4), (2, 32, 256))
+  grad = nnx.jit(nnx.grad(lambda model: (apply_model(model, tokens())[0] * w).sum()))
+  for through in (True, False):
+    pair = [
+      make_model(chunk_blocks=0, grad_through_cache=through)[1],
+      make_model(input_scan=True, grad_through_cache=through)[1],
+    ]
+    for m in pair:
+      m.eval()
+    flat = [jax.tree.leaves(grad(m)) for m in pair]
+    for x, y in zip(*flat):
+      np.testing.assert_allclose(x, y, atol=2e-5, err_msg=f"grad_through_cache {through}")
+  a.train(), b.train()
+  other = nnx.clone(a)
+  trained = [fwd(m, tokens(), rngs=nnx.Rngs(dropout=5)) for m in (a, b)]
+  np.testing.assert_allclose(trained[0], trained[1], atol=1e-5)
+  assert not np.allclose(trained[0], fwd(other, tokens(), rngs=nnx.Rngs(dropout=6)), atol=1e-3)  # dropout is on
 
 
 # -- packed documents ---------------------------------------------------------------------------------
