@@ -12,8 +12,10 @@ width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.v
               terms at a time, which stay in a CPU's cache, so the time per token stays flat as the
               length grows; 0: all blocks at once, which on TPU holds 20% fewer temporaries; -1, the
               default: 1 when the step is traced for CPU devices, else 0); 'matmul' and 'assoc'
-              compute all blocks at once; input_scan=True instead runs the whole stack one block at a
-              time (lax.scan over blocks)
+              compute all blocks at once
+  input_scan  True runs the whole stack one block at a time (lax.scan over blocks, each unit's
+              cache carried with its gradient): every activation is one block's; the same outputs,
+              gradients and dropout masks as the whole window at once
   compressive False: sliding window over the last block_len keys only (the Table 2 ablation)
   grad_through_cache  False: the compressive cache gets no gradient (the authors' grad_thru_cache=0)
 
@@ -291,7 +293,7 @@ class GAU(nnx.Module):
         segments=segments,
         grad_through_cache=self.grad_through_cache,
         chunk_blocks=self.chunk_blocks if self.chunk_blocks >= 0 else int(target_platform() == "cpu"),
-        carry_gradient=self.impl == "xla",  # Model.scans_blocks passes it on; a window's end stops it
+        carry_gradient=self.impl == "xla",  # input_scan passes it to the next block; a window's end stops it
       )
       onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]  # [B,T,Hk,S]
       aux = {
@@ -490,7 +492,7 @@ class Model(nnx.Module):
     x = self._embed(inputs, positions)
     carries = [None] * len(self.units) if state is None else state["units"]
 
-    if self.scans_blocks():
+    if m.input_scan:
       x, carries, commit, stats = self._scan_blocks(x, carries, seq_key, res_key, weights, segment_ids)
     else:
       x, carries, commit, stats = self._stack(x, carries, seq_key, res_key, weights, segment_ids)
@@ -519,17 +521,6 @@ class Model(nnx.Module):
     t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None]
     start = jax.lax.cummax(jnp.where(starts, t, -1), axis=1)
     return jnp.where(start >= 0, t - start, state["doc_position"][:, None] + t)
-
-  def scans_blocks(self) -> bool:
-    """Whether the stack runs one block at a time: model.input_scan, or by default (chunk_blocks -1)
-    when traced for CPU devices with the XLA serial VQ attention, where a block's activations stay in
-    the cache (per token: 383 µs at 2,048 tokens, 361 at 8,192, against 415 and 421 for the whole
-    window at once at docs/benchmarks.md's sizes)."""
-    m = self.m
-    if m.input_scan:
-      return True
-    auto = m.get("chunk_blocks", 0) == -1 and (m.attention, m.reduction, m.impl) == ("vq", "serial", "xla")
-    return auto and target_platform() == "cpu"
 
   def _scan_blocks(self, x, carries, seq_key, res_key, weights, segment_ids):
     """Input scanning: the whole stack one block at a time, carrying each unit's cache; the same
