@@ -162,14 +162,17 @@ def apply_dropout(x: Array, rate: float, keep: Array | None) -> Array:
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
+def residual_mask(res_key: Array, unit: Array | int, rate: float, shape: tuple) -> Array:
+  """Unit `unit`'s residual dropout mask bool `shape` over a whole window (drawn from fold_in(res_key, unit))."""
+  return jax.random.bernoulli(jax.random.fold_in(res_key, unit), 1.0 - rate, shape)
+
+
 def residual_masks(res_key: Array | None, rate: float, num_units: int, shape: tuple) -> Array | None:
-  """The residual dropout masks bool [N, *shape] of a window's N units (None: off): unit i's is
-  drawn from fold_in(res_key, i) over the whole window, so a run scanned block by block drops
-  exactly what the unscanned one does."""
+  """`residual_mask` of each of a window's N units, bool [N, *shape] (None: off), so that a run
+  scanned block by block drops exactly what the unscanned one does."""
   if res_key is None or rate == 0.0:
     return None
-  keys = jax.vmap(lambda i: jax.random.fold_in(res_key, i))(jnp.arange(num_units))
-  return jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, shape))(keys)
+  return jax.vmap(lambda i: residual_mask(res_key, i, rate, shape))(jnp.arange(num_units))
 
 
 def ema_targets(c_sum: Array, c_count: Array, k_sum: Array, count: Array, rate: float) -> tuple[Array, Array]:
@@ -438,7 +441,7 @@ class Model(nnx.Module):
       if seq_key is not None:
         sin_key, lyr_key = jax.random.fold_in(seq_key, 2 * i), jax.random.fold_in(seq_key, 2 * i + 1)
       if keep is None and res_key is not None and m.dropres > 0:
-        keep = jax.random.bernoulli(jax.random.fold_in(res_key, i), 1.0 - m.dropres, x.shape)
+        keep = residual_mask(res_key, i, m.dropres, x.shape)
       h, c, aux = unit(x, carry, sin_key=sin_key, res_keep=keep, weights=weights, segments=segments)
       x = x + dropout(h, m.droplyr, lyr_key, shape=(x.shape[0], 1, 1))
       return constrain(x, ("batch", "length", "embed")), (c, aux)
