@@ -229,6 +229,7 @@ class Checkpointer:
         )
         self._set_aside(bad)
       if errors:
+        _all_processes_here("set aside unreadable checkpoints")  # no process lists a step being moved
         self.manager.reload()
       return state, meta, step
     if errors:
@@ -469,6 +470,14 @@ def _same_on_every_process(steps: list[int]) -> list[int]:
   padded[: min(len(steps), 64)] = steps[:64]
   shared = multihost_utils.broadcast_one_to_all(padded.astype(np.int32))
   return [int(s) for s in np.asarray(shared) if s >= 0]
+
+
+def _all_processes_here(name: str) -> None:
+  """Returns once every process has called it with the same `name`."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
 
 
 def _failed_processes(failed_here: bool) -> list[int]:
