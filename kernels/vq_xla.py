@@ -44,8 +44,17 @@ sg = jax.lax.stop_gradient
 # -- quantization ------------------------------------------------------------------------------
 
 
-def quantize(k: Array, codebook: Array) -> tuple[Array, Array]:
-  """Nearest codeword ids and squared distances: k [B,T,H,Dk], codebook [H,S,Dk] -> int32 [B,T,H], [B,T,H]."""
+def quantize(k: Array, codebook: Array, *, chunk: int = 0) -> tuple[Array, Array]:
+  """Nearest codeword ids and squared distances: k [B,T,H,Dk], codebook [H,S,Dk] -> int32 [B,T,H], [B,T,H].
+
+  chunk > 0 dividing T: the distances are built `chunk` tokens at a time (a lax.map), so each
+  [chunk, S] slab stays in a CPU's cache instead of spanning the sequence (8,192 tokens, 512 codes,
+  2-core CPU: 18 ms by chunks of 512, 30 ms at once); the same ids and distances."""
+  b, t = k.shape[:2]
+  if 0 < chunk < t and t % chunk == 0:
+    chunks = jnp.moveaxis(k.reshape((b, t // chunk, chunk) + k.shape[2:]), 1, 0)
+    z, d2 = jax.lax.map(lambda x: quantize(x, codebook), chunks)
+    return tuple(jnp.moveaxis(a, 0, 1).reshape((b, t) + a.shape[3:]) for a in (z, d2))
   k32, c32 = k.astype(jnp.float32), codebook.astype(jnp.float32)
   d2 = (
     jnp.sum(k32 * k32, -1)[..., None]
@@ -58,6 +67,24 @@ def quantize(k: Array, codebook: Array) -> tuple[Array, Array]:
 def codewords(z: Array, codebook: Array) -> Array:
   """c_z: z int32 [B,T,H], codebook [H,S,Dk] -> [B,T,H,Dk]."""
   return codebook[jnp.arange(codebook.shape[0]), z]
+
+
+def code_statistics(z: Array, k: Array, weights: Array, n_code: int, *, scatter: bool = False) -> tuple[Array, Array]:
+  """(count [H,S], k_sum [H,S,Dk]): the weighted number of tokens given each code and the weighted
+  sum of their keys (z int32 [B,T,H], k [B,T,H,Dk], weights [B,T]), the codebook's k-means statistics.
+
+  By a one-hot matmul (O(T S Dk), for matrix units), or with `scatter` by segment sums (O(T Dk);
+  8,192 tokens, 512 codes, 2-core CPU: 0.3 ms against 17 ms). Rows are summed last, so a batch
+  sharded over devices sums its shards."""
+  b, t, h = z.shape
+  if not scatter:
+    onehot = jax.nn.one_hot(z, n_code, dtype=jnp.float32) * weights[:, :, None, None]  # [B,T,H,S]
+    return onehot.sum((0, 1)), jnp.einsum("bths,bthk->hsk", onehot, k.astype(jnp.float32))
+  ids = (z + n_code * jnp.arange(h)).reshape(b, t * h)  # one segment per (head, code)
+  per_row = jax.vmap(lambda data, i: jax.ops.segment_sum(data, i, h * n_code))
+  count = per_row(jnp.broadcast_to(weights[:, :, None], z.shape).reshape(b, t * h), ids).sum(0)
+  k_sum = per_row((k.astype(jnp.float32) * weights[:, :, None, None]).reshape(b, t * h, -1), ids).sum(0)
+  return count.reshape(h, n_code), k_sum.reshape(h, n_code, -1)
 
 
 # -- cache variables -----------------------------------------------------------------------------

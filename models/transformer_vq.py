@@ -11,8 +11,10 @@ width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.v
               attention over the blocks, `chunk_blocks` at a time (1: one block's scores and position
               terms at a time, which stay in a CPU's cache, so the time per token stays flat as the
               length grows; 0: all blocks at once, which on TPU holds 20% fewer temporaries; -1, the
-              default: 1 when the step is traced for CPU devices, else 0); 'matmul' and 'assoc'
-              compute all blocks at once
+              default: 1 when the step is traced for CPU devices, else 0; when scanned, the
+              quantizer's distances go as many blocks at a time and the codebook statistics are
+              summed by scatter, not by a one-hot matmul); 'matmul' and 'assoc' compute all
+              blocks at once
   input_scan  True runs the whole stack one block at a time (lax.scan over blocks, each unit's
               cache carried with its gradient): every activation is one block's; the same outputs,
               gradients and dropout masks as the whole window at once
@@ -253,11 +255,15 @@ class GAU(nnx.Module):
     r = self.r_proj(table.astype(self.r_proj.dtype)).transpose(1, 0, 2) * scale
     return (q + self.xl_v[...] * scale, r), q + self.xl_u[...] * scale
 
+  def chunk(self) -> int:
+    """Blocks per step of the attention's scan (0: all at once), the platform's default resolved."""
+    return self.chunk_blocks if self.chunk_blocks >= 0 else int(target_platform() == "cpu")
+
   def quantize(self, k: Array, weights: Array) -> tuple[Array, Array, Array, Array]:
     """Straight-through keys, codes, the commitment loss summed over the tokens of weight 1 (of the
     sum over heads; weights float [B,T], 0 on padding) and the codebook."""
     codebook = self.quantizer.codebook()
-    z, _ = vq.quantize(jax.lax.stop_gradient(k), codebook)
+    z, _ = vq.quantize(jax.lax.stop_gradient(k), codebook, chunk=self.chunk() * self.block_len)
     c_z = vq.codewords(z, codebook).astype(k.dtype)
     commit = jnp.sum(jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)) * weights)
     return k + jax.lax.stop_gradient(c_z - k), z, commit, codebook
@@ -295,15 +301,12 @@ class GAU(nnx.Module):
         impl=self.impl,
         segments=segments,
         grad_through_cache=self.grad_through_cache,
-        chunk_blocks=self.chunk_blocks if self.chunk_blocks >= 0 else int(target_platform() == "cpu"),
+        chunk_blocks=self.chunk(),
         carry_gradient=self.impl == "xla",  # input_scan passes it to the next block; a window's end stops it
       )
-      onehot = jax.nn.one_hot(z, self.n_code, dtype=jnp.float32) * weights[:, :, None, None]  # [B,T,Hk,S]
-      aux = {
-        "commit": commit,
-        "count": onehot.sum((0, 1)),
-        "k_sum": jnp.einsum("bths,bthk->hsk", onehot, jax.lax.stop_gradient(k).astype(jnp.float32)),
-      }
+      # A block-by-block (CPU) layout also sums the statistics by scatter, cheap there.
+      count, k_sum = vq.code_statistics(z, jax.lax.stop_gradient(k), weights, self.n_code, scatter=self.chunk() > 0)
+      aux = {"commit": commit, "count": count, "k_sum": k_sum}
     else:
       out = vq.dense_attention(q_content, k, v, window=self.block_len, rel=rel, segments=segments)
     out = out.reshape(b, t, self.d_v) * g

@@ -264,6 +264,33 @@ def test_the_attention_scanned_a_few_blocks_at_a_time_equals_all_blocks_at_once(
       np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"chunk_blocks {chunk_blocks}: gradient w.r.t. {name}")
 
 
+def test_quantizing_a_chunk_at_a_time_gives_the_nearest_codewords_of_the_whole():
+  _, k, _, c = qkvc(t=24, hk=2, s=7)
+  z, d2 = vq.quantize(k, c)
+  brute = jnp.sum(jnp.square(k[:, :, :, None] - c[None, None]), -1)  # [B,T,H,S]
+  np.testing.assert_array_equal(z, jnp.argmin(brute, -1))
+  for chunk in (4, 8, 12):
+    zc, dc = jax.jit(lambda k, c, n=chunk: vq.quantize(k, c, chunk=n))(k, c)
+    np.testing.assert_array_equal(zc, z, err_msg=f"chunk {chunk}")
+    np.testing.assert_allclose(dc, jnp.min(brute, -1), atol=ATOL, err_msg=f"chunk {chunk}")
+
+
+def test_code_statistics_by_scatter_equal_the_weighted_counts_and_key_sums():
+  _, k, _, _ = qkvc(b=2, t=24, hk=2, dk=8)
+  s = 7
+  z = jax.random.randint(jax.random.PRNGKey(5), k.shape[:3], 0, s)
+  weights = jnp.ones(k.shape[:2]).at[1, 17:].set(0.0).at[0, 3].set(0.0)  # padding and a masked token
+  want_count = np.zeros((2, s))
+  want_sum = np.zeros((2, s, 8))
+  for b, t, h in np.ndindex(*z.shape):
+    want_count[h, z[b, t, h]] += weights[b, t]
+    want_sum[h, z[b, t, h]] += weights[b, t] * np.asarray(k[b, t, h])
+  for scatter in (False, True):
+    count, k_sum = jax.jit(lambda *a, f=scatter: vq.code_statistics(*a, s, scatter=f))(z, k, weights)
+    np.testing.assert_allclose(count, want_count, atol=ATOL, err_msg=f"scatter={scatter}")
+    np.testing.assert_allclose(k_sum, want_sum, atol=ATOL, err_msg=f"scatter={scatter}")
+
+
 def test_public_vq_attention_takes_segments():
   q, k, v, c = qkvc(hk=1)
   got = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=4, segments=SEGMENTS))(q, k, v, c)
