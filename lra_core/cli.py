@@ -35,7 +35,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from lra_core import distributed
+from lra_core import distributed, host_memory
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.registry import package_dir
@@ -228,7 +228,9 @@ def run(main: Callable[[], None]) -> None:
   Ctrl-C outside the training loop (or a second one inside it) into one line and status 130.
 
   In a multi-process run an error on this process ends every process at once
-  (lra_core.distributed.report_failure): the others print its line and exit with status 1."""
+  (lra_core.distributed.report_failure): the others print its line and exit with status 1.
+  Freed host memory is kept for reuse from the start (lra_core.host_memory)."""
+  host_memory.keep_freed_memory()
   try:
     main()
   except UserError as e:

@@ -1,0 +1,62 @@
+"""lra_core.host_memory: a block the process frees is served again without page faults, every command
+asks for that at start, and the switch turns it off."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lra_core import cli, host_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+glibc_only = pytest.mark.skipif(host_memory._glibc() is None, reason="mallopt is glibc's (Linux)")
+
+# Touches a freshly malloc'ed 256 MiB block, frees it, and prints the page faults that touching a
+# second such block costs (65,536 if it is new memory from the OS, none if the freed one is reused).
+SECOND_BLOCK_FAULTS = textwrap.dedent(
+  """
+  import ctypes, resource, sys
+  from lra_core import host_memory
+  print(host_memory.keep_freed_memory())
+  libc = ctypes.CDLL("libc.so.6")
+  libc.malloc.restype = ctypes.c_void_p
+  libc.free.argtypes = [ctypes.c_void_p]
+  size = 256 << 20
+  def touch():
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+  touch()
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  touch()
+  print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+  """
+)
+
+
+def _second_block_faults(**env) -> tuple[str, int]:
+  out = subprocess.run(
+    [sys.executable, "-c", SECOND_BLOCK_FAULTS],
+    env=dict(os.environ, PYTHONPATH=ROOT, **env),
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.split()
+  return out[0], int(out[1])
+
+
+@glibc_only
+def test_a_freed_block_is_reused_without_page_faults_unless_switched_off():
+  kept, faults = _second_block_faults()
+  assert kept == "True" and faults < 1000, faults
+  kept, faults = _second_block_faults(**{host_memory.ENV: "0"})
+  assert kept == "False" and faults > 30000, faults  # glibc's default: fresh pages for every block
+
+
+def test_every_command_keeps_freed_memory_from_its_start(monkeypatch):
+  calls = []
+  monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append("kept"))
+  cli.run(lambda: calls.append("main"))
+  assert calls == ["kept", "main"]
