@@ -10,7 +10,9 @@ Their model is built from their modules (nothing of theirs is in this project) a
 over the whole sequence, mem_len = block_len, grad_thru_cache and agg_cache on, float32. Their step
 is value_and_grad of their `loss_fn` from a fresh cache and our config's optimizer update; ours is
 the trainer's full step (lra_core/bench/peer.py's harness: the same batch, the order reversed every
-round, medians after warm-up rounds, compiles apart). Prints one JSON line per length.
+round, medians after warm-up rounds, compiles apart), every length in the same loop. Prints one
+JSON line per length; after the first, `ours_growth` and `authors_growth` are each side's time per
+token there over its time per token at the first length (1.0: linear in the length).
 """
 
 import importlib.util
@@ -94,27 +96,40 @@ def authors_peer(seq_len: int, batch_size: int = 1) -> Peer:
   return Peer("authors", init, loss)
 
 
-def compare(seq_len: int, *, steps: int, warmup: int, overrides=()) -> dict:
-  config = bench_config("configs/enwik8/transformer_vq.py", [*SIZES, *overrides], seq_len=seq_len)
-  start = time.perf_counter()
-  ours = TrainStepRun(config).ready()
-  ours_compile = time.perf_counter() - start
-  start = time.perf_counter()
-  theirs = PeerStepRun(authors_peer(seq_len), ours.tx, ours.host_batches[0])
-  theirs_compile = time.perf_counter() - start
-  ours_s, theirs_s = interleaved_seconds([ours, theirs], steps=steps, warmup=warmup)
-  row = {
-    "tokens": seq_len,
-    "ours_ms": 1e3 * statistics.median(ours_s),
-    "authors_ms": 1e3 * statistics.median(theirs_s),
-    "ours_ms_all": [round(1e3 * t) for t in ours_s],
-    "authors_ms_all": [round(1e3 * t) for t in theirs_s],
-    "ours_compile_s": ours_compile,
-    "authors_compile_s": theirs_compile,
-  }
-  row["ratio"] = row["ours_ms"] / row["authors_ms"]
-  ours.free()
-  return row
+def compare(lengths: list[int], *, steps: int, warmup: int, overrides=()) -> list[dict]:
+  """One row per length; every length's two steps are timed in one interleaved loop, so that the
+  growth from the first length is measured under the same load as the ratios."""
+  runs, compiles = [], []
+  for seq_len in lengths:
+    config = bench_config("configs/enwik8/transformer_vq.py", [*SIZES, *overrides], seq_len=seq_len)
+    start = time.perf_counter()
+    ours = TrainStepRun(config).ready()
+    middle = time.perf_counter()
+    theirs = PeerStepRun(authors_peer(seq_len), ours.tx, ours.host_batches[0])
+    compiles.append((middle - start, time.perf_counter() - middle))
+    runs += [ours, theirs]
+  times = interleaved_seconds(runs, steps=steps, warmup=warmup)
+  rows = []
+  for i, seq_len in enumerate(lengths):
+    ours_s, theirs_s = times[2 * i], times[2 * i + 1]
+    row = {
+      "tokens": seq_len,
+      "ours_ms": 1e3 * statistics.median(ours_s),
+      "authors_ms": 1e3 * statistics.median(theirs_s),
+      "ours_ms_all": [round(1e3 * t) for t in ours_s],
+      "authors_ms_all": [round(1e3 * t) for t in theirs_s],
+      "ours_compile_s": compiles[i][0],
+      "authors_compile_s": compiles[i][1],
+    }
+    row["ratio"] = row["ours_ms"] / row["authors_ms"]
+    if rows:  # each side's time per token here over its time per token at the first length
+      tokens = seq_len / rows[0]["tokens"]
+      row["ours_growth"] = row["ours_ms"] / rows[0]["ours_ms"] / tokens
+      row["authors_growth"] = row["authors_ms"] / rows[0]["authors_ms"] / tokens
+    rows.append(row)
+  for run in runs[::2]:
+    run.free()
+  return rows
 
 
 def main(argv=None) -> list[dict]:
@@ -130,12 +145,13 @@ def main(argv=None) -> list[dict]:
   sys.path.insert(0, args.authors_src)
   if importlib.util.find_spec("transformer_vq") is None:
     parser.error(f"--authors_src {args.authors_src} holds no transformer_vq package (their repository's src folder).")
-  rows = []
-  for t in (int(x) for x in args.lengths.split(",")):
-    rows.append(compare(t, steps=args.steps, warmup=args.warmup, overrides=args.override))
-    print(json.dumps(rows[-1]), flush=True)
+  rows = compare(
+    [int(x) for x in args.lengths.split(",")], steps=args.steps, warmup=args.warmup, overrides=args.override
+  )
+  for row in rows:
+    print(json.dumps(row), flush=True)
   return rows
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)
