@@ -13,7 +13,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import _pallas
+from lra_core.kernels import toolkit
 from lra_core.kernels.segments import same_segment
 
 Array = jax.Array
@@ -79,7 +79,7 @@ def dot_product_attention(
     raise ValueError(f"incompatible attention shapes q {q.shape}, k {k.shape}, v {v.shape}.")
   scale = d**-0.5 if scale is None else scale
   groups = h // kv_heads
-  if _pallas.platform() == "cpu":
+  if toolkit.platform() == "cpu":
     return _attention_rows(q, k, v, groups, mask=mask, bias=bias, scale=scale, probs_fn=probs_fn)
   qg = q.reshape(b, tq, kv_heads, groups, d)
   logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale

@@ -17,7 +17,7 @@ document indices. Non-causal adds two carried sums, from the left (the earlier c
 the right (the later chunks), and the query's document's keys in its own chunk through the linear
 kernel. Scores and sums accumulate in float32; the output has v's dtype.
 
-Two drivers (kernels/_pallas.py), both reading E in J tiles of Et columns (KV and the output are
+Two drivers (kernels/toolkit.py), both reading E in J tiles of Et columns (KV and the output are
 independent across value columns; the local scores are recomputed per tile):
 
   "grid" (TPU)  grid (B, H, J, G), the chunks sequential: causal, KV [S,Et] is carried in VMEM scratch
@@ -49,12 +49,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas, flash_parallel, flash_xla
+from lra_core.kernels import flash_parallel, flash_xla, toolkit
 
 Array = jax.Array
 f32 = jnp.float32
 MASK = 1e30
-DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/_pallas.py)
+DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/toolkit.py)
 # Kernel operands in a fixed order; a call passes the ones its parts need.
 OPERANDS = ("qq", "qk", "lq", "lk", "v", "kv", "row", "col", "bias", "qdoc", "kdoc", "keep", "read", "oscale")
 STEP = tuple(n for n in OPERANDS if n != "kv")  # _chunk_step's arguments after kv
@@ -108,14 +108,14 @@ def _chunk_step(
   the carried sum; keep [C,1] the chunk's carry factor (the same in every row); read [C,1] each
   query's factor on the carried sum; `own`: add the chunk's own keys of the query's document
   through the linear kernel, times oscale [C,1] (non-causal with documents).
-  `upcast`: the matmul operands in float32 (targets without bfloat16 matmuls, `_pallas.bf16_matmuls`)."""
+  `upcast`: the matmul operands in float32 (targets without bfloat16 matmuls, `toolkit.bf16_matmuls`)."""
   if upcast:
     qq, qk, lq, lk, v = (None if x is None else x.astype(f32) for x in (qq, qk, lq, lk, v))
   out = None
   same = None if qdoc is None else qdoc == kdoc  # [C,C]
   if qq is not None:
     c = qq.shape[0]
-    scores = _pallas.dot(qq, qk, (1, 1)) * quad_scale
+    scores = toolkit.dot(qq, qk, (1, 1)) * quad_scale
     if bias is not None:
       scores = scores + bias.astype(f32)
     allowed = None if row is None else jnp.broadcast_to(row > 0, (c, c))
@@ -124,28 +124,28 @@ def _chunk_step(
       allowed = tril if allowed is None else allowed & tril
     if same is not None:
       allowed = same if allowed is None else allowed & same
-    out = _pallas.dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
+    out = toolkit.dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
   if lq is not None:
-    part = _pallas.dot(lq.astype(f32), kv)
+    part = toolkit.dot(lq.astype(f32), kv)
     if read is not None:
       part = part * read
     if own:
-      scores = _pallas.dot(lq.astype(f32), lk.astype(f32), (1, 1)) * lin_scale
+      scores = toolkit.dot(lq.astype(f32), lk.astype(f32), (1, 1)) * lin_scale
       allowed = same if row is None else same & (row > 0)
-      part = part + _pallas.dot(jnp.where(allowed, scores, 0.0) * oscale, v.astype(f32))
+      part = part + toolkit.dot(jnp.where(allowed, scores, 0.0) * oscale, v.astype(f32))
     out = part if out is None else out + part
     if carried:  # after its use: the chunks before this one in the walk
       keys = lk if col is None else jnp.where(col > 0, lk, jnp.zeros_like(lk))
       if keep is not None:
         kv = kv * keep[:1, :]
-      kv = kv + _pallas.dot(keys, v, (0, 0)) * lin_scale
+      kv = kv + toolkit.dot(keys, v, (0, 0)) * lin_scale
   return out, kv
 
 
 def _grid_kernel(*refs, names: tuple[str, ...], **statics):
   """Grid (B, H, J, G): J value tiles, G sequential; a causal KV of one tile lives in scratch across
   the chunk axis."""
-  ins, (o_ref, *scratch) = _pallas.named_refs(refs, names)
+  ins, (o_ref, *scratch) = toolkit.named_refs(refs, names)
   load = lambda name: ins[name][...] if name in ins else None
   carried = statics["carried"]
   if carried:
@@ -190,7 +190,7 @@ def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None
   it is no multiple of 128. GPU: `GPU_TILES`' value_block where it divides e (a power of two, as
   Triton needs). Elsewhere (interpret mode) e."""
   if platform == "gpu":
-    tile = _pallas.gpu_tiles("mixed_chunk_attention")["value_block"]
+    tile = toolkit.gpu_tiles("mixed_chunk_attention")["value_block"]
     return tile if e % tile == 0 else e
   if platform != "tpu" or e % LANES:
     return e
@@ -280,8 +280,8 @@ def _grid_forward(
     grid=(b, h, nj, g),
     in_specs=in_specs,
     out_specs=pl.BlockSpec((None, None, c, et), tiled),
-    scratch_shapes=[_pallas.scratch((s, et), f32)] if carried else [],
-    compiler_params=_pallas.compiler_params(3, sequential=True),
+    scratch_shapes=[toolkit.scratch((s, et), f32)] if carried else [],
+    compiler_params=toolkit.compiler_params(3, sequential=True),
     interpret=interpret,
     cost_estimate=estimate,
     name="mixed_chunk_attention",
@@ -382,7 +382,7 @@ def _kernel_call(
     run = functools.partial(
       flash_parallel.forward, query_tile=query_tile, key_tile=key_tile, local_documents=segments is not None, **statics
     )
-    out = _pallas.run_per_device(run, (args,), (dims(args),), "bh..", batch=b, heads=h)
+    out = toolkit.run_per_device(run, (args,), (dims(args),), "bh..", batch=b, heads=h)
     return out[:, :, :t].transpose(0, 2, 1, 3)
   # Per-chunk flags onto their tokens, [B,T,1].
   layout = {k: (jnp.repeat(x, c, axis=1) if x.ndim == 2 else x.reshape(b, g * c))[:, :, None] for k, x in lay.items()}
@@ -418,7 +418,7 @@ def _kernel_call(
   out = 0
   for call_args, carried, own, reverse in calls:
     run = functools.partial(_grid_forward, carried=carried, own=own, reverse=reverse, **statics)
-    out = out + _pallas.run_per_device(run, (call_args,), (dims(call_args),), "bh..", batch=b, heads=h)
+    out = out + toolkit.run_per_device(run, (call_args,), (dims(call_args),), "bh..", batch=b, heads=h)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
 
@@ -473,8 +473,8 @@ def mixed_chunk_attention(
   """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
   (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T]; segments
   int[B,T]; global_norm "sum" | "mean" -> [B,T,H,E]);
-  `driver` ("grid" or "parallel") and `interpret` default to the target's (`_pallas.driver`,
-  `_pallas.interpret_default`), `value_tile` (the width of the value tiles, a divisor of E) to
+  `driver` ("grid" or "parallel") and `interpret` default to the target's (`toolkit.driver`,
+  `toolkit.interpret_default`), `value_tile` (the width of the value tiles, a divisor of E) to
   `value_block` for the target; the parallel driver's `query_tile` and `key_tile` (rows of a chunk,
   divisors of C = min(chunk, T)) to `GPU_TILES`' query_block and key_block where they divide C, else C."""
   if kernel not in flash_xla.LOCAL_KERNELS:
@@ -499,11 +499,11 @@ def mixed_chunk_attention(
     s = max(x.shape[-1] for x in (quad_q, lin_q) if x is not None)
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (quad_q, lin_q, v) if x is not None)
     value_tile = value_block(
-      e, chunk=c, s=s, itemsize=itemsize, budget=_pallas.vmem_budget(), platform=_pallas.platform()
+      e, chunk=c, s=s, itemsize=itemsize, budget=toolkit.vmem_budget(), platform=toolkit.platform()
     )
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
-  tiles = _pallas.gpu_tiles("mixed_chunk_attention")
+  tiles = toolkit.gpu_tiles("mixed_chunk_attention")
   query_tile = flash_parallel.tile(c, tiles["query_block"]) if query_tile is None else query_tile
   key_tile = flash_parallel.tile(c, tiles["key_block"]) if key_tile is None else key_tile
   for name, tile in (("query", query_tile), ("key", key_tile)):
@@ -519,8 +519,8 @@ def mixed_chunk_attention(
     ("lin_scale", lin_scale),
     ("global_norm", global_norm),
     ("kernel", kernel),
-    ("upcast", not _pallas.bf16_matmuls()),
-    ("driver", _pallas.driver(driver, gpu="parallel", drivers=DRIVERS)),
-    ("interpret", _pallas.interpret_default() if interpret is None else interpret),
+    ("upcast", not toolkit.bf16_matmuls()),
+    ("driver", toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)),
+    ("interpret", toolkit.interpret_default() if interpret is None else interpret),
   )
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

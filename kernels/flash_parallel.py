@@ -1,6 +1,6 @@
 """FLASH's mixed chunk attention, the parallel driver (the GPU's): every chunk at once from the state XLA's
 prefix gives it. kernels/flash_pallas.py holds the kernel's public function, its gradient and the TPU's
-grid driver, and calls this one on GPU (`_pallas.driver`).
+grid driver, and calls this one on GPU (`toolkit.driver`).
 
 No carry: XLA computes the state every chunk reads as the reference does, a prefix over the chunks
 with its restarts (`chunk_states`: [B,H,G,S,E] float32 in HBM, as in the reference; the non-causal
@@ -15,7 +15,7 @@ program's tiles in registers, where a chunk's [C,C] scores (256 KiB of float32 a
 [S,Et] sum beside them do not fit. The price: each value tile recomputes its scores (E / Et = 12 at
 C4's e 1536 and Et 128, the QK^T FLOPs equal to the PV FLOPs at S = Et), and the states make a round
 trip through HBM.
-Tiles: `_pallas.gpu_tiles("mixed_chunk_attention")`, powers of two (Triton).
+Tiles: `toolkit.gpu_tiles("mixed_chunk_attention")`, powers of two (Triton).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas, flash_xla
+from lra_core.kernels import flash_xla, toolkit
 
 Array = jax.Array
 f32 = jnp.float32
@@ -60,7 +60,7 @@ def _kernel(
   own-chunk term of non-causal documents (oscale given) over them again (in the local loop it would
   hold a second set of pipelined tiles in shared memory, and a softmax's rescaling would scale it);
   lin_q KV."""
-  ins, (o_ref,) = _pallas.named_refs(refs, names)
+  ins, (o_ref,) = toolkit.named_refs(refs, names)
   cq, ck = query_tile, key_tile
   et = o_ref.shape[-1]
   qi = pl.program_id(3)
@@ -87,9 +87,9 @@ def _kernel(
   def own_step(k, acc):
     """The query's document's keys in its own chunk through the linear kernel, times oscale (float32
     weights and values, as in the reference)."""
-    scores = _pallas.dot(cast(ins["lq"][...]), keys("lk", k), (1, 1)) * lin_scale
+    scores = toolkit.dot(cast(ins["lq"][...]), keys("lk", k), (1, 1)) * lin_scale
     weights = jnp.where(allowed(k, local=False), scores, 0.0) * ins["oscale"][...]
-    return acc + _pallas.dot(weights, keys("v", k).astype(f32))
+    return acc + toolkit.dot(weights, keys("v", k).astype(f32))
 
   acc = jnp.zeros((cq, et), f32)
   # Causal: key tiles up to the diagonal; lax.div (not //) as the bound is non-negative.
@@ -100,7 +100,7 @@ def _kernel(
 
     def local(k, carry):
       acc, top, total = carry
-      scores = _pallas.dot(qq, keys("qk", k), (1, 1)) * quad_scale
+      scores = toolkit.dot(qq, keys("qk", k), (1, 1)) * quad_scale
       if "bias" in ins:
         scores = scores + lanes("bias", k).astype(f32)
       mask = allowed(k, local=True)
@@ -119,7 +119,7 @@ def _kernel(
         weights = jnp.square(jnp.maximum(scores, 0.0)) if kernel == "relu2" else scores
         if mask is not None:
           weights = jnp.where(mask, weights, 0.0)
-      return acc + _pallas.dot(weights.astype(v.dtype), v), top, total
+      return acc + toolkit.dot(weights.astype(v.dtype), v), top, total
 
     init = (acc, jnp.full((cq, 1), -MASK, f32), jnp.zeros((cq, 1), f32))
     acc, _, total = jax.lax.fori_loop(0, last, local, init)
@@ -136,7 +136,7 @@ def _kernel(
       rows = pl.ds(i * state_tile, state_tile)
       lq = ins["lq"][:, rows].astype(f32)
       for name, read in reads:
-        acc = acc + _pallas.dot(lq if read is None else lq * read, ins[name][rows, :])
+        acc = acc + toolkit.dot(lq if read is None else lq * read, ins[name][rows, :])
       return acc
 
     acc = jax.lax.fori_loop(0, ins["lq"].shape[-1] // state_tile, state_rows, acc)
@@ -205,7 +205,7 @@ def forward(
     states=("kv" in args) + ("kv2" in args),
     softmax=kernel == "softmax",
   )
-  state_tile = tile(lin_s, _pallas.gpu_tiles("mixed_chunk_attention")["state_block"])
+  state_tile = tile(lin_s, toolkit.gpu_tiles("mixed_chunk_attention")["state_block"])
   kernel_fn = functools.partial(
     _kernel,
     names=names,
@@ -226,7 +226,7 @@ def forward(
     grid=(b, h, g, nq, nj),
     in_specs=[spec(n) for n in names],
     out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
-    compiler_params=_pallas.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
+    compiler_params=toolkit.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
     interpret=interpret,
     cost_estimate=estimate,
     name="mixed_chunk_attention",

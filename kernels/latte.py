@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import _pallas, latte_pallas, latte_xla
+from lra_core.kernels import latte_pallas, latte_xla, toolkit
 from lra_core.kernels.latte_xla import (
   bidirectional_latte_reference,
   causal_latte_reference,
@@ -64,9 +64,9 @@ def _check_impl(impl: str) -> None:
 
 
 def default_chunk() -> int:
-  """Chunk length of the XLA form for the target devices (kernels/_pallas.py `current`, e.g. a TPU
+  """Chunk length of the XLA form for the target devices (kernels/toolkit.py `current`, e.g. a TPU
   mesh traced on a CPU host): on CPUs the C x C x L exact weights cost more than they save."""
-  return 8 if _pallas.platform() == "cpu" else 64
+  return 8 if toolkit.platform() == "cpu" else 64
 
 
 def bidirectional_latte(

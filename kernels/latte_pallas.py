@@ -30,7 +30,7 @@ Bidirectional: the per-document max and normaliser of the keys are O(T L) XLA re
 y_t = sum_{s in doc(t)} (r_t . e_s) v_s over the blocks, once forward (s <= t) and once over the
 reversed sequence (s > t), with the open document's sum num [D,L] as its state.
 
-Each kernel is a block step under one of the two drivers of kernels/_pallas.py. "grid" (TPU, and
+Each kernel is a block step under one of the two drivers of kernels/toolkit.py. "grid" (TPU, and
 interpret mode): the grid is (B, H, blocks), the state in scratch across the sequential block axis,
 and the steps above. "loop" (GPU): a program loops over the blocks of its whole [T, .] slices with the
 state in loop values, and its steps (`_causal_groups`, `_linear_groups`, `_summary_groups`) are laid
@@ -50,7 +50,7 @@ out for Triton, which keeps a program's values in registers:
     adds up over the groups as [Cs,Ct], which meets v in one matmul; the segmented linear sums' scores
     r_t . e_s are [Ct,Cs] matmuls over the groups. No 3-D value has a D axis.
 
-The GPU sizes (chunk, block, value_block, latent_block, warps) are `_pallas.GPU_TILES`'s, powers of two
+The GPU sizes (chunk, block, value_block, latent_block, warps) are `toolkit.GPU_TILES`'s, powers of two
 (D is padded to one); a tile that does not divide its size (interpret mode) covers all of it. Time is
 padded to whole blocks with keys PAD (below NEG), which weigh exactly 0, so a fully masked row still
 averages its real positions as the reference does.
@@ -82,42 +82,42 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas, latte_xla
+from lra_core.kernels import latte_xla, toolkit
 
 Array = jax.Array
 f32 = jnp.float32
 NEG = latte_xla.NEG
 PAD = 2 * NEG  # time padding: below every key, masked ones (NEG) included
 BLOCK = 128  # time block of the bidirectional reduction (off GPU)
-DRIVERS = ("grid", "loop")  # of kernels/_pallas.py: no "parallel", the state crosses the blocks in order
+DRIVERS = ("grid", "loop")  # of kernels/toolkit.py: no "parallel", the state crosses the blocks in order
 
 
 def default_chunk() -> int:
-  """The causal kernel's time block for the target: on GPU `_pallas.GPU_TILES` (its C x C weights per
+  """The causal kernel's time block for the target: on GPU `toolkit.GPU_TILES` (its C x C weights per
   latent group are in registers), on TPU 32 (a multiple of the 8-row tiles; the C x C x L weights are in
   VMEM); interpret mode (CPU) 8, as the XLA form on CPU."""
-  if _pallas.platform() == "gpu":
-    return _pallas.gpu_tiles("causal_latte")["chunk"]
-  return {"tpu": 32}.get(_pallas.platform(), 8)
+  if toolkit.platform() == "gpu":
+    return toolkit.gpu_tiles("causal_latte")["chunk"]
+  return {"tpu": 32}.get(toolkit.platform(), 8)
 
 
 def default_block(segmented: bool = False) -> int:
   """The bidirectional kernel's time block for the target: the reduction's, or with packed documents the
-  linear sums' (`segmented`). On GPU `_pallas.GPU_TILES`: a block is a matmul's contraction, which Triton
+  linear sums' (`segmented`). On GPU `toolkit.GPU_TILES`: a block is a matmul's contraction, which Triton
   keeps in registers; elsewhere BLOCK, and the causal kernel's chunk for the linear sums."""
-  if _pallas.platform() == "gpu":
-    return _pallas.gpu_tiles("bidirectional_latte")["chunk" if segmented else "block"]
+  if toolkit.platform() == "gpu":
+    return toolkit.gpu_tiles("bidirectional_latte")["chunk" if segmented else "block"]
   return default_chunk() if segmented else BLOCK
 
 
 def _loop_tiles(kernel: str, value_block: int | None, latent_block: int | None) -> tuple[tuple[str, int], ...]:
-  """The "loop" driver's value and latent tiles: the given ones, else `_pallas.GPU_TILES[kernel]`'s."""
-  tiles = _pallas.gpu_tiles(kernel)
+  """The "loop" driver's value and latent tiles: the given ones, else `toolkit.GPU_TILES[kernel]`'s."""
+  tiles = toolkit.gpu_tiles(kernel)
   return (("value_block", value_block or tiles["value_block"]), ("latent_block", latent_block or tiles["latent_block"]))
 
 
 # float32 matmuls at full precision (no TF32 on GPU): the state sums exponentials of logits
-_dot = functools.partial(_pallas.dot, precision=jax.lax.Precision.HIGHEST)
+_dot = functools.partial(toolkit.dot, precision=jax.lax.Precision.HIGHEST)
 
 
 # -- block steps ------------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def _scan(
   (tiles of tiles["value_block"] over a grid axis), "l" latents, "." neither. The latents go in groups of
   tiles["latent_block"], over a grid axis if `latent_grid`, else inside the step (each group of the state,
   p and k one by one); the init's first array holds the value rows (num [D,L]). Triton launch parameters:
-  `_pallas.compiler_params` of `kernel`."""
+  `toolkit.compiler_params` of `kernel`."""
   b, h, t = xs[0].shape[:3]
   flops, exps = cost(b * h * t)
   moved = sum(x.size * x.dtype.itemsize for x in (*init, *xs)) + sum(
@@ -407,8 +407,8 @@ def _scan(
       grid=(b, h, n),
       in_specs=[fixed(s) for s in init] + [timed(x) for x in xs],
       out_specs=[timed(y) for y in out_shape[: len(ys)]] + [fixed(s) for s in init if final],
-      scratch_shapes=[_pallas.scratch(s.shape[2:], f32) for s in init],
-      compiler_params=_pallas.compiler_params(2, sequential=True),
+      scratch_shapes=[toolkit.scratch(s.shape[2:], f32) for s in init],
+      compiler_params=toolkit.compiler_params(2, sequential=True),
       interpret=interpret,
       cost_estimate=estimate,
       name=name,
@@ -431,7 +431,7 @@ def _scan(
     grid=(b, h, d // dv, l // lt),
     in_specs=state_specs + [spec(x, kind) for x, kind in zip(xs, kinds[len(init) :])],
     out_specs=[spec(y, ".v") for y in out_shape[: len(ys)]] + (state_specs if final else []),
-    compiler_params=_pallas.compiler_params(4, sequential=False, kernel=kernel),
+    compiler_params=toolkit.compiler_params(4, sequential=False, kernel=kernel),
     interpret=interpret,
     cost_estimate=estimate,
     name=name,
@@ -446,7 +446,7 @@ def _head_major(x: Array, t: int, value: float = 0.0) -> Array:
 
 
 def _options(driver: str | None, interpret: bool | None) -> tuple[str, bool]:
-  return _pallas.driver(driver, drivers=DRIVERS), _pallas.interpret_default() if interpret is None else interpret
+  return toolkit.driver(driver, drivers=DRIVERS), toolkit.interpret_default() if interpret is None else interpret
 
 
 # -- causal -----------------------------------------------------------------------------------------
@@ -456,7 +456,7 @@ def _triton_width(v: Array) -> Array:
   """v [B,T,H,D] with D padded by zeros to a power of two on GPU (Triton takes no other sizes; the padded
   columns' outputs are zeros, cut afterwards), unchanged elsewhere."""
   d = v.shape[-1]
-  if _pallas.platform() != "gpu" or d == pl.next_power_of_2(d):
+  if toolkit.platform() != "gpu" or d == pl.next_power_of_2(d):
     return v
   return jnp.pad(v, [(0, 0)] * 3 + [(0, pl.next_power_of_2(d) - d)])
 
@@ -520,7 +520,7 @@ def _causal_forward(
     tiles=dict(tiles),
   )
   dims = tuple("bh" + "." * (x.ndim - 2) for x in xs)
-  (out,) = _pallas.run_per_device(run, (init, xs), (("bh..",) * 3, dims), ("bh..",), batch=b, heads=h)
+  (out,) = toolkit.run_per_device(run, (init, xs), (("bh..",) * 3, dims), ("bh..",), batch=b, heads=h)
   return out[:, :, :t, :d].swapaxes(1, 2)
 
 
@@ -564,7 +564,7 @@ def causal_latte(
   v [B,T,H,D] -> [B,T,H,D] in v's dtype. `chunk` is the kernel's time block (default per backend);
   `segments` int[B,T] packed documents, `latent_scale` [B,T,H,L] times p(l|t); `driver` "grid" | "loop"
   (default per backend), `interpret` (default off GPU and TPU). "loop" driver: value columns per program
-  and latents per group (default `_pallas.GPU_TILES`; all of D or L where the tile does not divide it)."""
+  and latents per group (default `toolkit.GPU_TILES`; all of D or L where the tile does not divide it)."""
   b, _, h, l = q.shape
   chunk = default_chunk() if chunk is None else chunk
   state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
@@ -628,7 +628,7 @@ def _bidirectional_forward(
     tiles=dict(tiles),
     latent_grid=True,
   )
-  num, den, _ = _pallas.run_per_device(
+  num, den, _ = toolkit.run_per_device(
     run,
     (init, (_head_major(k, tp, PAD), _head_major(v, tp))),
     (("bh..",) * 3, ("bh..",) * 2),
@@ -679,7 +679,7 @@ def _segmented_forward(
       tiles=dict(tiles),
     )
     dims = tuple("bh" + "." * (x.ndim - 2) for x in xs)
-    (y,) = _pallas.run_per_device(run, (init, xs), (("bh..",), dims), ("bh..",), batch=b, heads=h)
+    (y,) = toolkit.run_per_device(run, (init, xs), (("bh..",), dims), ("bh..",), batch=b, heads=h)
     outs.append(order(y[:, :, :t, :d].swapaxes(1, 2)))
   return (outs[0] + outs[1]).astype(v.dtype)
 
@@ -725,7 +725,7 @@ def bidirectional_latte(
   (at most the next power of two >= T; default `default_block()`). With `segments` int[B,T] (packed
   documents) the linear sums run in blocks of `chunk` tokens (default `default_block(segmented=True)`).
   `latent_scale` [B,T,H,L] times p(l|t). "loop" driver: value columns and latents per program (the
-  reduction) or per group (the linear sums), default `_pallas.GPU_TILES`."""
+  reduction) or per group (the linear sums), default `toolkit.GPU_TILES`."""
   block = default_block() if block is None else block
   chunk = default_block(segmented=True) if chunk is None else chunk
   options = (("block", block), ("chunk", chunk)) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))

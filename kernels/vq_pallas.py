@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas, vq_parallel, vq_xla
+from lra_core.kernels import toolkit, vq_parallel, vq_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -196,8 +196,8 @@ def _attend(
   q = q.astype(f32)
   i = row0 + jax.lax.broadcasted_iota(jnp.int32, (lq, l), 0)
   j = jax.lax.broadcasted_iota(jnp.int32, (lq, l), 1)
-  s_prev = _pallas.dot(q, k_prev.astype(f32), (1, 1))  # keys at distance L + i - j
-  s_cur = _pallas.dot(q, k_cur.astype(f32), (1, 1))  # keys at distance i - j
+  s_prev = toolkit.dot(q, k_prev.astype(f32), (1, 1))  # keys at distance L + i - j
+  s_cur = toolkit.dot(q, k_cur.astype(f32), (1, 1))  # keys at distance i - j
   if bias is not None:
     s_prev, s_cur = s_prev + bias[0], s_cur + bias[1]
   keep_prev = zr_prev != n_code
@@ -215,17 +215,17 @@ def _attend(
     present = count_row > 0  # [1,S]
     if docs is not None:
       present = present & (docs[1] > 0)  # [Lq,S]: only queries of the cache's document
-    s_code = _pallas.dot(q, codebook.astype(f32), (1, 1))  # [Lq,S]
+    s_code = toolkit.dot(q, codebook.astype(f32), (1, 1))  # [Lq,S]
     log_count = jnp.where(present, jnp.log(jnp.maximum(count_row, 1.0)), -MASK)
     m = jnp.maximum(m, (s_code + log_count).max(-1, keepdims=True))
   a_prev = jnp.where(keep_prev, jnp.exp(s_prev - m), 0.0)
   a_cur = jnp.where(keep_cur, jnp.exp(s_cur - m), 0.0)
-  num = _pallas.dot(a_prev, v_prev.astype(f32)) + _pallas.dot(a_cur, v_cur.astype(f32))
+  num = toolkit.dot(a_prev, v_prev.astype(f32)) + toolkit.dot(a_cur, v_cur.astype(f32))
   den = a_prev.sum(-1, keepdims=True) + a_cur.sum(-1, keepdims=True)
   if compressive:
     # exp(q.c_s - m) <= exp(-log count_s) <= 1 for every code present; absent codes masked.
     a_code = jnp.where(present, jnp.exp(jnp.where(present, s_code - m, 0.0)), 0.0)
-    num = num + _pallas.dot(a_code, sum_v)
+    num = num + toolkit.dot(a_code, sum_v)
     den = den + (a_code * count_row).sum(-1, keepdims=True)
   return num / den
 
@@ -239,9 +239,9 @@ def _fold(cache, v_prev, zc_prev, keep=None, *, n_code: int):
     keep = keep.max(-1, keepdims=True)  # [1,1]
     sum_v, count_row, count_col = sum_v * keep, count_row * keep, count_col * keep
   onehot = (zc_prev == jax.lax.broadcasted_iota(jnp.int32, (l, n_code), 1)).astype(f32)  # [L,S]
-  sum_v = sum_v + _pallas.dot(onehot, v_prev.astype(f32), (0, 0))
-  count_row = count_row + _pallas.dot(jnp.ones((1, l), f32), onehot)
-  count_col = count_col + _pallas.dot(onehot, jnp.ones((l, 1), f32), (0, 0))
+  sum_v = sum_v + toolkit.dot(onehot, v_prev.astype(f32), (0, 0))
+  count_row = count_row + toolkit.dot(jnp.ones((1, l), f32), onehot)
+  count_col = count_col + toolkit.dot(onehot, jnp.ones((l, 1), f32), (0, 0))
   return sum_v, count_row, count_col
 
 
@@ -249,7 +249,7 @@ def _grid_kernel(*refs, names: tuple[str, ...], n_code: int, compressive: bool):
   """Grid (B, H, J, R, Q): J value tiles, then R blocks and their Q query sub-blocks, both in order; the
   cache of one value tile in scratch across them, the previous block folded after the last sub-block.
   Inputs by name (`_forward` declares them); outputs, then scratch, after them."""
-  x, (o_ref, sum_out, col_out, sum_v, count_row, count_col) = _pallas.named_refs(refs, names)
+  x, (o_ref, sum_out, col_out, sum_v, count_row, count_col) = toolkit.named_refs(refs, names)
   r, qi = pl.program_id(3), pl.program_id(4)
   l = x["k"].shape[0]
   last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
@@ -406,7 +406,7 @@ def _forward(
   carried_tile = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
   carry_k, carry_v, carry_z_row, carry_z_col, carry_sum, carry_count_row, carry_count_col = carry
 
-  inputs = _pallas.Inputs()
+  inputs = toolkit.Inputs()
   inputs.add("q", q, spec((lq, dk), queries))
   inputs.add("k", k, spec((l, dk), kv))
   inputs.add("k_prev", k, spec((l, dk), kv_prev))
@@ -445,8 +445,8 @@ def _forward(
     grid=(b, h, nj, r, nq),
     in_specs=inputs.specs,
     out_specs=out_specs,
-    scratch_shapes=[_pallas.scratch((s, dt), f32), _pallas.scratch((1, s), f32), _pallas.scratch((s, 1), f32)],
-    compiler_params=_pallas.compiler_params(3, sequential=True, num_sequential=2),
+    scratch_shapes=[toolkit.scratch((s, dt), f32), toolkit.scratch((1, s), f32), toolkit.scratch((s, 1), f32)],
+    compiler_params=toolkit.compiler_params(3, sequential=True, num_sequential=2),
     interpret=interpret,
     cost_estimate=estimate,
     name="vq_attention",
@@ -641,7 +641,7 @@ def vq_attention_blocks(
   target; the parallel driver's (value tile, query rows, key rows, codes), by default `vq_parallel.tiles`.
   `segments` int [B,T]: packed documents, as in the XLA form."""
   dv, s = v.shape[-1], codebook.shape[1]
-  driver = _pallas.driver(driver, gpu="parallel", drivers=("grid", "parallel"))
+  driver = toolkit.driver(driver, gpu="parallel", drivers=("grid", "parallel"))
   if tiles is None and driver == "parallel":
     tiles = vq_parallel.tiles(dv, block_len=block_len, n_code=s)
   elif tiles is None:
@@ -653,8 +653,8 @@ def vq_attention_blocks(
       d_k=q.shape[-1],
       itemsize=itemsize,
       has_bias=bias is not None,
-      budget=_pallas.vmem_budget(),
-      platform=_pallas.platform(),
+      budget=toolkit.vmem_budget(),
+      platform=toolkit.platform(),
       has_segments=segments is not None,
     )
   names = ("value tile", "query sub-block", "key tile", "code tile")[: len(tiles)]
@@ -674,7 +674,7 @@ def vq_attention_blocks(
     ("compressive", compressive),
     ("grad_through_cache", grad_through_cache),
     ("driver", driver),
-    ("interpret", _pallas.interpret_default() if interpret is None else interpret),
+    ("interpret", toolkit.interpret_default() if interpret is None else interpret),
   )
   if driver == "parallel":
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
@@ -685,7 +685,7 @@ def vq_attention_blocks(
     return _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics)
 
   carry_dims = {"k": "b.k.", "v": "b.k.", "z": "b.k", "mean": "bk..", "count": "bk.", "seg": "b."}
-  out, mean, count = _pallas.run_per_device(
+  out, mean, count = toolkit.run_per_device(
     per_device,
     (q, k_hat, z, v, codebook, carry, bias, segments),
     (

@@ -1,6 +1,6 @@
 """VQ-Attention's parallel driver, the GPU's: every block attended at once from the cache XLA's prefix
 gives it. kernels/vq_pallas.py holds the kernel's public function, its gradient and the TPU's grid driver,
-and calls this one on GPU (`_pallas.driver`).
+and calls this one on GPU (`toolkit.driver`).
 
 Triton keeps a program's working set in registers (at most 64K of them per SM) and stages matmul
 operands in shared memory (227 KiB on an H100): neither the cache [S,Dt] nor a whole
@@ -11,7 +11,7 @@ each program attends Lq queries of one block over one value tile by an online so
 tiles of the previous block, of the present block up to the diagonal, and Sc-code tiles of the cache
 (a code is one more key: score q.c_s + log count_s, value its mean). What the kernel saves over the
 XLA form is the scores and weights, which never reach HBM. Tiles and warps: `tiles`
-(`_pallas.GPU_TILES`), powers of two as Triton needs; docs/kernels.md gives what ptxas reports.
+(`toolkit.GPU_TILES`), powers of two as Triton needs; docs/kernels.md gives what ptxas reports.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import _pallas, vq_xla
+from lra_core.kernels import toolkit, vq_xla
 
 Array = jax.Array
 f32 = jnp.float32
@@ -39,7 +39,7 @@ def _kernel(
   A code scores q.c_s + log count_s and contributes its mean, so the cache enters as S more keys. Refs keep
   whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile. Inputs
   by name (`attention` declares them), then the output."""
-  x, (o_ref,) = _pallas.named_refs(refs, names)
+  x, (o_ref,) = toolkit.named_refs(refs, names)
   q_ref, k_ref, v_ref, zr_ref = x["q"], x["k"], x["v"], x["z_row"]
   has_bias, has_segments = "bias" in x, "q_seg" in x
   l, lk, sc = block_len, key_block, code_block
@@ -56,7 +56,7 @@ def _kernel(
     m_new = jnp.maximum(m, scores.max(-1, keepdims=True))
     a = jnp.where(keep, jnp.exp(scores - m_new), 0.0)
     rescale = jnp.exp(m - m_new)
-    acc = acc * rescale + _pallas.dot(a.astype(values.dtype), values)
+    acc = acc * rescale + toolkit.dot(a.astype(values.dtype), values)
     return acc, m_new, total * rescale + a.sum(-1, keepdims=True)
 
   def keys(half: int):
@@ -64,7 +64,7 @@ def _kernel(
 
     def step(kt, state):
       start = r * l + half * l + kt * lk  # in the [T + L] window arrays
-      scores = _pallas.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
+      scores = toolkit.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
       if has_bias:
         scores = scores + x["bias"][:, pl.ds(half * l + kt * lk, lk)]
       col = kt * lk + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 1)
@@ -81,7 +81,7 @@ def _kernel(
 
   def codes(ct, state):
     log_count = x["log_count"][:, pl.ds(ct * sc, sc)]  # -MASK where a code is empty
-    scores = _pallas.dot(q, x["codebook"][pl.ds(ct * sc, sc), :], (1, 1)) + log_count
+    scores = toolkit.dot(q, x["codebook"][pl.ds(ct * sc, sc), :], (1, 1)) + log_count
     keep = log_count > -MASK / 2
     if has_segments:
       keep = keep & (x["reads"][...] > 0)  # only queries of the cache's document
@@ -135,7 +135,7 @@ def attention(
   tiled = lambda shape, index: pl.BlockSpec((None, None) + shape, index)
   queries = lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, 0)
   whole_kv = lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, 0)
-  inputs = _pallas.Inputs()
+  inputs = toolkit.Inputs()
   inputs.add("q", heads(q), tiled((lq, dk), queries))
   inputs.add("k", heads(window(k_hat, carry["k"])), tiled((t + l, dk), whole_kv))
   inputs.add("v", heads(window(v, carry["v"])), tiled((t + l, dt), lambda bb, hh, rr, qq, jj: (bb, kv_head(hh), 0, jj)))
@@ -192,7 +192,7 @@ def attention(
     grid=(b, h, r, l // lq, dv // dt),
     in_specs=inputs.specs,
     out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
-    compiler_params=_pallas.compiler_params(5, sequential=False, kernel="vq_attention"),
+    compiler_params=toolkit.compiler_params(5, sequential=False, kernel="vq_attention"),
     interpret=interpret,
     cost_estimate=estimate,
     name="vq_attention",
@@ -234,9 +234,9 @@ def cost(
 
 
 def tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]:
-  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the parallel driver: `_pallas.GPU_TILES`, each cut
+  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the parallel driver: `toolkit.GPU_TILES`, each cut
   to its dimension (a dimension that the tile does not divide is taken whole)."""
-  tiles = _pallas.gpu_tiles("vq_attention")
+  tiles = toolkit.gpu_tiles("vq_attention")
   fit = lambda size, want: min(want, size) if size % min(want, size) == 0 else size
   return (
     fit(d_v, tiles["value_block"]),

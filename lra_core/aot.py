@@ -40,7 +40,7 @@ import time
 
 import jax
 
-from lra_core import chips, cli, data_setup, hlo_cost, optim, sharding
+from lra_core import chips, cli, data_setup, hlo_cost, layout, optim, sharding
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, ResourceError
 from lra_core.state import StateSpec, make_state_spec
@@ -444,7 +444,7 @@ def trace_train_step(config, devices: list[jax.Device]) -> tuple[sharding.Mesh, 
   """(mesh, task, state spec, traced train step) of `config` over `devices`, from shapes alone (no data,
   nothing allocated). Compile the step inside `with jax.set_mesh(mesh), sharding.activate(mesh, rules)`,
   where the Pallas kernels lower for the mesh's devices: `traced.lower().compile()`."""
-  mesh = sharding.make_mesh(config.mesh, devices)
+  mesh = layout.make_mesh(config.mesh, devices)
   rules = config.sharding.rules
   info = data_setup.config_data_info(config)
   data_setup.check_compatible(config, info, mesh)
@@ -452,7 +452,7 @@ def trace_train_step(config, devices: list[jax.Device]) -> tuple[sharding.Mesh, 
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
-    batch = sharding.config_batch(config, mesh, rules)
+    batch = layout.config_batch(config, mesh, rules)
     return mesh, task, spec, jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
 
 
@@ -565,14 +565,14 @@ def _compile_for_target(step, *abstract_args, platform: str = "tpu"):
 def _eval_step_args(config, spec, task, mesh, rules) -> tuple:
   """The evaluator's jitted step and its abstract arguments at the eval batch size."""
   batch_size = config.train.eval_batch_size or config.train.batch_size
-  batch = sharding.config_batch(config, mesh, rules, batch_size=batch_size)
+  batch = layout.config_batch(config, mesh, rules, batch_size=batch_size)
   carry = None
   if spec.has_carry:
     carry = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(
         (batch_size,) + a.shape[1:],
         a.dtype,
-        sharding=sharding.NamedSharding(mesh, sharding.batch_spec(rules, mesh, (batch_size,) + a.shape[1:])),
+        sharding=sharding.NamedSharding(mesh, layout.batch_spec(rules, mesh, (batch_size,) + a.shape[1:])),
       ),
       spec.abstract["carry"],
     )

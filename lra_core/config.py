@@ -21,11 +21,12 @@ import ml_collections
 from lra_core import fs, registry
 from lra_core import optim as optim_lib
 from lra_core.errors import ConfigError
+from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
+from lra_core.sharding import MESH_AXES
 
 TASKS = tuple(registry.TASKS)
 DTYPES = ("float32", "bfloat16", "float16")
-MESH_AXES = ("data", "fsdp", "tensor")
 TRACKERS = ("none", "wandb", "trackio")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
@@ -43,11 +44,6 @@ DEFAULT_RULES = (
   ("head_dim", None),
   ("layers", None),  # the leading axis of scanned layer stacks (model.scan_layers): never split
 )
-
-# model.remat: what the backward pass keeps of each layer (models/blocks/stack.py maps the names).
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-# Fields every family's config.model has, added by base_config: memory and compile-time switches.
-MODEL_DEFAULTS = {"remat": "none", "scan_layers": False}
 
 
 def base_config(

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lra_core import cli, data_setup, fs, sharding
+from lra_core import cli, data_setup, fs, layout, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.data import SPLITS, pipeline
 from lra_core.state import eval_params, make_state_spec, to_host
@@ -64,7 +64,7 @@ class Evaluator:
     n = reader.num_eval_batches(limit)
     it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads, prefetch=self.config.data.prefetch)
     for local in it:
-      batch = sharding.to_device(local, self.mesh, self.rules)
+      batch = layout.to_device(local, self.mesh, self.rules)
       metrics, carry = self.step(params, model_state, batch, carry)
       totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
     sums = {k: tuple(float(x) for x in to_host(v)) for k, v in totals.items()}
@@ -74,7 +74,7 @@ class Evaluator:
 def evaluate(config, workdir, split: str = "test", *, step: int | None = None, write: bool = True) -> dict:
   """The metrics of the latest (or given) checkpoint in `workdir` on `split`; with `write`, also written
   to `<workdir>/eval_<split>_<step>.json` (see write_result)."""
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   sources, task = data_setup.setup_data(config, [split], mesh)
   spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)

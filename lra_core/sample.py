@@ -34,7 +34,7 @@ import optax
 from flax import nnx
 from PIL import Image
 
-from lra_core import cli, decoding, diffusion, fs, sharding
+from lra_core import cli, decoding, diffusion, fs, layout
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
@@ -49,7 +49,7 @@ EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0
 def load_model(config, workdir, *, step: int | None = None) -> tuple[nnx.Module, int]:
   """The trained model of `workdir` (eval mode; the EMA of its weights when it kept one) and its
   checkpoint step."""
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
   state, step = restore_params(workdir, spec.abstract, step)
   return nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"]), step

@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from lra_core import optim, registry, sharding
+from lra_core import layout, optim, registry
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
 
@@ -63,8 +63,8 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
   abstract_model.eval()
   eval_graphdef, _, _ = split_model(abstract_model)
 
-  param_specs = sharding.variable_specs(abs_params, rules, mesh)
-  rest_specs = sharding.variable_specs(abs_rest, rules, mesh)
+  param_specs = layout.variable_specs(abs_params, rules, mesh)
+  rest_specs = layout.variable_specs(abs_rest, rules, mesh)
   params_pure = nnx.to_pure_dict(abs_params)
 
   def init() -> dict:
@@ -90,13 +90,13 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
     "rng": P(),
     "params": param_specs,
     "model_state": rest_specs,
-    "opt_state": sharding.match_param_specs(abstract["opt_state"], params_pure, param_specs),
+    "opt_state": layout.match_param_specs(abstract["opt_state"], params_pure, param_specs),
   }
   if has_carry:
-    specs["carry"] = jax.tree.map(lambda x: sharding.batch_spec(rules, mesh, x.shape), abstract["carry"])
+    specs["carry"] = jax.tree.map(lambda x: layout.batch_spec(rules, mesh, x.shape), abstract["carry"])
   if has_ema:
     specs["ema"] = param_specs
-  shardings = sharding.named(mesh, specs)
+  shardings = layout.named(mesh, specs)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params_pure))
   init_fn = jax.jit(init, out_shardings=shardings)  # traced (and constrained) on first call

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lra_core import aot, cli, compile_cache, data_setup, fs, optim, sharding, throughput, trackers
+from lra_core import aot, cli, compile_cache, data_setup, fs, layout, optim, sharding, throughput, trackers
 from lra_core import data as data_lib
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
@@ -69,7 +69,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   total_steps = t.steps
 
   # ----------------------------------------------------------------------------- Mesh
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
   _log_mesh(mesh)
 
@@ -138,7 +138,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
           local = next(batches)
           data_setup.check_batch(local, config, next_batch + step - start)
           with profiler.step(step):
-            state, metrics = train_step(state, sharding.to_device(local, mesh, rules))
+            state, metrics = train_step(state, layout.to_device(local, mesh, rules))
           # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
           # one step late at most, before any checkpoint is written.
           flush()
@@ -195,7 +195,7 @@ def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> 
   config too large for the devices stops here with the estimate (lra_core/aot.py, which compiles the
   same step for TPU slices)."""
   jitted = aot.jit_train_step(config, spec, task, tx, schedule)
-  batch_shapes = sharding.abstract_batch(batch, mesh, config.sharding.rules)
+  batch_shapes = layout.abstract_batch(batch, mesh, config.sharding.rules)
   train_step = aot.compile_step(
     jitted, spec.abstract, batch_shapes, name="train step", limit_gib=config.train.memory_limit_gib
   )

@@ -51,9 +51,9 @@ import ml_collections
 from flax import nnx
 
 from lra_core import decoding
-from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.layer_stacks import MODEL_DEFAULTS, restack_like, unscan_params
 from lra_core.models import transformer
 from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
 from lra_core.models.blocks import stack
@@ -61,7 +61,6 @@ from lra_core.models.blocks.attention import CrossAttention, empty_cache
 from lra_core.models.blocks.heads import TaskHead
 from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
-from lra_core.state import scan_params, unscan_params
 
 Array = jax.Array
 
@@ -641,7 +640,7 @@ def uptrain_params(params: dict, vanilla: dict, config) -> dict:
   out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
   if "bias" in out["context_proj"]:
     out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
-  return scan_params(out, config) if m.scan_layers else out
+  return restack_like(out, params)  # back to the stacks `params` holds (model.scan_layers)
 
 
 # -- family record --------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ import ml_collections
 from flax import nnx
 
 from lra_core import diffusion
-from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
+from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu

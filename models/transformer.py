@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers

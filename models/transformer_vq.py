@@ -42,10 +42,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lra_core.config import MODEL_DEFAULTS
 from lra_core.errors import ConfigError
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
+from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param, rms_normalize, silu
 from lra_core.models.blocks.positions import sinusoid

@@ -16,7 +16,7 @@ import pytest
 import fixtures
 import lra_core
 from fixtures import listops
-from lra_core import aot, chips, cli, hlo_cost, sharding
+from lra_core import aot, chips, cli, hlo_cost, layout, sharding
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 
@@ -93,7 +93,6 @@ def test_trainer_stops_before_allocating_state(tmp_path):
 def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
   """lra_core.aot compiles for shapes read off the config alone; they are exactly the real batches'."""
   from lra_core import data as data_lib
-  from lra_core import sharding
   from lra_core.data import pipeline
 
   fixture = fixtures.load(name)
@@ -105,9 +104,9 @@ def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
   )
   real = {k: (np.shape(v), np.asarray(v).dtype) for k, v in reader(1).items()}
   assert pipeline.batch_fields(config, config.train.batch_size) == real
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
-  assert sharding.config_batch(config, mesh, rules) == sharding.abstract_batch(reader(1), mesh, rules)
+  assert layout.config_batch(config, mesh, rules) == layout.abstract_batch(reader(1), mesh, rules)
 
 
 # ----------------------------------------------------------------------------- python -m lra_core.aot

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_core.kernels import _pallas
+from lra_core.kernels import toolkit
 from lra_core.kernels.attention import attention_mask, dot_product_attention
 from lra_core.models.blocks.positions import apply_rope, sinusoid
 
@@ -76,7 +76,7 @@ def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per
     jnp.asarray(valid)[:, None, :],
   ):
     allowed = np.broadcast_to(np.asarray(mask), (b, tq, tk))
-    with _pallas.target(platform):
+    with toolkit.target(platform):
       out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))
     np.testing.assert_allclose(np.asarray(out), naive_attention(q, k, v, allowed, bias), atol=1e-5)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fixtures
 import lra_core
-from lra_core import data_setup, optim, registry, sharding
+from lra_core import data_setup, layout, optim, registry, sharding
 from lra_core.data import pipeline
 from lra_core.errors import UserError
 from lra_core.state import make_state_spec
@@ -68,14 +68,14 @@ def cases(draw):
 def before_first_step(spec, data_overrides, overrides):
   """What the trainer does up to the first step, with the step traced instead of compiled."""
   config = lra_core.load_config(spec, [*data_overrides, *overrides])
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   sources, task = data_setup.setup_data(config, ["train"], mesh)
   reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=config.train.batch_size)
   first = reader(0)
   data_setup.check_batch(first, config, 0)
   tx, schedule = optim.make_optimizer(config)
   state_spec = make_state_spec(config, mesh, tx)
-  batch = sharding.abstract_batch(first, mesh, config.sharding.rules)
+  batch = layout.abstract_batch(first, mesh, config.sharding.rules)
   with sharding.activate(mesh, config.sharding.rules):
     jax.eval_shape(make_train_step(config, state_spec, task, tx, schedule), state_spec.abstract, batch)
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 import lra_core
 from fixtures import imagenet64 as fx
-from lra_core import optim, sample, sharding
+from lra_core import layout, optim, sample
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import DataInfo
 from lra_core.evaluate import evaluate
@@ -28,7 +28,7 @@ SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent
 def _steps(decay: float, n: int = 3, warmup: bool = False):
   """(states after each of n train steps, config) of the tiny denoiser on a fixed batch."""
   config = lra_core.load_config(SPEC, [*SMALL, f"optim.ema_decay={decay}", f"optim.ema_warmup={warmup}"])
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
   task = make_task(config, DataInfo(vocab_size=256, num_classes=1000))

@@ -12,12 +12,12 @@ import pytest
 
 import lra_core
 import tiers
-from lra_core import kernels, optim, sharding
+from lra_core import kernels, layout, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import _pallas, flash_pallas, flash_parallel
 from lra_core.kernels import flash as fk
-from lra_core.sharding import to_device
+from lra_core.kernels import flash_pallas, flash_parallel, toolkit
+from lra_core.layout import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -256,7 +256,7 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
 
   args = (qq, qk, lq, lk, v, bias)
   plain = run(both, *args)
-  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
     fn = lambda *a: both(*a)  # a new function: traced (and sharded) inside the context
     assert str(jax.make_jaxpr(fn)(*args)).count("shard_map") == 2
     sharded = run(fn, *args)
@@ -273,7 +273,7 @@ def test_tiny_flash_trains_the_same_with_the_kernel():
   state = None
   for impl in ("xla", "pallas"):
     config = lra_core.load_config("configs/pg19/flash.py:tiny", [f"model.impl={impl}"])
-    mesh = sharding.make_mesh(config.mesh)
+    mesh = layout.make_mesh(config.mesh)
     tx, schedule = optim.make_optimizer(config)
     spec = make_state_spec(config, mesh, tx)
     task = make_task(config, DataInfo(vocab_size=config.model.vocab_size))
@@ -314,9 +314,9 @@ def test_on_a_gpu_the_kernel_is_the_parallel_driver_with_the_gpu_tiles():
   fn = lambda q, k, v: flash_pallas.mixed_chunk_attention(
     q, k, q, k, v, chunk=c, causal=True, quad_scale=1.0, lin_scale=1.0
   )
-  with _pallas.target("gpu"):
+  with toolkit.target("gpu"):
     text = str(jax.make_jaxpr(fn)(x(1, t, 1, s), x(1, t, 1, s), x(1, t, 1, e)))
-  tiles = _pallas.gpu_tiles("mixed_chunk_attention")
+  tiles = toolkit.gpu_tiles("mixed_chunk_attention")
   nq, nj = c // tiles["query_block"], e // tiles["value_block"]
   assert f"grid=(1, 1, {t // c}, {nq}, {nj})" in text
   assert f"CompilerParams(num_warps={tiles['num_warps']}, num_stages={tiles['num_stages']})" in text
@@ -360,10 +360,10 @@ def test_value_tiles_fit_the_target_vmem():
   """pg19's FLASH (C 512, S 128, e 2048) in bfloat16: TPU v3 and v4 (16 MiB) take 512-wide tiles, v5e the
   whole width; GPU 128 (a power of two for Triton); a width TPU blocks cannot split is whole; a tile
   that does not divide E is refused."""
-  pick = lambda kind: flash_pallas.value_block(2048, chunk=512, s=128, itemsize=2, budget=_pallas.vmem_budget(kind))
+  pick = lambda kind: flash_pallas.value_block(2048, chunk=512, s=128, itemsize=2, budget=toolkit.vmem_budget(kind))
   assert pick("TPU v3") == pick("TPU v4") == 512 and pick("TPU v5 lite") == 2048
-  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=512, itemsize=2) <= _pallas.vmem_budget("TPU v3")
-  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=1024, itemsize=2) > _pallas.vmem_budget("TPU v3")
+  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=512, itemsize=2) <= toolkit.vmem_budget("TPU v3")
+  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=1024, itemsize=2) > toolkit.vmem_budget("TPU v3")
   assert flash_pallas.value_block(1536, chunk=256, s=128, itemsize=2, budget=None, platform="gpu") == 128
   assert flash_pallas.value_block(96, chunk=256, s=128, itemsize=2, budget=2**20) == 96
   (qq, qk, lq, lk), v, _, _ = inputs()

@@ -12,7 +12,7 @@ from lra_core import chips
 from lra_core.bench import gpu_compile
 from lra_core.bench import lowering as check_lowering
 from lra_core.errors import ConfigError
-from lra_core.kernels import _pallas
+from lra_core.kernels import toolkit
 
 needs_plugin = pytest.mark.skipif(
   not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)"
@@ -97,11 +97,11 @@ def test_the_kernels_follow_the_gpu_mesh(h100):
   and the GPU tiles, on a host whose only backend is the CPU."""
   mesh = gpu_compile.gpu_mesh(h100)
   with jax.set_mesh(mesh):
-    assert _pallas.platform() == "gpu" and not _pallas.interpret_default()
-    assert _pallas.driver(gpu="parallel", drivers=("grid", "parallel")) == "parallel"
-    params = _pallas.compiler_params(2, sequential=False, kernel="vq_attention")
-    assert params.num_warps == _pallas.GPU_TILES["vq_attention"]["num_warps"]
-  assert jax.default_backend() == "cpu" and _pallas.platform() == "cpu"
+    assert toolkit.platform() == "gpu" and not toolkit.interpret_default()
+    assert toolkit.driver(gpu="parallel", drivers=("grid", "parallel")) == "parallel"
+    params = toolkit.compiler_params(2, sequential=False, kernel="vq_attention")
+    assert params.num_warps == toolkit.GPU_TILES["vq_attention"]["num_warps"]
+  assert jax.default_backend() == "cpu" and toolkit.platform() == "cpu"
 
 
 def test_gpu_targets_are_named_and_described():

@@ -3,7 +3,8 @@ without reaches into another module's private names.
 
 Every file of lra_core (with models/, kernels/ and configs/ as lra_core.models, .kernels, .configs)
 is parsed; an edge runs from a module to each project module it imports, at any depth. Model and
-kernel code never reaches the trainer, no two files import each other (directly or round a
+kernel code never reaches the trainer (and kernels nothing outside kernels/), a private module
+(`_name.py`) is imported only from its own package, no two files import each other (directly or round a
 longer loop), no project import sits inside a function, where it would hide such a loop, and no
 module uses another's `_private` names (`from m import _x` or `m._x`): what a module shares it
 makes public.
@@ -173,12 +174,61 @@ def test_no_module_uses_another_modules_private_names():
   assert private_reaches() == []
 
 
+# The run machinery and the commands above the models: a model imports its layers, kernels and the
+# small shared facts below it (errors, the protocol, model-facing sharding, layer stacks), never these.
+TRAINER = (
+  "lra_core.aot",
+  "lra_core.bench",
+  "lra_core.checkpoint",
+  "lra_core.cli",
+  "lra_core.config",
+  "lra_core.data",
+  "lra_core.data_setup",
+  "lra_core.evaluate",
+  "lra_core.layout",
+  "lra_core.metrics",
+  "lra_core.optim",
+  "lra_core.registry",
+  "lra_core.reproduce",
+  "lra_core.sample",
+  "lra_core.state",
+  "lra_core.steps",
+  "lra_core.sweep",
+  "lra_core.tasks",
+  "lra_core.train",
+)
+
+
+def in_package(module: str, packages) -> bool:
+  return any(module == p or module.startswith(p + ".") for p in packages)
+
+
 def test_models_and_kernels_do_not_reach_the_trainer():
   edges, _ = graph()
-  trainer = {"lra_core.train", "lra_core.evaluate", "lra_core.data_setup", "lra_core.checkpoint"}
   for name in edges:
-    if name.startswith(("lra_core.models", "lra_core.kernels")):
-      assert not reachable(edges, name) & trainer, name
+    if in_package(name, ("lra_core.models", "lra_core.kernels")):
+      assert not [m for m in reachable(edges, name) if in_package(m, TRAINER)], name
+
+
+def test_kernels_import_nothing_of_the_project_but_kernels():
+  edges, _ = graph()
+  for name in edges:
+    if in_package(name, ("lra_core.kernels",)):
+      assert not [m for m in reachable(edges, name) if not in_package(m, ("lra_core.kernels",))], name
+
+
+def private_module_imports(edges: dict[str, set[str]]) -> list[str]:
+  """'importer -> module' for each import of a private module (`_name.py`) from outside its package."""
+  return sorted(
+    f"{name} -> {target}"
+    for name, targets in edges.items()
+    for target in targets
+    if _is_private(target.rpartition(".")[2]) and name.rpartition(".")[0] != target.rpartition(".")[0]
+  )
+
+
+def test_private_modules_are_imported_only_inside_their_package():
+  assert private_module_imports(graph()[0]) == []
 
 
 def test_the_checker_sees_cycles_and_resolves_relative_imports():
@@ -194,3 +244,10 @@ def test_the_checker_sees_cycles_and_resolves_relative_imports():
     "import lra_core.optim as opt\ndecoding._mode(opt._y, _z)\n"
   )
   assert private_uses(reaching, "lra_core.models.fit", False, modules) == ["2 _x", "4 decoding._mode", "4 opt._y"]
+  edges = {
+    "lra_core.models.a": {"lra_core.models._b"},
+    "lra_core.sharding": {"lra_core.models._b"},
+    "lra_core.models._b": set(),
+  }
+  assert private_module_imports(edges) == ["lra_core.sharding -> lra_core.models._b"]
+  assert in_package("lra_core.data.lra.listops", TRAINER) and not in_package("lra_core.datasets", ("lra_core.data",))

@@ -10,12 +10,12 @@ import pytest
 
 import lra_core
 import tiers
-from lra_core import kernels, optim, sharding
+from lra_core import kernels, layout, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import _pallas, latte_pallas
 from lra_core.kernels import latte as lk
-from lra_core.sharding import to_device
+from lra_core.kernels import latte_pallas, toolkit
+from lra_core.layout import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -143,9 +143,9 @@ def test_loop_driver_tiles_equal_the_formulas(value_block, latent_block, segment
 
 def test_kernels_for_gpu_equal_the_formulas_in_interpret_mode():
   """The GPU layout as traced for a GPU target, run in interpret mode: default blocks and tiles from
-  `_pallas.GPU_TILES` (two value tiles, two latent groups or tiles, time padded to whole blocks), with and
+  `toolkit.GPU_TILES` (two value tiles, two latent groups or tiles, time padded to whole blocks), with and
   without packed documents (the gradients are the XLA form's whatever the layout: checked above)."""
-  causal, both = _pallas.gpu_tiles("causal_latte"), _pallas.gpu_tiles("bidirectional_latte")
+  causal, both = toolkit.gpu_tiles("causal_latte"), toolkit.gpu_tiles("bidirectional_latte")
   l, d = 2 * causal["latent_block"], 2 * causal["value_block"]
   assert (l, d) == (2 * both["latent_block"], 2 * both["value_block"])
   q, k, v = qkv(b=1, t=causal["chunk"] + 5, l=l, d=d)
@@ -162,7 +162,7 @@ def test_kernels_for_gpu_equal_the_formulas_in_interpret_mode():
         q, k, v, segments=segs
       )
 
-    with _pallas.target("gpu"):
+    with toolkit.target("gpu"):
       assert latte_pallas.default_chunk() == causal["chunk"]
       assert latte_pallas.default_block(segs is not None) == both["chunk" if segs is not None else "block"]
       jaxpr = str(jax.make_jaxpr(fast)(q, k, v))
@@ -189,7 +189,7 @@ def test_value_widths_triton_cannot_take_are_padded_for_gpu():
     causal = lk.causal_latte(q, k, v, chunk=4, state=state, impl="xla")
     return causal, lk.bidirectional_latte_reference(q, k, v)
 
-  with _pallas.target("gpu"):
+  with toolkit.target("gpu"):
     jaxpr = str(jax.make_jaxpr(both)(q, k, v))
     got = run(both, q, k, v)
   assert "f32[2,2,8,5]" in jaxpr  # the state [B,H,D,L] at D = 8
@@ -257,7 +257,7 @@ def test_kernels_with_segments_run_per_device_under_a_mesh():
     lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs),
   )
   q, k, v = qkv(b=4, t=9, l=8)
-  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
     # one kernel causal, two bidirectional (forward and reversed)
     assert str(jax.make_jaxpr(lambda *a: [f(*a) for f in fns])(q, k, v)).count("shard_map") == 3
     sharded = run(lambda *a: [f(*a) for f in fns], q, k, v)
@@ -281,7 +281,7 @@ def test_kernels_run_per_device_under_a_mesh():
     return [value_and_grads(fn, q, k, v) for fn in fns]
 
   q, k, v = qkv(b=4, t=9, l=8)
-  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
     assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 2
     sharded = run(functools.partial(both, (causal, bidirectional)), q, k, v)
   assert_same(sharded, run(functools.partial(both, references), q, k, v))
@@ -298,7 +298,7 @@ def test_tiny_lm_trains_the_same_with_the_kernel():
   state, losses = None, {}
   for impl in ("xla", "pallas"):
     config = lra_core.load_config("configs/c4/latte.py:tiny", ["model.num_layers=1", f"model.impl={impl}"])
-    mesh, rules = sharding.make_mesh(config.mesh), config.sharding.rules
+    mesh, rules = layout.make_mesh(config.mesh), config.sharding.rules
     tx, schedule = optim.make_optimizer(config)
     spec = make_state_spec(config, mesh, tx)
     task = make_task(config, DataInfo(vocab_size=config.model.vocab_size, unit="byte"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lra_core.kernels import _pallas
+from lra_core.kernels import toolkit
 from lra_core.models.blocks.layers import ACTIVATIONS, contract, next_key, silu
 
 
@@ -50,7 +50,7 @@ def test_contract_layouts_agree_in_value_and_gradient(in_shape, out_shape):
   expected = np.tensordot(np.asarray(x, np.float64), np.asarray(kernel, np.float64), n_in)
   grads = []
   for platform in ("cpu", "tpu"):
-    with _pallas.target(platform):
+    with toolkit.target(platform):
       y = contract(x, kernel, n_in)
       grads.append(jax.grad(lambda x, w: jnp.sum(jnp.sin(contract(x, w, n_in))), (0, 1))(x, kernel))
     np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-5, atol=1e-5)

@@ -25,7 +25,7 @@ import pytest
 
 import lra_core
 from fixtures import listops
-from lra_core import cli, distributed, optim, sharding
+from lra_core import cli, distributed, layout, optim
 from lra_core.checkpoint import Checkpointer
 from lra_core.errors import ConfigError
 from lra_core.metrics import read_metrics
@@ -138,7 +138,7 @@ def test_two_processes_resume_and_match_one_process(runs):
   # The checkpoint written jointly by the two processes restores in this single process.
   steps = Checkpointer(two, async_save=False).all_steps()
   assert steps == [2, 4]
-  abstract = make_state_spec(config, sharding.make_mesh(config.mesh), optim.make_optimizer(config)[0]).abstract
+  abstract = make_state_spec(config, layout.make_mesh(config.mesh), optim.make_optimizer(config)[0]).abstract
   restored = [Checkpointer(d, async_save=False).restore(4, abstract)[0]["params"] for d in (two, one)]
   for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
@@ -147,9 +147,9 @@ def test_two_processes_resume_and_match_one_process(runs):
 @pytest.mark.slow
 def test_the_run_shards_parameters_over_fsdp(runs):
   config = runs[0]
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
-  rows = sharding.parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
+  rows = layout.parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
   assert sum(r["per_device"] for r in rows) < 0.3 * sum(r["size"] for r in rows)  # a quarter each, norms aside
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   specs = [s.spec for s in jax.tree.leaves(spec.shardings["params"])]

@@ -16,7 +16,7 @@ import pytest
 
 import fixtures.listops
 import lra_core
-from lra_core import data_setup, optim, read_fallout, sharding
+from lra_core import data_setup, layout, optim, read_fallout
 from lra_core.checkpoint import Checkpointer, restore_params
 from lra_core.errors import ConfigError, DataError
 from lra_core.metrics import read_metrics
@@ -90,7 +90,7 @@ def test_data_that_reads_but_differs_from_what_was_saved_is_caught_by_its_digest
   shutil.copytree(reference, workdir)
   (workdir / "summary.json").unlink()
   cfg = config(data)
-  abstract = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
+  abstract = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
   ckpt = Checkpointer(workdir, async_save=False)
   state, meta = ckpt.restore(6, abstract)
   for tree in (state["opt_state"][0].mu, state["params"]):  # an Adam moment, and a parameter
@@ -142,7 +142,7 @@ def test_the_reads_left_running_after_a_failed_restore_end_quietly(data, uninter
   for p in (workdir / "checkpoints" / "6").glob("state/**/d/*"):  # the arrays' data, not the metadata
     p.write_bytes(b"\x00garbage")
   cfg = config(data)
-  abstract = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
+  abstract = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
   with pytest.raises(lra_core.CheckpointError, match="6 cannot be read: its files are damaged or missing"):
     Checkpointer(workdir, async_save=False).restore_latest(abstract)
   time.sleep(1.0)  # the leftover reads end within a second or two
@@ -199,7 +199,7 @@ def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   assert not (tmp_path / "summary.json").exists()
   assert [r["skipped_steps"] for r in read_metrics(tmp_path) if "skipped_steps" in r] == [3, 6]
   summary = train_and_evaluate(config(data, *skip, "train.log_every=3", "train.max_skipped_fraction=1.0"), tmp_path)
-  initial = make_state_spec(cfg, sharding.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
+  initial = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
   assert summary["param_checksum"] == param_checksum(initial["params"])
 
 

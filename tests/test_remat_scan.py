@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import optim, registry, sharding
+from lra_core import layout, optim, registry, sharding
 from lra_core.checkpoint import Checkpointer
 from lra_core.data import pipeline
 from lra_core.data_setup import config_data_info
@@ -107,7 +107,7 @@ def test_remat_and_scan_keep_init_values_and_gradients(name):
 
 def run_steps(config, steps=2):
   """`steps` real train steps (the trainer's jitted step, dropout on) from the seed's init."""
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = layout.make_mesh(config.mesh, jax.devices()[:1])
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
   task = make_task(config, config_data_info(config))
@@ -169,10 +169,10 @@ def test_unknown_remat_is_one_sentence_before_any_build():
 
 def test_stacked_parameters_keep_their_sharding_with_an_unsplit_layer_axis():
   mesh_args = ("mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2")
-  plain = {r["path"]: r for r in sharding.parameter_layout(load("transformer", "none", False, *mesh_args), 4)}
-  rows = sharding.parameter_layout(load("transformer", "none", True, *mesh_args), 4)
+  plain = {r["path"]: r for r in layout.parameter_layout(load("transformer", "none", False, *mesh_args), 4)}
+  rows = layout.parameter_layout(load("transformer", "none", True, *mesh_args), 4)
   stacked = [r for r in rows if "stacked_layers" in r["path"]]
-  assert stacked and any(sharding.mesh_axes_used(r["spec"]) for r in stacked)
+  assert stacked and any(layout.mesh_axes_used(r["spec"]) for r in stacked)
   for row in stacked:
     layer0 = plain[row["path"].replace("stacked_layers", "0")]
     assert row["logical_axes"] == ("layers",) + tuple(layer0["logical_axes"])

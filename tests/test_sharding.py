@@ -6,11 +6,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import optim, registry, sharding
+from lra_core import layout, optim, registry, sharding
 from lra_core.bench.shardings import summarize
 from lra_core.checkpoint import Checkpointer, digests
 from lra_core.data import DataInfo
-from lra_core.sharding import mesh_axes_used, to_device
+from lra_core.layout import mesh_axes_used, to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -33,7 +33,7 @@ def batches(num, batch_size=8, seq_len=64, windows=1):
 
 def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1):
   config = lra_core.load_config(spec, [*mesh_overrides, *extra])
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
   tx, schedule = optim.make_optimizer(config)
   spec = make_state_spec(config, mesh, tx)
@@ -145,7 +145,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path, single):
 
 
 def test_logical_rules_replicate_what_does_not_divide():
-  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  mesh = layout.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   rules = lra_core.config.DEFAULT_RULES
   assert sharding.logical_to_spec(("embed", "mlp"), rules, mesh, (64, 128)) == P("fsdp", "tensor")
   assert sharding.logical_to_spec(("embed", "mlp"), rules, mesh, (63, 128)) == P(None, "tensor")
@@ -156,16 +156,16 @@ def test_logical_rules_replicate_what_does_not_divide():
 
 def test_mesh_errors_are_clear():
   with pytest.raises(lra_core.ConfigError, match="needs 16 devices, but only 8"):
-    sharding.make_mesh({"data": 4, "fsdp": 4, "tensor": 1})
+    layout.make_mesh({"data": 4, "fsdp": 4, "tensor": 1})
   with pytest.raises(lra_core.ConfigError, match="not a multiple of 3"):
-    sharding.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
+    layout.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
 
 
 @pytest.mark.parametrize("family", registry.families(), ids=lambda family: family.name)
 def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor(family):
   mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
   name, smoke = family.name, family.smoke
-  rows = sharding.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
+  rows = layout.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
   assert all(r["logical_axes"] is not None for r in rows), name
   # Every matrix over the model width is split over fsdp; what is not (per-head RG-LRU gates,
   # split over tensor instead) weighs more in a tiny model than at paper size.
@@ -179,9 +179,9 @@ def test_sharding_rules_are_selected_by_config():
   """Without the `embed -> fsdp` rule the fsdp axis only splits the batch (plain data parallelism)."""
   rules = "(('batch', ('data', 'fsdp')), ('heads', 'tensor'), ('kv_heads', 'tensor'), ('mlp', 'tensor'))"
   config = lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1", f"sharding.rules={rules}"])
-  rows = sharding.parameter_layout(config, num_devices=8)
+  rows = layout.parameter_layout(config, num_devices=8)
   up = next(r for r in rows if r["path"].endswith("mlp/up/kernel"))
   assert up["spec"] == P(None, "tensor") and up["per_device"] == up["size"] // 2
-  default = sharding.parameter_layout(lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1"]), 8)
+  default = layout.parameter_layout(lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1"]), 8)
   up = next(r for r in default if r["path"].endswith("mlp/up/kernel"))
   assert up["spec"] == P("fsdp", "tensor") and up["per_device"] == up["size"] // 8

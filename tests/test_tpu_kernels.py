@@ -13,9 +13,9 @@ from jax.sharding import PartitionSpec as P
 
 from lra_core import chips, kernels
 from lra_core.bench import lowering as check_lowering
-from lra_core.kernels import _pallas
 from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla
+from lra_core.kernels import toolkit
 from lra_core.kernels import vq as vq_xla
 
 needs_libtpu = pytest.mark.skipif(
@@ -78,7 +78,7 @@ def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
   """The chip generation comes from the mesh: v3 multiplies float32 only, v5e takes bfloat16."""
   mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
-    assert not _pallas.bf16_matmuls()
+    assert not toolkit.bf16_matmuls()
   for name, (fn, args) in check_lowering.kernels_at(**SIZES, dtype="bfloat16").items():
     with jax.set_mesh(mesh):
       lowered = jax.jit(fn).lower(*_abstract(args, mesh))
@@ -96,7 +96,7 @@ def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
   fn, args = check_lowering.kernels_at(**dict(SIZES, **sizes, seq_len=1024), dtype="bfloat16")[name]
   mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
-    assert _pallas.vmem_budget() == 16 * 2**20 and _pallas.vmem_limit() is None
+    assert toolkit.vmem_budget() == 16 * 2**20 and toolkit.vmem_limit() is None
     lowered = jax.jit(fn).lower(*_abstract(args, mesh))
     lowered.compile()
   assert "tpu_custom_call" in lowered.as_text()
@@ -105,16 +105,16 @@ def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
 @needs_libtpu
 def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
   cpu_mesh = jax.make_mesh((2,), ("data",), devices=jax.devices("cpu")[:2])
-  assert _pallas.current() == _pallas.Target("cpu", jax.devices()[0].device_kind)
+  assert toolkit.current() == toolkit.Target("cpu", jax.devices()[0].device_kind)
   with jax.set_mesh(tpu_mesh):
-    assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
-    assert (_pallas.driver(), _pallas.interpret_default(), _pallas.bf16_matmuls()) == ("grid", False, True)
-    with _pallas.target("tpu"):  # the platform named, the device kind still the mesh's
-      assert _pallas.current() == _pallas.Target("tpu", "TPU v5 lite")
-    with _pallas.target("gpu"):
-      assert (_pallas.driver(), _pallas.interpret_default()) == ("loop", False)
-    with _pallas.per_device_mesh(cpu_mesh, batch="data", heads=None):  # the kernel mesh before the context mesh
-      assert _pallas.current().platform == "cpu" and _pallas.interpret_default()
+    assert toolkit.current() == toolkit.Target("tpu", "TPU v5 lite")
+    assert (toolkit.driver(), toolkit.interpret_default(), toolkit.bf16_matmuls()) == ("grid", False, True)
+    with toolkit.target("tpu"):  # the platform named, the device kind still the mesh's
+      assert toolkit.current() == toolkit.Target("tpu", "TPU v5 lite")
+    with toolkit.target("gpu"):
+      assert (toolkit.driver(), toolkit.interpret_default()) == ("loop", False)
+    with toolkit.per_device_mesh(cpu_mesh, batch="data", heads=None):  # the kernel mesh before the context mesh
+      assert toolkit.current().platform == "cpu" and toolkit.interpret_default()
 
 
 @needs_libtpu
@@ -131,7 +131,7 @@ def test_lowering_for_tpu_asks_nothing_of_the_host_device():
   """Nothing in the kernels depends on the chip generation Pallas would read from the local (CPU)
   device: exported for TPU without a TPU mesh, every kernel lowers."""
   for name, (fn, args) in check_lowering.kernels_at(**dict(SIZES, seq_len=512)).items():
-    with _pallas.target("tpu"):
+    with toolkit.target("tpu"):
       text = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
     assert "tpu_custom_call" in text, name
 
@@ -171,7 +171,7 @@ def test_a_cpu_mesh_runs_interpret_mode_equal_to_the_reference(name):
   args, fast, reference = _cases(4, 16, 2, 8, np.random.default_rng(0))[name]
   loss = lambda f: jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 2))
   with jax.set_mesh(mesh):
-    assert _pallas.current().platform == "cpu" and _pallas.interpret_default()
+    assert toolkit.current().platform == "cpu" and toolkit.interpret_default()
     sharded = tuple(jax.device_put(a, NamedSharding(mesh, P("data") if a.ndim == 4 else P())) for a in args)
     jaxpr = str(jax.make_jaxpr(loss(fast))(*sharded))
     text = jax.jit(loss(fast)).lower(*sharded).as_text()

@@ -15,7 +15,7 @@ import lra_core
 import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
-from lra_core.kernels import _pallas, vq, vq_pallas, vq_parallel
+from lra_core.kernels import toolkit, vq, vq_pallas, vq_parallel
 from lra_core.train import train_and_evaluate
 
 O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
@@ -299,24 +299,24 @@ def test_block_sizes_fit_the_target_vmem():
   estimate grows with both tiles."""
   paper = dict(block_len=512, n_code=512, d_k=128, has_bias=True)
   for kind, itemsize in (("TPU v3", 2), ("TPU v3", 4), ("TPU v4", 2), ("TPU v5", 2), ("TPU v5 lite", 2)):
-    budget = _pallas.vmem_budget(kind)
+    budget = toolkit.vmem_budget(kind)
     dt, lq = vq_pallas.block_sizes(1536, itemsize=itemsize, budget=budget, **paper)
     assert 1536 % dt == 0 and dt % 128 == 0 and 512 % lq == 0 and lq % 128 == 0, (kind, dt, lq)
     assert vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=itemsize, **paper) <= budget, kind
-  assert vq_pallas.vmem_bytes(value_block=1536, query_block=512, itemsize=2, **paper) > _pallas.vmem_budget("TPU v3")
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=_pallas.vmem_budget("TPU v3"), **paper)[0] == 128
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=_pallas.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
+  assert vq_pallas.vmem_bytes(value_block=1536, query_block=512, itemsize=2, **paper) > toolkit.vmem_budget("TPU v3")
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v3"), **paper)[0] == 128
+  assert vq_pallas.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
   size = lambda dt, lq: vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=2, **paper)
   assert size(128, 128) < size(256, 128) < size(256, 256)
   # widths a TPU block cannot split are taken whole; interpret mode whole; the GPU's tiles from GPU_TILES
   assert vq_pallas.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
   assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
-  gpu = _pallas.gpu_tiles("vq_attention")
+  gpu = toolkit.gpu_tiles("vq_attention")
   assert vq_parallel.tiles(1536, block_len=512, n_code=512) == tuple(
     gpu[k] for k in ("value_block", "query_block", "key_block", "code_block")
   )
   assert vq_parallel.tiles(6, block_len=4, n_code=16) == (6, 4, 4, 16)  # small dimensions whole
-  assert _pallas.vmem_limit("TPU v3") is None and _pallas.vmem_limit("TPU v5 lite") == 96 * 2**20
+  assert toolkit.vmem_limit("TPU v3") is None and toolkit.vmem_limit("TPU v5 lite") == 96 * 2**20
 
 
 class _force_driver:
@@ -326,11 +326,11 @@ class _force_driver:
     self.name = name
 
   def __enter__(self):
-    self.saved = _pallas.driver
-    _pallas.driver = lambda name=None, **kw: self.name
+    self.saved = toolkit.driver
+    toolkit.driver = lambda name=None, **kw: self.name
 
   def __exit__(self, *exc):
-    _pallas.driver = self.saved
+    toolkit.driver = self.saved
 
 
 def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
@@ -343,7 +343,7 @@ def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
 
   jaxpr, want, want_grads = run()
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  with _pallas.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
     sharded_jaxpr, got, got_grads = run()
   assert "shard_map" in sharded_jaxpr and "shard_map" not in jaxpr
   assert "f32[1,1,16,6]" in sharded_jaxpr  # one batch row and one head per device

@@ -13,7 +13,7 @@ from PIL import Image
 
 import fixtures.imagenet64
 import lra_core
-from lra_core import evaluate, fs, optim, sample, sharding
+from lra_core import evaluate, fs, layout, optim, sample
 from lra_core.checkpoint import restore_params
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.state import make_state_spec
@@ -94,7 +94,7 @@ def test_overrides_apply_on_top_of_the_workdirs_config(listops_run, capsys):
 
 def test_restore_params_reads_params_and_model_state_only(listops_run, caplog):
   config, workdir, _ = listops_run
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   with caplog.at_level(logging.INFO):
     state, step = restore_params(workdir, spec.abstract)
@@ -264,7 +264,7 @@ def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
 def test_training_samples_from_a_model_in_memory(spec):
   """What the trainer calls every train.sample_every steps: uint8 [N,S,S,C], fixed by the key."""
   config = lra_core.load_config(spec)
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = layout.make_mesh(config.mesh)
   spec_ = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   state = spec_.init()
   model = nnx.merge(spec_.eval_graphdef, state["params"], state["model_state"])

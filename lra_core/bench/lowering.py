@@ -43,7 +43,7 @@ except ImportError:
 
 from lra_core import chips, cli, kernels
 from lra_core.bench import gpu_compile
-from lra_core.kernels import _pallas, vq
+from lra_core.kernels import toolkit, vq
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
 PASSES = ("forward", "grad")
@@ -148,7 +148,7 @@ def compile_for_tpu(fn: Callable, args: tuple, devices) -> tuple[str, float]:
 
 def lower(fn: Callable, args: tuple, platform: str, tpu_kind: str = "TPU v5 lite") -> str:
   """The StableHLO text of fn(*args) exported for 'tpu' (one chip of `tpu_kind`) or 'gpu'."""
-  with _pallas.target(platform, tpu_kind if platform == "tpu" else None):
+  with toolkit.target(platform, tpu_kind if platform == "tpu" else None):
     if platform == "tpu":
       device = AbstractDevice(device_kind=tpu_kind, num_cores=1, platform="tpu")
       with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("d",), abstract_device=device)):

@@ -21,7 +21,7 @@ import sys
 
 from lra_core import cli, registry
 from lra_core.config import load_config
-from lra_core.sharding import mesh_axes_used, mesh_shape, parameter_layout
+from lra_core.layout import mesh_axes_used, mesh_shape, parameter_layout
 
 # Each family's smoke config, a `tiny` one (the families' paper configs share their layouts).
 FAMILIES = {family.name: family.smoke.config for family in registry.families()}

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import cli, data_setup, optim, sharding
+from lra_core import cli, data_setup, layout, optim, sharding
 from lra_core.bench import cores
 from lra_core.bench.common import (
   MiB,
@@ -126,7 +126,7 @@ def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, 
 
 
 def one_device_mesh():
-  return sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  return layout.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
 
 
 def peak_memory(device: jax.Device) -> tuple[int, str]:
@@ -196,7 +196,7 @@ class TrainStepRun:
       )
       rng = np.random.default_rng(seed)
       self.host_batches = [random_batch(config, info, rng) for _ in range(2)]
-      self.batches = [sharding.to_device(b, mesh, rules) for b in self.host_batches]
+      self.batches = [layout.to_device(b, mesh, rules) for b in self.host_batches]
       self.start = time.perf_counter()
       lowered = step.lower(spec.abstract, self.batches[0])
       self.lowered_at = time.perf_counter()

@@ -15,7 +15,7 @@ import os
 import jax
 import numpy as np
 
-from lra_core import optim, sharding
+from lra_core import layout, optim, sharding
 from lra_core.bench import train_step
 from lra_core.bench.common import cost_flops, xla_memory_bytes
 from lra_core.errors import ConfigError
@@ -108,7 +108,7 @@ def planned_step(config) -> dict:
     step = jax.jit(
       make_train_step(config, spec, task, tx, schedule), donate_argnums=0, out_shardings=(spec.shardings, None)
     )
-    batch = sharding.to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
+    batch = layout.to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
     compiled = step.lower(spec.abstract, batch).compile()
   return dict(
     num_params=spec.num_params, flops_per_step=cost_flops(compiled), xla_memory_bytes=xla_memory_bytes(compiled)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels import _pallas
+from lra_core.kernels import toolkit
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -53,10 +53,10 @@ def contract(x: Array, kernel: Array, n_in: int) -> Array:
 
   Its gradients are then 2-D matmuls too, which XLA CPU lays out without a strided transpose of the
   fused activation gradient: the general contraction made CPU train steps up to 1.7x slower. The
-  platform is the one the program is traced for (kernels/_pallas.py), so TPU programs compiled on a
+  platform is the one the program is traced for (kernels/toolkit.py), so TPU programs compiled on a
   CPU host keep the dot_general, which the TPU compiler estimates no slower.
   """
-  if _pallas.platform() == "cpu":
+  if toolkit.platform() == "cpu":
     batch, size_in = x.shape[: x.ndim - n_in], math.prod(kernel.shape[:n_in])
     y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))
     return y.reshape(*batch, *kernel.shape[n_in:])

@@ -12,7 +12,7 @@ Two switches of `config.model` (lra_core.config adds them to every family):
                projections, not attention scores).
 
 The stacked module's variables sit under the key STACKED in the pure state dict, so
-`lra_core.state.unscan_params` splits them back into per-layer entries without knowing the model.
+`lra_core.layer_stacks.unscan_params` splits them back into per-layer entries without knowing the model.
 Layers applied here must not change their own variables (statistics leave through the outputs).
 Dropout keys come from the caller's nnx.Rngs, whose state is carried from layer to layer, so a
 scanned stack draws exactly the masks the loop draws.
@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.config import REMAT_POLICIES
-from lra_core.state import STACKED
+from lra_core.layer_stacks import REMAT_POLICIES, STACKED
 
 Array = jax.Array
 
