@@ -18,14 +18,13 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
-from lra_core import fs, registry
+from lra_core import fs, registry, task_kinds
 from lra_core import optim as optim_lib
 from lra_core.errors import ConfigError
 from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
 from lra_core.sharding import MESH_AXES
 
-TASKS = tuple(registry.TASKS)
 DTYPES = ("float32", "bfloat16", "float16")
 TRACKERS = ("none", "wandb", "trackio")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
@@ -367,8 +366,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for section in ("model", "data", "train", "optim", "mesh"):
     if section not in config:
       raise ConfigError(f"config has no {section!r} section; build it with lra_core.config.base_config.")
-  if config.task not in TASKS:
-    raise ConfigError(f"task {config.task!r} is not one of {TASKS}.")
+  task_kinds.kind(config.task)  # an unknown task is one sentence here
   _positive(
     config,
     "train.steps",
@@ -392,8 +390,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
   parse_profile_steps(train.profile_steps)
-  if train.sample_every and config.task not in ("image_ar", "diffusion"):
-    raise ConfigError(f"train.sample_every draws images, for tasks image_ar and diffusion, not task {config.task!r}.")
+  if train.sample_every and not task_kinds.kind(config.task).image:
+    raise ConfigError(
+      f"train.sample_every draws images, for tasks {' and '.join(task_kinds.names(image=True))}, not task {config.task!r}."
+    )
   if train.tracker not in TRACKERS:
     raise ConfigError(f"train.tracker {train.tracker!r} is not one of {list(TRACKERS)}.")
   if train.batch_size % train.grad_accum_steps:
@@ -401,7 +401,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"train.batch_size {train.batch_size} is not a multiple of train.grad_accum_steps {train.grad_accum_steps}."
     )
   if train.update_len:
-    if config.task not in ("lm", "image_ar"):
+    if not task_kinds.kind(config.task).causal:
       raise ConfigError(f"train.update_len applies to autoregressive tasks only, not task {config.task!r}.")
     if train.seq_len % train.update_len:
       raise ConfigError(f"train.seq_len {train.seq_len} is not a multiple of train.update_len {train.update_len}.")

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
-from lra_core import diffusion
+from lra_core import diffusion, task_kinds
 
 Array = jax.Array
 ConfigDict = Any  # an ml_collections.ConfigDict
@@ -140,6 +140,11 @@ class RunInfo:
   # Classifier-free guidance: the label of the null class, a class-conditional denoiser's extra label row
   # (lra_core.diffusion.null_label); None without guidance.
   null_label: int | None = None
+
+  @property
+  def kind(self) -> task_kinds.TaskKind:
+    """The task's properties (causal, classifies, image, per_token, labelled, towers)."""
+    return task_kinds.kind(self.task)
 
   @classmethod
   def of(cls, config: ConfigDict) -> RunInfo:

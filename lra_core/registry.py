@@ -3,7 +3,7 @@
 A model family is a module `models/<name>.py` (lra_core.models.<name>) with a `FAMILY` record
 (lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that module plus a
 config file: the trainer and the cross-family tests find it here, with no list to edit.
-Datasets (`config.data.name`) and task objectives (`config.task`) are named below.
+Datasets (`config.data.name`) are named below; tasks (`config.task`) in lra_core.task_kinds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pathlib
 import jax
 from flax import nnx
 
+from lra_core import task_kinds
 from lra_core.errors import ConfigError
 from lra_core.protocol import Family, RunInfo
 
@@ -31,16 +32,6 @@ DATASETS = {
   "imdb": "lra_core.data.lra.imdb",
   "cifar10": "lra_core.data.lra.cifar10",
   "pathfinder": "lra_core.data.lra.pathfinder",
-}
-
-# config.task -> the objective's class (lra_core/tasks/base.py describes the interface).
-TASKS = {
-  "lm": "lra_core.tasks.lm:LMTask",
-  "image_ar": "lra_core.tasks.lm:ImageARTask",
-  "mlm": "lra_core.tasks.mlm:MLMTask",
-  "classify": "lra_core.tasks.classify:ClassifyTask",
-  "retrieval": "lra_core.tasks.classify:ClassifyTask",
-  "diffusion": "lra_core.tasks.diffusion:DiffusionTask",
 }
 
 
@@ -78,10 +69,8 @@ def dataset_module(name: str):
 
 
 def task_class(name: str):
-  """The objective of task `name` (config.task)."""
-  if name not in TASKS:
-    raise ConfigError(f"task {name!r} has no objective; available: {sorted(TASKS)}.")
-  module, _, cls = TASKS[name].partition(":")
+  """The objective of task `name` (config.task; lra_core.task_kinds names each one's class)."""
+  module, _, cls = task_kinds.kind(name).objective.partition(":")
   return getattr(importlib.import_module(module), cls)
 
 

@@ -129,7 +129,7 @@ def test_every_listed_arg_loads():
         config = lra_core.load_config(f"configs/{file}:{arg}")
       except ConfigError:  # an arg that needs a size beside it (block_transformer's megabyte)
         config = lra_core.load_config(f"configs/{file}:{arg},tiny")
-      assert config.task in lra_core.config.TASKS
+      assert config.task in lra_core.task_kinds.TASKS
 
 
 def test_python_m_lra_core_configs_and_list_configs_print_the_listing():

@@ -1,4 +1,4 @@
-"""Objectives by `config.task` (named in lra_core.registry.TASKS); tasks/base.py has the interface."""
+"""Objectives by `config.task` (named in lra_core.task_kinds.TASKS); tasks/base.py has the interface."""
 
 from __future__ import annotations
 
