@@ -391,9 +391,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
   parse_profile_steps(train.profile_steps)
   if train.sample_every and not task_kinds.kind(config.task).image:
-    raise ConfigError(
-      f"train.sample_every draws images, for tasks {' and '.join(task_kinds.names(image=True))}, not task {config.task!r}."
-    )
+    image_tasks = " and ".join(task_kinds.names(image=True))
+    raise ConfigError(f"train.sample_every draws images, for tasks {image_tasks}, not task {config.task!r}.")
   if train.tracker not in TRACKERS:
     raise ConfigError(f"train.tracker {train.tracker!r} is not one of {list(TRACKERS)}.")
   if train.batch_size % train.grad_accum_steps:
