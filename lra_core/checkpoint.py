@@ -33,10 +33,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from lra_core import config as config_lib
 from lra_core import fs, optim, read_fallout, registry
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure
 from lra_core.state import STACKED, make_state_spec
@@ -389,7 +389,7 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   path = fs.path(source_workdir, what="train.init_from")
   if not (path / "config.json").is_file():
     raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
-  source_config = ml_collections.ConfigDict(json.loads((path / "config.json").read_text()))
+  source_config = config_lib.from_saved(json.loads((path / "config.json").read_text()))
   source_tx, _ = optim.make_optimizer(source_config)
   source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
   family = registry.family(config.model.name)

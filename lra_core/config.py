@@ -224,11 +224,29 @@ def _flat_values(tree: dict, prefix: str = "") -> dict:
   return out
 
 
+def upgrade_config(saved: dict) -> dict:
+  """A config as a run saved it (config.json) in today's layout: each model key added since, absent
+  from `saved`, with the value that builds the model the saved config built (MODEL_DEFAULTS, and the
+  family record's `upgrades`). The one place that knows old layouts: models read their keys directly."""
+  model = saved.get("model")
+  if not isinstance(model, dict):
+    return saved
+  added = dict(MODEL_DEFAULTS)
+  if model.get("name") in registry.family_names():
+    added |= registry.family(model["name"]).upgrades
+  return dict(saved, model={**added, **model})
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """The ConfigDict of a saved config.json (upgraded; JSON lists back to tuples), not yet validated."""
+  return ml_collections.ConfigDict(_tuples(upgrade_config(saved)))
+
+
 def resume_conflicts(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """`key: old -> new` for each setting that differs from a workdir's saved config.json and that
-  a resumed run may not change (RESUMABLE_KEYS lists those it may). A config saved before a
-  field of MODEL_DEFAULTS existed had its default."""
-  old = {f"model.{k}": v for k, v in MODEL_DEFAULTS.items()} | _flat_values(saved)
+  a resumed run may not change (RESUMABLE_KEYS lists those it may). The saved config is upgraded
+  first: a key added since it was saved is no difference when it has the value that config had."""
+  old = _flat_values(upgrade_config(saved))
   new = _flat_values(json.loads(json.dumps(config.to_dict())))  # tuples -> lists, as saved
   out = []
   for key in sorted(set(old) | set(new)):
@@ -448,9 +466,7 @@ def load_workdir_config(workdir, overrides: Iterable[str] = ()) -> ml_collection
     saved = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise ConfigError(f"{path} is not valid JSON ({e}); give --config=<spec> instead.") from None
-  config = ml_collections.ConfigDict(_tuples(saved))
-  if "model" in config:
-    add_model_defaults(config)  # a config saved before a field of MODEL_DEFAULTS existed had its default
+  config = from_saved(saved)
   apply_overrides(config, overrides)
   validate(config)
   config.lock()

@@ -175,6 +175,10 @@ class Family:
   carry_if: Callable[[ConfigDict], bool] = always
   """with capability `carry`: whether the model `config` builds carries state (e.g. not with full
   attention)"""
+  upgrades: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  """model keys added after runs were saved -> the value that builds, from a config saved before the
+  key existed, the model that config built then (often not today's default); lra_core.config.upgrade_config
+  adds each absent one, so the model reads every key of its section directly"""
 
   def keeps_carry(self, config: ConfigDict) -> bool:
     """Whether the trainer keeps a carry (init_carry) between the update windows of `config`."""

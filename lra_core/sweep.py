@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from lra_core import cli, train
-from lra_core.config import load_config
+from lra_core.config import load_config, upgrade_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.tables import markdown_table
 
@@ -183,7 +183,7 @@ def finished(run: Run) -> dict | None:
     return None
   if summary is None or summary.get("step") != run.config.train.steps:
     return None
-  return summary if saved == json.loads(json.dumps(run.config.to_dict())) else None
+  return summary if upgrade_config(saved) == json.loads(json.dumps(run.config.to_dict())) else None
 
 
 def train_all(runs: Sequence[Run], force: bool) -> list[dict]:

@@ -46,15 +46,15 @@ class EncoderEmbedder(nnx.Module):
   def __init__(self, m, *, dtype, rngs: nnx.Rngs):
     w = m.encoder_width
     self.num_cls = m.num_cls if m.embedder == "cls" else 0
-    self.pad_id, self.mask_pads = m.pad_id, m.get("mask_pads", True)
-    self.zero_pad_outputs = m.get("zero_pad_outputs", False)
+    self.pad_id, self.mask_pads = m.pad_id, m.mask_pads
+    self.zero_pad_outputs = m.zero_pad_outputs
     s = transformer.model_config(
       "transformer",
       d_model=w,
       num_heads=m.encoder_heads,
       d_ff=4 * w,
       norm=m.norm,
-      norm_eps=m.get("norm_eps", 0.0),
+      norm_eps=m.norm_eps,
       activation=m.activation,
       use_bias=m.use_bias,
     )
@@ -69,7 +69,7 @@ class EncoderEmbedder(nnx.Module):
       scan=m.scan_layers,
     )
     self.remat = m.remat
-    self.final_norm = make_norm(m.norm, w, eps=m.get("norm_eps", 0.0), rngs=rngs)
+    self.final_norm = make_norm(m.norm, w, eps=m.norm_eps, rngs=rngs)
     read = self.num_cls or m.block_len
     self.proj = Dense(read * w, m.d_model, axes=(None, "embed"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
 

@@ -129,7 +129,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
     rope_fraction=m.rope_fraction,
     rope_max_wavelength=m.rope_max_wavelength,
     norm=m.norm,
-    norm_eps=m.get("norm_eps", 0.0),
+    norm_eps=m.norm_eps,
     activation=m.activation,
     use_bias=m.use_bias,
     parallel_residual=m.parallel_residual,
@@ -166,9 +166,9 @@ def validate_config(config) -> None:
       )
   if config.train.seq_len % m.block_len:
     raise ConfigError(f"train.seq_len {config.train.seq_len} is not a multiple of model.block_len {m.block_len}.")
-  padding = config.data.get("block_padding", 0)
-  if padding and padding != m.block_len:
-    raise ConfigError(f"data.block_padding {padding} differs from model.block_len {m.block_len}.")
+  # Only the text corpora pad documents into blocks; other datasets' sections have no block_padding.
+  if "block_padding" in config.data and config.data.block_padding not in (0, m.block_len):
+    raise ConfigError(f"data.block_padding {config.data.block_padding} differs from model.block_len {m.block_len}.")
 
 
 class Stack(nnx.Module):
@@ -254,7 +254,7 @@ class Model(nnx.Module):
   def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
     self.dtype = jnp.dtype(m.dtype)
     self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
-    self.mask_pads = m.get("mask_pads", True)
+    self.mask_pads = m.mask_pads
     self.kind = m.token_decoder
     d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
     kw = dict(dtype=self.dtype, rngs=rngs)
@@ -656,6 +656,8 @@ FAMILY = Family(
   tasks=("lm",),
   capabilities=Capabilities(decode=True, uptrain=True, block_losses=True),
   validate_config=validate_config,
+  # Before these keys: the norms' own epsilon, pads masked, the encoder embedder's pad outputs kept.
+  upgrades={"norm_eps": 0.0, "mask_pads": True, "zero_pad_outputs": False},
   uptrain_params=uptrain_params,
   generate=generate,
   embedding_params=EMBEDDING_PARAMS,

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lra_core import task_kinds
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
@@ -42,7 +43,6 @@ from lra_core.models.transformer import Block
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 
 Array = jax.Array
-CAUSAL_TASKS = ("lm", "image_ar")
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
@@ -197,6 +197,8 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
       head_dim=0,
       d_ff=d_ff,
       norm="layer",
+      norm_eps=0.0,  # 0: the norm kind's own epsilon (1e-6 for layer norm)
+      parallel_residual=False,
       mlp="mlp",
       activation=m.activation,
       use_bias=m.use_bias,
@@ -269,7 +271,7 @@ def validate_config(config) -> None:
   for key, allowed in choices.items():
     if m[key] not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
-  causal = config.task in CAUSAL_TASKS
+  causal = task_kinds.kind(config.task).causal
   seq_len = m.max_len or config.train.seq_len
   if m.max_len and m.max_len < config.train.seq_len:
     raise ConfigError(f"model.max_len {m.max_len} is shorter than train.seq_len {config.train.seq_len}.")
@@ -288,7 +290,7 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.group_size must be positive, got {m.group_size}.")
   if not 0 <= m.overlap < m.group_size or (m.overlap and not causal):
     raise ConfigError(f"model.overlap {m.overlap} must be in [0, group_size) and is for FIT-AR only.")
-  if config.task in ("classify", "retrieval") and m.num_classes < 2:
+  if task_kinds.kind(config.task).classifies and m.num_classes < 2:
     raise ConfigError(f"model.num_classes must be >= 2 for task {config.task!r}, got {m.num_classes}.")
 
 
@@ -296,8 +298,8 @@ class Model(nnx.Module):
   """inputs int32[B,L] -> logits [B,L,V] (FIT-AR, tasks lm / image_ar) or [B,C] (encoder)."""
 
   def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
-    self.task = run.task
-    self.causal = run.task in CAUSAL_TASKS
+    self.task, self.towers = run.task, run.kind.towers
+    self.causal = run.kind.causal
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or run.seq_len
     self.grouping, self.channels, self.group_side = m.grouping, m.image_channels, m.group_side
@@ -331,7 +333,7 @@ class Model(nnx.Module):
       pooling=m.pooling,
       hidden=m.classifier_hidden,
       embed=self.embed if m.tie_embeddings and self.causal else None,
-      output_bias=m.get("output_bias", False) and self.causal,
+      output_bias=m.output_bias and self.causal,
       dtype=self.dtype,
       rngs=rngs,
     )
@@ -343,7 +345,7 @@ class Model(nnx.Module):
   ) -> Array:
     """inputs int32[B,L] (retrieval [B,2,L]), mask bool (False = padding), segment_ids int[B,L]:
     the documents of a packed row (see `forward_groups`) -> logits."""
-    if self.task == "retrieval":
+    if self.towers > 1:
       if segment_ids is not None:
         raise ValueError("segment_ids (packed documents) do not apply to two-tower retrieval.")
       inputs, mask = fold_towers(inputs, mask)
@@ -578,6 +580,7 @@ FAMILY = Family(
   tasks=("lm", "image_ar", "classify", "retrieval"),
   capabilities=Capabilities(decode=True),
   validate_config=validate_config,
+  upgrades={"output_bias": False},  # FIT-AR's logits had no bias before output_bias
   smoke=Smoke(
     config="configs/imagenet64/fit_ar.py:tiny,overlap",
     data="imagenet64",

@@ -107,9 +107,9 @@ def validate_config(config) -> None:
     raise ConfigError(
       f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width (VAPOR and RoPE rotate pairs)."
     )
-  if not 0.0 <= m.get("latent_dropout", 0.0) < 1.0:
+  if not 0.0 <= m.latent_dropout < 1.0:
     raise ConfigError(f"model.latent_dropout must be in [0, 1), got {m.latent_dropout}.")
-  if not m.get("latent", True) and (m.window <= 0 or m.vapor):
+  if not m.latent and (m.window <= 0 or m.vapor):
     raise ConfigError(
       "model.latent=False (window attention alone) needs model.window > 0 and model.vapor=False "
       "(VAPOR rotates the latent part's values)."
@@ -235,7 +235,7 @@ class LatteAttention(nnx.Module):
     h, d = m.num_heads, m.d_model
     latents, width = m.num_latents // h, d // h
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
-    self.latent = m.get("latent", True)
+    self.latent = m.latent
     self.chunk, self.impl = m.chunk or None, m.impl
     self.shape = (h, latents, width)
     kw = dict(dtype=dtype, rngs=rngs)
@@ -256,7 +256,7 @@ class LatteAttention(nnx.Module):
     if m.window:
       self.window_query = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
       self.window_key = Dense(d, (h, width), axes=("embed", "heads", "head_dim"), **kw)
-    self.latent_dropout = nnx.Dropout(m.get("latent_dropout", 0.0))
+    self.latent_dropout = nnx.Dropout(m.latent_dropout)
     self.out = Dense((h, width), d, axes=("heads", "head_dim", "embed"), **kw)
     # VAPOR: a learnable block-diagonal rotation R; R^t acts on the values (eq. 22). Angles start
     # at RoPE's frequencies.
@@ -387,6 +387,7 @@ FAMILY = transformer.mixer_family(
   "latte",
   Model,
   validate_config=validate_config,
+  upgrades={"latent": True, "latent_dropout": 0.0},  # before the baselines without latents, and latent dropout
   smoke=Smoke(
     config="configs/c4/latte.py:tiny,latte_rglru_swa++",
     data="c4",

@@ -109,6 +109,7 @@ FAMILY = Family(
   tasks=transformer.TASKS,
   capabilities=Capabilities(decode=True),
   validate_config=transformer.validate_config,
+  upgrades=transformer.UPGRADES,
   smoke=Smoke(
     config="configs/enwik8/linear_transformer.py:tiny",
     data="enwik8",

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lra_core import task_kinds
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
@@ -87,7 +88,7 @@ def validate_config(config) -> None:
   for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"):
     if m[key] <= 0:
       raise ConfigError(f"model.{key} must be positive, got {m[key]}.")
-  if m.get("embedding", "scaled") not in EMBEDDINGS:
+  if m.embedding not in EMBEDDINGS:
     raise ConfigError(f"model.embedding {m.embedding!r} is not one of {list(EMBEDDINGS)}.")
   if not m.head_dim and m.d_model % m.num_heads:
     raise ConfigError(
@@ -109,7 +110,7 @@ def validate_config(config) -> None:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
   if m.max_len and m.max_len < config.train.seq_len:
     raise ConfigError(f"model.max_len {m.max_len} is shorter than train.seq_len {config.train.seq_len}.")
-  if config.task in ("classify", "retrieval") and m.num_classes < 2:
+  if task_kinds.kind(config.task).classifies and m.num_classes < 2:
     raise ConfigError(f"model.num_classes must be >= 2 for task {config.task!r}, got {m.num_classes}.")
   if m.window < 0:
     raise ConfigError(f"model.window must be >= 0, got {m.window}.")
@@ -145,7 +146,7 @@ class Block(nnx.Module):
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
-    eps = m.get("norm_eps", 0.0)
+    eps = m.norm_eps
     self.attn_norm = make_norm(m.norm, m.d_model, eps=eps, rngs=rngs)
     self.attn = mixer(m, causal=causal, dtype=dtype, rngs=rngs)
     if m.mlp == "none":
@@ -156,7 +157,7 @@ class Block(nnx.Module):
         m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias, dtype=dtype, rngs=rngs
       )
     self.dropout = nnx.Dropout(m.dropout)
-    self.parallel = bool(m.get("parallel_residual", False))
+    self.parallel = bool(m.parallel_residual)
 
   def _add_mlp(self, x: Array, h: Array, rngs: nnx.Rngs | None = None) -> Array:
     """x + h, plus the MLP of x (parallel residual) or of x + h (sequential)."""
@@ -192,14 +193,12 @@ class Model(nnx.Module):
   mixer = staticmethod(softmax_attention)
 
   def __init__(self, m: ml_collections.ConfigDict, run: RunInfo, *, rngs: nnx.Rngs):
-    self.task = run.task
-    self.causal = run.task in ("lm", "image_ar")
+    self.task, self.towers = run.task, run.kind.towers
+    self.causal = run.kind.causal
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or run.seq_len
-    self.embed = Embed(
-      m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
-    )
-    use_cls = run.task in ("classify", "retrieval") and m.pooling == "cls"
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.embedding)
+    use_cls = run.kind.classifies and m.pooling == "cls"
     # The CLS vector sits at position 0 and shifts the tokens by one.
     self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None
     self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype, rngs=rngs)
@@ -210,7 +209,7 @@ class Model(nnx.Module):
       m.num_layers,
       scan=m.scan_layers,
     )
-    self.final_norm = make_norm(m.norm, m.d_model, eps=m.get("norm_eps", 0.0), rngs=rngs)
+    self.final_norm = make_norm(m.norm, m.d_model, eps=m.norm_eps, rngs=rngs)
     self.head = TaskHead(
       run.task,
       m.d_model,
@@ -231,7 +230,7 @@ class Model(nnx.Module):
   def __call__(
     self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
   ) -> Array:
-    if self.task == "retrieval":
+    if self.towers > 1:
       inputs, mask = fold_towers(inputs, mask)
     x, mask = self.encode(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
     return self.head(x, mask)
@@ -373,11 +372,15 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
 # -- family records -------------------------------------------------------------------------------
 
 TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
+# Keys added to this section after runs were saved, with the value such a run built with: the
+# table's stored form, the norms' own epsilon and residuals in sequence (lra_core.config.upgrade_config).
+UPGRADES = {"embedding": "scaled", "norm_eps": 0.0, "parallel_residual": False}
 
 
-def mixer_family(name: str, model, *, validate_config, smoke: Smoke, **fields) -> Family:
+def mixer_family(name: str, model, *, validate_config, smoke: Smoke, upgrades=(), **fields) -> Family:
   """The record of a family that is this stack with another token mixer (Latte, FLASH): the same
-  tasks, and decoding step by step (a mixer other than softmax attention has no one-pass prefill)."""
+  tasks and section keys (UPGRADES, plus the family's own `upgrades`), and decoding step by step (a
+  mixer other than softmax attention has no one-pass prefill)."""
   return Family(
     name=name,
     model=model,
@@ -385,6 +388,7 @@ def mixer_family(name: str, model, *, validate_config, smoke: Smoke, **fields) -
     capabilities=Capabilities(decode=True),
     validate_config=validate_config,
     smoke=smoke,
+    upgrades=UPGRADES | dict(upgrades),
     **fields,
   )
 
@@ -396,6 +400,7 @@ FAMILY = Family(
   tasks=TASKS,
   capabilities=Capabilities(decode=True, prefill=True),
   validate_config=validate_config,
+  upgrades=UPGRADES,
   smoke=Smoke(
     config="configs/lra/listops/transformer.py:tiny",
     data="listops",

@@ -90,7 +90,8 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       droplyr=0.0,  # LayerDrop per unit and sequence row
       final_norm=False,  # RMSNorm before the classifier (large models)
       tie_embeddings=False,  # tied classifier: logits = (x E^T + b) * output_scale (large models)
-      output_scale=0.005,  # the tied classifier's scale: the authors' e_scale for their tied models
+      # The tied classifier's scale: the authors' e_scale for their tied models; 0: logits / d_model, no bias.
+      output_scale=0.005,
       embedding="plain",  # what the table stores: "plain" E (the authors') | "scaled" E / sqrt(d_model)
       impl="xla",  # attention core implementation: one of kernels.vq.IMPLS
       dtype="float32",
@@ -114,10 +115,12 @@ def validate_config(config) -> None:
     "embedding": EMBEDDINGS,
   }
   for key, allowed in choices.items():
-    if m.get(key, allowed[0]) not in allowed:
+    if m[key] not in allowed:
       raise ConfigError(f"model.{key} {m[key]!r} is not one of {list(allowed)}.")
-  if m.get("output_scale", 1.0) <= 0:
-    raise ConfigError(f"model.output_scale must be positive, got {m.output_scale}.")
+  if m.output_scale < 0:
+    raise ConfigError(
+      f"model.output_scale must be positive (or 0, the tied form before it existed), got {m.output_scale}."
+    )
   if m.impl == "pallas" and (m.attention != "vq" or m.reduction != "serial"):
     raise ConfigError(
       f"model.impl 'pallas' is the VQ kernel, a serial scan over blocks: it needs attention 'vq' "
@@ -132,7 +135,7 @@ def validate_config(config) -> None:
     raise ConfigError(
       f"update window {window} (train.update_len or train.seq_len) is not a multiple of model.block_len {m.block_len}."
     )
-  chunk = m.get("chunk_blocks", 0)
+  chunk = m.chunk_blocks
   if chunk < -1 or (chunk > 0 and (window // m.block_len) % chunk):
     raise ConfigError(
       f"model.chunk_blocks {chunk} must be -1 (by platform), 0 (all blocks at once) or divide the "
@@ -219,8 +222,8 @@ class GAU(nnx.Module):
     self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
     self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
     self.compressive, self.n_code, self.impl = m.compressive, m.n_code, m.impl
-    self.grad_through_cache = m.get("grad_through_cache", True)
-    self.chunk_blocks = m.get("chunk_blocks", 0) if m.reduction == "serial" else 0
+    self.grad_through_cache = m.grad_through_cache
+    self.chunk_blocks = m.chunk_blocks if m.reduction == "serial" else 0
     self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
     self.norm = RMSNorm(d, use_bias=True, rngs=rngs)
     kw = dict(dtype=dtype, rngs=rngs, **_PROJ)
@@ -368,9 +371,7 @@ class Model(nnx.Module):
     m = self.m = ml_collections.FrozenConfigDict(m)
     self.dtype = jnp.dtype(m.dtype)
     self.deterministic = False  # set by .train() / .eval(): EMA updates and dropout only in training
-    self.embed = Embed(
-      m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.get("embedding", "scaled")
-    )
+    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.embedding)
     self.pos_scale = param(rngs, jax.nn.initializers.zeros, (), ()) if m.abs_position else None
     self.units = stack.make_layers(lambda: GAU(m, dtype=self.dtype, rngs=rngs), m.num_layers, scan=m.scan_layers)
     self.final_norm = RMSNorm(m.d_model, use_bias=True, rngs=rngs) if m.final_norm else None
@@ -379,10 +380,11 @@ class Model(nnx.Module):
       if m.tie_embeddings
       else Dense(m.d_model, m.vocab_size, axes=("embed", "vocab"), use_bias=True, rngs=rngs, **_PROJ)
     )
-    # The tied classifier's output bias (the authors' bias_out); configs saved before output_scale have none.
+    # The tied classifier's output bias (the authors' bias_out); output_scale 0, the form before the
+    # scale existed (configs saved then are upgraded to it), has none and divides by d_model instead.
     self.output_bias = (
       param(rngs, jax.nn.initializers.zeros, (m.vocab_size,), ("vocab",))
-      if m.tie_embeddings and "output_scale" in m
+      if m.tie_embeddings and m.output_scale > 0
       else None
     )
 
@@ -613,6 +615,9 @@ FAMILY = Family(
   capabilities=Capabilities(decode=True, carry=True),
   carry_if=lambda config: config.model.attention == "vq",
   validate_config=validate_config,
+  # What runs saved before each key built: the embedding table stored scaled, the attention over all
+  # blocks at once, the gradient through the cache, and the tied classifier as logits / d_model.
+  upgrades={"embedding": "scaled", "chunk_blocks": 0, "grad_through_cache": True, "output_scale": 0.0},
   counted_state=(Codebook,),
   smoke=Smoke(
     config="configs/enwik8/transformer_vq.py:tiny",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from lra_core import train as train_lib
 from lra_core.config import PROJECT_ROOT as ROOT
-from lra_core.config import load_config
+from lra_core.config import load_config, upgrade_config
 from lra_core.errors import DataError, optional_import
 from lra_core.metrics import read_metrics
 
@@ -117,7 +117,7 @@ def train(ctx: Context, name: str, spec: str, overrides: Sequence[str] = ()) -> 
   config = load_config(spec, list(overrides))
   workdir = pathlib.Path(ctx.workdir) / name
   saved = workdir / "config.json"
-  if saved.exists() and json.loads(saved.read_text()) != json.loads(json.dumps(config.to_dict())):
+  if saved.exists() and upgrade_config(json.loads(saved.read_text())) != json.loads(json.dumps(config.to_dict())):
     ctx.log(f"{workdir}: config changed, starting over")
     _clear(workdir)
   ctx.log(f"training {name}: {spec} {' '.join(overrides)}")

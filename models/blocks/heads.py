@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lra_core import task_kinds
 from lra_core.models.blocks.layers import ACTIVATIONS, Dense, param
 
 Array = jax.Array
@@ -81,23 +82,22 @@ class TaskHead(nnx.Module):
     dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
-    self.task, self.pooling, self.embed = task, pooling, embed
+    kind = task_kinds.kind(task)
+    self.pooling, self.embed = pooling, embed
+    self.pools, self.towers = kind.classifies, kind.towers
     hidden = hidden or features
-    tokens = task in ("lm", "mlm", "image_ar")
-    self.bias = param(rngs, jax.nn.initializers.zeros, (vocab_size,), ("vocab",)) if tokens and output_bias else None
-    if tokens:
+    self.bias = (
+      param(rngs, jax.nn.initializers.zeros, (vocab_size,), ("vocab",)) if kind.per_token and output_bias else None
+    )
+    if kind.per_token:
       out = None if embed is not None else Dense(features, vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
-    elif task == "classify":
-      out = ClassifierHead(features, hidden, num_classes, dtype=dtype, rngs=rngs)
-    elif task == "retrieval":
+    elif kind.classifies and kind.towers == 2:
       out = TwoTowerHead(features, hidden, num_classes, dtype=dtype, rngs=rngs)
+    elif kind.classifies and kind.towers == 1:
+      out = ClassifierHead(features, hidden, num_classes, dtype=dtype, rngs=rngs)
     else:
       raise ValueError(f"no output head for task {task!r}.")
     self.out = out
-
-  @property
-  def pools(self) -> bool:
-    return self.task in ("classify", "retrieval")
 
   def __call__(self, x: Array, mask: Array | None = None) -> Array:
     if not self.pools:
@@ -110,8 +110,8 @@ class TaskHead(nnx.Module):
         logits = self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -1.0
       return logits if self.bias is None else logits + self.bias[...]
     pooled = pool(x, mask, self.pooling)
-    if self.task == "retrieval":
-      pooled = pooled.reshape(-1, 2, pooled.shape[-1])
+    if self.towers > 1:  # the towers of one example sit in consecutive rows (fold_towers)
+      pooled = pooled.reshape(-1, self.towers, pooled.shape[-1])
     return self.out(pooled)
 
 

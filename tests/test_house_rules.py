@@ -1,0 +1,131 @@
+"""Rules of the house that keep the code easy to read and extend, checked over the real tree:
+
+- a task's kind (causal, classifies, image, ...) has one home, lra_core/task_kinds.py: no other
+  product file spells a group of task names, except where a family or dataset declares the tasks it
+  serves (`tasks=(...)`, `TASKS = (...)`);
+- no product file is over 600 lines (a file that grows past that holds two ideas);
+- lines with a comment are at least 8% of the code lines in models/ and kernels/, where the why of
+  a shape, a mask or an index map is not obvious from the line itself.
+
+Each rule is a function over a folder, and each is also shown catching a throwaway violation.
+"""
+
+import ast
+import io
+import pathlib
+import tokenize
+
+import pytest
+
+from lra_core import task_kinds
+from lra_core.config import PROJECT_ROOT as ROOT
+
+PRODUCT = ("lra_core", "models", "kernels", "configs", "scripts")
+MAX_LINES = 600
+MIN_COMMENT_SHARE = 0.08
+
+
+def product_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+  return sorted(p for folder in PRODUCT for p in (root / folder).rglob("*.py"))
+
+
+# -- task names --------------------------------------------------------------------------------------
+
+
+def task_name_groups(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+  """'file:line (names)' for each tuple, list or set of two or more task names that a membership test
+  (`task in (...)`) or an assignment (`CAUSAL = (...)`) uses as a kind: all but declarations of the
+  tasks something serves (`tasks=(...)`, `TASKS = (...)`)."""
+  tree = ast.parse(path.read_text(), str(path))
+  groups = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare):
+      groups += [c for op, c in zip(node.ops, node.comparators) if isinstance(op, (ast.In, ast.NotIn))]
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      if not any(isinstance(t, ast.Name) and t.id == "TASKS" for t in targets):
+        groups.append(node.value)
+  found = []
+  for node in sorted(groups, key=lambda n: n.lineno):
+    if not isinstance(node, (ast.Tuple, ast.List, ast.Set)) or len(node.elts) < 2:
+      continue
+    names = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    if len(names) == len(node.elts) and set(names) <= set(task_kinds.TASKS):
+      found.append(f"{path.relative_to(root)}:{node.lineno} {tuple(names)}")
+  return found
+
+
+def test_task_kinds_are_read_from_the_task_table():
+  home = ROOT / "lra_core" / "task_kinds.py"
+  assert [hit for p in product_files() if p != home for hit in task_name_groups(p)] == []
+
+
+def test_the_task_rule_catches_a_tuple_of_task_names(tmp_path):
+  (tmp_path / "m.py").write_text(
+    'TASKS = ("lm", "mlm")\nF = Family(tasks=("lm", "image_ar"))\nok = {"mlm", "lm"} <= args\n'
+    'causal = task in ("lm", "image_ar")\nIMAGE = ("image_ar", "diffusion")\nother = ("lm", "x")\n'
+  )
+  assert task_name_groups(tmp_path / "m.py", tmp_path) == [
+    "m.py:4 ('lm', 'image_ar')",
+    "m.py:5 ('image_ar', 'diffusion')",
+  ]
+
+
+# -- file sizes --------------------------------------------------------------------------------------
+
+
+def long_files(files, root: pathlib.Path = ROOT) -> list[str]:
+  return [f"{p.relative_to(root)}: {n} lines" for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES]
+
+
+def test_no_product_file_is_over_600_lines(tmp_path):
+  assert long_files(product_files()) == []
+  (tmp_path / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+  assert long_files([tmp_path / "big.py"], tmp_path) == [f"big.py: {MAX_LINES + 1} lines"]
+
+
+# -- comments ----------------------------------------------------------------------------------------
+
+
+def comment_share(files) -> tuple[int, int]:
+  """(lines holding a comment, lines of code): docstrings, blank lines and comment-only lines are not
+  code lines; a comment-only line counts as a line with a comment."""
+  comments = code = 0
+  for path in files:
+    commented, lines, docstrings = set(), set(), set()
+    previous = None
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+      if tok.type == tokenize.COMMENT:
+        commented.add(tok.start[0])
+      elif tok.type == tokenize.STRING and (previous is None or previous.type in STATEMENT_START):
+        docstrings.update(range(tok.start[0], tok.end[0] + 1))  # a string that is a whole statement
+      elif tok.type not in LAYOUT:
+        lines.update(range(tok.start[0], tok.end[0] + 1))
+      if tok.type not in (tokenize.COMMENT, tokenize.NL):
+        previous = tok
+    comments += len(commented)
+    code += len(lines - docstrings)
+  return comments, code
+
+
+LAYOUT = {
+  tokenize.NL,
+  tokenize.NEWLINE,
+  tokenize.INDENT,
+  tokenize.DEDENT,
+  tokenize.ENDMARKER,
+  tokenize.ENCODING,
+  tokenize.COMMENT,
+}
+STATEMENT_START = {tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL}
+
+
+@pytest.mark.parametrize("folder", ["models", "kernels"])
+def test_the_why_sits_next_to_the_code(folder):
+  comments, code = comment_share(sorted((ROOT / folder).rglob("*.py")))
+  assert comments >= MIN_COMMENT_SHARE * code, f"{folder}/: {comments} commented of {code} code lines"
+
+
+def test_comment_share_counts_comments_against_code_lines(tmp_path):
+  (tmp_path / "a.py").write_text('"""Doc\nstring."""\n\n# why\nx = 1  # because\ny = (\n  2\n)\n')
+  assert comment_share([tmp_path / "a.py"]) == (2, 4)
