@@ -38,9 +38,9 @@ ConfigDict = Any  # an ml_collections.ConfigDict
 
 
 class Model(Protocol):
-  """What every family's Model class is."""
+  """What every family's Model class is: built from its own section and the run's facts."""
 
-  def __init__(self, config: ConfigDict, *, rngs: Any) -> None: ...
+  def __init__(self, m: ConfigDict, run: RunInfo, *, rngs: Any) -> None: ...
 
   def __call__(self, inputs: Array, *, mask: Array | None = None, rngs: Any = None) -> Any: ...
 
