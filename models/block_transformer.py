@@ -19,47 +19,29 @@ If t ends a block, that is the first output of the next block's token decoder (c
 block holding t); otherwise the token decoder of t's own block. Block 0's tokens read a learned
 start context, so every position is predicted (the authors' code trains on blocks >= 1 only).
 
-Padding: a block of nothing but `pad_id` tokens is absent - no block reads it and the block after
-it reads the start context - so prompts of different lengths can share a batch by left padding and
-a row's predictions do not depend on how many whole pad blocks precede it. The lookup embedder
-reads padding inside a block like any other token (Appendix H; train with `data.block_padding`), so
-the block alignment of a prompt changes predictions. With `model.mask_pads` (the default, as the
-authors' code) no other part reads a pad: the token decoder masks pad keys, and the encoder
-embedder masks them as keys (and zeroes their outputs with `model.zero_pad_outputs`).
-
-Packed documents (`segment_ids`, kernels/segments.py): a block belongs to the document of its last
-token and its embedding reads only that document's tokens (the others count as pads); the block
-decoder attends within a document, with block positions from 0 at each document; each token reads,
-in the token decoder, only its own document's earlier tokens in the block and its document's
-context: the previous block's context embedding when that block belongs to the same document, the
-start context when the document starts in this block. So a document that starts on a block
-boundary gives exactly the outputs it gets alone at the start of a row, and one that starts at
-offset s inside a block the outputs it gets alone after s pads; no document ever reads another.
-(When two documents start inside one block, the second reads no context embedding and its pads are
-not masked, so each of its tokens has something to read.)
+Padding and packed documents (`segment_ids`) follow rules written next to the lines of `Model.__call__`
+that apply them: whole pad blocks are absent, so left padding never changes a row; no document ever
+reads another.
 
 Decoding: `decode_step` takes one token at a time (README, "Adding a model"); `generate` is the fast batched path.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lra_core import decoding
-from lra_core.errors import ConfigError, DecodingError
+from lra_core.errors import ConfigError
 from lra_core.kernels.segments import check_segments, segment_positions
-from lra_core.layer_stacks import MODEL_DEFAULTS, restack_like, unscan_params
-from lra_core.models import transformer
+from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import CrossAttention, empty_cache
+from lra_core.models._block_generation import generate
+from lra_core.models._block_stacks import Stack, stack_config, token_sizes
+from lra_core.models._block_uptraining import uptrain_params
 from lra_core.models.blocks.heads import TaskHead
-from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
+from lra_core.models.blocks.layers import Dense, Embed, param
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 
 Array = jax.Array
@@ -112,31 +94,6 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
   return c
 
 
-def _token_sizes(m) -> tuple[int, int, int, int]:
-  d = m.token_d_model or m.d_model
-  return d, m.token_num_layers or m.num_layers, m.token_num_heads or m.num_heads, m.token_d_ff or 4 * d
-
-
-def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
-  """transformer.Block settings of one Pythia-style stack."""
-  return transformer.model_config(
-    "transformer",
-    d_model=width,
-    num_heads=heads,
-    d_ff=d_ff,
-    position="none",
-    rope=True,
-    rope_fraction=m.rope_fraction,
-    rope_max_wavelength=m.rope_max_wavelength,
-    norm=m.norm,
-    norm_eps=m.norm_eps,
-    activation=m.activation,
-    use_bias=m.use_bias,
-    parallel_residual=m.parallel_residual,
-    dropout=m.dropout,
-  )
-
-
 def validate_config(config) -> None:
   m = config.model
   for key in ("vocab_size", "block_len", "d_model", "num_layers", "num_heads"):
@@ -155,7 +112,7 @@ def validate_config(config) -> None:
     )
   if not 0 <= m.pad_id < m.vocab_size:
     raise ConfigError(f"model.pad_id {m.pad_id} is outside the vocabulary [0, {m.vocab_size}).")
-  dt, _, ht, _ = _token_sizes(m)
+  dt, _, ht, _ = token_sizes(m)
   widths = [("", m.d_model, m.num_heads), ("token_", dt, ht)]
   if m.embedder != "lookup":
     widths.append(("encoder_", m.encoder_width, m.encoder_heads))
@@ -171,83 +128,6 @@ def validate_config(config) -> None:
     raise ConfigError(f"data.block_padding {config.data.block_padding} differs from model.block_len {m.block_len}.")
 
 
-class Stack(nnx.Module):
-  """Causal Pythia-style layers and a final norm; with `memory_width`, each layer first
-  cross-attends to a memory (the cross-attention token decoder). With `scan`, the layers (and the
-  cross-attentions) are one scanned stack (models/blocks/stack.py)."""
-
-  def __init__(
-    self, s, num_layers: int, *, memory_width: int = 0, scan: bool = False, remat: str = "none", dtype, rngs: nnx.Rngs
-  ):
-    self.layers = stack.make_layers(
-      lambda: transformer.Block(s, causal=True, dtype=dtype, rngs=rngs), num_layers, scan=scan
-    )
-    self.cross = (
-      stack.make_layers(
-        lambda: CrossAttention(
-          s.d_model, memory_width, heads=s.num_heads, width=s.d_model, use_bias=s.use_bias, dtype=dtype, rngs=rngs
-        ),
-        num_layers,
-        scan=scan,
-      )
-      if memory_width
-      else None
-    )
-    self.final_norm = make_norm(s.norm, s.d_model, eps=s.norm_eps, rngs=rngs)
-    self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
-
-  def __call__(
-    self,
-    x: Array,
-    *,
-    positions: Array | None = None,
-    mask: Array | None = None,
-    segments: Array | None = None,
-    memory: Array | None = None,
-    fresh_memory: Array | None = None,
-    fresh: Array | None = None,
-    rngs: nnx.Rngs | None = None,
-  ) -> Array:
-    """x [B,S,D] -> [B,S,D]. positions int[S] or [B,S] (default 0..S-1); mask bool[B,S]: False
-    for keys no query reads (padding); segments int[B,S]: document ids, keys of another document
-    are masked. Cross-attention reads memory [B,M,Dm], and fresh_memory where fresh bool[B,S]."""
-    positions = jnp.arange(x.shape[1]) if positions is None else positions
-    seg = {} if segments is None else {"segments": segments}
-    block = lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r, **seg)
-    if self.cross is None:
-      return self.final_norm(stack.apply(self.layers, x, block, remat=self.remat, rngs=rngs))
-
-    def cross(layer, x):
-      y = layer(x, memory)
-      return y if fresh is None else jnp.where(fresh[..., None], layer(x, fresh_memory), y)
-
-    x = stack.apply(
-      (self.cross, self.layers), x, lambda pair, x, r: block(pair[1], cross(pair[0], x), r), remat=self.remat, rngs=rngs
-    )
-    return self.final_norm(x)
-
-  def init_cache(self, batch_size: int, size: int, dtype) -> list[dict]:
-    return [empty_cache(batch_size, size, self.heads, self.head_dim, dtype) for _ in range(len(self.layers))]
-
-  def decode_block(
-    self,
-    x: Array,
-    caches: list[dict],
-    positions: Array,
-    slot,
-    *,
-    k_valid: Array | None = None,
-    memory: Array | None = None,
-  ) -> tuple[Array, list[dict]]:
-    """x [B,S,D] at `positions` written to cache slots slot..slot+S-1 (S = 1 is one decode step)."""
-    kw = {} if k_valid is None else {"k_valid": k_valid}
-    out = []
-    for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-      x, cache = layer.decode_block(x if self.cross is None else self.cross[i](x, memory), cache, positions, slot, **kw)
-      out.append(cache)
-    return self.final_norm(x), out
-
-
 class Model(nnx.Module):
   """tokens int32[B,T] -> logits float32[B,T,V]; see the module docstring."""
 
@@ -256,7 +136,7 @@ class Model(nnx.Module):
     self.block_len, self.pad_id, self.vocab_size = m.block_len, m.pad_id, m.vocab_size
     self.mask_pads = m.mask_pads
     self.kind = m.token_decoder
-    d, (dt, nt, ht, fft) = m.d_model, _token_sizes(m)
+    d, (dt, nt, ht, fft) = m.d_model, token_sizes(m)
     kw = dict(dtype=self.dtype, rngs=rngs)
     stacks = dict(scan=m.scan_layers, remat=m.remat, **kw)
     if m.embedder == "lookup":
@@ -281,7 +161,7 @@ class Model(nnx.Module):
 
   # -- pieces shared by the forward pass and decoding ------------------------------------------
 
-  def _contexts(self, h: Array, valid: Array) -> Array:
+  def contexts(self, h: Array, valid: Array) -> Array:
     """Block decoder outputs [..., D] -> the context each next block reads (start if absent)."""
     start = self.start_context[...].astype(h.dtype)
     return jnp.where(valid[..., None], h, start)
@@ -297,7 +177,7 @@ class Model(nnx.Module):
       return start + proj[:, :1], None
     return start, proj
 
-  def _token_inputs(self, context: Array, tokens: Array, offset) -> Array:
+  def token_inputs(self, context: Array, tokens: Array, offset) -> Array:
     """Inputs for the block's tokens [B',K] at offsets offset.. in the block (K < L_B); token i
     sits at decoder position lead + offset + i, where summation adds projection offset + i + 1."""
     e = self.token_embed(tokens)
@@ -312,7 +192,7 @@ class Model(nnx.Module):
     tokens = jnp.pad(tokens, ((0, 0), (0, -t % self.block_len)), constant_values=self.pad_id)
     return tokens.reshape(b, -1, self.block_len)
 
-  def _key_mask(self, tokens: Array) -> Array | None:
+  def key_mask(self, tokens: Array) -> Array | None:
     """Which token-decoder keys may be read: the `lead` inputs and every token but pads [B',lead+K]
     (None without pad masking)."""
     if not self.mask_pads:
@@ -324,8 +204,8 @@ class Model(nnx.Module):
   def __call__(
     self, tokens: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
   ) -> Array:
-    """tokens int[B,T] -> logits [B,T,V]; segment_ids int[B,T]: the documents of a packed row (see
-    the module docstring); mask is unused (padding is the pad token itself)."""
+    """tokens int[B,T] -> logits [B,T,V]; segment_ids int[B,T]: the documents of a packed row
+    (kernels/segments.py); mask is unused (padding is the pad token itself)."""
     del mask
     if tokens.ndim != 2:
       raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
@@ -336,25 +216,35 @@ class Model(nnx.Module):
     if segment_ids is None:
       seg = block_seg = None
       read, positions = blocks, None
-    else:  # a block is its last token's document, and its embedding reads that document only
+    else:
       seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, n * L - t)), mode="edge").reshape(b, n, L)
+      # A block belongs to the document of its last token, and its embedding reads that document only:
+      # the other documents' tokens in it count as pads.
       block_seg = seg[:, :, -1]
       read = jnp.where(seg == block_seg[..., None], blocks, self.pad_id)
+      # The block decoder attends within a document, block positions counted from 0 at each, so a document
+      # that starts on a block boundary gets exactly the outputs it gets alone at the start of a row.
       positions = segment_positions(block_seg)
-    valid = (read != self.pad_id).any(-1)  # an all-pad block is absent: no block reads it
+    # A block of nothing but pads is absent: no block reads it and the block after it reads the start
+    # context, so rows of different lengths share a batch by left padding and a row's predictions do not
+    # depend on how many whole pad blocks precede it. Pads inside a block are read by the lookup embedder
+    # like any token (Appendix H: train with data.block_padding), so a prompt's block alignment matters.
+    valid = (read != self.pad_id).any(-1)
     h = self.block_decoder(
       self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg, rngs=rngs
     )
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
-    contexts = jnp.concatenate([start, self._contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
+    contexts = jnp.concatenate([start, self.contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
     # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
     # (block N lies past the input: only its first output, which reads no token, is used).
     inputs = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)[:, :, : L - 1]
     inputs = inputs.reshape(b * (n + 1), L - 1)
     if seg is None:
       lead, memory = self._lead(contexts)
-      x = jnp.concatenate([lead, self._token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
-      y = self.token_decoder(x, mask=self._key_mask(inputs), memory=memory, rngs=rngs)
+      x = jnp.concatenate([lead, self.token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
+      # With model.mask_pads (the authors' default) the token decoder reads no pad key; the encoder
+      # embedders mask pads as keys too (_block_embedders.py).
+      y = self.token_decoder(x, mask=self.key_mask(inputs), memory=memory, rngs=rngs)
       y = y[:, self.lead - 1 : self.lead - 1 + L]
     else:
       y = self._decode_documents(contexts, inputs, seg, block_seg, rngs)
@@ -368,23 +258,24 @@ class Model(nnx.Module):
     """The token decoder over packed documents -> outputs [B(N+1),L,Dt] of each target block.
 
     contexts [B(N+1),D] (the previous block's context), inputs int[B(N+1),L-1], seg int[B,N,L]
-    (token documents), block_seg int[B,N]. Each target block's decoder reads
-    [lead(previous context), lead(start context), t_1..t_{L-1}] at positions [0..R-1, 0..R-1,
-    R..]: the first lead carries the previous block's document and gives output 0 (the prediction
-    at that block's last token); the second carries the first document that starts in the block
-    (none: -2); a token reads its own document only, so tokens of a continuing document read the
-    previous context and those of a starting one the start context.
+    (token documents), block_seg int[B,N]. A token reads its own document's earlier tokens in the
+    block and its document's context; a document that starts at offset s inside a block gets the
+    outputs it gets alone after s pads.
     """
     b, n, L = seg.shape
     r = self.lead
     none = jnp.full((b, 1), -1, jnp.int32)
+    # Each target block's decoder reads [lead(previous context), lead(start context), t_1..t_{L-1}] at
+    # positions [0..R-1, 0..R-1, R..]. The first lead carries the previous block's document and gives
+    # output 0 (the prediction at that block's last token); the second serves a document starting here.
     # prev: the document of the previous block's context (-1 before block 0)
     prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)  # [B(N+1)]
     token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, : L - 1]
     token_seg = token_seg.reshape(-1, L - 1)
     # fresh: tokens of a document other than the context's, i.e. one that starts in this block
     fresh = token_seg != prev[:, None]  # [B(N+1),L-1]
-    # starting: the first such document (-2: none), the one the start-context lead serves
+    # starting: the first such document (-2: none), the one the start-context lead serves. Tokens of a
+    # continuing document read the previous context, those of the starting one the start context.
     if L > 1:
       first = jnp.take_along_axis(token_seg, jnp.argmax(fresh, axis=1)[:, None], axis=1)[:, 0]
       starting = jnp.where(fresh.any(1), first, -2)
@@ -404,7 +295,9 @@ class Model(nnx.Module):
     )
     positions = jnp.concatenate([jnp.arange(r), jnp.arange(r), r + jnp.arange(L - 1)])
     key_mask = None
-    if self.mask_pads:  # the pads of a second document starting in the block stay: it has no lead to read
+    # When two documents start inside one block the second reads no context embedding: its pads are
+    # left unmasked so each of its tokens has something to read.
+    if self.mask_pads:
       other = fresh & (token_seg != starting[:, None])
       key_mask = jnp.concatenate([jnp.ones((m, 2 * r), bool), (inputs != self.pad_id) | other], axis=1)
     cross = {}
@@ -418,7 +311,7 @@ class Model(nnx.Module):
 
   # -- one token at a time (README, "Adding a model") --------------------------------------------------------
 
-  def _start_block(self, context: Array, batch_size: int) -> tuple[Array, dict]:
+  def start_block(self, context: Array, batch_size: int) -> tuple[Array, dict]:
     """Runs the token decoder's lead inputs for a new block: (logits of the block's first token
     [B,1,V], token-decoder state)."""
     x, memory = self._lead(context)
@@ -429,7 +322,7 @@ class Model(nnx.Module):
   def init_decode_state(self, batch_size: int, max_len: int) -> dict:
     num_blocks = max(1, -(-max_len // self.block_len))
     start = jnp.broadcast_to(self.start_context[...].astype(self.dtype), (batch_size, self.start_context.shape[0]))
-    _, token_state = self._start_block(start, batch_size)
+    _, token_state = self.start_block(start, batch_size)
     return {
       "index": jnp.zeros((), jnp.int32),
       "block": jnp.full((batch_size, self.block_len), self.pad_id, jnp.int32),
@@ -447,14 +340,14 @@ class Model(nnx.Module):
 
     def inside(state):  # the token decoder reads token t at its position lead + j
       token_state = state["token"]
-      x = self._token_inputs(token_state["context"], tokens, j)
+      x = self.token_inputs(token_state["context"], tokens, j)
       y, caches = self.token_decoder.decode_block(
         x,
         token_state["caches"],
         (self.lead + j)[None],
         self.lead + j,
         memory=token_state["memory"],
-        k_valid=self._key_mask(state["block"][:, :-1]),
+        k_valid=self.key_mask(state["block"][:, :-1]),
       )
       return self.head(y), dict(state, token=dict(token_state, caches=caches))
 
@@ -471,123 +364,13 @@ class Model(nnx.Module):
     block_valid = jax.lax.dynamic_update_slice_in_dim(state["block_valid"], valid[:, None], k, 1)
     e = self.embedder(block[:, None])
     h, caches = self.block_decoder.decode_block(e, state["block_caches"], k[None], k, k_valid=block_valid)
-    logits, token_state = self._start_block(self._contexts(h[:, 0], valid), block.shape[0])
+    logits, token_state = self.start_block(self.contexts(h[:, 0], valid), block.shape[0])
     return logits, dict(
       state, block_caches=caches, block_valid=block_valid, token=token_state, block=jnp.full_like(block, self.pad_id)
     )
 
 
-# -- fast batched generation ----------------------------------------------------------------------
-
-
-def generate(
-  model: Model,
-  prompt: Array,
-  *,
-  max_new_tokens: int,
-  key: Array,
-  prompt_lengths=None,
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
-  eos_id: int | None = None,
-) -> Array:
-  """Samples continuations of prompts of any length; returns the new tokens int32[B,N].
-
-  Row b's prompt is prompt[b, :prompt_lengths[b]] (default: the whole row). Each is left-padded
-  with pad tokens to end on the same block boundary: whole blocks of padding are absent, so a row
-  generates the same as it would alone. The block decoder reads the prompt blocks in one pass, then
-  runs once per generated block with a KV cache over blocks; the token decoder starts each block
-  with a fresh cache of R + L_B - 1 slots and never sees the prompt (no prefill). Greedy output
-  equals repeated full-forward argmax over the left-padded prompt. A row that emits eos_id gets
-  pad_id afterwards. Sampling settings as `lra_core.decoding.generate`.
-  """
-  prompt = jnp.asarray(prompt)
-  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer) or 0 in prompt.shape:
-    raise DecodingError(f"prompt has shape {prompt.shape} and dtype {prompt.dtype}; expected int[B,P], P >= 1.")
-  b, p = prompt.shape
-  lengths = jnp.full((b,), p, jnp.int32) if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)
-  if lengths.shape != (b,) or int(lengths.min()) < 0 or int(lengths.max()) > p:
-    raise DecodingError(f"prompt_lengths must be {b} values in [0, {p}], got {prompt_lengths}.")
-  if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
-    raise DecodingError(
-      f"prompt token ids must lie in [0, {model.vocab_size}), got [{int(prompt.min())}, {int(prompt.max())}]."
-    )
-  max_new_tokens = decoding.check_int("max_new_tokens", max_new_tokens, minimum=1)
-  eos_id = None if eos_id is None else decoding.check_int("eos_id", eos_id)
-  decoding.check_key(key)
-  sampling = decoding.Sampling.of(temperature, top_k, top_p)
-  graphdef, params = nnx.split(model)
-  return _generate(
-    graphdef, params, prompt.astype(jnp.int32), lengths, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id
-  )
-
-
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "eos_id"))
-def _generate(
-  graphdef, params, prompt, lengths, key, sampling: decoding.Sampling, *, max_new_tokens: int, eos_id: int | None
-) -> Array:
-  model = nnx.merge(graphdef, params)
-  model.eval()
-  L, pad, lead = model.block_len, model.pad_id, model.lead
-  b, p = prompt.shape
-  prompt_blocks, new_blocks = -(-p // L), -(-max_new_tokens // L)
-  width = prompt_blocks * L
-  # Right-align every prompt at `width`: left padding up to a block boundary.
-  index = jnp.arange(width)[None] - (width - lengths[:, None])
-  aligned = jnp.where(index >= 0, jnp.take_along_axis(prompt, jnp.clip(index, 0, p - 1), axis=1), pad)
-
-  blocks = aligned.reshape(b, prompt_blocks, L)
-  valid = (blocks != pad).any(-1)
-  block_valid = jnp.zeros((b, prompt_blocks + new_blocks), bool).at[:, :prompt_blocks].set(valid)
-  caches = model.block_decoder.init_cache(b, prompt_blocks + new_blocks, model.dtype)
-  h, caches = model.block_decoder.decode_block(
-    model.embedder(blocks), caches, jnp.arange(prompt_blocks), 0, k_valid=block_valid
-  )
-  context = model._contexts(h[:, -1], valid[:, -1])
-
-  def sample(key, logits):
-    return sampling.draw(key, logits[:, 0].astype(jnp.float32))
-
-  def one_block(carry, xs):
-    caches, block_valid, context, done = carry
-    keys, k = xs
-    logits, token_state = model._start_block(context, b)
-    tokens = []
-    for j in range(L):
-      if j:  # the token decoder reads the previous token at position lead + j - 1
-        x = model._token_inputs(context, tokens[-1][:, None], j - 1)
-        written = jnp.concatenate([jnp.stack(tokens, axis=1), jnp.full((b, L - 1 - j), pad, jnp.int32)], axis=1)
-        y, token_caches = model.token_decoder.decode_block(
-          x,
-          token_state["caches"],
-          jnp.array([lead + j - 1]),
-          lead + j - 1,
-          memory=token_state["memory"],
-          k_valid=model._key_mask(written),
-        )
-        token_state = dict(token_state, caches=token_caches)
-        logits = model.head(y)
-      token = sample(keys[j], logits)
-      if eos_id is not None:
-        token = jnp.where(done, pad, token)
-        done = done | (token == eos_id)
-      tokens.append(token)
-    block = jnp.stack(tokens, axis=1)
-    valid = (block != pad).any(-1)
-    block_valid = jax.lax.dynamic_update_slice_in_dim(block_valid, valid[:, None], k, 1)
-    h, caches = model.block_decoder.decode_block(
-      model.embedder(block[:, None]), caches, k[None], k, k_valid=block_valid
-    )
-    return (caches, block_valid, model._contexts(h[:, 0], valid), done), block
-
-  keys = jax.random.split(key, new_blocks * L).reshape(new_blocks, L)
-  carry = (caches, block_valid, context, jnp.zeros((b,), bool))
-  _, out = jax.lax.scan(one_block, carry, (keys, prompt_blocks + jnp.arange(new_blocks)))
-  return out.transpose(1, 0, 2).reshape(b, new_blocks * L)[:, :max_new_tokens]
-
-
-# -- uptraining from a vanilla transformer (Section 3.7, Appendix N) ------------------------------
+# -- uptraining from a vanilla transformer (Section 3.7, Appendix N; _block_uptraining.py) -------
 
 
 def vanilla_config(config) -> ml_collections.ConfigDict:
@@ -595,52 +378,8 @@ def vanilla_config(config) -> ml_collections.ConfigDict:
   the same family (Pythia layers) and width, with num_layers + token_num_layers layers."""
   m = config.model
   c = stack_config(m, m.d_model, m.num_heads, m.d_ff or 4 * m.d_model)
-  c.update(dict(vocab_size=m.vocab_size, num_layers=m.num_layers + _token_sizes(m)[1], tie_embeddings=m.tie_embeddings))
+  c.update(dict(vocab_size=m.vocab_size, num_layers=m.num_layers + token_sizes(m)[1], tie_embeddings=m.tie_embeddings))
   return c
-
-
-def uptrain_params(params: dict, vanilla: dict, config) -> dict:
-  """Block Transformer parameters initialised from a vanilla Transformer's (pure dicts).
-
-  The vanilla layers split in half: the lower ones become the block decoder, the upper ones the
-  token decoder (Appendix N (1)). The lookup embedder reads the vanilla embedding (embed_width =
-  d_model) and its projection averages the block's L_B embeddings (N (2)); the prefix map copies
-  the context embedding into every prefix vector (N (3)); the token decoder's embedding, final
-  norm and output head are the vanilla ones. Everything else keeps its fresh initialisation.
-  """
-  m = config.model
-  d, (dt, nt, _, _) = m.d_model, _token_sizes(m)
-  out, vanilla = unscan_params(params), unscan_params(vanilla)
-  if not {"blocks", "embed", "final_norm", "head"} <= set(vanilla):
-    raise ConfigError(
-      "the source model is not a vanilla transformer; uptraining starts from one "
-      "(e.g. configs/c4/block_transformer.py:<size>,vanilla)."
-    )
-  layers = len(vanilla["blocks"])
-  if m.embedder != "lookup" or m.token_decoder != "prefix" or (m.embed_width or 0) != d or dt != d:
-    raise ConfigError(
-      "uptraining needs the lookup embedder with model.embed_width = model.d_model, the prefix "
-      "token decoder and equal block / token decoder widths."
-    )
-  if layers != m.num_layers + nt or vanilla["embed"]["embedding"].shape != (m.vocab_size, d):
-    raise ConfigError(
-      f"the vanilla model ({layers} layers, embedding {vanilla['embed']['embedding'].shape}) does "
-      f"not split into {m.num_layers} + {nt} layers of width {d} over {m.vocab_size} tokens."
-    )
-  for i in range(m.num_layers):
-    out["block_decoder"]["layers"][i] = vanilla["blocks"][i]
-  for i in range(nt):
-    out["token_decoder"]["layers"][i] = vanilla["blocks"][m.num_layers + i]
-  out["token_decoder"]["final_norm"] = vanilla["final_norm"]  # the block decoder's stays fresh, as the authors'
-  out["embedder"]["table"] = out["token_embed"] = vanilla["embed"]
-  out["head"] = vanilla["head"]
-  average = jnp.tile(jnp.eye(d), (m.block_len, 1)) / m.block_len  # [L*D, D]
-  out["embedder"]["proj"]["kernel"] = average.astype(params["embedder"]["proj"]["kernel"].dtype)
-  copies = jnp.broadcast_to(jnp.eye(d)[:, None, :], (d, m.prefix_len, d))  # [D, R, D]
-  out["context_proj"]["kernel"] = copies.astype(params["context_proj"]["kernel"].dtype)
-  if "bias" in out["context_proj"]:
-    out["context_proj"]["bias"] = jnp.zeros_like(params["context_proj"]["bias"])
-  return restack_like(out, params)  # back to the stacks `params` holds (model.scan_layers)
 
 
 # -- family record --------------------------------------------------------------------------------
