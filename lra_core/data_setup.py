@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import registry
+from lra_core import task_kinds
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks import Task, make_task
@@ -14,23 +14,12 @@ from lra_core.tasks import Task, make_task
 
 def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
   """Validates the dataset settings, opens the splits and builds the task (no compilation)."""
-  registry.dataset_module(config.data.name).validate_config(config)
+  data_lib.validate_config(config)
   sources = {split: data_lib.make_source(config, split) for split in splits}
   pipeline.log_sizes(config, sources)
   info = next(iter(sources.values())).info
   check_compatible(config, info, mesh)
   return sources, make_task(config, info)
-
-
-# What one target is, by data.name (only names a metric; the step does not depend on it).
-UNITS = {
-  "bytes": "byte",
-  "imdb": "byte",
-  "retrieval": "byte",
-  "cifar10": "pixel",
-  "pathfinder": "pixel",
-  "imagenet64": "dim",
-}
 
 
 def config_data_info(config) -> data_lib.DataInfo:
@@ -40,8 +29,9 @@ def config_data_info(config) -> data_lib.DataInfo:
   vocab = int(m.get("vocab_size", 256))
   if config.task == "mlm" and config.mlm.mask_id < 0:
     vocab -= 1  # the last id is the mask token, not a data token
-  num_classes = int(m.get("num_classes", 0)) if config.task in ("classify", "retrieval") else 0
-  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=UNITS.get(config.data.name, "token"))
+  num_classes = int(m.get("num_classes", 0)) if task_kinds.kind(config.task).classifies else 0
+  # The unit only names a metric (bits per <unit>); the step does not depend on it.
+  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=data_lib.dataset(config.data.name).unit)
 
 
 def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:
@@ -82,7 +72,7 @@ def check_batch(batch: dict[str, np.ndarray], config, index: int) -> None:
     "inputs": ("model.vocab_size", config.model.get("vocab_size")),
     "targets": (
       ("model.num_classes", config.model.get("num_classes"))
-      if config.task in ("classify", "retrieval")
+      if task_kinds.kind(config.task).classifies
       else ("model.vocab_size", config.model.get("vocab_size"))
     ),
   }

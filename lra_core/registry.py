@@ -3,7 +3,9 @@
 A model family is a module `models/<name>.py` (lra_core.models.<name>) with a `FAMILY` record
 (lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that module plus a
 config file: the trainer and the cross-family tests find it here, with no list to edit.
-Datasets (`config.data.name`) are named below; tasks (`config.task`) in lra_core.task_kinds.
+A dataset (`config.data.name`) is a module of lra_core/data or lra_core/data/lra with a `DATASET`
+record (lra_core.data.Dataset), found by lra_core.data, which reads the records itself; tasks
+(`config.task`) are rows of lra_core.task_kinds.
 """
 
 from __future__ import annotations
@@ -17,22 +19,9 @@ import pathlib
 import jax
 from flax import nnx
 
-from lra_core import task_kinds
+from lra_core import data, task_kinds
 from lra_core.errors import ConfigError
 from lra_core.protocol import Family, RunInfo
-
-# data.name -> the module that reads it (lra_core/data/__init__.py describes what it gives).
-DATASETS = {
-  "listops": "lra_core.data.lra.listops",
-  "retrieval": "lra_core.data.lra.retrieval",
-  "bytes": "lra_core.data.bytes",
-  "pg19": "lra_core.data.pg19",
-  "c4": "lra_core.data.c4",
-  "imagenet64": "lra_core.data.imagenet64",
-  "imdb": "lra_core.data.lra.imdb",
-  "cifar10": "lra_core.data.lra.cifar10",
-  "pathfinder": "lra_core.data.lra.pathfinder",
-}
 
 
 def package_dir(name: str) -> pathlib.Path:
@@ -62,10 +51,8 @@ def families() -> tuple[Family, ...]:
 
 
 def dataset_module(name: str):
-  """The module that reads dataset `name` (config.data.name)."""
-  if name not in DATASETS:
-    raise ConfigError(f"data.name {name!r} is not a known dataset; expected one of {sorted(DATASETS)}.")
-  return importlib.import_module(DATASETS[name])
+  """The module that reads dataset `name` (config.data.name; its record is `.DATASET`)."""
+  return data.dataset_module(name)
 
 
 def task_class(name: str):

@@ -34,15 +34,13 @@ import optax
 from flax import nnx
 from PIL import Image
 
-from lra_core import cli, decoding, diffusion, fs, layout
+from lra_core import cli, decoding, diffusion, fs, layout, task_kinds
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError
 from lra_core.state import eval_params, make_state_spec, to_host
 
-AUTOREGRESSIVE = ("lm", "image_ar")
-IMAGE_TASKS = ("image_ar", "diffusion")
 EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0.9 --num_samples 4"
 
 
@@ -69,8 +67,8 @@ def sample(
   prompt_len: int = 32,
   step: int | None = None,
 ) -> list[str]:
-  if config.task not in AUTOREGRESSIVE:
-    raise ConfigError(f"sampling needs an autoregressive task {AUTOREGRESSIVE}, not {config.task!r}.")
+  if not task_kinds.kind(config.task).causal:
+    raise ConfigError(f"sampling needs a causal task {list(task_kinds.names(causal=True))}, not {config.task!r}.")
   encode, decode = data_lib.text_codec(config)
   if prompt:
     ids = list(encode(prompt))
@@ -172,7 +170,7 @@ def training_samples(
     d = config.data
     return imagenet64.to_image(to_host(out)[:, 1:], d.image_size, d.order, d.patch_size)
   if config.task != "diffusion":
-    raise ConfigError(f"image samples need task image_ar or diffusion, not {config.task!r}.")
+    raise ConfigError(f"image samples need an image task {list(task_kinds.names(image=True))}, not {config.task!r}.")
   d, m = config.diffusion, config.model
   if sampler and sampler not in diffusion.SAMPLERS:
     raise ConfigError(f"sampler {sampler!r} is not one of {list(diffusion.SAMPLERS)}.")
@@ -206,8 +204,8 @@ def sample_images(
 ) -> np.ndarray:
   """uint8 [N,S,S,C] images sampled from the trained image_ar or diffusion model of `workdir`;
   `options` as training_samples takes them."""
-  if config.task not in IMAGE_TASKS:
-    raise ConfigError(f"image sampling needs task image_ar or diffusion, not {config.task!r}.")
+  if not task_kinds.kind(config.task).image:
+    raise ConfigError(f"image sampling needs an image task {list(task_kinds.names(image=True))}, not {config.task!r}.")
   model, _ = load_model(config, workdir, step=step)
   return training_samples(config, model, jax.random.key(seed), num_samples, **options)
 
@@ -316,7 +314,7 @@ def main(argv=None) -> None:
     )
   if e.png_scale < 0:
     raise ConfigError(f"--png_scale must be >= 0 (0: the default size), got {e.png_scale}.")
-  if config.task in IMAGE_TASKS:
+  if task_kinds.kind(config.task).image:
     num = e.num_samples or 16
     labels = None if e.label is None else np.full((num,), e.label, np.int32)
     if labels is not None and not 0 <= e.label < config.model.get("num_classes", 0):
@@ -343,7 +341,8 @@ def main(argv=None) -> None:
     return
   if e.png:
     raise ConfigError(
-      f"--png applies to image models (tasks {list(IMAGE_TASKS)}); this config's task is {config.task!r}."
+      f"--png applies to image models (tasks {list(task_kinds.names(image=True))}); "
+      f"this config's task is {config.task!r}."
     )
   texts = sample(
     config,

@@ -215,8 +215,8 @@ def test_bad_config_fields_are_config_errors(raw_file):
     bytes_data.data_config(file="x")
   with pytest.raises(ConfigError, match="train.seq_len"):
     bytes_data.validate_config(_bytes_config(raw_file, seq_len=0))
-  with pytest.raises(ConfigError, match="'classify'"):
-    bytes_data.validate_config(_bytes_config(raw_file, task="classify"))
+  with pytest.raises(ConfigError, match="task 'classify' cannot use the bytes dataset"):
+    data_lib.validate_config(_bytes_config(raw_file, task="classify"))
 
 
 # ---------------------------------------------------------------- retrieval
@@ -328,7 +328,7 @@ def test_retrieval_accepts_crlf_and_trailing_blank_lines(tmp_path):
 
 def test_retrieval_bad_config(tmp_path):
   folder = _write_aan(tmp_path / "aan")
-  with pytest.raises(ConfigError, match="'classify'"):
-    retrieval.validate_config(_config(retrieval.data_config(dir=str(folder)), 8, "classify"))
+  with pytest.raises(ConfigError, match="task 'classify' cannot use the retrieval dataset"):
+    data_lib.validate_config(_config(retrieval.data_config(dir=str(folder)), 8, "classify"))
   with pytest.raises(ConfigError, match="data.path"):
     retrieval.data_config(path="x")

@@ -20,6 +20,7 @@ import pytest
 
 from fixtures import cifar10 as cifar_fixture
 from fixtures import imdb as imdb_fixture
+from lra_core import data as data_lib
 from lra_core.data.lra import cifar10, imdb
 from lra_core.errors import ConfigError, DataError
 
@@ -443,7 +444,7 @@ def test_cifar_missing_release_and_bad_config(tmp_path):
   with pytest.raises(DataError, match="holds no images"):
     cifar10.make_source(_cifar_config(tmp_path, validation_split="train[90%:]"), "validation")
   with pytest.raises(ConfigError, match="task 'lm' cannot use the cifar10 dataset"):
-    cifar10.validate_config(ml_collections.ConfigDict(dict(task="lm", data=data, train=dict(seq_len=1024))))
+    data_lib.validate_config(ml_collections.ConfigDict(dict(task="lm", data=data, train=dict(seq_len=1024))))
 
 
 def test_tfds_order_is_tfds_hashing():

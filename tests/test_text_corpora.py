@@ -278,7 +278,7 @@ def test_c4_errors_name_the_file_and_the_layout(tmp_path):
       [f"data.dir={tmp_path}", "train.seq_len=8", f"data.cache_dir={tmp_path / 'cache'}", *overrides],
     )
     with pytest.raises(kind, match=match) as info:
-      c4.validate_config(config)
+      data_lib.validate_config(config)
       for split in data_lib.SPLITS:
         c4.make_source(config, split)
     assert "\n" not in str(info.value)

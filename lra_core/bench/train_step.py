@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import cli, data_setup, layout, optim, sharding
+from lra_core import cli, data_setup, layout, optim, sharding, task_kinds
 from lra_core.bench import cores
 from lra_core.bench.common import (
   MiB,
@@ -99,12 +99,12 @@ data_info = data_setup.config_data_info
 def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, np.ndarray]:
   """A host batch of random tokens with the fields the pipeline gives the task's train step."""
   b, t = config.train.batch_size, config.train.seq_len
-  task = config.task
+  kind = task_kinds.kind(config.task)
 
   def tokens(shape):
     return rng.integers(0, info.vocab_size, shape, dtype=np.int32)
 
-  if task in ("lm", "image_ar"):
+  if kind.causal:
     # One window per sequence: the pipeline marks every batch as a sequence start.
     return {
       "inputs": tokens((b, t)),
@@ -112,17 +112,20 @@ def random_batch(config, info: DataInfo, rng: np.random.Generator) -> dict[str, 
       "weights": np.ones((b, t), np.float32),
       "reset": np.asarray(True),
     }
-  if task == "mlm":
+  if kind.per_token:  # masked LM: the task masks inputs on device and predicts them
     return {"inputs": tokens((b, t)), "weights": np.ones((b, t), np.float32)}
-  if task in ("classify", "retrieval"):
-    shape = (b, 2, t) if task == "retrieval" else (b, t)
+  if kind.classifies:
+    shape = (b, kind.towers, t) if kind.towers > 1 else (b, t)
     return {
       "inputs": tokens(shape),
       "mask": np.ones(shape, bool),
       "targets": rng.integers(0, max(info.num_classes, 1), (b,), dtype=np.int32),
       "weights": np.ones((b,), np.float32),
     }
-  raise ConfigError(f"task {config.task!r} has no benchmark batch; expected lm, image_ar, mlm, classify or retrieval.")
+  raise ConfigError(
+    f"task {config.task!r} has no benchmark batch; expected a per-token task {list(task_kinds.names(per_token=True))} "
+    f"or a classifying one {list(task_kinds.names(classifies=True))}."
+  )
 
 
 def one_device_mesh():

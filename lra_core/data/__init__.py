@@ -1,19 +1,28 @@
 """Datasets as random-access sources of examples, looked up by `config.data.name`.
 
-A dataset module (named in lra_core.registry.DATASETS) exposes
+A dataset is a module `lra_core/data/<name>.py` or `lra_core/data/lra/<name>.py` that declares
+its facts in one record, `DATASET = Dataset(name=<name>, unit=..., tasks=..., ...)`: what one
+target is, the tasks it serves, its splits, and whether its rows are packed documents. Everything
+that depends on a dataset reads that record (`dataset(name)`), and `dataset_module(name)` finds the
+module by its name and its record, so adding a dataset is one module here and a config file
+(docs/data.md). Each module exposes
 
-  make_source(config, split) -> Source   # split in {"train", "validation", "test"}
-  validate_config(config) -> None        # raise ConfigError (one sentence) before any work
+  make_source(config, split) -> Source   # split in its record's splits
+  validate_config(config) -> None        # its settings and files: ConfigError (one sentence) before any work
   codec(config) -> (encode, decode)      # text <-> ids for sampling; `codec = None` for images
 
+and the functions below call them for `config.data.name` after checking the task and split
+against its record.
+
 A `Source` has `__len__`, `__getitem__(i) -> dict[str, np.ndarray]` (one example, fixed
-shapes for a given config) and `info: DataInfo`. Example fields by task:
+shapes for a given config) and `info: DataInfo`. Example fields by task (lra_core.task_kinds):
 
-  lm, image_ar : inputs int32[T], targets int32[T], weights float32[T]
-  mlm          : inputs int32[T], weights float32[T] (1 = real token)
-  classify     : inputs int32[T], mask bool[T], targets int32[], weights float32[]
-  retrieval    : inputs int32[2,T], mask bool[2,T], targets int32[], weights float32[]
+  per-token, causal (lm, image_ar) : inputs int32[T], targets int32[T], weights float32[T]
+  per-token (mlm)                  : inputs int32[T], weights float32[T] (1 = real token)
+  labelled (classify, diffusion)   : inputs int32[T], mask bool[T], targets int32[], weights float32[]
+  labelled, two towers (retrieval) : inputs int32[2,T], mask bool[2,T], targets int32[], weights float32[]
 
+plus, on datasets of packed documents, `segment_ids` int32[T] and (causal) `words` float32[T].
 An all-zero example is padding: its weights are zero, so the pipeline pads a final partial
 evaluation batch with zeros and metrics stay exact.
 """
@@ -21,15 +30,84 @@ evaluation batch with zeros and metrics stay exact.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import pathlib
 from typing import Protocol
 
 import ml_collections
 import numpy as np
 
-from lra_core import registry
+from lra_core import task_kinds
 from lra_core.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """One dataset's facts, declared once in its module as `DATASET` and read from there."""
+
+  name: str  # config.data.name: the stem of the module that declares it
+  unit: str  # what one target is (DataInfo.unit): bits-per-<unit> is reported for per-token tasks
+  tasks: tuple[str, ...]  # the tasks (config.task, lra_core.task_kinds) it gives examples for
+  splits: tuple[str, ...] = SPLITS  # the splits make_source opens
+  packed_documents: bool = False  # rows hold documents end to end: examples carry segment_ids (causal: words)
+
+  def check_task(self, task: str) -> None:
+    """A one-sentence ConfigError unless this dataset serves `task`."""
+    if task not in self.tasks:
+      raise ConfigError(f"task {task!r} cannot use the {self.name} dataset; expected one of {list(self.tasks)}.")
+
+  def check_split(self, split: str) -> None:
+    """A one-sentence ConfigError unless `split` is one of this dataset's splits."""
+    if split not in self.splits:
+      raise ConfigError(f"split {split!r} is not one of {self.splits}.")
+
+
+# The packages a dataset module may sit in: its stem is the dataset's name.
+DATASET_FOLDERS = {
+  "lra_core.data": pathlib.Path(__file__).resolve().parent,
+  "lra_core.data.lra": pathlib.Path(__file__).resolve().parent / "lra",
+}
+
+
+@functools.cache
+def _modules() -> dict[str, str]:
+  """stem -> module of every public module in DATASET_FOLDERS (datasets and the helpers beside them)."""
+  return {
+    path.stem: f"{package}.{path.stem}"
+    for package, folder in DATASET_FOLDERS.items()
+    for path in sorted(folder.glob("*.py"))
+    if not path.stem.startswith("_")
+  }
+
+
+def _declared(stem: str) -> Dataset | None:
+  """The DATASET record of module `stem`, where it declares one under its own name."""
+  record = importlib.import_module(_modules()[stem]).__dict__.get("DATASET")
+  return record if isinstance(record, Dataset) and record.name == stem else None
+
+
+@functools.cache
+def dataset_names() -> tuple[str, ...]:
+  """The name of every dataset: the modules above that declare a DATASET record (imports them all)."""
+  return tuple(sorted(stem for stem in _modules() if _declared(stem)))
+
+
+def dataset_module(name: str):
+  """The module that reads dataset `name` (config.data.name)."""
+  if not isinstance(name, str) or name not in _modules() or not _declared(name):
+    raise ConfigError(
+      f"data.name {name!r} is not a dataset (a module of lra_core/data or lra_core/data/lra with a DATASET record); "
+      f"available: {list(dataset_names())}."
+    )
+  return importlib.import_module(_modules()[name])
+
+
+def dataset(name: str) -> Dataset:
+  """The record of dataset `name` (config.data.name)."""
+  return dataset_module(name).DATASET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,41 +116,38 @@ class DataInfo:
 
   vocab_size: int
   num_classes: int = 0  # classification tasks only
-  unit: str = "token"  # what one target is: bits-per-<unit> is reported for LMs
+  unit: str = "token"  # the record's unit (text read with the bytes tokenizer: byte)
   pad_id: int = 0
   vocab: tuple[str, ...] = ()  # id -> token string, where the dataset has a small vocabulary
-
-
-# Datasets whose token examples carry more than the task's fields (document-packed text corpora).
-_PACKED_TEXT = ("c4", "pg19")
 
 
 def example_fields(config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """name -> (shape, dtype) of one training example of `config`, without opening any data.
 
-  The fields are the table above for `config.task` at `train.seq_len`, plus the packed text
-  corpora's `words` / `segment_ids`; compiling a step ahead of time for a config (lra_core.aot)
+  The fields are the table above for `config.task` at `train.seq_len`, plus `words` / `segment_ids`
+  on datasets of packed documents; compiling a step ahead of time for a config (lra_core.aot)
   needs them, and the tests check them against the examples each dataset really gives.
   """
   t = config.train.seq_len
-  task = config.task
+  kind = task_kinds.kind(config.task)
   i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
-  if task in ("lm", "image_ar"):
-    fields = {"inputs": ((t,), i32), "targets": ((t,), i32), "weights": ((t,), f32)}
-    if config.data.name in _PACKED_TEXT:
-      fields.update(words=((t,), f32), segment_ids=((t,), i32))
-    return fields
-  if task == "mlm":
-    fields = {"inputs": ((t,), i32), "weights": ((t,), f32)}
-    if config.data.name in _PACKED_TEXT:
-      fields["segment_ids"] = ((t,), i32)
-    return fields
-  if task in ("classify", "retrieval", "diffusion"):
-    shape = (2, t) if task == "retrieval" else (t,)
+  if kind.labelled:
+    shape = (kind.towers, t) if kind.towers > 1 else (t,)
     return {"inputs": (shape, i32), "mask": (shape, np.dtype(bool)), "targets": ((), i32), "weights": ((), f32)}
-  raise ConfigError(
-    f"task {task!r} has no example layout; expected one of lm, image_ar, mlm, classify, retrieval or diffusion."
-  )
+  if not kind.per_token:
+    raise ConfigError(
+      f"task {kind.name!r} has no example layout; expected a per-token task {list(task_kinds.names(per_token=True))} "
+      f"or a labelled one {list(task_kinds.names(labelled=True))}."
+    )
+  fields = {"inputs": ((t,), i32)}
+  if kind.causal:
+    fields["targets"] = ((t,), i32)
+  fields["weights"] = ((t,), f32)
+  if dataset(config.data.name).packed_documents:
+    if kind.causal:
+      fields["words"] = ((t,), f32)
+    fields["segment_ids"] = ((t,), i32)
+  return fields
 
 
 DOCUMENT_MASKS = ("auto", "true", "false")
@@ -85,7 +160,7 @@ def document_mask(config) -> bool:
   windows, which run across documents on purpose (Transformer-XL / Transformer-VQ style, with a
   cache carried from window to window). Datasets without documents have no such key: off."""
   data = config.data
-  setting = data.get("document_mask", "false") if data.name in _PACKED_TEXT else "false"
+  setting = data.get("document_mask", "false") if dataset(data.name).packed_documents else "false"
   if setting == "auto":
     return data.get("packing", "concat") == "pack"
   return setting == "true"
@@ -116,15 +191,25 @@ class Source(Protocol):
   def __getitem__(self, index: int) -> dict[str, np.ndarray]: ...
 
 
+def validate_config(config) -> None:
+  """The configured dataset's checks, before any work: that it serves the task (its record), then
+  its module's own (settings, files)."""
+  module = dataset_module(config.data.name)
+  module.DATASET.check_task(config.task)
+  module.validate_config(config)
+
+
 def make_source(config, split: str) -> Source:
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
-  return registry.dataset_module(config.data.name).make_source(config, split)
+  """The `split` examples of the configured dataset."""
+  module = dataset_module(config.data.name)
+  module.DATASET.check_task(config.task)
+  module.DATASET.check_split(split)
+  return module.make_source(config, split)
 
 
 def text_codec(config):
   """(encode: str -> ids, decode: ids -> str) of the configured dataset."""
-  codec = registry.dataset_module(config.data.name).codec
+  codec = dataset_module(config.data.name).codec
   if codec is None:
     raise ConfigError(f"dataset {config.data.name!r} has no text encoding.")
   return codec(config)

@@ -31,14 +31,14 @@ import ml_collections
 import numpy as np
 
 from lra_core import fs
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files
 from lra_core.errors import ConfigError, DataError
 
+DATASET = Dataset(name="bytes", unit="byte", tasks=("lm", "mlm"))
 VOCAB_SIZE = 256
-TASKS = ("lm", "mlm")
 
 _DEFAULTS = dict(
-  name="bytes",
+  name=DATASET.name,
   dir="",
   path="",  # full path of the file; when empty, dir/filename
   filename="",
@@ -150,11 +150,11 @@ def split_ranges(num_bytes: int, fractions: Sequence[float]) -> dict[str, tuple[
     total += f
     edges.append(int(round(num_bytes * total)))
   edges.append(num_bytes)
-  return {split: (edges[k], edges[k + 1]) for k, split in enumerate(SPLITS)}
+  return {split: (edges[k], edges[k + 1]) for k, split in enumerate(DATASET.splits)}
 
 
 def _check_fractions(fractions: Sequence[float]) -> None:
-  if len(fractions) != len(SPLITS):
+  if len(fractions) != len(DATASET.splits):
     raise ConfigError(
       f"data.split_fractions {tuple(fractions)} has {len(fractions)} entries; expected 3 (train, validation, test)."
     )
@@ -180,9 +180,6 @@ def _check_split(path: str, split: str, span: tuple[int, int], seq_len: int) -> 
 
 def validate_config(config) -> None:
   """Checks fractions, file and that every split holds at least one window of T+1 bytes."""
-  task = config.task
-  if task not in TASKS:
-    raise ConfigError(f"task {task!r} cannot use the bytes dataset; expected one of {TASKS}.")
   seq_len = _seq_len(config)
   _check_fractions(config.data.split_fractions)
   path = file_path(config.data)
@@ -197,7 +194,7 @@ class ByteWindows:
   Pickling keeps only the path, so a data-loader worker maps (or decompresses) the file itself.
   """
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, unit="byte")
+  info = DataInfo(vocab_size=VOCAB_SIZE, unit=DATASET.unit)
 
   def __init__(self, path: str, start: int, stop: int, seq_len: int, data: np.ndarray | None = None):
     self.path, self.start, self.stop, self.seq_len = path, start, stop, seq_len
@@ -242,8 +239,7 @@ def _scale_note(num_bytes: int, fractions) -> str:
 
 def make_source(config, split: str) -> ByteWindows:
   """The `split` windows of the file named by `config.data`, each `train.seq_len` long."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   seq_len = _seq_len(config)
   path = file_path(config.data)
   data = load_bytes(path)

@@ -45,9 +45,12 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import SPLITS, cache, config_section, files, tfds_source
+from lra_core.data import Dataset, cache, config_section, files, tfds_source
 from lra_core.data import text as text_corpus
 from lra_core.errors import ConfigError, DataError
+
+# Metrics count SentencePiece tokens, or bytes with data.tokenizer="bytes" (lra_core.data.text).
+DATASET = Dataset(name="c4", unit="token", tasks=("lm", "mlm"), packed_documents=True)
 
 TFDS_NAME = "c4/en"
 LAYOUT = (
@@ -68,7 +71,7 @@ _FORMAT = 1
 _SLICE = re.compile(r"^(?P<pattern>.*?)(?P<slice>\[[^\[\]]*:[^\[\]]*\])?$")
 
 _DEFAULTS = dict(
-  name="c4",
+  name=DATASET.name,
   dir="",  # allenai/c4 en/ shards (source "files"); relative tokenizer paths resolve here
   source="files",  # files | tfds
   train_files="c4-train.*-of-01024.json.gz",
@@ -93,15 +96,14 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 def split_setting(data, split: str) -> str:
   """The file pattern (source "files") or tfds split (source "tfds") that `split` reads."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   if data.source == "tfds":
-    if len(data.tfds_splits) != len(SPLITS):
+    if len(data.tfds_splits) != len(DATASET.splits):
       raise ConfigError(
         f"data.tfds_splits {tuple(data.tfds_splits)} has {len(data.tfds_splits)} entries; "
         f"expected 3 (train, validation, test)."
       )
-    settings = dict(zip(SPLITS, data.tfds_splits))
+    settings = dict(zip(DATASET.splits, data.tfds_splits))
   else:
     settings = dict(train=data.train_files, validation=data.validation_files, test=data.test_files)
   if split == "test" and not settings["test"]:
@@ -166,7 +168,7 @@ def validate_config(config) -> None:
   """Settings, the tokenizer file and that every split's shards (or tfds split) exist."""
   text_corpus.check_settings(config)
   data = config.data
-  for split in SPLITS:
+  for split in DATASET.splits:
     if data.source == "files":
       shard_files(data, split)
     else:

@@ -49,16 +49,19 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
+from lra_core import task_kinds
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, flip_left_right, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
+
+# One target is one colour value of one pixel: image_ar reports bits per dim, as the papers do.
+DATASET = Dataset(name="imagenet64", unit="dim", tasks=("image_ar", "classify", "diffusion"))
 
 SIZE = 64  # height and width of the release's images
 CHANNELS = 3
 ROW_LEN = CHANNELS * SIZE * SIZE  # 12288 bytes per image
 NUM_CLASSES = 1000
 START = 256  # image_ar: the token before the first pixel
-TASKS = ("image_ar", "classify", "diffusion")
 SOURCES = ("npz", "tfds")
 ORDERS = ("raster", "patches")
 TFDS_NAME = "imagenet_resized/64x64"
@@ -74,7 +77,7 @@ PREPARE = (
 )
 
 _DEFAULTS = dict(
-  name="imagenet64",
+  name=DATASET.name,
   source="npz",  # npz | tfds
   dir="",  # npz: the folder of the .npz files; tfds: its data_dir ("" -> default)
   image_size=64,  # S: box-average down to S x S (a divisor of 64) -> 3*S*S tokens
@@ -314,10 +317,11 @@ class PixelSequences:
     self.images, self.task, self.flip = images, task, flip
     self.image_size, self.order, self.patch_size = image_size, order, patch_size
     self.seq_len = num_tokens(image_size)
+    self.labelled = task_kinds.kind(task).labelled  # whole images with their class, else pixels to predict
     self.info = (
-      DataInfo(vocab_size=START + 1, unit="dim")
-      if task == "image_ar"
-      else DataInfo(vocab_size=256, num_classes=NUM_CLASSES)
+      DataInfo(vocab_size=256, num_classes=NUM_CLASSES, unit=DATASET.unit)
+      if self.labelled
+      else DataInfo(vocab_size=START + 1, unit=DATASET.unit)
     )
 
   def __len__(self) -> int:
@@ -334,7 +338,7 @@ class PixelSequences:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     tokens, label = self.tokens(index)
-    if self.task in ("classify", "diffusion"):
+    if self.labelled:
       return labelled_example(tokens, np.ones(self.seq_len, bool), label)
     return {
       "inputs": np.concatenate([np.full(1, START, np.int32), tokens[:-1]]),
@@ -344,15 +348,12 @@ class PixelSequences:
 
 
 def _check_settings(config) -> None:
-  task = config.task
-  if task not in TASKS:
-    raise ConfigError(f"task {task!r} cannot use the imagenet64 dataset; expected one of {TASKS}.")
   d = config.data
   if d.source not in SOURCES:
     raise ConfigError(f"data.source {d.source!r} is not one of {SOURCES}.")
   if d.order not in ORDERS:
     raise ConfigError(f"data.order {d.order!r} is not one of {ORDERS}.")
-  if task == "diffusion" and d.order != "raster":
+  if config.task == "diffusion" and d.order != "raster":
     raise ConfigError(
       f"task 'diffusion' reads images in data.order 'raster', not {d.order!r} (the denoiser makes its own patches)."
     )
@@ -370,7 +371,7 @@ def _check_settings(config) -> None:
 
 
 def validate_config(config) -> None:
-  """Checks task, sizes, order and that the files (or the prepared tfds dataset) are there."""
+  """Checks sizes, order and that the files (or the prepared tfds dataset) are there."""
   _check_settings(config)
   if config.data.source == "npz":
     npz_files(config.data.dir)
@@ -380,8 +381,7 @@ def validate_config(config) -> None:
 
 def make_source(config, split: str) -> PixelSequences:
   """The `split` images as token sequences of `3 * data.image_size**2` tokens."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   _check_settings(config)
   d = config.data
   if d.source == "npz":

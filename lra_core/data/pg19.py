@@ -38,9 +38,12 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import SPLITS, cache, config_section, files, tfds_source
+from lra_core.data import Dataset, cache, config_section, files, tfds_source
 from lra_core.data.text import TextSource, check_settings, corpus_source, load_tokenizer, tfds_fingerprint
-from lra_core.errors import ConfigError, DataError
+from lra_core.errors import DataError
+
+# Metrics count SentencePiece tokens, or bytes with data.tokenizer="bytes" (lra_core.data.text).
+DATASET = Dataset(name="pg19", unit="token", tasks=("lm", "mlm"), packed_documents=True)
 
 TFDS_NAME = "pg19"
 METADATA = "metadata.csv"
@@ -57,7 +60,7 @@ TOKENIZER_HINT = (
 _FORMAT = 1
 
 _DEFAULTS = dict(
-  name="pg19",
+  name=DATASET.name,
   dir="",  # release layout (source "files"); relative tokenizer paths resolve here
   source="files",  # files | tfds
   tfds_dir="",  # tfds data_dir holding pg19/0.1.1 (source "tfds"); "" -> ~/tensorflow_datasets
@@ -135,20 +138,19 @@ def validate_config(config) -> None:
   check_settings(config)
   data = config.data
   if data.source == "files":
-    books = {split: book_files(data.dir, split) for split in SPLITS}
+    books = {split: book_files(data.dir, split) for split in DATASET.splits}
     metadata = read_metadata(data.dir)
     for paths in books.values():
       check_metadata(data.dir, paths, metadata)
   else:
-    for split in SPLITS:
+    for split in DATASET.splits:
       tfds_source.open_split(TFDS_NAME, split, data.tfds_dir)
   load_tokenizer(data, hint=TOKENIZER_HINT)
 
 
 def make_source(config, split: str) -> TextSource:
   """Fixed-length sequences over the concatenated books of `split`."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   check_settings(config)
   data = config.data
   tokenizer = load_tokenizer(data, hint=TOKENIZER_HINT)

@@ -5,8 +5,8 @@ grain from `train.seed`, global batch j holds shuffled examples [j*B, (j+1)*B), 
 process reads only its own rows of it. So a run on any number of processes sees the same global
 batches, and resuming needs nothing but the step (stored with grain's iterator state).
 
-For autoregressive tasks with `train.update_len` < `seq_len` each sequence batch is cut into
-update windows along time; batch s is window s % n of sequence batch s // n. Autoregressive
+For causal tasks (lra_core.task_kinds) with `train.update_len` < `seq_len` each sequence batch is
+cut into update windows along time; batch s is window s % n of sequence batch s // n. Causal
 batches carry `reset` = (window == 0), which tells the trainer to start the carried model
 state afresh (for every batch when there is one window per sequence).
 Evaluation batches are unshuffled, cover the split once, and pad the last batch with all-zero
@@ -23,15 +23,14 @@ import grain
 import jax
 import numpy as np
 
+from lra_core import task_kinds
 from lra_core.data import Source, example_fields
 from lra_core.errors import ConfigError, DataError
-
-WINDOWED_TASKS = ("lm", "image_ar")
 
 
 def num_windows(config) -> int:
   update_len = config.train.update_len
-  if config.task in WINDOWED_TASKS and update_len and update_len < config.train.seq_len:
+  if task_kinds.kind(config.task).causal and update_len and update_len < config.train.seq_len:
     return config.train.seq_len // update_len
   return 1
 
@@ -46,7 +45,7 @@ def batch_fields(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np
     if shape and shape[0] == seq_len:  # [T, ...] fields are cut to the window, as `window` does
       shape = (size,) + shape[1:]
     fields[name] = ((batch_size,) + shape, dtype)
-  if config.task in WINDOWED_TASKS:
+  if task_kinds.kind(config.task).causal:
     fields["reset"] = ((), np.dtype(bool))
   return fields
 
@@ -89,7 +88,7 @@ class BatchReader:
     self.source, self.batch_size, self.train = source, batch_size, train
     self.local_batch = batch_size // self.process_count
     self.windows = num_windows(config)
-    self.autoregressive = config.task in WINDOWED_TASKS
+    self.autoregressive = task_kinds.kind(config.task).causal
     self.seq_len = config.train.seq_len
     self.seed = config.train.seed
     self._rows = functools.lru_cache(maxsize=2)(self._read_rows)  # windows of a batch read it once

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from lra_core import cli, registry
+from lra_core import cli
 from lra_core import data as data_lib
 from lra_core.data import pipeline
 
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
   def run():
     args = cli.parse(argv, default_workdir="", extra=flags, prog="python -m lra_core.data.stats", example=EXAMPLE)
     config, ns = args.config, args.extra
-    registry.dataset_module(config.data.name).validate_config(config)
+    data_lib.validate_config(config)
     for split in ns.splits.split(","):
       stats = split_stats(
         config, split, max_examples=ns.max_examples, throughput=ns.throughput, batch_size=ns.batch_size

@@ -11,21 +11,17 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from etils import epath
 
-from lra_core import registry
-from lra_core.data import DOCUMENT_MASKS, cache, document_mask, files
+from lra_core import registry, task_kinds
+from lra_core.data import DOCUMENT_MASKS, cache, dataset, document_mask, files
 from lra_core.data.packing import PACKINGS, Corpus, CorpusSequences, build_corpus
 from lra_core.data.tokenizer import Tokenizer, make_tokenizer
 from lra_core.errors import ConfigError, DataError
 
-TASKS = ("lm", "mlm")
 SOURCES = ("files", "tfds")
 
 
-def check_settings(config, tasks: tuple[str, ...] = TASKS) -> None:
-  """Task, sequence length, packing, block padding and source: the checks that need no files."""
-  task = config.task
-  if task not in tasks:
-    raise ConfigError(f"task {task!r} cannot use the {config.data.name} dataset; expected one of {tasks}.")
+def check_settings(config) -> None:
+  """Sequence length, packing, block padding and source: the checks that need no files."""
   seq_len = config.train.seq_len
   if not isinstance(seq_len, (int, np.integer)) or isinstance(seq_len, bool) or seq_len < 1:
     raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
@@ -185,14 +181,14 @@ def corpus_source(
       where,
       cache.cache_root(data.cache_dir) / entry,
     )
-  unit = "byte" if spec == "bytes" else "token"
+  unit = "byte" if spec == "bytes" else dataset(config.data.name).unit  # the bytes tokenizer's targets are bytes
   return TextSource(
     corpus,
     spec,
     int(config.train.seq_len),
     doc_ids=arrays["doc_ids"],
     packing=data.packing,
-    lm=config.task == "lm",
+    lm=task_kinds.kind(config.task).causal,
     unit=unit,
     name=f"{name} ({where})",
     block_padding=int(block_padding(data)),

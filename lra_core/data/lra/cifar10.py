@@ -52,9 +52,11 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, planar_to_hwc
 from lra_core.errors import ConfigError, DataError
+
+DATASET = Dataset(name="cifar10", unit="pixel", tasks=("classify",))
 
 ARCHIVE = "cifar-10-python.tar.gz"
 FOLDER = "cifar-10-batches-py"
@@ -91,7 +93,7 @@ _PICKLE_GLOBALS = {
 _CACHE_VERSION = 1
 
 _DEFAULTS = dict(
-  name="cifar10",
+  name=DATASET.name,
   source="files",  # files | tfds
   dir="",  # folder with cifar-10-python.tar.gz or cifar-10-batches-py/; tfds: data_dir
   grayscale=True,  # LRA; False -> 3072 RGB tokens
@@ -271,7 +273,7 @@ def _example(inputs: np.ndarray, label: int) -> dict[str, np.ndarray]:
 class Images:
   """Images [start, stop) of one cached split; memory maps are reopened after unpickling."""
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit="pixel")
+  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit=DATASET.unit)
 
   def __init__(self, inputs: np.ndarray, labels: np.ndarray, start: int, stop: int):
     self.inputs, self.labels, self.start, self.stop = inputs, labels, start, stop
@@ -347,9 +349,7 @@ def _split_spec(data, split: str) -> str:
 
 
 def validate_config(config) -> None:
-  """Checks task, T, splits, source and that the release (or the tfds folder) is there."""
-  if config.task != "classify":
-    raise ConfigError(f"task {config.task!r} cannot use the cifar10 dataset; expected 'classify'.")
+  """Checks T, splits, source and that the release (or the tfds folder) is there."""
   data = config.data
   size = data.image_size
   if isinstance(size, bool) or not isinstance(size, int) or size < 1 or SIDE % size:
@@ -360,15 +360,14 @@ def validate_config(config) -> None:
       f"train.seq_len {config.train.seq_len} does not match the {seq_len_of(data)} {kind} "
       f"of a {size}x{size} CIFAR-10 image; set train.seq_len={seq_len_of(data)}."
     )
-  for split in SPLITS:
+  for split in DATASET.splits:
     _split_spec(data, split)
   files.check_release_or_tfds(data, locate, tfds_name="cifar10", prepare=PREPARE)
 
 
 def make_source(config, split: str) -> Images | TfdsImages:
   """The images of `split` per `data.<split>_split` (LRA: train[:90%] / train[90%:] / test)."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   validate_config(config)
   data = config.data
   spec = _split_spec(data, split)
@@ -421,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   try:
     data = data_config(dir=args.dir, grayscale=not args.rgb, cache_dir=args.cache_dir)
     arrays = load_release(locate(args.dir), data.grayscale, data.image_size, data.cache_dir)
-    for split in SPLITS:
+    for split in DATASET.splits:
       spec = data[f"{split}_split"]
       name = files.parse_split(spec)[0]
       start, stop = files.slice_range(spec, len(arrays[f"{name}_labels"]))

@@ -41,8 +41,10 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli, fs
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.errors import ConfigError, DataError
+
+DATASET = Dataset(name="imdb", unit="byte", tasks=("classify",))
 
 ARCHIVE = "aclImdb_v1.tar.gz"
 FOLDER = "aclImdb"
@@ -66,7 +68,7 @@ _MEMBER = re.compile(r"^(?:\./)?aclImdb/(train|test)/(neg|pos)/([^/]+)$")
 _CACHE_VERSION = 1  # bump when the cached arrays change for the same input
 
 _DEFAULTS = dict(
-  name="imdb",
+  name=DATASET.name,
   source="files",  # files | tfds
   dir="",  # folder with aclImdb_v1.tar.gz or aclImdb/; for tfds its data_dir
   cache_dir="",  # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
@@ -210,7 +212,7 @@ def _example(text: np.ndarray, label: int, seq_len: int) -> dict[str, np.ndarray
 class Reviews:
   """Reviews of one split from the cached arrays; memory maps are reopened after unpickling."""
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit="byte")
+  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit=DATASET.unit)
 
   def __init__(self, arrays: dict[str, np.ndarray], split: str, seq_len: int):
     self.split, self.seq_len = split, seq_len
@@ -280,9 +282,7 @@ def _seq_len(config) -> int:
 
 
 def validate_config(config) -> None:
-  """Checks task, T, source and that the release (or the tfds folder) is there; reads nothing."""
-  if config.task != "classify":
-    raise ConfigError(f"task {config.task!r} cannot use the imdb dataset; expected 'classify'.")
+  """Checks T, source and that the release (or the tfds folder) is there; reads nothing."""
   _seq_len(config)
   data = config.data
   files.check_release_or_tfds(data, locate, tfds_name="imdb_reviews", prepare=PREPARE)
@@ -290,8 +290,7 @@ def validate_config(config) -> None:
 
 def make_source(config, split: str) -> Reviews | TfdsReviews:
   """The reviews of `split` (validation and test both read the test reviews, as LRA does)."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   validate_config(config)
   seq_len, data = _seq_len(config), config.data
   if data.source == "tfds":

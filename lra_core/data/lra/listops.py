@@ -32,8 +32,10 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli
-from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
+
+DATASET = Dataset(name="listops", unit="token", tasks=("classify",))
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +303,7 @@ def load_tsv(path: str | os.PathLike) -> Examples:
 class Source:
   """ListOps examples for `classify`, padded with 0 (and truncated, as LRA does) to seq_len T."""
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit="token", vocab=VOCAB)
+  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit=DATASET.unit, vocab=VOCAB)
 
   def __init__(self, path: str | os.PathLike, seq_len: int):
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
@@ -336,7 +338,7 @@ class Source:
 
 
 _DEFAULTS = dict(
-  name="listops",
+  name=DATASET.name,
   dir="",  # folder holding basic_{train,val,test}.tsv (local or gs://)
   generate=False,  # with dir "": generate the set below once into cache_dir and use it
   cache_dir="",  # "" -> $LRA_CORE_CACHE or ~/.cache/lra_core
@@ -427,8 +429,7 @@ def validate_config(config) -> None:
 
 def make_source(config, split: str) -> Source:
   """The ListOps `split` ("train", "validation", "test") per config.data and train.seq_len."""
-  if split not in SPLIT_FILES:
-    raise ConfigError(f"split {split!r} is not one of {tuple(SPLIT_FILES)}.")
+  DATASET.check_split(split)
   validate_config(config)
   return Source(_folder(config.data) / SPLIT_FILES[split], config.train.seq_len)
 

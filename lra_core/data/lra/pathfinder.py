@@ -53,9 +53,11 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli
-from lra_core.data import SPLITS, DataInfo, cache, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
 from lra_core.errors import ConfigError, DataError
+
+DATASET = Dataset(name="pathfinder", unit="pixel", tasks=("classify",))
 
 DIFFICULTIES = {
   "easy": "curv_baseline",
@@ -70,7 +72,7 @@ METADATA_GLOB = "metadata/*.npy"
 _CACHE_VERSION = 1
 
 _DEFAULTS = dict(
-  name="pathfinder",
+  name=DATASET.name,
   dir="",  # the resolution folder, e.g. lra_release/pathfinder32/
   difficulty="hard",  # easy | intermediate | hard
   resolution=32,  # 32 = Pathfinder, 128 = Path-X (64, 256 and any other size also load)
@@ -280,11 +282,10 @@ class Source:
   Pickling keeps only the cache file names; a worker maps the arrays itself.
   """
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit="pixel")
+  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, unit=DATASET.unit)
 
   def __init__(self, arrays: dict[str, np.ndarray], split: str, difficulty: str):
-    if split not in SPLITS:
-      raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+    DATASET.check_split(split)
     self.split, self.difficulty = split, difficulty
     self._files = {name: getattr(a, "filename", None) for name, a in arrays.items()}
     self._arrays = arrays
@@ -346,8 +347,7 @@ def validate_config(config) -> None:
 
 def make_source(config, split: str) -> Source:
   """The `split` ("train", "validation", "test") of the configured difficulty and resolution."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   validate_config(config)
   data = config.data
   arrays = load_difficulty(data.dir, data.difficulty, _resolution(data), data.cache_dir)
@@ -360,7 +360,7 @@ def make_source(config, split: str) -> Source:
 def describe(arrays: dict[str, np.ndarray], difficulty: str) -> str:
   """Per split: examples, label balance and mean pixel value."""
   lines = []
-  for split in SPLITS:
+  for split in DATASET.splits:
     rows = split_indices(arrays["empty"], split, difficulty)
     labels = np.asarray(arrays["labels"])[rows]
     pixels = np.asarray(arrays["pixels"])[rows]

@@ -29,8 +29,10 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import SPLITS, DataInfo, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, Dataset, check_index, config_section, files, labelled_example
 from lra_core.errors import ConfigError, DataError
+
+DATASET = Dataset(name="retrieval", unit="byte", tasks=("retrieval",))
 
 FILES = {
   "train": "new_aan_pairs.train.tsv",
@@ -41,7 +43,7 @@ BYTE_OFFSET = 1  # id = byte + 1; 0 is padding
 VOCAB_SIZE = 256 + BYTE_OFFSET
 NUM_COLUMNS = 5  # label, id1, id2, text1, text2
 
-_DEFAULTS = dict(name="retrieval", dir="")
+_DEFAULTS = dict(name=DATASET.name, dir="")
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
@@ -67,8 +69,7 @@ def decode(ids) -> str:
 
 def split_path(config, split: str) -> str:
   """Path of the TSV file holding `split` under `data.dir`."""
-  if split not in SPLITS:
-    raise ConfigError(f"split {split!r} is not one of {SPLITS}.")
+  DATASET.check_split(split)
   if not config.data.dir:
     raise ConfigError(f"data.dir is empty; expected the folder holding {sorted(FILES.values())}.")
   files.expand(config.data.dir)  # a URL whose filesystem package is missing: ConfigError
@@ -83,12 +84,9 @@ def _seq_len(config) -> int:
 
 
 def validate_config(config) -> None:
-  """Checks the task, T and that the three TSV files exist and are non-empty (no parsing)."""
-  task = config.task
-  if task != "retrieval":
-    raise ConfigError(f"task {task!r} cannot use the retrieval dataset; expected 'retrieval'.")
+  """Checks T and that the three TSV files exist and are non-empty (no parsing)."""
   _seq_len(config)
-  for split in SPLITS:
+  for split in DATASET.splits:
     path = split_path(config, split)
     if not epath.Path(path).is_file():
       raise DataError(f"retrieval file {path!r} does not exist.")
@@ -143,7 +141,7 @@ def read_pairs(path: str, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndar
 class RetrievalPairs:
   """Random-access AAN pairs, padded to T on access."""
 
-  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=2, unit="byte")
+  info = DataInfo(vocab_size=VOCAB_SIZE, num_classes=2, unit=DATASET.unit)
 
   def __init__(self, buffer: np.ndarray, offsets: np.ndarray, labels: np.ndarray, seq_len: int):
     self.buffer, self.offsets, self.labels, self.seq_len = buffer, offsets, labels, seq_len
