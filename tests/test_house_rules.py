@@ -43,7 +43,7 @@ def task_name_groups(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]
       groups += [c for op, c in zip(node.ops, node.comparators) if isinstance(op, (ast.In, ast.NotIn))]
     elif isinstance(node, (ast.Assign, ast.AnnAssign)):
       targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-      if not any(isinstance(t, ast.Name) and t.id == "TASKS" for t in targets):
+      if node.value is not None and not any(isinstance(t, ast.Name) and t.id == "TASKS" for t in targets):
         groups.append(node.value)
   found = []
   for node in sorted(groups, key=lambda n: n.lineno):
