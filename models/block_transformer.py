@@ -23,7 +23,7 @@ Padding and packed documents (`segment_ids`) follow rules written next to the li
 that apply them: whole pad blocks are absent, so left padding never changes a row; no document ever
 reads another.
 
-Decoding: `decode_step` takes one token at a time (README, "Adding a model"); `generate` is the fast batched path.
+Decoding: `decode_step` takes one token at a time (docs/api.md, "Capabilities"); `generate` is the fast batched path.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ class Model(nnx.Module):
     y = self.token_decoder(x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs, **cross)
     return jnp.concatenate([y[:, r - 1 : r], y[:, 2 * r :]], axis=1)
 
-  # -- one token at a time (README, "Adding a model") --------------------------------------------------------
+  # -- one token at a time (docs/api.md, "Capabilities") --------------------------------------------------------
 
   def start_block(self, context: Array, batch_size: int) -> tuple[Array, dict]:
     """Runs the token decoder's lead inputs for a new block: (logits of the block's first token

@@ -1,4 +1,4 @@
-"""Model-level oracles shared by the autoregressive model tests (the protocol in the README, "Adding a model")."""
+"""Model-level oracles shared by the autoregressive model tests (the protocol in docs/api.md)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -6,6 +6,7 @@
 - no product file is over 600 lines (a file that grows past that holds two ideas);
 - lines with a comment are at least 8% of the code lines in models/ and kernels/, where the why of
   a shape, a mask or an index map is not obvious from the line itself.
+- tests/README.md, the map of the suite, names every test file and helper, and no file that is gone.
 
 Each rule is a function over a folder, and each is also shown catching a throwaway violation.
 """
@@ -13,6 +14,7 @@ Each rule is a function over a folder, and each is also shown catching a throwaw
 import ast
 import io
 import pathlib
+import re
 import tokenize
 
 import pytest
@@ -129,3 +131,25 @@ def test_the_why_sits_next_to_the_code(folder):
 def test_comment_share_counts_comments_against_code_lines(tmp_path):
   (tmp_path / "a.py").write_text('"""Doc\nstring."""\n\n# why\nx = 1  # because\ny = (\n  2\n)\n')
   assert comment_share([tmp_path / "a.py"]) == (2, 4)
+
+
+# -- the test suite's map ----------------------------------------------------------------------------
+
+
+def unlisted_tests(tests: pathlib.Path) -> list[str]:
+  """Test modules and shared helpers of `tests` that its README.md does not name, and `test_*.py` names
+  the README gives that are no file."""
+  readme = (tests / "README.md").read_text()
+  named = set(re.findall(r"`(?:tests/)?(\w+\.py)`", readme))
+  files = {p.name for p in tests.glob("*.py") if p.name != "conftest.py"}
+  return sorted(f"not in README.md: {name}" for name in files - named) + sorted(
+    f"no such file: {name}" for name in named - files if name.startswith("test_")
+  )
+
+
+def test_tests_readme_names_every_test_file(tmp_path):
+  assert unlisted_tests(ROOT / "tests") == []
+  (tmp_path / "README.md").write_text("| area | `test_a.py`, `test_gone.py` |\n- `helpers.py`: shared\n")
+  for name in ("test_a.py", "test_new.py", "helpers.py", "conftest.py"):
+    (tmp_path / name).write_text("")
+  assert unlisted_tests(tmp_path) == ["not in README.md: test_new.py", "no such file: test_gone.py"]

@@ -67,7 +67,7 @@ def test_the_readmes_adding_a_model_section_matches_the_files():
   (without the docstring): an edit to either file that the README does not follow fails here."""
   root = pathlib.Path(__file__).resolve().parent.parent
   readme = (root / "README.md").read_text()
-  section = readme[readme.index("## Adding a model") :]
+  section = readme[readme.index("## Adding a model family") :]
   section = section[: section.index("\n## ")]
   for name in ("linear_attention", "LinearAttention", "Model", "FAMILY"):
     assert re.search(rf"`[^`]*\b{name}\b[^`]*`", section) and hasattr(linear_transformer, name), name
