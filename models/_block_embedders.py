@@ -29,7 +29,7 @@ class LookupEmbedder(nnx.Module):
   def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
     """blocks int[B,N,L] -> [B,N,D]."""
     e = self.table(blocks)
-    e = e.reshape(*blocks.shape[:-1], -1)
+    e = e.reshape(*blocks.shape[:-1], -1)  # the L_B embeddings side by side: [B,N,L*width]
     return e if self.proj is None else self.proj(e)
 
 
@@ -76,12 +76,13 @@ class EncoderEmbedder(nnx.Module):
   def __call__(self, blocks: Array, *, rngs: nnx.Rngs | None = None) -> Array:
     """blocks int[B,N,L] -> [B,N,D]."""
     lead = blocks.shape[:-1]
-    tokens = blocks.reshape(-1, blocks.shape[-1])
+    tokens = blocks.reshape(-1, blocks.shape[-1])  # every block is its own short sequence [B*N, L]
     real = tokens != self.pad_id
     x, mask = self.embed(tokens), (real if self.mask_pads else None)
     if self.cls is not None:
       cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (x.shape[0], *self.cls.shape))
       x = jnp.concatenate([cls, x], axis=1)
+      # CLS reads through the pad mask always: a CLS output must not depend on the pad token's embedding.
       mask = jnp.concatenate([jnp.ones((x.shape[0], self.num_cls), bool), real], axis=1)
     positions = jnp.arange(x.shape[1])
     x = x + self.positions(positions)
@@ -96,6 +97,6 @@ class EncoderEmbedder(nnx.Module):
     )
     if self.cls is not None:
       x = x[:, : self.num_cls]
-    elif self.zero_pad_outputs:
+    elif self.zero_pad_outputs:  # the projection below reads every slot, pads included
       x = jnp.where(real[..., None], x, 0)
     return self.proj(x.reshape(*lead, -1))

@@ -53,7 +53,7 @@ def generate(
   eos_id = None if eos_id is None else decoding.check_int("eos_id", eos_id)
   decoding.check_key(key)
   sampling = decoding.Sampling.of(temperature, top_k, top_p)
-  graphdef, params = nnx.split(model)
+  graphdef, params = nnx.split(model)  # the graph is static for jit, so one trace serves every call
   return _generate(
     graphdef, params, prompt.astype(jnp.int32), lengths, key, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id
   )
@@ -74,9 +74,10 @@ def _generate(
   aligned = jnp.where(index >= 0, jnp.take_along_axis(prompt, jnp.clip(index, 0, p - 1), axis=1), pad)
 
   blocks = aligned.reshape(b, prompt_blocks, L)
-  valid = (blocks != pad).any(-1)
+  valid = (blocks != pad).any(-1)  # whole pad blocks are absent, so the left padding changes nothing
   block_valid = jnp.zeros((b, prompt_blocks + new_blocks), bool).at[:, :prompt_blocks].set(valid)
   caches = model.block_decoder.init_cache(b, prompt_blocks + new_blocks, model.dtype)
+  # The prompt's blocks in one pass; its tokens never reach the token decoder (no prefill there).
   h, caches = model.block_decoder.decode_block(
     model.embedder(blocks), caches, jnp.arange(prompt_blocks), 0, k_valid=block_valid
   )
@@ -90,9 +91,10 @@ def _generate(
     keys, k = xs
     logits, token_state = model.start_block(context, b)
     tokens = []
-    for j in range(L):
+    for j in range(L):  # L_B is small and static: unrolled, each step a one-token decoder call
       if j:  # the token decoder reads the previous token at position lead + j - 1
         x = model.token_inputs(context, tokens[-1][:, None], j - 1)
+        # The block so far, padded to L - 1: its pad keys are masked as in training.
         written = jnp.concatenate([jnp.stack(tokens, axis=1), jnp.full((b, L - 1 - j), pad, jnp.int32)], axis=1)
         y, token_caches = model.token_decoder.decode_block(
           x,
@@ -105,7 +107,7 @@ def _generate(
         token_state = dict(token_state, caches=token_caches)
         logits = model.head(y)
       token = sample(keys[j], logits)
-      if eos_id is not None:
+      if eos_id is not None:  # a finished row emits pads, which later blocks then treat as absent
         token = jnp.where(done, pad, token)
         done = done | (token == eos_id)
       tokens.append(token)
@@ -117,7 +119,7 @@ def _generate(
     )
     return (caches, block_valid, model.contexts(h[:, 0], valid), done), block
 
-  keys = jax.random.split(key, new_blocks * L).reshape(new_blocks, L)
+  keys = jax.random.split(key, new_blocks * L).reshape(new_blocks, L)  # one key per new token, in order
   carry = (caches, block_valid, context, jnp.zeros((b,), bool))
   _, out = jax.lax.scan(one_block, carry, (keys, prompt_blocks + jnp.arange(new_blocks)))
   return out.transpose(1, 0, 2).reshape(b, new_blocks * L)[:, :max_new_tokens]

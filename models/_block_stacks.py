@@ -18,6 +18,7 @@ Array = jax.Array
 
 
 def token_sizes(m) -> tuple[int, int, int, int]:
+  """(width, layers, heads, MLP width) of the token decoder: each 0 in the config means the block decoder's."""
   d = m.token_d_model or m.d_model
   return d, m.token_num_layers or m.num_layers, m.token_num_heads or m.num_heads, m.token_d_ff or 4 * d
 
@@ -29,7 +30,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
     d_model=width,
     num_heads=heads,
     d_ff=d_ff,
-    position="none",
+    position="none",  # positions enter through RoPE only, as in Pythia
     rope=True,
     rope_fraction=m.rope_fraction,
     rope_max_wavelength=m.rope_max_wavelength,

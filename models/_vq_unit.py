@@ -29,11 +29,12 @@ def apply_dropout(x: Array, rate: float, keep: Array | None) -> Array:
   """Inverted dropout with a given mask (None = off)."""
   if keep is None or rate == 0.0:
     return x
-  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)  # kept units scaled up: eval needs no rescale
 
 
 def residual_mask(res_key: Array, unit: Array | int, rate: float, shape: tuple) -> Array:
   """Unit `unit`'s residual dropout mask bool `shape` over a whole window (drawn from fold_in(res_key, unit))."""
+  # One key per unit, folded from the window's: the unit index alone decides its mask, in any loop order.
   return jax.random.bernoulli(jax.random.fold_in(res_key, unit), 1.0 - rate, shape)
 
 
@@ -53,6 +54,7 @@ def ema_targets(c_sum: Array, c_count: Array, k_sum: Array, count: Array, rate: 
 def codebook_usage(count: Array) -> tuple[Array, Array]:
   """Perplexity of the code assignment distribution and the number of unused codes, per head. count [..., S]."""
   p = count / jnp.maximum(count.sum(-1, keepdims=True), 1.0)
+  # 0 log 0 = 0; the inner where keeps log's argument positive so the gradient of an unused code is not NaN.
   entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
   return jnp.exp(entropy), jnp.sum(count == 0, -1).astype(jnp.float32)
 
@@ -68,10 +70,12 @@ class VectorQuantizer(nnx.Module):
     # Keys are RMS-normalised and scaled by Dk^-1/4, so their coordinates have that scale.
     init = jax.random.normal(next_key(rngs), (num_heads, n_code, d_k)) * d_k**-0.25
     self.c_sum = Codebook(init, logical_axes=("kv_heads", None, "head_dim"))
+    # Counts start at 1, so each code starts at its initial vector: C = c_sum / c_count.
     self.c_count = Codebook(jnp.ones((num_heads, n_code)), logical_axes=("kv_heads", None))
     self.ema_rate = ema_rate
 
   def codebook(self) -> Array:
+    # The floor keeps a code whose count decayed towards 0 (never assigned) finite instead of exploding.
     return jax.lax.stop_gradient(self.c_sum[...] / jnp.maximum(self.c_count[...], 0.01)[..., None])
 
   def update(self, k_sum: Array, count: Array) -> None:
@@ -83,7 +87,7 @@ class GAU(nnx.Module):
 
   def __init__(self, m, *, dtype, rngs: nnx.Rngs):
     d, h = m.d_model, m.num_heads
-    self.h, self.hk = h, (1 if m.head_type == "mqa" else h)
+    self.h, self.hk = h, (1 if m.head_type == "mqa" else h)  # multi-query: one key / value head shared
     self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
     self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
     self.compressive, self.n_code, self.impl = m.compressive, m.n_code, m.impl
@@ -97,7 +101,7 @@ class GAU(nnx.Module):
     self.v_proj = Dense(d, (self.hk, self.dv_head), axes=("embed", "kv_heads", "head_dim"), **kw)
     self.g_proj = Dense(d, m.d_v, axes=("embed", "mlp"), **kw)
     self.out_proj = Dense(m.d_v, d, axes=("mlp", "embed"), **kw)
-    if m.rel_bias:
+    if m.rel_bias:  # Transformer-XL: sinusoids projected by r_proj, and the content / position biases u, v
       self.r_proj = Dense(d, (h, m.d_k), axes=("embed", "heads", "head_dim"), **kw)
       self.xl_u = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "head_dim"))
       self.xl_v = param(rngs, jax.nn.initializers.zeros, (h, m.d_k), ("heads", "head_dim"))
@@ -109,6 +113,7 @@ class GAU(nnx.Module):
 
   def projections(self, x: Array) -> tuple[Array, Array, Array, Array]:
     h = self.norm(x)
+    # q and k are RMS-normalised and each scaled by Dk^-1/4: their product carries the usual Dk^-1/2.
     scale = self.d_k**-0.25
     q, k = rms_normalize(self.q_proj(h)) * scale, rms_normalize(self.k_proj(h)) * scale
     return q, k, silu(self.v_proj(h)), silu(self.g_proj(h))
@@ -118,6 +123,7 @@ class GAU(nnx.Module):
     if self.r_proj is None:
       return None, q
     scale = self.d_k**-0.25
+    # Distances 0..L cover a query's own and previous block (the window the exact part reads).
     table = sinusoid(jnp.arange(self.block_len + 1), self.r_proj.in_features[0], self.wavelength)
     table = dropout(table, self.dropsin, key)
     r = self.r_proj(table.astype(self.r_proj.dtype)).transpose(1, 0, 2) * scale
@@ -134,6 +140,7 @@ class GAU(nnx.Module):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), codebook, chunk=self.chunk() * self.block_len)
     c_z = vq.codewords(z, codebook).astype(k.dtype)
     commit = jnp.sum(jnp.sum(jnp.square(k.astype(jnp.float32) - c_z), axis=(-2, -1)) * weights)
+    # Straight-through: the forward pass sees the codeword, the gradient flows to k as if unquantized.
     return k + jax.lax.stop_gradient(c_z - k), z, commit, codebook
 
   def __call__(
@@ -195,7 +202,7 @@ class GAU(nnx.Module):
     rel, q_content = self.relative(q, None)
     if self.quantizer is not None:
       codebook = self.quantizer.codebook()
-      z, _ = vq.quantize(k, codebook)
+      z, _ = vq.quantize(k, codebook)  # no straight-through needed: decoding takes no gradient
       out, state = vq.decode_step(
         q_content,
         vq.codewords(z, codebook).astype(k.dtype),
@@ -224,6 +231,7 @@ def attend_cache(q: Array, keys: Array, values: Array, position: Array, rel) -> 
     rel_q, table = rel
     rq = vq.group_heads(rel_q, hk).transpose(0, 2, 3, 1, 4)
     scores = scores + vq.relative_bias(rq, vq.group_table(table, hk), distance)
+  # Slots after `position` are unwritten zeros: masked by distance, not by content.
   weights = jax.nn.softmax(jnp.where(distance >= 0, scores, -vq.MASK), axis=-1)
   out = jnp.einsum("bhgij,bjhv->bihgv", weights, values.astype(jnp.float32))
   return out.reshape(q.shape[:3] + (values.shape[-1],)).astype(values.dtype)

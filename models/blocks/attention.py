@@ -62,6 +62,8 @@ class Attention(nnx.Module):
     if self.rope:
       kw = dict(max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction)
       q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
+    # Name the layout the projections give q and k (heads over the rules' 'heads' axis), so RoPE and the
+    # scores keep it rather than leaving the choice to the partitioner.
     return (
       constrain(q, ("batch", "length", "heads", "head_dim")),
       constrain(k, ("batch", "length", "kv_heads", "head_dim")),
@@ -82,6 +84,7 @@ class Attention(nnx.Module):
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     q, k, v = self._qkv(x, positions)
+    # Attention dropout acts on the probabilities inside the core (None keeps the core's fast path).
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
     if self.window and t > self.window:  # banded, O(T window): row offsets, so any per-document
       # positions only feed RoPE; within a document they are consecutive like the row's
@@ -102,6 +105,7 @@ class Attention(nnx.Module):
     return self.out(y)
 
   def cache_len(self, max_len: int) -> int:
+    # A sliding window never reads further back than `window` keys: a ring of that size suffices.
     return min(self.window, max_len) if self.window else max_len
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict[str, Array]:
@@ -115,7 +119,7 @@ class Attention(nnx.Module):
     """One step. x: [B,1,D], position: int32[] (same for the batch) -> y [B,1,D], new cache.
     k_valid: bool[B,S] per cache slot (after this write), False = a key this row must not read."""
     q, k, v = self._qkv(x, position[None])
-    cache = write_cache(cache, k, v, position)
+    cache = write_cache(cache, k, v, position)  # written first: the token attends to itself
     return self.out(attend_cache(q, cache, position, window=self.window, k_valid=k_valid)), cache
 
   def decode_block(
@@ -130,6 +134,7 @@ class Attention(nnx.Module):
       "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
       "pos": jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), slot, 0),
     }
+    # Masking by the slots' stored positions, not their indices: unwritten slots (-1) and later ones drop out.
     m = attention_mask(positions, cache["pos"], causal=True, window=self.window, k_valid=k_valid)
     y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
     return self.out(y), cache
@@ -143,7 +148,7 @@ def empty_cache(batch_size: int, size: int, heads: int, width: int, dtype=jnp.fl
 
 def write_cache(cache: dict[str, Array], k: Array, v: Array, position: Array) -> dict[str, Array]:
   """Stores k, v [B,1,K,D] of `position` in ring-buffer slot position % S."""
-  slot = position % cache["pos"].shape[0]
+  slot = position % cache["pos"].shape[0]  # a ring: with a window, position p overwrites p - S
   return {
     "key": jax.lax.dynamic_update_slice_in_dim(cache["key"], k.astype(cache["key"].dtype), slot, 1),
     "value": jax.lax.dynamic_update_slice_in_dim(cache["value"], v.astype(cache["value"].dtype), slot, 1),
@@ -167,6 +172,7 @@ class CrossAttention(nnx.Module):
   def __init__(self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs):
     hd = width // heads
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
+    # Each stream has its own norm: the two carry activations of different widths and scales.
     self.q_norm = LayerNorm(dq, rngs=rngs)
     self.kv_norm = LayerNorm(dkv, rngs=rngs)
     self.query = Dense(dq, (heads, hd), axes=("embed", "heads", "head_dim"), **kw)
@@ -189,7 +195,7 @@ class CrossAttention(nnx.Module):
   ) -> Array:
     """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
     bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
-    k, v = self.kv(y) if kv is None else kv
+    k, v = self.kv(y) if kv is None else kv  # precomputed once when many queries read one memory
     if k_valid is not None:
       mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
     return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))

@@ -30,8 +30,8 @@ def next_key(rngs: nnx.Rngs, stream: str = "params") -> Array:
   parameters (FLASH's 24-layer PG-19 model: 17 s of a 17.7 s eval_shape). Same keys, no lookup."""
   rng = getattr(rngs, stream)
   count = rng.count.get_value()
-  rng.count.set_value(count + 1)
-  return jax.random.fold_in(rng.key.get_value(), count)
+  rng.count.set_value(count + 1)  # a plain write: no sharding lookup on a tracer
+  return jax.random.fold_in(rng.key.get_value(), count)  # the key flax's own call derives
 
 
 def param(
@@ -56,7 +56,8 @@ def contract(x: Array, kernel: Array, n_in: int) -> Array:
   platform is the one the program is traced for (kernels/toolkit.py), so TPU programs compiled on a
   CPU host keep the dot_general, which the TPU compiler estimates no slower.
   """
-  if toolkit.platform() == "cpu":
+  if toolkit.platform() == "cpu":  # the target's platform, not the host's
+    # [..., I1..In] -> [N, I]: the reshapes are free, and the gradients become 2-D matmuls as well.
     batch, size_in = x.shape[: x.ndim - n_in], math.prod(kernel.shape[:n_in])
     y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))
     return y.reshape(*batch, *kernel.shape[n_in:])
@@ -87,7 +88,7 @@ class Dense(nnx.Module):
   ):
     self.in_features, self.out_features = as_tuple(in_features), as_tuple(out_features)
     n_in, n_out = len(self.in_features), len(self.out_features)
-    if kernel_init is None:
+    if kernel_init is None:  # fan-in over every input axis: D for a head projection [D, H, Dh], not H * Dh
       kernel_init = jax.nn.initializers.variance_scaling(
         1.0, "fan_in", distribution, in_axis=tuple(range(n_in)), out_axis=tuple(range(n_in, n_in + n_out))
       )
@@ -99,6 +100,7 @@ class Dense(nnx.Module):
     n_in = len(self.in_features)
     if x.shape[x.ndim - n_in :] != self.in_features:
       raise ValueError(f"Dense expects trailing input shape {self.in_features}, got {x.shape}.")
+    # Parameters stay float32; the product runs in the compute dtype (bfloat16 under the precision policy).
     y = contract(x.astype(self.dtype), self.kernel[...].astype(self.dtype), n_in)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
@@ -132,6 +134,8 @@ class Embed(nnx.Module):
     if parameterisation not in EMBEDDINGS:
       raise ValueError(f"embedding parameterisation {parameterisation!r} is not one of {EMBEDDINGS}.")
     plain = parameterisation == "plain"
+    # Either way a lookup starts at unit variance: "plain" stores E ~ N(0, 1); "scaled" stores
+    # E / sqrt(D) ~ N(0, 1/D) and multiplies it back on the way out.
     init = jax.nn.initializers.normal(stddev=1.0 if plain else features**-0.5)
     self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
     self.scale = features**0.5 if scale_by_sqrt_dim and not plain else 1.0
@@ -143,6 +147,7 @@ class Embed(nnx.Module):
   def attend(self, x: Array) -> Array:
     """x [..., D] -> x E^T [..., V], E the embedding lookups return (whatever the table stores)."""
     logits = jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+    # The table holds E / scale: multiply back so tied logits are x E^T whatever the table stores.
     return logits * self.scale if self.scale != 1.0 else logits
 
 
@@ -159,7 +164,7 @@ class LayerNorm(nnx.Module):
     self.eps = eps
 
   def __call__(self, x: Array) -> Array:
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(jnp.float32)  # statistics in float32 whatever the compute dtype: bfloat16 sums drift
     mean = x32.mean(-1, keepdims=True)
     var = jnp.square(x32 - mean).mean(-1, keepdims=True)
     y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...]
@@ -205,6 +210,7 @@ def make_norm(kind: str, features: int, *, eps: float = 0.0, rngs: nnx.Rngs) -> 
   """A norm of NORMS; `eps` 0 keeps the kind's own epsilon."""
   if kind not in NORMS:
     raise ValueError(f"norm {kind!r} is not one of {sorted(NORMS)}.")
+  # Each kind keeps its own default epsilon (1e-6 layer / rms, 1e-5 scale) unless the config names one.
   return NORMS[kind](features, rngs=rngs, **({"eps": eps} if eps else {}))
 
 
@@ -222,12 +228,13 @@ def silu(x: Array) -> Array:
 
 
 def _silu_fwd(x: Array) -> tuple[Array, Array]:
-  return silu(x), x
+  return silu(x), x  # the residual is x alone: the backward pass recomputes sigmoid(x)
 
 
 def _silu_bwd(x: Array, g: Array) -> tuple[Array]:
   x32 = x.astype(jnp.float32)
   s = jax.nn.sigmoid(x32)
+  # d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))
   return ((g.astype(jnp.float32) * s * (1.0 + x32 * (1.0 - s))).astype(x.dtype),)
 
 
@@ -270,6 +277,6 @@ class MLP(nnx.Module):
 
   def __call__(self, x: Array, *, rngs: nnx.Rngs | None = None) -> Array:
     h = ACTIVATIONS[self.activation](self.up(x))
-    if self.gate is not None:
+    if self.gate is not None:  # GLU: the activated branch times a linear one (Shazeer 2020)
       h = h * self.gate(x)
     return self.down(self.dropout(h, rngs=rngs))

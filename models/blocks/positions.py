@@ -22,7 +22,7 @@ def sinusoid(positions: Array, dim: int, max_wavelength: float = 1e4) -> Array:
   inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) / max(half, 1))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
   parts = [jnp.sin(angles), jnp.cos(angles)]
-  if dim % 2:
+  if dim % 2:  # a zero feature keeps an odd width (e.g. a 1-channel image model) without a special case
     parts.append(jnp.zeros(angles.shape[:-1] + (1,), jnp.float32))
   return jnp.concatenate(parts, axis=-1)
 
@@ -34,7 +34,7 @@ def apply_rope(x: Array, positions: Array, *, max_wavelength: float = 1e4, fract
   <rope(q, m), rope(k, n)> depends on m - n only.
   """
   d = x.shape[-1]
-  rot = int(d * fraction) // 2 * 2
+  rot = int(d * fraction) // 2 * 2  # rotated dims come in pairs: round the fraction down to an even count
   if rot == 0:
     return x
   inv_freq = max_wavelength ** (-jnp.arange(rot // 2, dtype=jnp.float32) / (rot // 2))
@@ -46,6 +46,7 @@ def apply_rope(x: Array, positions: Array, *, max_wavelength: float = 1e4, fract
 
 def rotate_pairs(x: Array, angles: Array) -> Array:
   """Rotates dimension pairs (i, i + d/2) of x [..., d] by angles [..., d/2] (broadcastable)."""
+  # Half-split pairs (GPT-NeoX's layout, not interleaved): two slices instead of a strided gather.
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   sin, cos = jnp.sin(angles), jnp.cos(angles)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -81,6 +82,7 @@ class AbsolutePositions(nnx.Module):
     if positions.ndim == 1:
       positions = positions[None]
     if self.kind == "learned":
+      # Clip: a position past the table (decoding beyond max_len) reads the last row instead of NaN.
       out = jnp.take(self.table[...], positions, axis=0, mode="clip")
     else:
       out = sinusoid(positions, self.features, self.max_wavelength)
@@ -117,6 +119,7 @@ class RelativePositionBias(nnx.Module):
     """int[I], int[J] -> float32[I, J]."""
     if self.kind == "toeplitz":
       distance = jnp.clip(q_positions[:, None] - k_positions[None, :], 1 - self.n, self.n - 1)
-      return self.weight[...][distance + self.n - 1]
+      return self.weight[...][distance + self.n - 1]  # weight index 0 is distance 1 - n
+    # The same learned vector at every position, rotated there: the dot product depends on i - j only.
     rope = lambda w, pos: apply_rope(jnp.broadcast_to(w[...], (1, pos.shape[0], 1, w.shape[0])), pos)[0, :, 0]
     return rope(self.a, q_positions) @ rope(self.b, k_positions).T

@@ -65,6 +65,7 @@ class Stacked(nnx.Module):
     if not -self.num_layers <= i < self.num_layers:
       raise IndexError(f"layer {i} of a stack of {self.num_layers}.")
     graphdef, state = nnx.split(self.body)
+    # A copy: writes to it do not reach the stack (decoding only reads layers).
     return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
 
   def __iter__(self):
@@ -100,6 +101,8 @@ def scan(
       ys.append(y)
     return carry, stack_trees(ys)
 
+  # The Rngs' state travels through the loop or scan as a value, so every layer draws the dropout keys
+  # the plain loop would draw, in the same order, also under remat and scan.
   rng_def, rng_state = nnx.split(rngs) if rngs is not None else (None, None)
 
   def layer_step(defs):
@@ -109,6 +112,7 @@ def scan(
       carry, y = fn(pick(layers), carry, x, r)
       return carry, y, None if r is None else nnx.state(r)
 
+    # Remat wraps one layer: the backward pass recomputes it from its input (and what the policy keeps).
     return step if remat == "none" else jax.checkpoint(step, policy=POLICIES[remat])
 
   if scanned:
@@ -129,7 +133,7 @@ def scan(
       carry, y, rng_state = layer_step(defs)(states, carry, at(xs, i), rng_state)
       ys.append(y)
     ys = stack_trees(ys)
-  if rngs is not None:
+  if rngs is not None:  # hand the advanced counts back, as the plain loop would have left them
     nnx.update(rngs, rng_state)
   return carry, ys
 
