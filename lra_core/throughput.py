@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import chips, hlo_cost
+from lra_core import chips, hlo_cost, pallas_costs
 
 
 @functools.cache
@@ -59,7 +59,7 @@ def model_flops(compiled: jax.stages.Compiled, num_devices: int, traced: jax.sta
   """Model FLOPs of one step of the SPMD program `compiled` on all its devices (remat recompute excluded).
   `traced`, the same step traced: its Pallas kernels' declared FLOPs, which a GPU program's Triton calls
   do not keep (a TPU program's Mosaic calls do)."""
-  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr) if traced is not None else ()
+  costs = pallas_costs.pallas_kernel_costs(traced.jaxpr) if traced is not None else ()
   flops, recompute = hlo_cost.step_flops(compiled.as_text(), costs)
   return (flops - recompute) * num_devices
 

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lra_core import aot, cli, compile_cache, data_setup, fs, layout, optim, sharding, throughput, trackers
+from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding, step_compile, throughput, trackers
 from lra_core import data as data_lib
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
@@ -192,11 +192,11 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
 def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> tuple[Callable, float]:
   """(the compiled train step, its FLOPs). Compiled from shapes alone, before the state exists: a
-  config too large for the devices stops here with the estimate (lra_core/aot.py, which compiles the
-  same step for TPU slices)."""
-  jitted = aot.jit_train_step(config, spec, task, tx, schedule)
+  config too large for the devices stops here with the estimate (lra_core/step_compile.py; lra_core.aot
+  compiles the same step for TPU slices)."""
+  jitted = step_compile.jit_train_step(config, spec, task, tx, schedule)
   batch_shapes = layout.abstract_batch(batch, mesh, config.sharding.rules)
-  train_step = aot.compile_step(
+  train_step = step_compile.compile_step(
     jitted, spec.abstract, batch_shapes, name="train step", limit_gib=config.train.memory_limit_gib
   )
   # A GPU program's Pallas (Triton) calls keep no cost: the traced step (jit's cached trace) gives theirs.

@@ -16,7 +16,7 @@ import pytest
 import fixtures
 import lra_core
 from fixtures import listops
-from lra_core import aot, chips, cli, hlo_cost, layout, sharding
+from lra_core import aot, aot_report, aot_targets, chips, cli, hlo_cost, layout, sharding, step_compile
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 
@@ -31,8 +31,8 @@ ARGS = (jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((64,
 
 
 def test_estimate_counts_arguments_outputs_and_donation():
-  compiled = aot.compile_step(_step(), *ARGS, name="step")
-  estimate = aot.MemoryEstimate.of(compiled)
+  compiled = step_compile.compile_step(_step(), *ARGS, name="step")
+  estimate = step_compile.MemoryEstimate.of(compiled)
   assert estimate.arguments == (256 * 256 + 64 * 256) * 4
   assert estimate.outputs >= 256 * 256 * 4 and estimate.aliased == 256 * 256 * 4
   assert estimate.peak >= estimate.arguments
@@ -47,20 +47,22 @@ def test_a_step_over_the_budget_is_refused_with_the_estimate():
     match=r"needs about [\d.]+ MiB per device .* more than the 0\.0 KiB available "
     r"\(train.memory_limit_gib\)",
   ):
-    aot.compile_step(_step(), *ARGS, name="step", limit_gib=1e-9)
+    step_compile.compile_step(_step(), *ARGS, name="step", limit_gib=1e-9)
 
 
 def test_small_numbers_are_printed_in_small_units_and_a_partial_mesh_is_warned_about():
-  assert [aot.size(g) for g in (16.0, 0.25, 0.05, 3e-6, 0.0)] == [
+  assert [step_compile.size(g) for g in (16.0, 0.25, 0.05, 3e-6, 0.0)] == [
     "16.00 GiB",
     "0.25 GiB",
     "51.2 MiB",
     "3.1 KiB",
     "0.00 GiB",
   ]
-  assert [aot.duration(s) for s in (2.5, 0.0125, 3.5e-5)] == ["2,500.0 ms", "12.5 ms", "35.0 µs"]
-  fields = {f.name: 0 for f in dataclasses.fields(aot.Report) if f.default is dataclasses.MISSING}
-  tiny = aot.Report(**fields | dict(topology="v5e:2x2", num_devices=4, device_kind="TPU v5 lite", bound="compute"))
+  assert [aot_report.duration(s) for s in (2.5, 0.0125, 3.5e-5)] == ["2,500.0 ms", "12.5 ms", "35.0 µs"]
+  fields = {f.name: 0 for f in dataclasses.fields(aot_report.Report) if f.default is dataclasses.MISSING}
+  tiny = aot_report.Report(
+    **fields | dict(topology="v5e:2x2", num_devices=4, device_kind="TPU v5 lite", bound="compute")
+  )
   small = dict(arguments_gib=1e-3, temporaries_gib=1e-3, peak_gib=2e-3, eval_peak_gib=1e-3, est_step_seconds=4e-5)
   tiny = dataclasses.replace(tiny, mesh={"data": 1, "fsdp": 1}, hbm_gib=16.0, **small)
   table = tiny.table()
@@ -73,7 +75,7 @@ def test_small_numbers_are_printed_in_small_units_and_a_partial_mesh_is_warned_a
 
 
 def test_device_memory_limit_on_cpu_shares_the_host():
-  limit, source = aot.device_memory_limit()
+  limit, source = step_compile.device_memory_limit()
   assert 0 < limit * jax.local_device_count() <= 2**50 and "CPU" in source
 
 
@@ -143,12 +145,14 @@ def test_cli_compiles_for_a_tpu_slice_and_writes_the_report(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert "4 x TPU v5 lite" in out.stdout and "fits" in out.stdout and "estimated MFU" in out.stdout
   report = json.loads((tmp_path / "r.json").read_text())
-  assert list(report)[:10] == list(aot.Report.JSON_FIELDS)
+  assert list(report)[:10] == list(aot_report.Report.JSON_FIELDS)
   assert report["num_devices"] == 4 and report["device_kind"] == "TPU v5 lite" and report["hbm_gib"] == 16.0
   assert report["fits"] and 0 < report["peak_gib"] < 16 and report["flops_per_device"] > 0
   assert 0 < report["est_mfu"] <= 1 and report["est_tokens_per_s"] > 0
   # The kept HLO gives the same estimate again without a compile (what tpu_fit reuses).
-  again = aot.estimate_from_hlo(aot.Report.from_json(report), aot.read_hlo(tmp_path / "train.hlo.gz")).to_json()
+  again = aot_report.estimate_from_hlo(
+    aot_report.Report.from_json(report), aot_report.read_hlo(tmp_path / "train.hlo.gz")
+  ).to_json()
   assert again == report and report["tokens_per_step"] > 0
   # Where the step goes: kinds of work whose times add up to the estimate (no collectives on this mesh).
   split = dict(report["time_split"])
@@ -249,12 +253,14 @@ def test_cli_compiles_for_gpus_and_counts_their_triton_kernels(tmp_path):
   assert re.search(r"^Pallas kernels \(Triton\) in train step +1$", out.stdout, re.M), out.stdout
   assert "80.00 GiB, of which a JAX process may use 40.00 GiB (XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in out.stdout
   report = json.loads((tmp_path / "r.json").read_text())
-  assert list(report)[:10] == list(aot.Report.JSON_FIELDS)
+  assert list(report)[:10] == list(aot_report.Report.JSON_FIELDS)
   assert report["platform"] == "gpu" and report["pallas_kernels"] == 1 and report["mosaic_kernels"] == 0
   assert report["usable_gib"] == 40.0 and report["memory_fraction"] == 0.5 and report["fits"]
   assert report["undeclared_kernels"] == 0 and report["kernel_costs"][0]["name"] == "causal_latte"
   # The kept HLO and the kernels' declared costs give the same estimate again without a compile.
-  again = aot.estimate_from_hlo(aot.Report.from_json(report), aot.read_hlo(tmp_path / "train.hlo.gz")).to_json()
+  again = aot_report.estimate_from_hlo(
+    aot_report.Report.from_json(report), aot_report.read_hlo(tmp_path / "train.hlo.gz")
+  ).to_json()
   assert again == report and report["flops_per_device"] > 0
 
 
@@ -324,7 +330,7 @@ def test_a_matmul_triton_cannot_tile_compiles_again_with_cublas_gemms():
 
   class Lowered:
     def compile(self, compiler_options=None):
-      if compiler_options != aot.CUBLAS_ONLY_OPTIONS:
+      if compiler_options != aot_targets.CUBLAS_ONLY_OPTIONS:
         raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.1")
       return "compiled"
 
@@ -332,10 +338,10 @@ def test_a_matmul_triton_cannot_tile_compiles_again_with_cublas_gemms():
     def lower(self, *args):
       return Lowered()
 
-  compiled, _, fallback = aot._compile_for_target(Step(), "x", platform="gpu")
-  assert compiled == "compiled" and fallback == aot.GEMM_FALLBACK
+  compiled, _, fallback = aot_targets.compile_for_target(Step(), "x", platform="gpu")
+  assert compiled == "compiled" and fallback == aot_targets.GEMM_FALLBACK
   with pytest.raises(jax.errors.JaxRuntimeError, match="tile sizes"):  # only XLA:GPU's failure is retried
-    aot._compile_for_target(Step(), "x", platform="tpu")
+    aot_targets.compile_for_target(Step(), "x", platform="tpu")
 
 
 # ----------------------------------------------------------------------------- memory regressions on TPU
@@ -360,7 +366,7 @@ def test_reduced_paper_steps_keep_their_tpu_temporaries(spec, overrides, measure
     spec, overrides + ["model.num_layers=1", "train.seq_len=4096", "train.batch_size=1", "mesh.data=1"]
   )
   # The train step alone, as `python -m lra_core.aot` compiles it (its report also compiles the eval step).
-  mesh, _, _, traced = aot.trace_train_step(config, chips.tpu_devices("v3:2x2")[:1])
+  mesh, _, _, traced = aot_targets.trace_train_step(config, chips.tpu_devices("v3:2x2")[:1])
   with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
-    temporaries_mib = aot.MemoryEstimate.of(traced.lower().compile()).temporaries / 2**20
+    temporaries_mib = step_compile.MemoryEstimate.of(traced.lower().compile()).temporaries / 2**20
   assert temporaries_mib <= measured_mib * 1.01, temporaries_mib

@@ -13,7 +13,7 @@ from jax.experimental.pallas import triton as pltriton
 
 import lra_core
 import tiers
-from lra_core import aot, chips, hlo_cost, registry, sharding, throughput
+from lra_core import aot_targets, chips, hlo_cost, hlo_flops, hlo_text, pallas_costs, registry, sharding, throughput
 
 # Executables compiled for a TPU topology or compile-only GPUs cannot be read back on this host: no
 # persistent cache.
@@ -214,9 +214,9 @@ ENTRY %main (a: bf16[4,8]) -> bf16[4,8] {
   ROOT %d = bf16[4,4]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={1}
 }
 """
-  computations, entry = hlo_cost.parse(text)
+  computations, entry = hlo_text.parse(text)
   assert entry == "main" and set(computations) == {"body", "cond", "main"}
-  assert hlo_cost.size_bytes("(s32[]{:T(128)}, bf16[4,8]{1,0:T(8,128)(2,1)})") == 4 + 64
+  assert hlo_text.size_bytes("(s32[]{:T(128)}, bf16[4,8]{1,0:T(8,128)(2,1)})") == 4 + 64
   chip = chips.CHIPS["TPU v5 lite"]
   roof = hlo_cost.roofline(text, chip)
   assert roof.flops == 2 * 4 * 4 * 8 and roof.unknown_loops == 0
@@ -268,8 +268,8 @@ TPU_CONVOLUTIONS = {
 @pytest.mark.parametrize("form", TPU_CONVOLUTIONS)
 def test_a_convolution_counts_the_taps_that_meet_input_data(form):
   line, (x, y), multiply_adds = TPU_CONVOLUTIONS[form]
-  op = hlo_cost._parse_op(line)
-  assert hlo_cost._matmul_flops(op, dict(zip(op.operands, (x, y)))) == 2 * multiply_adds
+  op = hlo_text.parse_op(line)
+  assert hlo_flops.matmul_flops(op, dict(zip(op.operands, (x, y)))) == 2 * multiply_adds
 
 
 @given(
@@ -287,7 +287,7 @@ def test_real_taps_equal_counting_them_one_by_one(input_size, size, outputs, str
   taps = [o * stride + k * rhs_dilate - pad_low for o in range(outputs) for k in range(size)]
   want = sum(0 <= p <= last and p % lhs_dilate == 0 for p in taps)
   assert (
-    hlo_cost.real_taps(
+    hlo_flops.real_taps(
       input_size=input_size,
       size=size,
       outputs=outputs,
@@ -394,8 +394,8 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
     traced = jax.jit(fn).trace(*args)
     compiled = traced.lower().compile()
   text = compiled.as_text()
-  assert text.count(hlo_cost.TRITON_CALL) == 1 and "cost_estimate" not in text
-  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr)
+  assert text.count(pallas_costs.TRITON_CALL) == 1 and "cost_estimate" not in text
+  costs = pallas_costs.pallas_kernel_costs(traced.jaxpr)
   assert [(c.name, c.operands, c.flops) for c in costs] == [("test_matmul", ("bf16[256,256]",) * 2, 2.0 * m**3)]
   roof = hlo_cost.roofline(text, chip, kernel_costs=costs)
   assert roof.flops == pytest.approx(LAYERS * 2.0 * m**3) and roof.undeclared_kernels == 0
@@ -405,7 +405,7 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
 
 def _train_step(config, devices):
   """The trainer's train step of `config` compiled for `devices`: (compiled, traced)."""
-  mesh, _, _, traced = aot.trace_train_step(config, devices)
+  mesh, _, _, traced = aot_targets.trace_train_step(config, devices)
   with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
     return traced.lower().compile(), traced
 
@@ -432,7 +432,7 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
   config = lra_core.load_config(spec, overrides + ["model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"])
   gpu, traced = _train_step(config, h100[0].devices.flat[:1].tolist())
   cpu, _ = _train_step(config, jax.devices("cpu")[:1])
-  costs = hlo_cost.pallas_kernel_costs(traced.jaxpr)
+  costs = pallas_costs.pallas_kernel_costs(traced.jaxpr)
   assert bool(costs) == ("pallas" in " ".join(overrides))
   on_gpu, _ = hlo_cost.step_flops(gpu.as_text(), costs)
   on_cpu, _ = hlo_cost.step_flops(cpu.as_text())

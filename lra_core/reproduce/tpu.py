@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from lra_core import aot
+from lra_core import aot_report
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
@@ -199,7 +199,9 @@ def _compile(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fi
     if meta["command"] == command:
       ctx.log(f"{table}: {row.paper} {' '.join(rung)}: reusing {meta_path.name}")
       if meta.get("report") and hlo_path.exists():
-        report = aot.estimate_from_hlo(aot.Report.from_json(meta["report"]), aot.read_hlo(hlo_path))
+        report = aot_report.estimate_from_hlo(
+          aot_report.Report.from_json(meta["report"]), aot_report.read_hlo(hlo_path)
+        )
         meta["report"] = report.to_json()
       return meta
   ctx.log(f"{table}: {row.paper} {' '.join(rung)}: compiling for {row.topology} ...")
@@ -238,7 +240,7 @@ def utilisation(r: dict) -> str:
 
 def split_cell(r: dict) -> str:
   """Where the estimated step goes, by kind of work (lra_core.hlo_cost.SPLIT)."""
-  return aot.Report.from_json(r).split_text()
+  return aot_report.Report.from_json(r).split_text()
 
 
 def memory_cell(r: dict) -> str:
