@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import task_kinds
+from lra_core import registry, task_kinds
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks import Task, make_task
@@ -31,7 +31,7 @@ def config_data_info(config) -> data_lib.DataInfo:
     vocab -= 1  # the last id is the mask token, not a data token
   num_classes = int(m.get("num_classes", 0)) if task_kinds.kind(config.task).classifies else 0
   # The unit only names a metric (bits per <unit>); the step does not depend on it.
-  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=data_lib.dataset(config.data.name).unit)
+  return data_lib.DataInfo(vocab_size=vocab, num_classes=num_classes, unit=registry.dataset(config.data.name).unit)
 
 
 def check_compatible(config, info: data_lib.DataInfo, mesh) -> None:

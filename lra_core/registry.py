@@ -3,9 +3,9 @@
 A model family is a module `models/<name>.py` (lra_core.models.<name>) with a `FAMILY` record
 (lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that module plus a
 config file: the trainer and the cross-family tests find it here, with no list to edit.
-A dataset (`config.data.name`) is a module of lra_core/data or lra_core/data/lra with a `DATASET`
-record (lra_core.data.Dataset), found by lra_core.data, which reads the records itself; tasks
-(`config.task`) are rows of lra_core.task_kinds.
+A dataset (`config.data.name`) is found the same way: a module of lra_core/data or lra_core/data/lra
+named after it, with a `DATASET` record (lra_core.dataset_record.Dataset). Tasks (`config.task`) are
+rows of lra_core.task_kinds.
 """
 
 from __future__ import annotations
@@ -19,14 +19,20 @@ import pathlib
 import jax
 from flax import nnx
 
-from lra_core import data, task_kinds
+from lra_core import task_kinds
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError
 from lra_core.protocol import Family, RunInfo
 
 
 def package_dir(name: str) -> pathlib.Path:
   """The folder of the subpackage `lra_core.<name>` (models, kernels, configs), in a checkout or an install."""
-  return pathlib.Path(importlib.util.find_spec(f"lra_core.{name}").submodule_search_locations[0])
+  return package_folder(f"lra_core.{name}")
+
+
+def package_folder(package: str) -> pathlib.Path:
+  """The folder of `package`, found without importing it (its parent packages are imported)."""
+  return pathlib.Path(importlib.util.find_spec(package).submodule_search_locations[0])
 
 
 @functools.cache
@@ -50,9 +56,46 @@ def families() -> tuple[Family, ...]:
   return tuple(family(name) for name in family_names())
 
 
+# The packages a dataset module may sit in: its stem is the dataset's name.
+DATASET_PACKAGES = ("lra_core.data", "lra_core.data.lra")
+
+
+@functools.cache
+def dataset_modules() -> dict[str, str]:
+  """stem -> module of every public module of DATASET_PACKAGES (datasets and the helpers beside them)."""
+  return {
+    path.stem: f"{package}.{path.stem}"
+    for package in DATASET_PACKAGES
+    for path in sorted(package_folder(package).glob("*.py"))
+    if not path.stem.startswith("_")
+  }
+
+
+def _declared(stem: str) -> Dataset | None:
+  """The DATASET record of module `stem`, where it declares one under its own name."""
+  record = importlib.import_module(dataset_modules()[stem]).__dict__.get("DATASET")
+  return record if isinstance(record, Dataset) and record.name == stem else None
+
+
+@functools.cache
+def dataset_names() -> tuple[str, ...]:
+  """The name of every dataset: the modules above that declare a DATASET record (imports them all)."""
+  return tuple(sorted(stem for stem in dataset_modules() if _declared(stem)))
+
+
 def dataset_module(name: str):
   """The module that reads dataset `name` (config.data.name; its record is `.DATASET`)."""
-  return data.dataset_module(name)
+  if not isinstance(name, str) or name not in dataset_modules() or not _declared(name):
+    raise ConfigError(
+      f"data.name {name!r} is not a dataset (a module of lra_core/data or lra_core/data/lra with a DATASET record); "
+      f"available: {list(dataset_names())}."
+    )
+  return importlib.import_module(dataset_modules()[name])
+
+
+def dataset(name: str) -> Dataset:
+  """The record of dataset `name` (config.data.name)."""
+  return dataset_module(name).DATASET
 
 
 def task_class(name: str):

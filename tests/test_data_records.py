@@ -16,11 +16,11 @@ from lra_core.errors import ConfigError
 
 
 def test_every_record_is_declared_under_its_module_name_with_known_tasks_and_splits():
-  names = data_lib.dataset_names()
+  names = registry.dataset_names()
   assert len(names) >= 9  # bytes, pg19, c4, imagenet64 and the five LRA sets
   for name in names:
     module = registry.dataset_module(name)
-    record = data_lib.dataset(name)
+    record = registry.dataset(name)
     assert module.DATASET is record and module.__name__.rpartition(".")[2] == record.name == name
     assert record.unit and record.tasks and set(record.tasks) <= set(task_kinds.TASKS), record
     assert record.splits and set(record.splits) <= set(data_lib.SPLITS), record
@@ -31,8 +31,8 @@ def test_no_record_goes_unfound():
   """A record under another name than its module's would never be looked up, and a stem found in
   both folders would make a name ambiguous."""
   stems, declared = [], {}
-  for package, folder in data_lib.DATASET_FOLDERS.items():
-    for path in folder.glob("*.py"):
+  for package in registry.DATASET_PACKAGES:
+    for path in registry.package_folder(package).glob("*.py"):
       if path.stem.startswith("_"):
         continue
       stems.append(path.stem)
@@ -40,7 +40,7 @@ def test_no_record_goes_unfound():
       if isinstance(record, data_lib.Dataset):
         declared[path.stem] = record.name
   assert len(stems) == len(set(stems)), sorted(stems)
-  assert declared == {name: name for name in data_lib.dataset_names()}
+  assert declared == {name: name for name in registry.dataset_names()}
 
 
 @pytest.mark.parametrize("name", ["enwik9", "packing", "pathfinder_generator", "", 3])
@@ -49,7 +49,7 @@ def test_an_unknown_name_is_one_sentence_listing_the_datasets(name):
     registry.dataset_module(name)
   message = str(info.value)
   assert f"data.name {name!r} is not a dataset" in message and "\n" not in message
-  assert all(repr(n) in message for n in data_lib.dataset_names())
+  assert all(repr(n) in message for n in registry.dataset_names())
 
 
 def test_a_task_the_dataset_does_not_serve_is_refused_before_any_file_is_read():
@@ -70,7 +70,7 @@ def test_a_split_the_dataset_does_not_have_is_refused():
 @pytest.mark.parametrize("fixture", fixtures.available())
 def test_unit_and_document_fields_are_read_from_the_record(fixture):
   config = lra_core.load_config(fixtures.load(fixture).SPEC)
-  record = data_lib.dataset(config.data.name)
+  record = registry.dataset(config.data.name)
   assert config_data_info(config).unit == record.unit
   fields = data_lib.example_fields(config)
   assert ("segment_ids" in fields) == record.packed_documents
@@ -80,4 +80,4 @@ def test_unit_and_document_fields_are_read_from_the_record(fixture):
 def test_every_dataset_has_a_fixture_in_its_real_format():
   """tests/test_data_guarantees.py checks the loaders on these fixtures."""
   covered = {lra_core.load_config(fixtures.load(name).SPEC).data.name for name in fixtures.available()}
-  assert covered == set(data_lib.dataset_names())
+  assert covered == set(registry.dataset_names())

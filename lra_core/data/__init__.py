@@ -1,11 +1,11 @@
 """Datasets as random-access sources of examples, looked up by `config.data.name`.
 
 A dataset is a module `lra_core/data/<name>.py` or `lra_core/data/lra/<name>.py` that declares
-its facts in one record, `DATASET = Dataset(name=<name>, unit=..., tasks=..., ...)`: what one
-target is, the tasks it serves, its splits, and whether its rows are packed documents. Everything
-that depends on a dataset reads that record (`dataset(name)`), and `dataset_module(name)` finds the
-module by its name and its record, so adding a dataset is one module here and a config file
-(docs/data.md). Each module exposes
+its facts in one record, `DATASET = Dataset(name=<name>, unit=..., tasks=..., ...)`
+(lra_core/dataset_record.py): what one target is, the tasks it serves, its splits, and whether its
+rows are packed documents. Everything that depends on a dataset reads that record
+(`registry.dataset(name)`), and the registry finds the module by its name and its record, as it
+finds model families, so adding a dataset is one module here and a config file (docs/data.md). Each module exposes
 
   make_source(config, split) -> Source   # split in its record's splits
   validate_config(config) -> None        # its settings and files: ConfigError (one sentence) before any work
@@ -30,84 +30,16 @@ evaluation batch with zeros and metrics stay exact.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
-import pathlib
 from typing import Protocol
 
 import ml_collections
 import numpy as np
 
-from lra_core import task_kinds
+from lra_core import registry, task_kinds
+
+# The data package's face: dataset modules declare `Dataset` records, and the pipeline opens SPLITS.
+from lra_core.dataset_record import SPLITS, Dataset  # noqa: F401
 from lra_core.errors import ConfigError
-
-SPLITS = ("train", "validation", "test")
-
-
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-  """One dataset's facts, declared once in its module as `DATASET` and read from there."""
-
-  name: str  # config.data.name: the stem of the module that declares it
-  unit: str  # what one target is (DataInfo.unit): bits-per-<unit> is reported for per-token tasks
-  tasks: tuple[str, ...]  # the tasks (config.task, lra_core.task_kinds) it gives examples for
-  splits: tuple[str, ...] = SPLITS  # the splits make_source opens
-  packed_documents: bool = False  # rows hold documents end to end: examples carry segment_ids (causal: words)
-
-  def check_task(self, task: str) -> None:
-    """A one-sentence ConfigError unless this dataset serves `task`."""
-    if task not in self.tasks:
-      raise ConfigError(f"task {task!r} cannot use the {self.name} dataset; expected one of {list(self.tasks)}.")
-
-  def check_split(self, split: str) -> None:
-    """A one-sentence ConfigError unless `split` is one of this dataset's splits."""
-    if split not in self.splits:
-      raise ConfigError(f"split {split!r} is not one of {self.splits}.")
-
-
-# The packages a dataset module may sit in: its stem is the dataset's name.
-DATASET_FOLDERS = {
-  "lra_core.data": pathlib.Path(__file__).resolve().parent,
-  "lra_core.data.lra": pathlib.Path(__file__).resolve().parent / "lra",
-}
-
-
-@functools.cache
-def _modules() -> dict[str, str]:
-  """stem -> module of every public module in DATASET_FOLDERS (datasets and the helpers beside them)."""
-  return {
-    path.stem: f"{package}.{path.stem}"
-    for package, folder in DATASET_FOLDERS.items()
-    for path in sorted(folder.glob("*.py"))
-    if not path.stem.startswith("_")
-  }
-
-
-def _declared(stem: str) -> Dataset | None:
-  """The DATASET record of module `stem`, where it declares one under its own name."""
-  record = importlib.import_module(_modules()[stem]).__dict__.get("DATASET")
-  return record if isinstance(record, Dataset) and record.name == stem else None
-
-
-@functools.cache
-def dataset_names() -> tuple[str, ...]:
-  """The name of every dataset: the modules above that declare a DATASET record (imports them all)."""
-  return tuple(sorted(stem for stem in _modules() if _declared(stem)))
-
-
-def dataset_module(name: str):
-  """The module that reads dataset `name` (config.data.name)."""
-  if not isinstance(name, str) or name not in _modules() or not _declared(name):
-    raise ConfigError(
-      f"data.name {name!r} is not a dataset (a module of lra_core/data or lra_core/data/lra with a DATASET record); "
-      f"available: {list(dataset_names())}."
-    )
-  return importlib.import_module(_modules()[name])
-
-
-def dataset(name: str) -> Dataset:
-  """The record of dataset `name` (config.data.name)."""
-  return dataset_module(name).DATASET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +75,7 @@ def example_fields(config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   if kind.causal:
     fields["targets"] = ((t,), i32)
   fields["weights"] = ((t,), f32)
-  if dataset(config.data.name).packed_documents:
+  if registry.dataset(config.data.name).packed_documents:
     if kind.causal:
       fields["words"] = ((t,), f32)
     fields["segment_ids"] = ((t,), i32)
@@ -160,7 +92,7 @@ def document_mask(config) -> bool:
   windows, which run across documents on purpose (Transformer-XL / Transformer-VQ style, with a
   cache carried from window to window). Datasets without documents have no such key: off."""
   data = config.data
-  setting = data.get("document_mask", "false") if dataset(data.name).packed_documents else "false"
+  setting = data.get("document_mask", "false") if registry.dataset(data.name).packed_documents else "false"
   if setting == "auto":
     return data.get("packing", "concat") == "pack"
   return setting == "true"
@@ -194,14 +126,14 @@ class Source(Protocol):
 def validate_config(config) -> None:
   """The configured dataset's checks, before any work: that it serves the task (its record), then
   its module's own (settings, files)."""
-  module = dataset_module(config.data.name)
+  module = registry.dataset_module(config.data.name)
   module.DATASET.check_task(config.task)
   module.validate_config(config)
 
 
 def make_source(config, split: str) -> Source:
   """The `split` examples of the configured dataset."""
-  module = dataset_module(config.data.name)
+  module = registry.dataset_module(config.data.name)
   module.DATASET.check_task(config.task)
   module.DATASET.check_split(split)
   return module.make_source(config, split)
@@ -209,7 +141,7 @@ def make_source(config, split: str) -> Source:
 
 def text_codec(config):
   """(encode: str -> ids, decode: ids -> str) of the configured dataset."""
-  codec = dataset_module(config.data.name).codec
+  codec = registry.dataset_module(config.data.name).codec
   if codec is None:
     raise ConfigError(f"dataset {config.data.name!r} has no text encoding.")
   return codec(config)

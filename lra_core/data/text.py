@@ -12,7 +12,7 @@ import numpy as np
 from etils import epath
 
 from lra_core import registry, task_kinds
-from lra_core.data import DOCUMENT_MASKS, cache, dataset, document_mask, files
+from lra_core.data import DOCUMENT_MASKS, cache, document_mask, files
 from lra_core.data.packing import PACKINGS, Corpus, CorpusSequences, build_corpus
 from lra_core.data.tokenizer import Tokenizer, make_tokenizer
 from lra_core.errors import ConfigError, DataError
@@ -181,7 +181,8 @@ def corpus_source(
       where,
       cache.cache_root(data.cache_dir) / entry,
     )
-  unit = "byte" if spec == "bytes" else dataset(config.data.name).unit  # the bytes tokenizer's targets are bytes
+  # The bytes tokenizer's targets are bytes, whatever the corpus's record says of its tokens.
+  unit = "byte" if spec == "bytes" else registry.dataset(config.data.name).unit
   return TextSource(
     corpus,
     spec,
