@@ -178,6 +178,8 @@ def test_no_module_uses_another_modules_private_names():
 # small shared facts below it (errors, the protocol, model-facing sharding, layer stacks), never these.
 TRAINER = (
   "lra_core.aot",
+  "lra_core.aot_report",
+  "lra_core.aot_targets",
   "lra_core.bench",
   "lra_core.checkpoint",
   "lra_core.cli",
@@ -192,6 +194,7 @@ TRAINER = (
   "lra_core.reproduce",
   "lra_core.sample",
   "lra_core.state",
+  "lra_core.step_compile",
   "lra_core.steps",
   "lra_core.sweep",
   "lra_core.tasks",
