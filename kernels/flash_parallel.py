@@ -1,6 +1,6 @@
 """FLASH's mixed chunk attention, the parallel driver (the GPU's): every chunk at once from the state XLA's
-prefix gives it. kernels/flash_pallas.py holds the kernel's public function, its gradient and the TPU's
-grid driver, and calls this one on GPU (`toolkit.driver`).
+prefix gives it. kernels/flash_pallas.py holds the kernel's public function and its gradient, prepares the
+operands both drivers read and calls this one on GPU (`toolkit.driver`); the TPU's is kernels/flash_grid.py.
 
 No carry: XLA computes the state every chunk reads as the reference does, a prefix over the chunks
 with its restarts (`chunk_states`: [B,H,G,S,E] float32 in HBM, as in the reference; the non-causal
@@ -39,7 +39,7 @@ COLUMNS = ("qdoc", "read", "read2", "oscale")  # [B,T,1] operands: one value per
 
 def _kernel(
   *refs,
-  names: tuple[str, ...],
+  names: tuple[tuple[str, ...], ...],
   query_tile: int,
   key_tile: int,
   state_tile: int,
@@ -60,7 +60,8 @@ def _kernel(
   own-chunk term of non-causal documents (oscale given) over them again (in the local loop it would
   hold a second set of pipelined tiles in shared memory, and a softmax's rescaling would scale it);
   lin_q KV."""
-  ins, (o_ref,) = toolkit.named_refs(refs, names)
+  ins, out = toolkit.named_refs(refs, *names)
+  o_ref = out["out"]
   cq, ck = query_tile, key_tile
   et = o_ref.shape[-1]
   qi = pl.program_id(3)
@@ -164,7 +165,6 @@ def forward(
   b, h, t, e = args["v"].shape
   c, g, et, cq = chunk, t // chunk, value_tile, query_tile
   nq, nj = c // cq, e // et
-  names = tuple(n for n in OPERANDS if n in args)
   s = max(args[n].shape[-1] for n in ("qq", "lq") if n in args)
   lin_s = args["lq"].shape[-1] if "lq" in args else 1  # the states' rows
   query = lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, 0)
@@ -206,9 +206,18 @@ def forward(
     softmax=kernel == "softmax",
   )
   state_tile = tile(lin_s, toolkit.gpu_tiles("mixed_chunk_attention")["state_block"])
+  inputs = toolkit.Inputs()
+  for n in (n for n in OPERANDS if n in args):
+    inputs.add(n, args[n], spec(n))
+  outputs = toolkit.Outputs()
+  outputs.add(
+    "out",
+    jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype),
+    pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
+  )
   kernel_fn = functools.partial(
     _kernel,
-    names=names,
+    names=toolkit.ref_names(inputs, outputs),
     query_tile=cq,
     key_tile=key_tile,
     state_tile=state_tile,
@@ -222,16 +231,61 @@ def forward(
   )
   call = pl.pallas_call(
     kernel_fn,
-    out_shape=jax.ShapeDtypeStruct((b, h, t, e), args["v"].dtype),
+    out_shape=outputs.shapes,
     grid=(b, h, g, nq, nj),
-    in_specs=[spec(n) for n in names],
-    out_specs=pl.BlockSpec((None, None, cq, et), lambda bb, hh, gg, qq, jj: (bb, hh, gg * nq + qq, jj)),
+    in_specs=inputs.specs,
+    out_specs=outputs.specs,
+    # no carry: every grid axis may run in parallel
     compiler_params=toolkit.compiler_params(5, sequential=False, kernel="mixed_chunk_attention"),
     interpret=interpret,
     cost_estimate=estimate,
     name="mixed_chunk_attention",
   )
-  return call(*(args[n] for n in names))
+  return outputs.named(call(*inputs.arrays))["out"]
+
+
+def attention(
+  local: dict[str, Array],
+  lin: tuple[Array, Array] | None,
+  layout: dict[str, Array] | None,
+  *,
+  keep: Array | None,
+  documents: dict[str, Array],
+  chunk: int,
+  causal: bool,
+  lin_scale: float,
+  **statics,
+) -> Array:
+  """The parallel driver, per device: the states every chunk reads (`chunk_states`), then one call. local:
+  the local part's operands and v (head-major, `flash_pallas`); lin: (lin_q, lin_k) head-major or None;
+  layout: `flash_xla.global_layout` or None without documents and "mean"; keep [B,T] float32 the real keys
+  or None; documents: qdoc, kdoc -> [B,H,T,E]."""
+  args = dict(local)
+  b, h, t = args["v"].shape[:3]
+  if lin is not None:
+    lq, lk = lin
+    states = functools.partial(chunk_states, lk, args["v"], chunk=chunk, causal=causal, lin_scale=lin_scale)
+    args["lq"] = lq
+    if layout is None:
+      args["kv"] = states(keep, None)
+    else:
+      tokens = lambda x: x.reshape(b, t)[:, :, None]  # [B,G,C] -> [B,T,1]
+      args.update(
+        kv=states(layout["fwd_w"].reshape(b, t), layout["fwd_keep"]),
+        read=tokens(layout["fwd_read"] * layout["scale"]),
+      )
+      if not causal:  # the later chunks of the document, and its keys in the query's own chunk
+        args.update(
+          kv2=states(layout["bwd_w"].reshape(b, t), layout["bwd_keep"], reverse=True),
+          read2=tokens(layout["bwd_read"] * layout["scale"]),
+          lk=lk,
+          row=keep[:, None, :],
+          oscale=tokens(layout["scale"]),
+          **documents,
+        )
+  run = functools.partial(forward, chunk=chunk, causal=causal, lin_scale=lin_scale, **statics)
+  dims = {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in args}
+  return toolkit.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
 
 
 def chunk_states(

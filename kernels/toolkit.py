@@ -3,7 +3,7 @@ running a kernel per device under a mesh.
 
 Every kernel here is a scan over time blocks with a small carried state (a compressive cache,
 Latte's (num, den, max), FLASH's running key-value sum). Backends differ in how a carry can
-cross blocks, so each kernel has one block step and two or three drivers:
+cross blocks, so each kernel has one block step and two of these drivers, one per backend:
 
   "grid"  the block index is the last grid axis; Mosaic (TPU) and interpret mode run the grid
           sequentially, last axis fastest, so the carry lives in scratch memory between grid
@@ -19,8 +19,11 @@ cross blocks, so each kernel has one block step and two or three drivers:
           program's working set in registers, where neither the VQ cache nor a whole block fits.
 
 `driver()` picks "grid" off GPU and the kernel's GPU driver on GPU; the tests run every driver in
-interpret mode. On GPU the kernels use Triton (`compiler_params`, tiles in `GPU_TILES`): blocks stay
-in global memory and are read tile by tile, while Mosaic GPU would stage them in shared memory.
+interpret mode. Each driver is one module of its core (kernels/catalog.py names them) holding its
+pallas_call, whose inputs, outputs and scratch it declares by name (`Inputs`, `Outputs`, `Scratch`); the
+kernel reads its refs by those names (`named_refs`), never by position. On GPU the kernels use Triton
+(`compiler_params`, tiles in `GPU_TILES`): blocks stay in global memory and are read tile by tile, while
+Mosaic GPU would stage them in shared memory.
 
 Everything platform-dependent (interpret mode, driver, block sizes, compiler parameters) is read
 from the TARGET devices, never from the host's: see `current` for the order (an explicit `target`,
@@ -47,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 from jax.sharding import AxisType, Mesh
@@ -227,6 +231,14 @@ def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1
   return None
 
 
+def cost_estimate(flops: int, transcendentals: int, moved: Sequence) -> pl.CostEstimate:
+  """A kernel's declared cost, for XLA's and lra_core.hlo_cost's rooflines (a custom call is opaque to them):
+  its FLOPs and transcendentals, and the bytes of `moved`, the arrays (or `jax.ShapeDtypeStruct`s) it reads
+  or writes once each."""
+  moved_bytes = sum(x.size * jnp.dtype(x.dtype).itemsize for x in moved)
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(moved_bytes))
+
+
 def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precision=None) -> jax.Array:
   """2-D matmul in a kernel, accumulated in float32: a's axis contract[0] with b's axis contract[1]
   (so (1, 1) is a b^T and (0, 0) is a^T b, without an explicit transpose)."""
@@ -235,32 +247,81 @@ def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precisio
   )
 
 
-class Inputs:
-  """The inputs of one pallas_call, each declared in one place: its name, its array and its block spec.
-  An optional input is simply not added; the kernel, given `names`, reads its refs by name
-  (`named_refs`), so adding an input touches its declaration and the line that reads it."""
+class _Declared:
+  """Names declared once each, in the order pallas_call passes their refs."""
 
   def __init__(self):
     self.names: list[str] = []
+
+  def _declare(self, name: str) -> None:
+    if name in self.names:
+      raise ValueError(f"kernel {type(self).__name__.lower()} {name!r} is declared twice.")
+    self.names.append(name)
+
+
+class Inputs(_Declared):
+  """The inputs of one pallas_call, each declared in one place: its name, its array and its block spec.
+  An optional input is simply not added; the kernel reads its refs by name (`named_refs`), so adding an
+  input touches its declaration and the line that reads it."""
+
+  def __init__(self):
+    super().__init__()
     self.arrays: list[jax.Array] = []
     self.specs: list = []
 
   def add(self, name: str, array: jax.Array, spec) -> None:
-    if name in self.names:
-      raise ValueError(f"kernel input {name!r} is declared twice.")
-    self.names.append(name)
+    self._declare(name)
     self.arrays.append(array)
     self.specs.append(spec)
 
 
-def named_refs(refs: Sequence, names: Sequence[str]) -> tuple[dict, list]:
-  """A kernel's refs -> ({input name: ref}, the refs after the inputs: outputs, then scratch)."""
-  return dict(zip(names, refs)), list(refs[len(names) :])
+class Outputs(_Declared):
+  """The outputs of one pallas_call: name, shape (a `jax.ShapeDtypeStruct`) and block spec of each.
+  `named` turns the call's results into {name: array}."""
+
+  def __init__(self):
+    super().__init__()
+    self.shapes: list[jax.ShapeDtypeStruct] = []
+    self.specs: list = []
+
+  def add(self, name: str, shape: jax.ShapeDtypeStruct, spec) -> None:
+    self._declare(name)
+    self.shapes.append(shape)
+    self.specs.append(spec)
+
+  def named(self, results: Sequence[jax.Array]) -> dict[str, jax.Array]:
+    return dict(zip(self.names, results))
 
 
-def scratch(shape: Sequence[int], dtype):
-  """On-chip scratch for the grid driver's carry (VMEM on TPU; plain buffers in interpret mode)."""
-  return pltpu.VMEM(tuple(shape), dtype)
+class Scratch(_Declared):
+  """The scratch of one pallas_call, the grid driver's carry: name, shape and dtype of each buffer (VMEM
+  on TPU; plain buffers in interpret mode)."""
+
+  def __init__(self):
+    super().__init__()
+    self.shapes: list = []
+
+  def add(self, name: str, shape: Sequence[int], dtype) -> None:
+    self._declare(name)
+    self.shapes.append(pltpu.VMEM(tuple(shape), dtype))
+
+
+def ref_names(*groups: _Declared) -> tuple[tuple[str, ...], ...]:
+  """The names of a call's refs, group by group (inputs, outputs, then scratch), as `named_refs` takes
+  them: static, so a kernel gets them through functools.partial."""
+  return tuple(tuple(group.names) for group in groups)
+
+
+def named_refs(refs: Sequence, *groups: Sequence[str]) -> tuple[dict, ...]:
+  """A kernel's refs by name: pallas_call passes the inputs', the outputs' and the scratch's refs one group
+  after the other, each in its declared order -> one {name: ref} per group of names."""
+  if len(refs) != sum(map(len, groups)):
+    raise ValueError(f"the kernel got {len(refs)} refs; its names declare {sum(map(len, groups))}: {groups}.")
+  out, start = [], 0
+  for names in groups:
+    out.append(dict(zip(names, refs[start : start + len(names)])))
+    start += len(names)
+  return tuple(out)
 
 
 # -- per-device execution under a mesh ---------------------------------------------------------------
@@ -327,7 +388,8 @@ def run_per_device(
   be partitioned automatically.
 
   `dims` gives, per argument (a pytree of arrays, or None), a string with one letter per axis:
-  'b' batch, 'h' query heads, 'k' key-value heads, '.' anything else (never split); `out_dims`
+  'b' batch, 'h' query heads, 'k' key-value heads, 'g' the query heads of one key-value head's group
+  (split where one key-value head is shared by all), '.' anything else (never split); `out_dims`
   likewise for the outputs. Heads split only when the split keeps query heads with their key-value
   head (kv_heads divisible by the split, or a single shared kv head, replicated).
   """
@@ -339,6 +401,7 @@ def run_per_device(
     if mesh.empty:
       return fn(*args)
     want_b, want_h = _typed_axes(args, dims, "b"), _typed_axes(args, dims, "h")
+  # Axes already manual (inside an enclosing shard_map) are split already: only the others are ours to split.
   manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Manual}
   free = tuple(a for a in mesh.axis_names if a not in manual)
   if math.prod(mesh.shape[a] for a in free) == 1:
@@ -347,10 +410,10 @@ def run_per_device(
   b_axes = _split(tuple(a for a in want_b if a in free), mesh, batch)
   h_axes = tuple(a for a in _split(tuple(a for a in want_h if a in free), mesh, heads) if a not in b_axes)
   n_h = math.prod(mesh.shape[a] for a in h_axes)
-  if kv_heads % n_h and kv_heads != 1:
+  if kv_heads % n_h and kv_heads != 1:  # a split that would part query heads from their key-value head
     h_axes = ()
-  k_axes = h_axes if kv_heads % n_h == 0 and n_h > 1 else ()
-  g_axes = h_axes if h_axes and not k_axes else ()
+  k_axes = h_axes if kv_heads % n_h == 0 and n_h > 1 else ()  # key-value heads split with their query heads
+  g_axes = h_axes if h_axes and not k_axes else ()  # one shared key-value head: split its groups' axis instead
   letters = {"b": b_axes or None, "h": h_axes or None, "k": k_axes or None, "g": g_axes or None, ".": None}
 
   def spec(d):

@@ -30,17 +30,23 @@ MASK = vq_xla.MASK
 
 
 def _kernel(
-  *refs, names: tuple[str, ...], n_code: int, compressive: bool, block_len: int, key_block: int, code_block: int
+  *refs,
+  names: tuple[tuple[str, ...], ...],
+  n_code: int,
+  compressive: bool,
+  block_len: int,
+  key_block: int,
+  code_block: int,
 ):
   """Grid (B, H, R, Q, J): one [Lq, Dt] output tile of block r, the Lq queries of sub-block q and the Dt value
   columns of tile j, by an online softmax over Lk-key tiles of the [previous, present] window (the present
   one up to the diagonal) and Sc-code tiles of the cache block r reads (XLA's prefix: `cache_variables`).
 
   A code scores q.c_s + log count_s and contributes its mean, so the cache enters as S more keys. Refs keep
-  whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile. Inputs
-  by name (`attention` declares them), then the output."""
-  x, (o_ref,) = toolkit.named_refs(refs, names)
-  q_ref, k_ref, v_ref, zr_ref = x["q"], x["k"], x["v"], x["z_row"]
+  whole windows in global memory ([T + L, .], the carried block first) and are read tile by tile. Refs by
+  name (`attention` declares them)."""
+  x, out = toolkit.named_refs(refs, *names)
+  q_ref, k_ref, v_ref, zr_ref, o_ref = x["q"], x["k"], x["v"], x["z_row"], out["out"]
   has_bias, has_segments = "bias" in x, "q_seg" in x
   l, lk, sc = block_len, key_block, code_block
   r, qi = pl.program_id(2), pl.program_id(3)
@@ -55,7 +61,7 @@ def _kernel(
     scores = jnp.where(keep, scores, -MASK)
     m_new = jnp.maximum(m, scores.max(-1, keepdims=True))
     a = jnp.where(keep, jnp.exp(scores - m_new), 0.0)
-    rescale = jnp.exp(m - m_new)
+    rescale = jnp.exp(m - m_new)  # what was summed so far was weighted against the old max
     acc = acc * rescale + toolkit.dot(a.astype(values.dtype), values)
     return acc, m_new, total * rescale + a.sum(-1, keepdims=True)
 
@@ -66,7 +72,7 @@ def _kernel(
       start = r * l + half * l + kt * lk  # in the [T + L] window arrays
       scores = toolkit.dot(q, k_ref[pl.ds(start, lk), :], (1, 1))
       if has_bias:
-        scores = scores + x["bias"][:, pl.ds(half * l + kt * lk, lk)]
+        scores = scores + x["bias"][:, pl.ds(half * l + kt * lk, lk)]  # [Lq,2L]: previous keys' columns first
       col = kt * lk + jax.lax.broadcasted_iota(jnp.int32, (lq, lk), 1)
       keep = zr_ref[:, pl.ds(start, lk)] != n_code
       if half == 1:
@@ -82,7 +88,7 @@ def _kernel(
   def codes(ct, state):
     log_count = x["log_count"][:, pl.ds(ct * sc, sc)]  # -MASK where a code is empty
     scores = toolkit.dot(q, x["codebook"][pl.ds(ct * sc, sc), :], (1, 1)) + log_count
-    keep = log_count > -MASK / 2
+    keep = log_count > -MASK / 2  # an empty code
     if has_segments:
       keep = keep & (x["reads"][...] > 0)  # only queries of the cache's document
     return update(state, scores, keep, x["mean"][pl.ds(ct * sc, sc), :])
@@ -95,7 +101,7 @@ def _kernel(
   if compressive:
     state = jax.lax.fori_loop(0, n_code // sc, codes, state)
   acc, _, total = state
-  o_ref[...] = (acc / total).astype(o_ref.dtype)
+  o_ref[...] = (acc / total).astype(o_ref.dtype)  # total > 0: a query always reads itself
 
 
 def attention(
@@ -164,8 +170,14 @@ def attention(
       window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l),
       tiled((1, t + l), lambda bb, hh, rr, qq, jj: (bb, 0, 0, 0)),
     )
+  outputs = toolkit.Outputs()
+  outputs.add(
+    "out",
+    jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
+    tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
+  )
   statics = dict(
-    names=tuple(inputs.names),
+    names=toolkit.ref_names(inputs, outputs),
     n_code=s,
     compressive=compressive,
     block_len=l,
@@ -186,18 +198,20 @@ def attention(
     has_bias=bias is not None,
     compressive=compressive,
   )
-  out = pl.pallas_call(
+  call = pl.pallas_call(
     functools.partial(_kernel, **statics),
-    out_shape=jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
+    out_shape=outputs.shapes,
     grid=(b, h, r, l // lq, dv // dt),
     in_specs=inputs.specs,
-    out_specs=tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
+    out_specs=outputs.specs,
+    # no carry: every grid axis may run in parallel
     compiler_params=toolkit.compiler_params(5, sequential=False, kernel="vq_attention"),
     interpret=interpret,
     cost_estimate=estimate,
     name="vq_attention",
-  )(*inputs.arrays)
-  return heads(out), mean[:, r], count[:, r]
+  )
+  out = outputs.named(call(*inputs.arrays))
+  return heads(out["out"]), mean[:, r], count[:, r]  # entry r of the prefix: the cache after the last block
 
 
 def cost(

@@ -16,7 +16,7 @@ from lra_core import kernels, layout, optim, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import flash as fk
-from lra_core.kernels import flash_pallas, flash_parallel, toolkit
+from lra_core.kernels import flash_grid, flash_pallas, flash_parallel, toolkit
 from lra_core.layout import to_device
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
@@ -360,12 +360,12 @@ def test_value_tiles_fit_the_target_vmem():
   """pg19's FLASH (C 512, S 128, e 2048) in bfloat16: TPU v3 and v4 (16 MiB) take 512-wide tiles, v5e the
   whole width; GPU 128 (a power of two for Triton); a width TPU blocks cannot split is whole; a tile
   that does not divide E is refused."""
-  pick = lambda kind: flash_pallas.value_block(2048, chunk=512, s=128, itemsize=2, budget=toolkit.vmem_budget(kind))
+  pick = lambda kind: flash_grid.value_block(2048, chunk=512, s=128, itemsize=2, budget=toolkit.vmem_budget(kind))
   assert pick("TPU v3") == pick("TPU v4") == 512 and pick("TPU v5 lite") == 2048
-  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=512, itemsize=2) <= toolkit.vmem_budget("TPU v3")
-  assert flash_pallas.vmem_bytes(chunk=512, s=128, value_block=1024, itemsize=2) > toolkit.vmem_budget("TPU v3")
-  assert flash_pallas.value_block(1536, chunk=256, s=128, itemsize=2, budget=None, platform="gpu") == 128
-  assert flash_pallas.value_block(96, chunk=256, s=128, itemsize=2, budget=2**20) == 96
+  assert flash_grid.vmem_bytes(chunk=512, s=128, value_block=512, itemsize=2) <= toolkit.vmem_budget("TPU v3")
+  assert flash_grid.vmem_bytes(chunk=512, s=128, value_block=1024, itemsize=2) > toolkit.vmem_budget("TPU v3")
+  assert flash_parallel.tile(1536, toolkit.gpu_tiles("mixed_chunk_attention")["value_block"]) == 128
+  assert flash_grid.value_block(96, chunk=256, s=128, itemsize=2, budget=2**20) == 96
   (qq, qk, lq, lk), v, _, _ = inputs()
   with pytest.raises(ValueError, match="value tile 4 does not divide E 6"):
     flash_pallas.mixed_chunk_attention(

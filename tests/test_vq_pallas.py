@@ -15,7 +15,7 @@ import lra_core
 import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
-from lra_core.kernels import toolkit, vq, vq_pallas, vq_parallel
+from lra_core.kernels import toolkit, vq, vq_grid, vq_pallas, vq_parallel
 from lra_core.train import train_and_evaluate
 
 O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times
@@ -300,17 +300,17 @@ def test_block_sizes_fit_the_target_vmem():
   paper = dict(block_len=512, n_code=512, d_k=128, has_bias=True)
   for kind, itemsize in (("TPU v3", 2), ("TPU v3", 4), ("TPU v4", 2), ("TPU v5", 2), ("TPU v5 lite", 2)):
     budget = toolkit.vmem_budget(kind)
-    dt, lq = vq_pallas.block_sizes(1536, itemsize=itemsize, budget=budget, **paper)
+    dt, lq = vq_grid.block_sizes(1536, itemsize=itemsize, budget=budget, **paper)
     assert 1536 % dt == 0 and dt % 128 == 0 and 512 % lq == 0 and lq % 128 == 0, (kind, dt, lq)
-    assert vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=itemsize, **paper) <= budget, kind
-  assert vq_pallas.vmem_bytes(value_block=1536, query_block=512, itemsize=2, **paper) > toolkit.vmem_budget("TPU v3")
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v3"), **paper)[0] == 128
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
-  size = lambda dt, lq: vq_pallas.vmem_bytes(value_block=dt, query_block=lq, itemsize=2, **paper)
+    assert vq_grid.vmem_bytes(value_block=dt, query_block=lq, itemsize=itemsize, **paper) <= budget, kind
+  assert vq_grid.vmem_bytes(value_block=1536, query_block=512, itemsize=2, **paper) > toolkit.vmem_budget("TPU v3")
+  assert vq_grid.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v3"), **paper)[0] == 128
+  assert vq_grid.block_sizes(1536, itemsize=2, budget=toolkit.vmem_budget("TPU v5 lite"), **paper) == (1536, 512)
+  size = lambda dt, lq: vq_grid.vmem_bytes(value_block=dt, query_block=lq, itemsize=2, **paper)
   assert size(128, 128) < size(256, 128) < size(256, 256)
   # widths a TPU block cannot split are taken whole; interpret mode whole; the GPU's tiles from GPU_TILES
-  assert vq_pallas.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
-  assert vq_pallas.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
+  assert vq_grid.block_sizes(96, itemsize=4, budget=2**20, **dict(paper, block_len=100)) == (96, 100)
+  assert vq_grid.block_sizes(1536, itemsize=2, budget=None, platform="cpu", **paper) == (1536, 512)
   gpu = toolkit.gpu_tiles("vq_attention")
   assert vq_parallel.tiles(1536, block_len=512, n_code=512) == tuple(
     gpu[k] for k in ("value_block", "query_block", "key_block", "code_block")
