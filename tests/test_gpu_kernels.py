@@ -10,15 +10,14 @@ import pytest
 import tiers
 from lra_core import chips
 from lra_core.bench import gpu_compile
-from lra_core.bench import lowering as check_lowering
 from lra_core.errors import ConfigError
-from lra_core.kernels import toolkit
+from lra_core.kernels import catalog, toolkit
 
 needs_plugin = pytest.mark.skipif(
   not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)"
 )
 SIZES = dict(seq_len=256, width=64, latents=32, block=128, codes=128, chunk=0, flash_chunk=128)
-KERNELS = tuple(check_lowering.kernels_at(**SIZES))
+KERNELS = tuple(catalog.kernels_at(**SIZES))
 NAMES = {
   "vq_attention": {"vq_attention"},
   "causal_latte": {"causal_latte"},
@@ -38,7 +37,7 @@ def h100():
 def _compile_both_passes(fn, args, devices):
   """Forward and training gradient compiled; each program must hold the kernel as a Triton call."""
   found = []
-  for f in (fn, check_lowering.gradient(fn)):
+  for f in (fn, catalog.gradient(fn)):
     compiled, _, kernels = gpu_compile.compile_for_gpu(f, args, devices)
     assert gpu_compile.TRITON_TARGET in compiled.as_text()  # the Pallas kernel, not interpret mode or XLA
     assert kernels and all(k.threads > 0 and k.grid != (0, 0, 0) for k in kernels)
@@ -54,7 +53,7 @@ def _compile_both_passes(fn, args, devices):
   ),
 )
 def test_forward_and_gradient_compile_for_an_h100(h100, name, segments):
-  fn, args = check_lowering.kernels_at(**SIZES, dtype="float32", segments=segments)[name]
+  fn, args = catalog.kernels_at(**SIZES, dtype="float32", segments=segments)[name]
   kernels = _compile_both_passes(fn, args, h100)
   assert {k.name for k in kernels} <= NAMES[name]
   assert all(k.shared_bytes <= chips.GPUS["h100"].shared_per_block for k in kernels)
@@ -68,8 +67,8 @@ def test_vq_and_flash_compile_at_the_papers_sizes_without_spills(h100, paper, dt
   """Transformer-VQ's enwik8 head (block 512, 512 codes, Dk 128, Dv 1536, XL biases) and FLASH's C4 GAU
   (chunk 256, s 128, e 1536): both exceeded the H100's 227 KiB of shared memory per block before the GPU's
   parallel driver; now they compile, forward and gradient, and ptxas spills nothing."""
-  name, widths = check_lowering.PAPER[paper]
-  fn, args = check_lowering.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype=dtype)[name]
+  name, widths = catalog.PAPER[paper]
+  fn, args = catalog.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype=dtype)[name]
   for k in _compile_both_passes(fn, args, h100):
     assert k.shared_bytes <= chips.GPUS["h100"].shared_per_block, k.describe()
     if k.spill_stores is not None:  # ptxas found
@@ -84,8 +83,8 @@ def test_latte_compiles_at_the_papers_sizes_without_spills(h100, paper, segments
   """Latte's C4 heads (causal, 16 latents, values 96 wide) and LRA text heads (bidirectional, 64 latents and
   values): the float32 matmuls contract a time block or a latent group, so ptxas spills nothing (whole
   blocks once spilled up to 98 KB per thread)."""
-  name, widths = check_lowering.PAPER[paper]
-  fn, args = check_lowering.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype="float32", segments=segments)[name]
+  name, widths = catalog.PAPER[paper]
+  fn, args = catalog.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype="float32", segments=segments)[name]
   for k in _compile_both_passes(fn, args, h100):
     if k.spill_stores is not None:
       assert k.spill_stores == 0, k.describe()

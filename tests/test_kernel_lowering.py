@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from lra_core import kernels
 from lra_core.bench import kernel_run
 from lra_core.bench import lowering as check_lowering
+from lra_core.kernels import catalog
 
 SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 
@@ -40,8 +42,8 @@ def test_shapes_a_backend_cannot_take_are_reported():
 
 def test_a_program_without_the_kernel_is_a_failure(monkeypatch):
   """A kernel left in interpret mode (or an XLA form) compiles too; the row must still fail."""
-  fn, args = check_lowering.kernels_at(**SIZES)["causal_latte"]
-  xla = lambda q, k, v: check_lowering.kernels.causal_latte(q, k, v, impl="xla")
+  fn, args = catalog.kernels_at(**SIZES)["causal_latte"]
+  xla = lambda q, k, v: kernels.causal_latte(q, k, v, impl="xla")
   monkeypatch.setattr(check_lowering, "kernels_at", lambda **sizes: {"causal_latte": (xla, args)})
   rows = check_lowering.check(["tpu", "gpu"], passes=("forward",), **SIZES)
   assert len(rows) == 2 and not any(r["ok"] for r in rows)
@@ -67,7 +69,7 @@ def test_run_kernels_compares_each_kernel_with_its_xla_form(tmp_path, capsys):
     ]
   )
   assert [r["kernel"] for r in rows] == list(
-    check_lowering.kernels_at(seq_len=64, width=16, latents=8, block=16, codes=16, chunk=0, flash_chunk=16)
+    catalog.kernels_at(seq_len=64, width=16, latents=8, block=16, codes=16, chunk=0, flash_chunk=16)
   )
   for r in rows:
     assert r["call"] == "interpret" and max(r["out_rel"], r["dq_rel"], r["dv_rel"]) < 1e-5, r

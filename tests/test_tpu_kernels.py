@@ -12,17 +12,16 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lra_core import chips, kernels
-from lra_core.bench import lowering as check_lowering
+from lra_core.kernels import catalog, toolkit
 from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla
-from lra_core.kernels import toolkit
 from lra_core.kernels import vq as vq_xla
 
 needs_libtpu = pytest.mark.skipif(
   not chips.libtpu_installed(), reason="libtpu is not installed (pip install -e \".[test]\" brings it)"
 )
 SIZES = dict(seq_len=512, width=128, latents=128, block=256, codes=256, chunk=0, flash_chunk=256)
-KERNELS = tuple(check_lowering.kernels_at(**SIZES))
+KERNELS = tuple(catalog.kernels_at(**SIZES))
 
 
 # Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
@@ -46,8 +45,8 @@ def _abstract(args, mesh, spec=P()):
   "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vq_attention" else n for n in KERNELS]
 )
 def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
-  fn, args = check_lowering.kernels_at(**SIZES, dtype=dtype)[name]
-  for f in (fn, check_lowering.gradient(fn)):
+  fn, args = catalog.kernels_at(**SIZES, dtype=dtype)[name]
+  for f in (fn, catalog.gradient(fn)):
     with jax.set_mesh(tpu_mesh):
       lowered = jax.jit(f).lower(*_abstract(args, tpu_mesh))
       compiled = lowered.compile()
@@ -62,9 +61,9 @@ def test_forward_and_gradient_compile_for_a_tpu_mesh(tpu_mesh, name, dtype):
 def test_kernels_with_packed_documents_compile_for_a_tpu_mesh(tpu_mesh, name):
   """The document-masked forms (segment ids as an extra operand) are Mosaic kernels too, forward and
   gradient, not a fallback to the XLA form."""
-  fn, args = check_lowering.kernels_at(**SIZES, dtype="float32", segments=True)[name]
+  fn, args = catalog.kernels_at(**SIZES, dtype="float32", segments=True)[name]
   assert args[-1].dtype == jnp.int32
-  for f in (fn, check_lowering.gradient(fn)):
+  for f in (fn, catalog.gradient(fn)):
     with jax.set_mesh(tpu_mesh):
       lowered = jax.jit(f).lower(*_abstract(args, tpu_mesh))
       compiled = lowered.compile()
@@ -79,7 +78,7 @@ def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
   mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
     assert not toolkit.bf16_matmuls()
-  for name, (fn, args) in check_lowering.kernels_at(**SIZES, dtype="bfloat16").items():
+  for name, (fn, args) in catalog.kernels_at(**SIZES, dtype="bfloat16").items():
     with jax.set_mesh(mesh):
       lowered = jax.jit(fn).lower(*_abstract(args, mesh))
       lowered.compile()
@@ -92,8 +91,8 @@ def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
   """Transformer-VQ's head (Dk 128, Dv 1536, S = L = 512, XL biases) in bfloat16 on TPU v3, the smallest
   VMEM (16 MiB per core): whole-width blocks (Dt 1536, Lq 512) need 56 MiB, which the compiler refuses; the
   value tiles and query sub-blocks chosen for v3 compile (the VMEM use does not depend on T)."""
-  name, sizes = check_lowering.PAPER["enwik8_vq"]
-  fn, args = check_lowering.kernels_at(**dict(SIZES, **sizes, seq_len=1024), dtype="bfloat16")[name]
+  name, sizes = catalog.PAPER["enwik8_vq"]
+  fn, args = catalog.kernels_at(**dict(SIZES, **sizes, seq_len=1024), dtype="bfloat16")[name]
   mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
     assert toolkit.vmem_budget() == 16 * 2**20 and toolkit.vmem_limit() is None
@@ -121,7 +120,7 @@ def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
 def test_batch_sharded_by_type_runs_one_slice_per_device(tpu_mesh):
   """Under explicit axes the kernel splits batch as the argument's type says, not replicated."""
   mesh = jax.sharding.Mesh(tpu_mesh.devices, ("data",), axis_types=(AxisType.Explicit,))
-  fn, args = check_lowering.kernels_at(**dict(SIZES, seq_len=256), batch=4)["causal_latte"]
+  fn, args = catalog.kernels_at(**dict(SIZES, seq_len=256), batch=4)["causal_latte"]
   with jax.set_mesh(mesh):
     jaxpr = str(jax.make_jaxpr(fn)(*_abstract(args, mesh, P("data"))))
   assert "shard_map" in jaxpr and "f32[1,1,256,128]" in jaxpr and "f32[4,1,256,128]" not in jaxpr
@@ -130,7 +129,7 @@ def test_batch_sharded_by_type_runs_one_slice_per_device(tpu_mesh):
 def test_lowering_for_tpu_asks_nothing_of_the_host_device():
   """Nothing in the kernels depends on the chip generation Pallas would read from the local (CPU)
   device: exported for TPU without a TPU mesh, every kernel lowers."""
-  for name, (fn, args) in check_lowering.kernels_at(**dict(SIZES, seq_len=512)).items():
+  for name, (fn, args) in catalog.kernels_at(**dict(SIZES, seq_len=512)).items():
     with toolkit.target("tpu"):
       text = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
     assert "tpu_custom_call" in text, name

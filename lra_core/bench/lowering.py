@@ -18,7 +18,8 @@ GPU: with the CUDA plugin installed (the `gpu-compile` extra, in `.[test]`), the
 ptxas compile the program, which must hold the Pallas kernel as a Triton call; each row also gives the
 kernel's shared memory, registers and spills (lra_core/bench/gpu_compile.py). Without the plugin the GPU
 rows lower the forward only (`jax.export`). Run time and numbers need the device (tests/test_*_pallas.py
-check the numbers in interpret mode).
+check the numbers in interpret mode). The kernels, their example shapes and the paper models' widths are
+lra_core.kernels.catalog's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import export
 from jax.sharding import NamedSharding
@@ -41,97 +41,16 @@ try:  # a device kind to lower for, without the device
 except ImportError:
   from jax._src.mesh import AbstractDevice
 
-from lra_core import chips, cli, kernels
+from lra_core import chips, cli
 from lra_core.bench import gpu_compile
-from lra_core.kernels import toolkit, vq
+from lra_core.kernels import toolkit
+from lra_core.kernels.catalog import PAPER, gradient, kernels_at
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
 PASSES = ("forward", "grad")
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 TPU_MARKER, GPU_MARKER = "tpu_custom_call", "xla.gpu.triton"
 KERNEL_FIELDS = ("shared_kib", "registers", "spill_stores", "spill_loads")  # GPU rows: the dearest kernel's
-
-
-# Each kernel at the per-head widths of the paper models that run it (--paper): width is Dk (VQ), the
-# value width per head (Latte) or FLASH's s; value_width is VQ's Dv and FLASH's e.
-PAPER = {
-  "enwik8_vq": ("vq_attention", dict(width=128, value_width=1536, block=512, codes=512)),  # configs/enwik8
-  "c4_latte": ("causal_latte", dict(width=96, latents=16, heads=8)),  # d 768, L 128, 8 heads
-  "lra_text_latte": ("bidirectional_latte", dict(width=64, latents=64, heads=4)),  # d 256, L 256, 4 heads
-  "c4_flash": ("mixed_chunk", dict(width=128, value_width=1536, flash_chunk=256)),  # d 768, expansion 2
-  "pg19_flash": ("mixed_chunk", dict(width=128, value_width=2048, flash_chunk=512)),  # d 1024, expansion 2
-}
-
-
-def kernels_at(
-  seq_len: int,
-  width: int,
-  latents: int,
-  block: int,
-  codes: int,
-  chunk: int,
-  flash_chunk: int,
-  dtype: str = "float32",
-  batch: int = 1,
-  heads: int = 1,
-  value_width: int = 0,
-  segments: bool = False,
-  impl: str = "pallas",
-) -> dict[str, tuple[Callable, tuple]]:
-  """name -> (function, argument shapes) of each kernel through its public `impl` path; q is
-  argument 0 and v argument 2 of every function (the gradient is taken w.r.t. both). VQ attention
-  takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
-  part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width). segments: each
-  function takes packed-document ids int32[B,T] as its last argument (kernels/segments.py)."""
-  b, t, h, d, dv = batch, seq_len, heads, width, value_width or width
-  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
-  c = min(flash_chunk, t)
-
-  def vq_attention(q, k, v, codebook, table, seg=None):
-    z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
-    out, _ = vq.vq_attention_blocks(
-      q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table), impl=impl, segments=seg
-    )
-    return out
-
-  table = {
-    "vq_attention": (vq_attention, (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(h, codes, d), x(h, block + 1, d))),
-    "causal_latte": (
-      lambda q, k, v, seg=None: kernels.causal_latte(q, k, v, chunk=chunk or None, impl=impl, segments=seg),
-      (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d)),
-    ),
-    "bidirectional_latte": (
-      lambda q, k, v, seg=None: kernels.bidirectional_latte(q, k, v, impl=impl, segments=seg),
-      (x(b, t, h, latents), x(b, t, h, latents), x(b, t, h, d)),
-    ),
-    "mixed_chunk": (
-      lambda q, k, v, bias, seg=None: kernels.mixed_chunk_attention(
-        q,
-        k,
-        q,
-        k,
-        v,
-        chunk=flash_chunk,
-        causal=True,
-        quad_scale=d**-0.5,
-        lin_scale=1.0 / c,
-        bias=bias,
-        segments=seg,
-        impl=impl,
-      ),
-      (x(b, t, h, d), x(b, t, h, d), x(b, t, h, dv), x(c, c)),
-    ),
-  }
-  if segments:
-    ids = jax.ShapeDtypeStruct((b, t), jnp.int32)
-    table = {name: (fn, args + (ids,)) for name, (fn, args) in table.items()}
-  return table
-
-
-def gradient(fn: Callable) -> Callable:
-  """A training step's use of fn: a scalar of its output (the kernel's forward) and its gradient
-  w.r.t. arguments 0 (q) and 2 (v) (the custom_vjp's backward)."""
-  return jax.value_and_grad(lambda *args: fn(*args).astype(jnp.float32).sum(), argnums=(0, 2))
 
 
 def compile_for_tpu(fn: Callable, args: tuple, devices) -> tuple[str, float]:
