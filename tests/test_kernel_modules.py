@@ -1,15 +1,17 @@
 """The kernel modules import each other without cycles: each jnp reference (`*_xla.py`) imports no
-Pallas code, each Pallas module builds on its reference, and each public module dispatches between
-the two; no import hides inside a function to dodge a cycle."""
+Pallas code, each Pallas module builds on its reference and dispatches to its drivers, each driver
+module belongs to one core, and each public module dispatches between the two; no import hides inside a
+function to dodge a cycle. The cores and their modules are kernels/catalog.py's."""
 
 import ast
 import pathlib
 
 import lra_core.kernels
+from lra_core.kernels import catalog
 
 KERNELS = pathlib.Path(lra_core.kernels.__file__).resolve().parent
 PACKAGE = "lra_core.kernels"
-OPS = ("flash", "latte", "vq")
+OPS = tuple(core.name for core in catalog.CORES)
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -57,16 +59,32 @@ def test_no_import_inside_a_function():
 
 def test_references_import_no_pallas_code():
   modules = _modules()
-  for op in OPS:
+  for core in catalog.CORES:
+    op = core.name
     pallas = sorted(name for name in _imports(modules[f"{op}_xla"]) if "pallas" in name)
     assert not pallas, (f"kernels/{op}_xla.py", pallas)
+    kernel = sorted(_kernel_deps(modules[f"{op}_xla"], modules) & {f"{op}_pallas", *core.drivers.values()})
+    assert not kernel, (f"kernels/{op}_xla.py", kernel)
 
 
-def test_each_op_is_reference_kernel_and_dispatch():
+def test_each_op_is_reference_kernel_drivers_and_dispatch():
   modules = _modules()
-  for op in OPS:
-    assert f"{op}_xla" in _kernel_deps(modules[f"{op}_pallas"], modules)
+  for core in catalog.CORES:
+    op = core.name
+    assert {f"{op}_xla", *core.drivers.values()} <= _kernel_deps(modules[f"{op}_pallas"], modules), op
     assert {f"{op}_xla", f"{op}_pallas"} <= _kernel_deps(modules[op], modules)
+
+
+def test_a_driver_reaches_no_other_core_and_not_its_dispatch():
+  """A driver module builds on its own core's reference (and its other driver's block steps) and the toolkit,
+  never on another core or on the modules above it (its kernel's public function, the dispatch)."""
+  modules = _modules()
+  owner = {stem: core.name for core in catalog.CORES for stem in core.modules}
+  for core in catalog.CORES:
+    for stem in core.drivers.values():
+      deps = _kernel_deps(modules[stem], modules)
+      assert not deps & {core.name, f"{core.name}_pallas", "catalog", "__init__"}, (stem, deps)
+      assert {owner.get(d, core.name) for d in deps} == {core.name}, (stem, deps)
 
 
 def test_no_cycle_between_kernel_modules():
