@@ -42,7 +42,7 @@ def attention_mask(
   q_pos = q_pos[None] if q_pos.ndim == 1 else q_pos
   k_pos = k_pos[None] if k_pos.ndim == 1 else k_pos
   q, k = q_pos[:, :, None], k_pos[:, None, :]
-  mask = k >= 0
+  mask = k >= 0  # an empty cache slot holds position -1
   if causal:
     mask &= k <= q
   if window:
@@ -81,9 +81,10 @@ def dot_product_attention(
   groups = h // kv_heads
   if toolkit.platform() == "cpu":
     return _attention_rows(q, k, v, groups, mask=mask, bias=bias, scale=scale, probs_fn=probs_fn)
-  qg = q.reshape(b, tq, kv_heads, groups, d)
+  qg = q.reshape(b, tq, kv_heads, groups, d)  # query head h reads key-value head h // groups
   logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
+    # a per-head bias [H,..] splits as the query heads do; a shared one [1,..] broadcasts over both axes
     logits = logits + bias.reshape(
       -1, kv_heads if bias.shape[0] == h else 1, groups if bias.shape[0] == h else 1, *bias.shape[1:]
     )
@@ -92,7 +93,7 @@ def dot_product_attention(
   probs = jax.nn.softmax(logits, axis=-1)
   if probs_fn is not None:
     probs = probs_fn(probs)
-  out = jnp.einsum("bkgqs,bskd->bqkgd", probs.astype(v.dtype), v)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", probs.astype(v.dtype), v)  # weights in v's dtype: a bf16 matmul
   return out.reshape(b, tq, h, v.shape[-1])
 
 
@@ -125,7 +126,7 @@ def _query_rows(x: Array, groups: int, tq: int, *, per_head: bool = False) -> Ar
   if groups == 1:
     return x
   if per_head:
-    x = jnp.broadcast_to(x, (x.shape[0], tq, x.shape[2]))
+    x = jnp.broadcast_to(x, (x.shape[0], tq, x.shape[2]))  # a [H,1,Tk] bias must fill its Tq rows to reshape
     return x.reshape(x.shape[0] // groups, groups * tq, x.shape[2])
   return x if x.shape[1] == 1 else jnp.tile(x, (1, groups, 1))
 
@@ -153,7 +154,7 @@ def local_attention(
   """
   b, t, h, _ = q.shape
   w = window
-  n = -(-t // w)
+  n = -(-t // w)  # blocks of one window; the last padded
   pad = n * w - t
   valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
 
@@ -168,11 +169,12 @@ def local_attention(
       parts.append(jnp.concatenate([x[:, 1:], side], 1))
     return jnp.concatenate(parts, 2)
 
-  q_pos = blocks(jnp.broadcast_to(jnp.arange(t), (b, t)), -1)
+  q_pos = blocks(jnp.broadcast_to(jnp.arange(t), (b, t)), -1)  # padding at position -1: an empty slot
   k_pos = neighbours(q_pos, -1)
   seg = {}
   if segments is not None:
     q_seg = blocks(segments, -1)
+    # -2 beside the blocks' -1 padding: a padded query (id -1) never matches the missing neighbour block
     seg = dict(q_segments=q_seg.reshape(b * n, w), k_segments=neighbours(q_seg, -2).reshape(b * n, -1))
   mask = attention_mask(
     q_pos.reshape(b * n, w),

@@ -106,7 +106,7 @@ def linear_attention(
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
   fq, fk = jax.nn.relu(q), jax.nn.relu(k)
-  ones = jnp.ones((*v.shape[:-1], 1), v.dtype)
+  ones = jnp.ones((*v.shape[:-1], 1), v.dtype)  # the denominator rides along as one more value column
   # Non-causal: the global sum already covers every chunk, so there is no local part.
   local_q = fq if causal else None
   both = mixed_chunk_attention(
@@ -124,5 +124,5 @@ def linear_attention(
     kernel="linear",
     impl=impl,
   )
-  num, den = both[..., :-1].astype(jnp.float32), both[..., -1:].astype(jnp.float32)
+  num, den = both[..., :-1].astype(jnp.float32), both[..., -1:].astype(jnp.float32)  # divided in float32
   return (num / (den + eps)).astype(v.dtype)

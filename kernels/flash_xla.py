@@ -40,8 +40,8 @@ def _local_weights(scores: Array, allowed: Array, kernel: str) -> Array:
   if kernel == "relu2":
     return jnp.where(allowed, jnp.square(jax.nn.relu(scores)), 0.0)
   if kernel == "softmax":
-    scores = jnp.where(allowed, scores, -1e30)
-    return jnp.where(allowed, jax.nn.softmax(scores, axis=-1), 0.0)
+    scores = jnp.where(allowed, scores, -1e30)  # finite: a row with no key allowed stays NaN-free
+    return jnp.where(allowed, jax.nn.softmax(scores, axis=-1), 0.0)  # ...and reads nothing
   if kernel == "linear":
     return jnp.where(allowed, scores, 0.0)
   raise ValueError(f"local kernel {kernel!r} is not one of {LOCAL_KERNELS}.")
@@ -87,7 +87,7 @@ def documents(segments: Array | None, valid: Array, length: int) -> Array:
   seg = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
   if length > t:  # the tail gets a value no segment has at its start
     seg = jnp.concatenate([seg, jnp.broadcast_to(seg.min(axis=1, keepdims=True) - 1, (b, length - t))], axis=1)
-  starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)  # a row starts a document
   return jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
 
 
@@ -128,12 +128,12 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
     return out
   # The chunks holding valid keys of a document form a range [lo, hi] of chunk indices.
   flat, chunk_of = doc.reshape(b, g * c), jnp.broadcast_to(jnp.arange(g)[:, None], (g, c)).reshape(g * c)
-  big = jnp.int32(g + 1)
+  big = jnp.int32(g + 1)  # above every chunk index: a padding token never lowers a document's first chunk
   has = valid.reshape(b, g * c)
   lo = jax.vmap(lambda d, k: jax.ops.segment_min(jnp.where(k, chunk_of, big), d, num_segments=g * c))(flat, has)
   hi = jax.vmap(lambda d, k: jax.ops.segment_max(jnp.where(k, chunk_of, -1), d, num_segments=g * c))(flat, has)
-  lo, hi = (jnp.take_along_axis(x, flat, axis=1).reshape(b, g, c) for x in (lo, hi))
-  top = jnp.minimum(hi, jnp.arange(g)[:, None] - 1) if causal else hi
+  lo, hi = (jnp.take_along_axis(x, flat, axis=1).reshape(b, g, c) for x in (lo, hi))  # back onto each token
+  top = jnp.minimum(hi, jnp.arange(g)[:, None] - 1) if causal else hi  # causal: only the chunks before
   count = jnp.maximum(top - lo + 1, 0).astype(f32)
   out["scale"] = jnp.where(count > 0, 1.0 / jnp.maximum(count, 1.0), 0.0)
   return out
@@ -148,8 +148,9 @@ def carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:
     (a1, b1), (a2, b2) = first, then
     return a1 * a2, a2 * b1 + b2
 
+  # O(log G) depth instead of a serial scan over the chunks
   _, inclusive = jax.lax.associative_scan(combine, (keep, kv), axis=1, reverse=reverse)
-  zero = jnp.zeros_like(inclusive[:, :1])
+  zero = jnp.zeros_like(inclusive[:, :1])  # exclusive: shift by one chunk, the first reads nothing
   if reverse:
     return jnp.concatenate([inclusive[:, 1:], zero], axis=1)
   return jnp.concatenate([zero, inclusive[:, :-1]], axis=1)
@@ -194,7 +195,7 @@ def mixed_chunk_attention(
   c = min(chunk, t)
   g = -(-t // c)
   valid = jnp.ones((b, t), bool) if mask is None else mask
-  plain = segments is None and global_norm == "sum"
+  plain = segments is None and global_norm == "sum"  # no restarts, no per-query factors: a plain prefix sum
   doc = None if plain else documents(segments, valid, g * c)
   if g * c != t:
     widths = lambda x: [(0, 0), (0, g * c - t)] + [(0, 0)] * (x.ndim - 2)
@@ -208,7 +209,7 @@ def mixed_chunk_attention(
   if quad_q is not None:
     scores = jnp.einsum("bgihs,bgjhs->bghij", quad_q, quad_k, preferred_element_type=jnp.float32) * quad_scale
     if bias is not None:
-      scores = scores + bias[:c, :c].astype(jnp.float32)
+      scores = scores + bias[:c, :c].astype(jnp.float32)  # a chunk cut short by T: the top-left corner
     allowed = valid[:, :, None, None, :]
     if causal:
       allowed = allowed & jnp.tril(jnp.ones((c, c), bool))
@@ -218,8 +219,8 @@ def mixed_chunk_attention(
     out = out + jnp.einsum("bghij,bgjhe->bgihe", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
   if lin_q is None:
     return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
-  lq = lin_q.astype(jnp.float32)
-  sums = lambda w: (
+  lq = lin_q.astype(jnp.float32)  # the sums are float32: so is the query that reads them
+  sums = lambda w: (  # per chunk, the weighted sum of lin_k^T v of its keys
     jnp.einsum("bgchs,bgche->bghse", jnp.where(w[..., None, None] > 0, lin_k, 0), v, preferred_element_type=jnp.float32)
     * lin_scale
   )
@@ -238,7 +239,7 @@ def mixed_chunk_attention(
     later = carried_sums(sums(lay["bwd_w"]), lay["bwd_keep"], reverse=True)
     glob = glob + read(jnp.einsum("bgchs,bghse->bgche", lq, later), "bwd_read")
     own = jnp.einsum("bgihs,bgjhs->bghij", lq, lin_k, preferred_element_type=jnp.float32) * lin_scale
-    own = jnp.where((same & valid[:, :, None, :])[:, :, None], own, 0.0)
+    own = jnp.where((same & valid[:, :, None, :])[:, :, None], own, 0.0)  # the query's document, real keys
     glob = glob + jnp.einsum("bghij,bgjhe->bgihe", own, v.astype(jnp.float32))
   out = out + glob * lay["scale"][..., None, None]
   return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
@@ -298,7 +299,7 @@ def chunk_step(
   """One causal step at `position`: inputs [B,H,S] / [B,H,E], bias_row [C] (bias[i, :] for
   i = position mod C) -> y [B,H,E], next state. Equals mixed_chunk_attention at that position
   (None drops a part, as there; decoding is one document, so "mean" divides by position // C)."""
-  i = position % chunk
+  i = position % chunk  # the slot of this position in the current chunk
   state = dict(state)
   out = jnp.zeros(v.shape, jnp.float32)
   if quad_q is not None:
@@ -308,7 +309,7 @@ def chunk_step(
     scores = jnp.einsum("bhs,bjhs->bhj", quad_q, keys, preferred_element_type=jnp.float32) * quad_scale
     if bias_row is not None:
       scores = scores + bias_row.astype(jnp.float32)
-    weights = _local_weights(scores, jnp.arange(chunk) <= i, kernel)
+    weights = _local_weights(scores, jnp.arange(chunk) <= i, kernel)  # slots after i: the previous chunk's
     out = out + jnp.einsum("bhj,bjhe->bhe", weights, values.astype(jnp.float32))
   if lin_q is not None:
     glob = jnp.einsum("bhs,bhse->bhe", lin_q.astype(jnp.float32), state["kv"])

@@ -121,6 +121,6 @@ def causal_latte(
   _check_impl(impl)
   _check_chunk(chunk)
   kw = dict(state=state, segments=segments, latent_scale=latent_scale)
-  if impl == "pallas":
+  if impl == "pallas":  # chunk None: the kernel's own block for the target (tile-sized, not the XLA form's)
     return latte_pallas.causal_latte(q, k, v, chunk=chunk, **kw)
   return latte_xla.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)

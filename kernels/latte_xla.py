@@ -67,7 +67,7 @@ def chunk_documents(doc: Array, chunk: int) -> tuple[Array, Array]:
   first chunk: document 0, which a carried state continues)."""
   b, t = doc.shape
   n = -(-t // chunk)
-  doc = jnp.pad(doc, ((0, 0), (0, n * chunk - t)), mode="edge").reshape(b, n, chunk)
+  doc = jnp.pad(doc, ((0, 0), (0, n * chunk - t)), mode="edge").reshape(b, n, chunk)  # the tail continues the last
   before = jnp.concatenate([jnp.zeros_like(doc[:, :1, 0]), doc[:, :-1, -1]], axis=1)
   return doc, doc == before[:, :, None]
 
@@ -81,6 +81,7 @@ def latent_probs(q: Array, latent_scale: Array | None) -> Array:
 def _per_document(x: Array, doc: Array, op) -> Array:
   """op (jax.ops.segment_max / segment_sum) of x [B,T,H,L] over each token's document, per token."""
   t = x.shape[1]
+  # at most T documents; their indices rise along the row (`documents`), so sorted
   per_doc = jax.vmap(lambda xb, db: op(xb, db, num_segments=t, indices_are_sorted=True))(x, doc)
   return jnp.take_along_axis(per_doc, doc[:, :, None, None], axis=1)
 
@@ -226,12 +227,13 @@ def latte_chunk(
   carried = jnp.exp(past_max - m)  # [B,Ct,H,L]
   if docs is not None:
     carried = jnp.where(cont[:, :, None, None], carried, 0.0)
+  # masked before exp too: a later key's k - m can overflow, and inf * 0 in the gradient is NaN
   within = jnp.where(causal, jnp.exp(jnp.where(causal, k[:, None] - m[:, :, None], 0.0)), 0.0)
   den = within.sum(2) + carried * state["den"][:, None]  # >= 1: holds the max term
   r = p / den
   y = jnp.einsum("btsh,bshd->bthd", (r[:, :, None] * within).sum(-1), v)
   y = y + jnp.einsum("bthl,bhld->bthd", r * carried, state["num"])
-  end = m[:, -1]
+  end = m[:, -1]  # the last token's running max: the next state's scale
   if docs is None:
     to_end, decay = jnp.exp(k - end[:, None]), jnp.exp(state["max"] - end)
   else:

@@ -111,7 +111,7 @@ def vq_attention_blocks(
     raise ValueError(f"segments must be [B,T] = [{b},{t}], got {tuple(segments.shape)}.")
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
-  if impl == "pallas":
+  if impl == "pallas":  # the kernel reads the position term as XLA's [L,2L] blocks, the size of its local scores
     if carry_gradient:
       raise ValueError("carry_gradient needs impl 'xla': the Pallas kernel holds its carry constant.")
     bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
@@ -186,6 +186,7 @@ def vq_attention(
     raise ValueError(f"reduction {reduction!r} is not one of {REDUCTIONS}.")
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
+  # The argmin has no gradient: stopping it here keeps the quantizer's distances out of the backward pass.
   z, _ = quantize(sg(k), sg(codebook))
   out, _ = vq_attention_blocks(
     q, codewords(z, codebook), z, v, codebook, block_len=block_len, reduction=reduction, impl=impl, segments=segments

@@ -56,12 +56,12 @@ def quantize(k: Array, codebook: Array, *, chunk: int = 0) -> tuple[Array, Array
     z, d2 = jax.lax.map(lambda x: quantize(x, codebook), chunks)
     return tuple(jnp.moveaxis(a, 0, 1).reshape((b, t) + a.shape[3:]) for a in (z, d2))
   k32, c32 = k.astype(jnp.float32), codebook.astype(jnp.float32)
-  d2 = (
+  d2 = (  # |k - c|^2 expanded: one [T,Dk] x [Dk,S] matmul instead of a [T,S,Dk] difference
     jnp.sum(k32 * k32, -1)[..., None]
     - 2.0 * jnp.einsum("bthk,hsk->bths", k32, c32)
     + jnp.sum(c32 * c32, -1)[None, None]
   )
-  return jnp.argmin(d2, -1).astype(jnp.int32), jax.nn.relu(jnp.min(d2, -1))
+  return jnp.argmin(d2, -1).astype(jnp.int32), jax.nn.relu(jnp.min(d2, -1))  # relu: the expansion can round below 0
 
 
 def codewords(z: Array, codebook: Array) -> Array:
@@ -93,9 +93,9 @@ def code_statistics(z: Array, k: Array, weights: Array, n_code: int, *, scatter:
 def block_summaries(z: Array, v: Array, n_code: int) -> tuple[Array, Array]:
   """Per block and code: mean of the values and count. z [B,R,L,H], v [B,R,L,H,Dv] -> [B,R,H,S,Dv], [B,R,H,S]."""
   delta = jax.nn.one_hot(z, n_code, dtype=jnp.float32)
-  count = delta.sum(2)
+  count = delta.sum(2)  # code S (no key) is outside the one-hot: it counts nowhere
   total = jnp.einsum("brlhs,brlhv->brhsv", delta, v.astype(jnp.float32))
-  return total / jnp.maximum(count, 1.0)[..., None], count
+  return total / jnp.maximum(count, 1.0)[..., None], count  # an empty code's mean is 0, weighted 0 by `merge`
 
 
 def merge(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]:
@@ -139,6 +139,7 @@ def prefix_summaries(mean: Array, count: Array, reduction: str, reset: Array | N
     n = count.shape[1]
     g = jnp.arange(n)
     first = jax.lax.cummax(jnp.where(reset, g, 0), axis=1)  # [B,N]: where r's prefix starts
+    # weights[b, r, g] = 1 for the elements g of r's prefix: first[r] <= g <= r
     weights = ((g[None, None, :] <= g[None, :, None]) & (g[None, None, :] >= first[:, :, None])).astype(jnp.float32)
     cum = jnp.einsum("brg,bghs->brhs", weights, count)  # [B,N,H,S]
     frac = jnp.einsum("brg,bghs->brghs", weights, count) / jnp.maximum(cum, 1.0)[:, :, None]
@@ -162,7 +163,7 @@ def init_carry(
   return {
     "k": jnp.zeros((b, l, h, d_k), dtype),
     "v": jnp.zeros((b, l, h, d_v), dtype),
-    "z": jnp.full((b, l, h), n_code, jnp.int32),
+    "z": jnp.full((b, l, h), n_code, jnp.int32),  # code S: no key, masked and never folded
     "mean": jnp.zeros((b, h, n_code, d_v), jnp.float32),
     "count": jnp.zeros((b, h, n_code), jnp.float32),
     "seg": jnp.full((b, l), -1, jnp.int32),
@@ -204,7 +205,7 @@ def relative_bias(rel_q: Array, rel_table: Array, distance: Array) -> Array:
   """
   window = rel_table.shape[-2] - 1
   by_distance = jnp.einsum("...hgik,hgdk->...hgid", rel_q.astype(jnp.float32), rel_table.astype(jnp.float32))
-  idx = jnp.clip(distance, 0, window)
+  idx = jnp.clip(distance, 0, window)  # any valid index for distances outside [0, L]: masked below
   idx = jnp.broadcast_to(idx, by_distance.shape[:-1] + idx.shape[-1:])
   bias = jnp.take_along_axis(by_distance, idx, axis=-1)
   return jnp.where((distance >= 0) & (distance <= window), bias, 0.0)
@@ -231,7 +232,7 @@ def _softmax_combine(recent: Array, recent_v: Array, cache: Array | None, cache_
   if cache is not None:
     m = jnp.maximum(m, cache.max(-1))
   m = sg(m)[..., None]
-  a_recent = jnp.exp(recent - m)
+  a_recent = jnp.exp(recent - m)  # <= 1: one max over the recent keys and the codes together
   denom = a_recent.sum(-1)
   if cache is not None:
     a_cache = jnp.exp(cache - m)
@@ -256,6 +257,7 @@ def xl_bias_blocks(rel: tuple[Array, Array], num_kv_heads: int, block_len: int) 
   rq = rq.transpose(0, 1, 3, 4, 2, 5)  # [B,R,Hk,G,L,Dk]
   table = group_table(rel_table, num_kv_heads)
   by_distance = jnp.einsum("brhgik,hgdk->brhgid", rq.astype(jnp.float32), table.astype(jnp.float32))
+  # Flipped, column c holds distance L - c; `skew` shifts row i right by i: column j holds distance L + i - j.
   return skew(jnp.flip(by_distance, -1), 2 * l)
 
 
@@ -328,7 +330,7 @@ def cached_attention(
 
   i = jnp.arange(l)[:, None]
   j = jnp.arange(2 * l)[None, :]
-  distance = l + i - j  # [L,2L]
+  distance = l + i - j  # [L,2L]: the previous block's keys come first
   keep = (distance >= 0) & (recent_z != s).transpose(0, 1, 3, 2)[:, :, :, None, None, :]
   if not compressive:
     keep = keep & (distance <= l)
@@ -347,10 +349,12 @@ def cached_attention(
   if compressive:
     cache_mean = cum_mean[:, :r] if grad_through_cache else sg(cum_mean[:, :r])
     count = cum_count[:, :r]
+    # a code's weight is count_s exp(q.c_s): its score gets log count_s; an empty code none
     log_count = jnp.where(count > 0, jnp.log(jnp.maximum(count, 1.0)), -MASK)
     cache_scores = jnp.einsum("brihgk,hsk->brhgis", qb, codebook.astype(jnp.float32))
     cache_scores = cache_scores + log_count[:, :, :, None, None, :]
     if plan is not None:
+      # a query whose document is not the cache's reads no code
       cache_scores = jnp.where(plan["reads"][:, :, None, None, :, None], cache_scores, -MASK)
 
   out = _softmax_combine(scores, recent_v, cache_scores, cache_mean)
