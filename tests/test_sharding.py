@@ -20,18 +20,23 @@ SPEC = "configs/enwik8/transformer.py:tiny,plusplus"
 TOLERANCE = dict(rtol=2e-5, atol=2e-6)
 
 
-def batches(num, batch_size=8, seq_len=64, windows=1):
-  """Random token batches; with windows > 1, consecutive update windows of one sequence batch."""
-  rng = np.random.default_rng(0)
+def batches(num, batch_size=8, seq_len=64, windows=1, documents=False):
+  """Random token batches; with windows > 1, consecutive update windows of one sequence batch; with
+  `documents`, rows packed with documents of random lengths (segment_ids from 1, about 1 in 12 tokens
+  starts one)."""
+  rng, doc_rng = np.random.default_rng(0), np.random.default_rng(1)  # the same tokens with or without documents
   for i in range(num):
     tokens = rng.integers(0, 256, size=(batch_size, seq_len + 1)).astype(np.int32)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((batch_size, seq_len), np.float32)}
     if windows > 1:
       batch["reset"] = np.asarray(i % windows == 0)
+    if documents:
+      starts = doc_rng.random((batch_size, seq_len)) < 1 / 12
+      batch["segment_ids"] = (1 + np.cumsum(starts, axis=1)).astype(np.int32)
     yield batch
 
 
-def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1):
+def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1, documents=False):
   config = lra_core.load_config(spec, [*mesh_overrides, *extra])
   mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
@@ -42,7 +47,8 @@ def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
     state = spec.init()
     losses = []
-    for batch in batches(steps, seq_len=config.train.update_len or config.train.seq_len, windows=windows):
+    seq_len = config.train.update_len or config.train.seq_len
+    for batch in batches(steps, seq_len=seq_len, windows=windows, documents=documents):
       state, metrics = step(state, to_device(batch, mesh, rules))
       losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
   return config, mesh, spec, state, losses
@@ -112,6 +118,29 @@ def test_latte_macchiato_sharded_equals_single_device():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
   query = sharded_spec.shardings["params"]["blocks"][0]["attn"]["query"]["kernel"]
   assert query.spec == P("fsdp", "tensor", None)  # [embed, heads, latents]: heads split over tensor
+
+
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "configs/c4/transformer.py:tiny,lm",
+    pytest.param("configs/c4/latte.py:tiny,latte_rglru_swa++", marks=pytest.mark.slow),
+  ],
+)
+def test_packed_documents_sharded_equal_single_device(spec):
+  """Rows of packed documents (segment_ids: attention, the Latte scan, RG-LRU and positions restart at
+  each document) under 8-way data / FSDP / tensor sharding: the single device's losses and parameters
+  after three steps, and the documents really are masked apart (the losses differ from one document
+  per row)."""
+  extra = ["data.document_mask=true", "model.dropout=0.1"]
+  _, _, _, state1, losses1 = train(ONE_DEVICE, spec=spec, extra=extra, documents=True)
+  _, mesh, _, state8, losses8 = train(EIGHT_DEVICES, spec=spec, extra=extra, documents=True)
+  assert mesh.size == 8
+  np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
+  for a, b in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+  _, _, _, _, whole_rows = train(ONE_DEVICE, spec=spec, extra=extra, documents=False)
+  assert not np.allclose(losses1, whole_rows)
 
 
 def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sharded):
