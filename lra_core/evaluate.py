@@ -23,7 +23,8 @@ import optax
 
 from lra_core import cli, data_setup, fs, layout, sharding
 from lra_core.checkpoint import restore_params
-from lra_core.data import SPLITS, pipeline
+from lra_core.data import pipeline
+from lra_core.dataset_record import SPLITS
 from lra_core.state import eval_params, make_state_spec, to_host
 from lra_core.steps import make_eval_step
 

@@ -25,11 +25,11 @@ import numpy as np
 from flax import nnx
 
 from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding, step_compile, throughput, trackers
-from lra_core import data as data_lib
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
 from lra_core.data import pipeline
+from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.evaluate import Evaluator
 from lra_core.metrics import MetricWriter, Progress
@@ -74,7 +74,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   _log_mesh(mesh)
 
   # ----------------------------------------------------------------------------- Data
-  sources, task = data_setup.setup_data(config, data_lib.SPLITS, mesh)
+  sources, task = data_setup.setup_data(config, SPLITS, mesh)
   train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
   first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
   data_setup.check_batch(first, config, 0)

@@ -16,6 +16,7 @@ import lra_core
 from lra_core import data as data_lib
 from lra_core import registry
 from lra_core.data import pipeline
+from lra_core.dataset_record import SPLITS
 from lra_core.train import train_and_evaluate
 
 NAMES = fixtures.available()
@@ -32,7 +33,7 @@ def dataset(request, tmp_path_factory):
 
 
 def _sources(config):
-  return {split: data_lib.make_source(config, split) for split in data_lib.SPLITS}
+  return {split: data_lib.make_source(config, split) for split in SPLITS}
 
 
 def _signature(example):

@@ -20,6 +20,7 @@ import lra_core
 from lra_core import data as data_lib
 from lra_core import fs, registry
 from lra_core.data import cache, files, tokenizer
+from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 
 
@@ -47,7 +48,7 @@ def _configs(name, tmp_path, fake_gcs, *, layout=None):
 
 def _assert_same_examples(local, remote):
   registry.dataset_module(remote.data.name).validate_config(remote)
-  for split in data_lib.SPLITS:
+  for split in SPLITS:
     want, got = data_lib.make_source(local, split), data_lib.make_source(remote, split)
     assert len(got) == len(want) > 0, split
     assert got.info == want.info
@@ -140,7 +141,7 @@ def test_sentencepiece_trains_from_and_into_a_bucket_and_loads_from_its_bytes(tm
 def _error(config):
   with pytest.raises((ConfigError, DataError)) as info:
     registry.dataset_module(config.data.name).validate_config(config)
-    for split in data_lib.SPLITS:
+    for split in SPLITS:
       data_lib.make_source(config, split)
   return info.type, str(info.value)
 

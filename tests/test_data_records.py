@@ -12,6 +12,7 @@ import lra_core
 from lra_core import data as data_lib
 from lra_core import registry, task_kinds
 from lra_core.data_setup import config_data_info
+from lra_core.dataset_record import SPLITS, Dataset
 from lra_core.errors import ConfigError
 
 
@@ -23,7 +24,7 @@ def test_every_record_is_declared_under_its_module_name_with_known_tasks_and_spl
     record = registry.dataset(name)
     assert module.DATASET is record and module.__name__.rpartition(".")[2] == record.name == name
     assert record.unit and record.tasks and set(record.tasks) <= set(task_kinds.TASKS), record
-    assert record.splits and set(record.splits) <= set(data_lib.SPLITS), record
+    assert record.splits and set(record.splits) <= set(SPLITS), record
     assert module.data_config().name == name  # the config section's default name is the record's
 
 
@@ -37,7 +38,7 @@ def test_no_record_goes_unfound():
         continue
       stems.append(path.stem)
       record = getattr(importlib.import_module(f"{package}.{path.stem}"), "DATASET", None)
-      if isinstance(record, data_lib.Dataset):
+      if isinstance(record, Dataset):
         declared[path.stem] = record.name
   assert len(stems) == len(set(stems)), sorted(stems)
   assert declared == {name: name for name in registry.dataset_names()}

@@ -14,6 +14,7 @@ import pytest
 from lra_core import data as data_lib
 from lra_core.data import bytes as bytes_data
 from lra_core.data.lra import retrieval
+from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 
 TEXT = ("<mediawiki> Zürich, Ελληνικά, 日本語 and plain ASCII; " * 40).encode("utf-8")
@@ -89,7 +90,7 @@ def test_split_ranges_are_contiguous_with_requested_fractions():
   fractions = (0.7, 0.2, 0.1)
   for num_bytes in (1000, 12_345, 99_999):
     ranges = bytes_data.split_ranges(num_bytes, fractions)
-    spans = [ranges[s] for s in data_lib.SPLITS]
+    spans = [ranges[s] for s in SPLITS]
     assert spans[0][0] == 0 and spans[-1][1] == num_bytes
     for (_, stop), (start, _) in zip(spans, spans[1:]):
       assert stop == start
@@ -106,7 +107,7 @@ def test_split_ranges_are_contiguous_with_requested_fractions():
 @pytest.mark.parametrize("archive", ["zip_file", "gz_file"])
 def test_compressed_files_read_like_the_raw_file(request, raw_file, archive):
   compressed = request.getfixturevalue(archive)
-  for split in data_lib.SPLITS:
+  for split in SPLITS:
     want = bytes_data.make_source(_bytes_config(raw_file), split)
     got = bytes_data.make_source(_bytes_config(compressed), split)
     assert len(got) == len(want) > 0

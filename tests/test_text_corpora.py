@@ -21,6 +21,7 @@ from fixtures import pg19_tfds as pg19_tfds_fixture
 from lra_core import data as data_lib
 from lra_core.data import c4, pg19, tokenizer
 from lra_core.data import text as text_corpus
+from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 
 
@@ -53,7 +54,7 @@ def test_pg19_concat_windows_equal_the_independent_byte_stream(tmp_path):
   config = _load(pg19_fixture, tmp_path)
   pg19.validate_config(config)
   seq_len = config.train.seq_len
-  for split in data_lib.SPLITS:
+  for split in SPLITS:
     books = _books(split)
     stream = _byte_stream(text for _, text in books)
     source = data_lib.make_source(config, split)
@@ -78,7 +79,7 @@ def test_pg19_concat_windows_equal_the_independent_byte_stream(tmp_path):
     assert _all(source, "inputs").max() < 258
 
 
-@pytest.mark.parametrize("split", data_lib.SPLITS)
+@pytest.mark.parametrize("split", SPLITS)
 def test_pg19_word_marks_count_the_whitespace_words_of_the_split(tmp_path, split):
   # With T = 1 a concat pass predicts every token but the first, so the words it marks are all
   # whitespace-separated words of the split's books except the very first one.
@@ -98,7 +99,7 @@ def test_pg19_tfds_gives_the_same_books_as_the_files(tmp_path):
   files_config = _load(pg19_fixture, tmp_path / "files")
   tfds_config = _load(pg19_tfds_fixture, tmp_path / "tfds")
   pg19.validate_config(tfds_config)
-  for split in data_lib.SPLITS:
+  for split in SPLITS:
     by_id = {}
     for config in (files_config, tfds_config):
       source = data_lib.make_source(config, split)
@@ -195,7 +196,7 @@ def test_tokenizer_cli_trains_a_model_that_pg19_reads_and_counts_words_with(tmp_
 
   config = _load(pg19_fixture, tmp_path, "data.tokenizer=spm/bpe.model", "train.seq_len=1")
   pg19.validate_config(config)
-  for split in data_lib.SPLITS:
+  for split in SPLITS:
     books = _books(split)
     source = data_lib.make_source(config, split)
     assert source.info.vocab_size == 80 and source.info.unit == "token"
@@ -223,7 +224,7 @@ def test_c4_lm_streams_match_sentencepiece_and_test_reads_validation(tmp_path, c
   sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
   texts = {"train": _c4_docs(0, 30) + _c4_docs(1, 30), "validation": _c4_docs(2, 30), "test": _c4_docs(2, 30)}
   with caplog.at_level(logging.INFO):
-    sources = {split: data_lib.make_source(config, split) for split in data_lib.SPLITS}
+    sources = {split: data_lib.make_source(config, split) for split in SPLITS}
   assert (
     "c4 has no test split: the test split reads the validation data 'c4-validation.*-of-00008.json.gz'" in caplog.text
   )
@@ -243,7 +244,7 @@ def test_c4_mlm_packs_whole_documents_from_slices_of_one_shard(tmp_path):
   c4.validate_config(config)
   texts = _c4_docs(3, 100)
   seen = []
-  for split, (start, stop) in zip(data_lib.SPLITS, ((0, 60), (60, 80), (80, 100))):
+  for split, (start, stop) in zip(SPLITS, ((0, 60), (60, 80), (80, 100))):
     source = data_lib.make_source(config, split)
     np.testing.assert_array_equal(source.doc_ids, np.arange(start, stop))
     seen += source.doc_ids.tolist()
@@ -279,7 +280,7 @@ def test_c4_errors_name_the_file_and_the_layout(tmp_path):
     )
     with pytest.raises(kind, match=match) as info:
       data_lib.validate_config(config)
-      for split in data_lib.SPLITS:
+      for split in SPLITS:
         c4.make_source(config, split)
     assert "\n" not in str(info.value)
 
@@ -354,7 +355,7 @@ def test_c4_tfds_source_with_slices_and_test_from_validation(tmp_path):
     ],
   )
   c4.validate_config(config)
-  sources = {split: data_lib.make_source(config, split) for split in data_lib.SPLITS}
+  sources = {split: data_lib.make_source(config, split) for split in SPLITS}
   got = {}
   for split, source in sources.items():
     starts = source.corpus.starts

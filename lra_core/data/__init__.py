@@ -36,9 +36,6 @@ import ml_collections
 import numpy as np
 
 from lra_core import registry, task_kinds
-
-# The data package's face: dataset modules declare `Dataset` records, and the pipeline opens SPLITS.
-from lra_core.dataset_record import SPLITS, Dataset  # noqa: F401
 from lra_core.errors import ConfigError
 
 

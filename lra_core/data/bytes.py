@@ -31,7 +31,8 @@ import ml_collections
 import numpy as np
 
 from lra_core import fs
-from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files
+from lra_core.data import DataInfo, cache, check_index, config_section, files
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 DATASET = Dataset(name="bytes", unit="byte", tasks=("lm", "mlm"))

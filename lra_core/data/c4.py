@@ -45,8 +45,9 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import Dataset, cache, config_section, files, tfds_source
+from lra_core.data import cache, config_section, files, tfds_source
 from lra_core.data import text as text_corpus
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 # Metrics count SentencePiece tokens, or bytes with data.tokenizer="bytes" (lra_core.data.text).

@@ -50,8 +50,9 @@ import numpy as np
 from etils import epath
 
 from lra_core import task_kinds
-from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example, tfds_source
+from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, flip_left_right, planar_to_hwc
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 # One target is one colour value of one pixel: image_ar reports bits per dim, as the papers do.

@@ -52,8 +52,9 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli
-from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example, tfds_source
+from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.data.images import downsample, planar_to_hwc
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 DATASET = Dataset(name="cifar10", unit="pixel", tasks=("classify",))

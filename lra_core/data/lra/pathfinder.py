@@ -53,8 +53,9 @@ import numpy as np
 from etils import epath
 
 from lra_core import cli
-from lra_core.data import DataInfo, Dataset, cache, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
 from lra_core.data.lra.pathfinder_generator import generate
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 DATASET = Dataset(name="pathfinder", unit="pixel", tasks=("classify",))

@@ -29,7 +29,8 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core.data import DataInfo, Dataset, check_index, config_section, files, labelled_example
+from lra_core.data import DataInfo, check_index, config_section, files, labelled_example
+from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
 DATASET = Dataset(name="retrieval", unit="byte", tasks=("retrieval",))
