@@ -8,12 +8,13 @@ the same code.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import context, toolkit
 from lra_core.kernels.segments import same_segment
 
 Array = jax.Array
@@ -154,6 +155,14 @@ def local_attention(
   """
   b, t, h, _ = q.shape
   w = window
+  if context.split(t):  # a sequence over chips: each chip its own blocks, its neighbours' edge blocks
+    chip = functools.partial(local_attention, window=w, causal=causal, scale=scale, probs_fn=probs_fn)
+    dims = ("bth.", "btk.", "btk.", "bt", "bt")
+    run = lambda q, k, v, k_valid, segments: chip(q, k, v, k_valid=k_valid, segments=segments)
+    args = (q, k, v, k_valid, segments)
+    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
+  if context.axes() and t % w:
+    raise ValueError(f"window {w} does not divide the {t} steps of a chip's slice of the sequence.")
   n = -(-t // w)  # blocks of one window; the last padded
   pad = n * w - t
   valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
@@ -163,13 +172,14 @@ def local_attention(
     return x.reshape(b, n, w, *x.shape[2:])
 
   def neighbours(x, fill):  # [B,N,W,...] -> [B,N,S*W,...]: previous (, own, next) blocks
-    side = jnp.full_like(x[:, :1], fill)
-    parts = [jnp.concatenate([side, x[:, :-1]], 1), x]
+    # the blocks beside the slice: the neighbouring chips' edge blocks, or `fill` (kernels/context.py)
+    parts = [jnp.concatenate([context.before(x, 1, fill), x[:, :-1]], 1), x]
     if not causal:
-      parts.append(jnp.concatenate([x[:, 1:], side], 1))
+      parts.append(jnp.concatenate([x[:, 1:], context.after(x, 1, fill)], 1))
     return jnp.concatenate(parts, 2)
 
-  q_pos = blocks(jnp.broadcast_to(jnp.arange(t), (b, t)), -1)  # padding at position -1: an empty slot
+  positions = jnp.arange(t) + context.offset(t)  # global: a neighbouring chip's block sits before 0
+  q_pos = blocks(jnp.broadcast_to(positions, (b, t)), -1)  # padding at position -1: an empty slot
   k_pos = neighbours(q_pos, -1)
   seg = {}
   if segments is not None:

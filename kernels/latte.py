@@ -8,6 +8,12 @@ target and dispatches; it imports both, and neither imports it.
 
 Both cores take `segments` int[B,T] (packed documents, kernels/segments.py: a token reads only its
 own document's tokens) and `latent_scale` float[B,T,H,L] (multiplies p(l|t): latent dropout).
+
+With the time axis split over chips (kernels/context.py) each chip runs the same core on its slice.
+Causal: the state it starts from is the fold of the earlier chips' `document_state`s (restarting at
+a document that starts on a chip), one [B,H,L,D+2] state per chip all-gathered. Bidirectional: the
+softmax over time needs the global max and sums of exp(k - max) and exp(k - max) v per latent, one
+pmax and one psum of [B,H,L,D+1]; the per-chip work is then one einsum, the same for both impls.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import latte_pallas, latte_xla, toolkit
+from lra_core.kernels import context, latte_pallas, latte_xla, toolkit
 from lra_core.kernels.latte_xla import (
   bidirectional_latte_reference,
   causal_latte_reference,
   init_latte_state,
   latte_step,
 )
+from lra_core.kernels.segments import segment_starts
 
 __all__ = [
   "IMPLS",
@@ -88,6 +95,10 @@ def bidirectional_latte(
   _check(q, k, v, mask, segments, latent_scale)
   _check_impl(impl)
   _check_chunk(chunk)
+  if context.split(q.shape[1]):
+    if segments is not None:
+      raise ValueError("bidirectional latte over packed documents cannot split the sequence over chips yet.")
+    return _bidirectional_per_chip(q, k, v, mask, latent_scale)
   kw = dict(mask=mask, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":
     return latte_pallas.bidirectional_latte(q, k, v, chunk=chunk, **kw)
@@ -120,7 +131,58 @@ def causal_latte(
   _check(q, k, v, segments=segments, latent_scale=latent_scale)
   _check_impl(impl)
   _check_chunk(chunk)
+  if context.split(q.shape[1]):
+    return _causal_per_chip(q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale)
   kw = dict(state=state, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":  # chunk None: the kernel's own block for the target (tile-sized, not the XLA form's)
     return latte_pallas.causal_latte(q, k, v, chunk=chunk, **kw)
   return latte_xla.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
+
+
+# -- one sequence over several chips (kernels/context.py) --------------------------------------------
+
+
+def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> Array:
+  b, t, h, l = q.shape
+  state = init_latte_state(b, h, l, v.shape[-1]) if state is None else state
+
+  def chip(q, k, v, state, segments, latent_scale):
+    b = q.shape[0]  # this chip's rows
+    boundary = jnp.zeros((b,), bool)  # this slice's first token starts a document
+    summary = latte_xla.document_state(k, v, segments)
+    fresh = boundary  # the document open at the slice's end starts inside it: the fold restarts
+    if segments is not None:
+      starts = segment_starts(segments)
+      boundary = starts[:, 0] & (context.index() > 0)  # chip 0 continues the given state
+      fresh = boundary | starts[:, 1:].any(axis=1)
+    rows = lambda x, f: jnp.where(f.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0)
+
+    def combine(carried, s):
+      merged = latte_xla.merge_states(carried, s[0])
+      return {n: rows(s[0][n], s[1]) + rows(merged[n], ~s[1]) for n in merged}
+
+    carried = context.fold_before((summary, fresh), combine, state)
+    empty = init_latte_state(*q.shape[:1], *q.shape[2:], v.shape[-1])
+    incoming = {n: jnp.where(boundary.reshape((-1,) + (1,) * (x.ndim - 1)), empty[n], x) for n, x in carried.items()}
+    return causal_latte(q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale)
+
+  state_dims = {n: "bh" + "." * (x.ndim - 2) for n, x in state.items()}
+  args = (q, k, v, state, segments, latent_scale)
+  dims = ("bth.", "bth.", "bth.", state_dims, "bt", "bth.")
+  return context.per_chip(chip, args, dims, "bth.", batch=b, heads=h, length=t)
+
+
+def _bidirectional_per_chip(q, k, v, mask, latent_scale) -> Array:
+  b, t, h, _ = q.shape
+
+  def chip(q, k, v, mask, latent_scale):
+    k = latte_xla.masked_keys(k, mask)
+    m = jax.lax.stop_gradient(context.maximum(jax.lax.stop_gradient(k.max(1))))  # [B,H,L]
+    e = jnp.exp(k - m[:, None])
+    num = context.total(jnp.einsum("bthl,bthd->bhld", e, v.astype(jnp.float32)))
+    den = context.total(e.sum(1))  # >= 1 somewhere: it holds the max term
+    p = latte_xla.latent_probs(q, latent_scale)
+    return jnp.einsum("bthl,bhld->bthd", p, num / den[..., None]).astype(v.dtype)
+
+  dims = ("bth.", "bth.", "bth.", "bt", "bth.")
+  return context.per_chip(chip, (q, k, v, mask, latent_scale), dims, "bth.", batch=b, heads=h, length=t)

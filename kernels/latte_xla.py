@@ -201,6 +201,31 @@ def init_latte_state(batch: int, heads: int, latents: int, width: int) -> dict[s
   }
 
 
+def document_state(k: Array, v: Array, segments: Array | None) -> dict[str, Array]:
+  """The state an empty one becomes after k [B,T,H,L], v [B,T,H,D]: the sums of the document open
+  at the end (all of it without `segments`), without the scan: what a chip's slice of a split
+  sequence passes on (kernels/context.py), O(T L D)."""
+  k = k.astype(f32)
+  if segments is not None:
+    doc = documents(segments)
+    k = jnp.where((doc == doc[:, -1:])[:, :, None, None], k, NEG)
+  m = sg(k.max(1))  # [B,H,L]
+  e = jnp.exp(k - m[:, None])  # 0 off the last document: k - m <= NEG there
+  return {"num": jnp.einsum("bshl,bshd->bhld", e, v.astype(f32)), "den": e.sum(1), "max": m}
+
+
+def merge_states(first: dict[str, Array], then: dict[str, Array]) -> dict[str, Array]:
+  """The state after `first`'s tokens and then `then`'s, one document: both sums rescaled to the
+  larger running max (an empty state's max is NEG, its sums 0: it changes nothing)."""
+  m = jnp.maximum(first["max"], then["max"])
+  a, b = jnp.exp(first["max"] - m), jnp.exp(then["max"] - m)
+  return {
+    "num": a[..., None] * first["num"] + b[..., None] * then["num"],
+    "den": a * first["den"] + b * then["den"],
+    "max": m,
+  }
+
+
 def latte_chunk(
   state: dict[str, Array], p: Array, k: Array, v: Array, docs: tuple[Array, Array] | None = None
 ) -> tuple[dict[str, Array], Array]:

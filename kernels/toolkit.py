@@ -36,8 +36,9 @@ which lowers through `sign`, would).
 Sharding: the kernels are independent per (batch, head), so under `per_device_mesh(mesh, ...)`
 (entered by `lra_core.sharding.activate`) `run_per_device` wraps them in `jax.shard_map` with
 batch and heads split over the mesh axes the rules name; under `jax.set_mesh` alone, as the
-arguments' explicit shardings say. The time axis is never split, and a kernel under a mesh of
-several devices always runs in shard_map (replicated where nothing splits).
+arguments' explicit shardings say. A kernel under a mesh of several devices always runs in
+shard_map (replicated where nothing splits). The time axis splits only for a caller that passes
+its carried state between the slices (kernels/context.py, dims letter 't').
 """
 
 from __future__ import annotations
@@ -332,6 +333,7 @@ class _MeshAxes:
   mesh: Mesh
   batch: tuple[str, ...]
   heads: tuple[str, ...]
+  sequence: tuple[str, ...] = ()
 
 
 _ACTIVE: contextvars.ContextVar[_MeshAxes | None] = contextvars.ContextVar("kernel_mesh", default=None)
@@ -343,18 +345,41 @@ def _names(axes: str | Sequence[str] | None) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def per_device_mesh(
-  mesh: Mesh, *, batch: str | Sequence[str] | None, heads: str | Sequence[str] | None
+  mesh: Mesh,
+  *,
+  batch: str | Sequence[str] | None,
+  heads: str | Sequence[str] | None,
+  sequence: str | Sequence[str] | None = None,
 ) -> Iterator[None]:
-  """Within this context the kernels run per device: batch over `batch`, heads over `heads`.
+  """Within this context the kernels run per device: batch over `batch`, heads over `heads`, and the
+  time axis over `sequence` where a caller carries state across the slices (kernels/context.py).
 
   The context is read while tracing: a function jitted inside it shards its kernels, while one
   traced before (and cached by jit) keeps its unsharded trace.
   """
-  token = _ACTIVE.set(_MeshAxes(mesh, _names(batch), _names(heads)))
+  token = _ACTIVE.set(_MeshAxes(mesh, _names(batch), _names(heads), _names(sequence)))
   try:
     yield
   finally:
     _ACTIVE.reset(token)
+
+
+def sequence_axes(length: int) -> tuple[str, ...]:
+  """The mesh axes that split a time axis of `length` steps under the kernel mesh: those of
+  `per_device_mesh(sequence=...)` not yet manual, when they divide `length`; () otherwise."""
+  active = _ACTIVE.get()
+  if active is None or not active.sequence:
+    return ()
+  manual = _manual_axes(active.mesh)
+  return _split(tuple(a for a in active.sequence if a not in manual), active.mesh, length)
+
+
+def _manual_axes(mesh) -> set[str]:
+  """The axes of `mesh` already manual: in its own types, or in the context mesh's while tracing
+  the body of an enclosing shard_map (which splits them already)."""
+  context = jax.sharding.get_abstract_mesh()
+  meshes = (mesh,) if context.empty else (mesh, context)
+  return {a for m in meshes for a, t in zip(m.axis_names, m.axis_types) if t == AxisType.Manual}
 
 
 def _split(axes: tuple[str, ...], mesh, size: int) -> tuple[str, ...]:
@@ -378,7 +403,15 @@ def _typed_axes(args: Sequence, dims: Sequence, letter: str) -> tuple[str, ...]:
 
 
 def run_per_device(
-  fn: Callable, args: Sequence, dims: Sequence, out_dims, *, batch: int, heads: int, kv_heads: int | None = None
+  fn: Callable,
+  args: Sequence,
+  dims: Sequence,
+  out_dims,
+  *,
+  batch: int,
+  heads: int,
+  kv_heads: int | None = None,
+  length: int | None = None,
 ):
   """fn(*args), per device when a mesh of more than one device is set.
 
@@ -389,9 +422,11 @@ def run_per_device(
 
   `dims` gives, per argument (a pytree of arrays, or None), a string with one letter per axis:
   'b' batch, 'h' query heads, 'k' key-value heads, 'g' the query heads of one key-value head's group
-  (split where one key-value head is shared by all), '.' anything else (never split); `out_dims`
-  likewise for the outputs. Heads split only when the split keeps query heads with their key-value
-  head (kv_heads divisible by the split, or a single shared kv head, replicated).
+  (split where one key-value head is shared by all), 't' time (split over `sequence_axes(length)`,
+  only for a `fn` that carries its state across the slices: kernels/context.py), '.' anything else
+  (never split); `out_dims` likewise for the outputs. Heads split only when the split keeps query
+  heads with their key-value head (kv_heads divisible by the split, or a single shared kv head,
+  replicated).
   """
   active = _ACTIVE.get()
   if active is not None:
@@ -402,7 +437,7 @@ def run_per_device(
       return fn(*args)
     want_b, want_h = _typed_axes(args, dims, "b"), _typed_axes(args, dims, "h")
   # Axes already manual (inside an enclosing shard_map) are split already: only the others are ours to split.
-  manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Manual}
+  manual = _manual_axes(mesh)
   free = tuple(a for a in mesh.axis_names if a not in manual)
   if math.prod(mesh.shape[a] for a in free) == 1:
     return fn(*args)
@@ -414,7 +449,9 @@ def run_per_device(
     h_axes = ()
   k_axes = h_axes if kv_heads % n_h == 0 and n_h > 1 else ()  # key-value heads split with their query heads
   g_axes = h_axes if h_axes and not k_axes else ()  # one shared key-value head: split its groups' axis instead
-  letters = {"b": b_axes or None, "h": h_axes or None, "k": k_axes or None, "g": g_axes or None, ".": None}
+  t_axes = sequence_axes(length) if active is not None and length is not None else ()
+  letters = {"b": b_axes or None, "h": h_axes or None, "k": k_axes or None, "g": g_axes or None, "t": t_axes or None}
+  letters["."] = None
 
   def spec(d):
     return None if d is None else P(*(letters[c] for c in d))

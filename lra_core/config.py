@@ -31,7 +31,8 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's ro
 
 # Logical axis name -> mesh axes. Parameters carry logical names (see models/blocks/layers.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
-# over `fsdp` and Megatron-style splitting of heads / MLP width / vocabulary over `tensor`.
+# over `fsdp`, Megatron-style splitting of heads / MLP width / vocabulary over `tensor`, and the
+# time steps of activations and batches over `sequence` (docs/long_context.md).
 DEFAULT_RULES = (
   ("batch", ("data", "fsdp")),
   ("embed", "fsdp"),
@@ -39,7 +40,7 @@ DEFAULT_RULES = (
   ("kv_heads", "tensor"),
   ("mlp", "tensor"),
   ("vocab", "tensor"),
-  ("length", None),
+  ("length", "sequence"),
   ("head_dim", None),
   ("layers", None),  # the leading axis of scanned layer stacks (model.scan_layers): never split
 )
@@ -94,7 +95,7 @@ def base_config(
     )
   )
   c.optim = optim if optim is not None else optim_lib.default_config()
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1, tensor=1))
   c.sharding = ml_collections.ConfigDict(dict(rules=DEFAULT_RULES))
   c.mlm = ml_collections.ConfigDict(
     dict(
@@ -228,6 +229,7 @@ def upgrade_config(saved: dict) -> dict:
   """A config as a run saved it (config.json) in today's layout: each model key added since, absent
   from `saved`, with the value that builds the model the saved config built (MODEL_DEFAULTS, and the
   family record's `upgrades`). The one place that knows old layouts: models read their keys directly."""
+  saved = _upgrade_mesh(saved)
   model = saved.get("model")
   if not isinstance(model, dict):
     return saved
@@ -235,6 +237,19 @@ def upgrade_config(saved: dict) -> dict:
   if model.get("name") in registry.family_names():
     added |= registry.family(model["name"]).upgrades
   return dict(saved, model={**added, **model})
+
+
+def _upgrade_mesh(saved: dict) -> dict:
+  """A config saved before the `sequence` mesh axis: mesh.sequence = 1 (what it ran with), and the
+  time axis ruled onto that axis, so that a later `--config.mesh.sequence=N` splits it."""
+  mesh, rules = saved.get("mesh"), (saved.get("sharding") or {}).get("rules")
+  if not isinstance(mesh, dict) or "sequence" in mesh:
+    return saved
+  saved = dict(saved, mesh={**mesh, "sequence": 1})
+  if isinstance(rules, list | tuple):
+    rules = [[name, "sequence"] if name == "length" and target is None else [name, target] for name, target in rules]
+    saved["sharding"] = dict(saved["sharding"], rules=rules)
+  return saved
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
@@ -443,6 +458,27 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.task not in family.tasks:
     raise ConfigError(f"model {family.name} is not built for task {config.task!r}; its tasks are {list(family.tasks)}.")
   family.validate_config(config)
+  _validate_sequence_split(config, family)
+
+
+def _validate_sequence_split(config, family) -> None:
+  """mesh.sequence > 1 splits every update window's time steps into that many equal slices, one per
+  chip, for the families whose record says how (Family.context_parallel)."""
+  n = config.mesh.sequence
+  if n == -1:
+    raise ConfigError("mesh.sequence must be a positive integer: it cuts each sequence, so it is never 'all devices'.")
+  if n == 1:
+    return
+  if family.context_parallel is None:
+    able = [name for name in registry.family_names() if registry.family(name).context_parallel is not None]
+    raise ConfigError(
+      f"model {family.name} cannot split a sequence over chips (mesh.sequence={n}) yet; the families that can: {able}."
+    )
+  window = config.train.update_len or config.train.seq_len
+  if window % n:
+    key = "train.update_len" if config.train.update_len else "train.seq_len"
+    raise ConfigError(f"{key} {window} does not split into mesh.sequence={n} equal slices.")
+  family.context_parallel(config, n)
 
 
 def _tuples(value):

@@ -2,7 +2,8 @@
 
 The mesh has axes lra_core.sharding.MESH_AXES sized from `config.mesh` (-1 = all remaining
 devices). Parameters get their PartitionSpecs from their logical axes and `config.sharding.rules`
-(`variable_specs`; lra_core.sharding.logical_to_spec). Batches are split over the 'batch' mesh axes:
+(`variable_specs`; lra_core.sharding.logical_to_spec). Batches are split over the 'batch' mesh axes
+(rows) and the 'length' ones (time steps, `time_fields`):
 `to_device` turns each process's rows into global arrays, `abstract_batch` and `config_batch` give
 their shapes and shardings for compiling ahead of time. `parameter_layout` tabulates a config's
 split without any device.
@@ -27,8 +28,9 @@ from lra_core.sharding import MESH_AXES, Rules, logical_to_spec
 
 
 def mesh_shape(mesh_config, num_devices: int) -> dict[str, int]:
-  """Axis sizes; -1 takes all remaining devices. Fixed sizes may use fewer devices than exist."""
-  sizes = {axis: int(mesh_config[axis]) for axis in MESH_AXES}
+  """Axis sizes; -1 takes all remaining devices. Fixed sizes may use fewer devices than exist. An
+  axis the config lacks (one written before `sequence` existed) has size 1."""
+  sizes = {axis: int(mesh_config.get(axis, 1)) for axis in MESH_AXES}
   fixed = math.prod(s for s in sizes.values() if s != -1)
   if -1 in sizes.values():
     if num_devices % fixed:
@@ -68,9 +70,20 @@ def variable_specs(state: nnx.State, rules: Rules, mesh: Mesh) -> dict:
   return traverse_util.unflatten_dict(flat)
 
 
-def batch_spec(rules: Rules, mesh: Mesh, shape: Sequence[int]) -> P:
-  """Leading axis over the 'batch' mesh axes, the rest replicated."""
-  return logical_to_spec(("batch",) + (None,) * (len(shape) - 1), rules, mesh, shape)
+def batch_spec(rules: Rules, mesh: Mesh, shape: Sequence[int], *, time: bool = False) -> P:
+  """Leading axis over the 'batch' mesh axes; with `time`, the second over the 'length' ones (the
+  `sequence` axis: each chip holds a slice of every row's time steps); the rest replicated."""
+  axes = ("batch", "length") if time else ("batch",)
+  return logical_to_spec(axes + (None,) * (len(shape) - len(axes)), rules, mesh, shape)
+
+
+def time_fields(shapes: dict[str, Sequence[int]]) -> set[str]:
+  """The batch fields with a time axis, as long as the inputs' [B,T] (tokens, targets, weights,
+  segment ids, ...): those a sequence split cuts. None where the inputs are not [B,T] (two towers)."""
+  inputs = shapes.get("inputs")
+  if inputs is None or len(inputs) != 2:
+    return set()
+  return {name for name, shape in shapes.items() if len(shape) >= 2 and shape[1] == inputs[1]}
 
 
 def _key_name(k) -> str:
@@ -151,29 +164,40 @@ def mesh_axes_used(spec: P) -> set[str]:
 # -- batches ------------------------------------------------------------------------------------------
 
 
-def _global_layout(local: np.ndarray, mesh, rules) -> tuple[tuple[int, ...], NamedSharding]:
+def _global_layout(local: np.ndarray, mesh, rules, time: bool) -> tuple[tuple[int, ...], NamedSharding]:
   """The global shape and sharding of a batch field of which this process holds `local`."""
   if not local.ndim:
     return (), NamedSharding(mesh, P())
   shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
-  return shape, NamedSharding(mesh, batch_spec(rules, mesh, shape))
+  named = NamedSharding(mesh, batch_spec(rules, mesh, shape, time=time))
+  if time and jax.process_count() > 1:
+    for index in named.addressable_devices_indices_map(shape).values():
+      if index[1] != slice(None) and (index[1].start, index[1].stop) != (0, shape[1]):
+        raise ConfigError(
+          "mesh.sequence splits a row's time steps over several hosts, and each host reads whole rows: "
+          "keep the sequence axis within one host's devices (mesh.sequence <= jax.local_device_count())."
+        )
+  return shape, named
 
 
 def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
-  """This process's rows -> global arrays sharded over the batch mesh axes."""
+  """This process's rows -> global arrays sharded over the batch mesh axes (and their time steps
+  over the sequence axis)."""
+  timed = time_fields({name: np.shape(x) for name, x in batch.items()})
   out = {}
   for name, local in batch.items():
-    shape, named = _global_layout(local, mesh, rules)
+    shape, named = _global_layout(local, mesh, rules, name in timed)
     out[name] = jax.make_array_from_process_local_data(named, local, shape)
   return out
 
 
 def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes, dtypes and shardings `to_device(batch, ...)` gives, for compiling ahead of time."""
+  timed = time_fields({name: np.shape(x) for name, x in batch.items()})
   out = {}
   for name, local in batch.items():
     local = np.asarray(local)
-    shape, named = _global_layout(local, mesh, rules)
+    shape, named = _global_layout(local, mesh, rules, name in timed)
     out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
   return out
 
@@ -182,8 +206,9 @@ def config_batch(config, mesh, rules, *, batch_size: int | None = None) -> dict[
   """The abstract global batch of `config` (train.batch_size rows unless `batch_size`), laid out
   as `to_device` lays out real batches: for compiling ahead of time without any data."""
   fields = pipeline.batch_fields(config, batch_size or config.train.batch_size)
+  timed = time_fields({name: shape for name, (shape, _) in fields.items()})
   out = {}
   for name, (shape, dtype) in fields.items():
-    spec = batch_spec(rules, mesh, shape) if shape else P()
+    spec = batch_spec(rules, mesh, shape, time=name in timed) if shape else P()
     out[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
   return out

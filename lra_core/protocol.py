@@ -175,6 +175,9 @@ class Family:
   carry_if: Callable[[ConfigDict], bool] = always
   """with capability `carry`: whether the model `config` builds carries state (e.g. not with full
   attention)"""
+  context_parallel: Callable[[ConfigDict, int], None] | None = None
+  """raises ConfigError (one sentence) for settings that cannot split each sequence's time axis over
+  n chips (mesh.sequence = n > 1; kernels/context.py); None: the family cannot split one at all yet"""
   upgrades: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   """model keys added after runs were saved -> the value that builds, from a config saved before the
   key existed, the model that config built then (often not today's default); lra_core.config.upgrade_config

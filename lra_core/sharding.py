@@ -21,8 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 from lra_core.kernels.toolkit import per_device_mesh
 
-# The mesh's axes, outermost first: data parallel, fully sharded data parallel, tensor parallel.
-MESH_AXES = ("data", "fsdp", "tensor")
+# The mesh's axes, outermost first: data parallel, fully sharded data parallel, context parallel
+# (one sequence's time steps split over chips: kernels/context.py), tensor parallel. Tensor is
+# innermost and sequence next: their collectives run every layer, between neighbouring chips.
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 
 Rules = Sequence[tuple[str, str | Sequence[str] | None]]
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("mesh", default=None)
@@ -48,11 +50,12 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape:
 @contextlib.contextmanager
 def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
   """Makes `constrain` annotate activations for `mesh` (while tracing inside this context), and runs
-  the Pallas kernels per device with batch and heads split as the rules say."""
+  the Pallas kernels per device with batch and heads split as the rules say (and time, for the
+  kernels that carry their state across chips: kernels/context.py)."""
   token = _ACTIVE.set((mesh, tuple(rules)))
   table = dict(rules)
   try:
-    with per_device_mesh(mesh, batch=table.get("batch"), heads=table.get("heads")):
+    with per_device_mesh(mesh, batch=table.get("batch"), heads=table.get("heads"), sequence=table.get("length")):
       yield
   finally:
     _ACTIVE.reset(token)

@@ -38,6 +38,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.kernels import context
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.attention import local_attention
 from lra_core.kernels.segments import segment_starts
@@ -203,16 +204,17 @@ class RGLRU(nnx.Module):
     """x [B,T,D] -> [B,T,D]; segments int[B,T]: the state restarts at each document's first token
     (and, for the backward pass of the bidirectional layer, at each document's last)."""
     a, b = self._coefficients(x)
-    combine = lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1])
     a_forward = a_backward = a
     if segments is not None:
       starts = segment_starts(segments)
       a_forward = jnp.where(starts[..., None], 0.0, a)  # h_t = b_t at a first token
       ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
       a_backward = jnp.where(ends[..., None], 0.0, a)  # and, backwards, at a last one
-    h = jax.lax.associative_scan(combine, (a_forward, b), axis=1)[1]
+    # h_t = a_t h_{t-1} + b_t in O(log T) depth; over a sequence split across chips, each chip's
+    # final (prod a, h) reaches the later chips (kernels/context.py)
+    h = context.linear_recurrence(a_forward, b)
     if not self.causal:
-      h = 0.5 * (h + jax.lax.associative_scan(combine, (a_backward, b), axis=1, reverse=True)[1])
+      h = 0.5 * (h + context.linear_recurrence(a_backward, b, reverse=True))
     return h.astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
@@ -383,10 +385,22 @@ class Model(transformer.Model):
 
 # -- family record --------------------------------------------------------------------------------
 
+
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/context.py): every variant, the window attention's
+  blocks of `window` steps kept whole on each chip."""
+  m, local = config.model, (config.train.update_len or config.train.seq_len) // n
+  if m.window and local % m.window:
+    raise ConfigError(
+      f"model.window {m.window} does not divide the {local} steps each of mesh.sequence={n} chips holds."
+    )
+
+
 FAMILY = transformer.mixer_family(
   "latte",
   Model,
   validate_config=validate_config,
+  context_parallel=context_parallel,
   upgrades={"latent": True, "latent_dropout": 0.0},  # before the baselines without latents, and latent dropout
   smoke=Smoke(
     config="configs/c4/latte.py:tiny,latte_rglru_swa++",

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lra_core.kernels import context
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
 from lra_core.models.blocks.layers import Dense
@@ -20,15 +21,12 @@ from lra_core.protocol import Capabilities, Family, Smoke
 Array = jax.Array
 
 
-def _running_sum(x: Array, starts: Array) -> Array:
-  """Inclusive prefix sum of x [B,T,...] over T that restarts where starts bool[B,T] is True."""
-  keep = (~starts).astype(x.dtype).reshape(starts.shape + (1,) * (x.ndim - 2))
-
-  def combine(first, then):  # affine maps s -> a s + b, `first` applied first
-    (a1, b1), (a2, b2) = first, then
-    return a1 * a2, a2 * b1 + b2
-
-  return jax.lax.associative_scan(combine, (keep, x), axis=1)[1]
+def _running_sum(x: Array, starts: Array | None, *, reverse: bool = False) -> Array:
+  """Inclusive prefix sum of x [B,T,H,...] over T (suffix sum if `reverse`) that restarts where
+  starts bool[B,T] is True (None: never), per chip where a sequence is split (kernels/context.py)."""
+  keep = jnp.ones(x.shape[:2], x.dtype) if starts is None else (~starts).astype(x.dtype)
+  keep = keep.reshape(keep.shape + (1,) * (x.ndim - 2))
+  return context.linear_recurrence(keep, x, reverse=reverse, dims="bth" + "." * (x.ndim - 3))
 
 
 def linear_attention(
@@ -48,22 +46,17 @@ def linear_attention(
   if mask is not None:
     k = k * mask[:, :, None, None]
   kv_t = jnp.einsum("bthd,bthe->bthde", k, v)
+  starts = None if segments is None else segment_starts(segments)
   if causal:  # prefix sums of phi(k) v^T and phi(k): position t reads keys <= t
-    if segments is None:
-      kv, z = jnp.cumsum(kv_t, axis=1), jnp.cumsum(k, axis=1)
-    else:
-      starts = segment_starts(segments)
-      kv, z = _running_sum(kv_t, starts), _running_sum(k, starts)
+    kv, z = _running_sum(kv_t, starts), _running_sum(k, starts)
     num, den = jnp.einsum("bthd,bthde->bthe", q, kv), jnp.einsum("bthd,bthd->bth", q, z)
   elif segments is None:
     kv, z = kv_t.sum(axis=1), k.sum(axis=1)
     num, den = jnp.einsum("bthd,bhde->bthe", q, kv), jnp.einsum("bthd,bhd->bth", q, z)
-  else:  # one sum per document, read back at each of its tokens
-    doc = jnp.cumsum(segment_starts(segments), axis=1) - 1  # 0, 1, ... in each row
-    t = segments.shape[1]
-    per_doc = jax.vmap(lambda x, d: jax.ops.segment_sum(x, d, num_segments=t))
-    gather = lambda x, d: jnp.take_along_axis(x, d.reshape(d.shape + (1,) * (x.ndim - 2)), axis=1)
-    kv, z = gather(per_doc(kv_t, doc), doc), gather(per_doc(k, doc), doc)
+  else:  # each token's whole document: the sum up to it, plus the sum after it
+    ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
+    document = lambda x: _running_sum(x, starts) + _running_sum(x, ends, reverse=True) - x
+    kv, z = document(kv_t), document(k)
     num, den = jnp.einsum("bthd,bthde->bthe", q, kv), jnp.einsum("bthd,bthd->bth", q, z)
   return (num / (den[..., None] + eps)).astype(v.dtype)
 
@@ -103,8 +96,13 @@ class Model(transformer.Model):
   mixer = staticmethod(LinearAttention)
 
 
+def context_parallel(config, n: int) -> None:
+  """Any setting splits over chips: the running sums carry across them (kernels/context.py)."""
+
+
 FAMILY = Family(
   name="linear_transformer",
+  context_parallel=context_parallel,
   model=Model,
   tasks=transformer.TASKS,
   capabilities=Capabilities(decode=True),

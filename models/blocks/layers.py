@@ -56,7 +56,8 @@ def contract(x: Array, kernel: Array, n_in: int) -> Array:
   platform is the one the program is traced for (kernels/toolkit.py), so TPU programs compiled on a
   CPU host keep the dot_general, which the TPU compiler estimates no slower.
   """
-  if toolkit.platform() == "cpu":  # the target's platform, not the host's
+  # (Not where a sequence is split over chips: GSPMD gathers the time axis to fold it into N.)
+  if toolkit.platform() == "cpu" and not (x.ndim > n_in + 1 and toolkit.sequence_axes(x.shape[1])):
     # [..., I1..In] -> [N, I]: the reshapes are free, and the gradients become 2-D matmuls as well.
     batch, size_in = x.shape[: x.ndim - n_in], math.prod(kernel.shape[:n_in])
     y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))
