@@ -44,7 +44,9 @@ def axes() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _over(names: tuple[str, ...]) -> Iterator[None]:
+def within(names: tuple[str, ...]) -> Iterator[None]:
+  """Traces as on one chip's slice split over `names` (() : unsplit). `per_chip` enters it; a
+  custom_vjp's backward, traced after the forward has left it, enters it again."""
   token = _AXES.set(names)
   try:
     yield
@@ -68,7 +70,7 @@ def per_chip(
     return fn(*args)
 
   def body(*local):
-    with _over(names):
+    with within(names):
       return fn(*local)
 
   kw = dict(batch=batch, heads=heads, kv_heads=kv_heads, length=length)

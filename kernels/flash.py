@@ -4,6 +4,10 @@ kernels/flash_xla.py is the reference (impl="xla", the default: jnp, also the de
 the oracles), kernels/flash_pallas.py the kernel (impl="pallas": mixed chunk attention as one
 Pallas kernel, differentiated through the reference). This file checks `impl` and dispatches;
 it imports both, and neither imports it.
+
+With the time axis split over chips (kernels/context.py), chunks never straddle two: each chip runs
+either core on its own chunks, and the global part gets the other chips' keys as one folded
+[B,H,S,E] sum per chip (causal: from the chips before; non-causal: also from those after).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import flash_pallas, flash_xla
+from lra_core.kernels import context, flash_pallas, flash_xla
 from lra_core.kernels.flash_xla import (
   GLOBAL_NORMS,
   chunk_step,
@@ -63,6 +67,14 @@ def mixed_chunk_attention(
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
+  kw = dict(chunk=chunk, causal=causal, quad_scale=quad_scale, lin_scale=lin_scale, global_norm=global_norm)
+  kw.update(kernel=kernel, impl=impl)
+  b, t, h = v.shape[:3]
+  if context.split(t):
+    run = lambda qq, qk, lq, lk, v, mask, segments: _per_chip(qq, qk, lq, lk, v, bias, mask, segments, **kw)
+    dims = ("bth.",) * 5 + ("bt", "bt")
+    args = (quad_q, quad_k, lin_q, lin_k, v, mask, segments)
+    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
   core = flash_pallas.mixed_chunk_attention if impl == "pallas" else flash_xla.mixed_chunk_attention
   return core(
     quad_q,
@@ -80,6 +92,30 @@ def mixed_chunk_attention(
     global_norm=global_norm,
     kernel=kernel,
   )
+
+
+def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **kw) -> Array:
+  """One chip's slice of a split sequence (kernels/context.py): its own chunks, whole on the chip,
+  then what the other chips' keys add to the global part (`flash_xla.cross_chip_sums`). The chunks'
+  documents and "mean" counts already span the chips (`flash_xla.documents`, `global_layout`)."""
+  b, t = v.shape[:2]
+  c = kw["chunk"]
+  if t % c:
+    raise ValueError(f"chunk {c} does not divide the {t} steps of a chip's slice of the sequence.")
+  out = mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, impl=impl, **kw)
+  if lin_q is None:
+    return out
+  valid = jnp.ones((b, t), bool) if mask is None else mask
+  doc = flash_xla.documents(segments, valid, t)
+  scale = jnp.ones((b, t), jnp.float32)
+  if kw["global_norm"] != "sum":
+    chunked = lambda x: x.reshape(b, t // c, c)
+    lay = flash_xla.global_layout(chunked(doc), chunked(valid), causal=kw["causal"], global_norm=kw["global_norm"])
+    scale = lay["scale"].reshape(b, t)
+  extra = flash_xla.cross_chip_sums(
+    lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"]
+  )
+  return (out.astype(jnp.float32) + extra).astype(v.dtype)
 
 
 def linear_attention(

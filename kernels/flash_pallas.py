@@ -41,7 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import flash_grid, flash_parallel, flash_xla, toolkit
+from lra_core.kernels import context, flash_grid, flash_parallel, flash_xla, toolkit
 
 Array = jax.Array
 f32 = jnp.float32
@@ -133,7 +133,9 @@ def _kernel_call(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics):
-  return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, **dict(statics))
+  statics = dict(statics)
+  with context.within(statics.pop("sequence_axes")):
+    return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, **statics)
 
 
 def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics):
@@ -143,15 +145,17 @@ def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, static
 
 def _attention_bwd(statics, residuals, cotangent):
   *floats, mask, segments = residuals
-  d = {k: x for k, x in statics if k not in ("value_tile", "query_tile", "key_tile", "upcast", "driver", "interpret")}
+  kernel_only = ("value_tile", "query_tile", "key_tile", "upcast", "driver", "interpret", "sequence_axes")
+  d = {k: x for k, x in statics if k not in kernel_only}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
     return flash_xla.mixed_chunk_attention(
       quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, **d
     )
 
-  _, vjp = jax.vjp(xla, *floats)
-  return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
+  with context.within(dict(statics)["sequence_axes"]):
+    _, vjp = jax.vjp(xla, *floats)
+    return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -234,5 +238,6 @@ def mixed_chunk_attention(
     ("upcast", not toolkit.bf16_matmuls()),
     ("driver", toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)),
     ("interpret", toolkit.interpret_default() if interpret is None else interpret),
+    ("sequence_axes", context.axes()),  # the backward, traced later, runs on the same chip's slice
   )
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lra_core.kernels import context
+
 Array = jax.Array
 LOCAL_KERNELS = ("relu2", "softmax", "linear")
 
@@ -87,7 +89,10 @@ def documents(segments: Array | None, valid: Array, length: int) -> Array:
   seg = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
   if length > t:  # the tail gets a value no segment has at its start
     seg = jnp.concatenate([seg, jnp.broadcast_to(seg.min(axis=1, keepdims=True) - 1, (b, length - t))], axis=1)
-  starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)  # a row starts a document
+  # A row starts a document; so does a chip's slice of a split sequence (kernels/context.py) unless
+  # it continues the previous chip's last: that document is then -1 here, as the edge of `global_layout`.
+  first = (seg[:, :1] != context.before(seg, 1, fill=-1)) | (context.index() == 0)
+  starts = jnp.concatenate([first, seg[:, 1:] != seg[:, :-1]], axis=1)
   return jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
 
 
@@ -109,9 +114,11 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   b, g, c = doc.shape
   f32 = jnp.float32
   first, last = doc[:, :, 0], doc[:, :, -1]
-  edge = jnp.full((b, 1), -1, doc.dtype)  # no document: before the first and after the last chunk
+  edge = jnp.full((b, 1), -1, doc.dtype)  # no document before the first chunk (-1: or the one continued there)
+  # and none after the last, unless the next chip's slice continues this one's last document
+  continued = context.after(doc[:, :1, :1] == -1, 1, fill=False)[:, 0]  # [B,1]
   prev_last = jnp.concatenate([edge, last[:, :-1]], axis=1)
-  next_first = jnp.concatenate([first[:, 1:], edge], axis=1)
+  next_first = jnp.concatenate([first[:, 1:], jnp.where(continued, last[:, -1:], -2)], axis=1)
   out = dict(
     fwd_w=(valid & (doc == last[..., None])).astype(f32),
     fwd_keep=(last == prev_last).astype(f32),
@@ -130,13 +137,79 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   flat, chunk_of = doc.reshape(b, g * c), jnp.broadcast_to(jnp.arange(g)[:, None], (g, c)).reshape(g * c)
   big = jnp.int32(g + 1)  # above every chunk index: a padding token never lowers a document's first chunk
   has = valid.reshape(b, g * c)
-  lo = jax.vmap(lambda d, k: jax.ops.segment_min(jnp.where(k, chunk_of, big), d, num_segments=g * c))(flat, has)
-  hi = jax.vmap(lambda d, k: jax.ops.segment_max(jnp.where(k, chunk_of, -1), d, num_segments=g * c))(flat, has)
-  lo, hi = (jnp.take_along_axis(x, flat, axis=1).reshape(b, g, c) for x in (lo, hi))  # back onto each token
-  top = jnp.minimum(hi, jnp.arange(g)[:, None] - 1) if causal else hi  # causal: only the chunks before
+  index = flat + 1  # from 0: the document continued from the previous chip is -1
+  n = g * c + 1
+  lo = jax.vmap(lambda d, k: jax.ops.segment_min(jnp.where(k, chunk_of, big), d, num_segments=n))(index, has)
+  hi = jax.vmap(lambda d, k: jax.ops.segment_max(jnp.where(k, chunk_of, -1), d, num_segments=n))(index, has)
+  lo, hi = (jnp.take_along_axis(x, index, axis=1) for x in (lo, hi))  # back onto each token
+  if context.axes():  # chunk indices over the whole sequence, its documents' ranges across chips
+    lo, hi = _across_chips(lo + context.offset(g), jnp.where(hi >= 0, hi + context.offset(g), -1), flat, continued)
+  lo, hi = lo.reshape(b, g, c), hi.reshape(b, g, c)
+  chunk = jnp.arange(g)[:, None] + context.offset(g)
+  top = jnp.minimum(hi, chunk - 1) if causal else hi  # causal: only the chunks before
   count = jnp.maximum(top - lo + 1, 0).astype(f32)
   out["scale"] = jnp.where(count > 0, 1.0 / jnp.maximum(count, 1.0), 0.0)
   return out
+
+
+def _across_chips(lo: Array, hi: Array, doc: Array, continued: Array) -> tuple[Array, Array]:
+  """The first and last chunk [B,T] with keys of each token's document, over the chips: a chip's
+  first document, where it continues the previous chip's (-1), and its last, where the next chip
+  continues it, take in the ranges the other chips hold of them (folded, restarting at the chip
+  where a document starts or stops)."""
+  none = (jnp.full(lo.shape[:1], jnp.iinfo(lo.dtype).max, lo.dtype), jnp.full(hi.shape[:1], -1, hi.dtype))
+  widen = lambda a, b: (jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1]))
+  pick = lambda c, a, b: (jnp.where(c, a[0], b[0]), jnp.where(c, a[1], b[1]))
+
+  def from_before(carried, s):  # s: the range of a chip's last document, and whether it starts there
+    *span, starts_here = s
+    return pick(starts_here, span, widen(carried, span))
+
+  def from_after(carried, s):  # s: the range of a chip's first document, whether it continues, whether alone
+    *span, continues, whole = s
+    return pick(continues, pick(whole, widen(carried, span), span), none)
+
+  before = context.fold_before((lo[:, -1], hi[:, -1], doc[:, -1] != -1), from_before, none)
+  after = context.fold_after((lo[:, 0], hi[:, 0], doc[:, 0] == -1, doc[:, 0] == doc[:, -1]), from_after, none)
+  col = lambda x: x[:, None]
+  lo, hi = pick(doc == -1, widen((lo, hi), (col(before[0]), col(before[1]))), (lo, hi))
+  return pick((doc == doc[:, -1:]) & continued, widen((lo, hi), (col(after[0]), col(after[1]))), (lo, hi))
+
+
+def cross_chip_sums(
+  lin_q: Array, lin_k: Array, v: Array, doc: Array, valid: Array, scale: Array, *, causal: bool, lin_scale: float
+) -> Array:
+  """What the other chips' keys add to this chip's global linear attention: [B,T,H,E] float32.
+
+  On one chip's slice of a split sequence (kernels/context.py) the chunks see only this chip's
+  keys. The tokens of the document continued from the previous chip (doc -1, `documents`) also read
+  its sum of lin_k^T v over the chips before (each chip passes on its last document's sum; a fold
+  restarts where that document starts); non-causal, the tokens of the last document read its sum
+  over the chips after, where they continue it. `scale` [B,T] is `global_layout`'s (1 for "sum").
+  """
+  f32 = jnp.float32
+  lq, lk, v = lin_q.astype(f32), lin_k.astype(f32), v.astype(f32)
+  sums = lambda w: jnp.einsum("bths,bthe->bhse", jnp.where(w[:, :, None, None], lk, 0.0), v) * lin_scale
+  rows = lambda pick, x: jnp.where(pick.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0)
+  last, first = doc[:, -1:], doc[:, :1]
+
+  def forward(carried, s):
+    total, starts_here = s
+    return total + rows(~starts_here, carried)
+
+  summary = (sums(valid & (doc == last)), last[:, 0] != -1)
+  before = context.fold_before(summary, forward, jnp.zeros_like(summary[0]))
+  out = jnp.einsum("bths,bhse->bthe", jnp.where((doc == -1)[:, :, None, None], lq, 0.0), before)
+  if not causal:
+
+    def backward(carried, s):
+      total, continues, whole = s
+      return rows(continues, total + rows(whole, carried))
+
+    summary = (sums(valid & (doc == first)), first[:, 0] == -1, first[:, 0] == last[:, 0])
+    after = context.fold_after(summary, backward, jnp.zeros_like(summary[0]))
+    out = out + jnp.einsum("bths,bhse->bthe", jnp.where((doc == last)[:, :, None, None], lq, 0.0), after)
+  return out * scale[:, :, None, None]
 
 
 def carried_sums(kv: Array, keep: Array, reverse: bool = False) -> Array:

@@ -354,10 +354,24 @@ class Model(transformer.Model):
 
 # -- family record --------------------------------------------------------------------------------
 
+
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/flash.py): the chunked variants, whole chunks per chip."""
+  m, local = config.model, (config.train.update_len or config.train.seq_len) // n
+  if not VARIANTS[m.variant]["chunked"]:
+    raise ConfigError(
+      f"variant {m.variant!r} attends over the whole sequence at once and cannot split it over chips; "
+      "the chunked variants can."
+    )
+  if local % m.chunk:
+    raise ConfigError(f"model.chunk {m.chunk} does not divide the {local} steps each of mesh.sequence={n} chips holds.")
+
+
 FAMILY = transformer.mixer_family(
   "flash",
   Model,
   validate_config=validate_config,
+  context_parallel=context_parallel,
   smoke=Smoke(
     config="configs/c4/flash.py:tiny",
     data="c4",

@@ -1,0 +1,282 @@
+"""One sequence split over chips (mesh.sequence, kernels/context.py) computes what one chip computes.
+
+Oracle: the same step with the time axis whole. On 8 host devices, every family that splits a
+sequence trains with mesh.sequence 2, 4 and 8 and with data 2 x sequence 4 to the unsplit losses and
+parameters (float32 rounding: sums are reduced in another order), with packed documents whose
+boundaries fall on and off the chips' boundaries; the kernels alone match in values and gradients
+with the XLA and the Pallas (interpret) cores; the compiled step moves no activation's whole time
+axis between chips; a run resumed with another mesh.sequence ends where the uninterrupted one does.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_sharding import TOLERANCE, train
+
+import lra_core
+from lra_core import layout, optim, sharding
+from lra_core.config import DEFAULT_RULES
+from lra_core.data import DataInfo
+from lra_core.errors import ConfigError
+from lra_core.kernels import attention, context
+from lra_core.kernels import latte as latte_kernels
+from lra_core.state import make_state_spec
+from lra_core.steps import make_train_step
+from lra_core.tasks import make_task
+from lra_core.train import train_and_evaluate
+
+ONE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.sequence=1"]
+MESHES = {
+  "sequence2": ["mesh.data=1", "mesh.sequence=2"],
+  "sequence4": ["mesh.data=1", "mesh.sequence=4"],
+  "sequence8": ["mesh.data=1", "mesh.sequence=8"],
+  "data2_sequence4": ["mesh.data=2", "mesh.sequence=4"],
+}
+QUICK = ("data2_sequence4",)  # the quick tier's mesh; the others run in the full suite
+CAUSAL = {
+  "latte": "configs/c4/latte.py:tiny,latte",
+  "latte_conv_swa": "configs/c4/latte.py:tiny,latte_conv_swa++",
+  "latte_rglru_swa": "configs/c4/latte.py:tiny,latte_rglru_swa++",
+  "latte_pallas": "configs/c4/latte.py:tiny,latte_rglru_swa++",
+  "linear_transformer": "configs/enwik8/linear_transformer.py:tiny",
+}
+EXTRA = {"latte_pallas": ["model.impl=pallas"]}
+BIDIRECTIONAL = {"latte_bidirectional": "configs/lra/listops/latte.py:tiny", "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny"}
+EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
+
+
+def mesh_of(data: int, sequence: int):
+  return layout.make_mesh(dict(data=data, fsdp=1, sequence=sequence, tensor=1))
+
+
+def params_close(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **TOLERANCE)
+
+
+def marks(mesh):
+  return () if mesh in QUICK else pytest.mark.slow
+
+
+# -- the train step ------------------------------------------------------------------------------------
+
+_REFERENCE = {}
+
+
+def reference(name, runner):
+  if name not in _REFERENCE:
+    _REFERENCE[name] = runner(ONE)
+  return _REFERENCE[name]
+
+
+def causal_run(name):
+  return lambda mesh: train(mesh, steps=2, spec=CAUSAL[name], extra=EXTRA.get(name, []), documents=True)
+
+
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=marks(m)) for m in MESHES])
+@pytest.mark.parametrize("name", list(CAUSAL))
+def test_causal_families_split_over_chips_train_as_one(name, mesh):
+  run = causal_run(name)
+  _, _, _, state1, losses1 = reference(name, run)
+  config, split_mesh, _, state, losses = run(MESHES[mesh])
+  assert split_mesh.shape["sequence"] == config.mesh.sequence > 1
+  np.testing.assert_allclose(losses, losses1, **TOLERANCE)
+  params_close(state["params"], state1["params"])
+
+
+def classify(spec, extra, mesh_overrides, steps=2):
+  """Train steps of a classifier on padded rows (lengths 1/3 to all of seq_len): losses, state."""
+  config = lra_core.load_config(spec, [*mesh_overrides, *extra])
+  mesh, rules = layout.make_mesh(config.mesh), config.sharding.rules
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  m = config.model
+  task = make_task(config, DataInfo(vocab_size=m.vocab_size, num_classes=m.num_classes))
+  rng, t, losses = np.random.default_rng(0), config.train.seq_len, []
+  with sharding.activate(mesh, rules):
+    step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
+    state = spec.init()
+    for _ in range(steps):
+      mask = np.arange(t)[None] < rng.integers(t // 3, t + 1, size=(8, 1))
+      batch = {
+        "inputs": np.where(mask, rng.integers(1, m.vocab_size, size=(8, t)), 0).astype(np.int32),
+        "mask": mask,
+        "targets": rng.integers(0, m.num_classes, size=8).astype(np.int32),
+        "weights": np.ones(8, np.float32),
+      }
+      state, metrics = step(state, layout.to_device(batch, mesh, rules))
+      losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
+  return losses, state
+
+
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=marks(m)) for m in MESHES])
+@pytest.mark.parametrize("name", list(BIDIRECTIONAL))
+def test_bidirectional_latte_split_over_chips_trains_as_one(name, mesh):
+  run = lambda overrides: classify(BIDIRECTIONAL[name], EXTRA.get(name, []), overrides)
+  losses1, state1 = reference(name, run)
+  losses, state = run(MESHES[mesh])
+  np.testing.assert_allclose(losses, losses1, **TOLERANCE)
+  params_close(state["params"], state1["params"])
+
+
+def gathered_time_axes(spec, extra, seq_len_name="seq_len"):
+  """The collectives of the compiled train step (data 2 x sequence 4) whose result holds a whole
+  update window's time axis: what a split that fell back to gathering the sequence would show."""
+  config = lra_core.load_config(spec, ["mesh.data=2", "mesh.sequence=4", *extra])
+  mesh, rules = layout.make_mesh(config.mesh), config.sharding.rules
+  tx, schedule = optim.make_optimizer(config)
+  state_spec = make_state_spec(config, mesh, tx)
+  task = make_task(config, DataInfo(vocab_size=256, unit="byte"))
+  t = config.train.update_len or config.train.seq_len
+  batch = {name: np.zeros((8, t), np.int32) for name in ("inputs", "targets", "segment_ids")}
+  batch["weights"] = np.ones((8, t), np.float32)
+  with sharding.activate(mesh, rules):
+    step = jax.jit(make_train_step(config, state_spec, task, tx, schedule), out_shardings=(state_spec.shardings, None))
+    hlo = step.lower(state_spec.abstract, layout.abstract_batch(batch, mesh, rules)).compile().as_text()
+  found = []
+  for line in hlo.splitlines():
+    op = re.search(r"= (.*?) (all-gather|all-to-all|collective-permute)(-start)?\(", line)
+    for shape in re.findall(r"\[([\d,]*)\]", op.group(1)) if op else ():
+      dims = [int(d) for d in shape.split(",") if d]
+      if len(dims) > 1 and dims[1] == t:  # combined collectives give tuples: each of their shapes
+        found.append(f"{op.group(2)} [{shape}]")
+  return t, found
+
+
+@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer"])
+def test_split_step_moves_no_activation_across_its_whole_length(name):
+  t, found = gathered_time_axes(CAUSAL[name], EXTRA.get(name, []))
+  assert t % 4 == 0 and t not in (16, 32)  # the model's widths: a gathered time axis is told apart
+  assert not found, found
+
+
+def test_resumed_with_another_sequence_split_ends_where_the_uninterrupted_run_ends(tmp_path):
+  spec = "configs/enwik8/linear_transformer.py:tiny"
+  text = tmp_path / "corpus.txt"
+  text.write_text(" ".join(np.random.default_rng(0).choice(["alpha", "beta", "gamma", "of"], size=4000)))
+  run = ["train.steps=4", "train.eval_batches=1", f"data.path={text}", "mesh.data=1"]
+  load = lambda *more: lra_core.load_config(spec, [*run, *more])
+  full = train_and_evaluate(load("mesh.sequence=4"), tmp_path / "full")
+  assert train_and_evaluate(load("mesh.sequence=1"), tmp_path / "split", stop_at_step=2) == {"stopped_at": 2}
+  resumed = train_and_evaluate(load("mesh.sequence=4"), tmp_path / "split")
+  # Two of the four steps ran unsplit: equal up to the order of float32 sums.
+  assert resumed["param_checksum"] == pytest.approx(full["param_checksum"], rel=1e-6)
+  assert resumed["test_loss"] == pytest.approx(full["test_loss"], rel=1e-5)
+
+
+# -- the kernels ---------------------------------------------------------------------------------------
+
+
+def documents(b, t, boundaries_at):
+  """segment ids int32[B,T]: row 0 changes document exactly at `boundaries_at` (chip edges), the
+  others at random places (about 1 in 6 tokens)."""
+  rng = np.random.default_rng(3)
+  ids = 1 + np.cumsum(rng.random((b, t)) < 1 / 6, axis=1)
+  ids[0] = 1 + np.searchsorted(np.asarray(boundaries_at), np.arange(t), side="right")
+  return jnp.asarray(ids, jnp.int32)
+
+
+def split_equals_whole(fn, args, data, sequence, atol=2e-6):
+  """fn's loss, output and gradients, whole and with time over `sequence` chips (data x sequence mesh)."""
+
+  def loss(*a):
+    y = fn(*a)
+    return (y * jnp.sin(y)).sum(), y
+
+  grad = lambda: jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args))), has_aux=True))(*args)
+  (l1, y1), g1 = grad()
+  with sharding.activate(mesh_of(data, sequence), DEFAULT_RULES):
+    (l2, y2), g2 = grad()
+  np.testing.assert_allclose(l2, l1, rtol=1e-5)
+  for a, b in zip((y2, *g2), (y1, *g1)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=1e-5)
+
+
+def qkv(b=2, t=32, h=2, latents=4, d=3):
+  ks = jax.random.split(jax.random.key(0), 3)
+  return (
+    jax.random.normal(ks[0], (b, t, h, latents)),
+    3 * jax.random.normal(ks[1], (b, t, h, latents)),
+    jax.random.normal(ks[2], (b, t, h, d)),
+  )
+
+
+@pytest.mark.parametrize("impl", latte_kernels.IMPLS)
+@pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
+def test_causal_latte_kernel_split_equals_whole(impl, data, sequence):
+  q, k, v = qkv()
+  seg = documents(2, 32, boundaries_at=[8, 16, 20])  # on the edges of 2, 4 and 8 chips, and off them
+  state = latte_kernels.init_latte_state(2, 2, 4, 3)
+  state = dict(state, num=state["num"] + 0.5, den=state["den"] + 1.0, max=state["max"] * 0 + 0.3)  # a carried state
+  fn = lambda q, k, v: latte_kernels.causal_latte(q, k, v, impl=impl, chunk=4, segments=seg, state=state)
+  split_equals_whole(fn, (q, k, v), data, sequence)
+  fn = lambda q, k, v: latte_kernels.causal_latte(q, k, v, impl=impl, chunk=4)
+  split_equals_whole(fn, (q, k, v), data, sequence)
+
+
+@pytest.mark.parametrize("impl", latte_kernels.IMPLS)
+def test_bidirectional_latte_kernel_split_equals_whole(impl):
+  q, k, v = qkv()
+  mask = jnp.arange(32)[None] < jnp.array([[32], [13]])
+  fn = lambda q, k, v: latte_kernels.bidirectional_latte(q, k, v, impl=impl, mask=mask)
+  split_equals_whole(fn, (q, k, v), 2, 4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_attention_split_reads_its_neighbours_blocks(causal):
+  q, k, v = qkv(h=2, latents=8, d=8)
+  seg = documents(2, 32, boundaries_at=[8, 19])
+  valid = jnp.arange(32)[None] < jnp.array([[32], [27]])
+  fn = lambda q, k, v: attention.local_attention(q, k, v, window=4, causal=causal, k_valid=valid, segments=seg)
+  split_equals_whole(fn, (q, k, v), 1, 8)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_linear_recurrence_split_equals_whole(reverse):
+  a = jax.random.uniform(jax.random.key(1), (2, 32, 5))
+  b = jax.random.normal(jax.random.key(2), (2, 32, 5))
+  a = a.at[0, 8].set(0.0).at[1, 13].set(0.0)  # restarts on a chip edge and inside a chip
+  split_equals_whole(lambda a, b: context.linear_recurrence(a, b, reverse=reverse), (a, b), 2, 4)
+
+
+def test_fold_keeps_the_chips_order():
+  """A fold of 2x2 matrix products (not commutative) over 8 chips: chip i gets m_0 ... m_{i-1}."""
+  mats = jax.random.normal(jax.random.key(4), (8, 2, 2))
+  expected = [np.eye(2)]
+  for m in np.asarray(mats)[:-1]:
+    expected.append(expected[-1] @ m)
+
+  def chip(m):
+    return context.fold_before(m[0, 0], jnp.matmul, jnp.eye(2))[None, None]
+
+  mesh = mesh_of(1, 8)
+  with sharding.activate(mesh, DEFAULT_RULES):
+    got = context.per_chip(chip, (mats[None],), ("bt..",), "bt..", batch=1, heads=1, length=8)
+  np.testing.assert_allclose(np.asarray(got[0]), np.stack(expected), rtol=1e-5, atol=1e-6)
+
+
+# -- configs -------------------------------------------------------------------------------------------
+
+
+def test_sequence_split_config_errors_are_one_sentence():
+  with pytest.raises(ConfigError, match=r"model transformer cannot split a sequence.*latte.*linear_transformer"):
+    lra_core.load_config("configs/enwik8/transformer.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"train.seq_len 64 does not split into mesh.sequence=3"):
+    lra_core.load_config("configs/enwik8/linear_transformer.py:tiny", ["mesh.sequence=3", "train.seq_len=64"])
+  with pytest.raises(ConfigError, match=r"model.window 8 does not divide the 12 steps"):
+    lra_core.load_config(CAUSAL["latte_rglru_swa"], ["mesh.sequence=4", "train.seq_len=48", "model.window=8"])
+  with pytest.raises(ConfigError, match=r"mesh.sequence must be a positive integer"):
+    lra_core.load_config(CAUSAL["latte"], ["mesh.sequence=-1"])
+
+
+def test_batches_split_their_time_steps_over_the_sequence_axis():
+  mesh = mesh_of(2, 4)
+  batch = {"inputs": np.zeros((8, 64), np.int32), "segment_ids": np.ones((8, 64), np.int32), "targets": np.zeros(8)}
+  placed = layout.to_device(batch, mesh, DEFAULT_RULES)
+  assert placed["inputs"].sharding.spec == placed["segment_ids"].sharding.spec
+  assert tuple(placed["inputs"].sharding.spec)[:2] == ("data", "sequence")
+  assert placed["inputs"].addressable_shards[0].data.shape == (4, 16)
+  assert tuple(placed["targets"].sharding.spec) == ("data",)
