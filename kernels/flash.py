@@ -112,9 +112,7 @@ def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **
     chunked = lambda x: x.reshape(b, t // c, c)
     lay = flash_xla.global_layout(chunked(doc), chunked(valid), causal=kw["causal"], global_norm=kw["global_norm"])
     scale = lay["scale"].reshape(b, t)
-  extra = flash_xla.cross_chip_sums(
-    lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"]
-  )
+  extra = flash_xla.cross_chip_sums(lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"])
   return (out.astype(jnp.float32) + extra).astype(v.dtype)
 
 

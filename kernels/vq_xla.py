@@ -34,6 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lra_core.kernels import context
+
 Array = jax.Array
 MASK = 1e30
 REDUCTIONS = ("serial", "matmul", "assoc")
@@ -51,6 +53,9 @@ def quantize(k: Array, codebook: Array, *, chunk: int = 0) -> tuple[Array, Array
   [chunk, S] slab stays in a CPU's cache instead of spanning the sequence (8,192 tokens, 512 codes,
   2-core CPU: 18 ms by chunks of 512, 30 ms at once); the same ids and distances."""
   b, t = k.shape[:2]
+  if chunk and context.split(t):  # token by token: each chip its own chunks (kernels/context.py)
+    local = lambda k, codebook: quantize(k, codebook, chunk=chunk)
+    return context.per_chip(local, (k, codebook), ("bth.", "h.."), ("bth", "bth"), batch=b, heads=k.shape[2], length=t)
   if 0 < chunk < t and t % chunk == 0:
     chunks = jnp.moveaxis(k.reshape((b, t // chunk, chunk) + k.shape[2:]), 1, 0)
     z, d2 = jax.lax.map(lambda x: quantize(x, codebook), chunks)

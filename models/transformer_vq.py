@@ -395,8 +395,29 @@ def seq_key_data(seq_key: Array | None, state: dict) -> Array:
 
 # -- family record --------------------------------------------------------------------------------
 
+
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/vq.py): the VQ attention, whole blocks per chip."""
+  m, local = config.model, (config.train.update_len or config.train.seq_len) // n
+  if m.attention != "vq" or m.input_scan:
+    raise ConfigError(
+      "mesh.sequence splits the VQ attention's blocks over chips: it needs model.attention 'vq' and "
+      "model.input_scan False (full attention has no carried cache to pass between chips)."
+    )
+  if local % m.block_len:
+    raise ConfigError(
+      f"model.block_len {m.block_len} does not divide the {local} steps each of mesh.sequence={n} chips holds."
+    )
+  if m.chunk_blocks > 0 and (local // m.block_len) % m.chunk_blocks:
+    raise ConfigError(
+      f"model.chunk_blocks {m.chunk_blocks} does not divide the {local // m.block_len} blocks each of "
+      f"mesh.sequence={n} chips holds."
+    )
+
+
 FAMILY = Family(
   name="transformer_vq",
+  context_parallel=context_parallel,
   model=Model,
   tasks=("lm", "image_ar"),
   capabilities=Capabilities(decode=True, carry=True),

@@ -8,6 +8,7 @@ with the XLA and the Pallas (interpret) cores; the compiled step moves no activa
 axis between chips; a run resumed with another mesh.sequence ends where the uninterrupted one does.
 """
 
+import itertools
 import re
 
 import jax
@@ -22,7 +23,9 @@ from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import attention, context
+from lra_core.kernels import flash as flash_kernels
 from lra_core.kernels import latte as latte_kernels
+from lra_core.kernels import vq as vq_kernels
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -42,9 +45,21 @@ CAUSAL = {
   "latte_rglru_swa": "configs/c4/latte.py:tiny,latte_rglru_swa++",
   "latte_pallas": "configs/c4/latte.py:tiny,latte_rglru_swa++",
   "linear_transformer": "configs/enwik8/linear_transformer.py:tiny",
+  "flash": "configs/c4/flash.py:tiny,lm",
+  "flash_pallas": "configs/c4/flash.py:tiny,lm",
+  "flash_mlm": "configs/c4/flash.py:tiny",  # non-causal: the global sums also come from the chips after
+  "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
+  "transformer_vq_pallas": "configs/enwik8/transformer_vq.py:tiny",
 }
-EXTRA = {"latte_pallas": ["model.impl=pallas"]}
-BIDIRECTIONAL = {"latte_bidirectional": "configs/lra/listops/latte.py:tiny", "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny"}
+EXTRA = {"latte_pallas": ["model.impl=pallas"], "flash_pallas": ["model.impl=pallas", "model.chunk=8"]}
+EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each of 8 chips
+VQ_DROPOUT = ["model.dropres=0.1", "model.droplyr=0.2", "model.dropsin=0.1"]
+EXTRA["transformer_vq"] = ["train.update_len=64", "model.block_len=8", *VQ_DROPOUT]  # one block per chip of 8
+EXTRA["transformer_vq_pallas"] = EXTRA["transformer_vq"] + ["model.impl=pallas"]
+BIDIRECTIONAL = {
+  "latte_bidirectional": "configs/lra/listops/latte.py:tiny",
+  "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny",
+}
 EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
 
 
@@ -85,6 +100,17 @@ def test_causal_families_split_over_chips_train_as_one(name, mesh):
   assert split_mesh.shape["sequence"] == config.mesh.sequence > 1
   np.testing.assert_allclose(losses, losses1, **TOLERANCE)
   params_close(state["params"], state1["params"])
+
+
+def test_transformer_vq_windows_split_over_chips_carry_the_cache_as_one():
+  """Update windows of 32 over 4 chips of 8 steps (one block each): the cache and the previous block
+  come from the chips before, and the carry into the next window is the last chip's."""
+  spec, extra = CAUSAL["transformer_vq"], ["train.update_len=32", *VQ_DROPOUT]
+  _, _, _, state1, losses1 = train(ONE, steps=4, spec=spec, extra=extra, windows=2, documents=True)
+  _, _, _, state, losses = train(MESHES["data2_sequence4"], steps=4, spec=spec, extra=extra, windows=2, documents=True)
+  np.testing.assert_allclose(losses, losses1, **TOLERANCE)
+  for part in ("params", "model_state", "carry"):
+    params_close(state[part], state1[part])
 
 
 def classify(spec, extra, mesh_overrides, steps=2):
@@ -146,7 +172,7 @@ def gathered_time_axes(spec, extra, seq_len_name="seq_len"):
   return t, found
 
 
-@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer"])
+@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer", "flash", "transformer_vq"])
 def test_split_step_moves_no_activation_across_its_whole_length(name):
   t, found = gathered_time_axes(CAUSAL[name], EXTRA.get(name, []))
   assert t % 4 == 0 and t not in (16, 32)  # the model's widths: a gathered time axis is told apart
@@ -225,6 +251,48 @@ def test_bidirectional_latte_kernel_split_equals_whole(impl):
   split_equals_whole(fn, (q, k, v), 2, 4)
 
 
+@pytest.mark.parametrize("impl", flash_kernels.IMPLS)
+def test_mixed_chunk_attention_split_equals_whole(impl):
+  """Every form of FLASH's global part: causal or not, "sum" or "mean", documents (one row's
+  boundaries on the chips' edges), padding."""
+  b, t, h = 2, 64, 2
+  ks = jax.random.split(jax.random.key(5), 5)
+  qq, qk, lq, lk = (jax.random.normal(k, (b, t, h, 4)) for k in ks[:4])
+  v = jax.random.normal(ks[4], (b, t, h, 3))
+  seg = documents(b, t, boundaries_at=[16, 40])
+  mask = jnp.arange(t)[None] < jnp.array([[t], [45]])
+  for causal, norm, segments, padding in itertools.product((True, False), ("sum", "mean"), (None, seg), (None, mask)):
+    if causal and padding is not None:
+      continue
+    kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=norm, impl=impl)
+    fn = lambda *a: flash_kernels.mixed_chunk_attention(*a, segments=segments, mask=padding, **kw)
+    split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", vq_kernels.IMPLS)
+def test_vq_attention_split_equals_whole(impl):
+  """The compressive cache and the previous block across chips: with and without documents (one
+  row's boundaries on the chips' edges) and Transformer-XL position terms; the carry out too."""
+  b, t, h, s, l = 2, 64, 2, 5, 4
+  ks = jax.random.split(jax.random.key(6), 6)
+  q, k, rel_q = (jax.random.normal(key, (b, t, h, 4)) for key in ks[:3])
+  v = jax.random.normal(ks[3], (b, t, h, 3))
+  codebook, table = jax.random.normal(ks[4], (h, s, 4)), jax.random.normal(ks[5], (h, l + 1, 4))
+  z, _ = vq_kernels.quantize(k, codebook)
+  k_hat = vq_kernels.codewords(z, codebook)
+  seg = documents(b, t, boundaries_at=[16, 40])
+  for segments, rel in itertools.product((None, seg), (False, True)):
+
+    def fn(q, k_hat, v, codebook, rel_q):
+      position = (rel_q, table) if rel else None
+      out, carry = vq_kernels.vq_attention_blocks(
+        q, k_hat, z, v, codebook, block_len=l, impl=impl, segments=segments, rel=position
+      )
+      return out + carry["mean"].sum() + carry["v"].sum()  # the carry after the last chip's last block
+
+    split_equals_whole(fn, (q, k_hat, v, codebook, rel_q), 2, 4, atol=2e-5)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_window_attention_split_reads_its_neighbours_blocks(causal):
   q, k, v = qkv(h=2, latents=8, d=8)
@@ -268,6 +336,8 @@ def test_sequence_split_config_errors_are_one_sentence():
     lra_core.load_config("configs/enwik8/linear_transformer.py:tiny", ["mesh.sequence=3", "train.seq_len=64"])
   with pytest.raises(ConfigError, match=r"model.window 8 does not divide the 12 steps"):
     lra_core.load_config(CAUSAL["latte_rglru_swa"], ["mesh.sequence=4", "train.seq_len=48", "model.window=8"])
+  with pytest.raises(ConfigError, match=r"variant 'flash_quad' attends over the whole sequence"):
+    lra_core.load_config("configs/c4/flash_quad.py:tiny", ["mesh.sequence=2"])
   with pytest.raises(ConfigError, match=r"mesh.sequence must be a positive integer"):
     lra_core.load_config(CAUSAL["latte"], ["mesh.sequence=-1"])
 
