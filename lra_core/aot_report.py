@@ -59,6 +59,10 @@ class Report:
   undeclared_kernels: int = 0  # Triton calls the estimate found no cost for (counted as traffic only)
   gemm_fallback: str = ""  # GPU: why a step's matmuls were compiled as cuBLAS calls rather than Triton fusions
   time_split: tuple = ()  # ((kind of work, seconds), ...) of the estimated step (hlo_cost.SPLIT), dearest first
+  comm_seconds: float = 0.0  # the step's collectives at the chip's interconnect bandwidth (overlapped with compute)
+  comm_bytes: float = 0.0
+  sequence_comm_seconds: float = 0.0  # of those, the sequence axis's (mesh.sequence: kernels/context.py)
+  sequence_comm_bytes: float = 0.0
 
   JSON_FIELDS = (
     "topology",
@@ -132,6 +136,20 @@ class Report:
       f"(XLA_PYTHON_CLIENT_MEM_FRACTION={self.memory_fraction:g}: JAX preallocates that share)"
     )
 
+  def comm_text(self) -> str:
+    """The collectives' time (and the sequence axis's part), as a share of the estimated step."""
+    share = lambda seconds: f"{100 * seconds / max(self.est_step_seconds, 1e-12):.0f}%"
+    text = (
+      f"{duration(self.comm_seconds)} moving {size(self.comm_bytes / 2**30)} per device "
+      f"({share(self.comm_seconds)} of the estimated step, overlapped with compute)"
+    )
+    if self.mesh.get("sequence", 1) > 1:
+      text += (
+        f"; the sequence axis {duration(self.sequence_comm_seconds)}, {size(self.sequence_comm_bytes / 2**30)} "
+        f"({share(self.sequence_comm_seconds)})"
+      )
+    return text
+
   def table(self) -> str:
     compiler = "GPU" if self.platform == "gpu" else "TPU"
     if self.refusal:  # the compiler refused the step for memory
@@ -156,6 +174,7 @@ class Report:
         ),
         ("memory-bound share", f"{100 * self.memory_bound_share:.0f}% of the estimated step"),
         ("where the step goes", self.split_text()),
+        ("collectives", self.comm_text()),
       ]
     rows = [
       ("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
@@ -186,7 +205,8 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
   """`report` with its estimate (step time, tokens/s, MFU, HFU, what bounds it) computed from the
   compiled train step's HLO text for the report's chip (and, on a GPU, its Pallas kernels' costs)."""
   chip = chips.CHIPS[report.device_kind]
-  roof = hlo_cost.roofline(hlo, chip, top=hotspots, split=True, kernel_costs=report.kernel_costs)
+  mesh = tuple(report.mesh.items())  # in the mesh's axis order, as its devices are laid out
+  roof = hlo_cost.roofline(hlo, chip, top=hotspots, split=True, kernel_costs=report.kernel_costs, mesh=mesh)
   if roof.unknown_loops:
     logging.warning(
       "%d loop(s) of the train step have no readable trip count and count once in the estimate", roof.unknown_loops
@@ -214,6 +234,10 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
     undeclared_kernels=roof.undeclared_kernels,
     hotspots=roof.hotspots,
     time_split=roof.split,
+    comm_seconds=roof.comm_s,
+    comm_bytes=roof.comm_bytes,
+    sequence_comm_seconds=roof.sequence_comm_s,
+    sequence_comm_bytes=roof.sequence_comm_bytes,
   )
 
 

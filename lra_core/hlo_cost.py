@@ -17,7 +17,8 @@ optimized program instead (lra_core/hlo_text.py reads it):
   condition compares the counter with), a conditional its dearest branch;
 - collectives move their bytes over the interconnect; they are assumed to overlap with compute
   (XLA schedules them asynchronously), so the estimate is max(compute-and-memory time, collective
-  time), and `bound` names what dominates.
+  time), and `bound` names what dominates; those whose device groups span the `sequence` mesh axis
+  (a sequence split over chips: kernels/context.py) are also counted on their own;
 
 It is an estimate of what the compiled program asks of the chip, not a measurement: it does not
 see stalls, imperfect overlap, or kernels' inner efficiency.
@@ -30,9 +31,11 @@ import functools
 import math
 import re
 
+import numpy as np
+
 from lra_core.chips import Chip
 from lra_core.hlo_flops import library_flops, matmul_flops
-from lra_core.hlo_text import BYTES, Op, arrays, called, first_array, parse, size_bytes, target
+from lra_core.hlo_text import BYTES, Op, arrays, called, device_groups, first_array, parse, size_bytes, target
 from lra_core.pallas_costs import PALLAS_CALLS, TRITON_CALL, declared, kernel_key
 
 FREE = {
@@ -90,6 +93,8 @@ class Cost:
   compute_s: float = 0.0  # sum over operations of max(flops / peak, bytes / bandwidth)
   memory_s: float = 0.0  # of compute_s, the operations whose HBM traffic takes longer than their FLOPs
   comm_s: float = 0.0
+  sequence_comm_bytes: float = 0.0  # of comm_bytes, those of the sequence axis (kernels/context.py)
+  sequence_comm_s: float = 0.0
 
   def add(self, other: Cost, times: float = 1.0) -> None:
     for f in dataclasses.fields(self):
@@ -109,6 +114,8 @@ class Roofline:
   flop_s: float  # the FLOPs alone at peak
   comm_s: float
   unknown_loops: int  # while loops whose trip count could not be read (counted once)
+  sequence_comm_bytes: float = 0.0  # of comm_bytes, the collectives across the sequence axis
+  sequence_comm_s: float = 0.0
   hotspots: tuple = ()  # the dearest operations: Hotspot records, dearest first
   undeclared_kernels: int = 0  # Triton (Pallas) calls with no KernelCost: their traffic counted, no FLOPs
   split: tuple = ()  # (kind of operation, seconds) over the whole step, dearest first: see SPLIT
@@ -144,12 +151,29 @@ class Hotspot:
 
 
 class _Walker:
-  def __init__(self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=()):
+  def __init__(self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=(), mesh=()):
     self.computations, self.chip = computations, chip
+    # Each device's place along the sequence axis (mesh: ((axis, size), ...), the devices in order)
+    self.along_sequence = None
+    names, sizes = [a for a, _ in mesh], [n for _, n in mesh]
+    if dict(mesh).get("sequence", 1) > 1:
+      self.along_sequence = np.unravel_index(np.arange(math.prod(sizes)), sizes)[names.index("sequence")]
     self.kernels = {k.key: k for k in kernel_costs}
     self.unknown_loops = 0
     self.undeclared = set()  # names of the Triton calls that found no KernelCost
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
+
+  def spans_sequence(self, op: Op) -> bool:
+    """Whether a collective exchanges between devices at different places of the sequence axis."""
+    if self.along_sequence is None:
+      return False
+    groups = device_groups(op)
+    if groups is None:
+      return False
+    if not groups:  # one group of every device
+      return True
+    n = len(self.along_sequence)
+    return any(len({int(self.along_sequence[i]) for i in g if i < n}) > 1 for g in groups)
 
   @functools.cache
   def inner_flops(self, computation: str) -> tuple[float, float]:
@@ -295,7 +319,10 @@ class _Walker:
     out_bytes = size_bytes(op.shape)
     if op.opcode in COLLECTIVES:
       moved = max(operand_bytes, out_bytes) * (2.0 if op.opcode.startswith("all-reduce") else 1.0)
-      return Cost(comm_bytes=moved, comm_s=moved / self.chip.ici_bandwidth)
+      seconds = moved / self.chip.ici_bandwidth
+      if self.spans_sequence(op):  # between the chips of one split sequence (and maybe other axes)
+        return Cost(comm_bytes=moved, comm_s=seconds, sequence_comm_bytes=moved, sequence_comm_s=seconds)
+      return Cost(comm_bytes=moved, comm_s=seconds)
     flops, traffic = 0.0, operand_bytes + out_bytes
     if op.opcode in ("dynamic-slice", "dynamic-update-slice", "fusion"):
       traffic = self.sliced_traffic(op, shapes)
@@ -381,13 +408,15 @@ def _split(operations: list[Hotspot], compute_s: float) -> tuple[tuple[str, floa
   return tuple(sorted(((k, v) for k, v in seconds.items() if v > 0), key=lambda kv: -kv[1]))
 
 
-def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, kernel_costs=()) -> Roofline:
+def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, kernel_costs=(), mesh=()) -> Roofline:
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
   `top` > 0 also lists that many of its dearest operations (Roofline.hotspots), `split` the step's
   time by kind of work (Roofline.split). `kernel_costs`: the KernelCost of each Pallas kernel of a GPU
-  program (lra_core.pallas_costs.pallas_kernel_costs of its traced jaxpr)."""
+  program (lra_core.pallas_costs.pallas_kernel_costs of its traced jaxpr). `mesh`: ((axis, size), ...)
+  of the program's mesh, its devices in order: the collectives across the `sequence` axis are also
+  counted on their own (Roofline.sequence_comm_*)."""
   computations, entry = parse(hlo_text)
-  walker = _Walker(computations, chip, kernel_costs)
+  walker = _Walker(computations, chip, kernel_costs, mesh)
   total = walker.cost(entry)
   operations = _operations(walker, entry) if top or split else []
   return Roofline(
@@ -399,6 +428,8 @@ def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, ke
     compute_s=total.compute_s,
     flop_s=total.flops / chip.peak_flops,
     comm_s=total.comm_s,
+    sequence_comm_bytes=total.sequence_comm_bytes,
+    sequence_comm_s=total.sequence_comm_s,
     unknown_loops=walker.unknown_loops,
     hotspots=tuple(operations[:top]),
     undeclared_kernels=len(walker.undeclared),

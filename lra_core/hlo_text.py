@@ -14,6 +14,8 @@ import functools
 import math
 import re
 
+import numpy as np
+
 BYTES = {
   "pred": 1,
   "s4": 0.5,
@@ -146,3 +148,41 @@ def called(op: Op, key: str) -> list[str]:
   """The computations `op` names in its attribute `key` (calls, body, condition, to_apply, branches)."""
   m = _called_pattern(key).search(op.attrs)
   return _OPERAND.findall(m.group(1)) if m else []
+
+
+# -- which devices a collective connects ----------------------------------------------------------------
+
+_EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
+_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+
+
+def device_groups(op: Op) -> list[list[int]] | None:
+  """The groups of devices a collective exchanges within (ids: positions in the program's device
+  assignment, the mesh's devices in order), from its replica_groups, in any of the three forms XLA
+  prints (explicit lists, an iota `[G,S]<=[dims]T(perm)`, or `mesh[axes] {reduced axes}`), or its
+  source_target_pairs (a collective-permute: each pair a group); [] for one group of every device
+  (empty replica_groups); None when it names none."""
+  m = _EXPLICIT.search(op.attrs)
+  if m:
+    return [[int(i) for i in g.split(",") if i] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+  m = _IOTA.search(op.attrs)
+  if m:
+    dims = [int(d) for d in m.group(3).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m.group(4):
+      ids = ids.transpose([int(a) for a in m.group(4).split(",")])
+    return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
+  m = _MESH.search(op.attrs)
+  if m:
+    axes = re.findall(r"'([^']*)'=(\d+)", m.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    over = [names.index(a) for a in re.findall(r"'([^']*)'", m.group(2))]
+    kept = [i for i in range(len(names)) if i not in over]
+    ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(kept + over)
+    return ids.reshape(-1, math.prod(sizes[i] for i in over)).tolist()
+  m = _PAIRS.search(op.attrs)
+  if m:
+    return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+  return None

@@ -266,7 +266,7 @@ def test_mixed_chunk_attention_split_equals_whole(impl):
       continue
     kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=norm, impl=impl)
     fn = lambda *a: flash_kernels.mixed_chunk_attention(*a, segments=segments, mask=padding, **kw)
-    split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=2e-5)
+    split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=5e-5)
 
 
 @pytest.mark.parametrize("impl", vq_kernels.IMPLS)

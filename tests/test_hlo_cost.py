@@ -504,3 +504,41 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_tpu_and_for_the_cpu(fami
   on_tpu, on_cpu = (hlo_cost.step_flops(c.as_text())[0] for c in (tpu, cpu))
   assert on_tpu == pytest.approx(on_cpu, rel=0.03)
   assert 1 - elementwise <= on_cpu / xla_flops(cpu) <= 1.0
+
+
+def test_collectives_across_the_sequence_axis_are_counted_on_their_own():
+  """Device groups in XLA's three forms (explicit, iota, compiler mesh) and collective-permute pairs,
+  on a data 2 x sequence 4 mesh (devices in order, sequence the faster axis)."""
+  lines = {
+    "%a = f32[64]{0} all-reduce(f32[64]{0} %p), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add": [
+      [0, 1, 2, 3],
+      [4, 5, 6, 7],
+    ],
+    "%b = f32[64]{0} all-reduce(f32[64]{0} %p), replica_groups=[4,2]<=[2,4]T(1,0), to_apply=%add": [
+      [0, 4],
+      [1, 5],
+      [2, 6],
+      [3, 7],
+    ],
+    "%c = f32[64]{0} all-reduce(f32[64]{0} %p), replica_groups=mesh['x'=2,'y'=4] {'y'}, to_apply=%add": [
+      [0, 1, 2, 3],
+      [4, 5, 6, 7],
+    ],
+    "%d = f32[64]{0} collective-permute(f32[64]{0} %p), source_target_pairs={{0,1},{1,2},{2,3}}": [
+      [0, 1],
+      [1, 2],
+      [2, 3],
+    ],
+  }
+  for line, groups in lines.items():
+    assert hlo_text.device_groups(hlo_text.parse_op(line)) == groups, line
+  chip = chips.CHIPS["TPU v5"]
+  mesh = (("data", 2), ("fsdp", 1), ("sequence", 4), ("tensor", 1))
+  module = "HloModule m\n\nENTRY %main (p: f32[64]) -> f32[64] {{\n  %p = f32[64]{{0}} parameter(0)\n  ROOT {}\n}}\n"
+  across = [line for line, groups in lines.items() if len({i % 4 for i in groups[0]}) > 1]
+  assert len(across) == 3  # the groups of %b keep the sequence place and cross data only
+  for line in lines:
+    roof = hlo_cost.roofline(module.format(line), chip, mesh=mesh)
+    assert roof.comm_bytes > 0
+    assert roof.sequence_comm_bytes == (roof.comm_bytes if line in across else 0.0), line
+    assert hlo_cost.roofline(module.format(line), chip).sequence_comm_bytes == 0.0  # no mesh given: not told apart
