@@ -30,6 +30,7 @@ LONGEST_FIRST = (
   "test_hlo_cost.py",
   "test_aot.py",
   "test_kill_resume.py",
+  "test_context_parallel.py",
   "test_flash.py",
   "test_transformer_vq.py",
   "test_block_transformer.py",
