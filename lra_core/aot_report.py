@@ -139,6 +139,8 @@ class Report:
   def comm_text(self) -> str:
     """The collectives' time (and the sequence axis's part), as a share of the estimated step."""
     share = lambda seconds: f"{100 * seconds / max(self.est_step_seconds, 1e-12):.0f}%"
+    if not self.comm_bytes:
+      return "none"
     text = (
       f"{duration(self.comm_seconds)} moving {size(self.comm_bytes / 2**30)} per device "
       f"({share(self.comm_seconds)} of the estimated step, overlapped with compute)"

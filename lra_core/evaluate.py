@@ -42,8 +42,11 @@ class Evaluator:
     self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
     self.rules = config.sharding.rules
     self.batch_size = config.train.eval_batch_size or config.train.batch_size
+    block, blocks = layout.row_block(mesh, self.rules)
     self.readers = {
-      split: pipeline.BatchReader(config, src, train=False, batch_size=self.batch_size)
+      split: pipeline.BatchReader(
+        config, src, train=False, batch_size=self.batch_size, process_index=block, process_count=blocks
+      )
       for split, src in sources.items()
     }
     self.step = jax.jit(make_eval_step(config, spec, task))

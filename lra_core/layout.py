@@ -164,20 +164,35 @@ def mesh_axes_used(spec: P) -> set[str]:
 # -- batches ------------------------------------------------------------------------------------------
 
 
-def _global_layout(local: np.ndarray, mesh, rules, time: bool) -> tuple[tuple[int, ...], NamedSharding]:
-  """The global shape and sharding of a batch field of which this process holds `local`."""
+def row_block(mesh, rules) -> tuple[int, int]:
+  """(index, count): this process reads block `index` of `count` equal blocks of every global batch's
+  rows, those its devices hold. Processes whose devices hold the same rows (a sequence split over
+  several hosts: mesh.sequence) read the same block, each keeping its own time steps (`to_device`)."""
+  if jax.process_count() == 1:
+    return 0, 1
+  spec = logical_to_spec(("batch",), rules, mesh)
+  n = math.prod(mesh.shape[a] for a in mesh_axes_used(spec))  # one row per place along the batch axes
+  held = sorted(
+    {index[0].start or 0 for index in NamedSharding(mesh, spec).addressable_devices_indices_map((n,)).values()}
+  )
+  if held != list(range(held[0], held[0] + len(held))) or n % len(held) or held[0] % len(held):
+    raise ConfigError(f"this process's devices hold rows {held} of {n}, not one block of a batch's rows.")
+  return held[0] // len(held), n // len(held)
+
+
+def _global_layout(local: np.ndarray, mesh, rules, time: bool) -> tuple[tuple[int, ...], NamedSharding, np.ndarray]:
+  """The global shape and sharding of a batch field of which this process holds `local` (all of its
+  block's rows, every time step), and the part of `local` its devices hold."""
   if not local.ndim:
-    return (), NamedSharding(mesh, P())
-  shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+    return (), NamedSharding(mesh, P()), local
+  shape = (local.shape[0] * row_block(mesh, rules)[1],) + local.shape[1:]
   named = NamedSharding(mesh, batch_spec(rules, mesh, shape, time=time))
-  if time and jax.process_count() > 1:
-    for index in named.addressable_devices_indices_map(shape).values():
-      if index[1] != slice(None) and (index[1].start, index[1].stop) != (0, shape[1]):
-        raise ConfigError(
-          "mesh.sequence splits a row's time steps over several hosts, and each host reads whole rows: "
-          "keep the sequence axis within one host's devices (mesh.sequence <= jax.local_device_count())."
-        )
-  return shape, named
+  if time and jax.process_count() > 1:  # a sequence split over hosts: this host's time steps
+    steps = [index[1] for index in named.addressable_devices_indices_map(shape).values()]
+    start = min(s.start or 0 for s in steps)
+    stop = max(shape[1] if s.stop is None else s.stop for s in steps)
+    local = local[:, start:stop]
+  return shape, named, local
 
 
 def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
@@ -186,8 +201,8 @@ def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]
   timed = time_fields({name: np.shape(x) for name, x in batch.items()})
   out = {}
   for name, local in batch.items():
-    shape, named = _global_layout(local, mesh, rules, name in timed)
-    out[name] = jax.make_array_from_process_local_data(named, local, shape)
+    shape, named, held = _global_layout(local, mesh, rules, name in timed)
+    out[name] = jax.make_array_from_process_local_data(named, held, shape)
   return out
 
 
@@ -197,7 +212,7 @@ def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.S
   out = {}
   for name, local in batch.items():
     local = np.asarray(local)
-    shape, named = _global_layout(local, mesh, rules, name in timed)
+    shape, named, _ = _global_layout(local, mesh, rules, name in timed)
     out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
   return out
 

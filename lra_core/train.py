@@ -75,7 +75,11 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
   # ----------------------------------------------------------------------------- Data
   sources, task = data_setup.setup_data(config, SPLITS, mesh)
-  train_reader = pipeline.BatchReader(config, sources["train"], train=True, batch_size=t.batch_size)
+  block, blocks = layout.row_block(mesh, rules)  # which rows this process reads (several read the same
+  # rows where a sequence is split over hosts: mesh.sequence)
+  train_reader = pipeline.BatchReader(
+    config, sources["train"], train=True, batch_size=t.batch_size, process_index=block, process_count=blocks
+  )
   first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
   data_setup.check_batch(first, config, 0)
   _log_document_mask(first, task)

@@ -45,7 +45,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(overrides, workdir, *extra, check=True):
+def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC):
   """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs (with
   check=False: [(exit status, output, seconds from start to exit)] of each)."""
   env = dict(
@@ -63,7 +63,7 @@ def _launch(overrides, workdir, *extra, check=True):
     sys.executable,
     "-m",
     "lra_core.train",
-    f"--config={listops.SPEC}",
+    f"--config={spec}",
     f"--workdir={workdir}",
     *(f"--config.{o}" for o in overrides),
     f"--coordinator_address=localhost:{port}",
@@ -123,8 +123,14 @@ def test_two_processes_resume_and_match_one_process(runs):
   # Each process times its own CPU for the MFU's peak (process 1 once timed process 0's device: 1e15 FLOP/s).
   peaks = [float(re.search(r"MFU: \S+ model FLOPs per step over (\S+) FLOP/s", out).group(1)) for out in first]
   assert all(1e8 < p < 1e13 for p in peaks) and max(peaks) < 10 * min(peaks), peaks
-  assert all("mesh {'data': 2, 'fsdp': 2, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in first)
-  assert all("mesh {'data': 1, 'fsdp': 4, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out for out in second)
+  assert all(
+    "mesh {'data': 2, 'fsdp': 2, 'sequence': 1, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out
+    for out in first
+  )
+  assert all(
+    "mesh {'data': 1, 'fsdp': 4, 'sequence': 1, 'tensor': 1} over 4 cpu device(s), 2 process(es)" in out
+    for out in second
+  )
   assert all("stopped" in out and "at step 2" in out for out in first)
   assert all("resuming at step 2 (data position 2)" in out for out in second)
   # Process 0 alone writes the metrics and the summary.
@@ -148,7 +154,7 @@ def test_two_processes_resume_and_match_one_process(runs):
 def test_the_run_shards_parameters_over_fsdp(runs):
   config = runs[0]
   mesh = layout.make_mesh(config.mesh)
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "sequence": 1, "tensor": 1}
   rows = layout.parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
   assert sum(r["per_device"] for r in rows) < 0.3 * sum(r["size"] for r in rows)  # a quarter each, norms aside
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
@@ -226,3 +232,17 @@ def test_an_error_on_one_process_ends_every_process_at_once(runs, tmp_path):
   assert other == distributed.EXIT_PEER_FAILED and len(said) == 1 and "IsADirectoryError" in said[0], out1[-3000:]
   assert said[0].endswith("stopping process 1 as well.")
   assert t0 is not None and t1 is not None and max(t0, t1) - min(t0, t1) < 30, (t0, t1)
+
+
+@pytest.mark.slow
+def test_a_sequence_split_over_two_processes_trains_like_one(tmp_path):
+  """mesh.sequence 4 over both processes (2 devices each): both read the same rows, each keeps its
+  half of every row's time steps, and the run ends where one process with the same mesh ends."""
+  spec = "configs/lra/listops/latte.py:tiny"
+  overrides = listops.build(tmp_path / "data") + ["mesh.data=1", "mesh.sequence=4", "train.steps=3"]
+  outputs = _launch(overrides, tmp_path / "two", spec=spec)
+  assert all("'sequence': 4" in out and "2 process(es)" in out for out in outputs)
+  summary = train_and_evaluate(lra_core.load_config(spec, overrides), tmp_path / "one")
+  two = json.loads((tmp_path / "two" / "summary.json").read_text())
+  np.testing.assert_allclose(two["param_checksum"], summary["param_checksum"], rtol=1e-6)
+  np.testing.assert_allclose(two["test_loss"], summary["test_loss"], rtol=1e-5)
