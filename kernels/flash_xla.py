@@ -160,17 +160,12 @@ def _across_chips(lo: Array, hi: Array, doc: Array, continued: Array) -> tuple[A
   none = (jnp.full(lo.shape[:1], jnp.iinfo(lo.dtype).max, lo.dtype), jnp.full(hi.shape[:1], -1, hi.dtype))
   widen = lambda a, b: (jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1]))
   pick = lambda c, a, b: (jnp.where(c, a[0], b[0]), jnp.where(c, a[1], b[1]))
-
-  def from_before(carried, s):  # s: the range of a chip's last document, and whether it starts there
-    *span, starts_here = s
-    return pick(starts_here, span, widen(carried, span))
-
-  def from_after(carried, s):  # s: the range of a chip's first document, whether it continues, whether alone
-    *span, continues, whole = s
-    return pick(continues, pick(whole, widen(carried, span), span), none)
-
-  before = context.fold_before((lo[:, -1], hi[:, -1], doc[:, -1] != -1), from_before, none)
-  after = context.fold_after((lo[:, 0], hi[:, 0], doc[:, 0] == -1, doc[:, 0] == doc[:, -1]), from_after, none)
+  # the last document's range, restarting at a chip where it starts
+  before = context.fold_before((lo[:, -1], hi[:, -1]), widen, none, fresh=doc[:, -1] != -1)
+  # the first document's range where it continues the chip before, ending at a chip it does not fill
+  continues, whole = doc[:, 0] == -1, doc[:, 0] == doc[:, -1]
+  first = pick(continues, (lo[:, 0], hi[:, 0]), none)
+  after = context.fold_after(first, widen, none, fresh=~(continues & whole))
   col = lambda x: x[:, None]
   lo, hi = pick(doc == -1, widen((lo, hi), (col(before[0]), col(before[1]))), (lo, hi))
   return pick((doc == doc[:, -1:]) & continued, widen((lo, hi), (col(after[0]), col(after[1]))), (lo, hi))
@@ -193,21 +188,15 @@ def cross_chip_sums(
   rows = lambda pick, x: jnp.where(pick.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0)
   last, first = doc[:, -1:], doc[:, :1]
 
-  def forward(carried, s):
-    total, starts_here = s
-    return total + rows(~starts_here, carried)
-
-  summary = (sums(valid & (doc == last)), last[:, 0] != -1)
-  before = context.fold_before(summary, forward, jnp.zeros_like(summary[0]))
+  add = lambda a, b: a + b
+  # the sums of the last document, restarting at a chip where it starts
+  value = sums(valid & (doc == last))
+  before = context.fold_before(value, add, jnp.zeros_like(value), fresh=last[:, 0] != -1)
   out = jnp.einsum("bths,bhse->bthe", jnp.where((doc == -1)[:, :, None, None], lq, 0.0), before)
-  if not causal:
-
-    def backward(carried, s):
-      total, continues, whole = s
-      return rows(continues, total + rows(whole, carried))
-
-    summary = (sums(valid & (doc == first)), first[:, 0] == -1, first[:, 0] == last[:, 0])
-    after = context.fold_after(summary, backward, jnp.zeros_like(summary[0]))
+  if not causal:  # the first document's, where it continues the chip before, ending at a chip it does not fill
+    continues, whole = first[:, 0] == -1, first[:, 0] == last[:, 0]
+    value = rows(continues, sums(valid & (doc == first)))
+    after = context.fold_after(value, add, jnp.zeros_like(value), fresh=~(continues & whole))
     out = out + jnp.einsum("bths,bhse->bthe", jnp.where((doc == last)[:, :, None, None], lq, 0.0), after)
   return out * scale[:, :, None, None]
 

@@ -155,13 +155,7 @@ def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> 
       starts = segment_starts(segments)
       boundary = starts[:, 0] & (context.index() > 0)  # chip 0 continues the given state
       fresh = boundary | starts[:, 1:].any(axis=1)
-    rows = lambda x, f: jnp.where(f.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0)
-
-    def combine(carried, s):
-      merged = latte_xla.merge_states(carried, s[0])
-      return {n: rows(s[0][n], s[1]) + rows(merged[n], ~s[1]) for n in merged}
-
-    carried = context.fold_before((summary, fresh), combine, state)
+    carried = context.fold_before(summary, latte_xla.merge_states, state, fresh)
     empty = init_latte_state(*q.shape[:1], *q.shape[2:], v.shape[-1])
     incoming = {n: jnp.where(boundary.reshape((-1,) + (1,) * (x.ndim - 1)), empty[n], x) for n, x in carried.items()}
     return causal_latte(q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale)

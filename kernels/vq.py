@@ -180,13 +180,8 @@ def _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw) -> tuple[Arr
     mean, count = vq_xla.cache_variables(z_prev, v_prev, empty, plan, n_code=s, reduction=kw["reduction"])
     restarts = jnp.zeros((q.shape[0],), bool) if plan is None else (~plan["keep"]).any(axis=1)
 
-    def merge(cache, summary):  # the cache after a chip: its own folds, after the earlier ones unless restarted
-      merged = vq_xla.merge(cache, summary[:2])
-      pick = lambda new, old: jnp.where(restarts_of(summary, new), new, old)
-      return pick(summary[0], merged[0]), pick(summary[1], merged[1])
-
-    restarts_of = lambda summary, x: summary[2].reshape((-1,) + (1,) * (x.ndim - 1))
-    cache = context.fold_before((mean[:, -1], count[:, -1], restarts), merge, (carry["mean"], carry["count"]))
+    # the cache after a chip: its own folds, after the earlier chips' unless it restarted
+    cache = context.fold_before((mean[:, -1], count[:, -1]), vq_xla.merge, (carry["mean"], carry["count"]), restarts)
     incoming = dict(prev, mean=cache[0], count=cache[1])
     local_rel = None if rel_q is None else (rel_q, rel_table)
     out, new = vq_attention_blocks(q, k_hat, z, v, codebook, carry=incoming, rel=local_rel, segments=segments, **kw)

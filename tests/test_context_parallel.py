@@ -306,6 +306,29 @@ def test_window_attention_split_reads_its_neighbours_blocks(causal):
   split_equals_whole(fn, (q, k, v), 1, 8)
 
 
+def test_fold_restarts_where_a_chip_starts_anew():
+  """Sums over 8 chips (values 1, 2, 4, ...), fresh on chips 3 and 6: chip i gets the sum since the
+  last fresh chip before it (fold_before), or up to the first fresh chip after it (fold_after)."""
+  values = 2.0 ** jnp.arange(8.0)
+  fresh = jnp.zeros(8, bool).at[3].set(True).at[6].set(True)
+  before, after = [], []
+  for i in range(8):
+    start = max([j for j in range(i) if fresh[j]], default=0)
+    before.append(100.0 * (start == 0) + float(values[start:i].sum()))
+    stop = min([j for j in range(i + 1, 8) if fresh[j]], default=None)
+    after.append(float(values[i + 1 : (stop + 1 if stop is not None else 8)].sum()) + 100.0 * (stop is None))
+
+  def chip(v, f):
+    edge = jnp.full((1,), 100.0)
+    add = lambda a, b: a + b
+    got = (context.fold_before(v[:, 0], add, edge, f[:, 0]), context.fold_after(v[:, 0], add, edge, f[:, 0]))
+    return jnp.stack(got, 1)[:, None]
+
+  with sharding.activate(mesh_of(1, 8), DEFAULT_RULES):
+    got = context.per_chip(chip, (values[None], fresh[None]), ("bt", "bt"), "bt.", batch=1, heads=1, length=8)
+  np.testing.assert_allclose(np.asarray(got[0]), np.stack([before, after], 1))
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_linear_recurrence_split_equals_whole(reverse):
   a = jax.random.uniform(jax.random.key(1), (2, 32, 5))
@@ -321,8 +344,8 @@ def test_fold_keeps_the_chips_order():
   for m in np.asarray(mats)[:-1]:
     expected.append(expected[-1] @ m)
 
-  def chip(m):
-    return context.fold_before(m[0, 0], jnp.matmul, jnp.eye(2))[None, None]
+  def chip(m):  # m [1, 1, 2, 2]: one row, this chip's matrix
+    return context.fold_before(m[:, 0], jnp.matmul, jnp.eye(2)[None])[:, None]
 
   mesh = mesh_of(1, 8)
   with sharding.activate(mesh, DEFAULT_RULES):
