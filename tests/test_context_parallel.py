@@ -9,6 +9,7 @@ axis between chips; a run resumed with another mesh.sequence ends where the unin
 """
 
 import itertools
+import json
 import re
 
 import jax
@@ -18,6 +19,7 @@ import pytest
 from test_sharding import TOLERANCE, train
 
 import lra_core
+from lra_core import config as config_lib
 from lra_core import layout, optim, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
@@ -367,6 +369,18 @@ def test_sequence_split_config_errors_are_one_sentence():
     lra_core.load_config("configs/c4/flash_quad.py:tiny", ["mesh.sequence=2"])
   with pytest.raises(ConfigError, match=r"mesh.sequence must be a positive integer"):
     lra_core.load_config(CAUSAL["latte"], ["mesh.sequence=-1"])
+
+
+def test_a_config_saved_before_the_sequence_axis_upgrades_to_one_that_can_split():
+  saved = json.loads(json.dumps(lra_core.load_config(CAUSAL["latte"]).to_dict()))
+  del saved["mesh"]["sequence"]
+  saved["sharding"]["rules"] = [
+    [name, None if name == "length" else target] for name, target in saved["sharding"]["rules"]
+  ]
+  upgraded = config_lib.upgrade_config(saved)
+  assert upgraded["mesh"]["sequence"] == 1
+  assert dict(map(tuple, upgraded["sharding"]["rules"]))["length"] == "sequence"
+  assert config_lib.resume_conflicts(saved, lra_core.load_config(CAUSAL["latte"])) == []
 
 
 def test_batches_split_their_time_steps_over_the_sequence_axis():
