@@ -318,6 +318,10 @@ class _Walker:
     operand_bytes = sum(size_bytes(shapes.get(o, "")) for o in op.operands)
     out_bytes = size_bytes(op.shape)
     if op.opcode in COLLECTIVES:
+      if op.opcode in ("all-gather-start", "collective-permute-start"):
+        # the result is a tuple (operands, results, sync flags): what is received is the results alone
+        n = len(op.operands)
+        out_bytes = sum(BYTES.get(t, 4) * math.prod(d) for t, d in arrays(op.shape)[n : 2 * n])
       moved = max(operand_bytes, out_bytes) * (2.0 if op.opcode.startswith("all-reduce") else 1.0)
       seconds = moved / self.chip.ici_bandwidth
       if self.spans_sequence(op):  # between the chips of one split sequence (and maybe other axes)

@@ -537,6 +537,11 @@ def test_collectives_across_the_sequence_axis_are_counted_on_their_own():
   module = "HloModule m\n\nENTRY %main (p: f32[64]) -> f32[64] {{\n  %p = f32[64]{{0}} parameter(0)\n  ROOT {}\n}}\n"
   across = [line for line, groups in lines.items() if len({i % 4 for i in groups[0]}) > 1]
   assert len(across) == 3  # the groups of %b keep the sequence place and cross data only
+  # An asynchronous permute's result holds its operand, its result and two sync flags: 256 bytes move, not 512.
+  start = (
+    "%e = (f32[64]{0}, f32[64]{0}, u32[], u32[]) collective-permute-start(f32[64]{0} %p), source_target_pairs={{0,1}}"
+  )
+  assert hlo_cost.roofline(module.format(start), chip, mesh=mesh).comm_bytes == 256
   for line in lines:
     roof = hlo_cost.roofline(module.format(line), chip, mesh=mesh)
     assert roof.comm_bytes > 0
