@@ -10,8 +10,8 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
                          merged with those of the chips before it (after it, for the backward
                          direction) into the state it starts from: a log-depth scan of `ppermute`s,
                          log2(n) + 1 rounds each sending one summary. (An all-gather of the n
-                         summaries sends n: for Transformer-VQ's PG-19 cache over 64 chips, 591 GiB
-                         per chip and step against 99 GiB, docs/long_context.md.)
+                         summaries sends n: for Transformer-VQ's PG-19 cache over 64 chips, about 590 GiB
+                         per chip and step against 44 GiB, docs/long_context.md.)
   a total                `total` / `maximum`: psum / pmax, for the bidirectional forms.
   a halo                 `before` / `after`: the last (first) few steps of the neighbouring chip
                          (`ppermute`), for what looks back a fixed distance: segment ids at the
