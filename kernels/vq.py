@@ -96,8 +96,10 @@ def vq_attention_blocks(
   serial: `reduction` must be "serial"). `segments` int [B,T] (packed documents, 0 = padding) keeps
   every query to keys of its own segment, in the exact part and in the cache (which restarts per
   document: `vq_xla.document_plan`); the carry's `seg` continues them across windows.
-  `grad_through_cache=False` holds the compressive cache constant in the backward pass (the authors'
-  `grad_thru_cache=0`): the output is the same, but older values get no gradient through the cache.
+  `grad_through_cache=False` holds the state passed from block to block constant in the backward pass
+  (the authors' `grad_thru_cache=0`): the compressive cache and the previous block's keys and values.
+  The output is the same; a query's gradient reaches only its own block's keys and values (and the
+  codebook, through the cache's scores).
   `chunk_blocks` > 0 (impl="xla"): a lax.scan over the blocks, that many at a time (`vq_xla.chunked_attention`:
   the same function, its working set one chunk's); 0: all blocks at once.
   Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position, held constant

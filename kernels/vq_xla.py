@@ -316,7 +316,9 @@ def cached_attention(
 ) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` in XLA with the position term given as `xl_bias_blocks`' output;
   `segments` int [B,T] (optional) keeps each query to its own document (`document_plan`);
-  `grad_through_cache=False` holds the compressive cache's value means constant in the backward pass.
+  `grad_through_cache=False` holds the state one block passes to the next constant in the backward
+  pass (the authors' `grad_thru_cache=0`): the compressive cache's value means and the previous
+  block's keys and values.
   The carry after the last block has its gradient stopped, as between update windows, unless
   `carry_gradient` (`chunked_attention`'s scan passes it from one chunk to the next)."""
   b, t, h, dk = q.shape
@@ -329,6 +331,8 @@ def cached_attention(
 
   qb, kb, zb, vb = blocks(group_heads(q, hk).astype(jnp.float32)), blocks(k_hat), blocks(z), blocks(v)
   k_prev, v_prev, z_prev = (previous_blocks(x, carry[n], l) for x, n in ((k_hat, "k"), (v, "v"), (z, "z")))
+  if not grad_through_cache:  # the state passed from block to block is constant: the previous block too
+    k_prev, v_prev = sg(k_prev), sg(v_prev)
   recent_k = jnp.concatenate([k_prev, kb], axis=2)  # [B,R,2L,Hk,Dk]
   recent_v = jnp.concatenate([v_prev, vb], axis=2)
   recent_z = jnp.concatenate([z_prev, zb], axis=2)  # [B,R,2L,Hk]

@@ -19,7 +19,8 @@ width Dv = 2 Dm replace N/2 transformer layers. The attention core is `kernels.v
               cache carried with its gradient): every activation is one block's; the same outputs,
               gradients and dropout masks as the whole window at once
   compressive False: sliding window over the last block_len keys only (the Table 2 ablation)
-  grad_through_cache  False: the compressive cache gets no gradient (the authors' grad_thru_cache=0)
+  grad_through_cache  False: the state passed from block to block (the compressive cache and the
+                      previous block's keys and values) gets no gradient (the authors' grad_thru_cache=0)
 
 Codebooks are EMA k-means (rate `ema_rate`), updated in the training forward pass from
 statistics summed over the (global) batch and all blocks of the update window; keys get a
@@ -77,7 +78,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       chunk_blocks=-1,  # serial: blocks per step of the attention's scan; 0: all at once; -1: 1 on CPU, else 0
       input_scan=False,  # process the stack one block at a time
       compressive=True,  # False: sliding window only (no codebook cache)
-      grad_through_cache=True,  # False: the cache is held constant in the backward pass (authors' grad_thru_cache)
+      grad_through_cache=True,  # False: cache and previous block held constant in the backward (grad_thru_cache)
       rel_bias=True,  # Transformer-XL relative biases inside the local window
       abs_position=False,  # scaled sinusoid added to embeddings (image models)
       wavelength=1e5,  # sinusoid maximum wavelength (appendix C.2)

@@ -54,38 +54,61 @@ def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, 
   assert not np.any(grads[0][2] == 0)  # values get real gradients
 
 
-def quadratic_with_constant_cache(q, k, v, c, block_len):
-  """The oracle of grad_through_cache=False, from the definition: causal softmax attention over the
-  quantized keys, where a query in block n reads the values of blocks n and n - 1 as they are and every
-  older value (what the compressive cache holds) through a stop-gradient."""
+def quadratic_with_constant_cache(q, k, v, c, block_len, segments=None):
+  """The oracle of grad_through_cache=False, from the definition (the authors' grad_thru_cache=0, which
+  stops the gradient of the state one block passes to the next): causal softmax attention over the
+  quantized keys, where a query in block n reads block n's keys and values as they are, block n - 1's
+  keys and values through a stop-gradient, and every older value (what the compressive cache holds)
+  through a stop-gradient, its key (a codeword, which the cache scores) as it is. `segments`: a query
+  reads its own document only."""
   b, t, h, _ = q.shape
   hk = k.shape[2]
-  z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(c))
+  sg = jax.lax.stop_gradient
+  z, _ = vq.quantize(sg(k), sg(c))
   k_hat = vq.codewords(z, c)
   qg = q.reshape(b, t, hk, h // hk, -1)
-  scores = jnp.einsum("bihgk,bjhk->bhgij", qg, k_hat)
   i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-  weights = jax.nn.softmax(jnp.where(j <= i, scores, -1e30), axis=-1)
-  old = j < (i // block_len - 1) * block_len  # [T,T]: keys in the cache
-  out = jnp.einsum("bhgij,bjhv->bihgv", jnp.where(old, 0.0, weights), v) + jnp.einsum(
-    "bhgij,bjhv->bihgv", jnp.where(old, weights, 0.0), jax.lax.stop_gradient(v)
+  previous = (j // block_len) == (i // block_len - 1)  # [T,T]: keys of the block before the query's
+  old = j < (i // block_len - 1) * block_len  # keys in the cache
+  scores = jnp.where(
+    previous, jnp.einsum("bihgk,bjhk->bhgij", qg, sg(k_hat)), jnp.einsum("bihgk,bjhk->bhgij", qg, k_hat)
+  )
+  allowed = jnp.broadcast_to(j <= i, (b, 1, 1, t, t))
+  if segments is not None:
+    allowed = allowed & (segments[:, :, None] == segments[:, None, :])[:, None, None]
+  weights = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1)
+  detached = previous | old
+  out = jnp.einsum("bhgij,bjhv->bihgv", jnp.where(detached, 0.0, weights), v) + jnp.einsum(
+    "bhgij,bjhv->bihgv", jnp.where(detached, weights, 0.0), sg(v)
   )
   return out.reshape(b, t, h, -1)
 
 
+@pytest.mark.parametrize("documents", [False, True])
 @pytest.mark.parametrize("impl,reduction", [("xla", "serial"), ("xla", "assoc"), ("pallas", "serial")])
-def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_values(impl, reduction):
+def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_values(impl, reduction, documents):
   q, k, v, c = qkvc(t=32, hk=1)
   w = rand(4, (v.shape[-1],))
   block_len = 4
+  # documents of 7, 9 and 16 tokens: boundaries inside blocks and on one
+  segments = jnp.asarray(np.repeat([1, 2, 3], [7, 9, 16])[None].repeat(q.shape[0], 0), jnp.int32) if documents else None
 
   def blocks(q, k, v, c, through):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(c))
     return vq.vq_attention_blocks(
-      q, vq.codewords(z, c), z, v, c, block_len=block_len, reduction=reduction, impl=impl, grad_through_cache=through
+      q,
+      vq.codewords(z, c),
+      z,
+      v,
+      c,
+      block_len=block_len,
+      reduction=reduction,
+      impl=impl,
+      grad_through_cache=through,
+      segments=segments,
     )[0]
 
-  oracle = lambda q, k, v, c: quadratic_with_constant_cache(q, k, v, c, block_len)
+  oracle = lambda q, k, v, c: quadratic_with_constant_cache(q, k, v, c, block_len, segments)
   held = lambda q, k, v, c: blocks(q, k, v, c, False)
   np.testing.assert_allclose(jax.jit(held)(q, k, v, c), oracle(q, k, v, c), atol=ATOL)
   grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 2, 3)))(q, k, v, c)
@@ -93,6 +116,7 @@ def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_valu
     np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
   through = grad(lambda q, k, v, c: blocks(q, k, v, c, True))
   assert np.abs(through[1] - grad(held)[1]).max() > 1e-2  # the switch changes the values' gradients
+  assert np.abs(through[2] - grad(held)[2]).max() > 1e-4  # and the codebook's (the previous block's keys)
 
 
 def test_reductions_agree_on_long_sequences_with_large_scores():
