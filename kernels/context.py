@@ -15,7 +15,7 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
   a total                `total` / `maximum`: psum / pmax, for the bidirectional forms.
   a halo                 `before` / `after`: the last (first) few steps of the neighbouring chip
                          (`ppermute`), for what looks back a fixed distance: segment ids at the
-                         boundary, a convolution's taps.
+                         boundary, Transformer-VQ's previous block, a window's neighbouring block.
 
 Inside `per_chip` the functions below act across chips; anywhere else they are the one-device case
 (nothing before, nothing after, the total is the local sum), so a kernel written with them is the
