@@ -180,41 +180,41 @@ def row_block(mesh, rules) -> tuple[int, int]:
   return held[0] // len(held), n // len(held)
 
 
-def _global_layout(local: np.ndarray, mesh, rules, time: bool) -> tuple[tuple[int, ...], NamedSharding, np.ndarray]:
-  """The global shape and sharding of a batch field of which this process holds `local` (all of its
-  block's rows, every time step), and the part of `local` its devices hold."""
-  if not local.ndim:
-    return (), NamedSharding(mesh, P()), local
-  shape = (local.shape[0] * row_block(mesh, rules)[1],) + local.shape[1:]
-  named = NamedSharding(mesh, batch_spec(rules, mesh, shape, time=time))
-  if time and jax.process_count() > 1:  # a sequence split over hosts: this host's time steps
-    steps = [index[1] for index in named.addressable_devices_indices_map(shape).values()]
-    start = min(s.start or 0 for s in steps)
-    stop = max(shape[1] if s.stop is None else s.stop for s in steps)
-    local = local[:, start:stop]
-  return shape, named, local
+def _global_layouts(batch: dict[str, np.ndarray], mesh, rules):
+  """(name, global shape, sharding, the part of this process's `local` its devices hold) of each field
+  of a batch of which this process holds all of its block's rows (`row_block`), every time step."""
+  timed = time_fields({name: np.shape(x) for name, x in batch.items()})
+  blocks = row_block(mesh, rules)[1]
+  for name, local in batch.items():
+    local = np.asarray(local)
+    if not local.ndim:
+      yield name, (), NamedSharding(mesh, P()), local
+      continue
+    shape = (local.shape[0] * blocks,) + local.shape[1:]
+    named = NamedSharding(mesh, batch_spec(rules, mesh, shape, time=name in timed))
+    if name in timed and jax.process_count() > 1:  # a sequence split over hosts: this host's time steps
+      steps = [index[1] for index in named.addressable_devices_indices_map(shape).values()]
+      start = min(s.start or 0 for s in steps)
+      stop = max(shape[1] if s.stop is None else s.stop for s in steps)
+      local = local[:, start:stop]
+    yield name, shape, named, local
 
 
 def to_device(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
   """This process's rows -> global arrays sharded over the batch mesh axes (and their time steps
   over the sequence axis)."""
-  timed = time_fields({name: np.shape(x) for name, x in batch.items()})
-  out = {}
-  for name, local in batch.items():
-    shape, named, held = _global_layout(local, mesh, rules, name in timed)
-    out[name] = jax.make_array_from_process_local_data(named, held, shape)
-  return out
+  return {
+    name: jax.make_array_from_process_local_data(named, held, shape)
+    for name, shape, named, held in _global_layouts(batch, mesh, rules)
+  }
 
 
 def abstract_batch(batch: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes, dtypes and shardings `to_device(batch, ...)` gives, for compiling ahead of time."""
-  timed = time_fields({name: np.shape(x) for name, x in batch.items()})
-  out = {}
-  for name, local in batch.items():
-    local = np.asarray(local)
-    shape, named, _ = _global_layout(local, mesh, rules, name in timed)
-    out[name] = jax.ShapeDtypeStruct(shape, local.dtype, sharding=named)
-  return out
+  return {
+    name: jax.ShapeDtypeStruct(shape, held.dtype, sharding=named)
+    for name, shape, named, held in _global_layouts(batch, mesh, rules)
+  }
 
 
 def config_batch(config, mesh, rules, *, batch_size: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
