@@ -185,7 +185,7 @@ FULL_ROWS = DEFAULT_ROWS + tuple(
 )
 
 
-def _compile(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fit") -> dict:
+def compile_row(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fit") -> dict:
   """One compile's record (reusing an unchanged earlier one) under ctx.workdir/`table`: command, status,
   wall time, report. A reused record's estimate is recomputed from the HLO it kept, so a change of
   lra_core/hlo_cost.py needs no compile."""
@@ -223,7 +223,7 @@ def run_row(ctx: Context, row: Row, table: str = "tpu_fit") -> tuple[dict, tuple
   """The row's final record, the rung it took, and the compile wall time of all attempts."""
   wall = 0.0
   for rung in row.rungs():
-    meta = _compile(ctx, row, rung, table)
+    meta = compile_row(ctx, row, rung, table)
     wall += meta["wall_s"]
     if "report" not in meta or meta["report"]["fits"]:
       break
