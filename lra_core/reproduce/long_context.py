@@ -70,10 +70,11 @@ def _row(family: Family, topology: str, devices: int, split: bool, t: int) -> Ro
 def guess(t: int, report: dict | None, lo: int, hi: int) -> int:
   """The power of two in (lo, hi) that a straight line through `report`'s memory at length t puts
   last under the chip's limit: peak(T) = arguments + (peak(t) - arguments) T / t."""
-  if not report or not math.isfinite(report.get("peak_gib", math.nan)):
+  number = lambda key: report.get(key) if report and isinstance(report.get(key), (int, float)) else math.nan
+  if not math.isfinite(number("peak_gib")):
     return 0
-  fixed = report.get("arguments_gib", math.nan)
-  fixed = fixed if math.isfinite(fixed) else 0.0  # a refused compile reports only what it needed
+  fixed = number("arguments_gib")  # NaN (JSON null) where the compiler refused: only what it needed is known
+  fixed = fixed if math.isfinite(fixed) else 0.0
   growing = report["peak_gib"] - fixed
   if growing <= 0:
     return 0
