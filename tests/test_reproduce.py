@@ -208,3 +208,31 @@ def test_the_published_tpu_fit_table_has_every_row_from_the_current_count():
   rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| setting")]
   assert [line.split(" | ")[0][2:] for line in rows] == [row.paper for row in tpu.DEFAULT_ROWS]
   assert "paper runs over 100% MFU under our FLOP count: 0 of" in section
+
+
+@pytest.mark.parametrize("limit", [1000, 70_000, 2**20 + 5, 2**26 + 1])
+@pytest.mark.parametrize("start", [1024, 65536, 2**22])
+@pytest.mark.parametrize("fixed, curve", [(2.0, 1), (0.5, 2)])
+def test_the_long_context_search_pins_the_longest_length_between_a_fit_and_twice_it(limit, start, fixed, curve):
+  """`long_context.longest` against a fake compiler whose memory grows linearly (a linear-time family)
+  or quadratically (full attention) and fits while the length is at most `limit`: the answer is the
+  largest power of two under it, and both it and twice it were compiled."""
+  from lra_core.reproduce import long_context
+
+  usable = 95.0
+  per = (usable - fixed) / limit**curve
+
+  def compile_at(t):
+    peak = fixed + per * t**curve
+    return {"t": t, "report": {"fits": peak <= usable, "peak_gib": peak, "arguments_gib": fixed, "usable_gib": usable}}
+
+  t, report, metas = long_context.longest(compile_at, start)
+  tried = {m["t"]: m["report"]["fits"] for m in metas}
+  expected = 2 ** (limit.bit_length() - 1) if limit >= long_context.SHORTEST else None
+  expected = min(expected, long_context.LONGEST) if expected else None
+  assert t == expected and (report is None) == (t is None)
+  if t is not None:
+    assert tried[t] and (t == long_context.LONGEST or tried[2 * t] is False)
+  else:
+    assert tried[long_context.SHORTEST] is False
+  assert len(metas) <= 2 + abs((expected or 1024).bit_length() - start.bit_length())

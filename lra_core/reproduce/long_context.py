@@ -9,10 +9,10 @@ fits and one at twice the length that does not:
   whole rows     every device holds whole rows: mesh data = every device, one row each;
   sequence axis  one row split over every device: mesh sequence = every device, batch 1.
 
-The search starts from a guess and moves by doubling and halving. After the first compile it jumps
-to the length a straight line through that compile's memory predicts (its arguments fixed, the rest
-growing with the length, as a linear-time family's activations do); the compiles that follow decide,
-so a wrong guess costs compiles, never a wrong answer. Split, it starts where a device holds as many
+Each next length is the one a curve through the compiles so far predicts to be the last that fits
+(arguments fixed, the rest growing as a power of the length: 1, a linear-time family's activations,
+until two compiles measure it), or else twice the longest fit or half the shortest failure; the
+compiles decide, so a poor guess costs compiles, never a wrong answer. Split, it starts where a device holds as many
 tokens as whole rows held. Transformer-VQ takes its whole sequence in one update window
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
 baseline is FLASH's Transformer+ on PG-19; it cannot split a sequence yet. Records are kept and
@@ -67,43 +67,52 @@ def _row(family: Family, topology: str, devices: int, split: bool, t: int) -> Ro
   )
 
 
-def guess(t: int, report: dict | None, lo: int, hi: int) -> int:
-  """The power of two in (lo, hi) that a straight line through `report`'s memory at length t puts
-  last under the chip's limit: peak(T) = arguments + (peak(t) - arguments) T / t."""
-  number = lambda key: report.get(key) if report and isinstance(report.get(key), (int, float)) else math.nan
-  if not math.isfinite(number("peak_gib")):
-    return 0
-  fixed = number("arguments_gib")  # NaN (JSON null) where the compiler refused: only what it needed is known
+def _memory(meta: dict) -> tuple[float, float]:
+  """(peak, arguments) in GiB of a record, NaN where unknown (JSON null: the compiler refused it and
+  reported only what it needed)."""
+  report = meta.get("report") or {}
+  value = lambda key: report[key] if isinstance(report.get(key), (int, float)) else math.nan
+  return value("peak_gib"), value("arguments_gib")
+
+
+def guess(points: list[tuple[int, dict]], lo: int, hi: int) -> int:
+  """The power of two strictly between lo (fits) and hi (does not) that a curve through the compiles
+  so far puts last under the chip's limit, or 0 for none: peak(T) = arguments + c T^p, with p from the
+  last two compiles (1 from a single one: a linear-time family's activations)."""
+  (t, meta), usable = points[-1], (points[-1][1].get("report") or {}).get("usable_gib")
+  peak, fixed = _memory(meta)
   fixed = fixed if math.isfinite(fixed) else 0.0
-  growing = report["peak_gib"] - fixed
-  if growing <= 0:
+  if not (math.isfinite(peak) and peak > fixed and usable):
     return 0
-  best = t * (report["usable_gib"] - fixed) / growing
-  if best <= 0:
-    return lo
-  g = 2 ** int(math.floor(math.log2(best)))
+  power = 1.0
+  if len(points) > 1:
+    t0, (peak0, _) = points[-2][0], _memory(points[-2][1])
+    if math.isfinite(peak0) and peak0 > fixed and t0 != t and peak0 != peak:
+      power = min(max(math.log((peak - fixed) / (peak0 - fixed)) / math.log(t / t0), 0.5), 3.0)
+  best = t * ((usable - fixed) / (peak - fixed)) ** (1 / power) if usable > fixed else 0.0
+  g = min(max(2 ** int(math.floor(math.log2(best))) if best >= 1 else 0, SHORTEST), LONGEST)
   return g if lo < g < hi else 0
 
 
 def longest(compile_at, start: int) -> tuple[int | None, dict | None, list[dict]]:
   """(the longest power-of-two length that fits, its report, every compile's record), found by
   compiling: `compile_at(t)` returns a record whose "report" has fits; the answer has a compile that
-  fits and one at twice its length that does not (or it is SHORTEST failing, or LONGEST fitting)."""
-  lo, hi, best, metas = 0, LONGEST * 2, None, []  # lo fits (0: none yet), hi does not
+  fits and one at twice its length that does not (or it is SHORTEST failing, or LONGEST fitting).
+  Each next length is `guess`'s where it names one, else twice the longest fit or half the shortest
+  failure: every compile narrows the range, so a poor guess costs compiles, never a wrong answer."""
+  lo, hi, best, points = 0, LONGEST * 2, None, []  # lo fits (0: none yet), hi does not
   t = start
   while True:
     meta = compile_at(t)
-    metas.append(meta)
+    points.append((t, meta))
     report = meta.get("report")
-    fits = bool(report and report["fits"])
-    if fits:
+    if report and report["fits"]:
       lo, best = t, report
     else:
       hi = t
     if hi <= 2 * lo or (not lo and hi <= SHORTEST):
-      return (lo or None), best, metas
-    jump = guess(t, report, lo, hi) if len(metas) == 1 else 0
-    t = jump or (2 * lo if fits else hi // 2)
+      return (lo or None), best, [m for _, m in points]
+    t = guess(points, lo, hi) or (2 * lo if lo else hi // 2)
 
 
 def _cells(t: int | None, report: dict | None) -> list[str]:
