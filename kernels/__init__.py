@@ -3,6 +3,7 @@
 from lra_core.kernels.attention import dot_product_attention, local_attention
 from lra_core.kernels.flash import linear_attention, mixed_chunk_attention, relu2_attention
 from lra_core.kernels.latte import bidirectional_latte, causal_latte
+from lra_core.kernels.library_attention import self_attention
 from lra_core.kernels.vq import vq_attention
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
   "local_attention",
   "mixed_chunk_attention",
   "relu2_attention",
+  "self_attention",
   "vq_attention",
 ]

@@ -40,6 +40,7 @@ LONGEST_FIRST = (
   "test_vq_pallas.py",
   "test_remat_scan.py",
   "test_tpu_kernels.py",
+  "test_library_attention.py",
   "test_families.py",
 )
 

@@ -1,0 +1,192 @@
+"""Softmax self-attention on the platforms' own flash kernels, with the XLA reference as the fallback.
+
+`self_attention(..., impl=)` is what every softmax self-attention layer calls in training and in a full
+forward pass (decoding reads a cache: always the reference). The implementations:
+
+  "xla"     kernels/attention.py: the masked T x T scores, or the banded O(T window) form for a
+            sliding window. The reference, and the CPU path.
+  "splash"  jax's splash attention for TPU (jax.experimental.pallas.ops.tpu.splash_attention): a
+            Mosaic flash kernel that never forms the scores and skips the blocks a causal or
+            sliding-window mask empties; document ids as its segment ids; grouped and multi-query
+            heads natively.
+  "triton"  jax's Pallas flash attention for NVIDIA GPUs (jax.experimental.pallas.ops.gpu.attention,
+            compiled through Triton): causal and document masks; grouped key-value heads are
+            repeated to the query heads; no sliding window.
+  "auto"    splash for a TPU target, triton for a GPU target, xla elsewhere (the platform the step is
+            traced for: kernels/toolkit.py).
+
+Both library kernels ship with jax, so they need no new dependency and move with the jax pin. cuDNN's
+fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) needs the cuDNN library at
+trace time and a device to build its graph, and takes no document ids; it stays for a GPU host.
+
+What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): attention
+dropout (it acts on probabilities the kernels never form), a sequence split over chips (kernels/context.py:
+ring attention is not built yet), a sliding window on GPU, a sequence shorter than one 128-step block
+(a longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id of its own, so a valid
+query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding there
+(the reference lets it read valid keys): outputs at padded positions differ, and nothing downstream reads
+them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+from lra_core.kernels import context, toolkit
+from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
+
+Array = jax.Array
+IMPLS = ("auto", "xla", "splash", "triton")
+_BY_PLATFORM = {"tpu": "splash", "gpu": "triton"}
+_log = logging.getLogger(__name__)
+_NOTED: set[tuple[str, str]] = set()
+_PADDING, _PADDED = -1, -2  # the kernels' segment ids of masked padding, and of the steps added to fill a block
+
+
+def resolve(impl: str) -> str:
+  """The implementation `impl` names on the platform being traced for ("auto": its library kernel)."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention implementation {impl!r} is not one of {list(IMPLS)}.")
+  return _BY_PLATFORM.get(toolkit.platform(), "xla") if impl == "auto" else impl
+
+
+def reference(q, k, v, *, causal, window=0, k_valid=None, segments=None, scale=None, probs_fn=None) -> Array:
+  """The "xla" path: banded for a window shorter than the sequence, the full masked scores otherwise."""
+  t = q.shape[1]
+  if window and t > window:
+    return local_attention(
+      q, k, v, window=window, causal=causal, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
+    )
+  positions = jnp.arange(t)
+  mask = attention_mask(
+    positions, positions, causal=causal, window=window, k_valid=k_valid, q_segments=segments, k_segments=segments
+  )
+  return dot_product_attention(q, k, v, mask=mask, scale=scale, probs_fn=probs_fn)
+
+
+def self_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  causal: bool,
+  window: int = 0,
+  k_valid: Array | None = None,
+  segments: Array | None = None,
+  scale: float | None = None,
+  probs_fn: Callable[[Array], Array] | None = None,
+  impl: str = "xla",
+) -> Array:
+  """softmax(q k^T scale, masked) v over one sequence: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] ->
+  [B,T,H,Dv]; masks as `kernels.attention.attention_mask` (causal, window, k_valid: bool[B,T] False =
+  padding, segments: int[B,T] document ids). `impl` one of IMPLS."""
+  chosen = resolve(impl)
+  if chosen != "xla":
+    why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn)
+    if why:
+      _note(chosen, why)
+      chosen = "xla"
+  if chosen == "xla":
+    return reference(
+      q, k, v, causal=causal, window=window, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
+    )
+  b, t, h, d = q.shape
+  scale = d**-0.5 if scale is None else scale
+  ids = _ids(k_valid, segments, b, t)
+  if chosen == "splash":
+    run = functools.partial(_splash, causal=causal, window=window if window and t > window else 0, scale=scale)
+  else:
+    run = functools.partial(_triton, causal=causal, scale=scale)
+  # The kernels take whole 128-step blocks: the steps added at the end carry an id no query shares, so no
+  # real query reads them (causal ones never could), and their outputs are dropped.
+  pad = -t % 128
+  if pad:
+    q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+    ids = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=_PADDED)
+  args, dims = (q, k, v, ids), ("bth.", "btk.", "btk.", "bt")
+  return toolkit.run_per_device(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2])[:, :t]
+
+
+def block(t: int, largest: int = 512) -> int:
+  """The kernels' block along time: the largest power of two from 128 to `largest` dividing t (0: none)."""
+  size = largest
+  while size >= 128 and t % size:
+    size //= 2
+  return size if size >= 128 else 0
+
+
+def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn) -> str:
+  t = q.shape[1]
+  if probs_fn is not None:
+    return "attention dropout acts on the probabilities, which a flash kernel never forms"
+  if context.split(t) or context.axes():
+    return "the sequence is split over chips, and ring attention is not built yet"
+  if t < 128:
+    return f"the length {t} is shorter than the kernel's 128-step block"
+  if impl == "triton":
+    if window and t > window:
+      return "the GPU kernel has no sliding window"
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+      return f"the GPU kernel needs one head width for q, k and v, not {q.shape[-1]} and {v.shape[-1]}"
+  return ""
+
+
+def _note(impl: str, why: str) -> None:
+  if (impl, why) not in _NOTED:
+    _NOTED.add((impl, why))
+    _log.info("attention: %s falls back to xla: %s.", impl, why)
+
+
+def _ids(k_valid: Array | None, segments: Array | None, b: int, t: int) -> Array:
+  """int32[B,T] ids for the kernels' segment masks: document ids, padding an id of its own (-1)."""
+  ids = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
+  return ids if k_valid is None else jnp.where(k_valid, ids, _PADDING)
+
+
+def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: int, scale: float) -> Array:
+  b, t, h, _ = q.shape
+  kv_heads = k.shape[2]
+  if window:  # keys within `window` steps: behind only (causal), or on both sides
+    one = masks.LocalMask((t, t), (window - 1, 0 if causal else window - 1), offset=0)
+  else:
+    one = masks.CausalMask((t, t)) if causal else masks.FullMask((t, t))
+  size = block(t)
+  sizes = splash.BlockSizes(
+    block_q=size,
+    block_kv=size,
+    block_kv_compute=size,
+    block_q_dkv=size,
+    block_kv_dkv=size,
+    block_kv_dkv_compute=size,
+    block_q_dq=size,
+    block_kv_dq=size,
+  )
+  make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
+  kernel = make(masks.MultiHeadMask([one] * h), block_sizes=sizes, interpret=toolkit.interpret_default())
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B,T,N,D] -> [B,N,T,D]
+  q, k, v = heads_first(q * jnp.asarray(scale, q.dtype)), heads_first(k), heads_first(v)
+  if kv_heads == 1:  # multi-query: one [T,D] key and value
+    k, v = k[:, 0], v[:, 0]
+  run = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
+  return heads_first(jax.vmap(run)(q, k, v, ids))
+
+
+def _triton(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float) -> Array:
+  h, kv_heads = q.shape[2], k.shape[2]
+  if kv_heads != h:  # the kernel reads query head n's keys at head n
+    k, v = (jnp.repeat(x, h // kv_heads, axis=2) for x in (k, v))
+  size = block(q.shape[1], 128)
+  sizes = gpu_attention.BlockSizes(
+    block_q=size, block_k=size, block_q_dkv=32, block_kv_dkv=32, block_q_dq=32, block_kv_dq=32
+  )
+  return gpu_attention.mha(
+    q, k, v, ids, sm_scale=scale, causal=causal, block_sizes=sizes, interpret=toolkit.interpret_default()
+  )

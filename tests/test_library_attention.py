@@ -1,0 +1,197 @@
+"""kernels/library_attention.py: softmax attention on jax's own flash kernels (splash for TPU, the Pallas
+Triton kernel for GPU) equals the XLA reference in values and gradients (interpret mode on this host),
+with causal, sliding-window, document and padding masks and grouped / multi-query heads; what a kernel
+cannot take falls back to the reference with one log line; "auto" picks the target platform's kernel;
+and inside the trainer's step of each family with softmax attention, compiled for a TPU slice (libtpu)
+and an H100 (the CUDA plugin), the library kernel is in the program."""
+
+import gzip
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra_core
+import tiers
+from lra_core import aot, chips
+from lra_core.errors import ConfigError
+from lra_core.kernels import library_attention as library
+from lra_core.kernels import toolkit
+
+needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+needs_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed")
+# Executables compiled for a TPU or GPU target cannot be read back on this host: no persistent cache.
+pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
+
+B, T, H, D = 2, 256, 4, 32
+# float32: the kernels' online softmax against one softmax, rounding apart; bfloat16: its 8-bit mantissa.
+TOLERANCE = {jnp.float32: dict(rtol=1e-4, atol=1e-4), jnp.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+
+
+def inputs(kv_heads, dtype=jnp.float32, t=T):
+  rng = np.random.default_rng(kv_heads)
+  x = lambda heads: jnp.asarray(rng.normal(size=(B, t, heads, D)), dtype)
+  # two documents in row 0 (a boundary off the 128-step blocks), trailing padding in row 1
+  segments = jnp.asarray(np.stack([np.where(np.arange(t) < 100, 1, 2), np.ones(t)]), jnp.int32)
+  valid = jnp.arange(t)[None] < jnp.array([[t], [t - 56]])
+  return x(H), x(kv_heads), x(kv_heads), segments, valid
+
+
+def value_and_grads(impl, q, k, v, valid, **masks):
+  """Outputs at valid positions and the gradients of a loss over them (padded queries read other keys
+  under the kernels, and nothing reads them: kernels/library_attention.py)."""
+
+  def loss(q, k, v):
+    out = library.self_attention(q, k, v, k_valid=valid, impl=impl, **masks)
+    out = jnp.where(valid[..., None, None], out, 0).astype(jnp.float32)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  return out, grads
+
+
+def assert_equals_reference(impl, kv_heads, dtype=jnp.float32, t=T, **masks):
+  q, k, v, segments, valid = inputs(kv_heads, dtype, t)
+  masks.setdefault("segments", segments)
+  got = value_and_grads(impl, q, k, v, valid, **masks)
+  want = value_and_grads("xla", q, k, v, valid, **masks)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **TOLERANCE[dtype])
+
+
+SPLASH = [
+  (causal, window, kv_heads)
+  for causal in (True, False)
+  for window in (0, 64)
+  for kv_heads in (H, 2, 1)  # multi-head, grouped, multi-query
+]
+
+
+@pytest.mark.parametrize("causal, window, kv_heads", tiers.quick(SPLASH, keep=[0, 10]))
+def test_splash_equals_the_reference(causal, window, kv_heads):
+  assert_equals_reference("splash", kv_heads, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("causal, kv_heads", tiers.quick([(True, H), (False, 2), (True, 1)], keep=[0]))
+def test_the_gpu_kernel_equals_the_reference(causal, kv_heads):
+  assert_equals_reference("triton", kv_heads, causal=causal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["splash", "triton"])
+def test_bfloat16_equals_the_reference_within_its_rounding(impl):
+  assert_equals_reference(impl, 2, jnp.bfloat16, causal=True)
+
+
+@pytest.mark.parametrize("impl, causal", [("splash", False), ("triton", True)])
+def test_a_length_off_the_blocks_is_padded_to_whole_blocks(impl, causal):
+  assert_equals_reference(impl, 2, t=200, causal=causal)
+
+
+@pytest.mark.parametrize("impl", ["splash", "triton"])
+def test_one_document_without_padding_needs_no_segment_ids(impl):
+  q, k, v, _, _ = inputs(H)
+  got = library.self_attention(q, k, v, causal=True, impl=impl)
+  np.testing.assert_allclose(got, library.self_attention(q, k, v, causal=True, impl="xla"), **TOLERANCE[jnp.float32])
+
+
+@pytest.mark.parametrize(
+  "impl, t, window, dropout, why",
+  [
+    ("splash", 64, 0, False, "the length 64 is shorter than the kernel's 128-step block"),
+    ("triton", T, 64, False, "the GPU kernel has no sliding window"),
+    ("splash", T, 0, True, "attention dropout acts on the probabilities"),
+  ],
+)
+def test_what_a_kernel_cannot_take_falls_back_to_the_reference_with_one_log_line(impl, t, window, dropout, why, caplog):
+  q, k, v, segments, valid = inputs(H, t=t)
+  probs_fn = (lambda p: p * 0.5) if dropout else None
+  library._NOTED.clear()
+  masks = dict(causal=True, window=window, segments=segments, k_valid=valid, probs_fn=probs_fn)
+  with caplog.at_level(logging.INFO, logger=library.__name__):
+    got = [library.self_attention(q, k, v, impl=impl, **masks) for _ in range(2)]
+  want = library.self_attention(q, k, v, impl="xla", **masks)
+  for g in got:
+    np.testing.assert_array_equal(g, want)
+  lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
+  assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}")
+
+
+def test_auto_picks_the_kernel_of_the_platform_traced_for():
+  for platform, impl in (("tpu", "splash"), ("gpu", "triton"), ("cpu", "xla")):
+    with toolkit.target(platform):
+      assert library.resolve("auto") == impl
+      assert library.resolve("xla") == "xla"
+  assert [library.block(t) for t in (128, 384, 1024, 4096, 100, 64)] == [128, 128, 512, 512, 0, 0]
+  with pytest.raises(ValueError, match=r"attention implementation 'cudnn' is not one of"):
+    library.resolve("cudnn")
+  with pytest.raises(ConfigError, match=r"model.attention_impl 'flash' is not one of \['auto', 'xla', 'splash'"):
+    lra_core.load_config("configs/c4/transformer.py:tiny", ["model.attention_impl=flash"])
+
+
+@pytest.mark.slow
+def test_a_transformer_trains_the_same_on_splash():
+  """The tiny Transformer++ LM's loss and every gradient, with documents, on splash (interpret mode)
+  and on the reference."""
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(1, 256, size=(2, 129)), jnp.int32)
+  segments = jnp.asarray(np.where(np.arange(128) < 77, 1, 2)[None].repeat(2, 0), jnp.int32)
+  out = {}
+  for impl in ("xla", "splash"):
+    config = lra_core.load_config(
+      "configs/c4/transformer.py:tiny,plusplus",
+      ["model.num_layers=1", "train.seq_len=128", f"model.attention_impl={impl}", "model.num_kv_heads=1"],
+    )
+    model = lra_core.build_model(config, seed=0)
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params):
+      m = nnx.merge(graph, params, rest)
+      logits = m(tokens[:, :-1], segment_ids=segments)
+      return jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32)).max(-1))
+
+    out[impl] = jax.value_and_grad(loss)(params)
+  for a, b in zip(jax.tree.leaves(out["splash"]), jax.tree.leaves(out["xla"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+# -- inside the trainer's step, compiled for the accelerators -------------------------------------------------
+
+# One config per family with softmax attention, at lengths the kernels' 128-step blocks divide.
+FAMILIES = {
+  "transformer++": ("configs/pg19/transformer.py:tiny,plusplus", ["train.seq_len=256", "model.max_len=256"]),
+  "latte_macchiato": ("configs/c4/latte.py:tiny,latte_rglru_swa++", ["train.seq_len=512", "model.window=128"]),
+  "block_transformer": (
+    "configs/c4/block_transformer.py:tiny",
+    ["train.seq_len=512", "model.num_layers=1", "model.token_num_layers=1"],
+  ),
+  # 4 groups of 48 pixels' channels (local layers: shorter than a block) and 32 latents each (global: 128)
+  "fit": ("configs/imagenet64/fit_ar.py:tiny", ["model.latents_per_group=32"]),
+}
+
+
+def _compiled_hlo(spec, overrides, topology, tmp_path):
+  config = lra_core.load_config(spec, [*overrides, "mesh.data=-1", "train.batch_size=4"])
+  path = tmp_path / "step.hlo.gz"
+  report = aot.compile_config(config, topology, hlo_path=path)
+  assert report.flops_per_device > 0
+  return gzip.open(path, "rt").read()
+
+
+@needs_libtpu
+@pytest.mark.parametrize("family", tiers.quick(list(FAMILIES), keep=[0]))
+def test_each_family_trains_on_splash_in_a_step_compiled_for_tpu(family, tmp_path):
+  hlo = _compiled_hlo(*FAMILIES[family], "v5e:2x2", tmp_path)
+  for kernel in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"):  # forward and both backward kernels
+    assert kernel in hlo, f"{family}: no {kernel} in the compiled train step"
+
+
+@needs_plugin
+@pytest.mark.parametrize("family", tiers.quick([f for f in FAMILIES if f != "latte_macchiato"], keep=[0]))
+def test_each_family_trains_on_the_triton_kernel_in_a_step_compiled_for_an_h100(family, tmp_path):
+  hlo = _compiled_hlo(*FAMILIES[family], "h100", tmp_path)
+  for kernel in ("mha_forward", "mha_backward"):
+    assert kernel in hlo, f"{family}: no {kernel} in the compiled train step"
