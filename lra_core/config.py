@@ -21,6 +21,7 @@ import ml_collections
 from lra_core import fs, registry, task_kinds
 from lra_core import optim as optim_lib
 from lra_core.errors import ConfigError
+from lra_core.kernels.library_attention import IMPLS as ATTENTION_IMPLS
 from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
 from lra_core.sharding import MESH_AXES
@@ -191,6 +192,7 @@ RESUMABLE_KEYS = (
   "data.num_threads",
   "data.prefetch",
   "model.impl",
+  "model.attention_impl",
   "model.remat",
   "train.steps",
   "train.log_every",
@@ -445,6 +447,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("at most one mesh axis may be -1.")
   if config.model.remat not in REMAT_POLICIES:
     raise ConfigError(f"model.remat {config.model.remat!r} is not one of {list(REMAT_POLICIES)}.")
+  if config.model.attention_impl not in ATTENTION_IMPLS:
+    raise ConfigError(f"model.attention_impl {config.model.attention_impl!r} is not one of {list(ATTENTION_IMPLS)}.")
   if not isinstance(config.model.scan_layers, bool):
     raise ConfigError(f"model.scan_layers must be True or False, got {config.model.scan_layers!r}.")
   if config.model.get("dtype", "float32") not in DTYPES:

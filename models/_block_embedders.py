@@ -57,6 +57,7 @@ class EncoderEmbedder(nnx.Module):
       norm_eps=m.norm_eps,
       activation=m.activation,
       use_bias=m.use_bias,
+      attention_impl=m.attention_impl,
     )
     self.embed = Embed(m.vocab_size, w, dtype=dtype, rngs=rngs)
     self.positions = AbsolutePositions("learned", w, m.block_len + self.num_cls, dtype=dtype, rngs=rngs)

@@ -40,6 +40,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
     use_bias=m.use_bias,
     parallel_residual=m.parallel_residual,
     dropout=m.dropout,
+    attention_impl=m.attention_impl,
   )
 
 

@@ -122,6 +122,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
       use_bias=m.use_bias,
       dropout=m.dropout,
       attention_dropout=m.attention_dropout,
+      attention_impl=m.attention_impl,
       window=0,
       rope=False,
       rope_max_wavelength=1e4,

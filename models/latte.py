@@ -40,7 +40,7 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels import context
 from lra_core.kernels import latte as latte_kernels
-from lra_core.kernels.attention import local_attention
+from lra_core.kernels.library_attention import self_attention
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import attend_cache, empty_cache, write_cache
@@ -237,6 +237,7 @@ class LatteAttention(nnx.Module):
     h, d = m.num_heads, m.d_model
     latents, width = m.num_latents // h, d // h
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
+    self.attention_impl = m.attention_impl  # the sliding window's softmax (kernels/library_attention.py)
     self.latent = m.latent
     self.chunk, self.impl = m.chunk or None, m.impl
     self.shape = (h, latents, width)
@@ -326,7 +327,9 @@ class LatteAttention(nnx.Module):
     local = None
     if self.window:
       wq, wk = self._window_qk(x, y, positions)
-      local = local_attention(wq, wk, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments)
+      local = self_attention(
+        wq, wk, v, causal=self.causal, window=self.window, k_valid=mask, segments=segments, impl=self.attention_impl
+      )
     if not self.latent:
       return self.out(local)
     q, k = self.query(y), self.key(y)

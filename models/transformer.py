@@ -130,6 +130,7 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
     rope_fraction=m.rope_fraction,
     use_bias=m.use_bias,
     dropout=m.attention_dropout,
+    impl=m.attention_impl,
     dtype=dtype,
     rngs=rngs,
   )

@@ -182,11 +182,13 @@ def test_cli_exit_status_says_whether_it_fits_and_names_bad_input(capsys):
 
 @needs_libtpu
 def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp_path):
-  """Full attention over 65,536 tokens needs 136 GiB of temporaries: the compiler refuses it, and
-  that refusal is the answer (exit 3, the needed bytes), not a crash."""
+  """Full attention over 65,536 tokens as the T x T scores (the XLA path; splash never forms them)
+  needs 136 GiB of temporaries: the compiler refuses it, and that refusal is the answer (exit 3, the
+  needed bytes), not a crash."""
   out = _aot(
     "--config=configs/enwik8/transformer.py:tiny",
     "--topology=v5e:2x2",
+    "--config.model.attention_impl=xla",
     "--config.mesh.data=4",
     "--config.train.seq_len=65536",
     "--config.train.batch_size=4",

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
+from lra_core.kernels.attention import attention_mask, dot_product_attention
+from lra_core.kernels.library_attention import self_attention
 from lra_core.models.blocks.layers import Dense, LayerNorm
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.sharding import constrain
@@ -25,6 +26,8 @@ class Attention(nnx.Module):
 
   causal: autoregressive mask. window > 0: sliding window (see kernels.attention.attention_mask).
   rope: rotary embedding of q and k on the first `rope_fraction` of each head.
+  impl: the kernel of the full forward pass (kernels/library_attention.py); decoding reads its cache
+  with the reference.
   """
 
   def __init__(
@@ -41,6 +44,7 @@ class Attention(nnx.Module):
     rope_fraction: float = 1.0,
     use_bias: bool = False,
     dropout: float = 0.0,
+    impl: str = "xla",
     dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -48,7 +52,7 @@ class Attention(nnx.Module):
     if num_heads % kv_heads:
       raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}.")
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
-    self.causal, self.window, self.rope = causal, window, rope
+    self.causal, self.window, self.rope, self.impl = causal, window, rope, impl
     self.rope_max_wavelength, self.rope_fraction = rope_max_wavelength, rope_fraction
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
     self.query = Dense(features, (num_heads, head_dim), axes=("embed", "heads", "head_dim"), **kw)
@@ -86,22 +90,19 @@ class Attention(nnx.Module):
     q, k, v = self._qkv(x, positions)
     # Attention dropout acts on the probabilities inside the core (None keeps the core's fast path).
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
-    if self.window and t > self.window:  # banded, O(T window): row offsets, so any per-document
-      # positions only feed RoPE; within a document they are consecutive like the row's
-      y = local_attention(
-        q, k, v, window=self.window, causal=self.causal, k_valid=mask, segments=segments, probs_fn=probs_fn
-      )
-    else:
-      m = attention_mask(
-        positions,
-        positions,
-        causal=self.causal,
-        window=self.window,
-        k_valid=mask,
-        q_segments=segments,
-        k_segments=segments,
-      )
-      y = dot_product_attention(q, k, v, mask=m, probs_fn=probs_fn)
+    # Masks by row offsets: any per-document positions only feed RoPE, and within a document they are
+    # consecutive like the row's.
+    y = self_attention(
+      q,
+      k,
+      v,
+      causal=self.causal,
+      window=self.window,
+      k_valid=mask,
+      segments=segments,
+      probs_fn=probs_fn,
+      impl=self.impl,
+    )
     return self.out(y)
 
   def cache_len(self, max_len: int) -> int:
