@@ -15,7 +15,9 @@ until two compiles measure it), or else twice the longest fit or half the shorte
 compiles decide, so a poor guess costs compiles, never a wrong answer. Split, it starts where a device holds as many
 tokens as whole rows held. Transformer-VQ takes its whole sequence in one update window
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
-baseline is FLASH's Transformer+ on PG-19; it cannot split a sequence yet. Records are kept and
+baseline is FLASH's Transformer+ on PG-19, its attention on splash (model.attention_impl "auto": the
+scores never formed, so its memory grows with the length, not its square); it cannot split a
+sequence yet. Records are kept and
 reused like tpu_fit's (`compile_row`).
 """
 
@@ -159,7 +161,8 @@ def long_context(ctx: Context) -> Result:
     "(both compiled). Whole rows: every device holds whole rows (mesh data = every device, one row each). "
     "Sequence axis: one row split over every device (mesh sequence = every device, batch 1). "
     "Transformer-VQ takes its whole sequence as one update window (with windows it trains any length). "
-    "The full-attention baseline is FLASH's Transformer+ (486M parameters, beside FLASH's 496M). "
+    "The full-attention baseline is FLASH's Transformer+ (486M parameters, beside FLASH's 496M), its attention "
+    "on the splash kernel (`model.attention_impl` auto). "
     f"Estimates of memory and speed, not measurements. The {len(metas)} programs were compiled at "
     f"{compiled_at(metas)}."
   )
