@@ -62,15 +62,11 @@ def assert_equals_reference(impl, kv_heads, dtype=jnp.float32, t=T, **masks):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **TOLERANCE[dtype])
 
 
-SPLASH = [
-  (causal, window, kv_heads)
-  for causal in (True, False)
-  for window in (0, 64)
-  for kv_heads in (H, 2, 1)  # multi-head, grouped, multi-query
-]
+# Each mask with multi-head (H), grouped (2) and multi-query (1) heads, each head layout with each mask.
+SPLASH = [(True, 0, H), (True, 0, 1), (True, 64, 2), (False, 0, 2), (False, 64, H), (False, 64, 1)]
 
 
-@pytest.mark.parametrize("causal, window, kv_heads", tiers.quick(SPLASH, keep=[0, 10]))
+@pytest.mark.parametrize("causal, window, kv_heads", tiers.quick(SPLASH, keep=[0, 5]))
 def test_splash_equals_the_reference(causal, window, kv_heads):
   assert_equals_reference("splash", kv_heads, causal=causal, window=window)
 
