@@ -19,13 +19,14 @@ Both library kernels ship with jax, so they need no new dependency and move with
 fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) needs the cuDNN library at
 trace time and a device to build its graph, and takes no document ids; it stays for a GPU host.
 
-What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): attention
-dropout (it acts on probabilities the kernels never form), a sequence split over chips (kernels/context.py:
-ring attention is not built yet), a sliding window on GPU, a sequence shorter than one 128-step block
-(a longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id of its own, so a valid
-query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding there
-(the reference lets it read valid keys): outputs at padded positions differ, and nothing downstream reads
-them.
+What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): a mask
+over given positions rather than the row order (FIT-AR's group-causal latents), attention dropout (it
+acts on probabilities the kernels never form), a sequence split over chips (kernels/context.py: ring
+attention is not built yet), a sliding window on GPU, a sequence shorter than one 128-step block (a
+longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id of its own, so a valid
+query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding
+there (the reference lets it read valid keys): outputs at padded positions differ, and nothing
+downstream reads them.
 """
 
 from __future__ import annotations
@@ -58,14 +59,17 @@ def resolve(impl: str) -> str:
   return _BY_PLATFORM.get(toolkit.platform(), "xla") if impl == "auto" else impl
 
 
-def reference(q, k, v, *, causal, window=0, k_valid=None, segments=None, scale=None, probs_fn=None) -> Array:
-  """The "xla" path: banded for a window shorter than the sequence, the full masked scores otherwise."""
+def reference(
+  q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, probs_fn=None
+) -> Array:
+  """The "xla" path: banded for a window shorter than the sequence (masks by row order), the full
+  masked scores otherwise (by `positions` where given)."""
   t = q.shape[1]
-  if window and t > window:
+  if window and t > window and positions is None:
     return local_attention(
       q, k, v, window=window, causal=causal, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
     )
-  positions = jnp.arange(t)
+  positions = jnp.arange(t) if positions is None else positions
   mask = attention_mask(
     positions, positions, causal=causal, window=window, k_valid=k_valid, q_segments=segments, k_segments=segments
   )
@@ -81,22 +85,33 @@ def self_attention(
   window: int = 0,
   k_valid: Array | None = None,
   segments: Array | None = None,
+  positions: Array | None = None,
   scale: float | None = None,
   probs_fn: Callable[[Array], Array] | None = None,
   impl: str = "xla",
 ) -> Array:
   """softmax(q k^T scale, masked) v over one sequence: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] ->
   [B,T,H,Dv]; masks as `kernels.attention.attention_mask` (causal, window, k_valid: bool[B,T] False =
-  padding, segments: int[B,T] document ids). `impl` one of IMPLS."""
+  padding, segments: int[B,T] document ids). positions: int[T] or [B,T] the causal mask compares (None:
+  the row order; any other order is the reference's alone). `impl` one of IMPLS."""
   chosen = resolve(impl)
   if chosen != "xla":
-    why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn)
+    why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn, positions=positions)
     if why:
       _note(chosen, why)
       chosen = "xla"
   if chosen == "xla":
     return reference(
-      q, k, v, causal=causal, window=window, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
+      q,
+      k,
+      v,
+      causal=causal,
+      window=window,
+      k_valid=k_valid,
+      segments=segments,
+      positions=positions,
+      scale=scale,
+      probs_fn=probs_fn,
     )
   b, t, h, d = q.shape
   scale = d**-0.5 if scale is None else scale
@@ -123,8 +138,10 @@ def block(t: int, largest: int = 512) -> int:
   return size if size >= 128 else 0
 
 
-def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn) -> str:
+def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn, positions) -> str:
   t = q.shape[1]
+  if positions is not None:
+    return "the mask follows given positions (FIT-AR's group-causal latents), not the row order"
   if probs_fn is not None:
     return "attention dropout acts on the probabilities, which a flash kernel never forms"
   if context.split(t) or context.axes():

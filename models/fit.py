@@ -105,8 +105,9 @@ class FeedForwardBlock(nnx.Module):
     return x + self.mlp(self.mlp_norm(x), rngs=rngs)
 
 
-def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
-  """The transformer-block settings of one stream (data or latents)."""
+def stack_config(m, width: int, heads: int, d_ff: int, *, mask_by_positions: bool = False) -> ml_collections.ConfigDict:
+  """The transformer-block settings of one stream (data or latents); `mask_by_positions`: the causal
+  mask compares the positions the layers are given (the latents' group index), not the row order."""
   return ml_collections.ConfigDict(
     dict(
       d_model=width,
@@ -124,6 +125,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
       attention_dropout=m.attention_dropout,
       attention_impl=m.attention_impl,
       window=0,
+      mask_by_positions=mask_by_positions,
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
@@ -139,7 +141,7 @@ class FITBlock(nnx.Module):
     self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True, dtype, rngs: nnx.Rngs
   ):
     xm = stack_config(m, m.d_model, m.num_heads, m.d_ff)
-    lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff)
+    lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff, mask_by_positions=True)
     make_local = (
       (lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs))
       if local_attention

@@ -131,6 +131,7 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
     use_bias=m.use_bias,
     dropout=m.attention_dropout,
     impl=m.attention_impl,
+    mask_by_positions=m.get("mask_by_positions", False),
     dtype=dtype,
     rngs=rngs,
   )

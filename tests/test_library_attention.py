@@ -94,19 +94,22 @@ def test_one_document_without_padding_needs_no_segment_ids(impl):
   np.testing.assert_allclose(got, library.self_attention(q, k, v, causal=True, impl="xla"), **TOLERANCE[jnp.float32])
 
 
+GROUPS = jnp.repeat(jnp.arange(T // 4), 4)  # FIT-AR's latents: a group's four see each other
+
+
 @pytest.mark.parametrize(
-  "impl, t, window, dropout, why",
+  "impl, t, window, extra, why",
   [
-    ("splash", 64, 0, False, "the length 64 is shorter than the kernel's 128-step block"),
-    ("triton", T, 64, False, "the GPU kernel has no sliding window"),
-    ("splash", T, 0, True, "attention dropout acts on the probabilities"),
+    ("splash", 64, 0, {}, "the length 64 is shorter than the kernel's 128-step block"),
+    ("triton", T, 64, {}, "the GPU kernel has no sliding window"),
+    ("splash", T, 0, {"probs_fn": lambda p: p * 0.5}, "attention dropout acts on the probabilities"),
+    ("splash", T, 0, {"positions": GROUPS}, "the mask follows given positions (FIT-AR's group-causal latents)"),
   ],
 )
-def test_what_a_kernel_cannot_take_falls_back_to_the_reference_with_one_log_line(impl, t, window, dropout, why, caplog):
+def test_what_a_kernel_cannot_take_falls_back_to_the_reference_with_one_log_line(impl, t, window, extra, why, caplog):
   q, k, v, segments, valid = inputs(H, t=t)
-  probs_fn = (lambda p: p * 0.5) if dropout else None
   library._NOTED.clear()
-  masks = dict(causal=True, window=window, segments=segments, k_valid=valid, probs_fn=probs_fn)
+  masks = dict(causal=True, window=window, segments=segments, k_valid=valid, **extra)
   with caplog.at_level(logging.INFO, logger=library.__name__):
     got = [library.self_attention(q, k, v, impl=impl, **masks) for _ in range(2)]
   want = library.self_attention(q, k, v, impl="xla", **masks)
@@ -114,6 +117,10 @@ def test_what_a_kernel_cannot_take_falls_back_to_the_reference_with_one_log_line
     np.testing.assert_array_equal(g, want)
   lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
   assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}")
+  if "positions" in extra:  # the group-causal mask itself: a latent reads the later latents of its group
+    assert not np.allclose(
+      want, library.self_attention(q, k, v, impl="xla", causal=True, segments=segments, k_valid=valid)
+    )
 
 
 def test_auto_picks_the_kernel_of_the_platform_traced_for():
@@ -164,8 +171,12 @@ FAMILIES = {
     "configs/c4/block_transformer.py:tiny",
     ["train.seq_len=512", "model.num_layers=1", "model.token_num_layers=1"],
   ),
-  # 4 groups of 48 pixels' channels (local layers: shorter than a block) and 32 latents each (global: 128)
-  "fit": ("configs/imagenet64/fit_ar.py:tiny", ["model.latents_per_group=32"]),
+  # FIT-AR: 4 groups of 8x8 pixels' channels (192 tokens, padded to 256 for the local layers); its global
+  # layers' group-causal mask is the reference's (kernels/library_attention.py)
+  "fit": (
+    "configs/imagenet64/fit_ar.py:tiny",
+    ["data.image_size=16", "data.patch_size=8", "model.group_size=192", "train.seq_len=768"],
+  ),
 }
 
 

@@ -27,7 +27,9 @@ class Attention(nnx.Module):
   causal: autoregressive mask. window > 0: sliding window (see kernels.attention.attention_mask).
   rope: rotary embedding of q and k on the first `rope_fraction` of each head.
   impl: the kernel of the full forward pass (kernels/library_attention.py); decoding reads its cache
-  with the reference.
+  with the reference. mask_by_positions: the causal mask compares the positions each call is given
+  (FIT-AR's latents: their group index, so a group's latents see each other) rather than the row
+  order, which is all the library kernels take (they fall back to the reference for it).
   """
 
   def __init__(
@@ -45,6 +47,7 @@ class Attention(nnx.Module):
     use_bias: bool = False,
     dropout: float = 0.0,
     impl: str = "xla",
+    mask_by_positions: bool = False,
     dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -53,6 +56,7 @@ class Attention(nnx.Module):
       raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}.")
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
     self.causal, self.window, self.rope, self.impl = causal, window, rope, impl
+    self.mask_by_positions = mask_by_positions
     self.rope_max_wavelength, self.rope_fraction = rope_max_wavelength, rope_fraction
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
     self.query = Dense(features, (num_heads, head_dim), axes=("embed", "heads", "head_dim"), **kw)
@@ -90,8 +94,8 @@ class Attention(nnx.Module):
     q, k, v = self._qkv(x, positions)
     # Attention dropout acts on the probabilities inside the core (None keeps the core's fast path).
     probs_fn = (lambda p: self.dropout(p, rngs=rngs)) if self.dropout.rate > 0 else None
-    # Masks by row offsets: any per-document positions only feed RoPE, and within a document they are
-    # consecutive like the row's.
+    # Masks by row offsets unless told otherwise: per-document positions only feed RoPE, and within a
+    # document they are consecutive like the row's.
     y = self_attention(
       q,
       k,
@@ -100,6 +104,7 @@ class Attention(nnx.Module):
       window=self.window,
       k_valid=mask,
       segments=segments,
+      positions=positions if self.mask_by_positions and (self.causal or self.window) else None,
       probs_fn=probs_fn,
       impl=self.impl,
     )
