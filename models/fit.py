@@ -23,6 +23,7 @@ that starts on a group boundary gets exactly its outputs alone; see `Model.forwa
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -48,7 +49,7 @@ from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import CrossAttention
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
-from lra_core.models.transformer import Block
+from lra_core.models.transformer import Block, softmax_attention
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 
 Array = jax.Array
@@ -105,9 +106,8 @@ class FeedForwardBlock(nnx.Module):
     return x + self.mlp(self.mlp_norm(x), rngs=rngs)
 
 
-def stack_config(m, width: int, heads: int, d_ff: int, *, mask_by_positions: bool = False) -> ml_collections.ConfigDict:
-  """The transformer-block settings of one stream (data or latents); `mask_by_positions`: the causal
-  mask compares the positions the layers are given (the latents' group index), not the row order."""
+def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigDict:
+  """The transformer-block settings of one stream (data or latents)."""
   return ml_collections.ConfigDict(
     dict(
       d_model=width,
@@ -125,7 +125,6 @@ def stack_config(m, width: int, heads: int, d_ff: int, *, mask_by_positions: boo
       attention_dropout=m.attention_dropout,
       attention_impl=m.attention_impl,
       window=0,
-      mask_by_positions=mask_by_positions,
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
@@ -141,7 +140,7 @@ class FITBlock(nnx.Module):
     self, m, local: int, global_: int, *, last: bool, causal: bool, local_attention: bool = True, dtype, rngs: nnx.Rngs
   ):
     xm = stack_config(m, m.d_model, m.num_heads, m.d_ff)
-    lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff, mask_by_positions=True)
+    lm = stack_config(m, m.d_latent, m.latent_heads, m.latent_d_ff)
     make_local = (
       (lambda: Block(xm, causal=causal, dtype=dtype, rngs=rngs))
       if local_attention
@@ -149,7 +148,11 @@ class FITBlock(nnx.Module):
     )
     scan = m.scan_layers
     self.local = stack.make_layers(make_local, local, scan=scan)
-    self.global_layers = stack.make_layers(lambda: Block(lm, causal=causal, dtype=dtype, rngs=rngs), global_, scan=scan)
+    # The latents' causal mask compares their group index (the positions they are given), not the row order.
+    group_causal = functools.partial(softmax_attention, mask_by_positions=True)
+    self.global_layers = stack.make_layers(
+      lambda: Block(lm, causal=causal, dtype=dtype, rngs=rngs, mixer=group_causal), global_, scan=scan
+    )
     cross = dict(
       heads=min(m.num_heads, m.latent_heads),
       width=min(m.d_model, m.d_latent),

@@ -116,7 +116,7 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.window must be >= 0, got {m.window}.")
 
 
-def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
+def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs, mask_by_positions: bool = False) -> Attention:
   head_dim = m.head_dim or m.d_model // m.num_heads
   return Attention(
     m.d_model,
@@ -131,7 +131,7 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs) -> Attention:
     use_bias=m.use_bias,
     dropout=m.attention_dropout,
     impl=m.attention_impl,
-    mask_by_positions=m.get("mask_by_positions", False),
+    mask_by_positions=mask_by_positions,
     dtype=dtype,
     rngs=rngs,
   )
