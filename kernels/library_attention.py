@@ -188,12 +188,15 @@ def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: i
   )
   make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
   kernel = make(masks.MultiHeadMask([one] * h), block_sizes=sizes, interpret=toolkit.interpret_default())
+  dtype = q.dtype
+  if not toolkit.bf16_matmuls():  # Mosaic takes no bfloat16 matmul on TPU v2 / v3: the kernel runs in float32
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B,T,N,D] -> [B,N,T,D]
   q, k, v = heads_first(q * jnp.asarray(scale, q.dtype)), heads_first(k), heads_first(v)
   if kv_heads == 1:  # multi-query: one [T,D] key and value
     k, v = k[:, 0], v[:, 0]
   run = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
-  return heads_first(jax.vmap(run)(q, k, v, ids))
+  return heads_first(jax.vmap(run)(q, k, v, ids)).astype(dtype)
 
 
 def _triton(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float) -> Array:

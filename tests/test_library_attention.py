@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import lra_core
 import tiers
@@ -159,6 +161,18 @@ def test_a_transformer_trains_the_same_on_splash():
     out[impl] = jax.value_and_grad(loss)(params)
   for a, b in zip(jax.tree.leaves(out["splash"]), jax.tree.leaves(out["xla"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+@needs_libtpu
+def test_splash_in_bfloat16_compiles_for_tpu_v3():
+  """TPU v3's Mosaic takes no bfloat16 matmul: there the kernel runs in float32 (its inputs cast)."""
+  mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
+  shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype, sharding=NamedSharding(mesh, P("data")))
+  loss = lambda q, k, v: library.self_attention(q, k, v, causal=True, impl="auto").astype(jnp.float32).sum()
+  args = (shape(8, 256, H, 128), shape(8, 256, 2, 128), shape(8, 256, 2, 128))
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile().as_text()
+  assert "splash_mha_fwd" in hlo and "splash_mha_dkv" in hlo
 
 
 # -- inside the trainer's step, compiled for the accelerators -------------------------------------------------
