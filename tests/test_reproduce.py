@@ -236,3 +236,8 @@ def test_the_long_context_search_pins_the_longest_length_between_a_fit_and_twice
   else:
     assert tried[long_context.SHORTEST] is False
   assert len(metas) <= 2 + abs((expected or 1024).bit_length() - start.bit_length())
+
+
+def test_the_readme_counts_the_tables_there_are():
+  readme = (PROJECT_ROOT / "README.md").read_text()
+  assert f"# the {len(reproduce.TABLES)} tables" in readme
