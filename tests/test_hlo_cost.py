@@ -403,6 +403,11 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
   assert bare.flops == 0 and bare.undeclared_kernels == 1
 
 
+# Both targets compile the same attention: on TPU and GPU "auto" would take a library flash kernel, a
+# custom call whose FLOPs the HLO does not show (kernels/library_attention.py).
+XLA = "model.attention_impl=xla"
+
+
 def _train_step(config, devices):
   """The trainer's train step of `config` compiled for `devices`: (compiled, traced)."""
   mesh, _, _, traced = aot_targets.trace_train_step(config, devices)
@@ -429,7 +434,9 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
   """The same config and per-device batch: XLA:GPU's program (cuBLAS / Triton GEMMs, Triton Pallas calls)
   counts the FLOPs of the CPU's program within 2% (XLA:GPU pads some matmul dimensions, e.g. a
   vocabulary of 258 to 288, and runs the padding) and XLA's own count within 5%."""
-  config = lra_core.load_config(spec, overrides + ["model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"])
+  config = lra_core.load_config(
+    spec, overrides + ["model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1", XLA]
+  )
   gpu, traced = _train_step(config, h100[0].devices.flat[:1].tolist())
   cpu, _ = _train_step(config, jax.devices("cpu")[:1])
   costs = pallas_costs.pallas_kernel_costs(traced.jaxpr)
@@ -494,7 +501,7 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_tpu_and_for_the_cpu(fami
   convolutions: counting every tap of those windows once made the Transformer's step 1.75x the CPU's),
   and the CPU's count is XLA's own less the elementwise arithmetic XLA also counts."""
   config = lra_core.load_config(
-    spec, overrides + ["train.batch_size=1", "model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1"]
+    spec, overrides + ["train.batch_size=1", "model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1", XLA]
   )
   assert config.model.name == family
   if not chips.libtpu_installed():
