@@ -40,6 +40,9 @@ class Family:
   extra: tuple[str, ...] = ()
   start: int = 65536  # tokens per device the whole-rows search starts from
   splits: bool = True  # has a `context_parallel` check
+  # Its attention is jax's splash kernel, which declares no cost: the roofline would see no attention
+  # FLOPs, so no speed is estimated (docs/kernels.md, "Limits").
+  opaque: bool = False
 
 
 FAMILIES = (
@@ -47,7 +50,7 @@ FAMILIES = (
   Family("Transformer-VQ", "configs/pg19/transformer_vq.py", ("train.update_len=0",)),
   Family("FLASH", "configs/pg19/flash.py"),
   # T x T scores per head: a shorter start saves the compiles a linear guess would waste.
-  Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192, splits=False),
+  Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192, splits=False, opaque=True),
 )
 # (topology, JAX devices, what the slice is called)
 SLICES = (("v5p:4x4x4", 64, "v5p-64"), ("v3:4x4", 32, "v3-32"))
@@ -117,9 +120,11 @@ def longest(compile_at, start: int) -> tuple[int | None, dict | None, list[dict]
     t = guess(points, lo, hi) or (2 * lo if lo else hi // 2)
 
 
-def _cells(t: int | None, report: dict | None) -> list[str]:
+def _cells(t: int | None, report: dict | None, opaque: bool = False) -> list[str]:
   if t is None:
     return [f"< {SHORTEST:,}", "-"]
+  if opaque:
+    return [f"{t:,}", f"{report['peak_gib']:.1f} GiB, - (splash declares no FLOPs)"]
   est = report.get("est_tokens_per_s")
   return [f"{t:,}", f"{report['peak_gib']:.1f} GiB, {fmt(est, ',.0f')} tokens/s" if est else "-"]
 
@@ -132,7 +137,7 @@ def long_context(ctx: Context) -> Result:
         lambda t: compile_row(ctx, _row(family, topology, devices, False, t), (), TABLE), family.start
       )
       metas += found
-      cells = _cells(whole, report)
+      cells = _cells(whole, report, family.opaque)
       if family.splits:
         start = (whole or SHORTEST) * devices
         split, report, found = longest(
