@@ -176,16 +176,9 @@ def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: i
   else:
     one = masks.CausalMask((t, t)) if causal else masks.FullMask((t, t))
   size = block(t)
-  sizes = splash.BlockSizes(
-    block_q=size,
-    block_kv=size,
-    block_kv_compute=size,
-    block_q_dkv=size,
-    block_kv_dkv=size,
-    block_kv_dkv_compute=size,
-    block_q_dq=size,
-    block_kv_dq=size,
-  )
+  # one block size for the forward and both backward kernels (q, kv and the kv compute tiles of each)
+  fields = ("block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
+  sizes = splash.BlockSizes(**dict.fromkeys((*fields, "block_q_dq", "block_kv_dq"), size))
   make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
   kernel = make(masks.MultiHeadMask([one] * h), block_sizes=sizes, interpret=toolkit.interpret_default())
   dtype = q.dtype
