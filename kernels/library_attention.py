@@ -27,12 +27,18 @@ longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id 
 query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding
 there (the reference lets it read valid keys): outputs at padded positions differ, and nothing
 downstream reads them.
+
+Neither library kernel declares a cost, and a kernel is opaque to the compiler, so each call runs in a
+named scope stating its matrix-product FLOPs per device (the blocks its mask leaves, from the kernel's
+own block lists); the scope reaches the compiled program's op names, where `kernel_flops` reads it back
+for the roofline (lra_core/hlo_cost.py).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 
 import jax
@@ -50,6 +56,7 @@ _BY_PLATFORM = {"tpu": "splash", "gpu": "triton"}
 _log = logging.getLogger(__name__)
 _NOTED: set[tuple[str, str]] = set()
 _PADDING, _PADDED = -1, -2  # the kernels' segment ids of masked padding, and of the steps added to fill a block
+_COST = re.compile(r"flash_flops_fwd(\d+)_dq(\d+)_dkv(\d+)")  # the cost scope (module docstring)
 
 
 def resolve(impl: str) -> str:
@@ -138,6 +145,47 @@ def block(t: int, largest: int = 512) -> int:
   return size if size >= 128 else 0
 
 
+def kernel_flops(op_name: str) -> float | None:
+  """The matrix-product FLOPs of one library-kernel call of a compiled program, read from its op name
+  (`metadata={op_name=...}`: the cost scope around the call, and the kernel's name before "/pallas_call");
+  None for a call outside any cost scope."""
+  found = _COST.search(op_name)
+  if found is None:
+    return None
+  fwd, dq, dkv = map(float, found.groups())
+  kernel = op_name.removesuffix("/pallas_call").rsplit("/", 1)[-1]
+  if "preprocess" in kernel:  # the GPU backward's rowwise sum(out * dout): no matrix product
+    return 0.0
+  if "dkv" in kernel:
+    return dkv
+  if "dq" in kernel:
+    return dq
+  if "backward" in kernel:  # the GPU kernel computes dq and dk, dv in one call
+    return dq + dkv
+  return fwd
+
+
+def _cost_scope(pairs_fwd: int, pairs_bwd: int, d: int, dv: int) -> str:
+  """The named scope stating a kernel call's FLOPs per device, from the (query, key) score entries its
+  forward and its backward kernels compute (whole blocks, all heads and rows). Forward: scores and
+  probabilities x values; dq: scores again, dprobs and dscores x keys; dk, dv: scores, dprobs, probs^T x
+  dout and dscores^T x queries. Each product is 2 FLOPs per score entry and head dimension."""
+  fwd, dq, dkv = 2 * pairs_fwd * (d + dv), 2 * pairs_bwd * (2 * d + dv), 4 * pairs_bwd * (d + dv)
+  return f"flash_flops_fwd{fwd}_dq{dq}_dkv{dkv}"
+
+
+def _live_blocks(n: int, size: int, causal: bool, window: int) -> int:
+  """Of the n x n blocks of `size` steps, those where some query sees some key: the ones splash computes
+  (its block lists skip the rest; the lists are traced values inside a jit, so counted here)."""
+  if not window:
+    return n * (n + 1) // 2 if causal else n * n
+  # Key block i + j against query block i spans key - query offsets j*size - (size-1) .. j*size + (size-1);
+  # the window keeps offsets -(window-1) .. 0 (causal) or .. window-1.
+  behind, ahead = window - 1, 0 if causal else window - 1
+  lowest, highest = max(-(n - 1), -((behind + size - 1) // size)), min(n - 1, (ahead + size - 1) // size)
+  return sum(n - abs(j) for j in range(lowest, highest + 1))
+
+
 def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn, positions) -> str:
   t = q.shape[1]
   if positions is not None:
@@ -189,7 +237,9 @@ def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: i
   if kv_heads == 1:  # multi-query: one [T,D] key and value
     k, v = k[:, 0], v[:, 0]
   run = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
-  return heads_first(jax.vmap(run)(q, k, v, ids)).astype(dtype)
+  pairs = b * h * _live_blocks(t // size, size, causal, window) * size * size
+  with jax.named_scope(_cost_scope(pairs, pairs, q.shape[-1], v.shape[-1])):
+    return heads_first(jax.vmap(run)(q, k, v, ids)).astype(dtype)
 
 
 def _triton(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float) -> Array:
@@ -200,6 +250,10 @@ def _triton(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: fl
   sizes = gpu_attention.BlockSizes(
     block_q=size, block_k=size, block_q_dkv=32, block_kv_dkv=32, block_q_dq=32, block_kv_dq=32
   )
-  return gpu_attention.mha(
-    q, k, v, ids, sm_scale=scale, causal=causal, block_sizes=sizes, interpret=toolkit.interpret_default()
-  )
+  b, t, h, d = q.shape
+  # the forward's blocks of `size` and the backward's of 32: a causal kernel stops at the diagonal block
+  pairs = lambda width: b * h * _live_blocks(t // width, width, causal, 0) * width * width
+  with jax.named_scope(_cost_scope(pairs(size), pairs(32), d, v.shape[-1])):
+    return gpu_attention.mha(
+      q, k, v, ids, sm_scale=scale, causal=causal, block_sizes=sizes, interpret=toolkit.interpret_default()
+    )

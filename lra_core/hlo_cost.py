@@ -9,10 +9,11 @@ optimized program instead (lra_core/hlo_text.py reads it):
   its bytes being its operands and results (a fusion reads and writes HBM once; what it does
   inside stays on chip);
 - FLOPs are the matrix products at 2 per multiply-add, also inside fusions and in XLA:GPU's library
-  calls (lra_core/hlo_flops.py), plus what a Pallas kernel declares (lra_core/pallas_costs.py; a
-  Triton kernel that declares nothing counts its traffic and no FLOPs, and `Roofline.undeclared_kernels`
-  counts it). A convolution's bytes are its operands and result, as for any operation. Elementwise
-  arithmetic counts as no FLOPs;
+  calls (lra_core/hlo_flops.py), plus what a Pallas kernel declares (lra_core/pallas_costs.py), or
+  for jax's library flash kernels, which declare nothing, what the scope around their call states
+  (kernels/library_attention.py); a Triton kernel with neither counts its traffic and no FLOPs, and
+  `Roofline.undeclared_kernels` counts it. A convolution's bytes are its operands and result, as for
+  any operation. Elementwise arithmetic counts as no FLOPs;
 - a while loop costs its trip count times its body (the count XLA records, else the bound its
   condition compares the counter with), a conditional its dearest branch;
 - collectives move their bytes over the interconnect; they are assumed to overlap with compute
@@ -35,7 +36,8 @@ import numpy as np
 
 from lra_core.chips import Chip
 from lra_core.hlo_flops import library_flops, matmul_flops
-from lra_core.hlo_text import BYTES, Op, arrays, called, device_groups, first_array, parse, size_bytes, target
+from lra_core.hlo_text import BYTES, Op, arrays, called, device_groups, first_array, op_name, parse, size_bytes, target
+from lra_core.kernels import library_attention
 from lra_core.pallas_costs import PALLAS_CALLS, TRITON_CALL, declared, kernel_key
 
 FREE = {
@@ -348,6 +350,9 @@ class _Walker:
     elif op.opcode == "custom-call":
       estimate = declared(op)
       library = library_flops(op, shapes)
+      if estimate is None and target(op) in PALLAS_CALLS:  # a library flash kernel states its FLOPs in a scope
+        stated = library_attention.kernel_flops(op_name(op))
+        estimate = None if stated is None else (stated, 0.0)
       if estimate is None and target(op) == TRITON_CALL:
         kernel = self.kernels.get(kernel_key(op, shapes))
         if kernel is None:
@@ -384,7 +389,6 @@ def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
         if op.opcode == "fusion":
           m = re.search(r"kind=(\w+)", op.attrs)
           kind = f"fusion {m.group(1) if m else ''}{' with matmul' if c.flops else ''}"
-        source = re.search(r'op_name="([^"]*)"', op.attrs)
         found.append(
           Hotspot(
             op.name,
@@ -394,7 +398,7 @@ def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
             times * c.flops,
             times * c.bytes,
             times * c.flops / walker.chip.peak_flops,
-            source.group(1) if source else "",
+            op_name(op),
             walker.category(op, c),
           )
         )

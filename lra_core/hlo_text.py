@@ -39,6 +39,7 @@ BYTES = {
 }
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OP_START = re.compile(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s")  # "  %name = shape opcode(...)"
 _ARRAY = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _PARENTHESIS = re.compile(r"[()]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
@@ -93,7 +94,13 @@ def parse_op(line: str) -> Op | None:
 
 def parse(text: str) -> tuple[dict[str, list[Op]], str]:
   """HLO module text -> (computation name -> its operations, the entry computation's name)."""
-  computations, entry, current = {}, "", None
+  computations, entry, current, held = {}, "", None, ""
+
+  def add(op_text: str) -> None:
+    op = parse_op(op_text) if op_text else None
+    if op is not None:
+      computations[current].append(op)
+
   for line in text.splitlines():
     if current is None:
       m = _HEADER.match(line)
@@ -103,11 +110,15 @@ def parse(text: str) -> tuple[dict[str, list[Op]], str]:
         if line.startswith("ENTRY"):
           entry = current
     elif line.strip() == "}":
-      current = None
+      add(held)
+      current, held = None, ""
+    elif held and not _OP_START.match(line):
+      # an operation whose attributes run over several lines (a TPU kernel's kernel_metadata, before its
+      # op_name): the rest of the one before
+      held = f"{held} {line.strip()}"
     else:
-      op = parse_op(line)
-      if op is not None:
-        computations[current].append(op)
+      add(held)
+      held = line
   return computations, entry
 
 
@@ -136,6 +147,12 @@ def first_array(shape: str) -> str:
 def target(op: Op) -> str:
   """A custom call's target ("__cublas$gemm", "tpu_custom_call", ...); "" for any other operation."""
   m = re.search(r'custom_call_target="([^"]*)"', op.attrs)
+  return m.group(1) if m else ""
+
+
+def op_name(op: Op) -> str:
+  """The JAX operation an op came from (its `metadata={op_name=...}`: the traced name stack); "" if none."""
+  m = re.search(r'op_name="([^"]*)"', op.attrs)
   return m.group(1) if m else ""
 
 

@@ -222,6 +222,25 @@ ENTRY %main (a: bf16[4,8]) -> bf16[4,8] {
   assert roof.flops == 2 * 4 * 4 * 8 and roof.unknown_loops == 0
 
 
+def test_an_operation_printed_over_several_lines_is_read_whole():
+  """A TPU kernel's kernel_metadata runs over lines and its op_name follows them; a Triton kernel's
+  serialized module holds stray braces on one line: neither swallows or loses an operation."""
+  text = """HloModule m
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %k = f32[8]{0} custom-call(%a), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 512}"
+}}, metadata={op_name="jit(f)/rematted_computation/kernel/pallas_call"}
+  %g = f32[8]{0} custom-call(%k), custom_call_target="__gpu$xla.gpu.triton", backend_config={ir = "\\7B{{\\01"}
+  ROOT %n = f32[8]{0} negate(%g)
+}
+"""
+  ops = hlo_text.parse(text)[0]["main"]
+  assert [o.name for o in ops] == ["a", "k", "g", "n"] and ops[-1].root
+  assert hlo_text.op_name(ops[1]) == "jit(f)/rematted_computation/kernel/pallas_call"
+
+
 # Convolutions from programs compiled for TPU v4 (jax 0.10.2, libtpu 0.0.42.1), metadata cut: the line,
 # its operands' shapes, and the multiply-adds that meet input data, counted by hand.
 TPU_CONVOLUTIONS = {

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import lra_core
 import tiers
-from lra_core import aot, chips
+from lra_core import aot, chips, hlo_cost
 from lra_core.errors import ConfigError
 from lra_core.kernels import library_attention as library
 from lra_core.kernels import toolkit
@@ -216,3 +216,65 @@ def test_each_family_trains_on_the_triton_kernel_in_a_step_compiled_for_an_h100(
   hlo = _compiled_hlo(*FAMILIES[family], "h100", tmp_path)
   for kernel in ("mha_forward", "mha_backward"):
     assert kernel in hlo, f"{family}: no {kernel} in the compiled train step"
+
+
+# -- the roofline's count of the kernels' work ----------------------------------------------------------------
+
+
+def _matmul_flops(impl, devices, causal, grad, t=2048, d=128, window=0):
+  """The roofline's matrix-product FLOPs (lra_core.hlo_cost) of one attention over [1,t,H,d], compiled
+  for `devices`' platform: the forward, or with `grad` the gradient of a loss that reads the output (so
+  the reference's forward keeps both its products)."""
+  mesh = jax.sharding.Mesh(np.array(devices[:1]), ("data",))
+  shape = jax.ShapeDtypeStruct((1, t, H, d), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+  attend = lambda q, k, v: library.self_attention(q, k, v, causal=causal, window=window, impl=impl)
+  fn = (
+    (lambda q, k, v, w: jax.grad(lambda *x: jnp.vdot(jnp.sin(attend(*x)), w).real, argnums=(0, 1, 2))(q, k, v))
+    if grad
+    else (lambda q, k, v, w: attend(q, k, v))
+  )
+  with jax.set_mesh(mesh):
+    text = jax.jit(fn).lower(shape, shape, shape, shape).compile().as_text()
+  return hlo_cost.step_flops(text)[0]
+
+
+def _blocks_kept(t, size, causal, window):
+  """Of the (t / size)^2 blocks, those where the dense mask keeps some (query, key): the blocks a flash
+  kernel cannot skip."""
+  offset = np.arange(t)[None, :] - np.arange(t)[:, None]  # key - query
+  keep = (offset <= 0) if causal else np.ones((t, t), bool)
+  if window:
+    keep &= np.abs(offset) < window
+  n = t // size
+  return int(keep.reshape(n, size, n, size).any(axis=(1, 3)).sum())
+
+
+# Per score entry and head dimension (q, k and v of one width): the reference's forward takes 2 products
+# (scores, probabilities x values) and its backward 4 more; a flash kernel's forward the same 2, its
+# backward 7 (scores recomputed twice and dprobs once more, as it keeps no probabilities).
+@needs_libtpu
+@pytest.mark.parametrize("grad", tiers.quick([False, True], keep=[1]))
+def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_its_mask_keeps(grad):
+  """The reference computes every (query, key) pair; splash the blocks of 512 its mask keeps (4 per side:
+  16 for a full mask, 10 causal, fewer for a window), counted here from the dense mask."""
+  devices = chips.tpu_devices("v5e:1x1")
+  every_pair = _matmul_flops("xla", devices, causal=False, grad=grad) * (9 / 6 if grad else 1.0)
+  assert every_pair > 0
+  for causal, window in [(False, 0), (True, 0), (True, 600), (False, 600)]:
+    kept = _blocks_kept(2048, 512, causal, window) / 16
+    got = _matmul_flops("splash", devices, causal=causal, grad=grad, window=window)
+    assert got == pytest.approx(every_pair * kept), (causal, window)
+
+
+@needs_plugin
+def test_the_roofline_counts_the_triton_kernel_as_the_reference_s_products_over_its_blocks():
+  """The GPU kernel's forward takes blocks of 128 (2 per side: causal keeps 3 of 4), its backward of 32
+  (8 per side: causal keeps 36 of 64)."""
+  devices = chips.gpu_devices("h100")
+  forward = _matmul_flops("xla", devices, causal=False, grad=False, t=256)
+  backward = (_matmul_flops("xla", devices, causal=False, grad=True, t=256) - forward) * 7 / 4
+  assert forward > 0
+  assert _matmul_flops("triton", devices, causal=False, grad=False, t=256) == pytest.approx(forward)
+  assert _matmul_flops("triton", devices, causal=False, grad=True, t=256) == pytest.approx(forward + backward)
+  kept = forward * _blocks_kept(256, 128, True, 0) / 4 + backward * _blocks_kept(256, 32, True, 0) / 64
+  assert _matmul_flops("triton", devices, causal=True, grad=True, t=256) == pytest.approx(kept)
