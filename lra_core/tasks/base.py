@@ -27,18 +27,53 @@ Array = jax.Array
 Metrics = dict[str, tuple[Array, Array]]
 
 
+@jax.custom_vjp
 def token_nll(logits: Array, targets: Array) -> Array:
-  """-log p(target) per token, float32 [...]; logits [..., V]."""
-  logits = logits.astype(jnp.float32)
-  return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  """-log p(target) per token, float32 [...]; logits [..., V] in any float type (the arithmetic is float32).
+
+  The [..., V] arrays are the largest of a long sequence's step (50,267 x 131,072 float32 are 25 GiB), so
+  none is kept for the backward pass, which forms softmax - one-hot from the logits themselves, and the
+  target's score is a masked sum, not a gather: a gather's transpose is a scatter-add into a whole
+  float32 [..., V] buffer, which XLA materialises when the time axis is split over chips."""
+  return _nll(logits, targets)[0]
+
+
+def _shifted(logits: Array) -> Array:
+  """The logits less their maximum, float32 (as jax.nn.log_softmax shifts them)."""
+  return logits.astype(jnp.float32) - jnp.max(logits, -1, keepdims=True).astype(jnp.float32)
+
+
+def _one_hot(targets: Array, vocab: int) -> Array:
+  return jax.lax.broadcasted_iota(jnp.int32, (*targets.shape, vocab), targets.ndim) == targets[..., None]
+
+
+def _nll(logits: Array, targets: Array) -> tuple[Array, Array]:
+  """(-log p(target), the sum of exp(shifted logits)): log_softmax's arithmetic, read at the target."""
+  shifted = _shifted(logits)
+  total = jnp.exp(shifted).sum(-1)
+  return jnp.log(total) - jnp.where(_one_hot(targets, logits.shape[-1]), shifted, 0.0).sum(-1), total
+
+
+def _nll_forward(logits: Array, targets: Array):
+  nll, total = _nll(logits, targets)
+  return nll, (logits, targets, total)
+
+
+def _nll_backward(saved, g: Array):
+  logits, targets, total = saved
+  softmax = jnp.exp(_shifted(logits)) / total[..., None]
+  grad = g[..., None] * (softmax - _one_hot(targets, logits.shape[-1]))
+  return grad.astype(logits.dtype), None  # no cotangent for the integer targets
+
+
+token_nll.defvjp(_nll_forward, _nll_backward)
 
 
 def weighted_cross_entropy(
   logits: Array, targets: Array, weights: Array, *, nll: Array | None = None
 ) -> tuple[Array, Array, Array]:
-  """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (float32);
+  """Sums of token NLL, of correct argmax predictions, and of weights. logits [..., V] (any float type);
   `nll`: the per-token NLL if the caller has it already."""
-  logits = logits.astype(jnp.float32)
   nll = token_nll(logits, targets) if nll is None else nll
   correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
   weights = weights.astype(jnp.float32)
