@@ -16,6 +16,8 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
   a halo                 `before` / `after`: the last (first) few steps of the neighbouring chip
                          (`ppermute`), for what looks back a fixed distance: segment ids at the
                          boundary, Transformer-VQ's previous block, a window's neighbouring block.
+  a ring                 `rotate`: a whole slice passed on to the next chip, n - 1 times, for what
+                         reads every step: softmax attention's keys and values (ring attention).
 
 Inside `per_chip` the functions below act across chips; anywhere else they are the one-device case
 (nothing before, nothing after, the total is the local sum), so a kernel written with them is the
@@ -97,6 +99,15 @@ def _shifted(x: Array, step: int) -> Array:
   n = count()
   pairs = [(i, i + step) for i in range(n) if 0 <= i + step < n]
   return jax.lax.ppermute(x, axes(), pairs)
+
+
+def rotate(x: Array) -> Array:
+  """x from the chip before, the first chip receiving the last chip's: one step round the ring (ring
+  attention's key-value slices, kernels/ring_attention.py); x itself outside a split."""
+  if not axes():
+    return x
+  n = count()
+  return jax.lax.ppermute(x, axes(), [(i, (i + 1) % n) for i in range(n)])
 
 
 def before(x: Array, steps: int, fill) -> Array:

@@ -21,8 +21,9 @@ trace time and a device to build its graph, and takes no document ids; it stays 
 
 What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): a mask
 over given positions rather than the row order (FIT-AR's group-causal latents), attention dropout (it
-acts on probabilities the kernels never form), a sequence split over chips (kernels/context.py: ring
-attention is not built yet), a sliding window on GPU, a sequence shorter than one 128-step block (a
+acts on probabilities the kernels never form), a sequence split over chips (where "xla" is ring
+attention, kernels/ring_attention.py, on the XLA core: the kernels inside the ring are not wired yet),
+a sliding window on GPU, a sequence shorter than one 128-step block (a
 longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id of its own, so a valid
 query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding
 there (the reference lets it read valid keys): outputs at padded positions differ, and nothing
@@ -49,6 +50,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from lra_core.kernels import context, toolkit
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
+from lra_core.kernels.ring_attention import ring_attention
 
 Array = jax.Array
 IMPLS = ("auto", "xla", "splash", "triton")
@@ -69,13 +71,16 @@ def resolve(impl: str) -> str:
 def reference(
   q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, probs_fn=None
 ) -> Array:
-  """The "xla" path: banded for a window shorter than the sequence (masks by row order), the full
-  masked scores otherwise (by `positions` where given)."""
+  """The "xla" path: banded for a window shorter than the sequence (masks by row order), ring attention
+  for a sequence split over chips (kernels/ring_attention.py), the full masked scores otherwise (by
+  `positions` where given)."""
   t = q.shape[1]
   if window and t > window and positions is None:
     return local_attention(
       q, k, v, window=window, causal=causal, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
     )
+  if positions is None and probs_fn is None and context.split(t):  # a sequence over chips: the ring
+    return ring_attention(q, k, v, causal=causal, k_valid=k_valid, segments=segments, scale=scale)
   positions = jnp.arange(t) if positions is None else positions
   mask = attention_mask(
     positions, positions, causal=causal, window=window, k_valid=k_valid, q_segments=segments, k_segments=segments
@@ -193,7 +198,7 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
   if probs_fn is not None:
     return "attention dropout acts on the probabilities, which a flash kernel never forms"
   if context.split(t) or context.axes():
-    return "the sequence is split over chips, and ring attention is not built yet"
+    return "the sequence is split over chips: ring attention runs on the XLA core"
   if t < 128:
     return f"the length {t} is shorter than the kernel's 128-step block"
   if impl == "triton":

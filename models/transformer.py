@@ -379,6 +379,22 @@ TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 UPGRADES = {"embedding": "scaled", "norm_eps": 0.0, "parallel_residual": False}
 
 
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/context.py): softmax attention as ring attention
+  (kernels/ring_attention.py), a sliding window's blocks whole on each chip."""
+  m, window_len = config.model, config.train.update_len or config.train.seq_len
+  local = window_len // n
+  if m.attention_dropout:
+    raise ConfigError(
+      f"model.attention_dropout {m.attention_dropout} acts on attention probabilities, which ring attention never "
+      f"forms whole: set it to 0 to split a sequence over mesh.sequence={n} chips."
+    )
+  if m.window and m.window < window_len and local % m.window:
+    raise ConfigError(
+      f"model.window {m.window} does not divide the {local} steps each of mesh.sequence={n} chips holds."
+    )
+
+
 def mixer_family(name: str, model, *, validate_config, smoke: Smoke, upgrades=(), **fields) -> Family:
   """The record of a family that is this stack with another token mixer (Latte, FLASH): the same
   tasks and section keys (UPGRADES, plus the family's own `upgrades`), and decoding step by step (a
@@ -402,6 +418,7 @@ FAMILY = Family(
   tasks=TASKS,
   capabilities=Capabilities(decode=True, prefill=True),
   validate_config=validate_config,
+  context_parallel=context_parallel,
   upgrades=UPGRADES,
   smoke=Smoke(
     config="configs/lra/listops/transformer.py:tiny",

@@ -24,7 +24,7 @@ from lra_core import layout, optim, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import attention, context
+from lra_core.kernels import attention, context, library_attention
 from lra_core.kernels import flash as flash_kernels
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels import vq as vq_kernels
@@ -52,6 +52,9 @@ CAUSAL = {
   "flash_mlm": "configs/c4/flash.py:tiny",  # non-causal: the global sums also come from the chips after
   "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
   "transformer_vq_pallas": "configs/enwik8/transformer_vq.py:tiny",
+  "transformer": "configs/enwik8/transformer.py:tiny",  # softmax attention: ring attention
+  "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
+  "transformer_window": "configs/enwik8/transformer.py:tiny",
 }
 EXTRA = {"latte_pallas": ["model.impl=pallas"], "flash_pallas": ["model.impl=pallas", "model.chunk=8"]}
 EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each of 8 chips
@@ -61,8 +64,12 @@ EXTRA["transformer_vq_pallas"] = EXTRA["transformer_vq"] + ["model.impl=pallas"]
 BIDIRECTIONAL = {
   "latte_bidirectional": "configs/lra/listops/latte.py:tiny",
   "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny",
+  "transformer_bidirectional": "configs/lra/listops/transformer.py:tiny",  # ring attention, no mask order
 }
 EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
+EXTRA["transformer++_gqa"] = ["model.num_kv_heads=2", "model.dropout=0.1"]
+EXTRA["transformer_window"] = ["model.window=8"]
+EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]  # ring attention forms no probabilities whole
 
 
 def mesh_of(data: int, sequence: int):
@@ -146,7 +153,7 @@ def classify(spec, extra, mesh_overrides, steps=2):
 
 @pytest.mark.parametrize("mesh", [pytest.param(m, marks=marks(m)) for m in MESHES])
 @pytest.mark.parametrize("name", list(BIDIRECTIONAL))
-def test_bidirectional_latte_split_over_chips_trains_as_one(name, mesh):
+def test_bidirectional_families_split_over_chips_train_as_one(name, mesh):
   run = lambda overrides: classify(BIDIRECTIONAL[name], [*ONE_LAYER, *EXTRA.get(name, [])], overrides)
   losses1, state1 = reference(name, run)
   losses, state = run(MESHES[mesh])
@@ -178,7 +185,7 @@ def gathered_time_axes(spec, extra, seq_len_name="seq_len"):
   return t, found
 
 
-@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer", "flash", "transformer_vq"])
+@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer", "flash", "transformer_vq", "transformer"])
 def test_split_step_moves_no_activation_across_its_whole_length(name):
   t, found = gathered_time_axes(CAUSAL[name], EXTRA.get(name, []))
   assert t % 4 == 0 and t not in (16, 32)  # the model's widths: a gathered time axis is told apart
@@ -308,6 +315,20 @@ def test_window_attention_split_reads_its_neighbours_blocks(causal):
   split_equals_whole(fn, (q, k, v), 1, 8)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
+def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequence):
+  """Ring attention (kernels/ring_attention.py) against the whole masked scores: grouped heads (4 query
+  heads on 2 key-value heads), documents on and off the chips' edges, padding."""
+  ks = jax.random.split(jax.random.key(7), 3)
+  q = jax.random.normal(ks[0], (2, 32, 4, 8))
+  k, v = (3 * jax.random.normal(key, (2, 32, 2, 8)) for key in ks[1:])
+  seg = documents(2, 32, boundaries_at=[8, 19])
+  valid = jnp.arange(32)[None] < jnp.array([[32], [27]])
+  fn = lambda q, k, v: library_attention.self_attention(q, k, v, causal=causal, k_valid=valid, segments=seg)
+  split_equals_whole(fn, (q, k, v), data, sequence, atol=5e-5)
+
+
 def test_fold_restarts_where_a_chip_starts_anew():
   """Sums over 8 chips (values 1, 2, 4, ...), fresh on chips 3 and 6: chip i gets the sum since the
   last fresh chip before it (fold_before), or up to the first fresh chip after it (fold_after)."""
@@ -359,8 +380,10 @@ def test_fold_keeps_the_chips_order():
 
 
 def test_sequence_split_config_errors_are_one_sentence():
-  with pytest.raises(ConfigError, match=r"model transformer cannot split a sequence.*latte.*linear_transformer"):
-    lra_core.load_config("configs/enwik8/transformer.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model block_transformer cannot split a sequence.*latte.*transformer"):
+    lra_core.load_config("configs/c4/block_transformer.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model.attention_dropout 0.1 acts on attention probabilities.*set it to 0"):
+    lra_core.load_config("configs/enwik8/transformer.py:tiny", ["mesh.sequence=2", "model.attention_dropout=0.1"])
   with pytest.raises(ConfigError, match=r"train.seq_len 64 does not split into mesh.sequence=3"):
     lra_core.load_config("configs/enwik8/linear_transformer.py:tiny", ["mesh.sequence=3", "train.seq_len=64"])
   with pytest.raises(ConfigError, match=r"model.window 8 does not divide the 12 steps"):
