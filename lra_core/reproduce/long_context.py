@@ -15,10 +15,10 @@ until two compiles measure it), or else twice the longest fit or half the shorte
 compiles decide, so a poor guess costs compiles, never a wrong answer. Split, it starts where a device holds as many
 tokens as whole rows held. Transformer-VQ takes its whole sequence in one update window
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
-baseline is FLASH's Transformer+ on PG-19, its attention on splash (model.attention_impl "auto": the
-scores never formed, so its memory grows with the length, not its square); it cannot split a
-sequence yet. Records are kept and
-reused like tpu_fit's (`compile_row`).
+baseline is FLASH's Transformer+ on PG-19: whole rows, its attention on splash (model.attention_impl
+"auto": the scores never formed, so its memory grows with the length, not its square); split, ring
+attention (kernels/ring_attention.py), each step's slice-pair scores formed by XLA. Records are kept
+and reused like tpu_fit's (`compile_row`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ class Family:
   spec: str
   extra: tuple[str, ...] = ()
   start: int = 65536  # tokens per device the whole-rows search starts from
-  splits: bool = True  # has a `context_parallel` check
-  # Its attention is jax's splash kernel, which declares no cost: the roofline would see no attention
-  # FLOPs, so no speed is estimated (docs/kernels.md, "Limits").
-  opaque: bool = False
 
 
 FAMILIES = (
@@ -50,7 +46,7 @@ FAMILIES = (
   Family("Transformer-VQ", "configs/pg19/transformer_vq.py", ("train.update_len=0",)),
   Family("FLASH", "configs/pg19/flash.py"),
   # T x T scores per head: a shorter start saves the compiles a linear guess would waste.
-  Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192, splits=False, opaque=True),
+  Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192),
 )
 # (topology, JAX devices, what the slice is called)
 SLICES = (("v5p:4x4x4", 64, "v5p-64"), ("v3:4x4", 32, "v3-32"))
@@ -120,11 +116,9 @@ def longest(compile_at, start: int) -> tuple[int | None, dict | None, list[dict]
     t = guess(points, lo, hi) or (2 * lo if lo else hi // 2)
 
 
-def _cells(t: int | None, report: dict | None, opaque: bool = False) -> list[str]:
+def _cells(t: int | None, report: dict | None) -> list[str]:
   if t is None:
     return [f"< {SHORTEST:,}", "-"]
-  if opaque:
-    return [f"{t:,}", f"{report['peak_gib']:.1f} GiB, - (splash declares no FLOPs)"]
   est = report.get("est_tokens_per_s")
   return [f"{t:,}", f"{report['peak_gib']:.1f} GiB, {fmt(est, ',.0f')} tokens/s" if est else "-"]
 
@@ -137,16 +131,13 @@ def long_context(ctx: Context) -> Result:
         lambda t: compile_row(ctx, _row(family, topology, devices, False, t), (), TABLE), family.start
       )
       metas += found
-      cells = _cells(whole, report, family.opaque)
-      if family.splits:
-        start = (whole or SHORTEST) * devices
-        split, report, found = longest(
-          lambda t: compile_row(ctx, _row(family, topology, devices, True, t), (), TABLE), start
-        )
-        metas += found
-        cells += _cells(split, report)
-      else:
-        cells += ["- (cannot split a sequence yet)", "-"]
+      cells = _cells(whole, report)
+      start = (whole or SHORTEST) * devices
+      split, report, found = longest(
+        lambda t: compile_row(ctx, _row(family, topology, devices, True, t), (), TABLE), start
+      )
+      metas += found
+      cells += _cells(split, report)
       lines.append([family.name, f"{label} ({topology}, {devices} devices)", *cells])
   table = markdown_table(
     [
@@ -167,7 +158,7 @@ def long_context(ctx: Context) -> Result:
     "Sequence axis: one row split over every device (mesh sequence = every device, batch 1). "
     "Transformer-VQ takes its whole sequence as one update window (with windows it trains any length). "
     "The full-attention baseline is FLASH's Transformer+ (486M parameters, beside FLASH's 496M), its attention "
-    "on the splash kernel (`model.attention_impl` auto). "
+    "on the splash kernel for whole rows (`model.attention_impl` auto) and ring attention on XLA's scores split. "
     f"Estimates of memory and speed, not measurements. The {len(metas)} programs were compiled at "
     f"{compiled_at(metas)}."
   )
