@@ -10,12 +10,15 @@ slice; a causal chip reads the slices after its own fully masked, and does the s
 the plain order's imbalance (the last chip has the most to read). A sliding window reaches only the
 neighbouring chips and never comes here (kernels/attention.py `local_attention`).
 
-Per step a chip forms one slice pair's scores, T/n x T/n per head, in float32; the step is recomputed
-in the backward pass (jax.checkpoint), so what the backward keeps per step is the slice of keys and
-values and the running sums: O(T) per chip, not O(T^2 / n).
+Per step a chip forms its slice pair's scores a block of queries at a time (`query_block` x T/n per
+head, float32); steps and blocks are recomputed in the backward pass (jax.checkpoint), so what the
+backward keeps is each step's slice of keys and values and the running sums: O(T) per chip, not
+O(T^2 / n^2).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -35,36 +38,44 @@ def ring_attention(
   k_valid: Array | None = None,
   segments: Array | None = None,
   scale: float | None = None,
+  query_block: int = 512,
 ) -> Array:
   """softmax(q k^T scale, masked) v with the time axis split over the sequence mesh axes: q [B,T,H,D],
   k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv]; masks as kernels/attention.py `attention_mask` (causal,
   k_valid: bool[B,T] False = padding, segments: int[B,T] document ids). Equal to
-  `dot_product_attention` with that mask, rounding apart; without a split it is computed as one slice."""
+  `dot_product_attention` with that mask, rounding apart; without a split it is computed as one slice.
+  `query_block`: a chip's queries go in blocks of (at most) this many rows, the largest power of two
+  dividing its slice, so a step's scores are query_block x T/n per head, never its whole slice pair."""
   b, t, h, _ = q.shape
-  run = lambda q, k, v, k_valid, segments: _on_chip(q, k, v, k_valid, segments, causal=causal, scale=scale)
+  kw = dict(causal=causal, scale=scale, query_block=query_block)
+  run = lambda q, k, v, k_valid, segments: _on_chip(q, k, v, k_valid, segments, **kw)
   dims = ("bth.", "btk.", "btk.", "bt", "bt")
   args = (q, k, v, k_valid, segments)
   return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
 
 
-def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None) -> Array:
+def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, query_block: int) -> Array:
   b, t, h, d = q.shape
   kv_heads, dv = k.shape[2], v.shape[-1]
+  groups = h // kv_heads
   scale = d**-0.5 if scale is None else scale
-  queries = q.reshape(b, t, kv_heads, h // kv_heads, d)  # query head h reads key-value head h // groups
+  size = math.gcd(t, query_block)  # the largest power of two dividing t, for a power-of-two query_block
+  blocks = t // size
+  in_blocks = lambda x: jnp.moveaxis(x.reshape(b, blocks, size, *x.shape[2:]), 1, 0)  # [B,T,..] -> [N,B,size,..]
+  # query head h reads key-value head h // groups
+  queries = in_blocks(q.reshape(b, t, kv_heads, groups, d))
   ids = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
   valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
-  rows = context.offset(t) + jnp.arange(t)
+  rows = (context.offset(t) + jnp.arange(t)).reshape(blocks, size)
   n, me = context.count(), context.index()
 
-  @jax.checkpoint  # the scores of a slice pair are recomputed in the backward pass, never kept
-  def read(sums, slice_, step):
-    """The running (maximum, normaliser, weighted values) after reading the key slice of chip me - step."""
+  @jax.checkpoint  # a block's scores are recomputed in the backward pass, never kept
+  def read_block(sums, query, row, query_ids, slice_, cols):
+    """One query block's running (maximum, normaliser, weighted values) after reading a key slice."""
     top, total, out = sums
     keys, values, key_ids, key_valid = slice_
-    cols = (me - step) % n * t + jnp.arange(t)
-    mask = attention_mask(rows, cols, causal=causal, k_valid=key_valid, q_segments=ids, k_segments=key_ids)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", queries, keys, preferred_element_type=jnp.float32) * scale
+    mask = attention_mask(row, cols, causal=causal, k_valid=key_valid, q_segments=query_ids, k_segments=key_ids)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", query, keys, preferred_element_type=jnp.float32) * scale
     logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
     # From MASK_VALUE (finite): a row masked so far weighs its keys equally, and the first key it may
     # read fades them out (exp(MASK_VALUE - max) = 0), as one softmax over the whole row does.
@@ -73,7 +84,14 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None) -
     weighted = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
     return new_top, total * fade + p.sum(-1), out * fade[..., None] + weighted
 
-  shape = (b, kv_heads, h // kv_heads, t)
+  @jax.checkpoint  # the backward pass recomputes a step from its slice and the sums it started from
+  def read(sums, slice_, step):
+    """Every query block's sums after reading the key slice of chip me - step."""
+    cols = (me - step) % n * t + jnp.arange(t)
+    one = lambda _, xs: (None, read_block(xs[0], *xs[1:], slice_, cols))
+    return jax.lax.scan(one, None, (sums, queries, rows, in_blocks(ids)))[1]
+
+  shape = (blocks, b, kv_heads, groups, size)
   sums = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dv), jnp.float32))
   slice_ = (k, v, ids, valid)
   sums = read(sums, slice_, 0)
@@ -87,4 +105,5 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None) -
     (sums, _), _ = jax.lax.scan(step, (sums, slice_), jnp.arange(1, n))
   _, total, out = sums
   out = out / total[..., None]  # >= 1: each row's largest term is exp(0)
-  return jnp.moveaxis(out, 3, 1).reshape(b, t, h, dv).astype(v.dtype)
+  # [N,B,K,G,size,Dv] -> [B,N,size,K,G,Dv] -> [B,T,H,Dv]
+  return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, t, h, dv).astype(v.dtype)

@@ -28,6 +28,7 @@ from lra_core.kernels import attention, context, library_attention
 from lra_core.kernels import flash as flash_kernels
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels import vq as vq_kernels
+from lra_core.kernels.ring_attention import ring_attention
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tasks import make_task
@@ -327,6 +328,12 @@ def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequ
   valid = jnp.arange(32)[None] < jnp.array([[32], [27]])
   fn = lambda q, k, v: library_attention.self_attention(q, k, v, causal=causal, k_valid=valid, segments=seg)
   split_equals_whole(fn, (q, k, v), data, sequence, atol=5e-5)
+  # queries in blocks of 2 rows per step (of a chip's 16, 8 or 4): split == whole == the reference
+  blocked = lambda q, k, v: ring_attention(q, k, v, causal=causal, k_valid=valid, segments=seg, query_block=2)
+  split_equals_whole(blocked, (q, k, v), data, sequence, atol=5e-5)
+  for a, b in zip(jax.vjp(blocked, q, k, v)[1](q), jax.vjp(fn, q, k, v)[1](q)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(blocked(q, k, v)), np.asarray(fn(q, k, v)), atol=1e-5, rtol=1e-5)
 
 
 def test_fold_restarts_where_a_chip_starts_anew():
