@@ -34,6 +34,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
+from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
@@ -230,9 +231,9 @@ class Model(nnx.Module):
     # depend on how many whole pad blocks precede it. Pads inside a block are read by the lookup embedder
     # like any token (Appendix H: train with data.block_padding), so a prompt's block alignment matters.
     valid = (read != self.pad_id).any(-1)
-    h = self.block_decoder(
-      self.embedder(read, rngs=rngs), positions=positions, mask=valid, segments=block_seg, rngs=rngs
-    )
+    with context.whole_rows():  # each block embedded on the chip holding it
+      embedded = self.embedder(read, rngs=rngs)
+    h = self.block_decoder(embedded, positions=positions, mask=valid, segments=block_seg, rngs=rngs)
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
     contexts = jnp.concatenate([start, self.contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
     # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
@@ -244,7 +245,8 @@ class Model(nnx.Module):
       x = jnp.concatenate([lead, self.token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
       # With model.mask_pads (the authors' default) the token decoder reads no pad key; the encoder
       # embedders mask pads as keys too (_block_embedders.py).
-      y = self.token_decoder(x, mask=self.key_mask(inputs), memory=memory, rngs=rngs)
+      with context.whole_rows():  # a block's tokens: on the chip holding the block, whatever mesh.sequence
+        y = self.token_decoder(x, mask=self.key_mask(inputs), memory=memory, rngs=rngs)
       y = y[:, self.lead - 1 : self.lead - 1 + L]
     else:
       y = self._decode_documents(contexts, inputs, seg, block_seg, rngs)
@@ -306,7 +308,10 @@ class Model(nnx.Module):
         fresh_memory=jnp.broadcast_to(start_memory, memory.shape),
         fresh=jnp.concatenate([jnp.zeros((m, r), bool), jnp.ones((m, r), bool), fresh], axis=1),
       )
-    y = self.token_decoder(x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs, **cross)
+    with context.whole_rows():
+      y = self.token_decoder(
+        x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs, **cross
+      )
     return jnp.concatenate([y[:, r - 1 : r], y[:, 2 * r :]], axis=1)
 
   # -- one token at a time (docs/api.md, "Capabilities") --------------------------------------------------------
@@ -373,6 +378,18 @@ class Model(nnx.Module):
 # -- uptraining from a vanilla transformer (Section 3.7, Appendix N; _block_uptraining.py) -------
 
 
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/context.py): whole blocks on each chip; the block decoder's
+  attention over blocks as ring attention (kernels/ring_attention.py); each block's token decoder on
+  the chip holding the block."""
+  local = (config.train.update_len or config.train.seq_len) // n
+  if local % config.model.block_len:
+    raise ConfigError(
+      f"model.block_len {config.model.block_len} does not divide the {local} steps each of mesh.sequence={n} "
+      "chips holds."
+    )
+
+
 def vanilla_config(config) -> ml_collections.ConfigDict:
   """The `config.model` of the vanilla Transformer this Block Transformer can be uptrained from:
   the same family (Pythia layers) and width, with num_layers + token_num_layers layers."""
@@ -395,6 +412,7 @@ FAMILY = Family(
   tasks=("lm",),
   capabilities=Capabilities(decode=True, uptrain=True, block_losses=True),
   validate_config=validate_config,
+  context_parallel=context_parallel,
   # Before these keys: the norms' own epsilon, pads masked, the encoder embedder's pad outputs kept.
   upgrades={"norm_eps": 0.0, "mask_pads": True, "zero_pad_outputs": False},
   uptrain_params=uptrain_params,

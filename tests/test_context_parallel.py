@@ -56,6 +56,7 @@ CAUSAL = {
   "transformer": "configs/enwik8/transformer.py:tiny",  # softmax attention: ring attention
   "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
   "transformer_window": "configs/enwik8/transformer.py:tiny",
+  "block_transformer": "configs/c4/block_transformer.py:tiny",
 }
 EXTRA = {"latte_pallas": ["model.impl=pallas"], "flash_pallas": ["model.impl=pallas", "model.chunk=8"]}
 EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each of 8 chips
@@ -70,6 +71,18 @@ BIDIRECTIONAL = {
 EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
 EXTRA["transformer++_gqa"] = ["model.num_kv_heads=2", "model.dropout=0.1"]
 EXTRA["transformer_window"] = ["model.window=8"]
+# No biases: a key bias shifts a query's scores all alike, so its true gradient is 0 and Adam would turn
+# the rounding noise left in its place into full-size, sign-random updates.
+EXTRA["block_transformer"] = ["model.token_num_layers=1", "model.use_bias=False"]
+CAUSAL["block_transformer_encoder"] = "configs/c4/block_transformer.py:tiny"
+# blocks of 8, the token decoder 8 long (prefix 1 + 7 tokens): what a sequence axis of 2, 4, 8 would divide
+EXTRA["block_transformer_encoder"] = [
+  *EXTRA["block_transformer"],
+  "model.embedder=encoder",
+  "model.block_len=8",
+  "model.prefix_len=1",
+  "data.block_padding=8",
+]
 EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]  # ring attention forms no probabilities whole
 
 
@@ -387,8 +400,12 @@ def test_fold_keeps_the_chips_order():
 
 
 def test_sequence_split_config_errors_are_one_sentence():
-  with pytest.raises(ConfigError, match=r"model block_transformer cannot split a sequence.*latte.*transformer"):
-    lra_core.load_config("configs/c4/block_transformer.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model combiner cannot split a sequence.*latte.*transformer"):
+    lra_core.load_config("configs/c4/combiner.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model.block_len 8 does not divide the 12 steps"):
+    lra_core.load_config(
+      CAUSAL["block_transformer"], ["mesh.sequence=4", "train.seq_len=48", "model.block_len=8", "data.block_padding=8"]
+    )
   with pytest.raises(ConfigError, match=r"model.attention_dropout 0.1 acts on attention probabilities.*set it to 0"):
     lra_core.load_config("configs/enwik8/transformer.py:tiny", ["mesh.sequence=2", "model.attention_dropout=0.1"])
   with pytest.raises(ConfigError, match=r"train.seq_len 64 does not split into mesh.sequence=3"):
