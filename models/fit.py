@@ -33,6 +33,7 @@ from flax import nnx
 
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
+from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models._fit_groups import (
@@ -365,16 +366,19 @@ class Model(nnx.Module):
       x2l_mask = jnp.concatenate([jnp.broadcast_to(reads, (b * t, n, m)), ~reads], axis=-1)
     local_mask = valid.reshape(b * t, n)
     for blk in self.blocks:
-      x = stack.apply(
-        blk.local,
-        x,
-        lambda layer, x, r: layer(x, positions=local_pos, mask=local_mask, rngs=r, **local_kw),
-        remat=self.remat,
-        rngs=rngs,
-      )
+      # A group's tokens and its latents are whole rows on the chip holding the group (mesh.sequence).
+      with context.whole_rows():
+        x = stack.apply(
+          blk.local,
+          x,
+          lambda layer, x, r: layer(x, positions=local_pos, mask=local_mask, rngs=r, **local_kw),
+          remat=self.remat,
+          rngs=rngs,
+        )
       if blk.l2x is None:
         continue
-      lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
+      with context.whole_rows():
+        lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
       latents = lat.reshape(b, t * m, -1)
       latents = stack.apply(
         blk.global_layers,
@@ -387,15 +391,16 @@ class Model(nnx.Module):
         continue
       grouped = latents.reshape(b, t, m, -1)
       source = (shift_latents(grouped) if self.causal else grouped).reshape(b * t, m, -1)
-      if segments is None:
-        x = blk.x2l(x, source)
-        continue
-      # One extra key: the zero latents (all m alike, so reading them is reading one), for tokens
-      # whose source latents serve another document.
-      key, value = blk.x2l.kv(source)
-      key0, value0 = blk.x2l.kv(jnp.zeros((1, 1, source.shape[-1]), source.dtype))
-      extend = lambda a, a0: jnp.concatenate([a, jnp.broadcast_to(a0, (b * t,) + a0.shape[1:])], axis=1)
-      x = blk.x2l(x, kv=(extend(key, key0), extend(value, value0)), mask=x2l_mask)
+      with context.whole_rows():
+        if segments is None:
+          x = blk.x2l(x, source)
+          continue
+        # One extra key: the zero latents (all m alike, so reading them is reading one), for tokens
+        # whose source latents serve another document.
+        key, value = blk.x2l.kv(source)
+        key0, value0 = blk.x2l.kv(jnp.zeros((1, 1, source.shape[-1]), source.dtype))
+        extend = lambda a, a0: jnp.concatenate([a, jnp.broadcast_to(a0, (b * t,) + a0.shape[1:])], axis=1)
+        x = blk.x2l(x, kv=(extend(key, key0), extend(value, value0)), mask=x2l_mask)
     return self.final_norm(x).reshape(b, t, n, -1)
 
   # -- decoding (FIT-AR) --------------------------------------------------------------------------
@@ -498,12 +503,30 @@ class Model(nnx.Module):
 
 # -- family record --------------------------------------------------------------------------------
 
+
+def context_parallel(config, n: int) -> None:
+  """A sequence split into n slices (kernels/context.py): whole groups on each chip, their local
+  layers on it; the global layers over every group's latents (GSPMD gathers the group-causal ones,
+  which are small; the bidirectional ones run as ring attention)."""
+  m, local = config.model, (config.train.update_len or config.train.seq_len) // n
+  if m.grouping != "1d":
+    raise ConfigError(
+      f"model.grouping {m.grouping!r} gathers each group from image rows that mesh.sequence={n} chips hold apart; "
+      "a sequence splits with grouping '1d'."
+    )
+  if local % m.group_size:
+    raise ConfigError(
+      f"model.group_size {m.group_size} does not divide the {local} steps each of mesh.sequence={n} chips holds."
+    )
+
+
 FAMILY = Family(
   name="fit",
   model=Model,
   tasks=("lm", "image_ar", "classify", "retrieval"),
   capabilities=Capabilities(decode=True),
   validate_config=validate_config,
+  context_parallel=context_parallel,
   upgrades={"output_bias": False},  # FIT-AR's logits had no bias before output_bias
   smoke=Smoke(
     config="configs/imagenet64/fit_ar.py:tiny,overlap",

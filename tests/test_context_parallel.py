@@ -57,6 +57,7 @@ CAUSAL = {
   "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
   "transformer_window": "configs/enwik8/transformer.py:tiny",
   "block_transformer": "configs/c4/block_transformer.py:tiny",
+  "fit_ar": "configs/imagenet64/fit_ar.py:tiny,overlap",
 }
 EXTRA = {"latte_pallas": ["model.impl=pallas"], "flash_pallas": ["model.impl=pallas", "model.chunk=8"]}
 EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each of 8 chips
@@ -67,6 +68,7 @@ BIDIRECTIONAL = {
   "latte_bidirectional": "configs/lra/listops/latte.py:tiny",
   "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny",
   "transformer_bidirectional": "configs/lra/listops/transformer.py:tiny",  # ring attention, no mask order
+  "fit_encoder": "configs/lra/listops/fit.py:tiny",  # 4 groups of 16: the global layers as ring attention
 }
 EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
 EXTRA["transformer++_gqa"] = ["model.num_kv_heads=2", "model.dropout=0.1"]
@@ -83,7 +85,13 @@ EXTRA["block_transformer_encoder"] = [
   "model.prefix_len=1",
   "data.block_padding=8",
 ]
-EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]  # ring attention forms no probabilities whole
+EXTRA["fit_ar"] = ["train.seq_len=384", "model.use_bias=False"]  # 8 groups of 48
+EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]
+EXTRA["fit_encoder"] = [
+  "train.seq_len=128",
+  "model.attention_dropout=0",
+  "model.use_bias=False",
+]  # 8 groups  # ring attention forms no probabilities whole
 
 
 def mesh_of(data: int, sequence: int):
@@ -111,10 +119,12 @@ def reference(name, runner):
 
 
 ONE_LAYER = ["model.num_layers=1"]  # what crosses chips is per layer: one keeps the compiles short
+# FIT's: local, global, local (every cross-attention)
+LAYERS = {"fit_ar": ["model.layers=L(1)G(1)L(1)"], "fit_encoder": ["model.layers=L(1)G(1)L(1)"]}
 
 
 def causal_run(name):
-  extra = [*ONE_LAYER, *EXTRA.get(name, [])]
+  extra = [*LAYERS.get(name, ONE_LAYER), *EXTRA.get(name, [])]
   return lambda mesh: train(mesh, steps=2, spec=CAUSAL[name], extra=extra, documents=True)
 
 
@@ -168,7 +178,7 @@ def classify(spec, extra, mesh_overrides, steps=2):
 @pytest.mark.parametrize("mesh", [pytest.param(m, marks=marks(m)) for m in MESHES])
 @pytest.mark.parametrize("name", list(BIDIRECTIONAL))
 def test_bidirectional_families_split_over_chips_train_as_one(name, mesh):
-  run = lambda overrides: classify(BIDIRECTIONAL[name], [*ONE_LAYER, *EXTRA.get(name, [])], overrides)
+  run = lambda overrides: classify(BIDIRECTIONAL[name], [*LAYERS.get(name, ONE_LAYER), *EXTRA.get(name, [])], overrides)
   losses1, state1 = reference(name, run)
   losses, state = run(MESHES[mesh])
   np.testing.assert_allclose(losses, losses1, **TOLERANCE)
@@ -402,6 +412,10 @@ def test_fold_keeps_the_chips_order():
 def test_sequence_split_config_errors_are_one_sentence():
   with pytest.raises(ConfigError, match=r"model combiner cannot split a sequence.*latte.*transformer"):
     lra_core.load_config("configs/c4/combiner.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model.grouping '2d' gathers each group from image rows"):
+    lra_core.load_config("configs/lra/image/fit.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model.group_size 16 does not divide the 8 steps"):
+    lra_core.load_config(BIDIRECTIONAL["fit_encoder"], ["mesh.sequence=8"])
   with pytest.raises(ConfigError, match=r"model.block_len 8 does not divide the 12 steps"):
     lra_core.load_config(
       CAUSAL["block_transformer"], ["mesh.sequence=4", "train.seq_len=48", "model.block_len=8", "data.block_padding=8"]
