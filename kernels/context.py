@@ -40,6 +40,7 @@ from lra_core.kernels import toolkit
 Array = jax.Array
 _AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("sequence_axes", default=())
 _WHOLE: contextvars.ContextVar[bool] = contextvars.ContextVar("whole_rows", default=False)
+_ZIGZAG: contextvars.ContextVar[bool] = contextvars.ContextVar("zigzag_order", default=False)
 
 
 def axes() -> tuple[str, ...]:
@@ -108,6 +109,15 @@ def count() -> int:
 def offset(local_length: int) -> Array | int:
   """The global time index of this chip's first step."""
   return index() * local_length
+
+
+def steps_of(chip: Array | int, local_length: int) -> Array:
+  """The global time index of each step chip `chip` holds: its slice of consecutive steps, or in the
+  zig-zag order (`zigzag_order`) pieces `chip` and 2n-1-chip of the 2n pieces of local_length / 2."""
+  if not zigzag():
+    return chip * local_length + jnp.arange(local_length)
+  half, n = local_length // 2, count()
+  return jnp.concatenate([chip * half + jnp.arange(half), (2 * n - 1 - chip) * half + jnp.arange(half)])
 
 
 def _shifted(x: Array, step: int) -> Array:
@@ -242,3 +252,74 @@ def linear_recurrence(a: Array, b: Array, *, reverse: bool = False, dims: str | 
   fn = lambda a, b: affine_scan(a, b, reverse=reverse)
   heads = b.shape[dims.index("h")] if "h" in dims else 1
   return per_chip(fn, (a, b), (dims, dims), dims, batch=b.shape[0], heads=heads, length=b.shape[1])
+
+
+# -- the load-balanced ("zig-zag") order ------------------------------------------------------------
+# Causal attention over a split sequence gives the chip holding its end n times the first chip's work.
+# Cut time into 2n pieces and give chip i pieces i and 2n-1-i: every chip then holds one early and one
+# late piece, and a causal ring (kernels/ring_attention.py) gives each the same work. A model reorders
+# its activations once on the way in and once on the way out (two ppermutes each); token-wise work
+# does not care, and attention masks by the true steps (`steps_of`).
+
+
+@contextlib.contextmanager
+def zigzag_order() -> Iterator[None]:
+  """Traces a model part whose split sequence is held in the zig-zag order (`to_zigzag`)."""
+  token = _ZIGZAG.set(True)
+  try:
+    yield
+  finally:
+    _ZIGZAG.reset(token)
+
+
+def zigzag() -> bool:
+  """Whether the split sequence being traced is held in the zig-zag order."""
+  return _ZIGZAG.get() and bool(axes())
+
+
+def _pieces(forward: bool) -> tuple[list, list]:
+  """The ppermute pairs that move each chip's first and second half (forward: to the zig-zag order,
+  piece c of 2n from chip c // 2 to chip c or 2n-1-c; else back)."""
+  n = count()
+  home = lambda c: c if c < n else 2 * n - 1 - c
+  pairs = [[(i, home(2 * i + half)) for i in range(n)] for half in (0, 1)]
+  return pairs if forward else [[(b, a) for a, b in p] for p in pairs]
+
+
+def _reorder(x: Array, forward: bool) -> Array:
+  """One chip's [B,t,...] in the zig-zag order (forward) or back to consecutive steps."""
+  t = x.shape[1]
+  if t % 2:
+    raise ValueError(f"the zig-zag order halves each chip's slice; {t} steps do not halve.")
+  even = index() % 2 == 0
+  first, second = x[:, : t // 2], x[:, t // 2 :]
+  by_half = _pieces(forward)
+  if forward:  # chip k receives piece k (its first half) and piece 2n-1-k (its second), by parity of k
+    got = [jax.lax.ppermute(part, axes(), pairs) for part, pairs in zip((first, second), by_half)]
+    return jnp.where(even, jnp.concatenate(got, 1), jnp.concatenate(got[::-1], 1))
+  # back: each piece returns along the pairs it came by (the first half came by the even pieces' pairs
+  # on an even chip, by the odd pieces' pairs on an odd one)
+  sent = (jnp.where(even, first, second), jnp.where(even, second, first))
+  got = [jax.lax.ppermute(part, axes(), pairs) for part, pairs in zip(sent, by_half)]
+  return jnp.concatenate(got, 1)
+
+
+def to_zigzag(arrays, *, batch: int, length: int):
+  """A pytree of [B,T,...] arrays (None kept) with the time axis split over the sequence axes, in the
+  zig-zag order; unchanged where nothing splits T."""
+  return _reorder_tree(arrays, True, batch=batch, length=length)
+
+
+def from_zigzag(arrays, *, batch: int, length: int):
+  """The inverse of `to_zigzag`."""
+  return _reorder_tree(arrays, False, batch=batch, length=length)
+
+
+def _reorder_tree(arrays, forward: bool, *, batch: int, length: int):
+  leaves, tree = jax.tree.flatten(arrays)
+  if not split(length) or not leaves:
+    return arrays
+  dims = ["bt" + "." * (x.ndim - 2) for x in leaves]
+  run = lambda *xs: [_reorder(x, forward) for x in xs]
+  out = per_chip(run, leaves, dims, dims, batch=batch, heads=1, length=length)
+  return jax.tree.unflatten(tree, out)

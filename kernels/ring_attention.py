@@ -66,28 +66,44 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, q
   queries = in_blocks(q.reshape(b, t, kv_heads, groups, d))
   ids = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
   valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
-  rows = (context.offset(t) + jnp.arange(t)).reshape(blocks, size)
+  rows = context.steps_of(context.index(), t).reshape(blocks, size)
   n, me = context.count(), context.index()
+  # In the zig-zag order a key slice is two pieces far apart in time: each is read (or skipped) alone.
+  pieces = 2 if context.zigzag() else 1
+
+  def read_piece(sums, query, row, query_ids, piece, cols):
+    """One query block's running (maximum, normaliser, weighted values) after reading a key piece."""
+    top, total, out = sums
+    keys, values, key_ids, key_valid = piece
+    mask = attention_mask(row, cols, causal=causal, k_valid=key_valid, q_segments=query_ids, k_segments=key_ids)
+
+    def read_keys(sums):
+      top, total, out = sums
+      logits = jnp.einsum("bqkgd,bskd->bkgqs", query, keys, preferred_element_type=jnp.float32) * scale
+      logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
+      # From MASK_VALUE (finite): a row masked so far weighs its keys equally, and the first key it
+      # may read fades them out (exp(MASK_VALUE - max) = 0), as one softmax over the whole row does.
+      new_top = jnp.maximum(top, logits.max(-1))
+      fade, p = jnp.exp(top - new_top), jnp.exp(logits - new_top[..., None])
+      weighted = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
+      return new_top, total * fade + p.sum(-1), out * fade[..., None] + weighted
+
+    # Keys no query of the block may read (a causal chip's later pieces) are skipped, not computed: this
+    # is the work the zig-zag order shares out. (A row read nothing yet keeps MASK_VALUE: reading an
+    # all-masked piece would only add its equal weights, which the first real key fades out.)
+    return jax.lax.cond(mask.any(), read_keys, lambda sums: sums, (top, total, out))
 
   @jax.checkpoint  # a block's scores are recomputed in the backward pass, never kept
   def read_block(sums, query, row, query_ids, slice_, cols):
-    """One query block's running (maximum, normaliser, weighted values) after reading a key slice."""
-    top, total, out = sums
-    keys, values, key_ids, key_valid = slice_
-    mask = attention_mask(row, cols, causal=causal, k_valid=key_valid, q_segments=query_ids, k_segments=key_ids)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", query, keys, preferred_element_type=jnp.float32) * scale
-    logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
-    # From MASK_VALUE (finite): a row masked so far weighs its keys equally, and the first key it may
-    # read fades them out (exp(MASK_VALUE - max) = 0), as one softmax over the whole row does.
-    new_top = jnp.maximum(top, logits.max(-1))
-    fade, p = jnp.exp(top - new_top), jnp.exp(logits - new_top[..., None])
-    weighted = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
-    return new_top, total * fade + p.sum(-1), out * fade[..., None] + weighted
+    split = lambda x: jnp.split(x, pieces, axis=1 if x.ndim > 1 else 0)
+    for piece, piece_cols in zip(zip(*map(split, slice_)), split(cols)):
+      sums = read_piece(sums, query, row, query_ids, piece, piece_cols)
+    return sums
 
   @jax.checkpoint  # the backward pass recomputes a step from its slice and the sums it started from
   def read(sums, slice_, step):
     """Every query block's sums after reading the key slice of chip me - step."""
-    cols = (me - step) % n * t + jnp.arange(t)
+    cols = context.steps_of((me - step) % n, t)
     one = lambda _, xs: (None, read_block(xs[0], *xs[1:], slice_, cols))
     return jax.lax.scan(one, None, (sums, queries, rows, in_blocks(ids)))[1]
 
@@ -104,6 +120,8 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, q
   if n > 1:
     (sums, _), _ = jax.lax.scan(step, (sums, slice_), jnp.arange(1, n))
   _, total, out = sums
-  out = out / total[..., None]  # >= 1: each row's largest term is exp(0)
+  # A row that read any piece has total >= 1 (its largest term is exp(0)); one whose block skipped
+  # every piece (it may read no key at all) gets 0 where one softmax gives the mean of all values.
+  out = out / jnp.where(total > 0, total, 1.0)[..., None]
   # [N,B,K,G,size,Dv] -> [B,N,size,K,G,Dv] -> [B,T,H,Dv]
   return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, t, h, dv).astype(v.dtype)

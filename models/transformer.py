@@ -12,6 +12,8 @@ Options: multi-head / multi-query (num_kv_heads), sliding-window attention (wind
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -19,6 +21,7 @@ from flax import nnx
 
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
+from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
@@ -64,6 +67,9 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       norm="layer",  # layer | rms | scale
       norm_eps=0.0,  # the norms' epsilon; 0 -> the kind's own (1e-6 layer and rms, 1e-5 scale)
       window=0,  # sliding-window attention; 0 -> full
+      # a causal sequence split over chips (mesh.sequence): "auto" holds it in the zig-zag order, which
+      # gives every chip of the ring equal work, where exact (no window, no dropout); "plain" never
+      ring_order="auto",
       dropout=0.0,  # residual and embedding dropout
       attention_dropout=0.0,
       pooling="mean",  # classify / retrieval: cls | mean | max
@@ -104,6 +110,7 @@ def validate_config(config) -> None:
     "norm": tuple(NORMS),
     "activation": tuple(ACTIVATIONS),
     "pooling": POOLING,
+    "ring_order": ("auto", "plain"),
   }
   for key, allowed in choices.items():
     if m[key] not in allowed:
@@ -206,6 +213,11 @@ class Model(nnx.Module):
     self.positions = AbsolutePositions(m.position, m.d_model, self.max_len + int(use_cls), dtype=self.dtype, rngs=rngs)
     self.embed_dropout = nnx.Dropout(m.dropout)
     self.remat = m.remat
+    # The zig-zag order moves tokens between chips: exact for softmax attention masked by true steps, not
+    # for a mixer that folds or windows by the row order, nor for dropout (its masks follow the layout).
+    self.zigzag = (
+      m.ring_order == "auto" and self.causal and not m.window and not m.dropout and self.mixer is softmax_attention
+    )
     self.blocks = stack.make_layers(
       lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer),
       m.num_layers,
@@ -261,13 +273,21 @@ class Model(nnx.Module):
       x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, x.shape[-1])), x], axis=1)
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
-    x = stack.apply(
-      self.blocks,
-      x,
-      lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r, segments=segment_ids),
-      remat=self.remat,
-      rngs=rngs,
-    )
+    order = dict(batch=b, length=x.shape[1])
+    zigzag = self.zigzag and context.split(x.shape[1])
+    if zigzag:  # in once, out once: the blocks run in the balanced order (kernels/context.py)
+      positions = jnp.broadcast_to(positions, x.shape[:2])
+      x, positions, mask, segment_ids = context.to_zigzag((x, positions, mask, segment_ids), **order)
+    with context.zigzag_order() if zigzag else contextlib.nullcontext():
+      x = stack.apply(
+        self.blocks,
+        x,
+        lambda block, x, r: block(x, positions=positions, mask=mask, rngs=r, segments=segment_ids),
+        remat=self.remat,
+        rngs=rngs,
+      )
+    if zigzag:
+      x, mask = context.from_zigzag((x, mask), **order)
     return self.final_norm(x), mask
 
   # -- decoding (causal models) --------------------------------------------------------------
@@ -376,7 +396,7 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
 TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 # Keys added to this section after runs were saved, with the value such a run built with: the
 # table's stored form, the norms' own epsilon and residuals in sequence (lra_core.config.upgrade_config).
-UPGRADES = {"embedding": "scaled", "norm_eps": 0.0, "parallel_residual": False}
+UPGRADES = {"embedding": "scaled", "norm_eps": 0.0, "parallel_residual": False, "ring_order": "auto"}
 
 
 def context_parallel(config, n: int) -> None:

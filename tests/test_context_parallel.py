@@ -56,6 +56,8 @@ CAUSAL = {
   "transformer": "configs/enwik8/transformer.py:tiny",  # softmax attention: ring attention
   "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
   "transformer_window": "configs/enwik8/transformer.py:tiny",
+  "transformer_zigzag": "configs/enwik8/transformer.py:tiny",  # without dropout: the zig-zag order
+  "transformer_plain": "configs/enwik8/transformer.py:tiny",
   "block_transformer": "configs/c4/block_transformer.py:tiny",
   "fit_ar": "configs/imagenet64/fit_ar.py:tiny,overlap",
 }
@@ -73,6 +75,9 @@ BIDIRECTIONAL = {
 EXTRA["latte_bidirectional_conv"] = ["model.mixer=conv", "model.window=8", "model.vapor=False"]
 EXTRA["transformer++_gqa"] = ["model.num_kv_heads=2", "model.dropout=0.1"]
 EXTRA["transformer_window"] = ["model.window=8"]
+# one result in either order (the order only moves work between chips), each the unsplit one
+EXTRA["transformer_zigzag"] = ["model.dropout=0"]
+EXTRA["transformer_plain"] = ["model.dropout=0", "model.ring_order=plain"]
 # No biases: a key bias shifts a query's scores all alike, so its true gradient is 0 and Adam would turn
 # the rounding noise left in its place into full-size, sign-random updates.
 EXTRA["block_transformer"] = ["model.token_num_layers=1", "model.use_bias=False"]
@@ -357,6 +362,26 @@ def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequ
   for a, b in zip(jax.vjp(blocked, q, k, v)[1](q), jax.vjp(fn, q, k, v)[1](q)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(blocked(q, k, v)), np.asarray(fn(q, k, v)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
+def test_the_zigzag_order_gives_the_plain_order_s_attention(data, sequence):
+  """Causal ring attention with every chip holding pieces i and 2n-1-i of time (context.to_zigzag):
+  the same outputs and gradients as the whole sequence, back in the plain order."""
+  ks = jax.random.split(jax.random.key(8), 3)
+  q = jax.random.normal(ks[0], (2, 32, 4, 8))
+  k, v = (3 * jax.random.normal(key, (2, 32, 2, 8)) for key in ks[1:])
+  seg = documents(2, 32, boundaries_at=[8, 19])
+  valid = jnp.arange(32)[None] < jnp.array([[32], [27]])
+
+  def fn(q, k, v):
+    order = dict(batch=2, length=32)
+    q, k, v, ok, ids = context.to_zigzag((q, k, v, valid, seg), **order)
+    with context.zigzag_order():
+      out = ring_attention(q, k, v, causal=True, k_valid=ok, segments=ids, query_block=2)
+    return context.from_zigzag(out, **order)
+
+  split_equals_whole(fn, (q, k, v), data, sequence, atol=5e-5)
 
 
 def test_fold_restarts_where_a_chip_starts_anew():
