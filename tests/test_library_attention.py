@@ -64,11 +64,11 @@ def assert_equals_reference(impl, kv_heads, dtype=jnp.float32, t=T, **masks):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **TOLERANCE[dtype])
 
 
-# Each mask with multi-head (H), grouped (2) and multi-query (1) heads, each head layout with each mask.
-SPLASH = [(True, 0, H), (True, 0, 1), (True, 64, 2), (False, 0, 2), (False, 64, H), (False, 64, 1)]
+# Causal or not, windowed or not, with multi-head (H), grouped (2) and multi-query (1) heads.
+SPLASH = [(True, 0, H), (True, 64, 2), (False, 0, 2), (False, 64, 1)]
 
 
-@pytest.mark.parametrize("causal, window, kv_heads", tiers.quick(SPLASH, keep=[0, 5]))
+@pytest.mark.parametrize("causal, window, kv_heads", tiers.quick(SPLASH, keep=[0, 3]))
 def test_splash_equals_the_reference(causal, window, kv_heads):
   assert_equals_reference("splash", kv_heads, causal=causal, window=window)
 
@@ -253,16 +253,15 @@ def _blocks_kept(t, size, causal, window):
 # (scores, probabilities x values) and its backward 4 more; a flash kernel's forward the same 2, its
 # backward 7 (scores recomputed twice and dprobs once more, as it keeps no probabilities).
 @needs_libtpu
-@pytest.mark.parametrize("grad", tiers.quick([False, True], keep=[1]))
-def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_its_mask_keeps(grad):
+def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_its_mask_keeps():
   """The reference computes every (query, key) pair; splash the blocks of 512 its mask keeps (4 per side:
   16 for a full mask, 10 causal, fewer for a window), counted here from the dense mask."""
   devices = chips.tpu_devices("v5e:1x1")
-  every_pair = _matmul_flops("xla", devices, causal=False, grad=grad) * (9 / 6 if grad else 1.0)
+  every_pair = _matmul_flops("xla", devices, causal=False, grad=True) * 9 / 6
   assert every_pair > 0
   for causal, window in [(False, 0), (True, 0), (True, 600), (False, 600)]:
     kept = _blocks_kept(2048, 512, causal, window) / 16
-    got = _matmul_flops("splash", devices, causal=causal, grad=grad, window=window)
+    got = _matmul_flops("splash", devices, causal=causal, grad=True, window=window)
     assert got == pytest.approx(every_pair * kept), (causal, window)
 
 
