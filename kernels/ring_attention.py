@@ -94,17 +94,17 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, q
     return jax.lax.cond(mask.any(), read_keys, lambda sums: sums, (top, total, out))
 
   @jax.checkpoint  # a block's scores are recomputed in the backward pass, never kept
-  def read_block(sums, query, row, query_ids, slice_, cols):
-    split = lambda x: jnp.split(x, pieces, axis=1 if x.ndim > 1 else 0)
-    for piece, piece_cols in zip(zip(*map(split, slice_)), split(cols)):
-      sums = read_piece(sums, query, row, query_ids, piece, piece_cols)
+  def read_block(sums, query, row, query_ids, pieces_):
+    for piece, cols in pieces_:
+      sums = read_piece(sums, query, row, query_ids, piece, cols)
     return sums
 
   @jax.checkpoint  # the backward pass recomputes a step from its slice and the sums it started from
   def read(sums, slice_, step):
     """Every query block's sums after reading the key slice of chip me - step."""
-    cols = context.steps_of((me - step) % n, t)
-    one = lambda _, xs: (None, read_block(xs[0], *xs[1:], slice_, cols))
+    split = lambda x: jnp.split(x, pieces, axis=1 if x.ndim > 1 else 0)  # once per step, for every block
+    pieces_ = list(zip(zip(*map(split, slice_)), split(context.steps_of((me - step) % n, t))))
+    one = lambda _, xs: (None, read_block(*xs, pieces_))
     return jax.lax.scan(one, None, (sums, queries, rows, in_blocks(ids)))[1]
 
   shape = (blocks, b, kv_heads, groups, size)
