@@ -476,7 +476,8 @@ def _validate_sequence_split(config, family) -> None:
   if family.context_parallel is None:
     able = [name for name in registry.family_names() if registry.family(name).context_parallel is not None]
     raise ConfigError(
-      f"model {family.name} cannot split a sequence over chips (mesh.sequence={n}) yet; the families that can: {able}."
+      f"model {family.name} cannot split a sequence over chips (mesh.sequence={n}): {family.cannot_split}; "
+      f"the families that can: {able}."
     )
   window = config.train.update_len or config.train.seq_len
   if window % n:

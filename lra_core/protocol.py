@@ -178,6 +178,8 @@ class Family:
   context_parallel: Callable[[ConfigDict, int], None] | None = None
   """raises ConfigError (one sentence) for settings that cannot split each sequence's time axis over
   n chips (mesh.sequence = n > 1; kernels/context.py); None: the family cannot split one at all yet"""
+  cannot_split: str = "it is not built for it yet"
+  """without context_parallel: why the family cannot split a sequence, the clause of its refusal"""
   upgrades: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   """model keys added after runs were saved -> the value that builds, from a config saved before the
   key existed, the model that config built then (often not today's default); lra_core.config.upgrade_config

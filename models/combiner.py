@@ -284,6 +284,10 @@ FAMILY = transformer.mixer_family(
   "combiner",
   Model,
   validate_config=validate_config,
+  cannot_split=(
+    "a query reads every row's summary at its column, so the summaries of all T tokens would have to pass "
+    "between the chips as ring attention passes keys, and that ring is not built"
+  ),
   smoke=Smoke(
     config="configs/c4/combiner.py:tiny",
     data="c4",

@@ -312,6 +312,8 @@ FAMILY = Family(
   tasks=("diffusion",),
   capabilities=Capabilities(self_condition=True),
   validate_config=validate_config,
+  # An image is a few thousand patches at most: whole images fit a chip, so nothing asks for it.
+  cannot_split=("its groups are square sub-images, each gathered from rows of patches that the chips would hold apart"),
   smoke=Smoke(
     config="configs/imagenet64/fit_denoiser.py:tiny",
     data="imagenet64",

@@ -455,8 +455,12 @@ def test_fold_keeps_the_chips_order():
 
 
 def test_sequence_split_config_errors_are_one_sentence():
-  with pytest.raises(ConfigError, match=r"model combiner cannot split a sequence.*latte.*transformer"):
+  with pytest.raises(
+    ConfigError, match=r"model combiner cannot split a sequence.*every row's summary.*latte.*transformer"
+  ):
     lra_core.load_config("configs/c4/combiner.py:tiny", ["mesh.sequence=2"])
+  with pytest.raises(ConfigError, match=r"model fit_denoiser cannot split a sequence.*square sub-images"):
+    lra_core.load_config("configs/imagenet64/fit_denoiser.py:tiny", ["mesh.sequence=2"])
   with pytest.raises(ConfigError, match=r"model.grouping '2d' gathers each group from image rows"):
     lra_core.load_config("configs/lra/image/fit.py:tiny", ["mesh.sequence=2"])
   with pytest.raises(ConfigError, match=r"model.group_size 16 does not divide the 8 steps"):
