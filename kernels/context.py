@@ -39,7 +39,6 @@ from lra_core.kernels import toolkit
 
 Array = jax.Array
 _AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("sequence_axes", default=())
-_WHOLE: contextvars.ContextVar[bool] = contextvars.ContextVar("whole_rows", default=False)
 _ZIGZAG: contextvars.ContextVar[bool] = contextvars.ContextVar("zigzag_order", default=False)
 
 
@@ -59,24 +58,12 @@ def within(names: tuple[str, ...]) -> Iterator[None]:
     _AXES.reset(token)
 
 
-@contextlib.contextmanager
-def whole_rows() -> Iterator[None]:
-  """Traces work over short rows that one chip holds whole (a block's tokens, a group's), cut from the
-  split sequence along the batch: nothing here splits their time axis, whatever its length."""
-  token = _WHOLE.set(True)
-  try:
-    yield
-  finally:
-    _WHOLE.reset(token)
-
-
-def _sequence_axes(length: int) -> tuple[str, ...]:
-  return () if _WHOLE.get() else toolkit.sequence_axes(length)
+whole_rows = toolkit.whole_rows  # rows one chip holds whole (a block's tokens, a group's)
 
 
 def split(length: int) -> bool:
   """Whether a time axis of `length` steps would be split by `per_chip` here."""
-  return not axes() and bool(_sequence_axes(length))
+  return not axes() and bool(toolkit.sequence_axes(length))
 
 
 def per_chip(
@@ -85,7 +72,7 @@ def per_chip(
   """fn(*args) with the time axis (letter 't' of `dims`, kernels/toolkit.py `run_per_device`) split
   over the sequence mesh axes when the kernel mesh has them and they divide `length`; inside, the
   functions of this module act across the chips. Without a split (or already inside one): fn(*args)."""
-  names = _sequence_axes(length)
+  names = toolkit.sequence_axes(length)
   if not names or axes():
     return fn(*args)
 

@@ -337,6 +337,7 @@ class _MeshAxes:
 
 
 _ACTIVE: contextvars.ContextVar[_MeshAxes | None] = contextvars.ContextVar("kernel_mesh", default=None)
+_WHOLE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("whole_rows", default=False)
 
 
 def _names(axes: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -364,11 +365,29 @@ def per_device_mesh(
     _ACTIVE.reset(token)
 
 
+@contextlib.contextmanager
+def whole_rows() -> Iterator[None]:
+  """Traces work over short rows cut from a split sequence along the batch (a block's tokens, a
+  group's), each row whole on the chip that holds its steps: the rows' batch axis splits over the
+  sequence axes too (here and in `lra_core.sharding.constrain`), their time axis over nothing."""
+  token = _WHOLE_ROWS.set(True)
+  try:
+    yield
+  finally:
+    _WHOLE_ROWS.reset(token)
+
+
+def rows_whole() -> bool:
+  """Whether the work being traced is over whole rows (`whole_rows`)."""
+  return _WHOLE_ROWS.get()
+
+
 def sequence_axes(length: int) -> tuple[str, ...]:
   """The mesh axes that split a time axis of `length` steps under the kernel mesh: those of
-  `per_device_mesh(sequence=...)` not yet manual, when they divide `length`; () otherwise."""
+  `per_device_mesh(sequence=...)` not yet manual, when they divide `length`; () otherwise, and
+  always () over whole rows."""
   active = _ACTIVE.get()
-  if active is None or not active.sequence:
+  if active is None or not active.sequence or rows_whole():
     return ()
   manual = _manual_axes(active.mesh)
   return _split(tuple(a for a in active.sequence if a not in manual), active.mesh, length)
@@ -431,6 +450,8 @@ def run_per_device(
   active = _ACTIVE.get()
   if active is not None:
     mesh, want_b, want_h = active.mesh, active.batch, active.heads
+    if rows_whole():  # rows cut from a split sequence: on the chips that hold their steps
+      want_b = want_b + tuple(a for a in active.sequence if a not in want_b)
   else:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:

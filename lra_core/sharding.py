@@ -19,6 +19,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from lra_core.kernels import toolkit
 from lra_core.kernels.toolkit import per_device_mesh
 
 # The mesh's axes, outermost first: data parallel, fully sharded data parallel, context parallel
@@ -45,6 +46,17 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape:
     used.update(targets)
     spec.append(targets[0] if len(targets) == 1 else (targets or None))
   return P(*spec)
+
+
+def whole_row_rules(rules: Rules) -> Rules:
+  """The rules for rows cut from a split sequence along the batch (`kernels.toolkit.whole_rows`: a
+  block's tokens, a group's): their batch axis takes the mesh axes of `length` too, so each row stays
+  on the chip holding its steps, and their short time axis splits over nothing."""
+  table = dict(rules)
+  names = lambda target: (target,) if isinstance(target, str) else tuple(target or ())
+  batch, length = names(table.get("batch")), names(table.get("length"))
+  rows = batch + tuple(a for a in length if a not in batch)
+  return tuple((name, rows if name == "batch" else None if name == "length" else target) for name, target in rules)
 
 
 @contextlib.contextmanager
@@ -77,5 +89,7 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   mesh, rules = active
   if mesh.size == 1:
     return x
+  if toolkit.rows_whole():
+    rules = whole_row_rules(rules)
   spec = logical_to_spec(axes, rules, mesh, x.shape)
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

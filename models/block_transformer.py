@@ -234,48 +234,67 @@ class Model(nnx.Module):
     with context.whole_rows():  # each block embedded on the chip holding it
       embedded = self.embedder(read, rngs=rngs)
     h = self.block_decoder(embedded, positions=positions, mask=valid, segments=block_seg, rngs=rngs)
+    after = self.contexts(h, valid)  # [B,N,D]: the context after each block
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
-    contexts = jnp.concatenate([start, self.contexts(h, valid)], axis=1).reshape(b * (n + 1), -1)  # [B(N+1),D]
-    # Target block i (0..N) holds tokens iL..iL+L-1; its decoder reads its first L-1 tokens
-    # (block N lies past the input: only its first output, which reads no token, is used).
-    inputs = jnp.concatenate([blocks, jnp.full((b, 1, L), self.pad_id, blocks.dtype)], axis=1)[:, :, : L - 1]
-    inputs = inputs.reshape(b * (n + 1), L - 1)
+    # Block i's token decoder reads the context after block i-1 (block 0: the start context) and the
+    # block's first L-1 tokens; output j predicts token iL + j, i.e. it is the logit at position iL + j - 1.
+    # One row per block keeps each on the chip holding the block when mesh.sequence splits the blocks.
+    before = jnp.concatenate([start, after[:, :-1]], axis=1)
     if seg is None:
+      rows = None
+      last_rows = None
+    else:
+      none = jnp.full((b, 1), -1, jnp.int32)
+      rows = (seg[:, :, : L - 1], jnp.concatenate([none, block_seg[:, :-1]], axis=1))
+      last_rows = (jnp.full((b, 1, L - 1), -1, jnp.int32), block_seg[:, -1:])
+    y = self._decode_rows(before, blocks[:, :, : L - 1], rows, rngs).reshape(b, n * L, -1)
+    if t < n * L:  # the last block is padded: its own outputs hold the last logits
+      return self.head(y[:, 1 : t + 1])
+    # The last logit (position t - 1) reads only the context after the last block: the first output of
+    # a block past the input, whose tokens (pads) no kept output reads.
+    pads = jnp.full((b, 1, L - 1), self.pad_id, blocks.dtype)
+    last = self._decode_rows(after[:, -1:], pads, last_rows, rngs)[:, :1, 0]
+    return self.head(jnp.concatenate([y[:, 1:], last], axis=1))
+
+  def _decode_rows(
+    self, contexts: Array, inputs: Array, documents: tuple[Array, Array] | None, rngs: nnx.Rngs | None
+  ) -> Array:
+    """The token decoder over rows of blocks -> outputs [B,N',L,Dt] of each target block.
+
+    contexts [B,N',D] (the context each block reads), inputs int[B,N',L-1] (its first L-1 tokens);
+    documents: None, or (token documents int[B,N',L-1], the context's document int[B,N'], -1 for
+    the start context) for packed rows (`_decode_documents`)."""
+    b, n = inputs.shape[:2]
+    contexts, inputs = contexts.reshape(b * n, -1), inputs.reshape(b * n, -1)
+    if documents is None:
       lead, memory = self._lead(contexts)
       x = jnp.concatenate([lead, self.token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
       # With model.mask_pads (the authors' default) the token decoder reads no pad key; the encoder
       # embedders mask pads as keys too (_block_embedders.py).
       with context.whole_rows():  # a block's tokens: on the chip holding the block, whatever mesh.sequence
         y = self.token_decoder(x, mask=self.key_mask(inputs), memory=memory, rngs=rngs)
-      y = y[:, self.lead - 1 : self.lead - 1 + L]
+      y = y[:, self.lead - 1 : self.lead - 1 + self.block_len]
     else:
-      y = self._decode_documents(contexts, inputs, seg, block_seg, rngs)
-    # Output j of target block i predicts token iL + j, i.e. it is the logit at position iL + j - 1.
-    y = y.reshape(b, (n + 1) * L, -1)[:, 1 : t + 1]
-    return self.head(y)
+      token_seg, prev = documents
+      y = self._decode_documents(contexts, inputs, token_seg.reshape(b * n, -1), prev.reshape(-1), rngs)
+    return y.reshape(b, n, self.block_len, -1)
 
   def _decode_documents(
-    self, contexts: Array, inputs: Array, seg: Array, block_seg: Array, rngs: nnx.Rngs | None
+    self, contexts: Array, inputs: Array, token_seg: Array, prev: Array, rngs: nnx.Rngs | None
   ) -> Array:
-    """The token decoder over packed documents -> outputs [B(N+1),L,Dt] of each target block.
+    """The token decoder over packed documents -> outputs [M,L,Dt] of each target block.
 
-    contexts [B(N+1),D] (the previous block's context), inputs int[B(N+1),L-1], seg int[B,N,L]
-    (token documents), block_seg int[B,N]. A token reads its own document's earlier tokens in the
-    block and its document's context; a document that starts at offset s inside a block gets the
-    outputs it gets alone after s pads.
+    contexts [M,D] (the context the block reads), inputs int[M,L-1], token_seg int[M,L-1] (the
+    inputs' documents), prev int[M] (the context's document, -1 for the start context). A token reads
+    its own document's earlier tokens in the block and its document's context; a document that starts
+    at offset s inside a block gets the outputs it gets alone after s pads.
     """
-    b, n, L = seg.shape
-    r = self.lead
-    none = jnp.full((b, 1), -1, jnp.int32)
+    L, r = self.block_len, self.lead
     # Each target block's decoder reads [lead(previous context), lead(start context), t_1..t_{L-1}] at
     # positions [0..R-1, 0..R-1, R..]. The first lead carries the previous block's document and gives
     # output 0 (the prediction at that block's last token); the second serves a document starting here.
-    # prev: the document of the previous block's context (-1 before block 0)
-    prev = jnp.concatenate([none, block_seg], axis=1).reshape(-1)  # [B(N+1)]
-    token_seg = jnp.concatenate([seg, jnp.full((b, 1, L), -1, jnp.int32)], axis=1)[:, :, : L - 1]
-    token_seg = token_seg.reshape(-1, L - 1)
     # fresh: tokens of a document other than the context's, i.e. one that starts in this block
-    fresh = token_seg != prev[:, None]  # [B(N+1),L-1]
+    fresh = token_seg != prev[:, None]  # [M,L-1]
     # starting: the first such document (-2: none), the one the start-context lead serves. Tokens of a
     # continuing document read the previous context, those of the starting one the start context.
     if L > 1:

@@ -210,20 +210,26 @@ def test_bidirectional_families_split_over_chips_train_as_one(name, mesh):
   params_close(state["params"], state1["params"])
 
 
-def gathered_time_axes(spec, extra, seq_len_name="seq_len"):
-  """The collectives of the compiled train step (data 2 x sequence 4) whose result holds a whole
-  update window's time axis: what a split that fell back to gathering the sequence would show."""
-  config = lra_core.load_config(spec, ["mesh.data=2", "mesh.sequence=4", *extra])
+def compiled_step(spec, overrides):
+  """(config, the trainer's train step of `spec` compiled for its mesh on the host devices)."""
+  config = lra_core.load_config(spec, overrides)
   mesh, rules = layout.make_mesh(config.mesh), config.sharding.rules
   tx, schedule = optim.make_optimizer(config)
   state_spec = make_state_spec(config, mesh, tx)
   task = make_task(config, DataInfo(vocab_size=256, unit="byte"))
-  t = config.train.update_len or config.train.seq_len
-  batch = {name: np.zeros((8, t), np.int32) for name in ("inputs", "targets", "segment_ids")}
-  batch["weights"] = np.ones((8, t), np.float32)
+  t, rows = config.train.update_len or config.train.seq_len, config.train.batch_size
+  batch = {name: np.zeros((rows, t), np.int32) for name in ("inputs", "targets", "segment_ids")}
+  batch["weights"] = np.ones((rows, t), np.float32)
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, state_spec, task, tx, schedule), out_shardings=(state_spec.shardings, None))
-    hlo = step.lower(state_spec.abstract, layout.abstract_batch(batch, mesh, rules)).compile().as_text()
+    return config, step.lower(state_spec.abstract, layout.abstract_batch(batch, mesh, rules)).compile()
+
+
+def gathered_time_axes(spec, extra):
+  """The collectives of the compiled train step (data 2 x sequence 4) whose result holds a whole
+  update window's time axis: what a split that fell back to gathering the sequence would show."""
+  config, compiled = compiled_step(spec, ["mesh.data=2", "mesh.sequence=4", "train.batch_size=8", *extra])
+  t, hlo = config.train.update_len or config.train.seq_len, compiled.as_text()
   found = []
   for line in hlo.splitlines():
     op = re.search(r"= (.*?) (all-gather|all-to-all|collective-permute)(-start)?\(", line)
@@ -239,6 +245,23 @@ def test_split_step_moves_no_activation_across_its_whole_length(name):
   t, found = gathered_time_axes(CAUSAL[name], EXTRA.get(name, []))
   assert t % 4 == 0 and t not in (16, 32)  # the model's widths: a gathered time axis is told apart
   assert not found, found
+
+
+# Long enough that activations outweigh the parameters and optimizer state every chip keeps whole.
+LONG = {"block_transformer": ["train.seq_len=2048"], "fit_ar": ["train.seq_len=3072"]}
+
+
+@pytest.mark.parametrize("name", sorted(LONG))
+def test_split_step_holds_a_chip_s_share_of_the_rows_it_cuts_into_blocks(name):
+  """One row over 8 chips: the rows cut from it along the batch (a block's tokens, a group's) stay on
+  the chip holding their steps, so a chip's temporaries are a fraction of the whole step's. (The
+  Block Transformer's token decoder once ran every block on every chip: 2.8x below the whole step
+  rather than 12x.)"""
+  extra = ["mesh.data=1", "train.batch_size=1", *LAYERS.get(name, ONE_LAYER), *EXTRA[name], *LONG[name]]
+  whole, split = (
+    compiled_step(CAUSAL[name], [f"mesh.sequence={n}", *extra])[1].memory_analysis().temp_size_in_bytes for n in (1, 8)
+  )
+  assert split < whole / 5, (whole, split)
 
 
 def test_resumed_with_another_sequence_split_ends_where_the_uninterrupted_run_ends(tmp_path):
