@@ -66,6 +66,12 @@ def split(length: int) -> bool:
   return not axes() and bool(toolkit.sequence_axes(length))
 
 
+def balanced(length: int) -> bool:
+  """Whether a split time axis of `length` steps can be held in the zig-zag order (`to_zigzag`): it
+  splits here and each chip's slice halves."""
+  return split(length) and (length // toolkit.sequence_slices(length)) % 2 == 0
+
+
 def per_chip(
   fn: Callable, args: Sequence, dims: Sequence, out_dims, *, batch: int, heads: int, length: int, kv_heads=None
 ):

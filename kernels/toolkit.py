@@ -393,6 +393,12 @@ def sequence_axes(length: int) -> tuple[str, ...]:
   return _split(tuple(a for a in active.sequence if a not in manual), active.mesh, length)
 
 
+def sequence_slices(length: int) -> int:
+  """How many slices `sequence_axes(length)` cuts a time axis of `length` steps into (1: none)."""
+  names = sequence_axes(length)
+  return math.prod(_ACTIVE.get().mesh.shape[a] for a in names) if names else 1
+
+
 def _manual_axes(mesh) -> set[str]:
   """The axes of `mesh` already manual: in its own types, or in the context mesh's while tracing
   the body of an enclosing shard_map (which splits them already)."""

@@ -145,6 +145,7 @@ class Model(nnx.Module):
     else:
       self.embedder = EncoderEmbedder(m, **kw)
     self.block_decoder = Stack(stack_config(m, d, m.num_heads, m.d_ff or 4 * d), m.num_layers, **stacks)
+    self.zigzag = not m.dropout  # the block decoder's order when split over chips (_decode_blocks)
     # Block 0 (and a block after an absent one) reads this in place of a context embedding.
     self.start_context = param(rngs, jax.nn.initializers.normal(1.0), (d,), ("embed",))
     # prefix: R vectors from the context; summation / cross: L_B states (Appendix F.2).
@@ -233,7 +234,7 @@ class Model(nnx.Module):
     valid = (read != self.pad_id).any(-1)
     with context.whole_rows():  # each block embedded on the chip holding it
       embedded = self.embedder(read, rngs=rngs)
-    h = self.block_decoder(embedded, positions=positions, mask=valid, segments=block_seg, rngs=rngs)
+    h = self._decode_blocks(embedded, positions, valid, block_seg, rngs)
     after = self.contexts(h, valid)  # [B,N,D]: the context after each block
     start = jnp.broadcast_to(self.start_context[...].astype(h.dtype), (b, 1, h.shape[-1]))
     # Block i's token decoder reads the context after block i-1 (block 0: the start context) and the
@@ -255,6 +256,22 @@ class Model(nnx.Module):
     pads = jnp.full((b, 1, L - 1), self.pad_id, blocks.dtype)
     last = self._decode_rows(after[:, -1:], pads, last_rows, rngs)[:, :1, 0]
     return self.head(jnp.concatenate([y[:, 1:], last], axis=1))
+
+  def _decode_blocks(
+    self, x: Array, positions: Array | None, valid: Array, segments: Array | None, rngs: nnx.Rngs | None
+  ) -> Array:
+    """The block decoder over block embeddings x [B,N,D]. Split over chips (mesh.sequence) it runs in
+    the zig-zag order, which gives every chip of its ring attention equal work (kernels/context.py),
+    where that is exact: without dropout, whose masks follow the layout."""
+    b, n = x.shape[:2]
+    if not (self.zigzag and context.balanced(n)):
+      return self.block_decoder(x, positions=positions, mask=valid, segments=segments, rngs=rngs)
+    order = dict(batch=b, length=n)
+    positions = jnp.broadcast_to(jnp.arange(n) if positions is None else positions, (b, n))
+    x, positions, valid, segments = context.to_zigzag((x, positions, valid, segments), **order)
+    with context.zigzag_order():
+      h = self.block_decoder(x, positions=positions, mask=valid, segments=segments, rngs=rngs)
+    return context.from_zigzag(h, **order)
 
   def _decode_rows(
     self, contexts: Array, inputs: Array, documents: tuple[Array, Array] | None, rngs: nnx.Rngs | None

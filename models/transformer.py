@@ -274,7 +274,7 @@ class Model(nnx.Module):
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
     order = dict(batch=b, length=x.shape[1])
-    zigzag = self.zigzag and context.split(x.shape[1])
+    zigzag = self.zigzag and context.balanced(x.shape[1])
     if zigzag:  # in once, out once: the blocks run in the balanced order (kernels/context.py)
       positions = jnp.broadcast_to(positions, x.shape[:2])
       x, positions, mask, segment_ids = context.to_zigzag((x, positions, mask, segment_ids), **order)

@@ -81,6 +81,8 @@ EXTRA["transformer_plain"] = ["model.dropout=0", "model.ring_order=plain"]
 # No biases: a key bias shifts a query's scores all alike, so its true gradient is 0 and Adam would turn
 # the rounding noise left in its place into full-size, sign-random updates.
 EXTRA["block_transformer"] = ["model.token_num_layers=1", "model.use_bias=False"]
+CAUSAL["block_transformer_plain"] = "configs/c4/block_transformer.py:tiny"
+EXTRA["block_transformer_plain"] = [*EXTRA["block_transformer"], "model.dropout=0.1"]  # the plain order
 CAUSAL["block_transformer_encoder"] = "configs/c4/block_transformer.py:tiny"
 # blocks of 8, the token decoder 8 long (prefix 1 + 7 tokens): what a sequence axis of 2, 4, 8 would divide
 EXTRA["block_transformer_encoder"] = [
@@ -121,6 +123,7 @@ VARIANTS = {
   "transformer_zigzag",
   "transformer_plain",
   "block_transformer_encoder",
+  "block_transformer_plain",
   "fit_encoder",
 }
 
