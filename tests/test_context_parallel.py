@@ -259,7 +259,7 @@ def test_split_step_holds_a_chip_s_share_of_the_rows_it_cuts_into_blocks(name):
   """One row over 8 chips: the rows cut from it along the batch (a block's tokens, a group's) stay on
   the chip holding their steps, so a chip's temporaries are a fraction of the whole step's. (The
   Block Transformer's token decoder once ran every block on every chip: 2.8x below the whole step
-  rather than 12x.)"""
+  rather than 10.5x.)"""
   extra = ["mesh.data=1", "train.batch_size=1", *LAYERS.get(name, ONE_LAYER), *EXTRA[name], *LONG[name]]
   whole, split = (
     compiled_step(CAUSAL[name], [f"mesh.sequence={n}", *extra])[1].memory_analysis().temp_size_in_bytes for n in (1, 8)
