@@ -292,6 +292,12 @@ class _Walker:
       total.add(self.op_cost(op, shapes))
     return total
 
+  def dearest_branch(self, op: Op) -> str | None:
+    """The branch computation of a conditional that takes the longest: the one the estimate counts
+    (which runs is decided at run time)."""
+    names = called(op, "branch_computations") + called(op, "true_computation") + called(op, "false_computation")
+    return max(names, key=lambda name: self.cost(name).compute_s + self.cost(name).comm_s, default=None)
+
   def op_cost(self, op: Op, shapes: dict[str, str]) -> Cost:
     if op.opcode in FREE or op.opcode in DONE:
       return Cost()
@@ -307,11 +313,8 @@ class _Walker:
       scaled.add(body, n)
       return scaled
     if op.opcode == "conditional":
-      branches = [
-        self.cost(b)
-        for b in called(op, "branch_computations") + called(op, "true_computation") + called(op, "false_computation")
-      ]
-      return max(branches, key=lambda c: c.compute_s + c.comm_s, default=Cost())
+      branch = self.dearest_branch(op)
+      return Cost() if branch is None else self.cost(branch)
     if op.opcode in ("call", "async-start"):
       total = Cost()
       for name in called(op, "to_apply") + called(op, "calls"):
@@ -381,8 +384,13 @@ def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
         n = walker.trip_count(op) or 1
         for body in called(op, "body"):
           visit(body, times * n, depth + 1)
-      elif op.opcode in ("call", "async-start", "conditional"):
-        continue  # rare at the top of a step; their cost is in the total
+      elif op.opcode in ("call", "async-start"):
+        for name in called(op, "to_apply") + called(op, "calls"):
+          visit(name, times, depth + 1)
+      elif op.opcode == "conditional":  # e.g. ring attention's skip of a key piece no query reads
+        branch = walker.dearest_branch(op)
+        if branch is not None:
+          visit(branch, times, depth + 1)
       elif op.opcode not in FREE and op.opcode not in DONE and op.opcode not in COLLECTIVES:
         c = walker.op_cost(op, shapes)
         kind = op.opcode
@@ -408,7 +416,7 @@ def _operations(walker: _Walker, entry: str) -> list[Hotspot]:
 
 
 def _split(operations: list[Hotspot], compute_s: float) -> tuple[tuple[str, float], ...]:
-  """Seconds per kind of work (SPLIT), dearest first; what the walk does not list (calls) is "other"."""
+  """Seconds per kind of work (SPLIT), dearest first; what the walk does not list is "other"."""
   seconds = dict.fromkeys(SPLIT, 0.0)
   for h in operations:
     seconds[h.category] += h.seconds

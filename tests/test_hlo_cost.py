@@ -134,6 +134,25 @@ def test_the_step_splits_into_matmuls_in_place_updates_and_elementwise_work(v5e)
   assert hlo_cost.roofline(_compile(keep_outputs, mesh, *shapes).as_text(), chip).split == ()
 
 
+def test_the_split_itemizes_the_dearest_branch_of_a_conditional(v5e):
+  """A layer that runs its matmul or skips it by a run-time flag (as ring attention skips a key piece
+  no query reads): the estimate and its split count the dearest branch, the matmul, every layer."""
+  mesh, chip = v5e
+
+  def maybe(w, x):
+    def layer(h, wi):
+      return jax.lax.cond(jnp.sum(h) > 0, lambda: jnp.tanh(h @ wi), lambda: h), None
+
+    return jax.lax.scan(layer, x, w)[0]
+
+  shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))
+  roof = hlo_cost.roofline(_compile(maybe, mesh, *shapes).as_text(), chip, top=10_000, split=True)
+  split = dict(roof.split)
+  assert roof.flops == pytest.approx(2.0 * N**3 * LAYERS, rel=1e-6)
+  assert split["matmuls compute-bound"] == pytest.approx(2.0 * N**3 * LAYERS / chip.peak_flops, rel=1e-6)
+  assert split.get("other", 0.0) < 1e-3 * roof.compute_s, split
+
+
 def test_a_loop_writing_one_row_at_a_time_moves_rows_not_the_buffer(v5e):
   """XLA updates a buffer in place: a loop that reads and writes one row per step moves about two
   rows per step, not the whole buffer per step (which would be `rows` times more)."""
