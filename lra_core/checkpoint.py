@@ -29,12 +29,13 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 from lra_core import config as config_lib
 from lra_core import fs, optim, read_fallout, registry
@@ -77,12 +78,17 @@ class Checkpointer:
     workdir: str | os.PathLike,
     *,
     keep: int = 3,
+    preserve: Sequence[int] = (),
     async_save: bool = True,
     save_timeout_s: float = 0.0,
     abandon: Callable[[], bool] = lambda: False,
   ):
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
+    rotation = dict(max_to_keep=keep)
+    if preserve:  # the last `keep` and the `preserve` steps (finished runs this one extends)
+      policies = [preservation.LatestN(keep), preservation.CustomSteps(list(preserve))]
+      rotation = dict(preservation_policy=preservation.AnyPreservationPolicy(policies))
+    options = ocp.CheckpointManagerOptions(**rotation, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
     self.save_timeout_s, self.abandon = save_timeout_s, abandon
     self._in_flight: int | None = None

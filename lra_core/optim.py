@@ -326,6 +326,48 @@ def _check_range(where: str, key: str, value: float) -> None:
 # ------------------------------------------------------------------------------- schedules
 
 
+DECAYING = ("cosine", "linear")  # the schedules whose horizon (decay_steps, else train.steps) shapes them
+
+
+def keep_horizon(config: ml_collections.ConfigDict, saved: Mapping[str, Any]) -> list[str]:
+  """Resuming the run whose config.json is `saved` with another train.steps keeps its learning-rate
+  schedules: each decaying one whose decay_steps is 0 (the horizon follows train.steps) gets the saved
+  run's horizon as decay_steps, so every step the saved run planned computes what it did and steps past
+  it run at the schedule's floor. Sets them in `config` and in `saved` alike (where the saved run's
+  horizon was its train.steps: the same schedule, now named), so the two compare equal; returns
+  'key=value' for each set."""
+  old_steps, new_steps = saved.get("train", {}).get("steps"), config.train.steps
+  if not isinstance(old_steps, int):
+    return []
+  kept = []
+
+  def keep(new: Mapping[str, Any], old: Mapping[str, Any], where: str) -> int | None:
+    if new.get("schedule", GROUP_DEFAULTS["schedule"]) not in DECAYING or new.get("decay_steps", 0):
+      return None
+    horizon = old.get("decay_steps", 0) or old_steps
+    if horizon == new_steps:
+      return None
+    kept.append(f"{where}.decay_steps={horizon}")
+    return horizon
+
+  old_optim = saved.get("optim", {})
+  horizon = keep(config.optim, old_optim, "optim")
+  if horizon is not None:
+    config.optim.decay_steps = old_optim["decay_steps"] = horizon
+  old_groups = {g.get("name"): g for g in old_optim.get("groups", ()) if isinstance(g, dict)}
+  groups = []
+  for i, group in enumerate(config.optim.groups):
+    group = dict(group)
+    old = old_groups.get(group.get("name"), {})
+    horizon = keep(group, old, f"optim.groups[{i}]")
+    if horizon is not None:
+      group["decay_steps"] = old["decay_steps"] = horizon
+    groups.append(group)
+  if kept:
+    config.optim.groups = tuple(groups)
+  return kept
+
+
 def make_schedule(cfg_optim: Any, total_steps: int) -> optax.Schedule:
   """Learning rate at each step for the main settings of `cfg_optim` (the optim section)."""
   return _schedule(_main_settings(cfg_optim), total_steps)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -63,6 +64,7 @@ def train_and_evaluate(
 
 def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool) -> dict:
   _check_workdir(config, workdir, force)
+  finished = _keep_finished(config, workdir)
   compile_cache.setup(config.train.compile_cache, workdir)
   writer = _open_writer(config, workdir)
   t = config.train
@@ -95,7 +97,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
-    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, save_timeout_s=t.save_timeout_s)
+    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
     state, start, meta = _initial_state(config, spec, ckpt, mesh)
     writer.resume(start)
     next_batch = meta["next_batch"]
@@ -343,9 +345,20 @@ def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
   if not saved.is_file() or not checkpoints.is_dir() or not any(p.name.isdigit() for p in checkpoints.iterdir()):
     return
   try:
-    conflicts = resume_conflicts(json.loads(saved.read_text()), config)
+    before = json.loads(saved.read_text())
   except json.JSONDecodeError:
-    conflicts = ["config.json: unreadable"]
+    before, conflicts = None, ["config.json: unreadable"]
+  if before is not None:
+    kept = optim.keep_horizon(config, before)
+    if kept:
+      logging.info(
+        "train.steps %s -> %d: the learning-rate schedule keeps its horizon (%s; steps past it run at its "
+        "floor); to stretch it instead, set optim.decay_steps and pass --force",
+        before["train"]["steps"],
+        config.train.steps,
+        ", ".join(kept),
+      )
+    conflicts = resume_conflicts(before, config)
   if not conflicts:
     return
   more = f" and {len(conflicts) - 1} more difference(s)" if len(conflicts) > 1 else ""
@@ -360,6 +373,34 @@ def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
     logging.warning(
       "--force: continuing %s with a changed config (%s%s); the old one is %s", workdir, conflicts[0], more, kept.name
     )
+
+
+def _keep_finished(config, workdir: fs.Path) -> tuple[int, ...]:
+  """The final steps of the finished runs this one extends (a larger train.steps), whose checkpoints
+  the rotation keeps: a finished run's summary.json and config.json are kept as summary.step<N>.json
+  and config.step<N>.json before the extension writes its own."""
+  summary = workdir / "summary.json"
+  steps = {
+    int(m.group(1))
+    for p in workdir.glob("summary.step*.json")
+    if (m := re.fullmatch(r"summary\.step(\d+)\.json", p.name))
+  }
+  try:
+    done = json.loads(summary.read_text()) if summary.is_file() else {}
+  except json.JSONDecodeError:
+    done = {}
+  step = done.get("step")
+  if not isinstance(step, int) or "stopped_at" in done or step >= config.train.steps:
+    return tuple(sorted(steps))
+  if jax.process_index() == 0:
+    kept = workdir / f"summary.step{step}.json"
+    summary.rename(kept)
+    if (workdir / "config.json").is_file():
+      (workdir / f"config.step{step}.json").write_text((workdir / "config.json").read_text())
+    logging.info(
+      "extending the run finished at step %d to %d: its summary is kept as %s", step, config.train.steps, kept.name
+    )
+  return tuple(sorted(steps | {step}))
 
 
 SAMPLES = 16  # images in each train.sample_every grid

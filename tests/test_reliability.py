@@ -188,6 +188,24 @@ def test_a_changed_config_is_refused_unless_forced(data, uninterrupted, tmp_path
   assert json.loads((workdir / "config.before_force.0.json").read_text())["train"]["seed"] == 0
 
 
+def test_extending_a_finished_run_keeps_its_schedule_summary_and_final_checkpoint(data, tmp_path):
+  """A larger train.steps on a finished run: the cosine schedule keeps its horizon (the extended run
+  equals one planned with optim.decay_steps = the old train.steps), and the finished run's summary,
+  config and final checkpoint are kept beside the extension's."""
+  workdir, cosine = tmp_path / "run", ["optim.schedule=cosine", "optim.warmup_steps=2"]
+  finished = train_and_evaluate(config(data, *cosine), workdir)
+  extended = train_and_evaluate(config(data, *cosine, "train.steps=10", "train.keep_checkpoints=1"), workdir)
+  planned = train_and_evaluate(config(data, *cosine, "train.steps=10", "optim.decay_steps=6"), tmp_path / "planned")
+  assert extended["param_checksum"] == planned["param_checksum"]
+  assert json.loads((workdir / "summary.step6.json").read_text()) == finished
+  assert json.loads((workdir / "config.step6.json").read_text())["train"]["steps"] == 6
+  assert json.loads((workdir / "config.json").read_text())["optim"]["decay_steps"] == 6
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [6, 10]
+  # The same command again finds nothing changed: the finished extension is evaluated, not refused.
+  again = train_and_evaluate(config(data, *cosine, "train.steps=10", "train.keep_checkpoints=1"), workdir)
+  assert again["param_checksum"] == extended["param_checksum"]
+
+
 def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   # Every update overflows the parameter norm, so all are skipped and nothing changes.
   skip = ["optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0", "train.skip_nonfinite=True"]
