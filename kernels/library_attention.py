@@ -79,8 +79,8 @@ def reference(
     return local_attention(
       q, k, v, window=window, causal=causal, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
     )
-  if positions is None and probs_fn is None and context.split(t):  # a sequence over chips: the ring
-    return ring_attention(q, k, v, causal=causal, k_valid=k_valid, segments=segments, scale=scale)
+  if probs_fn is None and context.split(t) and not (window and positions is not None):  # a split sequence: the ring
+    return ring_attention(q, k, v, causal=causal, k_valid=k_valid, segments=segments, positions=positions, scale=scale)
   positions = jnp.arange(t) if positions is None else positions
   mask = attention_mask(
     positions, positions, causal=causal, window=window, k_valid=k_valid, q_segments=segments, k_segments=segments

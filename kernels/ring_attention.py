@@ -4,10 +4,11 @@ Each of the n chips holds T/n consecutive steps of the queries, keys and values.
 go round the ring of chips (`context.rotate`, n - 1 steps, each overlapping the next slice's transfer
 with this one's scores); each chip attends its queries to the slice it holds and merges the result
 with an online softmax (a running maximum, normaliser and weighted sum per query, as a flash kernel
-merges its blocks), so after n slices every query has read every key it may. Masks compare global
-positions (the slice's chip gives its offset) and the document ids and padding that travel with each
-slice; a causal chip reads the slices after its own fully masked, and does the same work for them:
-the plain order's imbalance (the last chip has the most to read). A sliding window reaches only the
+merges its blocks), so after n slices every query has read every key it may. Masks compare the
+positions (global steps, or those the caller gives: FIT-AR's latents, by group), document ids and
+padding that travel with each slice. A block of queries skips a key piece it may not read at all;
+in the plain order a causal chip then idles while the later chips read (the last has the most to
+read), which the zig-zag order (context.to_zigzag) evens out. A sliding window reaches only the
 neighbouring chips and never comes here (kernels/attention.py `local_attention`).
 
 Per step a chip forms its slice pair's scores a block of queries at a time (`query_block` x T/n per
@@ -37,24 +38,27 @@ def ring_attention(
   causal: bool,
   k_valid: Array | None = None,
   segments: Array | None = None,
+  positions: Array | None = None,
   scale: float | None = None,
   query_block: int = 512,
 ) -> Array:
   """softmax(q k^T scale, masked) v with the time axis split over the sequence mesh axes: q [B,T,H,D],
   k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv]; masks as kernels/attention.py `attention_mask` (causal,
-  k_valid: bool[B,T] False = padding, segments: int[B,T] document ids). Equal to
-  `dot_product_attention` with that mask, rounding apart; without a split it is computed as one slice.
+  k_valid: bool[B,T] False = padding, segments: int[B,T] document ids, positions: int[T] or [B,T]
+  what the causal mask compares, by default the steps). Equal to `dot_product_attention` with that
+  mask, rounding apart; without a split it is computed as one slice.
   `query_block`: a chip's queries go in blocks of (at most) this many rows, the largest power of two
   dividing its slice, so a step's scores are query_block x T/n per head, never its whole slice pair."""
   b, t, h, _ = q.shape
   kw = dict(causal=causal, scale=scale, query_block=query_block)
-  run = lambda q, k, v, k_valid, segments: _on_chip(q, k, v, k_valid, segments, **kw)
-  dims = ("bth.", "btk.", "btk.", "bt", "bt")
-  args = (q, k, v, k_valid, segments)
+  run = lambda q, k, v, k_valid, segments, positions: _on_chip(q, k, v, k_valid, segments, positions, **kw)
+  dims = ("bth.", "btk.", "btk.", "bt", "bt", "bt")
+  positions = None if positions is None else jnp.broadcast_to(positions.astype(jnp.int32), (b, t))
+  args = (q, k, v, k_valid, segments, positions)
   return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
 
 
-def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, query_block: int) -> Array:
+def _on_chip(q, k, v, k_valid, segments, positions, *, causal: bool, scale: float | None, query_block: int) -> Array:
   b, t, h, d = q.shape
   kv_heads, dv = k.shape[2], v.shape[-1]
   groups = h // kv_heads
@@ -66,15 +70,16 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, q
   queries = in_blocks(q.reshape(b, t, kv_heads, groups, d))
   ids = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
   valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
-  rows = context.steps_of(context.index(), t).reshape(blocks, size)
   n, me = context.count(), context.index()
+  # Each step's key slice carries its positions: the chip's true steps unless the caller gives others.
+  pos = jnp.broadcast_to(context.steps_of(me, t), (b, t)) if positions is None else positions
   # In the zig-zag order a key slice is two pieces far apart in time: each is read (or skipped) alone.
   pieces = 2 if context.zigzag() else 1
 
-  def read_piece(sums, query, row, query_ids, piece, cols):
+  def read_piece(sums, query, row, query_ids, piece):
     """One query block's running (maximum, normaliser, weighted values) after reading a key piece."""
     top, total, out = sums
-    keys, values, key_ids, key_valid = piece
+    keys, values, key_ids, key_valid, cols = piece
     mask = attention_mask(row, cols, causal=causal, k_valid=key_valid, q_segments=query_ids, k_segments=key_ids)
 
     def read_keys(sums):
@@ -95,21 +100,20 @@ def _on_chip(q, k, v, k_valid, segments, *, causal: bool, scale: float | None, q
 
   @jax.checkpoint  # a block's scores are recomputed in the backward pass, never kept
   def read_block(sums, query, row, query_ids, pieces_):
-    for piece, cols in pieces_:
-      sums = read_piece(sums, query, row, query_ids, piece, cols)
+    for piece in pieces_:
+      sums = read_piece(sums, query, row, query_ids, piece)
     return sums
 
   @jax.checkpoint  # the backward pass recomputes a step from its slice and the sums it started from
   def read(sums, slice_, step):
     """Every query block's sums after reading the key slice of chip me - step."""
-    split = lambda x: jnp.split(x, pieces, axis=1 if x.ndim > 1 else 0)  # once per step, for every block
-    pieces_ = list(zip(zip(*map(split, slice_)), split(context.steps_of((me - step) % n, t))))
+    pieces_ = list(zip(*(jnp.split(x, pieces, axis=1) for x in slice_)))  # once per step, for every block
     one = lambda _, xs: (None, read_block(*xs, pieces_))
-    return jax.lax.scan(one, None, (sums, queries, rows, in_blocks(ids)))[1]
+    return jax.lax.scan(one, None, (sums, queries, in_blocks(pos), in_blocks(ids)))[1]
 
   shape = (blocks, b, kv_heads, groups, size)
   sums = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dv), jnp.float32))
-  slice_ = (k, v, ids, valid)
+  slice_ = (k, v, ids, valid, pos)
   sums = read(sums, slice_, 0)
 
   def step(carry, i):

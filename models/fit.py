@@ -506,8 +506,8 @@ class Model(nnx.Module):
 
 def context_parallel(config, n: int) -> None:
   """A sequence split into n slices (kernels/context.py): whole groups on each chip, their local
-  layers on it; the global layers over every group's latents (GSPMD gathers the group-causal ones,
-  which are small; the bidirectional ones run as ring attention)."""
+  layers on it; the global layers over every group's latents as ring attention (the group-causal ones
+  masked by the group index their latents carry)."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n
   if m.grouping != "1d":
     raise ConfigError(

@@ -410,6 +410,22 @@ def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequ
   np.testing.assert_allclose(np.asarray(blocked(q, k, v)), np.asarray(fn(q, k, v)), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("data,sequence", [(1, 8), (2, 4)])
+def test_ring_attention_masks_by_the_positions_it_is_given(data, sequence):
+  """FIT-AR's group-causal latents: the causal mask compares each latent's group (8 groups of 4), so a
+  group's latents read each other, also across a chip's edge; split == whole == the reference."""
+  ks = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(ks[0], (2, 32, 4, 8))
+  k, v = (3 * jax.random.normal(key, (2, 32, 2, 8)) for key in ks[1:])
+  groups = jnp.repeat(jnp.arange(8), 4)
+  valid = jnp.arange(32)[None] < jnp.array([[32], [24]])
+  fn = lambda q, k, v: library_attention.self_attention(q, k, v, causal=True, k_valid=valid, positions=groups)
+  split_equals_whole(fn, (q, k, v), data, sequence, atol=5e-5)
+  ring = lambda q, k, v: ring_attention(q, k, v, causal=True, k_valid=valid, positions=groups, query_block=2)
+  split_equals_whole(ring, (q, k, v), data, sequence, atol=5e-5)
+  np.testing.assert_allclose(np.asarray(ring(q, k, v)), np.asarray(fn(q, k, v)), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
 def test_the_zigzag_order_gives_the_plain_order_s_attention(data, sequence):
   """Causal ring attention with every chip holding pieces i and 2n-1-i of time (context.to_zigzag):
