@@ -14,9 +14,14 @@ import importlib.util
 import pathlib
 import sys
 
-from lra_core.config import load_config
-from lra_core.errors import CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged, UserError
-from lra_core.registry import build_model
+from lra_core import startup
+
+with startup.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/startup.py)
+  import jax  # noqa: F401
+
+from lra_core.config import load_config  # noqa: E402
+from lra_core.errors import CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged, UserError  # noqa: E402
+from lra_core.registry import build_model  # noqa: E402
 
 __all__ = [
   "load_config",

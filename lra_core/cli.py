@@ -35,7 +35,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from lra_core import distributed, host_memory
+from lra_core import distributed, host_memory, startup
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.registry import package_dir
@@ -220,6 +220,7 @@ def parse(
     config, spec = load_config(ns.config, overrides), ns.config
   # After the config (a typo fails at once, in every process) and before anything uses a device.
   distributed.initialize_from_args(ns)
+  startup.start_backends()
   return Args(config=config, workdir=getattr(ns, "workdir", None), spec=spec, overrides=overrides, extra=ns)
 
 

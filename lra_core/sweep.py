@@ -57,7 +57,7 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from lra_core import cli, train
+from lra_core import cli, startup, train
 from lra_core.config import load_config, upgrade_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.tables import markdown_table
@@ -308,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.launcher or args.dry_run:
       print("\n".join(command(args.config, fixed, r, args.launcher) for r in runs))
       return 0
+    startup.start_backends()
     keys, rows = list(sweeps), train_all(runs, args.force)
   print(write_tables(args.workdir, keys, rows), end="")
   bad = [r for r in rows if r["status"] != "ok"]

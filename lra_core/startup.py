@@ -1,0 +1,106 @@
+"""What a command does before JAX starts: no accelerator plugin noise on a host without accelerators.
+
+An install with the `tpu`, `gpu-compile` or `test` extra brings libtpu and the CUDA plugin. On a host
+with neither a TPU nor an NVIDIA GPU, JAX then prints about 30 lines at start-up: the CUDA plugin's
+C++ logs "Could not find cuda drivers" when JAX imports it, its version check raises and JAX prints
+the chained tracebacks, and libtpu warns that it finds no TPU. None of it says anything about the run.
+
+A command (`python -m lra_core.<command>`, an `lra-*` script, `scripts/*.py`) therefore
+  - sets JAX_PLATFORMS=cpu when it is unset and the host has no accelerator device (no /dev/nvidia*,
+    /dev/accel*, numbered /dev/vfio groups or /dev/kfd): JAX would choose the CPU anyway, and the
+    plugins are then registered but never started; an accelerator host is left alone;
+  - drops the CUDA plugin's "Could not find cuda drivers" lines (and absl's notice before them) from
+    what `import jax` and the start of JAX's backends (`start_backends`) write to stderr; every other
+    line written then reaches stderr unchanged.
+A library user's `import lra_core` changes nothing. `JAX_PLATFORMS` set by the user always wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pathlib
+import re
+import sys
+import threading
+from collections.abc import Iterator
+
+from lra_core import host_memory
+
+# Lines the CUDA plugin's extension logs when it loads on a host without a CUDA driver.
+NOISE = re.compile(
+  rb"(.*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\."
+  rb"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR)\r?\n?"
+)
+ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/kfd")
+
+
+def is_command(argv0: str) -> bool:
+  """Whether this process runs one of the project's commands (what sys.argv[0] is while the
+  `lra_core` package is imported)."""
+  if argv0 == "-m":  # python -m lra_core.<command>: the package is imported before the module runs
+    return True
+  path = pathlib.Path(argv0)
+  return path.name.startswith("lra-") or (path.parent.name == "scripts" and (path.parent.parent / "lra_core").is_dir())
+
+
+def has_accelerator() -> bool:
+  """Whether the host has a TPU or GPU device node (without starting JAX)."""
+  return any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES)
+
+
+_COMMAND = False  # whether `prepare` found this process to be a command
+
+
+def prepare() -> contextlib.AbstractContextManager:
+  """For a command: chooses the CPU where nothing else is there, and returns the context to import
+  JAX in (its plugin noise dropped); for anything else, a context that does nothing."""
+  global _COMMAND
+  if not is_command(sys.argv[0] if sys.argv else ""):
+    return contextlib.nullcontext()
+  _COMMAND = True
+  if "JAX_PLATFORMS" not in os.environ and not host_memory.cpu_only() and not has_accelerator():
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  return noise_dropped()
+
+
+def start_backends() -> None:
+  """For a command: starts JAX's backends (which imports and starts the plugins: the CUDA plugin logs
+  once more) with the plugin noise dropped. Called where a command first needs a device, after
+  `jax.distributed.initialize` (which must come before any backend starts)."""
+  if _COMMAND:
+    import jax
+
+    with noise_dropped():
+      jax.devices()
+
+
+@contextlib.contextmanager
+def noise_dropped() -> Iterator[None]:
+  """While inside, what is written to file descriptor 2 passes through a pipe; on leaving, every
+  line but NOISE is written to the real stderr, in order."""
+  try:
+    sys.stderr.flush()
+    saved = os.dup(2)
+  except (AttributeError, OSError, ValueError):  # no real stderr (an embedding host): nothing to filter
+    yield
+    return
+  read_end, write_end = os.pipe()
+  os.dup2(write_end, 2)
+  os.close(write_end)
+  chunks: list[bytes] = []
+  # A thread drains the pipe, so a writer is never blocked on a full pipe while JAX imports.
+  reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")), daemon=True)
+  reader.start()
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)  # closes the pipe's last write end: the reader sees its end
+    os.close(saved)
+    reader.join()
+    os.close(read_end)
+    kept = b"".join(line for line in b"".join(chunks).splitlines(keepends=True) if not NOISE.fullmatch(line))
+    while kept:
+      kept = kept[os.write(2, kept) :]
