@@ -264,10 +264,10 @@ def parse_gpu_topology(topology: str) -> tuple[GpuArch, int]:
 def cuda_plugin_installed() -> bool:
   import importlib.util
 
-  return (
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    or importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
-  )
+  try:
+    return any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") is not None for v in (12, 13))
+  except ModuleNotFoundError:  # no jax_plugins package at all: no plugin of any kind is installed
+    return False
 
 
 def gpu_devices(topology: str) -> list[jax.Device]:

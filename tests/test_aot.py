@@ -298,6 +298,18 @@ def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(capsys, topolog
   assert not re.search(r"\w\. [A-Z]", errors[0]) and errors[0].endswith(".")  # one sentence
 
 
+def test_a_gpu_target_without_any_jax_plugin_installed_is_one_sentence(capsys, monkeypatch):
+  """No jax_plugins package at all (an install without the gpu-compile extra or libtpu's plugin)."""
+  for name in [m for m in sys.modules if m.startswith("jax_plugins")]:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.setitem(sys.modules, "jax_plugins", None)  # importing it now fails as when it is absent
+  stderr = _aot_refused(capsys, "--config=configs/c4/transformer.py:tiny", "--topology=h100")
+  assert re.search(
+    rf"^error: compiling for GPU target 'h100' needs the CUDA plugin.*\[{chips.GPU_EXTRA}\]", stderr, re.M
+  )
+  assert "Traceback" not in stderr
+
+
 @needs_cuda_plugin
 @pytest.mark.slow
 def test_pallas_on_a_v100_says_to_use_the_xla_kernels():
