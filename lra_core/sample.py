@@ -38,7 +38,7 @@ from lra_core import cli, decoding, diffusion, fs, layout, task_kinds
 from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, DecodingError
 from lra_core.state import eval_params, make_state_spec, to_host
 
 EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0.9 --num_samples 4"
@@ -59,7 +59,7 @@ def sample(
   *,
   prompt: str | None,
   num_samples: int = 1,
-  max_new_tokens: int = 100,
+  max_new_tokens: int | None = None,
   temperature: float = 1.0,
   top_k: int = 0,
   top_p: float = 1.0,
@@ -77,6 +77,7 @@ def sample(
   if not ids:
     raise ConfigError("the prompt encodes to no tokens; give a non-empty --prompt.")
   model, _ = load_model(config, workdir, step=step)
+  max_new_tokens = new_tokens(model, len(ids), max_new_tokens)
   prompt_ids = np.tile(np.asarray(ids, np.int32)[None], (num_samples, 1))
   out = decoding.generate(
     model,
@@ -88,6 +89,29 @@ def sample(
     top_p=top_p,
   )
   return [decode(np.asarray(row)) for row in out]
+
+
+DEFAULT_NEW_TOKENS = 100
+
+
+def new_tokens(model, prompt_len: int, asked: int | None) -> int:
+  """How many tokens to sample after a prompt of `prompt_len`: `asked`, or by default
+  DEFAULT_NEW_TOKENS or as many as the model's decode limit leaves (a learned position table holds
+  only so many); DecodingError (one sentence) where they do not fit."""
+  limit = model.decode_limit() if hasattr(model, "decode_limit") else None
+  if asked is None:
+    asked = DEFAULT_NEW_TOKENS if limit is None else min(DEFAULT_NEW_TOKENS, limit - prompt_len)
+  if limit is not None and prompt_len >= limit:
+    raise DecodingError(
+      f"the prompt's {prompt_len} tokens fill the {limit} positions this model's learned position table holds; "
+      "give a shorter --prompt."
+    )
+  if limit is not None and prompt_len + asked > limit:
+    raise DecodingError(
+      f"the prompt's {prompt_len} tokens and {asked} new ones exceed the {limit} positions this model's learned "
+      f"position table holds; give --max_new_tokens {limit - prompt_len} or less."
+    )
+  return asked
 
 
 class PixelsOnly(nnx.Module):
@@ -271,7 +295,12 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--num_samples", type=int, default=None, help="default: 1 text, 16 images")
-    parser.add_argument("--max_new_tokens", type=int, default=100)
+    parser.add_argument(
+      "--max_new_tokens",
+      type=int,
+      default=None,
+      help=f"default: {DEFAULT_NEW_TOKENS}, or what a learned position table leaves after the prompt",
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=0, help="0 = off")
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus mass; 1 = off")

@@ -292,6 +292,11 @@ class Model(nnx.Module):
 
   # -- decoding (causal models) --------------------------------------------------------------
 
+  def decode_limit(self) -> int | None:
+    """The most tokens (prompt and new ones) decoding can hold: the learned position table's length;
+    None for any number."""
+    return self.max_len if self.positions.kind == "learned" else None
+
   def init_decode_state(self, batch_size: int, max_len: int) -> dict:
     if not self.causal:
       raise ValueError(f"decoding needs a causal model; task {self.task!r} builds an encoder.")

@@ -110,6 +110,14 @@ def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file):
   assert (tmp_path / "eval_test_4.json").exists()
   texts = sample(config, tmp_path, prompt="the ", num_samples=2, max_new_tokens=5, temperature=0.0)
   assert texts[0] == texts[1] and texts[0].startswith("the ")
+  # By default as many new tokens as the tiny model's learned position table leaves after the prompt
+  # (it holds train.seq_len), and asking for more is one sentence.
+  limit = config.train.seq_len
+  assert sample(config, tmp_path, prompt="the ", temperature=0.0)[0].startswith("the ")  # 100 would not fit
+  with pytest.raises(
+    lra_core.DecodingError, match=rf"exceed the {limit} positions.*--max_new_tokens {limit - 4} or less\.$"
+  ):
+    sample(config, tmp_path, prompt="the ", max_new_tokens=limit)
 
 
 def test_data_and_model_mismatch_is_a_clear_error(tmp_path, cache_dir):
