@@ -9,15 +9,21 @@ names are the same). Without --metrics, every metric that any workdir logged mor
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import pathlib
 
-from lra_core.cli import doc_parser
-from lra_core.errors import optional_import
+from lra_core import cli
+from lra_core.errors import ConfigError, DataError, optional_import
 from lra_core.metrics import read_metrics
 
-optional_import("matplotlib", "plot").use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+@functools.cache
+def pyplot():
+  """matplotlib's pyplot drawing to files (Agg), or MissingExtra (one sentence) naming the plot extra."""
+  optional_import("matplotlib", "plot").use("Agg")
+  return optional_import("matplotlib.pyplot", "plot")
 
 
 def curves(workdir: str | pathlib.Path) -> dict[str, tuple[list[int], list[float]]]:
@@ -40,6 +46,7 @@ def labels(workdirs: list[str]) -> list[str]:
 
 def figure(data: dict[str, dict], metrics: list[str]):
   """The panels of `metrics` for data (workdir -> curves): one colour per workdir, one legend."""
+  plt = pyplot()
   palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   colours = {w: palette[i % len(palette)] for i, w in enumerate(data)}
   cols = min(3, len(metrics))
@@ -67,19 +74,25 @@ def plot(workdirs: list[str], metrics: list[str] | None, out: str) -> list[str]:
   data = {str(w): curves(w) for w in workdirs}
   missing = [w for w, c in data.items() if not c]
   if missing:
-    raise SystemExit(f"error: no metrics.jsonl with numbers in {', '.join(missing)}.")
+    raise DataError(f"no metrics.jsonl with numbers in {', '.join(missing)}.")
+  logged = sorted({k for c in data.values() for k in c})
+  unknown = [m for m in metrics or () if m not in logged]
+  if unknown:
+    near = difflib.get_close_matches(unknown[0], logged, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise ConfigError(f"no workdir logged {unknown[0]!r}; {hint}they logged {', '.join(logged)}.")
   if not metrics:
     metrics = sorted({k for c in data.values() for k, (s, _) in c.items() if len(s) > 1})
   if not metrics:
-    raise SystemExit("error: no metric was logged more than once; name some with --metrics.")
+    raise ConfigError("no metric was logged more than once; name some with --metrics.")
   fig = figure(data, metrics)
   fig.savefig(out, dpi=120)
-  plt.close(fig)
+  pyplot().close(fig)
   return metrics
 
 
 def main(argv=None) -> None:
-  parser = doc_parser("python scripts/plot.py", __doc__)
+  parser = cli.doc_parser("python scripts/plot.py", __doc__)
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--metrics", default="", help="comma-separated metric names")
   parser.add_argument("--out", default="curves.png")
@@ -89,4 +102,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -2,10 +2,13 @@
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
+from lra_core import cli
 from lra_core.config import PROJECT_ROOT
+from lra_core.errors import ConfigError, DataError
 
 spec = importlib.util.spec_from_file_location("plot", PROJECT_ROOT / "scripts" / "plot.py")
 plot = importlib.util.module_from_spec(spec)
@@ -48,11 +51,30 @@ def test_each_run_keeps_its_colour_in_every_panel_and_is_named_once(tmp_path):
   (legend,) = fig.legends
   assert [t.get_text() for t in legend.get_texts()] == ["a", "b", "c"]
   assert [h.get_color() for h in legend.legend_handles] == colours
-  plot.plt.close(fig)
+  plot.pyplot().close(fig)
   assert plot.labels(["runs/x/seed", "other/seed"]) == ["runs/x/seed", "other/seed"]
 
 
 def test_plot_refuses_empty_workdir(tmp_path):
   (tmp_path / "empty").mkdir()
-  with pytest.raises(SystemExit, match="no metrics.jsonl"):
+  with pytest.raises(DataError, match="no metrics.jsonl"):
     plot.plot([str(tmp_path / "empty")], None, str(tmp_path / "x.png"))
+
+
+def test_a_metric_no_workdir_logged_is_one_sentence_naming_the_nearest(tmp_path):
+  write_run(tmp_path / "a", [3.0, 2.0, 1.5])
+  with pytest.raises(ConfigError, match=r"^no workdir logged 'train_losss'; did you mean 'train_loss'\? they logged"):
+    plot.plot([str(tmp_path / "a")], ["train_losss"], str(tmp_path / "x.png"))
+  assert not (tmp_path / "x.png").exists()
+
+
+def test_without_matplotlib_the_command_is_one_sentence(tmp_path, capsys, monkeypatch):
+  write_run(tmp_path / "a", [3.0, 2.0, 1.5])
+  plot.pyplot.cache_clear()
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it fails as when it is not installed
+  with pytest.raises(SystemExit) as exit_:
+    cli.run(lambda: plot.main([str(tmp_path / "a"), f"--out={tmp_path / 'x.png'}"]))
+  plot.pyplot.cache_clear()
+  err = capsys.readouterr().err
+  assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err
+  assert err.startswith("error: matplotlib is not installed; install the plot extra")
