@@ -245,6 +245,8 @@ def run(main: Callable[[], None]) -> None:
   except KeyboardInterrupt:
     print("aborted (Ctrl-C).", file=sys.stderr)
     distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
+    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/startup.py)
+      startup.leave_now(EXIT_INTERRUPTED)
     sys.exit(EXIT_INTERRUPTED)
   except Exception as e:
     first = (str(e).splitlines() or [""])[0][:300]

@@ -11,16 +11,21 @@ with every process on the step at which all of them stop, which
 `multihost_utils.reached_preemption_sync_point` reports.
 
 Ctrl-C behaves the same in one process: the step in flight finishes, a checkpoint is saved, and
-the trainer exits with status 130; a second Ctrl-C aborts at once (KeyboardInterrupt).
+the trainer exits with status 130; a second Ctrl-C aborts at once (a command leaves with status 130
+there and then; called from Python, KeyboardInterrupt).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 
 import jax
+
+from lra_core import startup
+from lra_core.cli import EXIT_INTERRUPTED
 
 
 class PreemptionNotice:
@@ -33,8 +38,13 @@ class PreemptionNotice:
 
   def _handle(self, signum, frame) -> None:
     del frame
-    if signum == signal.SIGINT and self.received == signal.SIGINT:
-      raise KeyboardInterrupt  # the second Ctrl-C: stop now, without the checkpoint
+    if signum == signal.SIGINT and self.received == signal.SIGINT:  # the second Ctrl-C: stop now, unsaved
+      if startup.in_command():
+        # Raised, KeyboardInterrupt can land in a callback that only prints it (JAX's garbage-collection
+        # hook) and the run goes on saving: a command leaves here instead.
+        print("aborted (Ctrl-C).", file=sys.stderr)
+        startup.leave_now(EXIT_INTERRUPTED)
+      raise KeyboardInterrupt
     if self.received is None:
       what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
       again = " (Ctrl-C again to abort without it)" if signum == signal.SIGINT else ""

@@ -65,6 +65,20 @@ def prepare() -> contextlib.AbstractContextManager:
   return noise_dropped()
 
 
+def in_command() -> bool:
+  """Whether this process runs one of the project's commands (`prepare` decided it at import)."""
+  return _COMMAND
+
+
+def leave_now(status: int):
+  """Ends a command at once with `status`, without the interpreter's teardown: after a Ctrl-C, XLA's
+  compile threads may still be running, and tearing the interpreter down under them has crashed it
+  (SIGSEGV, exit status 139) after the command had said it was aborting."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
+
+
 def start_backends() -> None:
   """For a command: starts JAX's backends (which imports and starts the plugins: the CUDA plugin logs
   once more) with the plugin noise dropped. Called where a command first needs a device, after

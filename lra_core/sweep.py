@@ -200,8 +200,18 @@ def train_all(runs: Sequence[Run], force: bool) -> list[dict]:
       except UserError as e:
         logging.error("run %s failed: %s", run.name, e)
         summary, status = {}, f"failed: {e}"
+      if summary.get("interrupted") or summary.get("preempted"):  # Ctrl-C or SIGTERM: the sweep stops too
+        raise SweepStopped(run.name, summary)
     rows.append({**run.values, **summary, "status": status})
   return rows
+
+
+class SweepStopped(Exception):
+  """A run of the sweep saved and left at a Ctrl-C or a SIGTERM: the sweep starts no other run."""
+
+  def __init__(self, name: str, summary: dict):
+    self.name, self.summary = name, summary
+    super().__init__(f"run {name} saved at step {summary['stopped_at']}")
 
 
 def collect(workdir: str) -> tuple[list[str], list[dict]]:
@@ -309,7 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       print("\n".join(command(args.config, fixed, r, args.launcher) for r in runs))
       return 0
     startup.start_backends()
-    keys, rows = list(sweeps), train_all(runs, args.force)
+    try:
+      keys, rows = list(sweeps), train_all(runs, args.force)
+    except SweepStopped as stop:  # as the trainer ends at Ctrl-C or SIGTERM: 130 or 75, the same command continues
+      why = "interrupted" if stop.summary.get("interrupted") else "preempted"
+      print(f"{why}: {stop}; the sweep starts no other run; run the same command again to continue")
+      return cli.EXIT_INTERRUPTED if stop.summary.get("interrupted") else cli.EXIT_PREEMPTED
   print(write_tables(args.workdir, keys, rows), end="")
   bad = [r for r in rows if r["status"] != "ok"]
   if bad:

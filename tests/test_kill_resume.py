@@ -17,6 +17,8 @@ import pathlib
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -267,3 +269,26 @@ def test_a_save_stuck_on_a_failing_store_gives_up_in_time_and_yields_to_sigterm(
   finally:
     fake_gcs.store.failing = None
   assert _resumed_steps(_run(stuck, log)) == [2]
+
+
+def test_ctrl_c_while_the_eval_step_compiles_ends_with_130_not_a_crash(tmp_path):
+  """A Ctrl-C between the train step's compile and the first step (the eval step compiling): one line
+  and exit status 130. (The interpreter's teardown under XLA's compile threads once crashed here,
+  SIGSEGV, status 139: a command now leaves without it.)"""
+  argv, _ = _transformer_run(tmp_path)
+  env = dict(os.environ, LRA_CORE_CACHE=str(tmp_path / "cache"))  # compiles for real: no cached steps
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "lra_core.train", *argv], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+  )
+  try:
+    for line in proc.stderr:
+      if "train step compiled" in line:
+        proc.send_signal(signal.SIGINT)
+        break
+    out, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == cli.EXIT_INTERRUPTED, err[-3000:]
+  # (Should the first step have begun already, the run saves it and says so: 130 as well.)
+  assert err.strip().endswith("aborted (Ctrl-C).") or "interrupted: " in out, err[-3000:]
+  assert "Traceback" not in err and "Segmentation" not in err

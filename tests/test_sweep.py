@@ -206,3 +206,20 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, cap
   assert [r["status"] for r in rows] == ["failed: data.dir '/nowhere' has no basic_train.tsv.", "ok"]
   assert rows[1]["val_loss"] == "1.23456789"
   assert capsys.readouterr().out.splitlines()[-1] == "| 1e-3 | 0.5 | 1.235 | 4 | 1234 | 0.123456789012 | ok |"
+
+
+@pytest.mark.parametrize("why, status", [("interrupted", cli.EXIT_INTERRUPTED), ("preempted", cli.EXIT_PREEMPTED)])
+def test_a_run_that_saves_at_ctrl_c_or_sigterm_ends_the_sweep(why, status, tmp_path, monkeypatch, capsys):
+  """The trainer saved and left (Ctrl-C: 130, SIGTERM: 75): the sweep starts no other run and exits as
+  the trainer does; the same command continues."""
+  calls = []
+
+  def train_and_evaluate(config, workdir):
+    calls.append(workdir)
+    return {"stopped_at": 3, why: True}
+
+  monkeypatch.setattr(sweep.train, "train_and_evaluate", train_and_evaluate)
+  workdir = tmp_path / "sweep"
+  assert sweep.main([f"--config={LISTOPS}", "--sweep", "optim.lr=3e-3,1e-3", f"--workdir={workdir}"]) == status
+  assert len(calls) == 1
+  assert capsys.readouterr().out.startswith(f"{why}: run ")
