@@ -123,6 +123,17 @@ def test_dir_and_filename_and_mlm_task(zip_file):
   assert ex["inputs"].shape == ex["weights"].shape == (32,)
 
 
+def test_a_compressed_filename_finds_the_raw_file_beside_it(payload, tmp_path):
+  """data.dir holding the raw `enwik8` where the config names `enwik8.zip` (docs/data.md: either);
+  where both are there, the named one."""
+  (tmp_path / "enwik8").write_bytes(payload)
+  config = _config(bytes_data.data_config(dir=str(tmp_path), filename="enwik8.zip"), 32, "lm")
+  assert bytes_data.file_path(config.data) == str(tmp_path / "enwik8")
+  assert bytes_data.make_source(config, "train")[0]["inputs"].shape == (32,)
+  (tmp_path / "enwik8.zip").write_bytes(b"")
+  assert bytes_data.file_path(config.data) == str(tmp_path / "enwik8.zip")
+
+
 def test_source_pickles_without_its_data(raw_file):
   source = bytes_data.make_source(_bytes_config(raw_file), "validation")
   blob = pickle.dumps(source)

@@ -81,8 +81,13 @@ def file_path(data: ml_collections.ConfigDict) -> str:
     return os.path.expanduser(data.path)
   if not data.filename:
     raise ConfigError("data.path and data.filename are both empty; expected the file holding the bytes.")
-  files.expand(data.dir)  # likewise
-  return os.path.join(os.path.expanduser(data.dir), data.filename)
+  folder = files.expand(data.dir)  # likewise
+  path = os.path.join(os.path.expanduser(data.dir), data.filename)
+  # A compressed filename (enwik8.zip) also finds the raw file beside it (enwik8) when it is not there.
+  raw = data.filename.removesuffix(".zip").removesuffix(".gz")
+  if raw != data.filename and not (folder / data.filename).exists() and (folder / raw).exists():
+    return os.path.join(os.path.expanduser(data.dir), raw)
+  return path
 
 
 def load_bytes(path: str) -> np.ndarray:
