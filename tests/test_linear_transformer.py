@@ -1,8 +1,10 @@
 """The Linear Transformer's attention against its quadratic form (the README's example family)."""
 
 import ast
+import json
 import pathlib
 import re
+import shlex
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from flax import nnx
 
 import oracles
 import tiers
+from lra_core import train
 from lra_core.models import linear_transformer
 from lra_core.models.linear_transformer import linear_attention
 from lra_core.protocol import RunInfo
@@ -75,3 +78,16 @@ def test_the_readmes_adding_a_model_section_matches_the_files():
   module = ast.parse(config_file.read_text())
   body = config_file.read_text().splitlines()[module.body[0].end_lineno :]
   assert re.findall(r"```python\n(.*?)```", section, re.S) == ["\n".join(body).strip("\n") + "\n"]
+
+
+def test_the_readme_s_first_run_of_the_example_family_trains_as_written(tmp_path, monkeypatch):
+  """The worked example's train command, as the README gives it (its workdir moved under tmp_path)."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  readme = (root / "README.md").read_text()
+  start = readme.index("python -m lra_core.train --config=configs/enwik8/linear_transformer.py:tiny")
+  line = readme[start : readme.index("\n", readme.index("--workdir", start))]
+  argv = shlex.split(line.split("#")[0].replace("\\\n", " "))[3:]
+  assert argv[-1] == "--workdir=runs/linear_tiny"
+  monkeypatch.chdir(root)
+  train.main([*argv[:-1], f"--workdir={tmp_path / 'linear_tiny'}"])
+  assert json.loads((tmp_path / "linear_tiny" / "summary.json").read_text())["step"] > 0
