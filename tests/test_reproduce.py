@@ -241,3 +241,8 @@ def test_the_long_context_search_pins_the_longest_length_between_a_fit_and_twice
 def test_the_readme_counts_the_tables_there_are():
   readme = (PROJECT_ROOT / "README.md").read_text()
   assert f"# the {len(reproduce.TABLES)} tables" in readme
+
+
+def test_plots_go_beside_the_markdown_or_under_the_workdir_never_into_the_project_by_default():
+  assert reproduce.default_img_dir("docs/results.md", "runs/reproduce") == pathlib.Path("docs/img")
+  assert reproduce.default_img_dir("", "runs/reproduce") == pathlib.Path("runs/reproduce/img")

@@ -9,7 +9,8 @@
 The same command as `python -m lra_core.reproduce.cli`.
 
 Each table prints a markdown section: the setting, the machine, the commit and the command, the
-table and at most one line comparing ours with the paper; plots go to docs/img/ (--img_dir). With
+table and at most one line comparing ours with the paper; plots go to img/ beside --out (docs/img/
+for docs/results.md; without --out, <workdir>/img; or --img_dir). With
 --out the section replaces the table's previous section in that file (or is appended), so
 docs/results.md is rebuilt one table at a time; the hand-written discussion that follows each
 section there, between its own markers, is left as it is. Training runs go under --workdir/<table>/<run> and are reused
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 
 from lra_core import cli
 from lra_core.errors import ConfigError
-from lra_core.reproduce.common import ROOT, Context, Result, commit
+from lra_core.reproduce.common import Context, Result, commit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +220,11 @@ def list_tables() -> str:
   return "\n".join(lines)
 
 
+def default_img_dir(out: str, workdir: str) -> pathlib.Path:
+  """Plots go beside the markdown they are written into (img/ next to --out), else under the workdir."""
+  return pathlib.Path(out).parent / "img" if out else pathlib.Path(workdir) / "img"
+
+
 def main(argv: Sequence[str] | None = None) -> str:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = cli.doc_parser("python scripts/reproduce.py", __doc__)
@@ -229,7 +235,12 @@ def main(argv: Sequence[str] | None = None) -> str:
   )
   parser.add_argument("--data_dir", default="", help="folder holding enwik8/, c4/, lra/ ... (training tables)")
   parser.add_argument("--workdir", default="runs/reproduce", help="where training runs go, one folder each")
-  parser.add_argument("--img_dir", default=str(ROOT / "docs" / "img"), help="where plots are written")
+  parser.add_argument(
+    "--img_dir",
+    default="",
+    help="where plots are written (default: img/ beside --out, so docs/img/ for docs/results.md; "
+    "without --out, <workdir>/img: a reproduction never overwrites the project's own plots)",
+  )
   parser.add_argument(
     "--out", default="", help="markdown file whose section for this table is replaced (appended if it has none)"
   )
@@ -252,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     full=args.full,
     data_dir=data_dir,
     workdir=pathlib.Path(args.workdir) / table.name,
-    img_dir=pathlib.Path(args.img_dir),
+    img_dir=pathlib.Path(args.img_dir) if args.img_dir else default_img_dir(args.out, args.workdir),
     log=log,
   )
   start = time.perf_counter()
