@@ -69,6 +69,7 @@ class RunLock:
     }
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
+    self._made_workdir = False  # whether acquire created the workdir (release removes it if left empty)
 
   # -- the record -------------------------------------------------------------------------------
 
@@ -127,6 +128,7 @@ class RunLock:
     workdir = self.path.parent
     if workdir.exists() and not workdir.is_dir():
       raise ConfigError(f"workdir {workdir} is a file, not a folder; give a folder (it is created if missing).")
+    self._made_workdir = not workdir.exists()
     for _ in range(3):
       try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -186,6 +188,9 @@ class RunLock:
     try:
       if (self._read() or {}).get("id") == self.record["id"]:
         self.path.unlink(missing_ok=True)
+      # A run refused before writing anything (its data missing, say) leaves no empty workdir behind.
+      if self._made_workdir and self.local and not any(self.path.parent.iterdir()):
+        self.path.parent.rmdir()
     except OSError as e:  # a read-only or vanished workdir: nothing to give back
       logging.warning("could not remove the workdir lock %s: %s", self.path, e)
 

@@ -64,9 +64,7 @@ def train_and_evaluate(
 
 def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool) -> dict:
   _check_workdir(config, workdir, force)
-  finished = _keep_finished(config, workdir)
   compile_cache.setup(config.train.compile_cache, workdir)
-  writer = _open_writer(config, workdir)
   t = config.train
   total_steps = t.steps
 
@@ -85,6 +83,9 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
   data_setup.check_batch(first, config, 0)
   _log_document_mask(first, task)
+  # Only now, the data found: a start refused for its data leaves the workdir as it was.
+  finished = _keep_finished(config, workdir)
+  writer = _open_writer(config, workdir)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)
@@ -119,7 +120,10 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     )
     stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     log_every = log_interval(t)
-    pending, log_sums = None, {}
+    # A resumed run carries on the sums of the steps since the last log and the training time before
+    # its checkpoint: its metrics.jsonl and summary.json are the uninterrupted run's.
+    pending, log_sums = None, {k: tuple(v) for k, v in meta.get("log_sums", {}).items()}
+    time_before = meta.get("train_time_s", 0.0)
     guard.last_saved = start
 
     def flush() -> None:
@@ -131,7 +135,9 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
     def save(step: int) -> None:
       flush()
-      ckpt.save(step, state, {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped})
+      saved = {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped, "log_sums": dict(log_sums)}
+      saved["train_time_s"] = time_before + time.perf_counter() - t_start
+      ckpt.save(step, state, saved)
       guard.last_saved = step
 
     t_start = time.perf_counter()
@@ -151,7 +157,9 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
           done = step + 1
           pending = (done, metrics)
           profiler.after(step, state)
-          if done % log_every == 0 or done == stop:
+          # Not at a --stop_at_step between logs: a resumed run's next log averages from the last one, as
+          # the uninterrupted run's does (the sums since then travel in the checkpoint).
+          if done % log_every == 0 or done == total_steps:
             flush()
             logged = _finish_log(task, log_sums, guard if t.skip_nonfinite else None, meter, done)
             writer.write(done, logged)
@@ -188,7 +196,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
     ckpt.close()
   summary["param_checksum"] = param_checksum(state["params"])
-  _add_timing(summary, workdir, meter, stop - start, train_time)
+  _add_timing(summary, workdir, meter, stop - start, total_steps, time_before + train_time)
   writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
   writer.write_json("summary.json", summary)
   writer.close()
@@ -279,12 +287,12 @@ def _stopped(preempted: int | None, stop: int, notice: PreemptionNotice, ckpt: C
   return {"stopped_at": preempted, "preempted": True}
 
 
-def _add_timing(summary: dict, workdir: fs.Path, meter, steps_run: int, train_time: float) -> None:
-  """Training time, tokens/s and MFU of this invocation's steps; a finished run evaluated again keeps
-  the timing its summary.json already holds."""
+def _add_timing(summary: dict, workdir: fs.Path, meter, steps_run: int, steps: int, train_time: float) -> None:
+  """Training time, tokens/s and MFU of the run's `steps` steps, over every invocation that trained
+  them (`train_time`); a finished run evaluated again keeps the timing its summary.json already holds."""
   if steps_run > 0:
     summary["train_time_s"] = train_time
-    summary.update(meter.overall(steps_run, train_time))
+    summary.update(meter.overall(steps, train_time))
   elif (workdir / "summary.json").exists():
     previous = json.loads((workdir / "summary.json").read_text())
     summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
@@ -428,7 +436,9 @@ def _finish_log(task, sums: dict, guard: _Guard | None, meter, step: int) -> dic
 
 
 def _fmt(metrics: dict) -> str:
-  return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+  """`k=v, ...`, floats to 4 digits but the parameter checksum in full (runs are compared by it)."""
+  short = lambda k, v: f"{k}={v:.4g}" if isinstance(v, float) and k != "param_checksum" else f"{k}={v}"
+  return ", ".join(short(k, v) for k, v in metrics.items())
 
 
 def main(argv=None) -> None:

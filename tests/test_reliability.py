@@ -206,6 +206,25 @@ def test_extending_a_finished_run_keeps_its_schedule_summary_and_final_checkpoin
   assert again["param_checksum"] == extended["param_checksum"]
 
 
+def test_a_resumed_run_logs_and_times_what_the_uninterrupted_run_does(data, tmp_path):
+  """Stopped at step 2 between the logs at 3 and 6: the log at 3 still averages steps 1-3, and the
+  summary's training time counts both invocations."""
+  every = config(data, "train.log_every=3")
+  whole = train_and_evaluate(every, tmp_path / "whole")
+  assert train_and_evaluate(every, tmp_path / "split", stop_at_step=2) == {"stopped_at": 2}
+  before = Checkpointer(tmp_path / "split").restore(2, None)[1]["train_time_s"]
+  resumed = train_and_evaluate(every, tmp_path / "split")
+  assert resumed["param_checksum"] == whole["param_checksum"]
+  losses = [
+    [(r["step"], r["train_loss"]) for r in read_metrics(tmp_path / w) if "train_loss" in r] for w in ("whole", "split")
+  ]
+  assert losses[0] == losses[1] and [step for step, _ in losses[0]] == [3, 6]
+  assert resumed["train_time_s"] > before > 0
+  assert resumed["tokens_per_s"] * resumed["train_time_s"] == pytest.approx(
+    6 * every.train.batch_size * every.train.seq_len
+  )
+
+
 def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   # Every update overflows the parameter norm, so all are skipped and nothing changes.
   skip = ["optim.lr=1e30", "optim.schedule=constant", "optim.warmup_steps=0", "train.skip_nonfinite=True"]

@@ -120,6 +120,13 @@ def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file):
     sample(config, tmp_path, prompt="the ", max_new_tokens=limit)
 
 
+def test_a_start_refused_for_its_data_leaves_no_workdir_behind(tmp_path):
+  config = lra_core.load_config(ENWIK8, [f"data.path={tmp_path / 'missing'}"])
+  with pytest.raises(lra_core.UserError, match="does not exist"):
+    train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
 def test_data_and_model_mismatch_is_a_clear_error(tmp_path, cache_dir):
   with pytest.raises(lra_core.ConfigError, match="model.vocab_size 8 is smaller"):
     train_and_evaluate(listops(cache_dir, "model.vocab_size=8"), tmp_path)
