@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
@@ -94,6 +95,23 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
       raise ConfigError(f"{a} needs a value: {a}=VALUE or {a} VALUE.")
     i += 1
   return overrides, rest
+
+
+def parse_known(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
+  """parser.parse_args, where an argument the command does not know is one sentence naming the nearest
+  option (or the --config.KEY it looks like), not argparse's usage dump."""
+  ns, unknown = parser.parse_known_args(args)
+  if unknown:
+    flag, _, value = unknown[0].partition("=")
+    head, dot, key = flag.partition(".")
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    if dot and difflib.get_close_matches(head, [PREFIX.rstrip(".")], n=1, cutoff=0.6):
+      near = [f"{PREFIX}{key}" + (f"={value}" if value else "")]
+    else:
+      near = difflib.get_close_matches(flag, options, n=1)
+    hint = f"; did you mean {near[0]}?" if near else f"; {parser.prog} --help lists its options."
+    raise ConfigError(f"{unknown[0]} is not an option of {parser.prog}{hint}")
+  return ns
 
 
 def parse_overriding(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -211,7 +229,7 @@ def parse(
   if extra is not None:
     extra(parser)
   overrides, rest = split_overrides(argv)
-  ns = parser.parse_args(rest)
+  ns = parse_known(parser, rest)
   setup_logging()
   if ns.config is None:
     config = load_workdir_config(ns.workdir, overrides)

@@ -65,6 +65,22 @@ def test_an_override_without_a_value_is_one_sentence(argv):
     cli.split_overrides(argv)
 
 
+@pytest.mark.parametrize(
+  "argv, expected",
+  [
+    (
+      ["--confg.train.steps=3"],
+      r"^--confg\.train\.steps=3 is not an option of .*; did you mean --config\.train\.steps=3\?$",
+    ),
+    (["--workdri=w"], r"^--workdri=w is not an option of .*; did you mean --workdir\?$"),
+    (["--zzz"], r"^--zzz is not an option of .*; .* --help lists its options\.$"),
+  ],
+)
+def test_an_unknown_option_is_one_sentence_naming_the_nearest(argv, expected):
+  with pytest.raises(ConfigError, match=expected):
+    cli.parse([f"--config={SPEC}", "--workdir=w", *argv])
+
+
 def test_parse_accepts_both_spellings_of_every_flag():
   spaced = cli.parse(["--config", SPEC, "--config.train.steps", "7", "--workdir", "w", "--config.model.d_model", "16"])
   joined = cli.parse([f"--config={SPEC}", "--config.train.steps=7", "--workdir=w", "--config.model.d_model=16"])
