@@ -499,6 +499,8 @@ def load_workdir_config(workdir, overrides: Iterable[str] = ()) -> ml_collection
   """The config a run saved as `<workdir>/config.json` (the trainer writes the whole config there),
   with `key=value` overrides applied, validated and locked; `workdir` may be local or gs://."""
   path = fs.path(workdir, what="workdir") / "config.json"
+  if not path.parent.exists():
+    raise ConfigError(f"workdir {str(workdir)!r} does not exist; give the workdir of a run the trainer wrote.")
   if not path.exists():
     raise ConfigError(
       f"workdir {str(workdir)!r} has no config.json; give --config=<spec>, or the workdir of a run the trainer wrote."

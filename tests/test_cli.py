@@ -193,8 +193,11 @@ def test_without_config_the_workdirs_config_json_is_read(tmp_path):
 
 
 def test_a_workdir_without_config_json_is_one_sentence(tmp_path):
-  with pytest.raises(ConfigError, match=r"has no config\.json; give --config=<spec>, or the workdir of a run"):
+  with pytest.raises(ConfigError, match=r"workdir '.*nothing' does not exist; give the workdir of a run"):
     cli.parse(["--workdir", str(tmp_path / "nothing")], config_from_workdir=True)
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ConfigError, match=r"has no config\.json; give --config=<spec>, or the workdir of a run"):
+    cli.parse(["--workdir", str(tmp_path / "empty")], config_from_workdir=True)
   (tmp_path / "config.json").write_text("{")
   with pytest.raises(ConfigError, match=r"is not valid JSON"):
     load_workdir_config(tmp_path)
