@@ -51,7 +51,12 @@ def peak_flops(devices, per_device: float = 0.0) -> tuple[float, str] | None:
   if chip is not None:
     return chip.peak_flops * n, f"{chip.name} bf16 peak x {n} device(s)"
   if devices[0].platform == "cpu":
-    return cpu_matmul_peak(), "this host's measured float32 matmul peak"
+    # Measured under whatever else runs now: a loaded host measures less, and its MFU reads higher.
+    return (
+      cpu_matmul_peak(),
+      "this host's float32 matmul rate measured now; under load it is lower and MFU higher: "
+      "set train.peak_flops to fix it",
+    )
   return None
 
 
