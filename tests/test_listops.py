@@ -303,6 +303,9 @@ def test_cli_generate_and_stats(tmp_path, capsys):
       "7",
     ]
   )
+  said = capsys.readouterr().out.splitlines()[0]  # before anything is written: how much will be
+  assert said == f"writing 9 expressions of 8-40 tokens to {tmp_path}: about 0 MB"
+  assert listops.expected_bytes(100_000, 500, 2000) == pytest.approx(635e6, rel=0.1)  # the defaults: 635 MB written
   listops.main(["stats", str(tmp_path / "basic_train.tsv")])
   out = capsys.readouterr().out
   assert "basic_train.tsv: 5 examples; length min" in out and "labels 0:" in out

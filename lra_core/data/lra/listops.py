@@ -218,6 +218,14 @@ def generate_files(
         writer.writerow(next(examples))
 
 
+BYTES_PER_TOKEN = 5.5  # of the TSV files, source and target: measured over 320 expressions of 500-2000 tokens
+
+
+def expected_bytes(count: int, min_length: int, max_length: int) -> float:
+  """About how many bytes `generate_files` writes for `count` expressions (the defaults: 0.7 GB)."""
+  return count * (min_length + max_length) / 2 * BYTES_PER_TOKEN
+
+
 # ----------------------------------------------------------------------------- loader
 
 
@@ -461,6 +469,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   try:
     if args.command == "generate":
+      total = args.num_train + args.num_val + args.num_test
+      size = expected_bytes(total, args.min_length, args.max_length)
+      print(
+        f"writing {total:,} expressions of {args.min_length}-{args.max_length} tokens to {args.out}: "
+        f"about {size / 1e6:,.0f} MB"
+      )
       start = time.time()
       generate_files(args.out, **{name: getattr(args, name) for name in GENERATOR_FIELDS})
       print(
