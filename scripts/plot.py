@@ -51,7 +51,11 @@ def figure(data: dict[str, dict], metrics: list[str]):
   colours = {w: palette[i % len(palette)] for i, w in enumerate(data)}
   cols = min(3, len(metrics))
   rows = math.ceil(len(metrics) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows + 0.4), squeeze=False)
+  names = labels(list(data))
+  # At 8 points a character is about 0.07 inch, a legend key and its gap 0.5: the figure is at least as
+  # wide as the widest name, and the legend takes as many columns as fit, so no name is cut off.
+  widest = 0.07 * max(len(n) for n in names) + 0.5
+  fig, axes = plt.subplots(rows, cols, figsize=(max(4.5 * cols, widest + 0.2), 3.2 * rows + 0.4), squeeze=False)
   for ax, metric in zip(axes.flat, metrics):
     for workdir, c in data.items():
       if metric in c:
@@ -63,8 +67,9 @@ def figure(data: dict[str, dict], metrics: list[str]):
   for ax in list(axes.flat)[len(metrics) :]:
     ax.axis("off")
   keys = [plt.Line2D([], [], color=colours[w]) for w in data]
-  fig.legend(keys, labels(list(data)), loc="upper center", ncol=min(4, len(data)), fontsize=8, frameon=False)
-  legend_rows = math.ceil(len(data) / 4)
+  ncol = max(1, min(4, len(data), int(fig.get_figwidth() // widest)))
+  fig.legend(keys, names, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+  legend_rows = math.ceil(len(data) / ncol)
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 * legend_rows / fig.get_figheight()))
   return fig
 

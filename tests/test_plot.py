@@ -78,3 +78,16 @@ def test_without_matplotlib_the_command_is_one_sentence(tmp_path, capsys, monkey
   err = capsys.readouterr().err
   assert exit_.value.code == cli.EXIT_USER_ERROR and "Traceback" not in err
   assert err.startswith("error: matplotlib is not installed; install the plot extra")
+
+
+def test_long_run_names_stay_inside_the_figure(tmp_path):
+  runs = []
+  for i in range(4):
+    run = tmp_path / f"sweep_optim.lr=1e-3_model.num_layers={i}_model.d_model=256_train.seed={i}"
+    write_run(run, [3.0, 2.0, 1.5])
+    runs.append(str(run))
+  fig = plot.figure({w: plot.curves(w) for w in runs}, ["train_loss"])
+  fig.canvas.draw()
+  box, legend = fig.bbox, fig.legends[0].get_window_extent()
+  assert box.x0 <= legend.x0 and legend.x1 <= box.x1, (legend, box)
+  plot.pyplot().close(fig)
