@@ -99,12 +99,15 @@ def test_retrieval_end_to_end(tmp_path, aan_dir):
   assert 0 <= summary["test_accuracy"] <= 1
 
 
-def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file):
+def test_evaluate_and_sample_from_a_workdir(tmp_path, text_file, caplog):
   from lra_core.evaluate import evaluate
   from lra_core.sample import sample
 
   config = lra_core.load_config(ENWIK8, [f"data.path={text_file}"])
-  summary = train_and_evaluate(config, tmp_path)
+  with caplog.at_level("INFO"):
+    summary = train_and_evaluate(config, tmp_path)
+  # The last log line gives the checksum in full, as runs are compared by it.
+  assert f"param_checksum={summary['param_checksum']}" in caplog.text
   result = evaluate(config, tmp_path, "test")
   assert result["step"] == 4 and result["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
   assert (tmp_path / "eval_test_4.json").exists()
