@@ -300,9 +300,16 @@ def test_an_unknown_gpu_target_is_one_sentence_and_exit_status_2(capsys, topolog
 
 def test_a_gpu_target_without_any_jax_plugin_installed_is_one_sentence(capsys, monkeypatch):
   """No jax_plugins package at all (an install without the gpu-compile extra or libtpu's plugin)."""
-  for name in [m for m in sys.modules if m.startswith("jax_plugins")]:
-    monkeypatch.delitem(sys.modules, name)
-  monkeypatch.setitem(sys.modules, "jax_plugins", None)  # importing it now fails as when it is absent
+  import importlib.util
+
+  find_spec = importlib.util.find_spec
+
+  def without_plugins(name, *args):  # as when no jax_plugins package is installed (sys.modules untouched)
+    if name.startswith("jax_plugins"):
+      raise ModuleNotFoundError("No module named 'jax_plugins'", name="jax_plugins")
+    return find_spec(name, *args)
+
+  monkeypatch.setattr(importlib.util, "find_spec", without_plugins)
   stderr = _aot_refused(capsys, "--config=configs/c4/transformer.py:tiny", "--topology=h100")
   assert re.search(
     rf"^error: compiling for GPU target 'h100' needs the CUDA plugin.*\[{chips.GPU_EXTRA}\]", stderr, re.M
