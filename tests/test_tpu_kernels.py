@@ -4,6 +4,9 @@ compile with the real TPU compiler; under a mesh of CPU devices they run in inte
 the references; the VQ kernel at its paper model's value width fits TPU v3's VMEM.
 scripts/check_lowering.py runs the same compile at the papers' T = 8192 and widths."""
 
+import math
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,6 +127,27 @@ def test_batch_sharded_by_type_runs_one_slice_per_device(tpu_mesh):
   with jax.set_mesh(mesh):
     jaxpr = str(jax.make_jaxpr(fn)(*_abstract(args, mesh, P("data"))))
   assert "shard_map" in jaxpr and "f32[1,1,256,128]" in jaxpr and "f32[4,1,256,128]" not in jaxpr
+
+
+@needs_libtpu
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_flash_s_document_layout_is_computed_at_run_time_not_folded(tpu_mesh, impl):
+  """With no documents given, FLASH's document layout ("mean" normalization, as on PG-19) would be a
+  function of constants alone: XLA's TPU compiler folded it with its slow evaluator into row-sized
+  constants, and a 64 x 65,536-token step took 39 minutes to compile. No constant in the compiled
+  program may be as large as a row."""
+  b, t, h, d = 4, 2048, 1, 64
+  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(tpu_mesh, P("data")))
+
+  def fn(q, k, v):
+    return flash_xla.mixed_chunk_attention(
+      q, k, q, k, v, chunk=256, causal=True, quad_scale=d**-0.5, lin_scale=1 / 256, global_norm="mean", impl=impl
+    )
+
+  with jax.set_mesh(tpu_mesh):
+    text = jax.jit(catalog.gradient(fn)).lower(x(b, t, h, d), x(b, t, h, d), x(b, t, h, d)).compile().as_text()
+  shapes = re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} constant\(", text)
+  assert shapes and max(math.prod(int(n) for n in s.split(",") if n) for s in shapes) < t
 
 
 def test_lowering_for_tpu_asks_nothing_of_the_host_device():
