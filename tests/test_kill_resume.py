@@ -194,6 +194,37 @@ def test_a_second_ctrl_c_aborts_at_once():
   assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
+SECOND_CTRL_C_IN_A_CALLBACK = """
+import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.<command>` is (lra_core/startup.py)
+import gc, os, signal, time
+from lra_core.preemption import PreemptionNotice
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a terminal delivers it, in the background too
+
+def ctrl_c(*_):
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(0.5)  # the handler runs in this frame
+
+with PreemptionNotice():
+  ctrl_c()  # the first: the run goes on to the end of its step and saves
+  # The second lands in a callback that only prints what it raises, as JAX's garbage-collection hook does.
+  gc.callbacks.append(lambda phase, info: ctrl_c() if phase == "start" else None)
+  gc.collect()
+  print("saved anyway")
+"""
+
+
+def test_a_second_ctrl_c_in_a_command_leaves_at_once_with_130():
+  """The command's side of the test above: a second Ctrl-C ends the command at once, with one line
+  and exit status 130, even where it lands in a callback (raised there, the KeyboardInterrupt was
+  printed as `Exception ignored in`, and the run saved anyway)."""
+  done = subprocess.run(
+    [sys.executable, "-c", SECOND_CTRL_C_IN_A_CALLBACK], capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == cli.EXIT_INTERRUPTED and "saved anyway" not in done.stdout, done.stderr[-3000:]
+  assert done.stderr.strip().endswith("aborted (Ctrl-C).") and "Exception ignored" not in done.stderr, done.stderr
+
+
 def test_ctrl_c_outside_the_loop_ends_with_one_line_and_130(capsys):
   def interrupted():
     raise KeyboardInterrupt
