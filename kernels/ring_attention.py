@@ -4,12 +4,13 @@ Each of the n chips holds T/n consecutive steps of the queries, keys and values.
 go round the ring of chips (`context.rotate`, n - 1 steps, each overlapping the next slice's transfer
 with this one's scores); each chip attends its queries to the slice it holds and merges the result
 with an online softmax (a running maximum, normaliser and weighted sum per query, as a flash kernel
-merges its blocks), so after n slices every query has read every key it may. Masks compare the
-positions (global steps, or those the caller gives: FIT-AR's latents, by group), document ids and
-padding that travel with each slice. A block of queries skips a key piece it may not read at all;
-in the plain order a causal chip then idles while the later chips read (the last has the most to
-read), which the zig-zag order (context.to_zigzag) evens out. A sliding window reaches only the
-neighbouring chips and never comes here (kernels/attention.py `local_attention`).
+merges its blocks), so after n slices every query has read every key it may. Masks compare positions
+(global steps, from the chip a slice comes from, or those the caller gives, which travel with the
+slice: FIT-AR's latents, by group), and the document ids and padding that travel with it. A block of
+queries skips a key piece it may not read at all; in the plain order a causal chip then idles while
+the later chips read (the last has the most to read), which the zig-zag order (context.to_zigzag)
+evens out. A sliding window reaches only the neighbouring chips and never comes here
+(kernels/attention.py `local_attention`).
 
 Per step a chip forms its slice pair's scores a block of queries at a time (`query_block` x T/n per
 head, float32); steps and blocks are recomputed in the backward pass (jax.checkpoint), so what the
@@ -68,11 +69,11 @@ def _on_chip(q, k, v, k_valid, segments, positions, *, causal: bool, scale: floa
   in_blocks = lambda x: jnp.moveaxis(x.reshape(b, blocks, size, *x.shape[2:]), 1, 0)  # [B,T,..] -> [N,B,size,..]
   # query head h reads key-value head h // groups
   queries = in_blocks(q.reshape(b, t, kv_heads, groups, d))
-  ids = jnp.zeros((b, t), jnp.int32) if segments is None else segments.astype(jnp.int32)
-  valid = jnp.ones((b, t), bool) if k_valid is None else k_valid
+  ids = None if segments is None else segments.astype(jnp.int32)
   n, me = context.count(), context.index()
-  # Each step's key slice carries its positions: the chip's true steps unless the caller gives others.
-  pos = jnp.broadcast_to(context.steps_of(me, t), (b, t)) if positions is None else positions
+  # A slice's positions: those the caller gives, else the steps of the chip it comes from.
+  steps = lambda chip: jnp.broadcast_to(context.steps_of(chip, t), (b, t))
+  pos = steps(me) if positions is None else positions
   # In the zig-zag order a key slice is two pieces far apart in time: each is read (or skipped) alone.
   pieces = 2 if context.zigzag() else 1
 
@@ -107,13 +108,20 @@ def _on_chip(q, k, v, k_valid, segments, positions, *, causal: bool, scale: floa
   @jax.checkpoint  # the backward pass recomputes a step from its slice and the sums it started from
   def read(sums, slice_, step):
     """Every query block's sums after reading the key slice of chip me - step."""
-    pieces_ = list(zip(*(jnp.split(x, pieces, axis=1) for x in slice_)))  # once per step, for every block
+    cols = slice_["pos"] if "pos" in slice_ else steps((me - step) % n)
+    key_side = (slice_["k"], slice_["v"], slice_.get("ids"), slice_.get("valid"), cols)
+    split = lambda x: [None] * pieces if x is None else jnp.split(x, pieces, axis=1)
+    pieces_ = list(zip(*map(split, key_side)))  # once per step, for every block
     one = lambda _, xs: (None, read_block(*xs, pieces_))
-    return jax.lax.scan(one, None, (sums, queries, in_blocks(pos), in_blocks(ids)))[1]
+    query_ids = None if ids is None else in_blocks(ids)
+    return jax.lax.scan(one, None, (sums, queries, in_blocks(pos), query_ids))[1]
 
   shape = (blocks, b, kv_heads, groups, size)
   sums = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dv), jnp.float32))
-  slice_ = (k, v, ids, valid, pos)
+  # What goes round the ring: the keys and values, and the document ids, padding and positions the
+  # caller gave (what was not given follows from the step: no transfer for it).
+  slice_ = dict(k=k, v=v, ids=ids, valid=k_valid, pos=positions)
+  slice_ = {name: x for name, x in slice_.items() if x is not None}
   sums = read(sums, slice_, 0)
 
   def step(carry, i):
