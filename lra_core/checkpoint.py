@@ -24,6 +24,7 @@ from another run's parameters (train.init_from).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -57,6 +58,20 @@ def reader_options(**kwargs) -> ocp.CheckpointManagerOptions:
   return ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0, **kwargs)
 
 
+def check_directory(workdir: str | os.PathLike, what: str = "workdir") -> None:
+  """ConfigError where checkpoints could be written under `workdir` but never read back: orbax finds a
+  step's per-process files by a glob under the step's own path, so each part of the path must match
+  itself as a pattern. A matched `[...]` does not (it is a set of characters: `runs/lr[1e-3]` would
+  read `runs/lr1`, `runs/lre`, ...); `*`, `?` and a lone bracket do."""
+  for part in pathlib.PurePosixPath(os.fspath(workdir)).parts:
+    if not fnmatch.fnmatchcase(part, part):
+      raise ConfigError(
+        f"{what} {os.fspath(workdir)} cannot hold checkpoints: the checkpoint library reads its path as a "
+        f"file pattern, where {part!r} holds a [...] set of characters, so what it saved there could never "
+        "be read back; choose a path without a matched '[' and ']'."
+      )
+
+
 class SaveAbandoned(CheckpointError):
   """A stop was asked for (SIGTERM) while the previous save was still being written: no new save."""
 
@@ -83,6 +98,7 @@ class Checkpointer:
     save_timeout_s: float = 0.0,
     abandon: Callable[[], bool] = lambda: False,
   ):
+    check_directory(workdir)
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
     rotation = dict(max_to_keep=keep)
     if preserve:  # the last `keep` and the `preserve` steps (finished runs this one extends)

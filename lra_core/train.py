@@ -27,7 +27,7 @@ from flax import nnx
 
 from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding, step_compile, throughput, trackers
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer, SaveAbandoned, warm_start
+from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, warm_start
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
 from lra_core.data import pipeline
 from lra_core.dataset_record import SPLITS
@@ -58,6 +58,7 @@ def train_and_evaluate(
   and a second run is refused with one sentence naming the first.
   """
   workdir = fs.path(workdir, what="workdir")
+  check_directory(workdir)  # before the lock, the data and the compile
   with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
     return _train_and_evaluate(config, workdir, stop_at_step, force)
 

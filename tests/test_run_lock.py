@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 
+import jax.numpy as jnp
 import pytest
 
 import fixtures.listops
 import lra_core
 from lra_core import cli, run_lock
+from lra_core.checkpoint import Checkpointer
 from lra_core.errors import ConfigError
 from lra_core.train import train_and_evaluate
 
@@ -123,3 +125,19 @@ def test_a_workdir_that_is_a_file_is_one_sentence_and_exit_status_2(config, tmp_
     f"error: workdir {workdir} is a file, not a folder; give a folder (it is created if missing)."
   ]
   assert workdir.read_text() == "my notes"
+
+
+def test_a_workdir_whose_path_reads_as_another_pattern_is_refused_before_anything_is_written(config, tmp_path):
+  """The checkpoint library finds a step's files by a glob under the step's path: `lr[1e-3]` saved
+  checkpoints that no resume could read. Refused at start; characters a pattern matches as themselves
+  (`*`, `?`, a lone bracket) save and read back."""
+  workdir = tmp_path / "lr[1e-3]" / "run"
+  with pytest.raises(ConfigError, match=r"cannot hold checkpoints: .* 'lr\[1e-3\]' holds a \[\.\.\.\] set"):
+    train_and_evaluate(config, workdir)
+  assert not (tmp_path / "lr[1e-3]").exists()
+  odd = tmp_path / "lr[x*?" / "run"
+  saver = Checkpointer(odd, async_save=False)
+  saver.save(1, {"w": jnp.arange(3.0)}, {})
+  saver.close()
+  state, _ = Checkpointer(odd).restore(1, None)
+  assert state["w"].tolist() == [0.0, 1.0, 2.0]
