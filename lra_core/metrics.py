@@ -60,16 +60,32 @@ class MetricWriter:
     if not self.enabled:
       return
     lines = _lines(self.workdir / "metrics.jsonl")
-    kept, at_start = [], set()
-    for line in lines:
+    kept, at_start, later, unreadable = [], set(), [], []
+    for number, line in enumerate(lines, 1):
       record = _parse(line)
-      if record is not None and record["step"] <= start:
+      if record is None:
+        unreadable.append(number)
+      elif record["step"] <= start:
         kept.append(line)
         if record["step"] == start:
           at_start.update(k for k in record if k != "step")
-    dropped = len(lines) - len(kept)  # past `start`, or a last line cut short by a kill
-    if dropped:
-      logging.info("metrics.jsonl: dropped %d record(s) past step %d, logged before the restart", dropped, start)
+      else:
+        later.append(record["step"])
+    if later:
+      steps = f"step {later[0]}" if len(later) == 1 else f"steps {min(later)}-{max(later)}"
+      logging.info(
+        "metrics.jsonl: dropped %d record(s) past step %d (%s), logged before the restart", len(later), start, steps
+      )
+    if unreadable:
+      # A kill cuts the last line short; a damaged line elsewhere is worth a warning.
+      log = logging.info if unreadable == [len(lines)] else logging.warning
+      log(
+        "metrics.jsonl: dropped %d unreadable line(s) (line %s of %d: cut short, or not UTF-8 JSON)",
+        len(unreadable),
+        ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else ""),
+        len(lines),
+      )
+    dropped = len(later) + len(unreadable)
     if self.local is None:
       self._records = kept
       self._rewrite()
@@ -159,16 +175,27 @@ def _atomic_write(path, text: str) -> None:
     path.write_text(text)
 
 
-def _lines(path) -> list[str]:
-  return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def _lines(path) -> list[str | None]:
+  """The file's non-empty lines, None for one that is not UTF-8 (damaged bytes: the rest still read)."""
+  if not path.exists():
+    return []
+  out = []
+  for raw in path.read_bytes().splitlines():
+    if raw.strip():
+      try:
+        out.append(raw.decode("utf-8"))
+      except UnicodeDecodeError:
+        out.append(None)
+  return out
 
 
-def _parse(line: str) -> dict | None:
-  """One record, or None for a line a killed run left half written."""
+def _parse(line: str | None) -> dict | None:
+  """One record, or None for a line a killed run left half written or one that is damaged."""
   try:
-    return json.loads(line)
+    record = json.loads(line) if line is not None else None
   except json.JSONDecodeError:
     return None
+  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
 def read_metrics(workdir) -> list[dict]:

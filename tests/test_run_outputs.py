@@ -2,6 +2,7 @@
 TensorBoard as its reader shows it, throughput and MFU, profiles, the compilation cache."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -64,19 +65,44 @@ def test_a_restart_drops_the_records_past_its_checkpoint(where, tmp_path, reques
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3, 4, 5, 6, 7, 3]
 
 
-def test_a_line_cut_short_by_a_kill_is_dropped_on_restart(tmp_path):
+def test_a_line_cut_short_by_a_kill_is_dropped_on_restart_and_said_to_be(tmp_path, caplog):
   first = MetricWriter(tmp_path, enabled=True)
   _write_steps(first, range(1, 4))
   first.close()
   with open(tmp_path / "metrics.jsonl", "a") as f:
-    f.write('{"step": 4, "train_lo')  # SIGKILL in the middle of an append
+    f.write('{"step": 3, "val_lo')  # SIGKILL in the middle of an append
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
   second = MetricWriter(tmp_path, enabled=True)
-  second.resume(3)
+  with caplog.at_level(logging.INFO):
+    second.resume(3)
   _write_steps(second, range(4, 6))
   second.close()
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
   assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 5
+  # the cut line was step 3's: not "a record past step 3"
+  assert [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()] == [
+    "metrics.jsonl: dropped 1 unreadable line(s) (line 4 of 4: cut short, or not UTF-8 JSON)"
+  ]
+
+
+def test_damaged_bytes_in_metrics_cost_their_line_only(tmp_path, caplog):
+  first = MetricWriter(tmp_path, enabled=True)
+  _write_steps(first, range(1, 6))
+  first.close()
+  lines = (tmp_path / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+  lines[1] = b'{"step": 2, "train_loss": \xff\xfe}\n'  # not UTF-8
+  (tmp_path / "metrics.jsonl").write_bytes(b"".join(lines))
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 3, 4, 5]
+  second = MetricWriter(tmp_path, enabled=True)
+  with caplog.at_level(logging.INFO):
+    second.resume(3)
+  second.close()
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 3]
+  said = [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()]
+  assert said == [
+    "metrics.jsonl: dropped 2 record(s) past step 3 (steps 4-5), logged before the restart",
+    "metrics.jsonl: dropped 1 unreadable line(s) (line 2 of 5: cut short, or not UTF-8 JSON)",
+  ]
 
 
 def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
