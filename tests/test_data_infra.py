@@ -1,6 +1,9 @@
 """Shared data machinery: cache, split slices, layout errors, tokenizers, packing, tfds access."""
 
 import logging
+import os
+import pathlib
+import stat
 import zipfile
 
 import numpy as np
@@ -34,6 +37,25 @@ def test_cached_arrays_build_once_and_memory_map(tmp_path):
   cache.cached_arrays("demo", dict(key, v=2), build, root=str(tmp_path))
   assert len(calls) == 2  # another key builds another entry
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_shared_cache_s_entries_are_readable_by_the_group_and_another_user_s_are_one_sentence(tmp_path, monkeypatch):
+  """Entries get the permissions a plain mkdir gives (tempfile's 0700 locked out the other users of a
+  shared $LRA_CORE_CACHE); an entry this user may not read is one sentence, not a PermissionError."""
+  previous = os.umask(0o002)  # a group that shares the cache
+  try:
+    cache.cached_arrays("demo", {"v": 1}, lambda: {"x": np.arange(3)}, root=str(tmp_path))
+  finally:
+    os.umask(previous)
+  (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith("demo-")]
+  assert stat.S_IMODE(entry.stat().st_mode) == 0o775
+
+  def refused(self, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", str(self))
+
+  monkeypatch.setattr(pathlib.Path, "is_file", refused)  # the root running this suite reads anything
+  with pytest.raises(ConfigError, match=r"the data cache .* cannot be read \(Permission denied\); it belongs to"):
+    cache.cached_arrays("demo", {"v": 1}, lambda: {"x": np.arange(3)}, root=str(tmp_path))
 
 
 def test_file_fingerprint_changes_when_a_file_is_rewritten(tmp_path):

@@ -54,6 +54,29 @@ def digest(key) -> str:
   return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def staging_folder(final: pathlib.Path) -> pathlib.Path:
+  """A new empty folder beside `final`, to be renamed onto it once complete, with the permissions a
+  plain mkdir gives (tempfile makes it 0700: renamed into a shared $LRA_CORE_CACHE, that locked every
+  other user out)."""
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+  tmp.chmod(0o777 & ~_umask())
+  return tmp
+
+
+def _umask() -> int:
+  mask = os.umask(0o022)  # reading it means setting it: put it straight back
+  os.umask(mask)
+  return mask
+
+
+def unreadable(folder: pathlib.Path, e: OSError) -> ConfigError:
+  """The one sentence for a cache entry this user may not read (another user's, not shared)."""
+  return ConfigError(
+    f"the data cache {folder} cannot be read ({e.strerror}); it belongs to another user: ask them to make it "
+    "readable (chmod -R g+rX), or set data.cache_dir (or $LRA_CORE_CACHE) to a folder of your own."
+  )
+
+
 def cached_arrays(
   name: str, key, build: Callable[[], dict[str, np.ndarray]], *, root: str = ""
 ) -> dict[str, np.ndarray]:
@@ -63,10 +86,17 @@ def cached_arrays(
   """
   folder = cache_root(root) / f"{name}-{digest(key)}"
   done = folder / "key.json"
+  try:
+    return _cached_arrays(folder, done, key, build)
+  except PermissionError as e:
+    raise unreadable(folder, e) from e
+
+
+def _cached_arrays(folder: pathlib.Path, done: pathlib.Path, key, build) -> dict[str, np.ndarray]:
   if not done.is_file():
     folder.parent.mkdir(parents=True, exist_ok=True)
     arrays = build()
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    tmp = staging_folder(folder)
     try:
       for field, value in arrays.items():
         np.save(tmp / f"{field}.npy", np.ascontiguousarray(value), allow_pickle=False)

@@ -23,7 +23,6 @@ import pathlib
 import random
 import shutil
 import sys
-import tempfile
 import time
 from typing import Iterator, Sequence
 
@@ -385,12 +384,15 @@ def _has_files(folder: pathlib.Path) -> bool:
 def ensure_generated(data) -> pathlib.Path:
   """Generates the set described by `data` into its cache folder unless it is there already."""
   final = cache_folder(data)
-  if _has_files(final):
-    return final
+  try:
+    if _has_files(final):
+      return final
+  except PermissionError as e:
+    raise cache.unreadable(final, e) from e
   final.parent.mkdir(parents=True, exist_ok=True)
   settings = _generator_settings(data)
   start = time.time()
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+  tmp = cache.staging_folder(final)
   try:
     generate_files(tmp, **settings)
     (tmp / "generator.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
