@@ -19,7 +19,7 @@ import time
 import jax
 
 from lra_core import chips, data_setup, layout, optim, sharding
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 from lra_core.state import StateSpec, make_state_spec
 from lra_core.step_compile import jit_train_step
 from lra_core.steps import make_eval_step
@@ -111,7 +111,7 @@ def compile_for_target(step, *abstract_args, platform: str = "tpu"):
         raise
       logging.warning(
         "XLA:GPU found no Triton tiling for a matmul (%s); compiling with cuBLAS GEMMs",
-        str(e).strip().splitlines()[0][:200],
+        brief(e),
       )
       compiled = lowered.compile(compiler_options=dict(CUBLAS_ONLY_OPTIONS))
       fallback = GEMM_FALLBACK

@@ -40,7 +40,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as preserva
 
 from lra_core import config as config_lib
 from lra_core import fs, optim, read_fallout, registry
-from lra_core.errors import CheckpointError, ConfigError, StoreFailure
+from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
 from lra_core.state import STACKED, make_state_spec
 
 READ_ONLY_NOTICE = "Given directory is read only=%s"  # orbax's warning at every read-only manager
@@ -310,10 +310,8 @@ class Checkpointer:
 
 
 def _first_line(e: BaseException) -> str:
-  """`Type: first line of the message`, at most 200 characters of it (TensorStore's run to pages, and
-  end with a spec printed as `<bound method ...>`: cut there)."""
-  first = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0]
-  return f"{type(e).__name__}: {first[:200]}"
+  """`Type: first line of the message`, shortened in its middle (errors.brief: TensorStore's run to pages)."""
+  return f"{type(e).__name__}: {brief(e)}"
 
 
 def _has_stacked(tree) -> bool:
@@ -387,8 +385,7 @@ def restore_params(
           f"--config.model.scan_layers={scanned}."
         ) from e
       raise CheckpointError(
-        f"checkpoint {directory / str(step)} does not match this model "
-        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})."
+        f"checkpoint {directory / str(step)} does not match this model ({type(e).__name__}: {brief(e)})."
       ) from e
   finally:
     if manager is not None:

@@ -25,7 +25,7 @@ import re
 
 import jax
 
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 
 GB = 1e9
 GIB = 2**30
@@ -290,9 +290,8 @@ def gpu_devices(topology: str) -> list[jax.Device]:
       platform="cuda", target_config=arch.target_config(), topology=f"1x{hosts}x{per_host}"
     )
   except (ImportError, RuntimeError, NotImplementedError, jax.errors.JaxRuntimeError) as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(
-      f"the GPU compiler could not describe {topology!r} ({first[:200]}); on a host without a GPU "
+      f"the GPU compiler could not describe {topology!r} ({brief(e) or type(e).__name__}); on a host without a GPU "
       "run with JAX_PLATFORMS=cpu so that the CUDA plugin loads without a driver."
     ) from e
   return list(desc.devices)

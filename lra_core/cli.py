@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 from lra_core import distributed, host_memory, startup
 from lra_core.config import load_config, load_workdir_config
-from lra_core.errors import ConfigError, UserError
+from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
 
 PREFIX = "--config."
@@ -267,8 +267,7 @@ def run(main: Callable[[], None]) -> None:
       startup.leave_now(EXIT_INTERRUPTED)
     sys.exit(EXIT_INTERRUPTED)
   except Exception as e:
-    first = (str(e).splitlines() or [""])[0][:300]
-    distributed.report_failure(f"{type(e).__name__}: {first}", EXIT_CRASH, traceback_of=e)
+    distributed.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
     raise  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
 
 

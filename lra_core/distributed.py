@@ -46,7 +46,7 @@ import traceback
 
 import jax
 
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 
 MODES = ("auto", "on", "off")
 
@@ -170,7 +170,7 @@ class _Watchdog:
       except Exception as e:  # noqa: BLE001  (the store's errors are one type with a status text)
         if self.stopped.is_set() or "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
           continue
-        line = f"process {self.process} lost the run's coordinator ({str(e).splitlines()[0][:200]})"
+        line = f"process {self.process} lost the run's coordinator ({brief(e)})"
         self._stop_process(line, acknowledge=False)
         return
       if line.startswith(f"process {self.process} "):

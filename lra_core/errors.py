@@ -5,6 +5,7 @@ property tests) can tell a clear refusal from a bug.
 """
 
 import importlib
+import re
 
 
 class UserError(Exception):
@@ -55,3 +56,17 @@ def optional_import(module: str, extra: str):
     if e.name is None or e.name.partition(".")[0] != package:
       raise  # the package is there but something it needs is not
     raise MissingExtra(f"{package} is not installed; install the {extra} extra: pip install -e \".[{extra}]\".") from e
+
+
+def brief(message: object, limit: int = 300) -> str:
+  """The first line of an error's message, for a sentence that quotes it, in at most `limit`
+  characters. TensorStore's trailers (`[source locations=...]`, `See full TensorStore details`) go;
+  a longer line loses its middle, where the paths run, never its end, where the cause is
+  (`... ocdbt.process_0/d/...: [OS error: No space left on device]`)."""
+  first = (str(message).strip().splitlines() or [""])[0]
+  first = first.split(" See full TensorStore details")[0]
+  first = re.sub(r"\s*\[source locations=.*", "", first).strip()  # the last of TensorStore's brackets
+  if len(first) <= limit:
+    return first
+  head = limit // 3
+  return f"{first[:head]} ... {first[-(limit - head - 5) :]}"

@@ -18,7 +18,7 @@ import fixtures.listops
 import lra_core
 from lra_core import data_setup, layout, optim, read_fallout
 from lra_core.checkpoint import Checkpointer, restore_params
-from lra_core.errors import ConfigError, DataError
+from lra_core.errors import ConfigError, DataError, StoreFailure
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec, param_checksum
 from lra_core.train import train_and_evaluate
@@ -238,6 +238,27 @@ def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   summary = train_and_evaluate(config(data, *skip, "train.log_every=3", "train.max_skipped_fraction=1.0"), tmp_path)
   initial = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
   assert summary["param_checksum"] == param_checksum(initial["params"])
+
+
+def test_a_store_error_keeps_its_cause_however_long_its_paths(tmp_path, monkeypatch):
+  """A sentence quoting a store's error is shortened in the middle, where the paths run: the cause at
+  the end stays (cut at 200 characters it read `... ocdbt.proces)`), TensorStore's trailers go."""
+  saver = Checkpointer(tmp_path / "run", async_save=False)
+  deep = "/".join(["d" * 40] * 12)
+
+  def full_disk(*args, **kwargs):
+    raise ValueError(
+      f'FAILED_PRECONDITION: Error writing local file "{tmp_path}/{deep}/ocdbt.process_0/d/a1b2": [OS error: '
+      "No space left on device] [source locations='file_util_posix.cc:120\nfile_key_value_store.cc:400'] "
+      "See full TensorStore details"
+    )
+
+  monkeypatch.setattr(saver.manager, "save", full_disk)
+  with pytest.raises(StoreFailure) as failed:
+    saver.save(1, {"w": np.zeros(2)}, {})
+  said = str(failed.value)
+  assert "[OS error: No space left on device]); the last complete checkpoint is none yet." in said, said
+  assert said.startswith("writing checkpoint step 1 to ") and "source locations" not in said and len(said) < 600
 
 
 def test_token_ids_outside_the_vocabulary_are_refused():

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from lra_core import kernels
 from lra_core.bench.common import is_oom, median_seconds, xla_memory_bytes
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 from lra_core.kernels.attention import attention_mask
 from lra_core.tables import markdown_table
 
@@ -135,7 +135,7 @@ def time_core(
     if not is_oom(e):
       raise
     gc.collect()
-    row.update(status="OOM", error=str(e).strip().splitlines()[0][:300])
+    row.update(status="OOM", error=brief(e))
     return row
   moved = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + v.size * v.dtype.itemsize
   row.update(

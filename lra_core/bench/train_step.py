@@ -52,7 +52,7 @@ from lra_core.bench.common import (
 )
 from lra_core.config import load_config
 from lra_core.data import DataInfo
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 from lra_core.state import make_state_spec
 from lra_core.steps import make_train_step
 from lra_core.tables import markdown_table
@@ -265,7 +265,7 @@ def time_train_step(
     compiled = None if run is None else run.compiled
     run = None
     gc.collect()
-    row.update(status="OOM", stage="compile" if compiled is None else "run", error=str(e).strip().splitlines()[0][:300])
+    row.update(status="OOM", stage="compile" if compiled is None else "run", error=brief(e))
     if compiled is not None:  # what XLA planned to allocate, for comparison with the device
       row["xla_memory_bytes"] = xla_memory_bytes(compiled)
     return row

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from lra_core import aot_report
 from lra_core.bench import param_counts
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
 from lra_core.tables import markdown_table
@@ -214,7 +214,7 @@ def compile_row(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu
     meta["report"] = json.loads(report_path.read_text())
   else:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or "Error" in line]
-    meta["error"] = (errors[-1] if errors else f"exit status {done.returncode}")[:300]
+    meta["error"] = brief(errors[-1]) if errors else f"exit status {done.returncode}"
   meta_path.write_text(json.dumps(meta, indent=2) + "\n")
   return meta
 
