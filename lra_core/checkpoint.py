@@ -53,9 +53,16 @@ def _not_read_only_notice(record: logging.LogRecord) -> bool:
 logging.getLogger("absl").addFilter(_not_read_only_notice)  # readers are read-only by design: no news
 
 
-def reader_options(**kwargs) -> ocp.CheckpointManagerOptions:
-  """Options of a manager that only reads (nothing to save, so no save interval to warn about)."""
-  return ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0, **kwargs)
+def reader_options() -> ocp.CheckpointManagerOptions:
+  """Options of a manager that only reads (nothing to save, so no save interval to warn about). With
+  several processes each reads on its own, without orbax's cross-process barriers: a process that
+  cannot read a step must not leave the others waiting inside the restore; the callers make them
+  agree afterwards (`_failed_processes`)."""
+  alone = {}
+  if jax.process_count() > 1:
+    me = jax.process_index()
+    alone = dict(multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+  return ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0, **alone)
 
 
 def check_directory(workdir: str | os.PathLike, what: str = "workdir") -> None:
@@ -111,13 +118,7 @@ class Checkpointer:
     self._complete = self.manager.latest_step()
     self._reader = self.manager
     if jax.process_count() > 1:
-      # Reads without orbax's cross-process barriers: a process that cannot read a step must not
-      # leave the others waiting inside the restore. restore_latest makes them agree afterwards.
-      alone = ocp.options.MultiprocessingOptions(
-        primary_host=jax.process_index(), active_processes={jax.process_index()}
-      )
-      options = reader_options(multiprocessing_options=alone)
-      self._reader = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+      self._reader = ocp.CheckpointManager(self.directory, options=reader_options(), item_names=("state", "meta"))
 
   @property
   def last_complete(self) -> int | None:
@@ -338,6 +339,8 @@ def restore_params(
   Only those entries are read: the rest of the saved state (optimizer state, step, key, carry)
   is marked as orbax placeholders and skipped, so any optimizer (or none) may be set in the
   config. The two entries must match the checkpoint's exactly (no leaf missing or left over).
+  Without `step`, a newest checkpoint that cannot be read gives way to the newest that can, as a
+  resume does (every process reads the same step; nothing is moved: the workdir may be another run's).
   """
   directory = fs.path(workdir, what="workdir") / "checkpoints"
   manager = None
@@ -353,48 +356,79 @@ def restore_params(
       raise CheckpointError(
         f"no checkpoint in {directory}; train first with `python -m lra_core.train --workdir={workdir}`."
       )
-    step = max(steps) if step is None else step
-    if step not in steps:
+    if step is not None and step not in steps:
       raise CheckpointError(f"no checkpoint of step {step} in {directory}; it has steps {sorted(steps)}.")
-    saved = manager.item_metadata(step)["state"]
-    saved = saved.tree if hasattr(saved, "tree") else saved
-    item = {
-      k: abstract_state[k] if k in PARAM_ENTRIES and k in abstract_state else jax.tree.map(lambda _: ocp.PLACEHOLDER, v)
-      for k, v in saved.items()
-    }
-    missing = [k for k in PARAM_ENTRIES if k in abstract_state and k not in saved]
-    if missing == ["ema"]:
-      raise CheckpointError(
-        f"checkpoint {directory / str(step)} holds no EMA of the weights (its run had "
-        "optim.ema_decay 0); set --config.optim.ema_decay=0.0 to use its raw weights."
-      )
-    if missing:
-      raise CheckpointError(
-        f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state of lra_core."
-      )
-    args = ocp.args.PyTreeRestore(item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
-    try:
-      both = manager.restore(step, args=ocp.args.Composite(state=args, meta=ocp.args.JsonRestore()))
-      restored, meta = both["state"], dict(both["meta"] or {})
-    except (ValueError, KeyError, TypeError) as e:
-      scanned, wanted = _has_stacked(saved["params"]), _has_stacked(abstract_state["params"])
-      if scanned != wanted:
-        raise CheckpointError(
-          f"checkpoint {directory / str(step)} was written with model.scan_layers={scanned} "
-          f"and this config has model.scan_layers={wanted}; set "
-          f"--config.model.scan_layers={scanned}."
-        ) from e
-      raise CheckpointError(
-        f"checkpoint {directory / str(step)} does not match this model ({type(e).__name__}: {brief(e)})."
-      ) from e
+    errors = []
+    for candidate in [step] if step is not None else _same_on_every_process(sorted(steps, reverse=True)):
+      try:
+        state, meta = _read_params(manager, directory, candidate, abstract_state)
+        error = None
+      except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
+        error = e
+      failed = _failed_processes(error is not None)
+      if failed and error is None:
+        error = CheckpointError(f"process {failed[0]} of {jax.process_count()} could not read it")
+      if not failed:
+        try:  # over the global arrays: every process takes part
+          check_digests(state, meta.get("digests"), f"checkpoint {directory / str(candidate)}")
+        except CheckpointError as e:
+          error = e
+      if error is None:
+        for bad, e in errors:
+          logging.warning(
+            "checkpoint step %d in %s cannot be read (%s); using step %d", bad, directory, _first_line(e), candidate
+          )
+        break
+      errors.append((candidate, error))
+    else:
+      bad, e = errors[0]
+      if isinstance(e, CheckpointError):
+        raise e
+      older = "" if step is not None else " and no older one can"
+      raise CheckpointError(f"checkpoint step {bad} in {directory} cannot be read ({_first_line(e)}){older}.") from e
   finally:
     if manager is not None:
       manager.close()
-  state = {k: restored[k] for k in PARAM_ENTRIES if k in abstract_state}
-  check_digests(state, meta.get("digests"), f"checkpoint {directory / str(step)}")
   jax.block_until_ready(state["params"])
-  logging.info("restored the parameters of step %d from %s", step, directory)
-  return state, step
+  logging.info("restored the parameters of step %d from %s", candidate, directory)
+  return state, candidate
+
+
+def _read_params(manager, directory: fs.Path, step: int, abstract_state: dict) -> tuple[dict, dict]:
+  """(the PARAM_ENTRIES of `abstract_state`, meta) as step `step` holds them, unchecked; CheckpointError
+  where the checkpoint is of another model."""
+  saved = manager.item_metadata(step)["state"]
+  saved = saved.tree if hasattr(saved, "tree") else saved
+  item = {
+    k: abstract_state[k] if k in PARAM_ENTRIES and k in abstract_state else jax.tree.map(lambda _: ocp.PLACEHOLDER, v)
+    for k, v in saved.items()
+  }
+  missing = [k for k in PARAM_ENTRIES if k in abstract_state and k not in saved]
+  if missing == ["ema"]:
+    raise CheckpointError(
+      f"checkpoint {directory / str(step)} holds no EMA of the weights (its run had "
+      "optim.ema_decay 0); set --config.optim.ema_decay=0.0 to use its raw weights."
+    )
+  if missing:
+    raise CheckpointError(
+      f"checkpoint {directory / str(step)} holds no {missing[0]!r}; it is not a train state of lra_core."
+    )
+  args = ocp.args.PyTreeRestore(item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+  try:
+    both = manager.restore(step, args=ocp.args.Composite(state=args, meta=ocp.args.JsonRestore()))
+  except (ValueError, KeyError, TypeError) as e:
+    scanned, wanted = _has_stacked(saved["params"]), _has_stacked(abstract_state["params"])
+    if scanned != wanted:
+      raise CheckpointError(
+        f"checkpoint {directory / str(step)} was written with model.scan_layers={scanned} "
+        f"and this config has model.scan_layers={wanted}; set "
+        f"--config.model.scan_layers={scanned}."
+      ) from e
+    raise CheckpointError(
+      f"checkpoint {directory / str(step)} does not match this model ({type(e).__name__}: {brief(e)})."
+    ) from e
+  state = {k: both["state"][k] for k in PARAM_ENTRIES if k in abstract_state}
+  return state, dict(both["meta"] or {})
 
 
 def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
@@ -406,9 +440,14 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   parameter shapes. The optimizer state stays fresh (it starts at zero either way).
   """
   path = fs.path(source_workdir, what="train.init_from")
-  if not (path / "config.json").is_file():
+  try:
+    found = (path / "config.json").is_file()
+    saved = json.loads((path / "config.json").read_text()) if found else None
+  except (OSError, ValueError) as e:  # no permission, a damaged file
+    raise ConfigError(f"train.init_from {source_workdir!r}: its config.json cannot be read ({_first_line(e)}).") from e
+  if not found:
     raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
-  source_config = config_lib.from_saved(json.loads((path / "config.json").read_text()))
+  source_config = config_lib.from_saved(saved)
   source_tx, _ = optim.make_optimizer(source_config)
   source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
   family = registry.family(config.model.name)

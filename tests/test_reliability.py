@@ -17,7 +17,7 @@ import pytest
 import fixtures.listops
 import lra_core
 from lra_core import data_setup, layout, optim, read_fallout
-from lra_core.checkpoint import Checkpointer, restore_params
+from lra_core.checkpoint import Checkpointer, restore_params, warm_start
 from lra_core.errors import ConfigError, DataError, StoreFailure
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec, param_checksum
@@ -63,6 +63,32 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(data, uninterru
   assert again["param_checksum"] == summary["param_checksum"]
   assert (workdir / "unreadable_checkpoints" / "6" / "state").is_dir()
   assert Checkpointer(workdir, async_save=False).all_steps() == [2, 4, 6]
+
+
+def test_a_warm_start_reads_the_newest_readable_checkpoint_of_its_source(data, uninterrupted, tmp_path, caplog):
+  """train.init_from (and evaluate, sample) fall back like a resume: a damaged newest checkpoint (its
+  metadata too: that read was outside the fallback, a DATA_LOSS traceback) gives way to the one before;
+  none readable, or a damaged config.json, is one sentence. Nothing of the source run is moved."""
+  reference, _ = uninterrupted
+  source = tmp_path / "source"
+  shutil.copytree(reference, source)
+  _corrupt(source / "checkpoints" / "6")
+  cfg = config(data)
+  abstract = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).abstract
+  _, step = restore_params(source, abstract)
+  assert step == 4 and "checkpoint step 6 in" in caplog.text and "; using step 4" in caplog.text
+  assert (source / "checkpoints" / "6").is_dir()
+  for older in (2, 4):
+    _corrupt(source / "checkpoints" / str(older))
+  with pytest.raises(
+    lra_core.CheckpointError, match=r"^checkpoint step 6 in .* cannot be read \(.*\) and no older one can\.$"
+  ):
+    restore_params(source, abstract)
+  (source / "config.json").write_bytes(b'{"model": \xff')
+  with pytest.raises(
+    ConfigError, match=r"^train\.init_from .*: its config\.json cannot be read \(UnicodeDecodeError: "
+  ):
+    warm_start(cfg, None, None, str(source), None)
 
 
 def test_one_flipped_byte_falls_back_to_the_previous_checkpoint(data, uninterrupted, tmp_path, caplog):
