@@ -9,7 +9,9 @@ renews every HEARTBEAT_S seconds. It is given back when the run ends in any way 
 
 A lock left behind by a run that was killed (SIGKILL, a lost VM) is taken over:
   - on the same host, when its pid is no longer alive (at once);
-  - from another host, when its heartbeat is older than STALE_S (the holder cannot be asked).
+  - from another host, when its heartbeat is older than STALE_S by this host's clock and the record is
+    not renewed while this host watches it for two heartbeats (the holder cannot be asked, and the two
+    hosts' clocks may differ by minutes: what counts is that its heartbeat has stopped).
 
 Locally the lock is created atomically (O_EXCL). An object store (gs://) has no such create
 through epath: the lock is written, then read back after a moment, and the run that reads its own
@@ -94,7 +96,28 @@ class RunLock:
       return True
     if other.get("host") == self.record["host"]:
       return not _alive(int(other["pid"]))
-    return _now() - float(other.get("heartbeat", 0.0)) > STALE_S
+    age = _now() - float(other.get("heartbeat", 0.0))
+    if age <= STALE_S:
+      return False
+    # Old by this host's clock, which the other host's need not match (a clock 270 s ahead made a live
+    # run's lock look stale): stale only if the record also stops changing for two heartbeats.
+    logging.info(
+      "workdir lock of host %s: its heartbeat is %.0f s old by this host's clock; watching it for %.0f s",
+      other.get("host", "?"),
+      age,
+      2 * HEARTBEAT_S + _SETTLE_S,
+    )
+    return not self._beating(other)
+
+  def _beating(self, seen: dict) -> bool:
+    """Whether the lock's record, last read as `seen`, is rewritten within two heartbeats."""
+    deadline = time.monotonic() + 2 * HEARTBEAT_S + _SETTLE_S
+    while time.monotonic() < deadline:
+      time.sleep(min(1.0, HEARTBEAT_S / 4))
+      now = self._read()
+      if now != seen:
+        return now is not None  # renewed: alive; given back: not held
+    return False
 
   def _refusal(self, other: dict) -> WorkdirInUse:
     return WorkdirInUse(

@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import jax.numpy as jnp
@@ -67,11 +68,11 @@ def test_the_lock_of_a_killed_run_is_taken_over_and_given_back_at_the_end(config
   assert "step" in train_and_evaluate(config, workdir)
   assert "taking over the lock" in caplog.text and f"(pid {killed.pid}), which is gone" in caplog.text
   assert not (workdir / run_lock.NAME).exists()
+  monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)  # how long a stale-looking lock is watched, too
   _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
   with run_lock.RunLock(workdir):
     assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == os.getpid()
   _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
-  monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
   with run_lock.RunLock(workdir):  # the holder renews its heartbeat (a rename: never half-written)
     first = json.loads((workdir / run_lock.NAME).read_text())["heartbeat"]
     time.sleep(0.3)
@@ -141,3 +142,28 @@ def test_a_workdir_whose_path_reads_as_another_pattern_is_refused_before_anythin
   saver.close()
   state, _ = Checkpointer(odd).restore(1, None)
   assert state["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_live_run_on_a_host_whose_clock_is_behind_keeps_its_lock(tmp_path, monkeypatch):
+  """Seen from a host whose clock is 400 s ahead, a live run's heartbeats look 400 s old: the lock is
+  watched, found renewed, and refused; once its heartbeats stop, it is taken over."""
+  monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
+  workdir = tmp_path / "run"
+  skew = 400.0
+  _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - skew)
+  stop = threading.Event()
+
+  def live_holder():  # its own clock: every beat 400 s behind this host's
+    while not stop.wait(run_lock.HEARTBEAT_S):
+      _lock(workdir, host="another-host", pid=1, heartbeat=time.time() - skew)
+
+  beating = threading.Thread(target=live_holder, daemon=True)
+  beating.start()
+  try:
+    with pytest.raises(run_lock.WorkdirInUse, match="on host another-host"):
+      run_lock.RunLock(workdir).acquire()
+  finally:
+    stop.set()
+    beating.join()
+  with run_lock.RunLock(workdir):  # killed: the same record, no more beats
+    assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == os.getpid()
