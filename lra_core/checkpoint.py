@@ -79,6 +79,23 @@ def check_directory(workdir: str | os.PathLike, what: str = "workdir") -> None:
       )
 
 
+def check_writable(workdir: fs.Path) -> None:
+  """ConfigError before the first step where no checkpoint could be saved (a read-only `checkpoints/`):
+  found at the first save, it cost a whole checkpoint interval of training. Every process checks: each
+  writes its own shards."""
+  folder = workdir / "checkpoints"
+  probe = folder / f".write_check.{jax.process_index()}.{os.getpid()}"
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise ConfigError(
+      f"checkpoints cannot be written to {folder} ({e.strerror or type(e).__name__}); make it a writable "
+      "folder or use another workdir."
+    ) from e
+
+
 class SaveAbandoned(CheckpointError):
   """A stop was asked for (SIGTERM) while the previous save was still being written: no new save."""
 

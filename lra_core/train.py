@@ -27,7 +27,7 @@ from flax import nnx
 
 from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding, step_compile, throughput, trackers
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, warm_start
+from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable, warm_start
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
 from lra_core.data import pipeline
 from lra_core.dataset_record import SPLITS
@@ -87,6 +87,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   # Only now, the data found: a start refused for its data leaves the workdir as it was.
   finished = _keep_finished(config, workdir)
   writer = _open_writer(config, workdir)
+  check_writable(workdir)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)

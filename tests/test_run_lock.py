@@ -167,3 +167,30 @@ def test_a_live_run_on_a_host_whose_clock_is_behind_keeps_its_lock(tmp_path, mon
     beating.join()
   with run_lock.RunLock(workdir):  # killed: the same record, no more beats
     assert json.loads((workdir / run_lock.NAME).read_text())["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("how", ["a file in its place", "a read-only file system"])
+def test_checkpoints_that_cannot_be_written_are_one_sentence_before_the_first_step(config, tmp_path, monkeypatch, how):
+  """Found at the first save, it cost a whole checkpoint interval of training."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  if how == "a file in its place":
+    (workdir / "checkpoints").write_text("")
+  else:
+    from etils import epath
+
+    write = epath.Path.write_text
+
+    def refuse(self, *args, **kwargs):  # under checkpoints/ only: the run's other files are elsewhere
+      if self.parent.name != "checkpoints":
+        return write(self, *args, **kwargs)
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(self))
+
+    monkeypatch.setattr(epath.Path, "write_text", refuse)
+  started = []
+  monkeypatch.setattr("lra_core.train._compile_train_step", lambda *a: started.append(1))
+  with pytest.raises(
+    ConfigError, match=r"^checkpoints cannot be written to .*run/checkpoints \(.+\); make it a writable"
+  ):
+    train_and_evaluate(config, workdir)
+  assert not started
