@@ -84,6 +84,10 @@ def base_config(
       skip_nonfinite=False,  # instead, skip such an update and count it (metric skipped_steps)
       max_skipped_fraction=0.1,  # with skip_nonfinite: a run that skipped more of its steps fails at the end
       save_timeout_s=1800.0,  # a checkpoint still being written after this long stops the run (0: no limit)
+      # No step for max(watchdog_min_s, watchdog_factor x the median step): every thread's stack to the
+      # log, exit status 75 (restarted by the supervisors; lra_core/watchdog.py). Factor 0: off.
+      watchdog_factor=20.0,
+      watchdog_min_s=1800.0,
       init_from="",  # a workdir whose latest parameters start a fresh run (uptraining)
       memory_limit_gib=0.0,  # per-device budget the compiled train step must fit; 0 -> the device's
       profile_steps="",  # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
@@ -206,6 +210,8 @@ RESUMABLE_KEYS = (
   "train.skip_nonfinite",
   "train.max_skipped_fraction",
   "train.save_timeout_s",
+  "train.watchdog_factor",
+  "train.watchdog_min_s",
   "train.memory_limit_gib",
   "train.init_from",
   "train.profile_steps",
@@ -421,9 +427,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "memory_limit_gib",
     "peak_flops",
     "sample_every",
+    "watchdog_factor",
   ):
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
+  if train.watchdog_factor and not train.watchdog_min_s > 0:
+    raise ConfigError(
+      f"train.watchdog_min_s must be > 0 with the watchdog on (train.watchdog_factor {train.watchdog_factor}), "
+      f"got {train.watchdog_min_s}; it is the least time a run may go without a step."
+    )
   parse_profile_steps(train.profile_steps)
   if train.sample_every and not task_kinds.kind(config.task).image:
     image_tasks = " and ".join(task_kinds.names(image=True))

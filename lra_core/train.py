@@ -38,6 +38,7 @@ from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler
 from lra_core.run_lock import RunLock
 from lra_core.state import eval_params, make_state_spec, param_checksum
+from lra_core.watchdog import StepWatchdog
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
@@ -145,7 +146,8 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     t_start = time.perf_counter()
     preempted = None
     # SIGTERM (a scheduler's notice) and SIGINT (Ctrl-C): finish the step in flight, save, return.
-    with PreemptionNotice() as notice:
+    watchdog = StepWatchdog(t.watchdog_factor, t.watchdog_min_s, cli.EXIT_PREEMPTED)
+    with PreemptionNotice() as notice, watchdog:
       ckpt.abandon = lambda: notice.received is not None  # a save stuck on a failing store gives way to SIGTERM
       try:
         for step in range(start, stop):
@@ -156,6 +158,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
           # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
           # one step late at most, before any checkpoint is written.
           flush()
+          watchdog.beat()  # the step before this one has finished
           done = step + 1
           pending = (done, metrics)
           profiler.after(step, state)
@@ -171,11 +174,14 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
           if t.eval_every and done % t.eval_every == 0 and done < total_steps:
             _validate(evaluate, state, done, t.eval_batches, writer)
             meter.restart(done)
+            watchdog.restart()
           if t.sample_every and done % t.sample_every == 0:
             _write_samples(config, spec, state, writer, done)
             meter.restart(done)
+            watchdog.restart()
           if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
             save(done)
+            watchdog.restart()
           if notice.reached(done) and done < stop:
             if guard.last_saved != done:
               save(done)
