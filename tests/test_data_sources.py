@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import re
+import subprocess
+import sys
+import time
 import zipfile
 
 import ml_collections
@@ -139,6 +143,42 @@ def test_source_pickles_without_its_data(raw_file):
   blob = pickle.dumps(source)
   assert len(blob) < 1000
   np.testing.assert_array_equal(pickle.loads(blob)[2]["inputs"], source[2]["inputs"])
+
+
+TRUNCATE_UNDER_A_RUN = """
+import os, sys
+from lra_core.data.bytes import ByteWindows, load_bytes
+path = sys.argv[1]
+windows = ByteWindows(path, 0, os.path.getsize(path), 64, load_bytes(path))
+windows[0]
+os.truncate(path, 1000)  # cut short while the run reads it
+try:
+  windows[len(windows) - 1]
+except Exception as e:
+  print(type(e).__name__, e)
+"""
+
+
+def test_a_byte_file_cut_short_under_a_run_is_a_sentence_not_a_sigbus(tmp_path):
+  """Read past the end of a file cut short under it, a memory mapping killed the process with SIGBUS
+  and no message (here in a child process, which that would kill)."""
+  path = tmp_path / "enwik8"
+  path.write_bytes(bytes(range(256)) * 100)
+  done = subprocess.run([sys.executable, "-c", TRUNCATE_UNDER_A_RUN, str(path)], capture_output=True, text=True)
+  assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+  assert done.stdout.startswith("DataError byte file ") and "holds 1,000 bytes where it held 25,600" in done.stdout
+
+
+def test_a_byte_file_rewritten_under_a_run_is_a_warning_once(tmp_path, caplog):
+  path = tmp_path / "enwik8"
+  path.write_bytes(bytes(range(256)) * 100)
+  windows = bytes_data.ByteWindows(str(path), 0, 25600, 64, bytes_data.load_bytes(str(path)))
+  windows[0]
+  path.write_bytes(bytes(reversed(range(256))) * 100)  # the same size, other bytes
+  os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+  windows[1]
+  windows[2]
+  assert caplog.text.count("was rewritten while the run read it") == 1
 
 
 def test_encode_decode_round_trip():

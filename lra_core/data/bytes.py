@@ -205,6 +205,7 @@ class ByteWindows:
   def __init__(self, path: str, start: int, stop: int, seq_len: int, data: np.ndarray | None = None):
     self.path, self.start, self.stop, self.seq_len = path, start, stop, seq_len
     self._data = data
+    self._mtime: int | None = None  # of the mapped file, when first read
 
   @property
   def data(self) -> np.ndarray:
@@ -217,12 +218,32 @@ class ByteWindows:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     begin = self.start + check_index(index, len(self), "windows") * self.seq_len
+    if isinstance(self.data, np.memmap):
+      self._check_mapped_file()
     window = np.asarray(self.data[begin : begin + self.seq_len + 1], dtype=np.int32)
     return {
       "inputs": window[:-1],
       "targets": window[1:],
       "weights": np.ones(self.seq_len, np.float32),
     }
+
+  def _check_mapped_file(self) -> None:
+    """The mapped file as it was when the run began: read past the end of a file cut short under it, a
+    mapping kills the process (SIGBUS, no message), so that is a sentence; a file rewritten in place
+    (its bytes read as they now are) is a warning, once."""
+    stat = os.stat(self.path)
+    if stat.st_size != self.data.size:
+      raise DataError(
+        f"byte file {self.path!r} changed while the run read it: it holds {stat.st_size:,} bytes where it held "
+        f"{self.data.size:,}; put the original back and run again (it resumes from the last checkpoint)."
+      )
+    if self._mtime is None:
+      self._mtime = stat.st_mtime_ns
+    elif stat.st_mtime_ns != self._mtime:
+      self._mtime = stat.st_mtime_ns
+      logging.warning(
+        "byte file %s was rewritten while the run read it: the windows read from now on are its new bytes", self.path
+      )
 
   def __getstate__(self):
     state = dict(self.__dict__)
