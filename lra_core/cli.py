@@ -247,7 +247,7 @@ def run(main: Callable[[], None]) -> None:
   Ctrl-C outside the training loop (or a second one inside it) into one line and status 130.
 
   In a multi-process run an error on this process ends every process at once
-  (lra_core.distributed.report_failure): the others print its line and exit with status 1.
+  (lra_core.distributed.report_failure): the others print its line and exit with its status.
   Freed host memory is kept for reuse from the start (lra_core.host_memory)."""
   host_memory.keep_freed_memory()
   try:

@@ -26,7 +26,9 @@ them: several minutes of idle chips before anything exits. Instead, a process th
 one line naming itself and its error into the coordination service's key-value store
 (`report_failure`, called by `lra_core.cli.run`), and every process runs a watchdog thread
 (`start_watchdog`) that waits on that key: when it appears, the process prints the line and
-exits at once with status 1 (EXIT_PEER_FAILED), from wherever its main thread is blocked. The
+exits at once with the failing process's status (2 for bad input, 75 preempted or stuck, 130 a
+Ctrl-C, 1 a crash: a supervisor sees the cause whichever process it reads), from wherever its main
+thread is blocked; a lost coordinator is status 1 (EXIT_PEER_FAILED). The
 failing process waits until the others have seen the line (the store lives in process 0, so
 process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier.
 A process that dies without a word (SIGKILL, a lost host) is caught by the coordination
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import logging
 import os
 import sys
@@ -144,7 +147,7 @@ FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to rea
 # margin: process 0 hosts the coordination service, and a peer whose JAX client loses it before its
 # own exit is aborted by that client (SIGABRT) instead of exiting with EXIT_PEER_FAILED.
 EXIT_MARGIN_S = 1.0
-EXIT_PEER_FAILED = 1  # the status of a process stopped because another one failed (cli.EXIT_CRASH)
+EXIT_PEER_FAILED = 1  # the status of a process stopped by a lost peer or coordinator (cli.EXIT_CRASH)
 _POLL_MS = 1000
 
 
@@ -173,12 +176,15 @@ class _Watchdog:
         line = f"process {self.process} lost the run's coordinator ({brief(e)})"
         self._stop_process(line, acknowledge=False)
         return
-      if line.startswith(f"process {self.process} "):
+      report = json.loads(line)
+      if report["process"] == self.process:
         return  # this process's own report: it exits by itself
-      self._stop_process(line, acknowledge=True)
+      self._stop_process(report["line"], acknowledge=True, status=report["status"])
       return
 
-  def _stop_process(self, line: str, *, acknowledge: bool) -> None:
+  def _stop_process(self, line: str, *, acknowledge: bool, status: int = EXIT_PEER_FAILED) -> None:
+    """Says why and exits with `status`: the failing process's own (a supervisor reading any process
+    sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash)."""
     if self.stopped.is_set():
       return
     print(f"error: {line}; stopping process {self.process} as well.", file=sys.stderr, flush=True)
@@ -187,7 +193,7 @@ class _Watchdog:
         self.client.key_value_set(f"{FAILURE_KEY}/seen/{self.process}", "1")
       except Exception:  # noqa: BLE001  (the failing process stops waiting after FAILURE_GRACE_S anyway)
         pass
-    os._exit(EXIT_PEER_FAILED)  # from this thread: the main thread may be blocked in a collective
+    os._exit(status)  # from this thread: the main thread may be blocked in a collective
 
 
 _watchdog: _Watchdog | None = None
@@ -214,8 +220,8 @@ def stop_watchdog() -> None:
 
 
 def report_failure(message: str, status: int, traceback_of: BaseException | None = None) -> None:
-  """Ends a multi-process run after an error on this process: `message` (one line) goes to every
-  other process, which stop with status 1; this one waits until they have read it (at most
+  """Ends a multi-process run after an error on this process: `message` (one line) and `status` go to
+  every other process, which stop with the same status; this one waits until they have read it (at most
   FAILURE_GRACE_S) and exits with `status` without JAX's shutdown barrier, after printing the
   traceback of `traceback_of` if given. Returns at once in a single-process run (the caller exits
   as usual)."""
@@ -228,7 +234,9 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
   if _watchdog is not None:
     _watchdog.stopped.set()
   try:
-    client.key_value_set(FAILURE_KEY, f"process {me} failed: {message}")
+    client.key_value_set(
+      FAILURE_KEY, json.dumps(dict(process=me, status=status, line=f"process {me} failed: {message}"))
+    )
   except Exception:  # noqa: BLE001  (another process reported first: its line stands, this one still ends)
     pass
   deadline = time.monotonic() + FAILURE_GRACE_S

@@ -234,6 +234,28 @@ def test_an_error_on_one_process_ends_every_process_at_once(runs, tmp_path):
   assert t0 is not None and t1 is not None and max(t0, t1) - min(t0, t1) < 30, (t0, t1)
 
 
+def test_a_one_sentence_error_on_one_process_is_status_2_on_both(runs, tmp_path):
+  """Process 0 alone takes the workdir's lock, and finds it held by a live run (bad input: one sentence,
+  status 2) while process 1 goes on to the step's collectives: both exit 2, so a supervisor reading
+  either sees the cause (process 1 exited 1 before, JAX's client then aborting process 0 or 1)."""
+  *_, overrides = runs
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  try:
+    lock = dict(
+      host=socket.gethostname(), pid=holder.pid, started="2026-11-28T08:00:00+00:00", id="x", heartbeat=time.time()
+    )
+    (workdir / "run.lock").write_text(json.dumps(lock))
+    (failing, out0, _), (other, out1, _) = _launch(overrides, workdir, check=False)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert failing == cli.EXIT_USER_ERROR and "is in use by the run started" in out0, out0[-3000:]
+  said = [line for line in out1.splitlines() if line.startswith("error: process 0 failed: workdir ")]
+  assert other == cli.EXIT_USER_ERROR and len(said) == 1, out1[-3000:]
+
+
 @pytest.mark.slow
 def test_a_sequence_split_over_two_processes_trains_like_one(tmp_path):
   """mesh.sequence 4 over both processes (2 devices each): both read the same rows, each keeps its
