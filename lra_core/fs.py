@@ -65,6 +65,21 @@ def path(p: str | os.PathLike, *, what: str = "path") -> epath.Path:
   return epath.Path(text)
 
 
+def create_exclusive(p: epath.Path, text: str) -> bool | None:
+  """Writes `text` to `p` only where no object is there yet, in one request: True if written, False if
+  one was there. On gs:// that is the store's own condition (`ifGenerationMatch=0`, through gcsfs), so
+  two writers racing cannot both win; None where this store gives no such write (the caller falls back)."""
+  if scheme(p) != "gs" or importlib.util.find_spec("gcsfs") is None:
+    return None
+  import fsspec
+
+  try:
+    fsspec.filesystem("gs").pipe_file(os.fspath(p), text.encode(), mode="create")
+  except FileExistsError:  # gcsfs's name for the store's 412 Precondition Failed
+    return False
+  return True
+
+
 def local_or_none(p: epath.Path) -> pathlib.Path | None:
   """The plain pathlib.Path of a local epath (for tools that only write local files), else None."""
   text = os.fspath(p)

@@ -13,10 +13,10 @@ A lock left behind by a run that was killed (SIGKILL, a lost VM) is taken over:
     not renewed while this host watches it for two heartbeats (the holder cannot be asked, and the two
     hosts' clocks may differ by minutes: what counts is that its heartbeat has stopped).
 
-Locally the lock is created atomically (O_EXCL). An object store (gs://) has no such create
-through epath: the lock is written, then read back after a moment, and the run that reads its own
-id back holds it; two runs started within that moment may both see their own write and one of
-them its loss only at the next heartbeat, which stops it.
+Locally the lock is created atomically (O_EXCL); on gs:// too, by the store's conditional create
+(`ifGenerationMatch=0`: fs.create_exclusive). Other object stores have no such create through epath:
+there the lock is written, then read back after a moment, and the run that reads its own id back holds
+it; two runs started within that moment may both see their own write.
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ class RunLock:
       with os.fdopen(fd, "w") as f:
         f.write(self._text())
       return True
+    created = fs.create_exclusive(self.path, self._text())
+    if created is not None:
+      return created
     if self._read() is not None:
       return False
     self.path.write_text(self._text())

@@ -194,3 +194,18 @@ def test_checkpoints_that_cannot_be_written_are_one_sentence_before_the_first_st
   ):
     train_and_evaluate(config, workdir)
   assert not started
+
+
+def test_two_runs_racing_for_a_bucket_s_lock_cannot_both_win(fake_gcs, monkeypatch):
+  """On gs:// the lock is the store's conditional create: a second run that saw no lock (the first's
+  write not yet there when it looked) still fails to create one, where writing and reading back let it
+  overwrite the first's and start too."""
+  from lra_core import fs
+
+  workdir = fs.path(fake_gcs())
+  with run_lock.RunLock(workdir) as first:
+    second = run_lock.RunLock(workdir)
+    monkeypatch.setattr(second, "_read", lambda: None)  # it looked before the first had written
+    assert second._create() is False
+    assert json.loads((workdir / run_lock.NAME).read_text())["id"] == first.record["id"]
+  assert not (workdir / run_lock.NAME).exists()
