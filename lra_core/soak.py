@@ -18,7 +18,6 @@ steps they resumed from), the final checksum against the reference's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -179,15 +178,12 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
 
 
 def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(
-    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-  )
+  parser = cli.doc_parser("python scripts/soak.py", __doc__)
   parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config spec (tiny: restarts are cheap)")
   parser.add_argument("--workdir", default="runs/soak", help="the reference, the soaked run and their logs")
   parser.add_argument("--kills", type=int, default=20)
   parser.add_argument("--steps", type=int, default=300, help="of each run")
   parser.add_argument("--seed", type=int, default=0, help="of the kills' moments and victims")
-  parser.epilog = "example:\n  python scripts/soak.py --kills=20 --workdir=runs/soak"
   args = parser.parse_args(argv)
   if args.kills < 1 or args.steps < 8:
     raise ConfigError(f"--kills must be at least 1 and --steps at least 8, got {args.kills} and {args.steps}.")

@@ -32,6 +32,7 @@ COMMANDS = [  # the module (or script) whose main() parses the command line, the
   ("lra_core.bench.kernel_run", "python scripts/run_kernels.py"),
   ("lra_core.bench.lowering", "python scripts/check_lowering.py"),
   ("lra_core.bench.peer", "python scripts/peer_bench.py"),
+  ("lra_core.soak", "python scripts/soak.py"),
   ("lra_core.bench.shardings", "python scripts/shardings.py"),
   ("lra_core.bench.param_counts", "python scripts/param_counts.py"),
   ("scripts/tpu_variants.py", "python scripts/tpu_variants.py"),
