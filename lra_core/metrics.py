@@ -5,6 +5,7 @@ Only process 0 writes files; every process computes the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ import jax
 import numpy as np
 
 from lra_core import fs
+from lra_core.errors import StoreFailure, brief
 
 
 def _plain(value):
@@ -59,7 +61,8 @@ class MetricWriter:
     """Keeps the records up to step `start` and opens TensorBoard to continue from there."""
     if not self.enabled:
       return
-    lines = _lines(self.workdir / "metrics.jsonl")
+    with _writing(self.workdir / "metrics.jsonl", "reading"):
+      lines = _lines(self.workdir / "metrics.jsonl")
     kept, at_start, later, unreadable = [], set(), [], []
     for number, line in enumerate(lines, 1):
       record = _parse(line)
@@ -118,7 +121,7 @@ class MetricWriter:
     record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
     line = json.dumps(record)
     if self._records is None:
-      with (self.workdir / "metrics.jsonl").open("a") as f:
+      with _writing(self.workdir / "metrics.jsonl"), (self.workdir / "metrics.jsonl").open("a") as f:
         f.write(line + "\n")
     else:
       self._records.append(line)
@@ -165,8 +168,26 @@ class MetricWriter:
       self.tracker = None
 
 
+@contextlib.contextmanager
+def _writing(path, what: str = "writing"):
+  """A run's record the store will not take (a full disk, a folder in the file's place, an object store
+  refusing every write) is one sentence naming it, not a traceback; the checkpoints are not touched."""
+  try:
+    yield
+  except Exception as e:  # noqa: BLE001  (local and object-store writes fail in many types)
+    raise StoreFailure(
+      f"{what} {path} failed ({type(e).__name__}: {brief(e)}); the run stops, its checkpoints kept: run the "
+      "same command again once the workdir takes writes."
+    ) from e
+
+
 def _atomic_write(path, text: str) -> None:
   """Readers never see half a file: locally a rename; an object store replaces objects whole."""
+  with _writing(path):
+    _write_whole(path, text)
+
+
+def _write_whole(path, text: str) -> None:
   if fs.is_local(path):
     tmp = path.parent / (path.name + ".tmp")
     tmp.write_text(text)

@@ -15,7 +15,7 @@ import lra_core
 import outputs
 from lra_core import compile_cache, fs, hlo_cost, startup, throughput
 from lra_core.config import log_interval
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, StoreFailure
 from lra_core.metrics import PROGRESS_WIDTH, MetricWriter, progress_line, read_metrics
 from lra_core.train import train_and_evaluate
 
@@ -103,6 +103,16 @@ def test_damaged_bytes_in_metrics_cost_their_line_only(tmp_path, caplog):
     "metrics.jsonl: dropped 2 record(s) past step 3 (steps 4-5), logged before the restart",
     "metrics.jsonl: dropped 1 unreadable line(s) (line 2 of 5: cut short, or not UTF-8 JSON)",
   ]
+
+
+def test_a_metrics_file_the_store_will_not_take_is_one_sentence(tmp_path):
+  """A folder in metrics.jsonl's place (or a full disk, a store refusing writes): one sentence naming
+  the file and the cause, not a traceback; the run's checkpoints are not touched."""
+  (tmp_path / "metrics.jsonl").mkdir()
+  writer = MetricWriter(tmp_path, enabled=True)
+  with pytest.raises(StoreFailure, match=r"^reading .*metrics\.jsonl failed \(IsADirectoryError: .*\); the run stops"):
+    writer.write(1, {"train_loss": 1.0})
+  writer.close()
 
 
 def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
