@@ -8,7 +8,8 @@ axis over both), the path a pod or a SLURM job takes. First the reference runs t
 every checkpoint. Then the soak: both processes start, one of them (chosen at random) is killed with
 SIGKILL after a random time (start-up, compiles, steps and checkpoint writes all get hit), the other
 is killed a moment later as a pod's supervisor would after losing a peer, and both start again with
-the same command. After `--kills` kills the run goes on to its end.
+the same command. Near its end (no checkpoint left to check a restart by) the soaked run starts
+afresh. After `--kills` kills the run goes on to its end.
 
 A restart recovered when the first checkpoint it wrote is bit-identical to the reference's of the
 same step (every array's digest in the checkpoint's meta, lra_core/checkpoint.py), and the soak
@@ -126,25 +127,27 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
   while len(restarts) < kills:
     before = _steps(run)
     resumed = max(before, default=0)
+    if resumed > steps - every:  # no checkpoint left to check a restart by: the soaked run starts afresh
+      shutil.rmtree(run)
+      before, resumed = set(), 0
     offset = (logs / "soak" / "process0.log").stat().st_size if (logs / "soak" / "process0.log").exists() else 0
     procs = _start(config, run, overrides, logs / "soak")
     start = time.monotonic()
-    # A quarter of the kills land in start-up and compiles, the rest at a random step, plus up to 50 ms:
-    # inside the step, or in a checkpoint being written.
-    if rng.random() < 0.25 or resumed >= steps - 1:
+    # A quarter of the kills land in start-up and compiles; the rest within two checkpoint intervals of
+    # the resumed step (most restarts write a checkpoint to check first), plus up to 50 ms: inside a
+    # step, or in a checkpoint being written.
+    if rng.random() < 0.25:
       delay = rng.uniform(0.5, first_step_s)
       moment = f"{delay:.1f} s into start-up"
       _wait(procs, delay)
     else:
-      target = rng.randrange(resumed + 1, steps)
+      target = min(resumed + rng.randint(1, 2 * every), steps - 1)
       moment = f"at step {target}"
       while _logged_step(logs / "soak" / "process0.log", offset) < target and all(p.poll() is None for p in procs):
         time.sleep(0.005)
       time.sleep(rng.uniform(0.0, 0.05))
     if any(p.poll() is not None for p in procs):  # it ended (or failed) before the kill: not a kill
       _kill(procs)
-      if max(_steps(run), default=0) >= steps:
-        shutil.rmtree(run)  # finished: the soaked run starts again from nothing
       continue
     victim = rng.randrange(2)
     procs[victim].send_signal(signal.SIGKILL)
