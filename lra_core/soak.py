@@ -154,7 +154,9 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
     time.sleep(rng.uniform(0.0, 1.0))  # the supervisor notices the lost peer and stops the job
     _kill(procs)
     written = sorted(_steps(run) - before)
-    restarts.append(dict(process=victim, moment=moment, resumed_from=resumed, wrote=written))
+    # Checked now: a later fresh start removes these checkpoints.
+    same = _digests(run)[written[0]] == wanted[written[0]] if written else None
+    restarts.append(dict(process=victim, moment=moment, resumed_from=resumed, wrote=written, bit_identical=same))
     log(
       f"soak: kill {len(restarts)}/{kills}: process {victim} {moment} ({time.monotonic() - start:.1f} s after its "
       f"start, which resumed from step {resumed}); checkpoints written {written}"
@@ -162,10 +164,6 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
   procs = _start(config, run, overrides, logs / "soak")
   finished = _wait(procs, 900) == [0, 0]
   _kill(procs)
-  got = _digests(run)
-  for r in restarts:
-    first = min(r["wrote"], default=None)
-    r["bit_identical"] = None if first is None else got.get(first) == wanted.get(first)
   checksum = json.loads((run / "summary.json").read_text())["param_checksum"] if finished else None
   checked = [r for r in restarts if r["bit_identical"] is not None]
   return dict(
