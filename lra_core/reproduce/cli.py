@@ -117,6 +117,12 @@ TABLES = (
     "paper configs compiled for their TPU slices on this host: memory, fit, estimated step time and MFU",
   ),
   Table(
+    "long_context",
+    "long_context",
+    "the longest sequence on a TPU slice, with and without the sequence axis",
+    "PG-19 configs compiled for a v5p-64 and a v3-32 at power-of-two lengths: the longest that fits",
+  ),
+  Table(
     "gpu_fit",
     "gpu",
     "the GPU papers' hardware (Latte: 4 x A100; Block Transformer: 8 x A100 40GB, 8 x H100; FLASH Table 11: V100)",
