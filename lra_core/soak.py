@@ -127,21 +127,21 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
   while len(restarts) < kills:
     before = _steps(run)
     resumed = max(before, default=0)
-    if resumed > steps - every:  # no checkpoint left to check a restart by: the soaked run starts afresh
+    if resumed >= steps - every:  # no checkpoint left to check a restart by: the soaked run starts afresh
       shutil.rmtree(run)
       before, resumed = set(), 0
     offset = (logs / "soak" / "process0.log").stat().st_size if (logs / "soak" / "process0.log").exists() else 0
     procs = _start(config, run, overrides, logs / "soak")
     start = time.monotonic()
-    # A quarter of the kills land in start-up and compiles; the rest within two checkpoint intervals of
-    # the resumed step (most restarts write a checkpoint to check first), plus up to 50 ms: inside a
-    # step, or in a checkpoint being written.
+    # A quarter of the kills land in start-up and compiles; the rest at a random step of the interval
+    # after the restart's first checkpoint (so the restart is checked), plus up to 50 ms: inside a step,
+    # or in a checkpoint being written.
     if rng.random() < 0.25:
       delay = rng.uniform(0.5, first_step_s)
       moment = f"{delay:.1f} s into start-up"
       _wait(procs, delay)
     else:
-      target = min(resumed + rng.randint(1, 2 * every), steps - 1)
+      target = min((resumed // every + 1) * every + rng.randrange(every), steps - 1)
       moment = f"at step {target}"
       while _logged_step(logs / "soak" / "process0.log", offset) < target and all(p.poll() is None for p in procs):
         time.sleep(0.005)
