@@ -1,7 +1,7 @@
 """A soak test of recovery: SIGKILLs at random moments across a two-process run, each followed by a
 restart, every restart checked bit for bit against an uninterrupted run.
 
-  python scripts/soak.py --kills=20 --workdir=runs/soak          # about 10 minutes on 2 CPU cores
+  python scripts/soak.py --kills=20 --workdir=runs/soak          # 4.5 minutes on a 2-core host
 
 Both runs are two processes joined by `jax.distributed` on this host (2 CPU devices each, the data
 axis over both), the path a pod or a SLURM job takes. First the reference runs to its end, keeping
