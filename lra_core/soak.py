@@ -31,7 +31,10 @@ import subprocess
 import sys
 import time
 
+import orbax.checkpoint as ocp
+
 from lra_core import cli
+from lra_core.checkpoint import reader_options
 from lra_core.errors import ConfigError
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:tiny"
@@ -86,10 +89,6 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 def _digests(workdir: pathlib.Path) -> dict[int, dict]:
   """Every checkpoint step of `workdir` -> its arrays' digests (read from the meta alone)."""
-  import orbax.checkpoint as ocp
-
-  from lra_core.checkpoint import reader_options
-
   manager = ocp.CheckpointManager(workdir / "checkpoints", options=reader_options(), item_names=("state", "meta"))
   try:
     return {

@@ -27,12 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from lra_core import distributed
+
 RECENT = 50  # steps whose median sets the limit
 
 
 def _leave(status: int, message: str) -> None:
-  from lra_core import distributed
-
   distributed.report_failure(message, status)
   sys.stdout.flush()
   sys.stderr.flush()

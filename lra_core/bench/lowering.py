@@ -43,7 +43,6 @@ except ImportError:
 
 from lra_core import chips, cli
 from lra_core.bench import gpu_compile
-from lra_core.errors import brief
 from lra_core.kernels import toolkit
 from lra_core.kernels.catalog import PAPER, gradient, kernels_at
 
@@ -82,7 +81,7 @@ def _error(e: Exception) -> str:
   text = lines[0] if lines else ""
   if detail is not None and lines.index(detail) + 1 < len(lines):
     text += " " + lines[lines.index(detail) + 1].strip()
-  return f"{type(e).__name__}: {brief(text)}"
+  return f"{type(e).__name__}: {text[:300]}"  # Mosaic puts the cause first, a long index map after
 
 
 def check(
