@@ -1,7 +1,9 @@
 """Softmax self-attention on the platforms' own flash kernels, with the XLA reference as the fallback.
 
 `self_attention(..., impl=)` is what every softmax self-attention layer calls in training and in a full
-forward pass (decoding reads a cache: always the reference). The implementations:
+forward pass (decoding reads a cache: always the reference), and `cross_attention(..., impl=)` every
+layer whose queries read another stream (FIT's latents and tokens, the Block Transformer's token
+decoder reading its block's context). The implementations:
 
   "xla"     kernels/attention.py: the masked T x T scores, or the banded O(T window) form for a
             sliding window. The reference, and the CPU path.
@@ -68,6 +70,17 @@ def resolve(impl: str) -> str:
   return _BY_PLATFORM.get(toolkit.platform(), "xla") if impl == "auto" else impl
 
 
+def chosen_for(impl: str, why_not: str = "") -> str:
+  """What a layer with a reference of its own runs: "xla" (its reference) where `impl` resolves to it, or
+  where the layer gives `why_not`, the reason its attention cannot go to a kernel (logged once); else
+  the kernel's name, to pass on as `impl`."""
+  chosen = resolve(impl)
+  if chosen != "xla" and why_not:
+    _note(chosen, why_not)
+    return "xla"
+  return chosen
+
+
 def reference(
   q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, probs_fn=None
 ) -> Array:
@@ -131,15 +144,69 @@ def self_attention(
   if chosen == "splash":
     run = functools.partial(_splash, causal=causal, window=window if window and t > window else 0, scale=scale)
   else:
-    run = functools.partial(_triton, causal=causal, scale=scale)
+    run = lambda q, k, v, ids, _: _triton(q, k, v, ids, causal=causal, scale=scale)
   # The kernels take whole 128-step blocks: the steps added at the end carry an id no query shares, so no
   # real query reads them (causal ones never could), and their outputs are dropped.
   pad = -t % 128
   if pad:
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
     ids = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=_PADDED)
-  args, dims = (q, k, v, ids), ("bth.", "btk.", "btk.", "bt")
+  args, dims = (q, k, v, ids, ids), ("bth.", "btk.", "btk.", "bt", "bt")
   return toolkit.run_per_device(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2])[:, :t]
+
+
+def cross_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  k_valid: Array | None = None,
+  mask: Array | None = None,
+  scale: float | None = None,
+  impl: str = "xla",
+) -> Array:
+  """softmax(q k^T scale, masked) v of one stream's queries over another stream's keys: q [B,Tq,H,D],
+  k [B,Tk,K,D], v [B,Tk,K,Dv] -> [B,Tq,H,Dv]; k_valid: bool[B,Tk] (False: a key no query reads); mask:
+  bool[B,Tq,Tk], which keys each query reads (both given: combined). A row whose keys are all masked
+  reads all of them alike, in every implementation."""
+  chosen = resolve(impl)
+  if chosen != "xla":
+    why = _cross_unsupported(chosen, q, k, k_valid=k_valid, mask=mask)
+    if why:
+      _note(chosen, why)
+      chosen = "xla"
+  if chosen == "xla":
+    if k_valid is not None:
+      mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
+    return dot_product_attention(q, k, v, mask=mask, scale=scale)
+  b, tq, h, d = q.shape
+  tk = k.shape[1]
+  scale = d**-0.5 if scale is None else scale
+  # Queries all read as one document; the keys no query reads are padding. A row with no valid key reads
+  # every key alike, as the reference's fully masked softmax does: its queries take the padding's id and
+  # are zeroed (equal scores), which also gives them the reference's zero gradient.
+  k_ids = _ids(k_valid, None, b, tk)
+  q_ids = jnp.zeros((b, tq), jnp.int32)
+  if k_valid is not None:
+    some = jnp.any(k_valid, axis=1)
+    q_ids = jnp.where(some[:, None], q_ids, _PADDING)
+    q = jnp.where(some[:, None, None, None], q, 0)
+  # Whole 128-step blocks, the added steps apart as in self_attention; an added query reads the keys
+  # alike (finite), and its output is dropped.
+  pad_q, pad_k = -tq % 128, -tk % 128
+  q, q_ids = (
+    jnp.pad(q, ((0, 0), (0, pad_q), (0, 0), (0, 0))),
+    jnp.pad(q_ids, ((0, 0), (0, pad_q)), constant_values=_PADDED),
+  )
+  k, v = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k, v))
+  k_ids = jnp.pad(k_ids, ((0, 0), (0, pad_k)), constant_values=_PADDED)
+  if chosen == "splash":
+    run = functools.partial(_splash, causal=False, window=0, scale=scale)
+  else:  # no ids (_cross_unsupported): the keys fill whole blocks and none is masked
+    run = lambda q, k, v, *_: _triton(q, k, v, None, causal=False, scale=scale)
+  # time is '.': these rows are whole (a split sequence falls back before here)
+  args, dims = (q, k, v, q_ids, k_ids), ("b.h.", "b.k.", "b.k.", "b.", "b.")
+  return toolkit.run_per_device(run, args, dims, "b.h.", batch=b, heads=h, kv_heads=k.shape[2])[:, :tq]
 
 
 def block(t: int, largest: int = 512) -> int:
@@ -209,6 +276,24 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
   return ""
 
 
+def _cross_unsupported(impl: str, q: Array, k: Array, *, k_valid, mask) -> str:
+  tq, tk = q.shape[1], k.shape[1]
+  if mask is not None:
+    return (
+      "the keys each query reads are given query by query (a [B,Tq,Tk] mask), which the kernels' masks cannot state"
+    )
+  if context.axes():
+    return "the sequence is split over chips: ring attention runs on the XLA core"
+  if min(tq, tk) < 128:
+    return f"the {tq} queries or {tk} keys are fewer than the kernel's 128-step block"
+  if impl == "triton":
+    if k_valid is not None or tk % 128:
+      return "the GPU kernel takes one id array for queries and keys, so no padded keys across two streams"
+    if not (q.shape[-1] == k.shape[-1]):
+      return f"the GPU kernel needs one head width for q, k and v, not {q.shape[-1]} and {k.shape[-1]}"
+  return ""
+
+
 def _note(impl: str, why: str) -> None:
   if (impl, why) not in _NOTED:
     _NOTED.add((impl, why))
@@ -221,17 +306,21 @@ def _ids(k_valid: Array | None, segments: Array | None, b: int, t: int) -> Array
   return ids if k_valid is None else jnp.where(k_valid, ids, _PADDING)
 
 
-def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: int, scale: float) -> Array:
-  b, t, h, _ = q.shape
-  kv_heads = k.shape[2]
+def _splash(
+  q: Array, k: Array, v: Array, q_ids: Array, k_ids: Array, *, causal: bool, window: int, scale: float
+) -> Array:
+  b, tq, h, _ = q.shape
+  tk, kv_heads = k.shape[1], k.shape[2]
   if window:  # keys within `window` steps: behind only (causal), or on both sides
-    one = masks.LocalMask((t, t), (window - 1, 0 if causal else window - 1), offset=0)
+    one = masks.LocalMask((tq, tk), (window - 1, 0 if causal else window - 1), offset=0)
   else:
-    one = masks.CausalMask((t, t)) if causal else masks.FullMask((t, t))
-  size = block(t)
-  # one block size for the forward and both backward kernels (q, kv and the kv compute tiles of each)
-  fields = ("block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
-  sizes = splash.BlockSizes(**dict.fromkeys((*fields, "block_q_dq", "block_kv_dq"), size))
+    one = masks.CausalMask((tq, tk)) if causal else masks.FullMask((tq, tk))
+  size_q, size_k = block(tq), block(tk)
+  # one block size along the queries and one along the keys, for the forward and both backward kernels
+  sizes = splash.BlockSizes(
+    **dict.fromkeys(("block_q", "block_q_dkv", "block_q_dq"), size_q),
+    **dict.fromkeys(("block_kv", "block_kv_compute", "block_kv_dkv", "block_kv_dkv_compute", "block_kv_dq"), size_k),
+  )
   make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
   kernel = make(masks.MultiHeadMask([one] * h), block_sizes=sizes, interpret=toolkit.interpret_default())
   dtype = q.dtype
@@ -241,23 +330,29 @@ def _splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, window: i
   q, k, v = heads_first(q * jnp.asarray(scale, q.dtype)), heads_first(k), heads_first(v)
   if kv_heads == 1:  # multi-query: one [T,D] key and value
     k, v = k[:, 0], v[:, 0]
-  run = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
-  pairs = b * h * _live_blocks(t // size, size, causal, window) * size * size
+  run = lambda q, k, v, q_ids, k_ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=q_ids, kv=k_ids))
+  if tq == tk:  # self-attention: the blocks its mask keeps
+    pairs = b * h * _live_blocks(tq // size_q, size_q, causal, window) * size_q * size_q
+  else:  # two streams: every block
+    pairs = b * h * tq * tk
   with jax.named_scope(_cost_scope(pairs, pairs, q.shape[-1], v.shape[-1])):
-    return heads_first(jax.vmap(run)(q, k, v, ids)).astype(dtype)
+    return heads_first(jax.vmap(run)(q, k, v, q_ids, k_ids)).astype(dtype)
 
 
-def _triton(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float) -> Array:
+def _triton(q: Array, k: Array, v: Array, ids: Array | None, *, causal: bool, scale: float) -> Array:
   h, kv_heads = q.shape[2], k.shape[2]
   if kv_heads != h:  # the kernel reads query head n's keys at head n
     k, v = (jnp.repeat(x, h // kv_heads, axis=2) for x in (k, v))
-  size = block(q.shape[1], 128)
+  size, size_k = block(q.shape[1], 128), block(k.shape[1], 128)
   sizes = gpu_attention.BlockSizes(
-    block_q=size, block_k=size, block_q_dkv=32, block_kv_dkv=32, block_q_dq=32, block_kv_dq=32
+    block_q=size, block_k=size_k, block_q_dkv=32, block_kv_dkv=32, block_q_dq=32, block_kv_dq=32
   )
   b, t, h, d = q.shape
   # the forward's blocks of `size` and the backward's of 32: a causal kernel stops at the diagonal block
-  pairs = lambda width: b * h * _live_blocks(t // width, width, causal, 0) * width * width
+  # (two streams: every block)
+  pairs = lambda width: (
+    b * h * (_live_blocks(t // width, width, causal, 0) * width * width if t == k.shape[1] else t * k.shape[1])
+  )
   with jax.named_scope(_cost_scope(pairs(size), pairs(32), d, v.shape[-1])):
     return gpu_attention.mha(
       q, k, v, ids, sm_scale=scale, causal=causal, block_sizes=sizes, interpret=toolkit.interpret_default()

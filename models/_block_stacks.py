@@ -58,7 +58,14 @@ class Stack(nnx.Module):
     self.cross = (
       stack.make_layers(
         lambda: CrossAttention(
-          s.d_model, memory_width, heads=s.num_heads, width=s.d_model, use_bias=s.use_bias, dtype=dtype, rngs=rngs
+          s.d_model,
+          memory_width,
+          heads=s.num_heads,
+          width=s.d_model,
+          use_bias=s.use_bias,
+          dtype=dtype,
+          rngs=rngs,
+          impl=s.attention_impl,
         ),
         num_layers,
         scan=scan,

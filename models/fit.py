@@ -160,6 +160,7 @@ class FITBlock(nnx.Module):
       use_bias=m.use_bias,
       dtype=dtype,
       rngs=rngs,
+      impl=m.attention_impl,
     )
     self.l2x = CrossAttention(m.d_latent, m.d_model, **cross) if global_ else None
     self.x2l = CrossAttention(m.d_model, m.d_latent, **cross) if global_ and not last else None

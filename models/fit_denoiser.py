@@ -230,6 +230,7 @@ class Model(nnx.Module):
           use_bias=m.use_bias,
           dtype=self.dtype,
           rngs=rngs,
+          impl=m.attention_impl,
         )
         for _, b in self.spec
         if b

@@ -7,6 +7,7 @@ and an H100 (the CUDA plugin), the library kernel is in the program."""
 
 import gzip
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +126,91 @@ def test_what_a_kernel_cannot_take_falls_back_to_the_reference_with_one_log_line
     )
 
 
+def cross_inputs(tq, tk, kv_heads, valid=True):
+  """Queries of one stream over another's keys; row 1's keys all padding (its queries read every key alike)."""
+  rng = np.random.default_rng(tq + tk)
+  x = lambda t, heads: jnp.asarray(rng.normal(size=(B, t, heads, D)), jnp.float32)
+  k_valid = (jnp.arange(tk)[None] < jnp.array([[tk - 40], [0]])) if valid else None
+  return x(tq, H), x(tk, kv_heads), x(tk, kv_heads), k_valid
+
+
+@pytest.mark.parametrize(
+  "impl, tq, tk, kv_heads, valid", [("splash", 200, 300, 2, True), ("triton", 200, 256, H, False)]
+)
+def test_cross_attention_on_a_kernel_equals_the_reference(impl, tq, tk, kv_heads, valid):
+  """Two streams of different lengths, neither a whole number of blocks for splash (padded to them)."""
+  q, k, v, k_valid = cross_inputs(tq, tk, kv_heads, valid)
+
+  def value_and_grads(impl):
+    loss = lambda q, k, v: (lambda out: (jnp.sum(out * jnp.cos(out)), out))(
+      library.cross_attention(q, k, v, k_valid=k_valid, impl=impl)
+    )
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+  got, want = value_and_grads(impl), value_and_grads("xla")
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE[jnp.float32])
+
+
+@pytest.mark.parametrize(
+  "impl, tq, extra, why",
+  [
+    ("splash", 16, {}, "the 16 queries or 256 keys are fewer than the kernel's 128-step block"),
+    ("splash", 128, {"mask": True}, "the keys each query reads are given query by query"),
+    ("triton", 128, {"k_valid": True}, "the GPU kernel takes one id array for queries and keys"),
+  ],
+)
+def test_what_a_kernel_cannot_take_in_cross_attention_falls_back_with_one_log_line(impl, tq, extra, why, caplog):
+  q, k, v, k_valid = cross_inputs(tq, T, H)
+  masks = {"k_valid": k_valid} if "k_valid" in extra else {}
+  if "mask" in extra:  # FIT's x2l: each query its own keys
+    masks["mask"] = jnp.arange(T)[None, None, :] <= jnp.arange(tq)[None, :, None] * 2
+  library._NOTED.clear()
+  with caplog.at_level(logging.INFO, logger=library.__name__):
+    got = [library.cross_attention(q, k, v, impl=impl, **masks) for _ in range(2)]
+  for g in got:
+    np.testing.assert_array_equal(g, library.cross_attention(q, k, v, impl="xla", **masks))
+  lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
+  assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}"), lines
+
+
+def _vq_full(impl, rel_bias):
+  config = lra_core.load_config(
+    "configs/enwik8/transformer_vq.py:tiny,full",
+    ["model.num_layers=1", "train.seq_len=128", f"model.attention_impl={impl}", f"model.rel_bias={rel_bias}"],
+  )
+  return config
+
+
+@pytest.mark.slow
+def test_transformer_vq_s_full_attention_goes_to_the_kernel_unless_it_adds_xl_s_bias(caplog):
+  """`attention="full"` without Transformer-XL's position bias: loss and gradients on splash equal the
+  reference's; with the bias (the papers' setting) it is the reference, said in one log line."""
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(1, 256, size=(2, 128)), jnp.int32)
+  segments = jnp.asarray(np.where(np.arange(128) < 77, 1, 2)[None].repeat(2, 0), jnp.int32)
+  out = {}
+  library._NOTED.clear()
+  with caplog.at_level(logging.INFO, logger=library.__name__):
+    for impl, rel_bias in (("xla", False), ("splash", False), ("splash", True)):
+      model = lra_core.build_model(_vq_full(impl, rel_bias), seed=0)
+      graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+      def loss(params):
+        logits = nnx.merge(graph, params, rest)(tokens, segment_ids=segments)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        return jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32)).max(-1))
+
+      out[impl, rel_bias] = jax.value_and_grad(loss)(params)
+  for a, b in zip(jax.tree.leaves(out["splash", False]), jax.tree.leaves(out["xla", False])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+  lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
+  assert lines == [
+    "attention: splash falls back to xla: Transformer-XL's position bias is added to the scores, "
+    "and the kernels take no bias."
+  ], lines
+
+
 def test_auto_picks_the_kernel_of_the_platform_traced_for():
   for platform, impl in (("tpu", "splash"), ("gpu", "triton"), ("cpu", "xla")):
     with toolkit.target(platform):
@@ -185,6 +271,12 @@ FAMILIES = {
     "configs/c4/block_transformer.py:tiny",
     ["train.seq_len=512", "model.num_layers=1", "model.token_num_layers=1"],
   ),
+  # Transformer-VQ's full mode without Transformer-XL's bias (with it, the reference: the kernels take no
+  # bias); one window of the whole row, and one head width for the GPU kernel
+  "transformer_vq_full": (
+    "configs/pg19/transformer_vq.py:tiny,full",
+    ["train.seq_len=256", "train.update_len=256", "model.rel_bias=False", "model.d_k=64"],
+  ),
   # FIT-AR: 4 groups of 8x8 pixels' channels (192 tokens, padded to 256 for the local layers); its global
   # layers' group-causal mask is the reference's (kernels/library_attention.py)
   "fit": (
@@ -206,8 +298,8 @@ def _compiled_hlo(spec, overrides, topology, tmp_path):
 @pytest.mark.parametrize("family", tiers.quick(list(FAMILIES), keep=[0]))
 def test_each_family_trains_on_splash_in_a_step_compiled_for_tpu(family, tmp_path):
   hlo = _compiled_hlo(*FAMILIES[family], "v5e:2x2", tmp_path)
-  for kernel in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"):  # forward and both backward kernels
-    assert kernel in hlo, f"{family}: no {kernel} in the compiled train step"
+  for kernel in ("fwd", "dq", "dkv"):  # forward and both backward kernels, multi-head or multi-query
+    assert re.search(rf"splash_m[hq]a_{kernel}", hlo), f"{family}: no splash {kernel} kernel in the compiled train step"
 
 
 @needs_plugin

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lra_core.kernels.attention import attention_mask, dot_product_attention
-from lra_core.kernels.library_attention import self_attention
+from lra_core.kernels.library_attention import cross_attention, self_attention
 from lra_core.models.blocks.layers import Dense, LayerNorm
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.sharding import constrain
@@ -173,9 +173,13 @@ def attend_cache(
 
 class CrossAttention(nnx.Module):
   """x + MHA(LN(x), LN(y)): queries from one stream (width dq), keys / values from the other (dkv),
-  `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count)."""
+  `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count). impl: the
+  kernel (kernels/library_attention.py)."""
 
-  def __init__(self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs):
+  def __init__(
+    self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs, impl: str = "xla"
+  ):
+    self.impl = impl
     hd = width // heads
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
     # Each stream has its own norm: the two carry activations of different widths and scales.
@@ -202,6 +206,5 @@ class CrossAttention(nnx.Module):
     """x [B,Tq,dq] reads y [B,Tk,dkv] (or its precomputed `kv`); k_valid: bool[B,Tk]; mask:
     bool[B,Tq,Tk], which keys each query reads (both: the two combined)."""
     k, v = self.kv(y) if kv is None else kv  # precomputed once when many queries read one memory
-    if k_valid is not None:
-      mask = k_valid[:, None, :] if mask is None else mask & k_valid[:, None, :]
-    return x + self.out(dot_product_attention(self.query(self.q_norm(x)), k, v, mask=mask))
+    q = self.query(self.q_norm(x))
+    return x + self.out(cross_attention(q, k, v, k_valid=k_valid, mask=mask, impl=self.impl))
