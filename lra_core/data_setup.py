@@ -3,6 +3,8 @@ devices and each batch, all before anything compiles."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from lra_core import data as data_lib
@@ -20,6 +22,32 @@ def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
   info = next(iter(sources.values())).info
   check_compatible(config, info, mesh)
   return sources, make_task(config, info)
+
+
+def check_data_files(saved: dict | None, now: dict, step: int) -> None:
+  """A resume reads the data files checkpoint `step` was saved from (both {path: [size, mtime]},
+  data/cache.py recording_files): a file shorter now is one sentence (the saved data position no longer
+  names the same examples, and a memory-mapped read past its end would kill the run); one rewritten,
+  grown or no longer read is a warning, once."""
+  if not saved:  # a checkpoint from before data files were kept
+    return
+  shorter = [(p, old[0], now[p][0]) for p, old in saved.items() if p in now and now[p][0] < old[0]]
+  if shorter:
+    path, before, size = shorter[0]
+    raise DataError(
+      f"data file {path} holds {size:,} bytes where it held {before:,} when checkpoint step {step} was saved; "
+      "put the original back to resume, or start the changed data in a new workdir."
+    )
+  changed = sorted(p for p, old in saved.items() if now.get(p) != old)
+  if changed:
+    logging.warning(
+      "%d data file(s) changed since checkpoint step %d was saved (%s%s): the run resumes its data position "
+      "over the files as they are now",
+      len(changed),
+      step,
+      changed[0],
+      f" and {len(changed) - 1} more" if len(changed) > 1 else "",
+    )
 
 
 def config_data_info(config) -> data_lib.DataInfo:

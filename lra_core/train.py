@@ -29,7 +29,7 @@ from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable, warm_start
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
-from lra_core.data import pipeline
+from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.evaluate import Evaluator
@@ -76,7 +76,8 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   _log_mesh(mesh)
 
   # ----------------------------------------------------------------------------- Data
-  sources, task = data_setup.setup_data(config, SPLITS, mesh)
+  with cache.recording_files() as data_files:  # kept with each checkpoint: a resume checks them
+    sources, task = data_setup.setup_data(config, SPLITS, mesh)
   block, blocks = layout.row_block(mesh, rules)  # which rows this process reads (several read the same
   # rows where a sequence is split over hosts: mesh.sequence)
   train_reader = pipeline.BatchReader(
@@ -103,6 +104,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     # --------------------------------------------------------------------------- Resume
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
     state, start, meta = _initial_state(config, spec, ckpt, mesh)
+    data_setup.check_data_files(meta.get("data_files"), data_files, start)
     writer.resume(start)
     next_batch = meta["next_batch"]
     guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
@@ -140,6 +142,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       flush()
       saved = {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped, "log_sums": dict(log_sums)}
       saved["train_time_s"] = time_before + time.perf_counter() - t_start
+      saved["data_files"] = data_files
       ckpt.save(step, state, saved)
       guard.last_saved = step
 

@@ -4,6 +4,8 @@ The trainer runs here share one small ListOps config, so they compile once."""
 
 import gc
 import json
+import logging
+import re
 import shutil
 import sys
 import time
@@ -89,6 +91,27 @@ def test_a_warm_start_reads_the_newest_readable_checkpoint_of_its_source(data, u
     ConfigError, match=r"^train\.init_from .*: its config\.json cannot be read \(UnicodeDecodeError: "
   ):
     warm_start(cfg, None, None, str(source), None)
+
+
+def test_a_resume_over_changed_data_files_warns_and_over_a_shortened_one_stops(tmp_path, caplog):
+  """Each checkpoint keeps the size and mtime of the data files the run read: a resume over a rewritten
+  one is one warning (it continues), over one cut short one sentence before any step (the saved data
+  position no longer names the same examples); the checkpoints are untouched."""
+  data = fixtures.listops.build(tmp_path / "data")
+  train_file = next((tmp_path / "data").rglob("basic_train.tsv"))
+  workdir = tmp_path / "run"
+  train_and_evaluate(config(data), workdir, stop_at_step=4)
+  with open(train_file, "a") as f:
+    f.write(train_file.read_text().splitlines(keepends=True)[1])  # one more example
+  with caplog.at_level(logging.WARNING):
+    train_and_evaluate(config(data), workdir)
+  said = [r.getMessage() for r in caplog.records if "data file(s) changed" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith("1 data file(s) changed since checkpoint step 4 was saved ("), said
+  lines = train_file.read_text().splitlines(keepends=True)
+  train_file.write_text("".join(lines[: len(lines) // 2]))
+  with pytest.raises(DataError, match=rf"^data file {re.escape(str(train_file))} holds [\d,]+ bytes where it held"):
+    train_and_evaluate(config(data, "train.steps=8"), workdir)
+  assert Checkpointer(workdir, async_save=False).all_steps() == [2, 4, 6]
 
 
 def test_one_flipped_byte_falls_back_to_the_previous_checkpoint(data, uninterrupted, tmp_path, caplog):

@@ -10,12 +10,14 @@ a local folder; the inputs may be objects in a bucket (gs://...), keyed by URL, 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from etils import epath
@@ -35,9 +37,26 @@ def cache_root(configured: str = "") -> pathlib.Path:
   return pathlib.Path(root).expanduser()
 
 
+_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("data files read", default=None)
+
+
+@contextlib.contextmanager
+def recording_files() -> Iterator[dict[str, list[int]]]:
+  """{path: [size, mtime]} of every file `file_fingerprint` reads inside it: the data files a run's
+  sources were built from, which its checkpoints keep so that a resume notices a changed one
+  (lra_core/data_setup.py check_data_files)."""
+  found: dict[str, list[int]] = {}
+  token = _RECORDING.set(found)
+  try:
+    yield found
+  finally:
+    _RECORDING.reset(token)
+
+
 def file_fingerprint(paths: Sequence[str | os.PathLike]) -> list[tuple[str, int, int]]:
   """(absolute path, size, mtime_ns) of each file: enough to notice a rewritten input. An object
-  in a bucket gives (URL, size, mtime in seconds), the precision its store reports."""
+  in a bucket gives (URL, size, mtime in seconds), the precision its store reports. Inside
+  `recording_files` each is recorded too."""
   out = []
   for p in paths:
     text = os.fspath(p)
@@ -47,6 +66,9 @@ def file_fingerprint(paths: Sequence[str | os.PathLike]) -> list[tuple[str, int,
     else:
       stat = epath.Path(text).stat()
       out.append((text, int(stat.length), int(stat.mtime)))
+  recording = _RECORDING.get()
+  if recording is not None:
+    recording.update({path: [size, mtime] for path, size, mtime in out})
   return out
 
 

@@ -318,6 +318,7 @@ class Source:
       raise ConfigError(f"train.seq_len {seq_len!r} must be a positive integer.")
     self.path = files.expand(path, what="ListOps file")
     self.seq_len = int(seq_len)
+    cache.file_fingerprint([path])  # a run's data files, kept with its checkpoints (cache.recording_files)
     self.examples = load_tsv(path)
     truncated = int(np.sum(self.examples.lengths > seq_len))
     if truncated:
