@@ -158,6 +158,25 @@ def _client():
   return jax_distributed.global_state.client
 
 
+# What JAX's preemption notifier (started by jax.distributed.initialize, which takes SIGTERM from
+# Python's handlers) writes into the coordination service's key-value store when any process gets
+# SIGTERM: every process reads it at once. The sync point (multihost_utils.reached_preemption_sync_point)
+# needs every process at the same step, which a save stuck in one of them never reaches.
+PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
+
+
+def preemption_noticed() -> bool:
+  """Whether some process of this multi-process run has received SIGTERM (False in one process)."""
+  client = _client()
+  if client is None or jax.process_count() < 2:
+    return False
+  try:
+    client.key_value_try_get(PREEMPTION_NOTICE_KEY)
+  except Exception:  # noqa: BLE001  (NOT_FOUND: no notice yet; a lost coordinator is the failure watchdog's)
+    return False
+  return True
+
+
 class _Watchdog:
   """Waits on FAILURE_KEY in a daemon thread; ends this process when another one reports a failure."""
 

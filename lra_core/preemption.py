@@ -24,7 +24,7 @@ import threading
 
 import jax
 
-from lra_core import startup
+from lra_core import distributed, startup
 from lra_core.cli import EXIT_INTERRUPTED
 
 
@@ -50,6 +50,12 @@ class PreemptionNotice:
       again = " (Ctrl-C again to abort without it)" if signum == signal.SIGINT else ""
       logging.warning("received %s: stopping after this step with a checkpoint%s", what, again)
     self.received = signum
+
+  def asked_to_stop(self) -> bool:
+    """Whether a stop was asked for, outside the step loop's sync point (a save stuck on a failing store
+    gives way to it): this process's signal, or with several processes a SIGTERM to any of them, which
+    JAX's notifier publishes to all (lra_core/distributed.py)."""
+    return self.received is not None or distributed.preemption_noticed()
 
   @property
   def interrupted(self) -> bool:

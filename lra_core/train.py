@@ -151,7 +151,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     # SIGTERM (a scheduler's notice) and SIGINT (Ctrl-C): finish the step in flight, save, return.
     watchdog = StepWatchdog(t.watchdog_factor, t.watchdog_min_s, cli.EXIT_PREEMPTED)
     with PreemptionNotice() as notice, watchdog:
-      ckpt.abandon = lambda: notice.received is not None  # a save stuck on a failing store gives way to SIGTERM
+      ckpt.abandon = notice.asked_to_stop  # a save stuck on a failing store gives way to SIGTERM
       try:
         for step in range(start, stop):
           local = next(batches)
@@ -191,21 +191,23 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
             preempted = done
             break
       except SaveAbandoned as e:
-        writer.close()
-        return {"stopped_at": ckpt.last_complete or 0, "preempted": True, "abandoned": str(e)}
+        return _abandoned(e, ckpt, writer)
       finally:
         profiler.stop()
     progress.close()
     train_time = time.perf_counter() - t_start
-    if preempted is not None or stop < total_steps:
-      ckpt.close()
-      writer.close()
-      return _stopped(preempted, stop, notice, ckpt)
+    try:  # the last save may be the one a failing store holds when the stop comes
+      if preempted is not None or stop < total_steps:
+        ckpt.close()
+        writer.close()
+        return _stopped(preempted, stop, notice, ckpt)
 
-    guard.check_skipped_share(total_steps)
-    # --------------------------------------------------------------------------- Final evaluation
-    summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
-    ckpt.close()
+      guard.check_skipped_share(total_steps)
+      # ------------------------------------------------------------------------- Final evaluation
+      summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
+      ckpt.close()
+    except SaveAbandoned as e:
+      return _abandoned(e, ckpt, writer)
   summary["param_checksum"] = param_checksum(state["params"])
   _add_timing(summary, workdir, meter, stop - start, total_steps, time_before + train_time)
   writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
@@ -286,6 +288,13 @@ def _initial_state(config, spec, ckpt: Checkpointer, mesh) -> tuple[dict, int, d
   if config.train.init_from:
     state = warm_start(config, spec, state, config.train.init_from, mesh)
   return state, 0, {"next_batch": 0}
+
+
+def _abandoned(e: SaveAbandoned, ckpt: Checkpointer, writer: MetricWriter) -> dict:
+  """The summary of a run stopped (SIGTERM) while a save stuck on a failing store was in flight: it
+  leaves without that checkpoint, from the last complete one the same command resumes."""
+  writer.close()
+  return {"stopped_at": ckpt.last_complete or 0, "preempted": True, "abandoned": str(e)}
 
 
 def _stopped(preempted: int | None, stop: int, notice: PreemptionNotice, ckpt: Checkpointer) -> dict:

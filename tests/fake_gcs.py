@@ -37,6 +37,7 @@ class Store:
     self.uploads: dict[str, tuple[str, str, dict, bytearray]] = {}
     # Object names whose writes fail with 503, as a store that keeps failing: e.g. re.compile("checkpoints/4/").
     self.failing: re.Pattern | None = None
+    self.refused = 0  # writes failed so far by `failing`
 
   def resource(self, bucket: str, name: str, obj: _Object) -> dict:
     return {
@@ -219,6 +220,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
   # ---------------------------------------------------------------------------------------- operations
   def _store(self, bucket: str, name: str, data: bytes, content_type: str | None, query: dict) -> None:
     if self.store.failing is not None and self.store.failing.search(name):
+      self.store.refused += 1
       return self._error(503, "service unavailable (injected)")
     with self.store.lock:
       objects = self.store.buckets.get(bucket)

@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,9 +46,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC):
+def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, sigterm=None):
   """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs (with
-  check=False: [(exit status, output, seconds from start to exit)] of each)."""
+  check=False: [(exit status, output, seconds from start to exit)] of each). sigterm=(i, ready): SIGTERM
+  to process i once ready() is true; the seconds are then counted from that signal."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -81,6 +83,9 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC):
   ended = {}
   try:
     while len(ended) < len(procs) and time.monotonic() - start < 300:
+      if sigterm is not None and sigterm[1]():
+        procs[sigterm[0]].send_signal(signal.SIGTERM)
+        sigterm, start = None, time.monotonic()
       ended.update(
         {i: time.monotonic() - start for i, p in enumerate(procs) if i not in ended and p.poll() is not None}
       )
@@ -254,6 +259,28 @@ def test_a_one_sentence_error_on_one_process_is_status_2_on_both(runs, tmp_path)
   assert failing == cli.EXIT_USER_ERROR and "is in use by the run started" in out0, out0[-3000:]
   said = [line for line in out1.splitlines() if line.startswith("error: process 0 failed: workdir ")]
   assert other == cli.EXIT_USER_ERROR and len(said) == 1, out1[-3000:]
+
+
+@pytest.mark.slow
+def test_a_sigterm_while_both_processes_wait_on_a_stuck_save_ends_both_with_75(tmp_path, fake_gcs):
+  """Every write of step 4's array data fails (a store that keeps failing; TensorStore retries for
+  minutes), so both processes wait on it as the 4-step run ends. A SIGTERM to process 1 alone ends both
+  after the grace (a quarter of train.save_timeout_s: 15 s), status 75 naming the last complete
+  checkpoint, not at the 60 s timeout with status 2: with several processes JAX's notifier takes the
+  signal, and the key it publishes reaches every process."""
+  overrides = [*listops.build(tmp_path / "data"), *MESH, "train.checkpoint_every=2", "train.save_timeout_s=60"]
+  fake_gcs.store.failing = re.compile(r"/checkpoints/4/state/.*/d/")
+  refused = fake_gcs.store.refused
+  try:
+    results = _launch(
+      overrides, fake_gcs("stuck"), check=False, sigterm=(1, lambda: fake_gcs.store.refused > refused + 4)
+    )
+  finally:
+    fake_gcs.store.failing = None
+  for status, out, seconds in results:
+    assert status == cli.EXIT_PREEMPTED, out[-3000:]
+    assert "was still being written when the run was asked to stop" in out and "the last complete one is step 2" in out
+    assert seconds is not None and seconds < 45, seconds
 
 
 @pytest.mark.slow
