@@ -253,7 +253,8 @@ def run(main: Callable[[], None]) -> None:
   try:
     main()
   except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
+    if not distributed.leaving():
+      print(f"error: {e}", file=sys.stderr)
     distributed.report_failure(str(e), EXIT_USER_ERROR)
     if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit
       sys.stdout.flush()

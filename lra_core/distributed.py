@@ -30,7 +30,9 @@ exits at once with the failing process's status (2 for bad input, 75 preempted o
 Ctrl-C, 1 a crash: a supervisor sees the cause whichever process it reads), from wherever its main
 thread is blocked; a lost coordinator is status 1 (EXIT_PEER_FAILED). The
 failing process waits until the others have seen the line (the store lives in process 0, so
-process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier.
+process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier; processes
+failing at the same moment (a store they all wait on) do not wait for each other, and process 0 leaves
+last.
 A process that dies without a word (SIGKILL, a lost host) is caught by the coordination
 service's heartbeats (jax.distributed's heartbeat_timeout_seconds, 100 s).
 """
@@ -143,9 +145,9 @@ def initialize_from_args(ns: argparse.Namespace) -> bool:
 
 FAILURE_KEY = "lra_core/failure"
 FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to read its line
-# A process that read the line exits right after saying so; the failing one outlives that by this
-# margin: process 0 hosts the coordination service, and a peer whose JAX client loses it before its
-# own exit is aborted by that client (SIGABRT) instead of exiting with EXIT_PEER_FAILED.
+# Process 0 hosts the coordination service, and a process whose JAX client loses it before its own exit
+# is aborted by that client (SIGABRT) instead of exiting with its status: every other process leaves as
+# soon as it may, and process 0 this much later.
 EXIT_MARGIN_S = 1.0
 EXIT_PEER_FAILED = 1  # the status of a process stopped by a lost peer or coordinator (cli.EXIT_CRASH)
 _POLL_MS = 1000
@@ -206,16 +208,21 @@ class _Watchdog:
     sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash)."""
     if self.stopped.is_set():
       return
+    _LEAVING.set()
     print(f"error: {line}; stopping process {self.process} as well.", file=sys.stderr, flush=True)
     if acknowledge:
-      try:
-        self.client.key_value_set(f"{FAILURE_KEY}/seen/{self.process}", "1")
-      except Exception:  # noqa: BLE001  (the failing process stops waiting after FAILURE_GRACE_S anyway)
-        pass
-    os._exit(status)  # from this thread: the main thread may be blocked in a collective
+      _acknowledge(self.client, self.process)
+    leave(status, self.process)  # from this thread: the main thread may be blocked in a collective
 
 
 _watchdog: _Watchdog | None = None
+_LEAVING = threading.Event()
+
+
+def leaving() -> bool:
+  """Whether this process is ending for another process's failure, its line said already (the main
+  thread, failing the same way a moment later, need not say its own)."""
+  return _LEAVING.is_set()
 
 
 def start_watchdog() -> None:
@@ -258,6 +265,9 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
     )
   except Exception:  # noqa: BLE001  (another process reported first: its line stands, this one still ends)
     pass
+  # This process knows the run is ending: another one failing at the same moment (a store both wait on)
+  # need not wait FAILURE_GRACE_S for an acknowledgement from a watchdog this one has stopped.
+  _acknowledge(client, me)
   deadline = time.monotonic() + FAILURE_GRACE_S
   for other in range(count):
     remaining_ms = int(1000 * (deadline - time.monotonic()))
@@ -267,8 +277,24 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
       client.blocking_key_value_get(f"{FAILURE_KEY}/seen/{other}", remaining_ms)
     except Exception:  # noqa: BLE001  (it stopped without a word, or the grace ran out)
       pass
-  time.sleep(EXIT_MARGIN_S)
+  logging.shutdown()
+  leave(status, me)
+
+
+def _acknowledge(client, process: int) -> None:
+  try:
+    client.key_value_set(f"{FAILURE_KEY}/seen/{process}", "1")
+  except Exception:  # noqa: BLE001  (said already; or the failing process stops waiting after FAILURE_GRACE_S)
+    pass
+
+
+def leave(status: int, process: int | None = None) -> None:
+  """Exits now with `status`, without JAX's shutdown barrier (or the interpreter's teardown, which waits
+  for stuck threads); in a multi-process run process 0, which hosts the coordination service,
+  EXIT_MARGIN_S later, so that no other process outlives it."""
+  process = jax.process_index() if process is None else process
   sys.stdout.flush()
   sys.stderr.flush()
-  logging.shutdown()
+  if process == 0 and jax.process_count() > 1:
+    time.sleep(EXIT_MARGIN_S)
   os._exit(status)

@@ -25,7 +25,19 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lra_core import cli, compile_cache, data_setup, fs, layout, optim, sharding, step_compile, throughput, trackers
+from lra_core import (
+  cli,
+  compile_cache,
+  data_setup,
+  distributed,
+  fs,
+  layout,
+  optim,
+  sharding,
+  step_compile,
+  throughput,
+  trackers,
+)
 from lra_core import sample as sample_lib
 from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable, warm_start
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
@@ -487,9 +499,7 @@ def main(argv=None) -> None:
       sys.exit(cli.EXIT_INTERRUPTED)
     if summary.get("abandoned"):  # the store's writer threads are stuck: leave without waiting for them
       logging.warning("%s", summary["abandoned"])
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(cli.EXIT_PREEMPTED)
+      distributed.leave(cli.EXIT_PREEMPTED)
     if summary.get("preempted"):
       sys.exit(cli.EXIT_PREEMPTED)  # a supervisor relaunches the same command
     return

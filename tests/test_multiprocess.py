@@ -284,6 +284,26 @@ def test_a_sigterm_while_both_processes_wait_on_a_stuck_save_ends_both_with_75(t
 
 
 @pytest.mark.slow
+def test_a_save_stuck_on_one_process_ends_both_at_the_timeout_with_one_sentence(tmp_path, fake_gcs):
+  """Only process 1's writes of step 4 fail (its shard of a full or failing store), so process 0's
+  part completes and its commit waits in orbax's barrier for process 1's. Both end once the save has
+  run train.save_timeout_s (10 s), status 2, each with the sentence naming the last complete checkpoint."""
+  overrides = [*listops.build(tmp_path / "data"), *MESH, "train.checkpoint_every=2", "train.save_timeout_s=10"]
+  fake_gcs.store.failing = re.compile(r"/checkpoints/4/state/ocdbt\.process_1/")
+  try:
+    results = _launch(overrides, fake_gcs("one_stuck"), check=False)
+  finally:
+    fake_gcs.store.failing = None
+  for status, out, seconds in results:
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert status == cli.EXIT_USER_ERROR and len(said) == 1, out[-3000:]
+    assert (
+      "(train.save_timeout_s): the store is failing or too slow; the last complete checkpoint is step 2." in said[0]
+    )
+  assert max(seconds for *_, seconds in results) - min(seconds for *_, seconds in results) < 20
+
+
+@pytest.mark.slow
 def test_a_sequence_split_over_two_processes_trains_like_one(tmp_path):
   """mesh.sequence 4 over both processes (2 devices each): both read the same rows, each keeps its
   half of every row's time steps, and the run ends where one process with the same mesh ends."""
