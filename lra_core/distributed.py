@@ -33,8 +33,11 @@ failing process waits until the others have seen the line (the store lives in pr
 process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier; processes
 failing at the same moment (a store they all wait on) do not wait for each other, and process 0 leaves
 last.
-A process that dies without a word (SIGKILL, a lost host) is caught by the coordination
-service's heartbeats (jax.distributed's heartbeat_timeout_seconds, 100 s).
+A process that dies without a word (SIGKILL, a lost host) leaves the others blocked in a collective;
+JAX's coordination service notices after its heartbeat timeout (100 s) and aborts every process
+(SIGABRT, a fatal log line and a native stack). Before that, the watchdogs notice: each renews a
+counter in the store every second, and a process whose peer's counter has not moved for
+--peer_timeout_s (60 s) prints one line naming it and exits with status 1 (EXIT_PEER_FAILED).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import jax
 from lra_core.errors import ConfigError, brief
 
 MODES = ("auto", "on", "off")
+PEER_TIMEOUT_S = 60.0  # --peer_timeout_s's default: below JAX's heartbeat timeout (100 s)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +72,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0's coordinator")
   group.add_argument("--num_processes", type=int, default=None, help="number of processes in the run")
   group.add_argument("--process_id", type=int, default=None, help="this process's index, 0..num_processes-1")
+  group.add_argument(
+    "--peer_timeout_s",
+    type=float,
+    default=PEER_TIMEOUT_S,
+    help="end the run, naming the process, when another process has been silent this long (killed, or its "
+    "host lost); below JAX's own heartbeat timeout (100 s), which aborts every process",
+  )
 
 
 def cluster_detected(environ=os.environ) -> str | None:
@@ -118,6 +129,7 @@ def initialize(
   coordinator_address: str | None = None,
   num_processes: int | None = None,
   process_id: int | None = None,
+  peer_timeout_s: float = PEER_TIMEOUT_S,
 ) -> bool:
   """Joins the multi-process run if the flags or the environment ask for one; True if joined."""
   kwargs = settings(mode, coordinator_address, num_processes, process_id)
@@ -125,8 +137,10 @@ def initialize(
     return False
   if jax.distributed.is_initialized():
     return True
+  if peer_timeout_s <= 0:
+    raise ConfigError(f"--peer_timeout_s must be positive, got {peer_timeout_s:g}.")
   jax.distributed.initialize(**kwargs)
-  start_watchdog()
+  start_watchdog(peer_timeout_s)
   logging.info(
     "process %d of %d joined the run (%d local / %d global devices)",
     jax.process_index(),
@@ -138,12 +152,13 @@ def initialize(
 
 
 def initialize_from_args(ns: argparse.Namespace) -> bool:
-  return initialize(ns.distributed, ns.coordinator_address, ns.num_processes, ns.process_id)
+  return initialize(ns.distributed, ns.coordinator_address, ns.num_processes, ns.process_id, ns.peer_timeout_s)
 
 
 # -- one failing process ends the run --------------------------------------------------------------
 
 FAILURE_KEY = "lra_core/failure"
+ALIVE_KEY = "lra_core/alive"  # /<process>: a counter each watchdog renews every _POLL_MS; "done" at a clean exit
 FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to read its line
 # Process 0 hosts the coordination service, and a process whose JAX client loses it before its own exit
 # is aborted by that client (SIGABRT) instead of exiting with its status: every other process leaves as
@@ -182,14 +197,39 @@ def preemption_noticed() -> bool:
 class _Watchdog:
   """Waits on FAILURE_KEY in a daemon thread; ends this process when another one reports a failure."""
 
-  def __init__(self, client, process: int):
-    self.client, self.process = client, process
+  def __init__(self, client, process: int, count: int, peer_timeout_s: float = PEER_TIMEOUT_S):
+    self.client, self.process, self.peer_timeout_s = client, process, peer_timeout_s
     self.stopped = threading.Event()
     self.thread = threading.Thread(target=self._watch, name="lra_core-failure-watchdog", daemon=True)
+    self._beats = 0
+    start = time.monotonic()
+    # Each peer's last counter seen and when it last moved (from this watchdog's start: a peer that
+    # never writes one is silent from then).
+    self._heard = {p: (None, start) for p in range(count) if p != process}
+
+  def _beat_and_listen(self) -> None:
+    """Renews this process's counter; ends the process if a peer's has not moved for peer_timeout_s."""
+    self._beats += 1
+    self.client.key_value_set(f"{ALIVE_KEY}/{self.process}", str(self._beats), allow_overwrite=True)
+    now = time.monotonic()
+    values = dict(self.client.key_value_dir_get(ALIVE_KEY))
+    for peer, (seen, since) in list(self._heard.items()):
+      value = values.get(f"{ALIVE_KEY}/{peer}")
+      if value == "done":  # ended cleanly: waiting in JAX's shutdown barrier, not lost
+        del self._heard[peer]
+      elif value != seen:
+        self._heard[peer] = (value, now)
+      elif now - since > self.peer_timeout_s:
+        line = (
+          f"process {peer} has not answered for {now - since:.0f} s (--peer_timeout_s): it was killed or its host "
+          "was lost; the run resumes from its last checkpoint when restarted"
+        )
+        self._stop_process(line, acknowledge=False)
 
   def _watch(self) -> None:
     while not self.stopped.is_set():
       try:
+        self._beat_and_listen()
         line = self.client.blocking_key_value_get(FAILURE_KEY, _POLL_MS)
       except Exception as e:  # noqa: BLE001  (the store's errors are one type with a status text)
         if self.stopped.is_set() or "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
@@ -225,13 +265,13 @@ def leaving() -> bool:
   return _LEAVING.is_set()
 
 
-def start_watchdog() -> None:
+def start_watchdog(peer_timeout_s: float = PEER_TIMEOUT_S) -> None:
   """Starts the failure watchdog of a multi-process run (once; stopped at exit, before JAX's shutdown)."""
   global _watchdog
   client = _client()
   if _watchdog is not None or client is None or jax.process_count() < 2:
     return
-  _watchdog = _Watchdog(client, jax.process_index())
+  _watchdog = _Watchdog(client, jax.process_index(), jax.process_count(), peer_timeout_s)
   _watchdog.thread.start()
   atexit.register(stop_watchdog)  # runs before jax's own exit handler (registered at import): LIFO
 
@@ -242,6 +282,10 @@ def stop_watchdog() -> None:
   if _watchdog is not None:
     _watchdog.stopped.set()
     _watchdog.thread.join(timeout=2 * _POLL_MS / 1000)
+    try:  # the others stop counting this process's silence
+      _watchdog.client.key_value_set(f"{ALIVE_KEY}/{_watchdog.process}", "done", allow_overwrite=True)
+    except Exception:  # noqa: BLE001  (the coordinator gone already: nobody is counting)
+      pass
     _watchdog = None
 
 

@@ -46,10 +46,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, sigterm=None):
+def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None):
   """Runs `python -m lra_core.train` as process 0 and 1 of one run; returns their outputs (with
-  check=False: [(exit status, output, seconds from start to exit)] of each). sigterm=(i, ready): SIGTERM
-  to process i once ready() is true; the seconds are then counted from that signal."""
+  check=False: [(exit status, output, seconds from start to exit)] of each). send=(i, signal, ready):
+  the signal to process i once ready() is true; the seconds are then counted from that signal."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -83,9 +83,9 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, sigterm=N
   ended = {}
   try:
     while len(ended) < len(procs) and time.monotonic() - start < 300:
-      if sigterm is not None and sigterm[1]():
-        procs[sigterm[0]].send_signal(signal.SIGTERM)
-        sigterm, start = None, time.monotonic()
+      if send is not None and send[2]():
+        procs[send[0]].send_signal(send[1])
+        send, start = None, time.monotonic()
       ended.update(
         {i: time.monotonic() - start for i, p in enumerate(procs) if i not in ended and p.poll() is not None}
       )
@@ -273,7 +273,7 @@ def test_a_sigterm_while_both_processes_wait_on_a_stuck_save_ends_both_with_75(t
   refused = fake_gcs.store.refused
   try:
     results = _launch(
-      overrides, fake_gcs("stuck"), check=False, sigterm=(1, lambda: fake_gcs.store.refused > refused + 4)
+      overrides, fake_gcs("stuck"), check=False, send=(1, signal.SIGTERM, lambda: fake_gcs.store.refused > refused + 4)
     )
   finally:
     fake_gcs.store.failing = None
@@ -301,6 +301,26 @@ def test_a_save_stuck_on_one_process_ends_both_at_the_timeout_with_one_sentence(
       "(train.save_timeout_s): the store is failing or too slow; the last complete checkpoint is step 2." in said[0]
     )
   assert max(seconds for *_, seconds in results) - min(seconds for *_, seconds in results) < 20
+
+
+@pytest.mark.slow
+def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
+  """Process 1 SIGKILLed mid-run leaves process 0 blocked in a collective, where JAX's client would
+  abort it (SIGABRT, a native stack) after its 100 s heartbeat timeout. The failure watchdog's
+  counters notice first: one line naming process 1, status 1, within --peer_timeout_s (8 s here)."""
+  workdir = tmp_path / "run"
+  overrides = [*listops.build(tmp_path / "data"), *MESH, "train.steps=100000", "train.checkpoint_every=2"]
+  (survivor, out, seconds), (killed, *_) = _launch(
+    overrides,
+    workdir,
+    "--peer_timeout_s=8",
+    check=False,
+    send=(1, signal.SIGKILL, lambda: (workdir / "checkpoints" / "4").is_dir()),
+  )
+  said = [line for line in out.splitlines() if line.startswith("error: ")]
+  assert killed == -signal.SIGKILL and survivor == distributed.EXIT_PEER_FAILED, out[-3000:]
+  assert len(said) == 1 and said[0].startswith("error: process 1 has not answered for "), said
+  assert seconds is not None and seconds < 40, seconds
 
 
 @pytest.mark.slow
