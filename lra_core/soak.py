@@ -11,10 +11,12 @@ is killed a moment later as a pod's supervisor would after losing a peer, and bo
 the same command. Near its end (no checkpoint left to check a restart by) the soaked run starts
 afresh. After `--kills` kills the run goes on to its end.
 
-A restart recovered when the first checkpoint it wrote is bit-identical to the reference's of the
-same step (every array's digest in the checkpoint's meta, lra_core/checkpoint.py), and the soak
-ends with the reference's `param_checksum`. The report: kills, restarts that recovered (and the
-steps they resumed from), the final checksum against the reference's.
+A kill was recovered from when the first checkpoint written after it, by the restart or (where that
+restart was itself killed first, in start-up or inside its first write) by a later one, is
+bit-identical to the reference's of the same step (every array's digest in the checkpoint's meta,
+lra_core/checkpoint.py); the soak ends with the reference's `param_checksum`. The report: kills, kills
+recovered from (the steps the restarts resumed from, the checkpoint that showed it), the final checksum
+against the reference's.
 """
 
 from __future__ import annotations
@@ -122,11 +124,23 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
     raise RuntimeError(f"the reference run failed; see {logs / 'reference'}")
   expected = json.loads((reference / "summary.json").read_text())["param_checksum"]
   wanted = _digests(reference)
-  restarts = []
+  restarts, pending = [], []  # every kill; those no checkpoint written since has checked yet
+
+  def settle(before: set[int]) -> list[int]:
+    """The checkpoints written since `before`; the first of them checks every pending kill (checked now:
+    a later fresh start removes them)."""
+    written = sorted(_steps(run) - before)
+    if written and pending:
+      same = _digests(run)[written[0]] == wanted[written[0]]
+      for kill in pending:
+        kill.update(checked_at=written[0], bit_identical=same)
+      pending.clear()
+    return written
+
   while len(restarts) < kills:
     before = _steps(run)
     resumed = max(before, default=0)
-    if resumed >= steps - every:  # no checkpoint left to check a restart by: the soaked run starts afresh
+    if resumed >= steps - every and not pending:  # no checkpoint left to check a kill by: start afresh
       shutil.rmtree(run)
       before, resumed = set(), 0
     offset = (logs / "soak" / "process0.log").stat().st_size if (logs / "soak" / "process0.log").exists() else 0
@@ -147,29 +161,32 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
       time.sleep(rng.uniform(0.0, 0.05))
     if any(p.poll() is not None for p in procs):  # it ended (or failed) before the kill: not a kill
       _kill(procs)
+      settle(before)
       continue
     victim = rng.randrange(2)
     procs[victim].send_signal(signal.SIGKILL)
     time.sleep(rng.uniform(0.0, 1.0))  # the supervisor notices the lost peer and stops the job
     _kill(procs)
-    written = sorted(_steps(run) - before)
-    # Checked now: a later fresh start removes these checkpoints.
-    same = _digests(run)[written[0]] == wanted[written[0]] if written else None
-    restarts.append(dict(process=victim, moment=moment, resumed_from=resumed, wrote=written, bit_identical=same))
+    written = settle(before)  # this start's first checkpoint checks the kills before it
+    kill = dict(process=victim, moment=moment, resumed_from=resumed, wrote=written, checked_at=None, bit_identical=None)
+    restarts.append(kill)
+    pending.append(kill)
     log(
       f"soak: kill {len(restarts)}/{kills}: process {victim} {moment} ({time.monotonic() - start:.1f} s after its "
       f"start, which resumed from step {resumed}); checkpoints written {written}"
     )
+  before = _steps(run)
   procs = _start(config, run, overrides, logs / "soak")
   finished = _wait(procs, 900) == [0, 0]
   _kill(procs)
+  settle(before)
   checksum = json.loads((run / "summary.json").read_text())["param_checksum"] if finished else None
   checked = [r for r in restarts if r["bit_identical"] is not None]
   return dict(
     kills=kills,
-    restarts_checked=len(checked),
-    restarts_bit_identical=sum(r["bit_identical"] for r in checked),
-    restarts_without_a_checkpoint=len(restarts) - len(checked),
+    kills_checked=len(checked),
+    kills_recovered=sum(r["bit_identical"] for r in checked),
+    starts_killed_before_writing_a_checkpoint=sum(not r["wrote"] for r in restarts),
     final_checksum=checksum,
     reference_checksum=expected,
     final_equal=checksum == expected,
@@ -190,8 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
   report = soak(args.config, pathlib.Path(args.workdir), args.kills, args.steps, args.seed)
   print(json.dumps(report, indent=1))
   print(
-    f"soak: {report['restarts_bit_identical']} of {report['restarts_checked']} restarts bit-identical at their first "
-    f"checkpoint ({report['restarts_without_a_checkpoint']} killed before writing one); final param_checksum "
+    f"soak: {report['kills_recovered']} of {report['kills']} kills recovered from, bit-identical at the first "
+    f"checkpoint written after them ({report['kills_checked']} checked; "
+    f"{report['starts_killed_before_writing_a_checkpoint']} starts killed before writing one, the kill before each "
+    f"checked by a later start); final param_checksum "
     f"{'equal to' if report['final_equal'] else 'DIFFERENT from'} the uninterrupted run's"
   )
   return report

@@ -38,6 +38,9 @@ class Store:
     # Object names whose writes fail with 503, as a store that keeps failing: e.g. re.compile("checkpoints/4/").
     self.failing: re.Pattern | None = None
     self.refused = 0  # writes failed so far by `failing`
+    # 503: retried by the clients (a store that keeps failing); 403 is not (a write refused outright, as
+    # a full disk refuses one)
+    self.failing_status = 503
 
   def resource(self, bucket: str, name: str, obj: _Object) -> dict:
     return {
@@ -221,7 +224,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
   def _store(self, bucket: str, name: str, data: bytes, content_type: str | None, query: dict) -> None:
     if self.store.failing is not None and self.store.failing.search(name):
       self.store.refused += 1
-      return self._error(503, "service unavailable (injected)")
+      return self._error(self.store.failing_status, "write refused (injected)")
     with self.store.lock:
       objects = self.store.buckets.get(bucket)
       if objects is None:

@@ -284,22 +284,25 @@ def test_a_sigterm_while_both_processes_wait_on_a_stuck_save_ends_both_with_75(t
 
 
 @pytest.mark.slow
-def test_a_save_stuck_on_one_process_ends_both_at_the_timeout_with_one_sentence(tmp_path, fake_gcs):
-  """Only process 1's writes of step 4 fail (its shard of a full or failing store), so process 0's
-  part completes and its commit waits in orbax's barrier for process 1's. Both end once the save has
-  run train.save_timeout_s (10 s), status 2, each with the sentence naming the last complete checkpoint."""
+@pytest.mark.parametrize("refusal", [503, 403])
+def test_a_save_failing_on_one_process_ends_both_with_one_sentence(tmp_path, fake_gcs, refusal):
+  """Only process 1's writes of step 4 fail, so process 0's part completes and its commit waits in
+  orbax's barrier for process 1's, whose writer then waits there too. Retried by the store's client (503,
+  a store that keeps failing) or refused outright (403, as a full disk refuses a write), both processes
+  end once the save has run train.save_timeout_s (10 s), status 2, each with one sentence naming the
+  last complete checkpoint."""
   overrides = [*listops.build(tmp_path / "data"), *MESH, "train.checkpoint_every=2", "train.save_timeout_s=10"]
   fake_gcs.store.failing = re.compile(r"/checkpoints/4/state/ocdbt\.process_1/")
+  fake_gcs.store.failing_status = refusal
   try:
-    results = _launch(overrides, fake_gcs("one_stuck"), check=False)
+    results = _launch(overrides, fake_gcs("one_failing"), check=False)
   finally:
-    fake_gcs.store.failing = None
+    fake_gcs.store.failing, fake_gcs.store.failing_status = None, 503
+  cause = "(train.save_timeout_s): the store is failing or too slow"
   for status, out, seconds in results:
     said = [line for line in out.splitlines() if line.startswith("error: ")]
     assert status == cli.EXIT_USER_ERROR and len(said) == 1, out[-3000:]
-    assert (
-      "(train.save_timeout_s): the store is failing or too slow; the last complete checkpoint is step 2." in said[0]
-    )
+    assert cause in said[0] and "the last complete checkpoint is step 2." in said[0], said
   assert max(seconds for *_, seconds in results) - min(seconds for *_, seconds in results) < 20
 
 
