@@ -239,48 +239,28 @@ class Checkpointer:
     nothing is moved then).
     """
     steps = _same_on_every_process(sorted(self.all_steps(), reverse=True))
-    errors = []
-    for step in steps:
-      # Each process reads on its own; then all learn who could not, and check the digests together.
-      try:
-        state, meta = self._read(step, abstract_state)
-        error = None
-      except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
-        error = e
-        logging.info("process %d cannot read checkpoint step %d: %s", jax.process_index(), step, _first_line(e))
-      failed = _failed_processes(error is not None)
-      if failed and error is None:
-        error = CheckpointError(f"process {failed[0]} of {jax.process_count()} could not read it")
-      if not failed:
-        try:
-          check_digests(state, meta.get("digests"), f"checkpoint {self.directory / str(step)}")
-        except CheckpointError as e:
-          error = e
-      if error is not None:
-        errors.append((step, error))
-        continue
-      for bad, e in errors:
-        logging.warning(
-          "checkpoint step %d in %s cannot be read (%s); resuming from step %d instead",
-          bad,
-          self.directory,
-          _first_line(e),
-          step,
-        )
-        self._set_aside(bad)
-      if errors:
-        _all_processes_here("set aside unreadable checkpoints")  # no process lists a step being moved
-        self.manager.reload()
-      return state, meta, step
+    found = _newest_readable(
+      steps,
+      lambda step: self._read(step, abstract_state),
+      self.directory,
+      " and no older one can; move the folder away to start afresh.",
+    )
+    if found is None:
+      return None
+    state, meta, step, errors = found
+    for bad, e in errors:
+      logging.warning(
+        "checkpoint step %d in %s cannot be read (%s); resuming from step %d instead",
+        bad,
+        self.directory,
+        _first_line(e),
+        step,
+      )
+      self._set_aside(bad)
     if errors:
-      step, e = errors[0]
-      if isinstance(e, CheckpointError):
-        raise e
-      raise CheckpointError(
-        f"checkpoint step {step} in {self.directory} cannot be read ({_first_line(e)}) and no older one can; "
-        "move the folder away to start afresh."
-      ) from e
-    return None
+      _all_processes_here("set aside unreadable checkpoints")  # no process lists a step being moved
+      self.manager.reload()
+    return state, meta, step
 
   def _set_aside(self, step: int) -> None:
     if jax.process_index() != 0:
@@ -346,6 +326,43 @@ def _has_stacked(tree) -> bool:
 PARAM_ENTRIES = ("params", "model_state", "ema")
 
 
+def _newest_readable(
+  steps: list[int], read: Callable[[int], tuple[dict, dict]], directory, none_readable: str
+) -> tuple[dict, dict, int, list[tuple[int, BaseException]]] | None:
+  """The first of `steps` (newest first, the same on every process) that every process reads and whose
+  digests hold: (state, meta, step, [(each newer step that failed, its error)]); None for no steps.
+  Each process reads on its own (no orbax barrier a failing read could leave the others waiting in),
+  then all learn who could not, and check the digests together. None readable: the newest one's error,
+  as one sentence ending in `none_readable`."""
+  errors: list[tuple[int, BaseException]] = []
+  for step in steps:
+    try:
+      state, meta = read(step)
+      error = None
+    except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
+      error = e
+      logging.info("process %d cannot read checkpoint step %d: %s", jax.process_index(), step, _first_line(e))
+    failed = _failed_processes(error is not None)
+    if failed and error is None:
+      error = CheckpointError(f"process {failed[0]} of {jax.process_count()} could not read it")
+    if not failed:
+      try:  # over the global arrays: every process takes part
+        check_digests(state, meta.get("digests"), f"checkpoint {directory / str(step)}")
+      except CheckpointError as e:
+        error = e
+    if error is None:
+      return state, meta, step, errors
+    errors.append((step, error))
+  if not errors:
+    return None
+  step, e = errors[0]
+  if isinstance(e, CheckpointError):
+    raise e
+  raise CheckpointError(
+    f"checkpoint step {step} in {directory} cannot be read ({_first_line(e)}){none_readable}"
+  ) from e
+
+
 def restore_params(
   workdir: str | pathlib.Path | fs.Path, abstract_state: dict, step: int | None = None
 ) -> tuple[dict, int]:
@@ -375,34 +392,17 @@ def restore_params(
       )
     if step is not None and step not in steps:
       raise CheckpointError(f"no checkpoint of step {step} in {directory}; it has steps {sorted(steps)}.")
-    errors = []
-    for candidate in [step] if step is not None else _same_on_every_process(sorted(steps, reverse=True)):
-      try:
-        state, meta = _read_params(manager, directory, candidate, abstract_state)
-        error = None
-      except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
-        error = e
-      failed = _failed_processes(error is not None)
-      if failed and error is None:
-        error = CheckpointError(f"process {failed[0]} of {jax.process_count()} could not read it")
-      if not failed:
-        try:  # over the global arrays: every process takes part
-          check_digests(state, meta.get("digests"), f"checkpoint {directory / str(candidate)}")
-        except CheckpointError as e:
-          error = e
-      if error is None:
-        for bad, e in errors:
-          logging.warning(
-            "checkpoint step %d in %s cannot be read (%s); using step %d", bad, directory, _first_line(e), candidate
-          )
-        break
-      errors.append((candidate, error))
-    else:
-      bad, e = errors[0]
-      if isinstance(e, CheckpointError):
-        raise e
-      older = "" if step is not None else " and no older one can"
-      raise CheckpointError(f"checkpoint step {bad} in {directory} cannot be read ({_first_line(e)}){older}.") from e
+    candidates = [step] if step is not None else _same_on_every_process(sorted(steps, reverse=True))
+    state, _, candidate, errors = _newest_readable(
+      candidates,
+      lambda candidate: _read_params(manager, directory, candidate, abstract_state),
+      directory,
+      "." if step is not None else " and no older one can.",
+    )
+    for bad, e in errors:
+      logging.warning(
+        "checkpoint step %d in %s cannot be read (%s); using step %d", bad, directory, _first_line(e), candidate
+      )
   finally:
     if manager is not None:
       manager.close()
