@@ -398,13 +398,20 @@ def seq_key_data(seq_key: Array | None, state: dict) -> Array:
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/vq.py): the VQ attention, whole blocks per chip."""
+  """A sequence split into n slices: the VQ attention with whole blocks per chip (kernels/vq.py), or
+  the full attention as ring attention (kernels/ring_attention.py)."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n
-  if m.attention != "vq" or m.input_scan:
-    raise ConfigError(
-      "mesh.sequence splits the VQ attention's blocks over chips: it needs model.attention 'vq' and "
-      "model.input_scan False (full attention has no carried cache to pass between chips)."
-    )
+  if m.input_scan:
+    raise ConfigError("mesh.sequence needs model.input_scan False: the scan over update windows runs on whole rows.")
+  if m.attention == "full":
+    if m.rel_bias:
+      raise ConfigError(
+        "mesh.sequence runs full attention as ring attention, which takes no Transformer-XL position bias: "
+        "set model.rel_bias=False (or model.attention='vq')."
+      )
+    return
+  if m.attention != "vq":
+    raise ConfigError(f"mesh.sequence cannot split model.attention {m.attention!r}; use 'vq' or 'full'.")
   if local % m.block_len:
     raise ConfigError(
       f"model.block_len {m.block_len} does not divide the {local} steps each of mesh.sequence={n} chips holds."

@@ -53,6 +53,7 @@ CAUSAL = {
   "flash_mlm": "configs/c4/flash.py:tiny",  # non-causal: the global sums also come from the chips after
   "transformer_vq": "configs/enwik8/transformer_vq.py:tiny",
   "transformer_vq_pallas": "configs/enwik8/transformer_vq.py:tiny",
+  "transformer_vq_full": "configs/enwik8/transformer_vq.py:tiny,full",  # ring attention, no XL bias
   "transformer": "configs/enwik8/transformer.py:tiny",  # softmax attention: ring attention
   "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
   "transformer_window": "configs/enwik8/transformer.py:tiny",
@@ -66,6 +67,7 @@ EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each 
 VQ_DROPOUT = ["model.dropres=0.1", "model.droplyr=0.2", "model.dropsin=0.1"]
 EXTRA["transformer_vq"] = ["train.update_len=64", "model.block_len=8", *VQ_DROPOUT]  # one block per chip of 8
 EXTRA["transformer_vq_pallas"] = EXTRA["transformer_vq"] + ["model.impl=pallas"]
+EXTRA["transformer_vq_full"] = ["train.update_len=64", "model.rel_bias=False", *VQ_DROPOUT]
 BIDIRECTIONAL = {
   "latte_bidirectional": "configs/lra/listops/latte.py:tiny",
   "latte_bidirectional_conv": "configs/lra/listops/latte.py:tiny",
@@ -243,7 +245,9 @@ def gathered_time_axes(spec, extra):
   return t, found
 
 
-@pytest.mark.parametrize("name", ["latte_rglru_swa", "linear_transformer", "flash", "transformer_vq", "transformer"])
+@pytest.mark.parametrize(
+  "name", ["latte_rglru_swa", "linear_transformer", "flash", "transformer_vq", "transformer_vq_full", "transformer"]
+)
 def test_split_step_moves_no_activation_across_its_whole_length(name):
   t, found = gathered_time_axes(CAUSAL[name], EXTRA.get(name, []))
   assert t % 4 == 0 and t not in (16, 32)  # the model's widths: a gathered time axis is told apart
@@ -524,6 +528,10 @@ def test_sequence_split_config_errors_are_one_sentence():
     lra_core.load_config("configs/c4/flash_quad.py:tiny", ["mesh.sequence=2"])
   with pytest.raises(ConfigError, match=r"mesh.sequence must be a positive integer"):
     lra_core.load_config(CAUSAL["latte"], ["mesh.sequence=-1"])
+  with pytest.raises(ConfigError, match=r"ring attention, which takes no Transformer-XL position bias: set model.rel"):
+    lra_core.load_config(CAUSAL["transformer_vq_full"], ["mesh.sequence=2", "train.update_len=64"])
+  with pytest.raises(ConfigError, match=r"mesh.sequence needs model.input_scan False"):
+    lra_core.load_config(CAUSAL["transformer_vq"], ["mesh.sequence=2", "model.input_scan=True"])
 
 
 def test_a_config_saved_before_the_sequence_axis_upgrades_to_one_that_can_split():
