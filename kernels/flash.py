@@ -70,6 +70,11 @@ def mixed_chunk_attention(
   kw = dict(chunk=chunk, causal=causal, quad_scale=quad_scale, lin_scale=lin_scale, global_norm=global_norm)
   kw.update(kernel=kernel, impl=impl)
   b, t, h = v.shape[:3]
+  if context.split(t) and lin_q is None and chunk >= t:  # FLASH-Quad: its one chunk spans the chips
+    one = dict(causal=causal, quad_scale=quad_scale, kernel=kernel)
+    run = lambda qq, qk, v, mask, segments: _one_chunk_per_chip(qq, qk, v, bias, mask, segments, **one)
+    args, dims = (quad_q, quad_k, v, mask, segments), ("bth.",) * 3 + ("bt", "bt")
+    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
   if context.split(t):
     run = lambda qq, qk, lq, lk, v, mask, segments: _per_chip(qq, qk, lq, lk, v, bias, mask, segments, **kw)
     dims = ("bth.",) * 5 + ("bt", "bt")
@@ -114,6 +119,39 @@ def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **
     scale = lay["scale"].reshape(b, t)
   extra = flash_xla.cross_chip_sums(lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"])
   return (out.astype(jnp.float32) + extra).astype(v.dtype)
+
+
+def _one_chunk_per_chip(
+  quad_q, quad_k, v, bias, mask, segments, *, causal: bool, quad_scale: float, kernel: str
+) -> Array:
+  """One chip's queries of a chunk that spans the split sequence (FLASH-Quad's: the whole of it): they
+  read every chip's keys, all-gathered (the all-gather form of ring attention: a chip holds the row's
+  keys [T,S] and values [T,E] and its own queries' scores [T/n,T], as the reference's masks, bias and
+  relu^2 weights give them). Gathered rather than passed round a ring: relu^2 weights need no running
+  normaliser, the keys are FLASH's one shared head, and the row's values are what one chip holds of
+  the layer's activations anyway; XLA overlaps the gather with the projections."""
+  if context.zigzag():
+    raise ValueError("a chunk over the whole split sequence is read in the plain order, not the zig-zag one.")
+  b, t = v.shape[:2]
+  gather = lambda x: jax.lax.all_gather(x, context.axes(), axis=1, tiled=True)  # the chips' slices in time order
+  valid = jnp.ones((b, t), bool) if mask is None else mask
+  keys, values, key_valid = gather(quad_k), gather(v), gather(valid)
+  total, start = keys.shape[1], context.offset(t)
+  scores = jnp.einsum("bihs,bjhs->bhij", quad_q, keys, preferred_element_type=jnp.float32) * quad_scale
+  if bias is not None:  # this chip's rows of the chunk's [T,T] relative bias
+    scores = scores + jax.lax.dynamic_slice_in_dim(bias[:total, :total], start, t, 0).astype(jnp.float32)
+  allowed = key_valid[:, None, None, :]
+  if causal:
+    allowed = allowed & ((start + jnp.arange(t))[:, None] >= jnp.arange(total)[None, :])
+  if segments is not None:  # documents numbered over the whole row, as the reference numbers them
+    seg = gather(segments.astype(jnp.int32))
+    starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    doc = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+    mine = jax.lax.dynamic_slice_in_dim(doc, start, t, 1)
+    allowed = allowed & (mine[:, None, :, None] == doc[:, None, None, :])
+  weights = flash_xla.local_weights(scores, allowed, kernel)
+  out = jnp.einsum("bhij,bjhe->bihe", weights.astype(v.dtype), values, preferred_element_type=jnp.float32)
+  return out.astype(v.dtype)
 
 
 def linear_attention(

@@ -37,7 +37,7 @@ Array = jax.Array
 LOCAL_KERNELS = ("relu2", "softmax", "linear")
 
 
-def _local_weights(scores: Array, allowed: Array, kernel: str) -> Array:
+def local_weights(scores: Array, allowed: Array, kernel: str) -> Array:
   """Attention weights from float32 scores [..., I, J]; positions not allowed get weight 0."""
   if kernel == "relu2":
     return jnp.where(allowed, jnp.square(jax.nn.relu(scores)), 0.0)
@@ -74,7 +74,7 @@ def relu2_attention(
     allowed = jnp.tril(allowed)
   if mask is not None:
     allowed = allowed & mask[:, None, None, :]
-  weights = _local_weights(scores, allowed, kernel)
+  weights = local_weights(scores, allowed, kernel)
   return jnp.einsum("bhij,bjhe->bihe", weights.astype(v.dtype), v)
 
 
@@ -283,7 +283,7 @@ def mixed_chunk_attention(
       allowed = allowed & jnp.tril(jnp.ones((c, c), bool))
     if segments is not None:
       allowed = allowed & same[:, :, None]
-    weights = _local_weights(scores, allowed, kernel)
+    weights = local_weights(scores, allowed, kernel)
     out = out + jnp.einsum("bghij,bgjhe->bgihe", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
   if lin_q is None:
     return out.reshape(b, g * c, *v.shape[3:])[:, :t].astype(v.dtype)
@@ -377,7 +377,7 @@ def chunk_step(
     scores = jnp.einsum("bhs,bjhs->bhj", quad_q, keys, preferred_element_type=jnp.float32) * quad_scale
     if bias_row is not None:
       scores = scores + bias_row.astype(jnp.float32)
-    weights = _local_weights(scores, jnp.arange(chunk) <= i, kernel)  # slots after i: the previous chunk's
+    weights = local_weights(scores, jnp.arange(chunk) <= i, kernel)  # slots after i: the previous chunk's
     out = out + jnp.einsum("bhj,bjhe->bhe", weights, values.astype(jnp.float32))
   if lin_q is not None:
     glob = jnp.einsum("bhs,bhse->bhe", lin_q.astype(jnp.float32), state["kv"])
