@@ -140,8 +140,14 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
   while len(restarts) < kills:
     before = _steps(run)
     resumed = max(before, default=0)
-    if resumed >= steps - every and not pending:  # no checkpoint left to check a kill by: start afresh
-      shutil.rmtree(run)
+    if resumed >= steps - every:  # in the last interval a kill would leave no checkpoint to check it by
+      if pending:  # so the run finishes; its last checkpoint checks the kills before it
+        procs = _start(config, run, overrides, logs / "soak")
+        _wait(procs, 900)
+        _kill(procs)
+        settle(before)
+        continue
+      shutil.rmtree(run)  # and the soaked run starts afresh
       before, resumed = set(), 0
     offset = (logs / "soak" / "process0.log").stat().st_size if (logs / "soak" / "process0.log").exists() else 0
     procs = _start(config, run, overrides, logs / "soak")

@@ -1,0 +1,132 @@
+"""Hugging Face model folders: read into our models, and written back.
+
+A folder is what `save_pretrained` writes (no hub access here: a local path): `config.json`, the
+weights in `model.safetensors` (or shards listed by `model.safetensors.index.json`) and the tokenizer's
+files. Each architecture maps onto one of our families' config options, not a model of its own:
+
+  GPT-NeoX (Pythia), GPTNeoXForCausalLM -> the transformer family (lra_core/hf/gpt_neox.py)
+
+  section, model = hf.load_model("checkpoints/pythia-160m")     # config.model and the built model
+  hf.save_folder("export/", section, model)                      # back to config.json + safetensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from lra_core.errors import CheckpointError, ConfigError
+from lra_core.hf import gpt_neox, safetensors
+from lra_core.models import transformer
+from lra_core.protocol import RunInfo
+
+ARCHITECTURES = {gpt_neox.ARCHITECTURE: gpt_neox}
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+class _Reads(dict):
+  """A checkpoint's tensors, remembering which were read (what is left over is named)."""
+
+  def __init__(self, tensors: dict):
+    super().__init__(tensors)
+    self.read: set[str] = set()
+
+  def __getitem__(self, name):
+    if name not in self:
+      raise CheckpointError(f"the checkpoint lacks tensor {name!r}, which its config.json implies.")
+    self.read.add(name)
+    return super().__getitem__(name)
+
+
+def read_folder(folder: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+  """(config.json as a dict, every weight tensor {name: array}) of a Hugging Face model folder."""
+  folder = pathlib.Path(folder).expanduser()
+  config = folder / "config.json"
+  if not config.is_file():
+    raise ConfigError(f"{folder} is not a Hugging Face model folder: it has no config.json.")
+  try:
+    hf = json.loads(config.read_text())
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ConfigError(f"{config} cannot be read as JSON ({e}).") from e
+  if (folder / INDEX).is_file():
+    shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+  elif (folder / WEIGHTS).is_file():
+    shards = [WEIGHTS]
+  else:
+    raise ConfigError(f"{folder} holds no {WEIGHTS} (nor {INDEX}); only safetensors weights are read.")
+  tensors = {}
+  for shard in shards:
+    tensors.update(safetensors.read(folder / shard))
+  return hf, tensors
+
+
+def architecture(hf: dict):
+  """The module (gpt_neox, ...) that maps this config.json's architecture."""
+  names = hf.get("architectures") or [hf.get("model_type", "?")]
+  module = ARCHITECTURES.get(names[0])
+  if module is None:
+    raise ConfigError(f"architecture {names[0]!r} cannot be read; the ones that can: {sorted(ARCHITECTURES)}.")
+  return module
+
+
+def read(folder: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict[tuple[str, ...], np.ndarray]]:
+  """(our config.model, our parameters {path: array}) of a Hugging Face model folder."""
+  hf, tensors = read_folder(folder)
+  module = architecture(hf)
+  section = module.model_section(hf)
+  reads = _Reads(tensors)
+  params = module.to_params(reads, section)
+  extra = sorted(n for n in tensors if n not in reads.read and not n.endswith(module.BUFFERS))
+  if extra:
+    raise CheckpointError(
+      f"{folder} holds {len(extra)} tensor(s) its config.json does not account for ({extra[0]!r} first): "
+      "another architecture or a different layer count."
+    )
+  return section, params
+
+
+def load_model(folder: str | os.PathLike, *, dtype: str = "float32") -> tuple[ml_collections.ConfigDict, nnx.Module]:
+  """(our config.model, the model built from it holding the folder's weights, float32 parameters)."""
+  section, params = read(folder)
+  section.dtype = dtype
+  model = transformer.Model(section, RunInfo(task="lm", seq_len=section.max_len), rngs=nnx.Rngs(params=0))
+  set_params(model, params)
+  return section, model
+
+
+def set_params(model: nnx.Module, params: dict[tuple[str, ...], np.ndarray]) -> None:
+  """Gives `model` the parameters {path: array}, each of its parameter's shape, as float32."""
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  for path, var in flat:
+    key = tuple(str(p) for p in path)
+    if key not in params:
+      raise CheckpointError(f"no tensor maps to the model's parameter {'.'.join(key)}.")
+    value, shape = np.asarray(params[key]), var.get_value().shape
+    if value.shape != shape:
+      raise CheckpointError(
+        f"parameter {'.'.join(key)} has shape {list(shape)} in the model and {list(value.shape)} in the checkpoint."
+      )
+    var.set_value(jnp.asarray(value, var.get_value().dtype))
+  nnx.update(model, nnx.from_flat_state(flat))
+
+
+def get_params(model: nnx.Module) -> dict[tuple[str, ...], np.ndarray]:
+  return {
+    tuple(str(p) for p in path): np.asarray(var.get_value())
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+  }
+
+
+def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, model: nnx.Module) -> None:
+  """Writes `model` (of the transformer family, as `read` builds it) as a Hugging Face folder."""
+  module = gpt_neox  # the one architecture written so far
+  folder = pathlib.Path(folder).expanduser()
+  folder.mkdir(parents=True, exist_ok=True)
+  safetensors.write(folder / WEIGHTS, module.to_tensors(get_params(model), section), metadata={"format": "pt"})
+  (folder / "config.json").write_text(json.dumps(module.config_json(section), indent=2) + "\n")
