@@ -39,7 +39,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 from lra_core import config as config_lib
-from lra_core import fs, optim, read_fallout, registry
+from lra_core import fs, hf, optim, read_fallout, registry
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
 from lra_core.state import STACKED, make_state_spec
 
@@ -456,6 +456,10 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   Block Transformer from a vanilla Transformer); otherwise the two models must have the same
   parameter shapes. The optimizer state stays fresh (it starts at zero either way).
   """
+  if source_workdir.startswith(hf.PREFIX):  # a Hugging Face model folder
+    params = hf.initial_params(config.model, jax.device_get(state["params"]), source_workdir.removeprefix(hf.PREFIX))
+    logging.info("parameters initialised from %s", source_workdir)
+    return _started_from(state, params, spec)
   path = fs.path(source_workdir, what="train.init_from")
   try:
     found = (path / "config.json").is_file()
@@ -482,6 +486,10 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
       )
     params = source_params
   logging.info("parameters initialised from %s (step %d)", path, step)
+  return _started_from(state, params, spec)
+
+
+def _started_from(state: dict, params, spec) -> dict:
   state = dict(state, params=jax.device_put(params, spec.shardings["params"]))
   if "ema" in state:  # the average starts at the parameters the run starts from
     state["ema"] = jax.device_put(params, spec.shardings["ema"])

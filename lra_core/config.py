@@ -88,7 +88,8 @@ def base_config(
       # log, exit status 75 (restarted by the supervisors; lra_core/watchdog.py). Factor 0: off.
       watchdog_factor=20.0,
       watchdog_min_s=1800.0,
-      init_from="",  # a workdir whose latest parameters start a fresh run (uptraining)
+      # a workdir whose latest parameters start a fresh run (uptraining), or hf:<folder> (docs/checkpoints.md)
+      init_from="",
       memory_limit_gib=0.0,  # per-device budget the compiled train step must fit; 0 -> the device's
       profile_steps="",  # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
       compile_cache="auto",  # persistent compilation cache: auto ($LRA_CORE_CACHE, else next to the

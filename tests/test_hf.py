@@ -7,14 +7,19 @@ folders are one sentence."""
 import json
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import traverse_util
 
-from lra_core import hf
+import lra_core
+from lra_core import hf, layout, optim
+from lra_core.checkpoint import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
+from lra_core.state import make_state_spec
 
 CONFIG = {
   "architectures": ["GPTNeoXForCausalLM"],
@@ -188,3 +193,56 @@ def test_what_cannot_be_read_is_one_sentence(tmp_path):
     hf.load_model(save(tmp_path / "wide", CONFIG, wide))
   with pytest.raises(ConfigError, match=r"hidden_act 'relu' is not one of"):
     hf.read(save(tmp_path / "relu", dict(CONFIG, hidden_act="relu"), random_tensors(CONFIG)))
+
+
+# The tiny config above as our transformer's settings (what train.init_from=hf: asks a run to share)
+AS_OURS = [
+  "model.vocab_size=96",
+  "model.d_model=32",
+  "model.num_layers=2",
+  "model.num_heads=4",
+  "model.d_ff=80",
+  "model.position=none",
+  "model.rope=True",
+  "model.rope_fraction=0.25",
+  "model.mlp=mlp",
+  "model.activation=gelu",
+  "model.norm=layer",
+  "model.norm_eps=1e-5",
+  "model.parallel_residual=True",
+  "model.embedding=plain",
+  "model.use_bias=True",
+  "model.tie_embeddings=False",
+  "train.seq_len=64",
+]
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_run_starts_from_a_folder_s_weights(tmp_path, scan):
+  """train.init_from=hf:<folder>: the run's parameters (scanned layers stacked) are the folder's; a
+  setting the folder's model does not share is one sentence naming it."""
+  tensors = random_tensors(CONFIG, seed=5)
+  folder = save(tmp_path / "pythia", CONFIG, tensors)
+  config = lra_core.load_config("configs/c4/transformer.py:tiny", [*AS_OURS, f"model.scan_layers={scan}"])
+  spec = make_state_spec(config, layout.make_mesh(config.mesh), optim.make_optimizer(config)[0])
+  state = warm_start(config, spec, spec.init(), f"hf:{folder}", None)
+  _, model = hf.load_model(folder)
+  want = hf.get_params(model)
+  got = traverse_util.flatten_dict(jax.device_get(state["params"]))
+  for key, value in got.items():
+    names = tuple(str(k) for k in key)
+    if scan:
+      expected = (
+        np.stack([want[("blocks", str(i), *names[2:])] for i in range(2)]) if names[0] == "blocks" else want[names]
+      )
+    else:
+      expected = want[names]
+    np.testing.assert_array_equal(value, expected, err_msg=str(names))
+  other = [o for o in AS_OURS if not o.startswith("model.embedding")] + ["model.embedding=scaled"]
+  scaled = lra_core.load_config("configs/c4/transformer.py:tiny", other)
+  spec = make_state_spec(scaled, layout.make_mesh(scaled.mesh), optim.make_optimizer(scaled)[0])
+  with pytest.raises(
+    ConfigError,
+    match=r"model.embedding is 'scaled' here and 'plain' in the checkpoint; set --config.model.embedding=plain",
+  ):
+    warm_start(scaled, spec, spec.init(), f"hf:{folder}", None)

@@ -8,6 +8,9 @@ files. Each architecture maps onto one of our families' config options, not a mo
 
   section, model = hf.load_model("checkpoints/pythia-160m")     # config.model and the built model
   hf.save_folder("export/", section, model)                      # back to config.json + safetensors
+
+and a run starts from one with `train.init_from=hf:<folder>` (lra_core/checkpoint.py warm_start), its
+config.model matching the folder's (`initial_params` names the first setting that does not).
 """
 
 from __future__ import annotations
@@ -19,14 +22,38 @@ import pathlib
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import gpt_neox, safetensors
+from lra_core.layer_stacks import STACKED
 from lra_core.models import transformer
 from lra_core.protocol import RunInfo
 
 ARCHITECTURES = {gpt_neox.ARCHITECTURE: gpt_neox}
+PREFIX = "hf:"  # train.init_from=hf:<folder>
+# The settings of config.model a run must share with the folder's model to start from its weights.
+MATCHED = (
+  "vocab_size",
+  "d_model",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "d_ff",
+  "position",
+  "rope",
+  "rope_fraction",
+  "rope_max_wavelength",
+  "mlp",
+  "activation",
+  "norm",
+  "norm_eps",
+  "parallel_residual",
+  "tie_embeddings",
+  "embedding",
+  "use_bias",
+)
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -130,3 +157,33 @@ def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, m
   folder.mkdir(parents=True, exist_ok=True)
   safetensors.write(folder / WEIGHTS, module.to_tensors(get_params(model), section), metadata={"format": "pt"})
   (folder / "config.json").write_text(json.dumps(module.config_json(section), indent=2) + "\n")
+
+
+def initial_params(m, params: dict, folder: str) -> dict:
+  """The run's parameter tree `params` (its structure, shapes and dtypes; scanned layers stacked) filled
+  with the folder's weights; a setting of `m` (the run's config.model) that differs from the folder's
+  model is one sentence naming it."""
+  section, theirs = read(folder)
+  if m.name != "transformer":
+    raise ConfigError(
+      f"train.init_from {PREFIX}{folder}: a {section.name} checkpoint starts a transformer run, not {m.name}."
+    )
+  for key in MATCHED:
+    if m.get(key) != section[key]:
+      raise ConfigError(
+        f"train.init_from {PREFIX}{folder}: model.{key} is {m.get(key)!r} here and {section[key]!r} in the checkpoint; "
+        f"set --config.model.{key}={section[key]}."
+      )
+  out = {}
+  for key, leaf in traverse_util.flatten_dict(params).items():
+    names = tuple(str(k) for k in key)
+    if names[:2] == ("blocks", STACKED):  # scanned layers: one array, layer first
+      value = np.stack([theirs[("blocks", str(i), *names[2:])] for i in range(m.num_layers)])
+    else:
+      value = np.asarray(theirs[names])
+    if value.shape != np.shape(leaf):
+      raise CheckpointError(
+        f"parameter {'.'.join(names)} has shape {list(np.shape(leaf))} here and {list(value.shape)} in {folder}."
+      )
+    out[key] = value.astype(leaf.dtype)
+  return traverse_util.unflatten_dict(out)
