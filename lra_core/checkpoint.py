@@ -457,7 +457,12 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   parameter shapes. The optimizer state stays fresh (it starts at zero either way).
   """
   if source_workdir.startswith(hf.PREFIX):  # a Hugging Face model folder
-    params = hf.initial_params(config.model, jax.device_get(state["params"]), source_workdir.removeprefix(hf.PREFIX))
+    folder, family = source_workdir.removeprefix(hf.PREFIX), registry.family(config.model.name)
+    params = jax.device_get(state["params"])
+    if family.uptrain_source is not None:  # uptraining: the family maps a vanilla transformer's parameters
+      params = family.uptrain_params(params, hf.source_params(family.uptrain_source(config), folder), config)
+    else:
+      params = hf.initial_params(config.model, params, folder)
     logging.info("parameters initialised from %s", source_workdir)
     return _started_from(state, params, spec)
   path = fs.path(source_workdir, what="train.init_from")

@@ -165,6 +165,9 @@ class Family:
   """raises ConfigError (one sentence) for settings the model cannot build, before any compile"""
   uptrain_params: Callable[[dict, dict, ConfigDict], dict] | None = None
   """(params, source params, config) -> params: with capability `uptrain` (train.init_from)"""
+  uptrain_source: Callable[[ConfigDict], ConfigDict] | None = None
+  """config -> the config.model of the transformer it uptrains from: with `uptrain`, what a Hugging Face
+  folder's model is checked against and read as (train.init_from=hf:, lra_core/hf)"""
   embedding_params: tuple[str, ...] = ("embed", "positions", "head")
   """top-level attributes that map tokens in and out (not counted in non-embedding sizes)"""
   counted_state: tuple[type, ...] = ()  # non-Param variables counted beside the parameters

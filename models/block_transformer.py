@@ -452,6 +452,7 @@ FAMILY = Family(
   # Before these keys: the norms' own epsilon, pads masked, the encoder embedder's pad outputs kept.
   upgrades={"norm_eps": 0.0, "mask_pads": True, "zero_pad_outputs": False},
   uptrain_params=uptrain_params,
+  uptrain_source=vanilla_config,
   generate=generate,
   embedding_params=EMBEDDING_PARAMS,
   smoke=Smoke(

@@ -19,6 +19,7 @@ from lra_core import hf, layout, optim
 from lra_core.checkpoint import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
+from lra_core.models import block_transformer as bt
 from lra_core.state import make_state_spec
 
 CONFIG = {
@@ -238,11 +239,39 @@ def test_a_run_starts_from_a_folder_s_weights(tmp_path, scan):
     else:
       expected = want[names]
     np.testing.assert_array_equal(value, expected, err_msg=str(names))
-  other = [o for o in AS_OURS if not o.startswith("model.embedding")] + ["model.embedding=scaled"]
-  scaled = lra_core.load_config("configs/c4/transformer.py:tiny", other)
+  # A run whose table stores E / sqrt(D) ("scaled") holds the folder's table so: the same lookups.
+  scaled = lra_core.load_config("configs/c4/transformer.py:tiny", [*AS_OURS, "model.embedding=scaled"])
   spec = make_state_spec(scaled, layout.make_mesh(scaled.mesh), optim.make_optimizer(scaled)[0])
+  table = warm_start(scaled, spec, spec.init(), f"hf:{folder}", None)["params"]["embed"]["embedding"]
+  np.testing.assert_allclose(np.asarray(table) * np.sqrt(32), tensors["gpt_neox.embed_in.weight"], rtol=1e-6)
+  other = lra_core.load_config("configs/c4/transformer.py:tiny", [*AS_OURS, "model.norm_eps=1e-6"])
+  spec = make_state_spec(other, layout.make_mesh(other.mesh), optim.make_optimizer(other)[0])
   with pytest.raises(
-    ConfigError,
-    match=r"model.embedding is 'scaled' here and 'plain' in the checkpoint; set --config.model.embedding=plain",
+    ConfigError, match=r"model.norm_eps is 1e-06 here and 1e-05 in the checkpoint; set --config.model.norm_eps=1e-05"
   ):
-    warm_start(scaled, spec, spec.init(), f"hf:{folder}", None)
+    warm_start(other, spec, spec.init(), f"hf:{folder}", None)
+
+
+def test_a_block_transformer_uptrains_from_a_pythia_folder_by_appendix_n(tmp_path):
+  """train.init_from=hf:<Pythia folder> for a Block Transformer: (1) the lower half of the layers
+  becomes the block decoder, the upper half the token decoder; (2) the lookup embedder reads the
+  Pythia table and its projection averages a block's embeddings; (3) the prefix map copies the
+  context embedding into every prefix vector."""
+  pythia = dict(CONFIG, vocab_size=258, hidden_size=64, num_hidden_layers=4, intermediate_size=256)
+  folder = save(tmp_path / "pythia", pythia, random_tensors(pythia, seed=7))
+  config = lra_core.load_config("configs/c4/block_transformer.py:tiny,uptrain", ["train.seq_len=32"])
+  m = config.model
+  spec = make_state_spec(config, layout.make_mesh(config.mesh), optim.make_optimizer(config)[0])
+  params = jax.device_get(warm_start(config, spec, spec.init(), f"hf:{folder}", None)["params"])
+  source = hf.source_params(bt.vanilla_config(config), str(folder))
+  same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+  for i in range(m.num_layers):  # (1)
+    same(params["block_decoder"]["layers"][i], source["blocks"][i])
+  for j in range(2):
+    same(params["token_decoder"]["layers"][j], source["blocks"][m.num_layers + j])
+  same(params["embedder"]["table"], source["embed"])  # (2)
+  average = np.tile(np.eye(64), (m.block_len, 1)) / m.block_len
+  np.testing.assert_allclose(params["embedder"]["proj"]["kernel"], average, rtol=1e-6)
+  copies = np.broadcast_to(np.eye(64)[:, None, :], (64, m.prefix_len, 64))  # (3)
+  np.testing.assert_array_equal(params["context_proj"]["kernel"], copies)
+  same(params["head"], source["head"])

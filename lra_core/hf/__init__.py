@@ -33,26 +33,11 @@ from lra_core.protocol import RunInfo
 ARCHITECTURES = {gpt_neox.ARCHITECTURE: gpt_neox}
 PREFIX = "hf:"  # train.init_from=hf:<folder>
 # The settings of config.model a run must share with the folder's model to start from its weights.
+# (the embedding table's parameterisation is converted, not matched: `as_run_holds`)
 MATCHED = (
-  "vocab_size",
-  "d_model",
-  "num_layers",
-  "num_heads",
-  "num_kv_heads",
-  "head_dim",
-  "d_ff",
-  "position",
-  "rope",
-  "rope_fraction",
-  "rope_max_wavelength",
-  "mlp",
-  "activation",
-  "norm",
-  "norm_eps",
-  "parallel_residual",
-  "tie_embeddings",
-  "embedding",
-  "use_bias",
+  *("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff", "position", "rope"),
+  *("rope_fraction", "rope_max_wavelength", "mlp", "activation", "norm", "norm_eps", "parallel_residual"),
+  *("tie_embeddings", "use_bias"),
 )
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -159,21 +144,31 @@ def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, m
   (folder / "config.json").write_text(json.dumps(module.config_json(section), indent=2) + "\n")
 
 
-def initial_params(m, params: dict, folder: str) -> dict:
-  """The run's parameter tree `params` (its structure, shapes and dtypes; scanned layers stacked) filled
-  with the folder's weights; a setting of `m` (the run's config.model) that differs from the folder's
-  model is one sentence naming it."""
+def as_run_holds(m, folder: str) -> dict[tuple[str, ...], np.ndarray]:
+  """The folder's parameters {path: array} as a transformer run with config.model `m` holds them: every
+  setting in MATCHED the same (else one sentence naming it), the embedding table in `m`'s
+  parameterisation ("scaled" stores E / sqrt(D): the same lookups, as lra_core/models/blocks/layers.py
+  Embed says)."""
   section, theirs = read(folder)
-  if m.name != "transformer":
-    raise ConfigError(
-      f"train.init_from {PREFIX}{folder}: a {section.name} checkpoint starts a transformer run, not {m.name}."
-    )
   for key in MATCHED:
     if m.get(key) != section[key]:
       raise ConfigError(
         f"train.init_from {PREFIX}{folder}: model.{key} is {m.get(key)!r} here and {section[key]!r} in the checkpoint; "
         f"set --config.model.{key}={section[key]}."
       )
+  if m.get("embedding", "scaled") == "scaled":
+    theirs[("embed", "embedding")] = theirs[("embed", "embedding")] / np.float32(np.sqrt(section.d_model))
+  return theirs
+
+
+def initial_params(m, params: dict, folder: str) -> dict:
+  """The run's parameter tree `params` (its structure, shapes and dtypes; scanned layers stacked) filled
+  with the folder's weights (`as_run_holds`)."""
+  if m.name != "transformer":
+    raise ConfigError(
+      f"train.init_from {PREFIX}{folder}: a GPT-NeoX checkpoint starts a transformer run, not {m.name}."
+    )
+  theirs = as_run_holds(m, folder)
   out = {}
   for key, leaf in traverse_util.flatten_dict(params).items():
     names = tuple(str(k) for k in key)
@@ -187,3 +182,10 @@ def initial_params(m, params: dict, folder: str) -> dict:
       )
     out[key] = value.astype(leaf.dtype)
   return traverse_util.unflatten_dict(out)
+
+
+def source_params(m, folder: str) -> dict:
+  """The folder's weights as the parameters (a pure dict, layers keyed by index) of a transformer with
+  config.model `m`: what a family's `uptrain_params` starts from (the Block Transformer's uptraining)."""
+  flat = {tuple(int(p) if p.isdigit() else p for p in path): v for path, v in as_run_holds(m, folder).items()}
+  return traverse_util.unflatten_dict(flat)
