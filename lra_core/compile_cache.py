@@ -9,14 +9,20 @@ compiling them again (minutes for a large model on a pod).
 
 A cache folder set outside the config (JAX_COMPILATION_CACHE_DIR or jax.config) is left as it is.
 Only compiles that take at least JAX's `jax_persistent_cache_min_compile_time_secs` (1 s by default) are kept.
+
+Entries are written whole (`write_whole`): the processes of a run and the runs of a sweep share the
+folder and compile the same steps at the same moment, and JAX writes an entry in place, so another
+process could read a half-written executable, or two writers interleave into one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import jax
+from jax._src import lru_cache as jax_lru_cache
 from jax.experimental.compilation_cache import compilation_cache
 
 from lra_core import fs
@@ -35,8 +41,32 @@ def folder_for(setting: str, workdir) -> str | None:
   return os.fspath(fs.path(workdir, what="workdir").parent / ".jax_compile_cache")
 
 
+_JAX_PUT = jax_lru_cache.LRUCache.put
+_SUFFIX = getattr(jax_lru_cache, "_CACHE_SUFFIX", "-cache")  # how JAX names an entry's file
+
+
+def _put_whole(self, key: str, value: bytes) -> None:
+  """JAX's LRUCache.put, the entry written under a temporary name and renamed onto its own (atomic in a
+  local folder; an object store's objects appear whole anyway). With a size cap JAX's own put runs: it
+  holds a file lock around its write."""
+  if self.eviction_enabled or not key:
+    return _JAX_PUT(self, key, value)
+  final = self.path / f"{key}{_SUFFIX}"
+  if final.exists():
+    return
+  tmp = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+  tmp.write_bytes(value)
+  tmp.replace(final)  # a racing writer of the same key put the same program: either copy stands
+
+
+def write_whole() -> None:
+  """Makes the persistent cache write each entry whole (the module docstring); idempotent."""
+  jax_lru_cache.LRUCache.put = _put_whole
+
+
 def setup(setting: str, workdir) -> str | None:
   """Turns the cache on as `setting` says (unless a folder is already configured); returns the folder in use."""
+  write_whole()
   configured = jax.config.jax_compilation_cache_dir
   if configured:
     return configured

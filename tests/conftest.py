@@ -19,7 +19,10 @@ import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
+from lra_core import compile_cache  # noqa: E402
+
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
+compile_cache.write_whole()  # the workers and the runs they start share the folder (lra_core/compile_cache.py)
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 

@@ -4,12 +4,15 @@ TensorBoard as its reader shows it, throughput and MFU, profiles, the compilatio
 import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax._src import lru_cache as jax_lru_cache
 
 import lra_core
 import outputs
@@ -210,6 +213,39 @@ def test_a_profiled_run_writes_a_trace_the_profile_plugin_reads(tmp_path, cache_
   planes = list(runs[0].glob("*.xplane.pb"))
   assert len(planes) == 1 and planes[0].stat().st_size > 0
   assert list(runs[0].glob("*.trace.json.gz"))
+
+
+def _readers_see(put, folder) -> set[int]:
+  """The sizes of an entry a reader polling the cache saw while four writers put it at once (4 MiB each)."""
+  cache = jax_lru_cache.LRUCache(str(folder), max_size=-1)
+  size, seen, done = 4 << 20, set(), threading.Event()
+
+  def read():
+    while not done.is_set():
+      value = cache.get("step")
+      if value is not None:
+        seen.add(len(value))
+
+  reader = threading.Thread(target=read)
+  reader.start()
+  for _ in range(3):
+    writers = [threading.Thread(target=put, args=(cache, "step", bytes([i]) * size)) for i in range(4)]
+    for w in writers:
+      w.start()
+    for w in writers:
+      w.join()
+    (pathlib.Path(folder) / "step-cache").unlink()
+  done.set()
+  reader.join()
+  return seen
+
+
+def test_the_compile_cache_writes_each_entry_whole(tmp_path):
+  """Processes sharing a cache folder compile the same step at once: an entry is written under a
+  temporary name and renamed, so a reader sees it whole or not at all, and no temporary is left."""
+  compile_cache.write_whole()
+  assert _readers_see(jax_lru_cache.LRUCache.put, tmp_path) <= {4 << 20}
+  assert not list(tmp_path.iterdir())
 
 
 def test_the_compile_cache_folder_follows_the_setting_and_the_workdir(monkeypatch, tmp_path):
