@@ -252,7 +252,22 @@ def run(main: Callable[[], None]) -> None:
   host_memory.keep_freed_memory()
   try:
     main()
-  except UserError as e:
+  except Exception as e:
+    lost = distributed.lost_peer(e)  # a peer gone: one line naming it, not the error it caused here
+    if lost is not None:
+      distributed.stop_for_lost_peer(lost)
+    _failed(e)
+  except KeyboardInterrupt:
+    print("aborted (Ctrl-C).", file=sys.stderr)
+    distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
+    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/startup.py)
+      startup.leave_now(EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _failed(e: Exception) -> None:
+  """A UserError's one sentence and status 2; anything else a crash: the traceback and status 1."""
+  if isinstance(e, UserError):
     if not distributed.leaving():
       print(f"error: {e}", file=sys.stderr)
     distributed.report_failure(str(e), EXIT_USER_ERROR)
@@ -261,15 +276,8 @@ def run(main: Callable[[], None]) -> None:
       sys.stderr.flush()
       os._exit(EXIT_USER_ERROR)
     sys.exit(EXIT_USER_ERROR)
-  except KeyboardInterrupt:
-    print("aborted (Ctrl-C).", file=sys.stderr)
-    distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
-    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/startup.py)
-      startup.leave_now(EXIT_INTERRUPTED)
-    sys.exit(EXIT_INTERRUPTED)
-  except Exception as e:
-    distributed.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
-    raise  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
+  distributed.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
+  raise e  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
 
 
 def as_command(module: str) -> Callable[[], None]:

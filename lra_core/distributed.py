@@ -259,6 +259,47 @@ _watchdog: _Watchdog | None = None
 _LEAVING = threading.Event()
 
 
+# What the collectives' transport says when the process at the other end is gone (CPU: Gloo over TCP).
+_TRANSPORTS = ("Gloo",)
+_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def lost_peer(e: BaseException) -> str | None:
+  """The line for an error (or one it wraps) that is a peer gone from under a collective, None for any
+  other: a process killed mid-save shows up first as a failed all-gather of the save's barrier."""
+  if jax.process_count() < 2:
+    return None
+  seen, hops = e, 0
+  while seen is not None and hops < 8:
+    text = str(seen)
+    if any(t in text for t in _TRANSPORTS) and any(g in text for g in _GONE):
+      peer = _silent_peer()
+      return (
+        f"process {peer} dropped out of a collective ({brief(seen)}): it was killed or its host was lost; the run "
+        "resumes from its last checkpoint when restarted"
+      )
+    seen, hops = seen.__cause__ or seen.__context__, hops + 1
+  return None
+
+
+def _silent_peer() -> str:
+  """The peer whose watchdog counter moved longest ago (the other one of two)."""
+  me, count = jax.process_index(), jax.process_count()
+  if count == 2:
+    return str(1 - me)
+  if _watchdog is None or not _watchdog._heard:
+    return "?"
+  return str(min(_watchdog._heard, key=lambda p: _watchdog._heard[p][1]))
+
+
+def stop_for_lost_peer(line: str) -> None:
+  """Ends this process for a peer that is gone: its line once, status EXIT_PEER_FAILED."""
+  if not leaving():
+    _LEAVING.set()
+    print(f"error: {line}; stopping process {jax.process_index()} as well.", file=sys.stderr, flush=True)
+  leave(EXIT_PEER_FAILED)
+
+
 def leaving() -> bool:
   """Whether this process is ending for another process's failure, its line said already (the main
   thread, failing the same way a moment later, need not say its own)."""

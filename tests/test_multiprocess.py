@@ -308,9 +308,11 @@ def test_a_save_failing_on_one_process_ends_both_with_one_sentence(tmp_path, fak
 
 @pytest.mark.slow
 def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
-  """Process 1 SIGKILLed mid-run leaves process 0 blocked in a collective, where JAX's client would
-  abort it (SIGABRT, a native stack) after its 100 s heartbeat timeout. The failure watchdog's
-  counters notice first: one line naming process 1, status 1, within --peer_timeout_s (8 s here)."""
+  """Process 1 SIGKILLed mid-run. In a step's collective process 0 would wait until JAX's client aborts
+  it (SIGABRT, a native stack, after its 100 s heartbeat timeout): the failure watchdogs' counters
+  notice first (--peer_timeout_s, 8 s here). In a checkpoint save's barrier, Gloo's connection to it
+  closes, which the save reported as a failed write (status 2). Either way: one line naming process 1,
+  status 1."""
   workdir = tmp_path / "run"
   overrides = [*listops.build(tmp_path / "data"), *MESH, "train.steps=100000", "train.checkpoint_every=2"]
   (survivor, out, seconds), (killed, *_) = _launch(
@@ -322,8 +324,26 @@ def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
   )
   said = [line for line in out.splitlines() if line.startswith("error: ")]
   assert killed == -signal.SIGKILL and survivor == distributed.EXIT_PEER_FAILED, out[-3000:]
-  assert len(said) == 1 and said[0].startswith("error: process 1 has not answered for "), said
+  assert len(said) == 1 and said[0].startswith("error: process 1 "), out[-3000:]
+  assert "it was killed or its host was lost" in said[0] and said[0].endswith("stopping process 0 as well.")
   assert seconds is not None and seconds < 40, seconds
+
+
+def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_it_caused(monkeypatch):
+  """The save's all-gather failing on a closed Gloo connection is a lost peer, in whatever error wraps
+  it; a store's own connection reset is not."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  gloo = RuntimeError("UNKNOWN: Gloo AllGather failed: [gloo/transport/tcp/pair.cc:547] Connection closed by peer")
+  try:
+    try:
+      raise gloo
+    except RuntimeError as e:
+      raise lra_core.errors.StoreFailure("writing checkpoint step 6 failed (...)") from e
+  except lra_core.errors.StoreFailure as wrapped:
+    line = distributed.lost_peer(wrapped)
+  assert line.startswith("process 1 dropped out of a collective (UNKNOWN: Gloo AllGather failed")
+  assert distributed.lost_peer(OSError("GCS: Connection reset by peer")) is None
 
 
 @pytest.mark.slow
