@@ -30,7 +30,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 # Under `--dist=loadfile` (pyproject.toml) pytest-xdist hands out whole files in collection order: the longest
 # go first (CPU seconds in a full run, longest first), so that no worker is left running one alone at the end.
 LONGEST_FIRST = (
-  "test_multiprocess.py",  # two-process runs, several JAX start-ups each: it ended alone at the end
+  "test_multiprocess.py",  # two-process runs, several JAX start-ups each: one of the longest files
   "test_hlo_cost.py",
   "test_aot.py",
   "test_kill_resume.py",
