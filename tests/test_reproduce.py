@@ -212,30 +212,32 @@ def test_the_published_tpu_fit_table_has_every_row_from_the_current_count():
 
 @pytest.mark.parametrize("limit", [1000, 70_000, 2**20 + 5, 2**26 + 1])
 @pytest.mark.parametrize("start", [1024, 65536, 2**22])
-@pytest.mark.parametrize("fixed, curve", [(2.0, 1), (0.5, 2)])
-def test_the_long_context_search_pins_the_longest_length_between_a_fit_and_twice_it(limit, start, fixed, curve):
+@pytest.mark.parametrize("fixed, curve, unit", [(2.0, 1, 1), (0.5, 2, 1), (2.0, 1, 3)])
+def test_the_long_context_search_pins_the_longest_length_between_a_fit_and_twice_it(limit, start, fixed, curve, unit):
   """`long_context.longest` against a fake compiler whose memory grows linearly (a linear-time family)
-  or quadratically (full attention) and fits while the length is at most `limit`: the answer is the
-  largest power of two under it, and both it and twice it were compiled."""
+  or quadratically (full attention) and fits while the length is at most `limit` units: the answer is
+  the largest unit x power of two under it, and both it and twice it were compiled (unit 3: FIT-AR's
+  rows of 192-token groups)."""
   from lra_core.reproduce import long_context
 
   usable = 95.0
-  per = (usable - fixed) / limit**curve
+  per = (usable - fixed) / (unit * limit) ** curve
 
   def compile_at(t):
+    assert t % unit == 0 and (t // unit) & (t // unit - 1) == 0, t  # unit x a power of two
     peak = fixed + per * t**curve
     return {"t": t, "report": {"fits": peak <= usable, "peak_gib": peak, "arguments_gib": fixed, "usable_gib": usable}}
 
-  t, report, metas = long_context.longest(compile_at, start)
+  t, report, metas = long_context.longest(compile_at, unit * start, unit)
   tried = {m["t"]: m["report"]["fits"] for m in metas}
   expected = 2 ** (limit.bit_length() - 1) if limit >= long_context.SHORTEST else None
-  expected = min(expected, long_context.LONGEST) if expected else None
+  expected = unit * min(expected, long_context.LONGEST) if expected else None
   assert t == expected and (report is None) == (t is None)
   if t is not None:
-    assert tried[t] and (t == long_context.LONGEST or tried[2 * t] is False)
+    assert tried[t] and (t == unit * long_context.LONGEST or tried[2 * t] is False)
   else:
-    assert tried[long_context.SHORTEST] is False
-  assert len(metas) <= 2 + abs((expected or 1024).bit_length() - start.bit_length())
+    assert tried[unit * long_context.SHORTEST] is False
+  assert len(metas) <= 2 + abs(((expected or 1024 * unit) // unit).bit_length() - start.bit_length())
 
 
 def test_the_readme_counts_the_tables_there_are():

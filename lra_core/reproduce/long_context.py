@@ -1,9 +1,10 @@
 """`long_context`: the longest sequence each family trains on a TPU slice, with and without the
 `sequence` mesh axis (docs/long_context.md).
 
-Each family's PG-19 config is compiled by `python -m lra_core.aot` (the trainer's train and eval
-steps, libtpu's compiler, this host) in bfloat16 with full recomputation and scanned layers, at
-power-of-two lengths, until the longest that fits the chip's HBM is pinned between a compile that
+Each family's config (PG-19's where the family has one) is compiled by `python -m lra_core.aot` (the
+trainer's train and eval steps, libtpu's compiler, this host) in bfloat16 with full recomputation and scanned layers, at
+power-of-two lengths (a multiple of one for a family whose rows split into groups of another size),
+until the longest that fits the chip's HBM is pinned between a compile that
 fits and one at twice the length that does not:
 
   whole rows     every device holds whole rows: mesh data = every device, one row each;
@@ -17,8 +18,11 @@ tokens as whole rows held. Transformer-VQ takes its whole sequence in one update
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
 baseline is FLASH's Transformer+ on PG-19: whole rows, its attention on splash (model.attention_impl
 "auto": the scores never formed, so its memory grows with the length, not its square); split, ring
-attention (kernels/ring_attention.py), each step's slice-pair scores formed by XLA. Records are kept
-and reused like tpu_fit's (`compile_row`).
+attention (kernels/ring_attention.py), each step's slice-pair scores formed by XLA. The Block
+Transformer (C4, 302m) and FIT-AR (ImageNet 64x64) have no PG-19 config: theirs are compiled, the
+Block Transformer without random-length padding (a row's blocks stay where the split puts them),
+FIT-AR at 3 x 2^k tokens (its groups are 192 tokens). Records are kept and reused like tpu_fit's
+(`compile_row`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Family:
   spec: str
   extra: tuple[str, ...] = ()
   start: int = 65536  # tokens per device the whole-rows search starts from
+  unit: int = 1  # lengths are unit x a power of two (a row of groups that are not a power of two long)
 
 
 FAMILIES = (
@@ -47,6 +52,8 @@ FAMILIES = (
   Family("FLASH", "configs/pg19/flash.py"),
   # T x T scores per head: a shorter start saves the compiles a linear guess would waste.
   Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192),
+  Family("Block Transformer (C4, 302m)", "configs/c4/block_transformer.py", ("data.block_padding=0",)),
+  Family("FIT-AR (ImageNet 64x64)", "configs/imagenet64/fit_ar.py", start=3 * 16384, unit=3),
 )
 # (topology, JAX devices, what the slice is called)
 SLICES = (("v5p:4x4x4", 64, "v5p-64"), ("v3:4x4", 32, "v3-32"))
@@ -95,16 +102,17 @@ def guess(points: list[tuple[int, dict]], lo: int, hi: int) -> int:
   return g if lo < g < hi else 0
 
 
-def longest(compile_at, start: int) -> tuple[int | None, dict | None, list[dict]]:
-  """(the longest power-of-two length that fits, its report, every compile's record), found by
+def longest(compile_at, start: int, unit: int = 1) -> tuple[int | None, dict | None, list[dict]]:
+  """(the longest length unit x 2^k that fits, its report, every compile's record), found by
   compiling: `compile_at(t)` returns a record whose "report" has fits; the answer has a compile that
-  fits and one at twice its length that does not (or it is SHORTEST failing, or LONGEST fitting).
-  Each next length is `guess`'s where it names one, else twice the longest fit or half the shortest
-  failure: every compile narrows the range, so a poor guess costs compiles, never a wrong answer."""
-  lo, hi, best, points = 0, LONGEST * 2, None, []  # lo fits (0: none yet), hi does not
-  t = start
+  fits and one at twice its length that does not (or it is unit x SHORTEST failing, or unit x LONGEST
+  fitting). Each next length is `guess`'s where it names one, else twice the longest fit or half the
+  shortest failure: every compile narrows the range, so a poor guess costs compiles, never a wrong
+  answer. The search runs in units (the curve's fit does not depend on the scale of its lengths)."""
+  lo, hi, best, points = 0, LONGEST * 2, None, []  # in units: lo fits (0: none yet), hi does not
+  t = max(start // unit, 1)
   while True:
-    meta = compile_at(t)
+    meta = compile_at(unit * t)
     points.append((t, meta))
     report = meta.get("report")
     if report and report["fits"]:
@@ -112,13 +120,13 @@ def longest(compile_at, start: int) -> tuple[int | None, dict | None, list[dict]
     else:
       hi = t
     if hi <= 2 * lo or (not lo and hi <= SHORTEST):
-      return (lo or None), best, [m for _, m in points]
+      return (unit * lo or None), best, [m for _, m in points]
     t = guess(points, lo, hi) or (2 * lo if lo else hi // 2)
 
 
-def _cells(t: int | None, report: dict | None) -> list[str]:
+def _cells(t: int | None, report: dict | None, unit: int) -> list[str]:
   if t is None:
-    return [f"< {SHORTEST:,}", "-"]
+    return [f"< {unit * SHORTEST:,}", "-"]
   est = report.get("est_tokens_per_s")
   return [f"{t:,}", f"{report['peak_gib']:.1f} GiB, {fmt(est, ',.0f')} tokens/s" if est else "-"]
 
@@ -128,20 +136,20 @@ def long_context(ctx: Context) -> Result:
   for family in FAMILIES:
     for topology, devices, label in SLICES:
       whole, report, found = longest(
-        lambda t: compile_row(ctx, _row(family, topology, devices, False, t), (), TABLE), family.start
+        lambda t: compile_row(ctx, _row(family, topology, devices, False, t), (), TABLE), family.start, family.unit
       )
       metas += found
-      cells = _cells(whole, report)
-      start = (whole or SHORTEST) * devices
+      cells = _cells(whole, report, family.unit)
+      start = (whole or family.unit * SHORTEST) * devices
       split, report, found = longest(
-        lambda t: compile_row(ctx, _row(family, topology, devices, True, t), (), TABLE), start
+        lambda t: compile_row(ctx, _row(family, topology, devices, True, t), (), TABLE), start, family.unit
       )
       metas += found
-      cells += _cells(split, report)
+      cells += _cells(split, report, family.unit)
       lines.append([family.name, f"{label} ({topology}, {devices} devices)", *cells])
   table = markdown_table(
     [
-      "family (PG-19 config)",
+      "family (config: PG-19's unless named)",
       "slice",
       "whole rows: longest sequence",
       "its peak per device, est. tokens/s",
@@ -151,14 +159,17 @@ def long_context(ctx: Context) -> Result:
     lines,
   )
   setting = (
-    "The longest sequence each family's PG-19 config trains on a TPU slice: `python -m lra_core.aot` (the "
-    "trainer's train and eval steps compiled by libtpu's compiler on this CPU host) in bfloat16 with full "
-    "recomputation and scanned layers, at power-of-two lengths: each length shown fits and twice it does not "
+    "The longest sequence each family's config (PG-19's unless named) trains on a TPU slice: "
+    "`python -m lra_core.aot` (the trainer's train and eval steps compiled by libtpu's compiler on this CPU "
+    "host) in bfloat16 with full recomputation and scanned layers, at power-of-two lengths (FIT-AR: 3 x a "
+    "power of two, its groups being 192 tokens): each length shown fits and twice it does not "
     "(both compiled). Whole rows: every device holds whole rows (mesh data = every device, one row each). "
     "Sequence axis: one row split over every device (mesh sequence = every device, batch 1). "
     "Transformer-VQ takes its whole sequence as one update window (with windows it trains any length). "
     "The full-attention baseline is FLASH's Transformer+ (486M parameters, beside FLASH's 496M), its attention "
     "on the splash kernel for whole rows (`model.attention_impl` auto) and ring attention on XLA's scores split. "
+    "The Block Transformer (302m, without random-length padding) and FIT-AR split their global attention "
+    "(the block decoder, the global layers over latents) by ring attention and keep the rest local. "
     f"Estimates of memory and speed, not measurements. The {len(metas)} programs were compiled at "
     f"{compiled_at(metas)}."
   )
