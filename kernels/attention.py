@@ -65,12 +65,14 @@ def dot_product_attention(
   mask: Array | None = None,
   bias: Array | None = None,
   scale: float | None = None,
+  soft_cap: float = 0.0,
   probs_fn: Callable[[Array], Array] | None = None,
 ) -> Array:
-  """softmax(q k^T * scale + bias, masked) v.
+  """softmax(cap(q k^T * scale) + bias, masked) v.
 
   q: [B,Tq,H,D]  k: [B,Tk,K,D]  v: [B,Tk,K,Dv]  mask: bool[B|1,Tq,Tk]  bias: [H|1,Tq,Tk]
-  -> [B,Tq,H,Dv]. `probs_fn` transforms the attention weights (e.g. dropout).
+  -> [B,Tq,H,Dv]. `soft_cap` > 0 bounds the scores smoothly, cap(s) = soft_cap tanh(s / soft_cap)
+  (Gemma 2's); 0 leaves them. `probs_fn` transforms the attention weights (e.g. dropout).
   """
   b, tq, h, d = q.shape
   kv_heads = k.shape[2]
@@ -81,9 +83,9 @@ def dot_product_attention(
   scale = d**-0.5 if scale is None else scale
   groups = h // kv_heads
   if toolkit.platform() == "cpu":
-    return _attention_rows(q, k, v, groups, mask=mask, bias=bias, scale=scale, probs_fn=probs_fn)
+    return _attention_rows(q, k, v, groups, mask=mask, bias=bias, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn)
   qg = q.reshape(b, tq, kv_heads, groups, d)  # query head h reads key-value head h // groups
-  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+  logits = cap(jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale, soft_cap)
   if bias is not None:
     # a per-head bias [H,..] splits as the query heads do; a shared one [1,..] broadcasts over both axes
     logits = logits + bias.reshape(
@@ -98,7 +100,12 @@ def dot_product_attention(
   return out.reshape(b, tq, h, v.shape[-1])
 
 
-def _attention_rows(q: Array, k: Array, v: Array, groups: int, *, mask, bias, scale, probs_fn) -> Array:
+def cap(logits: Array, soft_cap: float) -> Array:
+  """soft_cap tanh(logits / soft_cap): scores bounded by +-soft_cap, unchanged near 0; 0 = no cap."""
+  return soft_cap * jnp.tanh(logits / soft_cap) if soft_cap else logits
+
+
+def _attention_rows(q: Array, k: Array, v: Array, groups: int, *, mask, bias, scale, soft_cap, probs_fn) -> Array:
   """`dot_product_attention` as 4-D batched matmuls over (batch, key-value head), for CPU: a key-value
   head's `groups` query heads go in as extra query rows (group-major). XLA CPU compiles the 5-D grouped
   einsums and softmax to code that made a train step up to 1.4x slower; TPU keeps them (its compiler
@@ -107,7 +114,7 @@ def _attention_rows(q: Array, k: Array, v: Array, groups: int, *, mask, bias, sc
   kv_heads = k.shape[2]
   if groups > 1:
     q = q.reshape(b, tq, kv_heads, groups, d).transpose(0, 3, 1, 2, 4).reshape(b, groups * tq, kv_heads, d)
-  logits = jnp.einsum("bqkd,bskd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+  logits = cap(jnp.einsum("bqkd,bskd->bkqs", q, k, preferred_element_type=jnp.float32) * scale, soft_cap)
   if bias is not None:
     logits = logits + _query_rows(bias, groups, tq, per_head=bias.shape[0] == h)
   if mask is not None:
@@ -142,6 +149,7 @@ def local_attention(
   k_valid: Array | None = None,
   segments: Array | None = None,
   scale: float | None = None,
+  soft_cap: float = 0.0,
   probs_fn: Callable[[Array], Array] | None = None,
 ) -> Array:
   """Sliding-window attention in O(T window): equals `dot_product_attention` with
@@ -156,7 +164,9 @@ def local_attention(
   b, t, h, _ = q.shape
   w = window
   if context.split(t):  # a sequence over chips: each chip its own blocks, its neighbours' edge blocks
-    chip = functools.partial(local_attention, window=w, causal=causal, scale=scale, probs_fn=probs_fn)
+    chip = functools.partial(
+      local_attention, window=w, causal=causal, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn
+    )
     dims = ("bth.", "btk.", "btk.", "bt", "bt")
     run = lambda q, k, v, k_valid, segments: chip(q, k, v, k_valid=k_valid, segments=segments)
     args = (q, k, v, k_valid, segments)
@@ -201,6 +211,7 @@ def local_attention(
     flat(neighbours(blocks(v), 0)),
     mask=mask,
     scale=scale,
+    soft_cap=soft_cap,
     probs_fn=probs_fn,
   )
   return out.reshape(b, n * w, h, -1)[:, :t]

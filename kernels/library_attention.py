@@ -82,23 +82,23 @@ def chosen_for(impl: str, why_not: str = "") -> str:
 
 
 def reference(
-  q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, probs_fn=None
+  q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, soft_cap=0.0, probs_fn=None
 ) -> Array:
   """The "xla" path: banded for a window shorter than the sequence (masks by row order), ring attention
   for a sequence split over chips (kernels/ring_attention.py), the full masked scores otherwise (by
   `positions` where given)."""
   t = q.shape[1]
   if window and t > window and positions is None:
-    return local_attention(
-      q, k, v, window=window, causal=causal, k_valid=k_valid, segments=segments, scale=scale, probs_fn=probs_fn
-    )
+    kw = dict(k_valid=k_valid, segments=segments, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn)
+    return local_attention(q, k, v, window=window, causal=causal, **kw)
   if probs_fn is None and context.split(t) and not (window and positions is not None):  # a split sequence: the ring
-    return ring_attention(q, k, v, causal=causal, k_valid=k_valid, segments=segments, positions=positions, scale=scale)
+    kw = dict(k_valid=k_valid, segments=segments, positions=positions, scale=scale, soft_cap=soft_cap)
+    return ring_attention(q, k, v, causal=causal, **kw)
   positions = jnp.arange(t) if positions is None else positions
   mask = attention_mask(
     positions, positions, causal=causal, window=window, k_valid=k_valid, q_segments=segments, k_segments=segments
   )
-  return dot_product_attention(q, k, v, mask=mask, scale=scale, probs_fn=probs_fn)
+  return dot_product_attention(q, k, v, mask=mask, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn)
 
 
 def self_attention(
@@ -112,16 +112,18 @@ def self_attention(
   segments: Array | None = None,
   positions: Array | None = None,
   scale: float | None = None,
+  soft_cap: float = 0.0,
   probs_fn: Callable[[Array], Array] | None = None,
   impl: str = "xla",
 ) -> Array:
   """softmax(q k^T scale, masked) v over one sequence: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] ->
   [B,T,H,Dv]; masks as `kernels.attention.attention_mask` (causal, window, k_valid: bool[B,T] False =
   padding, segments: int[B,T] document ids). positions: int[T] or [B,T] the causal mask compares (None:
-  the row order; any other order is the reference's alone). `impl` one of IMPLS."""
+  the row order; any other order is the reference's alone). soft_cap: the scores' bound
+  (`kernels.attention.cap`; 0 none). `impl` one of IMPLS."""
   chosen = resolve(impl)
   if chosen != "xla":
-    why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn, positions=positions)
+    why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn, positions=positions, soft_cap=soft_cap)
     if why:
       _note(chosen, why)
       chosen = "xla"
@@ -136,13 +138,15 @@ def self_attention(
       segments=segments,
       positions=positions,
       scale=scale,
+      soft_cap=soft_cap,
       probs_fn=probs_fn,
     )
   b, t, h, d = q.shape
   scale = d**-0.5 if scale is None else scale
   ids = _ids(k_valid, segments, b, t)
   if chosen == "splash":
-    run = functools.partial(_splash, causal=causal, window=window if window and t > window else 0, scale=scale)
+    window = window if window and t > window else 0
+    run = functools.partial(_splash, causal=causal, window=window, scale=scale, soft_cap=soft_cap)
   else:
     run = lambda q, k, v, ids, _: _triton(q, k, v, ids, causal=causal, scale=scale)
   # The kernels take whole 128-step blocks: the steps added at the end carry an id no query shares, so no
@@ -201,7 +205,7 @@ def cross_attention(
   k, v = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k, v))
   k_ids = jnp.pad(k_ids, ((0, 0), (0, pad_k)), constant_values=_PADDED)
   if chosen == "splash":
-    run = functools.partial(_splash, causal=False, window=0, scale=scale)
+    run = functools.partial(_splash, causal=False, window=0, scale=scale, soft_cap=0.0)
   else:  # no ids (_cross_unsupported): the keys fill whole blocks and none is masked
     run = lambda q, k, v, *_: _triton(q, k, v, None, causal=False, scale=scale)
   # time is '.': these rows are whole (a split sequence falls back before here)
@@ -258,7 +262,7 @@ def _live_blocks(n: int, size: int, causal: bool, window: int) -> int:
   return sum(n - abs(j) for j in range(lowest, highest + 1))
 
 
-def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn, positions) -> str:
+def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_fn, positions, soft_cap: float) -> str:
   t = q.shape[1]
   if positions is not None:
     return "the mask follows given positions (FIT-AR's group-causal latents), not the row order"
@@ -271,6 +275,8 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
   if impl == "triton":
     if window and t > window:
       return "the GPU kernel has no sliding window"
+    if soft_cap:
+      return "the GPU kernel has no soft cap on the scores"
     if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
       return f"the GPU kernel needs one head width for q, k and v, not {q.shape[-1]} and {v.shape[-1]}"
   return ""
@@ -307,7 +313,7 @@ def _ids(k_valid: Array | None, segments: Array | None, b: int, t: int) -> Array
 
 
 def _splash(
-  q: Array, k: Array, v: Array, q_ids: Array, k_ids: Array, *, causal: bool, window: int, scale: float
+  q: Array, k: Array, v: Array, q_ids: Array, k_ids: Array, *, causal: bool, window: int, scale: float, soft_cap: float
 ) -> Array:
   b, tq, h, _ = q.shape
   tk, kv_heads = k.shape[1], k.shape[2]
@@ -322,7 +328,12 @@ def _splash(
     **dict.fromkeys(("block_kv", "block_kv_compute", "block_kv_dkv", "block_kv_dkv_compute", "block_kv_dq"), size_k),
   )
   make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
-  kernel = make(masks.MultiHeadMask([one] * h), block_sizes=sizes, interpret=toolkit.interpret_default())
+  kernel = make(
+    masks.MultiHeadMask([one] * h),
+    block_sizes=sizes,
+    attn_logits_soft_cap=soft_cap or None,  # capped after the scale, which q carries in
+    interpret=toolkit.interpret_default(),
+  )
   dtype = q.dtype
   if not toolkit.bf16_matmuls():  # Mosaic takes no bfloat16 matmul on TPU v2 / v3: the kernel runs in float32
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import context
-from lra_core.kernels.attention import MASK_VALUE, attention_mask
+from lra_core.kernels.attention import MASK_VALUE, attention_mask, cap
 
 Array = jax.Array
 
@@ -41,17 +41,18 @@ def ring_attention(
   segments: Array | None = None,
   positions: Array | None = None,
   scale: float | None = None,
+  soft_cap: float = 0.0,
   query_block: int = 512,
 ) -> Array:
   """softmax(q k^T scale, masked) v with the time axis split over the sequence mesh axes: q [B,T,H,D],
   k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv]; masks as kernels/attention.py `attention_mask` (causal,
   k_valid: bool[B,T] False = padding, segments: int[B,T] document ids, positions: int[T] or [B,T]
-  what the causal mask compares, by default the steps). Equal to `dot_product_attention` with that
-  mask, rounding apart; without a split it is computed as one slice.
+  what the causal mask compares, by default the steps); soft_cap as `dot_product_attention`'s. Equal
+  to `dot_product_attention` with that mask, rounding apart; without a split it is computed as one slice.
   `query_block`: a chip's queries go in blocks of (at most) this many rows, the largest power of two
   dividing its slice, so a step's scores are query_block x T/n per head, never its whole slice pair."""
   b, t, h, _ = q.shape
-  kw = dict(causal=causal, scale=scale, query_block=query_block)
+  kw = dict(causal=causal, scale=scale, soft_cap=soft_cap, query_block=query_block)
   run = lambda q, k, v, k_valid, segments, positions: _on_chip(q, k, v, k_valid, segments, positions, **kw)
   dims = ("bth.", "btk.", "btk.", "bt", "bt", "bt")
   positions = None if positions is None else jnp.broadcast_to(positions.astype(jnp.int32), (b, t))
@@ -59,7 +60,9 @@ def ring_attention(
   return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
 
 
-def _on_chip(q, k, v, k_valid, segments, positions, *, causal: bool, scale: float | None, query_block: int) -> Array:
+def _on_chip(
+  q, k, v, k_valid, segments, positions, *, causal: bool, scale: float | None, soft_cap: float, query_block: int
+) -> Array:
   b, t, h, d = q.shape
   kv_heads, dv = k.shape[2], v.shape[-1]
   groups = h // kv_heads
@@ -85,7 +88,7 @@ def _on_chip(q, k, v, k_valid, segments, positions, *, causal: bool, scale: floa
 
     def read_keys(sums):
       top, total, out = sums
-      logits = jnp.einsum("bqkgd,bskd->bkgqs", query, keys, preferred_element_type=jnp.float32) * scale
+      logits = cap(jnp.einsum("bqkgd,bskd->bkgqs", query, keys, preferred_element_type=jnp.float32) * scale, soft_cap)
       logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
       # From MASK_VALUE (finite): a row masked so far weighs its keys equally, and the first key it
       # may read fades them out (exp(MASK_VALUE - max) = 0), as one softmax over the whole row does.

@@ -129,6 +129,10 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
+      post_norms=False,
+      attn_soft_cap=0.0,
+      score_scale_dim=0,
+      global_every=0,
     )
   )
 

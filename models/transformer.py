@@ -22,6 +22,7 @@ from flax import nnx
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
 from lra_core.kernels import context
+from lra_core.kernels.attention import cap
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
@@ -75,9 +76,16 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       pooling="mean",  # classify / retrieval: cls | mean | max
       classifier_hidden=0,  # 0 -> d_model
       tie_embeddings=False,
+      tied_scale=True,  # tied logits x E^T / d_model; False: x E^T (Gemma, whose lookups carry sqrt(d_model))
       embedding="scaled",  # what the table stores: "scaled" E / sqrt(d_model) (T5's) | "plain" E
       use_bias=False,
       parallel_residual=False,  # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
+      post_norms=False,  # each branch's output normed before it joins the residual, too (Gemma 2)
+      attn_soft_cap=0.0,  # attention scores bounded smoothly by +-this (kernels/attention.py `cap`); 0 none
+      logit_soft_cap=0.0,  # the output logits likewise (Gemma 2: 50 and 30)
+      score_scale_dim=0,  # scores scaled by score_scale_dim^-1/2; 0 -> the head width (Gemma's query_pre_attn_scalar)
+      global_every=0,  # with a window: every global_every-th layer reads every key (Gemma 2: 2); 0 -> all windowed
+      embed_normaliser=False,  # lookups times sqrt(d_model), the tied output reading the table as is (Gemma)
       dtype="float32",  # compute dtype; parameters stay float32
     )
   )
@@ -121,6 +129,26 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.num_classes must be >= 2 for task {config.task!r}, got {m.num_classes}.")
   if m.window < 0:
     raise ConfigError(f"model.window must be >= 0, got {m.window}.")
+  for key in ("attn_soft_cap", "logit_soft_cap", "score_scale_dim", "global_every"):
+    if m[key] < 0:
+      raise ConfigError(f"model.{key} must be >= 0, got {m[key]}.")
+  if m.global_every and not m.window:
+    raise ConfigError(f"model.global_every {m.global_every} alternates windowed and global layers: set model.window.")
+  if m.global_every and m.scan_layers:
+    raise ConfigError(
+      "model.global_every gives layers different windows, which one scanned layer cannot hold: set "
+      "model.scan_layers=False."
+    )
+
+
+def layer_section(m, i: int):
+  """The section layer i is built from: the model's, with no window on a global layer (global_every)."""
+  every = m.global_every
+  if not (every and m.window and (i + 1) % every == 0):
+    return m
+  m = m.copy_and_resolve_references()
+  m.window = 0
+  return m
 
 
 def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs, mask_by_positions: bool = False) -> Attention:
@@ -137,6 +165,8 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs, mask_by_positio
     rope_fraction=m.rope_fraction,
     use_bias=m.use_bias,
     dropout=m.attention_dropout,
+    scale=m.score_scale_dim**-0.5 if m.score_scale_dim else None,
+    soft_cap=m.attn_soft_cap,
     impl=m.attention_impl,
     mask_by_positions=mask_by_positions,
     dtype=dtype,
@@ -146,7 +176,8 @@ def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs, mask_by_positio
 
 class Block(nnx.Module):
   """Pre-norm residual block: x + Mix(norm(x)), then x + MLP(norm(x)) (no MLP with mlp "none");
-  with `parallel_residual` both read the block input: x + Mix(norm1(x)) + MLP(norm2(x)) (GPT-NeoX).
+  with `parallel_residual` both read the block input: x + Mix(norm1(x)) + MLP(norm2(x)) (GPT-NeoX);
+  with `post_norms` each branch is normed again before it joins: x + norm(Mix(norm(x))) (Gemma 2).
 
   The token mixer is softmax attention here; other families pass their own (any module with
   `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
@@ -156,30 +187,35 @@ class Block(nnx.Module):
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
     eps = m.norm_eps
+    post = lambda: make_norm(m.norm, m.d_model, eps=eps, rngs=rngs) if m.post_norms else None
     self.attn_norm = make_norm(m.norm, m.d_model, eps=eps, rngs=rngs)
     self.attn = mixer(m, causal=causal, dtype=dtype, rngs=rngs)
+    self.attn_post_norm = post()
     if m.mlp == "none":
-      self.mlp_norm = self.mlp = None
+      self.mlp_norm = self.mlp = self.mlp_post_norm = None
     else:
       self.mlp_norm = make_norm(m.norm, m.d_model, eps=eps, rngs=rngs)
       self.mlp = MLP(
         m.d_model, m.d_ff, activation=m.activation, glu=m.mlp == "glu", use_bias=m.use_bias, dtype=dtype, rngs=rngs
       )
+      self.mlp_post_norm = post()
     self.dropout = nnx.Dropout(m.dropout)
     self.parallel = bool(m.parallel_residual)
 
   def _add_mlp(self, x: Array, h: Array, rngs: nnx.Rngs | None = None) -> Array:
-    """x + h, plus the MLP of x (parallel residual) or of x + h (sequential)."""
-    y = x + h
+    """x + h (the mixer's output h, post-normed with post_norms), plus the MLP of x (parallel residual)
+    or of x + h (sequential)."""
+    y = x + self.dropout(_normed(self.attn_post_norm, h), rngs=rngs)
     if self.mlp is None:
       return y
-    return y + self.dropout(self.mlp(self.mlp_norm(x if self.parallel else y), rngs=rngs), rngs=rngs)
+    m = _normed(self.mlp_post_norm, self.mlp(self.mlp_norm(x if self.parallel else y), rngs=rngs))
+    return y + self.dropout(m, rngs=rngs)
 
   def __call__(
     self, x: Array, *, positions: Array, mask: Array | None, rngs: nnx.Rngs | None, segments: Array | None = None
   ) -> Array:
     seg = {} if segments is None else {"segments": segments}
-    h = self.dropout(self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs, **seg), rngs=rngs)
+    h = self.attn(self.attn_norm(x), positions=positions, mask=mask, rngs=rngs, **seg)
     return constrain(self._add_mlp(x, h, rngs), ("batch", "length", "embed"))
 
   def decode(self, x: Array, cache: dict, position: Array, **kwargs) -> tuple[Array, dict]:
@@ -191,6 +227,10 @@ class Block(nnx.Module):
     """Several tokens at once into cache slots slot.. (softmax attention; see Attention.decode_block)."""
     h, cache = self.attn.decode_block(self.attn_norm(x), cache, positions, slot, **kwargs)
     return self._add_mlp(x, h), cache
+
+
+def _normed(norm: nnx.Module | None, h: Array) -> Array:
+  return h if norm is None else norm(h)
 
 
 class Model(nnx.Module):
@@ -206,7 +246,11 @@ class Model(nnx.Module):
     self.causal = run.kind.causal
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or run.seq_len
-    self.embed = Embed(m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.embedding)
+    multiplier = m.d_model**0.5 if m.embed_normaliser else 1.0
+    self.embed = Embed(
+      m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.embedding, multiplier=multiplier
+    )
+    self.logit_soft_cap = m.logit_soft_cap
     use_cls = run.kind.classifies and m.pooling == "cls"
     # The CLS vector sits at position 0 and shifts the tokens by one.
     self.cls = param(rngs, jax.nn.initializers.normal(1.0), (m.d_model,), ("embed",)) if use_cls else None
@@ -219,9 +263,10 @@ class Model(nnx.Module):
       m.ring_order == "auto" and self.causal and not m.window and not m.dropout and self.mixer is softmax_attention
     )
     self.blocks = stack.make_layers(
-      lambda: Block(m, causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer),
+      lambda i: Block(layer_section(m, i), causal=self.causal, dtype=self.dtype, rngs=rngs, mixer=self.mixer),
       m.num_layers,
       scan=m.scan_layers,
+      indexed=True,
     )
     self.final_norm = make_norm(m.norm, m.d_model, eps=m.norm_eps, rngs=rngs)
     self.head = TaskHead(
@@ -232,6 +277,7 @@ class Model(nnx.Module):
       pooling=m.pooling,
       hidden=m.classifier_hidden,
       embed=self.embed if m.tie_embeddings else None,
+      tied_scale=m.tied_scale,
       dtype=self.dtype,
       rngs=rngs,
     )
@@ -247,7 +293,11 @@ class Model(nnx.Module):
     if self.towers > 1:
       inputs, mask = fold_towers(inputs, mask)
     x, mask = self.encode(inputs, mask=mask, segment_ids=segment_ids, rngs=rngs)
-    return self.head(x, mask)
+    return self._head(x, mask)
+
+  def _head(self, x: Array, mask: Array | None = None) -> Array:
+    """The task head's output, soft-capped with logit_soft_cap (Gemma 2's final logits)."""
+    return cap(self.head(x, mask), self.logit_soft_cap)
 
   def encode(
     self, inputs: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
@@ -315,7 +365,7 @@ class Model(nnx.Module):
     for block, cache in zip(self.blocks, state["layers"]):
       x, cache = block.decode(x, cache, position)
       caches.append(cache)
-    return self.head(self.final_norm(x)), {"index": position + 1, "layers": caches}
+    return self._head(self.final_norm(x)), {"index": position + 1, "layers": caches}
 
   @property
   def can_prefill(self) -> bool:
@@ -344,7 +394,7 @@ class Model(nnx.Module):
       chunks = tokens[:, :last].reshape(tokens.shape[0], last // chunk, chunk).swapaxes(0, 1)
       state, _ = jax.lax.scan(lambda s, t: (self._prefill_chunk(t, s)[1], None), state, chunks)
     x, state = self._prefill_chunk(tokens[:, last:], state)
-    return self.head(self.final_norm(x[:, -1:])), state
+    return self._head(self.final_norm(x[:, -1:])), state
 
   def _prefill_chunk(self, tokens: Array, state: dict) -> tuple[Array, dict]:
     """tokens [B,C] -> final-block features [B,C,D] and the state advanced by C."""
@@ -400,8 +450,21 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
 
 TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 # Keys added to this section after runs were saved, with the value such a run built with: the
-# table's stored form, the norms' own epsilon and residuals in sequence (lra_core.config.upgrade_config).
-UPGRADES = {"embedding": "scaled", "norm_eps": 0.0, "parallel_residual": False, "ring_order": "auto"}
+# table's stored form, the norms' own epsilon and residuals in sequence, and none of Gemma 2's settings
+# (lra_core.config.upgrade_config).
+UPGRADES = {
+  "embedding": "scaled",
+  "norm_eps": 0.0,
+  "parallel_residual": False,
+  "ring_order": "auto",
+  "post_norms": False,
+  "attn_soft_cap": 0.0,
+  "logit_soft_cap": 0.0,
+  "score_scale_dim": 0,
+  "global_every": 0,
+  "embed_normaliser": False,
+  "tied_scale": True,
+}
 
 
 def context_parallel(config, n: int) -> None:

@@ -5,6 +5,7 @@ weights in `model.safetensors` (or shards listed by `model.safetensors.index.jso
 files. Each architecture maps onto one of our families' config options, not a model of its own:
 
   GPT-NeoX (Pythia), GPTNeoXForCausalLM -> the transformer family (lra_core/hf/gpt_neox.py)
+  Gemma 2, Gemma2ForCausalLM             -> the transformer family (lra_core/hf/gemma2.py)
 
   section, model = hf.load_model("checkpoints/pythia-160m")     # config.model and the built model
   hf.save_folder("export/", section, model)                      # back to config.json + safetensors
@@ -25,19 +26,20 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from lra_core.errors import CheckpointError, ConfigError
-from lra_core.hf import gpt_neox, safetensors
+from lra_core.hf import gemma2, gpt_neox, safetensors
 from lra_core.layer_stacks import STACKED
 from lra_core.models import transformer
 from lra_core.protocol import RunInfo
 
-ARCHITECTURES = {gpt_neox.ARCHITECTURE: gpt_neox}
+ARCHITECTURES = {module.ARCHITECTURE: module for module in (gpt_neox, gemma2)}
 PREFIX = "hf:"  # train.init_from=hf:<folder>
 # The settings of config.model a run must share with the folder's model to start from its weights.
 # (the embedding table's parameterisation is converted, not matched: `as_run_holds`)
 MATCHED = (
   *("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff", "position", "rope"),
   *("rope_fraction", "rope_max_wavelength", "mlp", "activation", "norm", "norm_eps", "parallel_residual"),
-  *("tie_embeddings", "use_bias"),
+  *("tie_embeddings", "tied_scale", "use_bias", "post_norms", "attn_soft_cap", "logit_soft_cap", "score_scale_dim"),
+  *("window", "global_every", "embed_normaliser"),
 )
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -137,7 +139,7 @@ def get_params(model: nnx.Module) -> dict[tuple[str, ...], np.ndarray]:
 
 def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, model: nnx.Module) -> None:
   """Writes `model` (of the transformer family, as `read` builds it) as a Hugging Face folder."""
-  module = gpt_neox  # the one architecture written so far
+  module = gemma2 if gemma2.describes(section) else gpt_neox
   folder = pathlib.Path(folder).expanduser()
   folder.mkdir(parents=True, exist_ok=True)
   safetensors.write(folder / WEIGHTS, module.to_tensors(get_params(model), section), metadata={"format": "pt"})
@@ -166,7 +168,7 @@ def initial_params(m, params: dict, folder: str) -> dict:
   with the folder's weights (`as_run_holds`)."""
   if m.name != "transformer":
     raise ConfigError(
-      f"train.init_from {PREFIX}{folder}: a GPT-NeoX checkpoint starts a transformer run, not {m.name}."
+      f"train.init_from {PREFIX}{folder}: a Hugging Face checkpoint starts a transformer run, not {m.name}."
     )
   theirs = as_run_holds(m, folder)
   out = {}

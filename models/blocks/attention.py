@@ -26,6 +26,7 @@ class Attention(nnx.Module):
 
   causal: autoregressive mask. window > 0: sliding window (see kernels.attention.attention_mask).
   rope: rotary embedding of q and k on the first `rope_fraction` of each head.
+  scale: the scores' factor (None: head_dim^-1/2); soft_cap > 0 bounds them (kernels/attention.py `cap`).
   impl: the kernel of the full forward pass (kernels/library_attention.py); decoding reads its cache
   with the reference. mask_by_positions: the causal mask compares the positions each call is given
   (FIT-AR's latents: their group index, so a group's latents see each other) rather than the row
@@ -46,6 +47,8 @@ class Attention(nnx.Module):
     rope_fraction: float = 1.0,
     use_bias: bool = False,
     dropout: float = 0.0,
+    scale: float | None = None,
+    soft_cap: float = 0.0,
     impl: str = "xla",
     mask_by_positions: bool = False,
     dtype=jnp.float32,
@@ -57,6 +60,7 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
     self.causal, self.window, self.rope, self.impl = causal, window, rope, impl
     self.mask_by_positions = mask_by_positions
+    self.scale, self.soft_cap = scale, soft_cap
     self.rope_max_wavelength, self.rope_fraction = rope_max_wavelength, rope_fraction
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
     self.query = Dense(features, (num_heads, head_dim), axes=("embed", "heads", "head_dim"), **kw)
@@ -107,6 +111,8 @@ class Attention(nnx.Module):
       positions=positions if self.mask_by_positions and (self.causal or self.window) else None,
       probs_fn=probs_fn,
       impl=self.impl,
+      scale=self.scale,
+      soft_cap=self.soft_cap,
     )
     return self.out(y)
 
@@ -126,7 +132,9 @@ class Attention(nnx.Module):
     k_valid: bool[B,S] per cache slot (after this write), False = a key this row must not read."""
     q, k, v = self._qkv(x, position[None])
     cache = write_cache(cache, k, v, position)  # written first: the token attends to itself
-    return self.out(attend_cache(q, cache, position, window=self.window, k_valid=k_valid)), cache
+    return self.out(
+      attend_cache(q, cache, position, window=self.window, k_valid=k_valid, scale=self.scale, soft_cap=self.soft_cap)
+    ), cache
 
   def decode_block(
     self, x: Array, cache: dict[str, Array], positions: Array, slot: Array, *, k_valid: Array | None = None
@@ -142,7 +150,9 @@ class Attention(nnx.Module):
     }
     # Masking by the slots' stored positions, not their indices: unwritten slots (-1) and later ones drop out.
     m = attention_mask(positions, cache["pos"], causal=True, window=self.window, k_valid=k_valid)
-    y = dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
+    y = dot_product_attention(
+      q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m, scale=self.scale, soft_cap=self.soft_cap
+    )
     return self.out(y), cache
 
 
@@ -163,12 +173,20 @@ def write_cache(cache: dict[str, Array], k: Array, v: Array, position: Array) ->
 
 
 def attend_cache(
-  q: Array, cache: dict[str, Array], position: Array, *, window: int = 0, k_valid: Array | None = None
+  q: Array,
+  cache: dict[str, Array],
+  position: Array,
+  *,
+  window: int = 0,
+  k_valid: Array | None = None,
+  scale: float | None = None,
+  soft_cap: float = 0.0,
 ) -> Array:
   """Causal (optionally windowed) attention of q [B,1,H,D] at `position` over the cached keys
-  (k_valid: bool[B,S], False = a slot this row must not read)."""
+  (k_valid: bool[B,S], False = a slot this row must not read); scale and soft_cap as the layer's."""
   m = attention_mask(position[None], cache["pos"], causal=True, window=window, k_valid=k_valid)
-  return dot_product_attention(q, cache["key"].astype(q.dtype), cache["value"].astype(q.dtype), mask=m)
+  k, v = cache["key"].astype(q.dtype), cache["value"].astype(q.dtype)
+  return dot_product_attention(q, k, v, mask=m, scale=scale, soft_cap=soft_cap)
 
 
 class CrossAttention(nnx.Module):

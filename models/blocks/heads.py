@@ -63,8 +63,8 @@ class TwoTowerHead(nnx.Module):
 class TaskHead(nnx.Module):
   """The output layer a task needs, on final features x [B',T,D].
 
-  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given: x E^T / D), plus a learned
-  bias over the vocabulary with `output_bias`;
+  lm / mlm / image_ar: per-token logits [B,T,V] (tied to `embed` if given: x E^T / D, or x E^T without
+  `tied_scale`), plus a learned bias over the vocabulary with `output_bias`;
   classify: pooled -> [B,C]; retrieval: the batch holds both towers ([2B,T,D]) -> [B,C].
   """
 
@@ -78,12 +78,13 @@ class TaskHead(nnx.Module):
     pooling: str = "mean",
     hidden: int = 0,
     embed=None,
+    tied_scale: bool = True,
     output_bias: bool = False,
     dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
     kind = task_kinds.kind(task)
-    self.pooling, self.embed = pooling, embed
+    self.pooling, self.embed, self.tied_scale = pooling, embed, tied_scale
     self.pools, self.towers = kind.classifies, kind.towers
     hidden = hidden or features
     self.bias = (
@@ -106,8 +107,9 @@ class TaskHead(nnx.Module):
       else:
         # Tied: x E^T / D. Lookups (E's rows) have norm ~sqrt(D) and so has x (normalised): without the
         # 1/D (T5's D^-1/2 on a table that stores E / sqrt(D)) a fresh model would score each input token
-        # D above the others.
-        logits = self.embed.attend(x).astype(jnp.float32) * x.shape[-1] ** -1.0
+        # D above the others. (Gemma scales its lookups instead: Embed's multiplier, and no 1/D here.)
+        logits = self.embed.attend(x).astype(jnp.float32)
+        logits = logits * x.shape[-1] ** -1.0 if self.tied_scale else logits
       return logits if self.bias is None else logits + self.bias[...]
     pooled = pool(x, mask, self.pooling)
     if self.towers > 1:  # the towers of one example sit in consecutive rows (fold_towers)

@@ -8,6 +8,7 @@ knows about devices. Parameters are stored in `param_dtype` (float32) and cast t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -119,7 +120,9 @@ class Embed(nnx.Module):
   form: Adam then moves E sqrt(D) times faster, and it weighs 1/sqrt(D) as much in a global-norm
   clip); "plain" holds E itself (the Transformer-VQ and Latte authors'). The model's function is the
   same either way; only the optimizer sees a difference. `scale_by_sqrt_dim=False` (with "scaled")
-  keeps the table's D^-1/2 variance in the lookups (e.g. a class-label embedding).
+  keeps the table's D^-1/2 variance in the lookups (e.g. a class-label embedding). `multiplier`
+  scales the lookups alone, in the compute dtype, after the table's own factor: Gemma's sqrt(D) over a
+  table its tied output reads as is.
   """
 
   def __init__(
@@ -130,6 +133,7 @@ class Embed(nnx.Module):
     dtype=jnp.float32,
     scale_by_sqrt_dim: bool = True,
     parameterisation: str = "scaled",
+    multiplier: float = 1.0,
     rngs: nnx.Rngs,
   ):
     if parameterisation not in EMBEDDINGS:
@@ -140,10 +144,11 @@ class Embed(nnx.Module):
     init = jax.nn.initializers.normal(stddev=1.0 if plain else features**-0.5)
     self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
     self.scale = features**0.5 if scale_by_sqrt_dim and not plain else 1.0
-    self.dtype = dtype
+    self.dtype, self.multiplier = dtype, multiplier
 
   def __call__(self, ids: Array) -> Array:
-    return (jnp.take(self.embedding[...], ids, axis=0) * self.scale).astype(self.dtype)
+    x = (jnp.take(self.embedding[...], ids, axis=0) * self.scale).astype(self.dtype)
+    return x * jnp.asarray(self.multiplier, self.dtype) if self.multiplier != 1.0 else x
 
   def attend(self, x: Array) -> Array:
     """x [..., D] -> x E^T [..., V], E the embedding lookups return (whatever the table stores)."""
@@ -175,17 +180,29 @@ class LayerNorm(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
+  """x / rms(x) times a learned gain (plus a bias with `use_bias`). `offset`: the parameter stores the
+  gain's offset from 1 and starts at 0, y = x / rms(x) (1 + w) (Gemma's form: a checkpoint's w is
+  kept as is, and decay pulls the gain towards 1, not 0)."""
+
   def __init__(
-    self, features: int, *, eps: float = 1e-6, use_scale: bool = True, use_bias: bool = False, rngs: nnx.Rngs
+    self,
+    features: int,
+    *,
+    eps: float = 1e-6,
+    use_scale: bool = True,
+    use_bias: bool = False,
+    offset: bool = False,
+    rngs: nnx.Rngs,
   ):
-    self.scale = param(rngs, jax.nn.initializers.ones, (features,), ("embed",)) if use_scale else None
+    init = jax.nn.initializers.zeros if offset else jax.nn.initializers.ones
+    self.scale = param(rngs, init, (features,), ("embed",)) if use_scale else None
     self.bias = param(rngs, jax.nn.initializers.zeros, (features,), ("embed",)) if use_bias else None
-    self.eps = eps
+    self.eps, self.offset = eps, offset
 
   def __call__(self, x: Array) -> Array:
     y = rms_normalize(x.astype(jnp.float32), self.eps)
     if self.scale is not None:
-      y = y * self.scale[...]
+      y = y * (1.0 + self.scale[...] if self.offset else self.scale[...])
     if self.bias is not None:
       y = y + self.bias[...]
     return y.astype(x.dtype)
@@ -204,7 +221,7 @@ class ScaleNorm(nnx.Module):
     return y.astype(x.dtype)
 
 
-NORMS = {"layer": LayerNorm, "rms": RMSNorm, "scale": ScaleNorm}
+NORMS = {"layer": LayerNorm, "rms": RMSNorm, "rms_offset": functools.partial(RMSNorm, offset=True), "scale": ScaleNorm}
 
 
 def make_norm(kind: str, features: int, *, eps: float = 0.0, rngs: nnx.Rngs) -> nnx.Module:

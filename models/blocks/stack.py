@@ -72,9 +72,12 @@ class Stacked(nnx.Module):
     return (self[i] for i in range(self.num_layers))
 
 
-def make_layers(make: Callable[[], nnx.Module], num_layers: int, *, scan: bool) -> nnx.List | Stacked:
-  """`num_layers` layers from `make()` called in a loop, stacked when `scan` (and there are any)."""
-  layers = [make() for _ in range(num_layers)]
+def make_layers(
+  make: Callable[..., nnx.Module], num_layers: int, *, scan: bool, indexed: bool = False
+) -> nnx.List | Stacked:
+  """`num_layers` layers from `make()` (`make(i)` with `indexed`: layers that differ by their index)
+  called in a loop, stacked when `scan` (and there are any)."""
+  layers = [make(i) if indexed else make() for i in range(num_layers)]
   return Stacked(layers) if scan and layers else nnx.List(layers)
 
 

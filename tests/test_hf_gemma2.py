@@ -1,0 +1,190 @@
+"""lra_core/hf: a Hugging Face Gemma 2 folder read into the transformer family gives the logits of an
+independent numpy forward written from the architecture's definition (embedding normaliser, RMSNorm
+with 1 + w before and after each branch, grouped-query attention with its own head width, scores
+scaled by query_pre_attn_scalar and soft-capped, a sliding window on every other layer, GeGLU, tied and
+soft-capped logits); written back, the folder holds the same tensors bit for bit."""
+
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_core import hf
+from lra_core.errors import CheckpointError, ConfigError
+from lra_core.hf import safetensors
+
+# Small enough to test, with every feature biting: the window (4) shorter than the rows (12), two query
+# heads per key-value head, a head width (8) that is not hidden_size / heads, a query scale of its own,
+# and caps low enough that random weights reach them.
+CONFIG = {
+  "architectures": ["Gemma2ForCausalLM"],
+  "model_type": "gemma2",
+  "vocab_size": 96,
+  "hidden_size": 24,
+  "intermediate_size": 40,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 8,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 64,
+  "rms_norm_eps": 1e-6,
+  "rope_theta": 10000.0,
+  "attention_bias": False,
+  "query_pre_attn_scalar": 12,
+  "sliding_window": 4,
+  "attn_logit_softcapping": 2.0,
+  "final_logit_softcapping": 3.0,
+  "tie_word_embeddings": True,
+}
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def random_tensors(c, seed=0):
+  """A Gemma 2 checkpoint's tensors under Hugging Face's names, random (norm offsets too)."""
+  rng = np.random.default_rng(seed)
+  d, f, v, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
+  h, kv = c["num_attention_heads"], c["num_key_value_heads"]
+  w = lambda *shape: rng.normal(scale=0.3, size=shape).astype(np.float32)
+  out = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": w(d)}
+  for i in range(c["num_hidden_layers"]):
+    at = f"model.layers.{i}."
+    out.update({f"{at}{norm}.weight": w(d) for norm in NORMS})
+    out[f"{at}self_attn.q_proj.weight"], out[f"{at}self_attn.o_proj.weight"] = w(h * hd, d), w(d, h * hd)
+    out[f"{at}self_attn.k_proj.weight"], out[f"{at}self_attn.v_proj.weight"] = w(kv * hd, d), w(kv * hd, d)
+    out[f"{at}mlp.gate_proj.weight"], out[f"{at}mlp.up_proj.weight"] = w(f, d), w(f, d)
+    out[f"{at}mlp.down_proj.weight"] = w(d, f)
+  return out
+
+
+def save(folder, config, tensors):
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / "config.json").write_text(json.dumps(config))
+  safetensors.write(folder / "model.safetensors", tensors)
+  return folder
+
+
+# -- the oracle: Gemma 2 in numpy, float64, from its definition --------------------------------------------------
+
+
+def rms_norm(x, w, eps):
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * (1 + w)
+
+
+def gelu_tanh(x):
+  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def rotary(x, base):
+  """x [T,N,hd], every pair (j, j + hd/2) rotated by angle t / base^(2j/hd)."""
+  t, hd = x.shape[0], x.shape[-1]
+  angle = np.arange(t)[:, None] / base ** (np.arange(0, hd, 2) / hd)[None]
+  cos, sin = (np.concatenate([f(angle)] * 2, -1)[:, None] for f in (np.cos, np.sin))
+  half = hd // 2
+  return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def gemma2_logits(tensors, c, ids):
+  """Logits [T,V] of one sequence of token ids."""
+  g = lambda name: tensors[name].astype(np.float64)
+  d, h, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+  t, eps, window = len(ids), c["rms_norm_eps"], c["sliding_window"]
+  soft = lambda s, cap: cap * np.tanh(s / cap)
+  x = g("model.embed_tokens.weight")[ids] * math.sqrt(d)
+  q_pos, k_pos = np.arange(t)[:, None], np.arange(t)[None]
+  for i in range(c["num_hidden_layers"]):
+    at = f"model.layers.{i}."
+    a = rms_norm(x, g(f"{at}input_layernorm.weight"), eps)
+    q = rotary((a @ g(f"{at}self_attn.q_proj.weight").T).reshape(t, h, hd), c["rope_theta"])
+    k = rotary((a @ g(f"{at}self_attn.k_proj.weight").T).reshape(t, kv, hd), c["rope_theta"])
+    v = (a @ g(f"{at}self_attn.v_proj.weight").T).reshape(t, kv, hd)
+    k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)  # query head n reads kv head n // 2
+    scores = soft(np.einsum("ihd,jhd->hij", q, k) * c["query_pre_attn_scalar"] ** -0.5, c["attn_logit_softcapping"])
+    allowed = k_pos <= q_pos
+    if i % 2 == 0:  # the even layers slide: the `window` most recent keys
+      allowed &= q_pos - k_pos < window
+    scores = np.where(allowed, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    attn = np.einsum("hij,jhd->ihd", p, v).reshape(t, h * hd) @ g(f"{at}self_attn.o_proj.weight").T
+    x = x + rms_norm(attn, g(f"{at}post_attention_layernorm.weight"), eps)
+    m = rms_norm(x, g(f"{at}pre_feedforward_layernorm.weight"), eps)
+    m = (gelu_tanh(m @ g(f"{at}mlp.gate_proj.weight").T) * (m @ g(f"{at}mlp.up_proj.weight").T)) @ g(
+      f"{at}mlp.down_proj.weight"
+    ).T
+    x = x + rms_norm(m, g(f"{at}post_feedforward_layernorm.weight"), eps)
+  x = rms_norm(x, g("model.norm.weight"), eps)
+  return soft(x @ g("model.embed_tokens.weight").T, c["final_logit_softcapping"])
+
+
+# -- the tests ---------------------------------------------------------------------------------------------------
+
+
+def test_a_gemma2_folder_gives_the_reference_logits_over_the_whole_vocabulary(tmp_path):
+  """Two sequences, the second right-padded (its padding masked): every logit at three positions of each
+  real part equals the numpy forward's, to float32 rounding."""
+  tensors = random_tensors(CONFIG)
+  section, model = hf.load_model(save(tmp_path / "gemma", CONFIG, tensors))
+  assert section.window == 4 and section.global_every == 2 and section.norm == "rms_offset"
+  rng = np.random.default_rng(1)
+  ids = rng.integers(0, CONFIG["vocab_size"], size=(2, 12))
+  lengths = [12, 7]
+  mask = np.arange(12)[None] < np.array(lengths)[:, None]
+  ours = np.asarray(model(jnp.asarray(ids, jnp.int32), mask=jnp.asarray(mask)))
+  for row, n in enumerate(lengths):
+    want = gemma2_logits(tensors, CONFIG, ids[row, :n])
+    assert np.abs(want).max() > 2.0  # the final cap (3) bites
+    for t in (0, n // 2, n - 1):
+      np.testing.assert_allclose(ours[row, t], want[t], rtol=2e-4, atol=2e-4)
+
+
+def test_each_gemma2_feature_changes_the_logits():
+  """The oracle is not blind to any of the settings the test above checks: dropping one of them from
+  the numpy forward moves the logits."""
+  tensors, ids = random_tensors(CONFIG), np.arange(12) % CONFIG["vocab_size"]
+  base = gemma2_logits(tensors, CONFIG, ids)
+  for key, value in (
+    ("sliding_window", 64),
+    ("attn_logit_softcapping", 1e6),
+    ("final_logit_softcapping", 1e6),
+    ("query_pre_attn_scalar", 8),
+  ):
+    assert np.abs(gemma2_logits(tensors, {**CONFIG, key: value}, ids) - base).max() > 1e-3, key
+
+
+def test_written_back_the_gemma2_folder_holds_the_same_tensors_bit_for_bit(tmp_path):
+  tensors = random_tensors(CONFIG, seed=3)
+  section, model = hf.load_model(save(tmp_path / "in", CONFIG, tensors))
+  hf.save_folder(tmp_path / "out", section, model)
+  back, again = hf.read_folder(tmp_path / "out")
+  assert sorted(again) == sorted(tensors)
+  for name, value in tensors.items():
+    assert again[name].dtype == value.dtype and np.array_equal(again[name], value), name
+  _, model2 = hf.load_model(tmp_path / "out")
+  assert all(np.array_equal(a, b) for a, b in zip(hf.get_params(model).values(), hf.get_params(model2).values()))
+  assert {k: back[k] for k in CONFIG if k in back} == {k: CONFIG[k] for k in back if k in CONFIG}
+
+
+def test_a_written_out_tied_head_is_read_and_must_be_the_table(tmp_path):
+  tensors = random_tensors(CONFIG)
+  tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+  hf.read(save(tmp_path / "tied", CONFIG, tensors))  # accounted for, no "extra tensor" refusal
+  tensors["lm_head.weight"][0, 0] += 1
+  with pytest.raises(CheckpointError, match="lm_head.weight differs from its token table"):
+    hf.read(save(tmp_path / "untied", CONFIG, tensors))
+
+
+@pytest.mark.parametrize(
+  "change, says",
+  [
+    ({"layer_types": ["full_attention"] * 3}, "is not the alternation"),
+    ({"tie_word_embeddings": False}, "without tie_word_embeddings"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu'"),
+    ({"attention_bias": True}, "attention_bias true"),
+  ],
+)
+def test_what_gemma2_settings_cannot_be_read_is_one_sentence(tmp_path, change, says):
+  with pytest.raises(ConfigError, match=says):
+    hf.read(save(tmp_path / "bad", {**CONFIG, **change}, random_tensors(CONFIG)))
