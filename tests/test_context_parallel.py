@@ -416,6 +416,21 @@ def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequ
   np.testing.assert_allclose(np.asarray(blocked(q, k, v)), np.asarray(fn(q, k, v)), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 4])
+def test_soft_capped_scores_split_equal_the_whole(window):
+  """Gemma 2's soft cap on the scores (kernels/attention.py `cap`) inside ring attention and the split
+  sliding window: split == whole, and the cap changes the result (scores reach it)."""
+  ks = jax.random.split(jax.random.key(5), 3)
+  q = jax.random.normal(ks[0], (2, 32, 4, 8))
+  k, v = (3 * jax.random.normal(key, (2, 32, 2, 8)) for key in ks[1:])
+  seg = documents(2, 32, boundaries_at=[8, 19])
+  kw = dict(causal=True, window=window, segments=seg)
+  fn = lambda q, k, v: library_attention.self_attention(q, k, v, soft_cap=2.0, **kw)
+  split_equals_whole(fn, (q, k, v), 2, 4, atol=5e-5)
+  uncapped = library_attention.self_attention(q, k, v, **kw)
+  assert np.abs(np.asarray(fn(q, k, v)) - np.asarray(uncapped)).max() > 1e-2
+
+
 @pytest.mark.parametrize("data,sequence", [(1, 8), (2, 4)])
 def test_ring_attention_masks_by_the_positions_it_is_given(data, sequence):
   """FIT-AR's group-causal latents: the causal mask compares each latent's group (8 groups of 4), so a

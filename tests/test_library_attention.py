@@ -79,6 +79,15 @@ def test_the_gpu_kernel_equals_the_reference(causal, kv_heads):
   assert_equals_reference("triton", kv_heads, causal=causal)
 
 
+def test_splash_caps_the_scores_as_the_reference_does():
+  """Gemma 2's soft cap (splash's attn_logits_soft_cap) with a window, grouped heads, documents and
+  padding; the cap of 2 bites on these unit-variance scores."""
+  assert_equals_reference("splash", 2, causal=True, window=64, soft_cap=2.0)
+  q, k, v, segments, valid = inputs(2)
+  capped, plain = (value_and_grads("xla", q, k, v, valid, causal=True, soft_cap=c)[0] for c in (2.0, 0.0))
+  assert np.abs(np.asarray(capped) - np.asarray(plain)).max() > 1e-2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["splash", "triton"])
 def test_bfloat16_equals_the_reference_within_its_rounding(impl):
@@ -105,6 +114,7 @@ GROUPS = jnp.repeat(jnp.arange(T // 4), 4)  # FIT-AR's latents: a group's four s
   [
     ("splash", 64, 0, {}, "the length 64 is shorter than the kernel's 128-step block"),
     ("triton", T, 64, {}, "the GPU kernel has no sliding window"),
+    ("triton", T, 0, {"soft_cap": 2.0}, "the GPU kernel has no soft cap on the scores"),
     ("splash", T, 0, {"probs_fn": lambda p: p * 0.5}, "attention dropout acts on the probabilities"),
     ("splash", T, 0, {"positions": GROUPS}, "the mask follows given positions (FIT-AR's group-causal latents)"),
   ],
