@@ -104,9 +104,16 @@ def validate_config(config) -> None:
       f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
       f"{m.num_heads} (the latent states are split across heads)."
     )
-  if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2 and (m.vapor or m.rope and m.window):
+  width = m.head_dim or m.d_model // m.num_heads
+  if not m.head_dim and m.d_model % m.num_heads or width % 2 and (m.vapor or m.rope and m.window):
     raise ConfigError(
-      f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width (VAPOR and RoPE rotate pairs)."
+      f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width, or model.head_dim be even "
+      "(VAPOR and RoPE rotate pairs)."
+    )
+  if m.num_kv_heads and m.num_kv_heads != m.num_heads:
+    raise ConfigError(
+      f"model.num_kv_heads {m.num_kv_heads}: Latte's values and window keys have one head per query head "
+      "(a grouped checkpoint's are repeated, lra_core/hf)."
     )
   if not 0.0 <= m.latent_dropout < 1.0:
     raise ConfigError(f"model.latent_dropout must be in [0, 1), got {m.latent_dropout}.")
@@ -235,8 +242,13 @@ class LatteAttention(nnx.Module):
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
     h, d = m.num_heads, m.d_model
-    latents, width = m.num_latents // h, d // h
+    latents, width = m.num_latents // h, m.head_dim or d // h
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
+    self.rope_max_wavelength = m.rope_max_wavelength
+    # The window attention's scores as the model's softmax attention takes them (a pre-trained model's
+    # query scale and soft cap: Gemma 2 -> Latte-Macchiato, lra_core/hf).
+    self.window_scale = m.score_scale_dim**-0.5 if m.score_scale_dim else None
+    self.window_soft_cap = m.attn_soft_cap
     self.attention_impl = m.attention_impl  # the sliding window's softmax (kernels/library_attention.py)
     self.latent = m.latent
     self.chunk, self.impl = m.chunk or None, m.impl
@@ -303,7 +315,7 @@ class LatteAttention(nnx.Module):
     z = x if self.window_norm is None else self.window_norm(y)
     q, k = self.window_query(z), self.window_key(z)
     if self.rope:
-      q, k = apply_rope(q, positions), apply_rope(k, positions)
+      q, k = (apply_rope(x, positions, max_wavelength=self.rope_max_wavelength) for x in (q, k))
     return q, k
 
   def __call__(
@@ -327,9 +339,8 @@ class LatteAttention(nnx.Module):
     local = None
     if self.window:
       wq, wk = self._window_qk(x, y, positions)
-      local = self_attention(
-        wq, wk, v, causal=self.causal, window=self.window, k_valid=mask, segments=segments, impl=self.attention_impl
-      )
+      kw = dict(k_valid=mask, segments=segments, scale=self.window_scale, soft_cap=self.window_soft_cap)
+      local = self_attention(wq, wk, v, causal=self.causal, window=self.window, impl=self.attention_impl, **kw)
     if not self.latent:
       return self.out(local)
     q, k = self.query(y), self.key(y)
@@ -369,7 +380,8 @@ class LatteAttention(nnx.Module):
     if self.window:
       wq, wk = self._window_qk(x, y, positions)
       cache["window"] = write_cache(cache["window"], wk, v, position)
-      local = attend_cache(wq, cache["window"], position, window=self.window)
+      kw = dict(scale=self.window_scale, soft_cap=self.window_soft_cap)
+      local = attend_cache(wq, cache["window"], position, window=self.window, **kw)
     if not self.latent:
       return self.out(local), cache
     q, k = self.query(y), self.key(y)

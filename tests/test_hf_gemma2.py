@@ -7,13 +7,18 @@ soft-capped logits); written back, the folder holds the same tensors bit for bit
 import json
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
-from lra_core import hf
+import lra_core
+from lra_core import hf, layout, optim
+from lra_core.checkpoint import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
+from lra_core.state import make_state_spec
 
 # Small enough to test, with every feature biting: the window (4) shorter than the rows (12), two query
 # heads per key-value head, a head width (8) that is not hidden_size / heads, a query scale of its own,
@@ -188,3 +193,81 @@ def test_a_written_out_tied_head_is_read_and_must_be_the_table(tmp_path):
 def test_what_gemma2_settings_cannot_be_read_is_one_sentence(tmp_path, change, says):
   with pytest.raises(ConfigError, match=says):
     hf.read(save(tmp_path / "bad", {**CONFIG, **change}, random_tensors(CONFIG)))
+
+
+# -- Gemma 2 -> Latte-Macchiato (Latte, Section 4.5) -------------------------------------------------------------
+
+
+def macchiato_run(tmp_path, overrides=()):
+  """(a Gemma 2 folder of configs/c4/gemma2.py's tiny model, its config.model as read, its parameters,
+  the tiny Gemma-Macchiato config, its state spec, its initial params, the params started from the folder)."""
+  from configs.c4 import gemma2 as experiment
+
+  folder = save(
+    tmp_path / "gemma",
+    experiment.GEMMA2_2B | experiment.TINY,
+    random_tensors(experiment.GEMMA2_2B | experiment.TINY, seed=11),
+  )
+  section, theirs = hf.read(folder)
+  config = lra_core.load_config("configs/c4/gemma2.py:tiny", list(overrides))
+  spec = make_state_spec(config, layout.make_mesh(config.mesh), optim.make_optimizer(config)[0])
+  init = spec.init()
+  started = warm_start(config, spec, init, f"hf:{folder}", None)
+  flat = lambda state: {
+    tuple(str(k) for k in key): np.asarray(v) for key, v in traverse_util.flatten_dict(jax.device_get(state)).items()
+  }
+  return folder, section, theirs, config, flat(init["params"]), flat(started["params"])
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_gemma2_to_macchiato_keeps_every_non_attention_weight_bit_for_bit(tmp_path, scan):
+  """train.init_from=hf:<Gemma 2 folder> on a Latte-Macchiato run: every weight outside attention is the
+  folder's, bit for bit; the window attention's query, key, value and output are the Gemma attention's
+  (its 2 key-value heads repeated to the 4 query heads); the latent query and key are the run's own."""
+  _, section, theirs, config, init, started = macchiato_run(tmp_path, [f"model.scan_layers={scan}"])
+  layers = config.model.num_layers
+  layer = lambda path, i: ("blocks", str(i), *path[2:]) if scan else path
+  at = lambda path, i: started[path][i] if scan else started[path]
+  renamed = {"window_query": ("query", 1), "window_key": ("key", 2), "value": ("value", 2), "out": ("out", 1)}
+  seen = set()
+  for path in started:
+    for i in range(layers) if path[0] == "blocks" else [None]:
+      if path[0] == "blocks" and not scan and path[1] != str(i):
+        continue
+      ours = at(path, i) if path[0] == "blocks" else started[path]
+      key = layer(path, i) if path[0] == "blocks" else path
+      if key[2:3] == ("attn",) and key[3] in ("query", "key"):  # Latte's own: as the run initialised it
+        np.testing.assert_array_equal(ours, init[path][i] if scan else init[path])
+        seen.add("latent")
+      elif key[2:3] == ("attn",):
+        name, repeat = renamed[key[3]]
+        want = (
+          np.repeat(theirs[(*key[:3], name, *key[4:])], repeat, axis=1)
+          if repeat > 1
+          else theirs[(*key[:3], name, *key[4:])]
+        )
+        assert ours.dtype == want.dtype and np.array_equal(ours, want), key
+        seen.add(key[3])
+      else:
+        assert ours.dtype == theirs[key].dtype and np.array_equal(ours, theirs[key]), key
+        seen.add(key[2] if key[0] == "blocks" else key[0])
+  assert {"latent", "window_query", "window_key", "value", "out", "attn_post_norm", "mlp_post_norm", "embed"} <= seen
+
+
+def test_gemma_macchiato_trains_only_the_latent_logits(tmp_path):
+  """configs/c4/gemma2.py's optimizer groups: an update moves a layer's attn/query and attn/key (the latent
+  logits) and nothing else."""
+  _, _, _, config, init, started = macchiato_run(tmp_path)
+  tx = optim.make_optimizer(config)[0]
+  params = traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in started.items()})
+  grads, state = jax.tree.map(jnp.ones_like, params), tx.init(params)
+  for _ in range(2):  # the first step's learning rate is warmup's 0
+    updates, state = tx.update(grads, state, params)
+  moved = {k for k, v in traverse_util.flatten_dict(jax.device_get(updates)).items() if np.abs(v).max() > 0}
+  moved = {tuple(str(p) for p in k) for k in moved}
+  assert moved and all(k[2] == "attn" and k[3] in ("query", "key") for k in moved), sorted(moved)
+
+
+def test_a_latte_run_without_a_window_cannot_start_from_gemma2(tmp_path):
+  with pytest.raises(ConfigError, match="as Latte-Macchiato: set model.window"):
+    macchiato_run(tmp_path, ["model.window=0", "model.variant=latte_conv++"])

@@ -11,7 +11,9 @@ files. Each architecture maps onto one of our families' config options, not a mo
   hf.save_folder("export/", section, model)                      # back to config.json + safetensors
 
 and a run starts from one with `train.init_from=hf:<folder>` (lra_core/checkpoint.py warm_start), its
-config.model matching the folder's (`initial_params` names the first setting that does not).
+config.model matching the folder's (`initial_params` names the first setting that does not): a
+transformer run as the folder's model, a Latte run as Latte-Macchiato around the folder's weights
+(lra_core/hf/macchiato.py: Gemma 2 into Latte's Section 4.5).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from lra_core.errors import CheckpointError, ConfigError
-from lra_core.hf import gemma2, gpt_neox, safetensors
+from lra_core.hf import gemma2, gpt_neox, macchiato, safetensors
 from lra_core.layer_stacks import STACKED
 from lra_core.models import transformer
 from lra_core.protocol import RunInfo
@@ -146,13 +148,13 @@ def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, m
   (folder / "config.json").write_text(json.dumps(module.config_json(section), indent=2) + "\n")
 
 
-def as_run_holds(m, folder: str) -> dict[tuple[str, ...], np.ndarray]:
-  """The folder's parameters {path: array} as a transformer run with config.model `m` holds them: every
-  setting in MATCHED the same (else one sentence naming it), the embedding table in `m`'s
-  parameterisation ("scaled" stores E / sqrt(D): the same lookups, as lra_core/models/blocks/layers.py
-  Embed says)."""
+def as_run_holds(m, folder: str, matched: tuple[str, ...] = MATCHED):
+  """(the folder's config.model, its parameters {path: array} as a transformer run with config.model
+  `m` holds them): every setting in `matched` the same (else one sentence naming it), the embedding
+  table in `m`'s parameterisation ("scaled" stores E / sqrt(D): the same lookups, as
+  lra_core/models/blocks/layers.py Embed says)."""
   section, theirs = read(folder)
-  for key in MATCHED:
+  for key in matched:
     if m.get(key) != section[key]:
       raise ConfigError(
         f"train.init_from {PREFIX}{folder}: model.{key} is {m.get(key)!r} here and {section[key]!r} in the checkpoint; "
@@ -160,21 +162,29 @@ def as_run_holds(m, folder: str) -> dict[tuple[str, ...], np.ndarray]:
       )
   if m.get("embedding", "scaled") == "scaled":
     theirs[("embed", "embedding")] = theirs[("embed", "embedding")] / np.float32(np.sqrt(section.d_model))
-  return theirs
+  return section, theirs
 
 
 def initial_params(m, params: dict, folder: str) -> dict:
   """The run's parameter tree `params` (its structure, shapes and dtypes; scanned layers stacked) filled
-  with the folder's weights (`as_run_holds`)."""
-  if m.name != "transformer":
+  with the folder's weights (`as_run_holds`); a Latte run's own latent parameters keep their values
+  (lra_core/hf/macchiato.py)."""
+  if m.name == "transformer":
+    theirs, own = as_run_holds(m, folder)[1], lambda layer_path: False
+  elif m.name == "latte":
+    macchiato.check_model(m, folder, PREFIX)
+    section, theirs = as_run_holds(m, folder, tuple(k for k in MATCHED if k not in macchiato.REPLACED))
+    theirs, own = macchiato.weights(m, section, theirs), macchiato.is_own
+  else:
     raise ConfigError(
-      f"train.init_from {PREFIX}{folder}: a Hugging Face checkpoint starts a transformer run, not {m.name}."
+      f"train.init_from {PREFIX}{folder}: a Hugging Face checkpoint starts a transformer or Latte run, not {m.name}."
     )
-  theirs = as_run_holds(m, folder)
   out = {}
   for key, leaf in traverse_util.flatten_dict(params).items():
     names = tuple(str(k) for k in key)
-    if names[:2] == ("blocks", STACKED):  # scanned layers: one array, layer first
+    if names[0] == "blocks" and own(names[2:]):
+      value = np.asarray(leaf)
+    elif names[:2] == ("blocks", STACKED):  # scanned layers: one array, layer first
       value = np.stack([theirs[("blocks", str(i), *names[2:])] for i in range(m.num_layers)])
     else:
       value = np.asarray(theirs[names])
@@ -189,5 +199,5 @@ def initial_params(m, params: dict, folder: str) -> dict:
 def source_params(m, folder: str) -> dict:
   """The folder's weights as the parameters (a pure dict, layers keyed by index) of a transformer with
   config.model `m`: what a family's `uptrain_params` starts from (the Block Transformer's uptraining)."""
-  flat = {tuple(int(p) if p.isdigit() else p for p in path): v for path, v in as_run_holds(m, folder).items()}
+  flat = {tuple(int(p) if p.isdigit() else p for p in path): v for path, v in as_run_holds(m, folder)[1].items()}
   return traverse_util.unflatten_dict(flat)

@@ -140,8 +140,9 @@ class Embed(nnx.Module):
       raise ValueError(f"embedding parameterisation {parameterisation!r} is not one of {EMBEDDINGS}.")
     plain = parameterisation == "plain"
     # Either way a lookup starts at unit variance: "plain" stores E ~ N(0, 1); "scaled" stores
-    # E / sqrt(D) ~ N(0, 1/D) and multiplies it back on the way out.
-    init = jax.nn.initializers.normal(stddev=1.0 if plain else features**-0.5)
+    # E / sqrt(D) ~ N(0, 1/D) and multiplies it back on the way out. A multiplier shrinks the table as
+    # much (Gemma's sqrt(D): E ~ N(0, 1/D), whose tied logits x E^T then start near unit variance too).
+    init = jax.nn.initializers.normal(stddev=(1.0 if plain else features**-0.5) / multiplier)
     self.embedding = param(rngs, init, (vocab_size, features), ("vocab", "embed"))
     self.scale = features**0.5 if scale_by_sqrt_dim and not plain else 1.0
     self.dtype, self.multiplier = dtype, multiplier
