@@ -3,8 +3,12 @@ r"""Tokenizers for text corpora (PG-19, C4) and the SentencePiece training comma
 `data.tokenizer` names one:
   "bytes"          UTF-8 bytes, id = byte + 2 (pad 0, eos 1), vocabulary 258;
   "<path>.model"   a SentencePiece model, e.g. one trained by this module (BPE 32k for PG-19,
-                   as Transformer-VQ) or a user's own (T5's C4 vocabulary); it must define eos.
-                   It may be an object in a bucket (gs://...), loaded from its bytes.
+                   as Transformer-VQ) or a user's own (T5's C4 vocabulary, Gemma's); it must define
+                   eos. A model that defines bos (Gemma's, Llama's) starts each document with it, as
+                   Hugging Face's tokenizers for those models do. It may be an object in a bucket
+                   (gs://...), loaded from its bytes.
+  "<path>.json"    a Hugging Face tokenizer.json (lra_core/data/hf_tokenizer.py: GPT-NeoX's BPE,
+                   Gemma's), its eos named by the folder's tokenizer_config.json; a local file.
 
 Train one (pad 0, eos 1, unk 2, no bos, as T5 and Transformer-VQ number them), then inspect it:
 
@@ -38,6 +42,7 @@ from etils import epath
 
 from lra_core import cli, fs
 from lra_core.data import files
+from lra_core.data.hf_tokenizer import HFTokenizer
 from lra_core.errors import ConfigError, DataError, UserError
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
@@ -104,16 +109,17 @@ class SentencePieceTokenizer:
     self.vocab_size = self.sp.get_piece_size()
     self.eos_id = self.sp.eos_id()
     self.pad_id = self.sp.pad_id() if self.sp.pad_id() >= 0 else 0
+    self.bos = [self.sp.bos_id()] if self.sp.bos_id() >= 0 else []  # ours and T5's define none
     if self.eos_id < 0:
       raise DataError(f"SentencePiece model {path!r} has no eos piece; documents need one to be concatenated.")
     pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
     self._word_table = np.array([p.startswith("\u2581") for p in pieces], bool)
 
   def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self.sp.encode(text), np.int32)
+    return np.asarray(self.bos + self.sp.encode(text), np.int32)
 
   def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
-    return [np.asarray(ids, np.int32) for ids in self.sp.encode(list(texts), num_threads=os.cpu_count())]
+    return [np.asarray(self.bos + ids, np.int32) for ids in self.sp.encode(list(texts), num_threads=os.cpu_count())]
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]
@@ -125,28 +131,33 @@ class SentencePieceTokenizer:
     return self._word_table[ids]
 
   def fingerprint(self) -> str:
+    kind = "spm+bos:" if self.bos else "spm:"  # documents encoded before bos was prepended are not reused
     if self._proto is not None:
-      return "spm:" + hashlib.sha256(self._proto).hexdigest()[:16]
+      return kind + hashlib.sha256(self._proto).hexdigest()[:16]
     with open(self.path, "rb") as f:
-      return "spm:" + hashlib.sha256(f.read()).hexdigest()[:16]
+      return kind + hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-Tokenizer = ByteTokenizer | SentencePieceTokenizer
+Tokenizer = ByteTokenizer | SentencePieceTokenizer | HFTokenizer
 
 
 @functools.lru_cache(maxsize=8)
 def _load(spec: str, mtime_ns: int) -> Tokenizer:
   del mtime_ns
-  return SentencePieceTokenizer(spec)
+  return HFTokenizer(spec) if spec.endswith(".json") else SentencePieceTokenizer(spec)
 
 
 def make_tokenizer(spec: str) -> Tokenizer:
-  """The tokenizer `data.tokenizer` names: "bytes" or a SentencePiece .model path."""
+  """The tokenizer `data.tokenizer` names: "bytes", a SentencePiece .model path or a tokenizer.json."""
   if spec == "bytes":
     return ByteTokenizer()
   if not spec:
-    raise ConfigError("data.tokenizer is empty; expected 'bytes' or the path of a SentencePiece .model file.")
+    raise ConfigError(
+      "data.tokenizer is empty; expected 'bytes', the path of a SentencePiece .model file or a tokenizer.json."
+    )
   path = os.path.expanduser(spec)
+  if path.endswith(".json") and not fs.is_local(path):
+    raise ConfigError(f"data.tokenizer {spec!r}: a Hugging Face tokenizer.json is read from a local path only.")
   if fs.is_local(path):
     return _load(path, os.stat(path).st_mtime_ns if os.path.exists(path) else 0)
   file = files.expand(path, what="data.tokenizer")
