@@ -77,6 +77,7 @@ def get_config(arg=None):
   hf_config = GEMMA2_2B | (TINY if "tiny" in parts else {})
   section = gemma2.model_section(hf_config)
   model = section if "gemma" in parts else macchiato(section)
+  model.max_len = 0  # positions are rotary: any length (Table 4 reads 8K and 16K; the release says 8,192)
   opt = optim.default_config()
   opt.update(
     dict(name="adamw", lr=6e-4, schedule="cosine", warmup_steps=2000, b1=0.9, b2=0.95, eps=1e-8, clip_norm=1.0)
