@@ -18,8 +18,8 @@ to `<workdir>/unreadable_checkpoints/` (kept, not deleted) so later saves do not
 With several processes they decide together: every process tries the same step, all take the
 newest step that every one of them read, and the folder is moved only after all have tried it.
 
-`restore_params` reads only the parameters (evaluation, sampling); `warm_start` starts a new run
-from another run's parameters (train.init_from).
+`restore_params` reads only the parameters (evaluation, sampling, and a new run's start from another
+run's: lra_core/init_from.py).
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
-from lra_core import config as config_lib
-from lra_core import fs, hf, optim, read_fallout, registry
+from lra_core import fs, read_fallout
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
-from lra_core.state import STACKED, make_state_spec
+from lra_core.state import STACKED
 
 READ_ONLY_NOTICE = "Given directory is read only=%s"  # orbax's warning at every read-only manager
 
@@ -446,59 +445,6 @@ def _read_params(manager, directory: fs.Path, step: int, abstract_state: dict) -
     ) from e
   state = {k: both["state"][k] for k in PARAM_ENTRIES if k in abstract_state}
   return state, dict(both["meta"] or {})
-
-
-def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
-  """`state` with its parameters taken from the latest checkpoint in `source_workdir`.
-
-  The source run's own config.json rebuilds its state for restoring. A family with capability
-  `uptrain` maps the source parameters onto its own with its record's `uptrain_params` (e.g. a
-  Block Transformer from a vanilla Transformer); otherwise the two models must have the same
-  parameter shapes. The optimizer state stays fresh (it starts at zero either way).
-  """
-  if source_workdir.startswith(hf.PREFIX):  # a Hugging Face model folder
-    folder, family = source_workdir.removeprefix(hf.PREFIX), registry.family(config.model.name)
-    params = jax.device_get(state["params"])
-    if family.uptrain_source is not None:  # uptraining: the family maps a vanilla transformer's parameters
-      params = family.uptrain_params(params, hf.source_params(family.uptrain_source(config), folder), config)
-    else:
-      params = hf.initial_params(config.model, params, folder)
-    logging.info("parameters initialised from %s", source_workdir)
-    return _started_from(state, params, spec)
-  path = fs.path(source_workdir, what="train.init_from")
-  try:
-    found = (path / "config.json").is_file()
-    saved = json.loads((path / "config.json").read_text()) if found else None
-  except (OSError, ValueError) as e:  # no permission, a damaged file
-    raise ConfigError(f"train.init_from {source_workdir!r}: its config.json cannot be read ({_first_line(e)}).") from e
-  if not found:
-    raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
-  source_config = config_lib.from_saved(saved)
-  source_tx, _ = optim.make_optimizer(source_config)
-  source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
-  family = registry.family(config.model.name)
-  params = jax.device_get(state["params"])
-  source_params = jax.device_get(source["params"])
-  if family.capabilities.uptrain:
-    params = family.uptrain_params(params, source_params, config)
-  else:
-    mine, theirs = jax.tree.structure(params), jax.tree.structure(source_params)
-    shapes = [np.shape(x) for x in jax.tree.leaves(params)] == [np.shape(x) for x in jax.tree.leaves(source_params)]
-    if mine != theirs or not shapes:
-      raise ConfigError(
-        f"train.init_from {source_workdir!r} holds a {source_config.model.name} model whose "
-        f"parameters do not match this {config.model.name} model."
-      )
-    params = source_params
-  logging.info("parameters initialised from %s (step %d)", path, step)
-  return _started_from(state, params, spec)
-
-
-def _started_from(state: dict, params, spec) -> dict:
-  state = dict(state, params=jax.device_put(params, spec.shardings["params"]))
-  if "ema" in state:  # the average starts at the parameters the run starts from
-    state["ema"] = jax.device_put(params, spec.shardings["ema"])
-  return state
 
 
 # -- digests of the saved arrays -------------------------------------------------------------------

@@ -39,12 +39,13 @@ from lra_core import (
   trackers,
 )
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable, warm_start
+from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
 from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.evaluate import Evaluator
+from lra_core.init_from import warm_start
 from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler

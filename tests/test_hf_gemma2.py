@@ -15,9 +15,9 @@ from flax import traverse_util
 
 import lra_core
 from lra_core import hf, layout, optim
-from lra_core.checkpoint import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
+from lra_core.init_from import warm_start
 from lra_core.state import make_state_spec
 
 # Small enough to test, with every feature biting: the window (4) shorter than the rows (12), two query

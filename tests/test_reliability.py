@@ -19,8 +19,9 @@ import pytest
 import fixtures.listops
 import lra_core
 from lra_core import data_setup, layout, optim, read_fallout
-from lra_core.checkpoint import Checkpointer, restore_params, warm_start
+from lra_core.checkpoint import Checkpointer, restore_params
 from lra_core.errors import ConfigError, DataError, StoreFailure
+from lra_core.init_from import warm_start
 from lra_core.metrics import read_metrics
 from lra_core.state import make_state_spec, param_checksum
 from lra_core.train import train_and_evaluate
