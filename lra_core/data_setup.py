@@ -3,13 +3,15 @@ devices and each batch, all before anything compiles."""
 
 from __future__ import annotations
 
+import json
 import logging
 
+import jax
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import registry, task_kinds
-from lra_core.data import pipeline
+from lra_core import fs, registry, task_kinds
+from lra_core.data import cache, pipeline
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks import Task, make_task
 
@@ -22,6 +24,36 @@ def setup_data(config, splits, mesh) -> tuple[dict[str, data_lib.Source], Task]:
   info = next(iter(sources.values())).info
   check_compatible(config, info, mesh)
   return sources, make_task(config, info)
+
+
+DATA_FILES = "data_files"  # <workdir>/data_files/<digest>.json: a table of the run's data files
+
+
+def keep_data_files(workdir: fs.Path, files: dict[str, list[int]]) -> str:
+  """The name (a digest of its content) under which `files` ({path: [size, mtime]}, data/cache.py
+  recording_files) is kept in <workdir>/data_files/, written once by process 0: each checkpoint's meta
+  names the table rather than holding it (PG-19's 28,000 books would be 2 MB of every meta)."""
+  name = cache.digest(files)
+  path = workdir / DATA_FILES / f"{name}.json"
+  if jax.process_index() == 0 and not path.exists():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.parent / f".{name}.json.tmp"  # complete or absent: renamed once written
+    staged.write_text(json.dumps(files, sort_keys=True))
+    staged.rename(path)
+  return name
+
+
+def saved_data_files(workdir: fs.Path, saved: str | dict | None) -> dict | None:
+  """The table of data files a checkpoint's meta names (`keep_data_files`; a meta saved before holds
+  the table itself, or nothing). One that cannot be read is a warning: the files go unchecked."""
+  if not isinstance(saved, str):
+    return saved
+  path = workdir / DATA_FILES / f"{saved}.json"
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    logging.warning("the table of data files %s cannot be read (%s): the data files go unchecked", path, e)
+    return None
 
 
 def check_data_files(saved: dict | None, now: dict, step: int) -> None:

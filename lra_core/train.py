@@ -103,6 +103,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   finished = _keep_finished(config, workdir)
   writer = _open_writer(config, workdir)
   check_writable(workdir)
+  data_files_name = data_setup.keep_data_files(workdir, data_files)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule = optim.make_optimizer(config)
@@ -117,7 +118,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     # --------------------------------------------------------------------------- Resume
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
     state, start, meta = _initial_state(config, spec, ckpt, mesh)
-    data_setup.check_data_files(meta.get("data_files"), data_files, start)
+    data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
     writer.resume(start)
     next_batch = meta["next_batch"]
     guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
@@ -155,7 +156,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       flush()
       saved = {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped, "log_sums": dict(log_sums)}
       saved["train_time_s"] = time_before + time.perf_counter() - t_start
-      saved["data_files"] = data_files
+      saved["data_files"] = data_files_name
       ckpt.save(step, state, saved)
       guard.last_saved = step
 

@@ -102,6 +102,10 @@ def test_a_resume_over_changed_data_files_warns_and_over_a_shortened_one_stops(t
   train_file = next((tmp_path / "data").rglob("basic_train.tsv"))
   workdir = tmp_path / "run"
   train_and_evaluate(config(data), workdir, stop_at_step=4)
+  # the checkpoint names the table of files, kept once under data_files/ (not a copy in every meta)
+  meta = json.loads((workdir / "checkpoints" / "4" / "meta" / "metadata").read_text())
+  table = json.loads((workdir / "data_files" / f"{meta['data_files']}.json").read_text())
+  assert str(train_file.resolve()) in table and len(list((workdir / "data_files").iterdir())) == 1
   with open(train_file, "a") as f:
     f.write(train_file.read_text().splitlines(keepends=True)[1])  # one more example
   with caplog.at_level(logging.WARNING):
