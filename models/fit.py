@@ -248,6 +248,9 @@ class Model(nnx.Module):
     self.latents = param(rngs, normal, (self.max_groups * self.m, m.d_latent), (None, "embed"))
     self.embed_dropout = nnx.Dropout(m.dropout)
     self.remat = m.remat
+    # Split over chips, FIT-AR's group-causal global layers run in the zig-zag order (every chip of their
+    # ring equal work; kernels/context.py), where exact: without dropout, whose masks follow the layout.
+    self.zigzag = self.causal and not m.dropout
     self.blocks = nnx.List(
       [
         FITBlock(m, a, b, last=i == len(self.spec) - 1, causal=self.causal, dtype=self.dtype, rngs=rngs)
@@ -384,14 +387,7 @@ class Model(nnx.Module):
         continue
       with context.whole_rows():
         lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
-      latents = lat.reshape(b, t * m, -1)
-      latents = stack.apply(
-        blk.global_layers,
-        latents,
-        lambda layer, x, r: layer(x, positions=gpos, mask=gmask, rngs=r, **global_kw),
-        remat=self.remat,
-        rngs=rngs,
-      )
+      latents = self._global(blk, lat.reshape(b, t * m, -1), gpos, gmask, global_kw, rngs)
       if blk.x2l is None:
         continue
       grouped = latents.reshape(b, t, m, -1)
@@ -407,6 +403,27 @@ class Model(nnx.Module):
         extend = lambda a, a0: jnp.concatenate([a, jnp.broadcast_to(a0, (b * t,) + a0.shape[1:])], axis=1)
         x = blk.x2l(x, kv=(extend(key, key0), extend(value, value0)), mask=x2l_mask)
     return self.final_norm(x).reshape(b, t, n, -1)
+
+  def _global(self, blk, latents: Array, positions: Array, mask, kw: dict, rngs) -> Array:
+    """The global layers over latents [B,G*M,D] masked by group `positions`, in the zig-zag order where
+    the latents split over chips and `zigzag` holds (the group positions travel with the latents, so the
+    ring masks by them in any order)."""
+    b, n = latents.shape[:2]
+    run = lambda x, positions, mask, kw: stack.apply(
+      blk.global_layers,
+      x,
+      lambda layer, x, r: layer(x, positions=positions, mask=mask, rngs=r, **kw),
+      remat=self.remat,
+      rngs=rngs,
+    )
+    if not (self.zigzag and context.balanced(n)):
+      return run(latents, positions, mask, kw)
+    order = dict(batch=b, length=n)
+    positions = jnp.broadcast_to(positions, (b, n))
+    latents, positions, mask, kw = context.to_zigzag((latents, positions, mask, kw), **order)
+    with context.zigzag_order():
+      out = run(latents, positions, mask, kw)
+    return context.from_zigzag(out, **order)
 
   # -- decoding (FIT-AR) --------------------------------------------------------------------------
 

@@ -96,7 +96,9 @@ EXTRA["block_transformer_encoder"] = [
   "model.prefix_len=1",
   "data.block_padding=8",
 ]
-EXTRA["fit_ar"] = ["train.seq_len=384", "model.use_bias=False"]  # 8 groups of 48
+EXTRA["fit_ar"] = ["train.seq_len=384", "model.use_bias=False"]  # 8 groups of 48: the zig-zag order
+CAUSAL["fit_ar_plain"] = "configs/imagenet64/fit_ar.py:tiny,overlap"
+EXTRA["fit_ar_plain"] = [*EXTRA["fit_ar"], "model.dropout=0.1"]  # the plain order
 EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]
 EXTRA["fit_encoder"] = [
   "train.seq_len=128",
@@ -128,6 +130,7 @@ VARIANTS = {
   "transformer_plain",
   "block_transformer_encoder",
   "block_transformer_plain",
+  "fit_ar_plain",
   "fit_encoder",
 }
 
@@ -154,7 +157,7 @@ def reference(name, runner):
 
 ONE_LAYER = ["model.num_layers=1"]  # what crosses chips is per layer: one keeps the compiles short
 # FIT's: local, global, local (every cross-attention)
-LAYERS = {"fit_ar": ["model.layers=L(1)G(1)L(1)"], "fit_encoder": ["model.layers=L(1)G(1)L(1)"]}
+LAYERS = {name: ["model.layers=L(1)G(1)L(1)"] for name in ("fit_ar", "fit_ar_plain", "fit_encoder")}
 
 
 def causal_run(name):
