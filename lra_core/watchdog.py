@@ -18,6 +18,7 @@ last checkpoint. `train.watchdog_factor=0` turns it off.
 from __future__ import annotations
 
 import collections
+import contextlib
 import faulthandler
 import logging
 import os
@@ -91,9 +92,13 @@ class StepWatchdog:
         f"and the run exits with status {self.status} to be restarted from its last checkpoint"
       )
       logging.error("watchdog: %s", message)
+      # Nothing on the way may keep the watchdog from acting: a log handler whose file was closed (by
+      # whatever opened it) raises on flush, which would end this thread with the run still stuck.
       for handler in logging.getLogger().handlers:
-        handler.flush()
-      faulthandler.dump_traceback(file=_stderr(), all_threads=True)
+        with contextlib.suppress(ValueError, OSError):
+          handler.flush()
+      with contextlib.suppress(ValueError, OSError):
+        faulthandler.dump_traceback(file=_stderr(), all_threads=True)
       self.leave(self.status, f"watchdog: {message}")
       return
 

@@ -544,7 +544,5 @@ FAMILY = Family(
       )
       for size, count in (("5m", 4.7e6), ("19m", 18.9e6), ("85m", 85.1e6), ("302m", 302e6))
     ),
-    # The pre-trained model Latte's Section 4.5 starts from, counted exactly as released.
-    PaperRow("configs/c4/gemma2.py:gemma", 2_614_341_888, "Gemma 2 2B as released (Latte Table 6)", tolerance=0.0),
   ),
 )

@@ -14,7 +14,7 @@ import pytest
 from flax import traverse_util
 
 import lra_core
-from lra_core import hf, layout, optim
+from lra_core import hf, layout, optim, registry
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
 from lra_core.init_from import warm_start
@@ -266,6 +266,15 @@ def test_gemma_macchiato_trains_only_the_latent_logits(tmp_path):
   moved = {k for k, v in traverse_util.flatten_dict(jax.device_get(updates)).items() if np.abs(v).max() > 0}
   moved = {tuple(str(p) for p in k) for k in moved}
   assert moved and all(k[2] == "attn" and k[3] in ("query", "key") for k in moved), sorted(moved)
+
+
+def test_the_gemma2_config_builds_the_released_2b_model():
+  """configs/c4/gemma2.py:gemma (Gemma 2 2B's config.json read by lra_core/hf/gemma2.py) has the released
+  checkpoint's 2,614,341,888 parameters; its Macchiato 2,752,839,936 (key-value heads repeated to the 8
+  query heads, and the latent logits: 26 x (2 x 2304 x 1024 + 2304 x 8 x (17 + 16)))."""
+  count = lambda spec: registry.parameter_counts(lra_core.load_config(spec))["total"]
+  assert count("configs/c4/gemma2.py:gemma") == 2_614_341_888
+  assert count("configs/c4/gemma2.py") == 2_614_341_888 + 26 * (2 * 2304 * 1024 + 2304 * 8 * (17 + 16))
 
 
 def test_a_latte_run_without_a_window_cannot_start_from_gemma2(tmp_path):

@@ -1,6 +1,7 @@
 """The step watchdog (lra_core/watchdog.py): a run whose steps stop ends with every thread's stack in its
 log and exit status 75 (the supervisors rerun it), within its limit; a run that keeps stepping does not."""
 
+import logging
 import subprocess
 import sys
 import threading
@@ -68,3 +69,16 @@ def test_a_run_whose_steps_stop_exits_75_with_every_thread_s_stack(tmp_path):
   assert "watchdog: no training step finished for " in done.stderr
   assert "check_then_hang" in done.stderr and "Current thread" in done.stderr  # the stacks, the stuck one too
   assert time.monotonic() - start < 200
+
+
+def test_a_log_handler_whose_file_was_closed_does_not_keep_the_watchdog_from_acting(capfd, tmp_path):
+  """A handler left on the root logger with its file closed (by whatever opened it) raises on flush; the
+  watchdog still dumps the stacks and ends the run (before, its thread died there and the run hung)."""
+  file = open(tmp_path / "run.log", "w")
+  handler = logging.StreamHandler(file)
+  logging.getLogger().addHandler(handler)
+  file.close()
+  try:
+    test_a_blocked_main_thread_is_reported_with_its_stack_and_ended(capfd)
+  finally:
+    logging.getLogger().removeHandler(handler)
