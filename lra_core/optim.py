@@ -427,6 +427,18 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   return _per_layer(config, tx), main_schedule
 
 
+def frozen(config: ml_collections.ConfigDict, params: Any) -> Any:
+  """A tree like `params` of bools: True for a parameter of a frozen group (optimizer 'none'). The train
+  step stops the gradient there, so the backward pass never forms those weights' gradients (a third of a
+  step's matrix products when most of a model is frozen, as Gemma-Macchiato's Gemma weights are)."""
+  names = {g["name"] for g in config.optim.groups if g["optimizer"] == "none"}
+  if not names:
+    return jax.tree.map(lambda _: False, params)
+  main = _main_settings(config.optim)
+  groups = [_group_settings(main, g, f"optim.groups[{i}]") for i, g in enumerate(config.optim.groups)]
+  return jax.tree.map(lambda label: label in names, _labeler(groups)(params))
+
+
 def _per_layer(config, tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """With model.scan_layers, the optimizer still sees (and keeps its state for) each layer."""
   return per_layer_optimizer(tx) if config.get("model", {}).get("scan_layers", False) else tx

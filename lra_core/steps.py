@@ -49,7 +49,12 @@ def make_train_step(config, spec: StateSpec, task: Task, tx: optax.GradientTrans
   k = config.train.grad_accum_steps
   skip_nonfinite = config.train.skip_nonfinite
 
+  # Frozen groups' parameters pass no gradient: their zero gradients are constants, so the weight
+  # gradients' matrix products are never formed (and grad_norm is the trained parameters').
+  still = optim.frozen(config, spec.abstract["params"])
+
   def loss_fn(params, model_state, batch, carry, key, normalizer):
+    params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, still)
     model = nnx.merge(spec.train_graphdef, params, model_state)
     loss, metrics, carry = task.loss_and_metrics(
       model, batch, normalizer=normalizer, rngs=nnx.Rngs(dropout=key), carry=carry

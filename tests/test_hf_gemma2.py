@@ -280,3 +280,40 @@ def test_the_gemma2_config_builds_the_released_2b_model():
 def test_a_latte_run_without_a_window_cannot_start_from_gemma2(tmp_path):
   with pytest.raises(ConfigError, match="as Latte-Macchiato: set model.window"):
     macchiato_run(tmp_path, ["model.window=0", "model.variant=latte_conv++"])
+
+
+def test_frozen_weights_pass_no_gradient_and_the_trained_ones_move_as_before(monkeypatch):
+  """configs/c4/gemma2.py's frozen Gemma weights (optimizer 'none'): the train step stops their
+  gradient, so its compiled program forms no weight gradient for them (fewer matrix-product FLOPs
+  than the same step with every gradient formed) and the latent logits' update is the same."""
+  from test_remat_scan import random_batch
+
+  from lra_core import hlo_cost, sharding
+  from lra_core.data_setup import config_data_info
+  from lra_core.steps import make_train_step
+  from lra_core.tasks import make_task
+
+  config = lra_core.load_config("configs/c4/gemma2.py:tiny")
+  mesh = layout.make_mesh(config.mesh, jax.devices()[:1])
+  tx, schedule = optim.make_optimizer(config)
+  spec = make_state_spec(config, mesh, tx)
+  task = make_task(config, config_data_info(config))
+  batch = random_batch(config, config.train.batch_size)
+
+  def two_steps():
+    step = jax.jit(make_train_step(config, spec, task, tx, schedule))
+    state = spec.init()
+    with sharding.activate(mesh, config.sharding.rules):
+      flops = hlo_cost.step_flops(step.lower(state, batch).compile().as_text())[0]
+      for _ in range(2):  # the first step's learning rate is warmup's 0
+        state, out = step(state, batch)
+    return flops, jax.device_get(state["params"]), out
+
+  flops, params, out = two_steps()
+  every = lambda config, params: jax.tree.map(lambda _: False, params)
+  monkeypatch.setattr(optim, "frozen", every)  # every gradient formed, as before the stop
+  flops_all, params_all, out_all = two_steps()
+  assert flops < 0.8 * flops_all, (flops, flops_all)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_all)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert float(out["grad_norm"]) < float(out_all["grad_norm"])  # the norm of the trained gradients alone
