@@ -275,3 +275,19 @@ def test_a_block_transformer_uptrains_from_a_pythia_folder_by_appendix_n(tmp_pat
   copies = np.broadcast_to(np.eye(64)[:, None, :], (64, m.prefix_len, 64))  # (3)
   np.testing.assert_array_equal(params["context_proj"]["kernel"], copies)
   same(params["head"], source["head"])
+
+
+# The released Pythia models the Block Transformer uptrains from (Table 2's vanilla 85M and 302M; Figure 18)
+PYTHIA = {
+  "160m": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12),
+  "410m": dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24),
+}
+
+
+@pytest.mark.parametrize("pythia, size", [("160m", "85m"), ("410m", "302m")])
+def test_the_block_transformer_uptrain_configs_take_the_released_pythia_models(pythia, size):
+  """configs/c4/block_transformer.py:<size>,uptrain with train.init_from=hf:<pythia-160m or -410m>:
+  the vanilla model it maps from has every setting of the released config.json."""
+  released = dict(CONFIG, vocab_size=50304, max_position_embeddings=2048, **PYTHIA[pythia])
+  config = lra_core.load_config(f"configs/c4/block_transformer.py:{size},uptrain")
+  hf.check_settings(bt.vanilla_config(config), hf.gpt_neox.model_section(released), f"pythia-{pythia}")

@@ -148,18 +148,24 @@ def save_folder(folder: str | os.PathLike, section: ml_collections.ConfigDict, m
   (folder / "config.json").write_text(json.dumps(module.config_json(section), indent=2) + "\n")
 
 
+def check_settings(m, section, source: str, matched: tuple[str, ...] = MATCHED) -> None:
+  """One sentence naming the first setting of `matched` in which config.model `m` differs from the
+  checkpoint's `section` (what `model_section` read from its config.json)."""
+  for key in matched:
+    if m.get(key) != section[key]:
+      raise ConfigError(
+        f"train.init_from {source}: model.{key} is {m.get(key)!r} here and {section[key]!r} in the checkpoint; "
+        f"set --config.model.{key}={section[key]}."
+      )
+
+
 def as_run_holds(m, folder: str, matched: tuple[str, ...] = MATCHED):
   """(the folder's config.model, its parameters {path: array} as a transformer run with config.model
   `m` holds them): every setting in `matched` the same (else one sentence naming it), the embedding
   table in `m`'s parameterisation ("scaled" stores E / sqrt(D): the same lookups, as
   lra_core/models/blocks/layers.py Embed says)."""
   section, theirs = read(folder)
-  for key in matched:
-    if m.get(key) != section[key]:
-      raise ConfigError(
-        f"train.init_from {PREFIX}{folder}: model.{key} is {m.get(key)!r} here and {section[key]!r} in the checkpoint; "
-        f"set --config.model.{key}={section[key]}."
-      )
+  check_settings(m, section, f"{PREFIX}{folder}", matched)
   if m.get("embedding", "scaled") == "scaled":
     theirs[("embed", "embedding")] = theirs[("embed", "embedding")] / np.float32(np.sqrt(section.d_model))
   return section, theirs
