@@ -321,7 +321,11 @@ def _splash(
     one = masks.LocalMask((tq, tk), (window - 1, 0 if causal else window - 1), offset=0)
   else:
     one = masks.CausalMask((tq, tk)) if causal else masks.FullMask((tq, tk))
-  size_q, size_k = block(tq), block(tk)
+  # A window shorter than a block: blocks of about the window, so a query block reads its own and the
+  # previous key block (2 x 128 keys for Latte-Macchiato's 128, not 2 x 512); the kernel works a whole
+  # block it does not skip, so larger blocks than the window compute scores the mask then drops.
+  largest = min(512, max(128, 1 << (window - 1).bit_length())) if window else 512
+  size_q, size_k = block(tq, largest), block(tk, largest)
   # one block size along the queries and one along the keys, for the forward and both backward kernels
   sizes = splash.BlockSizes(
     **dict.fromkeys(("block_q", "block_q_dkv", "block_q_dq"), size_q),

@@ -357,12 +357,13 @@ def _blocks_kept(t, size, causal, window):
 @needs_libtpu
 def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_its_mask_keeps():
   """The reference computes every (query, key) pair; splash the blocks of 512 its mask keeps (4 per side:
-  16 for a full mask, 10 causal, fewer for a window), counted here from the dense mask."""
+  16 for a full mask, 10 causal, fewer for a window), counted here from the dense mask; a window shorter
+  than 512 (Latte-Macchiato's 128) takes blocks of about its length, so each query block reads two."""
   devices = chips.tpu_devices("v5e:1x1")
   every_pair = _matmul_flops("xla", devices, causal=False, grad=True) * 9 / 6
   assert every_pair > 0
-  for causal, window in [(False, 0), (True, 0), (True, 600), (False, 600)]:
-    kept = _blocks_kept(2048, 512, causal, window) / 16
+  for causal, window, size in [(False, 0, 512), (True, 0, 512), (True, 600, 512), (False, 600, 512), (True, 128, 128)]:
+    kept = _blocks_kept(2048, size, causal, window) * size**2 / 2048**2
     got = _matmul_flops("splash", devices, causal=causal, grad=True, window=window)
     assert got == pytest.approx(every_pair * kept), (causal, window)
 
