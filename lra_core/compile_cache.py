@@ -7,7 +7,8 @@ compiling them again (minutes for a large model on a pod).
   off    no persistent cache
   PATH   that folder (local or an object store)
 
-A cache folder set outside the config (JAX_COMPILATION_CACHE_DIR or jax.config) is left as it is.
+A cache folder set outside the config (JAX_COMPILATION_CACHE_DIR or jax.config) is left as it is. A
+multi-process run keeps its entries in a subfolder `<N>_processes` of the folder (`setup`).
 Only compiles that take at least JAX's `jax_persistent_cache_min_compile_time_secs` (1 s by default) are kept.
 
 Entries are written whole (`write_whole`): the processes of a run and the runs of a sweep share the
@@ -73,6 +74,11 @@ def setup(setting: str, workdir) -> str | None:
   folder = folder_for(setting, workdir)
   if folder is None:
     return None
+  if jax.process_count() > 1:
+    # JAX's cache key does not tell a multi-process client's executables (they carry its cross-process
+    # collectives) from a single process's of the same program: loading one into the other crashed
+    # XLA:CPU (deserialize_executable). Each process count keeps its own entries.
+    folder = os.fspath(fs.path(folder) / f"{jax.process_count()}_processes")
   jax.config.update("jax_compilation_cache_dir", folder)
   compilation_cache.reset_cache()  # JAX decides once per process whether to use a cache: decide again
   logging.info("persistent compilation cache: %s", folder)

@@ -326,3 +326,19 @@ def test_image_training_writes_sample_grids_to_tensorboard(tmp_path):
 def test_sample_every_is_for_image_tasks():
   with pytest.raises(ConfigError, match="train.sample_every draws images"):
     lra_core.load_config(LISTOPS, ["train.sample_every=2"])
+
+
+def test_a_multi_process_run_keeps_its_compiled_steps_apart(tmp_path, monkeypatch):
+  """A run of 2 processes uses <cache>/2_processes: JAX's key does not tell its executables from a single
+  process's, and loading one into the other crashed XLA:CPU (lra_core/compile_cache.py)."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  saved = jax.config.jax_compilation_cache_dir
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    folder = compile_cache.setup(str(tmp_path / "cache"), tmp_path / "run")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", saved)
+    compilation_cache.reset_cache()
+  assert folder == str(tmp_path / "cache" / "2_processes")
