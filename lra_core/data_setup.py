@@ -35,11 +35,16 @@ def keep_data_files(workdir: fs.Path, files: dict[str, list[int]]) -> str:
   names the table rather than holding it (PG-19's 28,000 books would be 2 MB of every meta)."""
   name = cache.digest(files)
   path = workdir / DATA_FILES / f"{name}.json"
-  if jax.process_index() == 0 and not path.exists():
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.parent / f".{name}.json.tmp"  # complete or absent: renamed once written
-    staged.write_text(json.dumps(files, sort_keys=True))
-    staged.rename(path)
+  if jax.process_index() != 0 or path.exists():
+    return name
+  text = json.dumps(files, sort_keys=True)
+  if not fs.is_local(path):  # an object appears whole (and a rename there is a slow copy and delete)
+    path.write_text(text)
+    return name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  staged = path.parent / f".{name}.json.tmp"  # complete or absent: renamed once written
+  staged.write_text(text)
+  staged.rename(path)
   return name
 
 
