@@ -21,8 +21,10 @@ from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 from lra_core import compile_cache  # noqa: E402
 
-_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
-compile_cache.write_whole()  # the workers and the runs they start share the folder (lra_core/compile_cache.py)
+# One folder per xdist worker: XLA:CPU crashed (segfault in deserialize_executable) loading the train
+# state's init program that the other worker had put in a shared folder, in two clean-clone runs.
+_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+compile_cache.write_whole()  # the runs a worker starts may share its folder (lra_core/compile_cache.py)
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
