@@ -7,8 +7,9 @@ compiling them again (minutes for a large model on a pod).
   off    no persistent cache
   PATH   that folder (local or an object store)
 
-A cache folder set outside the config (JAX_COMPILATION_CACHE_DIR or jax.config) is left as it is. A
-multi-process run keeps its entries in a subfolder `<N>_processes` of the folder (`setup`).
+A cache folder set outside the config (JAX_COMPILATION_CACHE_DIR or jax.config) is left as it is, and
+a cache turned off there (JAX_ENABLE_COMPILATION_CACHE=false) stays off. A multi-process run keeps its
+entries in a subfolder `<N>_processes` of the folder (`setup`).
 Only compiles that take at least JAX's `jax_persistent_cache_min_compile_time_secs` (1 s by default) are kept.
 
 Entries are written whole (`write_whole`): the processes of a run and the runs of a sweep share the
@@ -68,6 +69,8 @@ def write_whole() -> None:
 def setup(setting: str, workdir) -> str | None:
   """Turns the cache on as `setting` says (unless a folder is already configured); returns the folder in use."""
   write_whole()
+  if not jax.config.jax_enable_compilation_cache:  # turned off in JAX's own config (JAX_ENABLE_COMPILATION_CACHE)
+    return None
   configured = jax.config.jax_compilation_cache_dir
   if configured:
     return configured

@@ -1,8 +1,7 @@
-"""Test setup: 8 host CPU devices (for sharding tests) and a persistent compile cache."""
+"""Test setup: 8 host CPU devices (for sharding tests), the compiler's fast mode, no persistent cache in-process."""
 
 import gc
 import os
-import pathlib
 import tempfile
 
 # The compiler's fast mode: the tests' programs are tiny, so compiling them dominates and LLVM's
@@ -17,16 +16,12 @@ os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_c
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
-from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
-from lra_core import compile_cache  # noqa: E402
-
-# One folder per xdist worker: XLA:CPU crashed (segfault in deserialize_executable) loading the train
-# state's init program that the other worker had put in a shared folder, in two clean-clone runs.
-_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")
-compile_cache.write_whole()  # the runs a worker starts may share its folder (lra_core/compile_cache.py)
-jax.config.update("jax_compilation_cache_dir", str(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+# The suite's own processes keep no persistent cache: XLA:CPU crashed (segfault) in it in four clean-clone
+# runs, reading an entry back (deserialize_executable, the train state's init program, also with one
+# folder per xdist worker) and writing one (serialize, the peer bench's step). The runs the tests start
+# in subprocesses keep theirs ($LRA_CORE_CACHE/jax_compile, lra_core/compile_cache.py).
+jax.config.update("jax_enable_compilation_cache", False)
 
 
 # Under `--dist=loadfile` (pyproject.toml) pytest-xdist hands out whole files in collection order: the longest
@@ -54,19 +49,6 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
-
-
-@pytest.fixture
-def no_persistent_compile_cache():
-  """Compiles made while it is active stay out of the persistent cache: executables compiled for a
-  TPU topology cannot be read back on this host (the cache warns and recompiles)."""
-  saved = jax.config.jax_enable_compilation_cache
-  # JAX decides once per process whether the cache is used: reset_cache makes it decide again.
-  jax.config.update("jax_enable_compilation_cache", False)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_enable_compilation_cache", saved)
-  compilation_cache.reset_cache()
 
 
 @pytest.fixture

@@ -217,7 +217,6 @@ def test_a_step_the_tpu_compiler_refuses_for_memory_is_a_does_not_fit_answer(tmp
     ("configs/c4/flash.py:tiny", ["model.impl=pallas", "model.chunk=128", "train.seq_len=256", "model.max_len=256"]),
   ],
 )
-@pytest.mark.usefixtures("no_persistent_compile_cache")
 def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   """The trainer's step with each kernel family's Pallas kernel, through the real TPU compiler:
   the kernels follow the mesh's devices (Mosaic), not the CPU host (interpret mode)."""
@@ -380,7 +379,6 @@ TPU_MEMORY_BUDGETS = [
 
 
 @pytest.mark.parametrize("spec, overrides, measured_mib", TPU_MEMORY_BUDGETS, ids=["transformer_vq", "latte"])
-@pytest.mark.usefixtures("no_persistent_compile_cache")
 def test_reduced_paper_steps_keep_their_tpu_temporaries(spec, overrides, measured_mib):
   if not chips.libtpu_installed():
     pytest.skip("libtpu is not installed")

@@ -25,9 +25,6 @@ NAMES = {
   "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents"},
 }
 
-# Executables compiled for a compile-only topology cannot be read back on this host: no persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
-
 
 @pytest.fixture(scope="module")
 def h100():

@@ -15,10 +15,6 @@ import lra_core
 import tiers
 from lra_core import aot_targets, chips, hlo_cost, hlo_flops, hlo_text, pallas_costs, registry, sharding, throughput
 
-# Executables compiled for a TPU topology or compile-only GPUs cannot be read back on this host: no
-# persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
-
 N, LAYERS = 1024, 6
 
 

@@ -14,10 +14,6 @@ from lra_core.kernels import catalog
 SIZES = dict(seq_len=256, width=128, latents=128, block=128, codes=128, chunk=0, flash_chunk=128)  # chunk 0: per target
 
 
-# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
-
-
 @pytest.mark.slow
 def test_every_kernel_builds_for_tpu_and_gpu():
   """The script's rows, in bfloat16 (the paper runs' dtype), for a training step's program (the value and

@@ -26,8 +26,6 @@ from lra_core.kernels import toolkit
 
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
 needs_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed")
-# Executables compiled for a TPU or GPU target cannot be read back on this host: no persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
 
 B, T, H, D = 2, 256, 4, 32
 # float32: the kernels' online softmax against one softmax, rounding apart; bfloat16: its 8-bit mantissa.

@@ -34,7 +34,6 @@ def test_the_token_loss_equals_log_softmax_at_the_target(dtype):
 
 
 @needs_libtpu
-@pytest.mark.usefixtures("no_persistent_compile_cache")
 @pytest.mark.parametrize("split", ["rows", "time"])
 def test_the_loss_gradient_keeps_no_vocabulary_sized_temporary(split):
   """Per chip 4,096 x 32,768 bfloat16 logits (256 MiB): the textbook form keeps their float32 log_softmax

@@ -18,11 +18,6 @@ from lra_core.bench import loop, peer, peer_lm1b
 from lra_core.errors import ConfigError
 from tiers import quick
 
-# XLA:CPU's executable serialisation (the persistent cache's write, jax compilation_cache.py) crashed a
-# worker with SIGSEGV on this file's peer train step in a full run under the suite's fast-compile flags
-# (tests/conftest.py): its compiles stay out of the persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SMALL = [

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax._src import lru_cache as jax_lru_cache
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
 
 import lra_core
 import outputs
@@ -256,6 +257,20 @@ def test_the_compile_cache_folder_follows_the_setting_and_the_workdir(monkeypatc
   assert compile_cache.folder_for(str(tmp_path / "c"), "gs://bucket/runs/a") == str(tmp_path / "c")
   monkeypatch.setenv("LRA_CORE_CACHE", str(tmp_path / "shared"))
   assert compile_cache.folder_for("auto", "gs://bucket/runs/a") == str(tmp_path / "shared" / "jax_compile")
+
+
+def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):
+  assert not jax.config.jax_enable_compilation_cache  # the suite's own processes keep none (tests/conftest.py)
+  assert compile_cache.setup("auto", tmp_path / "runs" / "a") is None
+  assert not (tmp_path / "runs" / ".jax_compile_cache").exists()
+  saved = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_enable_compilation_cache", True)
+  try:
+    assert compile_cache.setup(str(tmp_path / "c"), tmp_path / "runs" / "a") == str(tmp_path / "c")
+  finally:
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.config.update("jax_compilation_cache_dir", saved)
+    jax_compilation_cache.reset_cache()
 
 
 @pytest.mark.slow

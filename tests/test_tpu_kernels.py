@@ -27,10 +27,6 @@ SIZES = dict(seq_len=512, width=128, latents=128, block=256, codes=256, chunk=0,
 KERNELS = tuple(catalog.kernels_at(**SIZES))
 
 
-# Executables compiled for a TPU topology cannot be read back on this host: no persistent cache.
-pytestmark = pytest.mark.usefixtures("no_persistent_compile_cache")
-
-
 @pytest.fixture(scope="module")
 def tpu_mesh():
   return jax.sharding.Mesh(np.array(chips.tpu_devices("v5e:2x2")), ("data",))
