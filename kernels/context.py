@@ -18,6 +18,8 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
                          boundary, Transformer-VQ's previous block, a window's neighbouring block.
   a ring                 `rotate`: a whole slice passed on to the next chip, n - 1 times, for what
                          reads every step: softmax attention's keys and values (ring attention).
+  a gather               `gather`: every chip's slice at once, in time order: softmax attention's keys
+                         and values for splash (kernels/library_attention.py).
 
 Inside `per_chip` the functions below act across chips; anywhere else they are the one-device case
 (nothing before, nothing after, the total is the local sum), so a kernel written with them is the
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lra_core.kernels import toolkit
 
@@ -268,6 +271,36 @@ def zigzag_order() -> Iterator[None]:
 def zigzag() -> bool:
   """Whether the split sequence being traced is held in the zig-zag order."""
   return _ZIGZAG.get() and bool(axes())
+
+
+def zigzag_ahead(length: int) -> bool:
+  """Outside `per_chip`: whether a time axis of `length` steps it splits is held in the zig-zag order."""
+  return _ZIGZAG.get() and split(length)
+
+
+def held_steps(n: int, local_length: int, zigzag_: bool) -> np.ndarray:
+  """The global time index of every step, chip after chip, as n chips of `local_length` steps hold them
+  (`steps_of` for all chips at once, in numpy for what is built before tracing)."""
+  if not zigzag_:
+    return np.arange(n * local_length, dtype=np.int32)
+  half = local_length // 2
+  pieces = [(c, 2 * n - 1 - c) for c in range(n)]
+  return np.concatenate([p * half + np.arange(half, dtype=np.int32) for pair in pieces for p in pair])
+
+
+def gather(x: Array) -> Array:
+  """Every chip's slice of x [B,t,...] (time split here), as one [B,n t,...] array in time order on each
+  chip (all_gather; its transpose hands each chip the gradient of its own slice); x outside a split."""
+  if not axes():
+    return x
+  whole = jax.lax.all_gather(x, axes(), axis=1, tiled=True)
+  if not zigzag():
+    return whole
+  # chip c's halves are pieces c and 2n-1-c: the first halves in chip order, then the second in reverse
+  n, half = count(), x.shape[1] // 2
+  by_chip = whole.reshape(x.shape[0], n, 2, half, *x.shape[2:])
+  ordered = jnp.concatenate([by_chip[:, :, 0], by_chip[:, ::-1, 1]], axis=1)
+  return ordered.reshape(whole.shape)
 
 
 def _pieces(forward: bool) -> tuple[list, list]:

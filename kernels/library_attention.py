@@ -21,15 +21,17 @@ Both library kernels ship with jax, so they need no new dependency and move with
 fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) needs the cuDNN library at
 trace time and a device to build its graph, and takes no document ids; it stays for a GPU host.
 
+A sequence split over chips (kernels/context.py) runs on splash with every chip's keys gathered
+(`_split_splash`); "xla" there is ring attention (kernels/ring_attention.py).
+
 What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): a mask
 over given positions rather than the row order (FIT-AR's group-causal latents), attention dropout (it
-acts on probabilities the kernels never form), a sequence split over chips (where "xla" is ring
-attention, kernels/ring_attention.py, on the XLA core: the kernels inside the ring are not wired yet),
-a sliding window on GPU, a sequence shorter than one 128-step block (a
-longer one is padded to whole blocks). Padding (`k_valid`) becomes a segment id of its own, so a valid
-query reads exactly the valid keys of its document, as in "xla"; a padded query reads only padding
-there (the reference lets it read valid keys): outputs at padded positions differ, and nothing
-downstream reads them.
+acts on probabilities the kernels never form), a split sequence on GPU or with a sliding window (which
+reads only the neighbouring chips' steps) or not whole 128-step blocks per chip, a sliding window on
+GPU, a sequence shorter than one 128-step block (a longer one is padded to whole blocks). Padding
+(`k_valid`) becomes a segment id of its own, so a valid query reads exactly the valid keys of its
+document, as in "xla"; a padded query reads only padding there (the reference lets it read valid keys):
+outputs at padded positions differ, and nothing downstream reads them.
 
 Neither library kernel declares a cost, and a kernel is opaque to the compiler, so each call runs in a
 named scope stating its matrix-product FLOPs per device (the blocks its mask leaves, from the kernel's
@@ -46,9 +48,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info_lib
 
 from lra_core.kernels import context, toolkit
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
@@ -144,6 +148,8 @@ def self_attention(
   b, t, h, d = q.shape
   scale = d**-0.5 if scale is None else scale
   ids = _ids(k_valid, segments, b, t)
+  if context.split(t):  # whole blocks per chip (_unsupported): splash over the gathered keys
+    return _split_splash(q, k, v, ids, causal=causal, scale=scale, soft_cap=soft_cap)
   if chosen == "splash":
     window = window if window and t > window else 0
     run = functools.partial(_splash, causal=causal, window=window, scale=scale, soft_cap=soft_cap)
@@ -268,8 +274,16 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
     return "the mask follows given positions (FIT-AR's group-causal latents), not the row order"
   if probs_fn is not None:
     return "attention dropout acts on the probabilities, which a flash kernel never forms"
-  if context.split(t) or context.axes():
-    return "the sequence is split over chips: ring attention runs on the XLA core"
+  if context.axes():
+    return "it runs inside another kernel's per-chip function: ring attention on the XLA core"
+  if context.split(t):
+    if impl == "triton":  # its causal mask aligns the queries with the keys: no chip's slice against the whole
+      return "the GPU kernel takes no offset between queries and keys: ring attention on the XLA core"
+    if window and t > window:
+      return "a sliding window over a split sequence reads only its neighbours' steps, on the XLA core"
+    local = t // toolkit.sequence_slices(t)
+    if local % 128:
+      return f"a chip's slice of {local} steps is not whole 128-step blocks: ring attention on the XLA core"
   if t < 128:
     return f"the length {t} is shorter than the kernel's 128-step block"
   if impl == "triton":
@@ -326,19 +340,102 @@ def _splash(
   # block it does not skip, so larger blocks than the window compute scores the mask then drops.
   largest = min(512, max(128, 1 << (window - 1).bit_length())) if window else 512
   size_q, size_k = block(tq, largest), block(tk, largest)
-  # one block size along the queries and one along the keys, for the forward and both backward kernels
-  sizes = splash.BlockSizes(
-    **dict.fromkeys(("block_q", "block_q_dkv", "block_q_dq"), size_q),
-    **dict.fromkeys(("block_kv", "block_kv_compute", "block_kv_dkv", "block_kv_dkv_compute", "block_kv_dq"), size_k),
-  )
   make = splash.make_splash_mqa_single_device if kv_heads == 1 else splash.make_splash_mha_single_device
   kernel = make(
     masks.MultiHeadMask([one] * h),
-    block_sizes=sizes,
+    block_sizes=_block_sizes(size_q, size_k),
     attn_logits_soft_cap=soft_cap or None,  # capped after the scale, which q carries in
     interpret=toolkit.interpret_default(),
   )
-  dtype = q.dtype
+  if tq == tk:  # self-attention: the blocks its mask keeps
+    pairs = b * h * _live_blocks(tq // size_q, size_q, causal, window) * size_q * size_q
+  else:  # two streams: every block
+    pairs = b * h * tq * tk
+  return _run_splash(kernel, q, k, v, q_ids, k_ids, scale=scale, pairs=pairs)
+
+
+def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float, soft_cap: float) -> Array:
+  """Self-attention over a sequence split over chips (kernels/context.py) on splash: each chip gathers
+  every chip's keys, values and ids (`context.gather`, in time order) and runs its own queries against
+  them in one kernel call. The mask is the whole sequence's [T,T], made once with `q_seq_shards` = the
+  chips, so its block lists split by query rows like the queries: each chip's kernel gets its rows'
+  lists only and skips the key blocks they may not read (a causal chip's later ones). In the zig-zag
+  order the mask's `q_sequence` lists the steps a chip's rows hold (pieces c and 2n-1-c), so every chip
+  works the same number of blocks. The backward pass is splash's own; the gathered keys' and values'
+  gradients go back to their chips as a reduce-scatter (the all-gather's transpose).
+
+  Why not ring attention with splash at each step: a ring merges the steps by their log-sum-exp, and
+  splash's log-sum-exp output (`save_residuals`) has no gradient. What gathering costs: every chip holds
+  the whole row's keys and values (and their gradients) for one layer at a time."""
+  b, t, h, _ = q.shape
+  kv_heads = k.shape[2]
+  n = toolkit.sequence_slices(t)
+  zigzag = context.zigzag_ahead(t)
+  kernel, live = _whole_sequence_kernel(t, n, h, kv_heads, causal, zigzag, soft_cap, toolkit.interpret_default())
+
+  def run(q, k, v, q_ids, k_ids, kernel):
+    k, v, k_ids = (context.gather(x) for x in (k, v, k_ids))
+    return _run_splash(kernel, q, k, v, q_ids, k_ids, scale=scale, pairs=q.shape[0] * q.shape[2] * live)
+
+  # The block lists split over the chips along their query rows (axis 1; the queries' steps, axis 0),
+  # as splash's own `manual_sharding_spec` splits them.
+  rows = {"data_next": ".t.", "mask_next": ".t.", "block_mask": ".t.", "partial_mask_blocks": "...", "q_sequence": "t"}
+  if not causal:  # one chip's lists, the same on every chip
+    rows = {f: "." * len(d) for f, d in rows.items()}
+  by_rows = lambda info: (
+    None if info is None else info._replace(**{f: rows[f] for f in rows if getattr(info, f) is not None})
+  )
+  kernel_dims = jax.tree.map(by_rows, kernel, is_leaf=lambda x: isinstance(x, mask_info_lib.MaskInfo) or x is None)
+  args, dims = (q, k, v, ids, ids, kernel), ("bth.", "btk.", "btk.", "bt", "bt", kernel_dims)
+  return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=kv_heads, length=t)
+
+
+@functools.lru_cache(maxsize=16)
+def _whole_sequence_kernel(
+  t: int, n: int, h: int, kv_heads: int, causal: bool, zigzag: bool, soft_cap: float, interpret: bool
+) -> tuple[splash.SplashAttentionKernel, int]:
+  """The splash kernel over a whole [T,T] mask for queries split over n chips, and the (query, key)
+  score entries per row and head that the busiest chip's blocks hold (for the cost scope). Building
+  the block lists walks the mask block by block in numpy (minutes at a million steps): made once."""
+  local = t // n
+  # Square blocks, as on one chip; in the zig-zag order no larger than a piece where a piece holds whole
+  # blocks, so a block's rows are one piece's and its skipped key blocks the piece's.
+  size_q = (zigzag and block(local // 2)) or block(local)
+  size_k = size_q
+  if causal:
+    one = masks.CausalMask((t, t))
+    one.q_sequence = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
+  else:
+    # Every chip's rows read every key: one chip's [T/n,T] mask serves all (splash cannot split the
+    # block lists of a mask without partial blocks over q_seq_shards).
+    one, n = masks.FullMask((local, t)), 1
+  make = splash.make_splash_mqa if kv_heads == 1 else splash.make_splash_mha
+  with jax.ensure_compile_time_eval():  # concrete block lists, not the tracers of the step being traced
+    kernel = make(
+      masks.MultiHeadMask([one] * h),
+      block_sizes=_block_sizes(size_q, size_k),
+      attn_logits_soft_cap=soft_cap or None,
+      head_shards=1,
+      q_seq_shards=n,
+      interpret=interpret,
+    )
+  blocks = np.asarray(kernel.fwd_mask_info.block_mask)  # [1, query blocks, key blocks (shrunk)]: 0 = skipped
+  busiest = max(int((chip != 0).sum()) for chip in np.split(blocks[0], n, axis=0))
+  return kernel, busiest * size_q * size_k
+
+
+def _block_sizes(size_q: int, size_k: int) -> splash.BlockSizes:
+  """One block size along the queries and one along the keys, for the forward and both backward kernels."""
+  return splash.BlockSizes(
+    **dict.fromkeys(("block_q", "block_q_dkv", "block_q_dq"), size_q),
+    **dict.fromkeys(("block_kv", "block_kv_compute", "block_kv_dkv", "block_kv_dkv_compute", "block_kv_dq"), size_k),
+  )
+
+
+def _run_splash(kernel, q: Array, k: Array, v: Array, q_ids: Array, k_ids: Array, *, scale: float, pairs: int) -> Array:
+  """kernel (splash's, for these heads) over q [B,Tq,H,D], k, v [B,Tk,K,D] -> [B,Tq,H,Dv], in a cost
+  scope of `pairs` score entries (all rows and heads) forward and backward."""
+  dtype, kv_heads = q.dtype, k.shape[2]
   if not toolkit.bf16_matmuls():  # Mosaic takes no bfloat16 matmul on TPU v2 / v3: the kernel runs in float32
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B,T,N,D] -> [B,N,T,D]
@@ -346,10 +443,6 @@ def _splash(
   if kv_heads == 1:  # multi-query: one [T,D] key and value
     k, v = k[:, 0], v[:, 0]
   run = lambda q, k, v, q_ids, k_ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=q_ids, kv=k_ids))
-  if tq == tk:  # self-attention: the blocks its mask keeps
-    pairs = b * h * _live_blocks(tq // size_q, size_q, causal, window) * size_q * size_q
-  else:  # two streams: every block
-    pairs = b * h * tq * tk
   with jax.named_scope(_cost_scope(pairs, pairs, q.shape[-1], v.shape[-1])):
     return heads_first(jax.vmap(run)(q, k, v, q_ids, k_ids)).astype(dtype)
 

@@ -481,6 +481,11 @@ def context_parallel(config, n: int) -> None:
     raise ConfigError(
       f"model.window {m.window} does not divide the {local} steps each of mesh.sequence={n} chips holds."
     )
+  if task_kinds.kind(config.task).classifies and m.pooling == "cls":
+    raise ConfigError(
+      f"model.pooling 'cls' puts a step before the sequence, and its {window_len} + 1 steps do not split over "
+      f"mesh.sequence={n} chips: use 'mean' or 'max'."
+    )
 
 
 def mixer_family(name: str, model, *, validate_config, smoke: Smoke, upgrades=(), **fields) -> Family:

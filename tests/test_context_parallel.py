@@ -99,7 +99,14 @@ EXTRA["block_transformer_encoder"] = [
 EXTRA["fit_ar"] = ["train.seq_len=384", "model.use_bias=False"]  # 8 groups of 48: the zig-zag order
 CAUSAL["fit_ar_plain"] = "configs/imagenet64/fit_ar.py:tiny,overlap"
 EXTRA["fit_ar_plain"] = [*EXTRA["fit_ar"], "model.dropout=0.1"]  # the plain order
-EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0"]
+EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0", "model.pooling=mean"]  # no CLS step: T splits
+# Splash over the gathered keys (kernels/library_attention.py `_split_splash`, interpret mode): whole
+# 128-step blocks on each of 4 chips, in the zig-zag order; against the same kernel on one chip.
+SPLASH = ["train.seq_len=512", "model.attention_impl=splash", "model.dropout=0"]
+CAUSAL["transformer++_splash"] = "configs/enwik8/transformer.py:tiny,plusplus"
+EXTRA["transformer++_splash"] = [*SPLASH, "model.num_kv_heads=2"]
+BIDIRECTIONAL["transformer_bidirectional_splash"] = "configs/lra/listops/transformer.py:tiny"
+EXTRA["transformer_bidirectional_splash"] = [*SPLASH, *EXTRA["transformer_bidirectional"]]
 EXTRA["fit_encoder"] = [
   "train.seq_len=128",
   "model.attention_dropout=0",
@@ -132,6 +139,8 @@ VARIANTS = {
   "block_transformer_plain",
   "fit_ar_plain",
   "fit_encoder",
+  "transformer++_splash",
+  "transformer_bidirectional_splash",
 }
 
 
@@ -540,6 +549,8 @@ def test_sequence_split_config_errors_are_one_sentence():
     )
   with pytest.raises(ConfigError, match=r"model.attention_dropout 0.1 acts on attention probabilities.*set it to 0"):
     lra_core.load_config("configs/enwik8/transformer.py:tiny", ["mesh.sequence=2", "model.attention_dropout=0.1"])
+  with pytest.raises(ConfigError, match=r"model.pooling 'cls' puts a step before the sequence.*use 'mean' or 'max'"):
+    lra_core.load_config("configs/lra/listops/transformer.py:tiny", ["mesh.sequence=2", "model.attention_dropout=0"])
   with pytest.raises(ConfigError, match=r"train.seq_len 64 does not split into mesh.sequence=3"):
     lra_core.load_config("configs/enwik8/linear_transformer.py:tiny", ["mesh.sequence=3", "train.seq_len=64"])
   with pytest.raises(ConfigError, match=r"model.window 8 does not divide the 12 steps"):

@@ -1,0 +1,118 @@
+"""kernels/library_attention.py `_split_splash`: softmax attention over a sequence split over chips on
+splash (interpret mode on this host), every chip's queries against the gathered keys. Split == the
+whole sequence's reference in values and gradients: causal in the plain and the zig-zag order and
+bidirectional, grouped and multi-query heads, documents on and off the chips' edges, padding, a soft cap;
+the step holds one all-gather and no ring; each chip's block lists are its own rows' (a causal chip
+skips the key blocks after its queries); what it cannot take falls back to ring attention with one line."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tiers
+from lra_core import layout, sharding
+from lra_core.config import DEFAULT_RULES
+from lra_core.kernels import context
+from lra_core.kernels import library_attention as library
+
+B, T, H, D = 2, 1024, 4, 32  # 8 chips hold 128 steps each: one block
+TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # the kernel's online softmax against one softmax
+
+
+def inputs(kv_heads):
+  rng = np.random.default_rng(kv_heads)
+  x = lambda heads, scale=1.0: jnp.asarray(scale * rng.normal(size=(B, T, heads, D)), jnp.float32)
+  steps = np.arange(T)
+  # row 0: documents changing at 256 (a chip's edge for 2, 4 and 8 chips) and at 700 (inside a chip);
+  # row 1: one document, its last 300 steps padding
+  segments = jnp.asarray(np.stack([1 + (steps >= 256) + (steps >= 700), np.ones(T)]), jnp.int32)
+  valid = jnp.arange(T)[None] < jnp.array([[T], [T - 300]])
+  return x(H), x(kv_heads, 3.0), x(kv_heads), segments, valid
+
+
+def step(impl, causal, zigzag, segments, valid, **kw):
+  """Loss, valid outputs and gradients of attention over the (whole or split) sequence; in the zig-zag
+  order the rows go there and back around it (context.to_zigzag)."""
+
+  def loss(q, k, v):
+    args, order = (q, k, v, valid, segments), dict(batch=B, length=T)
+    if zigzag:
+      q_, k_, v_, ok, ids = context.to_zigzag(args, **order)
+      with context.zigzag_order():
+        out = library.self_attention(q_, k_, v_, causal=causal, k_valid=ok, segments=ids, impl=impl, **kw)
+      out = context.from_zigzag(out, **order)
+    else:
+      out = library.self_attention(q, k, v, causal=causal, k_valid=valid, segments=segments, impl=impl, **kw)
+    out = jnp.where(valid[..., None, None], out, 0)  # padded queries read other keys under the kernels
+    return jnp.sum(out * jnp.cos(out)), out
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+
+def mesh_of(data, sequence):
+  return layout.make_mesh(dict(data=data, fsdp=1, sequence=sequence, tensor=1))
+
+
+CASES = [
+  # causal, zig-zag, key-value heads, soft cap, (data, sequence)
+  (True, True, 2, 0.0, (2, 4)),
+  (False, False, H, 0.0, (2, 4)),
+  (True, False, H, 0.0, (1, 8)),
+  (True, True, 1, 0.0, (1, 8)),
+  (True, True, 2, 2.0, (1, 2)),
+  (False, False, 1, 0.0, (1, 8)),
+]
+
+
+@pytest.mark.parametrize("causal, zigzag, kv_heads, soft_cap, mesh", tiers.quick(CASES, keep=[0, 1]))
+def test_splash_over_a_split_sequence_equals_the_whole_reference(causal, zigzag, kv_heads, soft_cap, mesh):
+  q, k, v, segments, valid = inputs(kv_heads)
+  (l0, o0), g0 = step("xla", causal, False, segments, valid, soft_cap=soft_cap)(q, k, v)
+  with sharding.activate(mesh_of(*mesh), DEFAULT_RULES):
+    run = step("splash", causal, zigzag, segments, valid, soft_cap=soft_cap)
+    program = str(jax.make_jaxpr(run)(q, k, v))
+    (l1, o1), g1 = run(q, k, v)
+  assert "pallas_call" in program and "all_gather" in program
+  assert zigzag or "ppermute" not in program  # no ring (the zig-zag order's own moves apart)
+  np.testing.assert_allclose(l1, l0, rtol=1e-5)
+  for a, b in zip((o1, *g1), (o0, *g0)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_each_chip_holds_the_block_lists_of_its_own_rows(zigzag):
+  """The causal mask's block lists, split over 4 chips like the queries: in the plain order chip c reads
+  c + 1 of the 4 key blocks of its 256 steps; in the zig-zag order, in blocks of a piece (128 steps),
+  every chip reads 9 (pieces c and 7 - c: c + 1 and 8 - c)."""
+  kernel, live = library._whole_sequence_kernel(T, 4, H, 2, True, zigzag, 0.0, True)
+  blocks = np.asarray(kernel.fwd_mask_info.block_mask)[0]
+  per_chip = [int((rows != 0).sum()) for rows in np.split(blocks, 4)]
+  size = 128 if zigzag else 256
+  assert per_chip == ([9] * 4 if zigzag else [1, 2, 3, 4])
+  assert live == max(per_chip) * size * size
+  steps = np.asarray(kernel.fwd_mask_info.q_sequence)  # the steps the rows hold, chip after chip
+  assert sorted(steps) == list(range(T))
+  assert (steps[128:256] == (np.arange(896, 1024) if zigzag else np.arange(128, 256))).all()
+
+
+@pytest.mark.parametrize(
+  "impl, window, length, why",
+  [
+    ("triton", 0, T, "the GPU kernel takes no offset between queries and keys"),
+    ("splash", 64, T, "a sliding window over a split sequence reads only its neighbours' steps"),
+    ("splash", 0, T // 2, "a chip's slice of 64 steps is not whole 128-step blocks"),
+  ],
+)
+def test_what_the_split_kernel_cannot_take_runs_as_ring_attention_with_one_line(impl, window, length, why, caplog):
+  q, k, v, segments, valid = (x[:, :length] for x in inputs(2))
+  masks = dict(causal=True, window=window, segments=segments, k_valid=valid)
+  library._NOTED.clear()
+  with caplog.at_level(logging.INFO, logger=library.__name__), sharding.activate(mesh_of(1, 8), DEFAULT_RULES):
+    got = jax.jit(lambda q, k, v: library.self_attention(q, k, v, impl=impl, **masks))(q, k, v)
+    want = jax.jit(lambda q, k, v: library.self_attention(q, k, v, impl="xla", **masks))(q, k, v)
+  np.testing.assert_array_equal(got, want)
+  lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
+  assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}"), lines
