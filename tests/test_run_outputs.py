@@ -1,6 +1,7 @@
 """What a run leaves behind, locally and in an object store: metrics once per step across restarts,
 TensorBoard as its reader shows it, throughput and MFU, profiles, the compilation cache."""
 
+import contextlib
 import json
 import logging
 import os
@@ -259,18 +260,26 @@ def test_the_compile_cache_folder_follows_the_setting_and_the_workdir(monkeypatc
   assert compile_cache.folder_for("auto", "gs://bucket/runs/a") == str(tmp_path / "shared" / "jax_compile")
 
 
-def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):
-  assert not jax.config.jax_enable_compilation_cache  # the suite's own processes keep none (tests/conftest.py)
-  assert compile_cache.setup("auto", tmp_path / "runs" / "a") is None
-  assert not (tmp_path / "runs" / ".jax_compile_cache").exists()
+@contextlib.contextmanager
+def persistent_cache_on():
+  """JAX's persistent cache turned on with no folder set (the suite's processes keep it off: tests/conftest.py)."""
   saved = jax.config.jax_compilation_cache_dir
   jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_compilation_cache_dir", None)
   try:
-    assert compile_cache.setup(str(tmp_path / "c"), tmp_path / "runs" / "a") == str(tmp_path / "c")
+    yield
   finally:
     jax.config.update("jax_enable_compilation_cache", False)
     jax.config.update("jax_compilation_cache_dir", saved)
     jax_compilation_cache.reset_cache()
+
+
+def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):
+  assert not jax.config.jax_enable_compilation_cache  # the suite's own processes keep none (tests/conftest.py)
+  assert compile_cache.setup("auto", tmp_path / "runs" / "a") is None
+  assert not (tmp_path / "runs" / ".jax_compile_cache").exists()
+  with persistent_cache_on():
+    assert compile_cache.setup(str(tmp_path / "c"), tmp_path / "runs" / "a") == str(tmp_path / "c")
 
 
 @pytest.mark.slow
@@ -346,14 +355,7 @@ def test_sample_every_is_for_image_tasks():
 def test_a_multi_process_run_keeps_its_compiled_steps_apart(tmp_path, monkeypatch):
   """A run of 2 processes uses <cache>/2_processes: JAX's key does not tell its executables from a single
   process's, and loading one into the other crashed XLA:CPU (lra_core/compile_cache.py)."""
-  from jax.experimental.compilation_cache import compilation_cache
-
-  saved = jax.config.jax_compilation_cache_dir
   monkeypatch.setattr(jax, "process_count", lambda: 2)
-  try:
-    jax.config.update("jax_compilation_cache_dir", None)
+  with persistent_cache_on():
     folder = compile_cache.setup(str(tmp_path / "cache"), tmp_path / "run")
-  finally:
-    jax.config.update("jax_compilation_cache_dir", saved)
-    compilation_cache.reset_cache()
   assert folder == str(tmp_path / "cache" / "2_processes")
