@@ -54,7 +54,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info_lib
 
-from lra_core.kernels import context, toolkit
+from lra_core.kernels import context, splash_lists, toolkit
 from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
 from lra_core.kernels.ring_attention import ring_attention
 
@@ -395,33 +395,35 @@ def _whole_sequence_kernel(
   t: int, n: int, h: int, kv_heads: int, causal: bool, zigzag: bool, soft_cap: float, interpret: bool
 ) -> tuple[splash.SplashAttentionKernel, int]:
   """The splash kernel over a whole [T,T] mask for queries split over n chips, and the (query, key)
-  score entries per row and head that the busiest chip's blocks hold (for the cost scope). Building
-  the block lists walks the mask block by block in numpy (minutes at a million steps): made once."""
+  score entries per row and head that the busiest chip's blocks hold (for the cost scope)."""
   local = t // n
   # Square blocks, as on one chip; in the zig-zag order no larger than a piece where a piece holds whole
   # blocks, so a block's rows are one piece's and its skipped key blocks the piece's.
-  size_q = (zigzag and block(local // 2)) or block(local)
-  size_k = size_q
-  if causal:
-    one = masks.CausalMask((t, t))
-    one.q_sequence = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
-  else:
-    # Every chip's rows read every key: one chip's [T/n,T] mask serves all (splash cannot split the
-    # block lists of a mask without partial blocks over q_seq_shards).
-    one, n = masks.FullMask((local, t)), 1
-  make = splash.make_splash_mqa if kv_heads == 1 else splash.make_splash_mha
+  size = (zigzag and block(local // 2)) or block(local)
+  sizes = _block_sizes(size, size)
   with jax.ensure_compile_time_eval():  # concrete block lists, not the tracers of the step being traced
-    kernel = make(
-      masks.MultiHeadMask([one] * h),
-      block_sizes=_block_sizes(size_q, size_k),
-      attn_logits_soft_cap=soft_cap or None,
-      head_shards=1,
-      q_seq_shards=n,
-      interpret=interpret,
-    )
+    if causal:  # the lists in numpy at any length (splash's own loop over blocks takes an hour at 1M steps)
+      steps = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
+      kernel = splash_lists.causal_kernel(
+        steps, t, shards=n, block_sizes=sizes, is_mqa=kv_heads == 1, soft_cap=soft_cap or None, interpret=interpret
+      )
+      kernel = jax.tree.map(jnp.asarray, kernel)
+    else:
+      # Every chip's rows read every key: one chip's [T/n,T] mask serves all (splash cannot split the
+      # block lists of a mask without partial blocks over q_seq_shards).
+      n, make = 1, splash.make_splash_mqa if kv_heads == 1 else splash.make_splash_mha
+      full = masks.MultiHeadMask([masks.FullMask((local, t))] * h)
+      kernel = make(
+        full,
+        block_sizes=sizes,
+        attn_logits_soft_cap=soft_cap or None,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+      )
   blocks = np.asarray(kernel.fwd_mask_info.block_mask)  # [1, query blocks, key blocks (shrunk)]: 0 = skipped
   busiest = max(int((chip != 0).sum()) for chip in np.split(blocks[0], n, axis=0))
-  return kernel, busiest * size_q * size_k
+  return kernel, busiest * size * size
 
 
 def _block_sizes(size_q: int, size_k: int) -> splash.BlockSizes:

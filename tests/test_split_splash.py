@@ -11,11 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
 import tiers
 from lra_core import layout, sharding
 from lra_core.config import DEFAULT_RULES
-from lra_core.kernels import context
+from lra_core.kernels import context, splash_lists
 from lra_core.kernels import library_attention as library
 
 B, T, H, D = 2, 1024, 4, 32  # 8 chips hold 128 steps each: one block
@@ -80,6 +82,44 @@ def test_splash_over_a_split_sequence_equals_the_whole_reference(causal, zigzag,
   np.testing.assert_allclose(l1, l0, rtol=1e-5)
   for a, b in zip((o1, *g1), (o0, *g0)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+
+
+def block_sizes(bq, bkv):
+  return splash.BlockSizes(
+    **dict.fromkeys(("block_q", "block_q_dkv", "block_q_dq"), bq),
+    **dict.fromkeys(("block_kv", "block_kv_compute", "block_kv_dkv", "block_kv_dkv_compute", "block_kv_dq"), bkv),
+  )
+
+
+@pytest.mark.parametrize(
+  "t, chips, zigzag, bq, bkv",
+  [(1024, 1, False, 128, 128), (1024, 4, True, 128, 128), (1024, 4, False, 256, 256), (2048, 8, True, 128, 128)]
+  + [(1024, 2, False, 128, 256), (2048, 4, True, 128, 256), (2048, 2, True, 256, 128)],
+)
+def test_the_block_lists_built_in_numpy_are_splash_s_own(t, chips, zigzag, bq, bkv):
+  """kernels/splash_lists.py against splash's make_splash_mha (its block-by-block loop) for the causal
+  mask over the steps the chips' rows hold: every list of the forward, dq and dk/dv kernels equal in
+  shape, type and value, and the kernel's settings the same."""
+  steps = context.held_steps(chips, t // chips, zigzag)
+  causal = masks.CausalMask((t, t))
+  causal.q_sequence = steps
+  sizes = block_sizes(bq, bkv)
+  want = splash.make_splash_mha(masks.MultiHeadMask([causal] * H), block_sizes=sizes, head_shards=1, q_seq_shards=chips)
+  got = splash_lists.causal_kernel(
+    steps, t, shards=chips, block_sizes=sizes, is_mqa=False, soft_cap=None, interpret=True
+  )
+  for name in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
+    for field, a in getattr(want, name)._asdict().items():
+      b = getattr(getattr(got, name), field)
+      assert (a is None) == (b is None), (name, field)
+      if a is not None and field != "is_dynamic_mask":
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), (name, field)
+  assert {k: v for k, v in got.kwargs.items() if k != "mask_function"} == {
+    k: v for k, v in want.kwargs.items() if k != "mask_function"
+  } | {"interpret": True}
+  rows, cols = np.arange(8)[:, None], np.arange(8)[None, :]
+  assert (got.kwargs["mask_function"](rows, cols) == want.kwargs["mask_function"](rows, cols)).all()
 
 
 @pytest.mark.parametrize("zigzag", [False, True])
