@@ -371,7 +371,7 @@ def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, sca
   kv_heads = k.shape[2]
   n = toolkit.sequence_slices(t)
   zigzag = context.zigzag_ahead(t)
-  kernel, live = _whole_sequence_kernel(t, n, h, kv_heads, causal, zigzag, soft_cap, toolkit.interpret_default())
+  kernel, live = _whole_sequence_kernel(t, n, kv_heads, causal, zigzag, soft_cap, toolkit.interpret_default())
 
   def run(q, k, v, q_ids, k_ids, kernel):
     k, v, k_ids = (context.gather(x) for x in (k, v, k_ids))
@@ -392,7 +392,7 @@ def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, sca
 
 @functools.lru_cache(maxsize=16)
 def _whole_sequence_kernel(
-  t: int, n: int, h: int, kv_heads: int, causal: bool, zigzag: bool, soft_cap: float, interpret: bool
+  t: int, n: int, kv_heads: int, causal: bool, zigzag: bool, soft_cap: float, interpret: bool
 ) -> tuple[splash.SplashAttentionKernel, int]:
   """The splash kernel over a whole [T,T] mask for queries split over n chips, and the (query, key)
   score entries per row and head that the busiest chip's blocks hold (for the cost scope)."""
@@ -401,26 +401,14 @@ def _whole_sequence_kernel(
   # blocks, so a block's rows are one piece's and its skipped key blocks the piece's.
   size = (zigzag and block(local // 2)) or block(local)
   sizes = _block_sizes(size, size)
-  with jax.ensure_compile_time_eval():  # concrete block lists, not the tracers of the step being traced
-    if causal:  # the lists in numpy at any length (splash's own loop over blocks takes an hour at 1M steps)
-      steps = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
-      kernel = splash_lists.causal_kernel(
-        steps, t, shards=n, block_sizes=sizes, is_mqa=kv_heads == 1, soft_cap=soft_cap or None, interpret=interpret
-      )
-      kernel = jax.tree.map(jnp.asarray, kernel)
-    else:
-      # Every chip's rows read every key: one chip's [T/n,T] mask serves all (splash cannot split the
-      # block lists of a mask without partial blocks over q_seq_shards).
-      n, make = 1, splash.make_splash_mqa if kv_heads == 1 else splash.make_splash_mha
-      full = masks.MultiHeadMask([masks.FullMask((local, t))] * h)
-      kernel = make(
-        full,
-        block_sizes=sizes,
-        attn_logits_soft_cap=soft_cap or None,
-        head_shards=1,
-        q_seq_shards=1,
-        interpret=interpret,
-      )
+  settings = dict(block_sizes=sizes, is_mqa=kv_heads == 1, soft_cap=soft_cap or None, interpret=interpret)
+  # The block lists in numpy, at any length (splash's own make walks the mask block by block: an hour at
+  # a million steps) and for any platform (its jnp lists would need a device of the one compiled for).
+  if causal:
+    steps = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
+    kernel = splash_lists.causal_kernel(steps, t, shards=n, **settings)
+  else:  # every chip's rows read every key: one chip's [T/n,T] lists serve all
+    kernel, n = splash_lists.full_kernel(local, t, **settings), 1
   blocks = np.asarray(kernel.fwd_mask_info.block_mask)  # [1, query blocks, key blocks (shrunk)]: 0 = skipped
   busiest = max(int((chip != 0).sum()) for chip in np.split(blocks[0], n, axis=0))
   return kernel, busiest * size * size

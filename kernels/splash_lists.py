@@ -75,9 +75,10 @@ def _small(array: np.ndarray) -> np.ndarray:
   return array.astype(np.int8 if top <= 127 else np.int16 if top <= 32767 else np.int32)
 
 
-def mask_info(blocks: np.ndarray, q_steps: np.ndarray, shards: int, *, dkv: bool) -> mask_info_lib.MaskInfo:
-  """The MaskInfo splash's `process_mask` (`process_mask_dkv` for dkv) makes of a computable mask with
-  these blocks, one head shard, `shards` query shards and the grid shrunk."""
+def mask_info(blocks: np.ndarray, q_steps: np.ndarray | None, shards: int, *, dkv: bool) -> mask_info_lib.MaskInfo:
+  """The MaskInfo splash's `process_mask` (`process_mask_dkv` for dkv) makes of a mask with these blocks
+  (computed in the kernel from `q_steps`, or None: no MIXED block), one head shard, `shards` query shards
+  and the grid shrunk."""
   lists = []
   for part in np.split(blocks, shards, axis=0):
     if dkv:  # the dk/dv kernel walks key blocks outermost and fetches query blocks
@@ -95,41 +96,47 @@ def mask_info(blocks: np.ndarray, q_steps: np.ndarray, shards: int, *, dkv: bool
     mask_next=None,  # the mask is computed in the kernel (mask_function), never loaded
     block_mask=_small(block_mask)[None],
     partial_mask_blocks=None,
-    q_sequence=q_steps.astype(np.int32),
+    q_sequence=None if q_steps is None else q_steps.astype(np.int32),
   )
 
 
 def causal_kernel(
-  q_steps: np.ndarray,
-  kv_len: int,
-  *,
-  shards: int,
-  block_sizes: splash.BlockSizes,
-  is_mqa: bool,
-  soft_cap: float | None,
-  interpret: bool,
+  q_steps: np.ndarray, kv_len: int, *, shards: int, block_sizes: splash.BlockSizes, **settings
 ) -> splash.SplashAttentionKernel:
   """What `splash.make_splash_mha` (`make_splash_mqa`) gives for `masks.CausalMask` with
-  `q_sequence = q_steps` and `q_seq_shards = shards`, its block lists from `mask_info`; numpy lists (jnp
-  arrays where a caller needs them)."""
+  `q_sequence = q_steps` and `q_seq_shards = shards`, its block lists from `mask_info`, in numpy (made
+  while a step is traced, for any platform: jnp arrays would need a device of it). `settings`: is_mqa,
+  soft_cap, interpret."""
+  blocks = lambda bq, bkv: causal_blocks(q_steps, kv_len, bq, bkv)
   causal = masks.CausalMask((len(q_steps), kv_len))  # its mask_function, evaluated in the kernel
-  infos = {}
-  for name, (bq, bkv), dkv in (
-    ("fwd", (block_sizes.block_q, block_sizes.block_kv), False),
-    ("dq", (block_sizes.block_q_dq, block_sizes.block_kv_dq), False),
-    ("dkv", (block_sizes.block_q_dkv, block_sizes.block_kv_dkv), True),
-  ):
-    infos[name] = mask_info(causal_blocks(q_steps, kv_len, bq, bkv), q_steps, shards, dkv=dkv)
+  return _kernel(blocks, q_steps, shards, block_sizes, mask_function=causal.mask_function, **settings)
+
+
+def full_kernel(q_len: int, kv_len: int, *, block_sizes: splash.BlockSizes, **settings) -> splash.SplashAttentionKernel:
+  """What `splash.make_splash_mha` (`make_splash_mqa`) gives for `masks.FullMask((q_len, kv_len))` on one
+  shard, in numpy; `settings` as `causal_kernel`'s."""
+  blocks = lambda bq, bkv: np.full((q_len // bq, kv_len // bkv), FULL, np.int32)
+  return _kernel(blocks, None, 1, block_sizes, mask_function=None, **settings)
+
+
+def _kernel(blocks, q_steps, shards, sizes, *, mask_function, is_mqa: bool, soft_cap: float | None, interpret: bool):
+  """The kernel of the lists `mask_info` makes of blocks(block_q, block_kv) for each of its three grids."""
+  infos = [
+    mask_info(blocks(bq, bkv), q_steps, shards, dkv=dkv)
+    for bq, bkv, dkv in (
+      (sizes.block_q, sizes.block_kv, False),  # the forward kernel
+      (sizes.block_q_dq, sizes.block_kv_dq, False),
+      (sizes.block_q_dkv, sizes.block_kv_dkv, True),
+    )
+  ]
   return splash.SplashAttentionKernel(
-    infos["fwd"],
-    infos["dq"],
-    infos["dkv"],
-    block_sizes=block_sizes,
+    *infos,
+    block_sizes=sizes,
     is_mqa=is_mqa,
     save_residuals=False,
     mask_value=splash.DEFAULT_MASK_VALUE,
     attn_logits_soft_cap=soft_cap,
     residual_checkpoint_name=None,
-    mask_function=causal.mask_function,
+    mask_function=mask_function,
     interpret=interpret,
   )

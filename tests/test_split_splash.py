@@ -5,7 +5,9 @@ bidirectional, grouped and multi-query heads, documents on and off the chips' ed
 the step holds one all-gather and no ring; each chip's block lists are its own rows' (a causal chip
 skips the key blocks after its queries); what it cannot take falls back to ring attention with one line."""
 
+import gzip
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +16,9 @@ import pytest
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
+import lra_core
 import tiers
-from lra_core import layout, sharding
+from lra_core import aot, chips, layout, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.kernels import context, splash_lists
 from lra_core.kernels import library_attention as library
@@ -91,6 +94,21 @@ def block_sizes(bq, bkv):
   )
 
 
+def assert_same_kernel(got, want, **settings):
+  """Every block list of the forward, dq and dk/dv kernels equal in shape, type and value; the same
+  settings (the mask function apart)."""
+  for name in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
+    for field, a in getattr(want, name)._asdict().items():
+      b = getattr(getattr(got, name), field)
+      assert (a is None) == (b is None), (name, field)
+      if a is not None and field != "is_dynamic_mask":
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), (name, field)
+  settings_of = lambda kernel: {k: v for k, v in kernel.kwargs.items() if k != "mask_function"}
+  assert settings_of(got) == settings_of(want) | settings
+  assert (got.kwargs["mask_function"] is None) == (want.kwargs["mask_function"] is None)
+
+
 @pytest.mark.parametrize(
   "t, chips, zigzag, bq, bkv",
   [(1024, 1, False, 128, 128), (1024, 4, True, 128, 128), (1024, 4, False, 256, 256), (2048, 8, True, 128, 128)]
@@ -98,8 +116,7 @@ def block_sizes(bq, bkv):
 )
 def test_the_block_lists_built_in_numpy_are_splash_s_own(t, chips, zigzag, bq, bkv):
   """kernels/splash_lists.py against splash's make_splash_mha (its block-by-block loop) for the causal
-  mask over the steps the chips' rows hold: every list of the forward, dq and dk/dv kernels equal in
-  shape, type and value, and the kernel's settings the same."""
+  mask over the steps the chips' rows hold, and for one chip's rows of the full mask."""
   steps = context.held_steps(chips, t // chips, zigzag)
   causal = masks.CausalMask((t, t))
   causal.q_sequence = steps
@@ -108,18 +125,14 @@ def test_the_block_lists_built_in_numpy_are_splash_s_own(t, chips, zigzag, bq, b
   got = splash_lists.causal_kernel(
     steps, t, shards=chips, block_sizes=sizes, is_mqa=False, soft_cap=None, interpret=True
   )
-  for name in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
-    for field, a in getattr(want, name)._asdict().items():
-      b = getattr(getattr(got, name), field)
-      assert (a is None) == (b is None), (name, field)
-      if a is not None and field != "is_dynamic_mask":
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), (name, field)
-  assert {k: v for k, v in got.kwargs.items() if k != "mask_function"} == {
-    k: v for k, v in want.kwargs.items() if k != "mask_function"
-  } | {"interpret": True}
+  assert_same_kernel(got, want, interpret=True)
   rows, cols = np.arange(8)[:, None], np.arange(8)[None, :]
   assert (got.kwargs["mask_function"](rows, cols) == want.kwargs["mask_function"](rows, cols)).all()
+  # the bidirectional form: one chip's rows against every key, no mask in the kernel
+  full = masks.MultiHeadMask([masks.FullMask((t // chips, t))] * H)
+  want = splash.make_splash_mha(full, block_sizes=sizes, head_shards=1, q_seq_shards=1)
+  got = splash_lists.full_kernel(t // chips, t, block_sizes=sizes, is_mqa=False, soft_cap=None, interpret=False)
+  assert_same_kernel(got, want)
 
 
 @pytest.mark.parametrize("zigzag", [False, True])
@@ -127,7 +140,7 @@ def test_each_chip_holds_the_block_lists_of_its_own_rows(zigzag):
   """The causal mask's block lists, split over 4 chips like the queries: in the plain order chip c reads
   c + 1 of the 4 key blocks of its 256 steps; in the zig-zag order, in blocks of a piece (128 steps),
   every chip reads 9 (pieces c and 7 - c: c + 1 and 8 - c)."""
-  kernel, live = library._whole_sequence_kernel(T, 4, H, 2, True, zigzag, 0.0, True)
+  kernel, live = library._whole_sequence_kernel(T, 4, 2, True, zigzag, 0.0, True)
   blocks = np.asarray(kernel.fwd_mask_info.block_mask)[0]
   per_chip = [int((rows != 0).sum()) for rows in np.split(blocks, 4)]
   size = 128 if zigzag else 256
@@ -156,3 +169,20 @@ def test_what_the_split_kernel_cannot_take_runs_as_ring_attention_with_one_line(
   np.testing.assert_array_equal(got, want)
   lines = [r.getMessage() for r in caplog.records if r.name == library.__name__]
   assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}"), lines
+
+
+@pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+def test_the_split_train_step_compiles_for_tpu_with_splash_over_the_gathered_keys(tmp_path):
+  """Transformer++ with its 1,024 steps split over the 4 chips of a v5e slice, compiled by libtpu: the
+  step holds splash's forward and both backward kernels (Mosaic, each chip's block lists an argument
+  split with its rows) and the keys' all-gather."""
+  config = lra_core.load_config(
+    "configs/pg19/transformer.py:tiny,plusplus",
+    ["train.seq_len=1024", "model.max_len=1024", "mesh.data=1", "mesh.sequence=4", "train.batch_size=2"],
+  )
+  path = tmp_path / "step.hlo.gz"
+  aot.compile_config(config, "v5e:2x2", hlo_path=path)
+  hlo = gzip.open(path, "rt").read()
+  for kernel in ("fwd", "dq", "dkv"):
+    assert re.search(rf"splash_m[hq]a_{kernel}", hlo), f"no splash {kernel} kernel in the compiled train step"
+  assert re.search(r"all-gather(-start)?\(", hlo)
