@@ -17,10 +17,10 @@ os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_c
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
 
-# The suite's own processes keep no persistent cache: XLA:CPU crashed (segfault) in it in four clean-clone
-# runs, reading an entry back (deserialize_executable, the train state's init program, also with one
-# folder per xdist worker) and writing one (serialize, the peer bench's step). The runs the tests start
-# in subprocesses keep theirs ($LRA_CORE_CACHE/jax_compile, lra_core/compile_cache.py).
+# The suite's own processes keep no persistent cache: a worker compiles each program once, so a clean
+# clone's run seldom reads an entry back, and writing every program cost more than it saved (a clean-clone
+# run took 19 min without, 21 to 25 with). The training runs the tests start in subprocesses keep theirs
+# ($LRA_CORE_CACHE/jax_compile, lra_core/compile_cache.py), where a resumed run reads its steps back.
 jax.config.update("jax_enable_compilation_cache", False)
 
 
@@ -49,6 +49,21 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """Each test file's compiled programs are dropped when it ends. XLA:CPU maps every executable's code into
+  memory of its own (about three mappings each), and a worker that keeps every program of hundreds of
+  files reaches the kernel's limit of 65,530 mappings (vm.max_map_count): the next compile or load then
+  segfaults (seen in clean-clone runs at 86%, in compile, serialize and deserialize alike)."""
+  yield
+  mappings = lambda: sum(1 for _ in open("/proc/self/maps")) if os.path.exists("/proc/self/maps") else 0
+  before = mappings()
+  jax.clear_caches()
+  gc.collect()
+  if os.environ.get("LRA_CORE_TEST_MAPS"):  # to watch it: pytest -s with LRA_CORE_TEST_MAPS=1
+    print(f"\nmemory mappings: {before} at the end of the file, {mappings()} after dropping its programs", flush=True)
 
 
 @pytest.fixture
