@@ -248,8 +248,7 @@ class _Watchdog:
     sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash)."""
     if self.stopped.is_set():
       return
-    _LEAVING.set()
-    print(f"error: {line}; stopping process {self.process} as well.", file=sys.stderr, flush=True)
+    _say_and_leave(f"error: {line}; stopping process {self.process} as well.")
     if acknowledge:
       _acknowledge(self.client, self.process)
     leave(status, self.process)  # from this thread: the main thread may be blocked in a collective
@@ -257,6 +256,17 @@ class _Watchdog:
 
 _watchdog: _Watchdog | None = None
 _LEAVING = threading.Event()
+# Held while a thread marks the process as leaving and says why: the main thread, failing the same way
+# at that moment, waits in `leaving()` for the line instead of exiting silently before it is printed.
+_SAYING = threading.Lock()
+
+
+def _say_and_leave(line: str) -> None:
+  """Marks this process as ending for another's failure and prints `line` (once: the first caller's)."""
+  with _SAYING:
+    if not _LEAVING.is_set():
+      _LEAVING.set()
+      print(line, file=sys.stderr, flush=True)
 
 
 # What the collectives' transport says when the process at the other end is gone (CPU: Gloo over TCP).
@@ -294,16 +304,15 @@ def _silent_peer() -> str:
 
 def stop_for_lost_peer(line: str) -> None:
   """Ends this process for a peer that is gone: its line once, status EXIT_PEER_FAILED."""
-  if not leaving():
-    _LEAVING.set()
-    print(f"error: {line}; stopping process {jax.process_index()} as well.", file=sys.stderr, flush=True)
+  _say_and_leave(f"error: {line}; stopping process {jax.process_index()} as well.")
   leave(EXIT_PEER_FAILED)
 
 
 def leaving() -> bool:
   """Whether this process is ending for another process's failure, its line said already (the main
-  thread, failing the same way a moment later, need not say its own)."""
-  return _LEAVING.is_set()
+  thread, failing the same way a moment later, need not say its own); waits for a line being said."""
+  with _SAYING:
+    return _LEAVING.is_set()
 
 
 def start_watchdog(peer_timeout_s: float = PEER_TIMEOUT_S) -> None:

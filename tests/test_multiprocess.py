@@ -18,7 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -347,6 +349,32 @@ def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_
     line = distributed.lost_peer(wrapped)
   assert line.startswith("process 1 dropped out of a collective (UNKNOWN: Gloo AllGather failed")
   assert distributed.lost_peer(OSError("GCS: Connection reset by peer")) is None
+
+
+def test_the_main_thread_failing_as_the_watchdog_stops_waits_for_the_watchdog_s_line(monkeypatch, capsys):
+  """The watchdog reads a peer's failure and says it while the main thread, failing the same way, asks
+  `leaving()` to skip its own line: it gets its answer only once the line is out (a clean-clone run's
+  process 1 exited 2 with no line: the main thread left between the watchdog's mark and its print)."""
+  monkeypatch.setattr(distributed, "_LEAVING", threading.Event())
+  monkeypatch.setattr(distributed, "leave", lambda status, process=None: None)  # stays to be looked at
+  printing = threading.Event()
+
+  def slow_print(*args, **kwargs):
+    printing.set()
+    time.sleep(0.5)  # a loaded host: the thread loses the processor between the mark and the line
+    print(*args, **kwargs)
+
+  monkeypatch.setattr(distributed, "print", slow_print, raising=False)
+  client = types.SimpleNamespace(key_value_set=lambda *a, **k: None)
+  watchdog = distributed._Watchdog(client, 1, 2)
+  thread = threading.Thread(
+    target=watchdog._stop_process, args=("process 0 failed: workdir x",), kwargs=dict(acknowledge=True, status=2)
+  )
+  thread.start()
+  printing.wait(5)
+  assert distributed.leaving()
+  assert "error: process 0 failed: workdir x; stopping process 1 as well." in capsys.readouterr().err
+  thread.join()
 
 
 @pytest.mark.slow
