@@ -281,9 +281,16 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
       return "the GPU kernel takes no offset between queries and keys: ring attention on the XLA core"
     if window and t > window:
       return "a sliding window over a split sequence reads only its neighbours' steps, on the XLA core"
-    local = t // toolkit.sequence_slices(t)
+    n = toolkit.sequence_slices(t)
+    local = t // n
     if local % 128:
       return f"a chip's slice of {local} steps is not whole 128-step blocks: ring attention on the XLA core"
+    lists = _split_lists_bytes(t, n, context.zigzag_ahead(t))
+    if lists > SCALAR_MEMORY_BUDGET:
+      return (
+        f"splash's block lists for {t:,} steps over {n} chips would take {lists / 2**20:.1f} MiB of a chip's "
+        f"scalar memory (at most {SCALAR_MEMORY_BUDGET / 2**20:.1f}): ring attention on the XLA core"
+      )
   if t < 128:
     return f"the length {t} is shorter than the kernel's 128-step block"
   if impl == "triton":
@@ -390,6 +397,28 @@ def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, sca
   return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=kv_heads, length=t)
 
 
+# Splash fetches its block lists into the chip's scalar memory (SMEM): 1 MiB on a v5p (libtpu refused a
+# 2 MiB list there, a 16.8M-token Block Transformer row's); half of it for the lists, the rest for the
+# kernel's other scalars.
+SCALAR_MEMORY_BUDGET = 2**19
+
+
+def _split_lists_bytes(t: int, n: int, zigzag: bool) -> int:
+  """The most bytes of block lists (data_next and block_mask) `_split_splash`'s kernel for t steps over n
+  chips puts in one chip's scalar memory: a row of query blocks may visit every key block."""
+  size = _split_block(t // n, zigzag)
+  rows, columns = t // n // size, t // size
+  # block_mask int8; data_next (a key block's index) in the narrowest type holding columns - 1
+  entry = 1 + (1 if columns <= 128 else 2 if columns <= 32768 else 4)
+  return rows * columns * entry
+
+
+def _split_block(local: int, zigzag: bool) -> int:
+  """`_split_splash`'s square blocks: as on one chip; in the zig-zag order no larger than a piece where a
+  piece holds whole blocks, so a block's rows are one piece's and its skipped key blocks the piece's."""
+  return (zigzag and block(local // 2)) or block(local)
+
+
 @functools.lru_cache(maxsize=16)
 def _whole_sequence_kernel(
   t: int, n: int, kv_heads: int, causal: bool, zigzag: bool, soft_cap: float, interpret: bool
@@ -397,9 +426,7 @@ def _whole_sequence_kernel(
   """The splash kernel over a whole [T,T] mask for queries split over n chips, and the (query, key)
   score entries per row and head that the busiest chip's blocks hold (for the cost scope)."""
   local = t // n
-  # Square blocks, as on one chip; in the zig-zag order no larger than a piece where a piece holds whole
-  # blocks, so a block's rows are one piece's and its skipped key blocks the piece's.
-  size = (zigzag and block(local // 2)) or block(local)
+  size = _split_block(local, zigzag)
   sizes = _block_sizes(size, size)
   settings = dict(block_sizes=sizes, is_mqa=kv_heads == 1, soft_cap=soft_cap or None, interpret=interpret)
   # The block lists in numpy, at any length (splash's own make walks the mask block by block: an hour at

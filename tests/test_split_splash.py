@@ -157,9 +157,16 @@ def test_each_chip_holds_the_block_lists_of_its_own_rows(zigzag):
     ("triton", 0, T, "the GPU kernel takes no offset between queries and keys"),
     ("splash", 64, T, "a sliding window over a split sequence reads only its neighbours' steps"),
     ("splash", 0, T // 2, "a chip's slice of 64 steps is not whole 128-step blocks"),
+    # a chip's one query block of 128 steps against 8 key blocks: 8 x (1 + 1) bytes, over a budget of 15
+    ("splash", 0, T, "splash's block lists for 1,024 steps over 8 chips would take 0.0 MiB of a chip's scalar memory"),
   ],
 )
-def test_what_the_split_kernel_cannot_take_runs_as_ring_attention_with_one_line(impl, window, length, why, caplog):
+def test_what_the_split_kernel_cannot_take_runs_as_ring_attention_with_one_line(
+  impl, window, length, why, caplog, monkeypatch
+):
+  if why.startswith("splash's block lists"):  # a scalar memory too small for 16 bytes of lists
+    monkeypatch.setattr(library, "SCALAR_MEMORY_BUDGET", 15)
+    assert library._split_lists_bytes(T, 8, True) == 16
   q, k, v, segments, valid = (x[:, :length] for x in inputs(2))
   masks = dict(causal=True, window=window, segments=segments, k_valid=valid)
   library._NOTED.clear()
