@@ -18,7 +18,8 @@ tokens as whole rows held. Transformer-VQ takes its whole sequence in one update
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
 baseline is FLASH's Transformer+ on PG-19: whole rows, its attention on splash (model.attention_impl
 "auto": the scores never formed, so its memory grows with the length, not its square); split, ring
-attention (kernels/ring_attention.py), each step's slice-pair scores formed by XLA. The Block
+attention (kernels/ring_attention.py, model.attention_impl "xla"), each step's slice-pair scores formed
+by XLA: the longest rows (splash over the gathered keys is faster, shorter). The Block
 Transformer (C4, 302m) and FIT-AR (ImageNet 64x64) have no PG-19 config: theirs are compiled, the
 Block Transformer without random-length padding (a row's blocks stay where the split puts them),
 FIT-AR at 3 x 2^k tokens (its groups are 192 tokens). Records are kept and reused like tpu_fit's
@@ -45,14 +46,22 @@ class Family:
   start: int = 65536  # tokens per device the whole-rows search starts from
   unit: int = 1  # lengths are unit x a power of two (a row of groups that are not a power of two long)
   slices: tuple[str, ...] = ()  # the slices (SLICES' names) searched; () for all
+  split_extra: tuple[str, ...] = ()  # overrides of the split rows only
 
 
 FAMILIES = (
   Family("Latte", "configs/pg19/latte.py"),
   Family("Transformer-VQ", "configs/pg19/transformer_vq.py", ("train.update_len=0",)),
   Family("FLASH", "configs/pg19/flash.py"),
-  # T x T scores per head: a shorter start saves the compiles a linear guess would waste.
-  Family("Transformer+ (full attention)", "configs/pg19/transformer.py:flash", start=8192),
+  # T x T scores per head: a shorter start saves the compiles a linear guess would waste. Split, ring
+  # attention: splash over the gathered keys (the default on TPU) is faster but holds shorter rows
+  # (its keys whole on every chip, its block lists in scalar memory: docs/long_context.md).
+  Family(
+    "Transformer+ (full attention)",
+    "configs/pg19/transformer.py:flash",
+    start=8192,
+    split_extra=("model.attention_impl=xla",),
+  ),
   # (the v3-32 searches of these two are not compiled yet)
   Family(
     "Block Transformer (C4, 302m)", "configs/c4/block_transformer.py", ("data.block_padding=0",), slices=("v5p-64",)
@@ -74,7 +83,7 @@ def _row(family: Family, topology: str, devices: int, split: bool, t: int) -> Ro
     f"{family.name}, {t:,} tokens",
     family.spec,
     topology,
-    (*mesh, f"train.seq_len={t}", *family.extra),
+    (*mesh, f"train.seq_len={t}", *family.extra, *(family.split_extra if split else ())),
     common=COMMON + ("model.remat=full",),
   )
 
@@ -171,7 +180,9 @@ def long_context(ctx: Context) -> Result:
     "Sequence axis: one row split over every device (mesh sequence = every device, batch 1). "
     "Transformer-VQ takes its whole sequence as one update window (with windows it trains any length). "
     "The full-attention baseline is FLASH's Transformer+ (486M parameters, beside FLASH's 496M), its attention "
-    "on the splash kernel for whole rows (`model.attention_impl` auto) and ring attention on XLA's scores split. "
+    "on the splash kernel for whole rows (`model.attention_impl` auto) and ring attention on XLA's scores split "
+    "(`model.attention_impl=xla`: splash over every chip's gathered keys, the default on TPU, is faster but "
+    "holds shorter rows, docs/long_context.md). "
     "The Block Transformer (302m, without random-length padding) and FIT-AR split their global attention "
     "(the block decoder, the global layers over latents) by ring attention and keep the rest local; "
     f"{' and '.join(f.name.split(' (')[0] for f in FAMILIES if f.slices)} are searched on "
