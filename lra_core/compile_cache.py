@@ -78,9 +78,8 @@ def setup(setting: str, workdir) -> str | None:
   if folder is None:
     return None
   if jax.process_count() > 1:
-    # JAX's cache key does not tell a multi-process client's executables (they carry its cross-process
-    # collectives) from a single process's of the same program: loading one into the other crashed
-    # XLA:CPU (deserialize_executable). Each process count keeps its own entries.
+    # A multi-process client's executables carry its cross-process collectives: each process count keeps
+    # its entries apart, so that no run reads back a program compiled for another count of processes.
     folder = os.fspath(fs.path(folder) / f"{jax.process_count()}_processes")
   jax.config.update("jax_compilation_cache_dir", folder)
   compilation_cache.reset_cache()  # JAX decides once per process whether to use a cache: decide again

@@ -59,9 +59,7 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None
     # 2 devices a process; the compiler's fast mode keeps this test cheap.
     XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
     " --xla_cpu_use_fusion_emitters=false",
-    # A folder of their own: JAX's cache key does not tell a two-process client's executables (which carry
-    # its cross-process collectives) from one process's, and the suite's single-process runs that loaded
-    # them crashed in XLA:CPU's deserialize_executable (lra_core/compile_cache.py).
+    # A folder of their own, as a multi-process run keeps its entries apart (lra_core/compile_cache.py).
     JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache" / "two_processes"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
   )

@@ -353,8 +353,8 @@ def test_sample_every_is_for_image_tasks():
 
 
 def test_a_multi_process_run_keeps_its_compiled_steps_apart(tmp_path, monkeypatch):
-  """A run of 2 processes uses <cache>/2_processes: JAX's key does not tell its executables from a single
-  process's, and loading one into the other crashed XLA:CPU (lra_core/compile_cache.py)."""
+  """A run of 2 processes uses <cache>/2_processes: programs compiled for another count of processes stay
+  apart (lra_core/compile_cache.py)."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   with persistent_cache_on():
     folder = compile_cache.setup(str(tmp_path / "cache"), tmp_path / "run")
