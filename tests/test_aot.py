@@ -15,6 +15,7 @@ import pytest
 
 import fixtures
 import lra_core
+import tiers
 from fixtures import listops
 from lra_core import aot, aot_report, aot_targets, chips, cli, hlo_cost, layout, sharding, step_compile
 from lra_core.errors import ResourceError
@@ -378,7 +379,9 @@ TPU_MEMORY_BUDGETS = [
 ]
 
 
-@pytest.mark.parametrize("spec, overrides, measured_mib", TPU_MEMORY_BUDGETS, ids=["transformer_vq", "latte"])
+@pytest.mark.parametrize(
+  "spec, overrides, measured_mib", tiers.quick(TPU_MEMORY_BUDGETS, keep=[1], ids=["transformer_vq", "latte"])
+)
 def test_reduced_paper_steps_keep_their_tpu_temporaries(spec, overrides, measured_mib):
   if not chips.libtpu_installed():
     pytest.skip("libtpu is not installed")

@@ -19,6 +19,7 @@ import pytest
 from test_sharding import TOLERANCE, train
 
 import lra_core
+import tiers
 from lra_core import config as config_lib
 from lra_core import layout, optim, sharding
 from lra_core.config import DEFAULT_RULES
@@ -145,9 +146,10 @@ VARIANTS = {
 
 
 def split_cases(names):
-  """(name, mesh) pairs: every mesh for a family's first config, VARIANT_MESHES for its variants."""
+  """(name, mesh) pairs: every mesh for a family's first config, VARIANT_MESHES for its variants (in the
+  full suite: the quick tier keeps each family's first config on the quick mesh)."""
   return [
-    pytest.param(name, mesh, marks=marks(mesh))
+    pytest.param(name, mesh, marks=pytest.mark.slow if name in VARIANTS else marks(mesh))
     for name in names
     for mesh in (VARIANT_MESHES if name in VARIANTS else MESHES)
   ]
@@ -285,6 +287,7 @@ def test_split_step_holds_a_chip_s_share_of_the_rows_it_cuts_into_blocks(name):
   assert split < whole / 5, (whole, split)
 
 
+@pytest.mark.slow
 def test_resumed_with_another_sequence_split_ends_where_the_uninterrupted_run_ends(tmp_path):
   spec = "configs/enwik8/linear_transformer.py:tiny"
   text = tmp_path / "corpus.txt"
@@ -357,7 +360,7 @@ def test_bidirectional_latte_kernel_split_equals_whole(impl):
   split_equals_whole(fn, (q, k, v), 2, 4)
 
 
-@pytest.mark.parametrize("impl", flash_kernels.IMPLS)
+@pytest.mark.parametrize("impl", tiers.quick(list(flash_kernels.IMPLS), keep=[0]))
 def test_mixed_chunk_attention_split_equals_whole(impl):
   """Every form of FLASH's global part: causal or not, "sum" or "mean", documents (one row's
   boundaries on the chips' edges), padding."""

@@ -242,6 +242,7 @@ def test_an_error_on_one_process_ends_every_process_at_once(runs, tmp_path):
   assert t0 is not None and t1 is not None and max(t0, t1) - min(t0, t1) < 30, (t0, t1)
 
 
+@pytest.mark.slow
 def test_a_one_sentence_error_on_one_process_is_status_2_on_both(runs, tmp_path):
   """Process 0 alone takes the workdir's lock, and finds it held by a live run (bad input: one sentence,
   status 2) while process 1 goes on to the step's collectives: both exit 2, so a supervisor reading

@@ -120,6 +120,7 @@ def test_a_metrics_file_the_store_will_not_take_is_one_sentence(tmp_path):
   writer.close()
 
 
+@pytest.mark.slow
 def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
   reference, expected = uninterrupted
   workdir = fake_gcs("run")
