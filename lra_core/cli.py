@@ -258,7 +258,8 @@ def run(main: Callable[[], None]) -> None:
       distributed.stop_for_lost_peer(lost)
     _failed(e)
   except KeyboardInterrupt:
-    print("aborted (Ctrl-C).", file=sys.stderr)
+    if not distributed.claim_end("aborted (Ctrl-C).", EXIT_INTERRUPTED):
+      distributed.leave(EXIT_INTERRUPTED)  # a peer's failure ends this process already, its line said
     distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
     if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/startup.py)
       startup.leave_now(EXIT_INTERRUPTED)
@@ -267,15 +268,17 @@ def run(main: Callable[[], None]) -> None:
 
 def _failed(e: Exception) -> None:
   """A UserError's one sentence and status 2; anything else a crash: the traceback and status 1."""
+  # In a multi-process run the watchdog may be ending this process for a peer's failure at this moment
+  # (this error often its consequence): then its line stands, and this process leaves with its status.
   if isinstance(e, UserError):
-    if not distributed.leaving():
-      print(f"error: {e}", file=sys.stderr)
+    if not distributed.claim_end(f"error: {e}", EXIT_USER_ERROR):
+      distributed.leave(EXIT_USER_ERROR)
     distributed.report_failure(str(e), EXIT_USER_ERROR)
     if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(EXIT_USER_ERROR)
+      startup.leave_now(EXIT_USER_ERROR)
     sys.exit(EXIT_USER_ERROR)
+  if not distributed.claim_end(None, EXIT_CRASH):
+    distributed.leave(EXIT_CRASH)
   distributed.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
   raise e  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
 

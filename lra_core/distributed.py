@@ -54,6 +54,7 @@ import traceback
 
 import jax
 
+from lra_core import startup
 from lra_core.errors import ConfigError, brief
 
 MODES = ("auto", "on", "off")
@@ -245,28 +246,41 @@ class _Watchdog:
 
   def _stop_process(self, line: str, *, acknowledge: bool, status: int = EXIT_PEER_FAILED) -> None:
     """Says why and exits with `status`: the failing process's own (a supervisor reading any process
-    sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash)."""
-    if self.stopped.is_set():
+    sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash). Nothing, if this process
+    is ending already (its own failure, said by the main thread)."""
+    said = f"error: {line.rstrip('.')}; stopping process {self.process} as well."  # the peer's sentence ends in "."
+    if self.stopped.is_set() or not claim_end(said, status):
       return
-    _say_and_leave(f"error: {line}; stopping process {self.process} as well.")
     if acknowledge:
       _acknowledge(self.client, self.process)
     leave(status, self.process)  # from this thread: the main thread may be blocked in a collective
 
 
 _watchdog: _Watchdog | None = None
-_LEAVING = threading.Event()
-# Held while a thread marks the process as leaving and says why: the main thread, failing the same way
-# at that moment, waits in `leaving()` for the line instead of exiting silently before it is printed.
-_SAYING = threading.Lock()
+
+# How this process ends: the first of its own failure (the main thread), a peer's report, a silent peer
+# or a lost coordinator (the watchdog) to claim the end says its line and sets the exit status, under one
+# lock; whichever thread comes later says nothing and leaves with that status. Without it a process could
+# say one cause and exit with another's status, or say two lines, or (a thread leaving between another's
+# mark and its line) none.
+_ENDING = threading.Lock()
+_claim: tuple[int, threading.Thread] | None = None  # (exit status, the claiming thread)
+CLAIMANT_WAIT_S = 5.0  # how long a later thread lets the claiming one finish (acknowledge, then exit)
 
 
-def _say_and_leave(line: str) -> None:
-  """Marks this process as ending for another's failure and prints `line` (once: the first caller's)."""
-  with _SAYING:
-    if not _LEAVING.is_set():
-      _LEAVING.set()
+def claim_end(line: str | None, status: int) -> bool:
+  """Makes `status` the exit status of this multi-process run's process and prints `line` on stderr,
+  unless another thread has claimed its end: then False, and that thread's line is out (a caller
+  waiting on the claim returns once it is). In one process: prints and returns True."""
+  global _claim
+  with _ENDING:
+    if _claim is not None:
+      return False
+    if _client() is not None:  # a repeated in-process command (a test, a notebook) is never ended by one
+      _claim = (status, threading.current_thread())
+    if line is not None:
       print(line, file=sys.stderr, flush=True)
+    return True
 
 
 # What the collectives' transport says when the process at the other end is gone (CPU: Gloo over TCP).
@@ -303,16 +317,10 @@ def _silent_peer() -> str:
 
 
 def stop_for_lost_peer(line: str) -> None:
-  """Ends this process for a peer that is gone: its line once, status EXIT_PEER_FAILED."""
-  _say_and_leave(f"error: {line}; stopping process {jax.process_index()} as well.")
+  """Ends this process for a peer that is gone: its line once, status EXIT_PEER_FAILED (or the status of
+  an end another thread claimed first, its line said)."""
+  claim_end(f"error: {line}; stopping process {jax.process_index()} as well.", EXIT_PEER_FAILED)
   leave(EXIT_PEER_FAILED)
-
-
-def leaving() -> bool:
-  """Whether this process is ending for another process's failure, its line said already (the main
-  thread, failing the same way a moment later, need not say its own); waits for a line being said."""
-  with _SAYING:
-    return _LEAVING.is_set()
 
 
 def start_watchdog(peer_timeout_s: float = PEER_TIMEOUT_S) -> None:
@@ -383,12 +391,20 @@ def _acknowledge(client, process: int) -> None:
 
 
 def leave(status: int, process: int | None = None) -> None:
-  """Exits now with `status`, without JAX's shutdown barrier (or the interpreter's teardown, which waits
-  for stuck threads); in a multi-process run process 0, which hosts the coordination service,
-  EXIT_MARGIN_S later, so that no other process outlives it."""
-  process = jax.process_index() if process is None else process
-  sys.stdout.flush()
-  sys.stderr.flush()
-  if process == 0 and jax.process_count() > 1:
-    time.sleep(EXIT_MARGIN_S)
-  os._exit(status)
+  """Exits now with `status` (or the status of the end claimed by `claim_end`), without JAX's shutdown
+  barrier (or the interpreter's teardown, which waits for stuck threads); in a multi-process run process
+  0, which hosts the coordination service, EXIT_MARGIN_S later, so that no other process outlives it."""
+  with _ENDING:
+    claim = _claim
+  if claim is not None and claim[1] is not threading.current_thread():
+    # Another thread claimed the end: it acknowledges a peer's report, then exits (which ends this one).
+    time.sleep(CLAIMANT_WAIT_S)
+  if claim is not None:
+    status = claim[0]
+  if _client() is not None:
+    process = jax.process_index() if process is None else process
+    if process == 0 and jax.process_count() > 1:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      time.sleep(EXIT_MARGIN_S)
+  startup.leave_now(status)

@@ -71,11 +71,16 @@ def in_command() -> bool:
 
 
 def leave_now(status: int):
-  """Ends a command at once with `status`, without the interpreter's teardown: after a Ctrl-C, XLA's
-  compile threads may still be running, and tearing the interpreter down under them has crashed it
-  (SIGSEGV, exit status 139) after the command had said it was aborting."""
+  """Ends the process at once with `status`, without the interpreter's teardown (after a Ctrl-C, XLA's
+  compile threads may still be running, and tearing the interpreter down under them has crashed it,
+  SIGSEGV, exit status 139, after the command had said it was aborting; a multi-process run leaves
+  without JAX's shutdown barrier). What was written to stderr reaches it first, also from inside
+  `noise_dropped`: a line said by another thread while the main thread starts the backends would
+  otherwise die in the filter's pipe with the process."""
   sys.stdout.flush()
   sys.stderr.flush()
+  for active in reversed(_FILTERS):
+    active.end(join_timeout_s=1.0)
   os._exit(status)
 
 
@@ -90,31 +95,60 @@ def start_backends() -> None:
       jax.devices()
 
 
+class _Filter:
+  """Fd 2 through a pipe, drained by a thread; `end` (once, from any thread) puts the real stderr back
+  and writes every line read but NOISE to it, in order."""
+
+  def __init__(self, saved: int):
+    self.saved = saved
+    self.read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    self.chunks: list[bytes] = []
+    self.ended = False
+    self.lock = threading.Lock()  # `end` runs once: the main thread leaving the context, or a leaving thread
+    # A thread drains the pipe, so a writer is never blocked on a full pipe while JAX imports.
+    self.reader = threading.Thread(target=self._drain, daemon=True)
+    self.reader.start()
+
+  def _drain(self) -> None:
+    while chunk := os.read(self.read_end, 65536):
+      self.chunks.append(chunk)  # one by one: a leaving thread that stops waiting writes what came
+
+  def end(self, join_timeout_s: float | None = None) -> None:
+    with self.lock:
+      if self.ended:
+        return
+      self.ended = True
+      sys.stderr.flush()
+      os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees its end
+      os.close(self.saved)
+      # A leaving thread does not wait long: a child started inside may hold a copy of the write end.
+      self.reader.join(join_timeout_s)
+      if not self.reader.is_alive():
+        os.close(self.read_end)
+      kept = b"".join(line for line in b"".join(self.chunks).splitlines(keepends=True) if not NOISE.fullmatch(line))
+      while kept:
+        kept = kept[os.write(2, kept) :]
+
+
+_FILTERS: list[_Filter] = []  # the filters in effect, innermost last (leave_now ends them)
+
+
 @contextlib.contextmanager
 def noise_dropped() -> Iterator[None]:
-  """While inside, what is written to file descriptor 2 passes through a pipe; on leaving, every
-  line but NOISE is written to the real stderr, in order."""
+  """While inside, what is written to file descriptor 2 passes through a pipe; on leaving (or at
+  `leave_now`, from any thread), every line but NOISE is written to the real stderr, in order."""
   try:
     sys.stderr.flush()
     saved = os.dup(2)
   except (AttributeError, OSError, ValueError):  # no real stderr (an embedding host): nothing to filter
     yield
     return
-  read_end, write_end = os.pipe()
-  os.dup2(write_end, 2)
-  os.close(write_end)
-  chunks: list[bytes] = []
-  # A thread drains the pipe, so a writer is never blocked on a full pipe while JAX imports.
-  reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")), daemon=True)
-  reader.start()
+  active = _Filter(saved)
+  _FILTERS.append(active)
   try:
     yield
   finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)  # closes the pipe's last write end: the reader sees its end
-    os.close(saved)
-    reader.join()
-    os.close(read_end)
-    kept = b"".join(line for line in b"".join(chunks).splitlines(keepends=True) if not NOISE.fullmatch(line))
-    while kept:
-      kept = kept[os.write(2, kept) :]
+    active.end()
+    _FILTERS.remove(active)

@@ -21,7 +21,6 @@ import collections
 import contextlib
 import faulthandler
 import logging
-import os
 import statistics
 import sys
 import threading
@@ -34,10 +33,9 @@ RECENT = 50  # steps whose median sets the limit
 
 
 def _leave(status: int, message: str) -> None:
-  distributed.report_failure(message, status)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)
+  if distributed.claim_end(None, status):  # else a peer's failure ends this process already, its line said
+    distributed.report_failure(message, status)
+  distributed.leave(status)
 
 
 def _stderr():
