@@ -6,6 +6,7 @@ import json
 import logging
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -17,6 +18,7 @@ from lra_core import evaluate, fs, layout, optim, sample
 from lra_core.checkpoint import restore_params
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.state import make_state_spec
+from lra_core.steps import make_eval_step
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
@@ -272,3 +274,44 @@ def test_training_samples_from_a_model_in_memory(spec):
   assert images.shape == (3, 8, 8, 3) and images.dtype == np.uint8
   np.testing.assert_array_equal(images, sample.training_samples(config, model, jax.random.key(1), 3))
   assert sample.grid(images).shape == (2 * 9 + 1, 2 * 9 + 1, 3)
+
+
+def test_the_evaluator_keeps_at_most_two_steps_in_flight(listops_run, monkeypatch):
+  """Each eval step is started while the one before it runs, and waited for before the next: dispatched
+  all at once (a whole test split), XLA:CPU's devices, which share one thread pool, deadlock in their
+  collectives past a few hundred queued programs and abort. Here every step ends in matrix products that
+  keep the devices busy far longer than the host takes to start it, so without the wait each call would
+  find all the earlier steps still running."""
+  config, workdir, _ = listops_run
+  overrides = [f"data.cache_dir={workdir.parent / 'cache'}", "train.eval_batch_size=8", "mesh.data=2", "mesh.fsdp=4"]
+  config = lra_core.load_config(LISTOPS, overrides)
+
+  def slowed(step):
+    def slow_step(*args):
+      metrics, carry = step(*args)
+      busy = jnp.full((384, 384), 1e-3) * jnp.sum(jax.tree.leaves(metrics)[0])
+      for _ in range(8):
+        busy = jnp.tanh(busy @ busy)
+      return jax.tree.map(lambda m: m + (0 * jnp.sum(busy)).astype(m.dtype), metrics), carry
+
+    return slow_step
+
+  running, started = [], []
+  real_init = evaluate.Evaluator.__init__
+
+  def init(self, *args):
+    real_init(self, *args)
+    step = self.step
+
+    def counted(*args):
+      running.append(sum(not all(x.is_ready() for x in jax.tree.leaves(out)) for out in started))
+      out = step(*args)
+      started.append(out)
+      return out
+
+    self.step = counted
+
+  monkeypatch.setattr(evaluate, "make_eval_step", lambda *a: slowed(make_eval_step(*a)))
+  monkeypatch.setattr(evaluate.Evaluator, "__init__", init)
+  evaluate.evaluate(config, workdir, "test", write=False)
+  assert len(running) == 5 and max(running) <= 1, running  # 40 examples, 8 a step
