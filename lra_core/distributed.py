@@ -32,7 +32,8 @@ thread is blocked; a lost coordinator is status 1 (EXIT_PEER_FAILED). The
 failing process waits until the others have seen the line (the store lives in process 0, so
 process 0 must outlive their read), at most FAILURE_GRACE_S, and exits without the barrier; processes
 failing at the same moment (a store they all wait on) do not wait for each other, and process 0 leaves
-last.
+last. Within a process, its own failure and a peer's report arriving together, the first to claim the end
+(`claim_end`) says the one line and sets the exit status; the other thread says nothing.
 A process that dies without a word (SIGKILL, a lost host) leaves the others blocked in a collective;
 JAX's coordination service notices after its heartbeat timeout (100 s) and aborts every process
 (SIGABRT, a fatal log line and a native stack). Before that, the watchdogs notice: each renews a
