@@ -115,22 +115,24 @@ class _Process:
         self.exits.append((status, self.capsys.readouterr().err, threading.current_thread().name))
     raise _Exited
 
-  def thread(self, name, target):
+  def thread(self, name, target, *, first=None):
     def run():
       try:
+        if first is not None:
+          first()
         target()
       except (_Exited, SystemExit):
         pass
 
     return threading.Thread(target=run, name=name, daemon=True)
 
-  def peer_fails(self):
-    """Process 0's report in the store, and this process's watchdog, which reads it."""
+  def peer_fails(self, first=None):
+    """Process 0's report in the store, and this process's watchdog, which reads it (after `first`)."""
     try:
       self.store.key_value_set(distributed.FAILURE_KEY, json.dumps(dict(process=0, status=PEER_STATUS, line=PEER_LINE)))
     except RuntimeError:  # this process reported first: the peer's watchdog reads that (the real store's order)
       pass
-    return self.thread("watchdog", self.watchdog._watch)
+    return self.thread("watchdog", self.watchdog._watch, first=first)
 
 
 def _own_failure(action):
@@ -217,19 +219,23 @@ def test_the_main_thread_held_at_each_step_of_its_own_failure_as_a_peer_s_arrive
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ACTIONS)
 def test_both_threads_at_once_with_random_pauses_at_every_step(monkeypatch, capsys, action):
-  """300 runs of both ways out at once, each step after a random pause of up to 3 ms, each thread
-  started first in half of them: whichever claims first, the process says exactly its line and leaves
-  with its status."""
+  """300 runs of both ways out at once, each step after a random pause of up to 3 ms: whichever claims
+  first, the process says exactly its line and leaves with its status."""
   seen = set()
   for seed in range(300):
     with monkeypatch.context() as m:
       process = _Process(m, capsys)
       process.jitter = random.Random(seed)
       m.setattr(distributed, "CLAIMANT_WAIT_S", 0.02)
-      watchdog = process.peer_fails()
-      main = process.thread("main", _own_failure(action))
-      for thread in (watchdog, main) if seed % 2 else (main, watchdog):  # each starts first in half the runs
-        thread.start()
+      # Both leave a barrier together, each after its own random delay of up to 10 ms: longer than either
+      # way takes to its claim, so that each thread claims first in many of the runs.
+      together = threading.Barrier(2)
+      delays = [process.jitter.uniform(0, 0.01) for _ in range(2)]
+      starts = [lambda d=d: (together.wait(10), time.sleep(d)) for d in delays]
+      watchdog = process.peer_fails(first=starts[0])
+      main = process.thread("main", _own_failure(action), first=starts[1])
+      watchdog.start()
+      main.start()
       watchdog.join(10)
       main.join(10)
       assert not watchdog.is_alive() and not main.is_alive()
