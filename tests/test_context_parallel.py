@@ -1,7 +1,7 @@
 """One sequence split over chips (mesh.sequence, kernels/context.py) computes what one chip computes.
 
 Oracle: the same step with the time axis whole. On 8 host devices, every family that splits a
-sequence trains with mesh.sequence 2, 4 and 8 and with data 2 x sequence 4 to the unsplit losses and
+sequence trains with mesh.sequence 2 and 8 and with data 2 x sequence 4 to the unsplit losses and
 parameters (float32 rounding: sums are reduced in another order), with packed documents whose
 boundaries fall on and off the chips' boundaries; the kernels alone match in values and gradients
 with the XLA and the Pallas (interpret) cores; the compiled step moves no activation's whole time
@@ -36,9 +36,11 @@ from lra_core.tasks import make_task
 from lra_core.train import train_and_evaluate
 
 ONE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.sequence=1"]
+# The fewest chips (a ring of 2: both neighbours are one chip), the most (8: one block or chunk per chip
+# in most configs), and a split of 4 beside a data axis. mesh.sequence 4 alone, the last one's split without
+# its data axis, is left out (every family's first config on it: 48 s of the full suite's test time).
 MESHES = {
   "sequence2": ["mesh.data=1", "mesh.sequence=2"],
-  "sequence4": ["mesh.data=1", "mesh.sequence=4"],
   "sequence8": ["mesh.data=1", "mesh.sequence=8"],
   "data2_sequence4": ["mesh.data=2", "mesh.sequence=4"],
 }

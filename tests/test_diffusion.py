@@ -1,7 +1,6 @@
 """Pixel diffusion: noise schedules, prediction conversions, samplers, the FIT denoiser (grouping,
-RIN / FIT shapes, latent self-conditioning), that the loss falls, and the real trainer end to end."""
-
-import json
+RIN / FIT shapes, latent self-conditioning), that the loss falls. The trainer's tiny run, its logs,
+sample grids and evaluated checkpoint: tests/test_workdir_tools.py (one run for every check on it)."""
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +16,8 @@ from lra_core import diffusion, registry
 from lra_core import sample as sample_lib
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.evaluate import evaluate
 from lra_core.models import fit_denoiser
 from lra_core.tasks import make_task
-from lra_core.train import train_and_evaluate
 
 SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
 SCHEDULES = ["cosine", "sigmoid", "sigmoid@-3,3,1.1", "cosine@0.2,1,1", "linear"]
@@ -447,16 +444,3 @@ def test_diffusion_loss_decreases_on_a_tiny_image_set():
     params, opt_state, _ = step(params, opt_state, jax.random.key(i))
   after = float(held_out(params))
   assert np.isfinite(before) and after < 0.6 * before, (before, after)
-
-
-@pytest.mark.slow
-def test_tiny_config_trains_with_the_real_trainer_and_evaluates_its_checkpoint(tmp_path):
-  config = _config(*fx.build(tmp_path), "train.log_every=1")
-  summary = train_and_evaluate(config, tmp_path / "run")
-  assert summary["step"] == 4 and np.isfinite(summary["val_loss"]) and np.isfinite(summary["test_loss"])
-  logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-  losses = [r["train_loss"] for r in logged if "train_loss" in r]
-  assert len(losses) == 4 and np.all(np.isfinite(losses))
-  # Round trip: the restored checkpoint gives the same test loss (evaluation draws fixed t and noise).
-  again = evaluate(config, tmp_path / "run", "test")
-  assert again["step"] == 4 and again["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)

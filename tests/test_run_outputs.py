@@ -327,27 +327,6 @@ def test_an_object_store_without_its_package_is_one_sentence(monkeypatch):
     fs.path("memory://x/run", what="workdir")
 
 
-@pytest.mark.slow  # an image training run
-def test_image_training_writes_sample_grids_to_tensorboard(tmp_path):
-  from tensorboard.backend.event_processing import event_accumulator
-
-  import fixtures.imagenet64
-
-  config = lra_core.load_config(
-    "configs/imagenet64/fit_denoiser.py:tiny", [*fixtures.imagenet64.build(tmp_path), "train.sample_every=2"]
-  )
-  train_and_evaluate(config, tmp_path / "run")
-  acc = event_accumulator.EventAccumulator(
-    str(tmp_path / "run" / "tensorboard"), size_guidance={event_accumulator.IMAGES: 0}
-  )
-  acc.Reload()
-  grids = acc.Images("samples")
-  assert [g.step for g in grids] == [2, 4]
-  size = config.data.image_size
-  side = 4 * (size + 1) + 1  # 16 samples in a 4 x 4 grid with 1-pixel gaps
-  assert (grids[0].height, grids[0].width) == (side, side)
-
-
 def test_sample_every_is_for_image_tasks():
   with pytest.raises(ConfigError, match="train.sample_every draws images"):
     lra_core.load_config(LISTOPS, ["train.sample_every=2"])
