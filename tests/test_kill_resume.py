@@ -253,10 +253,15 @@ def test_a_run_killed_in_an_object_store_resumes_like_an_uninterrupted_one(tmp_p
     assert code == -signal.SIGKILL, out[-3000:]
   resumed_from += _resumed_steps(_run(argv, log))
   assert resumed_from and max(resumed_from) >= 3, resumed_from
-  summary = json.loads((fs.path(workdir) / "summary.json").read_text())
+  root = fs.path(workdir)
+  summary = json.loads((root / "summary.json").read_text())
   expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
   assert summary["param_checksum"] == expected["param_checksum"], resumed_from
+  # The outputs read back from the store: each step's metrics once, as the local run logged them; the run's
+  # config; the newest train.keep_checkpoints checkpoints, the older ones deleted from the bucket.
   assert outputs.logged_once(workdir) == outputs.logged_once(tmp_path / "reference")
+  assert json.loads((root / "config.json").read_text())["train"]["steps"] == STEPS
+  assert sorted(int(p.name) for p in (root / "checkpoints").iterdir()) == [STEPS - 3, STEPS]
 
 
 @pytest.mark.slow

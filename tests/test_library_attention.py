@@ -5,7 +5,6 @@ cannot take falls back to the reference with one log line; "auto" picks the targ
 and inside the trainer's step of each family with softmax attention, compiled for a TPU slice (libtpu)
 and an H100 (the CUDA plugin), the library kernel is in the program."""
 
-import gzip
 import logging
 import re
 
@@ -19,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import lra_core
 import tiers
-from lra_core import aot, chips, hlo_cost
+from lra_core import aot_targets, chips, hlo_cost, sharding
 from lra_core.errors import ConfigError
 from lra_core.kernels import library_attention as library
 from lra_core.kernels import toolkit
@@ -294,26 +293,29 @@ FAMILIES = {
 }
 
 
-def _compiled_hlo(spec, overrides, topology, tmp_path):
+def _compiled_hlo(spec, overrides, topology):
+  """The compiled train step's HLO text of `spec` on `topology`: the train step alone (`python -m lra_core.aot`
+  also compiles the eval step; tests/test_aot.py runs that command whole)."""
   config = lra_core.load_config(spec, [*overrides, "mesh.data=-1", "train.batch_size=4"])
-  path = tmp_path / "step.hlo.gz"
-  report = aot.compile_config(config, topology, hlo_path=path)
-  assert report.flops_per_device > 0
-  return gzip.open(path, "rt").read()
+  devices = aot_targets.target_devices(topology)
+  mesh, _, _, traced = aot_targets.trace_train_step(config, devices)
+  with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
+    compiled, _, _ = aot_targets.compile_for_target(traced, platform=devices[0].platform)
+  return compiled.as_text()
 
 
 @needs_libtpu
 @pytest.mark.parametrize("family", tiers.quick(list(FAMILIES), keep=[0]))
-def test_each_family_trains_on_splash_in_a_step_compiled_for_tpu(family, tmp_path):
-  hlo = _compiled_hlo(*FAMILIES[family], "v5e:2x2", tmp_path)
+def test_each_family_trains_on_splash_in_a_step_compiled_for_tpu(family):
+  hlo = _compiled_hlo(*FAMILIES[family], "v5e:2x2")
   for kernel in ("fwd", "dq", "dkv"):  # forward and both backward kernels, multi-head or multi-query
     assert re.search(rf"splash_m[hq]a_{kernel}", hlo), f"{family}: no splash {kernel} kernel in the compiled train step"
 
 
 @needs_plugin
 @pytest.mark.parametrize("family", tiers.quick([f for f in FAMILIES if f != "latte_macchiato"], keep=[0]))
-def test_each_family_trains_on_the_triton_kernel_in_a_step_compiled_for_an_h100(family, tmp_path):
-  hlo = _compiled_hlo(*FAMILIES[family], "h100", tmp_path)
+def test_each_family_trains_on_the_triton_kernel_in_a_step_compiled_for_an_h100(family):
+  hlo = _compiled_hlo(*FAMILIES[family], "h100")
   for kernel in ("mha_forward", "mha_backward"):
     assert kernel in hlo, f"{family}: no {kernel} in the compiled train step"
 

@@ -2,7 +2,6 @@
 TensorBoard as its reader shows it, throughput and MFU, profiles, the compilation cache."""
 
 import contextlib
-import json
 import logging
 import os
 import pathlib
@@ -118,23 +117,6 @@ def test_a_metrics_file_the_store_will_not_take_is_one_sentence(tmp_path):
   with pytest.raises(StoreFailure, match=r"^reading .*metrics\.jsonl failed \(IsADirectoryError: .*\); the run stops"):
     writer.write(1, {"train_loss": 1.0})
   writer.close()
-
-
-@pytest.mark.slow
-def test_a_run_in_an_object_store_resumes_like_an_uninterrupted_local_run(fake_gcs, uninterrupted, cache_dir):
-  reference, expected = uninterrupted
-  workdir = fake_gcs("run")
-  stopped = train_and_evaluate(listops(cache_dir, *RUN), workdir, stop_at_step=3)
-  assert stopped == {"stopped_at": 3}
-  root = fs.path(workdir)
-  assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["2", "3"]
-  summary = train_and_evaluate(listops(cache_dir, *RUN), workdir)
-  assert summary["param_checksum"] == expected["param_checksum"]
-  # The outputs read back from the store: the same metrics as the local run, each step once.
-  assert json.loads((root / "summary.json").read_text())["param_checksum"] == expected["param_checksum"]
-  assert json.loads((root / "config.json").read_text())["train"]["steps"] == 6
-  assert outputs.logged_once(workdir) == outputs.logged_once(reference)
-  assert [r["step"] for r in read_metrics(workdir) if "train_loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
 def test_throughput_and_mfu_are_logged(uninterrupted, cache_dir):
