@@ -442,8 +442,8 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
 XLA = "model.attention_impl=xla"
 
 
-def _train_step(config, devices):
-  """The trainer's train step of `config` compiled for `devices`: (compiled, traced)."""
+def compiled_train_step(config, devices):
+  """The trainer's train step of `config` alone compiled for `devices`: (compiled, traced)."""
   mesh, _, _, traced = aot_targets.trace_train_step(config, devices)
   with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
     return traced.lower().compile(), traced
@@ -471,8 +471,8 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_gpu_and_for_the_cpu(h100
   config = lra_core.load_config(
     spec, overrides + ["model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1", XLA]
   )
-  gpu, traced = _train_step(config, h100[0].devices.flat[:1].tolist())
-  cpu, _ = _train_step(config, jax.devices("cpu")[:1])
+  gpu, traced = compiled_train_step(config, h100[0].devices.flat[:1].tolist())
+  cpu, _ = compiled_train_step(config, jax.devices("cpu")[:1])
   costs = pallas_costs.pallas_kernel_costs(traced.jaxpr)
   assert bool(costs) == ("pallas" in " ".join(overrides))
   on_gpu, _ = hlo_cost.step_flops(gpu.as_text(), costs)
@@ -542,8 +542,8 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_tpu_and_for_the_cpu(fami
   assert config.model.name == family
   if not chips.libtpu_installed():
     pytest.skip("libtpu is not installed")
-  tpu, _ = _train_step(config, chips.tpu_devices("v4:2x2x1")[:1])
-  cpu, _ = _train_step(config, jax.devices("cpu")[:1])
+  tpu, _ = compiled_train_step(config, chips.tpu_devices("v4:2x2x1")[:1])
+  cpu, _ = compiled_train_step(config, jax.devices("cpu")[:1])
   on_tpu, on_cpu = (hlo_cost.step_flops(c.as_text())[0] for c in (tpu, cpu))
   assert on_tpu == pytest.approx(on_cpu, rel=0.03)
   assert 1 - elementwise <= on_cpu / xla_flops(cpu) <= 1.0

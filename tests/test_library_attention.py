@@ -15,10 +15,11 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_hlo_cost import compiled_train_step
 
 import lra_core
 import tiers
-from lra_core import aot_targets, chips, hlo_cost, sharding
+from lra_core import aot_targets, chips, hlo_cost
 from lra_core.errors import ConfigError
 from lra_core.kernels import library_attention as library
 from lra_core.kernels import toolkit
@@ -297,10 +298,7 @@ def _compiled_hlo(spec, overrides, topology):
   """The compiled train step's HLO text of `spec` on `topology`: the train step alone (`python -m lra_core.aot`
   also compiles the eval step; tests/test_aot.py runs that command whole)."""
   config = lra_core.load_config(spec, [*overrides, "mesh.data=-1", "train.batch_size=4"])
-  devices = aot_targets.target_devices(topology)
-  mesh, _, _, traced = aot_targets.trace_train_step(config, devices)
-  with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
-    compiled, _, _ = aot_targets.compile_for_target(traced, platform=devices[0].platform)
+  compiled, _ = compiled_train_step(config, aot_targets.target_devices(topology))
   return compiled.as_text()
 
 
