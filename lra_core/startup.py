@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import os
 import pathlib
 import re
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -76,11 +78,11 @@ def leave_now(status: int):
   SIGSEGV, exit status 139, after the command had said it was aborting; a multi-process run leaves
   without JAX's shutdown barrier). What was written to stderr reaches it first, also from inside
   `noise_dropped`: a line said by another thread while the main thread starts the backends would
-  otherwise die in the filter's pipe with the process."""
+  otherwise die in the filter's file with the process."""
   sys.stdout.flush()
   sys.stderr.flush()
   for active in reversed(_FILTERS):
-    active.end(join_timeout_s=1.0)
+    active.end()
   os._exit(status)
 
 
@@ -96,38 +98,33 @@ def start_backends() -> None:
 
 
 class _Filter:
-  """Fd 2 through a pipe, drained by a thread; `end` (once, from any thread) puts the real stderr back
-  and writes every line read but NOISE to it, in order."""
+  """Fd 2 into an unlinked temporary file; `end` (once, from any thread) puts the real stderr back and
+  writes every line the file holds but NOISE to it, in order.
 
-  def __init__(self, saved: int):
-    self.saved = saved
-    self.read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    self.chunks: list[bytes] = []
+  A file, not a pipe: a write into it never waits for a reader, so no thread has to drain it while JAX
+  imports, and `end` finds in it every byte written before, whichever thread ends the filter and
+  whatever the others are doing (a pipe's drain thread, held off the interpreter while the main
+  thread started the backends, once lost the end of a leaving watchdog's line)."""
+
+  def __init__(self, saved: int, spill: io.RawIOBase):
+    self.saved, self.spill = saved, spill
+    os.dup2(spill.fileno(), 2)
     self.ended = False
     self.lock = threading.Lock()  # `end` runs once: the main thread leaving the context, or a leaving thread
-    # A thread drains the pipe, so a writer is never blocked on a full pipe while JAX imports.
-    self.reader = threading.Thread(target=self._drain, daemon=True)
-    self.reader.start()
 
-  def _drain(self) -> None:
-    while chunk := os.read(self.read_end, 65536):
-      self.chunks.append(chunk)  # one by one: a leaving thread that stops waiting writes what came
-
-  def end(self, join_timeout_s: float | None = None) -> None:
+  def end(self) -> None:
     with self.lock:
       if self.ended:
         return
       self.ended = True
       sys.stderr.flush()
-      os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees its end
+      os.dup2(self.saved, 2)
       os.close(self.saved)
-      # A leaving thread does not wait long: a child started inside may hold a copy of the write end.
-      self.reader.join(join_timeout_s)
-      if not self.reader.is_alive():
-        os.close(self.read_end)
-      kept = b"".join(line for line in b"".join(self.chunks).splitlines(keepends=True) if not NOISE.fullmatch(line))
+      written = b""
+      while chunk := os.pread(self.spill.fileno(), 1 << 20, len(written)):
+        written += chunk
+      self.spill.close()
+      kept = b"".join(line for line in written.splitlines(keepends=True) if not NOISE.fullmatch(line))
       while kept:
         kept = kept[os.write(2, kept) :]
 
@@ -137,7 +134,7 @@ _FILTERS: list[_Filter] = []  # the filters in effect, innermost last (leave_now
 
 @contextlib.contextmanager
 def noise_dropped() -> Iterator[None]:
-  """While inside, what is written to file descriptor 2 passes through a pipe; on leaving (or at
+  """While inside, what is written to file descriptor 2 goes to a temporary file; on leaving (or at
   `leave_now`, from any thread), every line but NOISE is written to the real stderr, in order."""
   try:
     sys.stderr.flush()
@@ -145,7 +142,13 @@ def noise_dropped() -> Iterator[None]:
   except (AttributeError, OSError, ValueError):  # no real stderr (an embedding host): nothing to filter
     yield
     return
-  active = _Filter(saved)
+  try:
+    spill = tempfile.TemporaryFile(buffering=0)
+  except OSError:  # no writable temporary folder: the noise passes
+    os.close(saved)
+    yield
+    return
+  active = _Filter(saved, spill)
   _FILTERS.append(active)
   try:
     yield
