@@ -292,7 +292,8 @@ _GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 def lost_peer(e: BaseException) -> str | None:
   """The line for an error (or one it wraps) that is a peer gone from under a collective, None for any
   other: a process killed mid-save shows up first as a failed all-gather of the save's barrier."""
-  if jax.process_count() < 2:
+  # The client first: the process count starts the backends, which a bad config never got to.
+  if _client() is None or jax.process_count() < 2:
     return None
   seen, hops = e, 0
   while seen is not None and hops < 8:

@@ -161,7 +161,8 @@ def own_lines(stderr: str) -> list[str]:
 def test_cli_reports_config_errors_in_one_sentence(tmp_path):
   proc = run_cli("lra_core.train", f"--config={LISTOPS}", "--config.train.stepz=3", f"--workdir={tmp_path}")
   assert proc.returncode == 2
-  assert own_lines(proc.stderr) == [
+  # Nothing else either: a bad config starts no backend, so the plugins of the test extra say nothing.
+  assert proc.stderr.splitlines() == [
     "error: unknown config key 'train.stepz'; did you mean 'train.steps' or 'train.seed' or 'train.tracker'."
   ]
 
