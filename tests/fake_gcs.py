@@ -18,6 +18,7 @@ import http.server
 import itertools
 import json
 import re
+import sys
 import threading
 import urllib.parse
 
@@ -311,14 +312,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
     self._send(200, payload, content_type=f"multipart/mixed; boundary={boundary}")
 
 
+class _Server(http.server.ThreadingHTTPServer):
+  daemon_threads = True
+
+  def handle_error(self, request, client_address):
+    if not isinstance(sys.exception(), ConnectionError):  # a client killed mid-request (a test's SIGKILL)
+      super().handle_error(request, client_address)
+
+
 class FakeGCS:
   """`with FakeGCS() as url:` serves the store on localhost until the block ends."""
 
   def __init__(self, buckets=("lra-test",)):
     self.store = Store(buckets)
     handler = type("BoundHandler", (Handler,), {"store": self.store})
-    self.server = http.server.ThreadingHTTPServer(("localhost", 0), handler)
-    self.server.daemon_threads = True
+    self.server = _Server(("localhost", 0), handler)
     self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
   @property
