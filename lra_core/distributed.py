@@ -142,6 +142,9 @@ def initialize(
   if peer_timeout_s <= 0:
     raise ConfigError(f"--peer_timeout_s must be positive, got {peer_timeout_s:g}.")
   jax.distributed.initialize(**kwargs)
+  # The watchdog's first device query starts the backends, outside the start-up filter: the CUDA plugin's
+  # two lines pass, but a fatal line of JAX's client (a peer killed during the backends' exchange of
+  # topologies, SIGABRT) cannot die in the filter's file with the process.
   start_watchdog(peer_timeout_s)
   logging.info(
     "process %d of %d joined the run (%d local / %d global devices)",
