@@ -350,6 +350,7 @@ def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
 def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_it_caused(monkeypatch):
   """The save's all-gather failing on a closed Gloo connection is a lost peer, in whatever error wraps
   it; a store's own connection reset is not."""
+  monkeypatch.setattr(distributed, "_client", lambda: object())  # a multi-process run's client
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   gloo = RuntimeError("UNKNOWN: Gloo AllGather failed: [gloo/transport/tcp/pair.cc:547] Connection closed by peer")
