@@ -1,11 +1,12 @@
 """One sequence split over chips (mesh.sequence, kernels/context.py) computes what one chip computes.
 
 Oracle: the same step with the time axis whole. On 8 host devices, every family that splits a
-sequence trains with mesh.sequence 2 and 8 and with data 2 x sequence 4 to the unsplit losses and
-parameters (float32 rounding: sums are reduced in another order), with packed documents whose
-boundaries fall on and off the chips' boundaries; the kernels alone match in values and gradients
-with the XLA and the Pallas (interpret) cores; the compiled step moves no activation's whole time
-axis between chips; a run resumed with another mesh.sequence ends where the uninterrupted one does.
+sequence trains with mesh.sequence 8 and with data 2 x sequence 4 (softmax attention's ring also with
+mesh.sequence 2) to the unsplit losses and parameters (float32 rounding: sums are reduced in another
+order), with packed documents whose boundaries fall on and off the chips' boundaries; the kernels alone
+match in values and gradients with the XLA and the Pallas (interpret) cores on 2, 8 and 2 x 4 chips;
+the compiled step moves no activation's whole time axis between chips; a run resumed with another
+mesh.sequence ends where the uninterrupted one does.
 """
 
 import itertools
@@ -130,10 +131,20 @@ def marks(mesh):
   return () if mesh in QUICK else pytest.mark.slow
 
 
-# Each family's first config runs on every mesh; a variant of one (another mask, head layout, order or
-# embedder), whose cross-chip steps the family's meshes already cover, on the quick mesh.
+# Each family's first config runs on sequence 8 (a block or chunk per chip: every chip both takes and
+# passes on what crosses) and on data 2 x sequence 4; a variant of one (another mask, head layout, order,
+# embedder or core), whose cross-chip steps the family's meshes already cover, on the quick mesh.
+# The ring of 2, where a chip's two neighbours are one chip, is softmax attention's edge case: its ring
+# runs there in both directions (causal and not); the scans' and the other rings' cross-chip steps are
+# held on 2 chips by the kernels' own tests below (every core on 2, 8 and 2 x 4 chips).
+FIRST_CONFIG_MESHES = ("sequence8", "data2_sequence4")
+RING_OF_TWO = {"transformer", "transformer_bidirectional"}
 VARIANT_MESHES = QUICK
 VARIANTS = {
+  "latte",  # latte_rglru_swa++ holds its layer, beside RG-LRU and the window attention
+  "latte_pallas",  # the Pallas cores split: test_causal_latte_kernel_split_equals_whole and its peers
+  "flash_pallas",
+  "transformer_vq_pallas",
   "transformer++_gqa",
   "transformer_window",
   "transformer_zigzag",
@@ -147,13 +158,19 @@ VARIANTS = {
 }
 
 
+def meshes_of(name):
+  if name in VARIANTS:
+    return VARIANT_MESHES
+  return ("sequence2", *FIRST_CONFIG_MESHES) if name in RING_OF_TWO else FIRST_CONFIG_MESHES
+
+
 def split_cases(names):
-  """(name, mesh) pairs: every mesh for a family's first config, VARIANT_MESHES for its variants (in the
-  full suite: the quick tier keeps each family's first config on the quick mesh)."""
+  """(name, mesh) pairs: the meshes of `meshes_of` (in the full suite: the quick tier keeps each family's
+  first config on the quick mesh)."""
   return [
     pytest.param(name, mesh, marks=pytest.mark.slow if name in VARIANTS else marks(mesh))
     for name in names
-    for mesh in (VARIANT_MESHES if name in VARIANTS else MESHES)
+    for mesh in meshes_of(name)
   ]
 
 
@@ -364,17 +381,24 @@ def test_bidirectional_latte_kernel_split_equals_whole(impl):
 
 @pytest.mark.parametrize("impl", tiers.quick(list(flash_kernels.IMPLS), keep=[0]))
 def test_mixed_chunk_attention_split_equals_whole(impl):
-  """Every form of FLASH's global part: causal or not, "sum" or "mean", documents (one row's
-  boundaries on the chips' edges), padding."""
+  """FLASH's global part in forms that hold every pair of its settings at least once (causal or not,
+  "sum" or "mean", documents with one row's boundaries on the chips' edges or none, padding or none;
+  causal rows take no padding), and the form with all of them but causality: 5 forms where all the
+  combinations are 12, each a compile of the whole and of the split gradient."""
   b, t, h = 2, 64, 2
   ks = jax.random.split(jax.random.key(5), 5)
   qq, qk, lq, lk = (jax.random.normal(k, (b, t, h, 4)) for k in ks[:4])
   v = jax.random.normal(ks[4], (b, t, h, 3))
   seg = documents(b, t, boundaries_at=[16, 40])
   mask = jnp.arange(t)[None] < jnp.array([[t], [45]])
-  for causal, norm, segments, padding in itertools.product((True, False), ("sum", "mean"), (None, seg), (None, mask)):
-    if causal and padding is not None:
-      continue
+  forms = [
+    (True, "mean", None, None),
+    (True, "sum", seg, None),
+    (False, "mean", seg, mask),
+    (False, "sum", None, mask),
+    (False, "sum", seg, None),
+  ]
+  for causal, norm, segments, padding in forms:
     kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=norm, impl=impl)
     fn = lambda *a: flash_kernels.mixed_chunk_attention(*a, segments=segments, mask=padding, **kw)
     split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=5e-5)
