@@ -9,7 +9,15 @@ import tempfile
 # (hundreds of small optimizer fusions) about a third faster than its MLIR fusion emitters; the
 # subprocesses the tests start inherit both settings.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
+# Each host device of a CPU program is a thread, and a collective waits in a rendezvous for all of them:
+# XLA:CPU warns on stderr when one is 20 s late and aborts the process 40 s after that, which a loaded
+# 2-core host reached at the end of an 8-device run. The suite waits 5 + 5 minutes, within its own limit
+# on a test (faulthandler_timeout in pyproject.toml, which writes every thread's stack);
+# tests/test_host_collectives.py shows these flags are the knob.
+HOST_COLLECTIVES = (
+  "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+)
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE} {HOST_COLLECTIVES}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Loaders cache decoded data; tests keep theirs out of the user's ~/.cache.
 os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_cache_"))

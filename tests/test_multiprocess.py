@@ -23,6 +23,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE, HOST_COLLECTIVES
 
 import lra_core
 from fixtures import listops
@@ -54,9 +55,8 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None
     os.environ,
     JAX_PLATFORMS="cpu",
     PYTHONPATH=str(ROOT),
-    # 2 devices a process; the compiler's fast mode keeps this test cheap.
-    XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-    " --xla_cpu_use_fusion_emitters=false",
+    # 2 devices a process; the compiler's fast mode keeps this test cheap; collectives wait out a loaded host.
+    XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE} {HOST_COLLECTIVES}",
     # A folder of their own, as a multi-process run keeps its entries apart (lra_core/compile_cache.py).
     JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache" / "two_processes"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
