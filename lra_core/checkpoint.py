@@ -83,11 +83,17 @@ def check_writable(workdir: fs.Path) -> None:
   found at the first save, it cost a whole checkpoint interval of training. Every process checks: each
   writes its own shards."""
   folder = workdir / "checkpoints"
-  probe = folder / f".write_check.{jax.process_index()}.{os.getpid()}"
+  local = fs.is_local(folder)
+  probe = folder / (f".write_check.{jax.process_index()}" + (f".{os.getpid()}" if local else ""))
   try:
     folder.mkdir(parents=True, exist_ok=True)
     probe.write_text("")
-    probe.unlink()
+    # An object store's folder exists only while an object is in it: a probe that came and went would
+    # let another process see `checkpoints/` between its exists() and its listing (orbax's, and
+    # train._check_workdir's), whose listing then fails. There each process's probe stays, one per
+    # process index, so the folder never vanishes.
+    if local:
+      probe.unlink()
   except OSError as e:
     raise ConfigError(
       f"checkpoints cannot be written to {folder} ({e.strerror or type(e).__name__}); make it a writable "

@@ -261,7 +261,8 @@ def test_a_run_killed_in_an_object_store_resumes_like_an_uninterrupted_one(tmp_p
   # config; the newest train.keep_checkpoints checkpoints, the older ones deleted from the bucket.
   assert outputs.logged_once(workdir) == outputs.logged_once(tmp_path / "reference")
   assert json.loads((root / "config.json").read_text())["train"]["steps"] == STEPS
-  assert sorted(int(p.name) for p in (root / "checkpoints").iterdir()) == [STEPS - 3, STEPS]
+  steps = sorted(int(p.name) for p in (root / "checkpoints").iterdir() if p.name.isdigit())  # beside the write checks
+  assert steps == [STEPS - 3, STEPS]
 
 
 @pytest.mark.slow

@@ -196,6 +196,21 @@ def test_checkpoints_that_cannot_be_written_are_one_sentence_before_the_first_st
   assert not started
 
 
+def test_a_bucket_s_checkpoints_folder_stays_once_checked_so_no_peer_lists_it_vanishing(fake_gcs, monkeypatch):
+  """A store's folder exists only while an object is in it: a write check that removed its probe made
+  `checkpoints/` appear and vanish under a peer's exists()-then-listing (orbax's), whose listing then
+  failed with a FileNotFoundError. Each process index's probe stays; a restart rewrites it."""
+  from lra_core import checkpoint, fs
+
+  workdir = fs.path(fake_gcs())
+  for index in (0, 1, 0):
+    monkeypatch.setattr("jax.process_index", lambda: index)
+    checkpoint.check_writable(workdir)
+    assert (workdir / "checkpoints").is_dir()
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [".write_check.0", ".write_check.1"]
+  assert Checkpointer(workdir).all_steps() == []
+
+
 def test_two_runs_racing_for_a_bucket_s_lock_cannot_both_win(fake_gcs, monkeypatch):
   """On gs:// the lock is the store's conditional create: a second run that saw no lock (the first's
   write not yet there when it looked) still fails to create one, where writing and reading back let it
