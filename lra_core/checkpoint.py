@@ -40,7 +40,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as preserva
 
 from lra_core import fs, read_fallout
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
-from lra_core.state import STACKED
+from lra_core.layer_stacks import STACKED
 
 READ_ONLY_NOTICE = "Given directory is read only=%s"  # orbax's warning at every read-only manager
 
@@ -318,7 +318,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _has_stacked(tree) -> bool:
-  """Whether a (metadata) tree holds a scanned layer stack (lra_core.state.STACKED)."""
+  """Whether a (metadata) tree holds a scanned layer stack (lra_core.layer_stacks.STACKED)."""
   if isinstance(tree, dict) or hasattr(tree, "items"):
     return any(k == STACKED or _has_stacked(v) for k, v in tree.items())
   if isinstance(tree, (list, tuple)):

@@ -39,17 +39,17 @@ from collections.abc import Callable, Sequence
 from lra_core import distributed, host_memory, startup
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError, brief
+from lra_core.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
+  EXIT_CRASH,
+  EXIT_FINISHED,
+  EXIT_INTERRUPTED,
+  EXIT_PREEMPTED,
+  EXIT_USER_ERROR,
+)
 from lra_core.registry import package_dir
 
 PREFIX = "--config."
 
-# Exit statuses of the commands, for supervisors (scripts/launch_tpu.py --supervise relaunches on
-# EXIT_PREEMPTED, the SLURM script requeues on it); docs/reliability.md lists them.
-EXIT_FINISHED = 0
-EXIT_CRASH = 1  # an unexpected error, on this process or on another process of the run
-EXIT_USER_ERROR = 2  # bad config, data, checkpoint or workdir: one sentence on stderr
-EXIT_PREEMPTED = 75  # saved at a SIGTERM (a scheduler's notice): the same command continues (sysexits' TEMPFAIL)
-EXIT_INTERRUPTED = 130  # Ctrl-C (inside the training loop: saved first), as shells report it
 EXAMPLE = (
   "python -m lra_core.train --config configs/lra/listops/transformer.py:tiny \\\n"
   "      --config.train.steps 100 --config.optim.lr=3e-4 --workdir runs/listops_tiny"

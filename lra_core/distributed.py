@@ -57,6 +57,7 @@ import jax
 
 from lra_core import startup
 from lra_core.errors import ConfigError, brief
+from lra_core.exit_codes import EXIT_CRASH
 
 MODES = ("auto", "on", "off")
 PEER_TIMEOUT_S = 60.0  # --peer_timeout_s's default: below JAX's heartbeat timeout (100 s)
@@ -169,7 +170,7 @@ FAILURE_GRACE_S = 20.0  # how long a failing process waits for the others to rea
 # is aborted by that client (SIGABRT) instead of exiting with its status: every other process leaves as
 # soon as it may, and process 0 this much later.
 EXIT_MARGIN_S = 1.0
-EXIT_PEER_FAILED = 1  # the status of a process stopped by a lost peer or coordinator (cli.EXIT_CRASH)
+EXIT_PEER_FAILED = EXIT_CRASH  # the status of a process stopped by a lost peer or coordinator
 _POLL_MS = 1000
 
 

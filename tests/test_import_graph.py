@@ -220,6 +220,28 @@ def test_kernels_import_nothing_of_the_project_but_kernels():
       assert not [m for m in reachable(edges, name) if not in_package(m, ("lra_core.kernels",))], name
 
 
+# The process's runtime (start-up, peers, signals, the step watchdog, the run lock, files and stores, exit
+# statuses) sits below everything that runs a command: it imports only itself and the error types. And the
+# checkpointer sits below the train state it saves (it reads the layer-stack key from layer_stacks).
+RUNTIME = (
+  "lra_core.distributed",
+  "lra_core.exit_codes",
+  "lra_core.fs",
+  "lra_core.host_memory",
+  "lra_core.preemption",
+  "lra_core.run_lock",
+  "lra_core.startup",
+  "lra_core.watchdog",
+)
+
+
+def test_the_runtime_imports_nothing_above_it_and_the_checkpointer_not_the_train_state():
+  edges, _ = graph()
+  for name in RUNTIME:
+    assert reachable(edges, name) <= {*RUNTIME, "lra_core.errors"}, name
+  assert "lra_core.state" not in reachable(edges, "lra_core.checkpoint")
+
+
 def private_module_imports(edges: dict[str, set[str]]) -> list[str]:
   """'importer -> module' for each import of a private module (`_name.py`) from outside its package."""
   return sorted(
