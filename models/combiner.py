@@ -40,7 +40,7 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import Attention
+from lra_core.models.blocks.attention import Attention, config_attention
 from lra_core.models.blocks.layers import Dense, make_norm
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.protocol import PaperRow, Smoke
@@ -170,19 +170,8 @@ class CombinerAttention(Attention):
   summary keys W_2 norm(x + W_1 row_out) (Combiner's "proj" summary)."""
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
-    head_dim = m.head_dim or m.d_model // m.num_heads
-    super().__init__(
-      m.d_model,
-      m.num_heads,
-      head_dim,
-      causal=causal,
-      rope=m.rope,
-      rope_max_wavelength=m.rope_max_wavelength,
-      rope_fraction=m.rope_fraction,
-      use_bias=m.use_bias,
-      dtype=dtype,
-      rngs=rngs,
-    )
+    super().__init__(**config_attention(m), causal=causal, dtype=dtype, rngs=rngs)
+    head_dim = self.head_dim
     kw = dict(use_bias=m.use_bias, dtype=dtype, rngs=rngs)
     self.summary_in = Dense((m.num_heads, head_dim), m.d_model, axes=("heads", "head_dim", "embed"), **kw)
     self.summary_norm = make_norm(m.norm, m.d_model, rngs=rngs)

@@ -50,7 +50,7 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import Attention
+from lra_core.models.blocks.attention import Attention, config_attention
 from lra_core.models.blocks.layers import Dense, param, silu
 from lra_core.models.blocks.positions import RelativePositionBias, apply_rope
 from lra_core.protocol import PaperRow, RunInfo, Smoke
@@ -246,19 +246,8 @@ class ChunkedAttention(Attention):
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
-    head_dim = m.head_dim or m.d_model // m.num_heads
-    super().__init__(
-      m.d_model,
-      m.num_heads,
-      head_dim,
-      causal=causal,
-      rope=m.rope,
-      rope_max_wavelength=m.rope_max_wavelength,
-      rope_fraction=m.rope_fraction,
-      use_bias=m.use_bias,
-      dtype=dtype,
-      rngs=rngs,
-    )
+    super().__init__(**config_attention(m), causal=causal, dtype=dtype, rngs=rngs)
+    head_dim = self.head_dim
     self.chunk, self.performer, self.impl, self.global_norm = m.chunk, m.variant == "performer", m.impl, m.global_norm
     if not self.performer:
       self.gamma = param(rngs, GAU_INIT, (2, m.num_heads, head_dim), (None, "heads", "head_dim"))

@@ -43,7 +43,7 @@ from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.library_attention import self_attention
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import attend_cache, empty_cache, write_cache
+from lra_core.models.blocks.attention import attend_cache, empty_cache, head_width, write_cache
 from lra_core.models.blocks.layers import Dense, RMSNorm, param
 from lra_core.models.blocks.positions import apply_rope, rotate_pairs
 from lra_core.protocol import PaperRow, Smoke
@@ -104,7 +104,7 @@ def validate_config(config) -> None:
       f"model.num_latents {m.num_latents} must be a positive multiple of model.num_heads "
       f"{m.num_heads} (the latent states are split across heads)."
     )
-  width = m.head_dim or m.d_model // m.num_heads
+  width = head_width(m)
   if not m.head_dim and m.d_model % m.num_heads or width % 2 and (m.vapor or m.rope and m.window):
     raise ConfigError(
       f"model.d_model {m.d_model} must split into {m.num_heads} heads of even width, or model.head_dim be even "
@@ -242,7 +242,7 @@ class LatteAttention(nnx.Module):
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
     h, d = m.num_heads, m.d_model
-    latents, width = m.num_latents // h, m.head_dim or d // h
+    latents, width = m.num_latents // h, head_width(m)
     self.causal, self.window, self.rope, self.dtype = causal, m.window, m.rope, dtype
     self.rope_max_wavelength = m.rope_max_wavelength
     # The window attention's scores as the model's softmax attention takes them (a pre-trained model's

@@ -26,7 +26,7 @@ from lra_core.kernels.attention import cap
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import Attention
+from lra_core.models.blocks.attention import Attention, config_attention, head_width
 from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.blocks.layers import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.blocks.positions import AbsolutePositions
@@ -110,7 +110,7 @@ def validate_config(config) -> None:
     )
   if m.num_kv_heads and m.num_heads % m.num_kv_heads:
     raise ConfigError(f"model.num_heads {m.num_heads} is not a multiple of model.num_kv_heads {m.num_kv_heads}.")
-  if m.rope and (m.head_dim or m.d_model // m.num_heads) % 2:
+  if m.rope and head_width(m) % 2:
     raise ConfigError("RoPE needs an even head dimension.")
   choices = {
     "position": AbsolutePositions.KINDS,
@@ -152,18 +152,11 @@ def layer_section(m, i: int):
 
 
 def softmax_attention(m, *, causal: bool, dtype, rngs: nnx.Rngs, mask_by_positions: bool = False) -> Attention:
-  head_dim = m.head_dim or m.d_model // m.num_heads
   return Attention(
-    m.d_model,
-    m.num_heads,
-    head_dim,
+    **config_attention(m),
     num_kv_heads=m.num_kv_heads,
     causal=causal,
     window=m.window,
-    rope=m.rope,
-    rope_max_wavelength=m.rope_max_wavelength,
-    rope_fraction=m.rope_fraction,
-    use_bias=m.use_bias,
     dropout=m.attention_dropout,
     scale=m.score_scale_dim**-0.5 if m.score_scale_dim else None,
     soft_cap=m.attn_soft_cap,

@@ -26,6 +26,7 @@ import optax
 
 from lra_core.bench.peer import Peer
 from lra_core.errors import ConfigError
+from lra_core.models.blocks.attention import head_width
 
 ACTIVATIONS = {
   "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -90,7 +91,7 @@ def make_peer(config) -> Peer:
   _check(config)
   m = config.model
   vocab, d, heads, ff, layers = m.vocab_size, m.d_model, m.num_heads, m.d_ff, m.num_layers
-  head_dim = m.head_dim or d // heads
+  head_dim = head_width(m)  # the config's reading, as our model takes it
   seq_len = config.train.seq_len
   act, glu = ACTIVATIONS[m.activation], m.mlp == "glu"
   dtype = jnp.dtype(m.dtype)

@@ -22,6 +22,7 @@ import numpy as np
 
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.models import transformer
+from lra_core.models.blocks.attention import head_width
 
 ARCHITECTURE = "Gemma2ForCausalLM"
 _LAYER = "model.layers.{i}."
@@ -107,7 +108,7 @@ def model_section(hf: dict) -> ml_collections.ConfigDict:
 
 def _shape(kernel: np.ndarray, heads_axis: str | None, m) -> np.ndarray:
   """An [in, out] kernel with its heads as an axis of their own (a projection's out, the output's in)."""
-  width = m.head_dim or m.d_model // m.num_heads
+  width = head_width(m)
   if heads_axis == "in":
     return kernel.reshape(kernel.shape[0], -1, width)
   if heads_axis == "out":
@@ -158,7 +159,7 @@ def config_json(m) -> dict:
     "num_hidden_layers": m.num_layers,
     "num_attention_heads": m.num_heads,
     "num_key_value_heads": m.num_kv_heads or m.num_heads,
-    "head_dim": m.head_dim or m.d_model // m.num_heads,
+    "head_dim": head_width(m),
     "hidden_activation": act,
     "max_position_embeddings": m.max_len,
     "rms_norm_eps": m.norm_eps,

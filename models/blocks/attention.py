@@ -21,6 +21,25 @@ from lra_core.sharding import constrain
 Array = jax.Array
 
 
+def head_width(m) -> int:
+  """A head's width from a model config: model.head_dim, or (0, the default) d_model split over num_heads."""
+  return m.head_dim or m.d_model // m.num_heads
+
+
+def config_attention(m) -> dict:
+  """The arguments of `Attention` that every family's model config sets alike (width, heads, RoPE,
+  biases); a family adds its own (the Transformer: key-value heads, window, dropout, kernel)."""
+  return dict(
+    features=m.d_model,
+    num_heads=m.num_heads,
+    head_dim=head_width(m),
+    rope=m.rope,
+    rope_max_wavelength=m.rope_max_wavelength,
+    rope_fraction=m.rope_fraction,
+    use_bias=m.use_bias,
+  )
+
+
 class Attention(nnx.Module):
   """Self-attention: H query heads over K key-value heads (K = H multi-head, K = 1 multi-query).
 
