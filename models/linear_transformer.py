@@ -29,7 +29,7 @@ def _running_sum(x: Array, starts: Array | None, *, reverse: bool = False) -> Ar
   return context.linear_recurrence(keep, x, reverse=reverse, dims="bth" + "." * (x.ndim - 3))
 
 
-def linear_attention(
+def elu_linear_attention(
   q: Array,
   k: Array,
   v: Array,
@@ -76,7 +76,7 @@ class LinearAttention(nnx.Module):
   def __call__(self, x: Array, *, positions=None, mask=None, segments=None, rngs=None) -> Array:
     """x [B,T,D]; mask bool[B,T]; segments int[B,T]: packed documents, each summed on its own."""
     return self.out(
-      linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask, segments=segments)
+      elu_linear_attention(self.query(x), self.key(x), self.value(x), causal=self.causal, mask=mask, segments=segments)
     )
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:

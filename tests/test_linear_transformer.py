@@ -16,7 +16,7 @@ import oracles
 import tiers
 from lra_core import train
 from lra_core.models import linear_transformer
-from lra_core.models.linear_transformer import linear_attention
+from lra_core.models.linear_transformer import elu_linear_attention
 from lra_core.protocol import RunInfo
 
 
@@ -36,7 +36,7 @@ def test_linear_attention_equals_its_quadratic_form(causal):
   q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
   mask = np.ones((2, 11), bool)
   mask[1, 8:] = False
-  out = linear_attention(q, k, v, causal=causal, mask=mask)
+  out = elu_linear_attention(q, k, v, causal=causal, mask=mask)
   np.testing.assert_allclose(out, quadratic(q, k, v, causal, mask), rtol=1e-5, atol=1e-5)
 
 
@@ -44,7 +44,7 @@ def test_linear_attention_equals_its_quadratic_form(causal):
 def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
   q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
   seg = np.array([[1] * 4 + [2] * 5 + [0] * 2, [1] * 11])
-  out = np.asarray(linear_attention(q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg)))
+  out = np.asarray(elu_linear_attention(q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg)))
   for row, lo, hi in ((0, 0, 4), (0, 4, 9), (1, 0, 11)):  # each document alone
     alone = quadratic(
       q[row : row + 1, lo:hi], k[row : row + 1, lo:hi], v[row : row + 1, lo:hi], causal, np.ones((1, hi - lo), bool)
@@ -72,7 +72,7 @@ def test_the_readmes_adding_a_model_section_matches_the_files():
   readme = (root / "README.md").read_text()
   section = readme[readme.index("## Adding a model family") :]
   section = section[: section.index("\n## ")]
-  for name in ("linear_attention", "LinearAttention", "Model", "FAMILY"):
+  for name in ("elu_linear_attention", "LinearAttention", "Model", "FAMILY"):
     assert re.search(rf"`[^`]*\b{name}\b[^`]*`", section) and hasattr(linear_transformer, name), name
   config_file = root / "configs/enwik8/linear_transformer.py"
   module = ast.parse(config_file.read_text())
