@@ -18,9 +18,9 @@ import time
 
 import jax
 
-from lra_core import chips, data_setup, layout, optim, sharding
+from lra_core import chips, data_setup, layout, sharding
 from lra_core.errors import ConfigError, brief
-from lra_core.state import StateSpec, make_state_spec
+from lra_core.state import StateSpec, run_setup
 from lra_core.step_compile import jit_train_step
 from lra_core.steps import make_eval_step
 from lra_core.tasks import Task, make_task
@@ -49,8 +49,7 @@ def trace_train_step(config, devices: list[jax.Device]) -> tuple[sharding.Mesh, 
   info = data_setup.config_data_info(config)
   data_setup.check_compatible(config, info, mesh)
   task = make_task(config, info)
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
+  tx, schedule, spec = run_setup(config, mesh)
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
     batch = layout.config_batch(config, mesh, rules)
     return mesh, task, spec, jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)

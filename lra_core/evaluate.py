@@ -19,13 +19,12 @@ import logging
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from lra_core import cli, data_setup, fs, layout, sharding
 from lra_core.checkpoint import restore_params
 from lra_core.data import pipeline
 from lra_core.dataset_record import SPLITS
-from lra_core.state import eval_params, make_state_spec, to_host
+from lra_core.state import eval_params, run_setup, to_host
 from lra_core.steps import make_eval_step
 
 EXAMPLE = "python -m lra_core.evaluate --workdir runs/listops_tiny --split validation --config.train.eval_batch_size 64"
@@ -87,7 +86,7 @@ def evaluate(config, workdir, split: str = "test", *, step: int | None = None, w
   to `<workdir>/eval_<split>_<step>.json` (see write_result)."""
   mesh = layout.make_mesh(config.mesh)
   sources, task = data_setup.setup_data(config, [split], mesh)
-  spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
+  spec = run_setup(config, mesh, params_only=True).spec
   state, step = restore_params(workdir, spec.abstract, step)
   with sharding.activate(mesh, config.sharding.rules):
     metrics = Evaluator(config, spec, task, mesh, sources)(state, split)

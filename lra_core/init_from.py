@@ -11,10 +11,10 @@ import jax
 import numpy as np
 
 from lra_core import config as config_lib
-from lra_core import fs, hf, optim, registry
+from lra_core import fs, hf, registry
 from lra_core.checkpoint import restore_params
 from lra_core.errors import ConfigError, brief
-from lra_core.state import make_state_spec
+from lra_core.state import run_setup
 
 
 def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
@@ -45,8 +45,7 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
   if not found:
     raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
   source_config = config_lib.from_saved(saved)
-  source_tx, _ = optim.make_optimizer(source_config)
-  source, step = restore_params(path, make_state_spec(source_config, mesh, source_tx).abstract)
+  source, step = restore_params(path, run_setup(source_config, mesh).spec.abstract)
   family = registry.family(config.model.name)
   params = jax.device_get(state["params"])
   source_params = jax.device_get(source["params"])

@@ -30,7 +30,6 @@ import io
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from PIL import Image
 
@@ -39,7 +38,7 @@ from lra_core import data as data_lib
 from lra_core.checkpoint import restore_params
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError, DecodingError
-from lra_core.state import eval_params, make_state_spec, to_host
+from lra_core.state import eval_params, run_setup, to_host
 
 EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0.9 --num_samples 4"
 
@@ -48,7 +47,7 @@ def load_model(config, workdir, *, step: int | None = None) -> tuple[nnx.Module,
   """The trained model of `workdir` (eval mode; the EMA of its weights when it kept one) and its
   checkpoint step."""
   mesh = layout.make_mesh(config.mesh)
-  spec = make_state_spec(config, mesh, optax.identity())  # no optimizer state is restored
+  spec = run_setup(config, mesh, params_only=True).spec
   state, step = restore_params(workdir, spec.abstract, step)
   return nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"]), step
 

@@ -16,7 +16,7 @@ layouts (any tree that mirrors the parameters: params, optimizer moments, model 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +101,26 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params_pure))
   init_fn = jax.jit(init, out_shardings=shardings)  # traced (and constrained) on first call
   return StateSpec(train_graphdef, eval_graphdef, abstract, shardings, init_fn, has_carry, num_params)
+
+
+class RunSetup(NamedTuple):
+  """What every command builds from a config before its steps: the optimizer, its main learning-rate
+  schedule (for logging; None where no optimizer is built) and the train state's spec over a mesh."""
+
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule | None
+  spec: StateSpec
+
+
+def run_setup(config, mesh: Mesh, *, params_only: bool = False) -> RunSetup:
+  """The run setup of `config` over `mesh`, the one the trainer, the compile targets, the bench, evaluation,
+  sampling and warm starts share. params_only: for a command that restores parameters alone (evaluation,
+  sampling): no optimizer state is built or restored (optax.identity)."""
+  if params_only:
+    tx, schedule = optax.identity(), None
+  else:
+    tx, schedule = optim.make_optimizer(config)
+  return RunSetup(tx, schedule, make_state_spec(config, mesh, tx))
 
 
 def eval_params(state: dict) -> dict:

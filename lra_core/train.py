@@ -50,7 +50,7 @@ from lra_core.metrics import MetricWriter, Progress
 from lra_core.preemption import PreemptionNotice
 from lra_core.profiler import StepProfiler
 from lra_core.run_lock import RunLock
-from lra_core.state import eval_params, make_state_spec, param_checksum
+from lra_core.state import eval_params, param_checksum, run_setup
 from lra_core.watchdog import StepWatchdog
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
@@ -106,8 +106,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   data_files_name = data_setup.keep_data_files(workdir, data_files)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
+  tx, schedule, spec = run_setup(config, mesh)
   logging.info("model %s: %s parameters", config.model.name, f"{spec.num_params:,}")
 
   # ----------------------------------------------------------------------------- Steps

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import cli, data_setup, layout, optim, sharding, task_kinds
+from lra_core import cli, data_setup, layout, sharding, task_kinds
 from lra_core.bench import cores
 from lra_core.bench.common import (
   MiB,
@@ -53,7 +53,7 @@ from lra_core.bench.common import (
 from lra_core.config import load_config
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError, brief
-from lra_core.state import make_state_spec
+from lra_core.state import run_setup
 from lra_core.steps import make_train_step
 from lra_core.tables import markdown_table
 from lra_core.tasks import make_task
@@ -190,8 +190,7 @@ class TrainStepRun:
     info = data_info(config)
     data_setup.check_compatible(config, info, mesh)
     task = make_task(config, info)
-    self.tx, schedule = optim.make_optimizer(config)
-    spec = make_state_spec(config, mesh, self.tx)
+    self.tx, schedule, spec = run_setup(config, mesh)
     self.num_params = spec.num_params
     with sharding.activate(mesh, rules):
       step = jax.jit(

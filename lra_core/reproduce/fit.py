@@ -15,12 +15,12 @@ import os
 import jax
 import numpy as np
 
-from lra_core import layout, optim, sharding
+from lra_core import layout, sharding
 from lra_core.bench import train_step
 from lra_core.bench.common import cost_flops, xla_memory_bytes
 from lra_core.errors import ConfigError
 from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, save_plot, train
-from lra_core.state import make_state_spec
+from lra_core.state import run_setup
 from lra_core.steps import make_train_step
 from lra_core.tables import markdown_table
 from lra_core.tasks import make_task
@@ -102,8 +102,7 @@ def planned_step(config) -> dict:
   rules = config.sharding.rules
   info = train_step.data_info(config)
   task = make_task(config, info)
-  tx, schedule = optim.make_optimizer(config)
-  spec = make_state_spec(config, mesh, tx)
+  tx, schedule, spec = run_setup(config, mesh)
   with sharding.activate(mesh, rules):
     step = jax.jit(
       make_train_step(config, spec, task, tx, schedule), donate_argnums=0, out_shardings=(spec.shardings, None)
