@@ -61,9 +61,25 @@ def mixed_chunk_attention(
 ) -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
-  Arguments and result as in `flash_xla.mixed_chunk_attention` (segments int[B,T]: packed
-  documents; global_norm "sum" | "mean"). impl: "xla" (that reference) or "pallas" (one kernel,
-  `flash_pallas.mixed_chunk_attention`). -> [B,T,H,E]
+  Args (`flash_xla.mixed_chunk_attention` says what each form computes):
+    quad_q, quad_k: [B,T,H,S] the local part's queries and keys; quad_q None drops the local part
+      (global-only).
+    lin_q, lin_k: [B,T,H,S] the global part's; both None drop it (FLASH local-only, FLASH-Quad).
+    v: [B,T,H,E] values.
+    chunk: C, the tokens per chunk; T need not be a multiple of C (the tail is padded and cut off).
+    causal: each query reads keys at or before it.
+    quad_scale, lin_scale: the local scores' and the global sums' factors.
+    bias: [C,C] relative bias inside a chunk (sliced when T < C).
+    mask: bool[B,T], False = padding.
+    segments: int[B,T] packed documents (kernels/segments.py): a query reads keys of its own document only.
+    global_norm: "sum" (eqs. 7-8) or "mean" (the cross-chunk part divided by the number of chunks that
+      hold keys of the query's document).
+    kernel: the local scores' nonlinearity, one of `flash_xla.LOCAL_KERNELS`: "relu2" (FLASH), "softmax"
+      (MC-TFM++) or "linear".
+    impl: "xla" (that reference) or "pallas" (one kernel, `flash_pallas.mixed_chunk_attention`).
+
+  Returns:
+    [B,T,H,E].
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")

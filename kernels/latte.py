@@ -87,10 +87,20 @@ def bidirectional_latte(
   impl: str = "xla",
   chunk: int | None = None,
 ) -> Array:
-  """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D); mask bool[B,T], False = padding.
+  """Latte(Q, K, V) = softmax_L(Q) softmax_T(K)^T V in O(T L D).
 
-  With `segments` int[B,T] every document has its own softmax over time, in O(T L (C + D)) with
-  chunks of `chunk` tokens (default per backend, as the causal form).
+  Args:
+    q, k: [B,T,H,L] latent scores of each token (softmax over L for q, over T for k).
+    v: [B,T,H,D] values.
+    mask: bool[B,T], False = padding (a padded token's key takes no weight).
+    segments: int[B,T] packed documents: every document has its own softmax over time, in
+      O(T L (C + D)) with chunks of `chunk` tokens.
+    latent_scale: float[B,T,H,L] multiplying p(l|t) (latent dropout).
+    impl: "xla" (kernels/latte_xla.py) or "pallas" (kernels/latte_pallas.py).
+    chunk: the tokens per block of the packed-documents sums (None: the default per backend and impl).
+
+  Returns:
+    [B,T,H,D].
   """
   _check(q, k, v, mask, segments, latent_scale)
   _check_impl(impl)
@@ -121,12 +131,23 @@ def causal_latte(
   segments: Array | None = None,
   latent_scale: Array | None = None,
 ) -> Array:
-  """Causal Latte: a scan over chunks of `chunk` tokens (default per backend), exact inside each.
+  """Causal Latte: a scan over chunks of `chunk` tokens, exact inside each.
 
-  O(T L (C + D)) time and O(B C^2 H L) working memory; chunk = 1 is the paper's token-by-token scan.
-  `state` continues a sequence (see `init_latte_state`); `segments` int[B,T] restarts it at each
-  document's first token (a given `state` continues the row's first document). impl="pallas":
-  `chunk` is the kernel's block (default per backend: `latte_pallas.default_chunk`).
+  O(T L (C + D)) time and O(B C^2 H L) working memory.
+
+  Args:
+    q, k: [B,T,H,L] latent scores of each token (softmax over L for q; for k, over the tokens so far).
+    v: [B,T,H,D] values.
+    impl: "xla" (kernels/latte_xla.py) or "pallas" (kernels/latte_pallas.py).
+    chunk: C, the tokens per step of the scan; 1 is the paper's token-by-token scan. None: the default
+      per backend (`default_chunk`; with impl="pallas" the kernel's block, `latte_pallas.default_chunk`).
+    state: continues a sequence (see `init_latte_state`).
+    segments: int[B,T] packed documents: the state restarts at each document's first token (a given
+      `state` continues the row's first document).
+    latent_scale: float[B,T,H,L] multiplying p(l|t) (latent dropout).
+
+  Returns:
+    [B,T,H,D].
   """
   _check(q, k, v, segments=segments, latent_scale=latent_scale)
   _check_impl(impl)

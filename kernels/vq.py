@@ -87,24 +87,37 @@ def vq_attention_blocks(
 ) -> tuple[Array, dict]:
   """The linear-time core, continuing from `carry` (the state before the first position).
 
-  q [B,T,H,Dk]; k_hat [B,T,Hk,Dk] (quantized keys; straight-through gradients are the
-  caller's choice); z int32 [B,T,Hk]; v [B,T,Hk,Dv]; codebook [Hk,S,Dk] scores the compressed
-  keys. `rel` = (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) adds Transformer-XL position biases at
-  distances 0..L; older keys get content scores only. `compressive=False` drops the codebook
-  cache: a sliding window over the last L+1 positions (the paper's ablation). impl="xla" runs
-  `vq_xla.cached_attention`, impl="pallas" the fused kernel of kernels/vq_pallas.py (its scan is
-  serial: `reduction` must be "serial"). `segments` int [B,T] (packed documents, 0 = padding) keeps
-  every query to keys of its own segment, in the exact part and in the cache (which restarts per
-  document: `vq_xla.document_plan`); the carry's `seg` continues them across windows.
-  `grad_through_cache=False` holds the state passed from block to block constant in the backward pass
-  (the authors' `grad_thru_cache=0`): the compressive cache and the previous block's keys and values.
-  The output is the same; a query's gradient reaches only its own block's keys and values (and the
-  codebook, through the cache's scores).
-  `chunk_blocks` > 0 (impl="xla"): a lax.scan over the blocks, that many at a time (`vq_xla.chunked_attention`:
-  the same function, its working set one chunk's); 0: all blocks at once.
-  Returns the output [B,T,H,Dv] (dtype of v) and the carry after the last position, held constant
-  in the backward pass unless `carry_gradient` (impl="xla": for a caller that runs a sequence block
-  by block and passes the carry on, which then differentiates what one call over all blocks does).
+  Args:
+    q: [B,T,H,Dk] queries.
+    k_hat: [B,T,Hk,Dk] quantized keys (straight-through gradients are the caller's choice).
+    z: int32 [B,T,Hk], each key's code.
+    v: [B,T,Hk,Dv] values.
+    codebook: [Hk,S,Dk], which scores the compressed keys.
+    block_len: L, the positions per block (the paper's block length): the cache advances a block at a time.
+    reduction: how the cache's running means are summed over blocks (Appendix E), one of REDUCTIONS:
+      "serial" (lax.scan), "matmul" (lower-triangular weights), "assoc" (lax.associative_scan).
+    carry: the state before the first position (`init_carry`; None: an empty one).
+    rel: (rel_q [B,T,H,Dk], rel_table [H,L+1,Dk]) adds Transformer-XL position biases at distances
+      0..L; older keys get content scores only.
+    compressive: False drops the codebook cache: a sliding window over the last L+1 positions (the
+      paper's ablation).
+    impl: "xla" runs `vq_xla.cached_attention`, "pallas" the fused kernel of kernels/vq_pallas.py (its
+      scan is serial: `reduction` must be "serial").
+    segments: int [B,T] packed documents (0 = padding): every query reads keys of its own segment only,
+      in the exact part and in the cache (which restarts per document: `vq_xla.document_plan`); the
+      carry's `seg` continues them across windows.
+    grad_through_cache: False holds the state passed from block to block constant in the backward pass
+      (the authors' `grad_thru_cache=0`): the compressive cache and the previous block's keys and values.
+      The output is the same; a query's gradient reaches only its own block's keys and values (and the
+      codebook, through the cache's scores).
+    chunk_blocks: > 0 (impl="xla"): a lax.scan over the blocks, that many at a time
+      (`vq_xla.chunked_attention`: the same function, its working set one chunk's); 0: all blocks at once.
+    carry_gradient: differentiate through the returned carry (impl="xla": for a caller that runs a
+      sequence block by block and passes the carry on, which then differentiates what one call over all
+      blocks does); False holds it constant in the backward pass.
+
+  Returns:
+    The output [B,T,H,Dv] (dtype of v) and the carry after the last position.
   """
   if impl not in IMPLS:
     raise ValueError(f"impl {impl!r} is not one of {IMPLS}.")
@@ -228,10 +241,18 @@ def vq_attention(
 ) -> Array:
   """Causal softmax attention of q over the vector-quantized keys, in linear time.
 
-  q, k: [B,T,H,Dk]; v: [B,T,H,Dv]; codebook: [H,S,Dk] -> [B,T,H,Dv]. Equal (values and
-  gradients w.r.t. q, v and the codebook) to `vq_attention_reference`; k reaches the output only
-  through the argmin, so its gradient is zero in both (models add a straight-through estimator).
-  `segments` int [B,T]: each query attends within its own document only.
+  Equal (values and gradients w.r.t. q, v and the codebook) to `vq_attention_reference`; k reaches the
+  output only through the argmin, so its gradient is zero in both (models add a straight-through estimator).
+
+  Args:
+    q, k: [B,T,H,Dk] queries and (unquantized) keys.
+    v: [B,T,H,Dv] values.
+    codebook: [H,S,Dk], S codewords per head.
+    block_len, reduction, impl: as in `vq_attention_blocks`.
+    segments: int [B,T]: each query attends within its own document only.
+
+  Returns:
+    [B,T,H,Dv].
   """
   check_shapes(q, k, v, codebook, block_len)
   if reduction not in REDUCTIONS:
