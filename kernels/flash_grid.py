@@ -185,7 +185,7 @@ def cost(
   local: bool,
   carried: bool,
 ) -> pl.CostEstimate:
-  """What the grid driver computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  """What the grid driver computes and moves, for XLA's and lra_core.cost.hlo_cost's rooflines (a custom call is
   opaque to them). (The parallel driver's: `flash_parallel.cost`.)"""
   b, h, t, c = batch, heads, seq_len, chunk
   tiles, chunks = e // value_tile, t // chunk

@@ -339,7 +339,7 @@ def cost(
   states: int = 0,
   softmax: bool = False,
 ) -> pl.CostEstimate:
-  """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  """What the kernel computes and moves, for XLA's and lra_core.cost.hlo_cost's rooflines (a custom call is
   opaque to them): `tiles` = (Cq, Ck); `states` KV tensors read, `own` the non-causal documents'
   own-chunk term; `softmax` the local kernel's exp. Per program the key tiles it visits (causal: up
   to the diagonal) for its scores (recomputed per value tile) and their product with its values, and

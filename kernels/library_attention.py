@@ -36,7 +36,7 @@ outputs at padded positions differ, and nothing downstream reads them.
 Neither library kernel declares a cost, and a kernel is opaque to the compiler, so each call runs in a
 named scope stating its matrix-product FLOPs per device (the blocks its mask leaves, from the kernel's
 own block lists); the scope reaches the compiled program's op names, where `kernel_flops` reads it back
-for the roofline (lra_core/hlo_cost.py).
+for the roofline (lra_core/cost/hlo_cost.py).
 """
 
 from __future__ import annotations

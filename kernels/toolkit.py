@@ -28,7 +28,7 @@ Mosaic GPU would stage them in shared memory.
 Everything platform-dependent (interpret mode, driver, block sizes, compiler parameters) is read
 from the TARGET devices, never from the host's: see `current` for the order (an explicit `target`,
 the kernel mesh, the `jax.set_mesh` mesh, the default backend). A CPU host thus traces the compiled
-TPU kernels under a mesh of TPU devices (lra_core.chips.tpu_devices) and compiles them with libtpu
+TPU kernels under a mesh of TPU devices (lra_core.cost.chips.tpu_devices) and compiles them with libtpu
 (scripts/check_lowering.py). Pallas's own Mosaic lowering reads the chip kind from the context mesh
 when lowering: the kernels use no operation whose lowering depends on it (integer floor division,
 which lowers through `sign`, would).
@@ -233,7 +233,7 @@ def compiler_params(num_parallel: int, sequential: bool, num_sequential: int = 1
 
 
 def cost_estimate(flops: int, transcendentals: int, moved: Sequence) -> pl.CostEstimate:
-  """A kernel's declared cost, for XLA's and lra_core.hlo_cost's rooflines (a custom call is opaque to them):
+  """A kernel's declared cost, for XLA's and lra_core.cost.hlo_cost's rooflines (a custom call is opaque to them):
   its FLOPs and transcendentals, and the bytes of `moved`, the arrays (or `jax.ShapeDtypeStruct`s) it reads
   or writes once each."""
   moved_bytes = sum(x.size * jnp.dtype(x.dtype).itemsize for x in moved)

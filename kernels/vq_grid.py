@@ -141,7 +141,7 @@ def cost(
   has_bias: bool,
   has_segments: bool = False,
 ) -> pl.CostEstimate:
-  """What the kernel computes and moves, for XLA's and lra_core.hlo_cost's rooflines (a custom call is
+  """What the kernel computes and moves, for XLA's and lra_core.cost.hlo_cost's rooflines (a custom call is
   opaque to them)."""
   b, h, t, l, s, dk, dv = batch, heads, seq_len, block_len, n_code, d_k, d_v
   tiles, blocks = dv // value_block, t // l

@@ -6,7 +6,8 @@
 
 The folders models/, kernels/ and configs/ beside lra_core/ are the subpackages lra_core.models,
 lra_core.kernels and lra_core.configs: an install maps them so (pyproject.toml), and in a checkout
-that is not installed `_CheckoutFolders` does.
+that is not installed `_CheckoutFolders` does. Modules that moved into the subpackages keep their old
+import paths (`MOVED`; `_MovedModules`), so outside code that imports `lra_core.checkpoint` still runs.
 """
 
 import importlib.abc
@@ -14,9 +15,9 @@ import importlib.util
 import pathlib
 import sys
 
-from lra_core import startup
+from lra_core.runtime import startup
 
-with startup.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/startup.py)
+with startup.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/runtime/startup.py)
   import jax  # noqa: F401
 
 from lra_core.config import load_config  # noqa: E402
@@ -53,4 +54,52 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
     )
 
 
+# Old import path -> the module's home since lra_core/ was grouped into subpackages (README, "Moved").
+MOVED = {
+  "lra_core.aot_report": "lra_core.compilation.aot_report",
+  "lra_core.aot_targets": "lra_core.compilation.aot_targets",
+  "lra_core.checkpoint": "lra_core.checkpoints.checkpointer",
+  "lra_core.chips": "lra_core.cost.chips",
+  "lra_core.compile_cache": "lra_core.compilation.compile_cache",
+  "lra_core.data_setup": "lra_core.run.data_setup",
+  "lra_core.distributed": "lra_core.runtime.distributed",
+  "lra_core.exit_codes": "lra_core.runtime.exit_codes",
+  "lra_core.fs": "lra_core.runtime.fs",
+  "lra_core.hlo_cost": "lra_core.cost.hlo_cost",
+  "lra_core.hlo_flops": "lra_core.cost.hlo_flops",
+  "lra_core.hlo_text": "lra_core.cost.hlo_text",
+  "lra_core.host_memory": "lra_core.runtime.host_memory",
+  "lra_core.init_from": "lra_core.checkpoints.init_from",
+  "lra_core.metrics": "lra_core.run.metrics",
+  "lra_core.optim": "lra_core.run.optim",
+  "lra_core.pallas_costs": "lra_core.cost.pallas_costs",
+  "lra_core.preemption": "lra_core.runtime.preemption",
+  "lra_core.profiler": "lra_core.run.profiler",
+  "lra_core.read_fallout": "lra_core.checkpoints.read_failures",
+  "lra_core.run_lock": "lra_core.runtime.run_lock",
+  "lra_core.startup": "lra_core.runtime.startup",
+  "lra_core.state": "lra_core.run.state",
+  "lra_core.step_compile": "lra_core.compilation.step_compile",
+  "lra_core.steps": "lra_core.run.steps",
+  "lra_core.throughput": "lra_core.cost.throughput",
+  "lra_core.trackers": "lra_core.run.trackers",
+  "lra_core.watchdog": "lra_core.runtime.watchdog",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """Imports a moved module under its old name too: the same module object, not a copy, so a
+  monkeypatch or an isinstance check through either path sees the one module."""
+
+  def find_spec(self, fullname, path, target=None):
+    return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
+
+  def create_module(self, spec):
+    return importlib.import_module(MOVED[spec.name])
+
+  def exec_module(self, module):
+    pass  # already run, under its new name
+
+
+sys.meta_path.append(_MovedModules())
 sys.meta_path.append(_CheckoutFolders())  # last: an install's own mapping comes first

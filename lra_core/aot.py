@@ -5,15 +5,15 @@
   python -m lra_core.aot --config=configs/c4/latte.py:latte --topology=a100x4 --config.mesh.data=4
 
 --topology is a TPU slice, <generation>:<chips> (v3:2x2, v5p:2x2x1, ...), compiled by libtpu's compiler,
-or GPUs, <gpu>[x<count>] with <gpu> one of lra_core.chips.GPUS (h100, h200, a100, a100-40g, v100,
+or GPUs, <gpu>[x<count>] with <gpu> one of lra_core.cost.chips.GPUS (h100, h200, a100, a100-40g, v100,
 v100-32g; h100x16 is two hosts of 8), compiled by XLA:GPU, Triton and ptxas of the CUDA plugin, no
 driver needed. It builds the trainer's own train step (state spec, shardings, donation, micro-batches,
-kernels) and eval step for the config's batch shapes, with no data files (lra_core/aot_targets.py), and
-prints memory per device, whether it fits, and a roofline estimate of the step (lra_core/aot_report.py).
+kernels) and eval step for the config's batch shapes, with no data files (lra_core/compilation/aot_targets.py), and
+prints memory per device, whether it fits, and a roofline estimate of the step (lra_core/compilation/aot_report.py).
 A TPU step fits its chip's HBM; a GPU step fits the part of the GPU's memory JAX preallocates,
 XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 unless set) of it, read from this process's environment.
 Exit status: 0 fits, 3 compiles but does not fit, 2 a config or topology error (one sentence).
-The trainer's own compile and memory check is lra_core/step_compile.py.
+The trainer's own compile and memory check is lra_core/compilation/step_compile.py.
 """
 
 from __future__ import annotations
@@ -28,13 +28,20 @@ import sys
 
 import jax
 
-from lra_core import chips, cli, sharding
-from lra_core.aot_report import Report, estimate_from_hlo, write_hlo
-from lra_core.aot_targets import OutOfMemory, compile_for_target, eval_step_args, target_devices, trace_train_step
+from lra_core import cli, sharding
+from lra_core.compilation.aot_report import Report, estimate_from_hlo, write_hlo
+from lra_core.compilation.aot_targets import (
+  OutOfMemory,
+  compile_for_target,
+  eval_step_args,
+  target_devices,
+  trace_train_step,
+)
+from lra_core.compilation.step_compile import GIB, MemoryEstimate, gpu_memory_fraction, memory_limit
+from lra_core.cost import chips
+from lra_core.cost.pallas_costs import pallas_kernel_costs
 from lra_core.data import pipeline
 from lra_core.errors import ConfigError
-from lra_core.pallas_costs import pallas_kernel_costs
-from lra_core.step_compile import GIB, MemoryEstimate, gpu_memory_fraction, memory_limit
 
 
 def compile_config(
@@ -53,7 +60,7 @@ def compile_config(
   devices = target_devices(topology) if devices is None else devices
   chip = chips.chip_of(devices[0])
   if chip is None:
-    raise ConfigError(f"device kind {devices[0].device_kind!r} has no entry in lra_core.chips.CHIPS.")
+    raise ConfigError(f"device kind {devices[0].device_kind!r} has no entry in lra_core.cost.chips.CHIPS.")
   platform = "gpu" if devices[0].platform == "gpu" else "tpu"
   t = config.train
   mesh, task, spec, traced = trace_train_step(config, devices)

@@ -6,7 +6,7 @@
   --workdir=<dir>
   --list_configs          every config file with the args it accepts (also `python -m lra_core.configs`)
   --distributed / --coordinator_address / --num_processes / --process_id
-                          multi-process runs (lra_core/distributed.py, docs/launching.md)
+                          multi-process runs (lra_core/runtime/distributed.py, docs/launching.md)
 
 Every flag also takes its value after a space. Overrides go through `lra_core.load_config`, so
 the command line and the Python API give the same one-sentence errors (an unknown key names the
@@ -36,17 +36,17 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from lra_core import distributed, host_memory, startup
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError, brief
-from lra_core.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
+from lra_core.registry import package_dir
+from lra_core.runtime import distributed, host_memory, startup
+from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
   EXIT_INTERRUPTED,
   EXIT_PREEMPTED,
   EXIT_USER_ERROR,
 )
-from lra_core.registry import package_dir
 
 PREFIX = "--config."
 
@@ -247,8 +247,8 @@ def run(main: Callable[[], None]) -> None:
   Ctrl-C outside the training loop (or a second one inside it) into one line and status 130.
 
   In a multi-process run an error on this process ends every process at once
-  (lra_core.distributed.report_failure): the others print its line and exit with its status.
-  Freed host memory is kept for reuse from the start (lra_core.host_memory)."""
+  (lra_core.runtime.distributed.report_failure): the others print its line and exit with its status.
+  Freed host memory is kept for reuse from the start (lra_core.runtime.host_memory)."""
   host_memory.keep_freed_memory()
   try:
     main()
@@ -261,7 +261,7 @@ def run(main: Callable[[], None]) -> None:
     if not distributed.claim_end("aborted (Ctrl-C).", EXIT_INTERRUPTED):
       distributed.leave(EXIT_INTERRUPTED)  # a peer's failure ends this process already, its line said
     distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
-    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/startup.py)
+    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/runtime/startup.py)
       startup.leave_now(EXIT_INTERRUPTED)
     sys.exit(EXIT_INTERRUPTED)
 

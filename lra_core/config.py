@@ -18,12 +18,13 @@ from collections.abc import Iterable, Sequence
 
 import ml_collections
 
-from lra_core import fs, registry, task_kinds
-from lra_core import optim as optim_lib
+from lra_core import registry, task_kinds
 from lra_core.errors import ConfigError
 from lra_core.kernels.library_attention import IMPLS as ATTENTION_IMPLS
 from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
+from lra_core.run import optim as optim_lib
+from lra_core.runtime import fs
 from lra_core.sharding import MESH_AXES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -85,7 +86,7 @@ def base_config(
       max_skipped_fraction=0.1,  # with skip_nonfinite: a run that skipped more of its steps fails at the end
       save_timeout_s=1800.0,  # a checkpoint still being written after this long stops the run (0: no limit)
       # No step for max(watchdog_min_s, watchdog_factor x the median step): every thread's stack to the
-      # log, exit status 75 (restarted by the supervisors; lra_core/watchdog.py). Factor 0: off.
+      # log, exit status 75 (restarted by the supervisors; lra_core/runtime/watchdog.py). Factor 0: off.
       watchdog_factor=20.0,
       watchdog_min_s=1800.0,
       # a workdir whose latest parameters start a fresh run (uptraining), or hf:<folder> (docs/checkpoints.md)
@@ -94,7 +95,7 @@ def base_config(
       profile_steps="",  # "a:b": a jax.profiler trace of steps a..b-1 into <workdir>/tensorboard
       compile_cache="auto",  # persistent compilation cache: auto ($LRA_CORE_CACHE, else next to the
       # workdir), off, or a folder (local or gs://)
-      peak_flops=0.0,  # MFU denominator per device; 0 -> lra_core.chips (CPU: measured matmul peak)
+      peak_flops=0.0,  # MFU denominator per device; 0 -> lra_core.cost.chips (CPU: measured matmul peak)
       sample_every=0,  # image tasks: a sample grid in TensorBoard every this many steps; 0 -> off
       tracker="none",  # none | wandb | trackio: mirror config, metrics and images to a tracker
       tracker_project="lra_core",

@@ -20,12 +20,14 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from lra_core import cli, data_setup, fs, layout, sharding
-from lra_core.checkpoint import restore_params
+from lra_core import cli, layout, sharding
+from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.data import pipeline
 from lra_core.dataset_record import SPLITS
-from lra_core.state import eval_params, run_setup, to_host
-from lra_core.steps import make_eval_step
+from lra_core.run import data_setup
+from lra_core.run.state import eval_params, run_setup, to_host
+from lra_core.run.steps import make_eval_step
+from lra_core.runtime import fs
 
 EXAMPLE = "python -m lra_core.evaluate --workdir runs/listops_tiny --split validation --config.train.eval_batch_size 64"
 

@@ -2,7 +2,7 @@
 
 With `model.scan_layers` a stack of N layers is stored as one entry {STACKED: tree of [N, ...]}
 in place of {0: tree, ..., N-1: tree} (models/blocks/stack.py). `unscan_params` reads any tree in
-the per-layer layout (`restack_like` and lra_core.state.scan_params go the other way), and
+the per-layer layout (`restack_like` and lra_core.run.state.scan_params go the other way), and
 `per_layer_optimizer` lets the optimizer see that layout, so weight-decay masks, factored second
 moments and parameter groups treat each layer as they do without scanning.
 """

@@ -33,12 +33,13 @@ import numpy as np
 from flax import nnx
 from PIL import Image
 
-from lra_core import cli, decoding, diffusion, fs, layout, task_kinds
+from lra_core import cli, decoding, diffusion, layout, task_kinds
 from lra_core import data as data_lib
-from lra_core.checkpoint import restore_params
+from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError, DecodingError
-from lra_core.state import eval_params, run_setup, to_host
+from lra_core.run.state import eval_params, run_setup, to_host
+from lra_core.runtime import fs
 
 EXAMPLE = "python -m lra_core.sample --workdir runs/e8 --prompt 'The ' --top_p 0.9 --num_samples 4"
 

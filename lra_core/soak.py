@@ -14,7 +14,7 @@ afresh. After `--kills` kills the run goes on to its end.
 A kill was recovered from when the first checkpoint written after it, by the restart or (where that
 restart was itself killed first, in start-up or inside its first write) by a later one, is
 bit-identical to the reference's of the same step (every array's digest in the checkpoint's meta,
-lra_core/checkpoint.py); the soak ends with the reference's `param_checksum`. The report: kills, kills
+lra_core/checkpoints/checkpointer.py); the soak ends with the reference's `param_checksum`. The report: kills, kills
 recovered from (the steps the restarts resumed from, the checkpoint that showed it), the final checksum
 against the reference's.
 """
@@ -36,7 +36,7 @@ import time
 import orbax.checkpoint as ocp
 
 from lra_core import cli
-from lra_core.checkpoint import reader_options
+from lra_core.checkpoints.checkpointer import reader_options
 from lra_core.errors import ConfigError
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:tiny"

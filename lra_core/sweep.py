@@ -57,9 +57,10 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from lra_core import cli, startup, train
+from lra_core import cli, train
 from lra_core.config import load_config, upgrade_config
 from lra_core.errors import ConfigError, UserError
+from lra_core.runtime import startup
 from lra_core.tables import markdown_table
 
 # Metric column order: by the first matching rule (a prefix or an exact name), then alphabetical.

@@ -25,33 +25,25 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lra_core import (
-  cli,
-  compile_cache,
-  data_setup,
-  distributed,
-  fs,
-  layout,
-  optim,
-  sharding,
-  step_compile,
-  throughput,
-  trackers,
-)
+from lra_core import cli, layout, sharding
 from lra_core import sample as sample_lib
-from lra_core.checkpoint import Checkpointer, SaveAbandoned, check_directory, check_writable
+from lra_core.checkpoints.checkpointer import Checkpointer, SaveAbandoned, check_directory, check_writable
+from lra_core.checkpoints.init_from import warm_start
+from lra_core.compilation import compile_cache, step_compile
 from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
+from lra_core.cost import throughput
 from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, TrainingDiverged
 from lra_core.evaluate import Evaluator
-from lra_core.init_from import warm_start
-from lra_core.metrics import MetricWriter, Progress
-from lra_core.preemption import PreemptionNotice
-from lra_core.profiler import StepProfiler
-from lra_core.run_lock import RunLock
-from lra_core.state import eval_params, param_checksum, run_setup
-from lra_core.watchdog import StepWatchdog
+from lra_core.run import data_setup, optim, trackers
+from lra_core.run.metrics import MetricWriter, Progress
+from lra_core.run.profiler import StepProfiler
+from lra_core.run.state import eval_params, param_checksum, run_setup
+from lra_core.runtime import distributed, fs
+from lra_core.runtime.preemption import PreemptionNotice
+from lra_core.runtime.run_lock import RunLock
+from lra_core.runtime.watchdog import StepWatchdog
 
 DEFAULT_CONFIG = "configs/lra/listops/transformer.py:default"
 DEFAULT_WORKDIR = "runs/listops_default"
@@ -67,8 +59,8 @@ def train_and_evaluate(
   does the same at the step in flight, with "preempted": True; a Ctrl-C (SIGINT) too, with
   "interrupted": True.
   force: continue a workdir whose checkpoints were made with a different config (else refused).
-  `workdir` is a local folder or an object-store URL such as gs://bucket/run (lra_core/fs.py).
-  One run at a time trains in a workdir: its process 0 holds `<workdir>/run.lock` (lra_core/run_lock.py),
+  `workdir` is a local folder or an object-store URL such as gs://bucket/run (lra_core/runtime/fs.py).
+  One run at a time trains in a workdir: its process 0 holds `<workdir>/run.lock` (lra_core/runtime/run_lock.py),
   and a second run is refused with one sentence naming the first.
   """
   workdir = fs.path(workdir, what="workdir")
@@ -232,7 +224,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
 def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> tuple[Callable, float]:
   """(the compiled train step, its FLOPs). Compiled from shapes alone, before the state exists: a
-  config too large for the devices stops here with the estimate (lra_core/step_compile.py; lra_core.aot
+  config too large for the devices stops here with the estimate (lra_core/compilation/step_compile.py; lra_core.aot
   compiles the same step for TPU slices)."""
   jitted = step_compile.jit_train_step(config, spec, task, tx, schedule)
   batch_shapes = layout.abstract_batch(batch, mesh, config.sharding.rules)

@@ -48,7 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The trainer's exit status after saving at a SIGTERM (lra_core.cli.EXIT_PREEMPTED; this script runs
 # without the package installed, tests/test_launchers.py checks that the two agree).
 EXIT_PREEMPTED = 75
-# Object stores by URL scheme: the pyproject.toml extra that reaches one, and the packages that do (lra_core/fs.py).
+# Object stores by URL scheme: the pyproject.toml extra that reaches one, and the packages that do
+# (lra_core/runtime/fs.py).
 STORES = {"gs": ("gcs", ("gcsfs", "tensorflow")), "s3": ("s3", ("s3fs", "tensorflow"))}
 
 

@@ -76,7 +76,7 @@ EXIT_PREEMPTED = 75
 LOST = ("PREEMPTED", "TERMINATED", "FAILED", "SUSPENDING", "SUSPENDED", GONE)
 # Queued resource states on the way to ACTIVE.
 PENDING = ("ACCEPTED", "CREATING", "PROVISIONING", "WAITING_FOR_RESOURCES")
-# The pyproject.toml extra that reaches each object store (lra_core/fs.py), by URL scheme: step 4 adds
+# The pyproject.toml extra that reaches each object store (lra_core/runtime/fs.py), by URL scheme: step 4 adds
 # it to --extra when a train argument is such a URL, since the trainer cannot start without it.
 STORE_EXTRAS = {"gs": "gcs", "s3": "s3"}
 

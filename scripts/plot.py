@@ -16,7 +16,7 @@ import pathlib
 
 from lra_core import cli
 from lra_core.errors import ConfigError, DataError, optional_import
-from lra_core.metrics import read_metrics
+from lra_core.run.metrics import read_metrics
 
 
 @functools.cache

@@ -3,7 +3,7 @@
     python scripts/tpu_variants.py [--topology=v4:2x2x1] [--batch=8] [--seq_len=512]
 
 Each variant is the gradient of a 24-layer scanned stack in bfloat16 (float32 weights), compiled by
-libtpu for one chip of the slice and costed by lra_core/hlo_cost.py, so that a choice of how a
+libtpu for one chip of the slice and costed by lra_core/cost/hlo_cost.py, so that a choice of how a
 layer is written (one fused projection or two, how SiLU keeps its residuals) is judged by what the
 TPU compiler makes of it:
   gau/*  FLASH's GAU at d 768, e 1536, s 128 (mixed chunk attention, chunk 256): the paper's one
@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import chips, cli, hlo_cost
+from lra_core import cli
+from lra_core.cost import chips, hlo_cost
 from lra_core.kernels import flash as flash_kernels
 from lra_core.models.blocks.layers import silu
 

@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 # The suite's own processes keep no persistent cache: a worker compiles each program once, so a clean
 # clone's run seldom reads an entry back, and writing every program cost more than it saved (a clean-clone
 # run took 19 min without, 21 to 25 with). The training runs the tests start in subprocesses keep theirs
-# ($LRA_CORE_CACHE/jax_compile, lra_core/compile_cache.py), where a resumed run reads its steps back.
+# ($LRA_CORE_CACHE/jax_compile, lra_core/compilation/compile_cache.py), where a resumed run reads its steps back.
 jax.config.update("jax_enable_compilation_cache", False)
 
 

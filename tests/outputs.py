@@ -11,8 +11,8 @@ import math
 import pathlib
 import tempfile
 
-from lra_core import fs
-from lra_core.metrics import read_metrics
+from lra_core.run.metrics import read_metrics
+from lra_core.runtime import fs
 
 TIMING = ("step_time_s", "tokens_per_s", "mfu")
 

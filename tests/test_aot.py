@@ -17,7 +17,9 @@ import fixtures
 import lra_core
 import tiers
 from fixtures import listops
-from lra_core import aot, aot_report, aot_targets, chips, cli, hlo_cost, layout, sharding, step_compile
+from lra_core import aot, cli, layout, sharding
+from lra_core.compilation import aot_report, aot_targets, step_compile
+from lra_core.cost import chips, hlo_cost
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 

@@ -13,7 +13,7 @@ from flax import nnx
 
 import lra_core
 from lra_core import registry
-from lra_core.checkpoint import Checkpointer
+from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.evaluate import evaluate
 from lra_core.protocol import Capabilities, Family, Smoke
 from lra_core.train import train_and_evaluate

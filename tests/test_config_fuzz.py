@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 import fixtures
 import lra_core
-from lra_core import data_setup, layout, optim, registry, sharding
+from lra_core import layout, registry, sharding
 from lra_core.data import pipeline
 from lra_core.errors import UserError
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import data_setup, optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 
 # Keys every family has, with candidate values (valid and invalid, as command-line text); each
 # family's smoke record adds its own (`fuzz`).

@@ -22,7 +22,7 @@ from test_sharding import TOLERANCE, train
 import lra_core
 import tiers
 from lra_core import config as config_lib
-from lra_core import layout, optim, sharding
+from lra_core import layout, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
@@ -31,8 +31,9 @@ from lra_core.kernels import flash as flash_kernels
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels import vq as vq_kernels
 from lra_core.kernels.ring_attention import ring_attention
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 from lra_core.train import train_and_evaluate
 

@@ -18,10 +18,11 @@ import pytest
 import fixtures
 import lra_core
 from lra_core import data as data_lib
-from lra_core import fs, registry
+from lra_core import registry
 from lra_core.data import cache, files, tokenizer
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
+from lra_core.runtime import fs
 
 
 def _configs(name, tmp_path, fake_gcs, *, layout=None):

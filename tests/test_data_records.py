@@ -11,9 +11,9 @@ import fixtures
 import lra_core
 from lra_core import data as data_lib
 from lra_core import registry, task_kinds
-from lra_core.data_setup import config_data_info
 from lra_core.dataset_record import SPLITS, Dataset
 from lra_core.errors import ConfigError
+from lra_core.run.data_setup import config_data_info
 
 
 def test_every_record_is_declared_under_its_module_name_with_known_tasks_and_splits():

@@ -12,12 +12,13 @@ from flax import nnx
 
 import lra_core
 from fixtures import imagenet64 as fx
-from lra_core import layout, optim, sample
-from lra_core.checkpoint import Checkpointer
+from lra_core import layout, sample
+from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.data import DataInfo
 from lra_core.evaluate import evaluate
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 from lra_core.train import train_and_evaluate
 

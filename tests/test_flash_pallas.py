@@ -12,14 +12,15 @@ import pytest
 
 import lra_core
 import tiers
-from lra_core import kernels, layout, optim, sharding
+from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import flash as fk
 from lra_core.kernels import flash_grid, flash_pallas, flash_parallel, toolkit
 from lra_core.layout import to_device
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 
 # Tolerances relative to the largest magnitude of the reference (at least 1).
@@ -268,7 +269,7 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
 
 @pytest.mark.slow
 def test_tiny_flash_trains_the_same_with_the_kernel():
-  """Three trainer steps (lra_core.steps) of FLASH's tiny PG-19 config on random bytes, per impl."""
+  """Three trainer steps (lra_core.run.steps) of FLASH's tiny PG-19 config on random bytes, per impl."""
   losses = {}
   state = None
   for impl in ("xla", "pallas"):

@@ -1,5 +1,5 @@
 """The kernels compiled for an NVIDIA H100 on this CPU host (no GPU, no driver): under `jax.set_mesh` of the
-H100 devices of lra_core.chips.gpu_devices every kernel's forward and training gradient lower to a Pallas
+H100 devices of lra_core.cost.chips.gpu_devices every kernel's forward and training gradient lower to a Pallas
 Triton call, and XLA:GPU, Triton (its shared-memory allocation included) and ptxas compile them; the VQ and
 FLASH kernels also at their papers' sizes, where they once exceeded the H100's shared memory.
 scripts/check_lowering.py --platforms=gpu runs the same compiles with a table of the kernels' resources."""
@@ -8,8 +8,8 @@ import jax
 import pytest
 
 import tiers
-from lra_core import chips
 from lra_core.bench import gpu_compile
+from lra_core.cost import chips
 from lra_core.errors import ConfigError
 from lra_core.kernels import catalog, toolkit
 

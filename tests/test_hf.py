@@ -15,12 +15,13 @@ import pytest
 from flax import traverse_util
 
 import lra_core
-from lra_core import hf, layout, optim
+from lra_core import hf, layout
+from lra_core.checkpoints.init_from import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
-from lra_core.init_from import warm_start
 from lra_core.models import block_transformer as bt
-from lra_core.state import make_state_spec
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
 
 CONFIG = {
   "architectures": ["GPTNeoXForCausalLM"],

@@ -14,11 +14,12 @@ import pytest
 from flax import traverse_util
 
 import lra_core
-from lra_core import hf, layout, optim, registry
+from lra_core import hf, layout, registry
+from lra_core.checkpoints.init_from import warm_start
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.hf import safetensors
-from lra_core.init_from import warm_start
-from lra_core.state import make_state_spec
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
 
 # Small enough to test, with every feature biting: the window (4) shorter than the rows (12), two query
 # heads per key-value head, a head width (8) that is not hidden_size / heads, a query scale of its own,
@@ -288,9 +289,10 @@ def test_frozen_weights_pass_no_gradient_and_the_trained_ones_move_as_before(mon
   than the same step with every gradient formed) and the latent logits' update is the same."""
   from test_remat_scan import random_batch
 
-  from lra_core import hlo_cost, sharding
-  from lra_core.data_setup import config_data_info
-  from lra_core.steps import make_train_step
+  from lra_core import sharding
+  from lra_core.cost import hlo_cost
+  from lra_core.run.data_setup import config_data_info
+  from lra_core.run.steps import make_train_step
   from lra_core.tasks import make_task
 
   config = lra_core.load_config("configs/c4/gemma2.py:tiny")

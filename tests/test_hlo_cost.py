@@ -1,4 +1,4 @@
-"""The roofline estimate read off compiled TPU and GPU programs (lra_core/hlo_cost.py), against exact
+"""The roofline estimate read off compiled TPU and GPU programs (lra_core/cost/hlo_cost.py), against exact
 counts, against XLA's own estimate where XLA's is complete (no loops), and on GPU against the same
 step compiled for the CPU."""
 
@@ -13,7 +13,9 @@ from jax.experimental.pallas import triton as pltriton
 
 import lra_core
 import tiers
-from lra_core import aot_targets, chips, hlo_cost, hlo_flops, hlo_text, pallas_costs, registry, sharding, throughput
+from lra_core import registry, sharding
+from lra_core.compilation import aot_targets
+from lra_core.cost import chips, hlo_cost, hlo_flops, hlo_text, pallas_costs, throughput
 
 N, LAYERS = 1024, 6
 

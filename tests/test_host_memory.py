@@ -1,4 +1,4 @@
-"""lra_core.host_memory: a block the process frees is served again without page faults, every command
+"""lra_core.runtime.host_memory: a block the process frees is served again without page faults, every command
 asks for that at start where JAX can only use the CPU, and the switch overrides that."""
 
 import os
@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from lra_core import cli, host_memory
+from lra_core import cli
+from lra_core.runtime import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 glibc_only = pytest.mark.skipif(host_memory._glibc() is None, reason="mallopt is glibc's (Linux)")
@@ -19,7 +20,7 @@ glibc_only = pytest.mark.skipif(host_memory._glibc() is None, reason="mallopt is
 SECOND_BLOCK_FAULTS = textwrap.dedent(
   """
   import ctypes, resource, sys
-  from lra_core import host_memory
+  from lra_core.runtime import host_memory
   print(host_memory.keep_freed_memory())
   libc = ctypes.CDLL("libc.so.6")
   libc.malloc.restype = ctypes.c_void_p

@@ -27,8 +27,9 @@ import pytest
 import fixtures
 import lra_core
 import outputs
-from lra_core import cli, fs, registry
-from lra_core.preemption import PreemptionNotice
+from lra_core import cli, registry
+from lra_core.runtime import fs
+from lra_core.runtime.preemption import PreemptionNotice
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 9
@@ -195,9 +196,9 @@ def test_a_second_ctrl_c_aborts_at_once():
 
 
 SECOND_CTRL_C_IN_A_CALLBACK = """
-import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.<command>` is (lra_core/startup.py)
+import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.<command>` is (lra_core/runtime/startup.py)
 import gc, os, signal, time
-from lra_core.preemption import PreemptionNotice
+from lra_core.runtime.preemption import PreemptionNotice
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a terminal delivers it, in the background too
 

@@ -10,14 +10,15 @@ import pytest
 
 import lra_core
 import tiers
-from lra_core import kernels, layout, optim, sharding
+from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
 from lra_core.kernels import latte_pallas, toolkit
 from lra_core.layout import to_device
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 
 F32 = dict(atol=1e-5, rtol=1e-5)
@@ -292,7 +293,7 @@ def test_kernels_run_per_device_under_a_mesh():
 
 @pytest.mark.slow
 def test_tiny_lm_trains_the_same_with_the_kernel():
-  """Three trainer steps (lra_core.steps) of the tiny causal LM (one layer) on random bytes, once per impl."""
+  """Three trainer steps (lra_core.run.steps) of the tiny causal LM (one layer) on random bytes, once per impl."""
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, 256, size=(3, 8, 65)).astype(np.int32)
   state, losses = None, {}

@@ -19,7 +19,8 @@ from test_hlo_cost import compiled_train_step
 
 import lra_core
 import tiers
-from lra_core import aot_targets, chips, hlo_cost
+from lra_core.compilation import aot_targets
+from lra_core.cost import chips, hlo_cost
 from lra_core.errors import ConfigError
 from lra_core.kernels import library_attention as library
 from lra_core.kernels import toolkit
@@ -322,7 +323,7 @@ def test_each_family_trains_on_the_triton_kernel_in_a_step_compiled_for_an_h100(
 
 
 def _matmul_flops(impl, devices, causal, grad, t=2048, d=128, window=0):
-  """The roofline's matrix-product FLOPs (lra_core.hlo_cost) of one attention over [1,t,H,d], compiled
+  """The roofline's matrix-product FLOPs (lra_core.cost.hlo_cost) of one attention over [1,t,H,d], compiled
   for `devices`' platform: the forward, or with `grad` the gradient of a loss that reads the output (so
   the reference's forward keeps both its products)."""
   mesh = jax.sharding.Mesh(np.array(devices[:1]), ("data",))

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lra_core import chips
+from lra_core.cost import chips
 from lra_core.tasks.base import token_nll
 
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")

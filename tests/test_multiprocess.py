@@ -27,11 +27,13 @@ from conftest import FAST_COMPILE, HOST_COLLECTIVES
 
 import lra_core
 from fixtures import listops
-from lra_core import cli, distributed, layout, optim
-from lra_core.checkpoint import Checkpointer
+from lra_core import cli, layout
+from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.errors import ConfigError
-from lra_core.metrics import read_metrics
-from lra_core.state import make_state_spec
+from lra_core.run import optim
+from lra_core.run.metrics import read_metrics
+from lra_core.run.state import make_state_spec
+from lra_core.runtime import distributed
 from lra_core.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,7 +59,7 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None
     PYTHONPATH=str(ROOT),
     # 2 devices a process; the compiler's fast mode keeps this test cheap; collectives wait out a loaded host.
     XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE} {HOST_COLLECTIVES}",
-    # A folder of their own, as a multi-process run keeps its entries apart (lra_core/compile_cache.py).
+    # A folder of their own, as a multi-process run keeps its entries apart (lra_core/compilation/compile_cache.py).
     JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache" / "two_processes"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
   )
@@ -217,7 +219,7 @@ def test_when_one_process_cannot_read_the_newest_checkpoint_all_resume_from_the_
   assert all("resuming at step 2 (data position 2)" in out for out in outputs)
   assert "checkpoint step 4 in" in outputs[0] and "process 1 of 2 could not read it" in outputs[0]
   assert (workdir / "unreadable_checkpoints" / "4" / "state").is_dir()
-  # The reads orbax left running after the failure end quietly (lra_core/read_fallout.py).
+  # The reads orbax left running after the failure end quietly (lra_core/checkpoints/read_failures.py).
   assert not any("Traceback" in out or "Exception ignored" in out for out in outputs), outputs[1][-3000:]
   expected = json.loads((two / "summary.json").read_text())["param_checksum"]
   assert json.loads((workdir / "summary.json").read_text())["param_checksum"] == expected

@@ -1,4 +1,4 @@
-"""Tests for lra_core.optim: schedules against closed forms, masks, groups, validation."""
+"""Tests for lra_core.run.optim: schedules against closed forms, masks, groups, validation."""
 
 import math
 import re
@@ -12,8 +12,9 @@ import pytest
 from flax import nnx
 
 import family_configs
-from lra_core import optim, registry
+from lra_core import registry
 from lra_core.errors import ConfigError
+from lra_core.run import optim
 
 
 def _config(steps: int = 1000, **optim_overrides) -> ml_collections.ConfigDict:

@@ -11,10 +11,10 @@ from flax import nnx
 
 import lra_core
 import tiers
-from lra_core import optim
 from lra_core.bench import peer_vq
 from lra_core.bench import train_step as bench
 from lra_core.bench.common import cost_flops
+from lra_core.run import optim
 from lra_core.tasks.base import apply_model, token_nll
 
 CONFIG = "configs/enwik8/transformer_vq.py"

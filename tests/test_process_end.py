@@ -20,8 +20,9 @@ import time
 import jax
 import pytest
 
-from lra_core import cli, distributed, startup
+from lra_core import cli
 from lra_core.errors import ConfigError
+from lra_core.runtime import distributed, startup
 
 PEER_STATUS = 75  # the failing peer's status (stuck): unlike every status of this process's own causes
 PEER_LINE = "process 0 failed: watchdog: no training step finished for 900 s."
@@ -254,7 +255,7 @@ def test_both_threads_at_once_with_random_pauses_at_every_step(monkeypatch, caps
 
 @pytest.mark.parametrize("main_thread", ["waiting", "holding the interpreter"])
 def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(main_thread):
-  """Fd 2 goes to the start-up filter's file while the backends start (lra_core/startup.py); a process 1
+  """Fd 2 goes to the start-up filter's file while the backends start (lra_core/runtime/startup.py); a process 1
   slow there, its watchdog saying process 0's failure and exiting, lost the line (a clean-clone run:
   status 2, nothing said), or its end when the main thread held the interpreter (starting a backend
   in native code; here a long multiplication) while the filter was a pipe whose drain thread had to
@@ -262,7 +263,8 @@ def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(ma
   hold = "for _ in range(2): big * big" if main_thread != "waiting" else "time.sleep(30)"
   script = textwrap.dedent(f"""
     import sys, threading, time
-    from lra_core import distributed, startup
+    from lra_core.runtime import distributed
+    from lra_core.runtime import startup
     big = 3 ** 4_000_000
     with startup.noise_dropped():
       print("the backends start", file=sys.stderr, flush=True)

@@ -18,12 +18,14 @@ import pytest
 
 import fixtures.listops
 import lra_core
-from lra_core import data_setup, layout, optim, read_fallout
-from lra_core.checkpoint import Checkpointer, restore_params
+from lra_core import layout
+from lra_core.checkpoints import read_failures
+from lra_core.checkpoints.checkpointer import Checkpointer, restore_params
+from lra_core.checkpoints.init_from import warm_start
 from lra_core.errors import ConfigError, DataError, StoreFailure
-from lra_core.init_from import warm_start
-from lra_core.metrics import read_metrics
-from lra_core.state import make_state_spec, param_checksum
+from lra_core.run import data_setup, optim
+from lra_core.run.metrics import read_metrics
+from lra_core.run.state import make_state_spec, param_checksum
 from lra_core.train import train_and_evaluate
 
 SPEC = fixtures.listops.SPEC
@@ -188,8 +190,8 @@ def test_the_reads_left_running_after_a_failed_restore_end_quietly(data, uninter
   retrieved): over 150 of them, 65 KB, for this small model. The caller's one error is all that remains."""
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", seen.append)
-  monkeypatch.setattr(read_fallout, "_failed", set(read_fallout._failed))
-  read_fallout.install()  # as the first read of a process does (earlier tests' reads may still be ending)
+  monkeypatch.setattr(read_failures, "_failed", set(read_failures._failed))
+  read_failures.install()  # as the first read of a process does (earlier tests' reads may still be ending)
   gc.collect()
   workdir = tmp_path / "run"
   shutil.copytree(uninterrupted[0] / "checkpoints" / "6", workdir / "checkpoints" / "6")
@@ -205,7 +207,7 @@ def test_the_reads_left_running_after_a_failed_restore_end_quietly(data, uninter
   assert "never retrieved" not in caplog.text
   # Later errors about that folder are its leftovers too (in an object store's spec: bucket and path
   # apart); anything else still reaches the hook.
-  read_fallout.failed("gs://bucket/runs/a/checkpoints")
+  read_failures.failed("gs://bucket/runs/a/checkpoints")
   leftovers = [f'Error reading "step/.zarray" in "{workdir}/checkpoints/6/state/"', "'path': 'runs/a/checkpoints/6/'"]
   for text in (*leftovers, "something else"):
     sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError(text), object=None))

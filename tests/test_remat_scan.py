@@ -14,14 +14,15 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import layout, optim, registry, sharding
-from lra_core.checkpoint import Checkpointer
+from lra_core import layout, registry, sharding
+from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.data import pipeline
-from lra_core.data_setup import config_data_info
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.registry import build_model
-from lra_core.state import make_state_spec, param_checksum, scan_params, unscan_params
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.data_setup import config_data_info
+from lra_core.run.state import make_state_spec, param_checksum, scan_params, unscan_params
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 
 FAMILIES = {f.name: f.smoke for f in registry.families()}

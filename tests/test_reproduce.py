@@ -153,7 +153,7 @@ def test_the_printed_command_leaves_out_where_it_was_pasted():
 
 
 def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
-  from lra_core import chips
+  from lra_core.cost import chips
   from lra_core.reproduce import tpu
 
   specs = [row.spec for row in tpu.paper_rows()]

@@ -1,4 +1,4 @@
-"""One run per workdir (lra_core/run_lock.py), and workdirs the trainer cannot write: refused with one
+"""One run per workdir (lra_core/runtime/run_lock.py), and workdirs the trainer cannot write: refused with one
 sentence before anything is written or compiled."""
 
 import errno
@@ -16,9 +16,10 @@ import pytest
 
 import fixtures.listops
 import lra_core
-from lra_core import cli, run_lock
-from lra_core.checkpoint import Checkpointer
+from lra_core import cli
+from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.errors import ConfigError
+from lra_core.runtime import run_lock
 from lra_core.train import train_and_evaluate
 
 FAST = ["train.steps=2", "train.test_at_end=False", "train.eval_batches=1"]
@@ -200,12 +201,13 @@ def test_a_bucket_s_checkpoints_folder_stays_once_checked_so_no_peer_lists_it_va
   """A store's folder exists only while an object is in it: a write check that removed its probe made
   `checkpoints/` appear and vanish under a peer's exists()-then-listing (orbax's), whose listing then
   failed with a FileNotFoundError. Each process index's probe stays; a restart rewrites it."""
-  from lra_core import checkpoint, fs
+  from lra_core.checkpoints import checkpointer
+  from lra_core.runtime import fs
 
   workdir = fs.path(fake_gcs())
   for index in (0, 1, 0):
     monkeypatch.setattr("jax.process_index", lambda: index)
-    checkpoint.check_writable(workdir)
+    checkpointer.check_writable(workdir)
     assert (workdir / "checkpoints").is_dir()
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [".write_check.0", ".write_check.1"]
   assert Checkpointer(workdir).all_steps() == []
@@ -215,7 +217,7 @@ def test_two_runs_racing_for_a_bucket_s_lock_cannot_both_win(fake_gcs, monkeypat
   """On gs:// the lock is the store's conditional create: a second run that saw no lock (the first's
   write not yet there when it looked) still fails to create one, where writing and reading back let it
   overwrite the first's and start too."""
-  from lra_core import fs
+  from lra_core.runtime import fs
 
   workdir = fs.path(fake_gcs())
   with run_lock.RunLock(workdir) as first:

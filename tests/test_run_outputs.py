@@ -17,10 +17,12 @@ from jax.experimental.compilation_cache import compilation_cache as jax_compilat
 
 import lra_core
 import outputs
-from lra_core import compile_cache, fs, hlo_cost, startup, throughput
+from lra_core.compilation import compile_cache
 from lra_core.config import log_interval
+from lra_core.cost import hlo_cost, throughput
 from lra_core.errors import ConfigError, StoreFailure
-from lra_core.metrics import PROGRESS_WIDTH, MetricWriter, progress_line, read_metrics
+from lra_core.run.metrics import PROGRESS_WIDTH, MetricWriter, progress_line, read_metrics
+from lra_core.runtime import fs, startup
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
@@ -268,7 +270,7 @@ def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_loads_its_steps_from_the_persistent_cache(tmp_path):
   """Also: a command on a host without accelerators, JAX_PLATFORMS unset and the TPU and CUDA plugins
-  installed (the test extra), prints none of their start-up noise (lra_core/startup.py)."""
+  installed (the test extra), prints none of their start-up noise (lra_core/runtime/startup.py)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PLATFORMS"}
   env.update(LRA_CORE_CACHE=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   command = [
@@ -316,7 +318,7 @@ def test_sample_every_is_for_image_tasks():
 
 def test_a_multi_process_run_keeps_its_compiled_steps_apart(tmp_path, monkeypatch):
   """A run of 2 processes uses <cache>/2_processes: programs compiled for another count of processes stay
-  apart (lra_core/compile_cache.py)."""
+  apart (lra_core/compilation/compile_cache.py)."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   with persistent_cache_on():
     folder = compile_cache.setup(str(tmp_path / "cache"), tmp_path / "run")

@@ -6,13 +6,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lra_core
-from lra_core import layout, optim, registry, sharding
+from lra_core import layout, registry, sharding
 from lra_core.bench.shardings import summarize
-from lra_core.checkpoint import Checkpointer, digests
+from lra_core.checkpoints.checkpointer import Checkpointer, digests
 from lra_core.data import DataInfo
 from lra_core.layout import mesh_axes_used, to_device
-from lra_core.state import make_state_spec
-from lra_core.steps import make_train_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
 
 SPEC = "configs/enwik8/transformer.py:tiny,plusplus"

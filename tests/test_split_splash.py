@@ -18,8 +18,9 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 import lra_core
 import tiers
-from lra_core import aot, chips, layout, sharding
+from lra_core import aot, layout, sharding
 from lra_core.config import DEFAULT_RULES
+from lra_core.cost import chips
 from lra_core.kernels import context, splash_lists
 from lra_core.kernels import library_attention as library
 

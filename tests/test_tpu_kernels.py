@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lra_core import chips, kernels
+from lra_core import kernels
+from lra_core.cost import chips
 from lra_core.kernels import catalog, toolkit
 from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla

@@ -1,4 +1,4 @@
-"""lra_core.trackers: the no-op tracker, the sentence for a missing package, and W&B (offline) and
+"""lra_core.run.trackers: the no-op tracker, the sentence for a missing package, and W&B (offline) and
 Trackio (its local database) runs, read back from what they wrote.
 
 Each tracked run is a fresh process, as a resumed training run is: W&B and Trackio read their
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lra_core import trackers
 from lra_core.config import load_config
 from lra_core.errors import MissingExtra
-from lra_core.metrics import read_metrics
+from lra_core.run import trackers
+from lra_core.run.metrics import read_metrics
 
 SPEC = "configs/lra/listops/transformer.py:tiny"
 PROJECT = "lra-test"
@@ -31,7 +31,7 @@ RUN = f"""
 import sys
 import numpy as np
 from lra_core.config import load_config
-from lra_core.trackers import make_tracker
+from lra_core.run.trackers import make_tracker
 
 kind, workdir, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
 config = load_config({SPEC!r}, [f"train.tracker={{kind}}", "train.tracker_project={PROJECT}"])

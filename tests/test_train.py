@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lra_core
-from lra_core.metrics import read_metrics
+from lra_core.run.metrics import read_metrics
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"

@@ -1,4 +1,4 @@
-"""The step watchdog (lra_core/watchdog.py): a run whose steps stop ends with every thread's stack in its
+"""The step watchdog (lra_core/runtime/watchdog.py): a run whose steps stop ends with every thread's stack in its
 log and exit status 75 (the supervisors rerun it), within its limit; a run that keeps stepping does not."""
 
 import logging
@@ -9,7 +9,7 @@ import time
 
 import fixtures.listops
 from lra_core import cli
-from lra_core.watchdog import StepWatchdog
+from lra_core.runtime.watchdog import StepWatchdog
 
 
 def test_the_limit_is_the_floor_or_a_multiple_of_the_median_step():
@@ -44,9 +44,10 @@ def test_a_blocked_main_thread_is_reported_with_its_stack_and_ended(capfd):
 
 
 STUCK_RUN = """
-import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.train` is (lra_core/startup.py)
+import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.train` is (lra_core/runtime/startup.py)
 import time
-from lra_core import cli, data_setup, train
+from lra_core import cli, train
+from lra_core.run import data_setup
 
 check = data_setup.check_batch
 def check_then_hang(batch, config, index):  # the data reader hangs before step 4's batch

@@ -14,11 +14,13 @@ from PIL import Image
 
 import fixtures.imagenet64
 import lra_core
-from lra_core import evaluate, fs, layout, optim, sample
-from lra_core.checkpoint import restore_params
+from lra_core import evaluate, layout, sample
+from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.errors import CheckpointError, ConfigError
-from lra_core.state import make_state_spec
-from lra_core.steps import make_eval_step
+from lra_core.run import optim
+from lra_core.run.state import make_state_spec
+from lra_core.run.steps import make_eval_step
+from lra_core.runtime import fs
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"

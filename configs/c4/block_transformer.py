@@ -38,12 +38,12 @@ Args (comma-separated): one size (default 302m, the paper's default for its anal
   tiny                bytes, d 64, 2 + 2 layers, L_B 4, context 64, 4 steps
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import block_transformer, transformer
+from lra_core.run import optim
 
 T5_VOCAB_MODEL = "sentencepiece.model"
 VOCAB = 50304

@@ -27,12 +27,12 @@ Args (comma-separated):
   tiny     a 2-layer Gemma of width 64 over bytes, as a smoke test of either.
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.hf import gemma2
 from lra_core.models import latte
+from lra_core.run import optim
 
 # google/gemma-2-2b's config.json (the settings lra_core/hf/gemma2.py reads).
 GEMMA2_2B = {

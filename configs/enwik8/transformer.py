@@ -23,10 +23,10 @@ Args (comma-separated):
   tiny            2 layers, d 64, context 64 (vq: windows of 16), 4 steps.
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import bytes as bytes_data
 from lra_core.models import transformer
+from lra_core.run import optim
 
 
 def get_config(arg=None):

@@ -34,10 +34,11 @@ Args (comma-separated):
           (16 with rin), L(1)G(1)L(1)G(1)L(1) at width 128 (~1M parameters), 4 steps: a smoke test.
 """
 
-from lra_core import diffusion, optim
+from lra_core import diffusion
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import imagenet64
 from lra_core.models import fit_denoiser
+from lra_core.run import optim
 
 
 def rin_optim():

@@ -31,11 +31,11 @@ Args (comma-separated):
                   model and 4 steps: a smoke test, not a benchmark.
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data import imagenet64
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
+from lra_core.run import optim
 
 
 def vq_optim():

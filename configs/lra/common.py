@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from lra_core import optim
 from lra_core.config import config_arg
 from lra_core.configs.presets import latte as latte_presets
 from lra_core.models import fit, latte, transformer
+from lra_core.run import optim
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:

@@ -38,13 +38,13 @@ Args (comma-separated):
   tiny            bytes tokenizer, 2 layers, d 64, context 64 (vq: windows of 16), 4 steps.
 """
 
-from lra_core import optim
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.presets import flash as flash_presets
 from lra_core.data import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
+from lra_core.run import optim
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from lra_core import optim
+from lra_core.run import optim
 
 
 def paper_optim(*, clip: bool = True) -> ml_collections.ConfigDict:

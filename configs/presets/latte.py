@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from lra_core import optim
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
 from lra_core.models import latte
+from lra_core.run import optim
 
 # Table 1 (OpenWebText, GPT-2 BPE, tied embeddings) with Table 5's sizes: 12 layers, 8 heads,
 # feed-forward 3072, L = 128, window 128, K = 3. Table 5 prints the width as 756, which is not a

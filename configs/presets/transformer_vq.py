@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from lra_core import optim
 from lra_core.config import tiny_train
+from lra_core.run import optim
 
 PAPER_SIZES = {
   "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),

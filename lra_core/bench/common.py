@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 import jax
 
-from lra_core import cli, hlo_cost
+from lra_core import cli
+from lra_core.cost import hlo_cost
 from lra_core.errors import ConfigError
 
 MiB = 2**20
@@ -64,7 +65,7 @@ def is_oom(error: BaseException) -> bool:
 
 def cost_flops(compiled) -> float | None:
   """Matrix-product FLOPs of one call of `compiled`, every loop counted by its trip count
-  (`lra_core.hlo_cost.step_flops`, what the trainer's MFU uses). XLA's own cost analysis counts a
+  (`lra_core.cost.hlo_cost.step_flops`, what the trainer's MFU uses). XLA's own cost analysis counts a
   loop's body once: a step that scans its blocks or layers would look cheaper than it is."""
   try:
     text = compiled.as_text()

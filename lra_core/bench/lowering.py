@@ -9,12 +9,12 @@ ptxas, with the CUDA plugin), on any host, without either device.
 The same command as `python -m lra_core.bench.lowering`.
 
 TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced under
-`jax.set_mesh` of the devices of `--topology` (lra_core.chips.tpu_devices), forward and gradient
+`jax.set_mesh` of the devices of `--topology` (lra_core.cost.chips.tpu_devices), forward and gradient
 w.r.t. q and v, lowered (the program must hold a `tpu_custom_call`: the kernel, not interpret mode)
 and compiled by the real TPU compiler, Mosaic included; the compile time is reported per row.
 Without libtpu the TPU rows are lowered only (`jax.export` for one chip of the topology's kind).
 GPU: with the CUDA plugin installed (the `gpu-compile` extra, in `.[test]`), the same under a mesh of
-`--gpu` devices (lra_core.chips.gpu_devices): XLA:GPU, Triton (shared-memory allocation included) and
+`--gpu` devices (lra_core.cost.chips.gpu_devices): XLA:GPU, Triton (shared-memory allocation included) and
 ptxas compile the program, which must hold the Pallas kernel as a Triton call; each row also gives the
 kernel's shared memory, registers and spills (lra_core/bench/gpu_compile.py). Without the plugin the GPU
 rows lower the forward only (`jax.export`). Run time and numbers need the device (tests/test_*_pallas.py
@@ -41,8 +41,9 @@ try:  # a device kind to lower for, without the device
 except ImportError:
   from jax._src.mesh import AbstractDevice
 
-from lra_core import chips, cli
+from lra_core import cli
 from lra_core.bench import gpu_compile
+from lra_core.cost import chips
 from lra_core.kernels import toolkit
 from lra_core.kernels.catalog import PAPER, gradient, kernels_at
 
@@ -157,9 +158,9 @@ def _largest(found, field: str):
 def main(argv=None) -> list[dict]:
   parser = cli.doc_parser("python scripts/check_lowering.py", __doc__)
   parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
-  parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.chips)")
+  parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.cost.chips)")
   parser.add_argument(
-    "--gpu", default="h100", help=f"GPU to compile for (lra_core.chips.GPUS: {', '.join(chips.GPUS)})"
+    "--gpu", default="h100", help=f"GPU to compile for (lra_core.cost.chips.GPUS: {', '.join(chips.GPUS)})"
   )
   parser.add_argument(
     "--passes",

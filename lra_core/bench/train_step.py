@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import cli, data_setup, layout, sharding, task_kinds
+from lra_core import cli, layout, sharding, task_kinds
 from lra_core.bench import cores
 from lra_core.bench.common import (
   MiB,
@@ -53,8 +53,9 @@ from lra_core.bench.common import (
 from lra_core.config import load_config
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError, brief
-from lra_core.state import run_setup
-from lra_core.steps import make_train_step
+from lra_core.run import data_setup
+from lra_core.run.state import run_setup
+from lra_core.run.steps import make_train_step
 from lra_core.tables import markdown_table
 from lra_core.tasks import make_task
 

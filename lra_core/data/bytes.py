@@ -30,10 +30,10 @@ from collections.abc import Iterable, Sequence
 import ml_collections
 import numpy as np
 
-from lra_core import fs
 from lra_core.data import DataInfo, cache, check_index, config_section, files
 from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
+from lra_core.runtime import fs
 
 DATASET = Dataset(name="bytes", unit="byte", tasks=("lm", "mlm"))
 VOCAB_SIZE = 256

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from etils import epath
 
-from lra_core import fs
 from lra_core.errors import ConfigError
+from lra_core.runtime import fs
 
 
 def cache_root(configured: str = "") -> pathlib.Path:
@@ -44,7 +44,7 @@ _RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("data f
 def recording_files() -> Iterator[dict[str, list[int]]]:
   """{path: [size, mtime]} of every file `file_fingerprint` reads inside it: the data files a run's
   sources were built from, which its checkpoints keep so that a resume notices a changed one
-  (lra_core/data_setup.py check_data_files)."""
+  (lra_core/run/data_setup.py check_data_files)."""
   found: dict[str, list[int]] = {}
   token = _RECORDING.set(found)
   try:

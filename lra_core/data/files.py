@@ -18,8 +18,8 @@ from typing import IO
 
 from etils import epath
 
-from lra_core import fs
 from lra_core.errors import ConfigError, DataError
+from lra_core.runtime import fs
 
 _SLICE = re.compile(r"^(?P<name>[\w.-]+)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
 

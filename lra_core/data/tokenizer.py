@@ -40,10 +40,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from etils import epath
 
-from lra_core import cli, fs
+from lra_core import cli
 from lra_core.data import files
 from lra_core.data.hf_tokenizer import HFTokenizer
 from lra_core.errors import ConfigError, DataError, UserError
+from lra_core.runtime import fs
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 

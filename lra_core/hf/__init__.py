@@ -10,7 +10,7 @@ files. Each architecture maps onto one of our families' config options, not a mo
   section, model = hf.load_model("checkpoints/pythia-160m")     # config.model and the built model
   hf.save_folder("export/", section, model)                      # back to config.json + safetensors
 
-and a run starts from one with `train.init_from=hf:<folder>` (lra_core/init_from.py), its
+and a run starts from one with `train.init_from=hf:<folder>` (lra_core/checkpoints/init_from.py), its
 config.model matching the folder's (`initial_params` names the first setting that does not): a
 transformer run as the folder's model, a Latte run as Latte-Macchiato around the folder's weights
 (lra_core/hf/macchiato.py: Gemma 2 into Latte's Section 4.5).

@@ -19,7 +19,7 @@ from lra_core import train as train_lib
 from lra_core.config import PROJECT_ROOT as ROOT
 from lra_core.config import load_config, upgrade_config
 from lra_core.errors import DataError, optional_import
-from lra_core.metrics import read_metrics
+from lra_core.run.metrics import read_metrics
 
 optional_import("matplotlib", "plot").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -218,7 +218,7 @@ def gpu_fit(ctx: Context) -> Result:
     "\"fits\" is that comparison. A row that does not fit is compiled again with `model.remat=full`, then "
     "also in 4 and in 16 micro-batches of the same global batch, and shows the first setting that fits (or, "
     "if none does, the last); \"fits without\" says whether the paper's own setting (no recomputation, one "
-    "batch) fits. The step time is a roofline over the compiled program (lra_core/hlo_cost.py: every "
+    "batch) fits. The step time is a roofline over the compiled program (lra_core/cost/hlo_cost.py: every "
     "operation at the slower of its FLOPs at the GPU's peak and its memory traffic at its bandwidth, "
     "cuBLAS and Triton GEMMs and the Pallas kernels' declared costs included, loops by their trip counts, "
     "collectives at NVLink bandwidth and overlapped). MFU counts the model's FLOPs, HFU every FLOP run. "

@@ -27,8 +27,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from lra_core import aot_report
 from lra_core.bench import param_counts
+from lra_core.compilation import aot_report
 from lra_core.errors import ConfigError, brief
 from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
@@ -188,7 +188,7 @@ FULL_ROWS = DEFAULT_ROWS + tuple(
 def compile_row(ctx: Context, row: Row, rung: tuple[str, ...], table: str = "tpu_fit") -> dict:
   """One compile's record (reusing an unchanged earlier one) under ctx.workdir/`table`: command, status,
   wall time, report. A reused record's estimate is recomputed from the HLO it kept, so a change of
-  lra_core/hlo_cost.py needs no compile."""
+  lra_core/cost/hlo_cost.py needs no compile."""
   folder = ctx.workdir / table
   folder.mkdir(parents=True, exist_ok=True)
   slug = row.slug(rung)
@@ -239,7 +239,7 @@ def utilisation(r: dict) -> str:
 
 
 def split_cell(r: dict) -> str:
-  """Where the estimated step goes, by kind of work (lra_core.hlo_cost.SPLIT)."""
+  """Where the estimated step goes, by kind of work (lra_core.cost.hlo_cost.SPLIT)."""
   return aot_report.Report.from_json(r).split_text()
 
 
@@ -384,7 +384,7 @@ def tpu_fit(ctx: Context) -> Result:
     "the chip's HBM per JAX device); a row that does not fit without recomputation is compiled again with "
     "`model.remat=full`, then also in 4 and in 16 micro-batches of the same global batch, and shows the "
     "first setting that fits (or, if none does, the last). The step time is a roofline over the compiled program "
-    "(lra_core/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
+    "(lra_core/cost/hlo_cost.py: every operation at the slower of its FLOPs at bf16 peak and its HBM "
     "traffic, loops by their trip counts, collectives overlapped). MFU counts the model's FLOPs (the "
     "program's less what remat recomputes), HFU every FLOP the chip runs, both over that time and the "
     "chip's bf16 peak; the share of the step spent in operations bound by HBM bandwidth follows, and "

@@ -40,10 +40,11 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from lra_core import cli, fs
+from lra_core import cli
 from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example, tfds_source
 from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
+from lra_core.runtime import fs
 
 DATASET = Dataset(name="imdb", unit="byte", tasks=("classify",))
 

@@ -32,7 +32,7 @@ Conventions:
   decay sits inside the trust ratio, so it needs weight_decay_schedule 'lr'.
 * `ema_decay` d > 0 keeps an exponential moving average of the parameters in the train state,
   ema <- d * ema + (1 - d) * params after every update (starting from the initial parameters);
-  evaluation and sampling then use it (lra_core.state, lra_core.steps). 0 (default) = none.
+  evaluation and sampling then use it (lra_core.run.state, lra_core.run.steps). 0 (default) = none.
   `ema_warmup` uses min(d, (1 + n) / (10 + n)) for the update after n updates instead (as
   TensorFlow's ExponentialMovingAverage with num_updates), so a short run averages its recent weights
   rather than staying near its initial ones (1 / (1 - d) = 10,000 updates at 0.9999).

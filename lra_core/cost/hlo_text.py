@@ -4,7 +4,7 @@ A module is a set of computations, one of them the entry; each operation is one 
 `[ROOT ]%name = <shape> <opcode>(<operands>), <attributes>`. Shapes are arrays (`bf16[4,8]{1,0:T(8,128)}`)
 or tuples of them; layouts and tilings (the braces) change no size. Attributes name the computations
 an operation calls (`calls=`, `body=`, `condition=`, `to_apply=`, branches) and a custom call's target
-and backend config. lra_core/hlo_cost.py walks what this module reads.
+and backend config. lra_core/cost/hlo_cost.py walks what this module reads.
 """
 
 from __future__ import annotations

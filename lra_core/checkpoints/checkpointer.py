@@ -19,7 +19,7 @@ With several processes they decide together: every process tries the same step, 
 newest step that every one of them read, and the folder is moved only after all have tried it.
 
 `restore_params` reads only the parameters (evaluation, sampling, and a new run's start from another
-run's: lra_core/init_from.py).
+run's: lra_core/checkpoints/init_from.py).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
-from lra_core import fs, read_fallout
+from lra_core.checkpoints import read_failures
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
 from lra_core.layer_stacks import STACKED
+from lra_core.runtime import fs
 
 READ_ONLY_NOTICE = "Given directory is read only=%s"  # orbax's warning at every read-only manager
 
@@ -107,7 +108,7 @@ class SaveAbandoned(CheckpointError):
 
 class Checkpointer:
   """`workdir`'s checkpoints; a local folder or an object store (gs:// is written by TensorStore's own
-  GCS driver, the small files through etils.epath: lra_core/fs.py).
+  GCS driver, the small files through etils.epath: lra_core/runtime/fs.py).
 
   Saves are asynchronous: `save` (and `wait`, `close`) first wait for the one in flight, at most
   `save_timeout_s` seconds (0: as long as it takes), and give up once `abandon()` is true (the
@@ -183,14 +184,14 @@ class Checkpointer:
     """The state and meta of `step` as this process reads them (no collective, no digest check)."""
     if self._reader is not self.manager:
       self._reader.reload()  # it lists the steps it saw when it was made
-    read_fallout.install()
+    read_failures.install()
     try:
       try:
         restored = self._reader.restore(
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         )
       except Exception:
-        read_fallout.failed(self.directory)
+        read_failures.failed(self.directory)
         raise
     except json.JSONDecodeError:
       raise  # a damaged file, not a mismatch: restore_latest falls back on it
@@ -234,7 +235,7 @@ class Checkpointer:
     return (
       f"checkpoint {self.directory / str(step)} was written with model.scan_layers={saved} and this run has "
       f"model.scan_layers={wanted}; resume with the same setting or convert the state with "
-      f"lra_core.state.{'unscan' if saved else 'scan'}_params."
+      f"lra_core.run.state.{'unscan' if saved else 'scan'}_params."
     )
 
   def restore_latest(self, abstract_state: dict) -> tuple[dict, dict, int] | None:
@@ -326,7 +327,7 @@ def _has_stacked(tree) -> bool:
   return False
 
 
-# The entries of the train state that evaluation and sampling need (lra_core.state.make_state_spec);
+# The entries of the train state that evaluation and sampling need (lra_core.run.state.make_state_spec);
 # "ema" only where the state has one (optim.ema_decay > 0).
 PARAM_ENTRIES = ("params", "model_state", "ema")
 

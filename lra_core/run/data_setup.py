@@ -10,9 +10,10 @@ import jax
 import numpy as np
 
 from lra_core import data as data_lib
-from lra_core import fs, registry, task_kinds
+from lra_core import registry, task_kinds
 from lra_core.data import cache, pipeline
 from lra_core.errors import ConfigError, DataError
+from lra_core.runtime import fs
 from lra_core.tasks import Task, make_task
 
 

@@ -17,7 +17,7 @@ import tempfile
 
 import jax
 
-from lra_core import fs
+from lra_core.runtime import fs
 
 
 class StepProfiler:

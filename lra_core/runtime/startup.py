@@ -28,7 +28,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from lra_core import host_memory
+from lra_core.runtime import host_memory
 
 # Lines the CUDA plugin's extension logs when it loads on a host without a CUDA driver.
 NOISE = re.compile(

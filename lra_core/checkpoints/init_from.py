@@ -11,10 +11,11 @@ import jax
 import numpy as np
 
 from lra_core import config as config_lib
-from lra_core import fs, hf, registry
-from lra_core.checkpoint import restore_params
+from lra_core import hf, registry
+from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.errors import ConfigError, brief
-from lra_core.state import run_setup
+from lra_core.run.state import run_setup
+from lra_core.runtime import fs
 
 
 def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:

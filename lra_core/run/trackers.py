@@ -27,9 +27,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lra_core import fs
 from lra_core.config import TRACKERS
 from lra_core.errors import ConfigError, optional_import
+from lra_core.runtime import fs
 
 
 class Tracker:

@@ -3,13 +3,13 @@
 XLA's own `cost_analysis()` counts the body of every while loop once, so a scanned layer stack, a
 scan over update windows or micro-batches, or a serial cache reduction is undercounted by its trip
 count (tests/test_hlo_cost.py shows a 10-step scan counted as one step). This module walks the
-optimized program instead (lra_core/hlo_text.py reads it):
+optimized program instead (lra_core/cost/hlo_text.py reads it):
 
 - every top-level operation of a computation costs max(FLOPs / peak, bytes / HBM bandwidth),
   its bytes being its operands and results (a fusion reads and writes HBM once; what it does
   inside stays on chip);
 - FLOPs are the matrix products at 2 per multiply-add, also inside fusions and in XLA:GPU's library
-  calls (lra_core/hlo_flops.py), plus what a Pallas kernel declares (lra_core/pallas_costs.py), or
+  calls (lra_core/cost/hlo_flops.py), plus what a Pallas kernel declares (lra_core/cost/pallas_costs.py), or
   for jax's library flash kernels, which declare nothing, what the scope around their call states
   (kernels/library_attention.py); a Triton kernel with neither counts its traffic and no FLOPs, and
   `Roofline.undeclared_kernels` counts it. A convolution's bytes are its operands and result, as for
@@ -34,11 +34,22 @@ import re
 
 import numpy as np
 
-from lra_core.chips import Chip
-from lra_core.hlo_flops import library_flops, matmul_flops
-from lra_core.hlo_text import BYTES, Op, arrays, called, device_groups, first_array, op_name, parse, size_bytes, target
+from lra_core.cost.chips import Chip
+from lra_core.cost.hlo_flops import library_flops, matmul_flops
+from lra_core.cost.hlo_text import (
+  BYTES,
+  Op,
+  arrays,
+  called,
+  device_groups,
+  first_array,
+  op_name,
+  parse,
+  size_bytes,
+  target,
+)
+from lra_core.cost.pallas_costs import PALLAS_CALLS, TRITON_CALL, declared, kernel_key
 from lra_core.kernels import library_attention
-from lra_core.pallas_costs import PALLAS_CALLS, TRITON_CALL, declared, kernel_key
 
 FREE = {
   "parameter",
@@ -428,7 +439,7 @@ def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, ke
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
   `top` > 0 also lists that many of its dearest operations (Roofline.hotspots), `split` the step's
   time by kind of work (Roofline.split). `kernel_costs`: the KernelCost of each Pallas kernel of a GPU
-  program (lra_core.pallas_costs.pallas_kernel_costs of its traced jaxpr). `mesh`: ((axis, size), ...)
+  program (lra_core.cost.pallas_costs.pallas_kernel_costs of its traced jaxpr). `mesh`: ((axis, size), ...)
   of the program's mesh, its devices in order: the collectives across the `sequence` axis are also
   counted on their own (Roofline.sequence_comm_*)."""
   computations, entry = parse(hlo_text)

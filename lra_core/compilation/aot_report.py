@@ -1,8 +1,8 @@
 """What `python -m lra_core.aot` reports for one config on one topology, and its step-time estimate.
 
 A `Report` holds memory per device and whether it fits, and a roofline estimate of the train step
-(lra_core/hlo_cost.py): FLOPs per device, step time, tokens/s and MFU against the chip's bf16 peak
-(lra_core/chips.py). It prints as a table and round-trips through JSON; the estimate is computed from
+(lra_core/cost/hlo_cost.py): FLOPs per device, step time, tokens/s and MFU against the chip's bf16 peak
+(lra_core/cost/chips.py). It prints as a table and round-trips through JSON; the estimate is computed from
 the compiled train step's HLO text (`estimate_from_hlo`), which can be kept in a file (`write_hlo`) and
 costed again later without a compile.
 """
@@ -16,9 +16,9 @@ import math
 import os
 import pathlib
 
-from lra_core import chips, hlo_cost
-from lra_core.pallas_costs import TRITON_CALL, KernelCost
-from lra_core.step_compile import size
+from lra_core.compilation.step_compile import size
+from lra_core.cost import chips, hlo_cost
+from lra_core.cost.pallas_costs import TRITON_CALL, KernelCost
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,9 @@ import time
 
 import jax
 
-from lra_core import chips
+from lra_core.cost import chips
 from lra_core.errors import ConfigError, ResourceError
-from lra_core.steps import make_train_step
+from lra_core.run.steps import make_train_step
 
 GIB = 2**30
 

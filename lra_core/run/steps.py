@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from lra_core import optim
-from lra_core.state import StateSpec, split_model
+from lra_core.run import optim
+from lra_core.run.state import StateSpec, split_model
 from lra_core.tasks import Task
 
 Array = jax.Array

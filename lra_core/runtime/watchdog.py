@@ -10,7 +10,7 @@ every step; a daemon thread checks that the last beat is younger than the limit
 where the floor covers what runs between two steps at any size (an evaluation, a checkpoint save, a
 compile of the eval step) and the factor a step that is merely slower than usual. Past it, the thread
 writes every thread's Python stack to stderr (faulthandler: it needs no lock the stuck thread may
-hold), tells the other processes (lra_core.distributed.report_failure) and ends the process with
+hold), tells the other processes (lra_core.runtime.distributed.report_failure) and ends the process with
 status 75, the one the launchers' supervisors and the SLURM script rerun: the run resumes from its
 last checkpoint. `train.watchdog_factor=0` turns it off.
 """
@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from lra_core import distributed
+from lra_core.runtime import distributed
 
 RECENT = 50  # steps whose median sets the limit
 

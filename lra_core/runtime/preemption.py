@@ -3,7 +3,7 @@ the steps since the last one.
 
 Schedulers (SLURM, Kubernetes, spot / preemptible VMs) send SIGTERM some seconds before they kill
 a job. In one process, a handler only raises a flag; the loop finishes the step in flight, saves,
-and returns; the trainer exits with status 75 (lra_core.exit_codes.EXIT_PREEMPTED, which supervisors read
+and returns; the trainer exits with status 75 (lra_core.runtime.exit_codes.EXIT_PREEMPTED, which supervisors read
 as "relaunch me"), and the same command later continues from that step. With several
 processes the notice may reach only some of them, and a checkpoint needs them all: JAX's
 preemption sync manager (started by `jax.distributed.initialize`) catches the signal and agrees
@@ -24,8 +24,8 @@ import threading
 
 import jax
 
-from lra_core import distributed, startup
-from lra_core.exit_codes import EXIT_INTERRUPTED
+from lra_core.runtime import distributed, startup
+from lra_core.runtime.exit_codes import EXIT_INTERRUPTED
 
 
 class PreemptionNotice:
@@ -54,7 +54,7 @@ class PreemptionNotice:
   def asked_to_stop(self) -> bool:
     """Whether a stop was asked for, outside the step loop's sync point (a save stuck on a failing store
     gives way to it): this process's signal, or with several processes a SIGTERM to any of them, which
-    JAX's notifier publishes to all (lra_core/distributed.py)."""
+    JAX's notifier publishes to all (lra_core/runtime/distributed.py)."""
     return self.received is not None or distributed.preemption_noticed()
 
   @property

@@ -2,12 +2,12 @@
 
 MFU = model FLOPs per step / step time / peak FLOP/s of the devices the step runs on.
 
-- Model FLOPs are the matrix products of the compiled train step (`lra_core.hlo_cost.step_flops`,
+- Model FLOPs are the matrix products of the compiled train step (`lra_core.cost.hlo_cost.step_flops`,
   the count `lra_core.aot` estimates with, Pallas kernels at their declared costs), less what remat
   recomputes, times the number of devices. XLA's `cost_analysis()` is not used: it counts a while loop's body
   once, so scanned
   layers, update windows and micro-batches would be undercounted.
-- The peak is the chip's dense bf16 matmul peak from `lra_core.chips.CHIPS` (one table with
+- The peak is the chip's dense bf16 matmul peak from `lra_core.cost.chips.CHIPS` (one table with
   `lra_core.aot`), times the number of devices; `train.peak_flops` overrides it per device. A CPU
   has no such table entry: its peak is measured when the run starts, the best float32 matmul rate
   (1024 x 1024 x 1024, best of 5) of the host; the host's CPU devices share it, so it is not
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core import chips, hlo_cost, pallas_costs
+from lra_core.cost import chips, hlo_cost, pallas_costs
 
 
 @functools.cache

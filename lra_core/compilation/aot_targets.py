@@ -18,11 +18,13 @@ import time
 
 import jax
 
-from lra_core import chips, data_setup, layout, sharding
+from lra_core import layout, sharding
+from lra_core.compilation.step_compile import jit_train_step
+from lra_core.cost import chips
 from lra_core.errors import ConfigError, brief
-from lra_core.state import StateSpec, run_setup
-from lra_core.step_compile import jit_train_step
-from lra_core.steps import make_eval_step
+from lra_core.run import data_setup
+from lra_core.run.state import StateSpec, run_setup
+from lra_core.run.steps import make_eval_step
 from lra_core.tasks import Task, make_task
 
 

@@ -27,7 +27,7 @@ import jax
 from jax._src import lru_cache as jax_lru_cache
 from jax.experimental.compilation_cache import compilation_cache
 
-from lra_core import fs
+from lra_core.runtime import fs
 
 FOLDER = "jax_compile"
 

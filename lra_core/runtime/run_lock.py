@@ -30,8 +30,8 @@ import threading
 import time
 import uuid
 
-from lra_core import fs
 from lra_core.errors import ConfigError, UserError
+from lra_core.runtime import fs
 
 NAME = "run.lock"
 HEARTBEAT_S = 30.0

@@ -1,6 +1,6 @@
 """What a Pallas kernel declares it costs (its `CostEstimate`), and how a compiled program's calls find it.
 
-A Pallas kernel is an opaque custom call to the compiler, so the roofline (lra_core/hlo_cost.py) counts
+A Pallas kernel is an opaque custom call to the compiler, so the roofline (lra_core/cost/hlo_cost.py) counts
 what the kernel declares instead of what it can see. Mosaic keeps the estimate in the TPU custom call's
 backend config (`declared`). A Triton call on a GPU keeps none: its estimate comes from the traced program
 (`pallas_kernel_costs`), matched to the call by kernel name and operand shapes (`kernel_key`); a Triton
@@ -13,7 +13,7 @@ import dataclasses
 import json
 import re
 
-from lra_core.hlo_text import Op, arrays
+from lra_core.cost.hlo_text import Op, arrays
 
 TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel compiled by Triton (XLA:GPU)
 PALLAS_CALLS = (TRITON_CALL, "tpu_custom_call")  # Pallas kernels: Triton on a GPU, Mosaic on a TPU
@@ -23,7 +23,7 @@ PALLAS_CALLS = (TRITON_CALL, "tpu_custom_call")  # Pallas kernels: Triton on a G
 class KernelCost:
   """What a Pallas kernel declares (its `CostEstimate`), keyed by its name and per-device operand
   shapes in HLO notation ("f32[4,2,64,16]"): how a Triton call of a GPU program, which keeps no
-  estimate, finds its own (the `kernel_costs` of lra_core.hlo_cost.roofline)."""
+  estimate, finds its own (the `kernel_costs` of lra_core.cost.hlo_cost.roofline)."""
 
   name: str
   operands: tuple[str, ...]

@@ -55,9 +55,9 @@ import traceback
 
 import jax
 
-from lra_core import startup
 from lra_core.errors import ConfigError, brief
-from lra_core.exit_codes import EXIT_CRASH
+from lra_core.runtime import startup
+from lra_core.runtime.exit_codes import EXIT_CRASH
 
 MODES = ("auto", "on", "off")
 PEER_TIMEOUT_S = 60.0  # --peer_timeout_s's default: below JAX's heartbeat timeout (100 s)

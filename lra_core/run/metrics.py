@@ -19,8 +19,8 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from lra_core import fs
 from lra_core.errors import StoreFailure, brief
+from lra_core.runtime import fs
 
 
 def _plain(value):
@@ -32,7 +32,7 @@ def _plain(value):
 class MetricWriter:
   """One JSON object per logged step in metrics.jsonl, mirrored to TensorBoard (and a tracker).
 
-  `workdir` is local or an object store (lra_core/fs.py). A run (re)starting at step `start`
+  `workdir` is local or an object store (lra_core/runtime/fs.py). A run (re)starting at step `start`
   calls `resume(start)` before its first `write`: records past `start` (logged by an earlier
   attempt after its last checkpoint) are dropped from metrics.jsonl, TensorBoard is told to purge
   its events past `start` (`purge_step`), and metrics already logged at `start` are not logged
@@ -252,7 +252,7 @@ class Progress:
     if metrics is None or not self.enabled:
       return
     rate = self.rate()
-    recent = metrics.get("tokens_per_s", rate)  # over the last log interval (lra_core/throughput.py)
+    recent = metrics.get("tokens_per_s", rate)  # over the last log interval (lra_core/cost/throughput.py)
     mfu = f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
     if self.bar is not None:
       postfix = dict(loss=f"{metrics.get('train_loss', float('nan')):.4f}", tok_s=f"{recent:,.0f}")

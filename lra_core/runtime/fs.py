@@ -7,7 +7,7 @@ metrics.jsonl, TensorBoard events, profiles) goes through epath, which reaches o
 the fsspec package of the scheme (or TensorFlow's gfile for gs:// when TensorFlow is installed).
 
 Object stores have no append and no rename of folders, so writers that append locally
-(metrics.jsonl, TensorBoard) rewrite whole objects there (lra_core.metrics); tools that only
+(metrics.jsonl, TensorBoard) rewrite whole objects there (lra_core.run.metrics); tools that only
 write local files (the profiler) write to a local spool that `upload_tree` copies up.
 """
 

@@ -26,9 +26,10 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from lra_core import layout, optim, registry
+from lra_core import layout, registry
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
+from lra_core.run import optim
 
 
 @dataclasses.dataclass

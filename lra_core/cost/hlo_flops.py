@@ -9,7 +9,7 @@
 A convolution counts only the window taps that meet input data, not those on its padding or a
 dilation's holes (`real_taps`): the TPU compiler writes head-split projections and batched matmuls as
 padded or dilated windows where most taps are empty. Elementwise arithmetic counts as no FLOPs.
-What a Pallas kernel computes is what it declares (lra_core/pallas_costs.py).
+What a Pallas kernel computes is what it declares (lra_core/cost/pallas_costs.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 
-from lra_core.hlo_text import Op, arrays, dims, target
+from lra_core.cost.hlo_text import Op, arrays, dims, target
 
 CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 # cuDNN convolutions, by which of the forward convolution's arrays (input x, filter w, output y) they
