@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -27,16 +26,17 @@ from flax import nnx
 
 from lra_core import cli, layout, sharding
 from lra_core import sample as sample_lib
+from lra_core.checkpoints import workdir as workdir_policy
 from lra_core.checkpoints.checkpointer import Checkpointer, SaveAbandoned, check_directory, check_writable
 from lra_core.checkpoints.init_from import warm_start
 from lra_core.compilation import compile_cache, step_compile
-from lra_core.config import log_interval, parse_profile_steps, resume_conflicts
+from lra_core.config import log_interval, parse_profile_steps
 from lra_core.cost import throughput
 from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
-from lra_core.errors import ConfigError, TrainingDiverged
+from lra_core.errors import TrainingDiverged
 from lra_core.evaluate import Evaluator
-from lra_core.run import data_setup, optim, trackers
+from lra_core.run import data_setup, trackers
 from lra_core.run.metrics import MetricWriter, Progress
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
@@ -70,10 +70,9 @@ def train_and_evaluate(
 
 
 def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool) -> dict:
-  _check_workdir(config, workdir, force)
+  workdir_policy.check_resumable(config, workdir, force)
   compile_cache.setup(config.train.compile_cache, workdir)
   t = config.train
-  total_steps = t.steps
 
   # ----------------------------------------------------------------------------- Mesh
   mesh = layout.make_mesh(config.mesh)
@@ -92,7 +91,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   data_setup.check_batch(first, config, 0)
   _log_document_mask(first, task)
   # Only now, the data found: a start refused for its data leaves the workdir as it was.
-  finished = _keep_finished(config, workdir)
+  finished = workdir_policy.keep_finished(config, workdir)
   writer = _open_writer(config, workdir)
   check_writable(workdir)
   data_files_name = data_setup.keep_data_files(workdir, data_files)
@@ -111,115 +110,152 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     state, start, meta = _initial_state(config, spec, ckpt, mesh)
     data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
     writer.resume(start)
-    next_batch = meta["next_batch"]
-    guard = _Guard(t, ckpt, skipped=meta.get("skipped_steps", 0))
+    loop = _Loop(config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step, data_files_name)
+    loop.resume(state, start, meta)
 
     # --------------------------------------------------------------------------- Loop
-    windows = pipeline.num_windows(config)
-    tokens_per_step = t.batch_size * t.seq_len // windows
-    progress = Progress(start, total_steps, tokens_per_step)
-    devices = list(mesh.devices.flat)
-    meter = throughput.Throughput(tokens_per_step, flops_per_step, throughput.peak_flops(devices, t.peak_flops), start)
-    profiler = StepProfiler(parse_profile_steps(t.profile_steps), writer.tensorboard_dir)
     batches = pipeline.iterate(
       train_reader,
-      next_batch,
-      next_batch + total_steps - start,
+      loop.next_batch,
+      loop.next_batch + t.steps - start,
       num_threads=config.data.num_threads,
       prefetch=config.data.prefetch,
     )
-    stop = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
-    log_every = log_interval(t)
-    # A resumed run carries on the sums of the steps since the last log and the training time before
-    # its checkpoint: its metrics.jsonl and summary.json are the uninterrupted run's.
-    pending, log_sums = None, {k: tuple(v) for k, v in meta.get("log_sums", {}).items()}
-    time_before = meta.get("train_time_s", 0.0)
-    guard.last_saved = start
-
-    def flush() -> None:
-      """Checks and adds up the metrics of the last dispatched step, if not done yet."""
-      nonlocal pending
-      if pending is not None:
-        guard.check_and_accumulate(*pending, log_sums)
-        pending = None
-
-    def save(step: int) -> None:
-      flush()
-      saved = {"next_batch": next_batch + step - start, "skipped_steps": guard.skipped, "log_sums": dict(log_sums)}
-      saved["train_time_s"] = time_before + time.perf_counter() - t_start
-      saved["data_files"] = data_files_name
-      ckpt.save(step, state, saved)
-      guard.last_saved = step
-
-    t_start = time.perf_counter()
-    preempted = None
-    # SIGTERM (a scheduler's notice) and SIGINT (Ctrl-C): finish the step in flight, save, return.
-    watchdog = StepWatchdog(t.watchdog_factor, t.watchdog_min_s, cli.EXIT_PREEMPTED)
-    with PreemptionNotice() as notice, watchdog:
-      ckpt.abandon = notice.asked_to_stop  # a save stuck on a failing store gives way to SIGTERM
-      try:
-        for step in range(start, stop):
-          local = next(batches)
-          data_setup.check_batch(local, config, next_batch + step - start)
-          with profiler.step(step):
-            state, metrics = train_step(state, layout.to_device(local, mesh, rules))
-          # Read the previous step's metrics while this one runs: no stall, and a bad step is caught
-          # one step late at most, before any checkpoint is written.
-          flush()
-          watchdog.beat()  # the step before this one has finished
-          done = step + 1
-          pending = (done, metrics)
-          profiler.after(step, state)
-          # Not at a --stop_at_step between logs: a resumed run's next log averages from the last one, as
-          # the uninterrupted run's does (the sums since then travel in the checkpoint).
-          if done % log_every == 0 or done == total_steps:
-            flush()
-            logged = _finish_log(task, log_sums, guard if t.skip_nonfinite else None, meter, done)
-            writer.write(done, logged)
-            progress.update(done, logged)
-          else:
-            progress.update(done)
-          if t.eval_every and done % t.eval_every == 0 and done < total_steps:
-            _validate(evaluate, state, done, t.eval_batches, writer)
-            meter.restart(done)
-            watchdog.restart()
-          if t.sample_every and done % t.sample_every == 0:
-            _write_samples(config, spec, state, writer, done)
-            meter.restart(done)
-            watchdog.restart()
-          if (t.checkpoint_every and done % t.checkpoint_every == 0) or done == stop:
-            save(done)
-            watchdog.restart()
-          if notice.reached(done) and done < stop:
-            if guard.last_saved != done:
-              save(done)
-            preempted = done
-            break
-      except SaveAbandoned as e:
-        return _abandoned(e, ckpt, writer)
-      finally:
-        profiler.stop()
-    progress.close()
-    train_time = time.perf_counter() - t_start
-    try:  # the last save may be the one a failing store holds when the stop comes
-      if preempted is not None or stop < total_steps:
+    stop = t.steps if stop_at_step is None else min(stop_at_step, t.steps)
+    try:  # a save stuck on a failing store gives way to SIGTERM: in the loop, or the last one at its end
+      preempted = loop.run(train_step, batches, stop)
+      if preempted is not None or stop < t.steps:
         ckpt.close()
         writer.close()
-        return _stopped(preempted, stop, notice, ckpt)
+        return _stopped(preempted, stop, loop.notice, ckpt)
 
-      guard.check_skipped_share(total_steps)
+      loop.guard.check_skipped_share(t.steps)
       # ------------------------------------------------------------------------- Final evaluation
-      summary = {"step": total_steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, state)}
+      summary = {"step": t.steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, loop.state)}
       ckpt.close()
     except SaveAbandoned as e:
       return _abandoned(e, ckpt, writer)
-  summary["param_checksum"] = param_checksum(state["params"])
-  _add_timing(summary, workdir, meter, stop - start, total_steps, time_before + train_time)
-  writer.write(total_steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
+  summary["param_checksum"] = param_checksum(loop.state["params"])
+  _add_timing(summary, workdir, loop.meter, stop - start, t.steps, loop.time_before + loop.train_time)
+  writer.write(t.steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
   writer.write_json("summary.json", summary)
   writer.close()
   logging.info("done: %s", _fmt(summary))
   return summary
+
+
+class _Loop:
+  """The loop over the train steps and what it does after each (`PERIODIC`): it holds the train state,
+  the metrics of the step in flight (read one step late, so the host never waits on the device), the
+  sums since the last log and the training time before the checkpoint it resumed from. A resumed run
+  carries those sums and that time on: its metrics.jsonl and summary.json are the uninterrupted run's."""
+
+  def __init__(self, config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step: float, data_files_name):
+    self.t = config.train
+    self.config, self.spec, self.task, self.mesh, self.evaluate = config, spec, task, mesh, evaluate
+    self.writer, self.ckpt, self.flops_per_step, self.data_files_name = writer, ckpt, flops_per_step, data_files_name
+    self.watchdog = StepWatchdog(self.t.watchdog_factor, self.t.watchdog_min_s, cli.EXIT_PREEMPTED)
+    self.notice, self.pending, self.train_time = None, None, 0.0
+
+  def resume(self, state: dict, start: int, meta: dict) -> None:
+    """Starts at `start` from `state` and what its checkpoint's `meta` carried (data position, skipped
+    steps, the sums since the last log, the training time before it)."""
+    t = self.t
+    self.state, self.start, self.next_batch = state, start, meta["next_batch"]
+    self.guard = _Guard(t, self.ckpt, skipped=meta.get("skipped_steps", 0))
+    self.guard.last_saved = start
+    self.log_sums = {k: tuple(v) for k, v in meta.get("log_sums", {}).items()}
+    self.time_before = meta.get("train_time_s", 0.0)
+    tokens_per_step = t.batch_size * t.seq_len // pipeline.num_windows(self.config)
+    self.progress = Progress(start, t.steps, tokens_per_step)
+    peak = throughput.peak_flops(list(self.mesh.devices.flat), t.peak_flops)
+    self.meter = throughput.Throughput(tokens_per_step, self.flops_per_step, peak, start)
+    self.profiler = StepProfiler(parse_profile_steps(t.profile_steps), self.writer.tensorboard_dir)
+
+  def run(self, train_step: Callable, batches, stop: int) -> int | None:
+    """Steps up to `stop`; the step a SIGTERM (a scheduler's notice) or a Ctrl-C stopped it after, with
+    that step saved, else None."""
+    self.t_start = time.perf_counter()
+    with PreemptionNotice() as notice, self.watchdog:
+      self.notice = notice
+      self.ckpt.abandon = notice.asked_to_stop  # a save stuck on a failing store gives way to SIGTERM
+      try:
+        preempted = self._steps(train_step, batches, stop)
+      finally:
+        self.profiler.stop()
+    self.progress.close()
+    self.train_time = time.perf_counter() - self.t_start
+    return preempted
+
+  def _steps(self, train_step: Callable, batches, stop: int) -> int | None:
+    for step in range(self.start, stop):
+      local = next(batches)
+      data_setup.check_batch(local, self.config, self.next_batch + step - self.start)
+      with self.profiler.step(step):
+        self.state, metrics = train_step(self.state, layout.to_device(local, self.mesh, self.config.sharding.rules))
+      # Read the previous step's metrics while this one runs: no stall, and a bad step is caught one
+      # step late at most, before any checkpoint is written.
+      self.flush()
+      self.watchdog.beat()  # the step before this one has finished
+      done = step + 1
+      self.pending = (done, metrics)
+      self.profiler.after(step, self.state)
+      self.progress.update(done)
+      for due, action in PERIODIC:
+        if due(self.t, done, stop):
+          action(self, done)
+      if self.notice.reached(done) and done < stop:
+        if self.guard.last_saved != done:
+          self.save(done)
+        return done
+    return None
+
+  def flush(self) -> None:
+    """Checks and adds up the metrics of the last dispatched step, if not done yet."""
+    if self.pending is not None:
+      self.guard.check_and_accumulate(*self.pending, self.log_sums)
+      self.pending = None
+
+  def save(self, step: int) -> None:
+    self.flush()
+    saved = {"next_batch": self.next_batch + step - self.start, "skipped_steps": self.guard.skipped}
+    saved["log_sums"] = dict(self.log_sums)
+    saved["train_time_s"] = self.time_before + time.perf_counter() - self.t_start
+    saved["data_files"] = self.data_files_name
+    self.ckpt.save(step, self.state, saved)
+    self.guard.last_saved = step
+
+  def log(self, done: int) -> None:
+    self.flush()
+    guard = self.guard if self.t.skip_nonfinite else None
+    logged = _finish_log(self.task, self.log_sums, guard, self.meter, done)
+    self.writer.write(done, logged)
+    self.progress.update(done, logged)
+
+  def validate(self, done: int) -> None:
+    _validate(self.evaluate, self.state, done, self.t.eval_batches, self.writer)
+    self.meter.restart(done)  # the evaluation's time is not the steps'
+    self.watchdog.restart()
+
+  def sample(self, done: int) -> None:
+    _write_samples(self.config, self.spec, self.state, self.writer, done)
+    self.meter.restart(done)
+    self.watchdog.restart()
+
+  def checkpoint(self, done: int) -> None:
+    self.save(done)
+    self.watchdog.restart()
+
+
+# What the loop does after step `done` of a run that stops at `stop`, in this order: (due, action).
+# Not a log at a --stop_at_step between logs: a resumed run's next log averages from the last one, as
+# the uninterrupted run's does (the sums since then travel in the checkpoint).
+PERIODIC = (
+  (lambda t, done, stop: done % log_interval(t) == 0 or done == t.steps, _Loop.log),
+  (lambda t, done, stop: bool(t.eval_every) and done % t.eval_every == 0 and done < t.steps, _Loop.validate),
+  (lambda t, done, stop: bool(t.sample_every) and done % t.sample_every == 0, _Loop.sample),
+  (lambda t, done, stop: bool(t.checkpoint_every) and done % t.checkpoint_every == 0 or done == stop, _Loop.checkpoint),
+)
 
 
 def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> tuple[Callable, float]:
@@ -368,72 +404,6 @@ class _Guard:
         sums[name] = (s + value[0], w + value[1])
       else:  # scalars: keep the latest
         sums[name] = (float(value), None)
-
-
-def _check_workdir(config, workdir: fs.Path, force: bool) -> None:
-  """A workdir with checkpoints resumes only with the config that made them (RESUMABLE_KEYS may
-  differ); otherwise ConfigError, or with `force` a warning and the old config.json kept aside."""
-  saved = workdir / "config.json"
-  checkpoints = workdir / "checkpoints"
-  if not saved.is_file() or not checkpoints.is_dir() or not any(p.name.isdigit() for p in checkpoints.iterdir()):
-    return
-  try:
-    before = json.loads(saved.read_text())
-  except json.JSONDecodeError:
-    before, conflicts = None, ["config.json: unreadable"]
-  if before is not None:
-    kept = optim.keep_horizon(config, before)
-    if kept:
-      logging.info(
-        "train.steps %s -> %d: the learning-rate schedule keeps its horizon (%s; steps past it run at its "
-        "floor); to stretch it instead, set optim.decay_steps and pass --force",
-        before["train"]["steps"],
-        config.train.steps,
-        ", ".join(kept),
-      )
-    conflicts = resume_conflicts(before, config)
-  if not conflicts:
-    return
-  more = f" and {len(conflicts) - 1} more difference(s)" if len(conflicts) > 1 else ""
-  if not force:
-    raise ConfigError(
-      f"workdir {workdir} holds checkpoints of a different config ({conflicts[0]}{more}); "
-      "use another workdir, or --force to continue these checkpoints with the new config."
-    )
-  if jax.process_index() == 0:
-    kept = workdir / f"config.before_force.{len(list(workdir.glob('config.before_force.*')))}.json"
-    saved.rename(kept)
-    logging.warning(
-      "--force: continuing %s with a changed config (%s%s); the old one is %s", workdir, conflicts[0], more, kept.name
-    )
-
-
-def _keep_finished(config, workdir: fs.Path) -> tuple[int, ...]:
-  """The final steps of the finished runs this one extends (a larger train.steps), whose checkpoints
-  the rotation keeps: a finished run's summary.json and config.json are kept as summary.step<N>.json
-  and config.step<N>.json before the extension writes its own."""
-  summary = workdir / "summary.json"
-  steps = {
-    int(m.group(1))
-    for p in workdir.glob("summary.step*.json")
-    if (m := re.fullmatch(r"summary\.step(\d+)\.json", p.name))
-  }
-  try:
-    done = json.loads(summary.read_text()) if summary.is_file() else {}
-  except json.JSONDecodeError:
-    done = {}
-  step = done.get("step")
-  if not isinstance(step, int) or "stopped_at" in done or step >= config.train.steps:
-    return tuple(sorted(steps))
-  if jax.process_index() == 0:
-    kept = workdir / f"summary.step{step}.json"
-    summary.rename(kept)
-    if (workdir / "config.json").is_file():
-      (workdir / f"config.step{step}.json").write_text((workdir / "config.json").read_text())
-    logging.info(
-      "extending the run finished at step %d to %d: its summary is kept as %s", step, config.train.steps, kept.name
-    )
-  return tuple(sorted(steps | {step}))
 
 
 SAMPLES = 16  # images in each train.sample_every grid

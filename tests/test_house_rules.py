@@ -3,7 +3,8 @@
 - a task's kind (causal, classifies, image, ...) has one home, lra_core/task_kinds.py: no other
   product file spells a group of task names, except where a family or dataset declares the tasks it
   serves (`tasks=(...)`, `TASKS = (...)`);
-- no product file is over 600 lines (a file that grows past that holds two ideas);
+- no product file is over 600 lines (a file that grows past that holds two ideas), and no function of
+  the trainer's module over 80 lines (the loop reads on one screen; its periodic actions are a table);
 - lines with a comment are at least 8% of the code lines in models/ and kernels/, where the why of
   a shape, a mask or an index map is not obvious from the line itself.
 - tests/README.md, the map of the suite, names every test file and helper, and no file that is gone.
@@ -84,6 +85,24 @@ def test_no_product_file_is_over_600_lines(tmp_path):
   assert long_files(product_files()) == []
   (tmp_path / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
   assert long_files([tmp_path / "big.py"], tmp_path) == [f"big.py: {MAX_LINES + 1} lines"]
+
+
+MAX_TRAINER_FUNCTION = 80
+
+
+def long_functions(path: pathlib.Path, limit: int) -> list[str]:
+  """'name: N lines' for each function or method of `path` longer than `limit` lines."""
+  return [
+    f"{n.name}: {n.end_lineno - n.lineno + 1} lines"
+    for n in ast.walk(ast.parse(path.read_text(), str(path)))
+    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit
+  ]
+
+
+def test_no_function_of_the_trainer_is_over_80_lines(tmp_path):
+  assert long_functions(ROOT / "lra_core" / "train.py", MAX_TRAINER_FUNCTION) == []
+  (tmp_path / "long.py").write_text("def f():\n" + "  x = 1\n" * 80)
+  assert long_functions(tmp_path / "long.py", MAX_TRAINER_FUNCTION) == ["f: 81 lines"]
 
 
 # -- comments ----------------------------------------------------------------------------------------
