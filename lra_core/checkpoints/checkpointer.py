@@ -91,7 +91,7 @@ def check_writable(workdir: fs.Path) -> None:
     probe.write_text("")
     # An object store's folder exists only while an object is in it: a probe that came and went would
     # let another process see `checkpoints/` between its exists() and its listing (orbax's, and
-    # train._check_workdir's), whose listing then fails. There each process's probe stays, one per
+    # checkpoints.workdir.check_resumable's), whose listing then fails. There each process's probe stays, one per
     # process index, so the folder never vanishes.
     if local:
       probe.unlink()
