@@ -13,15 +13,15 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import flash, latte, vq
+from lra_core.kernels import latte, mixed_chunk, vq
 
 
 @dataclasses.dataclass(frozen=True)
 class Core:
-  """An attention core: kernels/<name>.py checks the arguments and dispatches on `impl`, <name>_xla.py is the
-  reference, <name>_pallas.py the kernel's public function and gradient; `drivers` names the module of each
-  driver (`toolkit.DRIVERS`), `kernels` the core's entries of `kernels_at`, `gpu_tiles` its keys of
-  `toolkit.GPU_TILES`."""
+  """An attention core, the folder kernels/<name>/: its __init__.py checks the arguments and dispatches on
+  `impl`, reference.py is the jnp reference, pallas.py the kernel's public function and gradient; `drivers`
+  names the module of the folder that runs each driver (`toolkit.DRIVERS`; the module's name says the
+  backend), `kernels` the core's entries of `kernels_at`, `gpu_tiles` its keys of `toolkit.GPU_TILES`."""
 
   name: str
   kernels: tuple[str, ...]
@@ -30,27 +30,27 @@ class Core:
 
   @property
   def modules(self) -> tuple[str, ...]:
-    """The core's modules of kernels/, by stem."""
-    return (self.name, f"{self.name}_xla", f"{self.name}_pallas", *self.drivers.values())
+    """The core's modules, as paths under kernels/ without .py (`vq/reference`)."""
+    return tuple(f"{self.name}/{stem}" for stem in ("__init__", "reference", "pallas", *self.drivers.values()))
 
 
 CORES = (
   Core(
     "vq",
     kernels=("vq_attention",),
-    drivers={"grid": "vq_grid", "parallel": "vq_parallel"},
+    drivers={"grid": "tpu_grid", "parallel": "gpu_parallel"},
     gpu_tiles=("vq_attention",),
   ),
   Core(
     "latte",
     kernels=("causal_latte", "bidirectional_latte"),
-    drivers={"grid": "latte_grid", "loop": "latte_loop"},
+    drivers={"grid": "tpu_grid", "loop": "gpu_loop"},
     gpu_tiles=("causal_latte", "bidirectional_latte"),
   ),
   Core(
-    "flash",
+    "mixed_chunk",
     kernels=("mixed_chunk",),
-    drivers={"grid": "flash_grid", "parallel": "flash_parallel"},
+    drivers={"grid": "tpu_grid", "parallel": "gpu_parallel"},
     gpu_tiles=("mixed_chunk_attention",),
   ),
 )
@@ -110,7 +110,7 @@ def kernels_at(
     ),
     "mixed_chunk": (
       # the local and the global part read the same q and k: a compile needs their shapes only
-      lambda q, k, v, bias, seg=None: flash.mixed_chunk_attention(
+      lambda q, k, v, bias, seg=None: mixed_chunk.mixed_chunk_attention(
         q,
         k,
         q,

@@ -19,7 +19,7 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
   a ring                 `rotate`: a whole slice passed on to the next chip, n - 1 times, for what
                          reads every step: softmax attention's keys and values (ring attention).
   a gather               `gather`: every chip's slice at once, in time order: softmax attention's keys
-                         and values for splash (kernels/library_attention.py).
+                         and values for splash (kernels/softmax/library.py).
 
 Inside `per_chip` the functions below act across chips; anywhere else they are the one-device case
 (nothing before, nothing after, the total is the local sum), so a kernel written with them is the
@@ -125,7 +125,7 @@ def _shifted(x: Array, step: int) -> Array:
 
 def rotate(x: Array) -> Array:
   """x from the chip before, the first chip receiving the last chip's: one step round the ring (ring
-  attention's key-value slices, kernels/ring_attention.py); x itself outside a split."""
+  attention's key-value slices, kernels/softmax/ring.py); x itself outside a split."""
   if not axes():
     return x
   n = count()
@@ -253,7 +253,7 @@ def linear_recurrence(a: Array, b: Array, *, reverse: bool = False, dims: str | 
 # -- the load-balanced ("zig-zag") order ------------------------------------------------------------
 # Causal attention over a split sequence gives the chip holding its end n times the first chip's work.
 # Cut time into 2n pieces and give chip i pieces i and 2n-1-i: every chip then holds one early and one
-# late piece, and a causal ring (kernels/ring_attention.py) gives each the same work. A model reorders
+# late piece, and a causal ring (kernels/softmax/ring.py) gives each the same work. A model reorders
 # its activations once on the way in and once on the way out (two ppermutes each); token-wise work
 # does not care, and attention masks by the true steps (`steps_of`).
 

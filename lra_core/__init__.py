@@ -54,7 +54,8 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
     )
 
 
-# Old import path -> the module's home since lra_core/ was grouped into subpackages (README, "Moved").
+# Old import path -> the module's home since lra_core/ was grouped into subpackages and kernels/ into one
+# folder per core (README, "Moved").
 MOVED = {
   "lra_core.aot_report": "lra_core.compilation.aot_report",
   "lra_core.aot_targets": "lra_core.compilation.aot_targets",
@@ -70,6 +71,23 @@ MOVED = {
   "lra_core.hlo_text": "lra_core.cost.hlo_text",
   "lra_core.host_memory": "lra_core.runtime.host_memory",
   "lra_core.init_from": "lra_core.checkpoints.init_from",
+  "lra_core.kernels.attention": "lra_core.kernels.softmax.reference",
+  "lra_core.kernels.flash": "lra_core.kernels.mixed_chunk",
+  "lra_core.kernels.flash_grid": "lra_core.kernels.mixed_chunk.tpu_grid",
+  "lra_core.kernels.flash_pallas": "lra_core.kernels.mixed_chunk.pallas",
+  "lra_core.kernels.flash_parallel": "lra_core.kernels.mixed_chunk.gpu_parallel",
+  "lra_core.kernels.flash_xla": "lra_core.kernels.mixed_chunk.reference",
+  "lra_core.kernels.latte_grid": "lra_core.kernels.latte.tpu_grid",
+  "lra_core.kernels.latte_loop": "lra_core.kernels.latte.gpu_loop",
+  "lra_core.kernels.latte_pallas": "lra_core.kernels.latte.pallas",
+  "lra_core.kernels.latte_xla": "lra_core.kernels.latte.reference",
+  "lra_core.kernels.library_attention": "lra_core.kernels.softmax.library",
+  "lra_core.kernels.ring_attention": "lra_core.kernels.softmax.ring",
+  "lra_core.kernels.splash_lists": "lra_core.kernels.softmax.splash_lists",
+  "lra_core.kernels.vq_grid": "lra_core.kernels.vq.tpu_grid",
+  "lra_core.kernels.vq_pallas": "lra_core.kernels.vq.pallas",
+  "lra_core.kernels.vq_parallel": "lra_core.kernels.vq.gpu_parallel",
+  "lra_core.kernels.vq_xla": "lra_core.kernels.vq.reference",
   "lra_core.metrics": "lra_core.run.metrics",
   "lra_core.optim": "lra_core.run.optim",
   "lra_core.pallas_costs": "lra_core.cost.pallas_costs",

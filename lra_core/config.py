@@ -20,7 +20,7 @@ import ml_collections
 
 from lra_core import registry, task_kinds
 from lra_core.errors import ConfigError
-from lra_core.kernels.library_attention import IMPLS as ATTENTION_IMPLS
+from lra_core.kernels.softmax.library import IMPLS as ATTENTION_IMPLS
 from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
 from lra_core.run import optim as optim_lib

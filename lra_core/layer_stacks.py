@@ -21,7 +21,7 @@ STACKED = "stacked_layers"
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # Fields every family's config.model has (lra_core.config adds them, family configs start from
 # them): the layer-stacking switches, which trade memory and compile time for compute, and which
-# kernel computes softmax attention (kernels/library_attention.py: "auto" is the platform's own).
+# kernel computes softmax attention (kernels/softmax/library.py: "auto" is the platform's own).
 MODEL_DEFAULTS = {"remat": "none", "scan_layers": False, "attention_impl": "auto"}
 
 

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels import context, library_attention, vq
+from lra_core.kernels import context, vq
+from lra_core.kernels.softmax import library as library_attention
 from lra_core.models.blocks.layers import Dense, RMSNorm, next_key, param, rms_normalize, silu
 from lra_core.models.blocks.positions import sinusoid
 from lra_core.sharding import target_platform
@@ -91,7 +92,7 @@ class GAU(nnx.Module):
     self.d_k, self.dv_head, self.d_v = m.d_k, m.d_v // h, m.d_v
     self.block_len, self.attention, self.reduction = m.block_len, m.attention, m.reduction
     self.compressive, self.n_code, self.impl = m.compressive, m.n_code, m.impl
-    self.attention_impl = m.attention_impl  # the full mode's softmax (kernels/library_attention.py)
+    self.attention_impl = m.attention_impl  # the full mode's softmax (kernels/softmax/library.py)
     self.grad_through_cache = m.grad_through_cache
     self.chunk_blocks = m.chunk_blocks if m.reduction == "serial" else 0
     self.wavelength, self.dropsin, self.dropres = m.wavelength, m.dropsin, m.dropres
@@ -190,7 +191,7 @@ class GAU(nnx.Module):
 
   def full_attention(self, q: Array, k: Array, v: Array, rel, segments: Array | None) -> Array:
     """The `attention="full"` mode: causal softmax over every earlier key of the document, through the
-    attention switch (kernels/library_attention.py); q and k carry the Dk^-1/2 already."""
+    attention switch (kernels/softmax/library.py); q and k carry the Dk^-1/2 already."""
     xl = "Transformer-XL's position bias is added to the scores, and the kernels take no bias"
     impl = library_attention.chosen_for(self.attention_impl, xl if rel is not None else "")
     if impl == "xla" and (rel is not None or not context.split(q.shape[1])):

@@ -416,7 +416,7 @@ class Model(nnx.Module):
 
 def context_parallel(config, n: int) -> None:
   """A sequence split into n slices (kernels/context.py): whole blocks on each chip; the block decoder's
-  attention over blocks as ring attention (kernels/ring_attention.py); each block's token decoder on
+  attention over blocks as ring attention (kernels/softmax/ring.py); each block's token decoder on
   the chip holding the block."""
   local = (config.train.update_len or config.train.seq_len) // n
   if local % config.model.block_len:

@@ -31,13 +31,13 @@ cross-chunk sum by the number of chunks summed) or "sum" (eqs. 7-8); docs/flash.
 FLASH (Global Only) uses chunks of 64 (GLOBAL_ONLY_CHUNK), as the paper's ablation.
 
 Packed documents (`segments`, from Model.encode's segment_ids): every part reads the query's
-document only; the cross-chunk sums restart per document (kernels/flash_xla.py). Exact against a
+document only; the cross-chunk sums restart per document (kernels/mixed_chunk/reference.py). Exact against a
 document alone when it starts on a chunk boundary (FLASH-Quad: anywhere), isolated otherwise.
 
 Decoding with constant memory per token (chunked variants): the global sum over finished chunks,
-the current chunk's partial sum and its keys and values (kernels.flash.chunk_step).
+the current chunk's partial sum and its keys and values (kernels.mixed_chunk.chunk_step).
 `model.impl = "pallas"` runs the forward pass's attention core as one Pallas kernel
-(kernels/flash_pallas.py); decoding stays XLA.
+(kernels/mixed_chunk/pallas.py); decoding stays XLA.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.kernels import flash as flash_kernels
+from lra_core.kernels import mixed_chunk
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import Attention, config_attention
 from lra_core.models.blocks.layers import Dense, param, silu
@@ -95,7 +95,7 @@ def model_config(variant: str = "flash", **overrides) -> ml_collections.ConfigDi
       chunk=GLOBAL_ONLY_CHUNK if variant == "flash_global" else 256,  # C (Table 6: 256; PG-19: 512)
       rel_bias="auto",  # GAU relative bias: auto | toeplitz | rope | none
       global_norm="mean",  # cross-chunk sum divided by the chunks summed (Codes 7-8), or "sum"
-      impl="xla",  # attention core: one of kernels.flash.IMPLS
+      impl="xla",  # attention core: one of kernels.mixed_chunk.IMPLS
       tie_embeddings=True,
     )
   )
@@ -107,10 +107,10 @@ def validate_config(config) -> None:
   m = config.model
   if m.variant not in VARIANTS:
     raise ConfigError(f"model.variant {m.variant!r} is not one of {sorted(VARIANTS)}.")
-  if m.impl not in flash_kernels.IMPLS:
-    raise ConfigError(f"model.impl {m.impl!r} is not one of {list(flash_kernels.IMPLS)}.")
-  if m.global_norm not in flash_kernels.GLOBAL_NORMS:
-    raise ConfigError(f"model.global_norm {m.global_norm!r} is not one of {list(flash_kernels.GLOBAL_NORMS)}.")
+  if m.impl not in mixed_chunk.IMPLS:
+    raise ConfigError(f"model.impl {m.impl!r} is not one of {list(mixed_chunk.IMPLS)}.")
+  if m.global_norm not in mixed_chunk.GLOBAL_NORMS:
+    raise ConfigError(f"model.global_norm {m.global_norm!r} is not one of {list(mixed_chunk.GLOBAL_NORMS)}.")
   v = VARIANTS[m.variant]
   if v["chunked"] and m.chunk <= 0:
     raise ConfigError(f"model.chunk must be positive for variant {m.variant!r}, got {m.chunk}.")
@@ -183,13 +183,13 @@ class GAU(nnx.Module):
   ) -> Array:
     """x [B,T,D]; positions int[T] consecutive, or int[B,T] counted from each document's start;
     mask bool[B,T], False = padding; segments int[B,T]: packed documents, each read on its own
-    (kernels.flash.mixed_chunk_attention). The relative bias depends on i - j only, which inside
+    (kernels.mixed_chunk.mixed_chunk_attention). The relative bias depends on i - j only, which inside
     one document is the difference of its per-document positions."""
     del rngs
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     u, v, (qq, qk, lq, lk) = self._project(x, positions)
-    y = flash_kernels.mixed_chunk_attention(
+    y = mixed_chunk.mixed_chunk_attention(
       qq,
       qk,
       lq,
@@ -212,7 +212,7 @@ class GAU(nnx.Module):
       raise ValueError("decoding needs a causal GAU; this layer is bidirectional.")
     if not self.chunked and max_len > self.chunk:
       raise ValueError(f"max_len {max_len} exceeds the model's max_len {self.chunk} (FLASH-Quad attends to all of it).")
-    return flash_kernels.init_chunk_state(
+    return mixed_chunk.init_chunk_state(
       batch_size, 1, self.chunk, self.s, self.e, local=self.local, linear=self.linear, dtype=dtype
     )
 
@@ -222,7 +222,7 @@ class GAU(nnx.Module):
     row = None
     if self.rel_bias is not None:
       row = self.rel_bias((position % self.chunk)[None], jnp.arange(self.chunk))[0]
-    y, cache = flash_kernels.chunk_step(
+    y, cache = mixed_chunk.chunk_step(
       *(None if a is None else a[:, 0] for a in qk),
       v[:, 0],
       cache,
@@ -242,7 +242,7 @@ class ChunkedAttention(Attention):
   mc_transformer++  softmax(q k^T / sqrt(Dh)) inside each chunk plus linear attention across
                     chunks with lin_q, lin_k a per-head scale and offset of q and k (FLASH's
                     recipe applied to MHSA; gamma ~ N(0, .02), beta 0) and the fixed 1 / C;
-  performer         normalised linear attention with ReLU features (kernels.flash.linear_attention).
+  performer         normalised linear attention with ReLU features (kernels.mixed_chunk.linear_attention).
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
@@ -272,12 +272,12 @@ class ChunkedAttention(Attention):
     q, k, v = self._qkv(x, positions)
     if self.performer:  # normalised per query: global_norm would cancel, so it does not apply
       return self.out(
-        flash_kernels.linear_attention(
+        mixed_chunk.linear_attention(
           q, k, v, causal=self.causal, chunk=self.chunk, mask=mask, segments=segments, impl=self.impl
         )
       )
     lq, lk = self._linear_qk(q, k)
-    y = flash_kernels.mixed_chunk_attention(
+    y = mixed_chunk.mixed_chunk_attention(
       q,
       k,
       lq,
@@ -299,15 +299,15 @@ class ChunkedAttention(Attention):
     if not self.causal:
       raise ValueError("decoding needs causal attention; this layer is bidirectional.")
     h, dh = self.num_heads, self.head_dim
-    return flash_kernels.init_chunk_state(batch_size, h, self.chunk, dh, dh + self.performer, dtype=dtype)
+    return mixed_chunk.init_chunk_state(batch_size, h, self.chunk, dh, dh + self.performer, dtype=dtype)
 
   def decode(self, x: Array, cache: dict, position: Array) -> tuple[Array, dict]:
     q, k, v = (a[:, 0] for a in self._qkv(x, position[None]))
     if self.performer:
-      y, cache = flash_kernels.linear_step(q, k, v, cache, position, chunk=self.chunk)
+      y, cache = mixed_chunk.linear_step(q, k, v, cache, position, chunk=self.chunk)
     else:
       lq, lk = self._linear_qk(q, k)
-      y, cache = flash_kernels.chunk_step(
+      y, cache = mixed_chunk.chunk_step(
         q,
         k,
         lq,
@@ -345,7 +345,7 @@ class Model(transformer.Model):
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/flash.py): the chunked variants with whole chunks per chip,
+  """A sequence split into n slices (kernels/mixed_chunk/__init__.py): the chunked variants with whole chunks per chip,
   FLASH-Quad's one chunk over all of them (each chip's queries read the gathered keys)."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n
   if not VARIANTS[m.variant]["chunked"]:

@@ -40,8 +40,8 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels import context
 from lra_core.kernels import latte as latte_kernels
-from lra_core.kernels.library_attention import self_attention
 from lra_core.kernels.segments import segment_starts
+from lra_core.kernels.softmax.library import self_attention
 from lra_core.models import transformer
 from lra_core.models.blocks.attention import attend_cache, empty_cache, head_width, write_cache
 from lra_core.models.blocks.layers import Dense, RMSNorm, param
@@ -249,7 +249,7 @@ class LatteAttention(nnx.Module):
     # query scale and soft cap: Gemma 2 -> Latte-Macchiato, lra_core/hf).
     self.window_scale = m.score_scale_dim**-0.5 if m.score_scale_dim else None
     self.window_soft_cap = m.attn_soft_cap
-    self.attention_impl = m.attention_impl  # the sliding window's softmax (kernels/library_attention.py)
+    self.attention_impl = m.attention_impl  # the sliding window's softmax (kernels/softmax/library.py)
     self.latent = m.latent
     self.chunk, self.impl = m.chunk or None, m.impl
     self.shape = (h, latents, width)

@@ -22,8 +22,8 @@ from flax import nnx
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
 from lra_core.kernels import context
-from lra_core.kernels.attention import cap
 from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.kernels.softmax.reference import cap
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.blocks import stack
 from lra_core.models.blocks.attention import Attention, config_attention, head_width
@@ -81,7 +81,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       use_bias=False,
       parallel_residual=False,  # x + Mix(norm x) + MLP(norm x) (GPT-NeoX / Pythia) instead of in sequence
       post_norms=False,  # each branch's output normed before it joins the residual, too (Gemma 2)
-      attn_soft_cap=0.0,  # attention scores bounded smoothly by +-this (kernels/attention.py `cap`); 0 none
+      attn_soft_cap=0.0,  # attention scores bounded smoothly by +-this (kernels/softmax/reference.py `cap`); 0 none
       logit_soft_cap=0.0,  # the output logits likewise (Gemma 2: 50 and 30)
       score_scale_dim=0,  # scores scaled by score_scale_dim^-1/2; 0 -> the head width (Gemma's query_pre_attn_scalar)
       global_every=0,  # with a window: every global_every-th layer reads every key (Gemma 2: 2); 0 -> all windowed
@@ -462,7 +462,7 @@ UPGRADES = {
 
 def context_parallel(config, n: int) -> None:
   """A sequence split into n slices (kernels/context.py): softmax attention as ring attention
-  (kernels/ring_attention.py), a sliding window's blocks whole on each chip."""
+  (kernels/softmax/ring.py), a sliding window's blocks whole on each chip."""
   m, window_len = config.model, config.train.update_len or config.train.seq_len
   local = window_len // n
   if m.attention_dropout:

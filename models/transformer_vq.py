@@ -31,7 +31,7 @@ and reused across its windows, residual dropout per window.
 
 Packed documents (`segment_ids`, kernels/segments.py): a token reads only keys of its own document,
 in the exact part and in the compressive cache, which restarts at each document (see
-`kernels.vq_xla.document_plan`); absolute positions count from each document's start (relative
+`kernels.vq.reference.document_plan`); absolute positions count from each document's start (relative
 biases depend only on distances). Padding (mask False, segment id 0) is left out of the codebook
 statistics, the commitment loss and the codebook usage metrics.
 """
@@ -398,8 +398,8 @@ def seq_key_data(seq_key: Array | None, state: dict) -> Array:
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices: the VQ attention with whole blocks per chip (kernels/vq.py), or
-  the full attention as ring attention (kernels/ring_attention.py)."""
+  """A sequence split into n slices: the VQ attention with whole blocks per chip (kernels/vq/__init__.py), or
+  the full attention as ring attention (kernels/softmax/ring.py)."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n
   if m.input_scan:
     raise ConfigError("mesh.sequence needs model.input_scan False: the scan over update windows runs on whole rows.")

@@ -21,7 +21,7 @@ import numpy as np
 
 from lra_core import cli
 from lra_core.cost import chips, hlo_cost
-from lra_core.kernels import flash as flash_kernels
+from lra_core.kernels import mixed_chunk
 from lra_core.models.blocks.layers import silu
 
 LAYERS, D, E, S, CHUNK, D_FF = 24, 768, 1536, 128, 256, 3072
@@ -43,7 +43,7 @@ def gau_layer(p, x, fused: bool, act):
     z = act(_dense(x, p["w_z"], p["b_z"]))
   heads = z[..., None, :] * p["gamma"].astype(BF16) + p["beta"].astype(BF16)  # [B,T,4,S]
   qq, qk, lq, lk = (heads[..., i : i + 1, :] for i in range(4))
-  y = flash_kernels.mixed_chunk_attention(
+  y = mixed_chunk.mixed_chunk_attention(
     qq, qk, lq, lk, v[..., None, :], chunk=CHUNK, causal=False, quad_scale=1 / CHUNK, lin_scale=1 / CHUNK
   )
   return x + _dense(u * y[..., 0, :], p["w_o"])

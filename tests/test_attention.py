@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lra_core.kernels import toolkit
-from lra_core.kernels.attention import attention_mask, dot_product_attention
+from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models.blocks.positions import apply_rope, sinusoid
 
 

@@ -26,11 +26,13 @@ from lra_core import layout, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import attention, context, library_attention
-from lra_core.kernels import flash as flash_kernels
+from lra_core.kernels import context
 from lra_core.kernels import latte as latte_kernels
+from lra_core.kernels import mixed_chunk as flash_kernels
 from lra_core.kernels import vq as vq_kernels
-from lra_core.kernels.ring_attention import ring_attention
+from lra_core.kernels.softmax import library as library_attention
+from lra_core.kernels.softmax import reference as attention
+from lra_core.kernels.softmax.ring import ring_attention
 from lra_core.run import optim
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
@@ -105,7 +107,7 @@ EXTRA["fit_ar"] = ["train.seq_len=384", "model.use_bias=False"]  # 8 groups of 4
 CAUSAL["fit_ar_plain"] = "configs/imagenet64/fit_ar.py:tiny,overlap"
 EXTRA["fit_ar_plain"] = [*EXTRA["fit_ar"], "model.dropout=0.1"]  # the plain order
 EXTRA["transformer_bidirectional"] = ["model.attention_dropout=0", "model.pooling=mean"]  # no CLS step: T splits
-# Splash over the gathered keys (kernels/library_attention.py `_split_splash`, interpret mode): whole
+# Splash over the gathered keys (kernels/softmax/library.py `_split_splash`, interpret mode): whole
 # 128-step blocks on each of 4 chips, in the zig-zag order; against the same kernel on one chip.
 SPLASH = ["train.seq_len=512", "model.attention_impl=splash", "model.dropout=0"]
 CAUSAL["transformer++_splash"] = "configs/enwik8/transformer.py:tiny,plusplus"
@@ -441,7 +443,7 @@ def test_window_attention_split_reads_its_neighbours_blocks(causal):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
 def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequence):
-  """Ring attention (kernels/ring_attention.py) against the whole masked scores: grouped heads (4 query
+  """Ring attention (kernels/softmax/ring.py) against the whole masked scores: grouped heads (4 query
   heads on 2 key-value heads), documents on and off the chips' edges, padding."""
   ks = jax.random.split(jax.random.key(7), 3)
   q = jax.random.normal(ks[0], (2, 32, 4, 8))
@@ -460,7 +462,7 @@ def test_softmax_attention_split_is_a_ring_equal_to_the_whole(causal, data, sequ
 
 @pytest.mark.parametrize("window", [0, 4])
 def test_soft_capped_scores_split_equal_the_whole(window):
-  """Gemma 2's soft cap on the scores (kernels/attention.py `cap`) inside ring attention and the split
+  """Gemma 2's soft cap on the scores (kernels/softmax/reference.py `cap`) inside ring attention and the split
   sliding window: split == whole, and the cap changes the result (scores reach it)."""
   ks = jax.random.split(jax.random.key(5), 3)
   q = jax.random.normal(ks[0], (2, 32, 4, 8))

@@ -1,4 +1,4 @@
-"""FLASH (models/flash.py, kernels/flash.py) against quadratic oracles, causality, decoding, padding."""
+"""FLASH (models/flash.py, kernels/mixed_chunk/__init__.py) against quadratic oracles, causality, decoding, padding."""
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ import tiers
 from lra_core import kernels, registry
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
-from lra_core.kernels import flash as fk
+from lra_core.kernels import mixed_chunk as fk
 from lra_core.models import flash
 from lra_core.models.blocks.positions import RelativePositionBias
 from lra_core.protocol import RunInfo

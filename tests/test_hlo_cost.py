@@ -440,7 +440,7 @@ def test_a_triton_kernel_takes_the_cost_its_pallas_call_declares(h100):
 
 
 # Both targets compile the same attention: on TPU and GPU "auto" would take a library flash kernel, a
-# custom call whose FLOPs the HLO does not show (kernels/library_attention.py).
+# custom call whose FLOPs the HLO does not show (kernels/softmax/library.py).
 XLA = "model.attention_impl=xla"
 
 

@@ -1,6 +1,6 @@
 """docs/kernels.md's "Adding a kernel" checklist, kept true by `checklist` over the real tree: every module of
 kernels/ that calls pallas_call belongs to a core of kernels/catalog.py, and every core there has its
-modules, the drivers its kernel takes, its kernels in `kernels_at`, its GPU tiles, its row in the docs'
+folder's modules, the drivers its kernel takes, its kernels in `kernels_at`, its GPU tiles, its row in the docs'
 table and its tests/test_<core>_pallas.py. A throwaway kernel added without the checklist is reported by
 name."""
 
@@ -57,7 +57,10 @@ def checklist(
   """What the tree lacks of the checklist, one sentence each (empty: complete). kernel_names: the names
   `catalog.kernels_at` gives, by default its own."""
   kernel_names = set(catalog.kernels_at(**SIZES)) if kernel_names is None else set(kernel_names)
-  modules = {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(kernels.glob("*.py"))}
+  modules = {  # by path under kernels/ without .py: vq/pallas
+    p.relative_to(kernels).with_suffix("").as_posix(): ast.parse(p.read_text(), str(p))
+    for p in sorted(kernels.rglob("*.py"))
+  }
   owner = {stem: core.name for core in cores for stem in core.modules}
   problems = [
     f"kernels/{stem}.py calls pallas_call but is the module of no core in kernels/catalog.py's CORES"
@@ -66,25 +69,26 @@ def checklist(
   ]
   rows = core_table(docs.read_text())
   for core in cores:
-    name = core.name
+    name, kernel = core.name, f"{core.name}/pallas"
     problems += [f"core {name}: kernels/{stem}.py is missing" for stem in core.modules if stem not in modules]
     for driver, stem in core.drivers.items():
+      stem = f"{name}/{stem}"
       if stem in modules and not calls_pallas(modules[stem]):
         problems.append(f"core {name}: its {driver} driver kernels/{stem}.py calls no pallas_call")
-    if f"{name}_pallas" in modules and declared_drivers(modules[f"{name}_pallas"]) != tuple(core.drivers):
-      problems.append(f"core {name}: kernels/{name}_pallas.py's DRIVERS are not the catalog's {tuple(core.drivers)}")
+    if kernel in modules and declared_drivers(modules[kernel]) != tuple(core.drivers):
+      problems.append(f"core {name}: kernels/{kernel}.py's DRIVERS are not the catalog's {tuple(core.drivers)}")
     problems += [f"core {name}: kernel {k} is not in catalog.kernels_at" for k in core.kernels if k not in kernel_names]
     problems += [f"core {name}: no toolkit.GPU_TILES[{key!r}]" for key in core.gpu_tiles if key not in gpu_tiles]
-    if not any(f"`kernels/{name}_pallas.py`" in row for row in rows):
-      problems.append(f"core {name}: no row of the table in {docs.name} names `kernels/{name}_pallas.py`")
+    if not any(f"`kernels/{kernel}.py`" in row for row in rows):
+      problems.append(f"core {name}: no row of the table in {docs.name} names `kernels/{kernel}.py`")
     test = tests / f"test_{name}_pallas.py"
     if not test.exists():
       problems.append(f"core {name}: tests/{test.name} is missing")
       continue
     text = test.read_text()
-    every_driver = (f"{name}_pallas.DRIVERS",)  # a test parametrized over them, or each by name
+    every_driver = ("pallas.DRIVERS",)  # a test parametrized over them, or each by name
     for what, words in (
-      ("its kernel module", (f"{name}_pallas",)),
+      ("its kernel module", (f"lra_core.kernels.{name} import pallas",)),
       ("interpret mode", ("interpret",)),
       ("gradients", ("grad",)),
       ("every driver", every_driver if every_driver[0] in text else tuple(f'"{d}"' for d in core.drivers)),
@@ -114,13 +118,13 @@ def test_a_kernel_added_without_the_checklist_is_reported(tmp_path):
 
 def test_a_core_in_the_catalog_without_its_files_is_reported():
   """A catalog entry for a core with no modules, tests, docs row or tiles: each missing item named."""
-  rope = catalog.Core("rope", kernels=("rope",), drivers={"grid": "rope_grid"}, gpu_tiles=("rope",))
+  rope = catalog.Core("rope", kernels=("rope",), drivers={"grid": "tpu_grid"}, gpu_tiles=("rope",))
   problems = checklist(KERNELS, DOCS, TESTS, cores=catalog.CORES + (rope,))
-  missing = ["rope.py", "rope_xla.py", "rope_pallas.py", "rope_grid.py"]
+  missing = ["rope/__init__.py", "rope/reference.py", "rope/pallas.py", "rope/tpu_grid.py"]
   assert [p for p in problems if p.endswith("is missing")][:4] == [
     f"core rope: kernels/{m} is missing" for m in missing
   ]
-  for text in ("kernel rope is not in catalog.kernels_at", "GPU_TILES['rope']", "`kernels/rope_pallas.py`"):
+  for text in ("kernel rope is not in catalog.kernels_at", "GPU_TILES['rope']", "`kernels/rope/pallas.py`"):
     assert any(text in p for p in problems), (text, problems)
   assert "core rope: tests/test_rope_pallas.py is missing" in problems
   assert not [p for p in problems if not p.startswith("core rope")], problems
@@ -130,10 +134,10 @@ def test_drivers_the_kernel_takes_must_be_the_catalogs(tmp_path):
   """A kernel module whose DRIVERS drift from its catalog entry (a driver added to one only) is reported."""
   folder = tmp_path / "kernels"
   shutil.copytree(KERNELS, folder, ignore=shutil.ignore_patterns("__pycache__"))
-  path = folder / "latte_pallas.py"
+  path = folder / "latte" / "pallas.py"
   text = path.read_text()
   assert 'DRIVERS = ("grid", "loop")' in text
   path.write_text(text.replace('DRIVERS = ("grid", "loop")', 'DRIVERS = ("grid", "loop", "parallel")'))
   assert checklist(folder, DOCS, TESTS) == [
-    "core latte: kernels/latte_pallas.py's DRIVERS are not the catalog's ('grid', 'loop')"
+    "core latte: kernels/latte/pallas.py's DRIVERS are not the catalog's ('grid', 'loop')"
   ]

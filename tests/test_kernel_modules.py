@@ -1,7 +1,8 @@
-"""The kernel modules import each other without cycles: each jnp reference (`*_xla.py`) imports no
-Pallas code, each Pallas module builds on its reference and dispatches to its drivers, each driver
-module belongs to one core, and each public module dispatches between the two; no import hides inside a
-function to dodge a cycle. The cores and their modules are kernels/catalog.py's."""
+"""The kernel modules import each other without cycles: each core's jnp reference (`<core>/reference.py`)
+imports no Pallas code, its Pallas module builds on the reference and dispatches to its drivers, each
+driver module belongs to one core, and the core's package (`<core>/__init__.py`) dispatches between the
+two; no import hides inside a function to dodge a cycle. The cores and their modules are
+kernels/catalog.py's. A module is named by its path under kernels/ without .py (`vq/reference`)."""
 
 import ast
 import pathlib
@@ -15,7 +16,10 @@ OPS = tuple(core.name for core in catalog.CORES)
 
 
 def _modules() -> dict[str, ast.Module]:
-  return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(KERNELS.glob("*.py"))}
+  return {
+    p.relative_to(KERNELS).with_suffix("").as_posix(): ast.parse(p.read_text(), str(p))
+    for p in sorted(KERNELS.rglob("*.py"))
+  }
 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -32,16 +36,23 @@ def _imports(tree: ast.Module) -> set[str]:
   return {name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for name in _imported(node)}
 
 
+def _module_of(name: str, modules) -> str:
+  """The file of kernels/ an absolute name lives in: the longest module path it starts with, a package
+  standing for its __init__ (`lra_core.kernels.vq.reference.MASK` -> vq/reference, `lra_core.kernels.vq`
+  -> vq/__init__, a name of the package itself -> __init__)."""
+  parts = name[len(PACKAGE) + 1 :].split(".") if name != PACKAGE else []
+  for n in range(len(parts), 0, -1):
+    path = "/".join(parts[:n])
+    if path in modules:
+      return path
+    if f"{path}/__init__" in modules:
+      return f"{path}/__init__"
+  return "__init__"
+
+
 def _kernel_deps(tree: ast.Module, modules) -> set[str]:
-  """The files of kernels/ that a module imports; a name of the package itself counts as __init__."""
-  deps = set()
-  for name in _imports(tree):
-    if name == PACKAGE:
-      deps.add("__init__")
-    elif name.startswith(PACKAGE + "."):
-      stem = name[len(PACKAGE) + 1 :].split(".")[0]
-      deps.add(stem if stem in modules else "__init__")
-  return deps
+  """The files of kernels/ that a module imports."""
+  return {_module_of(name, modules) for name in _imports(tree) if name == PACKAGE or name.startswith(PACKAGE + ".")}
 
 
 def test_no_import_inside_a_function():
@@ -60,19 +71,19 @@ def test_no_import_inside_a_function():
 def test_references_import_no_pallas_code():
   modules = _modules()
   for core in catalog.CORES:
-    op = core.name
-    pallas = sorted(name for name in _imports(modules[f"{op}_xla"]) if "pallas" in name)
-    assert not pallas, (f"kernels/{op}_xla.py", pallas)
-    kernel = sorted(_kernel_deps(modules[f"{op}_xla"], modules) & {f"{op}_pallas", *core.drivers.values()})
-    assert not kernel, (f"kernels/{op}_xla.py", kernel)
+    reference, kernel, *drivers = core.modules[1:]
+    pallas = sorted(name for name in _imports(modules[reference]) if "pallas" in name)
+    assert not pallas, (f"kernels/{reference}.py", pallas)
+    above = sorted(_kernel_deps(modules[reference], modules) & {kernel, *drivers})
+    assert not above, (f"kernels/{reference}.py", above)
 
 
 def test_each_op_is_reference_kernel_drivers_and_dispatch():
   modules = _modules()
   for core in catalog.CORES:
-    op = core.name
-    assert {f"{op}_xla", *core.drivers.values()} <= _kernel_deps(modules[f"{op}_pallas"], modules), op
-    assert {f"{op}_xla", f"{op}_pallas"} <= _kernel_deps(modules[op], modules)
+    dispatch, reference, kernel, *drivers = core.modules
+    assert {reference, *drivers} <= _kernel_deps(modules[kernel], modules), core.name
+    assert {reference, kernel} <= _kernel_deps(modules[dispatch], modules), core.name
 
 
 def test_a_driver_reaches_no_other_core_and_not_its_dispatch():
@@ -81,9 +92,10 @@ def test_a_driver_reaches_no_other_core_and_not_its_dispatch():
   modules = _modules()
   owner = {stem: core.name for core in catalog.CORES for stem in core.modules}
   for core in catalog.CORES:
-    for stem in core.drivers.values():
+    dispatch, _, kernel, *drivers = core.modules
+    for stem in drivers:
       deps = _kernel_deps(modules[stem], modules)
-      assert not deps & {core.name, f"{core.name}_pallas", "catalog", "__init__"}, (stem, deps)
+      assert not deps & {dispatch, kernel, "catalog", "__init__"}, (stem, deps)
       assert {owner.get(d, core.name) for d in deps} == {core.name}, (stem, deps)
 
 

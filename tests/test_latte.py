@@ -15,7 +15,7 @@ import oracles
 from lra_core import kernels, registry
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
-from lra_core.kernels.attention import attention_mask, dot_product_attention
+from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models import latte
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.protocol import RunInfo

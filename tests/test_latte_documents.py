@@ -18,7 +18,7 @@ import tiers
 from lra_core import kernels, registry
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
-from lra_core.kernels.attention import attention_mask
+from lra_core.kernels.softmax.reference import attention_mask
 from lra_core.models import latte
 from lra_core.models.blocks.positions import apply_rope
 

@@ -14,7 +14,8 @@ from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
-from lra_core.kernels import latte_pallas, toolkit
+from lra_core.kernels import toolkit
+from lra_core.kernels.latte import pallas as latte_pallas
 from lra_core.layout import to_device
 from lra_core.run import optim
 from lra_core.run.state import make_state_spec

@@ -1,4 +1,4 @@
-"""kernels/library_attention.py: softmax attention on jax's own flash kernels (splash for TPU, the Pallas
+"""kernels/softmax/library.py: softmax attention on jax's own flash kernels (splash for TPU, the Pallas
 Triton kernel for GPU) equals the XLA reference in values and gradients (interpret mode on this host),
 with causal, sliding-window, document and padding masks and grouped / multi-query heads; what a kernel
 cannot take falls back to the reference with one log line; "auto" picks the target platform's kernel;
@@ -22,8 +22,8 @@ import tiers
 from lra_core.compilation import aot_targets
 from lra_core.cost import chips, hlo_cost
 from lra_core.errors import ConfigError
-from lra_core.kernels import library_attention as library
 from lra_core.kernels import toolkit
+from lra_core.kernels.softmax import library
 
 needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
 needs_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed")
@@ -44,7 +44,7 @@ def inputs(kv_heads, dtype=jnp.float32, t=T):
 
 def value_and_grads(impl, q, k, v, valid, **masks):
   """Outputs at valid positions and the gradients of a loss over them (padded queries read other keys
-  under the kernels, and nothing reads them: kernels/library_attention.py)."""
+  under the kernels, and nothing reads them: kernels/softmax/library.py)."""
 
   def loss(q, k, v):
     out = library.self_attention(q, k, v, k_valid=valid, impl=impl, **masks)
@@ -287,7 +287,7 @@ FAMILIES = {
     ["train.seq_len=256", "train.update_len=256", "model.rel_bias=False", "model.d_k=64"],
   ),
   # FIT-AR: 4 groups of 8x8 pixels' channels (192 tokens, padded to 256 for the local layers); its global
-  # layers' group-causal mask is the reference's (kernels/library_attention.py)
+  # layers' group-causal mask is the reference's (kernels/softmax/library.py)
   "fit": (
     "configs/imagenet64/fit_ar.py:tiny",
     ["data.image_size=16", "data.patch_size=8", "model.group_size=192", "train.seq_len=768"],

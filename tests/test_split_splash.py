@@ -1,4 +1,4 @@
-"""kernels/library_attention.py `_split_splash`: softmax attention over a sequence split over chips on
+"""kernels/softmax/library.py `_split_splash`: softmax attention over a sequence split over chips on
 splash (interpret mode on this host), every chip's queries against the gathered keys. Split == the
 whole sequence's reference in values and gradients: causal in the plain and the zig-zag order and
 bidirectional, grouped and multi-query heads, documents on and off the chips' edges, padding, a soft cap;
@@ -21,8 +21,8 @@ import tiers
 from lra_core import aot, layout, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.cost import chips
-from lra_core.kernels import context, splash_lists
-from lra_core.kernels import library_attention as library
+from lra_core.kernels import context
+from lra_core.kernels.softmax import library, splash_lists
 
 B, T, H, D = 2, 1024, 4, 32  # 8 chips hold 128 steps each: one block
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # the kernel's online softmax against one softmax
@@ -116,7 +116,7 @@ def assert_same_kernel(got, want, **settings):
   + [(1024, 2, False, 128, 256), (2048, 4, True, 128, 256), (2048, 2, True, 256, 128)],
 )
 def test_the_block_lists_built_in_numpy_are_splash_s_own(t, chips, zigzag, bq, bkv):
-  """kernels/splash_lists.py against splash's make_splash_mha (its block-by-block loop) for the causal
+  """kernels/softmax/splash_lists.py against splash's make_splash_mha (its block-by-block loop) for the causal
   mask over the steps the chips' rows hold, and for one chip's rows of the full mask."""
   steps = context.held_steps(chips, t // chips, zigzag)
   causal = masks.CausalMask((t, t))

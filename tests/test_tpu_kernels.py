@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 from lra_core import kernels
 from lra_core.cost import chips
 from lra_core.kernels import catalog, toolkit
-from lra_core.kernels import flash as flash_xla
 from lra_core.kernels import latte as latte_xla
+from lra_core.kernels import mixed_chunk as flash_xla
 from lra_core.kernels import vq as vq_xla
 
 needs_libtpu = pytest.mark.skipif(

@@ -16,7 +16,8 @@ import oracles
 import tiers
 from lra_core import decoding, kernels, registry
 from lra_core.errors import ConfigError
-from lra_core.kernels import vq, vq_xla
+from lra_core.kernels import vq
+from lra_core.kernels.vq import reference as vq_xla
 from lra_core.models import transformer_vq as tvq
 from lra_core.tasks.base import apply_model
 from lra_core.train import train_and_evaluate

@@ -15,7 +15,10 @@ import lra_core
 import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
-from lra_core.kernels import toolkit, vq, vq_grid, vq_pallas, vq_parallel
+from lra_core.kernels import toolkit, vq
+from lra_core.kernels.vq import gpu_parallel as vq_parallel
+from lra_core.kernels.vq import pallas as vq_pallas
+from lra_core.kernels.vq import tpu_grid as vq_grid
 from lra_core.train import train_and_evaluate
 
 O0 = {"xla_backend_optimization_level": 0}  # these tests check numbers: -O0 halves CPU compile times

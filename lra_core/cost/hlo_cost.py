@@ -11,7 +11,7 @@ optimized program instead (lra_core/cost/hlo_text.py reads it):
 - FLOPs are the matrix products at 2 per multiply-add, also inside fusions and in XLA:GPU's library
   calls (lra_core/cost/hlo_flops.py), plus what a Pallas kernel declares (lra_core/cost/pallas_costs.py), or
   for jax's library flash kernels, which declare nothing, what the scope around their call states
-  (kernels/library_attention.py); a Triton kernel with neither counts its traffic and no FLOPs, and
+  (kernels/softmax/library.py); a Triton kernel with neither counts its traffic and no FLOPs, and
   `Roofline.undeclared_kernels` counts it. A convolution's bytes are its operands and result, as for
   any operation. Elementwise arithmetic counts as no FLOPs;
 - a while loop costs its trip count times its body (the count XLA records, else the bound its
@@ -49,7 +49,7 @@ from lra_core.cost.hlo_text import (
   target,
 )
 from lra_core.cost.pallas_costs import PALLAS_CALLS, TRITON_CALL, declared, kernel_key
-from lra_core.kernels import library_attention
+from lra_core.kernels.softmax import library as library_attention
 
 FREE = {
   "parameter",

@@ -18,7 +18,7 @@ tokens as whole rows held. Transformer-VQ takes its whole sequence in one update
 (train.update_len 0: with windows it trains any length, a window at a time). The full-attention
 baseline is FLASH's Transformer+ on PG-19: whole rows, its attention on splash (model.attention_impl
 "auto": the scores never formed, so its memory grows with the length, not its square); split, ring
-attention (kernels/ring_attention.py, model.attention_impl "xla"), each step's slice-pair scores formed
+attention (kernels/softmax/ring.py, model.attention_impl "xla"), each step's slice-pair scores formed
 by XLA: the longest rows (splash over the gathered keys is faster, shorter). The Block
 Transformer (C4, 302m) and FIT-AR (ImageNet 64x64) have no PG-19 config: theirs are compiled, the
 Block Transformer without random-length padding (a row's blocks stay where the split puts them),

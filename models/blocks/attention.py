@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels.attention import attention_mask, dot_product_attention
-from lra_core.kernels.library_attention import cross_attention, self_attention
+from lra_core.kernels.softmax.library import cross_attention, self_attention
+from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models.blocks.layers import Dense, LayerNorm
 from lra_core.models.blocks.positions import apply_rope
 from lra_core.sharding import constrain
@@ -43,10 +43,10 @@ def config_attention(m) -> dict:
 class Attention(nnx.Module):
   """Self-attention: H query heads over K key-value heads (K = H multi-head, K = 1 multi-query).
 
-  causal: autoregressive mask. window > 0: sliding window (see kernels.attention.attention_mask).
+  causal: autoregressive mask. window > 0: sliding window (see kernels.softmax.reference.attention_mask).
   rope: rotary embedding of q and k on the first `rope_fraction` of each head.
-  scale: the scores' factor (None: head_dim^-1/2); soft_cap > 0 bounds them (kernels/attention.py `cap`).
-  impl: the kernel of the full forward pass (kernels/library_attention.py); decoding reads its cache
+  scale: the scores' factor (None: head_dim^-1/2); soft_cap > 0 bounds them (kernels/softmax/reference.py `cap`).
+  impl: the kernel of the full forward pass (kernels/softmax/library.py); decoding reads its cache
   with the reference. mask_by_positions: the causal mask compares the positions each call is given
   (FIT-AR's latents: their group index, so a group's latents see each other) rather than the row
   order, which is all the library kernels take (they fall back to the reference for it).
@@ -211,7 +211,7 @@ def attend_cache(
 class CrossAttention(nnx.Module):
   """x + MHA(LN(x), LN(y)): queries from one stream (width dq), keys / values from the other (dkv),
   `heads` heads over `width` channels (pix2seq: the smaller stream's width and head count). impl: the
-  kernel (kernels/library_attention.py)."""
+  kernel (kernels/softmax/library.py)."""
 
   def __init__(
     self, dq: int, dkv: int, *, heads: int, width: int, use_bias: bool, dtype, rngs: nnx.Rngs, impl: str = "xla"

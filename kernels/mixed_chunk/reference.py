@@ -21,8 +21,8 @@ factor) and, non-causal, from both sides plus the query's own chunk; `global_lay
 keys each sum holds and which queries read it. Cross-chunk normalisation (`global_norm`): "sum"
 (eqs. 7-8, Code 1) or "mean" (Codes 7-8 divide by the number of chunks summed).
 
-This file is the reference (impl="xla") and imports no Pallas code; kernels/flash_pallas.py is the
-kernel, which differentiates through this file; kernels/flash.py checks arguments and dispatches on
+This file is the reference (impl="xla") and imports no Pallas code; kernels/mixed_chunk/pallas.py is the
+kernel, which differentiates through this file; kernels/mixed_chunk/__init__.py checks arguments and dispatches on
 `impl` between the two.
 """
 

@@ -1,8 +1,8 @@
 """Latte (Dolga et al., "Latent Attention for Linear Time Transformers") behind one `impl` switch:
 the names models and tests use.
 
-kernels/latte_xla.py is the reference (impl="xla", the default: the chunked jnp scan, the decoding
-step and the quadratic oracles), kernels/latte_pallas.py the kernels (impl="pallas", differentiated
+kernels/latte/reference.py is the reference (impl="xla", the default: the chunked jnp scan, the decoding
+step and the quadratic oracles), kernels/latte/pallas.py the kernels (impl="pallas", differentiated
 through the reference). This file checks the arguments, picks the XLA form's default chunk for the
 target and dispatches; it imports both, and neither imports it.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, latte_pallas, latte_xla, toolkit
-from lra_core.kernels.latte_xla import (
+from lra_core.kernels import context, toolkit
+from lra_core.kernels.latte import pallas, reference
+from lra_core.kernels.latte.reference import (
   bidirectional_latte_reference,
   causal_latte_reference,
   init_latte_state,
@@ -96,7 +97,7 @@ def bidirectional_latte(
     segments: int[B,T] packed documents: every document has its own softmax over time, in
       O(T L (C + D)) with chunks of `chunk` tokens.
     latent_scale: float[B,T,H,L] multiplying p(l|t) (latent dropout).
-    impl: "xla" (kernels/latte_xla.py) or "pallas" (kernels/latte_pallas.py).
+    impl: "xla" (kernels/latte/reference.py) or "pallas" (kernels/latte/pallas.py).
     chunk: the tokens per block of the packed-documents sums (None: the default per backend and impl).
 
   Returns:
@@ -111,8 +112,8 @@ def bidirectional_latte(
     return _bidirectional_per_chip(q, k, v, mask, latent_scale)
   kw = dict(mask=mask, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":
-    return latte_pallas.bidirectional_latte(q, k, v, chunk=chunk, **kw)
-  return latte_xla.bidirectional_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
+    return pallas.bidirectional_latte(q, k, v, chunk=chunk, **kw)
+  return reference.bidirectional_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
 
 
 def _check_chunk(chunk: int | None) -> None:
@@ -138,9 +139,9 @@ def causal_latte(
   Args:
     q, k: [B,T,H,L] latent scores of each token (softmax over L for q; for k, over the tokens so far).
     v: [B,T,H,D] values.
-    impl: "xla" (kernels/latte_xla.py) or "pallas" (kernels/latte_pallas.py).
+    impl: "xla" (kernels/latte/reference.py) or "pallas" (kernels/latte/pallas.py).
     chunk: C, the tokens per step of the scan; 1 is the paper's token-by-token scan. None: the default
-      per backend (`default_chunk`; with impl="pallas" the kernel's block, `latte_pallas.default_chunk`).
+      per backend (`default_chunk`; with impl="pallas" the kernel's block, `pallas.default_chunk`).
     state: continues a sequence (see `init_latte_state`).
     segments: int[B,T] packed documents: the state restarts at each document's first token (a given
       `state` continues the row's first document).
@@ -156,8 +157,8 @@ def causal_latte(
     return _causal_per_chip(q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale)
   kw = dict(state=state, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":  # chunk None: the kernel's own block for the target (tile-sized, not the XLA form's)
-    return latte_pallas.causal_latte(q, k, v, chunk=chunk, **kw)
-  return latte_xla.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
+    return pallas.causal_latte(q, k, v, chunk=chunk, **kw)
+  return reference.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
 
 
 # -- one sequence over several chips (kernels/context.py) --------------------------------------------
@@ -170,13 +171,13 @@ def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> 
   def chip(q, k, v, state, segments, latent_scale):
     b = q.shape[0]  # this chip's rows
     boundary = jnp.zeros((b,), bool)  # this slice's first token starts a document
-    summary = latte_xla.document_state(k, v, segments)
+    summary = reference.document_state(k, v, segments)
     fresh = boundary  # the document open at the slice's end starts inside it: the fold restarts
     if segments is not None:
       starts = segment_starts(segments)
       boundary = starts[:, 0] & (context.index() > 0)  # chip 0 continues the given state
       fresh = boundary | starts[:, 1:].any(axis=1)
-    carried = context.fold_before(summary, latte_xla.merge_states, state, fresh)
+    carried = context.fold_before(summary, reference.merge_states, state, fresh)
     empty = init_latte_state(*q.shape[:1], *q.shape[2:], v.shape[-1])
     incoming = {n: jnp.where(boundary.reshape((-1,) + (1,) * (x.ndim - 1)), empty[n], x) for n, x in carried.items()}
     return causal_latte(q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale)
@@ -191,12 +192,12 @@ def _bidirectional_per_chip(q, k, v, mask, latent_scale) -> Array:
   b, t, h, _ = q.shape
 
   def chip(q, k, v, mask, latent_scale):
-    k = latte_xla.masked_keys(k, mask)
+    k = reference.masked_keys(k, mask)
     m = jax.lax.stop_gradient(context.maximum(jax.lax.stop_gradient(k.max(1))))  # [B,H,L]
     e = jnp.exp(k - m[:, None])
     num = context.total(jnp.einsum("bthl,bthd->bhld", e, v.astype(jnp.float32)))
     den = context.total(e.sum(1))  # >= 1 somewhere: it holds the max term
-    p = latte_xla.latent_probs(q, latent_scale)
+    p = reference.latent_probs(q, latent_scale)
     return jnp.einsum("bthl,bhld->bthd", p, num / den[..., None]).astype(v.dtype)
 
   dims = ("bth.", "bth.", "bth.", "bt", "bth.")

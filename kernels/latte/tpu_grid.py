@@ -1,7 +1,7 @@
 """Latte's grid driver (TPU; interpret mode) and its block steps: the time blocks of one (batch, head) in
-order, the state in scratch across the sequential block axis. kernels/latte_pallas.py holds the public
+order, the state in scratch across the sequential block axis. kernels/latte/pallas.py holds the public
 functions and their gradients and calls this driver off GPU (`toolkit.driver`); the GPU's is
-kernels/latte_loop.py, whose steps run these steps' math per latent group.
+kernels/latte/gpu_loop.py, whose steps run these steps' math per latent group.
 
 The state per latent l is the stable pair of eq. 12 scaled by the running max m of the key logits
 (Appendix B.2):
@@ -20,7 +20,7 @@ Bidirectional: `summary_block` reduces the whole sequence to num / den per laten
 
 Packed documents: each token carries its document's index in the row (float32, as [C,1] columns and
 [C,1,1] rows) and a flag saying whether it continues the document of the carried state
-(`kernels.latte_xla.chunk_documents`).
+(`kernels.latte.reference.chunk_documents`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import latte_xla, toolkit
+from lra_core.kernels import toolkit
+from lra_core.kernels.latte import reference
 
 Array = jax.Array
 f32 = jnp.float32
-NEG = latte_xla.NEG
+NEG = reference.NEG
 
 # The state's parts in the order the steps take them (a dict of them loses its order in a pytree: shard_map
 # hands `scan` its keys sorted).
@@ -81,7 +82,7 @@ def causal_block(
     past = jnp.where(cont > 0, mx, NEG)  # a token of a new document sees no carried state
   prefix = jnp.where(causal, k_rows.astype(f32), NEG)  # [Cs,Ct,L]: k_s for s <= t
   # The max is per token (running), so every exponent below is <= 0 whatever the logit range, as in
-  # `kernels.latte_xla.latte_chunk`.
+  # `kernels.latte.reference.latte_chunk`.
   m = jnp.maximum(past, prefix.max(0))  # running max [Ct,L]
   within = jnp.where(causal, jnp.exp(prefix - m), 0.0)  # [Cs,Ct,L], <= 1
   carried = jnp.exp(past - m)  # [Ct,L], <= 1: the state rescaled from its max to the token's

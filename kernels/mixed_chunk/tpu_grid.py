@@ -1,7 +1,7 @@
 """FLASH's mixed chunk attention, the grid driver (TPU; interpret mode): the chunks of one (batch, head) in
-order, the causal running key-value sum on chip. kernels/flash_pallas.py holds the kernel's public
+order, the causal running key-value sum on chip. kernels/mixed_chunk/pallas.py holds the kernel's public
 function and its gradient, prepares the operands both drivers read and calls this driver off GPU
-(`toolkit.driver`); the GPU's is kernels/flash_parallel.py.
+(`toolkit.driver`); the GPU's is kernels/mixed_chunk/gpu_parallel.py.
 
 The grid is (B, H, J, G): J value tiles of Et columns (KV and the output are independent across value
 columns; the local scores are recomputed per tile), then the G chunks in order. Causal, KV [S,Et] is
@@ -162,7 +162,7 @@ def vmem_bytes(*, chunk: int, s: int, value_block: int, itemsize: int) -> int:
 def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None, platform: str = "tpu") -> int:
   """The width of the grid driver's value tiles, a divisor of e. TPU: the widest multiple of 128 lanes whose
   `vmem_bytes` fits `budget` (128 when none does: the compiler then names the excess); e itself when it is
-  no multiple of 128. Elsewhere (interpret mode) e. (The GPU's: `flash_parallel.tile`.)"""
+  no multiple of 128. Elsewhere (interpret mode) e. (The GPU's: `gpu_parallel.tile`.)"""
   if platform != "tpu" or e % LANES:
     return e
   widths = [w for w in range(e, 0, -LANES) if e % w == 0]
@@ -186,7 +186,7 @@ def cost(
   carried: bool,
 ) -> pl.CostEstimate:
   """What the grid driver computes and moves, for XLA's and lra_core.cost.hlo_cost's rooflines (a custom call is
-  opaque to them). (The parallel driver's: `flash_parallel.cost`.)"""
+  opaque to them). (The parallel driver's: `gpu_parallel.cost`.)"""
   b, h, t, c = batch, heads, seq_len, chunk
   tiles, chunks = e // value_tile, t // chunk
   # Per chunk: the local [C,C] scores once per value tile and their product with v over all of E; lin_q KV
@@ -293,7 +293,7 @@ def attention(
   **statics,
 ) -> Array:
   """The grid driver, per device: one walk, or two added. local: the local part's operands and v
-  (head-major, `flash_pallas`); lin: (lin_q, lin_k) head-major or None; layout: `flash_xla.global_layout`
+  (head-major, `pallas`); lin: (lin_q, lin_k) head-major or None; layout: `reference.global_layout`
   ([B,G] per chunk, [B,G,C] per token) or None without documents and "mean"; keep [B,T] float32 the real
   keys or None; documents: qdoc, kdoc; total: the non-causal sum without documents (`total`) ->
   [B,H,T,E].

@@ -1,6 +1,6 @@
 """FLASH's mixed chunk attention, the parallel driver (the GPU's): every chunk at once from the state XLA's
-prefix gives it. kernels/flash_pallas.py holds the kernel's public function and its gradient, prepares the
-operands both drivers read and calls this one on GPU (`toolkit.driver`); the TPU's is kernels/flash_grid.py.
+prefix gives it. kernels/mixed_chunk/pallas.py holds the kernel's public function and its gradient, prepares the
+operands both drivers read and calls this one on GPU (`toolkit.driver`); the TPU's is kernels/mixed_chunk/tpu_grid.py.
 
 No carry: XLA computes the state every chunk reads as the reference does, a prefix over the chunks
 with its restarts (`chunk_states`: [B,H,G,S,E] float32 in HBM, as in the reference; the non-causal
@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import flash_xla, toolkit
+from lra_core.kernels import toolkit
+from lra_core.kernels.mixed_chunk import reference
 
 Array = jax.Array
 f32 = jnp.float32
@@ -257,8 +258,8 @@ def attention(
   **statics,
 ) -> Array:
   """The parallel driver, per device: the states every chunk reads (`chunk_states`), then one call. local:
-  the local part's operands and v (head-major, `flash_pallas`); lin: (lin_q, lin_k) head-major or None;
-  layout: `flash_xla.global_layout` or None without documents and "mean"; keep [B,T] float32 the real keys
+  the local part's operands and v (head-major, `pallas`); lin: (lin_q, lin_k) head-major or None;
+  layout: `reference.global_layout` or None without documents and "mean"; keep [B,T] float32 the real keys
   or None; documents: qdoc, kdoc -> [B,H,T,E]."""
   args = dict(local)
   b, h, t = args["v"].shape[:3]
@@ -301,7 +302,7 @@ def chunk_states(
 ) -> Array:
   """The global state each chunk reads, as the reference sums it (for the parallel driver): lk [B,H,T,S],
   v [B,H,T,E] head-major, weight [B,T] each key's weight (0: not summed; None: all 1), restart [B,G] the
-  chunks' carry factors (`flash_xla.global_layout`; None: no documents) -> float32 [B,H,G,S,E], the
+  chunks' carry factors (`reference.global_layout`; None: no documents) -> float32 [B,H,G,S,E], the
   chunks before each chunk (after it when `reverse`) with restarts; without documents, causal the
   exclusive prefix sum, non-causal the total [B,H,S,E]."""
   b, h, t, s = lk.shape
@@ -318,7 +319,7 @@ def chunk_states(
   )
   if restart is None:
     return jnp.concatenate([jnp.zeros_like(sums[:, :, :1]), jnp.cumsum(sums[:, :, :-1], axis=2)], axis=2)
-  carried = flash_xla.carried_sums(sums.reshape(b * h, g, s, e), jnp.repeat(restart, h, axis=0), reverse=reverse)
+  carried = reference.carried_sums(sums.reshape(b * h, g, s, e), jnp.repeat(restart, h, axis=0), reverse=reverse)
   return carried.reshape(b, h, g, s, e)
 
 

@@ -1,7 +1,7 @@
 """FLASH's attention cores (Hua et al. 2022) behind one `impl` switch: the names models and tests use.
 
-kernels/flash_xla.py is the reference (impl="xla", the default: jnp, also the decoding steps and
-the oracles), kernels/flash_pallas.py the kernel (impl="pallas": mixed chunk attention as one
+kernels/mixed_chunk/reference.py is the reference (impl="xla", the default: jnp, also the decoding steps and
+the oracles), kernels/mixed_chunk/pallas.py the kernel (impl="pallas": mixed chunk attention as one
 Pallas kernel, differentiated through the reference). This file checks `impl` and dispatches;
 it imports both, and neither imports it.
 
@@ -15,8 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, flash_pallas, flash_xla
-from lra_core.kernels.flash_xla import (
+from lra_core.kernels import context
+from lra_core.kernels.mixed_chunk import pallas, reference
+from lra_core.kernels.mixed_chunk.reference import (
   GLOBAL_NORMS,
   chunk_step,
   init_chunk_state,
@@ -61,7 +62,7 @@ def mixed_chunk_attention(
 ) -> Array:
   """Local quadratic attention per chunk + global linear attention across chunks (eqs. 7, 8).
 
-  Args (`flash_xla.mixed_chunk_attention` says what each form computes):
+  Args (`reference.mixed_chunk_attention` says what each form computes):
     quad_q, quad_k: [B,T,H,S] the local part's queries and keys; quad_q None drops the local part
       (global-only).
     lin_q, lin_k: [B,T,H,S] the global part's; both None drop it (FLASH local-only, FLASH-Quad).
@@ -74,9 +75,9 @@ def mixed_chunk_attention(
     segments: int[B,T] packed documents (kernels/segments.py): a query reads keys of its own document only.
     global_norm: "sum" (eqs. 7-8) or "mean" (the cross-chunk part divided by the number of chunks that
       hold keys of the query's document).
-    kernel: the local scores' nonlinearity, one of `flash_xla.LOCAL_KERNELS`: "relu2" (FLASH), "softmax"
+    kernel: the local scores' nonlinearity, one of `reference.LOCAL_KERNELS`: "relu2" (FLASH), "softmax"
       (MC-TFM++) or "linear".
-    impl: "xla" (that reference) or "pallas" (one kernel, `flash_pallas.mixed_chunk_attention`).
+    impl: "xla" (that reference) or "pallas" (one kernel, `pallas.mixed_chunk_attention`).
 
   Returns:
     [B,T,H,E].
@@ -96,7 +97,7 @@ def mixed_chunk_attention(
     dims = ("bth.",) * 5 + ("bt", "bt")
     args = (quad_q, quad_k, lin_q, lin_k, v, mask, segments)
     return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
-  core = flash_pallas.mixed_chunk_attention if impl == "pallas" else flash_xla.mixed_chunk_attention
+  core = pallas.mixed_chunk_attention if impl == "pallas" else reference.mixed_chunk_attention
   return core(
     quad_q,
     quad_k,
@@ -117,8 +118,8 @@ def mixed_chunk_attention(
 
 def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **kw) -> Array:
   """One chip's slice of a split sequence (kernels/context.py): its own chunks, whole on the chip,
-  then what the other chips' keys add to the global part (`flash_xla.cross_chip_sums`). The chunks'
-  documents and "mean" counts already span the chips (`flash_xla.documents`, `global_layout`)."""
+  then what the other chips' keys add to the global part (`reference.cross_chip_sums`). The chunks'
+  documents and "mean" counts already span the chips (`reference.documents`, `global_layout`)."""
   b, t = v.shape[:2]
   c = kw["chunk"]
   if t % c:
@@ -127,13 +128,13 @@ def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **
   if lin_q is None:
     return out
   valid = jnp.ones((b, t), bool) if mask is None else mask
-  doc = flash_xla.documents(segments, valid, t)
+  doc = reference.documents(segments, valid, t)
   scale = jnp.ones((b, t), jnp.float32)
   if kw["global_norm"] != "sum":
     chunked = lambda x: x.reshape(b, t // c, c)
-    lay = flash_xla.global_layout(chunked(doc), chunked(valid), causal=kw["causal"], global_norm=kw["global_norm"])
+    lay = reference.global_layout(chunked(doc), chunked(valid), causal=kw["causal"], global_norm=kw["global_norm"])
     scale = lay["scale"].reshape(b, t)
-  extra = flash_xla.cross_chip_sums(lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"])
+  extra = reference.cross_chip_sums(lin_q, lin_k, v, doc, valid, scale, causal=kw["causal"], lin_scale=kw["lin_scale"])
   return (out.astype(jnp.float32) + extra).astype(v.dtype)
 
 
@@ -165,7 +166,7 @@ def _one_chunk_per_chip(
     doc = jnp.cumsum(starts.astype(jnp.int32), axis=1)
     mine = jax.lax.dynamic_slice_in_dim(doc, start, t, 1)
     allowed = allowed & (mine[:, None, :, None] == doc[:, None, None, :])
-  weights = flash_xla.local_weights(scores, allowed, kernel)
+  weights = reference.local_weights(scores, allowed, kernel)
   out = jnp.einsum("bhij,bjhe->bihe", weights.astype(v.dtype), values, preferred_element_type=jnp.float32)
   return out.astype(v.dtype)
 

@@ -25,8 +25,8 @@ block, wherever it starts relative to the blocks, so linear time == quadratic st
 `vq_attention_reference` is the quadratic oracle the tests compare against.
 
 This file is the reference (impl="xla": `cached_attention`, decoding and the oracles) and imports
-no Pallas code; kernels/vq_pallas.py is the kernel, differentiated through `cached_attention`;
-kernels/vq.py checks arguments and dispatches on `impl` between the two.
+no Pallas code; kernels/vq/pallas.py is the kernel, differentiated through `cached_attention`;
+kernels/vq/__init__.py checks arguments and dispatches on `impl` between the two.
 """
 
 from __future__ import annotations

@@ -1,35 +1,35 @@
 """Latte as Pallas kernels: one scan over time blocks per (batch, head), its state on chip. This file holds
 the public functions, their gradients and the layout both drivers read; the block steps and drivers are
-kernels/latte_grid.py (TPU, interpret mode) and kernels/latte_loop.py (GPU).
+kernels/latte/tpu_grid.py (TPU, interpret mode) and kernels/latte/gpu_loop.py (GPU).
 
 Both kernels walk the time blocks of one (batch, head) in order with a small carried state per latent l,
-the stable pair of eq. 12 scaled by the running max of the key logits (Appendix B.2, `latte_grid`):
+the stable pair of eq. 12 scaled by the running max of the key logits (Appendix B.2, `tpu_grid`):
 num [D,L], den [1,L], max [1,L].
 
 Causal (`causal_latte`): block r of C tokens reads p = softmax_l(q) (taken here), k and v. Inside the
 block the running max is per token and the weights exp(k_s - m_t), s <= t, are exact; the past enters
 through the state rescaled by exp(m_past - m_t) <= 1, so every exponent is <= 0 whatever the logit range,
-as in `kernels.latte_xla.latte_chunk`.
+as in `kernels.latte.reference.latte_chunk`.
 
 Bidirectional (`bidirectional_latte`): the same online update reduces the whole sequence to the summary
 sum_s softmax_s(k_sl) v_s = num / den per latent; masked keys are set to NEG before the kernel, as in the
 reference. The final softmax_l(q) @ summary is an XLA einsum.
 
 Packed documents (`segments`): each token carries its document's index and whether it continues the
-document of the carried state (`_document_columns`, from `kernels.latte_xla.chunk_documents`). Causal:
+document of the carried state (`_document_columns`, from `kernels.latte.reference.chunk_documents`). Causal:
 the block weights and running max keep to each token's document, the carried state reaches only the
 tokens that continue it, and the state after the block sums the document open at its end.
 Bidirectional: the per-document max and normaliser of the keys are O(T L) XLA reductions
-(`kernels.latte_xla.bidirectional_parts`), and a third kernel (the linear step) runs the linear sums
+(`kernels.latte.reference.bidirectional_parts`), and a third kernel (the linear step) runs the linear sums
 y_t = sum_{s in doc(t)} (r_t . e_s) v_s over the blocks, once forward (s <= t) and once over the
 reversed sequence (s > t), with the open document's sum num [D,L] as its state.
 
 Drivers (kernels/toolkit.py): "grid" (TPU, and interpret mode), grid (B, H, blocks), the state in scratch
 across the sequential block axis; "loop" (GPU), a program loops over the blocks of its whole [T, .]
-slices with the state in loop values, its steps laid out for Triton's registers (kernels/latte_loop.py).
+slices with the state in loop values, its steps laid out for Triton's registers (kernels/latte/gpu_loop.py).
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA chunked forms
-(`kernels.latte_xla.causal_latte` / `bidirectional_latte`), recomputed from the inputs: gradients (to q,
+(`kernels.latte.reference.causal_latte` / `bidirectional_latte`), recomputed from the inputs: gradients (to q,
 k, v and a carried state) are the XLA path's, and so is training memory; the kernels run the forward
 pass only.
 
@@ -41,7 +41,7 @@ The kernels compile with Mosaic (scripts/check_lowering.py, docs/kernels.md) and
 ptxas for the H100 and A100 without spills at the papers' sizes (lra_core/bench/gpu_compile.py); their
 numbers are tested in interpret mode under both drivers.
 
-This file imports the reference, kernels/latte_xla.py; kernels/latte.py checks the arguments and
+This file imports the reference, kernels/latte/reference.py; kernels/latte/__init__.py checks the arguments and
 dispatches between the two on `impl`.
 """
 
@@ -54,11 +54,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import latte_grid, latte_loop, latte_xla, toolkit
+from lra_core.kernels import toolkit
+from lra_core.kernels.latte import gpu_loop, reference, tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
-NEG = latte_xla.NEG
+NEG = reference.NEG
 # Time padding: below every key, masked ones (NEG) included, so a padded key weighs exactly 0 and a fully
 # masked row still averages its real positions, as the reference does.
 PAD = 2 * NEG
@@ -103,12 +104,12 @@ def _scan(
   latent_grid: bool = False,
   **common,
 ) -> dict[str, Array]:
-  """`latte_grid.scan` or `latte_loop.scan` by `driver`, with `steps` = (the grid step, the loop step) of one
+  """`tpu_grid.scan` or `gpu_loop.scan` by `driver`, with `steps` = (the grid step, the loop step) of one
   block step. `rows` is the grid driver's, `tiles`, `kernel` and `latent_grid` the loop driver's; common:
   final, chunk, interpret, name, cost."""
   if driver == "grid":
-    return latte_grid.scan(steps[0], init, xs, ys, rows=rows, **common)
-  return latte_loop.scan(steps[1], init, xs, ys, tiles=dict(tiles), kernel=kernel, latent_grid=latent_grid, **common)
+    return tpu_grid.scan(steps[0], init, xs, ys, rows=rows, **common)
+  return gpu_loop.scan(steps[1], init, xs, ys, tiles=dict(tiles), kernel=kernel, latent_grid=latent_grid, **common)
 
 
 def _head_major(x: Array, t: int, value: float = 0.0) -> Array:
@@ -137,7 +138,7 @@ def _document_columns(segments: Array, heads: int, chunk: int, t: int) -> dict[s
   """segments int[B,T] -> {doc, cont} [B,H,T',1] in float32 for blocks of `chunk` tokens, T' = t (a multiple
   of chunk; the padding continues the last document): each token's document index, and 1 where it
   continues the document of the state carried into its block."""
-  doc, cont = latte_xla.chunk_documents(latte_xla.documents(segments), chunk)
+  doc, cont = reference.chunk_documents(reference.documents(segments), chunk)
   b = doc.shape[0]
   # one row of ids per batch row, broadcast to every head (the drivers' blocks are per head)
   column = lambda x: jnp.broadcast_to(x.reshape(b, 1, -1, 1).astype(f32), (b, heads, t, 1))
@@ -168,12 +169,12 @@ def _causal_forward(
   v = _triton_width(v)
   num = jnp.pad(state["num"].astype(f32), [(0, 0)] * 3 + [(0, v.shape[-1] - d)])
   init = {
-    "num": num.swapaxes(-1, -2),  # [B,H,D,L]: every per-latent vector a row [1,L] (latte_grid)
+    "num": num.swapaxes(-1, -2),  # [B,H,D,L]: every per-latent vector a row [1,L] (tpu_grid)
     "den": state["den"].astype(f32)[:, :, None],  # [B,H,1,L]
     "max": state["max"].astype(f32)[:, :, None],
   }
   xs = {
-    "p": _head_major(latte_xla.latent_probs(q, latent_scale), tp),
+    "p": _head_major(reference.latent_probs(q, latent_scale), tp),
     "k": _head_major(k.astype(f32), tp, PAD),
     "v": _head_major(v, tp),
   }
@@ -185,7 +186,7 @@ def _causal_forward(
   run = functools.partial(
     _scan,
     driver,
-    (latte_grid.causal_block, latte_loop.causal_groups),
+    (tpu_grid.causal_block, gpu_loop.causal_groups),
     ys={"y": (dp, v.dtype)},
     rows=("k", "v", "doc"),
     final=False,
@@ -212,7 +213,7 @@ def _causal_fwd(q, k, v, state, segments, latent_scale, options):
 def _causal_bwd(options, residuals, cotangent):
   chunk = dict(options)["chunk"]
   *floats, segments, latent_scale = residuals
-  xla = lambda q, k, v, state, latent_scale: latte_xla.causal_latte(
+  xla = lambda q, k, v, state, latent_scale: reference.causal_latte(
     q, k, v, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale
   )
   *grads, scale_grad = jax.vjp(xla, *floats, latent_scale)[1](cotangent)
@@ -243,7 +244,7 @@ def causal_latte(
   and latents per group (default `toolkit.GPU_TILES`; all of D or L where the tile does not divide it)."""
   b, _, h, l = q.shape
   chunk = default_chunk() if chunk is None else chunk
-  state = latte_xla.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
+  state = reference.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
   driver, interpret = _options(driver, interpret)
   return _causal(
     q,
@@ -279,7 +280,7 @@ def _bidirectional_forward(
 ) -> Array:
   b, t, h, l = q.shape
   d = v.shape[-1]
-  p = latte_xla.latent_probs(q, latent_scale)
+  p = reference.latent_probs(q, latent_scale)
   if segments is not None:
     return _segmented_forward(p, k, v, segments, chunk=chunk, driver=driver, interpret=interpret, tiles=tiles)
   v = _triton_width(v)
@@ -296,7 +297,7 @@ def _bidirectional_forward(
   run = functools.partial(
     _scan,
     driver,
-    (latte_grid.summary_block, latte_loop.summary_groups),
+    (tpu_grid.summary_block, gpu_loop.summary_groups),
     ys={},
     final=True,
     chunk=c,
@@ -315,11 +316,11 @@ def _bidirectional_forward(
 def _segmented_forward(
   p, k, v, segments, *, chunk: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
 ) -> Array:
-  """Bidirectional Latte over packed documents: `latte_xla.bidirectional_parts`, then the linear step
+  """Bidirectional Latte over packed documents: `reference.bidirectional_parts`, then the linear step
   forward (s <= t) and over the reversed sequence (s > t)."""
   b, t, h, l = p.shape
   d = v.shape[-1]
-  r, e, _ = latte_xla.bidirectional_parts(p, k, segments)
+  r, e, _ = reference.bidirectional_parts(p, k, segments)
   vp = _triton_width(v)
   dp = vp.shape[-1]
   tp = -(-t // chunk) * chunk
@@ -335,7 +336,7 @@ def _segmented_forward(
     run = functools.partial(
       _scan,
       driver,
-      tuple(functools.partial(step, strict=strict) for step in (latte_grid.linear_block, latte_loop.linear_groups)),
+      tuple(functools.partial(step, strict=strict) for step in (tpu_grid.linear_block, gpu_loop.linear_groups)),
       ys={"y": (dp, f32)},
       rows=("e", "v", "doc"),
       final=False,
@@ -362,7 +363,7 @@ def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
 
 def _bidirectional_bwd(options, residuals, cotangent):
   q, k, v, segments, latent_scale = residuals
-  xla = lambda q, k, v, latent_scale: latte_xla.bidirectional_latte(
+  xla = lambda q, k, v, latent_scale: reference.bidirectional_latte(
     q, k, v, segments=segments, latent_scale=latent_scale, chunk=dict(options)["chunk"]
   )
   dq, dk, dv, dscale = jax.vjp(xla, q, k, v, latent_scale)[1](cotangent)
@@ -397,4 +398,4 @@ def bidirectional_latte(
   chunk = default_block(segmented=True) if chunk is None else chunk
   options = (("block", block), ("chunk", chunk)) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
   options += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)),)
-  return _bidirectional(q, latte_xla.masked_keys(k, mask), v, segments, latent_scale, options)
+  return _bidirectional(q, reference.masked_keys(k, mask), v, segments, latent_scale, options)

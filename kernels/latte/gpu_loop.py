@@ -1,7 +1,7 @@
 """Latte's loop driver (GPU) and its block steps: a program loops over the time blocks of its whole [T, .]
 slices with the state in loop values (Triton runs grid programs concurrently, so no carry could cross
-them). kernels/latte_pallas.py holds the public functions and their gradients and calls this driver on
-GPU (`toolkit.driver`); the TPU's is kernels/latte_grid.py, whose math the steps here run per latent group.
+them). kernels/latte/pallas.py holds the public functions and their gradients and calls this driver on
+GPU (`toolkit.driver`); the TPU's is kernels/latte/tpu_grid.py, whose math the steps here run per latent group.
 
 The steps are laid out for Triton, which keeps a program's values in registers:
 
@@ -31,12 +31,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import latte_grid, toolkit
+from lra_core.kernels import toolkit
+from lra_core.kernels.latte import tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
-NEG = latte_grid.NEG
-dot = latte_grid.dot
+NEG = tpu_grid.NEG
+dot = tpu_grid.dot
 
 # The last two axes of each operand, by name: "v" value columns (tiled over the grid), "l" latents (in
 # groups, or tiled over the grid), "." neither (whole in every program).
@@ -61,7 +62,7 @@ AXES = {
 def causal_groups(
   state, p: Callable, k: Callable, v: Callable, doc: Callable | None = None, cont: Callable | None = None
 ):
-  """`latte_grid.causal_block` per latent group: state ((num [Dv,Lg], den [1,Lg], max [1,Lg]) per group), p,
+  """`tpu_grid.causal_block` per latent group: state ((num [Dv,Lg], den [1,Lg], max [1,Lg]) per group), p,
   k [C,Lg] per group, v [C,Dv], with packed documents doc, cont [C,1] -> state, {y [C,Dv]}."""
   v = v().astype(f32)
   c = v.shape[0]
@@ -85,18 +86,18 @@ def causal_groups(
     # sum_l r_tl w_stl adds up over the groups as [Cs,Ct], which meets v in one matmul after the loop
     weights = weights + (r * within).sum(-1)
     y = y + dot(r * carried, num, (1, 1))
-    out.append(latte_grid.causal_end(num, den, mx, kg, v, doc, cont))
+    out.append(tpu_grid.causal_end(num, den, mx, kg, v, doc, cont))
   return tuple(out), {"y": y + dot(weights, v, (0, 0))}
 
 
 def linear_groups(state, r: Callable, e: Callable, v: Callable, doc: Callable, cont: Callable, *, strict: bool):
-  """`latte_grid.linear_block` per latent group: state ((num [Dv,Lg],) per group), r, e [C,Lg] per group, v
+  """`tpu_grid.linear_block` per latent group: state ((num [Dv,Lg],) per group), r, e [C,Lg] per group, v
   [C,Dv], doc, cont [C,1] -> state, {y [C,Dv]}."""
   v, doc, cont = v().astype(f32), doc(), cont()
   c = v.shape[0]
   t_index, s_index = (jax.lax.broadcasted_iota(jnp.int32, (c, c), axis) for axis in (0, 1))
   same = ((s_index < t_index) if strict else (s_index <= t_index)) & (doc == doc.T)  # [Ct,Cs]
-  last, cont_last = doc == latte_grid.last_row(doc), latte_grid.last_row(cont) > 0
+  last, cont_last = doc == tpu_grid.last_row(doc), tpu_grid.last_row(cont) > 0
   scores, y, out = jnp.zeros((c, c), f32), jnp.zeros(v.shape, f32), []
   for g, (num,) in enumerate(state):
     rg, eg = r(g), e(g).astype(f32)
@@ -107,9 +108,9 @@ def linear_groups(state, r: Callable, e: Callable, v: Callable, doc: Callable, c
 
 
 def summary_groups(state, k: Callable, v: Callable):
-  """`latte_grid.summary_block` on the loop driver: one group (the grid tiles the latents)."""
+  """`tpu_grid.summary_block` on the loop driver: one group (the grid tiles the latents)."""
   (group,) = state
-  group, _ = latte_grid.summary_block(group, k(), v())
+  group, _ = tpu_grid.summary_block(group, k(), v())
   return (group,), {}
 
 
@@ -179,12 +180,12 @@ def scan(
   kernel: str,
   latent_grid: bool = False,
 ) -> dict[str, Array]:
-  """`latte_grid.scan`'s contract on the loop driver. Value columns go in tiles of tiles["value_block"]
+  """`tpu_grid.scan`'s contract on the loop driver. Value columns go in tiles of tiles["value_block"]
   over a grid axis; the latents in groups of tiles["latent_block"], over a grid axis if `latent_grid`, else
   inside the step (each group of the state, p and k one by one). `init` holds num [B,H,D,L], the value
   rows. Triton launch parameters: `toolkit.compiler_params` of `kernel`."""
   b, h, t = next(iter(xs.values())).shape[:3]
-  state = tuple(n for n in latte_grid.STATE if n in init)
+  state = tuple(n for n in tpu_grid.STATE if n in init)
   d, l = init["num"].shape[2:]
   dv, lg = _tile(d, tiles["value_block"]), _tile(l, tiles["latent_block"])
   lt = lg if latent_grid else l  # the latents of one program

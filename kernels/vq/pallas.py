@@ -1,25 +1,25 @@
 """VQ-Attention as one Pallas kernel: the public function, its gradient and the choice of driver.
 
-`kernels.vq_xla.cached_attention` (XLA) builds the cache variables of every block at once, a [B,R,H,S,Dv]
+`kernels.vq.reference.cached_attention` (XLA) builds the cache variables of every block at once, a [B,R,H,S,Dv]
 tensor in HBM, and the scores of every block, [B,R,H,L,2L+S]. The kernel never holds more than one
 block's scores, through one of two drivers (kernels/toolkit.py):
 
-  "grid"      (TPU; interpret mode) kernels/vq_grid.py: the blocks of one (batch, head) in order, the
+  "grid"      (TPU; interpret mode) kernels/vq/tpu_grid.py: the blocks of one (batch, head) in order, the
               compressive cache in on-chip scratch, values read in tiles of Dt columns and the queries of
-              a block Lq rows at a time (`vq_grid.block_sizes` fits them to the target's VMEM).
-  "parallel"  (GPU) kernels/vq_parallel.py: every block attended at once from the cache XLA's prefix gives
+              a block Lq rows at a time (`tpu_grid.block_sizes` fits them to the target's VMEM).
+  "parallel"  (GPU) kernels/vq/gpu_parallel.py: every block attended at once from the cache XLA's prefix gives
               it (Triton keeps a program's working set in registers, where neither the cache nor a whole
               block's scores fit).
 
-Documents (`segments`, see `kernels.vq_xla.document_plan`): each driver turns the plan into inputs its
+Documents (`segments`, see `kernels.vq.reference.document_plan`): each driver turns the plan into inputs its
 block step reads with elementwise ops only (query and key ids, whether a query reads the cache, whether
 a block's fold keeps the old cache).
 
-Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form (`kernels.vq_xla.cached_attention`),
+Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form (`kernels.vq.reference.cached_attention`),
 recomputed from the inputs: training memory is the XLA path's; the forward (inference, evaluation,
 long-context prefill) is where the kernel saves memory.
 
-This file imports the reference, kernels/vq_xla.py; kernels/vq.py checks the arguments and dispatches
+This file imports the reference, kernels/vq/reference.py; kernels/vq/__init__.py checks the arguments and dispatches
 between the two on `impl`.
 """
 
@@ -30,7 +30,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import toolkit, vq_grid, vq_parallel, vq_xla
+from lra_core.kernels import toolkit
+from lra_core.kernels.vq import gpu_parallel, reference, tpu_grid
 
 Array = jax.Array
 DRIVERS = ("grid", "parallel")  # of kernels/toolkit.py: TPU (and interpret mode), GPU
@@ -60,7 +61,7 @@ def _kernel_call(
   (`grad_through_cache` is the backward's: the forward is the same either way)."""
   sizes = dict(block_len=block_len, value_block=value_block, query_block=query_block)
   if driver == "parallel":
-    return vq_parallel.attention(
+    return gpu_parallel.attention(
       q,
       k_hat,
       z,
@@ -75,7 +76,7 @@ def _kernel_call(
       interpret=interpret,
       **sizes,
     )
-  return vq_grid.attention(
+  return tpu_grid.attention(
     q, k_hat, z, v, codebook, carry, bias, segments, compressive=compressive, interpret=interpret, **sizes
   )
 
@@ -106,7 +107,7 @@ def _attention_bwd(statics, residuals, cotangents):
 
   def xla(q, k_hat, v, codebook, carry_float, bias):
     carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
-    out, _ = vq_xla.cached_attention(
+    out, _ = reference.cached_attention(
       q,
       k_hat,
       ints["z"],
@@ -147,18 +148,18 @@ def vq_attention_blocks(
   grad_through_cache: bool = True,
 ) -> tuple[Array, dict]:
   """`kernels.vq.vq_attention_blocks` with impl="pallas": same arguments, with the position term as
-  `kernels.vq_xla.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
+  `kernels.vq.reference.xl_bias_blocks`' output; returns the output [B,T,H,Dv] and the carry after the last
   position (equal to the XLA form's). `driver`: "grid" (TPU, interpret) or "parallel" (GPU); by default the
-  target's. `tiles`: the grid driver's (value tile width, query sub-block), by default `vq_grid.block_sizes` for
-  the target; the parallel driver's (value tile, query rows, key rows, codes), by default `vq_parallel.tiles`.
+  target's. `tiles`: the grid driver's (value tile width, query sub-block), by default `tpu_grid.block_sizes` for
+  the target; the parallel driver's (value tile, query rows, key rows, codes), by default `gpu_parallel.tiles`.
   `segments` int [B,T]: packed documents, as in the XLA form."""
   dv, s = v.shape[-1], codebook.shape[1]
   driver = toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)
   if tiles is None and driver == "parallel":
-    tiles = vq_parallel.tiles(dv, block_len=block_len, n_code=s)
+    tiles = gpu_parallel.tiles(dv, block_len=block_len, n_code=s)
   elif tiles is None:
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v))
-    tiles = vq_grid.block_sizes(
+    tiles = tpu_grid.block_sizes(
       dv,
       block_len=block_len,
       n_code=s,

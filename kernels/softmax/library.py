@@ -5,7 +5,7 @@ forward pass (decoding reads a cache: always the reference), and `cross_attentio
 layer whose queries read another stream (FIT's latents and tokens, the Block Transformer's token
 decoder reading its block's context). The implementations:
 
-  "xla"     kernels/attention.py: the masked T x T scores, or the banded O(T window) form for a
+  "xla"     kernels/softmax/reference.py: the masked T x T scores, or the banded O(T window) form for a
             sliding window. The reference, and the CPU path.
   "splash"  jax's splash attention for TPU (jax.experimental.pallas.ops.tpu.splash_attention): a
             Mosaic flash kernel that never forms the scores and skips the blocks a causal or
@@ -22,7 +22,7 @@ fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) needs t
 trace time and a device to build its graph, and takes no document ids; it stays for a GPU host.
 
 A sequence split over chips (kernels/context.py) runs on splash with every chip's keys gathered
-(`_split_splash`); "xla" there is ring attention (kernels/ring_attention.py).
+(`_split_splash`); "xla" there is ring attention (kernels/softmax/ring.py).
 
 What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): a mask
 over given positions rather than the row order (FIT-AR's group-causal latents), attention dropout (it
@@ -54,9 +54,10 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info_lib
 
-from lra_core.kernels import context, splash_lists, toolkit
-from lra_core.kernels.attention import attention_mask, dot_product_attention, local_attention
-from lra_core.kernels.ring_attention import ring_attention
+from lra_core.kernels import context, toolkit
+from lra_core.kernels.softmax import splash_lists
+from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention, local_attention
+from lra_core.kernels.softmax.ring import ring_attention
 
 Array = jax.Array
 IMPLS = ("auto", "xla", "splash", "triton")
@@ -89,7 +90,7 @@ def reference(
   q, k, v, *, causal, window=0, k_valid=None, segments=None, positions=None, scale=None, soft_cap=0.0, probs_fn=None
 ) -> Array:
   """The "xla" path: banded for a window shorter than the sequence (masks by row order), ring attention
-  for a sequence split over chips (kernels/ring_attention.py), the full masked scores otherwise (by
+  for a sequence split over chips (kernels/softmax/ring.py), the full masked scores otherwise (by
   `positions` where given)."""
   t = q.shape[1]
   if window and t > window and positions is None:
@@ -121,10 +122,10 @@ def self_attention(
   impl: str = "xla",
 ) -> Array:
   """softmax(q k^T scale, masked) v over one sequence: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] ->
-  [B,T,H,Dv]; masks as `kernels.attention.attention_mask` (causal, window, k_valid: bool[B,T] False =
+  [B,T,H,Dv]; masks as `kernels.softmax.reference.attention_mask` (causal, window, k_valid: bool[B,T] False =
   padding, segments: int[B,T] document ids). positions: int[T] or [B,T] the causal mask compares (None:
   the row order; any other order is the reference's alone). soft_cap: the scores' bound
-  (`kernels.attention.cap`; 0 none). `impl` one of IMPLS."""
+  (`kernels.softmax.reference.cap`; 0 none). `impl` one of IMPLS."""
   chosen = resolve(impl)
   if chosen != "xla":
     why = _unsupported(chosen, q, k, v, window=window, probs_fn=probs_fn, positions=positions, soft_cap=soft_cap)

@@ -15,8 +15,11 @@ import tiers
 from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import flash as fk
-from lra_core.kernels import flash_grid, flash_pallas, flash_parallel, toolkit
+from lra_core.kernels import mixed_chunk as fk
+from lra_core.kernels import toolkit
+from lra_core.kernels.mixed_chunk import gpu_parallel as flash_parallel
+from lra_core.kernels.mixed_chunk import pallas as flash_pallas
+from lra_core.kernels.mixed_chunk import tpu_grid as flash_grid
 from lra_core.layout import to_device
 from lra_core.run import optim
 from lra_core.run.state import make_state_spec
@@ -206,7 +209,7 @@ def test_one_chunk_without_the_global_part_is_quadratic_attention():
 
 
 def with_driver(monkeypatch, driver):
-  """kernels.flash's impl="pallas" (which names no driver) on `driver`, in interpret mode as on the CPU."""
+  """kernels.mixed_chunk's impl="pallas" (which names no driver) on `driver`, in interpret mode as on the CPU."""
   monkeypatch.setattr(
     flash_pallas, "mixed_chunk_attention", functools.partial(flash_pallas.mixed_chunk_attention, driver=driver)
   )

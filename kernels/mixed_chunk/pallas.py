@@ -1,7 +1,7 @@
 """FLASH's mixed chunk attention as one Pallas kernel: the public function, its gradient, the operands both
 drivers read, and the choice of driver. The [C, C] local scores never reach HBM.
 
-`kernels.flash_xla.mixed_chunk_attention` (the reference) computes, for chunk g of C positions,
+`kernels.mixed_chunk.reference.mixed_chunk_attention` (the reference) computes, for chunk g of C positions,
 
   local   kernel(quad_scale q k^T + bias) v      [C,C] scores of the chunk against itself, with
                                                  the causal and padding masks (relu2 / softmax / linear)
@@ -13,25 +13,25 @@ and holds the [B,G,H,C,C] scores and the [B,G,H,S,E] prefix sums in HBM. Either 
 Packed documents (`segments`) or global_norm "mean": `_kernel_call` computes, in O(T), each key's weight
 in the carried sum, each chunk's carry factor (0 where a document starts inside it: the sum restarts)
 and each query's factor on the carried sum (0 when its document started in its own chunk; 1 / chunks
-summed for "mean"), from `flash_xla.global_layout`; the local scores compare document indices.
+summed for "mean"), from `reference.global_layout`; the local scores compare document indices.
 Non-causal adds two carried sums, from the left (the earlier chunks) and from the right (the later
 chunks), and the query's document's keys in its own chunk through the linear kernel. Scores and sums
 accumulate in float32; the output has v's dtype.
 
 Two drivers (kernels/toolkit.py), both reading E in tiles of Et columns:
 
-  "grid"      (TPU; interpret mode) kernels/flash_grid.py: the chunks in order, the causal KV [S,Et] carried
+  "grid"      (TPU; interpret mode) kernels/mixed_chunk/tpu_grid.py: the chunks in order, the causal KV [S,Et] carried
               in on-chip scratch.
-  "parallel"  (GPU) kernels/flash_parallel.py: no carry, the state every chunk reads is XLA's prefix over
+  "parallel"  (GPU) kernels/mixed_chunk/gpu_parallel.py: no carry, the state every chunk reads is XLA's prefix over
               the chunks, and every chunk, query tile and value tile is its own program.
 
 Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
-(`kernels.flash_xla.mixed_chunk_attention`), recomputed from the inputs: training memory is the XLA
+(`kernels.mixed_chunk.reference.mixed_chunk_attention`), recomputed from the inputs: training memory is the XLA
 path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S and the tiles should
 be powers of two.
 
-This file imports the reference, kernels/flash_xla.py; kernels/flash.py dispatches between the two on
-`impl`.
+This file imports the reference, kernels/mixed_chunk/reference.py; the package (kernels/mixed_chunk/__init__.py)
+dispatches between the two on `impl`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, flash_grid, flash_parallel, flash_xla, toolkit
+from lra_core.kernels import context, toolkit
+from lra_core.kernels.mixed_chunk import gpu_parallel, reference, tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
@@ -92,8 +93,8 @@ def _kernel_call(
       local["bias"] = bias[:c, :c]  # a chunk cut short by T reads the bias's top-left corner
   layout, documents = None, {}
   if not plain:
-    doc = flash_xla.documents(segments, keep[:, :t] > 0, g * c)
-    layout = flash_xla.global_layout(
+    doc = reference.documents(segments, keep[:, :t] > 0, g * c)
+    layout = reference.global_layout(
       doc.reshape(b, g, c), (keep > 0).reshape(b, g, c), causal=causal, global_norm=global_norm
     )
     # float32 ids, a column for the queries and a row for the keys: compared with no transpose in the kernel
@@ -111,7 +112,7 @@ def _kernel_call(
     interpret=interpret,
   )
   if driver == "parallel":
-    out = flash_parallel.attention(
+    out = gpu_parallel.attention(
       local,
       lin,
       layout,
@@ -126,8 +127,8 @@ def _kernel_call(
   else:
     total = None
     if lin is not None and plain and not causal:
-      total = flash_grid.total(lin_k, v, mask, lin_scale=lin_scale)
-    out = flash_grid.attention(local, lin, layout, keep=keep, documents=documents, total=total, chunk=c, **statics)
+      total = tpu_grid.total(lin_k, v, mask, lin_scale=lin_scale)
+    out = tpu_grid.attention(local, lin, layout, keep=keep, documents=documents, total=total, chunk=c, **statics)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
 
@@ -149,7 +150,7 @@ def _attention_bwd(statics, residuals, cotangent):
   d = {k: x for k, x in statics if k not in kernel_only}
 
   def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
-    return flash_xla.mixed_chunk_attention(
+    return reference.mixed_chunk_attention(
       quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, **d
     )
 
@@ -183,16 +184,16 @@ def mixed_chunk_attention(
   query_tile: int | None = None,
   key_tile: int | None = None,
 ) -> Array:
-  """`kernels.flash.mixed_chunk_attention` with impl="pallas": same arguments and result
+  """`kernels.mixed_chunk.mixed_chunk_attention` with impl="pallas": same arguments and result
   (quad_q, quad_k, lin_q, lin_k [B,T,H,S]; v [B,T,H,E]; bias [C,C]; mask bool[B,T]; segments
   int[B,T]; global_norm "sum" | "mean" -> [B,T,H,E]);
   `driver` ("grid" or "parallel") and `interpret` default to the target's (`toolkit.driver`,
   `toolkit.interpret_default`), `value_tile` (the width of the value tiles, a divisor of E) to
-  `flash_grid.value_block` for the target (on GPU `GPU_TILES`' value_block); the parallel driver's
+  `tpu_grid.value_block` for the target (on GPU `GPU_TILES`' value_block); the parallel driver's
   `query_tile` and `key_tile` (rows of a chunk, divisors of C = min(chunk, T)) to `GPU_TILES`' query_block
   and key_block where they divide C, else C."""
-  if kernel not in flash_xla.LOCAL_KERNELS:
-    raise ValueError(f"local kernel {kernel!r} is not one of {flash_xla.LOCAL_KERNELS}.")
+  if kernel not in reference.LOCAL_KERNELS:
+    raise ValueError(f"local kernel {kernel!r} is not one of {reference.LOCAL_KERNELS}.")
   b, t, h, _ = v.shape
   c = min(chunk, t)
   for name, x in (("quad_q", quad_q), ("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k)):
@@ -204,24 +205,24 @@ def mixed_chunk_attention(
     raise ValueError(f"mask has shape {mask.shape}; expected [B,T] = {(b, t)}.")
   if segments is not None and segments.shape != (b, t):
     raise ValueError(f"segments has shape {segments.shape}; expected [B,T] = {(b, t)}.")
-  if global_norm not in flash_xla.GLOBAL_NORMS:
-    raise ValueError(f"global_norm {global_norm!r} is not one of {flash_xla.GLOBAL_NORMS}.")
+  if global_norm not in reference.GLOBAL_NORMS:
+    raise ValueError(f"global_norm {global_norm!r} is not one of {reference.GLOBAL_NORMS}.")
   if quad_q is None and lin_q is None:
     return jnp.zeros_like(v)
   e = v.shape[-1]
   tiles = toolkit.gpu_tiles("mixed_chunk_attention")
   if value_tile is None and toolkit.platform() == "gpu":
-    value_tile = flash_parallel.tile(e, tiles["value_block"])  # a power of two, as Triton needs
+    value_tile = gpu_parallel.tile(e, tiles["value_block"])  # a power of two, as Triton needs
   elif value_tile is None:
     s = max(x.shape[-1] for x in (quad_q, lin_q) if x is not None)
     itemsize = max(jnp.dtype(x.dtype).itemsize for x in (quad_q, lin_q, v) if x is not None)
-    value_tile = flash_grid.value_block(
+    value_tile = tpu_grid.value_block(
       e, chunk=c, s=s, itemsize=itemsize, budget=toolkit.vmem_budget(), platform=toolkit.platform()
     )
   if value_tile <= 0 or e % value_tile:
     raise ValueError(f"value tile {value_tile} does not divide E {e}.")
-  query_tile = flash_parallel.tile(c, tiles["query_block"]) if query_tile is None else query_tile
-  key_tile = flash_parallel.tile(c, tiles["key_block"]) if key_tile is None else key_tile
+  query_tile = gpu_parallel.tile(c, tiles["query_block"]) if query_tile is None else query_tile
+  key_tile = gpu_parallel.tile(c, tiles["key_block"]) if key_tile is None else key_tile
   for name, tile in (("query", query_tile), ("key", key_tile)):
     if tile <= 0 or c % tile:
       raise ValueError(f"{name} tile {tile} does not divide the chunk {c}.")

@@ -1,8 +1,8 @@
 """VQ-Attention's grid driver (TPU; interpret mode): the blocks of one (batch, head) in order, the compressive
-cache on chip. kernels/vq_pallas.py holds the kernel's public function and its gradient, and calls this
-driver off GPU (`toolkit.driver`); the GPU's is kernels/vq_parallel.py.
+cache on chip. kernels/vq/pallas.py holds the kernel's public function and its gradient, and calls this
+driver off GPU (`toolkit.driver`); the GPU's is kernels/vq/gpu_parallel.py.
 
-`kernels.vq_xla.cached_attention` (XLA) builds the cache variables of every block at once, a [B,R,H,S,Dv]
+`kernels.vq.reference.cached_attention` (XLA) builds the cache variables of every block at once, a [B,R,H,S,Dv]
 tensor in HBM, and the scores of every block, [B,R,H,L,2L+S]. Here the kernel keeps only the running
 cache of one head, in scratch (VMEM) across the sequential block axis:
 
@@ -30,11 +30,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import toolkit, vq_xla
+from lra_core.kernels import toolkit
+from lra_core.kernels.vq import reference
 
 Array = jax.Array
 f32 = jnp.float32
-MASK = vq_xla.MASK
+MASK = reference.MASK
 
 
 # -- block sizes ---------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def block_sizes(
   TPU: the widest Dt (a multiple of 128 lanes), then the longest Lq (a multiple of 128 rows), whose
   `vmem_bytes` fits `budget`; the narrowest and shortest when none does (the compiler then names the
   excess). A d_v or block_len that is no multiple of 128 is taken whole (a block must then span it).
-  Elsewhere (interpret mode) whole. (The GPU's parallel driver: `vq_parallel.tiles`.)"""
+  Elsewhere (interpret mode) whole. (The GPU's parallel driver: `gpu_parallel.tiles`.)"""
   if platform != "tpu":
     return d_v, block_len
   widths = [w for w in range(d_v, 0, -LANES) if d_v % w == 0] if d_v % LANES == 0 else [d_v]
@@ -451,12 +452,12 @@ def _head_major_carry(carry: dict, fold_z: Array) -> tuple:
 def _document_inputs(
   segments: Array, carry_segments: Array, z: Array, carry_z: Array, *, block_len: int, n_code: int
 ) -> tuple[dict, Array, Array]:
-  """`kernels.vq_xla.document_plan` as inputs the block step reads with elementwise ops only: -> ({q_seg,
+  """`kernels.vq.reference.document_plan` as inputs the block step reads with elementwise ops only: -> ({q_seg,
   reads: columns [B,1,T,1]; k_seg, keep: rows [B,1,1,T]; carry_seg: row [B,1,1,L]}, the fold codes of the
   window [B,T,Hk] and of the carried block [B,L,Hk])."""
   b, t = segments.shape
   l = block_len
-  plan = vq_xla.document_plan(segments, carry_segments, l)
+  plan = reference.document_plan(segments, carry_segments, l)
   enters = plan["enters"]  # [B,R,L]: keys of block r - 1
   # A key folds with its code if it enters the cache (the next block begins with its document), else with
   # the empty code S; the last block's keys fold in the next window, where the plan decides again.

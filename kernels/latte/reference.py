@@ -30,8 +30,8 @@ a document gives the outputs it gets alone, up to float rounding, wherever it st
 `latent_scale` float[B,T,H,L] multiplies p(l|t) after the softmax over l (latent dropout: the keep
 mask over the keep rate); None leaves p(l|t) as it is.
 
-This file is the reference (impl="xla") and imports no Pallas code; kernels/latte_pallas.py holds
-the kernels, whose backward is this file's XLA form; kernels/latte.py checks arguments, picks the
+This file is the reference (impl="xla") and imports no Pallas code; kernels/latte/pallas.py holds
+the kernels, whose backward is this file's XLA form; kernels/latte/__init__.py checks arguments, picks the
 default chunk and dispatches on `impl` between the two.
 """
 

@@ -8,7 +8,7 @@ the dk/dv kernel the query block), each row cut down to the blocks it visits ("s
 for a kernel split over chips by query rows (`q_seq_shards`), made per chip and padded to one width.
 Splash's own `make_splash_mha` derives them by evaluating the mask block by block in a Python loop: at a
 million steps in blocks of 512 that is 4M blocks and about an hour per list, where the split attention
-of kernels/library_attention.py needs them for every compile. Here they come from each block's first
+of kernels/softmax/library.py needs them for every compile. Here they come from each block's first
 and last step (a causal mask's block is full, empty or mixed by those alone), in a few vectorised numpy
 operations, in splash's own layout; tests/test_split_splash.py checks them equal to splash's own for
 masks small enough to build its way, in both orders and for 1 to 8 chips.

@@ -1,11 +1,11 @@
 """VQ-Attention's parallel driver, the GPU's: every block attended at once from the cache XLA's prefix
-gives it. kernels/vq_pallas.py holds the kernel's public function, its gradient and the TPU's grid driver,
+gives it. kernels/vq/pallas.py holds the kernel's public function, its gradient and the TPU's grid driver,
 and calls this one on GPU (`toolkit.driver`).
 
 Triton keeps a program's working set in registers (at most 64K of them per SM) and stages matmul
 operands in shared memory (227 KiB on an H100): neither the cache [S,Dt] nor a whole
 block's [L,2L+S] scores fit, and a walk over the blocks would leave most SMs idle at small batch. So
-the cache each block reads is XLA's prefix over blocks (`vq_xla.cache_variables`, the reference's own
+the cache each block reads is XLA's prefix over blocks (`reference.cache_variables`, the reference's own
 computation: [B,R,Hk,S,Dv] in HBM, like the XLA form's), and the grid is (B, H, R, L / Lq, Dv / Dt):
 each program attends Lq queries of one block over one value tile by an online softmax over Lk-key
 tiles of the previous block, of the present block up to the diagonal, and Sc-code tiles of the cache
@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import toolkit, vq_xla
+from lra_core.kernels import toolkit
+from lra_core.kernels.vq import reference
 
 Array = jax.Array
 f32 = jnp.float32
-MASK = vq_xla.MASK
+MASK = reference.MASK
 
 
 def _kernel(
@@ -122,7 +123,7 @@ def attention(
   compressive: bool,
   interpret: bool,
 ):
-  """XLA's prefix gives the cache every block reads (`vq_xla.cache_variables`, as the
+  """XLA's prefix gives the cache every block reads (`reference.cache_variables`, as the
   reference computes it), then one pallas_call over (B, H, R, L / Lq, Dv / Dt) attends every block at once.
   [B,T,H,.] in -> out [B,T,H,Dv], and the cache after the last block (mean [B,Hk,S,Dv], count [B,Hk,S])."""
   b, t, h, dk = q.shape
@@ -130,9 +131,9 @@ def attention(
   dv = v.shape[-1]
   l, dt, lq = block_len, value_block, query_block
   r, g = t // l, h // hk
-  plan = None if segments is None else vq_xla.document_plan(segments, carry["seg"], l)
-  z_prev, v_prev = vq_xla.previous_blocks(z, carry["z"], l), vq_xla.previous_blocks(v, carry["v"], l)
-  mean, count = vq_xla.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
+  plan = None if segments is None else reference.document_plan(segments, carry["seg"], l)
+  z_prev, v_prev = reference.previous_blocks(z, carry["z"], l), reference.previous_blocks(v, carry["v"], l)
+  mean, count = reference.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
   log_count = jnp.where(count[:, :r] > 0, jnp.log(jnp.maximum(count[:, :r], 1.0)), -MASK)[:, :, :, None]
   # every block's [previous, present] window is rows r L .. r L + 2L of the carried block + the sequence
   window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)

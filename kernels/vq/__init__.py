@@ -1,7 +1,7 @@
 """VQ-Attention (Lingle 2024, Transformer-VQ) behind one `impl` switch: the names models and tests use.
 
-kernels/vq_xla.py is the reference (impl="xla", the default: quantization, the blockwise XLA form
-`cached_attention`, decoding and the quadratic oracles), kernels/vq_pallas.py the kernel
+kernels/vq/reference.py is the reference (impl="xla", the default: quantization, the blockwise XLA form
+`cached_attention`, decoding and the quadratic oracles), kernels/vq/pallas.py the kernel
 (impl="pallas": the compressive cache on chip, differentiated through `cached_attention`). This
 file checks the arguments, builds the carry and the position term both take, and dispatches; it
 imports both, and neither imports it.
@@ -16,8 +16,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, vq_pallas, vq_xla
-from lra_core.kernels.vq_xla import (
+from lra_core.kernels import context
+from lra_core.kernels.vq import pallas, reference
+from lra_core.kernels.vq.reference import (
   MASK,
   REDUCTIONS,
   band_to_matrix,
@@ -101,17 +102,17 @@ def vq_attention_blocks(
       0..L; older keys get content scores only.
     compressive: False drops the codebook cache: a sliding window over the last L+1 positions (the
       paper's ablation).
-    impl: "xla" runs `vq_xla.cached_attention`, "pallas" the fused kernel of kernels/vq_pallas.py (its
+    impl: "xla" runs `reference.cached_attention`, "pallas" the fused kernel of kernels/vq/pallas.py (its
       scan is serial: `reduction` must be "serial").
     segments: int [B,T] packed documents (0 = padding): every query reads keys of its own segment only,
-      in the exact part and in the cache (which restarts per document: `vq_xla.document_plan`); the
+      in the exact part and in the cache (which restarts per document: `reference.document_plan`); the
       carry's `seg` continues them across windows.
     grad_through_cache: False holds the state passed from block to block constant in the backward pass
       (the authors' `grad_thru_cache=0`): the compressive cache and the previous block's keys and values.
       The output is the same; a query's gradient reaches only its own block's keys and values (and the
       codebook, through the cache's scores).
     chunk_blocks: > 0 (impl="xla"): a lax.scan over the blocks, that many at a time
-      (`vq_xla.chunked_attention`: the same function, its working set one chunk's); 0: all blocks at once.
+      (`reference.chunked_attention`: the same function, its working set one chunk's); 0: all blocks at once.
     carry_gradient: differentiate through the returned carry (impl="xla": for a caller that runs a
       sequence block by block and passes the carry on, which then differentiates what one call over all
       blocks does); False holds it constant in the backward pass.
@@ -139,7 +140,7 @@ def vq_attention_blocks(
     if carry_gradient:
       raise ValueError("carry_gradient needs impl 'xla': the Pallas kernel holds its carry constant.")
     bias = None if rel is None else xl_bias_blocks(rel, hk, block_len)
-    return vq_pallas.vq_attention_blocks(
+    return pallas.vq_attention_blocks(
       q,
       k_hat,
       z,
@@ -152,7 +153,7 @@ def vq_attention_blocks(
       segments=segments,
       grad_through_cache=grad_through_cache,
     )
-  return vq_xla.chunked_attention(
+  return reference.chunked_attention(
     q,
     k_hat,
     z,
@@ -189,14 +190,14 @@ def _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw) -> tuple[Arr
     prev = {
       n: jnp.where(first, carry[n], context.before(x.astype(carry[n].dtype), l, fills[n])) for n, x in halo.items()
     }
-    plan = None if segments is None else vq_xla.document_plan(segments, prev["seg"], l)
+    plan = None if segments is None else reference.document_plan(segments, prev["seg"], l)
     empty = dict(carry, mean=jnp.zeros_like(carry["mean"]), count=jnp.zeros_like(carry["count"]))
-    z_prev, v_prev = vq_xla.previous_blocks(z, prev["z"], l), vq_xla.previous_blocks(v, prev["v"], l)
-    mean, count = vq_xla.cache_variables(z_prev, v_prev, empty, plan, n_code=s, reduction=kw["reduction"])
+    z_prev, v_prev = reference.previous_blocks(z, prev["z"], l), reference.previous_blocks(v, prev["v"], l)
+    mean, count = reference.cache_variables(z_prev, v_prev, empty, plan, n_code=s, reduction=kw["reduction"])
     restarts = jnp.zeros((q.shape[0],), bool) if plan is None else (~plan["keep"]).any(axis=1)
 
     # the cache after a chip: its own folds, after the earlier chips' unless it restarted
-    cache = context.fold_before((mean[:, -1], count[:, -1]), vq_xla.merge, (carry["mean"], carry["count"]), restarts)
+    cache = context.fold_before((mean[:, -1], count[:, -1]), reference.merge, (carry["mean"], carry["count"]), restarts)
     incoming = dict(prev, mean=cache[0], count=cache[1])
     local_rel = None if rel_q is None else (rel_q, rel_table)
     out, new = vq_attention_blocks(q, k_hat, z, v, codebook, carry=incoming, rel=local_rel, segments=segments, **kw)

@@ -10,7 +10,7 @@ slice: FIT-AR's latents, by group), and the document ids and padding that travel
 queries skips a key piece it may not read at all; in the plain order a causal chip then idles while
 the later chips read (the last has the most to read), which the zig-zag order (context.to_zigzag)
 evens out. A sliding window reaches only the neighbouring chips and never comes here
-(kernels/attention.py `local_attention`).
+(kernels/softmax/reference.py `local_attention`).
 
 Per step a chip forms its slice pair's scores a block of queries at a time (`query_block` x T/n per
 head, float32); steps and blocks are recomputed in the backward pass (jax.checkpoint), so what the
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import context
-from lra_core.kernels.attention import MASK_VALUE, attention_mask, cap
+from lra_core.kernels.softmax.reference import MASK_VALUE, attention_mask, cap
 
 Array = jax.Array
 
@@ -45,7 +45,7 @@ def ring_attention(
   query_block: int = 512,
 ) -> Array:
   """softmax(q k^T scale, masked) v with the time axis split over the sequence mesh axes: q [B,T,H,D],
-  k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv]; masks as kernels/attention.py `attention_mask` (causal,
+  k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv]; masks as kernels/softmax/reference.py `attention_mask` (causal,
   k_valid: bool[B,T] False = padding, segments: int[B,T] document ids, positions: int[T] or [B,T]
   what the causal mask compares, by default the steps); soft_cap as `dot_product_attention`'s. Equal
   to `dot_product_attention` with that mask, rounding apart; without a split it is computed as one slice.
