@@ -15,9 +15,9 @@ import importlib.util
 import pathlib
 import sys
 
-from lra_core.runtime import startup
+from lra_core.runtime import quiet_start
 
-with startup.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/runtime/startup.py)
+with quiet_start.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/runtime/quiet_start.py)
   import jax  # noqa: F401
 
 from lra_core.config import load_config  # noqa: E402
@@ -57,6 +57,11 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
 # Old import path -> the module's home since lra_core/ was grouped into subpackages and kernels/ into one
 # folder per core (README, "Moved").
 MOVED = {
+  "lra_core.bench.peer": "lra_core.bench.side_by_side",
+  "lra_core.bench.peer_lm1b": "lra_core.bench.plain_jax_lm1b",
+  "lra_core.bench.peer_vq": "lra_core.bench.plain_jax_vq",
+  "lra_core.runtime.startup": "lra_core.runtime.quiet_start",
+  "lra_core.tables": "lra_core.markdown",
   "lra_core.aot_report": "lra_core.compilation.aot_report",
   "lra_core.aot_targets": "lra_core.compilation.aot_targets",
   "lra_core.checkpoint": "lra_core.checkpoints.checkpointer",
@@ -95,7 +100,7 @@ MOVED = {
   "lra_core.profiler": "lra_core.run.profiler",
   "lra_core.read_fallout": "lra_core.checkpoints.read_failures",
   "lra_core.run_lock": "lra_core.runtime.run_lock",
-  "lra_core.startup": "lra_core.runtime.startup",
+  "lra_core.startup": "lra_core.runtime.quiet_start",
   "lra_core.state": "lra_core.run.state",
   "lra_core.step_compile": "lra_core.compilation.step_compile",
   "lra_core.steps": "lra_core.run.steps",

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
-from lra_core.runtime import distributed, host_memory, startup
+from lra_core.runtime import distributed, host_memory, quiet_start
 from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
@@ -238,7 +238,7 @@ def parse(
     config, spec = load_config(ns.config, overrides), ns.config
   # After the config (a typo fails at once, in every process) and before anything uses a device.
   distributed.initialize_from_args(ns)
-  startup.start_backends()
+  quiet_start.start_backends()
   return Args(config=config, workdir=getattr(ns, "workdir", None), spec=spec, overrides=overrides, extra=ns)
 
 
@@ -261,8 +261,8 @@ def run(main: Callable[[], None]) -> None:
     if not distributed.claim_end("aborted (Ctrl-C).", EXIT_INTERRUPTED):
       distributed.leave(EXIT_INTERRUPTED)  # a peer's failure ends this process already, its line said
     distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
-    if startup.in_command():  # a compile may still be running in XLA's threads (lra_core/runtime/startup.py)
-      startup.leave_now(EXIT_INTERRUPTED)
+    if quiet_start.in_command():  # a compile may still be running in XLA's threads (lra_core/runtime/quiet_start.py)
+      quiet_start.leave_now(EXIT_INTERRUPTED)
     sys.exit(EXIT_INTERRUPTED)
 
 
@@ -275,7 +275,7 @@ def _failed(e: Exception) -> None:
       distributed.leave(EXIT_USER_ERROR)
     distributed.report_failure(str(e), EXIT_USER_ERROR)
     if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit
-      startup.leave_now(EXIT_USER_ERROR)
+      quiet_start.leave_now(EXIT_USER_ERROR)
     sys.exit(EXIT_USER_ERROR)
   if not distributed.claim_end(None, EXIT_CRASH):
     distributed.leave(EXIT_CRASH)

@@ -60,8 +60,8 @@ from typing import NamedTuple
 from lra_core import cli, train
 from lra_core.config import load_config, upgrade_config
 from lra_core.errors import ConfigError, UserError
-from lra_core.runtime import startup
-from lra_core.tables import markdown_table
+from lra_core.markdown import markdown_table
+from lra_core.runtime import quiet_start
 
 # Metric column order: by the first matching rule (a prefix or an exact name), then alphabetical.
 ORDER = ("val_", "test_", "step", "num_params", "train_time_s", "tokens_per_s", None, "param_checksum")
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.launcher or args.dry_run:
       print("\n".join(command(args.config, fixed, r, args.launcher) for r in runs))
       return 0
-    startup.start_backends()
+    quiet_start.start_backends()
     try:
       keys, rows = list(sweeps), train_all(runs, args.force)
     except SweepStopped as stop:  # as the trainer ends at Ctrl-C or SIGTERM: 130 or 75, the same command continues

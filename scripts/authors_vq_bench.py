@@ -9,7 +9,7 @@ Their model is built from their modules (nothing of theirs is in this project) a
 `SIZES` below: single-head GAUs (their n_layer counts layers of two), no dropout, one update window
 over the whole sequence, mem_len = block_len, grad_thru_cache and agg_cache on, float32. Their step
 is value_and_grad of their `loss_fn` from a fresh cache and our config's optimizer update; ours is
-the trainer's full step (lra_core/bench/peer.py's harness: the same batch, the order reversed every
+the trainer's full step (lra_core/bench/side_by_side.py's harness: the same batch, the order reversed every
 round, medians after warm-up rounds, compiles apart), every length in the same loop. Prints one
 JSON line per length; after the first, `ours_growth` and `authors_growth` are each side's time per
 token there over its time per token at the first length (1.0: linear in the length).
@@ -24,7 +24,7 @@ import time
 import jax.numpy as jnp
 
 from lra_core import cli
-from lra_core.bench.peer import Peer, PeerStepRun, interleaved_seconds
+from lra_core.bench.side_by_side import Peer, PeerStepRun, interleaved_seconds
 from lra_core.bench.train_step import TrainStepRun, bench_config
 
 D_MODEL, D_K, D_V, GAUS, CODES, BLOCK = 256, 128, 512, 4, 512, 512

@@ -41,7 +41,7 @@ def test_overrides_take_their_value_after_an_equals_sign_or_a_space():
 
 @pytest.mark.parametrize(
   "main",
-  ["lra_core.bench.peer", "lra_core.bench.decode", "lra_core.bench.generate", "lra_core.bench.train_step"],
+  ["lra_core.bench.side_by_side", "lra_core.bench.decode", "lra_core.bench.generate", "lra_core.bench.train_step"],
 )
 def test_the_benchmarks_take_the_trainers_override_syntax_beside_override(main, monkeypatch):
   """--config.KEY=VALUE and --config.KEY VALUE join --override's list, after it (lra-bench refused them once)."""

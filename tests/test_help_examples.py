@@ -31,7 +31,7 @@ COMMANDS = [  # the module (or script) whose main() parses the command line, the
   ("lra_core.bench.loop", "python scripts/bench_loop.py"),
   ("lra_core.bench.kernel_run", "python scripts/run_kernels.py"),
   ("lra_core.bench.lowering", "python scripts/check_lowering.py"),
-  ("lra_core.bench.peer", "python scripts/peer_bench.py"),
+  ("lra_core.bench.side_by_side", "python scripts/peer_bench.py"),
   ("lra_core.soak", "python scripts/soak.py"),
   ("lra_core.bench.shardings", "python scripts/shardings.py"),
   ("lra_core.bench.param_counts", "python scripts/param_counts.py"),

@@ -196,7 +196,7 @@ def test_a_second_ctrl_c_aborts_at_once():
 
 
 SECOND_CTRL_C_IN_A_CALLBACK = """
-import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.<command>` is (lra_core/runtime/startup.py)
+import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.<command>` is (lra_core/runtime/quiet_start.py)
 import gc, os, signal, time
 from lra_core.runtime.preemption import PreemptionNotice
 

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import lra_core
-from lra_core.bench import loop, peer, peer_lm1b
+from lra_core.bench import loop, plain_jax_lm1b, side_by_side
 from lra_core.errors import ConfigError
 from tiers import quick
 
@@ -45,9 +45,9 @@ def test_lm1b_peer_computes_our_transformer_on_our_weights(variant):
     m = nnx.merge(graphdef, params)
     return optax.softmax_cross_entropy_with_integer_labels(m(batch["inputs"]), batch["targets"]).mean()
 
-  reference = peer_lm1b.make_peer(config)
+  reference = plain_jax_lm1b.make_peer(config)
   theirs = lambda p: reference.loss(p, {}, batch, None)[0]
-  mapped = peer_lm1b.params_from_ours(params, config)
+  mapped = plain_jax_lm1b.params_from_ours(params, config)
   np.testing.assert_allclose(float(jax.jit(theirs)(mapped)), float(jax.jit(ours)(params)), rtol=1e-6)
   g_ours = jax.jit(jax.grad(ours))(params)
   g_peer = jax.jit(jax.grad(theirs))(mapped)
@@ -70,29 +70,29 @@ def test_lm1b_peer_refuses_what_it_does_not_mirror():
     "model.remat=full",
   ):
     with pytest.raises(ConfigError, match="lm1b-style peer"):
-      peer_lm1b.make_peer(lra_core.load_config("configs/enwik8/transformer.py", [*SMALL, override]))
+      plain_jax_lm1b.make_peer(lra_core.load_config("configs/enwik8/transformer.py", [*SMALL, override]))
   with pytest.raises(ConfigError, match="no peer"):
-    peer.make_peer(lra_core.load_config("configs/enwik8/linear_transformer.py:tiny"))
+    side_by_side.make_peer(lra_core.load_config("configs/enwik8/linear_transformer.py:tiny"))
 
 
 def test_interleaved_timing_alternates_who_goes_first():
   calls = []
-  times = peer.interleaved_seconds([lambda: calls.append("a"), lambda: calls.append("b")], steps=3, warmup=1)
+  times = side_by_side.interleaved_seconds([lambda: calls.append("a"), lambda: calls.append("b")], steps=3, warmup=1)
   assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
   assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
 
 
 def test_shapes_parse_and_refuse():
-  assert peer.shapes("1024x8, 256x32") == [(1024, 8), (256, 32)]
+  assert side_by_side.shapes("1024x8, 256x32") == [(1024, 8), (256, 32)]
   for bad in ("1024", "", "0x8", "ax2"):
     with pytest.raises(ConfigError):
-      peer.shapes(bad)
+      side_by_side.shapes(bad)
 
 
 @pytest.mark.slow
 def test_peer_bench_times_both_steps_and_writes_the_table(tmp_path):
   out, raw = tmp_path / "bench.md", tmp_path / "rows.json"
-  rows = peer.main(
+  rows = side_by_side.main(
     [
       "--config=configs/enwik8/transformer.py",
       *(f"--override={o}" for o in SMALL[:4]),

@@ -1,4 +1,4 @@
-"""The Transformer-VQ peer (lra_core/bench/peer_vq.py): its blockwise attention against a quadratic
+"""The Transformer-VQ peer (lra_core/bench/plain_jax_vq.py): its blockwise attention against a quadratic
 oracle, its loss, gradients and codebook update against our model on the same weights, and its
 train step's XLA FLOP count against ours."""
 
@@ -11,7 +11,7 @@ from flax import nnx
 
 import lra_core
 import tiers
-from lra_core.bench import peer_vq
+from lra_core.bench import plain_jax_vq
 from lra_core.bench import train_step as bench
 from lra_core.bench.common import cost_flops
 from lra_core.run import optim
@@ -86,7 +86,7 @@ def peer_attention(q, k_hat, z, v, codebook, xl, block_len):
   """The peer's core on [B,T,...] inputs, reshaped into blocks and back."""
   b, t = z.shape
   blocks = lambda a: a.reshape((b, t // block_len, block_len) + a.shape[2:])
-  out = peer_vq.vq_attention(blocks(q), blocks(k_hat), blocks(z), blocks(v), codebook, xl)
+  out = plain_jax_vq.vq_attention(blocks(q), blocks(k_hat), blocks(z), blocks(v), codebook, xl)
   return out.reshape(b, t, -1)
 
 
@@ -179,24 +179,24 @@ def test_loss_gradients_and_codebooks_match_ours(overrides):
   model = lra_core.build_model(config, seed=0)
   rng = np.random.default_rng(0)
   inputs, targets = (jnp.asarray(rng.integers(0, 256, (2, 32)), jnp.int32) for _ in range(2))
-  params, state = peer_vq.params_from_ours(model, config)
+  params, state = plain_jax_vq.params_from_ours(model, config)
   ours_loss, ours_grads, ours_after = ours_loss_grads_and_codebooks(model, inputs, targets)
 
-  peer = peer_vq.make_peer(config)
+  peer = plain_jax_vq.make_peer(config)
   grad_fn = jax.jit(jax.value_and_grad(peer.loss, has_aux=True))
   (loss, new_state), grads = grad_fn(params, state, {"inputs": inputs, "targets": targets}, jax.random.key(0))
   np.testing.assert_allclose(loss, ours_loss, atol=1e-5)
 
   # Every parameter's gradient: ours mapped into the peer's layout (codebooks are no parameters).
   _, before = nnx.split(model)
-  ours_grads, _ = peer_vq.params_from_ours(deep_merge(nnx.to_pure_dict(before), ours_grads), config)
+  ours_grads, _ = plain_jax_vq.params_from_ours(deep_merge(nnx.to_pure_dict(before), ours_grads), config)
   assert jax.tree.structure(grads) == jax.tree.structure(ours_grads)
   for (path, g), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ours_grads)):
     scale = float(jnp.abs(want).max()) + 1e-6
     np.testing.assert_allclose(g, want, atol=1e-5 * scale, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
   # The EMA step: our model updates its codebooks in the forward pass, the peer returns the new state.
-  _, ours_state = peer_vq.params_from_ours(ours_after, config)
+  _, ours_state = plain_jax_vq.params_from_ours(ours_after, config)
   assert not np.allclose(new_state["codebook_sum"], state["codebook_sum"])
   np.testing.assert_allclose(new_state["codebook_sum"], ours_state["codebook_sum"], atol=1e-6)
   np.testing.assert_allclose(new_state["codebook_count"], ours_state["codebook_count"], atol=1e-6)
@@ -205,8 +205,8 @@ def test_loss_gradients_and_codebooks_match_ours(overrides):
 def test_init_has_the_layout_of_our_weights():
   for overrides in [(), ("model.scan_layers=True", "model.tie_embeddings=True", "model.rel_bias=False")]:
     config = small_config(*overrides)
-    peer = peer_vq.make_peer(config)
-    ours = jax.eval_shape(lambda: peer_vq.params_from_ours(lra_core.build_model(config, seed=0), config))
+    peer = plain_jax_vq.make_peer(config)
+    ours = jax.eval_shape(lambda: plain_jax_vq.params_from_ours(lra_core.build_model(config, seed=0), config))
     shapes = jax.eval_shape(peer.init, jax.random.key(0))
     assert jax.tree.map(lambda a: (a.shape, a.dtype), shapes) == jax.tree.map(lambda a: (a.shape, a.dtype), ours)
 
@@ -223,7 +223,7 @@ def test_init_has_the_layout_of_our_weights():
 )
 def test_unsupported_settings_raise(override):
   with pytest.raises(ValueError, match="VQ peer"):
-    peer_vq.make_peer(small_config(override))
+    plain_jax_vq.make_peer(small_config(override))
 
 
 @pytest.mark.slow
@@ -243,7 +243,7 @@ def test_train_step_runs_and_its_flops_are_within_15_percent_of_ours():
   config = bench.bench_config(CONFIG, overrides, seq_len=256, batch_size=1)
   ours = bench.time_train_step(config, steps=1, warmup=0, compiler_options=FAST)
 
-  peer = peer_vq.make_peer(config)
+  peer = plain_jax_vq.make_peer(config)
   tx, _ = optim.make_optimizer(config)
   params, state = peer.init(jax.random.key(0))
   opt_state = tx.init(params)

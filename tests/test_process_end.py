@@ -1,7 +1,7 @@
 """How a process of a multi-process run ends: one line, naming the cause, and that cause's status, at
 every interleaving of the watchdog (a peer's failure) and the main thread (its own failure).
 
-The process here is process 1 of 2 over a fake coordination store; `startup.leave_now`, the one place
+The process here is process 1 of 2 over a fake coordination store; `quiet_start.leave_now`, the one place
 a command exits early, records its first call as the process's exit (status, and what stderr held then:
 `os._exit` ends every other thread there) instead of exiting. Each case stops one thread at one step of
 its way out (before it claims the end, holding the claim with its line unsaid, acknowledging, leaving)
@@ -22,7 +22,7 @@ import pytest
 
 from lra_core import cli
 from lra_core.errors import ConfigError
-from lra_core.runtime import distributed, startup
+from lra_core.runtime import distributed, quiet_start
 
 PEER_STATUS = 75  # the failing peer's status (stuck): unlike every status of this process's own causes
 PEER_LINE = "process 0 failed: watchdog: no training step finished for 900 s."
@@ -79,7 +79,7 @@ class _Process:
     monkeypatch.setattr(distributed, "CLAIMANT_WAIT_S", 0.3)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(startup, "leave_now", self._leave_now)
+    monkeypatch.setattr(quiet_start, "leave_now", self._leave_now)
     monkeypatch.setattr(logging, "shutdown", lambda: None)  # a real process exits next; pytest's handlers stay
     claim_end, acknowledge = distributed.claim_end, distributed._acknowledge
 
@@ -255,7 +255,7 @@ def test_both_threads_at_once_with_random_pauses_at_every_step(monkeypatch, caps
 
 @pytest.mark.parametrize("main_thread", ["waiting", "holding the interpreter"])
 def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(main_thread):
-  """Fd 2 goes to the start-up filter's file while the backends start (lra_core/runtime/startup.py); a process 1
+  """Fd 2 goes to the start-up filter's file while the backends start (lra_core/runtime/quiet_start.py); a process 1
   slow there, its watchdog saying process 0's failure and exiting, lost the line (a clean-clone run:
   status 2, nothing said), or its end when the main thread held the interpreter (starting a backend
   in native code; here a long multiplication) while the filter was a pipe whose drain thread had to
@@ -264,9 +264,9 @@ def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(ma
   script = textwrap.dedent(f"""
     import sys, threading, time
     from lra_core.runtime import distributed
-    from lra_core.runtime import startup
+    from lra_core.runtime import quiet_start
     big = 3 ** 4_000_000
-    with startup.noise_dropped():
+    with quiet_start.noise_dropped():
       print("the backends start", file=sys.stderr, flush=True)
       said = threading.Event()
       def watchdog():

@@ -22,7 +22,7 @@ from lra_core.config import log_interval
 from lra_core.cost import hlo_cost, throughput
 from lra_core.errors import ConfigError, StoreFailure
 from lra_core.run.metrics import PROGRESS_WIDTH, MetricWriter, progress_line, read_metrics
-from lra_core.runtime import fs, startup
+from lra_core.runtime import fs, quiet_start
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
@@ -273,7 +273,7 @@ def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_loads_its_steps_from_the_persistent_cache(tmp_path):
   """Also: a command on a host without accelerators, JAX_PLATFORMS unset and the TPU and CUDA plugins
-  installed (the test extra), prints none of their start-up noise (lra_core/runtime/startup.py)."""
+  installed (the test extra), prints none of their start-up noise (lra_core/runtime/quiet_start.py)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PLATFORMS"}
   env.update(LRA_CORE_CACHE=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   command = [
@@ -291,7 +291,7 @@ def test_a_second_run_loads_its_steps_from_the_persistent_cache(tmp_path):
     [*command[:-1], f"--workdir={tmp_path / 'again'}"], env=env, check=True, capture_output=True, text=True, timeout=600
   )
   assert "persistent compilation cache: " + str(tmp_path / "cache" / "jax_compile") in again.stderr
-  if not startup.has_accelerator():
+  if not quiet_start.has_accelerator():
     for noise in ("cudart_stub", "absl::InitializeLog", "plugin configuration error", "host bounds", "worker hostname"):
       assert noise not in again.stderr, again.stderr[:3000]
   assert sorted(p.name for p in (tmp_path / "cache" / "jax_compile").iterdir()) == sorted(p.name for p in entries)

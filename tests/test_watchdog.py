@@ -44,7 +44,7 @@ def test_a_blocked_main_thread_is_reported_with_its_stack_and_ended(capfd):
 
 
 STUCK_RUN = """
-import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.train` is (lra_core/runtime/startup.py)
+import sys; sys.argv[0] = "-m"  # a command, as `python -m lra_core.train` is (lra_core/runtime/quiet_start.py)
 import time
 from lra_core import cli, train
 from lra_core.run import data_setup

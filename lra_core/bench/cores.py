@@ -33,7 +33,7 @@ from lra_core import kernels
 from lra_core.bench.common import is_oom, median_seconds, xla_memory_bytes
 from lra_core.errors import ConfigError, brief
 from lra_core.kernels.softmax.reference import attention_mask
-from lra_core.tables import markdown_table
+from lra_core.markdown import markdown_table
 
 CORES = (
   "causal_latte",

@@ -31,8 +31,8 @@ from lra_core import cli
 from lra_core.bench.common import MiB, ints, median_seconds, parse_command, publish, variant_config
 from lra_core.config import load_config
 from lra_core.errors import ConfigError
+from lra_core.markdown import markdown_table
 from lra_core.registry import build_model
-from lra_core.tables import markdown_table
 
 
 def decode_config(spec: str, overrides: Sequence[str], context: int):

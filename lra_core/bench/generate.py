@@ -28,8 +28,8 @@ import numpy as np
 from lra_core import cli, decoding, registry
 from lra_core.bench.common import MiB, ints, is_oom, median_seconds, parse_command, publish, variant_config
 from lra_core.config import load_config
+from lra_core.markdown import markdown_table
 from lra_core.registry import build_model, non_embedding_parameter_count
-from lra_core.tables import markdown_table
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ from lra_core import cli
 from lra_core.bench import common
 from lra_core.bench.lowering import GPU_MARKER, TPU_MARKER
 from lra_core.kernels.catalog import PAPER, gradient, kernels_at
-from lra_core.tables import markdown_table
+from lra_core.markdown import markdown_table
 
 COLUMNS = (
   "kernel",

@@ -53,10 +53,10 @@ from lra_core.bench.common import (
 from lra_core.config import load_config
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError, brief
+from lra_core.markdown import markdown_table
 from lra_core.run import data_setup
 from lra_core.run.state import run_setup
 from lra_core.run.steps import make_train_step
-from lra_core.tables import markdown_table
 from lra_core.tasks import make_task
 
 COLUMNS = (

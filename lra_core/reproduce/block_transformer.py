@@ -18,8 +18,8 @@ import dataclasses
 from lra_core.bench import generate
 from lra_core.bench.common import is_oom
 from lra_core.config import load_config
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, figure, fmt, save_plot
-from lra_core.tables import markdown_table
 
 CONFIG = "configs/c4/block_transformer.py"
 # Table 2 (one H100, Section 3.1; maximum batch per model): non-embedding size -> (prefill-heavy, decode-heavy)

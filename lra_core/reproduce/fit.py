@@ -19,10 +19,10 @@ from lra_core import layout, sharding
 from lra_core.bench import train_step
 from lra_core.bench.common import cost_flops, xla_memory_bytes
 from lra_core.errors import ConfigError
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, save_plot, train
 from lra_core.run.state import run_setup
 from lra_core.run.steps import make_train_step
-from lra_core.tables import markdown_table
 from lra_core.tasks import make_task
 
 GiB = 2**30

@@ -21,8 +21,8 @@ import numpy as np
 
 from lra_core.bench import train_step
 from lra_core.bench.common import Variant
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, ratio, save_plot, train
-from lra_core.tables import markdown_table
 
 FLASH, QUAD, TPP, TP = "flash", "flash_quad", "transformer++", "transformer+"
 LABELS = {FLASH: "FLASH", QUAD: "FLASH-Quad", TPP: "Transformer++", TP: "Transformer+"}

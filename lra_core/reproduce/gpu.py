@@ -16,6 +16,7 @@ records (under the workdir's `gpu_fit` folder), from which the estimate is recom
 from __future__ import annotations
 
 from lra_core.bench import param_counts
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, fmt
 from lra_core.reproduce.flash import FLASH, FULL_LATENCY, LABELS, TABLE11_BATCH, TABLE11_MS, TPP
 from lra_core.reproduce.tpu import (
@@ -29,7 +30,6 @@ from lra_core.reproduce.tpu import (
   settings_cell,
   utilisation,
 )
-from lra_core.tables import markdown_table
 
 TABLE = "gpu_fit"
 LATTE_CONFIG = "configs/c4/latte.py"

@@ -19,8 +19,8 @@ from matplotlib import ticker
 from lra_core import data as data_lib
 from lra_core.bench import cores
 from lra_core.kernels import latte as latte_kernels
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, save_plot, train
-from lra_core.tables import markdown_table
 
 # =============================================================================== latte_runtime
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, fmt
 from lra_core.reproduce.tpu import COMMON, Row, compile_row, compiled_at
-from lra_core.tables import markdown_table
 
 TABLE = "long_context"
 

@@ -8,8 +8,8 @@ for known gaps are the families' paper rows (their FAMILY records): the papers r
 from __future__ import annotations
 
 from lra_core.bench import param_counts
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result
-from lra_core.tables import markdown_table
 
 
 def _paper(count: float) -> str:

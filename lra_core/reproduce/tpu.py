@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from lra_core.bench import param_counts
 from lra_core.compilation import aot_report
 from lra_core.errors import ConfigError, brief
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import ROOT, Context, Result, commit, fmt, load_config
 from lra_core.reproduce.transformer_vq import PAPER_THROUGHPUT
-from lra_core.tables import markdown_table
 
 VQ = "configs/enwik8/transformer_vq.py"
 # Every row computes in bfloat16 (parameters and optimizer stay float32) with its layers scanned.

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from lra_core.bench import train_step
 from lra_core.bench.common import Variant
+from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, save_plot, train
-from lra_core.tables import markdown_table
 
 CONFIG = "configs/enwik8/transformer_vq.py"
 # Tables 6-9 (8 TPU v3 cores, tokens/s): reduction -> head type -> {T: (full, vq)}; None = OOM.

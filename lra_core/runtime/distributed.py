@@ -56,7 +56,7 @@ import traceback
 import jax
 
 from lra_core.errors import ConfigError, brief
-from lra_core.runtime import startup
+from lra_core.runtime import quiet_start
 from lra_core.runtime.exit_codes import EXIT_CRASH
 
 MODES = ("auto", "on", "off")
@@ -413,4 +413,4 @@ def leave(status: int, process: int | None = None) -> None:
       sys.stdout.flush()
       sys.stderr.flush()
       time.sleep(EXIT_MARGIN_S)
-  startup.leave_now(status)
+  quiet_start.leave_now(status)

@@ -24,7 +24,7 @@ import threading
 
 import jax
 
-from lra_core.runtime import distributed, startup
+from lra_core.runtime import distributed, quiet_start
 from lra_core.runtime.exit_codes import EXIT_INTERRUPTED
 
 
@@ -39,11 +39,11 @@ class PreemptionNotice:
   def _handle(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGINT and self.received == signal.SIGINT:  # the second Ctrl-C: stop now, unsaved
-      if startup.in_command():
+      if quiet_start.in_command():
         # Raised, KeyboardInterrupt can land in a callback that only prints it (JAX's garbage-collection
         # hook) and the run goes on saving: a command leaves here instead.
         print("aborted (Ctrl-C).", file=sys.stderr)
-        startup.leave_now(EXIT_INTERRUPTED)
+        quiet_start.leave_now(EXIT_INTERRUPTED)
       raise KeyboardInterrupt
     if self.received is None:
       what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name

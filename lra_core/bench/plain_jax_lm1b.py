@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lra_core.bench.peer import Peer
+from lra_core.bench.side_by_side import Peer
 from lra_core.errors import ConfigError
 from lra_core.models.blocks.attention import head_width
 

@@ -6,9 +6,9 @@ r"""Our train step side by side with a peer's: a plain JAX implementation of the
       --variant transformer: --variant transformer+:config=configs/enwik8/transformer.py:plus \
       --shapes=1024x8,256x32 --out=docs/benchmarks.md
 
-The same command as `python -m lra_core.bench.peer`.
+The same command as `python -m lra_core.bench.side_by_side`.
 
-A peer is written the way its public code base writes the model (lra_core/bench/peer_lm1b.py,
+A peer is written the way its public code base writes the model (lra_core/bench/plain_jax_lm1b.py,
 peer_vq.py), computing the same function as ours. scripts/peer_bench.py times our trainer's full
 train step (lra_core/bench/train_step.py's TrainStepRun: metrics, norms, schedule and all) and the
 peer's step in one process, interleaved (the order reversed every round), on the same random batch
@@ -43,7 +43,7 @@ from lra_core import cli
 from lra_core.bench.common import Variant, cost_flops, ints, output_flags, parse_variant, publish, variant_config
 from lra_core.bench.train_step import TrainStepRun, bench_config, matmul_peak_flops
 from lra_core.errors import ConfigError
-from lra_core.tables import markdown_table
+from lra_core.markdown import markdown_table
 
 
 class Peer(NamedTuple):
@@ -53,7 +53,7 @@ class Peer(NamedTuple):
 
 
 # Which peer each family is compared with: module path (with make_peer(config) -> Peer).
-PEERS = {"transformer": "lra_core.bench.peer_lm1b", "transformer_vq": "lra_core.bench.peer_vq"}
+PEERS = {"transformer": "lra_core.bench.plain_jax_lm1b", "transformer_vq": "lra_core.bench.plain_jax_vq"}
 
 
 def make_peer(config) -> Peer:

@@ -1,5 +1,5 @@
 """Transformer-VQ in plain JAX, laid out as its authors' public code lays out the single-head GAU model:
-the peer (lra_core/bench/peer.py) that our `transformer_vq` train step is timed against.
+the peer (lra_core/bench/side_by_side.py) that our `transformer_vq` train step is timed against.
 
 Structure taken from the authors' code (transformer-vq/transformer_vq, attn.py / vq.py / qkv.py / pe.py):
 - the residual stream is reshaped once into blocks [B,R,C,D] and stays so through the whole stack;
@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from lra_core.bench.peer import Peer
+from lra_core.bench.side_by_side import Peer
 from lra_core.layer_stacks import STACKED, unscan_params
 from lra_core.models.blocks.stack import POLICIES
 
