@@ -54,8 +54,8 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
     )
 
 
-# Old import path -> the module's home since lra_core/ was grouped into subpackages and kernels/ into one
-# folder per core (README, "Moved").
+# Old import path -> the module's home since lra_core/ was grouped into subpackages, kernels/ into one
+# folder per core and models/ into family packages (README, "Moved").
 MOVED = {
   "lra_core.bench.peer": "lra_core.bench.side_by_side",
   "lra_core.bench.peer_lm1b": "lra_core.bench.plain_jax_lm1b",
@@ -94,6 +94,19 @@ MOVED = {
   "lra_core.kernels.vq_parallel": "lra_core.kernels.vq.gpu_parallel",
   "lra_core.kernels.vq_xla": "lra_core.kernels.vq.reference",
   "lra_core.metrics": "lra_core.run.metrics",
+  "lra_core.models._block_embedders": "lra_core.models.block_transformer.embedders",
+  "lra_core.models._block_generation": "lra_core.models.block_transformer.generation",
+  "lra_core.models._block_stacks": "lra_core.models.block_transformer.stacks",
+  "lra_core.models._block_uptraining": "lra_core.models.block_transformer.uptraining",
+  "lra_core.models._fit_groups": "lra_core.models.fit.groups",
+  "lra_core.models._vq_unit": "lra_core.models.transformer_vq.unit",
+  "lra_core.models.blocks": "lra_core.models.layers",
+  "lra_core.models.blocks.attention": "lra_core.models.layers.attention",
+  "lra_core.models.blocks.heads": "lra_core.models.layers.heads",
+  "lra_core.models.blocks.layers": "lra_core.models.layers.core",
+  "lra_core.models.blocks.positions": "lra_core.models.layers.positions",
+  "lra_core.models.blocks.stack": "lra_core.models.layers.stack",
+  "lra_core.models.fit_denoiser": "lra_core.models.fit.denoiser",
   "lra_core.optim": "lra_core.run.optim",
   "lra_core.pallas_costs": "lra_core.cost.pallas_costs",
   "lra_core.preemption": "lra_core.runtime.preemption",
@@ -124,5 +137,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     pass  # already run, under its new name
 
 
-sys.meta_path.append(_MovedModules())
+# First: a submodule of a moved package (lra_core.models.blocks.attention) would otherwise be found again in
+# the new package's folder and run a second time, as a second module.
+sys.meta_path.insert(0, _MovedModules())
 sys.meta_path.append(_CheckoutFolders())  # last: an install's own mapping comes first

@@ -31,7 +31,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TRACKERS = ("none", "wandb", "trackio")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
-# Logical axis name -> mesh axes. Parameters carry logical names (see models/blocks/layers.py);
+# Logical axis name -> mesh axes. Parameters carry logical names (see models/layers/core.py);
 # these rules give data parallelism over `data`, ZeRO-3 style sharding of the `embed` dimension
 # over `fsdp`, Megatron-style splitting of heads / MLP width / vocabulary over `tensor`, and the
 # time steps of activations and batches over `sequence` (docs/long_context.md).

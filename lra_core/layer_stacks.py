@@ -1,7 +1,7 @@
 """Scanned layer stacks in pure trees: the per-layer layout and the stacked one.
 
 With `model.scan_layers` a stack of N layers is stored as one entry {STACKED: tree of [N, ...]}
-in place of {0: tree, ..., N-1: tree} (models/blocks/stack.py). `unscan_params` reads any tree in
+in place of {0: tree, ..., N-1: tree} (models/layers/stack.py). `unscan_params` reads any tree in
 the per-layer layout (`restack_like` and lra_core.run.state.scan_params go the other way), and
 `per_layer_optimizer` lets the optimizer see that layout, so weight-decay masks, factored second
 moments and parameter groups treat each layer as they do without scanning.
@@ -17,7 +17,7 @@ import optax
 # The key under which a scanned stack's variables sit.
 STACKED = "stacked_layers"
 
-# model.remat: what the backward pass keeps of each layer (models/blocks/stack.py maps the names).
+# model.remat: what the backward pass keeps of each layer (models/layers/stack.py maps the names).
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # Fields every family's config.model has (lra_core.config adds them, family configs start from
 # them): the layer-stacking switches, which trade memory and compile time for compute, and which

@@ -1,8 +1,8 @@
 """Every lookup by name: model families, datasets and tasks.
 
-A model family is a module `models/<name>.py` (lra_core.models.<name>) with a `FAMILY` record
-(lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that module plus a
-config file: the trainer and the cross-family tests find it here, with no list to edit.
+A model family is a module `models/<name>.py` or a package `models/<name>/` (lra_core.models.<name>)
+with a `FAMILY` record (lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that
+module plus a config file: the trainer and the cross-family tests find it here, with no list to edit.
 A dataset (`config.data.name`) is found the same way: a module of lra_core/data or lra_core/data/lra
 named after it, with a `DATASET` record (lra_core.dataset_record.Dataset). Tasks (`config.task`) are
 rows of lra_core.task_kinds.
@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import math
 import pathlib
+import re
 
 import jax
 from flax import nnx
@@ -36,18 +37,34 @@ def package_folder(package: str) -> pathlib.Path:
 
 
 @functools.cache
+def family_modules() -> dict[str, str]:
+  """name -> module of every model family: each public module of models/ that assigns FAMILY at its top
+  level, a family's package counting as its __init__.py (models/fit/ is fit). A module inside a family's
+  package is named by its path, `_` for `/` (models/fit/denoiser.py is fit_denoiser); the family's helpers
+  beside it (models/fit/groups.py) and the shared layers (models/layers/) declare no FAMILY."""
+  root = package_dir("models")
+  found = {}
+  for path in sorted(root.rglob("*.py")):
+    parts = path.relative_to(root).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    if parts and not any(part.startswith("_") for part in parts) and re.search(r"^FAMILY\s*=", path.read_text(), re.M):
+      found["_".join(parts)] = "lra_core.models." + ".".join(parts)
+  return found
+
+
 def family_names() -> tuple[str, ...]:
-  """The names of every model family: the public modules of models/."""
-  return tuple(sorted(p.stem for p in package_dir("models").glob("*.py") if not p.stem.startswith("_")))
+  """The names of every model family (`family_modules`)."""
+  return tuple(sorted(family_modules()))
 
 
 def family(name: str) -> Family:
   """The record of family `name` (config.model.name)."""
-  if not isinstance(name, str) or name not in family_names():
+  if not isinstance(name, str) or name not in family_modules():
     raise ConfigError(f"model.name {name!r} is not a module in models/; available: {list(family_names())}.")
-  record = importlib.import_module(f"lra_core.models.{name}").__dict__.get("FAMILY")
+  module = family_modules()[name]
+  record = importlib.import_module(module).__dict__.get("FAMILY")
   if not isinstance(record, Family) or record.name != name:
-    raise ConfigError(f"models/{name}.py defines no FAMILY record named {name!r} (lra_core.protocol.Family).")
+    raise ConfigError(f"{module} defines no FAMILY record named {name!r} (lra_core.protocol.Family).")
   return record
 
 
@@ -62,12 +79,14 @@ DATASET_PACKAGES = ("lra_core.data", "lra_core.data.lra")
 
 @functools.cache
 def dataset_modules() -> dict[str, str]:
-  """stem -> module of every public module of DATASET_PACKAGES (datasets and the helpers beside them)."""
+  """stem -> module of every dataset module of DATASET_PACKAGES: the public modules that assign DATASET at
+  their top level, found in their text, so that the helpers beside them (packing, tokenizer, ...) are
+  never imported to be ruled out."""
   return {
     path.stem: f"{package}.{path.stem}"
     for package in DATASET_PACKAGES
     for path in sorted(package_folder(package).glob("*.py"))
-    if not path.stem.startswith("_")
+    if not path.stem.startswith("_") and re.search(r"^DATASET\s*[:=]", path.read_text(), re.M)
   }
 
 
@@ -79,7 +98,7 @@ def _declared(stem: str) -> Dataset | None:
 
 @functools.cache
 def dataset_names() -> tuple[str, ...]:
-  """The name of every dataset: the modules above that declare a DATASET record (imports them all)."""
+  """The name of every dataset: the modules above whose DATASET record carries their name (imports each)."""
   return tuple(sorted(stem for stem in dataset_modules() if _declared(stem)))
 
 

@@ -1,7 +1,7 @@
 """Logical-axis sharding as models see it: activation constraints and the platform being traced for.
 
 Parameters and activations carry logical axis names ('batch', 'length', 'embed', 'mlp', 'heads',
-'vocab', ...; models/blocks/layers.py); `config.sharding.rules` maps each to mesh axes of the mesh
+'vocab', ...; models/layers/core.py); `config.sharding.rules` maps each to mesh axes of the mesh
 MESH_AXES names. A dimension whose size the mesh axes do not divide is replicated instead, so
 small models run unchanged on any mesh. Models call `constrain(x, logical_axes)`, a no-op outside
 `activate(mesh, rules)`; inside it the Pallas kernels also run per device through `jax.shard_map`

@@ -40,9 +40,9 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import Attention, config_attention
-from lra_core.models.blocks.layers import Dense, make_norm
-from lra_core.models.blocks.positions import apply_rope
+from lra_core.models.layers.attention import Attention, config_attention
+from lra_core.models.layers.core import Dense, make_norm
+from lra_core.models.layers.positions import apply_rope
 from lra_core.protocol import PaperRow, Smoke
 
 Array = jax.Array

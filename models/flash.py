@@ -50,9 +50,9 @@ from flax import nnx
 from lra_core.errors import ConfigError
 from lra_core.kernels import mixed_chunk
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import Attention, config_attention
-from lra_core.models.blocks.layers import Dense, param, silu
-from lra_core.models.blocks.positions import RelativePositionBias, apply_rope
+from lra_core.models.layers.attention import Attention, config_attention
+from lra_core.models.layers.core import Dense, param, silu
+from lra_core.models.layers.positions import RelativePositionBias, apply_rope
 from lra_core.protocol import PaperRow, RunInfo, Smoke
 
 Array = jax.Array

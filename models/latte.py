@@ -43,9 +43,9 @@ from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels.segments import segment_starts
 from lra_core.kernels.softmax.library import self_attention
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import attend_cache, empty_cache, head_width, write_cache
-from lra_core.models.blocks.layers import Dense, RMSNorm, param
-from lra_core.models.blocks.positions import apply_rope, rotate_pairs
+from lra_core.models.layers.attention import attend_cache, empty_cache, head_width, write_cache
+from lra_core.models.layers.core import Dense, RMSNorm, param
+from lra_core.models.layers.positions import apply_rope, rotate_pairs
 from lra_core.protocol import PaperRow, Smoke
 
 Array = jax.Array

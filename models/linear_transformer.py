@@ -15,7 +15,7 @@ from flax import nnx
 from lra_core.kernels import context
 from lra_core.kernels.segments import segment_starts
 from lra_core.models import transformer
-from lra_core.models.blocks.layers import Dense
+from lra_core.models.layers.core import Dense
 from lra_core.protocol import Capabilities, Family, Smoke
 
 Array = jax.Array

@@ -25,11 +25,11 @@ from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.kernels.softmax.reference import cap
 from lra_core.layer_stacks import MODEL_DEFAULTS
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import Attention, config_attention, head_width
-from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.blocks.layers import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
-from lra_core.models.blocks.positions import AbsolutePositions
+from lra_core.models.layers import stack
+from lra_core.models.layers.attention import Attention, config_attention, head_width
+from lra_core.models.layers.core import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
+from lra_core.models.layers.heads import POOLING, TaskHead, fold_towers
+from lra_core.models.layers.positions import AbsolutePositions
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 

@@ -9,7 +9,7 @@ TPU compiler makes of it:
   gau/*  FLASH's GAU at d 768, e 1536, s 128 (mixed chunk attention, chunk 256): the paper's one
          projection d -> 2e + s, or u, v and z from two matrices;
   glu/*  a SwiGLU MLP at d 768, d_ff 3072: gate and value from two matrices or one fused d -> 2 d_ff;
-  silu   for both: jax.nn.silu, jax.checkpoint(jax.nn.silu), or models.blocks.layers.silu (keeps
+  silu   for both: jax.nn.silu, jax.checkpoint(jax.nn.silu), or models.layers.core.silu (keeps
          only its input for the backward pass).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from lra_core import cli
 from lra_core.cost import chips, hlo_cost
 from lra_core.kernels import mixed_chunk
-from lra_core.models.blocks.layers import silu
+from lra_core.models.layers.core import silu
 
 LAYERS, D, E, S, CHUNK, D_FF = 24, 768, 1536, 128, 256, 3072
 BF16 = jnp.bfloat16

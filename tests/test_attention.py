@@ -6,7 +6,7 @@ import pytest
 
 from lra_core.kernels import toolkit
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
-from lra_core.models.blocks.positions import apply_rope, sinusoid
+from lra_core.models.layers.positions import apply_rope, sinusoid
 
 
 def naive_attention(q, k, v, allowed, bias=None):

@@ -15,7 +15,7 @@ from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.models import block_transformer as bt
 from lra_core.models import transformer
-from lra_core.models.blocks import layers
+from lra_core.models.layers import core as layers
 from lra_core.protocol import RunInfo
 from lra_core.registry import non_embedding_parameter_count
 from lra_core.tasks.base import token_nll

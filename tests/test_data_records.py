@@ -44,6 +44,13 @@ def test_no_record_goes_unfound():
   assert declared == {name: name for name in registry.dataset_names()}
 
 
+def test_the_registry_lists_dataset_modules_only():
+  """Datasets are found by their DATASET assignment, read off each module's text: the helpers beside them
+  are not among the modules the registry would import."""
+  assert sorted(registry.dataset_modules()) == list(registry.dataset_names())
+  assert {"packing", "tokenizer", "pathfinder_generator"}.isdisjoint(registry.dataset_modules())
+
+
 @pytest.mark.parametrize("name", ["enwik9", "packing", "pathfinder_generator", "", 3])
 def test_an_unknown_name_is_one_sentence_listing_the_datasets(name):
   with pytest.raises(ConfigError) as info:

@@ -16,7 +16,7 @@ from lra_core import diffusion, registry
 from lra_core import sample as sample_lib
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.models import fit_denoiser
+from lra_core.models.fit import denoiser as fit_denoiser
 from lra_core.tasks import make_task
 
 SPEC = "configs/imagenet64/fit_denoiser.py:tiny"

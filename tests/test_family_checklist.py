@@ -1,8 +1,9 @@
 """The README's "Adding a model family" checklist, kept true for every family the registry finds.
 
-`family_checklist(root)` reads a checkout as the registry does (every public module of models/ is a
-family) and lists each item a family lacks; the throwaway test below shows it names a family added
-without them, item by item, and passes once they are there.
+`family_checklist(root)` reads a checkout as the registry does (every public module of models/ at the top
+is a family, and every module deeper that declares FAMILY: a family's package, or a second family in it)
+and lists each item a family lacks; the throwaway test below shows it names a family added without them,
+item by item, and passes once they are there.
 """
 
 import ast
@@ -26,24 +27,42 @@ def defines_family(path: pathlib.Path) -> bool:
   )
 
 
+def family_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+  """name -> file of every family of `root`'s models/, as the registry names them: each public top-level
+  module (it must define FAMILY), and each public module deeper that does, a package standing for its
+  __init__.py (models/fit/ is fit, models/fit/denoiser.py fit_denoiser)."""
+  models, found = root / "models", {}
+  for path in sorted(models.rglob("*.py")):
+    parts = path.relative_to(models).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    if not parts or any(part.startswith("_") for part in parts):
+      continue
+    if (len(parts) == 1 and path.parent == models) or defines_family(path):
+      found["_".join(parts)] = path
+  return found
+
+
 def family_checklist(root: pathlib.Path = ROOT) -> list[str]:
   """'<family>: <missing item>' for each checklist item a family of `root` lacks."""
   readme_tour = tour((root / "README.md").read_text())
   tests = {p.name: p.read_text() for p in (root / "tests").glob("test_*.py")}
   missing = []
-  for module in sorted((root / "models").glob("*.py")):
-    name = module.stem
-    if name.startswith("_") or name == "__init__":
-      continue
-    if not defines_family(module):
-      missing.append(f"{name}: models/{name}.py defines no FAMILY record")
+  for name, path in family_files(root).items():
+    where = path.relative_to(root).as_posix()
+    dotted = ".".join(path.relative_to(root / "models").with_suffix("").parts).removesuffix(".__init__")
+    parent, _, leaf = dotted.rpartition(".")
+    if not defines_family(path):
+      missing.append(f"{name}: {where} defines no FAMILY record")
     if not list((root / "configs").glob(f"**/{name}.py")):
       missing.append(f"{name}: no config file configs/<dataset>/{name}.py")
-    imports = re.compile(rf"models import (\w+, )*{name}\b|models\.{name}\b")
+    imports = re.compile(rf"models{'.' + parent if parent else ''} import (\w+, )*{leaf}\b|models\.{dotted}\b")
     if not any(imports.search(text) for text in tests.values()):
       missing.append(f"{name}: no test module of its own imports it (tests/test_{name}.py)")
-    if not re.search(rf"\b{name}\.py\b", readme_tour):
-      missing.append(f"{name}: the README's Tour does not name {name}.py")
+    named = rf"\b{leaf}/" if path.name == "__init__.py" else rf"\b{leaf}\.py\b"
+    if not re.search(named, readme_tour):
+      missing.append(
+        f"{name}: the README's Tour does not name {where.removeprefix('models/').removesuffix('__init__.py')}"
+      )
   return missing
 
 

@@ -1,4 +1,4 @@
-"""FIT and FIT-AR (models/fit.py): grouping, causality, decoding, special cases, configs."""
+"""FIT and FIT-AR (models/fit/__init__.py): grouping, causality, decoding, special cases, configs."""
 
 import jax
 import jax.numpy as jnp

@@ -18,7 +18,7 @@ from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
 from lra_core.kernels import mixed_chunk as fk
 from lra_core.models import flash
-from lra_core.models.blocks.positions import RelativePositionBias
+from lra_core.models.layers.positions import RelativePositionBias
 from lra_core.protocol import RunInfo
 from lra_core.train import train_and_evaluate
 

@@ -286,10 +286,10 @@ def test_private_modules_are_imported_only_inside_their_package():
 
 def test_the_checker_sees_cycles_and_resolves_relative_imports():
   assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-  node = ast.parse("from .blocks import layers").body[0]
-  assert "lra_core.models.blocks.layers" in imported_names(node, "lra_core.models.fit", False)
+  node = ast.parse("from .layers import core").body[0]
+  assert "lra_core.models.layers.core" in imported_names(node, "lra_core.models.fit", False)
   edges, _ = graph()
-  assert "lra_core.models.blocks.layers" in edges["lra_core.models.transformer"]
+  assert "lra_core.models.layers.core" in edges["lra_core.models.transformer"]
   assert "lra_core.registry" in edges["lra_core.config"]
   modules = project_modules()
   reaching = ast.parse(

@@ -53,7 +53,7 @@ FAMILIES = [
 # They inherit this process's XLA flags and use its compile cache: they run the very programs the
 # uninterrupted run compiled.
 _SERVER = multiprocessing.get_context("forkserver")
-_SERVER.set_forkserver_preload(["lra_core.train", *(f"lra_core.models.{name}" for name in registry.family_names())])
+_SERVER.set_forkserver_preload(["lra_core.train", *registry.family_modules().values()])
 
 
 def _train_main(argv, log, env):

@@ -17,7 +17,7 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models import latte
-from lra_core.models.blocks.positions import apply_rope
+from lra_core.models.layers.positions import apply_rope
 from lra_core.protocol import RunInfo
 from lra_core.train import train_and_evaluate
 

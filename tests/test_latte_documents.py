@@ -20,7 +20,7 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
 from lra_core.kernels.softmax.reference import attention_mask
 from lra_core.models import latte
-from lra_core.models.blocks.positions import apply_rope
+from lra_core.models.layers.positions import apply_rope
 
 O0 = {"xla_backend_optimization_level": 0}
 # Three documents (one of 4 tokens, across chunk boundaries at chunk 3 and 4) and trailing padding

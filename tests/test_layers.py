@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from lra_core.kernels import toolkit
-from lra_core.models.blocks.layers import ACTIVATIONS, contract, next_key, silu
+from lra_core.models.layers.core import ACTIVATIONS, contract, next_key, silu
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])

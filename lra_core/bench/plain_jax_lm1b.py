@@ -26,7 +26,7 @@ import optax
 
 from lra_core.bench.side_by_side import Peer
 from lra_core.errors import ConfigError
-from lra_core.models.blocks.attention import head_width
+from lra_core.models.layers.attention import head_width
 
 ACTIVATIONS = {
   "gelu": lambda x: jax.nn.gelu(x, approximate=False),

@@ -20,7 +20,7 @@ Structure taken from the authors' code (transformer-vq/transformer_vq, attn.py /
   authors apply them as an SGD step (lr 1) on a surrogate loss, which lands on the target; here the
   target is returned as the new state.
 
-Where our model's math differs, this follows ours (models/transformer_vq.py), so both compute one
+Where our model's math differs, this follows ours (models/transformer_vq/__init__.py), so both compute one
 function: the GAU's input RMSNorm has a learned scale and bias; the embedding table is the authors'
 plain one, or stores E / sqrt(d_model) and scales lookups back (model.embedding); the untied
 classifier has a bias and runs in float32, the tied one is (x E^T + b) * model.output_scale (the
@@ -58,7 +58,7 @@ from flax import nnx
 
 from lra_core.bench.side_by_side import Peer
 from lra_core.layer_stacks import STACKED, unscan_params
-from lra_core.models.blocks.stack import POLICIES
+from lra_core.models.layers.stack import POLICIES
 
 Array = jax.Array
 INFTY_APPROX = 1e30

@@ -163,7 +163,7 @@ def as_run_holds(m, folder: str, matched: tuple[str, ...] = MATCHED):
   """(the folder's config.model, its parameters {path: array} as a transformer run with config.model
   `m` holds them): every setting in `matched` the same (else one sentence naming it), the embedding
   table in `m`'s parameterisation ("scaled" stores E / sqrt(D): the same lookups, as
-  lra_core/models/blocks/layers.py Embed says)."""
+  lra_core/models/layers/core.py Embed says)."""
   section, theirs = read(folder)
   check_settings(m, section, f"{PREFIX}{folder}", matched)
   if m.get("embedding", "scaled") == "scaled":

@@ -22,7 +22,7 @@ import numpy as np
 
 from lra_core.errors import CheckpointError, ConfigError
 from lra_core.models import transformer
-from lra_core.models.blocks.attention import head_width
+from lra_core.models.layers.attention import head_width
 
 ARCHITECTURE = "Gemma2ForCausalLM"
 _LAYER = "model.layers.{i}."

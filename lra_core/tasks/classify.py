@@ -1,7 +1,7 @@
 """Sequence classification (`classify`) and two-tower matching (`retrieval`).
 
 Both read inputs / mask / targets / weights; the model decides how towers are encoded
-(see models/blocks/heads.py), so the objective is the same cross-entropy.
+(see models/layers/heads.py), so the objective is the same cross-entropy.
 """
 
 from __future__ import annotations

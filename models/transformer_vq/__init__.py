@@ -47,10 +47,18 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import segments as seg_lib
 from lra_core.kernels import vq
 from lra_core.layer_stacks import MODEL_DEFAULTS
-from lra_core.models._vq_unit import GAU, PROJ_INIT, Codebook, codebook_usage, dropout, residual_mask, residual_masks
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.layers import EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param
-from lra_core.models.blocks.positions import sinusoid
+from lra_core.models.layers import stack
+from lra_core.models.layers.core import EMBEDDINGS, Dense, Embed, RMSNorm, next_key, param
+from lra_core.models.layers.positions import sinusoid
+from lra_core.models.transformer_vq.unit import (
+  GAU,
+  PROJ_INIT,
+  Codebook,
+  codebook_usage,
+  dropout,
+  residual_mask,
+  residual_masks,
+)
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 

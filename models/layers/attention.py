@@ -14,8 +14,8 @@ from flax import nnx
 
 from lra_core.kernels.softmax.library import cross_attention, self_attention
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
-from lra_core.models.blocks.layers import Dense, LayerNorm
-from lra_core.models.blocks.positions import apply_rope
+from lra_core.models.layers.core import Dense, LayerNorm
+from lra_core.models.layers.positions import apply_rope
 from lra_core.sharding import constrain
 
 Array = jax.Array

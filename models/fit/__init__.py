@@ -36,7 +36,7 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
-from lra_core.models._fit_groups import (
+from lra_core.models.fit.groups import (
   document_groups,
   group_1d,
   group_2d,
@@ -46,10 +46,10 @@ from lra_core.models._fit_groups import (
   shift_latents,
   ungroup_2d,
 )
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import CrossAttention
-from lra_core.models.blocks.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
+from lra_core.models.layers import stack
+from lra_core.models.layers.attention import CrossAttention
+from lra_core.models.layers.core import ACTIVATIONS, MLP, Embed, LayerNorm, make_norm, param
+from lra_core.models.layers.heads import POOLING, TaskHead, fold_towers
 from lra_core.models.transformer import Block, softmax_attention
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 

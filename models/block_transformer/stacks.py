@@ -10,9 +10,9 @@ import ml_collections
 from flax import nnx
 
 from lra_core.models import transformer
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import CrossAttention, empty_cache
-from lra_core.models.blocks.layers import make_norm
+from lra_core.models.layers import stack
+from lra_core.models.layers.attention import CrossAttention, empty_cache
+from lra_core.models.layers.core import make_norm
 
 Array = jax.Array
 
@@ -47,7 +47,7 @@ def stack_config(m, width: int, heads: int, d_ff: int) -> ml_collections.ConfigD
 class Stack(nnx.Module):
   """Causal Pythia-style layers and a final norm; with `memory_width`, each layer first
   cross-attends to a memory (the cross-attention token decoder). With `scan`, the layers (and the
-  cross-attentions) are one scanned stack (models/blocks/stack.py)."""
+  cross-attentions) are one scanned stack (models/layers/stack.py)."""
 
   def __init__(
     self, s, num_layers: int, *, memory_width: int = 0, scan: bool = False, remat: str = "none", dtype, rngs: nnx.Rngs

@@ -29,12 +29,12 @@ from flax import nnx
 from lra_core import diffusion
 from lra_core.errors import ConfigError
 from lra_core.layer_stacks import MODEL_DEFAULTS
-from lra_core.models._fit_groups import group_2d, parse_layers, ungroup_2d
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.attention import CrossAttention
-from lra_core.models.blocks.layers import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
-from lra_core.models.blocks.positions import sinusoid
 from lra_core.models.fit import FITBlock, validate_widths
+from lra_core.models.fit.groups import group_2d, parse_layers, ungroup_2d
+from lra_core.models.layers import stack
+from lra_core.models.layers.attention import CrossAttention
+from lra_core.models.layers.core import ACTIVATIONS, MLP, Dense, Embed, LayerNorm, param, silu
+from lra_core.models.layers.positions import sinusoid
 from lra_core.protocol import Capabilities, Family, RunInfo, Smoke
 
 Array = jax.Array

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.models.blocks.layers import param
+from lra_core.models.layers.core import param
 
 Array = jax.Array
 

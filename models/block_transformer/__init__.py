@@ -37,12 +37,12 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import context
 from lra_core.kernels.segments import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
-from lra_core.models._block_embedders import EncoderEmbedder, LookupEmbedder
-from lra_core.models._block_generation import generate
-from lra_core.models._block_stacks import Stack, stack_config, token_sizes
-from lra_core.models._block_uptraining import uptrain_params
-from lra_core.models.blocks.heads import TaskHead
-from lra_core.models.blocks.layers import Dense, Embed, param
+from lra_core.models.block_transformer.embedders import EncoderEmbedder, LookupEmbedder
+from lra_core.models.block_transformer.generation import generate
+from lra_core.models.block_transformer.stacks import Stack, stack_config, token_sizes
+from lra_core.models.block_transformer.uptraining import uptrain_params
+from lra_core.models.layers.core import Dense, Embed, param
+from lra_core.models.layers.heads import TaskHead
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 
 Array = jax.Array

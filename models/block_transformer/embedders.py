@@ -7,9 +7,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lra_core.models import transformer
-from lra_core.models.blocks import stack
-from lra_core.models.blocks.layers import Dense, Embed, make_norm, param
-from lra_core.models.blocks.positions import AbsolutePositions
+from lra_core.models.layers import stack
+from lra_core.models.layers.core import Dense, Embed, make_norm, param
+from lra_core.models.layers.positions import AbsolutePositions
 
 Array = jax.Array
 

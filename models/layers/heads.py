@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lra_core import task_kinds
-from lra_core.models.blocks.layers import ACTIVATIONS, Dense, param
+from lra_core.models.layers.core import ACTIVATIONS, Dense, param
 
 Array = jax.Array
 POOLING = ("cls", "mean", "max")

@@ -10,8 +10,8 @@ from flax import nnx
 
 from lra_core.kernels import context, vq
 from lra_core.kernels.softmax import library as library_attention
-from lra_core.models.blocks.layers import Dense, RMSNorm, next_key, param, rms_normalize, silu
-from lra_core.models.blocks.positions import sinusoid
+from lra_core.models.layers.core import Dense, RMSNorm, next_key, param, rms_normalize, silu
+from lra_core.models.layers.positions import sinusoid
 from lra_core.sharding import target_platform
 
 Array = jax.Array

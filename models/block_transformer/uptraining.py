@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from lra_core.errors import ConfigError
 from lra_core.layer_stacks import restack_like, unscan_params
-from lra_core.models._block_stacks import token_sizes
+from lra_core.models.block_transformer.stacks import token_sizes
 
 
 def uptrain_params(params: dict, vanilla: dict, config) -> dict:
