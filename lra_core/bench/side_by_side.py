@@ -9,7 +9,7 @@ r"""Our train step side by side with a peer's: a plain JAX implementation of the
 The same command as `python -m lra_core.bench.side_by_side`.
 
 A peer is written the way its public code base writes the model (lra_core/bench/plain_jax_lm1b.py,
-peer_vq.py), computing the same function as ours. scripts/peer_bench.py times our trainer's full
+plain_jax_vq.py), computing the same function as ours. scripts/peer_bench.py times our trainer's full
 train step (lra_core/bench/train_step.py's TrainStepRun: metrics, norms, schedule and all) and the
 peer's step in one process, interleaved (the order reversed every round), on the same random batch
 shapes, with the same optimizer built from the same config; median of --steps after --warmup rounds,
