@@ -36,20 +36,32 @@ def package_folder(package: str) -> pathlib.Path:
   return pathlib.Path(importlib.util.find_spec(package).submodule_search_locations[0])
 
 
+def family_files(models: pathlib.Path) -> dict[str, pathlib.Path]:
+  """name -> file of every model family in the folder `models`: each public module at its top (one that
+  lacks a FAMILY record is still named, so that `family` can say so), and each public module deeper that
+  assigns FAMILY at its top level, a family's package standing for its __init__.py (models/fit/ is fit). A
+  module inside a family's package is named by its path, `_` for `/` (models/fit/denoiser.py is
+  fit_denoiser); the family's helpers beside it (models/fit/groups.py) and the shared layers
+  (models/layers/) declare no FAMILY."""
+  found = {}
+  for path in sorted(models.rglob("*.py")):
+    parts = path.relative_to(models).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    if not parts or any(part.startswith("_") for part in parts):
+      continue
+    if path.parent == models or re.search(r"^FAMILY\s*=", path.read_text(), re.M):
+      found["_".join(parts)] = path
+  return found
+
+
 @functools.cache
 def family_modules() -> dict[str, str]:
-  """name -> module of every model family: each public module of models/ that assigns FAMILY at its top
-  level, a family's package counting as its __init__.py (models/fit/ is fit). A module inside a family's
-  package is named by its path, `_` for `/` (models/fit/denoiser.py is fit_denoiser); the family's helpers
-  beside it (models/fit/groups.py) and the shared layers (models/layers/) declare no FAMILY."""
+  """name -> module of every model family (`family_files` of models/)."""
   root = package_dir("models")
-  found = {}
-  for path in sorted(root.rglob("*.py")):
-    parts = path.relative_to(root).with_suffix("").parts
-    parts = parts[:-1] if parts[-1] == "__init__" else parts
-    if parts and not any(part.startswith("_") for part in parts) and re.search(r"^FAMILY\s*=", path.read_text(), re.M):
-      found["_".join(parts)] = "lra_core.models." + ".".join(parts)
-  return found
+  return {
+    name: "lra_core.models." + ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+    for name, path in family_files(root).items()
+  }
 
 
 def family_names() -> tuple[str, ...]:
@@ -64,7 +76,8 @@ def family(name: str) -> Family:
   module = family_modules()[name]
   record = importlib.import_module(module).__dict__.get("FAMILY")
   if not isinstance(record, Family) or record.name != name:
-    raise ConfigError(f"{module} defines no FAMILY record named {name!r} (lra_core.protocol.Family).")
+    where = pathlib.Path(importlib.util.find_spec(module).origin).relative_to(package_dir("models").parent)
+    raise ConfigError(f"{where} defines no FAMILY record named {name!r} (lra_core.protocol.Family).")
   return record
 
 

@@ -10,6 +10,7 @@ import ast
 import pathlib
 import re
 
+from lra_core import registry
 from lra_core.config import PROJECT_ROOT as ROOT
 
 
@@ -27,27 +28,12 @@ def defines_family(path: pathlib.Path) -> bool:
   )
 
 
-def family_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
-  """name -> file of every family of `root`'s models/, as the registry names them: each public top-level
-  module (it must define FAMILY), and each public module deeper that does, a package standing for its
-  __init__.py (models/fit/ is fit, models/fit/denoiser.py fit_denoiser)."""
-  models, found = root / "models", {}
-  for path in sorted(models.rglob("*.py")):
-    parts = path.relative_to(models).with_suffix("").parts
-    parts = parts[:-1] if parts[-1] == "__init__" else parts
-    if not parts or any(part.startswith("_") for part in parts):
-      continue
-    if (len(parts) == 1 and path.parent == models) or defines_family(path):
-      found["_".join(parts)] = path
-  return found
-
-
 def family_checklist(root: pathlib.Path = ROOT) -> list[str]:
   """'<family>: <missing item>' for each checklist item a family of `root` lacks."""
   readme_tour = tour((root / "README.md").read_text())
   tests = {p.name: p.read_text() for p in (root / "tests").glob("test_*.py")}
   missing = []
-  for name, path in family_files(root).items():
+  for name, path in registry.family_files(root / "models").items():
     where = path.relative_to(root).as_posix()
     dotted = ".".join(path.relative_to(root / "models").with_suffix("").parts).removesuffix(".__init__")
     parent, _, leaf = dotted.rpartition(".")
