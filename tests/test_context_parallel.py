@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_sharding import TOLERANCE, train
+from test_sharding import TOLERANCE, first_state, train
 
 import lra_core
 import tiers
@@ -179,13 +179,23 @@ def split_cases(names):
 
 # -- the train step ------------------------------------------------------------------------------------
 
-_REFERENCE = {}
+_REFERENCE, _FIRST = {}, {}
 
 
 def reference(name, runner):
   if name not in _REFERENCE:
     _REFERENCE[name] = runner(ONE)
   return _REFERENCE[name]
+
+
+def first(name, spec, extra):
+  """`name`'s initial state, made once: the unsplit and the split runs all start from it, so that each
+  split run compiles its step, not the initializer again (its values do not depend on the mesh; the
+  initializer over a split mesh is held by test_transformer_vq_windows_split_over_chips_carry_the_cache_as_one
+  and over data, fsdp and tensor by test_sharding.py)."""
+  if name not in _FIRST:
+    _FIRST[name] = first_state(ONE, extra, spec)
+  return _FIRST[name]
 
 
 ONE_LAYER = ["model.num_layers=1"]  # what crosses chips is per layer: one keeps the compiles short
@@ -195,7 +205,8 @@ LAYERS = {name: ["model.layers=L(1)G(1)L(1)"] for name in ("fit_ar", "fit_ar_pla
 
 def causal_run(name):
   extra = [*LAYERS.get(name, ONE_LAYER), *EXTRA.get(name, [])]
-  return lambda mesh: train(mesh, steps=2, spec=CAUSAL[name], extra=extra, documents=True)
+  start = first(name, CAUSAL[name], extra)
+  return lambda mesh: train(mesh, steps=2, spec=CAUSAL[name], extra=extra, documents=True, start=start)
 
 
 @pytest.mark.parametrize("name, mesh", split_cases(CAUSAL))
@@ -219,8 +230,9 @@ def test_transformer_vq_windows_split_over_chips_carry_the_cache_as_one():
     params_close(state[part], state1[part])
 
 
-def classify(spec, extra, mesh_overrides, steps=2):
-  """Train steps of a classifier on padded rows (lengths 1/3 to all of seq_len): losses, state."""
+def classify(spec, extra, mesh_overrides, steps=2, start=None):
+  """Train steps of a classifier on padded rows (lengths 1/3 to all of seq_len), from `start` where given
+  (as test_sharding.train): losses, state."""
   config = lra_core.load_config(spec, [*mesh_overrides, *extra])
   mesh, rules = layout.make_mesh(config.mesh), config.sharding.rules
   tx, schedule = optim.make_optimizer(config)
@@ -230,7 +242,7 @@ def classify(spec, extra, mesh_overrides, steps=2):
   rng, t, losses = np.random.default_rng(0), config.train.seq_len, []
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
-    state = spec.init()
+    state = spec.init() if start is None else jax.device_put(start, spec.shardings)
     for _ in range(steps):
       mask = np.arange(t)[None] < rng.integers(t // 3, t + 1, size=(8, 1))
       batch = {
@@ -246,7 +258,9 @@ def classify(spec, extra, mesh_overrides, steps=2):
 
 @pytest.mark.parametrize("name, mesh", split_cases(BIDIRECTIONAL))
 def test_bidirectional_families_split_over_chips_train_as_one(name, mesh):
-  run = lambda overrides: classify(BIDIRECTIONAL[name], [*LAYERS.get(name, ONE_LAYER), *EXTRA.get(name, [])], overrides)
+  extra = [*LAYERS.get(name, ONE_LAYER), *EXTRA.get(name, [])]
+  start = first(name, BIDIRECTIONAL[name], extra)
+  run = lambda overrides: classify(BIDIRECTIONAL[name], extra, overrides, start=start)
   losses1, state1 = reference(name, run)
   losses, state = run(MESHES[mesh])
   np.testing.assert_allclose(losses, losses1, **TOLERANCE)

@@ -37,7 +37,9 @@ def batches(num, batch_size=8, seq_len=64, windows=1, documents=False):
     yield batch
 
 
-def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1, documents=False):
+def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1, documents=False, start=None):
+  """`steps` train steps of `spec` on the mesh: (config, mesh, state spec, state, losses). From `start` (a
+  state from `first_state`, placed on this mesh's shardings) where given, else from the jitted initializer."""
   config = lra_core.load_config(spec, [*mesh_overrides, *extra])
   mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
@@ -46,13 +48,22 @@ def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1, documents=Fal
   task = make_task(config, DataInfo(vocab_size=256, unit="byte"))
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
-    state = spec.init()
+    state = spec.init() if start is None else jax.device_put(start, spec.shardings)
     losses = []
     seq_len = config.train.update_len or config.train.seq_len
     for batch in batches(steps, seq_len=seq_len, windows=windows, documents=documents):
       state, metrics = step(state, to_device(batch, mesh, rules))
       losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
   return config, mesh, spec, state, losses
+
+
+def first_state(mesh_overrides, extra=(), spec=SPEC):
+  """The initializer's state of `spec` on the mesh (a state any other mesh can start from)."""
+  config = lra_core.load_config(spec, [*mesh_overrides, *extra])
+  mesh = layout.make_mesh(config.mesh)
+  tx, _ = optim.make_optimizer(config)
+  with sharding.activate(mesh, config.sharding.rules):
+    return make_state_spec(config, mesh, tx).init()
 
 
 ONE_DEVICE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
