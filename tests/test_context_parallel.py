@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_sharding import TOLERANCE, first_state, train
+from test_sharding import TOLERANCE, first_state, initial, train
 
 import lra_core
 import tiers
@@ -242,7 +242,7 @@ def classify(spec, extra, mesh_overrides, steps=2, start=None):
   rng, t, losses = np.random.default_rng(0), config.train.seq_len, []
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
-    state = spec.init() if start is None else jax.device_put(start, spec.shardings)
+    state = initial(spec, start)
     for _ in range(steps):
       mask = np.arange(t)[None] < rng.integers(t // 3, t + 1, size=(8, 1))
       batch = {

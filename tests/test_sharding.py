@@ -48,13 +48,19 @@ def train(mesh_overrides, steps=3, extra=(), spec=SPEC, windows=1, documents=Fal
   task = make_task(config, DataInfo(vocab_size=256, unit="byte"))
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, spec, task, tx, schedule), out_shardings=(spec.shardings, None))
-    state = spec.init() if start is None else jax.device_put(start, spec.shardings)
+    state = initial(spec, start)
     losses = []
     seq_len = config.train.update_len or config.train.seq_len
     for batch in batches(steps, seq_len=seq_len, windows=windows, documents=documents):
       state, metrics = step(state, to_device(batch, mesh, rules))
       losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
   return config, mesh, spec, state, losses
+
+
+def initial(spec, start=None):
+  """The state a run begins from: `start` (from `first_state`) placed on `spec`'s shardings, else a fresh one
+  from the jitted initializer."""
+  return spec.init() if start is None else jax.device_put(start, spec.shardings)
 
 
 def first_state(mesh_overrides, extra=(), spec=SPEC):
