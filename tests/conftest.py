@@ -59,19 +59,47 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 
 
+def _mappings() -> int:
+  return sum(1 for _ in open("/proc/self/maps")) if os.path.exists("/proc/self/maps") else 0
+
+
+def _resident_gib() -> float:
+  if not os.path.exists("/proc/self/status"):
+    return 0.0
+  kib = next((line.split()[1] for line in open("/proc/self/status") if line.startswith("VmRSS:")), "0")
+  return int(kib) / 2**20
+
+
+def _map_limit() -> int:
+  try:
+    return int(open("/proc/sys/vm/max_map_count").read())
+  except (OSError, ValueError):
+    return 65530  # the kernel's default
+
+
+# A worker keeps its compiled programs from file to file until they hold this much memory.
+KEEP_GIB = 2.5
+
+
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_programs():
-  """Each test file's compiled programs are dropped when it ends. XLA:CPU maps every executable's code into
-  memory of its own (about three mappings each), and a worker that keeps every program of hundreds of
-  files reaches the kernel's limit of 65,530 mappings (vm.max_map_count): the next compile or load then
-  segfaults (seen in clean-clone runs at 86%, in compile, serialize and deserialize alike)."""
+  """A worker's compiled programs are dropped at the end of a file once they hold half the kernel's limit
+  on memory mappings or the worker holds KEEP_GIB. XLA:CPU maps every executable's code into memory of
+  its own (about three mappings each), and a worker that keeps every program of hundreds of files reaches
+  the limit (vm.max_map_count, 65,530 by default): the next compile or load then segfaults (seen in
+  clean-clone runs at 86%, in compile, serialize and deserialize alike); kept without a bound they also
+  grew a worker to 6 GiB. Dropping them after every file threw away programs that the next files compile
+  again: the small ones of arrays handled one operation at a time, shared by every model test."""
   yield
-  mappings = lambda: sum(1 for _ in open("/proc/self/maps")) if os.path.exists("/proc/self/maps") else 0
-  before = mappings()
-  jax.clear_caches()
-  gc.collect()
-  if os.environ.get("LRA_CORE_TEST_MAPS"):  # to watch it: pytest -s with LRA_CORE_TEST_MAPS=1
-    print(f"\nmemory mappings: {before} at the end of the file, {mappings()} after dropping its programs", flush=True)
+  before, resident = _mappings(), _resident_gib()
+  watch = os.environ.get("LRA_CORE_TEST_MAPS")  # to watch it: pytest -s with LRA_CORE_TEST_MAPS=1
+  if before > _map_limit() // 2 or resident > KEEP_GIB:
+    jax.clear_caches()
+    gc.collect()
+    if watch:
+      print(f"\n{before} memory mappings, {resident:.2f} GiB: dropped the programs ({_mappings()} left)", flush=True)
+  elif watch:
+    print(f"\n{before} memory mappings, {resident:.2f} GiB: programs kept", flush=True)
 
 
 @pytest.fixture
