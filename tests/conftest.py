@@ -1,7 +1,9 @@
 """Test setup: 8 host CPU devices (for sharding tests), the compiler's fast mode, no persistent cache in-process."""
 
+import atexit
 import gc
 import os
+import shutil
 import tempfile
 
 # The compiler's fast mode: the tests' programs are tiny, so compiling them dominates and LLVM's
@@ -19,8 +21,11 @@ HOST_COLLECTIVES = (
 )
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE} {HOST_COLLECTIVES}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Loaders cache decoded data; tests keep theirs out of the user's ~/.cache.
-os.environ.setdefault("LRA_CORE_CACHE", tempfile.mkdtemp(prefix="lra_core_test_cache_"))
+# Loaders cache decoded data; tests keep theirs out of the user's ~/.cache, in a folder removed when the
+# process that made it ends (after the runs it started: every session once left one behind in /tmp).
+if "LRA_CORE_CACHE" not in os.environ:
+  os.environ["LRA_CORE_CACHE"] = tempfile.mkdtemp(prefix="lra_core_test_cache_")
+  atexit.register(shutil.rmtree, os.environ["LRA_CORE_CACHE"], ignore_errors=True)
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
