@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from lra_core.config import load_config, load_workdir_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
-from lra_core.runtime import distributed, host_memory, quiet_start
+from lra_core.runtime import distributed, host_memory, process_end, quiet_start
 from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
@@ -247,20 +247,20 @@ def run(main: Callable[[], None]) -> None:
   Ctrl-C outside the training loop (or a second one inside it) into one line and status 130.
 
   In a multi-process run an error on this process ends every process at once
-  (lra_core.runtime.distributed.report_failure): the others print its line and exit with its status.
+  (lra_core.runtime.process_end.report_failure): the others print its line and exit with its status.
   Freed host memory is kept for reuse from the start (lra_core.runtime.host_memory)."""
   host_memory.keep_freed_memory()
   try:
     main()
   except Exception as e:
-    lost = distributed.lost_peer(e)  # a peer gone: one line naming it, not the error it caused here
+    lost = process_end.lost_peer(e)  # a peer gone: one line naming it, not the error it caused here
     if lost is not None:
-      distributed.stop_for_lost_peer(lost)
+      process_end.stop_for_lost_peer(lost)
     _failed(e)
   except KeyboardInterrupt:
-    if not distributed.claim_end("aborted (Ctrl-C).", EXIT_INTERRUPTED):
-      distributed.leave(EXIT_INTERRUPTED)  # a peer's failure ends this process already, its line said
-    distributed.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
+    if not process_end.claim_end("aborted (Ctrl-C).", EXIT_INTERRUPTED):
+      process_end.leave(EXIT_INTERRUPTED)  # a peer's failure ends this process already, its line said
+    process_end.report_failure("aborted (Ctrl-C)", EXIT_INTERRUPTED)
     if quiet_start.in_command():  # a compile may still be running in XLA's threads (lra_core/runtime/quiet_start.py)
       quiet_start.leave_now(EXIT_INTERRUPTED)
     sys.exit(EXIT_INTERRUPTED)
@@ -271,15 +271,15 @@ def _failed(e: Exception) -> None:
   # In a multi-process run the watchdog may be ending this process for a peer's failure at this moment
   # (this error often its consequence): then its line stands, and this process leaves with its status.
   if isinstance(e, UserError):
-    if not distributed.claim_end(f"error: {e}", EXIT_USER_ERROR):
-      distributed.leave(EXIT_USER_ERROR)
-    distributed.report_failure(str(e), EXIT_USER_ERROR)
+    if not process_end.claim_end(f"error: {e}", EXIT_USER_ERROR):
+      process_end.leave(EXIT_USER_ERROR)
+    process_end.report_failure(str(e), EXIT_USER_ERROR)
     if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit
       quiet_start.leave_now(EXIT_USER_ERROR)
     sys.exit(EXIT_USER_ERROR)
-  if not distributed.claim_end(None, EXIT_CRASH):
-    distributed.leave(EXIT_CRASH)
-  distributed.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
+  if not process_end.claim_end(None, EXIT_CRASH):
+    process_end.leave(EXIT_CRASH)
+  process_end.report_failure(f"{type(e).__name__}: {brief(e)}", EXIT_CRASH, traceback_of=e)
   raise e  # Python prints the traceback and exits with status 1 (EXIT_CRASH)
 
 

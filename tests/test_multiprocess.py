@@ -33,7 +33,7 @@ from lra_core.errors import ConfigError
 from lra_core.run import optim
 from lra_core.run.metrics import read_metrics
 from lra_core.run.state import make_state_spec
-from lra_core.runtime import distributed
+from lra_core.runtime import distributed, process_end
 from lra_core.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -343,7 +343,7 @@ def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
     send=(1, signal.SIGKILL, lambda: (workdir / "checkpoints" / "4").is_dir()),
   )
   said = [line for line in out.splitlines() if line.startswith("error: ")]
-  assert killed == -signal.SIGKILL and survivor == distributed.EXIT_PEER_FAILED, out[-3000:]
+  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED, out[-3000:]
   assert len(said) == 1 and said[0].startswith("error: process 1 "), out[-3000:]
   assert "it was killed or its host was lost" in said[0] and said[0].endswith("stopping process 0 as well.")
   assert seconds is not None and seconds < 40, seconds
@@ -352,7 +352,7 @@ def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
 def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_it_caused(monkeypatch):
   """The save's all-gather failing on a closed Gloo connection is a lost peer, in whatever error wraps
   it; a store's own connection reset is not."""
-  monkeypatch.setattr(distributed, "_client", lambda: object())  # a multi-process run's client
+  monkeypatch.setattr(process_end, "_client", lambda: object())  # a multi-process run's client
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   gloo = RuntimeError("UNKNOWN: Gloo AllGather failed: [gloo/transport/tcp/pair.cc:547] Connection closed by peer")
@@ -362,9 +362,9 @@ def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_
     except RuntimeError as e:
       raise lra_core.errors.StoreFailure("writing checkpoint step 6 failed (...)") from e
   except lra_core.errors.StoreFailure as wrapped:
-    line = distributed.lost_peer(wrapped)
+    line = process_end.lost_peer(wrapped)
   assert line.startswith("process 1 dropped out of a collective (UNKNOWN: Gloo AllGather failed")
-  assert distributed.lost_peer(OSError("GCS: Connection reset by peer")) is None
+  assert process_end.lost_peer(OSError("GCS: Connection reset by peer")) is None
 
 
 @pytest.mark.slow

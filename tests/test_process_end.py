@@ -22,7 +22,7 @@ import pytest
 
 from lra_core import cli
 from lra_core.errors import ConfigError
-from lra_core.runtime import distributed, quiet_start
+from lra_core.runtime import process_end, quiet_start
 
 PEER_STATUS = 75  # the failing peer's status (stuck): unlike every status of this process's own causes
 PEER_LINE = "process 0 failed: watchdog: no training step finished for 900 s."
@@ -30,7 +30,7 @@ PEER_LINE = "process 0 failed: watchdog: no training step finished for 900 s."
 ACTIONS = {
   "bad_input": ("error: workdir x is in use", cli.EXIT_USER_ERROR),
   "crash": (None, cli.EXIT_CRASH),
-  "lost_peer": ("error: process 0 dropped out of a collective", distributed.EXIT_PEER_FAILED),
+  "lost_peer": ("error: process 0 dropped out of a collective", process_end.EXIT_PEER_FAILED),
   "ctrl_c": ("aborted (Ctrl-C).", cli.EXIT_INTERRUPTED),
 }
 # The steps of a thread's way out, in order; at "claim" it has not claimed the end yet.
@@ -73,15 +73,15 @@ class _Process:
     self.hold: tuple[str, str] | None = None  # (thread name, step)
     self.reached, self.go = threading.Event(), threading.Event()
     self.jitter = None  # a random pause at every step (the stress loop), instead of a hold
-    monkeypatch.setattr(distributed, "_client", lambda: self.store)
-    monkeypatch.setattr(distributed, "_claim", None)
-    monkeypatch.setattr(distributed, "FAILURE_GRACE_S", 0.2)
-    monkeypatch.setattr(distributed, "CLAIMANT_WAIT_S", 0.3)
+    monkeypatch.setattr(process_end, "_client", lambda: self.store)
+    monkeypatch.setattr(process_end, "_claim", None)
+    monkeypatch.setattr(process_end, "FAILURE_GRACE_S", 0.2)
+    monkeypatch.setattr(process_end, "CLAIMANT_WAIT_S", 0.3)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(quiet_start, "leave_now", self._leave_now)
     monkeypatch.setattr(logging, "shutdown", lambda: None)  # a real process exits next; pytest's handlers stay
-    claim_end, acknowledge = distributed.claim_end, distributed._acknowledge
+    claim_end, acknowledge = process_end.claim_end, process_end._acknowledge
 
     def claim(*args):
       self.step("claim")
@@ -95,11 +95,11 @@ class _Process:
       self.step("acknowledge")
       return acknowledge(*args)
 
-    monkeypatch.setattr(distributed, "claim_end", claim)
-    monkeypatch.setattr(distributed, "print", said, raising=False)
-    monkeypatch.setattr(distributed, "_acknowledge", acknowledged)
-    self.watchdog = distributed._Watchdog(self.store, 1, 2)
-    monkeypatch.setattr(distributed, "_watchdog", self.watchdog)
+    monkeypatch.setattr(process_end, "claim_end", claim)
+    monkeypatch.setattr(process_end, "print", said, raising=False)
+    monkeypatch.setattr(process_end, "_acknowledge", acknowledged)
+    self.watchdog = process_end._Watchdog(self.store, 1, 2)
+    monkeypatch.setattr(process_end, "_watchdog", self.watchdog)
 
   def step(self, name):
     if self.jitter is not None:
@@ -130,7 +130,7 @@ class _Process:
   def peer_fails(self, first=None):
     """Process 0's report in the store, and this process's watchdog, which reads it (after `first`)."""
     try:
-      self.store.key_value_set(distributed.FAILURE_KEY, json.dumps(dict(process=0, status=PEER_STATUS, line=PEER_LINE)))
+      self.store.key_value_set(process_end.FAILURE_KEY, json.dumps(dict(process=0, status=PEER_STATUS, line=PEER_LINE)))
     except RuntimeError:  # this process reported first: the peer's watchdog reads that (the real store's order)
       pass
     return self.thread("watchdog", self.watchdog._watch, first=first)
@@ -146,7 +146,7 @@ def _own_failure(action):
     cli._failed(RuntimeError("a bug"))
 
   def lost_peer():
-    distributed.stop_for_lost_peer("process 0 dropped out of a collective (Gloo: Connection closed by peer)")
+    process_end.stop_for_lost_peer("process 0 dropped out of a collective (Gloo: Connection closed by peer)")
 
   def ctrl_c():
     def interrupted():
@@ -234,7 +234,7 @@ def test_both_threads_at_once_with_random_pauses_at_every_step(monkeypatch, caps
     with monkeypatch.context() as m:
       process = _Process(m, capsys)
       process.jitter = random.Random(seed)
-      m.setattr(distributed, "CLAIMANT_WAIT_S", 0.02)
+      m.setattr(process_end, "CLAIMANT_WAIT_S", 0.02)
       # Both leave a barrier together, each after its own random delay of up to 10 ms: longer than either
       # way takes to its claim, so that each thread claims first in many of the runs.
       together = threading.Barrier(2)
@@ -247,7 +247,7 @@ def test_both_threads_at_once_with_random_pauses_at_every_step(monkeypatch, caps
       watchdog.join(10)
       main.join(10)
       assert not watchdog.is_alive() and not main.is_alive()
-      claimant = "main" if distributed._claim[1] is main else "watchdog"
+      claimant = "main" if process_end._claim[1] is main else "watchdog"
       seen.add(claimant)
       _check(process, claimant, action)
   assert seen == {"main", "watchdog"}, seen  # both orders happened
@@ -263,16 +263,16 @@ def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(ma
   hold = "for _ in range(2): big * big" if main_thread != "waiting" else "time.sleep(30)"
   script = textwrap.dedent(f"""
     import sys, threading, time
-    from lra_core.runtime import distributed
+    from lra_core.runtime import process_end
     from lra_core.runtime import quiet_start
     big = 3 ** 4_000_000
     with quiet_start.noise_dropped():
       print("the backends start", file=sys.stderr, flush=True)
       said = threading.Event()
       def watchdog():
-        distributed.claim_end("error: {PEER_LINE}", 2)
+        process_end.claim_end("error: {PEER_LINE}", 2)
         said.set()
-        distributed.leave(2, process=1)
+        process_end.leave(2, process=1)
       threading.Thread(target=watchdog).start()
       said.wait()
       {hold}

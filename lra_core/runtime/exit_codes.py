@@ -2,7 +2,7 @@
 
 scripts/launch_tpu.py --supervise relaunches on EXIT_PREEMPTED and the SLURM script requeues on it;
 docs/reliability.md lists them. They live apart from the command line (lra_core.cli re-exports them)
-so that the runtime modules that end a process (preemption, distributed) need nothing above them.
+so that the runtime modules that end a process (preemption, process_end) need nothing above them.
 """
 
 EXIT_FINISHED = 0

@@ -24,7 +24,7 @@ import threading
 
 import jax
 
-from lra_core.runtime import distributed, quiet_start
+from lra_core.runtime import process_end, quiet_start
 from lra_core.runtime.exit_codes import EXIT_INTERRUPTED
 
 
@@ -54,8 +54,8 @@ class PreemptionNotice:
   def asked_to_stop(self) -> bool:
     """Whether a stop was asked for, outside the step loop's sync point (a save stuck on a failing store
     gives way to it): this process's signal, or with several processes a SIGTERM to any of them, which
-    JAX's notifier publishes to all (lra_core/runtime/distributed.py)."""
-    return self.received is not None or distributed.preemption_noticed()
+    JAX's notifier publishes to all (lra_core/runtime/process_end.py)."""
+    return self.received is not None or process_end.preemption_noticed()
 
   @property
   def interrupted(self) -> bool:

@@ -10,7 +10,7 @@ every step; a daemon thread checks that the last beat is younger than the limit
 where the floor covers what runs between two steps at any size (an evaluation, a checkpoint save, a
 compile of the eval step) and the factor a step that is merely slower than usual. Past it, the thread
 writes every thread's Python stack to stderr (faulthandler: it needs no lock the stuck thread may
-hold), tells the other processes (lra_core.runtime.distributed.report_failure) and ends the process with
+hold), tells the other processes (lra_core.runtime.process_end.report_failure) and ends the process with
 status 75, the one the launchers' supervisors and the SLURM script rerun: the run resumes from its
 last checkpoint. `train.watchdog_factor=0` turns it off.
 """
@@ -27,15 +27,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from lra_core.runtime import distributed
+from lra_core.runtime import process_end
 
 RECENT = 50  # steps whose median sets the limit
 
 
 def _leave(status: int, message: str) -> None:
-  if distributed.claim_end(None, status):  # else a peer's failure ends this process already, its line said
-    distributed.report_failure(message, status)
-  distributed.leave(status)
+  if process_end.claim_end(None, status):  # else a peer's failure ends this process already, its line said
+    process_end.report_failure(message, status)
+  process_end.leave(status)
 
 
 def _stderr():
