@@ -5,7 +5,7 @@
   python -m lra_core.aot --config=configs/c4/latte.py:latte --topology=a100x4 --config.mesh.data=4
 
 --topology is a TPU slice, <generation>:<chips> (v3:2x2, v5p:2x2x1, ...), compiled by libtpu's compiler,
-or GPUs, <gpu>[x<count>] with <gpu> one of lra_core.cost.chips.GPUS (h100, h200, a100, a100-40g, v100,
+or GPUs, <gpu>[x<count>] with <gpu> one of lra_core.compilation.topologies.GPUS (h100, h200, a100, a100-40g, v100,
 v100-32g; h100x16 is two hosts of 8), compiled by XLA:GPU, Triton and ptxas of the CUDA plugin, no
 driver needed. It builds the trainer's own train step (state spec, shardings, donation, micro-batches,
 kernels) and eval step for the config's batch shapes, with no data files (lra_core/compilation/aot_targets.py), and
@@ -29,6 +29,7 @@ import sys
 import jax
 
 from lra_core import cli, sharding
+from lra_core.compilation import topologies
 from lra_core.compilation.aot_report import Report, estimate_from_hlo, write_hlo
 from lra_core.compilation.aot_targets import (
   OutOfMemory,
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
       required=True,
       help="a TPU slice, <generation>:<chips>, e.g. v3:2x2 (8 cores), v4:2x2x2, v5e:4x4, v5p:2x2x4; "
       "or NVIDIA GPUs, <gpu>[x<count>] with <gpu> one of "
-      + ", ".join(chips.GPUS)
+      + ", ".join(topologies.GPUS)
       + ", e.g. h100, a100x4, a100-40gx8, h100x16 (two hosts of 8)",
     )
     parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")

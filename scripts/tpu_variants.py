@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_core import cli
+from lra_core.compilation import topologies
 from lra_core.cost import chips, hlo_cost
 from lra_core.kernels import mixed_chunk
 from lra_core.models.layers.core import silu
@@ -88,7 +89,7 @@ def main(argv=None) -> None:
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq_len", type=int, default=512)
   args = parser.parse_args(argv)
-  device = chips.tpu_devices(args.topology)[0]
+  device = topologies.tpu_devices(args.topology)[0]
   variants = [
     ("gau", True, "jax"),
     ("gau", True, "checkpoint"),

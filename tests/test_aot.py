@@ -18,8 +18,8 @@ import lra_core
 import tiers
 from fixtures import listops
 from lra_core import aot, cli, layout, sharding
-from lra_core.compilation import aot_report, aot_targets, step_compile
-from lra_core.cost import chips, hlo_cost
+from lra_core.compilation import aot_report, aot_targets, step_compile, topologies
+from lra_core.cost import hlo_cost
 from lra_core.errors import ResourceError
 from lra_core.train import train_and_evaluate
 
@@ -116,7 +116,7 @@ def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
 
 # ----------------------------------------------------------------------------- python -m lra_core.aot
 
-needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(not topologies.libtpu_installed(), reason="libtpu is not installed")
 
 
 def _aot(*args, env=None):
@@ -224,7 +224,7 @@ def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
   """The trainer's step with each kernel family's Pallas kernel, through the real TPU compiler:
   the kernels follow the mesh's devices (Mosaic), not the CPU host (interpret mode)."""
   config = lra_core.load_config(spec, overrides + ["mesh.data=4"])
-  devices = chips.tpu_devices("v5e:2x2")
+  devices = topologies.tpu_devices("v5e:2x2")
   report = aot.compile_config(config, "v5e:2x2", devices=devices)
   assert report.fits and report.flops_per_device > 0
   assert report.mosaic_kernels > 0, "the train step holds no Mosaic kernel: the Pallas kernels were interpreted"
@@ -233,7 +233,7 @@ def test_tiny_train_steps_with_pallas_kernels_compile_for_tpu(spec, overrides):
 # ----------------------------------------------------------------------------- python -m lra_core.aot for GPUs
 
 needs_cuda_plugin = pytest.mark.skipif(
-  not chips.cuda_plugin_installed(), reason=f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)"
+  not topologies.cuda_plugin_installed(), reason=f"the CUDA plugin is not installed (the {topologies.GPU_EXTRA} extra)"
 )
 
 
@@ -314,7 +314,7 @@ def test_a_gpu_target_without_any_jax_plugin_installed_is_one_sentence(capsys, m
   monkeypatch.setattr(importlib.util, "find_spec", without_plugins)
   stderr = _aot_refused(capsys, "--config=configs/c4/transformer.py:tiny", "--topology=h100")
   assert re.search(
-    rf"^error: compiling for GPU target 'h100' needs the CUDA plugin.*\[{chips.GPU_EXTRA}\]", stderr, re.M
+    rf"^error: compiling for GPU target 'h100' needs the CUDA plugin.*\[{topologies.GPU_EXTRA}\]", stderr, re.M
   )
   assert "Traceback" not in stderr
 
@@ -332,11 +332,11 @@ def test_pallas_on_a_v100_says_to_use_the_xla_kernels():
 
 
 def test_gpu_fit_rows_name_known_gpus_with_distinct_records():
-  """The gpu_fit table (lra_core/reproduce/gpu.py): every row on a GPU target chips knows, V100 rows in
+  """The gpu_fit table (lra_core/reproduce/gpu.py): every row on a GPU target topologies knows, V100 rows in
   float32 with the XLA kernels, every setting its own record."""
   from lra_core.reproduce import gpu, tpu
 
-  assert all(chips.is_gpu_topology(row.topology) for row in gpu.ROWS)
+  assert all(topologies.is_gpu_topology(row.topology) for row in gpu.ROWS)
   slugs = {row.slug(rung) for row in gpu.ROWS for rung in tpu.LADDER}
   assert len(slugs) == len(gpu.ROWS) * len(tpu.LADDER)
   v100 = [row for row in gpu.ROWS if row.topology == "v100"]
@@ -387,13 +387,13 @@ TPU_MEMORY_BUDGETS = [
   "spec, overrides, measured_mib", tiers.quick(TPU_MEMORY_BUDGETS, keep=[1], ids=["transformer_vq", "latte"])
 )
 def test_reduced_paper_steps_keep_their_tpu_temporaries(spec, overrides, measured_mib):
-  if not chips.libtpu_installed():
+  if not topologies.libtpu_installed():
     pytest.skip("libtpu is not installed")
   config = lra_core.load_config(
     spec, overrides + ["model.num_layers=1", "train.seq_len=4096", "train.batch_size=1", "mesh.data=1"]
   )
   # The train step alone, as `python -m lra_core.aot` compiles it (its report also compiles the eval step).
-  mesh, _, _, traced = aot_targets.trace_train_step(config, chips.tpu_devices("v3:2x2")[:1])
+  mesh, _, _, traced = aot_targets.trace_train_step(config, topologies.tpu_devices("v3:2x2")[:1])
   with jax.set_mesh(mesh), sharding.activate(mesh, config.sharding.rules):
     temporaries_mib = step_compile.MemoryEstimate.of(traced.lower().compile()).temporaries / 2**20
   assert temporaries_mib <= measured_mib * 1.01, temporaries_mib

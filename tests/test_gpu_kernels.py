@@ -1,6 +1,6 @@
 """The kernels compiled for an NVIDIA H100 on this CPU host (no GPU, no driver): under `jax.set_mesh` of the
-H100 devices of lra_core.cost.chips.gpu_devices every kernel's forward and training gradient lower to a Pallas
-Triton call, and XLA:GPU, Triton (its shared-memory allocation included) and ptxas compile them; the VQ and
+H100 devices of lra_core.compilation.topologies.gpu_devices every kernel's forward and training gradient lower to
+a Pallas Triton call, and XLA:GPU, Triton (its shared-memory allocation included) and ptxas compile them; the VQ and
 FLASH kernels also at their papers' sizes, where they once exceeded the H100's shared memory.
 scripts/check_lowering.py --platforms=gpu runs the same compiles with a table of the kernels' resources."""
 
@@ -9,12 +9,14 @@ import pytest
 
 import tiers
 from lra_core.bench import gpu_compile
+from lra_core.compilation import topologies
 from lra_core.cost import chips
 from lra_core.errors import ConfigError
 from lra_core.kernels import catalog, toolkit
 
 needs_plugin = pytest.mark.skipif(
-  not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)"
+  not topologies.cuda_plugin_installed(),
+  reason="the CUDA plugin is not installed (pip install -e \".[test]\" brings it)",
 )
 SIZES = dict(seq_len=256, width=64, latents=32, block=128, codes=128, chunk=0, flash_chunk=128)
 KERNELS = tuple(catalog.kernels_at(**SIZES))
@@ -28,7 +30,7 @@ NAMES = {
 
 @pytest.fixture(scope="module")
 def h100():
-  return chips.gpu_devices("h100")
+  return topologies.gpu_devices("h100")
 
 
 def _compile_both_passes(fn, args, devices):
@@ -53,7 +55,7 @@ def test_forward_and_gradient_compile_for_an_h100(h100, name, segments):
   fn, args = catalog.kernels_at(**SIZES, dtype="float32", segments=segments)[name]
   kernels = _compile_both_passes(fn, args, h100)
   assert {k.name for k in kernels} <= NAMES[name]
-  assert all(k.shared_bytes <= chips.GPUS["h100"].shared_per_block for k in kernels)
+  assert all(k.shared_bytes <= topologies.GPUS["h100"].shared_per_block for k in kernels)
 
 
 @needs_plugin
@@ -67,7 +69,7 @@ def test_vq_and_flash_compile_at_the_papers_sizes_without_spills(h100, paper, dt
   name, widths = catalog.PAPER[paper]
   fn, args = catalog.kernels_at(**dict(SIZES, seq_len=2048, **widths), dtype=dtype)[name]
   for k in _compile_both_passes(fn, args, h100):
-    assert k.shared_bytes <= chips.GPUS["h100"].shared_per_block, k.describe()
+    assert k.shared_bytes <= topologies.GPUS["h100"].shared_per_block, k.describe()
     if k.spill_stores is not None:  # ptxas found
       assert k.spill_stores == 0, k.describe()
 
@@ -101,28 +103,28 @@ def test_the_kernels_follow_the_gpu_mesh(h100):
 
 
 def test_gpu_targets_are_named_and_described():
-  arch, count = chips.parse_gpu_topology("a100x4")
+  arch, count = topologies.parse_gpu_topology("a100x4")
   assert (arch.kind, count) == ("NVIDIA A100-SXM4-80GB", 4)
-  assert chips.parse_gpu_topology("h100x16")[1] == 16 and chips.is_gpu_topology("h100x8")
-  assert not chips.is_gpu_topology("v3:2x2") and not chips.is_gpu_topology("tpu")
-  text = chips.GPUS["h100"].target_config()
+  assert topologies.parse_gpu_topology("h100x16")[1] == 16 and topologies.is_gpu_topology("h100x8")
+  assert not topologies.is_gpu_topology("v3:2x2") and not topologies.is_gpu_topology("tpu")
+  text = topologies.GPUS["h100"].target_config()
   assert "major: 9 minor: 0" in text and "shared_memory_per_block_optin: 232448" in text
-  for arch in chips.GPUS.values():
+  for arch in topologies.GPUS.values():
     assert arch.kind in chips.CHIPS and f'name: "{arch.kind}"' in arch.target_config()
   with pytest.raises(ConfigError, match="GPU target 'b200' is not known"):
-    chips.parse_gpu_topology("b200")
+    topologies.parse_gpu_topology("b200")
   with pytest.raises(ConfigError, match="has 12 GPUs; expected 1 to 8 on one host or a multiple of 8"):
-    chips.parse_gpu_topology("h100x12")
+    topologies.parse_gpu_topology("h100x12")
 
 
 def test_a_missing_cuda_plugin_is_one_sentence_naming_the_extra(monkeypatch):
-  monkeypatch.setattr(chips, "cuda_plugin_installed", lambda: False)
+  monkeypatch.setattr(topologies, "cuda_plugin_installed", lambda: False)
   with pytest.raises(ConfigError, match=r'pip install -e "\.\[gpu-compile\]"'):
-    chips.gpu_devices("h100")
+    topologies.gpu_devices("h100")
 
 
 @needs_plugin
 def test_several_gpus_and_hosts_are_compile_only_devices():
-  devices = chips.gpu_devices("h100x16")
+  devices = topologies.gpu_devices("h100x16")
   assert len(devices) == 16 and {d.process_index for d in devices} == {0, 1}
-  assert {d.device_kind for d in chips.gpu_devices("a100-40gx2")} == {"NVIDIA A100-SXM4-40GB"}
+  assert {d.device_kind for d in topologies.gpu_devices("a100-40gx2")} == {"NVIDIA A100-SXM4-40GB"}

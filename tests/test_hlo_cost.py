@@ -14,7 +14,7 @@ from jax.experimental.pallas import triton as pltriton
 import lra_core
 import tiers
 from lra_core import registry, sharding
-from lra_core.compilation import aot_targets
+from lra_core.compilation import aot_targets, topologies
 from lra_core.cost import chips, hlo_cost, hlo_flops, hlo_text, pallas_costs, throughput
 
 N, LAYERS = 1024, 6
@@ -22,16 +22,16 @@ N, LAYERS = 1024, 6
 
 @pytest.fixture(scope="module")
 def v5e():
-  if not chips.libtpu_installed():
+  if not topologies.libtpu_installed():
     pytest.skip("libtpu is not installed")
-  devices = chips.tpu_devices("v5e:2x2")
+  devices = topologies.tpu_devices("v5e:2x2")
   return jax.sharding.Mesh(np.array(devices), ("x",)), chips.chip_of(devices[0])
 
 
 def _gpu(topology):
-  if not chips.cuda_plugin_installed():
-    pytest.skip(f"the CUDA plugin is not installed (the {chips.GPU_EXTRA} extra)")
-  devices = chips.gpu_devices(topology)
+  if not topologies.cuda_plugin_installed():
+    pytest.skip(f"the CUDA plugin is not installed (the {topologies.GPU_EXTRA} extra)")
+  devices = topologies.gpu_devices(topology)
   return jax.sharding.Mesh(np.array(devices), ("x",)), chips.chip_of(devices[0])
 
 
@@ -547,9 +547,9 @@ def test_a_train_step_has_the_same_flops_compiled_for_a_tpu_and_for_the_cpu(fami
     spec, overrides + ["train.batch_size=1", "model.dtype=bfloat16", "model.scan_layers=False", "mesh.data=1", XLA]
   )
   assert config.model.name == family
-  if not chips.libtpu_installed():
+  if not topologies.libtpu_installed():
     pytest.skip("libtpu is not installed")
-  tpu, _ = compiled_train_step(config, chips.tpu_devices("v4:2x2x1")[:1])
+  tpu, _ = compiled_train_step(config, topologies.tpu_devices("v4:2x2x1")[:1])
   cpu, _ = compiled_train_step(config, jax.devices("cpu")[:1])
   on_tpu, on_cpu = (hlo_cost.step_flops(c.as_text())[0] for c in (tpu, cpu))
   assert on_tpu == pytest.approx(on_cpu, rel=0.03)

@@ -19,14 +19,14 @@ from test_hlo_cost import compiled_train_step
 
 import lra_core
 import tiers
-from lra_core.compilation import aot_targets
-from lra_core.cost import chips, hlo_cost
+from lra_core.compilation import aot_targets, topologies
+from lra_core.cost import hlo_cost
 from lra_core.errors import ConfigError
 from lra_core.kernels import toolkit
 from lra_core.kernels.softmax import library
 
-needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
-needs_plugin = pytest.mark.skipif(not chips.cuda_plugin_installed(), reason="the CUDA plugin is not installed")
+needs_libtpu = pytest.mark.skipif(not topologies.libtpu_installed(), reason="libtpu is not installed")
+needs_plugin = pytest.mark.skipif(not topologies.cuda_plugin_installed(), reason="the CUDA plugin is not installed")
 
 B, T, H, D = 2, 256, 4, 32
 # float32: the kernels' online softmax against one softmax, rounding apart; bfloat16: its 8-bit mantissa.
@@ -261,7 +261,7 @@ def test_a_transformer_trains_the_same_on_splash():
 @needs_libtpu
 def test_splash_in_bfloat16_compiles_for_tpu_v3():
   """TPU v3's Mosaic takes no bfloat16 matmul: there the kernel runs in float32 (its inputs cast)."""
-  mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
+  mesh = jax.sharding.Mesh(np.array(topologies.tpu_devices("v3:2x2")), ("data",))
   shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype, sharding=NamedSharding(mesh, P("data")))
   loss = lambda q, k, v: library.self_attention(q, k, v, causal=True, impl="auto").astype(jnp.float32).sum()
   args = (shape(8, 256, H, 128), shape(8, 256, 2, 128), shape(8, 256, 2, 128))
@@ -358,7 +358,7 @@ def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_
   """The reference computes every (query, key) pair; splash the blocks of 512 its mask keeps (4 per side:
   16 for a full mask, 10 causal, fewer for a window), counted here from the dense mask; a window shorter
   than 512 (Latte-Macchiato's 128) takes blocks of about its length, so each query block reads two."""
-  devices = chips.tpu_devices("v5e:1x1")
+  devices = topologies.tpu_devices("v5e:1x1")
   every_pair = _matmul_flops("xla", devices, causal=False, grad=True) * 9 / 6
   assert every_pair > 0
   for causal, window, size in [(False, 0, 512), (True, 0, 512), (True, 600, 512), (False, 600, 512), (True, 128, 128)]:
@@ -371,7 +371,7 @@ def test_the_roofline_counts_splash_as_the_reference_s_products_over_the_blocks_
 def test_the_roofline_counts_the_triton_kernel_as_the_reference_s_products_over_its_blocks():
   """The GPU kernel's forward takes blocks of 128 (2 per side: causal keeps 3 of 4), its backward of 32
   (8 per side: causal keeps 36 of 64)."""
-  devices = chips.gpu_devices("h100")
+  devices = topologies.gpu_devices("h100")
   forward = _matmul_flops("xla", devices, causal=False, grad=False, t=256)
   backward = (_matmul_flops("xla", devices, causal=False, grad=True, t=256) - forward) * 7 / 4
   assert forward > 0

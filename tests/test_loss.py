@@ -9,10 +9,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lra_core.cost import chips
+from lra_core.compilation import topologies
 from lra_core.tasks.base import token_nll
 
-needs_libtpu = pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(not topologies.libtpu_installed(), reason="libtpu is not installed")
 
 
 def log_softmax_at_target(logits, targets):
@@ -39,7 +39,7 @@ def test_the_loss_gradient_keeps_no_vocabulary_sized_temporary(split):
   """Per chip 4,096 x 32,768 bfloat16 logits (256 MiB): the textbook form keeps their float32 log_softmax
   for the backward pass (512 MiB), and with time split over chips its gather's transpose adds a float32
   scatter-add buffer (1.5 GiB in all)."""
-  devices = chips.tpu_devices("v5e:2x2")
+  devices = topologies.tpu_devices("v5e:2x2")
   axis = "data" if split == "rows" else "sequence"
   mesh = jax.sharding.Mesh(np.array(devices), (axis,))
   spec = P(axis) if split == "rows" else P(None, axis)

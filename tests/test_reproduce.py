@@ -153,7 +153,7 @@ def test_the_printed_command_leaves_out_where_it_was_pasted():
 
 
 def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_records():
-  from lra_core.cost import chips
+  from lra_core.compilation import topologies
   from lra_core.reproduce import tpu
 
   specs = [row.spec for row in tpu.paper_rows()]
@@ -161,7 +161,7 @@ def test_tpu_fit_covers_every_paper_config_on_a_known_slice_with_distinct_record
   slugs = {row.slug(rung) for row in tpu.FULL_ROWS for rung in tpu.LADDER}
   assert len(slugs) == len(tpu.FULL_ROWS) * len(tpu.LADDER)  # a long name never makes two settings share a record
   for row in tpu.FULL_ROWS:
-    assert row.topology in chips.known_topologies(), row
+    assert row.topology in topologies.known_topologies(), row
     assert row.rungs()[:2] == tpu.LADDER[:2]  # every row may try remat; micro-batches only where they split
   assert tpu.table6("vq", "shga", 8192).rungs() == tpu.LADDER[:2]  # batch 8 on 8 cores: no micro-batches
   table6 = [row for row in tpu.FULL_ROWS if row.paper.startswith("Transformer-VQ Table 6")]

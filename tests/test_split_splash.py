@@ -19,9 +19,9 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 import lra_core
 import tiers
 from lra_core import aot, layout, sharding
+from lra_core.compilation import topologies
 from lra_core.config import DEFAULT_RULES
-from lra_core.cost import chips
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 from lra_core.kernels.softmax import library, splash_lists
 
 B, T, H, D = 2, 1024, 4, 32  # 8 chips hold 128 steps each: one block
@@ -41,15 +41,15 @@ def inputs(kv_heads):
 
 def step(impl, causal, zigzag, segments, valid, **kw):
   """Loss, valid outputs and gradients of attention over the (whole or split) sequence; in the zig-zag
-  order the rows go there and back around it (context.to_zigzag)."""
+  order the rows go there and back around it (context_parallel.to_zigzag)."""
 
   def loss(q, k, v):
     args, order = (q, k, v, valid, segments), dict(batch=B, length=T)
     if zigzag:
-      q_, k_, v_, ok, ids = context.to_zigzag(args, **order)
-      with context.zigzag_order():
+      q_, k_, v_, ok, ids = context_parallel.to_zigzag(args, **order)
+      with context_parallel.zigzag_order():
         out = library.self_attention(q_, k_, v_, causal=causal, k_valid=ok, segments=ids, impl=impl, **kw)
-      out = context.from_zigzag(out, **order)
+      out = context_parallel.from_zigzag(out, **order)
     else:
       out = library.self_attention(q, k, v, causal=causal, k_valid=valid, segments=segments, impl=impl, **kw)
     out = jnp.where(valid[..., None, None], out, 0)  # padded queries read other keys under the kernels
@@ -118,7 +118,7 @@ def assert_same_kernel(got, want, **settings):
 def test_the_block_lists_built_in_numpy_are_splash_s_own(t, chips, zigzag, bq, bkv):
   """kernels/softmax/splash_lists.py against splash's make_splash_mha (its block-by-block loop) for the causal
   mask over the steps the chips' rows hold, and for one chip's rows of the full mask."""
-  steps = context.held_steps(chips, t // chips, zigzag)
+  steps = context_parallel.held_steps(chips, t // chips, zigzag)
   causal = masks.CausalMask((t, t))
   causal.q_sequence = steps
   sizes = block_sizes(bq, bkv)
@@ -179,7 +179,7 @@ def test_what_the_split_kernel_cannot_take_runs_as_ring_attention_with_one_line(
   assert len(lines) == 1 and lines[0].startswith(f"attention: {impl} falls back to xla: {why}"), lines
 
 
-@pytest.mark.skipif(not chips.libtpu_installed(), reason="libtpu is not installed")
+@pytest.mark.skipif(not topologies.libtpu_installed(), reason="libtpu is not installed")
 def test_the_split_train_step_compiles_for_tpu_with_splash_over_the_gathered_keys(tmp_path):
   """Transformer++ with its 1,024 steps split over the 4 chips of a v5e slice, compiled by libtpu: the
   step holds splash's forward and both backward kernels (Mosaic, each chip's block lists an argument

@@ -1,7 +1,7 @@
 """Compiling for an NVIDIA GPU on a host without one, and what the compiler says of each Pallas kernel.
 
 `compile_for_gpu` jits a function under `jax.set_mesh` of GPU devices described by
-`lra_core.cost.chips.gpu_devices` (compile-only: no driver, no device) and compiles it with the real XLA:GPU
+`lra_core.compilation.topologies.gpu_devices` (compile-only: no driver, no device) and compiles it with the real XLA:GPU
 pipeline: Pallas lowers each kernel to Triton IR, Triton compiles it (TTIR -> TTGIR -> LLVM -> PTX, its
 shared-memory allocation included), and ptxas assembles the PTX for the GPU's architecture. A kernel
 whose tiles exceed the GPU's shared memory fails here, as it would on the device.

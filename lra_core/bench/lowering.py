@@ -9,12 +9,12 @@ ptxas, with the CUDA plugin), on any host, without either device.
 The same command as `python -m lra_core.bench.lowering`.
 
 TPU: with libtpu installed (`pip install -e ".[test]"`), each kernel is traced under
-`jax.set_mesh` of the devices of `--topology` (lra_core.cost.chips.tpu_devices), forward and gradient
+`jax.set_mesh` of the devices of `--topology` (lra_core.compilation.topologies.tpu_devices), forward and gradient
 w.r.t. q and v, lowered (the program must hold a `tpu_custom_call`: the kernel, not interpret mode)
 and compiled by the real TPU compiler, Mosaic included; the compile time is reported per row.
 Without libtpu the TPU rows are lowered only (`jax.export` for one chip of the topology's kind).
 GPU: with the CUDA plugin installed (the `gpu-compile` extra, in `.[test]`), the same under a mesh of
-`--gpu` devices (lra_core.cost.chips.gpu_devices): XLA:GPU, Triton (shared-memory allocation included) and
+`--gpu` devices (lra_core.compilation.topologies.gpu_devices): XLA:GPU, Triton (shared-memory allocation included) and
 ptxas compile the program, which must hold the Pallas kernel as a Triton call; each row also gives the
 kernel's shared memory, registers and spills (lra_core/bench/gpu_compile.py). Without the plugin the GPU
 rows lower the forward only (`jax.export`). Run time and numbers need the device (tests/test_*_pallas.py
@@ -43,7 +43,7 @@ except ImportError:
 
 from lra_core import cli
 from lra_core.bench import gpu_compile
-from lra_core.cost import chips
+from lra_core.compilation import topologies
 from lra_core.kernels import toolkit
 from lra_core.kernels.catalog import PAPER, gradient, kernels_at
 
@@ -100,10 +100,10 @@ def check(
   """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
   'lowered'), compile seconds, error, and for compiled GPU rows the kernel's shared memory (KiB),
   registers and spill bytes (the largest over the program's Pallas kernels)."""
-  compile_tpu = chips.libtpu_installed() if compile_tpu is None else compile_tpu
-  compile_gpu = chips.cuda_plugin_installed() if compile_gpu is None else compile_gpu
-  devices = chips.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
-  gpu_devices = chips.gpu_devices(gpu) if "gpu" in platforms and compile_gpu else None
+  compile_tpu = topologies.libtpu_installed() if compile_tpu is None else compile_tpu
+  compile_gpu = topologies.cuda_plugin_installed() if compile_gpu is None else compile_gpu
+  devices = topologies.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
+  gpu_devices = topologies.gpu_devices(gpu) if "gpu" in platforms and compile_gpu else None
   tpu_kind = devices[0].device_kind if devices else "TPU v5 lite"
   rows = []
   for name, (fn, args) in kernels_at(**sizes).items():
@@ -158,9 +158,13 @@ def _largest(found, field: str):
 def main(argv=None) -> list[dict]:
   parser = cli.doc_parser("python scripts/check_lowering.py", __doc__)
   parser.add_argument("--platforms", default="tpu,gpu", help="comma-separated: tpu, gpu")
-  parser.add_argument("--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.cost.chips)")
   parser.add_argument(
-    "--gpu", default="h100", help=f"GPU to compile for (lra_core.cost.chips.GPUS: {', '.join(chips.GPUS)})"
+    "--topology", default="v5e:2x2", help="TPU slice to compile for (lra_core.compilation.topologies)"
+  )
+  parser.add_argument(
+    "--gpu",
+    default="h100",
+    help=f"GPU to compile for (lra_core.compilation.topologies.GPUS: {', '.join(topologies.GPUS)})",
   )
   parser.add_argument(
     "--passes",

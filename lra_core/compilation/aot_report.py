@@ -61,7 +61,7 @@ class Report:
   time_split: tuple = ()  # ((kind of work, seconds), ...) of the estimated step (hlo_cost.SPLIT), dearest first
   comm_seconds: float = 0.0  # the step's collectives at the chip's interconnect bandwidth (overlapped with compute)
   comm_bytes: float = 0.0
-  sequence_comm_seconds: float = 0.0  # of those, the sequence axis's (mesh.sequence: kernels/context.py)
+  sequence_comm_seconds: float = 0.0  # of those, the sequence axis's (mesh.sequence: kernels/context_parallel.py)
   sequence_comm_bytes: float = 0.0
 
   JSON_FIELDS = (

@@ -19,8 +19,8 @@ import time
 import jax
 
 from lra_core import layout, sharding
+from lra_core.compilation import topologies
 from lra_core.compilation.step_compile import jit_train_step
-from lra_core.cost import chips
 from lra_core.errors import ConfigError, brief
 from lra_core.run import data_setup
 from lra_core.run.state import StateSpec, run_setup
@@ -31,13 +31,13 @@ from lra_core.tasks import Task, make_task
 def target_devices(topology: str) -> list[jax.Device]:
   """The devices of a TPU slice ("v3:2x2") or of NVIDIA GPUs ("h100", "a100x4"), compile-only.
   Raises ConfigError (one sentence) for a name that is neither."""
-  if chips.is_gpu_topology(topology):
-    return chips.gpu_devices(topology)
+  if topologies.is_gpu_topology(topology):
+    return topologies.gpu_devices(topology)
   if ":" in topology:
-    return chips.tpu_devices(topology)
+    return topologies.tpu_devices(topology)
   raise ConfigError(
     f"topology {topology!r} is neither a TPU slice, <generation>:<chips> (e.g. v3:2x2, v5p:2x2x1), "
-    f"nor GPUs, <gpu> or <gpu>x<count> with <gpu> one of {', '.join(chips.GPUS)} (e.g. h100, "
+    f"nor GPUs, <gpu> or <gpu>x<count> with <gpu> one of {', '.join(topologies.GPUS)} (e.g. h100, "
     "a100x4, h100x16)."
   )
 

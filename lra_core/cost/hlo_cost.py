@@ -19,7 +19,7 @@ optimized program instead (lra_core/cost/hlo_text.py reads it):
 - collectives move their bytes over the interconnect; they are assumed to overlap with compute
   (XLA schedules them asynchronously), so the estimate is max(compute-and-memory time, collective
   time), and `bound` names what dominates; those whose device groups span the `sequence` mesh axis
-  (a sequence split over chips: kernels/context.py) are also counted on their own;
+  (a sequence split over chips: kernels/context_parallel.py) are also counted on their own;
 
 It is an estimate of what the compiled program asks of the chip, not a measurement: it does not
 see stalls, imperfect overlap, or kernels' inner efficiency.
@@ -106,7 +106,7 @@ class Cost:
   compute_s: float = 0.0  # sum over operations of max(flops / peak, bytes / bandwidth)
   memory_s: float = 0.0  # of compute_s, the operations whose HBM traffic takes longer than their FLOPs
   comm_s: float = 0.0
-  sequence_comm_bytes: float = 0.0  # of comm_bytes, those of the sequence axis (kernels/context.py)
+  sequence_comm_bytes: float = 0.0  # of comm_bytes, those of the sequence axis (kernels/context_parallel.py)
   sequence_comm_s: float = 0.0
 
   def add(self, other: Cost, times: float = 1.0) -> None:
