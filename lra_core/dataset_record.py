@@ -1,7 +1,7 @@
 """What a dataset module declares: one `Dataset` record of its facts, read everywhere from there.
 
 It sits below the registry, which finds a dataset module by its name and checks its record, and below
-lra_core.data, whose modules declare the records (lra_core/data/__init__.py describes the modules).
+lra_core.data.datasets, whose modules declare the records (lra_core/data/__init__.py describes the modules).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 A model family is a module `models/<name>.py` or a package `models/<name>/` (lra_core.models.<name>)
 with a `FAMILY` record (lra_core.protocol.Family); `config.model.name` picks it. Adding a family is that
 module plus a config file: the trainer and the cross-family tests find it here, with no list to edit.
-A dataset (`config.data.name`) is found the same way: a module of lra_core/data or lra_core/data/lra
-named after it, with a `DATASET` record (lra_core.dataset_record.Dataset). Tasks (`config.task`) are
-rows of lra_core.task_kinds.
+A dataset (`config.data.name`) is found the same way: a module of lra_core/data/datasets or
+lra_core/data/datasets/lra named after it, with a `DATASET` record (lra_core.dataset_record.Dataset).
+Tasks (`config.task`) are rows of lra_core.task_kinds.
 """
 
 from __future__ import annotations
@@ -86,15 +86,16 @@ def families() -> tuple[Family, ...]:
   return tuple(family(name) for name in family_names())
 
 
-# The packages a dataset module may sit in: its stem is the dataset's name.
-DATASET_PACKAGES = ("lra_core.data", "lra_core.data.lra")
+# The packages a dataset module may sit in (the helpers every dataset uses stay in lra_core.data, apart):
+# its stem is the dataset's name.
+DATASET_PACKAGES = ("lra_core.data.datasets", "lra_core.data.datasets.lra")
 
 
 @functools.cache
 def dataset_modules() -> dict[str, str]:
   """stem -> module of every dataset module of DATASET_PACKAGES: the public modules that assign DATASET at
-  their top level, found in their text, so that the helpers beside them (packing, tokenizer, ...) are
-  never imported to be ruled out."""
+  their top level, found in their text, so that a helper beside them (the LRA Pathfinder image generator)
+  is never imported to be ruled out."""
   return {
     path.stem: f"{package}.{path.stem}"
     for package in DATASET_PACKAGES
@@ -119,8 +120,8 @@ def dataset_module(name: str):
   """The module that reads dataset `name` (config.data.name; its record is `.DATASET`)."""
   if not isinstance(name, str) or name not in dataset_modules() or not _declared(name):
     raise ConfigError(
-      f"data.name {name!r} is not a dataset (a module of lra_core/data or lra_core/data/lra with a DATASET record); "
-      f"available: {list(dataset_names())}."
+      f"data.name {name!r} is not a dataset (a module of lra_core/data/datasets or lra_core/data/datasets/lra "
+      f"with a DATASET record); available: {list(dataset_names())}."
     )
   return importlib.import_module(dataset_modules()[name])
 

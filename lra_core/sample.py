@@ -36,7 +36,7 @@ from PIL import Image
 from lra_core import cli, decoding, diffusion, layout, task_kinds
 from lra_core import data as data_lib
 from lra_core.checkpoints.checkpointer import restore_params
-from lra_core.data import imagenet64
+from lra_core.data.datasets import imagenet64
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.run.state import eval_params, run_setup, to_host
 from lra_core.runtime import fs

@@ -6,7 +6,7 @@
                                                  # one process of a multi-process run (docs/launching.md)
 
 Every model and task goes through this file unchanged: models are found by name
-(lra_core.registry), objectives live in lra_core/tasks, datasets in lra_core/data.
+(lra_core.registry), objectives live in lra_core/tasks, datasets in lra_core/data/datasets.
 A workdir with a checkpoint resumes automatically; the run ends with summary.json.
 """
 
@@ -40,7 +40,7 @@ from lra_core.run import data_setup, trackers
 from lra_core.run.metrics import MetricWriter, Progress
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
-from lra_core.runtime import distributed, fs
+from lra_core.runtime import fs, process_end
 from lra_core.runtime.preemption import PreemptionNotice
 from lra_core.runtime.run_lock import RunLock
 from lra_core.runtime.watchdog import StepWatchdog
@@ -462,7 +462,7 @@ def main(argv=None) -> None:
       sys.exit(cli.EXIT_INTERRUPTED)
     if summary.get("abandoned"):  # the store's writer threads are stuck: leave without waiting for them
       logging.warning("%s", summary["abandoned"])
-      distributed.leave(cli.EXIT_PREEMPTED)
+      process_end.leave(cli.EXIT_PREEMPTED)
     if summary.get("preempted"):
       sys.exit(cli.EXIT_PREEMPTED)  # a supervisor relaunches the same command
     return

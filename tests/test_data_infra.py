@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import lra_core
 from lra_core.data import DataInfo, cache, files, packing, tfds_source, tokenizer
-from lra_core.data import bytes as bytes_data
+from lra_core.data.datasets import bytes as bytes_data
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks.lm import LMTask
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from lra_core import data as data_lib
-from lra_core.data import bytes as bytes_data
-from lra_core.data.lra import retrieval
+from lra_core.data.datasets import bytes as bytes_data
+from lra_core.data.datasets.lra import retrieval
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 
@@ -147,7 +147,7 @@ def test_source_pickles_without_its_data(raw_file):
 
 TRUNCATE_UNDER_A_RUN = """
 import os, sys
-from lra_core.data.bytes import ByteWindows, load_bytes
+from lra_core.data.datasets.bytes import ByteWindows, load_bytes
 path = sys.argv[1]
 windows = ByteWindows(path, 0, os.path.getsize(path), 64, load_bytes(path))
 windows[0]

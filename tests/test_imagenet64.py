@@ -10,7 +10,7 @@ import pytest
 
 import lra_core
 from fixtures import imagenet64 as fx
-from lra_core.data import imagenet64
+from lra_core.data.datasets import imagenet64
 from lra_core.errors import ConfigError, DataError
 
 TINY = fx.SPEC

@@ -303,4 +303,6 @@ def test_the_checker_sees_cycles_and_resolves_relative_imports():
     "lra_core.models._b": set(),
   }
   assert private_module_imports(edges) == ["lra_core.sharding -> lra_core.models._b"]
-  assert in_package("lra_core.data.lra.listops", TRAINER) and not in_package("lra_core.datasets", ("lra_core.data",))
+  assert in_package("lra_core.data.datasets.lra.listops", TRAINER) and not in_package(
+    "lra_core.datasets", ("lra_core.data",)
+  )

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from lra_core.data.lra import listops
+from lra_core.data.datasets.lra import listops
 from lra_core.errors import ConfigError, DataError
 
 SMALL = dict(num_train=40, num_val=10, num_test=10, max_depth=5, max_args=5, min_length=16, max_length=128)

@@ -21,7 +21,7 @@ import pytest
 from fixtures import cifar10 as cifar_fixture
 from fixtures import imdb as imdb_fixture
 from lra_core import data as data_lib
-from lra_core.data.lra import cifar10, imdb
+from lra_core.data.datasets.lra import cifar10, imdb
 from lra_core.errors import ConfigError, DataError
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 import lra_core
 from fixtures import pathfinder as fixture
-from lra_core.data.lra import pathfinder, pathfinder_generator
+from lra_core.data.datasets.lra import pathfinder, pathfinder_generator
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 

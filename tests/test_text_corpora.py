@@ -19,8 +19,9 @@ from fixtures import c4_mlm as c4_mlm_fixture
 from fixtures import pg19 as pg19_fixture
 from fixtures import pg19_tfds as pg19_tfds_fixture
 from lra_core import data as data_lib
-from lra_core.data import c4, pg19, tokenizer
 from lra_core.data import text as text_corpus
+from lra_core.data import tokenizer
+from lra_core.data.datasets import c4, pg19
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import ConfigError, DataError
 

@@ -39,7 +39,7 @@ Args (comma-separated): one size (default 302m, the paper's default for its anal
 """
 
 from lra_core.config import base_config, config_arg, tiny_train
-from lra_core.data import c4
+from lra_core.data.datasets import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import block_transformer, transformer

@@ -21,7 +21,7 @@ baseline without Latte: RG-LRU and sliding-window attention); tiny (bytes, 2 lay
 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.presets import latte as presets
-from lra_core.data import c4
+from lra_core.data.datasets import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.models import latte
 

@@ -31,7 +31,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.presets import flash as flash_presets
-from lra_core.data import c4
+from lra_core.data.datasets import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import transformer

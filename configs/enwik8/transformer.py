@@ -24,7 +24,7 @@ Args (comma-separated):
 """
 
 from lra_core.config import base_config, config_arg, tiny_train
-from lra_core.data import bytes as bytes_data
+from lra_core.data.datasets import bytes as bytes_data
 from lra_core.models import transformer
 from lra_core.run import optim
 

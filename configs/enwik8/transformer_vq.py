@@ -18,7 +18,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.presets import transformer_vq as vq_presets
-from lra_core.data import bytes as bytes_data
+from lra_core.data.datasets import bytes as bytes_data
 from lra_core.models import transformer_vq
 
 

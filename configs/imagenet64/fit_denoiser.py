@@ -36,7 +36,7 @@ Args (comma-separated):
 
 from lra_core import diffusion
 from lra_core.config import base_config, config_arg, tiny_train
-from lra_core.data import imagenet64
+from lra_core.data.datasets import imagenet64
 from lra_core.models.fit import denoiser as fit_denoiser
 from lra_core.run import optim
 

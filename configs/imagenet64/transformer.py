@@ -32,7 +32,7 @@ Args (comma-separated):
 """
 
 from lra_core.config import base_config, config_arg, tiny_train
-from lra_core.data import imagenet64
+from lra_core.data.datasets import imagenet64
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
 from lra_core.run import optim

@@ -18,7 +18,7 @@ Args (comma-separated): large, full (unquantized quadratic attention), tiny (8x8
 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.presets import transformer_vq as vq_presets
-from lra_core.data import imagenet64
+from lra_core.data.datasets import imagenet64
 from lra_core.models import transformer_vq
 
 

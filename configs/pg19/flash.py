@@ -23,7 +23,7 @@ from lra_core.config import base_config, config_arg
 from lra_core.configs.c4.flash import tiny
 from lra_core.configs.pg19.transformer import SPM_MODEL, SPM_VOCAB
 from lra_core.configs.presets import flash as flash_presets
-from lra_core.data import pg19
+from lra_core.data.datasets import pg19
 from lra_core.errors import ConfigError
 from lra_core.models import flash
 

@@ -18,7 +18,7 @@ baseline without Latte), tiny.
 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.presets import latte as presets
-from lra_core.data import pg19
+from lra_core.data.datasets import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.models import latte
 

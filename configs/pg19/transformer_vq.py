@@ -19,7 +19,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.presets import transformer_vq as vq_presets
-from lra_core.data import pg19
+from lra_core.data.datasets import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.models import transformer_vq
 

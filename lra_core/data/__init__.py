@@ -1,11 +1,12 @@
 """Datasets as random-access sources of examples, looked up by `config.data.name`.
 
-A dataset is a module `lra_core/data/<name>.py` or `lra_core/data/lra/<name>.py` that declares
-its facts in one record, `DATASET = Dataset(name=<name>, unit=..., tasks=..., ...)`
+A dataset is a module `lra_core/data/datasets/<name>.py` or `lra_core/data/datasets/lra/<name>.py`
+that declares its facts in one record, `DATASET = Dataset(name=<name>, unit=..., tasks=..., ...)`
 (lra_core/dataset_record.py): what one target is, the tasks it serves, its splits, and whether its
 rows are packed documents. Everything that depends on a dataset reads that record
 (`registry.dataset(name)`), and the registry finds the module by its name and its record, as it
-finds model families, so adding a dataset is one module here and a config file (docs/data.md). Each module exposes
+finds model families, so adding a dataset is one module in datasets/ and a config file (docs/data.md);
+the helpers every dataset uses (pipeline, packing, tokenizers, files, cache, ...) stay here. Each module exposes
 
   make_source(config, split) -> Source   # split in its record's splits
   validate_config(config) -> None        # its settings and files: ConfigError (one sentence) before any work
@@ -84,7 +85,7 @@ DOCUMENT_MASKS = ("auto", "true", "false")
 
 def document_mask(config) -> bool:
   """Whether the model sees the documents of a packed row apart (`data.document_mask`): attention,
-  recurrences and positions stop at document boundaries (kernels/segments.py). "auto" is on for
+  recurrences and positions stop at document boundaries (kernels/packed_documents.py). "auto" is on for
   rows of whole documents (`data.packing="pack"`, which masked LM reads) and off for "concat"
   windows, which run across documents on purpose (Transformer-XL / Transformer-VQ style, with a
   cache carried from window to window). Datasets without documents have no such key: off."""

@@ -12,7 +12,7 @@ for cifar10 has L 512; we follow the paper's table.
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.configs.presets import latte as presets
-from lra_core.data.lra import cifar10
+from lra_core.data.datasets.lra import cifar10
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 45_000, 32, 200
 

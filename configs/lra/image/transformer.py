@@ -21,7 +21,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.lra.common import lra_optim, lra_transformer
-from lra_core.data.lra import cifar10
+from lra_core.data.datasets.lra import cifar10
 
 TRAIN_EXAMPLES = 45000  # train[:90%] of CIFAR-10's 50000
 BATCH_SIZE = 256

@@ -11,7 +11,7 @@ Table 7: 6 layers, 4 heads, L 256, D 256, lr 1e-3, batch 64, weight decay 0.03, 
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.configs.presets import latte as presets
-from lra_core.data.lra import pathfinder
+from lra_core.data.datasets.lra import pathfinder
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 160_000, 64, 200
 

@@ -21,7 +21,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.lra.common import lra_optim, lra_transformer
-from lra_core.data.lra import pathfinder
+from lra_core.data.datasets.lra import pathfinder
 
 TRAIN_EXAMPLES = 160_000  # 80% of the 200k images of one difficulty
 VALID_EXAMPLES = 20_000

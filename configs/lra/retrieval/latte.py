@@ -12,7 +12,7 @@ Table 7: 6 layers, 4 heads, L 40, D 128, lr 1e-4, batch 32, weight decay 0.01, d
 from lra_core.config import base_config, config_arg
 from lra_core.configs.lra.common import LATTE_ARGS, epochs, lra_latte
 from lra_core.configs.presets import latte as presets
-from lra_core.data.lra import retrieval
+from lra_core.data.datasets.lra import retrieval
 
 TRAIN_EXAMPLES, BATCH_SIZE, EPOCHS = 147_086, 32, 20
 

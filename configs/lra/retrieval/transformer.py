@@ -13,7 +13,7 @@ document, batch 32, 5000 steps, lr factor 0.05 with rsqrt decay after 8000 warmu
 
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.lra.common import lra_optim, lra_transformer
-from lra_core.data.lra import retrieval
+from lra_core.data.datasets.lra import retrieval
 
 
 def get_config(arg=None):

@@ -20,7 +20,7 @@ Args (comma-separated):
 
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.configs.lra.common import lra_optim, lra_transformer
-from lra_core.data.lra import imdb
+from lra_core.data.datasets.lra import imdb
 
 
 def get_config(arg=None):

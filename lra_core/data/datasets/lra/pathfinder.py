@@ -32,8 +32,8 @@ metadata files' paths, sizes and mtimes, and memory-mapped afterwards.
 layout: two target contours of dashes, shorter distractors, label 1 when the two dots end the
 same contour. They are not the official images (drewlinsley/pathfinder's snakes2.py).
 
-  python -m lra_core.data.lra.pathfinder stats DIR [--difficulty=hard] [--resolution=32]
-  python -m lra_core.data.lra.pathfinder generate --out=DIR [--resolution=32 --contour_length=14
+  python -m lra_core.data.datasets.lra.pathfinder stats DIR [--difficulty=hard] [--resolution=32]
+  python -m lra_core.data.datasets.lra.pathfinder generate --out=DIR [--resolution=32 --contour_length=14
       --num=1000 --seed=0]   # Pathfinder-STYLE images in the same layout (not the official ones)
 """
 
@@ -54,7 +54,7 @@ from etils import epath
 
 from lra_core import cli
 from lra_core.data import DataInfo, cache, check_index, config_section, files, labelled_example
-from lra_core.data.lra.pathfinder_generator import generate
+from lra_core.data.datasets.lra.pathfinder_generator import generate
 from lra_core.dataset_record import Dataset
 from lra_core.errors import ConfigError, DataError
 
@@ -95,7 +95,7 @@ def layout(folder: str | os.PathLike, difficulty: str, resolution: int) -> str:
 
 PREPARE = (
   "download lra_release.gz from github.com/google-research/long-range-arena, or write "
-  "Pathfinder-style images with `python -m lra_core.data.lra.pathfinder generate`"
+  "Pathfinder-style images with `python -m lra_core.data.datasets.lra.pathfinder generate`"
 )
 
 # ----------------------------------------------------------------------------- metadata
@@ -374,7 +374,7 @@ def describe(arrays: dict[str, np.ndarray], difficulty: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = cli.doc_parser("python -m lra_core.data.lra.pathfinder", __doc__)
+  parser = cli.doc_parser("python -m lra_core.data.datasets.lra.pathfinder", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="decode (or map from the cache) and describe the splits")
   stats.add_argument("dir")

@@ -6,7 +6,7 @@ target contours of `contour_length` dashes and distractor contours of contour_le
 (20 // that many of them, as LRA's generator settings); label 1 puts the two dots on both ends
 of one target contour, label 0 on one end of each.
 
-  python -m lra_core.data.lra.pathfinder generate --out=DIR [--resolution=32 --contour_length=14
+  python -m lra_core.data.datasets.lra.pathfinder generate --out=DIR [--resolution=32 --contour_length=14
       --num=1000 --seed=0]
 """
 

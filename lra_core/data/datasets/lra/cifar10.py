@@ -32,7 +32,7 @@ S x S first (block mean, rounded half up), giving S*S tokens.
 Tokens are pixel values 0..255 (vocabulary 256): every position is real, so nothing is padding.
 The files path decodes the pickles once into the lra_core cache (uint8[N, 1024] per split).
 
-  python -m lra_core.data.lra.cifar10 stats --dir DIR
+  python -m lra_core.data.datasets.lra.cifar10 stats --dir DIR
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ def describe(source: Images) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = cli.doc_parser("python -m lra_core.data.lra.cifar10", __doc__)
+  parser = cli.doc_parser("python -m lra_core.data.datasets.lra.cifar10", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="print size, classes and mean pixel of the LRA splits")
   stats.add_argument("--dir", required=True, help=f"folder with {ARCHIVE} or {FOLDER}/")

@@ -22,7 +22,7 @@ cache: one byte buffer with offsets, labels, ids and ratings per split, in the o
 numeric id). The texts are stored whole and cut to T on access, so one entry serves every T (about
 33 MB per split of 25,000 reviews).
 
-  python -m lra_core.data.lra.imdb stats --dir DIR [--seq_len 4000]
+  python -m lra_core.data.datasets.lra.imdb stats --dir DIR [--seq_len 4000]
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def describe(source: Reviews) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = cli.doc_parser("python -m lra_core.data.lra.imdb", __doc__)
+  parser = cli.doc_parser("python -m lra_core.data.datasets.lra.imdb", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   stats = commands.add_parser("stats", help="print size, labels and byte lengths of both splits")
   stats.add_argument("--dir", required=True, help=f"folder with {ARCHIVE} or {FOLDER}/")

@@ -7,8 +7,8 @@ writes every node as nested binary pairs, `( ( ( [MAX 2 ) 9 ) ] )`. The loader a
 LRA preprocessing (`]` -> `X`, drop `(` `)`, split on whitespace) with a fixed sorted
 vocabulary instead of LRA's set order, which changed with PYTHONHASHSEED.
 
-  python -m lra_core.data.lra.listops generate --out DIR [--num_train N ... --seed S]
-  python -m lra_core.data.lra.listops stats DIR/basic_val.tsv [...]
+  python -m lra_core.data.datasets.lra.listops generate --out DIR [--num_train N ... --seed S]
+  python -m lra_core.data.datasets.lra.listops stats DIR/basic_val.tsv [...]
 """
 
 from __future__ import annotations
@@ -461,7 +461,7 @@ def describe(examples: Examples) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = cli.doc_parser("python -m lra_core.data.lra.listops", __doc__)
+  parser = cli.doc_parser("python -m lra_core.data.datasets.lra.listops", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv into --out")
   gen.add_argument("--out", required=True)
