@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels import context
-from lra_core.kernels.segments import segment_starts
+from lra_core.kernels import context_parallel as sequence_split
+from lra_core.kernels.packed_documents import segment_starts
 from lra_core.models import transformer
+from lra_core.models.layers.attention import head_width
 from lra_core.models.layers.core import Dense
 from lra_core.protocol import Capabilities, Family, Smoke
 
@@ -23,10 +24,10 @@ Array = jax.Array
 
 def _running_sum(x: Array, starts: Array | None, *, reverse: bool = False) -> Array:
   """Inclusive prefix sum of x [B,T,H,...] over T (suffix sum if `reverse`) that restarts where
-  starts bool[B,T] is True (None: never), per chip where a sequence is split (kernels/context.py)."""
+  starts bool[B,T] is True (None: never), per chip where a sequence is split (kernels/context_parallel.py)."""
   keep = jnp.ones(x.shape[:2], x.dtype) if starts is None else (~starts).astype(x.dtype)
   keep = keep.reshape(keep.shape + (1,) * (x.ndim - 2))
-  return context.linear_recurrence(keep, x, reverse=reverse, dims="bth" + "." * (x.ndim - 3))
+  return sequence_split.linear_recurrence(keep, x, reverse=reverse, dims="bth" + "." * (x.ndim - 3))
 
 
 def elu_linear_attention(
@@ -65,7 +66,7 @@ class LinearAttention(nnx.Module):
   """The token mixer: heads of linear attention, with a constant-size decode state."""
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs):
-    h, dh = m.num_heads, m.d_model // m.num_heads
+    h, dh = m.num_heads, head_width(m)
     kw = dict(axes=("embed", "heads", "head_dim"), use_bias=m.use_bias, dtype=dtype, rngs=rngs)
     self.query, self.key, self.value = (Dense(m.d_model, (h, dh), **kw) for _ in range(3))
     self.out = Dense(
@@ -97,7 +98,7 @@ class Model(transformer.Model):
 
 
 def context_parallel(config, n: int) -> None:
-  """Any setting splits over chips: the running sums carry across them (kernels/context.py)."""
+  """Any setting splits over chips: the running sums carry across them (kernels/context_parallel.py)."""
 
 
 FAMILY = Family(

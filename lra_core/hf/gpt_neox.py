@@ -19,6 +19,7 @@ import numpy as np
 
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
+from lra_core.models.layers.attention import head_width
 
 ARCHITECTURE = "GPTNeoXForCausalLM"
 _LAYER = "gpt_neox.layers.{i}."
@@ -71,7 +72,7 @@ def model_section(hf: dict) -> ml_collections.ConfigDict:
 
 def to_params(tensors: dict[str, np.ndarray], m) -> dict[tuple[str, ...], np.ndarray]:
   """Our parameters {path: array} from a GPT-NeoX checkpoint's tensors {name: array}."""
-  heads, width = m.num_heads, m.d_model // m.num_heads
+  heads, width = m.num_heads, head_width(m)
   out = {("embed", "embedding"): tensors["gpt_neox.embed_in.weight"]}
   for i in range(m.num_layers):
     at, ours = _LAYER.format(i=i), ("blocks", str(i))

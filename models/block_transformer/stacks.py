@@ -11,7 +11,7 @@ from flax import nnx
 
 from lra_core.models import transformer
 from lra_core.models.layers import stack
-from lra_core.models.layers.attention import CrossAttention, empty_cache
+from lra_core.models.layers.attention import CrossAttention, empty_cache, head_width
 from lra_core.models.layers.core import make_norm
 
 Array = jax.Array
@@ -74,7 +74,7 @@ class Stack(nnx.Module):
       else None
     )
     self.final_norm = make_norm(s.norm, s.d_model, eps=s.norm_eps, rngs=rngs)
-    self.heads, self.head_dim, self.remat = s.num_heads, s.d_model // s.num_heads, remat
+    self.heads, self.head_dim, self.remat = s.num_heads, head_width(s), remat
 
   def __call__(
     self,
