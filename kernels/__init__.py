@@ -6,8 +6,8 @@ not FlashAttention) and softmax/ (the softmax core, with the platforms' flash ke
 attention). In vq/, latte/ and mixed_chunk/ the package itself checks the arguments and dispatches on
 `impl`; reference.py is the jnp reference, pallas.py the kernel's public function and gradient, and
 tpu_grid.py / gpu_parallel.py / gpu_loop.py its drivers (catalog.py lists them). Beside the folders:
-toolkit.py (targets, tiles, named refs), context.py (a sequence split over chips), segments.py (packed
-documents) and catalog.py.
+toolkit.py (targets, tiles, named refs), per_device.py (a kernel per device under a mesh),
+context_parallel.py (a sequence split over chips), packed_documents.py (packed documents) and catalog.py.
 """
 
 from lra_core.kernels.latte import bidirectional_latte, causal_latte

@@ -86,7 +86,7 @@ def kernels_at(
   takes the Transformer-XL position term of the Transformer-VQ models (its [L, 2L] bias blocks are
   part of the kernel's working set). value_width: VQ's Dv and FLASH's e (0: width). chunk: causal Latte's
   time block (0: the kernel's default for the target). segments: each function takes packed-document ids
-  int32[B,T] as its last argument (kernels/segments.py)."""
+  int32[B,T] as its last argument (kernels/packed_documents.py)."""
   b, t, h, d, dv = batch, seq_len, heads, width, value_width or width
   x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
   c = min(flash_chunk, t)

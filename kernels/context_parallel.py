@@ -23,7 +23,7 @@ kernels/toolkit.py) and passes between chips only what crosses a boundary, in th
 
 Inside `per_chip` the functions below act across chips; anywhere else they are the one-device case
 (nothing before, nothing after, the total is the local sum), so a kernel written with them is the
-same code split or not. Documents (kernels/segments.py) cross chips like anything else: a summary
+same code split or not. Documents (kernels/packed_documents.py) cross chips like anything else: a summary
 says whether its slice starts a new document (`fresh`), and a fold restarts there.
 """
 
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device
 
 Array = jax.Array
 _AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("sequence_axes", default=())
@@ -61,18 +61,18 @@ def within(names: tuple[str, ...]) -> Iterator[None]:
     _AXES.reset(token)
 
 
-whole_rows = toolkit.whole_rows  # rows one chip holds whole (a block's tokens, a group's)
+whole_rows = per_device.whole_rows  # rows one chip holds whole (a block's tokens, a group's)
 
 
 def split(length: int) -> bool:
   """Whether a time axis of `length` steps would be split by `per_chip` here."""
-  return not axes() and bool(toolkit.sequence_axes(length))
+  return not axes() and bool(per_device.sequence_axes(length))
 
 
 def balanced(length: int) -> bool:
   """Whether a split time axis of `length` steps can be held in the zig-zag order (`to_zigzag`): it
   splits here and each chip's slice halves."""
-  return split(length) and (length // toolkit.sequence_slices(length)) % 2 == 0
+  return split(length) and (length // per_device.sequence_slices(length)) % 2 == 0
 
 
 def per_chip(
@@ -81,7 +81,7 @@ def per_chip(
   """fn(*args) with the time axis (letter 't' of `dims`, kernels/toolkit.py `run_per_device`) split
   over the sequence mesh axes when the kernel mesh has them and they divide `length`; inside, the
   functions of this module act across the chips. Without a split (or already inside one): fn(*args)."""
-  names = toolkit.sequence_axes(length)
+  names = per_device.sequence_axes(length)
   if not names or axes():
     return fn(*args)
 
@@ -90,7 +90,7 @@ def per_chip(
       return fn(*local)
 
   kw = dict(batch=batch, heads=heads, kv_heads=kv_heads, length=length)
-  return toolkit.run_per_device(body, args, dims, out_dims, **kw)
+  return per_device.run_per_device(body, args, dims, out_dims, **kw)
 
 
 def index() -> Array | int:

@@ -13,17 +13,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 
 Array = jax.Array
 
 
 def segment_starts(segment_ids: Array) -> Array:
   """bool[B,T]: True at the first token of each segment (position 0 included). On one chip's slice
-  of a split sequence (kernels/context.py) the first token starts a segment only where its id
+  of a split sequence (kernels/context_parallel.py) the first token starts a segment only where its id
   differs from the previous chip's last."""
-  previous = context.before(segment_ids, 1, fill=-1)
-  first = (segment_ids[:, :1] != previous) | (context.index() == 0)
+  previous = context_parallel.before(segment_ids, 1, fill=-1)
+  first = (segment_ids[:, :1] != previous) | (context_parallel.index() == 0)
   return jnp.concatenate([first, segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
 
 

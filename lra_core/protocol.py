@@ -180,7 +180,7 @@ class Family:
   attention)"""
   context_parallel: Callable[[ConfigDict, int], None] | None = None
   """raises ConfigError (one sentence) for settings that cannot split each sequence's time axis over
-  n chips (mesh.sequence = n > 1; kernels/context.py); None: the family cannot split one at all yet"""
+  n chips (mesh.sequence = n > 1; kernels/context_parallel.py); None: the family cannot split one at all yet"""
   cannot_split: str = "it is not built for it yet"
   """without context_parallel: why the family cannot split a sequence, the clause of its refusal"""
   upgrades: Mapping[str, Any] = dataclasses.field(default_factory=dict)

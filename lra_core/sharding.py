@@ -19,11 +19,11 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lra_core.kernels import toolkit
-from lra_core.kernels.toolkit import per_device_mesh
+from lra_core.kernels import per_device
+from lra_core.kernels.per_device import per_device_mesh
 
 # The mesh's axes, outermost first: data parallel, fully sharded data parallel, context parallel
-# (one sequence's time steps split over chips: kernels/context.py), tensor parallel. Tensor is
+# (one sequence's time steps split over chips: kernels/context_parallel.py), tensor parallel. Tensor is
 # innermost and sequence next: their collectives run every layer, between neighbouring chips.
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 
@@ -49,7 +49,7 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape:
 
 
 def whole_row_rules(rules: Rules) -> Rules:
-  """The rules for rows cut from a split sequence along the batch (`kernels.toolkit.whole_rows`: a
+  """The rules for rows cut from a split sequence along the batch (`kernels.per_device.whole_rows`: a
   block's tokens, a group's): their batch axis takes the mesh axes of `length` too, so each row stays
   on the chip holding its steps, and their short time axis splits over nothing."""
   table = dict(rules)
@@ -63,7 +63,7 @@ def whole_row_rules(rules: Rules) -> Rules:
 def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
   """Makes `constrain` annotate activations for `mesh` (while tracing inside this context), and runs
   the Pallas kernels per device with batch and heads split as the rules say (and time, for the
-  kernels that carry their state across chips: kernels/context.py)."""
+  kernels that carry their state across chips: kernels/context_parallel.py)."""
   token = _ACTIVE.set((mesh, tuple(rules)))
   table = dict(rules)
   try:
@@ -89,7 +89,7 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   mesh, rules = active
   if mesh.size == 1:
     return x
-  if toolkit.rows_whole():
+  if per_device.rows_whole():
     rules = whole_row_rules(rules)
   spec = logical_to_spec(axes, rules, mesh, x.shape)
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -38,7 +38,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.kernels.segments import segment_starts
+from lra_core.kernels.packed_documents import segment_starts
 from lra_core.models import transformer
 from lra_core.models.layers.attention import Attention, config_attention
 from lra_core.models.layers.core import Dense, make_norm

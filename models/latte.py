@@ -24,7 +24,7 @@ MLM) use Def. 1, a centred convolution, the RG-LRU run in both directions, and a
 sides. Causal models decode in constant memory per token: the eq. 12 state per layer, the
 convolution's last K - 1 inputs or the RG-LRU state, and a ring buffer of `window` keys/values.
 
-Packed documents (`segments` int[B,T], kernels/segments.py): the latent sums, the window
+Packed documents (`segments` int[B,T], kernels/packed_documents.py): the latent sums, the window
 attention, the convolution's taps and the RG-LRU state all keep to a token's own document, and
 positions (VAPOR, RoPE) count from each document's start. `latent_dropout` drops p(l|t) in
 training, as the authors' code does for causal Latte.
@@ -38,9 +38,9 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel as sequence_split
 from lra_core.kernels import latte as latte_kernels
-from lra_core.kernels.segments import segment_starts
+from lra_core.kernels.packed_documents import segment_starts
 from lra_core.kernels.softmax.library import self_attention
 from lra_core.models import transformer
 from lra_core.models.layers.attention import attend_cache, empty_cache, head_width, write_cache
@@ -218,10 +218,10 @@ class RGLRU(nnx.Module):
       ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
       a_backward = jnp.where(ends[..., None], 0.0, a)  # and, backwards, at a last one
     # h_t = a_t h_{t-1} + b_t in O(log T) depth; over a sequence split across chips, each chip's
-    # final (prod a, h) reaches the later chips (kernels/context.py)
-    h = context.linear_recurrence(a_forward, b)
+    # final (prod a, h) reaches the later chips (kernels/context_parallel.py)
+    h = sequence_split.linear_recurrence(a_forward, b)
     if not self.causal:
-      h = 0.5 * (h + context.linear_recurrence(a_backward, b, reverse=True))
+      h = 0.5 * (h + sequence_split.linear_recurrence(a_backward, b, reverse=True))
     return h.astype(x.dtype)
 
   def init_state(self, batch: int, dtype) -> Array:
@@ -328,7 +328,7 @@ class LatteAttention(nnx.Module):
     rngs: nnx.Rngs | None = None,
   ) -> Array:
     """x: [B,T,D]; positions int[T] or [B,T] (consecutive within a document); mask bool[B,T], False =
-    padding (bidirectional); segments int[B,T] document ids of packed rows (kernels/segments.py);
+    padding (bidirectional); segments int[B,T] document ids of packed rows (kernels/packed_documents.py);
     rngs: the `dropout` stream for latent dropout in training."""
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
@@ -402,7 +402,7 @@ class Model(transformer.Model):
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/context.py): every variant, the window attention's
+  """A sequence split into n slices (kernels/context_parallel.py): every variant, the window attention's
   blocks of `window` steps kept whole on each chip."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n
   if m.window and local % m.window:

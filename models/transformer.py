@@ -21,8 +21,8 @@ from flax import nnx
 
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
-from lra_core.kernels import context
-from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.kernels import context_parallel as sequence_split
+from lra_core.kernels.packed_documents import check_segments, segment_positions
 from lra_core.kernels.softmax.reference import cap
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.layers import stack
@@ -175,7 +175,7 @@ class Block(nnx.Module):
   The token mixer is softmax attention here; other families pass their own (any module with
   `__call__(x, *, positions, mask, rngs)`, `init_cache(batch, max_len, dtype)` and
   `decode(x, cache, position)`). With document masking the mixer also gets `segments` int[B,T]
-  (kernels/segments.py) and `positions` [B,T] counted from each document's start.
+  (kernels/packed_documents.py) and `positions` [B,T] counted from each document's start.
   """
 
   def __init__(self, m, *, causal: bool, dtype, rngs: nnx.Rngs, mixer=softmax_attention):
@@ -317,11 +317,11 @@ class Model(nnx.Module):
       mask = None if mask is None else jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
     x = constrain(self.embed_dropout(x, rngs=rngs), ("batch", "length", "embed"))
     order = dict(batch=b, length=x.shape[1])
-    zigzag = self.zigzag and context.balanced(x.shape[1])
-    if zigzag:  # in once, out once: the blocks run in the balanced order (kernels/context.py)
+    zigzag = self.zigzag and sequence_split.balanced(x.shape[1])
+    if zigzag:  # in once, out once: the blocks run in the balanced order (kernels/context_parallel.py)
       positions = jnp.broadcast_to(positions, x.shape[:2])
-      x, positions, mask, segment_ids = context.to_zigzag((x, positions, mask, segment_ids), **order)
-    with context.zigzag_order() if zigzag else contextlib.nullcontext():
+      x, positions, mask, segment_ids = sequence_split.to_zigzag((x, positions, mask, segment_ids), **order)
+    with sequence_split.zigzag_order() if zigzag else contextlib.nullcontext():
       x = stack.apply(
         self.blocks,
         x,
@@ -330,7 +330,7 @@ class Model(nnx.Module):
         rngs=rngs,
       )
     if zigzag:
-      x, mask = context.from_zigzag((x, mask), **order)
+      x, mask = sequence_split.from_zigzag((x, mask), **order)
     return self.final_norm(x), mask
 
   # -- decoding (causal models) --------------------------------------------------------------
@@ -461,7 +461,7 @@ UPGRADES = {
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/context.py): softmax attention as ring attention
+  """A sequence split into n slices (kernels/context_parallel.py): softmax attention as ring attention
   (kernels/softmax/ring.py), a sliding window's blocks whole on each chip."""
   m, window_len = config.model, config.train.update_len or config.train.seq_len
   local = window_len // n

@@ -1,4 +1,4 @@
-"""One sequence split over chips (mesh.sequence, kernels/context.py) computes what one chip computes.
+"""One sequence split over chips (mesh.sequence, kernels/context_parallel.py) computes what one chip computes.
 
 Oracle: the same step with the time axis whole. On 8 host devices, every family that splits a
 sequence trains with mesh.sequence 8 and with data 2 x sequence 4 (softmax attention's ring also with
@@ -26,7 +26,7 @@ from lra_core import layout, sharding
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 from lra_core.kernels import latte as latte_kernels
 from lra_core.kernels import mixed_chunk as flash_kernels
 from lra_core.kernels import vq as vq_kernels
@@ -508,7 +508,7 @@ def test_ring_attention_masks_by_the_positions_it_is_given(data, sequence):
 @pytest.mark.parametrize("masks", ["documents and padding", "none"])
 @pytest.mark.parametrize("data,sequence", [(1, 2), (1, 8), (2, 4)])
 def test_the_zigzag_order_gives_the_plain_order_s_attention(data, sequence, masks):
-  """Causal ring attention with every chip holding pieces i and 2n-1-i of time (context.to_zigzag):
+  """Causal ring attention with every chip holding pieces i and 2n-1-i of time (context_parallel.to_zigzag):
   the same outputs and gradients as the whole sequence, back in the plain order. Without masks no ids,
   padding or positions go round the ring: each slice's positions follow from the chip it comes from."""
   ks = jax.random.split(jax.random.key(8), 3)
@@ -519,11 +519,11 @@ def test_the_zigzag_order_gives_the_plain_order_s_attention(data, sequence, mask
 
   def fn(q, k, v):
     order = dict(batch=2, length=32)
-    q, k, v, ok, ids = context.to_zigzag((q, k, v, valid, seg), **order)
+    q, k, v, ok, ids = context_parallel.to_zigzag((q, k, v, valid, seg), **order)
     masked = dict(k_valid=ok, segments=ids) if masks != "none" else {}
-    with context.zigzag_order():
+    with context_parallel.zigzag_order():
       out = ring_attention(q, k, v, causal=True, **masked, query_block=2)
-    return context.from_zigzag(out, **order)
+    return context_parallel.from_zigzag(out, **order)
 
   split_equals_whole(fn, (q, k, v), data, sequence, atol=5e-5)
 
@@ -543,11 +543,14 @@ def test_fold_restarts_where_a_chip_starts_anew():
   def chip(v, f):
     edge = jnp.full((1,), 100.0)
     add = lambda a, b: a + b
-    got = (context.fold_before(v[:, 0], add, edge, f[:, 0]), context.fold_after(v[:, 0], add, edge, f[:, 0]))
+    got = (
+      context_parallel.fold_before(v[:, 0], add, edge, f[:, 0]),
+      context_parallel.fold_after(v[:, 0], add, edge, f[:, 0]),
+    )
     return jnp.stack(got, 1)[:, None]
 
   with sharding.activate(mesh_of(1, 8), DEFAULT_RULES):
-    got = context.per_chip(chip, (values[None], fresh[None]), ("bt", "bt"), "bt.", batch=1, heads=1, length=8)
+    got = context_parallel.per_chip(chip, (values[None], fresh[None]), ("bt", "bt"), "bt.", batch=1, heads=1, length=8)
   np.testing.assert_allclose(np.asarray(got[0]), np.stack([before, after], 1))
 
 
@@ -556,7 +559,7 @@ def test_linear_recurrence_split_equals_whole(reverse):
   a = jax.random.uniform(jax.random.key(1), (2, 32, 5))
   b = jax.random.normal(jax.random.key(2), (2, 32, 5))
   a = a.at[0, 8].set(0.0).at[1, 13].set(0.0)  # restarts on a chip edge and inside a chip
-  split_equals_whole(lambda a, b: context.linear_recurrence(a, b, reverse=reverse), (a, b), 2, 4)
+  split_equals_whole(lambda a, b: context_parallel.linear_recurrence(a, b, reverse=reverse), (a, b), 2, 4)
 
 
 def test_fold_keeps_the_chips_order():
@@ -567,11 +570,11 @@ def test_fold_keeps_the_chips_order():
     expected.append(expected[-1] @ m)
 
   def chip(m):  # m [1, 1, 2, 2]: one row, this chip's matrix
-    return context.fold_before(m[:, 0], jnp.matmul, jnp.eye(2)[None])[:, None]
+    return context_parallel.fold_before(m[:, 0], jnp.matmul, jnp.eye(2)[None])[:, None]
 
   mesh = mesh_of(1, 8)
   with sharding.activate(mesh, DEFAULT_RULES):
-    got = context.per_chip(chip, (mats[None],), ("bt..",), "bt..", batch=1, heads=1, length=8)
+    got = context_parallel.per_chip(chip, (mats[None],), ("bt..",), "bt..", batch=1, heads=1, length=8)
   np.testing.assert_allclose(np.asarray(got[0]), np.stack(expected), rtol=1e-5, atol=1e-6)
 
 

@@ -17,7 +17,7 @@ import tiers
 from lra_core import config as config_lib
 from lra_core.data import document_mask
 from lra_core.errors import ConfigError
-from lra_core.kernels.segments import segment_positions, segment_starts
+from lra_core.kernels.packed_documents import segment_positions, segment_starts
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention, local_attention
 from lra_core.models import transformer
 from lra_core.protocol import RunInfo

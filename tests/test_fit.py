@@ -17,7 +17,7 @@ import tiers
 from lra_core import registry
 from lra_core.bench import param_counts
 from lra_core.errors import ConfigError
-from lra_core.kernels.segments import segment_positions
+from lra_core.kernels.packed_documents import segment_positions
 from lra_core.models import fit, transformer
 from lra_core.protocol import RunInfo
 from lra_core.sample import sample_images, save_grid

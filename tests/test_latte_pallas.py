@@ -14,7 +14,7 @@ from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.latte import pallas as latte_pallas
 from lra_core.layout import to_device
 from lra_core.run import optim
@@ -259,7 +259,7 @@ def test_kernels_with_segments_run_per_device_under_a_mesh():
     lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs),
   )
   q, k, v = qkv(b=4, t=9, l=8)
-  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
     # one kernel causal, two bidirectional (forward and reversed)
     assert str(jax.make_jaxpr(lambda *a: [f(*a) for f in fns])(q, k, v)).count("shard_map") == 3
     sharded = run(lambda *a: [f(*a) for f in fns], q, k, v)
@@ -283,7 +283,7 @@ def test_kernels_run_per_device_under_a_mesh():
     return [value_and_grads(fn, q, k, v) for fn in fns]
 
   q, k, v = qkv(b=4, t=9, l=8)
-  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
     assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 2
     sharded = run(functools.partial(both, (causal, bidirectional)), q, k, v)
   assert_same(sharded, run(functools.partial(both, references), q, k, v))

@@ -16,7 +16,7 @@ from lra_core import kernels, layout, sharding
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import mixed_chunk as fk
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.mixed_chunk import gpu_parallel as flash_parallel
 from lra_core.kernels.mixed_chunk import pallas as flash_pallas
 from lra_core.kernels.mixed_chunk import tpu_grid as flash_grid
@@ -260,7 +260,7 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
 
   args = (qq, qk, lq, lk, v, bias)
   plain = run(both, *args)
-  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
     fn = lambda *a: both(*a)  # a new function: traced (and sharded) inside the context
     assert str(jax.make_jaxpr(fn)(*args)).count("shard_map") == 2
     sharded = run(fn, *args)

@@ -15,14 +15,14 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lra_core import kernels
-from lra_core.cost import chips
-from lra_core.kernels import catalog, toolkit
+from lra_core.compilation import topologies
+from lra_core.kernels import catalog, per_device, toolkit
 from lra_core.kernels import latte as latte_xla
 from lra_core.kernels import mixed_chunk as flash_xla
 from lra_core.kernels import vq as vq_xla
 
 needs_libtpu = pytest.mark.skipif(
-  not chips.libtpu_installed(), reason="libtpu is not installed (pip install -e \".[test]\" brings it)"
+  not topologies.libtpu_installed(), reason="libtpu is not installed (pip install -e \".[test]\" brings it)"
 )
 SIZES = dict(seq_len=512, width=128, latents=128, block=256, codes=256, chunk=0, flash_chunk=256)
 KERNELS = tuple(catalog.kernels_at(**SIZES))
@@ -30,7 +30,7 @@ KERNELS = tuple(catalog.kernels_at(**SIZES))
 
 @pytest.fixture(scope="module")
 def tpu_mesh():
-  return jax.sharding.Mesh(np.array(chips.tpu_devices("v5e:2x2")), ("data",))
+  return jax.sharding.Mesh(np.array(topologies.tpu_devices("v5e:2x2")), ("data",))
 
 
 def _abstract(args, mesh, spec=P()):
@@ -75,7 +75,7 @@ def test_kernels_with_packed_documents_compile_for_a_tpu_mesh(tpu_mesh, name):
 @pytest.mark.slow
 def test_bfloat16_kernels_compile_for_tpu_v3_without_bfloat16_matmuls():
   """The chip generation comes from the mesh: v3 multiplies float32 only, v5e takes bfloat16."""
-  mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
+  mesh = jax.sharding.Mesh(np.array(topologies.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
     assert not toolkit.bf16_matmuls()
   for name, (fn, args) in catalog.kernels_at(**SIZES, dtype="bfloat16").items():
@@ -93,7 +93,7 @@ def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
   value tiles and query sub-blocks chosen for v3 compile (the VMEM use does not depend on T)."""
   name, sizes = catalog.PAPER["enwik8_vq"]
   fn, args = catalog.kernels_at(**dict(SIZES, **sizes, seq_len=1024), dtype="bfloat16")[name]
-  mesh = jax.sharding.Mesh(np.array(chips.tpu_devices("v3:2x2")), ("data",))
+  mesh = jax.sharding.Mesh(np.array(topologies.tpu_devices("v3:2x2")), ("data",))
   with jax.set_mesh(mesh):
     assert toolkit.vmem_budget() == 16 * 2**20 and toolkit.vmem_limit() is None
     lowered = jax.jit(fn).lower(*_abstract(args, mesh))
@@ -112,7 +112,7 @@ def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
       assert toolkit.current() == toolkit.Target("tpu", "TPU v5 lite")
     with toolkit.target("gpu"):
       assert (toolkit.driver(), toolkit.interpret_default()) == ("loop", False)
-    with toolkit.per_device_mesh(cpu_mesh, batch="data", heads=None):  # the kernel mesh before the context mesh
+    with per_device.per_device_mesh(cpu_mesh, batch="data", heads=None):  # the kernel mesh before the context mesh
       assert toolkit.current().platform == "cpu" and toolkit.interpret_default()
 
 

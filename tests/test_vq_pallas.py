@@ -15,7 +15,7 @@ import lra_core
 import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
-from lra_core.kernels import toolkit, vq
+from lra_core.kernels import per_device, toolkit, vq
 from lra_core.kernels.vq import gpu_parallel as vq_parallel
 from lra_core.kernels.vq import pallas as vq_pallas
 from lra_core.kernels.vq import tpu_grid as vq_grid
@@ -346,7 +346,7 @@ def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
 
   jaxpr, want, want_grads = run()
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  with toolkit.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
     sharded_jaxpr, got, got_grads = run()
   assert "shard_map" in sharded_jaxpr and "shard_map" not in jaxpr
   assert "f32[1,1,16,6]" in sharded_jaxpr  # one batch row and one head per device

@@ -6,10 +6,10 @@ step and the quadratic oracles), kernels/latte/pallas.py the kernels (impl="pall
 through the reference). This file checks the arguments, picks the XLA form's default chunk for the
 target and dispatches; it imports both, and neither imports it.
 
-Both cores take `segments` int[B,T] (packed documents, kernels/segments.py: a token reads only its
+Both cores take `segments` int[B,T] (packed documents, kernels/packed_documents.py: a token reads only its
 own document's tokens) and `latent_scale` float[B,T,H,L] (multiplies p(l|t): latent dropout).
 
-With the time axis split over chips (kernels/context.py) each chip runs the same core on its slice.
+With the time axis split over chips (kernels/context_parallel.py) each chip runs the same core on its slice.
 Causal: the state it starts from is the fold of the earlier chips' `document_state`s (restarting at
 a document that starts on a chip), one [B,H,L,D+2] state per chip all-gathered. Bidirectional: the
 softmax over time needs the global max and sums of exp(k - max) and exp(k - max) v per latent, one
@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, toolkit
+from lra_core.kernels import context_parallel, toolkit
 from lra_core.kernels.latte import pallas, reference
 from lra_core.kernels.latte.reference import (
   bidirectional_latte_reference,
@@ -29,7 +29,7 @@ from lra_core.kernels.latte.reference import (
   init_latte_state,
   latte_step,
 )
-from lra_core.kernels.segments import segment_starts
+from lra_core.kernels.packed_documents import segment_starts
 
 __all__ = [
   "IMPLS",
@@ -106,7 +106,7 @@ def bidirectional_latte(
   _check(q, k, v, mask, segments, latent_scale)
   _check_impl(impl)
   _check_chunk(chunk)
-  if context.split(q.shape[1]):
+  if context_parallel.split(q.shape[1]):
     if segments is not None:
       raise ValueError("bidirectional latte over packed documents cannot split the sequence over chips yet.")
     return _bidirectional_per_chip(q, k, v, mask, latent_scale)
@@ -153,7 +153,7 @@ def causal_latte(
   _check(q, k, v, segments=segments, latent_scale=latent_scale)
   _check_impl(impl)
   _check_chunk(chunk)
-  if context.split(q.shape[1]):
+  if context_parallel.split(q.shape[1]):
     return _causal_per_chip(q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale)
   kw = dict(state=state, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":  # chunk None: the kernel's own block for the target (tile-sized, not the XLA form's)
@@ -161,7 +161,7 @@ def causal_latte(
   return reference.causal_latte(q, k, v, chunk=default_chunk() if chunk is None else chunk, **kw)
 
 
-# -- one sequence over several chips (kernels/context.py) --------------------------------------------
+# -- one sequence over several chips (kernels/context_parallel.py) --------------------------------------------
 
 
 def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> Array:
@@ -175,9 +175,9 @@ def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> 
     fresh = boundary  # the document open at the slice's end starts inside it: the fold restarts
     if segments is not None:
       starts = segment_starts(segments)
-      boundary = starts[:, 0] & (context.index() > 0)  # chip 0 continues the given state
+      boundary = starts[:, 0] & (context_parallel.index() > 0)  # chip 0 continues the given state
       fresh = boundary | starts[:, 1:].any(axis=1)
-    carried = context.fold_before(summary, reference.merge_states, state, fresh)
+    carried = context_parallel.fold_before(summary, reference.merge_states, state, fresh)
     empty = init_latte_state(*q.shape[:1], *q.shape[2:], v.shape[-1])
     incoming = {n: jnp.where(boundary.reshape((-1,) + (1,) * (x.ndim - 1)), empty[n], x) for n, x in carried.items()}
     return causal_latte(q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale)
@@ -185,7 +185,7 @@ def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> 
   state_dims = {n: "bh" + "." * (x.ndim - 2) for n, x in state.items()}
   args = (q, k, v, state, segments, latent_scale)
   dims = ("bth.", "bth.", "bth.", state_dims, "bt", "bth.")
-  return context.per_chip(chip, args, dims, "bth.", batch=b, heads=h, length=t)
+  return context_parallel.per_chip(chip, args, dims, "bth.", batch=b, heads=h, length=t)
 
 
 def _bidirectional_per_chip(q, k, v, mask, latent_scale) -> Array:
@@ -193,12 +193,12 @@ def _bidirectional_per_chip(q, k, v, mask, latent_scale) -> Array:
 
   def chip(q, k, v, mask, latent_scale):
     k = reference.masked_keys(k, mask)
-    m = jax.lax.stop_gradient(context.maximum(jax.lax.stop_gradient(k.max(1))))  # [B,H,L]
+    m = jax.lax.stop_gradient(context_parallel.maximum(jax.lax.stop_gradient(k.max(1))))  # [B,H,L]
     e = jnp.exp(k - m[:, None])
-    num = context.total(jnp.einsum("bthl,bthd->bhld", e, v.astype(jnp.float32)))
-    den = context.total(e.sum(1))  # >= 1 somewhere: it holds the max term
+    num = context_parallel.total(jnp.einsum("bthl,bthd->bhld", e, v.astype(jnp.float32)))
+    den = context_parallel.total(e.sum(1))  # >= 1 somewhere: it holds the max term
     p = reference.latent_probs(q, latent_scale)
     return jnp.einsum("bthl,bhld->bthd", p, num / den[..., None]).astype(v.dtype)
 
   dims = ("bth.", "bth.", "bth.", "bt", "bth.")
-  return context.per_chip(chip, (q, k, v, mask, latent_scale), dims, "bth.", batch=b, heads=h, length=t)
+  return context_parallel.per_chip(chip, (q, k, v, mask, latent_scale), dims, "bth.", batch=b, heads=h, length=t)

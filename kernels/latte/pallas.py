@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.latte import gpu_loop, reference, tpu_grid
 
 Array = jax.Array
@@ -197,7 +197,7 @@ def _causal_forward(
     kernel="causal_latte",
     tiles=tiles,
   )
-  out = toolkit.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)
+  out = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)
   return out["y"][:, :, :t, :d].swapaxes(1, 2)  # the time padding and Triton's value padding cut
 
 
@@ -308,7 +308,7 @@ def _bidirectional_forward(
     tiles=tiles,
     latent_grid=True,  # the reduction is independent per latent: a latent tile per program
   )
-  state = toolkit.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), _dims(init), batch=b, heads=h)
+  state = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), _dims(init), batch=b, heads=h)
   summary = state["num"][:, :, :d] / state["den"]  # [B,H,D,L]; den >= 1
   return jnp.einsum("bthl,bhdl->bthd", p, summary).astype(v.dtype)
 
@@ -347,7 +347,7 @@ def _segmented_forward(
       kernel="bidirectional_latte",
       tiles=tiles,
     )
-    y = toolkit.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)["y"]
+    y = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)["y"]
     outs.append(order(y[:, :, :t, :d].swapaxes(1, 2)))
   return (outs[0] + outs[1]).astype(v.dtype)
 

@@ -17,7 +17,7 @@ contracted with matmuls; C = 1 is the paper's token-by-token recurrence (eq. 21,
 `latte_step` uses for decoding in constant memory. Work is O(T L (C + D)). The `*_reference`
 functions are the quadratic formulas the tests compare against.
 
-Packed documents (`segments` int[B,T], kernels/segments.py): a token reads only the tokens of its
+Packed documents (`segments` int[B,T], kernels/packed_documents.py): a token reads only the tokens of its
 own document, the contiguous run of equal ids it lies in. Causal: the state restarts at each
 document's first token (inside a chunk the weights are masked to the token's document, and the
 carried state only reaches tokens of the document it was summing). Bidirectional: each document
@@ -204,7 +204,7 @@ def init_latte_state(batch: int, heads: int, latents: int, width: int) -> dict[s
 def document_state(k: Array, v: Array, segments: Array | None) -> dict[str, Array]:
   """The state an empty one becomes after k [B,T,H,L], v [B,T,H,D]: the sums of the document open
   at the end (all of it without `segments`), without the scan: what a chip's slice of a split
-  sequence passes on (kernels/context.py), O(T L D)."""
+  sequence passes on (kernels/context_parallel.py), O(T L D)."""
   k = k.astype(f32)
   if segments is not None:
     doc = documents(segments)

@@ -5,7 +5,7 @@ the oracles), kernels/mixed_chunk/pallas.py the kernel (impl="pallas": mixed chu
 Pallas kernel, differentiated through the reference). This file checks `impl` and dispatches;
 it imports both, and neither imports it.
 
-With the time axis split over chips (kernels/context.py), chunks never straddle two: each chip runs
+With the time axis split over chips (kernels/context_parallel.py), chunks never straddle two: each chip runs
 either core on its own chunks, and the global part gets the other chips' keys as one folded
 [B,H,S,E] sum per chip (causal: from the chips before; non-causal: also from those after).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 from lra_core.kernels.mixed_chunk import pallas, reference
 from lra_core.kernels.mixed_chunk.reference import (
   GLOBAL_NORMS,
@@ -72,7 +72,7 @@ def mixed_chunk_attention(
     quad_scale, lin_scale: the local scores' and the global sums' factors.
     bias: [C,C] relative bias inside a chunk (sliced when T < C).
     mask: bool[B,T], False = padding.
-    segments: int[B,T] packed documents (kernels/segments.py): a query reads keys of its own document only.
+    segments: int[B,T] packed documents (kernels/packed_documents.py): a query reads keys of its own document only.
     global_norm: "sum" (eqs. 7-8) or "mean" (the cross-chunk part divided by the number of chunks that
       hold keys of the query's document).
     kernel: the local scores' nonlinearity, one of `reference.LOCAL_KERNELS`: "relu2" (FLASH), "softmax"
@@ -87,16 +87,16 @@ def mixed_chunk_attention(
   kw = dict(chunk=chunk, causal=causal, quad_scale=quad_scale, lin_scale=lin_scale, global_norm=global_norm)
   kw.update(kernel=kernel, impl=impl)
   b, t, h = v.shape[:3]
-  if context.split(t) and lin_q is None and chunk >= t:  # FLASH-Quad: its one chunk spans the chips
+  if context_parallel.split(t) and lin_q is None and chunk >= t:  # FLASH-Quad: its one chunk spans the chips
     one = dict(causal=causal, quad_scale=quad_scale, kernel=kernel)
     run = lambda qq, qk, v, mask, segments: _one_chunk_per_chip(qq, qk, v, bias, mask, segments, **one)
     args, dims = (quad_q, quad_k, v, mask, segments), ("bth.",) * 3 + ("bt", "bt")
-    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
-  if context.split(t):
+    return context_parallel.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
+  if context_parallel.split(t):
     run = lambda qq, qk, lq, lk, v, mask, segments: _per_chip(qq, qk, lq, lk, v, bias, mask, segments, **kw)
     dims = ("bth.",) * 5 + ("bt", "bt")
     args = (quad_q, quad_k, lin_q, lin_k, v, mask, segments)
-    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
+    return context_parallel.per_chip(run, args, dims, "bth.", batch=b, heads=h, length=t)
   core = pallas.mixed_chunk_attention if impl == "pallas" else reference.mixed_chunk_attention
   return core(
     quad_q,
@@ -117,7 +117,7 @@ def mixed_chunk_attention(
 
 
 def _per_chip(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, impl, **kw) -> Array:
-  """One chip's slice of a split sequence (kernels/context.py): its own chunks, whole on the chip,
+  """One chip's slice of a split sequence (kernels/context_parallel.py): its own chunks, whole on the chip,
   then what the other chips' keys add to the global part (`reference.cross_chip_sums`). The chunks'
   documents and "mean" counts already span the chips (`reference.documents`, `global_layout`)."""
   b, t = v.shape[:2]
@@ -147,13 +147,15 @@ def _one_chunk_per_chip(
   relu^2 weights give them). Gathered rather than passed round a ring: relu^2 weights need no running
   normaliser, the keys are FLASH's one shared head, and the row's values are what one chip holds of
   the layer's activations anyway; XLA overlaps the gather with the projections."""
-  if context.zigzag():
+  if context_parallel.zigzag():
     raise ValueError("a chunk over the whole split sequence is read in the plain order, not the zig-zag one.")
   b, t = v.shape[:2]
-  gather = lambda x: jax.lax.all_gather(x, context.axes(), axis=1, tiled=True)  # the chips' slices in time order
+  gather = lambda x: jax.lax.all_gather(
+    x, context_parallel.axes(), axis=1, tiled=True
+  )  # the chips' slices in time order
   valid = jnp.ones((b, t), bool) if mask is None else mask
   keys, values, key_valid = gather(quad_k), gather(v), gather(valid)
-  total, start = keys.shape[1], context.offset(t)
+  total, start = keys.shape[1], context_parallel.offset(t)
   scores = jnp.einsum("bihs,bjhs->bhij", quad_q, keys, preferred_element_type=jnp.float32) * quad_scale
   if bias is not None:  # this chip's rows of the chunk's [T,T] relative bias
     scores = scores + jax.lax.dynamic_slice_in_dim(bias[:total, :total], start, t, 0).astype(jnp.float32)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.mixed_chunk import reference
 
 Array = jax.Array
@@ -286,7 +286,7 @@ def attention(
         )
   run = functools.partial(forward, chunk=chunk, causal=causal, lin_scale=lin_scale, **statics)
   dims = {n: "b.." if n in ROWS + COLUMNS else ".." if n == "bias" else "bh.." for n in args}
-  return toolkit.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
+  return per_device.run_per_device(run, (args,), (dims,), "bh..", batch=b, heads=h)
 
 
 def chunk_states(

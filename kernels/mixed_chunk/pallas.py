@@ -41,7 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, toolkit
+from lra_core.kernels import context_parallel, toolkit
 from lra_core.kernels.mixed_chunk import gpu_parallel, reference, tpu_grid
 
 Array = jax.Array
@@ -135,7 +135,7 @@ def _kernel_call(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics):
   statics = dict(statics)
-  with context.within(statics.pop("sequence_axes")):
+  with context_parallel.within(statics.pop("sequence_axes")):
     return _kernel_call(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, **statics)
 
 
@@ -154,7 +154,7 @@ def _attention_bwd(statics, residuals, cotangent):
       quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, **d
     )
 
-  with context.within(dict(statics)["sequence_axes"]):
+  with context_parallel.within(dict(statics)["sequence_axes"]):
     _, vjp = jax.vjp(xla, *floats)
     return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
 
@@ -239,6 +239,6 @@ def mixed_chunk_attention(
     ("upcast", not toolkit.bf16_matmuls()),
     ("driver", toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)),
     ("interpret", toolkit.interpret_default() if interpret is None else interpret),
-    ("sequence_axes", context.axes()),  # the backward, traced later, runs on the same chip's slice
+    ("sequence_axes", context_parallel.axes()),  # the backward, traced later, runs on the same chip's slice
   )
   return _attention(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, statics)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 
 Array = jax.Array
 LOCAL_KERNELS = ("relu2", "softmax", "linear")
@@ -95,9 +95,9 @@ def documents(segments: Array | None, valid: Array, length: int) -> Array:
     seg = segments.astype(jnp.int32)
   if length > t:  # the tail gets a value no segment has at its start
     seg = jnp.concatenate([seg, jnp.broadcast_to(seg.min(axis=1, keepdims=True) - 1, (b, length - t))], axis=1)
-  # A row starts a document; so does a chip's slice of a split sequence (kernels/context.py) unless
+  # A row starts a document; so does a chip's slice of a split sequence (kernels/context_parallel.py) unless
   # it continues the previous chip's last: that document is then -1 here, as the edge of `global_layout`.
-  first = (seg[:, :1] != context.before(seg, 1, fill=-1)) | (context.index() == 0)
+  first = (seg[:, :1] != context_parallel.before(seg, 1, fill=-1)) | (context_parallel.index() == 0)
   starts = jnp.concatenate([first, seg[:, 1:] != seg[:, :-1]], axis=1)
   return jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
 
@@ -122,7 +122,7 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   first, last = doc[:, :, 0], doc[:, :, -1]
   edge = jnp.full((b, 1), -1, doc.dtype)  # no document before the first chunk (-1: or the one continued there)
   # and none after the last, unless the next chip's slice continues this one's last document
-  continued = context.after(doc[:, :1, :1] == -1, 1, fill=False)[:, 0]  # [B,1]
+  continued = context_parallel.after(doc[:, :1, :1] == -1, 1, fill=False)[:, 0]  # [B,1]
   prev_last = jnp.concatenate([edge, last[:, :-1]], axis=1)
   next_first = jnp.concatenate([first[:, 1:], jnp.where(continued, last[:, -1:], -2)], axis=1)
   out = dict(
@@ -148,10 +148,12 @@ def global_layout(doc: Array, valid: Array, *, causal: bool, global_norm: str) -
   lo = jax.vmap(lambda d, k: jax.ops.segment_min(jnp.where(k, chunk_of, big), d, num_segments=n))(index, has)
   hi = jax.vmap(lambda d, k: jax.ops.segment_max(jnp.where(k, chunk_of, -1), d, num_segments=n))(index, has)
   lo, hi = (jnp.take_along_axis(x, index, axis=1) for x in (lo, hi))  # back onto each token
-  if context.axes():  # chunk indices over the whole sequence, its documents' ranges across chips
-    lo, hi = _across_chips(lo + context.offset(g), jnp.where(hi >= 0, hi + context.offset(g), -1), flat, continued)
+  if context_parallel.axes():  # chunk indices over the whole sequence, its documents' ranges across chips
+    lo, hi = _across_chips(
+      lo + context_parallel.offset(g), jnp.where(hi >= 0, hi + context_parallel.offset(g), -1), flat, continued
+    )
   lo, hi = lo.reshape(b, g, c), hi.reshape(b, g, c)
-  chunk = jnp.arange(g)[:, None] + context.offset(g)
+  chunk = jnp.arange(g)[:, None] + context_parallel.offset(g)
   top = jnp.minimum(hi, chunk - 1) if causal else hi  # causal: only the chunks before
   count = jnp.maximum(top - lo + 1, 0).astype(f32)
   out["scale"] = jnp.where(count > 0, 1.0 / jnp.maximum(count, 1.0), 0.0)
@@ -167,11 +169,11 @@ def _across_chips(lo: Array, hi: Array, doc: Array, continued: Array) -> tuple[A
   widen = lambda a, b: (jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1]))
   pick = lambda c, a, b: (jnp.where(c, a[0], b[0]), jnp.where(c, a[1], b[1]))
   # the last document's range, restarting at a chip where it starts
-  before = context.fold_before((lo[:, -1], hi[:, -1]), widen, none, fresh=doc[:, -1] != -1)
+  before = context_parallel.fold_before((lo[:, -1], hi[:, -1]), widen, none, fresh=doc[:, -1] != -1)
   # the first document's range where it continues the chip before, ending at a chip it does not fill
   continues, whole = doc[:, 0] == -1, doc[:, 0] == doc[:, -1]
   first = pick(continues, (lo[:, 0], hi[:, 0]), none)
-  after = context.fold_after(first, widen, none, fresh=~(continues & whole))
+  after = context_parallel.fold_after(first, widen, none, fresh=~(continues & whole))
   col = lambda x: x[:, None]
   lo, hi = pick(doc == -1, widen((lo, hi), (col(before[0]), col(before[1]))), (lo, hi))
   return pick((doc == doc[:, -1:]) & continued, widen((lo, hi), (col(after[0]), col(after[1]))), (lo, hi))
@@ -182,7 +184,7 @@ def cross_chip_sums(
 ) -> Array:
   """What the other chips' keys add to this chip's global linear attention: [B,T,H,E] float32.
 
-  On one chip's slice of a split sequence (kernels/context.py) the chunks see only this chip's
+  On one chip's slice of a split sequence (kernels/context_parallel.py) the chunks see only this chip's
   keys. The tokens of the document continued from the previous chip (doc -1, `documents`) also read
   its sum of lin_k^T v over the chips before (each chip passes on its last document's sum; a fold
   restarts where that document starts); non-causal, the tokens of the last document read its sum
@@ -197,12 +199,12 @@ def cross_chip_sums(
   add = lambda a, b: a + b
   # the sums of the last document, restarting at a chip where it starts
   value = sums(valid & (doc == last))
-  before = context.fold_before(value, add, jnp.zeros_like(value), fresh=last[:, 0] != -1)
+  before = context_parallel.fold_before(value, add, jnp.zeros_like(value), fresh=last[:, 0] != -1)
   out = jnp.einsum("bths,bhse->bthe", jnp.where((doc == -1)[:, :, None, None], lq, 0.0), before)
   if not causal:  # the first document's, where it continues the chip before, ending at a chip it does not fill
     continues, whole = first[:, 0] == -1, first[:, 0] == last[:, 0]
     value = rows(continues, sums(valid & (doc == first)))
-    after = context.fold_after(value, add, jnp.zeros_like(value), fresh=~(continues & whole))
+    after = context_parallel.fold_after(value, add, jnp.zeros_like(value), fresh=~(continues & whole))
     out = out + jnp.einsum("bths,bhse->bthe", jnp.where((doc == last)[:, :, None, None], lq, 0.0), after)
   return out * scale[:, :, None, None]
 
@@ -248,7 +250,7 @@ def mixed_chunk_attention(
   (FLASH local-only); quad_q = None drops the local part (global-only). T need not be a multiple
   of C: the tail is padded and cut off.
 
-  segments int[B,T] (packed documents, kernels/segments.py): a query reads keys of its own
+  segments int[B,T] (packed documents, kernels/packed_documents.py): a query reads keys of its own
   document only. Locally the chunk's scores are masked; globally the cross-chunk sum holds only
   the query's document: causal, the chunks before the query's that hold it (the running sum
   restarts where a document starts, and a chunk holding two documents gives each only its own

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 
 Array = jax.Array
 f32 = jnp.float32
@@ -340,5 +340,5 @@ def attention(
   out = 0
   for call_args, carried, own, reverse in calls:
     run = functools.partial(forward, chunk=c, carried=carried, own=own, reverse=reverse, **statics)
-    out = out + toolkit.run_per_device(run, (call_args,), (dims(call_args),), "bh..", batch=b, heads=h)
+    out = out + per_device.run_per_device(run, (call_args,), (dims(call_args),), "bh..", batch=b, heads=h)
   return out

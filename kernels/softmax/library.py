@@ -21,7 +21,7 @@ Both library kernels ship with jax, so they need no new dependency and move with
 fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) needs the cuDNN library at
 trace time and a device to build its graph, and takes no document ids; it stays for a GPU host.
 
-A sequence split over chips (kernels/context.py) runs on splash with every chip's keys gathered
+A sequence split over chips (kernels/context_parallel.py) runs on splash with every chip's keys gathered
 (`_split_splash`); "xla" there is ring attention (kernels/softmax/ring.py).
 
 What a kernel cannot take falls back to "xla", with one log line saying why (once per reason): a mask
@@ -54,7 +54,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info_lib
 
-from lra_core.kernels import context, toolkit
+from lra_core.kernels import context_parallel, per_device, toolkit
 from lra_core.kernels.softmax import splash_lists
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention, local_attention
 from lra_core.kernels.softmax.ring import ring_attention
@@ -96,7 +96,9 @@ def reference(
   if window and t > window and positions is None:
     kw = dict(k_valid=k_valid, segments=segments, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn)
     return local_attention(q, k, v, window=window, causal=causal, **kw)
-  if probs_fn is None and context.split(t) and not (window and positions is not None):  # a split sequence: the ring
+  if (
+    probs_fn is None and context_parallel.split(t) and not (window and positions is not None)
+  ):  # a split sequence: the ring
     kw = dict(k_valid=k_valid, segments=segments, positions=positions, scale=scale, soft_cap=soft_cap)
     return ring_attention(q, k, v, causal=causal, **kw)
   positions = jnp.arange(t) if positions is None else positions
@@ -149,7 +151,7 @@ def self_attention(
   b, t, h, d = q.shape
   scale = d**-0.5 if scale is None else scale
   ids = _ids(k_valid, segments, b, t)
-  if context.split(t):  # whole blocks per chip (_unsupported): splash over the gathered keys
+  if context_parallel.split(t):  # whole blocks per chip (_unsupported): splash over the gathered keys
     return _split_splash(q, k, v, ids, causal=causal, scale=scale, soft_cap=soft_cap)
   if chosen == "splash":
     window = window if window and t > window else 0
@@ -163,7 +165,7 @@ def self_attention(
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
     ids = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=_PADDED)
   args, dims = (q, k, v, ids, ids), ("bth.", "btk.", "btk.", "bt", "bt")
-  return toolkit.run_per_device(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2])[:, :t]
+  return per_device.run_per_device(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2])[:, :t]
 
 
 def cross_attention(
@@ -217,7 +219,7 @@ def cross_attention(
     run = lambda q, k, v, *_: _triton(q, k, v, None, causal=False, scale=scale)
   # time is '.': these rows are whole (a split sequence falls back before here)
   args, dims = (q, k, v, q_ids, k_ids), ("b.h.", "b.k.", "b.k.", "b.", "b.")
-  return toolkit.run_per_device(run, args, dims, "b.h.", batch=b, heads=h, kv_heads=k.shape[2])[:, :tq]
+  return per_device.run_per_device(run, args, dims, "b.h.", batch=b, heads=h, kv_heads=k.shape[2])[:, :tq]
 
 
 def block(t: int, largest: int = 512) -> int:
@@ -275,18 +277,18 @@ def _unsupported(impl: str, q: Array, k: Array, v: Array, *, window: int, probs_
     return "the mask follows given positions (FIT-AR's group-causal latents), not the row order"
   if probs_fn is not None:
     return "attention dropout acts on the probabilities, which a flash kernel never forms"
-  if context.axes():
+  if context_parallel.axes():
     return "it runs inside another kernel's per-chip function: ring attention on the XLA core"
-  if context.split(t):
+  if context_parallel.split(t):
     if impl == "triton":  # its causal mask aligns the queries with the keys: no chip's slice against the whole
       return "the GPU kernel takes no offset between queries and keys: ring attention on the XLA core"
     if window and t > window:
       return "a sliding window over a split sequence reads only its neighbours' steps, on the XLA core"
-    n = toolkit.sequence_slices(t)
+    n = per_device.sequence_slices(t)
     local = t // n
     if local % 128:
       return f"a chip's slice of {local} steps is not whole 128-step blocks: ring attention on the XLA core"
-    lists = _split_lists_bytes(t, n, context.zigzag_ahead(t))
+    lists = _split_lists_bytes(t, n, context_parallel.zigzag_ahead(t))
     if lists > SCALAR_MEMORY_BUDGET:
       return (
         f"splash's block lists for {t:,} steps over {n} chips would take {lists / 2**20:.1f} MiB of a chip's "
@@ -310,7 +312,7 @@ def _cross_unsupported(impl: str, q: Array, k: Array, *, k_valid, mask) -> str:
     return (
       "the keys each query reads are given query by query (a [B,Tq,Tk] mask), which the kernels' masks cannot state"
     )
-  if context.axes():
+  if context_parallel.axes():
     return "the sequence is split over chips: ring attention runs on the XLA core"
   if min(tq, tk) < 128:
     return f"the {tq} queries or {tk} keys are fewer than the kernel's 128-step block"
@@ -363,8 +365,8 @@ def _splash(
 
 
 def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, scale: float, soft_cap: float) -> Array:
-  """Self-attention over a sequence split over chips (kernels/context.py) on splash: each chip gathers
-  every chip's keys, values and ids (`context.gather`, in time order) and runs its own queries against
+  """Self-attention over a sequence split over chips (kernels/context_parallel.py) on splash: each chip gathers
+  every chip's keys, values and ids (`context_parallel.gather`, in time order) and runs its own queries against
   them in one kernel call. The mask is the whole sequence's [T,T], made once with `q_seq_shards` = the
   chips, so its block lists split by query rows like the queries: each chip's kernel gets its rows'
   lists only and skips the key blocks they may not read (a causal chip's later ones). In the zig-zag
@@ -377,12 +379,12 @@ def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, sca
   the whole row's keys and values (and their gradients) for one layer at a time."""
   b, t, h, _ = q.shape
   kv_heads = k.shape[2]
-  n = toolkit.sequence_slices(t)
-  zigzag = context.zigzag_ahead(t)
+  n = per_device.sequence_slices(t)
+  zigzag = context_parallel.zigzag_ahead(t)
   kernel, live = _whole_sequence_kernel(t, n, kv_heads, causal, zigzag, soft_cap, toolkit.interpret_default())
 
   def run(q, k, v, q_ids, k_ids, kernel):
-    k, v, k_ids = (context.gather(x) for x in (k, v, k_ids))
+    k, v, k_ids = (context_parallel.gather(x) for x in (k, v, k_ids))
     return _run_splash(kernel, q, k, v, q_ids, k_ids, scale=scale, pairs=q.shape[0] * q.shape[2] * live)
 
   # The block lists split over the chips along their query rows (axis 1; the queries' steps, axis 0),
@@ -395,7 +397,7 @@ def _split_splash(q: Array, k: Array, v: Array, ids: Array, *, causal: bool, sca
   )
   kernel_dims = jax.tree.map(by_rows, kernel, is_leaf=lambda x: isinstance(x, mask_info_lib.MaskInfo) or x is None)
   args, dims = (q, k, v, ids, ids, kernel), ("bth.", "btk.", "btk.", "bt", "bt", kernel_dims)
-  return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=kv_heads, length=t)
+  return context_parallel.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=kv_heads, length=t)
 
 
 # Splash fetches its block lists into the chip's scalar memory (SMEM), 1 MiB on a v5p: libtpu took 0.75
@@ -433,7 +435,7 @@ def _whole_sequence_kernel(
   # The block lists in numpy, at any length (splash's own make walks the mask block by block: an hour at
   # a million steps) and for any platform (its jnp lists would need a device of the one compiled for).
   if causal:
-    steps = context.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
+    steps = context_parallel.held_steps(n, local, zigzag)  # the step each query row holds: what the mask compares
     kernel = splash_lists.causal_kernel(steps, t, shards=n, **settings)
   else:  # every chip's rows read every key: one chip's [T/n,T] lists serve all
     kernel, n = splash_lists.full_kernel(local, t, **settings), 1

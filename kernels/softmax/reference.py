@@ -14,8 +14,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context, toolkit
-from lra_core.kernels.segments import same_segment
+from lra_core.kernels import context_parallel, toolkit
+from lra_core.kernels.packed_documents import same_segment
 
 Array = jax.Array
 MASK_VALUE = -1e30  # large finite value: fully masked rows stay NaN-free
@@ -37,7 +37,7 @@ def attention_mask(
   causal: keys at positions <= the query's. window > 0: only the `window` most recent keys
   (causal) or keys within distance < window on either side (bidirectional).
   k_valid: bool[B,Tk], False for padding.
-  q_segments, k_segments: int[B,Tq], int[B,Tk] document ids (kernels/segments.py): keys of
+  q_segments, k_segments: int[B,Tq], int[B,Tk] document ids (kernels/packed_documents.py): keys of
   another document are masked; both or neither.
   """
   q_pos = q_pos[None] if q_pos.ndim == 1 else q_pos
@@ -163,15 +163,15 @@ def local_attention(
   """
   b, t, h, _ = q.shape
   w = window
-  if context.split(t):  # a sequence over chips: each chip its own blocks, its neighbours' edge blocks
+  if context_parallel.split(t):  # a sequence over chips: each chip its own blocks, its neighbours' edge blocks
     chip = functools.partial(
       local_attention, window=w, causal=causal, scale=scale, soft_cap=soft_cap, probs_fn=probs_fn
     )
     dims = ("bth.", "btk.", "btk.", "bt", "bt")
     run = lambda q, k, v, k_valid, segments: chip(q, k, v, k_valid=k_valid, segments=segments)
     args = (q, k, v, k_valid, segments)
-    return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
-  if context.axes() and t % w:
+    return context_parallel.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
+  if context_parallel.axes() and t % w:
     raise ValueError(f"window {w} does not divide the {t} steps of a chip's slice of the sequence.")
   n = -(-t // w)  # blocks of one window; the last padded
   pad = n * w - t
@@ -182,13 +182,13 @@ def local_attention(
     return x.reshape(b, n, w, *x.shape[2:])
 
   def neighbours(x, fill):  # [B,N,W,...] -> [B,N,S*W,...]: previous (, own, next) blocks
-    # the blocks beside the slice: the neighbouring chips' edge blocks, or `fill` (kernels/context.py)
-    parts = [jnp.concatenate([context.before(x, 1, fill), x[:, :-1]], 1), x]
+    # the blocks beside the slice: the neighbouring chips' edge blocks, or `fill` (kernels/context_parallel.py)
+    parts = [jnp.concatenate([context_parallel.before(x, 1, fill), x[:, :-1]], 1), x]
     if not causal:
-      parts.append(jnp.concatenate([x[:, 1:], context.after(x, 1, fill)], 1))
+      parts.append(jnp.concatenate([x[:, 1:], context_parallel.after(x, 1, fill)], 1))
     return jnp.concatenate(parts, 2)
 
-  positions = jnp.arange(t) + context.offset(t)  # global: a neighbouring chip's block sits before 0
+  positions = jnp.arange(t) + context_parallel.offset(t)  # global: a neighbouring chip's block sits before 0
   q_pos = blocks(jnp.broadcast_to(positions, (b, t)), -1)  # padding at position -1: an empty slot
   k_pos = neighbours(q_pos, -1)
   seg = {}

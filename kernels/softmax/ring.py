@@ -1,14 +1,14 @@
-"""Softmax attention over a sequence split over chips (kernels/context.py): ring attention.
+"""Softmax attention over a sequence split over chips (kernels/context_parallel.py): ring attention.
 
 Each of the n chips holds T/n consecutive steps of the queries, keys and values. The key-value slices
-go round the ring of chips (`context.rotate`, n - 1 steps, each overlapping the next slice's transfer
+go round the ring of chips (`context_parallel.rotate`, n - 1 steps, each overlapping the next slice's transfer
 with this one's scores); each chip attends its queries to the slice it holds and merges the result
 with an online softmax (a running maximum, normaliser and weighted sum per query, as a flash kernel
 merges its blocks), so after n slices every query has read every key it may. Masks compare positions
 (global steps, from the chip a slice comes from, or those the caller gives, which travel with the
 slice: FIT-AR's latents, by group), and the document ids and padding that travel with it. A block of
 queries skips a key piece it may not read at all; in the plain order a causal chip then idles while
-the later chips read (the last has the most to read), which the zig-zag order (context.to_zigzag)
+the later chips read (the last has the most to read), which the zig-zag order (context_parallel.to_zigzag)
 evens out. A sliding window reaches only the neighbouring chips and never comes here
 (kernels/softmax/reference.py `local_attention`).
 
@@ -25,7 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 from lra_core.kernels.softmax.reference import MASK_VALUE, attention_mask, cap
 
 Array = jax.Array
@@ -57,7 +57,7 @@ def ring_attention(
   dims = ("bth.", "btk.", "btk.", "bt", "bt", "bt")
   positions = None if positions is None else jnp.broadcast_to(positions.astype(jnp.int32), (b, t))
   args = (q, k, v, k_valid, segments, positions)
-  return context.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
+  return context_parallel.per_chip(run, args, dims, "bth.", batch=b, heads=h, kv_heads=k.shape[2], length=t)
 
 
 def _on_chip(
@@ -73,12 +73,12 @@ def _on_chip(
   # query head h reads key-value head h // groups
   queries = in_blocks(q.reshape(b, t, kv_heads, groups, d))
   ids = None if segments is None else segments.astype(jnp.int32)
-  n, me = context.count(), context.index()
+  n, me = context_parallel.count(), context_parallel.index()
   # A slice's positions: those the caller gives, else the steps of the chip it comes from.
-  steps = lambda chip: jnp.broadcast_to(context.steps_of(chip, t), (b, t))
+  steps = lambda chip: jnp.broadcast_to(context_parallel.steps_of(chip, t), (b, t))
   pos = steps(me) if positions is None else positions
   # In the zig-zag order a key slice is two pieces far apart in time: each is read (or skipped) alone.
-  pieces = 2 if context.zigzag() else 1
+  pieces = 2 if context_parallel.zigzag() else 1
 
   def read_piece(sums, query, row, query_ids, piece):
     """One query block's running (maximum, normaliser, weighted values) after reading a key piece."""
@@ -129,7 +129,7 @@ def _on_chip(
 
   def step(carry, i):
     sums, slice_ = carry
-    slice_ = jax.tree.map(context.rotate, slice_)  # the previous chip's slice (its transfer overlaps `read`)
+    slice_ = jax.tree.map(context_parallel.rotate, slice_)  # the previous chip's slice (its transfer overlaps `read`)
     return (read(sums, slice_, i), slice_), None
 
   if n > 1:

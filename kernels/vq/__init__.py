@@ -6,7 +6,7 @@ kernels/vq/reference.py is the reference (impl="xla", the default: quantization,
 file checks the arguments, builds the carry and the position term both take, and dispatches; it
 imports both, and neither imports it.
 
-With the time axis split over chips (kernels/context.py) each chip runs either core on its own
+With the time axis split over chips (kernels/context_parallel.py) each chip runs either core on its own
 blocks from the carry the unsplit scan would reach there: the previous chip's last block as a halo
 of L positions, and a compressive cache folded over the chips before (one [B,H,S,Dv+1] per chip).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 from lra_core.kernels.vq import pallas, reference
 from lra_core.kernels.vq.reference import (
   MASK,
@@ -132,7 +132,7 @@ def vq_attention_blocks(
     raise ValueError(f"segments must be [B,T] = [{b},{t}], got {tuple(segments.shape)}.")
   if carry is None:
     carry = init_carry(b, block_len, hk, s, dk, v.shape[-1], k_hat.dtype)
-  if context.split(t):
+  if context_parallel.split(t):
     kw = dict(block_len=block_len, reduction=reduction, compressive=compressive, impl=impl)
     kw.update(grad_through_cache=grad_through_cache, chunk_blocks=chunk_blocks, carry_gradient=carry_gradient)
     return _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw)
@@ -172,7 +172,7 @@ def vq_attention_blocks(
 
 
 def _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw) -> tuple[Array, dict]:
-  """`vq_attention_blocks` on one sequence split over chips (kernels/context.py), blocks whole on
+  """`vq_attention_blocks` on one sequence split over chips (kernels/context_parallel.py), blocks whole on
   each. A chip starts from the carry the unsplit scan would hold at its first block: the previous
   chip's last block (k_hat, v, z, ids: a halo of L positions) and the compressive cache of every
   block before that one: each chip's cache of its own folds (from an empty one, `cache_variables`),
@@ -184,11 +184,12 @@ def _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw) -> tuple[Arr
   def chip(q, k_hat, z, v, codebook, carry, rel_q, rel_table, segments):
     if q.shape[1] % l:
       raise ValueError(f"block_len {l} does not divide the {q.shape[1]} steps of a chip's slice of the sequence.")
-    first = context.index() == 0
+    first = context_parallel.index() == 0
     halo = {"k": k_hat, "v": v, "z": z, "seg": jnp.full(z.shape[:2], -1, jnp.int32) if segments is None else segments}
     fills = {"k": 0, "v": 0, "z": s, "seg": -1}  # no key, no document: chip 0 reads the given carry instead
     prev = {
-      n: jnp.where(first, carry[n], context.before(x.astype(carry[n].dtype), l, fills[n])) for n, x in halo.items()
+      n: jnp.where(first, carry[n], context_parallel.before(x.astype(carry[n].dtype), l, fills[n]))
+      for n, x in halo.items()
     }
     plan = None if segments is None else reference.document_plan(segments, prev["seg"], l)
     empty = dict(carry, mean=jnp.zeros_like(carry["mean"]), count=jnp.zeros_like(carry["count"]))
@@ -197,19 +198,21 @@ def _per_chip(q, k_hat, z, v, codebook, carry, rel, segments, **kw) -> tuple[Arr
     restarts = jnp.zeros((q.shape[0],), bool) if plan is None else (~plan["keep"]).any(axis=1)
 
     # the cache after a chip: its own folds, after the earlier chips' unless it restarted
-    cache = context.fold_before((mean[:, -1], count[:, -1]), reference.merge, (carry["mean"], carry["count"]), restarts)
+    cache = context_parallel.fold_before(
+      (mean[:, -1], count[:, -1]), reference.merge, (carry["mean"], carry["count"]), restarts
+    )
     incoming = dict(prev, mean=cache[0], count=cache[1])
     local_rel = None if rel_q is None else (rel_q, rel_table)
     out, new = vq_attention_blocks(q, k_hat, z, v, codebook, carry=incoming, rel=local_rel, segments=segments, **kw)
-    last = context.index() == context.count() - 1
-    new = {n: context.total(jnp.where(last, x, jnp.zeros_like(x))) for n, x in new.items()}  # the last chip's
+    last = context_parallel.index() == context_parallel.count() - 1
+    new = {n: context_parallel.total(jnp.where(last, x, jnp.zeros_like(x))) for n, x in new.items()}  # the last chip's
     return out, new
 
   carry_dims = {"k": "b.k.", "v": "b.k.", "z": "b.k", "mean": "bk..", "count": "bk.", "seg": "b."}
   rel_q, rel_table = (None, None) if rel is None else rel
   args = (q, k_hat, z, v, codebook, carry, rel_q, rel_table, segments)
   dims = ("bth.", "btk.", "btk", "btk.", "k..", carry_dims, "bth.", "h..", "bt")
-  return context.per_chip(chip, args, dims, ("bth.", carry_dims), batch=b, heads=h, kv_heads=hk, length=t)
+  return context_parallel.per_chip(chip, args, dims, ("bth.", carry_dims), batch=b, heads=h, kv_heads=hk, length=t)
 
 
 def check_shapes(q: Array, k: Array, v: Array, codebook: Array, block_len: int) -> None:

@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.vq import gpu_parallel, reference, tpu_grid
 
 Array = jax.Array
@@ -193,14 +193,14 @@ def vq_attention_blocks(
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
 
   # Per device under a mesh: the kernel sees its shard of batch and heads (a Mosaic call cannot be partitioned).
-  def per_device(q, k_hat, z, v, codebook, carry, bias, segments):
+  def one_device(q, k_hat, z, v, codebook, carry, bias, segments):
     carry_float = {"k": carry["k"], "v": carry["v"], "mean": carry["mean"], "count": carry["count"]}
     ints = {"z": z, "carry_z": carry["z"], "carry_seg": carry["seg"], "segments": segments}
     return _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics)
 
   carry_dims = {"k": "b.k.", "v": "b.k.", "z": "b.k", "mean": "bk..", "count": "bk.", "seg": "b."}
-  out, mean, count = toolkit.run_per_device(
-    per_device,
+  out, mean, count = per_device.run_per_device(
+    one_device,
     (q, k_hat, z, v, codebook, carry, bias, segments),
     (
       "b.h.",

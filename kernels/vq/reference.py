@@ -14,7 +14,7 @@ Layout: [B,T,H,D] in the public functions; [B,R,L,H,D] (R blocks of L) inside. Q
 more heads than keys (H = Hk * G, multi-query when Hk = 1); the codebook has one book per key head.
 The code id `S` (one past the codebook) marks an empty slot: its one-hot is all zeros.
 
-Documents (`segments` int[B,T], packed rows: kernels/segments.py): a query reads only keys of its
+Documents (`segments` int[B,T], packed rows: kernels/packed_documents.py): a query reads only keys of its
 own segment. The exact part compares ids; the compressive cache holds one document, the one the
 previous block begins with (`document_plan`): when a block is folded into the cache only its keys
 of the next block's first document enter, the old cache is kept only if that document also began
@@ -34,7 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lra_core.kernels import context
+from lra_core.kernels import context_parallel
 
 Array = jax.Array
 MASK = 1e30
@@ -53,9 +53,11 @@ def quantize(k: Array, codebook: Array, *, chunk: int = 0) -> tuple[Array, Array
   [chunk, S] slab stays in a CPU's cache instead of spanning the sequence (8,192 tokens, 512 codes,
   2-core CPU: 18 ms by chunks of 512, 30 ms at once); the same ids and distances."""
   b, t = k.shape[:2]
-  if chunk and context.split(t):  # token by token: each chip its own chunks (kernels/context.py)
+  if chunk and context_parallel.split(t):  # token by token: each chip its own chunks (kernels/context_parallel.py)
     local = lambda k, codebook: quantize(k, codebook, chunk=chunk)
-    return context.per_chip(local, (k, codebook), ("bth.", "h.."), ("bth", "bth"), batch=b, heads=k.shape[2], length=t)
+    return context_parallel.per_chip(
+      local, (k, codebook), ("bth.", "h.."), ("bth", "bth"), batch=b, heads=k.shape[2], length=t
+    )
   if 0 < chunk < t and t % chunk == 0:
     chunks = jnp.moveaxis(k.reshape((b, t // chunk, chunk) + k.shape[2:]), 1, 0)
     z, d2 = jax.lax.map(lambda x: quantize(x, codebook), chunks)

@@ -34,8 +34,8 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.kernels import context
-from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.kernels import context_parallel as sequence_split
+from lra_core.kernels.packed_documents import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.block_transformer.embedders import EncoderEmbedder, LookupEmbedder
 from lra_core.models.block_transformer.generation import generate
@@ -207,7 +207,7 @@ class Model(nnx.Module):
     self, tokens: Array, *, mask: Array | None = None, segment_ids: Array | None = None, rngs: nnx.Rngs | None = None
   ) -> Array:
     """tokens int[B,T] -> logits [B,T,V]; segment_ids int[B,T]: the documents of a packed row
-    (kernels/segments.py); mask is unused (padding is the pad token itself)."""
+    (kernels/packed_documents.py); mask is unused (padding is the pad token itself)."""
     del mask
     if tokens.ndim != 2:
       raise ValueError(f"block_transformer expects tokens int[B,T], got shape {tokens.shape}.")
@@ -232,7 +232,7 @@ class Model(nnx.Module):
     # depend on how many whole pad blocks precede it. Pads inside a block are read by the lookup embedder
     # like any token (Appendix H: train with data.block_padding), so a prompt's block alignment matters.
     valid = (read != self.pad_id).any(-1)
-    with context.whole_rows():  # each block embedded on the chip holding it
+    with sequence_split.whole_rows():  # each block embedded on the chip holding it
       embedded = self.embedder(read, rngs=rngs)
     h = self._decode_blocks(embedded, positions, valid, block_seg, rngs)
     after = self.contexts(h, valid)  # [B,N,D]: the context after each block
@@ -261,17 +261,17 @@ class Model(nnx.Module):
     self, x: Array, positions: Array | None, valid: Array, segments: Array | None, rngs: nnx.Rngs | None
   ) -> Array:
     """The block decoder over block embeddings x [B,N,D]. Split over chips (mesh.sequence) it runs in
-    the zig-zag order, which gives every chip of its ring attention equal work (kernels/context.py),
+    the zig-zag order, which gives every chip of its ring attention equal work (kernels/context_parallel.py),
     where that is exact: without dropout, whose masks follow the layout."""
     b, n = x.shape[:2]
-    if not (self.zigzag and context.balanced(n)):
+    if not (self.zigzag and sequence_split.balanced(n)):
       return self.block_decoder(x, positions=positions, mask=valid, segments=segments, rngs=rngs)
     order = dict(batch=b, length=n)
     positions = jnp.broadcast_to(jnp.arange(n) if positions is None else positions, (b, n))
-    x, positions, valid, segments = context.to_zigzag((x, positions, valid, segments), **order)
-    with context.zigzag_order():
+    x, positions, valid, segments = sequence_split.to_zigzag((x, positions, valid, segments), **order)
+    with sequence_split.zigzag_order():
       h = self.block_decoder(x, positions=positions, mask=valid, segments=segments, rngs=rngs)
-    return context.from_zigzag(h, **order)
+    return sequence_split.from_zigzag(h, **order)
 
   def _decode_rows(
     self, contexts: Array, inputs: Array, documents: tuple[Array, Array] | None, rngs: nnx.Rngs | None
@@ -288,7 +288,7 @@ class Model(nnx.Module):
       x = jnp.concatenate([lead, self.token_inputs(contexts, inputs, 0).astype(lead.dtype)], axis=1)
       # With model.mask_pads (the authors' default) the token decoder reads no pad key; the encoder
       # embedders mask pads as keys too (_block_embedders.py).
-      with context.whole_rows():  # a block's tokens: on the chip holding the block, whatever mesh.sequence
+      with sequence_split.whole_rows():  # a block's tokens: on the chip holding the block, whatever mesh.sequence
         y = self.token_decoder(x, mask=self.key_mask(inputs), memory=memory, rngs=rngs)
       y = y[:, self.lead - 1 : self.lead - 1 + self.block_len]
     else:
@@ -344,7 +344,7 @@ class Model(nnx.Module):
         fresh_memory=jnp.broadcast_to(start_memory, memory.shape),
         fresh=jnp.concatenate([jnp.zeros((m, r), bool), jnp.ones((m, r), bool), fresh], axis=1),
       )
-    with context.whole_rows():
+    with sequence_split.whole_rows():
       y = self.token_decoder(
         x, positions=positions, mask=key_mask, segments=segments, memory=memory, rngs=rngs, **cross
       )
@@ -415,7 +415,7 @@ class Model(nnx.Module):
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/context.py): whole blocks on each chip; the block decoder's
+  """A sequence split into n slices (kernels/context_parallel.py): whole blocks on each chip; the block decoder's
   attention over blocks as ring attention (kernels/softmax/ring.py); each block's token decoder on
   the chip holding the block."""
   local = (config.train.update_len or config.train.seq_len) // n

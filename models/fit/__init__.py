@@ -33,8 +33,8 @@ from flax import nnx
 
 from lra_core import task_kinds
 from lra_core.errors import ConfigError
-from lra_core.kernels import context
-from lra_core.kernels.segments import check_segments, segment_positions
+from lra_core.kernels import context_parallel as sequence_split
+from lra_core.kernels.packed_documents import check_segments, segment_positions
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.fit.groups import (
   document_groups,
@@ -249,7 +249,7 @@ class Model(nnx.Module):
     self.embed_dropout = nnx.Dropout(m.dropout)
     self.remat = m.remat
     # Split over chips, FIT-AR's group-causal global layers run in the zig-zag order (every chip of their
-    # ring equal work; kernels/context.py), where exact: without dropout, whose masks follow the layout.
+    # ring equal work; kernels/context_parallel.py), where exact: without dropout, whose masks follow the layout.
     self.zigzag = self.causal and not m.dropout
     self.blocks = nnx.List(
       [
@@ -375,7 +375,7 @@ class Model(nnx.Module):
     local_mask = valid.reshape(b * t, n)
     for blk in self.blocks:
       # A group's tokens and its latents are whole rows on the chip holding the group (mesh.sequence).
-      with context.whole_rows():
+      with sequence_split.whole_rows():
         x = stack.apply(
           blk.local,
           x,
@@ -385,14 +385,14 @@ class Model(nnx.Module):
         )
       if blk.l2x is None:
         continue
-      with context.whole_rows():
+      with sequence_split.whole_rows():
         lat = blk.l2x(latents.reshape(b * t, m, -1), x, k_valid=kv_valid)
       latents = self._global(blk, lat.reshape(b, t * m, -1), gpos, gmask, global_kw, rngs)
       if blk.x2l is None:
         continue
       grouped = latents.reshape(b, t, m, -1)
       source = (shift_latents(grouped) if self.causal else grouped).reshape(b * t, m, -1)
-      with context.whole_rows():
+      with sequence_split.whole_rows():
         if segments is None:
           x = blk.x2l(x, source)
           continue
@@ -416,14 +416,14 @@ class Model(nnx.Module):
       remat=self.remat,
       rngs=rngs,
     )
-    if not (self.zigzag and context.balanced(n)):
+    if not (self.zigzag and sequence_split.balanced(n)):
       return run(latents, positions, mask, kw)
     order = dict(batch=b, length=n)
     positions = jnp.broadcast_to(positions, (b, n))
-    latents, positions, mask, kw = context.to_zigzag((latents, positions, mask, kw), **order)
-    with context.zigzag_order():
+    latents, positions, mask, kw = sequence_split.to_zigzag((latents, positions, mask, kw), **order)
+    with sequence_split.zigzag_order():
       out = run(latents, positions, mask, kw)
-    return context.from_zigzag(out, **order)
+    return sequence_split.from_zigzag(out, **order)
 
   # -- decoding (FIT-AR) --------------------------------------------------------------------------
 
@@ -527,7 +527,7 @@ class Model(nnx.Module):
 
 
 def context_parallel(config, n: int) -> None:
-  """A sequence split into n slices (kernels/context.py): whole groups on each chip, their local
+  """A sequence split into n slices (kernels/context_parallel.py): whole groups on each chip, their local
   layers on it; the global layers over every group's latents as ring attention (the group-causal ones
   masked by the group index their latents carry)."""
   m, local = config.model, (config.train.update_len or config.train.seq_len) // n

@@ -87,7 +87,7 @@ def latent_documents(segments: Array, real: Array, *, last: bool) -> tuple[Array
 def document_groups(positions: Array, offsets: Array) -> Array:
   """int32[B,t]: how many groups lie between group j and the group where the document of its
   latents starts (0 for that first group). positions int[B,t,n]: each own token's position
-  in its document (kernels/segments.py, on the row padded to t*n); offsets int[B,t] from
+  in its document (kernels/packed_documents.py, on the row padded to t*n); offsets int[B,t] from
   `latent_documents`. A document's groups take the latent table's rows from 0, as alone in a row."""
   t, n = positions.shape[1:]
   where = jnp.arange(t, dtype=jnp.int32) * n + offsets  # the chosen token's row position

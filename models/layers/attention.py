@@ -111,7 +111,7 @@ class Attention(nnx.Module):
     rngs: nnx.Rngs | None = None,
   ) -> Array:
     """x: [B,T,D]; positions: int[T] or [B,T] (default 0..T-1); mask: bool[B,T], False = padding;
-    segments: int[B,T] document ids (kernels/segments.py), None = one document per row."""
+    segments: int[B,T] document ids (kernels/packed_documents.py), None = one document per row."""
     t = x.shape[1]
     positions = jnp.arange(t) if positions is None else positions
     q, k, v = self._qkv(x, positions)

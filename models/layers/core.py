@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels import toolkit
+from lra_core.kernels import per_device, toolkit
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -58,7 +58,7 @@ def contract(x: Array, kernel: Array, n_in: int) -> Array:
   CPU host keep the dot_general, which the TPU compiler estimates no slower.
   """
   # (Not where a sequence is split over chips: GSPMD gathers the time axis to fold it into N.)
-  if toolkit.platform() == "cpu" and not (x.ndim > n_in + 1 and toolkit.sequence_axes(x.shape[1])):
+  if toolkit.platform() == "cpu" and not (x.ndim > n_in + 1 and per_device.sequence_axes(x.shape[1])):
     # [..., I1..In] -> [N, I]: the reshapes are free, and the gradients become 2-D matmuls as well.
     batch, size_in = x.shape[: x.ndim - n_in], math.prod(kernel.shape[:n_in])
     y = jnp.dot(x.reshape(-1, size_in), kernel.reshape(size_in, -1))

@@ -29,7 +29,7 @@ windows the model carries each unit's cache (previous block + per-code counts an
 next window with a stop-gradient; LayerDrop and sinusoid-dropout masks are drawn once per sequence
 and reused across its windows, residual dropout per window.
 
-Packed documents (`segment_ids`, kernels/segments.py): a token reads only keys of its own document,
+Packed documents (`segment_ids`, kernels/packed_documents.py): a token reads only keys of its own document,
 in the exact part and in the compressive cache, which restarts at each document (see
 `kernels.vq.reference.document_plan`); absolute positions count from each document's start (relative
 biases depend only on distances). Padding (mask False, segment id 0) is left out of the codebook
@@ -44,7 +44,7 @@ import ml_collections
 from flax import nnx
 
 from lra_core.errors import ConfigError
-from lra_core.kernels import segments as seg_lib
+from lra_core.kernels import packed_documents as seg_lib
 from lra_core.kernels import vq
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.models.layers import stack

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lra_core.kernels import context, vq
+from lra_core.kernels import context_parallel, vq
 from lra_core.kernels.softmax import library as library_attention
 from lra_core.models.layers.core import Dense, RMSNorm, next_key, param, rms_normalize, silu
 from lra_core.models.layers.positions import sinusoid
@@ -194,7 +194,7 @@ class GAU(nnx.Module):
     attention switch (kernels/softmax/library.py); q and k carry the Dk^-1/2 already."""
     xl = "Transformer-XL's position bias is added to the scores, and the kernels take no bias"
     impl = library_attention.chosen_for(self.attention_impl, xl if rel is not None else "")
-    if impl == "xla" and (rel is not None or not context.split(q.shape[1])):
+    if impl == "xla" and (rel is not None or not context_parallel.split(q.shape[1])):
       return vq.dense_attention(q, k, v, window=self.block_len, rel=rel, segments=segments)
     # a kernel, or a sequence split over chips: ring attention (the reference's form there)
     return library_attention.self_attention(q, k, v, causal=True, segments=segments, scale=1.0, impl=impl)
