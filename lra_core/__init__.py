@@ -57,6 +57,17 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
 # Old import path -> the module's home since lra_core/ was grouped into subpackages, kernels/ into one
 # folder per core and models/ into family packages (README, "Moved").
 MOVED = {
+  "lra_core.data.bytes": "lra_core.data.datasets.bytes",
+  "lra_core.data.c4": "lra_core.data.datasets.c4",
+  "lra_core.data.imagenet64": "lra_core.data.datasets.imagenet64",
+  "lra_core.data.lra": "lra_core.data.datasets.lra",
+  "lra_core.data.lra.cifar10": "lra_core.data.datasets.lra.cifar10",
+  "lra_core.data.lra.imdb": "lra_core.data.datasets.lra.imdb",
+  "lra_core.data.lra.listops": "lra_core.data.datasets.lra.listops",
+  "lra_core.data.lra.pathfinder": "lra_core.data.datasets.lra.pathfinder",
+  "lra_core.data.lra.pathfinder_generator": "lra_core.data.datasets.lra.pathfinder_generator",
+  "lra_core.data.lra.retrieval": "lra_core.data.datasets.lra.retrieval",
+  "lra_core.data.pg19": "lra_core.data.datasets.pg19",
   "lra_core.bench.peer": "lra_core.bench.side_by_side",
   "lra_core.bench.peer_lm1b": "lra_core.bench.plain_jax_lm1b",
   "lra_core.bench.peer_vq": "lra_core.bench.plain_jax_vq",
@@ -77,6 +88,7 @@ MOVED = {
   "lra_core.host_memory": "lra_core.runtime.host_memory",
   "lra_core.init_from": "lra_core.checkpoints.init_from",
   "lra_core.kernels.attention": "lra_core.kernels.softmax.reference",
+  "lra_core.kernels.context": "lra_core.kernels.context_parallel",
   "lra_core.kernels.flash": "lra_core.kernels.mixed_chunk",
   "lra_core.kernels.flash_grid": "lra_core.kernels.mixed_chunk.tpu_grid",
   "lra_core.kernels.flash_pallas": "lra_core.kernels.mixed_chunk.pallas",
@@ -88,6 +100,7 @@ MOVED = {
   "lra_core.kernels.latte_xla": "lra_core.kernels.latte.reference",
   "lra_core.kernels.library_attention": "lra_core.kernels.softmax.library",
   "lra_core.kernels.ring_attention": "lra_core.kernels.softmax.ring",
+  "lra_core.kernels.segments": "lra_core.kernels.packed_documents",
   "lra_core.kernels.splash_lists": "lra_core.kernels.softmax.splash_lists",
   "lra_core.kernels.vq_grid": "lra_core.kernels.vq.tpu_grid",
   "lra_core.kernels.vq_pallas": "lra_core.kernels.vq.pallas",
