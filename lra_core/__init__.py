@@ -20,9 +20,6 @@ from lra_core.runtime import quiet_start
 with quiet_start.prepare():  # a command starts JAX without accelerator plugin noise (lra_core/runtime/quiet_start.py)
   import jax  # noqa: F401
 
-from lra_core.config import load_config  # noqa: E402
-from lra_core.errors import CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged, UserError  # noqa: E402
-from lra_core.registry import build_model  # noqa: E402
 
 __all__ = [
   "load_config",
@@ -154,3 +151,9 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 # the new package's folder and run a second time, as a second module.
 sys.meta_path.insert(0, _MovedModules())
 sys.meta_path.append(_CheckoutFolders())  # last: an install's own mapping comes first
+
+# After the finders: config imports lra_core.kernels, which a checkout that is not installed finds only through
+# _CheckoutFolders.
+from lra_core.config import load_config  # noqa: E402
+from lra_core.errors import CheckpointError, ConfigError, DataError, DecodingError, TrainingDiverged, UserError  # noqa: E402
+from lra_core.registry import build_model  # noqa: E402

@@ -53,6 +53,21 @@ def test_an_uninstalled_checkout_maps_its_folders():
     assert spec.origin == str(PROJECT_ROOT / name / "__init__.py")
     assert spec.submodule_search_locations == [str(PROJECT_ROOT / name)]
   assert finder.find_spec("models", None) is None and finder.find_spec("lra_core.scripts", None) is None
+  # The whole import, the install's own finder taken away: lra_core's first imports already need the folders
+  # (config reads the kernels' names), so the finder is in place before them (it once came after: an
+  # uninstalled checkout could not import lra_core at all).
+  program = (
+    "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
+    "import lra_core, lra_core.kernels, lra_core.models; print(lra_core.kernels.__file__, lra_core.models.__file__)"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", program], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.split() == [
+    str(PROJECT_ROOT / "kernels" / "__init__.py"),
+    str(PROJECT_ROOT / "models" / "__init__.py"),
+  ]
 
 
 def test_a_missing_optional_package_names_its_extra():
