@@ -141,10 +141,15 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
 
   def create_module(self, spec):
-    return importlib.import_module(MOVED[spec.name])
+    module = importlib.import_module(MOVED[spec.name])
+    spec.loader_state = module.__spec__
+    return module
 
   def exec_module(self, module):
-    pass  # already run, under its new name
+    # Already run, under its new name. The import system has just set the module's __spec__ to the old
+    # name's: put its own back, or importlib.util.find_spec of the new name (the registry's way to find a
+    # folder) would answer with the old name's spec, which has no folder.
+    module.__spec__ = module.__spec__.loader_state
 
 
 # First: a submodule of a moved package (lra_core.models.blocks.attention) would otherwise be found again in

@@ -264,6 +264,7 @@ def test_a_moved_module_s_old_path_imports_the_same_module():
 
   for old, new in lra_core.MOVED.items():
     assert importlib.import_module(old) is importlib.import_module(new), old
+    assert importlib.import_module(new).__spec__.name == new, old  # its own spec still: its folder found by name
   from lra_core.checkpoint import Checkpointer  # the old paths docs/api.md's readers may hold
   from lra_core.checkpoints.checkpointer import Checkpointer as moved
 
