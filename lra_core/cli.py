@@ -36,7 +36,8 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from lra_core.config import load_config, load_workdir_config
+from lra_core.checkpoints.saved_config import load_workdir_config
+from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
 from lra_core.runtime import distributed, host_memory, process_end, quiet_start

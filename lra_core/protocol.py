@@ -185,8 +185,9 @@ class Family:
   """without context_parallel: why the family cannot split a sequence, the clause of its refusal"""
   upgrades: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   """model keys added after runs were saved -> the value that builds, from a config saved before the
-  key existed, the model that config built then (often not today's default); lra_core.config.upgrade_config
-  adds each absent one, so the model reads every key of its section directly"""
+  key existed, the model that config built then (often not today's default);
+  lra_core.checkpoints.saved_config.upgrade_config adds each absent one, so the model reads every key of its
+  section directly"""
 
   def keeps_carry(self, config: ConfigDict) -> bool:
     """Whether the trainer keeps a carry (init_carry) between the update windows of `config`."""

@@ -58,7 +58,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from lra_core import cli, train
-from lra_core.config import load_config, upgrade_config
+from lra_core.checkpoints.saved_config import upgrade_config
+from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.markdown import markdown_table
 from lra_core.runtime import quiet_start

@@ -444,7 +444,7 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
 TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 # Keys added to this section after runs were saved, with the value such a run built with: the
 # table's stored form, the norms' own epsilon and residuals in sequence, and none of Gemma 2's settings
-# (lra_core.config.upgrade_config).
+# (lra_core.checkpoints.saved_config.upgrade_config).
 UPGRADES = {
   "embedding": "scaled",
   "norm_eps": 0.0,

@@ -11,7 +11,8 @@ import pytest
 
 import lra_core
 from lra_core import cli
-from lra_core.config import PROJECT_ROOT, load_workdir_config
+from lra_core.checkpoints.saved_config import load_workdir_config
+from lra_core.config import PROJECT_ROOT
 from lra_core.errors import ConfigError
 
 SPEC = "configs/lra/listops/transformer.py:tiny"

@@ -1,5 +1,5 @@
-"""Configs saved before a model key existed: `lra_core.config.upgrade_config` adds the key with the value
-the saved run built with (the family record's `upgrades`), in the one place that knows old layouts, so
+"""Configs saved before a model key existed: `lra_core.checkpoints.saved_config.upgrade_config` adds the key
+with the value the saved run built with (the family record's `upgrades`), in the one place that knows old layouts, so
 models read every key of their section directly (no `.get(key, default)` in models/)."""
 
 import json
@@ -11,7 +11,7 @@ from flax import nnx
 
 import lra_core
 from lra_core import registry
-from lra_core.config import from_saved, load_workdir_config, resume_conflicts, upgrade_config
+from lra_core.checkpoints.saved_config import from_saved, load_workdir_config, resume_conflicts, upgrade_config
 from lra_core.layer_stacks import MODEL_DEFAULTS
 
 MODELS = registry.package_dir("models")

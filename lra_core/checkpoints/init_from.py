@@ -10,9 +10,9 @@ import logging
 import jax
 import numpy as np
 
-from lra_core import config as config_lib
 from lra_core import hf, registry
 from lra_core.checkpoints.checkpointer import restore_params
+from lra_core.checkpoints.saved_config import from_saved
 from lra_core.errors import ConfigError, brief
 from lra_core.run.state import run_setup
 from lra_core.runtime import fs
@@ -45,7 +45,7 @@ def warm_start(config, spec, state: dict, source_workdir: str, mesh) -> dict:
     ) from e
   if not found:
     raise ConfigError(f"train.init_from {source_workdir!r} has no config.json; expected the workdir of a run.")
-  source_config = config_lib.from_saved(saved)
+  source_config = from_saved(saved)
   source, step = restore_params(path, run_setup(source_config, mesh).spec.abstract)
   family = registry.family(config.model.name)
   params = jax.device_get(state["params"])

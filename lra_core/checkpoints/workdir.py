@@ -14,9 +14,9 @@ import re
 
 import jax
 
-from lra_core.config import resume_conflicts
+from lra_core.checkpoints.saved_config import resume_conflicts
 from lra_core.errors import ConfigError
-from lra_core.run import optim
+from lra_core.run import optim_settings
 from lra_core.runtime import fs
 
 
@@ -32,7 +32,7 @@ def check_resumable(config, workdir: fs.Path, force: bool) -> None:
   except json.JSONDecodeError:
     before, conflicts = None, ["config.json: unreadable"]
   if before is not None:
-    kept = optim.keep_horizon(config, before)
+    kept = optim_settings.keep_horizon(config, before)
     if kept:
       logging.info(
         "train.steps %s -> %d: the learning-rate schedule keeps its horizon (%s; steps past it run at its "

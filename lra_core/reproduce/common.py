@@ -16,8 +16,9 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from lra_core import train as train_lib
+from lra_core.checkpoints.saved_config import upgrade_config
 from lra_core.config import PROJECT_ROOT as ROOT
-from lra_core.config import load_config, upgrade_config
+from lra_core.config import load_config
 from lra_core.errors import DataError, optional_import
 from lra_core.run.metrics import read_metrics
 
