@@ -1,4 +1,4 @@
-"""Tests for lra_core.run.optim: schedules against closed forms, masks, groups, validation."""
+"""Tests for lra_core.run.optim and optim_settings: schedules against closed forms, masks, groups, validation."""
 
 import math
 import re
@@ -14,12 +14,12 @@ from flax import nnx
 import family_configs
 from lra_core import registry
 from lra_core.errors import ConfigError
-from lra_core.run import optim
+from lra_core.run import optim, optim_settings
 
 
 def _config(steps: int = 1000, **optim_overrides) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.optim = optim.default_config()
+  config.optim = optim_settings.default_config()
   config.train = ml_collections.ConfigDict({"steps": steps})
   for key, value in optim_overrides.items():
     config.optim[key] = value
@@ -84,7 +84,7 @@ def test_rsqrt_schedule_is_lra_linear_warmup_times_rsqrt_decay():
 
 
 def test_schedule_is_finite_at_step_zero_and_jittable():
-  for schedule in optim.SCHEDULES:
+  for schedule in optim_settings.SCHEDULES:
     cfg = _config(lr=1.0, schedule=schedule, warmup_steps=1 if schedule == "rsqrt" else 0)
     value = jax.jit(optim.make_schedule(cfg.optim, 10))(jnp.int32(0))
     assert np.isfinite(float(value))
@@ -383,13 +383,13 @@ def test_bad_config_raises_one_sentence_config_error(overrides, bad):
 
 def test_bad_total_steps_is_a_config_error():
   with pytest.raises(ConfigError, match="train.steps 0"):
-    optim.validate_config(_config(steps=0))
+    optim_settings.validate_config(_config(steps=0))
 
 
 def test_default_config_fields_have_concrete_types_and_validate():
-  cfg = optim.default_config()
+  cfg = optim_settings.default_config()
   assert all(value is not None for value in cfg.values())
-  optim.validate_config(_config())
+  optim_settings.validate_config(_config())
 
 
 # ------------------------------------------------------------------------------- adafactor

@@ -43,7 +43,7 @@ from lra_core.data.datasets import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import block_transformer, transformer
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 T5_VOCAB_MODEL = "sentencepiece.model"
 VOCAB = 50304
@@ -74,7 +74,7 @@ UPTRAIN_FRACTION = 0.1  # Section 3.7: uptraining takes 10% of the pretraining s
 
 def authors_optim(lr: float, warmup: int):
   """AdamW b2 .95, weight decay 0.1, linear warmup, cosine decay to 10% of lr, clipping 1.0."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(
     dict(
       name="adamw",

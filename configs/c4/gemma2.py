@@ -32,7 +32,7 @@ from lra_core.data.datasets import c4
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.hf import gemma2
 from lra_core.models import latte
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 # google/gemma-2-2b's config.json (the settings lra_core/hf/gemma2.py reads).
 GEMMA2_2B = {
@@ -78,7 +78,7 @@ def get_config(arg=None):
   section = gemma2.model_section(hf_config)
   model = section if "gemma" in parts else macchiato(section)
   model.max_len = 0  # positions are rotary: any length (Table 4 reads 8K and 16K; the release says 8,192)
-  opt = optim.default_config()
+  opt = optim_settings.default_config()
   opt.update(
     dict(name="adamw", lr=6e-4, schedule="cosine", warmup_steps=2000, b1=0.9, b2=0.95, eps=1e-8, clip_norm=1.0)
   )

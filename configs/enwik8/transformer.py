@@ -26,7 +26,7 @@ Args (comma-separated):
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data.datasets import bytes as bytes_data
 from lra_core.models import transformer
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 
 def get_config(arg=None):
@@ -36,7 +36,7 @@ def get_config(arg=None):
   model = transformer.model_config(
     variant, vocab_size=257 if mlm else 256, d_model=512, num_layers=8, num_heads=8, d_ff=2048, dropout=0.1
   )
-  opt = optim.default_config()
+  opt = optim_settings.default_config()
   opt.update(
     dict(
       name="adamw",

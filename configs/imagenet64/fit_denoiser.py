@@ -38,12 +38,12 @@ from lra_core import diffusion
 from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data.datasets import imagenet64
 from lra_core.models.fit import denoiser as fit_denoiser
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 
 def rin_optim():
   """pix2seq's RIN ImageNet64 optimizer: LAMB, its schedule and regularisation, EMA 0.9999."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(
     dict(
       name="lamb",

@@ -35,12 +35,12 @@ from lra_core.config import base_config, config_arg, tiny_train
 from lra_core.data.datasets import imagenet64
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 
 def vq_optim():
   """Transformer-VQ's AdamW recipe (appendix C.1; Table 10 ImageNet64 190M: weight decay 0)."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(
     dict(
       name="adamw",

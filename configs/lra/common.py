@@ -7,12 +7,12 @@ import ml_collections
 from lra_core.config import config_arg
 from lra_core.configs.presets import latte as latte_presets
 from lra_core.models import fit, latte, transformer
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 
 def lra_optim(lr: float, warmup: int, weight_decay: float) -> ml_collections.ConfigDict:
   """Adam b1 .9 b2 .98 eps 1e-9, decoupled weight decay, constant * linear_warmup * rsqrt_decay."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(
     dict(
       name="adamw",
@@ -66,7 +66,7 @@ def lra_latte(
   model.d_ff = 4 * model.d_model
   if model.window:
     model.window = 128
-  opt = optim.default_config()
+  opt = optim_settings.default_config()
   opt.update(
     dict(
       name="adamw",

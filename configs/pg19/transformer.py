@@ -44,7 +44,7 @@ from lra_core.data.datasets import pg19
 from lra_core.data.tokenizer import ByteTokenizer
 from lra_core.errors import ConfigError
 from lra_core.models import transformer
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 SPM_VOCAB = 32000
 SPM_MODEL = "spm_bpe32k.model"  # relative: resolved under data.dir
@@ -58,7 +58,7 @@ def get_config(arg=None):
   model = transformer.model_config(
     variant, vocab_size=SPM_VOCAB, d_model=768, num_layers=12, num_heads=12, d_ff=3072, dropout=0.1, tie_embeddings=True
   )
-  opt = optim.default_config()
+  opt = optim_settings.default_config()
   opt.update(
     dict(
       name="adamw",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 
 def paper_optim(*, clip: bool = True) -> ml_collections.ConfigDict:
@@ -12,7 +12,7 @@ def paper_optim(*, clip: bool = True) -> ml_collections.ConfigDict:
   AdamW (b1 .9, b2 .999, eps 1e-6, weight decay 0.01), lr 7e-4 with 10k warm-up steps and linear
   decay to 0, gradient clipping 0.1 for all but the vanilla Transformer (`clip=False`); the paper
   clips locally, here by global norm."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(
     dict(
       name="adamw",

@@ -7,7 +7,7 @@ import ml_collections
 from lra_core.config import tiny_train
 from lra_core.errors import ConfigError
 from lra_core.models import latte
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 # Table 1 (OpenWebText, GPT-2 BPE, tied embeddings) with Table 5's sizes: 12 layers, 8 heads,
 # feed-forward 3072, L = 128, window 128, K = 3. Table 5 prints the width as 756, which is not a
@@ -32,7 +32,7 @@ def lm_config(
   Table 5's dropout is also the latent dropout on p(l|t), as the authors' causal Latte layer uses
   its one dropout rate for both."""
   model = latte.model_config(variant, vocab_size=vocab_size, dropout=dropout, latent_dropout=dropout, **sizes)
-  opt = optim.default_config()
+  opt = optim_settings.default_config()
   opt.update(
     dict(
       name="adamw",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from lra_core.config import tiny_train
-from lra_core.run import optim
+from lra_core.run import optim_settings
 
 PAPER_SIZES = {
   "190M": dict(d_model=768, d_k=128, d_v=1536, num_layers=48, n_code=512, block_len=512),
@@ -17,7 +17,7 @@ PAPER_SIZES = {
 def paper_optim(name: str, weight_decay: float = 0.0) -> ml_collections.ConfigDict:
   """Appendix C.1: AdamW (b1 .9, b2 .98, eps 1e-9, lr 4e-4, clip 0.1) or Adafactor (lr 0.01);
   10k warmup, cosine decay to 0.1x; weight decay (where used) on a constant schedule."""
-  c = optim.default_config()
+  c = optim_settings.default_config()
   c.update(dict(schedule="cosine", warmup_steps=10_000, min_lr_ratio=0.1, weight_decay=weight_decay))
   if name == "adamw":
     c.update(dict(name="adamw", lr=4e-4, b1=0.9, b2=0.98, eps=1e-9, clip_norm=0.1, weight_decay_schedule="constant"))
