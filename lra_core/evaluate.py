@@ -25,6 +25,7 @@ from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.data import pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.run import data_setup
+from lra_core.run.batches import row_block, to_device
 from lra_core.run.state import eval_params, run_setup, to_host
 from lra_core.run.steps import make_eval_step
 from lra_core.runtime import fs
@@ -43,7 +44,7 @@ class Evaluator:
     self.config, self.spec, self.task, self.mesh = config, spec, task, mesh
     self.rules = config.sharding.rules
     self.batch_size = config.train.eval_batch_size or config.train.batch_size
-    block, blocks = layout.row_block(mesh, self.rules)
+    block, blocks = row_block(mesh, self.rules)
     self.readers = {
       split: pipeline.BatchReader(
         config, src, train=False, batch_size=self.batch_size, process_index=block, process_count=blocks
@@ -69,7 +70,7 @@ class Evaluator:
     n = reader.num_eval_batches(limit)
     it = pipeline.iterate(reader, 0, n, num_threads=self.config.data.num_threads, prefetch=self.config.data.prefetch)
     for local in it:
-      batch = layout.to_device(local, self.mesh, self.rules)
+      batch = to_device(local, self.mesh, self.rules)
       metrics, carry = self.step(params, model_state, batch, carry)
       if totals is not None:
         # The steps before this one done, while it runs: at most two in flight. Dispatched all at once

@@ -5,7 +5,8 @@ Parameters and activations carry logical axis names ('batch', 'length', 'embed',
 MESH_AXES names. A dimension whose size the mesh axes do not divide is replicated instead, so
 small models run unchanged on any mesh. Models call `constrain(x, logical_axes)`, a no-op outside
 `activate(mesh, rules)`; inside it the Pallas kernels also run per device through `jax.shard_map`
-(kernels/toolkit.py). How a run lays its state and batches on the devices is lra_core.layout's.
+(kernels/toolkit.py). How a run lays its state on the devices is lra_core.layout's, its batches
+lra_core.run.batches'.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from lra_core.dataset_record import SPLITS
 from lra_core.errors import TrainingDiverged
 from lra_core.evaluate import Evaluator
 from lra_core.run import data_setup, trackers
+from lra_core.run.batches import abstract_batch, row_block, to_device
 from lra_core.run.metrics import MetricWriter, Progress
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
@@ -82,7 +83,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   # ----------------------------------------------------------------------------- Data
   with cache.recording_files() as data_files:  # kept with each checkpoint: a resume checks them
     sources, task = data_setup.setup_data(config, SPLITS, mesh)
-  block, blocks = layout.row_block(mesh, rules)  # which rows this process reads (several read the same
+  block, blocks = row_block(mesh, rules)  # which rows this process reads (several read the same
   # rows where a sequence is split over hosts: mesh.sequence)
   train_reader = pipeline.BatchReader(
     config, sources["train"], train=True, batch_size=t.batch_size, process_index=block, process_count=blocks
@@ -192,7 +193,7 @@ class _Loop:
       local = next(batches)
       data_setup.check_batch(local, self.config, self.next_batch + step - self.start)
       with self.profiler.step(step):
-        self.state, metrics = train_step(self.state, layout.to_device(local, self.mesh, self.config.sharding.rules))
+        self.state, metrics = train_step(self.state, to_device(local, self.mesh, self.config.sharding.rules))
       # Read the previous step's metrics while this one runs: no stall, and a bad step is caught one
       # step late at most, before any checkpoint is written.
       self.flush()
@@ -263,7 +264,7 @@ def _compile_train_step(config, spec, task, tx, schedule, batch: dict, mesh) -> 
   config too large for the devices stops here with the estimate (lra_core/compilation/step_compile.py; lra_core.aot
   compiles the same step for TPU slices)."""
   jitted = step_compile.jit_train_step(config, spec, task, tx, schedule)
-  batch_shapes = layout.abstract_batch(batch, mesh, config.sharding.rules)
+  batch_shapes = abstract_batch(batch, mesh, config.sharding.rules)
   train_step = step_compile.compile_step(
     jitted, spec.abstract, batch_shapes, name="train step", limit_gib=config.train.memory_limit_gib
   )

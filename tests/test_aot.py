@@ -21,6 +21,7 @@ from lra_core import aot, cli, layout, sharding
 from lra_core.compilation import aot_report, aot_targets, step_compile, topologies
 from lra_core.cost import hlo_cost
 from lra_core.errors import ResourceError
+from lra_core.run.batches import abstract_batch, config_batch
 from lra_core.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -111,7 +112,7 @@ def test_the_config_batch_is_the_batch_the_data_gives(tmp_path, name):
   assert pipeline.batch_fields(config, config.train.batch_size) == real
   mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
-  assert layout.config_batch(config, mesh, rules) == layout.abstract_batch(reader(1), mesh, rules)
+  assert config_batch(config, mesh, rules) == abstract_batch(reader(1), mesh, rules)
 
 
 # ----------------------------------------------------------------------------- python -m lra_core.aot

@@ -21,6 +21,7 @@ from lra_core import layout, registry, sharding
 from lra_core.data import pipeline
 from lra_core.errors import UserError
 from lra_core.run import data_setup, optim
+from lra_core.run.batches import abstract_batch
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 
@@ -76,7 +77,7 @@ def before_first_step(spec, data_overrides, overrides):
   data_setup.check_batch(first, config, 0)
   tx, schedule = optim.make_optimizer(config)
   state_spec = make_state_spec(config, mesh, tx)
-  batch = layout.abstract_batch(first, mesh, config.sharding.rules)
+  batch = abstract_batch(first, mesh, config.sharding.rules)
   with sharding.activate(mesh, config.sharding.rules):
     jax.eval_shape(make_train_step(config, state_spec, task, tx, schedule), state_spec.abstract, batch)
 

@@ -21,8 +21,8 @@ from test_sharding import TOLERANCE, first_state, initial, train
 
 import lra_core
 import tiers
-from lra_core import config as config_lib
 from lra_core import layout, sharding
+from lra_core.checkpoints import saved_config
 from lra_core.config import DEFAULT_RULES
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
@@ -34,6 +34,7 @@ from lra_core.kernels.softmax import library as library_attention
 from lra_core.kernels.softmax import reference as attention
 from lra_core.kernels.softmax.ring import ring_attention
 from lra_core.run import optim
+from lra_core.run.batches import abstract_batch, to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
@@ -251,7 +252,7 @@ def classify(spec, extra, mesh_overrides, steps=2, start=None):
         "targets": rng.integers(0, m.num_classes, size=8).astype(np.int32),
         "weights": np.ones(8, np.float32),
       }
-      state, metrics = step(state, layout.to_device(batch, mesh, rules))
+      state, metrics = step(state, to_device(batch, mesh, rules))
       losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
   return losses, state
 
@@ -279,7 +280,7 @@ def compiled_step(spec, overrides):
   batch["weights"] = np.ones((rows, t), np.float32)
   with sharding.activate(mesh, rules):
     step = jax.jit(make_train_step(config, state_spec, task, tx, schedule), out_shardings=(state_spec.shardings, None))
-    return config, step.lower(state_spec.abstract, layout.abstract_batch(batch, mesh, rules)).compile()
+    return config, step.lower(state_spec.abstract, abstract_batch(batch, mesh, rules)).compile()
 
 
 def gathered_time_axes(spec, extra):
@@ -618,16 +619,16 @@ def test_a_config_saved_before_the_sequence_axis_upgrades_to_one_that_can_split(
   saved["sharding"]["rules"] = [
     [name, None if name == "length" else target] for name, target in saved["sharding"]["rules"]
   ]
-  upgraded = config_lib.upgrade_config(saved)
+  upgraded = saved_config.upgrade_config(saved)
   assert upgraded["mesh"]["sequence"] == 1
   assert dict(map(tuple, upgraded["sharding"]["rules"]))["length"] == "sequence"
-  assert config_lib.resume_conflicts(saved, lra_core.load_config(CAUSAL["latte"])) == []
+  assert saved_config.resume_conflicts(saved, lra_core.load_config(CAUSAL["latte"])) == []
 
 
 def test_batches_split_their_time_steps_over_the_sequence_axis():
   mesh = mesh_of(2, 4)
   batch = {"inputs": np.zeros((8, 64), np.int32), "segment_ids": np.ones((8, 64), np.int32), "targets": np.zeros(8)}
-  placed = layout.to_device(batch, mesh, DEFAULT_RULES)
+  placed = to_device(batch, mesh, DEFAULT_RULES)
   assert placed["inputs"].sharding.spec == placed["segment_ids"].sharding.spec
   assert tuple(placed["inputs"].sharding.spec)[:2] == ("data", "sequence")
   assert placed["inputs"].addressable_shards[0].data.shape == (4, 16)

@@ -16,8 +16,8 @@ from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
 from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.latte import pallas as latte_pallas
-from lra_core.layout import to_device
 from lra_core.run import optim
+from lra_core.run.batches import to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task

@@ -20,8 +20,8 @@ from lra_core.kernels import per_device, toolkit
 from lra_core.kernels.mixed_chunk import gpu_parallel as flash_parallel
 from lra_core.kernels.mixed_chunk import pallas as flash_pallas
 from lra_core.kernels.mixed_chunk import tpu_grid as flash_grid
-from lra_core.layout import to_device
 from lra_core.run import optim
+from lra_core.run.batches import to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task

@@ -28,6 +28,7 @@ from conftest import FAST_COMPILE, HOST_COLLECTIVES
 import lra_core
 from fixtures import listops
 from lra_core import cli, layout
+from lra_core.bench.shardings import parameter_layout
 from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.errors import ConfigError
 from lra_core.run import optim
@@ -162,7 +163,7 @@ def test_the_run_shards_parameters_over_fsdp(runs):
   config = runs[0]
   mesh = layout.make_mesh(config.mesh)
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "sequence": 1, "tensor": 1}
-  rows = layout.parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
+  rows = parameter_layout(lra_core.load_config(listops.SPEC, FSDP_ACROSS), num_devices=4)
   assert sum(r["per_device"] for r in rows) < 0.3 * sum(r["size"] for r in rows)  # a quarter each, norms aside
   spec = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   specs = [s.spec for s in jax.tree.leaves(spec.shardings["params"])]

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import lra_core
 from lra_core import layout, registry, sharding
+from lra_core.bench.shardings import parameter_layout
 from lra_core.checkpoints.checkpointer import Checkpointer
 from lra_core.data import pipeline
 from lra_core.errors import CheckpointError, ConfigError
@@ -170,8 +171,8 @@ def test_unknown_remat_is_one_sentence_before_any_build():
 
 def test_stacked_parameters_keep_their_sharding_with_an_unsplit_layer_axis():
   mesh_args = ("mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2")
-  plain = {r["path"]: r for r in layout.parameter_layout(load("transformer", "none", False, *mesh_args), 4)}
-  rows = layout.parameter_layout(load("transformer", "none", True, *mesh_args), 4)
+  plain = {r["path"]: r for r in parameter_layout(load("transformer", "none", False, *mesh_args), 4)}
+  rows = parameter_layout(load("transformer", "none", True, *mesh_args), 4)
   stacked = [r for r in rows if "stacked_layers" in r["path"]]
   assert stacked and any(layout.mesh_axes_used(r["spec"]) for r in stacked)
   for row in stacked:

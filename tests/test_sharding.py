@@ -7,11 +7,12 @@ from jax.sharding import PartitionSpec as P
 
 import lra_core
 from lra_core import layout, registry, sharding
-from lra_core.bench.shardings import summarize
+from lra_core.bench.shardings import parameter_layout, summarize
 from lra_core.checkpoints.checkpointer import Checkpointer, digests
 from lra_core.data import DataInfo
-from lra_core.layout import mesh_axes_used, to_device
+from lra_core.layout import mesh_axes_used
 from lra_core.run import optim
+from lra_core.run.batches import to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
@@ -212,7 +213,7 @@ def test_mesh_errors_are_clear():
 def test_every_model_family_splits_its_parameters_over_fsdp_and_tensor(family):
   mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
   name, smoke = family.name, family.smoke
-  rows = layout.parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
+  rows = parameter_layout(lra_core.load_config(smoke.config, [*smoke.overrides, *mesh]), num_devices=8)
   assert all(r["logical_axes"] is not None for r in rows), name
   # Every matrix over the model width is split over fsdp; what is not (per-head RG-LRU gates,
   # split over tensor instead) weighs more in a tiny model than at paper size.
@@ -226,9 +227,9 @@ def test_sharding_rules_are_selected_by_config():
   """Without the `embed -> fsdp` rule the fsdp axis only splits the batch (plain data parallelism)."""
   rules = "(('batch', ('data', 'fsdp')), ('heads', 'tensor'), ('kv_heads', 'tensor'), ('mlp', 'tensor'))"
   config = lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1", f"sharding.rules={rules}"])
-  rows = layout.parameter_layout(config, num_devices=8)
+  rows = parameter_layout(config, num_devices=8)
   up = next(r for r in rows if r["path"].endswith("mlp/up/kernel"))
   assert up["spec"] == P(None, "tensor") and up["per_device"] == up["size"] // 2
-  default = layout.parameter_layout(lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1"]), 8)
+  default = parameter_layout(lra_core.load_config(SPEC, ["mesh.fsdp=4", "mesh.tensor=2", "mesh.data=1"]), 8)
   up = next(r for r in default if r["path"].endswith("mlp/up/kernel"))
   assert up["spec"] == P("fsdp", "tensor") and up["per_device"] == up["size"] // 8

@@ -13,15 +13,22 @@ Prints each parameter's logical axes and PartitionSpec (with --params), and a su
 share of parameters split over `fsdp` and over `tensor`, and the parameter bytes (float32) one
 device holds. The mesh axes come from `config.mesh` (-1 = the remaining devices of --devices),
 the logical-to-mesh mapping from `config.sharding.rules`; both can be overridden as usual.
+`parameter_layout` computes the rows (an abstract mesh and abstract parameters, no device).
 """
 
 from __future__ import annotations
 
+import math
 import sys
+
+from flax import nnx
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from lra_core import cli, registry
 from lra_core.config import load_config
-from lra_core.layout import mesh_axes_used, mesh_shape, parameter_layout
+from lra_core.layout import mesh_axes_used, mesh_shape
+from lra_core.sharding import MESH_AXES, logical_to_spec
 
 # Each family's smoke config, a `tiny` one (the families' paper configs share their layouts).
 FAMILIES = {family.name: family.smoke.config for family in registry.families()}
@@ -32,6 +39,35 @@ def paper_spec(spec: str) -> str:
   path, _, arg = spec.partition(":")
   args = [a for a in arg.split(",") if a and a != "tiny"]
   return f"{path}:{','.join(args)}" if args else path
+
+
+def parameter_layout(config, num_devices: int) -> list[dict]:
+  """How `config`'s parameters would be split on `num_devices` devices, without any device.
+
+  One row per parameter: path, shape, logical axes, PartitionSpec and the elements each device
+  holds. Uses an abstract mesh and abstract parameters, so it runs anywhere in a second
+  (scripts/shardings.py prints it; docs/launching.md tabulates it per model family).
+  """
+  sizes = mesh_shape(config.mesh, num_devices)
+  mesh = AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES)
+  model = nnx.eval_shape(lambda: registry.build_model(config, seed=0))
+  rows = []
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    shape = tuple(var.get_value().shape)
+    axes = var.get_metadata().get("logical_axes")
+    spec = P() if axes is None else logical_to_spec(axes, config.sharding.rules, mesh, shape)
+    split = math.prod(mesh.shape[a] for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
+    rows.append(
+      dict(
+        path="/".join(map(str, path)),
+        shape=shape,
+        logical_axes=axes,
+        spec=spec,
+        size=math.prod(shape),
+        per_device=math.prod(shape) // split,
+      )
+    )
+  return rows
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -55,6 +55,7 @@ from lra_core.data import DataInfo
 from lra_core.errors import ConfigError, brief
 from lra_core.markdown import markdown_table
 from lra_core.run import data_setup
+from lra_core.run.batches import to_device
 from lra_core.run.state import run_setup
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
@@ -199,7 +200,7 @@ class TrainStepRun:
       )
       rng = np.random.default_rng(seed)
       self.host_batches = [random_batch(config, info, rng) for _ in range(2)]
-      self.batches = [layout.to_device(b, mesh, rules) for b in self.host_batches]
+      self.batches = [to_device(b, mesh, rules) for b in self.host_batches]
       self.start = time.perf_counter()
       lowered = step.lower(spec.abstract, self.batches[0])
       self.lowered_at = time.perf_counter()

@@ -23,6 +23,7 @@ from lra_core.compilation import topologies
 from lra_core.compilation.step_compile import jit_train_step
 from lra_core.errors import ConfigError, brief
 from lra_core.run import data_setup
+from lra_core.run.batches import batch_spec, config_batch
 from lra_core.run.state import StateSpec, run_setup
 from lra_core.run.steps import make_eval_step
 from lra_core.tasks import Task, make_task
@@ -53,21 +54,21 @@ def trace_train_step(config, devices: list[jax.Device]) -> tuple[sharding.Mesh, 
   task = make_task(config, info)
   tx, schedule, spec = run_setup(config, mesh)
   with jax.set_mesh(mesh), sharding.activate(mesh, rules):
-    batch = layout.config_batch(config, mesh, rules)
+    batch = config_batch(config, mesh, rules)
     return mesh, task, spec, jit_train_step(config, spec, task, tx, schedule).trace(spec.abstract, batch)
 
 
 def eval_step_args(config, spec, task, mesh, rules) -> tuple:
   """The evaluator's jitted step and its abstract arguments at the eval batch size."""
   batch_size = config.train.eval_batch_size or config.train.batch_size
-  batch = layout.config_batch(config, mesh, rules, batch_size=batch_size)
+  batch = config_batch(config, mesh, rules, batch_size=batch_size)
   carry = None
   if spec.has_carry:
     carry = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(
         (batch_size,) + a.shape[1:],
         a.dtype,
-        sharding=sharding.NamedSharding(mesh, layout.batch_spec(rules, mesh, (batch_size,) + a.shape[1:])),
+        sharding=sharding.NamedSharding(mesh, batch_spec(rules, mesh, (batch_size,) + a.shape[1:])),
       ),
       spec.abstract["carry"],
     )

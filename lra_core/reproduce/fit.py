@@ -15,12 +15,13 @@ import os
 import jax
 import numpy as np
 
-from lra_core import layout, sharding
+from lra_core import sharding
 from lra_core.bench import train_step
 from lra_core.bench.common import cost_flops, xla_memory_bytes
 from lra_core.errors import ConfigError
 from lra_core.markdown import markdown_table
 from lra_core.reproduce.common import Context, Result, curve, data_path, figure, fmt, save_plot, train
+from lra_core.run.batches import to_device
 from lra_core.run.state import run_setup
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
@@ -107,7 +108,7 @@ def planned_step(config) -> dict:
     step = jax.jit(
       make_train_step(config, spec, task, tx, schedule), donate_argnums=0, out_shardings=(spec.shardings, None)
     )
-    batch = layout.to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
+    batch = to_device(train_step.random_batch(config, info, np.random.default_rng(0)), mesh, rules)
     compiled = step.lower(spec.abstract, batch).compile()
   return dict(
     num_params=spec.num_params, flops_per_step=cost_flops(compiled), xla_memory_bytes=xla_memory_bytes(compiled)

@@ -30,6 +30,7 @@ from lra_core import layout, registry
 from lra_core.layer_stacks import STACKED, map_dicts, unscan_params  # noqa: F401  (unscan_params re-exported)
 from lra_core.registry import build_model
 from lra_core.run import optim
+from lra_core.run.batches import batch_spec
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ def make_state_spec(config, mesh: Mesh, tx: optax.GradientTransformation, *, see
     "opt_state": layout.match_param_specs(abstract["opt_state"], params_pure, param_specs),
   }
   if has_carry:
-    specs["carry"] = jax.tree.map(lambda x: layout.batch_spec(rules, mesh, x.shape), abstract["carry"])
+    specs["carry"] = jax.tree.map(lambda x: batch_spec(rules, mesh, x.shape), abstract["carry"])
   if has_ema:
     specs["ema"] = param_specs
   shardings = layout.named(mesh, specs)

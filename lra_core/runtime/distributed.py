@@ -3,7 +3,7 @@
 JAX's multi-controller runtime runs one Python process per host (or per GPU); every process
 runs the same program on its own devices and the processes meet in collectives. The trainer is
 written for it already: each process reads only its rows of a global batch (data/pipeline.py),
-`layout.to_device` assembles global arrays from those rows, process 0 alone writes metrics,
+`run.batches.to_device` assembles global arrays from those rows, process 0 alone writes metrics,
 and every process takes part in orbax's checkpoint saves. What remains is joining the
 processes, which must happen before anything touches a device:
 
