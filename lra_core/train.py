@@ -25,7 +25,6 @@ import numpy as np
 from flax import nnx
 
 from lra_core import cli, layout, sharding
-from lra_core import sample as sample_lib
 from lra_core.checkpoints import workdir as workdir_policy
 from lra_core.checkpoints.checkpointer import Checkpointer, SaveAbandoned, check_directory, check_writable
 from lra_core.checkpoints.init_from import warm_start
@@ -35,9 +34,9 @@ from lra_core.cost import throughput
 from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import TrainingDiverged
-from lra_core.evaluate import Evaluator
-from lra_core.run import data_setup, trackers
+from lra_core.run import data_setup, image_samples, trackers
 from lra_core.run.batches import abstract_batch, row_block, to_device
+from lra_core.run.evaluation import Evaluator
 from lra_core.run.metrics import MetricWriter, Progress
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
@@ -414,8 +413,8 @@ def _write_samples(config, spec, state, writer: MetricWriter, step: int) -> None
   """A grid of images sampled from the current parameters (their EMA, if kept) into TensorBoard."""
   model = nnx.merge(spec.eval_graphdef, eval_params(state), state["model_state"])
   key = jax.random.fold_in(jax.random.key(config.train.seed), step)
-  images = sample_lib.training_samples(config, model, key, SAMPLES)
-  writer.write_images(step, "samples", sample_lib.grid(images))
+  images = image_samples.training_samples(config, model, key, SAMPLES)
+  writer.write_images(step, "samples", image_samples.grid(images))
 
 
 def _finish_log(task, sums: dict, guard: _Guard | None, meter, step: int) -> dict[str, float]:

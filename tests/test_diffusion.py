@@ -13,10 +13,10 @@ import lra_core
 import tiers
 from fixtures import imagenet64 as fx
 from lra_core import diffusion, registry
-from lra_core import sample as sample_lib
 from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.models.fit import denoiser as fit_denoiser
+from lra_core.run import image_samples
 from lra_core.tasks import make_task
 
 SPEC = "configs/imagenet64/fit_denoiser.py:tiny"
@@ -302,7 +302,7 @@ def test_sampling_settings_come_from_the_config():
 
 def _draw(config, model, **options):
   """uint8 images through lra_core.sample (the trainer's and the CLI's path), fixed key and labels."""
-  return sample_lib.training_samples(config, model, jax.random.key(0), 2, labels=np.array([3, 7]), **options)
+  return image_samples.training_samples(config, model, jax.random.key(0), 2, labels=np.array([3, 7]), **options)
 
 
 SMALL = (

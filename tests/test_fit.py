@@ -20,7 +20,8 @@ from lra_core.errors import ConfigError
 from lra_core.kernels.packed_documents import segment_positions
 from lra_core.models import fit, transformer
 from lra_core.protocol import RunInfo
-from lra_core.sample import sample_images, save_grid
+from lra_core.run.image_samples import save_grid
+from lra_core.sample import sample_images
 from lra_core.train import train_and_evaluate
 
 VOCAB = 13

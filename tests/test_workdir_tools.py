@@ -17,7 +17,7 @@ import lra_core
 from lra_core import evaluate, layout, sample
 from lra_core.checkpoints.checkpointer import restore_params
 from lra_core.errors import CheckpointError, ConfigError
-from lra_core.run import optim
+from lra_core.run import evaluation, image_samples, optim
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_eval_step
 from lra_core.runtime import fs
@@ -158,27 +158,31 @@ def test_text_sampling_refuses_image_flags(listops_run):
 
 def test_grid_lays_images_out_with_one_pixel_gaps(tmp_path):
   images = np.arange(5 * 2 * 3 * 3, dtype=np.uint8).reshape(5, 2, 3, 3)
-  out = sample.grid(images)
+  out = image_samples.grid(images)
   assert out.shape == (2 * 3 + 1, 3 * 4 + 1, 3) and out.dtype == np.uint8  # 3 columns, 2 rows
   np.testing.assert_array_equal(out[1:3, 1:4], images[0])
   np.testing.assert_array_equal(out[4:6, 5:8], images[4])
   assert (out[0] == 255).all() and (out[:, 4] == 255).all() and (out[4:6, 9:12] == 255).all()  # gaps, empty cell
-  assert sample.grid(images, columns=5, scale=2).shape == (2 * 2 + 2, 5 * 7 + 1, 3)
-  assert sample.grid(images[..., :1]).shape == (7, 13, 1)
-  sample.save_grid(images[..., :1], tmp_path / "gray.png", scale=2)
+  assert image_samples.grid(images, columns=5, scale=2).shape == (2 * 2 + 2, 5 * 7 + 1, 3)
+  assert image_samples.grid(images[..., :1]).shape == (7, 13, 1)
+  image_samples.save_grid(images[..., :1], tmp_path / "gray.png", scale=2)
   assert np.asarray(Image.open(tmp_path / "gray.png")).shape == (2 * 5 + 1, 3 * 7 + 1)
   with pytest.raises(ConfigError, match=r"needs images \[N,S,S,C\]"):
-    sample.grid(images[0])
+    image_samples.grid(images[0])
 
 
 def test_a_saved_grid_is_drawn_at_least_256_pixels_wide_unless_a_scale_is_given(tmp_path):
   tiny = np.zeros((16, 8, 8, 3), np.uint8)  # a 4x4 grid of 8x8 images: 37 pixels wide at scale 1
-  assert sample.grid_scale(tiny) == 8 and sample.grid(tiny, scale=7).shape[1] < 256
-  sample.save_grid(tiny, tmp_path / "tiny.png")
+  assert image_samples.grid_scale(tiny) == 8 and image_samples.grid(tiny, scale=7).shape[1] < 256
+  image_samples.save_grid(tiny, tmp_path / "tiny.png")
   assert np.asarray(Image.open(tmp_path / "tiny.png")).shape == (4 * 65 + 1, 4 * 65 + 1, 3)
   wide = np.zeros((16, 64, 64, 3), np.uint8)  # ImageNet64: 261 pixels at scale 1
-  assert sample.grid_scale(wide) == 1 and sample.grid_scale(wide[:1]) == 4 and sample.grid_scale(tiny, 16) == 2
-  sample.save_grid(tiny, tmp_path / "given.png", scale=1)
+  assert (
+    image_samples.grid_scale(wide) == 1
+    and image_samples.grid_scale(wide[:1]) == 4
+    and image_samples.grid_scale(tiny, 16) == 2
+  )
+  image_samples.save_grid(tiny, tmp_path / "given.png", scale=1)
   assert np.asarray(Image.open(tmp_path / "given.png")).shape == (37, 37, 3)
 
 
@@ -225,9 +229,9 @@ def test_sample_a_diffusion_workdir_to_a_png_grid(denoiser_run, capsys):
   assert picture.shape == (2 * 89 + 1, 3 * 89 + 1, 3)  # 8x8 RGB images drawn 11x, 3 columns, 2 rows
   # The same draw as training_samples gives from the restored model.
   model, _ = sample.load_model(config, workdir)
-  images = sample.training_samples(config, model, jax.random.key(3), 5)
+  images = image_samples.training_samples(config, model, jax.random.key(3), 5)
   assert images.shape == (5, 8, 8, 3) and images.dtype == np.uint8
-  np.testing.assert_array_equal(picture, sample.grid(images, scale=11))
+  np.testing.assert_array_equal(picture, image_samples.grid(images, scale=11))
 
 
 @pytest.mark.slow
@@ -240,8 +244,8 @@ def test_sample_a_gcs_workdir(denoiser_run, fake_gcs, capsys):
   assert f"to {remote}/samples_step4.png" in capsys.readouterr().out
   picture = np.asarray(Image.open(io.BytesIO((remote / "samples_step4.png").read_bytes())))
   model, _ = sample.load_model(config, workdir)
-  images = sample.training_samples(config, model, jax.random.key(3), 5)
-  np.testing.assert_array_equal(picture, sample.grid(images, scale=sample.grid_scale(images)))
+  images = image_samples.training_samples(config, model, jax.random.key(3), 5)
+  np.testing.assert_array_equal(picture, image_samples.grid(images, scale=image_samples.grid_scale(images)))
 
 
 @pytest.mark.slow
@@ -249,12 +253,12 @@ def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
   config, workdir = denoiser_run
   model, _ = sample.load_model(config, workdir)
   key = jax.random.key(0)
-  default = sample.training_samples(config, model, key, 2)
+  default = image_samples.training_samples(config, model, key, 2)
   labels = np.array([3, 3])
-  ddim = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
+  ddim = image_samples.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
   assert ddim.shape == default.shape and not np.array_equal(ddim, default)
   np.testing.assert_array_equal(
-    ddim, sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
+    ddim, image_samples.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels)
   )
   out = tmp_path / "grid.png"
   sample.main(
@@ -274,10 +278,10 @@ def test_diffusion_sampler_steps_and_label_flags(denoiser_run, tmp_path):
       "2",
     ]
   )
-  np.testing.assert_array_equal(np.asarray(Image.open(out)), sample.grid(ddim, scale=2))
+  np.testing.assert_array_equal(np.asarray(Image.open(out)), image_samples.grid(ddim, scale=2))
   with pytest.raises(ConfigError, match=r"^--label 1000 is not a class of this model \(model\.num_classes=1000\)\.$"):
     sample.main([f"--workdir={workdir}", "--label=1000"])
-  guided = sample.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels, guidance=3.0)
+  guided = image_samples.training_samples(config, model, key, 2, sampler="ddim", steps=2, labels=labels, guidance=3.0)
   assert not np.array_equal(guided, ddim)  # the tiny config trains with a null class (diffusion.cond_dropout)
   with pytest.raises(
     ConfigError,
@@ -296,10 +300,10 @@ def test_training_samples_from_a_model_in_memory(spec):
   spec_ = make_state_spec(config, mesh, optim.make_optimizer(config)[0])
   state = spec_.init()
   model = nnx.merge(spec_.eval_graphdef, state["params"], state["model_state"])
-  images = sample.training_samples(config, model, jax.random.key(1), 3)
+  images = image_samples.training_samples(config, model, jax.random.key(1), 3)
   assert images.shape == (3, 8, 8, 3) and images.dtype == np.uint8
-  np.testing.assert_array_equal(images, sample.training_samples(config, model, jax.random.key(1), 3))
-  assert sample.grid(images).shape == (2 * 9 + 1, 2 * 9 + 1, 3)
+  np.testing.assert_array_equal(images, image_samples.training_samples(config, model, jax.random.key(1), 3))
+  assert image_samples.grid(images).shape == (2 * 9 + 1, 2 * 9 + 1, 3)
 
 
 def test_the_evaluator_keeps_at_most_two_steps_in_flight(listops_run, monkeypatch):
@@ -323,7 +327,7 @@ def test_the_evaluator_keeps_at_most_two_steps_in_flight(listops_run, monkeypatc
     return slow_step
 
   running, started = [], []
-  real_init = evaluate.Evaluator.__init__
+  real_init = evaluation.Evaluator.__init__
 
   def init(self, *args):
     real_init(self, *args)
@@ -337,7 +341,7 @@ def test_the_evaluator_keeps_at_most_two_steps_in_flight(listops_run, monkeypatc
 
     self.step = counted
 
-  monkeypatch.setattr(evaluate, "make_eval_step", lambda *a: slowed(make_eval_step(*a)))
-  monkeypatch.setattr(evaluate.Evaluator, "__init__", init)
+  monkeypatch.setattr(evaluation, "make_eval_step", lambda *a: slowed(make_eval_step(*a)))
+  monkeypatch.setattr(evaluation.Evaluator, "__init__", init)
   evaluate.evaluate(config, workdir, "test", write=False)
   assert len(running) == 5 and max(running) <= 1, running  # 40 examples, 8 a step
