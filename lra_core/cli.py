@@ -35,8 +35,8 @@ import runpy
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from lra_core.checkpoints.saved_config import load_workdir_config
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
@@ -200,23 +200,25 @@ def parse(
   prog: str | None = None,
   workdir: bool = True,
   description: str | None = None,
-  config_from_workdir: bool = False,
+  config_from_workdir: Callable[[str, Sequence[str]], Any] | None = None,
   example: str | None = None,
 ) -> Args:
   """The shared flags (`workdir=False` leaves out --workdir, for tools that write no run).
 
-  config_from_workdir: without --config, the config is `<workdir>/config.json` (the one the
-  trainer saved), overrides applied on top. `example` is the worked example --help shows.
+  config_from_workdir: without --config, the config this reads from the workdir and the overrides
+  (lra_core.checkpoints.saved_config.load_workdir_config: `<workdir>/config.json`, the one the trainer
+  saved, overrides on top); the commands that take it pass it in, so that the flags every dataset's
+  command shares stay below the checkpoints. `example` is the worked example --help shows.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = _Parser(prog=prog, description=description, epilog_fn=lambda: help_epilog(example or EXAMPLE))
-  optional = default_config is not None or config_from_workdir
+  optional = default_config is not None or config_from_workdir is not None
   parser.add_argument(
     "--config",
     default=default_config,
     required=not optional,
     help="config file, optionally followed by :ARG (e.g. configs/lra/listops/transformer.py:tiny)"
-    + ("; default: the workdir's config.json" if config_from_workdir else ""),
+    + ("; default: the workdir's config.json" if config_from_workdir is not None else ""),
   )
   if workdir:
     parser.add_argument(
@@ -233,7 +235,7 @@ def parse(
   ns = parse_known(parser, rest)
   setup_logging()
   if ns.config is None:
-    config = load_workdir_config(ns.workdir, overrides)
+    config = config_from_workdir(ns.workdir, overrides)
     spec = f"{ns.workdir}/config.json"
   else:
     config, spec = load_config(ns.config, overrides), ns.config

@@ -26,10 +26,10 @@ from lra_core.kernels.softmax.library import IMPLS as ATTENTION_IMPLS
 from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
 from lra_core.run import optim_settings as optim_lib
+from lra_core.run.trackers import TRACKERS
 from lra_core.sharding import MESH_AXES
 
 DTYPES = ("float32", "bfloat16", "float16")
-TRACKERS = ("none", "wandb", "trackio")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
 
 # Logical axis name -> mesh axes. Parameters carry logical names (see models/layers/core.py);

@@ -21,6 +21,7 @@ import jax
 
 from lra_core import cli, layout, sharding
 from lra_core.checkpoints.checkpointer import restore_params
+from lra_core.checkpoints.saved_config import load_workdir_config
 from lra_core.dataset_record import SPLITS
 from lra_core.run import data_setup
 from lra_core.run.evaluation import Evaluator
@@ -62,7 +63,9 @@ def main(argv=None) -> None:
     parser.add_argument("--split", default="test", choices=SPLITS)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
 
-  args = cli.parse(argv, extra=flags, prog="python -m lra_core.evaluate", config_from_workdir=True, example=EXAMPLE)
+  args = cli.parse(
+    argv, extra=flags, prog="python -m lra_core.evaluate", config_from_workdir=load_workdir_config, example=EXAMPLE
+  )
   result = evaluate(args.config, args.workdir, args.extra.split, step=args.extra.step, write=False)
   logging.info("evaluated step %d on %s", result["step"], args.extra.split)
   print(", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()), flush=True)

@@ -30,6 +30,7 @@ from flax import nnx
 from lra_core import cli, decoding, diffusion, layout, task_kinds
 from lra_core import data as data_lib
 from lra_core.checkpoints.checkpointer import restore_params
+from lra_core.checkpoints.saved_config import load_workdir_config
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.run.image_samples import PNG_MIN_WIDTH, check_guidance, save_grid, training_samples
 from lra_core.run.state import eval_params, run_setup
@@ -163,7 +164,9 @@ def main(argv=None) -> None:
       help="diffusion: classifier-free guidance scale w (default: config.diffusion.guidance)",
     )
 
-  args = cli.parse(argv, extra=flags, prog="python -m lra_core.sample", config_from_workdir=True, example=EXAMPLE)
+  args = cli.parse(
+    argv, extra=flags, prog="python -m lra_core.sample", config_from_workdir=load_workdir_config, example=EXAMPLE
+  )
   e, config = args.extra, args.config
   check_guidance(config, e.guidance)
   if config.task != "diffusion" and (e.sampler or e.steps or e.label is not None):

@@ -185,20 +185,22 @@ def test_a_saved_config_reads_back_equal(tmp_path, spec):
 
 def test_without_config_the_workdirs_config_json_is_read(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(lra_core.load_config(SPEC).to_dict()))
-  args = cli.parse(["--workdir", str(tmp_path), "--config.train.eval_batch_size", "16"], config_from_workdir=True)
+  args = cli.parse(
+    ["--workdir", str(tmp_path), "--config.train.eval_batch_size", "16"], config_from_workdir=load_workdir_config
+  )
   assert args.config.train.eval_batch_size == 16 and args.spec == f"{tmp_path}/config.json"
   explicit = cli.parse(
-    ["--workdir", str(tmp_path), "--config", SPEC, "--config.model.d_model=16"], config_from_workdir=True
+    ["--workdir", str(tmp_path), "--config", SPEC, "--config.model.d_model=16"], config_from_workdir=load_workdir_config
   )
   assert explicit.spec == SPEC and explicit.config.model.d_model == 16
 
 
 def test_a_workdir_without_config_json_is_one_sentence(tmp_path):
   with pytest.raises(ConfigError, match=r"workdir '.*nothing' does not exist; give the workdir of a run"):
-    cli.parse(["--workdir", str(tmp_path / "nothing")], config_from_workdir=True)
+    cli.parse(["--workdir", str(tmp_path / "nothing")], config_from_workdir=load_workdir_config)
   (tmp_path / "empty").mkdir()
   with pytest.raises(ConfigError, match=r"has no config\.json; give --config=<spec>, or the workdir of a run"):
-    cli.parse(["--workdir", str(tmp_path / "empty")], config_from_workdir=True)
+    cli.parse(["--workdir", str(tmp_path / "empty")], config_from_workdir=load_workdir_config)
   (tmp_path / "config.json").write_text("{")
   with pytest.raises(ConfigError, match=r"is not valid JSON"):
     load_workdir_config(tmp_path)

@@ -27,9 +27,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lra_core.config import TRACKERS
 from lra_core.errors import ConfigError, optional_import
 from lra_core.runtime import fs
+
+TRACKERS = ("none", "wandb", "trackio")  # train.tracker's choices (lra_core.config checks them)
 
 
 class Tracker:
