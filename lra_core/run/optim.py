@@ -125,12 +125,11 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   """
   optim_settings.validate_config(config)
   total_steps = optim_settings.train_steps(config)
-  main = optim_settings.main_settings(config.optim)
+  main, groups = optim_settings.resolved(config.optim)
   main_schedule = _schedule(main, total_steps)
   main_tx = _transform(main, main_schedule)
   if main["clip_norm"] > 0:
     main_tx = optax.chain(optax.clip_by_global_norm(main["clip_norm"]), main_tx)
-  groups = [optim_settings.group_settings(main, g, f"optim.groups[{i}]") for i, g in enumerate(config.optim.groups)]
   if not groups:
     return _per_layer(config, main_tx), main_schedule
   transforms = {MAIN_LABEL: main_tx}
@@ -150,8 +149,7 @@ def frozen(config: ml_collections.ConfigDict, params: Any) -> Any:
   names = {g["name"] for g in config.optim.groups if g["optimizer"] == "none"}
   if not names:
     return jax.tree.map(lambda _: False, params)
-  main = optim_settings.main_settings(config.optim)
-  groups = [optim_settings.group_settings(main, g, f"optim.groups[{i}]") for i, g in enumerate(config.optim.groups)]
+  _, groups = optim_settings.resolved(config.optim)
   return jax.tree.map(lambda label: label in names, _labeler(groups)(params))
 
 

@@ -170,6 +170,12 @@ def main_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   return d
 
 
+def resolved(cfg: ml_collections.ConfigDict) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """The optim section's main recipe and each of its groups resolved against it (`group_settings`)."""
+  main = main_settings(cfg)
+  return main, [group_settings(main, g, f"optim.groups[{i}]") for i, g in enumerate(cfg.groups)]
+
+
 def group_settings(main: Mapping[str, Any], group: Any, where: str) -> dict[str, Any]:
   """Resolves a group dict against GROUP_DEFAULTS and the main settings."""
   if not isinstance(group, Mapping) and not hasattr(group, "to_dict"):
