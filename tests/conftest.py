@@ -3,6 +3,7 @@
 import atexit
 import gc
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -64,22 +65,25 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 
 
+def _proc(name: str) -> str:
+  """A /proc file's text ("" where there is none: not Linux)."""
+  try:
+    return pathlib.Path("/proc", name).read_text()
+  except OSError:
+    return ""
+
+
 def _mappings() -> int:
-  return sum(1 for _ in open("/proc/self/maps")) if os.path.exists("/proc/self/maps") else 0
+  return _proc("self/maps").count("\n")
 
 
 def _resident_gib() -> float:
-  if not os.path.exists("/proc/self/status"):
-    return 0.0
-  kib = next((line.split()[1] for line in open("/proc/self/status") if line.startswith("VmRSS:")), "0")
+  kib = next((line.split()[1] for line in _proc("self/status").splitlines() if line.startswith("VmRSS:")), "0")
   return int(kib) / 2**20
 
 
 def _map_limit() -> int:
-  try:
-    return int(open("/proc/sys/vm/max_map_count").read())
-  except (OSError, ValueError):
-    return 65530  # the kernel's default
+  return int(_proc("sys/vm/max_map_count") or 65530)  # 65,530: the kernel's default
 
 
 # A worker keeps its compiled programs from file to file until they hold this much memory.
