@@ -21,17 +21,20 @@ class Core:
   """An attention core, the folder kernels/<name>/: its __init__.py checks the arguments and dispatches on
   `impl`, reference.py is the jnp reference, pallas.py the kernel's public function and gradient; `drivers`
   names the module of the folder that runs each driver (`toolkit.DRIVERS`; the module's name says the
-  backend), `kernels` the core's entries of `kernels_at`, `gpu_tiles` its keys of `toolkit.GPU_TILES`."""
+  backend), `kernels` the core's entries of `kernels_at`, `gpu_tiles` its keys of `toolkit.GPU_TILES`,
+  `backward` the modules of its backward kernels (which pallas.py's `jax.custom_vjp` calls)."""
 
   name: str
   kernels: tuple[str, ...]
   drivers: dict[str, str]
   gpu_tiles: tuple[str, ...]
+  backward: tuple[str, ...] = ()
 
   @property
   def modules(self) -> tuple[str, ...]:
     """The core's modules, as paths under kernels/ without .py (`vq/reference`)."""
-    return tuple(f"{self.name}/{stem}" for stem in ("__init__", "reference", "pallas", *self.drivers.values()))
+    stems = ("__init__", "reference", "pallas", *self.drivers.values(), *self.backward)
+    return tuple(f"{self.name}/{stem}" for stem in stems)
 
 
 CORES = (
@@ -46,6 +49,7 @@ CORES = (
     kernels=("causal_latte", "bidirectional_latte"),
     drivers={"grid": "tpu_grid", "loop": "gpu_loop"},
     gpu_tiles=("causal_latte", "bidirectional_latte"),
+    backward=("backward",),
   ),
   Core(
     "mixed_chunk",

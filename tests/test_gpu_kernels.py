@@ -24,7 +24,7 @@ NAMES = {
   "vq_attention": {"vq_attention"},
   "causal_latte": {"causal_latte"},
   "mixed_chunk": {"mixed_chunk_attention"},
-  "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents"},
+  "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents", "bidirectional_latte_backward"},
 }
 
 

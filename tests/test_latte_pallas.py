@@ -213,6 +213,50 @@ def test_bidirectional_kernel_equals_quadratic_formula(driver):
     assert_equals_reference(fast, reference, *(x.astype(dtype) for x in (q, 50 * k, v)))
 
 
+def products_outside_kernels(jaxpr) -> int:
+  """The matrix products (dot_general) of a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      continue
+    count += eqn.primitive.name == "dot_general"
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr, or a Jaxpr
+        if hasattr(inner, "eqns"):
+          count += products_outside_kernels(inner)
+  return count
+
+
+# The forward's drivers; the backward kernel with one head per program (the GPU's) and with both heads
+# side by side (a block-diagonal dS, as on TPU where a head's lanes do not fill a tile).
+@pytest.mark.parametrize("driver, grad_heads", [("grid", 2), ("loop", 1)])
+def test_bidirectional_gradient_is_a_kernel_equal_to_the_reference_vjp(driver, grad_heads):
+  """Without documents the summary's gradient is a Pallas kernel (kernels/latte/backward.py) fed by the
+  forward's max, normaliser and summary: the gradients to q, k, v and latent_scale equal the XLA form's VJP
+  (the oracle), with padding (a whole row too), key logits spread over hundreds and a last time block
+  running past T; the value and gradient trace to 2 pallas_calls (the reduction and its backward) and to no
+  more matrix products outside them than the forward's plus 2 (the summary's and p(l|t)'s cotangents)."""
+  q, k, v = qkv(b=3, t=11, l=8)
+  k = 50 * k
+  mask = np.arange(11)[None] < np.array([[11], [6], [0]])
+  scale = (np.random.default_rng(3).random(q.shape) > 0.3).astype(np.float32) / 0.7
+  weights = jnp.cos(jnp.arange(v.shape[-1]) + jnp.arange(v.shape[1])[:, None, None])
+
+  def loss(fn):
+    return lambda q, k, v, s: (fn(q, k, v, mask=mask, latent_scale=s) * weights).sum()
+
+  fast = loss(functools.partial(latte_pallas.bidirectional_latte, block=4, driver=driver, grad_heads=grad_heads))
+  xla = loss(lk.bidirectional_latte)
+  grads = lambda f: jax.value_and_grad(f, argnums=(0, 1, 2, 3))
+  got, want = run(lambda *a: (grads(fast)(*a), grads(xla)(*a)), q, k, v, scale)
+  assert_same(got, want)
+  traced = jax.make_jaxpr(grads(fast))(q, k, v, scale).jaxpr
+  forward = jax.make_jaxpr(fast)(q, k, v, scale).jaxpr
+  assert str(traced).count("pallas_call") == 2
+  assert products_outside_kernels(traced) <= products_outside_kernels(forward) + 2
+
+
 # -- packed documents ----------------------------------------------------------------------------------------
 
 # Row 0: documents of 5, 6 and 3 tokens and one padding token (blocks of 4: boundaries inside blocks
@@ -284,7 +328,8 @@ def test_kernels_run_per_device_under_a_mesh():
 
   q, k, v = qkv(b=4, t=9, l=8)
   with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
-    assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 2
+    # the causal kernel, the bidirectional reduction and the bidirectional reduction's backward kernel
+    assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 3
     sharded = run(functools.partial(both, (causal, bidirectional)), q, k, v)
   assert_same(sharded, run(functools.partial(both, references), q, k, v))
 

@@ -28,10 +28,12 @@ Drivers (kernels/toolkit.py): "grid" (TPU, and interpret mode), grid (B, H, bloc
 across the sequential block axis; "loop" (GPU), a program loops over the blocks of its whole [T, .]
 slices with the state in loop values, its steps laid out for Triton's registers (kernels/latte/gpu_loop.py).
 
-Backward: `jax.custom_vjp` whose backward is the VJP of the XLA chunked forms
-(`kernels.latte.reference.causal_latte` / `bidirectional_latte`), recomputed from the inputs: gradients (to q,
-k, v and a carried state) are the XLA path's, and so is training memory; the kernels run the forward
-pass only.
+Backward: bidirectional Latte without documents differentiates only its summary with a kernel
+(kernels/latte/backward.py: parallel over the time blocks, from the forward's max, normaliser and summary);
+softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. The causal kernel and the packed
+documents' kernels still take the VJP of the XLA chunked forms (`kernels.latte.reference.causal_latte` /
+`bidirectional_latte`), recomputed from the inputs: their gradients (to q, k, v and a carried state) are the
+XLA path's, and so is their training memory.
 
 Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32 on GPU)
 and return v's dtype. Time blocks: the causal kernel's is `chunk` (`default_chunk`), the bidirectional
@@ -55,7 +57,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import per_device, toolkit
-from lra_core.kernels.latte import gpu_loop, reference, tpu_grid
+from lra_core.kernels.latte import backward, gpu_loop, reference, tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
@@ -265,27 +267,20 @@ def causal_latte(
 # -- bidirectional ----------------------------------------------------------------------------------
 
 
-def _bidirectional_forward(
-  q,
-  k,
-  v,
-  segments,
-  latent_scale,
-  *,
-  block: int,
-  chunk: int,
-  driver: str,
-  interpret: bool,
-  tiles: tuple[tuple[str, int], ...],
-) -> Array:
-  b, t, h, l = q.shape
+def _reduction_blocks(block: int, t: int) -> tuple[int, int]:
+  """(time block, padded length) of the bidirectional reduction: a short sequence is one block (a power of
+  two, for Triton)."""
+  c = min(block, pl.next_power_of_2(t))
+  return c, -(-t // c) * c
+
+
+def _summary_state(k, v, *, block: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]):
+  """The reduction kernel on float32 keys k [B,T,H,L] (masked at NEG) and v [B,T,H,D] -> (S [B,H,D,L],
+  den [B,H,1,L], max [B,H,1,L]): S_l = sum_s softmax_s(k_sl) v_s, and the normaliser and max it came from."""
+  b, t, h, l = k.shape
   d = v.shape[-1]
-  p = reference.latent_probs(q, latent_scale)
-  if segments is not None:
-    return _segmented_forward(p, k, v, segments, chunk=chunk, driver=driver, interpret=interpret, tiles=tiles)
   v = _triton_width(v)
-  c = min(block, pl.next_power_of_2(t))  # a short sequence is one block (a power of two, for Triton)
-  tp = -(-t // c) * c
+  c, tp = _reduction_blocks(block, t)
   dp = v.shape[-1]
   init = {
     "num": jnp.zeros((b, h, dp, l), f32),
@@ -309,8 +304,46 @@ def _bidirectional_forward(
     latent_grid=True,  # the reduction is independent per latent: a latent tile per program
   )
   state = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), _dims(init), batch=b, heads=h)
-  summary = state["num"][:, :, :d] / state["den"]  # [B,H,D,L]; den >= 1
-  return jnp.einsum("bthl,bhdl->bthd", p, summary).astype(v.dtype)
+  return state["num"][:, :, :d] / state["den"], state["den"], state["max"]  # den >= 1
+
+
+def _summary_options(options) -> dict:
+  return {n: v for n, v in options if n in ("block", "driver", "interpret", "tiles")}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _summary(k, v, options):
+  return _summary_state(k, v, **_summary_options(options))[0]
+
+
+def _summary_fwd(k, v, options):
+  s, den, mx = _summary_state(k, v, **_summary_options(options))
+  return s, (k, v, s, den, mx)  # O(B H L D) kept: no [T,L] weights
+
+
+def _summary_bwd(options, residuals, ds):
+  """The summary's gradient as a kernel (kernels/latte/backward.py), parallel over the time blocks, on k
+  and v in their own layout."""
+  k, v, s, den, mx = residuals
+  b, t, h, l = k.shape
+  d = v.shape[-1]
+  opts = dict(options)
+  vp = _triton_width(v)  # Triton's value padding (GPU only): zero columns, cut below
+  width = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, vp.shape[-1] - d), (0, 0)))  # [B,H,D,L] likewise
+
+  def run(k, v, mx, den, s, ds):
+    g = opts["grad_heads"] or backward.heads_per_program(k.shape[2], l, v.shape[-1])  # this device's heads
+    return backward.summary_grad(
+      k, v, mx, den, s, ds, block=opts["block"], interpret=opts["interpret"], heads_per_program=g
+    )
+
+  args = (k, vp, mx, den, width(s), width(ds.astype(f32)))
+  dims = ("bth.", "bth.", "bh..", "bh..", "bh..", "bh..")
+  dk, dv = per_device.run_per_device(run, args, dims, ("bth.", "bth."), batch=b, heads=h)
+  return dk.astype(k.dtype), dv[..., :d]
+
+
+_summary.defvjp(_summary_fwd, _summary_bwd)
 
 
 def _segmented_forward(
@@ -354,7 +387,8 @@ def _segmented_forward(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _bidirectional(q, k, v, segments, latent_scale, options):
-  return _bidirectional_forward(q, k, v, segments, latent_scale, **dict(options))
+  opts = {n: v for n, v in options if n not in ("block", "grad_heads")}
+  return _segmented_forward(reference.latent_probs(q, latent_scale), k, v, segments, **opts)
 
 
 def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
@@ -387,15 +421,23 @@ def bidirectional_latte(
   interpret: bool | None = None,
   value_block: int | None = None,
   latent_block: int | None = None,
+  grad_heads: int | None = None,
 ) -> Array:
   """`kernels.latte.bidirectional_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D], mask bool [B,T] -> [B,T,H,D] in v's dtype. `block`: the time block of the reduction
   (at most the next power of two >= T; default `default_block()`). With `segments` int[B,T] (packed
   documents) the linear sums run in blocks of `chunk` tokens (default `default_block(segmented=True)`).
   `latent_scale` [B,T,H,L] times p(l|t). "loop" driver: value columns and latents per program (the
-  reduction) or per group (the linear sums), default `toolkit.GPU_TILES`."""
+  reduction) or per group (the linear sums), default `toolkit.GPU_TILES`. `grad_heads`: heads per program of
+  the summary's backward kernel (default per target, `backward.heads_per_program`; it must divide the heads
+  each device holds)."""
   block = default_block() if block is None else block
   chunk = default_block(segmented=True) if chunk is None else chunk
   options = (("block", block), ("chunk", chunk)) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
-  options += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)),)
-  return _bidirectional(q, reference.masked_keys(k, mask), v, segments, latent_scale, options)
+  options += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)), ("grad_heads", grad_heads))
+  k = reference.masked_keys(k, mask)
+  if segments is not None:
+    return _bidirectional(q, k, v, segments, latent_scale, options)
+  # The summary is the kernel (its gradient too); p(l|t) and the product with it are XLA's, with their VJP.
+  summary = _summary(k, v, options)  # [B,H,D,L]
+  return jnp.einsum("bthl,bhdl->bthd", reference.latent_probs(q, latent_scale), summary).astype(v.dtype)

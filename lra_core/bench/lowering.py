@@ -54,16 +54,16 @@ TPU_MARKER, GPU_MARKER = "tpu_custom_call", "xla.gpu.triton"
 KERNEL_FIELDS = ("shared_kib", "registers", "spill_stores", "spill_loads")  # GPU rows: the dearest kernel's
 
 
-def compile_for_tpu(fn: Callable, args: tuple, devices) -> tuple[str, float]:
+def compile_for_tpu(fn: Callable, args: tuple, devices):
   """fn(*args) jitted under `jax.set_mesh` of `devices`, lowered and compiled by the TPU compiler:
-  the lowered text and the compile seconds (raises what lowering or compiling raises)."""
+  the lowered text, the compile seconds and the compiled program (raises what lowering or compiling raises)."""
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   replicated = NamedSharding(mesh, P())
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in args))
     start = time.perf_counter()
-    lowered.compile()
-    return lowered.as_text(), time.perf_counter() - start
+    compiled = lowered.compile()
+    return lowered.as_text(), time.perf_counter() - start, compiled
 
 
 def lower(fn: Callable, args: tuple, platform: str, tpu_kind: str = "TPU v5 lite") -> str:
@@ -98,8 +98,9 @@ def check(
   **sizes,
 ) -> list[dict]:
   """One row per kernel (those named in `only`, or all), platform and pass: ok, how ('compiled' /
-  'lowered'), compile seconds, error, and for compiled GPU rows the kernel's shared memory (KiB),
-  registers and spill bytes (the largest over the program's Pallas kernels)."""
+  'lowered'), compile seconds, error; for compiled rows the kernel calls in the program ("calls": Mosaic
+  calls on TPU, Triton kernels on GPU) and its temporaries (MiB, the compiler's memory analysis), and for
+  GPU rows the kernel's shared memory (KiB), registers and spill bytes (the largest over its Pallas kernels)."""
   compile_tpu = topologies.libtpu_installed() if compile_tpu is None else compile_tpu
   compile_gpu = topologies.cuda_plugin_installed() if compile_gpu is None else compile_gpu
   devices = topologies.tpu_devices(topology) if "tpu" in platforms and compile_tpu else None
@@ -124,14 +125,20 @@ def check(
           "how": "compiled" if compiled else "lowered",
           "seconds": None,
           "error": "",
+          "calls": None,
+          "temporaries_mib": None,
           **dict.fromkeys(KERNEL_FIELDS),
         }
         try:
           if platform == "tpu" and compiled:
-            text, row["seconds"] = compile_for_tpu(f, args, devices)
+            text, row["seconds"], program = compile_for_tpu(f, args, devices)
+            row["calls"] = program.as_text().count(f'custom_call_target="{TPU_MARKER}"')
+            row["temporaries_mib"] = program.memory_analysis().temp_size_in_bytes / 2**20
           elif compiled:
             program, row["seconds"], found = gpu_compile.compile_for_gpu(f, args, gpu_devices)
             text = program.as_text()
+            row["calls"] = len(found)
+            row["temporaries_mib"] = program.memory_analysis().temp_size_in_bytes / 2**20
             if found:
               row.update(
                 shared_kib=max(k.shared_bytes for k in found) / 1024,
@@ -202,8 +209,8 @@ def main(argv=None) -> list[dict]:
   if sorted(set(papers) - set(PAPER)):
     parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
   print(
-    "| kernel | shapes (q k v ...) | target | dtype | pass | result | compile s | shared KiB | registers | "
-    "spill B (stores / loads) | error |\n|---|---|---|---|---|---|---|---|---|---|---|",
+    "| kernel | shapes (q k v ...) | target | dtype | pass | result | compile s | kernel calls | temporaries MiB | "
+    "shared KiB | registers | spill B (stores / loads) | error |\n" + "|---" * 13 + "|",
     flush=True,
   )
 
@@ -213,9 +220,11 @@ def main(argv=None) -> list[dict]:
     shared = "" if r["shared_kib"] is None else f"{r['shared_kib']:.0f}"
     registers = "" if r["registers"] is None else r["registers"]
     spills = "" if r["spill_stores"] is None else f"{r['spill_stores']} / {r['spill_loads']}"
+    calls = "" if r["calls"] is None else r["calls"]
+    temporaries = "" if r["temporaries_mib"] is None else f"{r['temporaries_mib']:.1f}"
     print(
       f"| {r['kernel']} | {r['shapes']} | {r['target']} | {r['dtype']} | {r['pass']} | {result} | {seconds} | "
-      f"{shared} | {registers} | {spills} | {r['error']} |",
+      f"{calls} | {temporaries} | {shared} | {registers} | {spills} | {r['error']} |",
       flush=True,
     )
 
