@@ -12,7 +12,7 @@ from lra_core.bench import gpu_compile
 from lra_core.compilation import topologies
 from lra_core.cost import chips
 from lra_core.errors import ConfigError
-from lra_core.kernels import catalog, toolkit
+from lra_core.kernels import catalog, latte, toolkit
 
 needs_plugin = pytest.mark.skipif(
   not topologies.cuda_plugin_installed(),
@@ -87,6 +87,17 @@ def test_latte_compiles_at_the_papers_sizes_without_spills(h100, paper, segments
   for k in _compile_both_passes(fn, args, h100):
     if k.spill_stores is not None:
       assert k.spill_stores == 0, k.describe()
+
+
+@needs_plugin
+@pytest.mark.parametrize("t", [10, 200])
+def test_bidirectional_latte_s_backward_compiles_off_the_blocks(h100, t):
+  """Triton takes only powers of two: the backward kernel's time block stays one (16) past the end of a
+  10-step sequence and off the end of a 200-step one, its rows beyond the end masked."""
+  x = jax.ShapeDtypeStruct((2, t, 4, 64), jax.numpy.float32)
+  fn = lambda q, k, v: latte.bidirectional_latte(q, k, v, impl="pallas")
+  kernels = _compile_both_passes(fn, (x, x, x), h100)
+  assert "bidirectional_latte_backward" in {k.name for k in kernels}
 
 
 @needs_plugin

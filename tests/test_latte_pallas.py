@@ -15,6 +15,7 @@ from lra_core.data import DataInfo
 from lra_core.errors import ConfigError
 from lra_core.kernels import latte as lk
 from lra_core.kernels import per_device, toolkit
+from lra_core.kernels.latte import backward
 from lra_core.kernels.latte import pallas as latte_pallas
 from lra_core.run import optim
 from lra_core.run.batches import to_device
@@ -172,6 +173,19 @@ def test_kernels_for_gpu_equal_the_formulas_in_interpret_mode():
     # (batch, heads, value tiles, latent tiles): the latents in groups inside causal and the linear sums
     assert "grid=(1, 2, 2, 1)" in jaxpr and ("grid=(1, 2, 2, 2)" in jaxpr) == (segs is None)
     assert_same(got, run(reference, q, 10 * k, v))
+
+
+@pytest.mark.parametrize("t", [10, 21])
+def test_bidirectional_gradient_for_gpu_in_interpret_mode(t):
+  """The backward kernel as traced for a GPU target (one head per program; blocks of 16, a power of two,
+  past the end of a 10-step sequence and off the end of a 21-step one), run in interpret mode: the
+  quadratic formula's gradients."""
+  q, k, v = qkv(b=1, t=t, l=16, d=32)
+  fast = lambda q, k, v: latte_pallas.bidirectional_latte(q, k, v, interpret=True)
+  with toolkit.target("gpu"):
+    assert backward.heads_per_program(2, 16, 32) == 1
+    got = run(lambda *a: value_and_grads(fast, *a), q, 10 * k, v)
+  assert_same(got, run(lambda *a: value_and_grads(lk.bidirectional_latte_reference, *a), q, 10 * k, v))
 
 
 def test_value_widths_triton_cannot_take_are_padded_for_gpu():

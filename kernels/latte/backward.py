@@ -97,7 +97,9 @@ def summary_grad(
   b, t, h, l = k.shape
   d = v.shape[-1]
   g = heads_per_program
-  c = min(block, t)  # a short sequence is one block of the whole axis
+  # A short sequence is one block: on TPU of the whole axis, on GPU of the next power of two (Triton takes no
+  # other sizes; the rows past the end are masked).
+  c = min(block, pl.next_power_of_2(t) if toolkit.platform() == "gpu" else t)
   ds = ds.astype(f32)
   rows = lambda x: x.reshape(b, 1, h * l)  # [B,H,1,L] -> [B,1,H*L]: the same bytes
   timed = lambda width: pl.BlockSpec((None, c, g * width), lambda i, j, r: (i, r, j))
