@@ -127,13 +127,15 @@ def _options(driver: str | None, interpret: bool | None) -> tuple[str, bool]:
 # -- causal -----------------------------------------------------------------------------------------
 
 
-def _triton_width(v: Array) -> Array:
-  """v [B,T,H,D] with D padded by zeros to a power of two on GPU (Triton takes no other sizes; the padded
-  columns' outputs are zeros, cut afterwards), unchanged elsewhere."""
-  d = v.shape[-1]
+def _triton_width(v: Array, axis: int = -1) -> Array:
+  """v [B,T,H,D] (or any array with D at `axis`) with D padded by zeros to a power of two on GPU (Triton takes
+  no other sizes; the padded columns' outputs are zeros, cut afterwards), unchanged elsewhere."""
+  d = v.shape[axis]
   if toolkit.platform() != "gpu" or d == pl.next_power_of_2(d):
     return v
-  return jnp.pad(v, [(0, 0)] * 3 + [(0, pl.next_power_of_2(d) - d)])
+  pad = [(0, 0)] * v.ndim
+  pad[axis] = (0, pl.next_power_of_2(d) - d)
+  return jnp.pad(v, pad)
 
 
 def _document_columns(segments: Array, heads: int, chunk: int, t: int) -> dict[str, Array]:
@@ -307,37 +309,32 @@ def _summary_state(k, v, *, block: int, driver: str, interpret: bool, tiles: tup
   return state["num"][:, :, :d] / state["den"], state["den"], state["max"]  # den >= 1
 
 
-def _summary_options(options) -> dict:
-  return {n: v for n, v in options if n in ("block", "driver", "interpret", "tiles")}
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _summary(k, v, options, grad_heads):
+  return _summary_state(k, v, **dict(options))[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _summary(k, v, options):
-  return _summary_state(k, v, **_summary_options(options))[0]
-
-
-def _summary_fwd(k, v, options):
-  s, den, mx = _summary_state(k, v, **_summary_options(options))
+def _summary_fwd(k, v, options, grad_heads):
+  s, den, mx = _summary_state(k, v, **dict(options))
   return s, (k, v, s, den, mx)  # O(B H L D) kept: no [T,L] weights
 
 
-def _summary_bwd(options, residuals, ds):
+def _summary_bwd(options, grad_heads, residuals, ds):
   """The summary's gradient as a kernel (kernels/latte/backward.py), parallel over the time blocks, on k
   and v in their own layout."""
   k, v, s, den, mx = residuals
   b, t, h, l = k.shape
   d = v.shape[-1]
   opts = dict(options)
-  vp = _triton_width(v)  # Triton's value padding (GPU only): zero columns, cut below
-  width = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, vp.shape[-1] - d), (0, 0)))  # [B,H,D,L] likewise
 
   def run(k, v, mx, den, s, ds):
-    g = opts["grad_heads"] or backward.heads_per_program(k.shape[2], l, v.shape[-1])  # this device's heads
+    g = grad_heads or backward.heads_per_program(k.shape[2], l, v.shape[-1])  # this device's heads
     return backward.summary_grad(
       k, v, mx, den, s, ds, block=opts["block"], interpret=opts["interpret"], heads_per_program=g
     )
 
-  args = (k, vp, mx, den, width(s), width(ds.astype(f32)))
+  # Triton's value padding (GPU only): zero columns of v, s and ds, whose dv columns are cut below
+  args = (k, _triton_width(v), mx, den, _triton_width(s, axis=2), _triton_width(ds.astype(f32), axis=2))
   dims = ("bth.", "bth.", "bh..", "bh..", "bh..", "bh..")
   dk, dv = per_device.run_per_device(run, args, dims, ("bth.", "bth."), batch=b, heads=h)
   return dk.astype(k.dtype), dv[..., :d]
@@ -387,8 +384,7 @@ def _segmented_forward(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _bidirectional(q, k, v, segments, latent_scale, options):
-  opts = {n: v for n, v in options if n not in ("block", "grad_heads")}
-  return _segmented_forward(reference.latent_probs(q, latent_scale), k, v, segments, **opts)
+  return _segmented_forward(reference.latent_probs(q, latent_scale), k, v, segments, **dict(options))
 
 
 def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
@@ -431,13 +427,14 @@ def bidirectional_latte(
   reduction) or per group (the linear sums), default `toolkit.GPU_TILES`. `grad_heads`: heads per program of
   the summary's backward kernel (default per target, `backward.heads_per_program`; it must divide the heads
   each device holds)."""
-  block = default_block() if block is None else block
-  chunk = default_block(segmented=True) if chunk is None else chunk
-  options = (("block", block), ("chunk", chunk)) + tuple(zip(("driver", "interpret"), _options(driver, interpret)))
-  options += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)), ("grad_heads", grad_heads))
+  # What both forms share; each adds its time block (hashable tuples: custom_vjp's static arguments).
+  common = tuple(zip(("driver", "interpret"), _options(driver, interpret)))
+  common += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)),)
   k = reference.masked_keys(k, mask)
   if segments is not None:
-    return _bidirectional(q, k, v, segments, latent_scale, options)
+    chunk = default_block(segmented=True) if chunk is None else chunk
+    return _bidirectional(q, k, v, segments, latent_scale, (("chunk", chunk), *common))
+  block = default_block() if block is None else block
   # The summary is the kernel (its gradient too); p(l|t) and the product with it are XLA's, with their VJP.
-  summary = _summary(k, v, options)  # [B,H,D,L]
+  summary = _summary(k, v, (("block", block), *common), grad_heads)  # [B,H,D,L]
   return jnp.einsum("bthl,bhdl->bthd", reference.latent_probs(q, latent_scale), summary).astype(v.dtype)
