@@ -43,25 +43,26 @@ jax.config.update("jax_enable_compilation_cache", False)
 gc.set_threshold(50_000, 20, 100)
 
 
-# Under `--dist=loadfile` (pyproject.toml) pytest-xdist hands out whole files in collection order: the longest
-# go first (CPU seconds in a full run, longest first), so that no worker is left running one alone at the end.
+# Under `--dist=loadfile --no-loadscope-reorder` (pyproject.toml) pytest-xdist hands out whole files in
+# collection order: the longest go first (wall seconds in a full two-worker run at 94d8857, longest first), so
+# that the short files fill the end and no worker is left running a long one alone.
 LONGEST_FIRST = (
-  "test_multiprocess.py",  # two-process runs, several JAX start-ups each: one of the longest files
+  "test_context_parallel.py",  # 303 s: every family's train step split over 2, 8 and 2 x 4 chips
+  "test_kill_resume.py",  # 209 s: runs killed and restarted, in subprocesses
+  "test_multiprocess.py",  # 184 s: two-process runs, several JAX start-ups each
   "test_hlo_cost.py",
   "test_aot.py",
-  "test_kill_resume.py",
-  "test_context_parallel.py",
-  "test_flash.py",
-  "test_transformer_vq.py",
-  "test_block_transformer.py",
-  "test_diffusion.py",
-  "test_fit.py",
-  "test_latte.py",
-  "test_vq_pallas.py",
-  "test_remat_scan.py",
-  "test_tpu_kernels.py",
   "test_library_attention.py",
-  "test_families.py",
+  "test_transformer_vq.py",
+  "test_reliability.py",
+  "test_workdir_tools.py",
+  "test_flash.py",
+  "test_fit.py",
+  "test_block_transformer.py",
+  "test_remat_scan.py",
+  "test_vq_pallas.py",
+  "test_latte.py",
+  "test_gpu_kernels.py",
 )
 
 
