@@ -66,8 +66,8 @@ def assert_equals_reference(fn, reference, q, k, v, *, grads=True):
 
 # -- causal ---------------------------------------------------------------------------------------------
 
-# T odd (padded to whole chunks), chunks of 1 to 16 (one longer than T), L per head 8 to 512. The
-# backward is the XLA form's whatever the driver, so gradients are checked once per dtype.
+# T odd (padded to whole chunks), chunks of 1 to 16 (one longer than T), L per head 8 to 512. Gradients on
+# the grid driver, whose backward is a kernel (the loop driver's is the XLA form's VJP), once per dtype.
 CAUSAL_CASES = [  # t, chunk, l, driver, dtype, grads
   (13, 4, 64, "grid", np.float32, True),
   (37, 8, 64, "loop", np.float32, False),
@@ -102,6 +102,45 @@ def test_causal_kernel_continues_a_carried_state():
 
   got, want = run(lambda *a: (continued(*a), lk.causal_latte_reference(*a)[:, 5:]), *qkv(t=12))
   assert_same(got, want)
+
+
+# Row 0: documents of 3, 5 and 3 tokens (blocks of 4: a document across a block edge, one starting on one);
+# row 1: one document. The carried state continues each row's first document.
+GRAD_SEGMENTS = np.array([[1] * 3 + [2] * 5 + [3] * 3, [1] * 11], np.int32)
+
+
+@pytest.mark.parametrize("segments", [None, GRAD_SEGMENTS], ids=["plain", "documents"])
+def test_causal_gradient_is_two_kernels_equal_to_the_reference_vjp(segments):
+  """On the grid driver the causal gradient is two Pallas kernels (kernels/latte/backward.py: the forward scan
+  once more, then a reverse scan carrying the adjoints of num and den): the gradients to q, k, v,
+  latent_scale and a carried state (num, den, max) equal the XLA form's VJP (the oracle), with and without
+  packed documents, with key logits spread over hundreds and a last block running past T; the value and
+  gradient trace to 3 pallas_calls and to no more matrix products outside them than the forward's plus 2."""
+  q, k, v = qkv(b=2, t=11, l=8)
+  k = 50 * k
+  scale = (np.random.default_rng(3).random(q.shape) > 0.3).astype(np.float32) / 0.7
+  rng = np.random.default_rng(5)
+  state = {
+    "num": rng.standard_normal((2, 2, 8, 4)).astype(np.float32),
+    "den": (1 + rng.random((2, 2, 8))).astype(np.float32),
+    "max": (20 * rng.standard_normal((2, 2, 8))).astype(np.float32),
+  }
+  weights = jnp.cos(jnp.arange(v.shape[-1]) + jnp.arange(v.shape[1])[:, None, None])
+
+  def loss(fn):
+    return lambda q, k, v, s, state: (
+      fn(q, k, v, chunk=4, state=state, segments=segments, latent_scale=s) * weights
+    ).sum()
+
+  fast = loss(functools.partial(latte_pallas.causal_latte, driver="grid"))
+  xla = loss(lk.causal_latte)
+  grads = lambda f: jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4))
+  got, want = run(lambda *a: (grads(fast)(*a), grads(xla)(*a)), q, k, v, scale, state)
+  assert_same(got, want)
+  traced = jax.make_jaxpr(grads(fast))(q, k, v, scale, state).jaxpr
+  forward = jax.make_jaxpr(fast)(q, k, v, scale, state).jaxpr
+  assert str(traced).count("pallas_call") == 3
+  assert products_outside_kernels(traced) <= products_outside_kernels(forward) + 2
 
 
 # The "loop" driver's tiles (GPU): value columns per program and latents per group (causal, linear sums) or
@@ -342,8 +381,8 @@ def test_kernels_run_per_device_under_a_mesh():
 
   q, k, v = qkv(b=4, t=9, l=8)
   with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
-    # the causal kernel, the bidirectional reduction and the bidirectional reduction's backward kernel
-    assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 3
+    # the causal kernel and its two backward kernels (one shard_map), the bidirectional reduction and its backward
+    assert str(jax.make_jaxpr(functools.partial(both, (causal, bidirectional)))(q, k, v)).count("shard_map") == 4
     sharded = run(functools.partial(both, (causal, bidirectional)), q, k, v)
   assert_same(sharded, run(functools.partial(both, references), q, k, v))
 

@@ -1,4 +1,5 @@
-"""Latte's backward kernels: the gradient of bidirectional Latte's summary, from the forward's residuals.
+"""Latte's backward kernels: the gradient of bidirectional Latte's summary, from the forward's residuals, and
+causal Latte's gradient as two scans.
 
 Bidirectional Latte (no packed documents) reduces the sequence to one summary per latent l,
 
@@ -26,6 +27,31 @@ then does g times a head's matmul work, on the MXU.
 The last time block may run past T: its rows beyond T read whatever lies there and are never written back,
 and every row's gradient depends on its own k and v only. kernels/latte/pallas.py wires this kernel into
 `jax.custom_vjp`; the XLA form's VJP is the tests' oracle.
+
+Causal Latte (no packed documents; `causal_dp_block`, `causal_grad_block`). Token t's output is
+y_t = sum_l p_tl N_tl / Z_tl with the sums over s <= t and the carried state (num0, den0 at max m0):
+
+  N_tl = a_tl num0_l + sum_s w_tsl v_s,   Z_tl = a_tl den0_l + sum_s w_tsl,
+  w_tsl = exp(k_sl - M_tl),  a_tl = exp(m0_l - M_tl),  M_tl the running max (a constant of the gradient:
+  it cancels in N / Z, and the XLA form stops its gradient too).
+
+With g_t = dy_t, rho_tl = p_tl / Z_tl and dp_tl = g_t . N_tl / Z_tl (the gradient to p):
+
+  dv_s  = sum_{t >= s} sum_l w_tsl rho_tl g_t
+  dk_sl = sum_{t >= s} w_tsl rho_tl (g_t . v_s - dp_tl)
+  dnum0_l = sum_t a_tl rho_tl g_t,  dden0_l = -sum_t a_tl rho_tl dp_tl,  dm0_l = num0_l . dnum0_l + den0_l dden0_l
+
+dp needs N_t, which only a forward scan has, and the sums over t >= s a reverse one, so the gradient is two
+kernels on the grid driver (`tpu_grid.scan`): the forward scan once more, its state on chip, writing
+dp, rho, M and the carried scale exp(m_past - M_t) per token ([T,L] each: no [T,L,D] and no C x C x L
+weights leave the chip); then the blocks from last to first, carrying the adjoints of num and den from the
+later blocks scaled to the block's end max E (every exponent <= 0: w_tsl = exp(k_sl - E) exp(E - M_tl)):
+
+  gnum [D,L] = sum_{t later} exp(E - M_tl) rho_tl g_t,   gden [1,L] = sum_{t later} exp(E - M_tl) rho_tl dp_tl
+  dv_s += sum_l exp(k_sl - E) gnum_l,   dk_sl += exp(k_sl - E) (v_s . gnum_l - gden_l)
+  and on to the block before: gnum <- exp(E' - E) gnum + sum_t carried_tl rho_tl g_t (E' its end max)
+
+After the first block gnum, gden are dnum0 and -dden0.
 """
 
 from __future__ import annotations
@@ -71,6 +97,127 @@ def summary_grad_block(k: Array, v: Array, mx: Array, den: Array, sds: Array, ds
   dk = a * (tpu_grid.dot(v.astype(f32), ds, (1, 0)) - sds)
   dv = tpu_grid.dot(a, ds, (1, 1))  # a dS^T without a transpose
   return dk, dv
+
+
+def causal_dp_block(
+  state,
+  p: Array,
+  k: Array,
+  k_rows: Array,
+  v: Array,
+  v_rows: Array,
+  g: Array,
+  doc: Array | None = None,
+  doc_rows: Array | None = None,
+  cont: Array | None = None,
+):
+  """The forward scan once more (`tpu_grid.causal_block`'s state and weights, its packed documents too),
+  writing what the reverse scan reads: g [C,D] the output's cotangent -> state, {dp, rho, m, carried} [C,L]
+  (see the module docstring)."""
+  num, den, mx = state
+  k, v, g = k.astype(f32), v.astype(f32), g.astype(f32)
+  within, carried, m, total = tpu_grid.causal_weights(mx, den, k_rows, doc, doc_rows, cont)
+  gv = (v_rows.astype(f32) * g[None]).sum(-1, keepdims=True)  # [Cs,Ct,1]: g_t . v_s
+  dp = ((within * gv).sum(0) + carried * tpu_grid.dot(g, num, (1, 0))) / total
+  end = tpu_grid.causal_end(num, den, mx, k, v, doc, cont)
+  return end, {"dp": dp, "rho": p / total, "m": m, "carried": carried}
+
+
+def causal_grad_block(
+  state,
+  k: Array,
+  v: Array,
+  g: Array,
+  g_rows: Array,
+  rho_rows: Array,
+  dp: Array,
+  dp_rows: Array,
+  m_rows: Array,
+  rho: Array,
+  m: Array,
+  carried: Array,
+  doc: Array | None = None,
+  doc_rows: Array | None = None,
+):
+  """One block of the reverse scan: state (gnum [D,L], gden [1,L]) from the later blocks; k [C,L], v, g [C,D];
+  the first kernel's rho, dp, m, carried [C,L]; the "_rows" [C,1,.] one token per leading index; with packed
+  documents doc [C,1] (and its rows) -> state before the block, {dk [C,L], dv [C,D]}. The weights are
+  [Ct,Cs,L], the query token t leading, so that every sum over t adds whole tiles (as
+  `tpu_grid.causal_block`'s sums over s). The carried scale is 0 where a token starts a document, so the
+  adjoints reach only the tokens of the document that continues across the block's start."""
+  gnum, gden = state
+  k, v, g = k.astype(f32), v.astype(f32), g.astype(f32)
+  c = k.shape[0]
+  causal = jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0) >= jax.lax.broadcasted_iota(
+    jnp.int32, (c, c, 1), 1
+  )  # [Ct,Cs,1]: s <= t
+  if doc is not None:
+    causal = causal & (doc_rows == doc[None])  # and s in t's document
+  # masked before exp: k_s - M_t for s > t can overflow
+  within = jnp.where(causal, jnp.exp(jnp.where(causal, k[None] - m_rows, 0.0)), 0.0)  # [Ct,Cs,L]
+  gv = (g_rows.astype(f32) * v[None]).sum(-1, keepdims=True)  # [Ct,Cs,1]: g_t . v_s
+  dk = (within * rho_rows * (gv - dp_rows)).sum(0)
+  dv = ((within * rho_rows).sum(-1, keepdims=True) * g_rows.astype(f32)).sum(0)
+  # the later blocks, through the block's end max E: exp(k_s - E) <= 1 for the keys the state after the block
+  # sums (with packed documents those of the document open at its end; masked before exp, the others' can
+  # overflow)
+  end = tpu_grid.last_row(m)
+  if doc is None:
+    x = jnp.exp(k - end)
+  else:
+    last = doc == tpu_grid.last_row(doc)
+    x = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)
+  dk = dk + x * (tpu_grid.dot(v, gnum, (1, 0)) - gden)
+  dv = dv + tpu_grid.dot(x, gnum, (1, 1))
+  decay = tpu_grid.last_row(carried)  # exp(E' - E): the scale of the block before
+  w = carried * rho
+  return (decay * gnum + tpu_grid.dot(g, w, (0, 0)), decay * gden + (w * dp).sum(0, keepdims=True)), {
+    "dk": dk,
+    "dv": dv,
+  }
+
+
+def causal_grad(
+  init: dict[str, Array], xs: dict[str, Array], *, chunk: int, interpret: bool
+) -> tuple[Array, Array, Array, dict[str, Array]]:
+  """The carried state `init` (num [B,H,D,L], den, max [B,H,1,L]) and head-major inputs `xs`, time padded to a
+  multiple of `chunk`: p, k [B,H,T,L] (k padded below every key), v and the cotangent g [B,H,T,D] float32,
+  with packed documents doc, cont [B,H,T,1] (`tpu_grid.causal_block`'s) -> dp, dk [B,H,T,L], dv [B,H,T,D],
+  and the gradient to the state {num, den, max} in its layout."""
+  l, d = xs["p"].shape[-1], xs["v"].shape[-1]
+  common = dict(final=False, chunk=chunk, interpret=interpret)
+  # per token: the forward's weights and sums (3 C L + 2 C D + 4 L D), g . v (2 C D), g num (2 L D)
+  cost = lambda n: (n * (3 * chunk * l + 4 * chunk * d + 6 * l * d), n * (chunk * l + 3 * l))
+  ys = {name: (l, f32) for name in ("dp", "rho", "m", "carried")}
+  first = tpu_grid.scan(
+    causal_dp_block,
+    init,
+    xs,
+    ys,
+    rows=("k", "v", "doc"),
+    name="causal_latte_backward_dp",
+    cost=cost,
+    **common,
+  )
+  adjoint = {"num_grad": jnp.zeros_like(init["num"]), "den_grad": jnp.zeros_like(init["den"])}
+  xs = {n: xs[n] for n in ("k", "v", "g", "doc") if n in xs} | first  # the reverse scan needs no cont
+  # per token: the weights (C L), g . v (2 C D), dk's and dv's sums (4 C L + 2 C D), the later blocks (4 L D),
+  # the adjoints' update (2 L D)
+  cost = lambda n: (n * (5 * chunk * l + 4 * chunk * d + 6 * l * d), n * (chunk * l + l))
+  common.update(final=True, reverse=True)
+  out = tpu_grid.scan(
+    causal_grad_block,
+    adjoint,
+    xs,
+    {"dk": (l, f32), "dv": (d, f32)},
+    rows=("g", "rho", "dp", "m", "doc"),
+    name="causal_latte_backward",
+    cost=cost,
+    **common,
+  )
+  dnum, dden = out["num_grad"], -out["den_grad"]
+  dmax = (init["num"] * dnum).sum(2, keepdims=True) + init["den"] * dden
+  return first["dp"], out["dk"], out["dv"], {"num": dnum, "den": dden, "max": dmax}
 
 
 def _kernel(*refs, names):

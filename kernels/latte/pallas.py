@@ -30,10 +30,13 @@ slices with the state in loop values, its steps laid out for Triton's registers 
 
 Backward: bidirectional Latte without documents differentiates only its summary with a kernel
 (kernels/latte/backward.py: parallel over the time blocks, from the forward's max, normaliser and summary);
-softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. The causal kernel and the packed
-documents' kernels still take the VJP of the XLA chunked forms (`kernels.latte.reference.causal_latte` /
-`bidirectional_latte`), recomputed from the inputs: their gradients (to q, k, v and a carried state) are the
-XLA path's, and so is their training memory.
+softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. Causal Latte on the grid driver
+(TPU, interpret mode), with or without packed documents, differentiates with two kernels of the same file:
+the forward scan once more, writing dp, rho, the running max and the carried scale per token, then a
+reverse scan carrying the adjoints of num and den; p(l|t) is XLA's here too. The causal kernel on the loop
+driver (GPU) and the packed documents' bidirectional kernels still take the VJP of the XLA chunked forms
+(`kernels.latte.reference.causal_scan` / `bidirectional_latte`), recomputed from the inputs: their gradients
+(to q, k, v and a carried state) are the XLA path's, and so is their training memory.
 
 Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32 on GPU)
 and return v's dtype. Time blocks: the causal kernel's is `chunk` (`default_chunk`), the bidirectional
@@ -154,37 +157,40 @@ def _dims(tree: dict[str, Array]) -> dict[str, str]:
   return {n: "bh" + "." * (x.ndim - 2) for n, x in tree.items()}
 
 
+def _causal_inputs(p, k, v, state, chunk: int) -> tuple[dict[str, Array], dict[str, Array]]:
+  """The causal scan's initial state [B,H,.,L] and head-major inputs, time padded to whole blocks of `chunk`
+  and v to Triton's width (`_triton_width`)."""
+  t = p.shape[1]
+  tp = -(-t // chunk) * chunk
+  v = _triton_width(v)
+  num = jnp.pad(state["num"].astype(f32), [(0, 0)] * 3 + [(0, v.shape[-1] - state["num"].shape[-1])])
+  init = {
+    "num": num.swapaxes(-1, -2),  # [B,H,D,L]: every per-latent vector a row [1,L] (tpu_grid)
+    "den": state["den"].astype(f32)[:, :, None],  # [B,H,1,L]
+    "max": state["max"].astype(f32)[:, :, None],
+  }
+  xs = {"p": _head_major(p, tp), "k": _head_major(k.astype(f32), tp, PAD), "v": _head_major(v, tp)}
+  return init, xs
+
+
 def _causal_forward(
-  q,
+  p,
   k,
   v,
   state,
   segments,
-  latent_scale,
   *,
   chunk: int,
   driver: str,
   interpret: bool,
   tiles: tuple[tuple[str, int], ...],
 ) -> Array:
-  b, t, h, _ = q.shape
+  b, t, h, l = p.shape
   d = v.shape[-1]
-  tp = -(-t // chunk) * chunk
-  v = _triton_width(v)
-  num = jnp.pad(state["num"].astype(f32), [(0, 0)] * 3 + [(0, v.shape[-1] - d)])
-  init = {
-    "num": num.swapaxes(-1, -2),  # [B,H,D,L]: every per-latent vector a row [1,L] (tpu_grid)
-    "den": state["den"].astype(f32)[:, :, None],  # [B,H,1,L]
-    "max": state["max"].astype(f32)[:, :, None],
-  }
-  xs = {
-    "p": _head_major(reference.latent_probs(q, latent_scale), tp),
-    "k": _head_major(k.astype(f32), tp, PAD),
-    "v": _head_major(v, tp),
-  }
+  init, xs = _causal_inputs(p, k, v, state, chunk)
   if segments is not None:
-    xs.update(_document_columns(segments, h, chunk, tp))
-  l, dp = q.shape[-1], v.shape[-1]
+    xs.update(_document_columns(segments, h, chunk, xs["k"].shape[2]))
+  dp = xs["v"].shape[-1]
   # per token: the [C,L] block weights and their products with v (C D), the carried part and the state update
   cost = lambda n: (n * (3 * chunk * l + 2 * chunk * dp + 4 * l * dp), n * (chunk * l + 3 * l))
   run = functools.partial(
@@ -205,23 +211,49 @@ def _causal_forward(
   return out["y"][:, :, :t, :d].swapaxes(1, 2)  # the time padding and Triton's value padding cut
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _causal(q, k, v, state, segments, latent_scale, options):
-  return _causal_forward(q, k, v, state, segments, latent_scale, **dict(options))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _causal(p, k, v, state, segments, options):
+  return _causal_forward(p, k, v, state, segments, **dict(options))
 
 
-def _causal_fwd(q, k, v, state, segments, latent_scale, options):
-  return _causal(q, k, v, state, segments, latent_scale, options), (q, k, v, state, segments, latent_scale)
+def _causal_fwd(p, k, v, state, segments, options):
+  return _causal(p, k, v, state, segments, options), (p, k, v, state, segments)
 
 
-def _causal_bwd(options, residuals, cotangent):
-  chunk = dict(options)["chunk"]
-  *floats, segments, latent_scale = residuals
-  xla = lambda q, k, v, state, latent_scale: reference.causal_latte(
-    q, k, v, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale
+def _causal_bwd(options, residuals, dy):
+  """On the grid driver two kernels (kernels/latte/backward.py `causal_grad`): the forward scan once more and a
+  reverse one. On the loop driver (GPU) the VJP of the XLA form, from the inputs."""
+  p, k, v, state, segments = residuals
+  opts = dict(options)
+  if opts["driver"] != "grid":
+    xla = lambda p, k, v, state: reference.causal_scan(p, k, v, chunk=opts["chunk"], state=state, segments=segments)
+    return (*jax.vjp(xla, p, k, v, state)[1](dy), None)
+  b, t, h, _ = p.shape
+  init, xs = _causal_inputs(p, k, v, state, opts["chunk"])
+  tp = xs["k"].shape[2]
+  xs["g"] = _head_major(_triton_width(dy.astype(f32)), tp)
+  if segments is not None:
+    xs.update(_document_columns(segments, h, opts["chunk"], tp))
+
+  def run(init, xs):
+    dp, dk, dv, dstate = backward.causal_grad(init, xs, chunk=opts["chunk"], interpret=opts["interpret"])
+    return {"dp": dp, "dk": dk, "dv": dv}, dstate
+
+  grads, dstate = per_device.run_per_device(
+    run,
+    (init, xs),
+    (_dims(init), _dims(xs)),
+    ({"dp": "bh..", "dk": "bh..", "dv": "bh.."}, _dims(init)),
+    batch=b,
+    heads=h,
   )
-  *grads, scale_grad = jax.vjp(xla, *floats, latent_scale)[1](cotangent)
-  return (*grads, None, scale_grad)
+  cut = lambda x, like: x[:, :, :t, : like.shape[-1]].swapaxes(1, 2).astype(like.dtype)
+  dstate = {
+    "num": dstate["num"].swapaxes(-1, -2)[..., : state["num"].shape[-1]].astype(state["num"].dtype),
+    "den": dstate["den"][:, :, 0].astype(state["den"].dtype),
+    "max": dstate["max"][:, :, 0].astype(state["max"].dtype),
+  }
+  return cut(grads["dp"], p), cut(grads["dk"], k), cut(grads["dv"], v), dstate, None
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
@@ -250,13 +282,13 @@ def causal_latte(
   chunk = default_chunk() if chunk is None else chunk
   state = reference.init_latte_state(b, h, l, v.shape[-1]) if state is None else state
   driver, interpret = _options(driver, interpret)
+  # p(l|t) is XLA's, with its VJP (latent_scale's gradient too); the scan is the kernel
   return _causal(
-    q,
+    reference.latent_probs(q, latent_scale),
     k,
     v,
     state,
     segments,
-    latent_scale,
     (
       ("chunk", chunk),
       ("driver", driver),

@@ -264,7 +264,9 @@ def latte_chunk(
   else:
     last = (doc == doc[:, -1:])[:, :, None, None]  # the document open at the end
     to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end[:, None], 0.0)), 0.0)
-    decay = jnp.where(cont[:, -1, None, None], jnp.exp(state["max"] - end), 0.0)
+    # masked before exp too: a state of another document can sit far above this one's keys
+    cont_last = cont[:, -1, None, None]
+    decay = jnp.where(cont_last, jnp.exp(jnp.where(cont_last, state["max"] - end, 0.0)), 0.0)
   new = {
     "num": decay[..., None] * state["num"] + jnp.einsum("bshl,bshd->bhld", to_end, v),
     "den": decay * state["den"] + to_end.sum(1),
@@ -289,7 +291,14 @@ def causal_latte(
   `state` continues a sequence (see `init_latte_state`; with `segments`, it continues the row's
   first document); `segments` int[B,T] restarts the sums at each document's first token.
   """
-  b, t, h, l = q.shape
+  return causal_scan(latent_probs(q, latent_scale), k, v, chunk=chunk, state=state, segments=segments)
+
+
+def causal_scan(
+  p: Array, k: Array, v: Array, *, chunk: int, state: dict[str, Array] | None = None, segments: Array | None = None
+) -> Array:
+  """`causal_latte` from p = p(l|t) [B,T,H,L] (`latent_probs`) rather than q: the scan over chunks alone."""
+  b, t, h, l = p.shape
   c = min(chunk, t)
   n = -(-t // c)
   pad = n * c - t  # steps after the end with k = NEG (weight 0); no output reads them
@@ -299,7 +308,7 @@ def causal_latte(
     return x.reshape(b, n, c, h, x.shape[-1]).swapaxes(0, 1)
 
   state = init_latte_state(b, h, l, v.shape[-1]) if state is None else state
-  xs = (chunks(latent_probs(q, latent_scale)), chunks(k, NEG), chunks(v))
+  xs = (chunks(p), chunks(k, NEG), chunks(v))
   if segments is None:
     _, y = jax.lax.scan(lambda s, x: latte_chunk(s, *x), state, xs)
   else:

@@ -41,7 +41,7 @@ NEG = reference.NEG
 
 # The state's parts in the order the steps take them (a dict of them loses its order in a pytree: shard_map
 # hands `scan` its keys sorted).
-STATE = ("num", "den", "max")
+STATE = ("num", "den", "max", "num_grad", "den_grad")  # the last two: the backward's adjoints
 # float32 matmuls at full precision (no TF32 on GPU): the state sums exponentials of logits
 dot = functools.partial(toolkit.dot, precision=jax.lax.Precision.HIGHEST)
 
@@ -72,7 +72,19 @@ def causal_block(
   """
   num, den, mx = state
   k, v = k.astype(f32), v.astype(f32)
-  c = k.shape[0]
+  within, carried, _, total = causal_weights(mx, den, k_rows, doc, doc_rows, cont)
+  r = p / total
+  weights = (r * within).sum(-1, keepdims=True)  # [Cs,Ct,1]: sum_l r_tl w_stl
+  y = (weights * v_rows.astype(f32)).sum(0) + dot(r * carried, num, (1, 1))
+  return causal_end(num, den, mx, k, v, doc, cont), {"y": y}
+
+
+def causal_weights(mx, den, k_rows, doc=None, doc_rows=None, cont=None):
+  """A causal block's weights after a state of max `mx` and normaliser `den` [1,L] (`causal_block`'s
+  arguments): (within [Cs,Ct,L] = exp(k_sl - m_tl) for s <= t in t's document, else 0; carried [Ct,L] =
+  exp(m_past - m_tl), the state's scale at token t (0 where t starts a document); m [Ct,L], the running
+  max; total [Ct,L] = den_t, the normaliser at t, >= 1: it holds the max term)."""
+  c = k_rows.shape[0]
   causal = jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0) <= jax.lax.broadcasted_iota(
     jnp.int32, (c, c, 1), 1
   )  # [Cs,Ct,1]: s <= t
@@ -88,10 +100,7 @@ def causal_block(
   carried = jnp.exp(past - m)  # [Ct,L], <= 1: the state rescaled from its max to the token's
   if doc is not None:
     carried = jnp.where(cont > 0, carried, 0.0)
-  r = p / (within.sum(0) + carried * den)  # den_t >= 1: it holds the max term
-  weights = (r * within).sum(-1, keepdims=True)  # [Cs,Ct,1]: sum_l r_tl w_stl
-  y = (weights * v_rows.astype(f32)).sum(0) + dot(r * carried, num, (1, 1))
-  return causal_end(num, den, mx, k, v, doc, cont), {"y": y}
+  return within, carried, m, within.sum(0) + carried * den
 
 
 def causal_end(num, den, mx, k, v, doc, cont):
@@ -192,19 +201,22 @@ def scan(
   interpret: bool,
   name: str,
   cost: Callable[[int], tuple[int, int]],
+  reverse: bool = False,
 ) -> dict[str, Array]:
   """`step` over the time blocks of every (batch, head), head-major: init (the state by name, of STATE)
   [B,H,.,L] float32, xs [B,H,T,.] with T a multiple of `chunk` -> per (width Y, dtype) in `ys` an output [B,H,T,Y]
   written block by block, then the last state by name if `final`. `rows`: the xs the step also takes one
   token per leading index, as "<name>_rows" (`causal_block`). `cost(tokens)` = (flops, exps) of `step`
-  over that many tokens of one (batch, head)."""
+  over that many tokens of one (batch, head). `reverse`: the blocks from the last to the first (a backward
+  pass; the outputs still land at their own blocks)."""
   # [B,H,T,1,X]: the same bytes, a block of it [C,1,X] (see `causal_block`)
   xs = dict(xs, **{f"{n}_rows": xs[n][:, :, :, None, :] for n in rows if n in xs})
   b, h, t = next(iter(xs.values())).shape[:3]
   state = tuple(n for n in STATE if n in init)
+  order = (lambda r: t // chunk - 1 - r) if reverse else (lambda r: r)
   timed = lambda shape: pl.BlockSpec(
-    (None, None, chunk) + shape[3:], lambda i, j, r: (i, j, r) + (0,) * (len(shape) - 3)
-  )  # block r of the time axis
+    (None, None, chunk) + shape[3:], lambda i, j, r: (i, j, order(r)) + (0,) * (len(shape) - 3)
+  )  # block r of the time axis (from the end if `reverse`)
   fixed = lambda shape: pl.BlockSpec((None, None) + shape[2:], lambda i, j, r: (i, j, 0, 0))  # whole, every step
   inputs = toolkit.Inputs()
   for n in state:
