@@ -320,7 +320,9 @@ SEGMENTS = np.array([[1] * 5 + [2] * 6 + [3] * 3 + [0], [1] * 15], np.int32)
 @pytest.mark.parametrize("driver", latte_pallas.DRIVERS)
 def test_kernels_with_segments_equal_the_masked_formulas(driver):
   """Both kernels with packed documents == the quadratic formulas with a per-document mask, values
-  and gradients (the backward is the XLA form's), with large key logits, padding and a latent scale."""
+  and gradients, with large key logits, padding and a latent scale. The bidirectional gradient is the
+  linear sums' own kernels (dr, de, dv: the forward's sums of other operands, each a forward and a
+  reversed scan): its value and gradient trace to 8 pallas_calls."""
   q, k, v = qkv(t=15, l=8)
   k = 30 * k
   scale = (np.random.default_rng(3).random(q.shape) > 0.3).astype(np.float32) / 0.7
@@ -334,6 +336,7 @@ def test_kernels_with_segments_equal_the_masked_formulas(driver):
   both = lambda q, k, v: latte_pallas.bidirectional_latte(
     q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale, chunk=4, driver=driver
   )
+  assert str(jax.make_jaxpr(functools.partial(value_and_grads, both))(q, k, v)).count("pallas_call") == 8
   assert_equals_reference(
     both,
     lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale),

@@ -30,13 +30,15 @@ slices with the state in loop values, its steps laid out for Triton's registers 
 
 Backward: bidirectional Latte without documents differentiates only its summary with a kernel
 (kernels/latte/backward.py: parallel over the time blocks, from the forward's max, normaliser and summary);
-softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. Causal Latte on the grid driver
-(TPU, interpret mode), with or without packed documents, differentiates with two kernels of the same file:
-the forward scan once more, writing dp, rho, the running max and the carried scale per token, then a
-reverse scan carrying the adjoints of num and den; p(l|t) is XLA's here too. The causal kernel on the loop
-driver (GPU) and the packed documents' bidirectional kernels still take the VJP of the XLA chunked forms
-(`kernels.latte.reference.causal_scan` / `bidirectional_latte`), recomputed from the inputs: their gradients
-(to q, k, v and a carried state) are the XLA path's, and so is their training memory.
+softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. With packed documents the linear
+sums are their own gradient's kernels: y = A v with A_ts = r_t . e_s over each document, so dr, de and dv
+are the same sums of other operands (`_linear_sums_bwd`), on either driver. Causal Latte on the grid
+driver (TPU, interpret mode), with or without packed documents, differentiates with two kernels of
+kernels/latte/backward.py: the forward scan once more, writing dp, rho, the running max and the carried
+scale per token, then a reverse scan carrying the adjoints of num and den; p(l|t) is XLA's here too. On the
+loop driver (GPU) the causal kernel still takes the VJP of the XLA chunked form
+(`kernels.latte.reference.causal_scan`), recomputed from the inputs: its gradients (to q, k, v and a carried
+state) are the XLA path's, and so is its training memory.
 
 Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32 on GPU)
 and return v's dtype. Time blocks: the causal kernel's is `chunk` (`default_chunk`), the bidirectional
@@ -375,31 +377,31 @@ def _summary_bwd(options, grad_heads, residuals, ds):
 _summary.defvjp(_summary_fwd, _summary_bwd)
 
 
-def _segmented_forward(
-  p, k, v, segments, *, chunk: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
+def _linear_sums_forward(
+  r, e, v, segments, *, chunk: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
 ) -> Array:
-  """Bidirectional Latte over packed documents: `reference.bidirectional_parts`, then the linear step
-  forward (s <= t) and over the reversed sequence (s > t)."""
-  b, t, h, l = p.shape
-  d = v.shape[-1]
-  r, e, _ = reference.bidirectional_parts(p, k, segments)
-  vp = _triton_width(v)
-  dp = vp.shape[-1]
+  """y_t = sum_{s in doc(t)} (r_t . e_s) v_s for r, e [B,T,H,X] and v [B,T,H,Y] -> float32 [B,T,H,Y]: the
+  linear step forward (s <= t) and over the reversed sequence (s > t). X and Y are the latents and the
+  value width in the forward; the gradient swaps them (`_linear_sums_bwd`)."""
+  b, t, h, _ = r.shape
+  y_width = v.shape[-1]
+  r, e, v = _triton_width(r.astype(f32)), _triton_width(e.astype(f32)), _triton_width(v)  # zeros add nothing
+  x, yp = r.shape[-1], v.shape[-1]
   tp = -(-t // chunk) * chunk
-  init = {"num": jnp.zeros((b, h, dp, l), f32)}
-  # per token: r_t . e_s over the block (C L), their products with v (C D), the carried part, the state update
-  cost = lambda n: (n * (2 * chunk * l + 2 * chunk * dp + 4 * l * dp), 0)
+  init = {"num": jnp.zeros((b, h, yp, x), f32)}
+  # per token: r_t . e_s over the block (C X), their products with v (C Y), the carried part, the state update
+  cost = lambda n: (n * (2 * chunk * x + 2 * chunk * yp + 4 * x * yp), 0)
   outs = []
   for strict in (False, True):
     # The later tokens of a document are the earlier ones of the reversed sequence, strictly (s = t counted once).
-    order = (lambda x: jnp.flip(x, axis=1)) if strict else (lambda x: x)
-    xs = {"r": _head_major(order(r), tp), "e": _head_major(order(e), tp), "v": _head_major(order(vp), tp)}
+    order = (lambda z: jnp.flip(z, axis=1)) if strict else (lambda z: z)
+    xs = {"r": _head_major(order(r), tp), "e": _head_major(order(e), tp), "v": _head_major(order(v), tp)}
     xs.update(_document_columns(order(segments), h, chunk, tp))
     run = functools.partial(
       _scan,
       driver,
       tuple(functools.partial(step, strict=strict) for step in (tpu_grid.linear_block, gpu_loop.linear_groups)),
-      ys={"y": (dp, f32)},
+      ys={"y": (yp, f32)},
       rows=("e", "v", "doc"),
       final=False,
       chunk=chunk,
@@ -410,29 +412,32 @@ def _segmented_forward(
       tiles=tiles,
     )
     y = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)["y"]
-    outs.append(order(y[:, :, :t, :d].swapaxes(1, 2)))
-  return (outs[0] + outs[1]).astype(v.dtype)
+    outs.append(order(y[:, :, :t, :y_width].swapaxes(1, 2)))
+  return outs[0] + outs[1]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _bidirectional(q, k, v, segments, latent_scale, options):
-  return _segmented_forward(reference.latent_probs(q, latent_scale), k, v, segments, **dict(options))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _linear_sums(r, e, v, segments, options):
+  return _linear_sums_forward(r, e, v, segments, **dict(options))
 
 
-def _bidirectional_fwd(q, k, v, segments, latent_scale, options):
-  return _bidirectional(q, k, v, segments, latent_scale, options), (q, k, v, segments, latent_scale)
+def _linear_sums_fwd(r, e, v, segments, options):
+  return _linear_sums(r, e, v, segments, options), (r, e, v, segments)
 
 
-def _bidirectional_bwd(options, residuals, cotangent):
-  q, k, v, segments, latent_scale = residuals
-  xla = lambda q, k, v, latent_scale: reference.bidirectional_latte(
-    q, k, v, segments=segments, latent_scale=latent_scale, chunk=dict(options)["chunk"]
-  )
-  dq, dk, dv, dscale = jax.vjp(xla, q, k, v, latent_scale)[1](cotangent)
-  return dq, dk, dv, None, dscale
+def _linear_sums_bwd(options, residuals, dy):
+  """y = A v with A_ts = r_t . e_s over each document, so each gradient is the same sums of other operands
+  (the kernels of the forward, X and Y swapped where they differ):
+
+    dr_t = sum_s (dy_t . v_s) e_s,   de_s = sum_t (v_s . dy_t) r_t,   dv_s = sum_t (e_s . r_t) dy_t
+  """
+  r, e, v, segments = residuals
+  sums = lambda a, b, c: _linear_sums_forward(a, b, c, segments, **dict(options))
+  dy = dy.astype(f32)
+  return sums(dy, v, e).astype(r.dtype), sums(v, dy, r).astype(e.dtype), sums(e, r, dy).astype(v.dtype), None
 
 
-_bidirectional.defvjp(_bidirectional_fwd, _bidirectional_bwd)
+_linear_sums.defvjp(_linear_sums_fwd, _linear_sums_bwd)
 
 
 def bidirectional_latte(
@@ -464,8 +469,11 @@ def bidirectional_latte(
   common += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)),)
   k = reference.masked_keys(k, mask)
   if segments is not None:
+    # The O(T L) per-document max and normaliser are XLA's (with their VJP); the linear sums, forward and
+    # gradient, are the kernels.
     chunk = default_block(segmented=True) if chunk is None else chunk
-    return _bidirectional(q, k, v, segments, latent_scale, (("chunk", chunk), *common))
+    r, e, _ = reference.bidirectional_parts(reference.latent_probs(q, latent_scale), k.astype(f32), segments)
+    return _linear_sums(r, e, v, segments, (("chunk", chunk), *common)).astype(v.dtype)
   block = default_block() if block is None else block
   # The summary is the kernel (its gradient too); p(l|t) and the product with it are XLA's, with their VJP.
   summary = _summary(k, v, (("block", block), *common), grad_heads)  # [B,H,D,L]
