@@ -109,9 +109,15 @@ def test_causal_kernel_continues_a_carried_state():
 GRAD_SEGMENTS = np.array([[1] * 3 + [2] * 5 + [3] * 3, [1] * 11], np.int32)
 
 
+# The loop driver (GPU) with 2 value tiles (the sums over D split over programs, added after the call) and
+# 2 latent groups per program.
+GRAD_DRIVERS = {"grid": {}, "loop": dict(value_block=2, latent_block=4)}
+
+
+@pytest.mark.parametrize("driver", GRAD_DRIVERS)
 @pytest.mark.parametrize("segments", [None, GRAD_SEGMENTS], ids=["plain", "documents"])
-def test_causal_gradient_is_two_kernels_equal_to_the_reference_vjp(segments):
-  """On the grid driver the causal gradient is two Pallas kernels (kernels/latte/backward.py: the forward scan
+def test_causal_gradient_is_two_kernels_equal_to_the_reference_vjp(segments, driver):
+  """The causal gradient is two Pallas kernels on either driver (kernels/latte/backward.py: the forward scan
   once more, then a reverse scan carrying the adjoints of num and den): the gradients to q, k, v,
   latent_scale and a carried state (num, den, max) equal the XLA form's VJP (the oracle), with and without
   packed documents, with key logits spread over hundreds and a last block running past T; the value and
@@ -132,7 +138,7 @@ def test_causal_gradient_is_two_kernels_equal_to_the_reference_vjp(segments):
       fn(q, k, v, chunk=4, state=state, segments=segments, latent_scale=s) * weights
     ).sum()
 
-  fast = loss(functools.partial(latte_pallas.causal_latte, driver="grid"))
+  fast = loss(functools.partial(latte_pallas.causal_latte, driver=driver, **GRAD_DRIVERS[driver]))
   xla = loss(lk.causal_latte)
   grads = lambda f: jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4))
   got, want = run(lambda *a: (grads(fast)(*a), grads(xla)(*a)), q, k, v, scale, state)

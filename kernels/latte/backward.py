@@ -42,7 +42,8 @@ With g_t = dy_t, rho_tl = p_tl / Z_tl and dp_tl = g_t . N_tl / Z_tl (the gradien
   dnum0_l = sum_t a_tl rho_tl g_t,  dden0_l = -sum_t a_tl rho_tl dp_tl,  dm0_l = num0_l . dnum0_l + den0_l dden0_l
 
 dp needs N_t, which only a forward scan has, and the sums over t >= s a reverse one, so the gradient is two
-kernels on the grid driver (`tpu_grid.scan`): the forward scan once more, its state on chip, writing
+kernels (on the grid driver `causal_dp_block`, `causal_grad_block`; on the loop driver, GPU,
+`causal_dp_groups`, `causal_grad_groups`, per latent group): the forward scan once more, its state on chip, writing
 dp, rho, M and the carried scale exp(m_past - M_t) per token ([T,L] each: no [T,L,D] and no C x C x L
 weights leave the chip); then the blocks from last to first, carrying the adjoints of num and den from the
 later blocks scaled to the block's end max E (every exponent <= 0: w_tsl = exp(k_sl - E) exp(E - M_tl)):
@@ -52,11 +53,18 @@ later blocks scaled to the block's end max E (every exponent <= 0: w_tsl = exp(k
   and on to the block before: gnum <- exp(E' - E) gnum + sum_t carried_tl rho_tl g_t (E' its end max)
 
 After the first block gnum, gden are dnum0 and -dden0.
+
+On the loop driver a program owns a tile of Dv value columns (kernels/latte/gpu_loop.py: Triton keeps a
+matmul's whole contraction in registers, so none runs over all of D). Everything per value column (num,
+gnum, dv) stays in its tile; the two sums over D, dp_tl's g_t . N_tl and dk's g_t . v_s, come out as each
+tile's part ([T,L] per tile) and XLA adds the parts after the call; dk's dp and gden terms are added by the
+first tile only.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -177,43 +185,121 @@ def causal_grad_block(
   }
 
 
+def causal_dp_groups(state, p: Callable, k: Callable, v: Callable, g: Callable, doc=None, cont=None, *, lead):
+  """`causal_dp_block` on the loop driver (GPU), per latent group, for one program's value tile: state ((num
+  [Dv,Lg], den, max [1,Lg]) per group), the loaders of `gpu_loop` -> state, {dp: this tile's part (the sums
+  over D split by the tiles, added after the call), rho, m, carried: per group [C,Lg]}. `lead` unused: every
+  part of dp is a sum over this tile's columns."""
+  del lead
+  v, g = v().astype(f32), g().astype(f32)
+  gv = tpu_grid.dot(v, g, (1, 1))[:, :, None]  # [Cs,Ct,1]: g_t . v_s over the tile, contracting Dv only
+  doc_rows = None
+  if doc is not None:
+    doc, cont = doc(), cont()
+    doc_rows = doc[:, None]
+  new, outs = [], {n: [] for n in ("dp", "rho", "m", "carried")}
+  for i, (num, den, mx) in enumerate(state):
+    kg = k(i).astype(f32)
+    within, carried, m, total = tpu_grid.causal_weights(mx, den, kg[:, None], doc, doc_rows, cont)
+    outs["dp"].append(((within * gv).sum(0) + carried * tpu_grid.dot(g, num, (1, 0))) / total)
+    outs["rho"].append(p(i) / total)
+    outs["m"].append(m)
+    outs["carried"].append(carried)
+    new.append(tpu_grid.causal_end(num, den, mx, kg, v, doc, cont))
+  return tuple(new), {n: tuple(x) for n, x in outs.items()}
+
+
+def causal_grad_groups(
+  state,
+  k: Callable,
+  v: Callable,
+  g: Callable,
+  rho: Callable,
+  dp: Callable,
+  m: Callable,
+  carried: Callable,
+  doc: Callable | None = None,
+  *,
+  lead,
+):
+  """`causal_grad_block` on the loop driver, per latent group, for one program's value tile: state ((gnum
+  [Dv,Lg], gden [1,Lg]) per group) -> state, {dk: this tile's part, per group [C,Lg]; dv [C,Dv]}. The weights
+  are [Cs,Ct,Lg] as in `gpu_loop.causal_groups`. dk_sl sums w rho (g_t . v_s - dp_tl) over t: g . v splits
+  over the value tiles, the dp term (and gden's) is added by the `lead` tile only."""
+  v, g = v().astype(f32), g().astype(f32)
+  c = v.shape[0]
+  causal = jax.lax.broadcasted_iota(jnp.int32, (c, c, 1), 0) <= jax.lax.broadcasted_iota(
+    jnp.int32, (c, c, 1), 1
+  )  # [Cs,Ct,1]: s <= t
+  last = None
+  if doc is not None:
+    doc = doc()
+    causal = causal & (doc[:, None] == doc[None])  # and s in t's document
+    last = doc == tpu_grid.last_row(doc)  # the document open at the block's end
+  gv = tpu_grid.dot(v, g, (1, 1))[:, :, None]  # [Cs,Ct,1]: g_t . v_s over the tile
+  weights, dv, new, dks = jnp.zeros((c, c), f32), jnp.zeros(v.shape, f32), [], []
+  for i, (gnum, gden) in enumerate(state):
+    kg, rho_i, dp_i, m_i, carried_i = k(i).astype(f32), rho(i), dp(i), m(i), carried(i)
+    # masked before exp: k_s - M_t for s > t can overflow
+    wr = jnp.where(causal, jnp.exp(jnp.where(causal, kg[:, None] - m_i[None], 0.0)), 0.0) * rho_i[None]
+    once = jnp.where(lead, dp_i, 0.0)  # [Ct,Lg]: the dp term, on one tile
+    dk = (wr * (gv - once[None])).sum(1)
+    weights = weights + wr.sum(-1)  # sum_l w rho over the groups, [Cs,Ct]: one matmul with g after the loop
+    end = tpu_grid.last_row(m_i)  # the block's end max E [1,Lg]
+    if last is None:
+      x = jnp.exp(kg - end)
+    else:
+      x = jnp.where(last, jnp.exp(jnp.where(last, kg - end, 0.0)), 0.0)
+    dk = dk + x * (tpu_grid.dot(v, gnum, (1, 0)) - jnp.where(lead, gden, 0.0))
+    dv = dv + tpu_grid.dot(x, gnum, (1, 1))
+    decay, w = tpu_grid.last_row(carried_i), carried_i * rho_i
+    new.append((decay * gnum + tpu_grid.dot(g, w, (0, 0)), decay * gden + (w * dp_i).sum(0, keepdims=True)))
+    dks.append(dk)
+  return tuple(new), {"dk": tuple(dks), "dv": dv + tpu_grid.dot(weights, g, (1, 0))}
+
+
 def causal_grad(
-  init: dict[str, Array], xs: dict[str, Array], *, chunk: int, interpret: bool
+  init: dict[str, Array], xs: dict[str, Array], *, chunk: int, scan: Callable
 ) -> tuple[Array, Array, Array, dict[str, Array]]:
-  """The carried state `init` (num [B,H,D,L], den, max [B,H,1,L]) and head-major inputs `xs`, time padded to a
-  multiple of `chunk`: p, k [B,H,T,L] (k padded below every key), v and the cotangent g [B,H,T,D] float32,
-  with packed documents doc, cont [B,H,T,1] (`tpu_grid.causal_block`'s) -> dp, dk [B,H,T,L], dv [B,H,T,D],
-  and the gradient to the state {num, den, max} in its layout."""
+  """The carried state `init` (num [B,H,D,L], den, max [B,H,1,L]) and head-major inputs `xs`, time padded to
+  whole blocks: p, k [B,H,T,L] (k padded below every key), v and the cotangent g [B,H,T,D] float32, with
+  packed documents doc, cont [B,H,T,1] (`tpu_grid.causal_block`'s) -> dp, dk [B,H,T,L], dv [B,H,T,D], and
+  the gradient to the state {num, den, max} in its layout. `scan(steps, init, xs, ys, rows=, partial=,
+  final=, reverse=, chunk=, name=, cost=)` runs a (grid, loop) pair of block steps on the chosen driver
+  (kernels/latte/pallas.py)."""
   l, d = xs["p"].shape[-1], xs["v"].shape[-1]
-  common = dict(final=False, chunk=chunk, interpret=interpret)
   # per token: the forward's weights and sums (3 C L + 2 C D + 4 L D), g . v (2 C D), g num (2 L D)
   cost = lambda n: (n * (3 * chunk * l + 4 * chunk * d + 6 * l * d), n * (chunk * l + 3 * l))
   ys = {name: (l, f32) for name in ("dp", "rho", "m", "carried")}
-  first = tpu_grid.scan(
-    causal_dp_block,
+  first = scan(
+    (causal_dp_block, causal_dp_groups),
     init,
     xs,
     ys,
     rows=("k", "v", "doc"),
+    partial=("dp",),
+    final=False,
+    chunk=chunk,
     name="causal_latte_backward_dp",
     cost=cost,
-    **common,
   )
   adjoint = {"num_grad": jnp.zeros_like(init["num"]), "den_grad": jnp.zeros_like(init["den"])}
   xs = {n: xs[n] for n in ("k", "v", "g", "doc") if n in xs} | first  # the reverse scan needs no cont
   # per token: the weights (C L), g . v (2 C D), dk's and dv's sums (4 C L + 2 C D), the later blocks (4 L D),
   # the adjoints' update (2 L D)
   cost = lambda n: (n * (5 * chunk * l + 4 * chunk * d + 6 * l * d), n * (chunk * l + l))
-  common.update(final=True, reverse=True)
-  out = tpu_grid.scan(
-    causal_grad_block,
+  out = scan(
+    (causal_grad_block, causal_grad_groups),
     adjoint,
     xs,
     {"dk": (l, f32), "dv": (d, f32)},
     rows=("g", "rho", "dp", "m", "doc"),
+    partial=("dk",),
+    final=True,
+    reverse=True,
+    chunk=chunk,
     name="causal_latte_backward",
     cost=cost,
-    **common,
   )
   dnum, dden = out["num_grad"], -out["den_grad"]
   dmax = (init["num"] * dnum).sum(2, keepdims=True) + init["den"] * dden

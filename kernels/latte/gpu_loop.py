@@ -53,6 +53,16 @@ AXES = {
   "y": ".v",
   "doc": "..",
   "cont": "..",
+  # the causal backward's (kernels/latte/backward.py)
+  "g": ".v",
+  "dv": ".v",
+  "dp": ".l",
+  "dk": ".l",
+  "rho": ".l",
+  "m": ".l",
+  "carried": ".l",
+  "num_grad": "vl",
+  "den_grad": ".l",
 }
 
 
@@ -126,22 +136,39 @@ def _kernel(
   num_chunks: int,
   groups: int,
   shared: tuple[str, ...],
+  reverse: bool,
+  partial: tuple[str, ...],
 ):
-  """Grid (B, H, value tiles, latent tiles): a loop over the blocks of the whole [T, .] slices, the state in
-  loop values, a tuple over `groups` latent groups. Refs by name (`scan`); the outputs that are no state
-  are written block by block, the final state (where declared) after the loop."""
+  """Grid (B, H, value tiles, latent tiles): a loop over the blocks of the whole [T, .] slices (from the last
+  if `reverse`), the state in loop values, a tuple over `groups` latent groups. Refs by name (`scan`); the
+  outputs that are no state are written block by block (an output given per latent group, as a tuple, to
+  its group's columns; one without value columns and not `partial` by the first value tile only), the final
+  state (where declared) after the loop."""
   x, out = toolkit.named_refs(refs, *names)
   width = x[state[0]].shape[-1] // groups  # the state's last axis is the latents
   group = lambda g: pl.ds(g * width, width)
   xs = {n: ref for n, ref in x.items() if n not in state}
   ys = {n: ref for n, ref in out.items() if n not in state}
+  lead = pl.program_id(2) == 0  # the first value tile
+  extra = {"lead": lead} if partial else {}
+
+  def store(ref, rows, y):
+    if isinstance(y, tuple):  # per latent group
+      for g, part in enumerate(y):
+        ref[rows, group(g)] = part.astype(ref.dtype)
+    else:
+      ref[rows, :] = y.astype(ref.dtype)
 
   def body(r, values):
+    r = num_chunks - 1 - r if reverse else r
     rows = pl.ds(pl.multiple_of(r * chunk, chunk), chunk)  # block r; multiple_of lets Triton align the loads
     load = lambda ref: lambda g=None: ref[rows] if g is None else ref[rows, group(g)]
-    values, outs = step(values, **{n: load(ref) for n, ref in xs.items()})
+    values, outs = step(values, **{n: load(ref) for n, ref in xs.items()}, **extra)
     for n, y in outs.items():
-      ys[n][rows, :] = y.astype(ys[n].dtype)
+      if "v" in AXES[n] or n in partial:
+        store(ys[n], rows, y)
+      else:  # every value tile computed the same
+        pl.when(lead)(functools.partial(store, ys[n], rows, y))
     return values
 
   init = tuple(tuple(x[n][:, group(g)] for n in state) for g in range(groups))
@@ -179,28 +206,37 @@ def scan(
   tiles: dict[str, int],
   kernel: str,
   latent_grid: bool = False,
+  reverse: bool = False,
+  partial: tuple[str, ...] = (),
 ) -> dict[str, Array]:
   """`tpu_grid.scan`'s contract on the loop driver. Value columns go in tiles of tiles["value_block"]
   over a grid axis; the latents in groups of tiles["latent_block"], over a grid axis if `latent_grid`, else
-  inside the step (each group of the state, p and k one by one). `init` holds num [B,H,D,L], the value
-  rows. Triton launch parameters: `toolkit.compiler_params` of `kernel`."""
+  inside the step (each group of the state, p and k one by one). `init` holds the state's value rows
+  (num [B,H,D,L] or num_grad). `partial`: the outputs without value columns that each value tile computes
+  a part of (a sum over D, split by the tiles; every tile writes its part, summed here after the call);
+  a step with any takes `lead`, true on the first value tile (for a term to add once). Triton launch
+  parameters: `toolkit.compiler_params` of `kernel`."""
   b, h, t = next(iter(xs.values())).shape[:3]
   state = tuple(n for n in tpu_grid.STATE if n in init)
-  d, l = init["num"].shape[2:]
+  d, l = init[state[0]].shape[2:]
   dv, lg = _tile(d, tiles["value_block"]), _tile(l, tiles["latent_block"])
   lt = lg if latent_grid else l  # the latents of one program
+  if partial and latent_grid:
+    raise ValueError("partial outputs are per value tile over all latents: not with a latent grid.")
   sizes = {"v": dv, "l": lt}
 
-  def spec(shape, axes: str):
-    """The program's block: its value tile and latent tile, all of the time axis."""
-    index = lambda i, j, jv, jl: (i, j) + tuple({"v": jv, "l": jl}.get(c, 0) for c in axes)
+  def spec(shape, axes: str, part: bool = False):
+    """The program's block: its value tile and latent tile, all of the time axis (a `partial` output: the
+    value tile's own [T,L] columns)."""
+    index = lambda i, j, jv, jl: (i, j) + tuple({"v": jv, "l": jv if part else jl}.get(c, 0) for c in axes)
     return pl.BlockSpec((None, None) + tuple(sizes.get(c, size) for c, size in zip(axes, shape[2:])), index)
 
   inputs, outputs = toolkit.Inputs(), toolkit.Outputs()
   for n, x in (*((n, init[n]) for n in state), *xs.items()):
     inputs.add(n, x, spec(x.shape, AXES[n]))
   for n, (width, dtype) in ys.items():
-    outputs.add(n, jax.ShapeDtypeStruct((b, h, t, width), dtype), spec((b, h, t, width), AXES[n]))
+    shape = (b, h, t, width * (d // dv if n in partial else 1))  # a partial output: the tiles' parts side by side
+    outputs.add(n, jax.ShapeDtypeStruct(shape, dtype), spec(shape, AXES[n], part=n in partial))
   written = list(outputs.shapes)
   if final:
     for n in state:
@@ -216,6 +252,8 @@ def scan(
       num_chunks=t // chunk,
       groups=lt // lg,
       shared=shared,
+      reverse=reverse,
+      partial=partial,
     ),
     out_shape=outputs.shapes,
     grid=(b, h, d // dv, l // lt),
@@ -226,4 +264,7 @@ def scan(
     cost_estimate=toolkit.cost_estimate(*cost(b * h * t), [*inputs.arrays, *written]),
     name=name,
   )
-  return outputs.named(call(*inputs.arrays))
+  out = outputs.named(call(*inputs.arrays))
+  for n in partial:
+    out[n] = out[n].reshape(b, h, t, d // dv, -1).sum(3)
+  return out

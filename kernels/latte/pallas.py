@@ -32,13 +32,11 @@ Backward: bidirectional Latte without documents differentiates only its summary 
 (kernels/latte/backward.py: parallel over the time blocks, from the forward's max, normaliser and summary);
 softmax_l(q) and the product with the summary are XLA's, with XLA's VJP. With packed documents the linear
 sums are their own gradient's kernels: y = A v with A_ts = r_t . e_s over each document, so dr, de and dv
-are the same sums of other operands (`_linear_sums_bwd`), on either driver. Causal Latte on the grid
-driver (TPU, interpret mode), with or without packed documents, differentiates with two kernels of
-kernels/latte/backward.py: the forward scan once more, writing dp, rho, the running max and the carried
-scale per token, then a reverse scan carrying the adjoints of num and den; p(l|t) is XLA's here too. On the
-loop driver (GPU) the causal kernel still takes the VJP of the XLA chunked form
-(`kernels.latte.reference.causal_scan`), recomputed from the inputs: its gradients (to q, k, v and a carried
-state) are the XLA path's, and so is its training memory.
+are the same sums of other operands (`_linear_sums_bwd`), on either driver. Causal Latte, with or without
+packed documents, differentiates with two kernels of kernels/latte/backward.py on either driver: the
+forward scan once more, writing dp, rho, the running max and the carried scale per token, then a reverse
+scan carrying the adjoints of num and den; p(l|t) is XLA's here too. On the loop driver each program owns a
+tile of value columns, so the two sums over D (dp, and dk's g . v) come out per tile and XLA adds them.
 
 Inputs of any float dtype; the kernels compute in float32 (matmuls at HIGHEST precision: no TF32 on GPU)
 and return v's dtype. Time blocks: the causal kernel's is `chunk` (`default_chunk`), the bidirectional
@@ -109,14 +107,17 @@ def _scan(
   tiles: tuple[tuple[str, int], ...],
   kernel: str,
   latent_grid: bool = False,
+  partial: tuple[str, ...] = (),
   **common,
 ) -> dict[str, Array]:
   """`tpu_grid.scan` or `gpu_loop.scan` by `driver`, with `steps` = (the grid step, the loop step) of one
-  block step. `rows` is the grid driver's, `tiles`, `kernel` and `latent_grid` the loop driver's; common:
-  final, chunk, interpret, name, cost."""
+  block step. `rows` is the grid driver's, `tiles`, `kernel`, `latent_grid` and `partial` the loop driver's;
+  common: final, chunk, interpret, name, cost, reverse."""
   if driver == "grid":
     return tpu_grid.scan(steps[0], init, xs, ys, rows=rows, **common)
-  return gpu_loop.scan(steps[1], init, xs, ys, tiles=dict(tiles), kernel=kernel, latent_grid=latent_grid, **common)
+  return gpu_loop.scan(
+    steps[1], init, xs, ys, tiles=dict(tiles), kernel=kernel, latent_grid=latent_grid, partial=partial, **common
+  )
 
 
 def _head_major(x: Array, t: int, value: float = 0.0) -> Array:
@@ -223,13 +224,10 @@ def _causal_fwd(p, k, v, state, segments, options):
 
 
 def _causal_bwd(options, residuals, dy):
-  """On the grid driver two kernels (kernels/latte/backward.py `causal_grad`): the forward scan once more and a
-  reverse one. On the loop driver (GPU) the VJP of the XLA form, from the inputs."""
+  """Two kernels (kernels/latte/backward.py `causal_grad`) on either driver: the forward scan once more and a
+  reverse one."""
   p, k, v, state, segments = residuals
   opts = dict(options)
-  if opts["driver"] != "grid":
-    xla = lambda p, k, v, state: reference.causal_scan(p, k, v, chunk=opts["chunk"], state=state, segments=segments)
-    return (*jax.vjp(xla, p, k, v, state)[1](dy), None)
   b, t, h, _ = p.shape
   init, xs = _causal_inputs(p, k, v, state, opts["chunk"])
   tp = xs["k"].shape[2]
@@ -237,8 +235,16 @@ def _causal_bwd(options, residuals, dy):
   if segments is not None:
     xs.update(_document_columns(segments, h, opts["chunk"], tp))
 
+  scan = functools.partial(
+    _scan,
+    opts["driver"],
+    interpret=opts["interpret"],
+    tiles=opts["tiles"],
+    kernel="causal_latte",
+  )
+
   def run(init, xs):
-    dp, dk, dv, dstate = backward.causal_grad(init, xs, chunk=opts["chunk"], interpret=opts["interpret"])
+    dp, dk, dv, dstate = backward.causal_grad(init, xs, chunk=opts["chunk"], scan=scan)
     return {"dp": dp, "dk": dk, "dv": dv}, dstate
 
   grads, dstate = per_device.run_per_device(
