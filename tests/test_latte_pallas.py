@@ -353,8 +353,10 @@ def test_kernels_with_segments_equal_the_masked_formulas(driver):
 
 
 def test_kernels_with_segments_run_per_device_under_a_mesh():
-  """Batch over 'data' and heads over 'tensor': the document indices split with the batch."""
-  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  """Batch over 'data' and 'fsdp' (as the trainer splits it under FSDP), heads over 'tensor': the document
+  indices split with the batch; the values and the gradients (the backward kernels, per device too) equal
+  the unsharded quadratic formulas'."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
   segs = np.array([[1] * 3 + [2] * 6, [1] * 9, [1] * 7 + [0] * 2, [1, 2, 2, 3, 3, 3, 4, 4, 4]], np.int32)
   fns = (
     lambda q, k, v: kernels.causal_latte(q, k, v, chunk=4, impl="pallas", segments=segs),
@@ -364,12 +366,17 @@ def test_kernels_with_segments_run_per_device_under_a_mesh():
     lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=segs),
     lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, segments=segs),
   )
+
+  def both(fns, q, k, v):
+    return [value_and_grads(fn, q, k, v) for fn in fns]
+
   q, k, v = qkv(b=4, t=9, l=8)
-  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
-    # one kernel causal, two bidirectional (forward and reversed)
-    assert str(jax.make_jaxpr(lambda *a: [f(*a) for f in fns])(q, k, v)).count("shard_map") == 3
-    sharded = run(lambda *a: [f(*a) for f in fns], q, k, v)
-  assert_same(sharded, run(lambda *a: [f(*a) for f in references], q, k, v))
+  with per_device.per_device_mesh(mesh, batch=("data", "fsdp"), heads="tensor"):
+    # causal: the kernel and its backward's two (2 shard_maps); bidirectional: the linear sums forward and
+    # reversed, for the output and for each of its 3 gradients (8)
+    assert str(jax.make_jaxpr(functools.partial(both, fns))(q, k, v)).count("shard_map") == 10
+    sharded = run(functools.partial(both, fns), q, k, v)
+  assert_same(sharded, run(functools.partial(both, references), q, k, v))
 
 
 # -- per device under a mesh ---------------------------------------------------------------------------------
