@@ -90,14 +90,21 @@ def gpu_mesh(devices) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(devices), ("data",))
 
 
+def traced_for_gpu(fn: Callable, args: tuple, devices):
+  """fn(*args) jitted and traced under `jax.set_mesh` of the GPU `devices`, arguments replicated: the program
+  the GPU compiles, with its kernels traced for the GPU (their Triton drivers and tiles)."""
+  mesh = gpu_mesh(devices)
+  replicated = NamedSharding(mesh, P())
+  with jax.set_mesh(mesh):
+    return jax.jit(fn).trace(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in args))
+
+
 def compile_for_gpu(fn: Callable, args: tuple, devices, *, inspect: bool = True):
   """fn(*args) jitted under `jax.set_mesh` of the GPU `devices`, arguments replicated, lowered and compiled
   by XLA:GPU + Triton + ptxas. -> (compiled, compile seconds, [TritonKernel] of its Pallas kernels; empty
   unless `inspect`). Raises what lowering or compiling raises (e.g. RESOURCE_EXHAUSTED for shared memory)."""
-  mesh = gpu_mesh(devices)
-  replicated = NamedSharding(mesh, P())
-  with jax.set_mesh(mesh):
-    lowered = jax.jit(fn).lower(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in args))
+  with jax.set_mesh(gpu_mesh(devices)):
+    lowered = traced_for_gpu(fn, args, devices).lower()
   with tempfile.TemporaryDirectory(prefix="gpu_compile_") as dump:
     options = {"xla_dump_to": dump} if inspect else None
     start = time.perf_counter()

@@ -5,6 +5,7 @@ mode (numbers only: interpret-mode times say nothing of a device).
 
   python scripts/run_kernels.py                                # B 2, T 1024, 2 heads of 64; float32, bfloat16
   python scripts/run_kernels.py --paper=all --seq_len=8192     # each kernel at its paper model's widths
+  python scripts/run_kernels.py --estimate=h100 --paper=all --seq_len=8192 --batch=1   # estimated, no GPU
   JAX_DEFAULT_MATMUL_PRECISION=highest python scripts/run_kernels.py   # float32 matmuls without TF32 on a GPU
 
 The same command as `python -m lra_core.bench.kernel_run`; the compile-only check for devices this
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_core import cli
-from lra_core.bench import common
+from lra_core.bench import common, kernel_estimate
 from lra_core.bench.lowering import GPU_MARKER, TPU_MARKER
 from lra_core.kernels.catalog import PAPER, gradient, kernels_at
 from lra_core.markdown import markdown_table
@@ -118,10 +119,18 @@ def main(argv=None) -> list[dict]:
   )
   parser.add_argument("--steps", type=int, default=10, help="timed calls per median")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
+  parser.add_argument(
+    "--estimate",
+    default="",
+    help="a GPU (h100, a100, ...): compile the rows for it on this host and print the roofline's estimates "
+    "instead of running them (lra_core/bench/kernel_estimate.py)",
+  )
   args = parser.parse_args(argv)
   papers = list(PAPER) if args.paper == "all" else [p for p in args.paper.split(",") if p]
   if sorted(set(papers) - set(PAPER)):
     parser.error(f"--paper {args.paper!r} names none of {list(PAPER)} (or 'all').")
+  if args.estimate and args.estimate not in kernel_estimate.GPUS:
+    parser.error(f"--estimate {args.estimate!r} is not one of {sorted(kernel_estimate.GPUS)}.")
   base = dict(
     seq_len=args.seq_len,
     width=args.width,
@@ -134,16 +143,25 @@ def main(argv=None) -> list[dict]:
     heads=args.heads,
   )
   cases = [(dict(base, **PAPER[p][1]), (PAPER[p][0],)) for p in papers] or [(base, ())]
-  rows = [
-    row
-    for sizes, only in cases
-    for dtype in args.dtypes.split(",")
-    for row in run(dict(sizes, dtype=dtype), only=only, steps=args.steps)
-  ]
-  print(
-    f"{jax.devices()[0].device_kind}, jax {jax.__version__}, matmul precision "
-    f"{jax.config.jax_default_matmul_precision or 'default'}\n\n{table(rows)}"
-  )
+  if args.estimate:
+    rows = [
+      row
+      for sizes, only in cases
+      for dtype in args.dtypes.split(",")
+      for row in kernel_estimate.estimate(dict(sizes, dtype=dtype), only=only, gpu=args.estimate)
+    ]
+    print(f"{rows[0]['device']} (compiled on this host), jax {jax.__version__}\n\n{kernel_estimate.table(rows)}")
+  else:
+    rows = [
+      row
+      for sizes, only in cases
+      for dtype in args.dtypes.split(",")
+      for row in run(dict(sizes, dtype=dtype), only=only, steps=args.steps)
+    ]
+    print(
+      f"{jax.devices()[0].device_kind}, jax {jax.__version__}, matmul precision "
+      f"{jax.config.jax_default_matmul_precision or 'default'}\n\n{table(rows)}"
+    )
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
   return rows

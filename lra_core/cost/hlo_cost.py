@@ -34,6 +34,7 @@ import re
 
 import numpy as np
 
+from lra_core.cost import pallas_grid
 from lra_core.cost.chips import Chip
 from lra_core.cost.hlo_flops import library_flops, matmul_flops
 from lra_core.cost.hlo_text import (
@@ -164,8 +165,9 @@ class Hotspot:
 
 
 class _Walker:
-  def __init__(self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=(), mesh=()):
+  def __init__(self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=(), mesh=(), grid_costs=(), gpu=None):
     self.computations, self.chip = computations, chip
+    self.grids, self.gpu = {g.key: g for g in grid_costs}, gpu
     # Each device's place along the sequence axis (mesh: ((axis, size), ...), the devices in order)
     self.along_sequence = None
     names, sizes = [a for a, _ in mesh], [n for _, n in mesh]
@@ -378,6 +380,14 @@ class _Walker:
       elif library is not None:  # the workspace a library call is given is scratch, not traffic
         flops, traffic = library, operand_bytes + size_bytes(first_array(op.shape))
       recompute = flops if _REMAT in op.attrs else 0.0
+      grid = self.grids.get(kernel_key(op, shapes)) if target(op) == TRITON_CALL and self.gpu else None
+      if grid is not None:  # charged by what its grid runs (lra_core/cost/pallas_grid.py), not its declared cost
+        seconds = pallas_grid.gpu_seconds(
+          grid, self.gpu, tensor_flops_per_s=self.chip.peak_flops, hbm_bandwidth=self.chip.hbm_bandwidth
+        )
+        flops = flops or grid.flops
+        memory = seconds if grid.hbm_bytes / self.chip.hbm_bandwidth > flops / self.chip.peak_flops else 0.0
+        return Cost(flops=flops, recompute_flops=recompute, bytes=grid.hbm_bytes, compute_s=seconds, memory_s=memory)
     seconds = max(flops / self.chip.peak_flops, traffic / self.chip.hbm_bandwidth)
     memory = seconds if traffic / self.chip.hbm_bandwidth > flops / self.chip.peak_flops else 0.0
     return Cost(flops=flops, recompute_flops=recompute, bytes=traffic, compute_s=seconds, memory_s=memory)
@@ -435,15 +445,27 @@ def _split(operations: list[Hotspot], compute_s: float) -> tuple[tuple[str, floa
   return tuple(sorted(((k, v) for k, v in seconds.items() if v > 0), key=lambda kv: -kv[1]))
 
 
-def roofline(hlo_text: str, chip: Chip, *, top: int = 0, split: bool = False, kernel_costs=(), mesh=()) -> Roofline:
+def roofline(
+  hlo_text: str,
+  chip: Chip,
+  *,
+  top: int = 0,
+  split: bool = False,
+  kernel_costs=(),
+  mesh=(),
+  grid_costs=(),
+  gpu=None,
+) -> Roofline:
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
   `top` > 0 also lists that many of its dearest operations (Roofline.hotspots), `split` the step's
   time by kind of work (Roofline.split). `kernel_costs`: the KernelCost of each Pallas kernel of a GPU
   program (lra_core.cost.pallas_costs.pallas_kernel_costs of its traced jaxpr). `mesh`: ((axis, size), ...)
   of the program's mesh, its devices in order: the collectives across the `sequence` axis are also
-  counted on their own (Roofline.sequence_comm_*)."""
+  counted on their own (Roofline.sequence_comm_*). `grid_costs` (lra_core.cost.pallas_grid.grid_costs of
+  the traced jaxpr) with `gpu` (its GpuArch: SMs, lanes, clock): each Triton call is timed by its grid
+  (`pallas_grid.gpu_seconds`) rather than at the chip's peak."""
   computations, entry = parse(hlo_text)
-  walker = _Walker(computations, chip, kernel_costs, mesh)
+  walker = _Walker(computations, chip, kernel_costs, mesh, grid_costs, gpu)
   total = walker.cost(entry)
   operations = _operations(walker, entry) if top or split else []
   return Roofline(

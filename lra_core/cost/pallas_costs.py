@@ -87,14 +87,9 @@ def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
       if eqn.primitive.name == "pallas_call":
         estimate = eqn.params.get("cost_estimate")
         if estimate is not None:
-          name = eqn.params["jaxpr"].debug_info.func_name
-          operands = tuple(
-            f"{_HLO_TYPES.get(v.aval.dtype.name, v.aval.dtype.name)}[{','.join(map(str, v.aval.shape))}]"
-            for v in eqn.invars
-          )
           cost = KernelCost(
-            _sanitized(name),
-            operands,
+            call_name(eqn),
+            hlo_operands(eqn.invars),
             float(estimate.flops),
             float(estimate.bytes_accessed),
             float(estimate.transcendentals),
@@ -112,8 +107,15 @@ def pallas_kernel_costs(jaxpr) -> tuple[KernelCost, ...]:
   return tuple(found.values())
 
 
-def _sanitized(name: str) -> str:
-  """The kernel name as Pallas' Triton lowering writes it into the HLO (PTX-safe)."""
+def call_name(eqn) -> str:
+  """A pallas_call's kernel name as Pallas' Triton lowering writes it into the HLO (PTX-safe)."""
   from jax._src.interpreters import mlir
 
-  return mlir.sanitize_name(name)
+  return mlir.sanitize_name(eqn.params["jaxpr"].debug_info.func_name)
+
+
+def hlo_operands(invars) -> tuple[str, ...]:
+  """Operand shapes in HLO notation ("f32[4,2,64,16]"), as `kernel_key` reads them off a compiled call."""
+  return tuple(
+    f"{_HLO_TYPES.get(v.aval.dtype.name, v.aval.dtype.name)}[{','.join(map(str, v.aval.shape))}]" for v in invars
+  )
