@@ -132,3 +132,22 @@ def test_the_roofline_charges_a_triton_call_by_its_grid_when_given_one():
     max(declared[0].flops / chip.peak_flops, declared[0].bytes_accessed / chip.hbm_bandwidth)
   )
   assert by_grid.seconds > plain.seconds  # 2 x 2 x 2 programs walking 32 blocks: far from the chip's peak
+
+
+def test_an_sm_holds_as_many_programs_as_its_threads_registers_and_shared_memory_allow():
+  """with_occupancy: the scarcest of the SM's 2,048 threads, 65,536 registers, 228 KiB of shared memory and
+  32 blocks; waves of that many programs per SM, each wave their work one after another plus the latency of
+  its serial steps once."""
+  work = pallas_grid.Work(fma_flops=1e6, steps=10)
+  cost = pallas_grid.GridCost("k", (), (8 * H100.sms,), work, block_bytes=1e5)
+  occupied = lambda **kw: pallas_grid.with_occupancy(cost, H100, **kw).resident
+  assert occupied(threads=256, registers=169, shared_bytes=6 * 1024) == 1  # 169 x 256 registers: one block
+  assert occupied(threads=128, registers=64, shared_bytes=0) == 8  # registers: 65,536 / (64 x 128)
+  assert occupied(threads=128, registers=32, shared_bytes=0) == 16  # threads: 2,048 / 128
+  assert occupied(threads=128, registers=32, shared_bytes=100 * 1024) == 2  # shared memory: 228 / 100 KiB
+  assert occupied(threads=128, registers=None, shared_bytes=0) == 1  # registers unknown (no ptxas)
+  seconds = functools.partial(pallas_grid.gpu_seconds, gpu=H100, tensor_flops_per_s=989e12, hbm_bandwidth=3.35e12)
+  one = seconds(cost)  # 8 waves of one
+  held = pallas_grid.with_occupancy(cost, H100, threads=128, registers=64, shared_bytes=0)  # 1 wave of 8
+  program = one / 8 - 10 * pallas_grid.MEMORY_LATENCY_S
+  assert seconds(held) == pytest.approx(8 * program + 10 * pallas_grid.MEMORY_LATENCY_S)

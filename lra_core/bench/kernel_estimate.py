@@ -41,15 +41,30 @@ def estimate(sizes: dict, *, only: tuple[str, ...] = (), gpu: str = "h100") -> l
     for impl in ("xla", "pallas"):
       fn, args = kernels_at(**sizes, impl=impl)[name]
       for what, f in (("forward", fn), ("step", gradient(fn))):
-        compiled, _, _ = gpu_compile.compile_for_gpu(f, args, devices, inspect=False)
+        compiled, _, kernels = gpu_compile.compile_for_gpu(f, args, devices)
         jaxpr = gpu_compile.traced_for_gpu(f, args, devices).jaxpr
         declared, grids = pallas_costs.pallas_kernel_costs(jaxpr), pallas_grid.grid_costs(jaxpr)
+        # the programs an SM holds at once, from the compiled kernels (ptxas' registers, Triton's threads and
+        # shared memory)
+        built = {k.name: k for k in kernels}
+        grids = tuple(
+          pallas_grid.with_occupancy(
+            g,
+            arch,
+            threads=built[g.name].threads,
+            registers=built[g.name].registers,
+            shared_bytes=built[g.name].shared_bytes,
+          )
+          if g.name in built
+          else g
+          for g in grids
+        )
         hlo = compiled.as_text()
         row[f"{what}_ms_{impl}"] = 1e3 * hlo_cost.roofline(hlo, chip, kernel_costs=declared).seconds
         if impl == "pallas":
           grid = hlo_cost.roofline(hlo, chip, kernel_costs=declared, grid_costs=grids, gpu=arch).seconds
           row[f"{what}_ms_grid"] = 1e3 * grid
-          row.setdefault("calls", {}).update({g.name: (g.programs, int(g.work.steps)) for g in grids})
+          row.setdefault("calls", {}).update({g.name: (g.programs, int(g.work.steps), g.resident) for g in grids})
     rows.append(row)
   return rows
 
@@ -60,7 +75,7 @@ def table(rows) -> str:
       f" dv {r['value_width']}" if r.get("value_width") else ""
     )
     three = lambda what: " / ".join(f"{r[f'{what}_ms_{x}']:.3f}" for x in ("xla", "pallas", "grid"))
-    calls = ", ".join(f"{n} {p:,} x {s}" for n, (p, s) in r["calls"].items())
+    calls = ", ".join(f"{n} {p:,} x {s} ({k} per SM at once)" for n, (p, s, k) in r["calls"].items())
     return (r["kernel"], sizes, r["dtype"], three("forward"), three("step"), calls)
 
   return markdown_table(COLUMNS, [cells(r) for r in rows])

@@ -13,9 +13,11 @@ in a declared cost. So for each `pallas_call` of a traced program this module re
     by its trip count, and its serial steps (the loops' iterations, one after another);
   - the BlockSpecs: each program reads its input blocks and writes its output blocks once.
 
-`gpu_seconds` turns that into time: the programs run in waves of one per SM, and a program takes the longer
-of its work on one SM and its share of the HBM bandwidth, plus one memory latency per serial step
-(`MEMORY_LATENCY_S`: the loop's next block waits on the loads of this one). It is a model with one assumed
+`gpu_seconds` turns that into time: the programs run in waves of as many per SM as it holds at once
+(`with_occupancy`, from the compiled kernel's threads, registers and shared memory; one when unknown); a
+wave takes its programs' work on the SM (the longer of their compute and their share of the HBM
+bandwidth) plus one memory latency per serial step (`MEMORY_LATENCY_S`: the loop's next block waits on the
+loads of this one, while the SM's other programs compute). It is a model with one assumed
 constant, checked against the kernels' measured H100 times in docs/kernels.md ("Estimates against the run").
 """
 
@@ -94,6 +96,7 @@ class GridCost:
   grid: tuple[int, ...]
   work: Work
   block_bytes: float
+  resident: int = 1  # programs an SM holds at once (`with_occupancy`; 1 until the compiled kernel is known)
 
   @property
   def key(self) -> str:
@@ -191,11 +194,27 @@ def grid_costs(jaxpr) -> tuple[GridCost, ...]:
   return tuple(found.values())
 
 
+def with_occupancy(cost: GridCost, gpu, *, threads: int, registers: int | None, shared_bytes: int) -> GridCost:
+  """`cost` with the programs one SM of `gpu` holds at once, from its compiled kernel's threads, registers per
+  thread (ptxas; None: unknown, one program) and shared memory: the fewest that the SM's threads,
+  registers, shared memory and 32 blocks allow."""
+  if not registers or not threads:
+    return cost
+  limits = (
+    gpu.threads_per_sm // threads,
+    gpu.registers_per_sm // (registers * threads),
+    gpu.shared_per_sm // shared_bytes if shared_bytes else 32,
+    32,
+  )
+  return dataclasses.replace(cost, resident=max(1, min(limits)))
+
+
 def gpu_seconds(cost: GridCost, gpu, *, tensor_flops_per_s: float, hbm_bandwidth: float) -> float:
   """The time of one call on `gpu` (sms, fp32_lanes_per_sm, clock_ghz: lra_core.compilation.topologies.GpuArch)
-  with the chip's tensor-core peak and HBM bandwidth: waves of one program per SM, each program the sum of its
-  work on the SM's units (they wait on each other's results in these kernels) or its share of the bandwidth,
-  whichever is longer, plus a memory latency per serial step."""
+  with the chip's tensor-core peak and HBM bandwidth: waves of `cost.resident` programs per SM; a program's
+  work is the sum of its work on the SM's units (they wait on each other's results in these kernels) or
+  its share of the bandwidth, whichever is longer; a wave takes its programs' work one after another (they
+  share the SM) plus a memory latency per serial step (while one program waits, another computes)."""
   clock = gpu.clock_ghz * 1e9
   w = cost.work
   compute = (
@@ -205,5 +224,6 @@ def gpu_seconds(cost: GridCost, gpu, *, tensor_flops_per_s: float, hbm_bandwidth
     + w.transcendentals / (SFU_PER_SM * clock)
   )
   memory = cost.block_bytes / (hbm_bandwidth / gpu.sms)
-  program = max(compute, memory) + w.steps * MEMORY_LATENCY_S
-  return math.ceil(cost.programs / gpu.sms) * program
+  r = min(cost.resident, math.ceil(cost.programs / gpu.sms))  # no more at once than there are to run
+  wave = r * max(compute, memory) + w.steps * MEMORY_LATENCY_S
+  return math.ceil(cost.programs / (gpu.sms * r)) * wave
