@@ -161,8 +161,7 @@ def causal_grad_block(
   )  # [Ct,Cs,1]: s <= t
   if doc is not None:
     causal = causal & (doc_rows == doc[None])  # and s in t's document
-  # masked before exp: k_s - M_t for s > t can overflow
-  within = jnp.where(causal, jnp.exp(jnp.where(causal, k[None] - m_rows, 0.0)), 0.0)  # [Ct,Cs,L]
+  within = tpu_grid.masked_exp(k[None] - m_rows, causal)  # [Ct,Cs,L]; k_s - M_t for s > t can overflow
   gv = (g_rows.astype(f32) * v[None]).sum(-1, keepdims=True)  # [Ct,Cs,1]: g_t . v_s
   dk = (within * rho_rows * (gv - dp_rows)).sum(0)
   dv = ((within * rho_rows).sum(-1, keepdims=True) * g_rows.astype(f32)).sum(0)
@@ -170,11 +169,7 @@ def causal_grad_block(
   # sums (with packed documents those of the document open at its end; masked before exp, the others' can
   # overflow)
   end = tpu_grid.last_row(m)
-  if doc is None:
-    x = jnp.exp(k - end)
-  else:
-    last = doc == tpu_grid.last_row(doc)
-    x = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)
+  x = jnp.exp(k - end) if doc is None else tpu_grid.masked_exp(k - end, doc == tpu_grid.last_row(doc))
   dk = dk + x * (tpu_grid.dot(v, gnum, (1, 0)) - gden)
   dv = dv + tpu_grid.dot(x, gnum, (1, 1))
   decay = tpu_grid.last_row(carried)  # exp(E' - E): the scale of the block before
@@ -240,16 +235,12 @@ def causal_grad_groups(
   weights, dv, new, dks = jnp.zeros((c, c), f32), jnp.zeros(v.shape, f32), [], []
   for i, (gnum, gden) in enumerate(state):
     kg, rho_i, dp_i, m_i, carried_i = k(i).astype(f32), rho(i), dp(i), m(i), carried(i)
-    # masked before exp: k_s - M_t for s > t can overflow
-    wr = jnp.where(causal, jnp.exp(jnp.where(causal, kg[:, None] - m_i[None], 0.0)), 0.0) * rho_i[None]
+    wr = tpu_grid.masked_exp(kg[:, None] - m_i[None], causal) * rho_i[None]  # k_s - M_t for s > t can overflow
     once = jnp.where(lead, dp_i, 0.0)  # [Ct,Lg]: the dp term, on one tile
     dk = (wr * (gv - once[None])).sum(1)
     weights = weights + wr.sum(-1)  # sum_l w rho over the groups, [Cs,Ct]: one matmul with g after the loop
     end = tpu_grid.last_row(m_i)  # the block's end max E [1,Lg]
-    if last is None:
-      x = jnp.exp(kg - end)
-    else:
-      x = jnp.where(last, jnp.exp(jnp.where(last, kg - end, 0.0)), 0.0)
+    x = jnp.exp(kg - end) if last is None else tpu_grid.masked_exp(kg - end, last)
     dk = dk + x * (tpu_grid.dot(v, gnum, (1, 0)) - jnp.where(lead, gden, 0.0))
     dv = dv + tpu_grid.dot(x, gnum, (1, 1))
     decay, w = tpu_grid.last_row(carried_i), carried_i * rho_i

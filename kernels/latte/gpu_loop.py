@@ -182,7 +182,7 @@ def _kernel(
     if n not in out:
       continue
     if n in shared:  # no value rows: every value tile computed the same, the first writes it
-      pl.when(pl.program_id(2) == 0)(functools.partial(write, out[n], per_group))
+      pl.when(lead)(functools.partial(write, out[n], per_group))
     else:
       write(out[n], per_group)
 

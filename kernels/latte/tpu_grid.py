@@ -113,10 +113,15 @@ def causal_end(num, den, mx, k, v, doc, cont):
     last, cont_last = doc == last_row(doc), last_row(cont) > 0  # [C,1], [1,1]
     # Only the document open at the block's end carries on; the carried state too if the block continues it.
     end = jnp.maximum(jnp.where(cont_last, mx, NEG), jnp.where(last, k, NEG).max(0, keepdims=True))  # [1,L]
-    # The inner where keeps exp of the other documents' keys from overflowing before it is masked.
-    to_end = jnp.where(last, jnp.exp(jnp.where(last, k - end, 0.0)), 0.0)
+    to_end = masked_exp(k - end, last)
     decay = jnp.where(cont_last, jnp.exp(mx - end), 0.0)
   return decay * num + dot(v, to_end, (0, 0)), decay * den + to_end.sum(0, keepdims=True), end
+
+
+def masked_exp(x: Array, keep: Array) -> Array:
+  """exp(x) where `keep`, else 0. The inner where keeps exp of the masked entries (other documents' keys, later
+  tokens' logits, which can sit far above the max) from overflowing before the mask."""
+  return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
 
 
 def linear_block(
