@@ -43,6 +43,7 @@ CORES = (
     kernels=("vq_attention",),
     drivers={"grid": "tpu_grid", "parallel": "gpu_parallel"},
     gpu_tiles=("vq_attention",),
+    backward=("grid_backward",),
   ),
   Core(
     "latte",

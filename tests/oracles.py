@@ -1,4 +1,4 @@
-"""Model-level oracles shared by the autoregressive model tests (the protocol in docs/api.md)."""
+"""Oracles shared by the autoregressive model tests (the protocol in docs/api.md) and the kernel tests."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,3 +71,18 @@ def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, a
   np.testing.assert_allclose(out_a[0, la : la + lb], out[0, la : la + lb], atol=atol, err_msg="second reads first")
   np.testing.assert_allclose(out_b[0, :la], out[0, :la], atol=atol, err_msg="first reads second")
   assert not np.allclose(out_a[0, :la], out[0, :la], atol=atol), "changing a document must change its outputs"
+
+
+def products_outside_kernels(jaxpr) -> int:
+  """The matrix products (dot_general) of a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      continue
+    count += eqn.primitive.name == "dot_general"
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr, or a Jaxpr
+        if hasattr(inner, "eqns"):
+          count += products_outside_kernels(inner)
+  return count

@@ -22,6 +22,7 @@ from lra_core.run.batches import to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
+from oracles import products_outside_kernels
 
 F32 = dict(atol=1e-5, rtol=1e-5)
 # bf16 inputs and outputs: both sides compute in float32 and round once to bf16 (2^-8 relative), so
@@ -270,21 +271,6 @@ def test_bidirectional_kernel_equals_quadratic_formula(driver):
     reference = lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask)
     q, k, v = qkv(b=3, t=11, l=8)
     assert_equals_reference(fast, reference, *(x.astype(dtype) for x in (q, 50 * k, v)))
-
-
-def products_outside_kernels(jaxpr) -> int:
-  """The matrix products (dot_general) of a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pallas_call":
-      continue
-    count += eqn.primitive.name == "dot_general"
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr, or a Jaxpr
-        if hasattr(inner, "eqns"):
-          count += products_outside_kernels(inner)
-  return count
 
 
 # The forward's drivers; the backward kernel with one head per program (the GPU's) and with both heads

@@ -15,12 +15,13 @@ Documents (`segments`, see `kernels.vq.reference.document_plan`): each driver tu
 block step reads with elementwise ops only (query and key ids, whether a query reads the cache, whether
 a block's fold keeps the old cache).
 
-Backward: `jax.custom_vjp` whose backward is the VJP of the XLA form (`kernels.vq.reference.cached_attention`),
-recomputed from the inputs: training memory is the XLA path's; the forward (inference, evaluation,
-long-context prefill) is where the kernel saves memory.
+Backward (`jax.custom_vjp`): on the grid driver two kernels, kernels/vq/grid_backward.py (the blocks in order
+for dq, dk, the codebook's and the position term's gradients; then backwards for dv and the cache's adjoint),
+from the inputs alone; on the parallel driver the VJP of the XLA form (`kernels.vq.reference.cached_attention`),
+recomputed from the inputs, whose training memory is the XLA path's.
 
-This file imports the reference, kernels/vq/reference.py; kernels/vq/__init__.py checks the arguments and dispatches
-between the two on `impl`.
+This file imports the reference, kernels/vq/reference.py, for that VJP; kernels/vq/__init__.py checks the
+arguments and dispatches between the two on `impl`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import per_device, toolkit
-from lra_core.kernels.vq import gpu_parallel, reference, tpu_grid
+from lra_core.kernels.vq import gpu_parallel, grid_backward, grid_layout, reference, tpu_grid
 
 Array = jax.Array
 DRIVERS = ("grid", "parallel")  # of kernels/toolkit.py: TPU (and interpret mode), GPU
@@ -56,9 +57,10 @@ def _kernel_call(
   key_block=None,
   code_block=None,
   grad_through_cache=True,
+  backward_query_block=None,
 ):
   """[B,T,H,.] in, [B,T,H,Dv] out plus the cache per key-value head, by the driver named
-  (`grad_through_cache` is the backward's: the forward is the same either way)."""
+  (`grad_through_cache` and `backward_query_block` are the backward's: the forward is the same either way)."""
   sizes = dict(block_len=block_len, value_block=value_block, query_block=query_block)
   if driver == "parallel":
     return gpu_parallel.attention(
@@ -102,8 +104,12 @@ def _attention_fwd(q, k_hat, v, codebook, carry_float, bias, ints, statics):
 
 
 def _attention_bwd(statics, residuals, cotangents):
+  """The grid driver's two backward kernels (kernels/vq/grid_backward.py); the parallel driver's gradient is
+  the XLA form's VJP, recomputed from the inputs."""
   q, k_hat, v, codebook, carry_float, bias, ints = residuals
   d = dict(statics)
+  if d["driver"] == "grid":
+    return _grid_gradients(residuals, cotangents[0], d) + (None,)
 
   def xla(q, k_hat, v, codebook, carry_float, bias):
     carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
@@ -125,6 +131,39 @@ def _attention_bwd(statics, residuals, cotangents):
 
   _, vjp = jax.vjp(xla, q, k_hat, v, codebook, carry_float, bias)
   return vjp(cotangents[0]) + (None,)  # the new cache carries no gradient (as in the reference)
+
+
+def _grid_gradients(residuals, dout, d: dict) -> tuple:
+  """`grid_backward.gradients` in the public layout: per key-value head (a group's query heads summed), the
+  carried block's and cache's gradients apart, the position term's as `reference.xl_bias_blocks` gives it."""
+  q, k_hat, v, codebook, carry_float, bias, ints = residuals
+  b, t, h, _ = q.shape
+  hk, l = codebook.shape[0], d["block_len"]
+  carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
+  x = grid_layout.head_major(q, k_hat, ints["z"], v, codebook, carry, bias, ints["segments"], block_len=l)
+  sizes = {n: d[n] for n in ("block_len", "value_block", "compressive", "grad_through_cache")}
+  grads = grid_backward.gradients(
+    x, dout.transpose(0, 2, 1, 3), query_block=d["backward_query_block"], interpret=d["interpret"], **sizes
+  )
+  per_kv_head = lambda x: x.reshape((x.shape[0], hk, h // hk) + x.shape[2:]).sum(2)  # [B,H,..] -> [B,Hk,..]
+  public = lambda x, like: per_kv_head(x).transpose(0, 2, 1, 3).astype(like.dtype)  # -> [B,T,Hk,.]
+  dk_prev = grads["dk_prev"]  # block r + 1 there is block r's share as the previous block; block 0 the carry's
+  dk = grads["dk"] + jnp.concatenate([dk_prev[:, :, l:], jnp.zeros_like(dk_prev[:, :, :l])], axis=2)
+  count = carry_float["count"].astype(jnp.float32)
+  dcarry = {
+    "k": public(dk_prev[:, :, :l], carry_float["k"]),
+    "v": public(grads["dcarry_v"], carry_float["v"]),
+    # the kernel carries sums, count * mean; the counts (of integer codes) have no gradient
+    "mean": (per_kv_head(grads["dcarry_sum"]) * count[..., None]).astype(carry_float["mean"].dtype),
+    "count": jnp.zeros_like(carry_float["count"]),
+  }
+  dcodebook = per_kv_head(grads["dcodebook"].sum(0)[None])[0].astype(codebook.dtype)
+  dbias = None
+  if bias is not None:  # [B,H,T,2L] -> [B,R,Hk,G,L,2L]
+    g = h // hk
+    dbias = grads["dbias"].reshape(b, hk, g, t // l, l, 2 * l).transpose(0, 3, 1, 2, 4, 5).astype(bias.dtype)
+  dq = grads["dq"].transpose(0, 2, 1, 3).astype(q.dtype)
+  return dq, public(dk, k_hat), public(grads["dv"], v), dcodebook, dcarry, dbias
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -191,6 +230,13 @@ def vq_attention_blocks(
   )
   if driver == "parallel":
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
+  else:  # the backward's scores kernel keeps the whole cache: its query sub-block fits what remains
+    sizes = dict(block_len=block_len, n_code=s, d_k=q.shape[-1], d_v=dv, value_block=tiles[0])
+    sizes.update(itemsize=max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v)), has_bias=bias is not None)
+    backward_rows = grid_backward.query_block(
+      tiles[1], budget=toolkit.vmem_budget(), has_segments=segments is not None, **sizes
+    )
+    statics += (("backward_query_block", backward_rows),)
 
   # Per device under a mesh: the kernel sees its shard of batch and heads (a Mosaic call cannot be partitioned).
   def one_device(q, k_hat, z, v, codebook, carry, bias, segments):

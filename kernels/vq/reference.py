@@ -295,7 +295,8 @@ def cache_variables(
   # Each block's previous block summarised per code (mean, count), after the carried cache ...
   mean_p, count_p = block_summaries(z_fold, v_prev, n_code)
   mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
-  count_seq = jnp.concatenate([carry["count"][:, None], count_p], axis=1)
+  # The counts are of integer codes: the carried ones, like the window's own, have no gradient.
+  count_seq = jnp.concatenate([sg(carry["count"])[:, None], count_p], axis=1)
   # ... and merged by a running (count-weighted) prefix: index r is what block r reads.
   return prefix_summaries(mean_seq, count_seq, reduction, reset)
 

@@ -14,8 +14,8 @@ code s scores q.c_s + log(count_s) and contributes the mean sum_v_s / count_s, s
 
   out = (a_prev v_prev + a_cur v_cur + exp(q C^T - m) sum_v) / (sum a_prev + sum a_cur + exp(q C^T - m) . count)
 
-with one shared max m per query (`_attend`). After the block the previous block is folded into the cache
-(`_fold`), so block r + 1 sees the carried cache, the carried block and blocks <= r - 1, as the reference
+with one shared max m per query (`block_weights`). After the block the previous block is folded into the cache
+(`fold`), so block r + 1 sees the carried cache, the carried block and blocks <= r - 1, as the reference
 does. Everything in a block step is a matmul, an exp or a row reduction. HBM traffic is the inputs and the
 output once each (q, k and the bias once per value tile); the cache never leaves the chip.
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import toolkit
-from lra_core.kernels.vq import reference
+from lra_core.kernels.vq import grid_layout, reference
 
 Array = jax.Array
 f32 = jnp.float32
@@ -44,7 +44,7 @@ LANES, SUBLANES = 128, 8  # a TPU VMEM tile: a block's last two dimensions are p
 MOSAIC_SCRATCH = 2**20  # VMEM the compiler keeps for itself (its internal scratch), as measured: see docs/kernels.md
 
 
-def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+def tile_bytes(rows: int, cols: int, itemsize: int) -> int:
   return -(-rows // SUBLANES) * SUBLANES * -(-cols // LANES) * LANES * itemsize
 
 
@@ -63,7 +63,7 @@ def vmem_bytes(
   The counts of each term are fitted to what Mosaic reports for TPU v3 at L = S = 512, Dk = 128
   (docs/kernels.md), rounded up."""
   l, lq, s, dk, dt, a = block_len, query_block, n_code, d_k, value_block, itemsize
-  x = _tile_bytes
+  x = tile_bytes
   # Blocks that change every step, double-buffered: q, k and k_prev, v and v_prev, the output, the code
   # rows and column, the bias; documents add two query columns and three key rows.
   pipelined = (
@@ -165,33 +165,13 @@ def cost(
 # -- the block step ----------------------------------------------------------------------------------
 
 
-def _attend(
-  cache,
-  q,
-  k_prev,
-  k_cur,
-  v_prev,
-  v_cur,
-  zr_prev,
-  zr_cur,
-  codebook,
-  bias,
-  row0,
-  docs=None,
-  *,
-  n_code: int,
-  compressive: bool,
-):
-  """Queries row0 .. row0 + Lq - 1 of a block against [previous, present] keys and the cache.
-
-  cache = (sum_v [S,Dt], count_row [1,S], count_col [S,1]); q [Lq,Dk]; k_* [L,Dk]; v_* [L,Dt];
-  zr_* int [1,L]; codebook [S,Dk]; bias = the [Lq,L] position terms of the (previous, present) keys, or
-  None; docs = (query ids int [Lq,1], reads the cache [Lq,1] 0/1, previous and present key ids int
-  [1,L]) or None -> out [Lq,Dt]. (The bias halves come in split: Triton cannot slice a loaded array.)
-  """
-  sum_v, count_row, _ = cache
+def local_scores(q, k_prev, k_cur, zr_prev, zr_cur, bias, row0, docs=None, *, n_code: int, compressive: bool):
+  """Queries row0 .. row0 + Lq - 1 of a block (q [Lq,Dk], float32) scored against the [previous, present]
+  keys k_* [L,Dk]: zr_* int [1,L] their codes (S: no key); bias = the [Lq,L] position terms of the
+  (previous, present) keys, or None (the halves come in split: Triton cannot slice a loaded array); docs =
+  (query ids int [Lq,1], reads the cache [Lq,1] 0/1, previous and present key ids int [1,L]) or None.
+  -> (s_prev, s_cur [Lq,L], -MASK where masked; keep_prev, keep_cur [Lq,L] bool)."""
   lq, l = q.shape[0], k_cur.shape[0]
-  q = q.astype(f32)
   i = row0 + jax.lax.broadcasted_iota(jnp.int32, (lq, l), 0)  # the queries' places in the block
   j = jax.lax.broadcasted_iota(jnp.int32, (lq, l), 1)
   s_prev = toolkit.dot(q, k_prev.astype(f32), (1, 1))  # keys at distance L + i - j
@@ -206,9 +186,33 @@ def _attend(
     q_seg, _, k_seg_prev, k_seg_cur = docs
     keep_prev = keep_prev & (q_seg == k_seg_prev)
     keep_cur = keep_cur & (q_seg == k_seg_cur)
-  s_prev = jnp.where(keep_prev, s_prev, -MASK)
-  s_cur = jnp.where(keep_cur, s_cur, -MASK)
-  # One max per query over all 2L + S scores: the block is whole on chip, so no online rescaling.
+  return jnp.where(keep_prev, s_prev, -MASK), jnp.where(keep_cur, s_cur, -MASK), keep_prev, keep_cur
+
+
+def block_weights(
+  cache,
+  q,
+  k_prev,
+  k_cur,
+  zr_prev,
+  zr_cur,
+  codebook,
+  bias,
+  row0,
+  docs=None,
+  *,
+  n_code: int,
+  compressive: bool,
+) -> dict:
+  """The unnormalised weights of `local_scores`' queries over its keys and the cache's codes, each against
+  one shared max per query (the block is whole on chip: no online rescaling). cache = (sum_v [S,Dt],
+  count_row [1,S], count_col [S,1]); codebook [S,Dk]. -> {a_prev, a_cur [Lq,L]; a_code [Lq,S] (exp(q.c_s -
+  m): a code's count is in its sum of values) or None; den [Lq,1], the normaliser; m [Lq,1], the max}."""
+  _, count_row, _ = cache
+  q = q.astype(f32)
+  s_prev, s_cur, keep_prev, keep_cur = local_scores(
+    q, k_prev, k_cur, zr_prev, zr_cur, bias, row0, docs, n_code=n_code, compressive=compressive
+  )
   m = jnp.maximum(s_prev.max(-1, keepdims=True), s_cur.max(-1, keepdims=True))
   if compressive:
     present = count_row > 0  # [1,S]
@@ -220,17 +224,25 @@ def _attend(
     m = jnp.maximum(m, (s_code + log_count).max(-1, keepdims=True))
   a_prev = jnp.where(keep_prev, jnp.exp(s_prev - m), 0.0)
   a_cur = jnp.where(keep_cur, jnp.exp(s_cur - m), 0.0)
-  num = toolkit.dot(a_prev, v_prev.astype(f32)) + toolkit.dot(a_cur, v_cur.astype(f32))
   den = a_prev.sum(-1, keepdims=True) + a_cur.sum(-1, keepdims=True)
+  a_code = None
   if compressive:
     # exp(q.c_s - m) <= exp(-log count_s) <= 1 for every code present; absent codes masked.
     a_code = jnp.where(present, jnp.exp(jnp.where(present, s_code - m, 0.0)), 0.0)
-    num = num + toolkit.dot(a_code, sum_v)  # sum_v = count_s * mean_s: the counts are already in
     den = den + (a_code * count_row).sum(-1, keepdims=True)
-  return num / den
+  return {"a_prev": a_prev, "a_cur": a_cur, "a_code": a_code, "den": den, "m": m}
 
 
-def _fold(cache, v_prev, zc_prev, keep=None, *, n_code: int):
+def _attend(cache, q, k_prev, k_cur, v_prev, v_cur, zr_prev, zr_cur, codebook, bias, row0, docs=None, **kw):
+  """`block_weights`' queries attended: v_* [L,Dt] -> out [Lq,Dt]."""
+  w = block_weights(cache, q, k_prev, k_cur, zr_prev, zr_cur, codebook, bias, row0, docs, **kw)
+  num = toolkit.dot(w["a_prev"], v_prev.astype(f32)) + toolkit.dot(w["a_cur"], v_cur.astype(f32))
+  if w["a_code"] is not None:
+    num = num + toolkit.dot(w["a_code"], cache[0])  # sum_v = count_s * mean_s: the counts are already in
+  return num / w["den"]
+
+
+def fold(cache, v_prev, zc_prev, keep=None, *, n_code: int):
   """The previous block folded into the cache with one-hot matmuls: v_prev [L,Dt], zc_prev int [L,1];
   keep [1,L] 0/1 (constant; documents only): whether the old cache stays (else the fold restarts it)."""
   sum_v, count_row, count_col = cache
@@ -253,7 +265,6 @@ def _kernel(*refs, names: tuple[tuple[str, ...], ...], n_code: int, compressive:
   Refs by name (`forward` declares them)."""
   x, out, cache = toolkit.named_refs(refs, *names)
   r, qi = pl.program_id(3), pl.program_id(4)
-  l = x["k"].shape[0]
   last_r, last_q = pl.num_programs(3) - 1, pl.num_programs(4) - 1
 
   @pl.when((r == 0) & (qi == 0))
@@ -262,34 +273,13 @@ def _kernel(*refs, names: tuple[tuple[str, ...], ...], n_code: int, compressive:
     cache["count_row"][...] = x["carry_count_row"][...]
     cache["count_col"][...] = x["carry_count_col"][...]
 
-  first = r == 0
-
-  def previous(name: str, as_float: bool = True):
-    """The previous block's `name`: block 0's is the carried block's. Floats in float32 (the block step's
-    type anyway): TPU v3 has no select of bfloat16 vectors."""
-    carried, prev = x[f"carry_{name}"][...], x[f"{name}_prev"][...]
-    return jnp.where(first, carried.astype(f32), prev.astype(f32)) if as_float else jnp.where(first, carried, prev)
-
-  v_prev = previous("v")
+  ops = grid_layout.step_operands(x, r == 0)
   state = (cache["sum_v"][...], cache["count_row"][...], cache["count_col"][...])
-  docs = keep = None
-  if "q_seg" in x:
-    docs = (x["q_seg"][...], x["reads"][...], previous("k_seg", as_float=False), x["k_seg"][...])
-    keep = x["keep"][...]
-  bias = (x["bias"][:, :l], x["bias"][:, l:]) if "bias" in x else None  # [Lq,2L]: previous keys, then present
   attended = _attend(
     state,
-    x["q"][...],
-    previous("k"),
-    x["k"][...],
-    v_prev,
-    x["v"][...],
-    previous("z_row"),
-    x["z_row"][...],
-    x["codebook"][...],
-    bias,
+    *(ops[n] for n in ("q", "k_prev", "k_cur", "v_prev", "v_cur", "zr_prev", "zr_cur", "codebook", "bias")),
     qi * x["q"].shape[0],  # the sub-block's first row in the block
-    docs,
+    ops["docs"],
     n_code=n_code,
     compressive=compressive,
   )
@@ -297,7 +287,7 @@ def _kernel(*refs, names: tuple[tuple[str, ...], ...], n_code: int, compressive:
 
   @pl.when(qi == last_q)
   def _():  # the previous block enters the cache once all of this block's queries have read it
-    folded = _fold(state, v_prev, previous("z_col"), keep, n_code=n_code)
+    folded = fold(state, ops["v_prev"], ops["z_fold"], ops["keep"], n_code=n_code)
     cache["sum_v"][...], cache["count_row"][...], cache["count_col"][...] = folded
 
     @pl.when(r == last_r)
@@ -326,66 +316,25 @@ def forward(
   interpret: bool,
 ) -> dict[str, Array]:
   """The head-major pallas_call. q [B,H,T,Dk]; k [B,Hk,T,Dk]; v [B,Hk,T,Dv]; zc int [B,Hk,T,1]; zr int
-  [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (`_head_major_carry`); docs
-  (`_document_inputs`) or None. Values are read in J = Dv / value_block tiles, each its own program (the
-  scores recomputed per tile); the queries of a block are attended query_block rows at a time.
+  [B,Hk,1,T]; codebook [Hk,S,Dk]; bias [B,H,T,2L] or None; carry head-major (`grid_layout.head_major_carry`);
+  docs (`grid_layout.document_inputs`) or None. Values are read in J = Dv / value_block tiles, each its own
+  program (the scores recomputed per tile); the queries of a block are attended query_block rows at a time.
   -> {out [B,H,T,Dv], and the cache after the last block per query head: sum [B,H,S,Dv] and count_col
   [B,H,J,S,1] (the same for every tile)}."""
   b, h, t, dk = q.shape
   hk, s, _ = codebook.shape
   dv = v.shape[-1]
-  g = h // hk
   l, dt, lq = block_len, value_block, query_block
   r, nj, nq = t // l, dv // value_block, block_len // query_block
-  # lax.div, not //: integer floor division lowers through `sign`, whose Mosaic lowering needs the chip kind.
-  kv_head = lambda hh: jax.lax.div(hh, g)
-  # Blocks read once per (batch, head, tile) take one buffer on TPU: there is nothing to prefetch.
-  once = {"pipeline_mode": pl.Buffered(1)} if not interpret else {}
-
-  def spec(shape, index, **kw):
-    """A block of a [B,heads,.,.] operand; `index` maps the grid point (b, h, j, r, q) to its block."""
-    return pl.BlockSpec((None, None) + shape, index, **kw)
-
-  prev = lambda rr: jnp.maximum(rr - 1, 0)  # block 0 reads the carried block instead (`previous` in _kernel)
-  queries = lambda bb, hh, jj, rr, qq: (bb, hh, rr * nq + qq, 0)  # sub-block qq of block rr, in units of Lq rows
-  kv = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, 0)
-  kv_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), 0)
-  v_tile = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), rr, jj)
-  v_tile_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), prev(rr), jj)
-  row = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, rr)  # rows [1,T] advance along lanes
-  row_prev = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, prev(rr))
-  carried = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, 0)
-  carried_tile = lambda bb, hh, jj, rr, qq: (bb, kv_head(hh), 0, jj)
-  carry_k, carry_v, carry_z_row, carry_z_col, carry_sum, carry_count_row, carry_count_col = carry
-
-  inputs = toolkit.Inputs()
-  inputs.add("q", q, spec((lq, dk), queries))
-  inputs.add("k", k, spec((l, dk), kv))
-  inputs.add("k_prev", k, spec((l, dk), kv_prev))
-  inputs.add("v", v, spec((l, dt), v_tile))
-  inputs.add("v_prev", v, spec((l, dt), v_tile_prev))
-  inputs.add("z_row", zr, spec((1, l), row))  # key validity (code S: no key)
-  inputs.add("z_row_prev", zr, spec((1, l), row_prev))
-  inputs.add("z_col_prev", zc, spec((l, 1), kv_prev))  # the fold's one-hot rows
-  inputs.add("codebook", codebook, pl.BlockSpec((None, s, dk), lambda bb, hh, jj, rr, qq: (kv_head(hh), 0, 0), **once))
-  if bias is not None:
-    inputs.add("bias", bias, spec((lq, 2 * l), queries))
-  if docs is not None:  # one row of ids per batch row, whatever the head
-    doc_col = lambda bb, hh, jj, rr, qq: (bb, 0, rr * nq + qq, 0)
-    doc_row = lambda bb, hh, jj, rr, qq: (bb, 0, 0, rr)
-    inputs.add("q_seg", docs["q_seg"], spec((lq, 1), doc_col))
-    inputs.add("reads", docs["reads"], spec((lq, 1), doc_col))
-    inputs.add("k_seg", docs["k_seg"], spec((1, l), doc_row))
-    inputs.add("k_seg_prev", docs["k_seg"], spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, prev(rr))))
-    inputs.add("keep", docs["keep"], spec((1, l), doc_row))
-    inputs.add("carry_k_seg", docs["carry_seg"], spec((1, l), lambda bb, hh, jj, rr, qq: (bb, 0, 0, 0), **once))
-  inputs.add("carry_k", carry_k, spec((l, dk), carried, **once))
-  inputs.add("carry_v", carry_v, spec((l, dt), carried_tile, **once))
-  inputs.add("carry_z_row", carry_z_row, spec((1, l), carried, **once))
-  inputs.add("carry_z_col", carry_z_col, spec((l, 1), carried, **once))
-  inputs.add("carry_sum", carry_sum, spec((s, dt), carried_tile, **once))
-  inputs.add("carry_count_row", carry_count_row, spec((1, s), carried, **once))
-  inputs.add("carry_count_col", carry_count_col, spec((s, 1), carried, **once))
+  spec = lambda shape, index: pl.BlockSpec((None, None) + shape, index)  # a block of a [B,heads,.,.] output
+  inputs = grid_layout.declare_inputs(
+    dict(q=q, k=k, v=v, zc=zc, zr=zr, codebook=codebook, bias=bias, carry=carry, docs=docs),
+    block_len=l,
+    value_block=dt,
+    query_block=lq,
+    point=lambda *ids: ids,
+    once=not interpret,
+  )
   outputs = toolkit.Outputs()
   outputs.add(
     "out",
@@ -434,48 +383,6 @@ def forward(
   return outputs.named(call(*inputs.arrays))
 
 
-def _head_major_carry(carry: dict, fold_z: Array) -> tuple:
-  """The reference's carry ([B,L,Hk,.], mean [B,Hk,S,Dv], count [B,Hk,S]) in the kernel's layout;
-  fold_z [B,L,Hk] the codes the carried block folds with (its z, or S for keys that do not enter)."""
-  count = carry["count"].astype(f32)
-  return (
-    carry["k"].transpose(0, 2, 1, 3),
-    carry["v"].transpose(0, 2, 1, 3),
-    carry["z"].transpose(0, 2, 1)[:, :, None, :],
-    fold_z.transpose(0, 2, 1)[..., None],
-    carry["mean"].astype(f32) * count[..., None],  # the kernel carries sums: the means times their counts
-    count[:, :, None, :],
-    count[..., None],
-  )
-
-
-def _document_inputs(
-  segments: Array, carry_segments: Array, z: Array, carry_z: Array, *, block_len: int, n_code: int
-) -> tuple[dict, Array, Array]:
-  """`kernels.vq.reference.document_plan` as inputs the block step reads with elementwise ops only: -> ({q_seg,
-  reads: columns [B,1,T,1]; k_seg, keep: rows [B,1,1,T]; carry_seg: row [B,1,1,L]}, the fold codes of the
-  window [B,T,Hk] and of the carried block [B,L,Hk])."""
-  b, t = segments.shape
-  l = block_len
-  plan = reference.document_plan(segments, carry_segments, l)
-  enters = plan["enters"]  # [B,R,L]: keys of block r - 1
-  # A key folds with its code if it enters the cache (the next block begins with its document), else with
-  # the empty code S; the last block's keys fold in the next window, where the plan decides again.
-  window_enters = jnp.concatenate([enters[:, 1:], jnp.ones((b, 1, l), bool)], axis=1).reshape(b, t)
-  fold_z = jnp.where(window_enters[..., None], z, n_code)
-  carry_fold_z = jnp.where(enters[:, 0, :, None], carry_z, n_code)
-  col = lambda x: x.reshape(b, 1, t, 1)  # one id per batch row, read by every head
-  row = lambda x: x.reshape(b, 1, 1, -1)
-  docs = {
-    "q_seg": col(plan["seg"]),
-    "reads": col(plan["reads"].astype(f32)),
-    "k_seg": row(plan["seg"]),
-    "keep": row(jnp.repeat(plan["keep"].astype(f32), l, axis=1)),  # per block, repeated over its keys
-    "carry_seg": row(plan["prev"][:, 0]),
-  }
-  return docs, fold_z, carry_fold_z
-
-
 def attention(
   q,
   k_hat,
@@ -494,31 +401,11 @@ def attention(
 ):
   """The grid driver: [B,T,H,.] in, the head-major kernel, out [B,T,H,Dv] and the cache after the last block
   per key-value head (mean [B,Hk,S,Dv], count [B,Hk,S])."""
-  b, t, h, _ = q.shape
-  hk = codebook.shape[0]
-  l = block_len
-  heads = lambda x: x.transpose(0, 2, 1, 3)
-  docs, fold_z, carry_fold_z = None, z, carry["z"]
-  if segments is not None:
-    docs, fold_z, carry_fold_z = _document_inputs(
-      segments, carry["seg"], z, carry["z"], block_len=l, n_code=codebook.shape[1]
-    )
-  zt = z.transpose(0, 2, 1)
-  bias_hm = None
-  if bias is not None:  # [B,R,Hk,G,L,2L] -> [B,H,T,2L]
-    bias_hm = bias.transpose(0, 2, 3, 1, 4, 5).reshape(b, h, t, 2 * l)
-  # z twice: as a column [T,1] (one-hot rows of the fold) and a row [1,T] (key validity): no transpose inside.
+  h, hk = q.shape[2], codebook.shape[0]
+  x = grid_layout.head_major(q, k_hat, z, v, codebook, carry, bias, segments, block_len=block_len)
   out = forward(
-    heads(q),
-    heads(k_hat),
-    heads(v),
-    fold_z.transpose(0, 2, 1)[..., None],
-    zt[:, :, None, :],
-    codebook,
-    bias_hm,
-    _head_major_carry(carry, carry_fold_z),
-    docs,
-    block_len=l,
+    **x,
+    block_len=block_len,
     value_block=value_block,
     query_block=query_block,
     compressive=compressive,
@@ -528,4 +415,4 @@ def attention(
   first_of_group = slice(None, None, h // hk)
   count = out["count_col"][:, first_of_group, 0, :, 0]
   mean = out["sum"][:, first_of_group] / jnp.maximum(count, 1.0)[..., None]
-  return heads(out["out"]), mean, count
+  return out["out"].transpose(0, 2, 1, 3), mean, count
