@@ -42,8 +42,8 @@ CORES = (
     "vq",
     kernels=("vq_attention",),
     drivers={"grid": "tpu_grid", "parallel": "gpu_parallel"},
-    gpu_tiles=("vq_attention",),
-    backward=("grid_backward",),
+    gpu_tiles=("vq_attention", "vq_attention_backward"),
+    backward=("grid_backward", "gpu_backward"),
   ),
   Core(
     "latte",

@@ -198,6 +198,11 @@ def vmem_budget(device_kind: str | None = None) -> int | None:
 GPU_TILES: dict[str, dict[str, int]] = {
   # query rows x key rows (and codes) per step of the online softmax, value columns per program
   "vq_attention": dict(query_block=64, key_block=64, code_block=64, value_block=128, num_warps=8, num_stages=2),
+  # its backward (kernels/vq/gpu_backward.py): dq and dk sum g . v over every value column a tile at a time;
+  # tiles of 32 rows, keys and codes: no spill at the enwik8 head, 122-156 registers (64 spilled in dq and dv)
+  "vq_attention_backward": dict(
+    query_block=32, key_block=32, code_block=32, value_block=128, num_warps=8, num_stages=2
+  ),
   "mixed_chunk_attention": dict(
     query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8, num_stages=2
   ),  # state_block: rows of the [S, Et] state per step of lin_q KV

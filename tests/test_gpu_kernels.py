@@ -21,7 +21,7 @@ needs_plugin = pytest.mark.skipif(
 SIZES = dict(seq_len=256, width=64, latents=32, block=128, codes=128, chunk=0, flash_chunk=128)
 KERNELS = tuple(catalog.kernels_at(**SIZES))
 NAMES = {
-  "vq_attention": {"vq_attention"},
+  "vq_attention": {"vq_attention", "vq_attention_dq", "vq_attention_dk", "vq_attention_dv"},
   "causal_latte": {"causal_latte", "causal_latte_backward_dp", "causal_latte_backward"},
   "mixed_chunk": {"mixed_chunk_attention"},
   "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents", "bidirectional_latte_backward"},

@@ -16,6 +16,7 @@ import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
 from lra_core.kernels import per_device, toolkit, vq
+from lra_core.kernels.vq import gpu_backward as vq_gpu_backward
 from lra_core.kernels.vq import gpu_parallel as vq_parallel
 from lra_core.kernels.vq import pallas as vq_pallas
 from lra_core.kernels.vq import tpu_grid as vq_grid
@@ -80,9 +81,10 @@ def test_kernel_equals_quadratic_definition_values_and_gradients(t, block_len, s
     np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=atol * max(scale, 1.0) * 3)
 
 
-# The grid driver's backward (kernels/vq/grid_backward.py) against the XLA form's VJP: (case id, options).
-# Every case carries a cache and a previous block in (random keys, values, codes, counts and means), so
-# the carried state's gradient is held too; value tiles and query sub-blocks make both kernels loop.
+# Each driver's backward (kernels/vq/grid_backward.py, kernels/vq/gpu_backward.py) against the XLA form's
+# VJP: (case id, options). Every case carries a cache and a previous block in (random keys, values, codes,
+# counts and means), so the carried state's gradient is held too; the tiles make the kernels loop (the
+# grid driver's (Dt, Lq), the parallel driver's (Dt, Lq, Lk, Sc), its backward's the same).
 GRAD_CASES = [
   ("plain", dict()),
   ("documents-bias", dict(documents=True, bias=True)),
@@ -91,9 +93,26 @@ GRAD_CASES = [
   ("gqa-tiles", dict(h=4, hk=2, tiles=(2, 2), documents=True)),
   ("bfloat16", dict(dtype=jnp.bfloat16, bias=True, tiles=(3, 2))),
 ]
+PARALLEL_TILES = {"gqa-tiles": (2, 2, 4, 8), "bfloat16": (3, 4, 2, 4)}
+KERNEL_CALLS = {"grid": 3, "parallel": 4}  # the forward's call and the backward's
 
 
-def grid_gradient_case(h=2, hk=1, dtype=jnp.float32, documents=False, bias=False, **options):
+class _BackwardTiles:
+  """The parallel backward's tiles for one test: `toolkit.GPU_TILES` read through `gpu_backward.tiles`."""
+
+  def __init__(self, tiles):
+    self.tiles, self.saved = tiles, None
+
+  def __enter__(self):
+    self.saved = vq_gpu_backward.tiles
+    if self.tiles is not None:
+      vq_gpu_backward.tiles = lambda *a, **k: self.tiles
+
+  def __exit__(self, *exc):
+    vq_gpu_backward.tiles = self.saved
+
+
+def gradient_case(driver, h=2, hk=1, dtype=jnp.float32, documents=False, bias=False, **options):
   """(loss of the kernel, loss of the XLA form, their arguments): T 16, blocks of 4, 16 codes, Dk 8, Dv 6."""
   b, t, l, s, dk, dv = 2, 16, 4, 16, 8, 6
   q, k, v, codebook = inputs(b, t, h, hk, dk, dv, s, dtype)
@@ -117,7 +136,7 @@ def grid_gradient_case(h=2, hk=1, dtype=jnp.float32, documents=False, bias=False
     return f
 
   kernel = lambda *a: vq_pallas.vq_attention_blocks(
-    *a[:5], carry=a[5], bias=a[6], segments=a[7], block_len=l, driver="grid", **options
+    *a[:5], carry=a[5], bias=a[6], segments=a[7], block_len=l, driver=driver, **options
   )
   cache_options = dict(compressive=options.get("compressive", True))
   cache_options.update(grad_through_cache=options.get("grad_through_cache", True))
@@ -126,28 +145,39 @@ def grid_gradient_case(h=2, hk=1, dtype=jnp.float32, documents=False, bias=False
 
 
 @pytest.mark.parametrize(
-  "options", tiers.quick([o for _, o in GRAD_CASES], keep=[1, 4], ids=[n for n, _ in GRAD_CASES])
+  "driver,name",
+  tiers.quick(
+    [(d, n) for d in ("grid", "parallel") for n, _ in GRAD_CASES],
+    keep=[1, 4, 7, 10],
+    ids=lambda c: f"{c[0]}-{c[1]}",
+  ),
 )
-def test_grid_gradient_is_two_kernels_equal_to_the_reference_vjp(options):
-  """The grid driver's gradient is two Pallas kernels (the blocks in order for dq, dk, the codebook's and
-  the position term's gradients; then backwards for dv and the cache's adjoint): the gradients to q, k_hat,
-  v, the codebook, the position term and the carried block and cache (keys, values, means; the counts, of
-  integer codes, have none) equal the XLA form's VJP, float32 within 1e-4 and bfloat16 within 5e-2 of the
-  largest; the value and gradient trace to 3 pallas_calls and to no more matrix products outside them than
-  the forward's plus 2."""
-  fast, xla, args = grid_gradient_case(**options)
-  argnums = (0, 1, 2, 3, 4) + ((5,) if args[5] is not None else ())
-  grads = lambda f: jax.grad(f, argnums=argnums)
-  got, want = jit(lambda *a: (grads(fast)(*a), grads(xla)(*a)))(*args)
+def test_gradient_is_kernels_equal_to_the_reference_vjp(driver, name):
+  """Each driver's gradient is Pallas kernels: on the grid driver two (the blocks in order for dq, dk, the
+  codebook's and the position term's gradients; then backwards for dv and the cache's adjoint), on the
+  parallel one three (dq and the position term's; dk and the codebook's; dv and each block's cache's, which
+  XLA's prefix takes back to the values). The gradients to q, k_hat, v, the codebook, the position term and
+  the carried block and cache (keys, values, means; the counts, of integer codes, have none) equal the XLA
+  form's VJP, float32 within 1e-4 and bfloat16 within 5e-2 of the largest; the value and gradient trace to
+  the forward's call and the backward's and to no more matrix products outside them than the forward's
+  plus 2."""
+  options = dict(dict(GRAD_CASES)[name])
+  if driver == "parallel" and "tiles" in options:
+    options["tiles"] = PARALLEL_TILES[name]
+  with _BackwardTiles(options.get("tiles") if driver == "parallel" else None):
+    fast, xla, args = gradient_case(driver, **options)
+    argnums = (0, 1, 2, 3, 4) + ((5,) if args[5] is not None else ())
+    grads = lambda f: jax.grad(f, argnums=argnums)
+    got, want = jit(lambda *a: (grads(fast)(*a), grads(xla)(*a)))(*args)
+    traced = jax.make_jaxpr(jax.value_and_grad(fast, argnums=argnums))(*args).jaxpr
+    forward = jax.make_jaxpr(fast)(*args).jaxpr
   tolerance = 5e-2 if args[0].dtype == jnp.bfloat16 else 1e-4
   for (path, g_want), g_got in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
     g_want, g_got = np.float32(g_want), np.float32(g_got)
     scale = max(float(np.abs(g_want).max()), 1e-6)
     np.testing.assert_allclose(g_got, g_want, atol=tolerance * scale, err_msg=jax.tree_util.keystr(path))
   assert not np.any(np.float32(got[4]["count"])) and not np.any(np.float32(want[4]["count"]))
-  traced = jax.make_jaxpr(jax.value_and_grad(fast, argnums=argnums))(*args).jaxpr
-  forward = jax.make_jaxpr(fast)(*args).jaxpr
-  assert str(traced).count("pallas_call") == 3
+  assert str(traced).count("pallas_call") == KERNEL_CALLS[driver]
   assert products_outside_kernels(traced) <= products_outside_kernels(forward) + 2
 
 

@@ -2,8 +2,8 @@
 
 kernels/vq/reference.py is the reference (impl="xla", the default: quantization, the blockwise XLA form
 `cached_attention`, decoding and the quadratic oracles), kernels/vq/pallas.py the kernel
-(impl="pallas": the compressive cache on chip; its gradient two more kernels on TPU, kernels/vq/grid_backward.py,
-and `cached_attention`'s VJP on GPU). This
+(impl="pallas": the compressive cache on chip; its gradient kernels too, kernels/vq/grid_backward.py on TPU and
+kernels/vq/gpu_backward.py on GPU). This
 file checks the arguments, builds the carry and the position term both take, and dispatches; it
 imports both, and neither imports it.
 

@@ -101,8 +101,12 @@ def _kernel(
   state = jax.lax.fori_loop(0, jax.lax.div(qi * lq + lq + lk - 1, lk), keys(1), state)  # up to the diagonal
   if compressive:
     state = jax.lax.fori_loop(0, n_code // sc, codes, state)
-  acc, _, total = state
+  acc, m, total = state
   o_ref[...] = (acc / total).astype(o_ref.dtype)  # total > 0: a query always reads itself
+
+  @pl.when(pl.program_id(4) == 0)
+  def _():  # the log-normaliser, for the backward (kernels/vq/gpu_backward.py): one value tile writes it
+    out["lse"][...] = m + jnp.log(total)
 
 
 def attention(
@@ -125,7 +129,8 @@ def attention(
 ):
   """XLA's prefix gives the cache every block reads (`reference.cache_variables`, as the
   reference computes it), then one pallas_call over (B, H, R, L / Lq, Dv / Dt) attends every block at once.
-  [B,T,H,.] in -> out [B,T,H,Dv], and the cache after the last block (mean [B,Hk,S,Dv], count [B,Hk,S])."""
+  [B,T,H,.] in -> out [B,T,H,Dv], the cache after the last block (mean [B,Hk,S,Dv], count [B,Hk,S]) and
+  each query's log-normaliser [B,H,T,1] (the backward's)."""
   b, t, h, dk = q.shape
   hk, s, _ = codebook.shape
   dv = v.shape[-1]
@@ -177,6 +182,7 @@ def attention(
     jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
     tiled((lq, dt), lambda bb, hh, rr, qq, jj: (bb, hh, rr * (l // lq) + qq, jj)),
   )
+  outputs.add("lse", jax.ShapeDtypeStruct((b, h, t, 1), f32), tiled((lq, 1), queries))
   statics = dict(
     names=toolkit.ref_names(inputs, outputs),
     n_code=s,
@@ -212,7 +218,8 @@ def attention(
     name="vq_attention",
   )
   out = outputs.named(call(*inputs.arrays))
-  return heads(out["out"]), mean[:, r], count[:, r]  # entry r of the prefix: the cache after the last block
+  # entry r of the prefix: the cache after the last block
+  return heads(out["out"]), mean[:, r], count[:, r], out["lse"]
 
 
 def cost(

@@ -15,13 +15,14 @@ Documents (`segments`, see `kernels.vq.reference.document_plan`): each driver tu
 block step reads with elementwise ops only (query and key ids, whether a query reads the cache, whether
 a block's fold keeps the old cache).
 
-Backward (`jax.custom_vjp`): on the grid driver two kernels, kernels/vq/grid_backward.py (the blocks in order
-for dq, dk, the codebook's and the position term's gradients; then backwards for dv and the cache's adjoint),
-from the inputs alone; on the parallel driver the VJP of the XLA form (`kernels.vq.reference.cached_attention`),
-recomputed from the inputs, whose training memory is the XLA path's.
+Backward (`jax.custom_vjp`): kernels on both drivers. The grid driver's two, kernels/vq/grid_backward.py (the
+blocks in order for dq, dk, the codebook's and the position term's gradients; then backwards for dv and the
+cache's adjoint), from the inputs alone; the parallel driver's three, kernels/vq/gpu_backward.py (every block
+at once from XLA's per-block cache, with the forward's output and log-normaliser), whose cache gradient goes
+back through XLA's prefix. The XLA form's VJP is the tests' oracle.
 
-This file imports the reference, kernels/vq/reference.py, for that VJP; kernels/vq/__init__.py checks the
-arguments and dispatches between the two on `impl`.
+kernels/vq/__init__.py checks the arguments and dispatches between this kernel and the reference,
+kernels/vq/reference.py, on `impl`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import per_device, toolkit
-from lra_core.kernels.vq import gpu_parallel, grid_backward, grid_layout, reference, tpu_grid
+from lra_core.kernels.vq import gpu_backward, gpu_parallel, grid_backward, grid_layout, tpu_grid
 
 Array = jax.Array
 DRIVERS = ("grid", "parallel")  # of kernels/toolkit.py: TPU (and interpret mode), GPU
@@ -58,11 +59,13 @@ def _kernel_call(
   code_block=None,
   grad_through_cache=True,
   backward_query_block=None,
+  backward_tiles=None,
 ):
-  """[B,T,H,.] in, [B,T,H,Dv] out plus the cache per key-value head, by the driver named
-  (`grad_through_cache` and `backward_query_block` are the backward's: the forward is the same either way)."""
+  """[B,T,H,.] in, [B,T,H,Dv] out plus the cache per key-value head and (parallel driver) each query's
+  log-normaliser [B,H,T,1], by the driver named (`grad_through_cache` and the `backward_` sizes are the
+  backward's: the forward is the same either way)."""
   sizes = dict(block_len=block_len, value_block=value_block, query_block=query_block)
-  if driver == "parallel":
+  if driver == "parallel":  # its log-normaliser too, which the parallel backward reads
     return gpu_parallel.attention(
       q,
       k_hat,
@@ -78,59 +81,66 @@ def _kernel_call(
       interpret=interpret,
       **sizes,
     )
-  return tpu_grid.attention(
+  return *tpu_grid.attention(
     q, k_hat, z, v, codebook, carry, bias, segments, compressive=compressive, interpret=interpret, **sizes
-  )
+  ), None
 
 
 # The integer inputs (codes, document ids) travel apart from the floats, as residuals only: they have no
 # cotangent. `statics` is a tuple of pairs, hashable as a nondiff argument must be.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics):
-  carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
-  return _kernel_call(q, k_hat, ints["z"], v, codebook, carry, bias, ints["segments"], **dict(statics))
+  return _attention_fwd(q, k_hat, v, codebook, carry_float, bias, ints, statics)[0]
 
 
 def _attention_fwd(q, k_hat, v, codebook, carry_float, bias, ints, statics):
-  return _attention(q, k_hat, v, codebook, carry_float, bias, ints, statics), (
-    q,
-    k_hat,
-    v,
-    codebook,
-    carry_float,
-    bias,
-    ints,
-  )
+  carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
+  out, mean, count, lse = _kernel_call(q, k_hat, ints["z"], v, codebook, carry, bias, ints["segments"], **dict(statics))
+  # the parallel backward reads the output and its log-normaliser; the grid one recomputes from the inputs
+  return (out, mean, count), (q, k_hat, v, codebook, carry_float, bias, ints, out if lse is not None else None, lse)
 
 
 def _attention_bwd(statics, residuals, cotangents):
-  """The grid driver's two backward kernels (kernels/vq/grid_backward.py); the parallel driver's gradient is
-  the XLA form's VJP, recomputed from the inputs."""
-  q, k_hat, v, codebook, carry_float, bias, ints = residuals
+  """The grid driver's two backward kernels (kernels/vq/grid_backward.py) or the parallel driver's three
+  (kernels/vq/gpu_backward.py)."""
   d = dict(statics)
   if d["driver"] == "grid":
-    return _grid_gradients(residuals, cotangents[0], d) + (None,)
+    return _grid_gradients(residuals[:7], cotangents[0], d) + (None,)
+  return _parallel_gradients(residuals, cotangents[0], d) + (None,)
 
-  def xla(q, k_hat, v, codebook, carry_float, bias):
-    carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
-    out, _ = reference.cached_attention(
-      q,
-      k_hat,
-      ints["z"],
-      v,
-      codebook,
-      carry,
-      bias,
-      block_len=d["block_len"],
-      reduction="serial",
-      compressive=d["compressive"],
-      segments=ints["segments"],
-      grad_through_cache=d["grad_through_cache"],
-    )
-    return out
 
-  _, vjp = jax.vjp(xla, q, k_hat, v, codebook, carry_float, bias)
-  return vjp(cotangents[0]) + (None,)  # the new cache carries no gradient (as in the reference)
+def _parallel_gradients(residuals, dout, d: dict) -> tuple:
+  """`gpu_backward.gradients` as the custom_vjp's cotangents."""
+  q, k_hat, v, codebook, carry_float, bias, ints, out, lse = residuals
+  carry = dict(carry_float, z=ints["carry_z"], seg=ints["carry_seg"])
+  sizes = {n: d[n] for n in ("block_len", "compressive", "grad_through_cache")}
+  names = ("value_block", "query_block", "key_block", "code_block")
+  sizes.update(zip(names, d["backward_tiles"]))
+  grads = gpu_backward.gradients(
+    q,
+    k_hat,
+    ints["z"],
+    v,
+    codebook,
+    carry,
+    bias,
+    ints["segments"],
+    out,
+    lse,
+    dout,
+    interpret=d["interpret"],
+    **sizes,
+  )
+  cast = lambda x, like: x.astype(like.dtype)
+  dcarry = {
+    "k": cast(grads["carry_k"], carry_float["k"]),
+    "v": cast(grads["carry_v"], carry_float["v"]),
+    "mean": cast(grads["carry_mean"], carry_float["mean"]),
+    "count": jnp.zeros_like(carry_float["count"]),  # counts of integer codes: no gradient
+  }
+  dbias = None if bias is None else cast(grads["bias"], bias)
+  parts = ((grads["q"], q), (grads["k_hat"], k_hat), (grads["v"], v), (grads["codebook"], codebook))
+  return (*(cast(g, like) for g, like in parts), dcarry, dbias)
 
 
 def _grid_gradients(residuals, dout, d: dict) -> tuple:
@@ -230,6 +240,7 @@ def vq_attention_blocks(
   )
   if driver == "parallel":
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
+    statics += (("backward_tiles", gpu_backward.tiles(dv, block_len=block_len, n_code=s)),)
   else:  # the backward's scores kernel keeps the whole cache: its query sub-block fits what remains
     sizes = dict(block_len=block_len, n_code=s, d_k=q.shape[-1], d_v=dv, value_block=tiles[0])
     sizes.update(itemsize=max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v)), has_bias=bias is not None)
