@@ -98,9 +98,8 @@ def kernels_at(
 
   def vq_attention(q, k, v, codebook, table, seg=None):
     z, _ = vq.quantize(jax.lax.stop_gradient(k), jax.lax.stop_gradient(codebook))
-    out, _ = vq.vq_attention_blocks(
-      q, vq.codewords(z, codebook), z, v, codebook, block_len=block, rel=(q, table), impl=impl, segments=seg
-    )
+    k_hat = k + jax.lax.stop_gradient(vq.codewords(z, codebook) - k)  # straight through, as the models train
+    out, _ = vq.vq_attention_blocks(q, k_hat, z, v, codebook, block_len=block, rel=(q, table), impl=impl, segments=seg)
     return out
 
   table = {
@@ -140,5 +139,5 @@ def kernels_at(
 
 def gradient(fn: Callable) -> Callable:
   """A training step's use of fn: a scalar of its output (the kernel's forward) and its gradient
-  w.r.t. arguments 0 (q) and 2 (v) (the custom_vjp's backward)."""
-  return jax.value_and_grad(lambda *args: fn(*args).astype(jnp.float32).sum(), argnums=(0, 2))
+  w.r.t. arguments 0 (q), 1 (k) and 2 (v) (the custom_vjp's backward: every backward kernel is live)."""
+  return jax.value_and_grad(lambda *args: fn(*args).astype(jnp.float32).sum(), argnums=(0, 1, 2))

@@ -139,7 +139,7 @@ def _dq_kernel(*refs, names, n_code: int, compressive: bool, block_len: int, til
   dq = jax.lax.fori_loop(0, jax.lax.div(qi * lq + lq + lk - 1, lk), keys(1), dq)  # up to the diagonal
   if compressive:
     dq = jax.lax.fori_loop(0, n_code // sc, codes, dq)
-  out["dq"][...] = dq
+  out["dq"][...] = dq.astype(out["dq"].dtype)
 
 
 def _column_kernel(*refs, names, n_code: int, compressive: bool, block_len: int, tiles: dict, through_cache: bool):
@@ -184,7 +184,7 @@ def _column_kernel(*refs, names, n_code: int, compressive: bool, block_len: int,
       last = l // lq if compressive else jax.lax.div(n * lk + lk + lq - 1, lq)  # the window: rows <= cols
       prev = jax.lax.fori_loop(0, last, read_as(0, jnp.minimum(w, nr - 1)), acc)
       acc = jnp.where(w < nr, prev, acc)
-    out["dv" if values else "dk"][...] = acc
+    out["dv" if values else "dk"][...] = acc.astype(out["dv" if values else "dk"].dtype)
 
   if compressive and (through_cache or not values):
 
@@ -225,7 +225,7 @@ def gradients(
 ) -> dict[str, Array]:
   """The gradient of `gpu_parallel.attention`'s output: [B,T,H,.] in, the forward's output `out` and its
   log-normaliser lse [B,H,T,1], the output's cotangent dout [B,T,H,Dv] -> {q, k_hat, v, codebook, bias (the
-  position term, or None), carry_k, carry_v, carry_mean}, float32, per key-value head."""
+  position term, or None), carry_k, carry_v, carry_mean}, per key-value head."""
   b, t, h, dk = q.shape
   hk, s, _ = codebook.shape
   dv = v.shape[-1]
@@ -236,10 +236,8 @@ def gradients(
   plan = None if segments is None else reference.document_plan(segments, carry["seg"], l)
   z_prev = reference.previous_blocks(z, carry["z"], l)
 
-  def cache(v_prev, carry_mean):
-    return reference.cache_variables(z_prev, v_prev, dict(carry, mean=carry_mean), plan, n_code=s, reduction="serial")
-
-  (mean, count), cache_vjp = jax.vjp(cache, reference.previous_blocks(v, carry["v"], l), carry["mean"])
+  v_prev = reference.previous_blocks(v, carry["v"], l)
+  mean, count = reference.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
   log_count = jnp.where(count[:, :nr] > 0, jnp.log(jnp.maximum(count[:, :nr], 1.0)), -MASK)[:, :, :, None]
   heads = lambda x: x.transpose(0, 2, 1, 3)
   window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)
@@ -292,7 +290,7 @@ def gradients(
   inputs = declare(lambda rr, qq: rr)
   outputs = toolkit.Outputs()
   queries = lambda bb, hh, rr, qq: (bb, hh, rr * (l // lq) + qq, 0)
-  outputs.add("dq", jax.ShapeDtypeStruct((b, h, t, dk), f32), tile((lq, dk), queries))
+  outputs.add("dq", jax.ShapeDtypeStruct((b, h, t, dk), q.dtype), tile((lq, dk), queries))  # each row written once
   if bias is not None:
     outputs.add("dbias", jax.ShapeDtypeStruct((b, h, t, 2 * l), f32), tile((lq, 2 * l), queries))
   grads = call(_dq_kernel, inputs, outputs, (b, h, nr, l // lq), "vq_attention_dq")
@@ -309,7 +307,8 @@ def gradients(
     key_at = lambda bb, hh, w, n, *jj: (bb, hh, jnp.minimum(w, nr) * n_key + jnp.minimum(n, n_key - 1), tiled(*jj))
     outputs.add(
       "dv" if values else "dk",
-      jax.ShapeDtypeStruct((b, h, t + l, dv if values else dk), f32),
+      # one program writes a key tile whole: in the keys' type unless a group's query heads are summed after
+      jax.ShapeDtypeStruct((b, h, t + l, dv if values else dk), (v if values else k_hat).dtype if g == 1 else f32),
       tile((lk, width), key_at),
     )
     if codes:
@@ -344,8 +343,8 @@ def gradients(
     result["codebook"] = per_kv_head(grads["dcodebook"].sum((0, 2))[None])[0]
   if compressive and grad_through_cache:  # the cache's share: XLA's prefix differentiated
     dmean = per_kv_head(grads["dmean"]).transpose(0, 2, 1, 3, 4)  # [B,R,Hk,S,Dv]
-    dmean = jnp.concatenate([dmean, jnp.zeros_like(dmean[:, :1])], axis=1)  # the cache after the last block: none
-    dv_prev, result["carry_mean"] = cache_vjp((dmean, jnp.zeros_like(count)))
+    z_fold, reset = reference.fold_codes(z_prev, plan, n_code=s)
+    dv_prev, result["carry_mean"] = _cache_adjoint(dmean, count, z_fold, reset, carry["count"])
     result["carry_v"] = result["carry_v"] + dv_prev[:, 0]
     later = dv_prev[:, 1:].reshape(b, t - l, hk, dv)  # blocks 0 .. R - 2 as previous blocks
     result["v"] = result["v"] + jnp.concatenate([later, jnp.zeros_like(result["v"][:, :l])], axis=1)
@@ -365,3 +364,29 @@ def tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]
     fit(block_len, want["key_block"]),
     fit(n_code, want["code_block"]),
   )
+
+
+def _cache_adjoint(dmean, count, z_fold, reset, carry_count) -> tuple[Array, Array]:
+  """The gradient of `reference.cache_variables`' means, dmean [B,R,Hk,S,Dv] (the cache after the last block
+  has none), to its previous blocks' values [B,R,L,Hk,Dv] and the carried means [B,Hk,S,Dv]. With the counts
+  constant, block r's cache is mean_r = (the sums folded since the last restart) / max(count_r, 1), linear in
+  the values: the adjoint of fold n's sums is T_n = dmean_n / max(count_n, 1) + T_{n+1} (0 across a restart),
+  a scan from the last block to the first, and a key of fold n receives T_n at its code (code S: nothing);
+  the carried means, count0 T_0. Per step only a block's [L,Hk,Dv] leaves the scan, never a cache per block."""
+  nr = dmean.shape[1]
+  scaled = dmean / jnp.maximum(count[:, :nr], 1.0)[..., None]  # [B,R,Hk,S,Dv]
+  # restart flags: T_n adds T_{n+1} unless fold n + 1 restarts the prefix
+  goes_on = ~reset[:, 1:]  # [B,R]: fold n + 1 keeps what came before it
+
+  def step(later, x):
+    d_n, goes_on_n, z_n = x  # [B,Hk,S,Dv], [B], [B,L,Hk] (fold n's codes; n >= 1)
+    t_n = d_n + jnp.where(goes_on_n[:, None, None, None], later, 0.0)
+    padded = jnp.concatenate([t_n, jnp.zeros_like(t_n[:, :, :1])], axis=2)  # code S reads a zero row
+    dv = jnp.take_along_axis(padded, z_n.transpose(0, 2, 1)[..., None], axis=2)  # [B,Hk,L,Dv]
+    return t_n, dv.transpose(0, 2, 1, 3)
+
+  # fold n >= 1 (read by blocks n .. R - 1 until a restart) holds block n - 1's previous block, z_fold[:, n - 1]
+  xs = (jnp.moveaxis(scaled, 1, 0), jnp.moveaxis(goes_on, 1, 0), jnp.moveaxis(jnp.roll(z_fold, 1, axis=1), 1, 0))
+  t0, dv = jax.lax.scan(step, jnp.zeros_like(scaled[:, 0]), xs, reverse=True)
+  dv = jnp.moveaxis(dv, 0, 1)  # [B,R,L,Hk,Dv] by fold; fold 0 is the carried cache (no keys), fold R none read
+  return jnp.concatenate([dv[:, 1:], jnp.zeros_like(dv[:, :1])], axis=1), carry_count[..., None] * t0

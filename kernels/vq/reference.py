@@ -275,6 +275,17 @@ def previous_blocks(x: Array, carried: Array, block_len: int) -> Array:
   return jnp.concatenate([carried[:, None].astype(x.dtype), blocks[:, :-1]], axis=1)
 
 
+def fold_codes(z_prev: Array, plan: dict | None, *, n_code: int) -> tuple[Array, Array]:
+  """The codes each block's previous block folds into the cache with, z_prev [B,R,L,Hk] or the empty code S
+  for a key that does not enter it (another document follows), and where the prefix over the carried
+  cache and the folds restarts (bool [B,R+1]; a block that starts a new document drops the cache before)."""
+  b, r = z_prev.shape[:2]
+  if plan is None:
+    return z_prev, jnp.zeros((b, r + 1), bool)
+  z_fold = jnp.where(plan["enters"][..., None], z_prev, n_code)
+  return z_fold, jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
+
+
 def cache_variables(
   z_prev: Array, v_prev: Array, carry: dict, plan: dict | None, *, n_code: int, reduction: str
 ) -> tuple[Array, Array]:
@@ -285,13 +296,7 @@ def cache_variables(
   Block n sees the carried cache, then the folds of the carried previous block and of blocks <= n-2 (the
   fold after block n adds block n - 1); with documents only the keys that enter, restarting where a fold
   drops the cache."""
-  b = z_prev.shape[0]
-  z_fold, reset = z_prev, None
-  if plan is not None:
-    # A key that does not enter the cache (another document follows) folds into the empty code S.
-    z_fold = jnp.where(plan["enters"][..., None], z_prev, n_code)
-    # Where a block starts a new document, the prefix restarts instead of adding to the cache before.
-    reset = jnp.concatenate([jnp.zeros((b, 1), bool), ~plan["keep"]], axis=1)
+  z_fold, reset = fold_codes(z_prev, plan, n_code=n_code)
   # Each block's previous block summarised per code (mean, count), after the carried cache ...
   mean_p, count_p = block_summaries(z_fold, v_prev, n_code)
   mean_seq = jnp.concatenate([carry["mean"][:, None], mean_p], axis=1)
