@@ -271,7 +271,10 @@ def gradients(
       inputs.add("k_seg", window(segments.astype(jnp.int32), carry["seg"]).reshape(b, 1, 1, t + l), per_row((1, t + l)))
     return inputs
 
-  def call(kernel, inputs, outputs, grid, name, **kw):
+  def call(kernel, inputs, outputs, grid, name, pairs, per_pair, exps, **kw):
+    """The kernel's call, declaring `pairs` (query, key or code) scores at `per_pair` FLOPs and `exps` exps,
+    and what it reads and writes (each input once: its tiles are read about once per program row)."""
+    flops = 2 * pairs * per_pair
     return outputs.named(
       pl.pallas_call(
         functools.partial(kernel, names=toolkit.ref_names(inputs, outputs), **statics, **kw),
@@ -282,6 +285,7 @@ def gradients(
         compiler_params=toolkit.compiler_params(len(grid), sequential=False, kernel="vq_attention_backward"),
         interpret=interpret,
         name=name,
+        cost_estimate=toolkit.cost_estimate(flops, exps, [*inputs.arrays, *outputs.shapes]),
       )(*inputs.arrays)
     )
 
@@ -293,7 +297,10 @@ def gradients(
   outputs.add("dq", jax.ShapeDtypeStruct((b, h, t, dk), q.dtype), tile((lq, dk), queries))  # each row written once
   if bias is not None:
     outputs.add("dbias", jax.ShapeDtypeStruct((b, h, t, 2 * l), f32), tile((lq, 2 * l), queries))
-  grads = call(_dq_kernel, inputs, outputs, (b, h, nr, l // lq), "vq_attention_dq")
+  # each query scores about 1.5 L keys and S codes (Dk), then g . v (Dv) and dq (Dk)
+  keys, codes_read = b * h * t * (l + l // 2), b * h * t * (s if compressive else 0)
+  pairs = keys + codes_read
+  grads = call(_dq_kernel, inputs, outputs, (b, h, nr, l // lq), "vq_attention_dq", pairs, 2 * dk + dv, pairs)
 
   # dk and the codebook's gradient, then dv and dmean: a program per key tile or code tile (and value tile)
   n_key, n_code_tiles = l // lk, s // sc
@@ -325,7 +332,16 @@ def gradients(
         pl.BlockSpec((None, None, None, sc, width), code_at),
       )
     name = "vq_attention_dv" if values else "vq_attention_dk"
-    grads.update(call(_column_kernel, inputs, outputs, grid, name, through_cache=grad_through_cache))
+    # the same pairs (the previous block's only through the cache), scored again in each value tile for dv,
+    # then p^T g; or g . v and dS^T q
+    pairs = (keys if grad_through_cache else b * h * t * l // 2) + (codes_read if codes else 0)
+    tiles_v = dv // value_block if values else 1
+    per_pair = dk * tiles_v + dv if values else 2 * dk + dv
+    grads.update(
+      call(
+        _column_kernel, inputs, outputs, grid, name, pairs, per_pair, pairs * tiles_v, through_cache=grad_through_cache
+      )
+    )
 
   per_kv_head = lambda x: x.reshape((x.shape[0], hk, g) + x.shape[2:]).sum(2)  # [B,H,..] -> [B,Hk,..]
   dk_win, dv_win = (heads(per_kv_head(grads[n])) for n in ("dk", "dv"))  # [B,T+L,Hk,.]

@@ -110,6 +110,17 @@ def query_block(forward_block: int, *, budget: int | None, **sizes) -> int:
   return rows[-1]
 
 
+def work(*, batch: int, heads: int, seq_len: int, block_len: int, n_code: int, d_k: int, d_v: int, tiles: int = 1):
+  """(FLOPs, exps) of the two kernels together, for the rooflines (a custom call is opaque to them): per
+  block the scores against 2L keys and S codes (again in each of the values kernel's `tiles` value tiles),
+  g . v and g . sum over Dv, dq, dk and the codebook's gradient over Dk, dv, the cache's adjoint and the
+  fold over Dv."""
+  b, h, l, s, dk, dv = batch, heads, block_len, n_code, d_k, d_v
+  columns = 2 * l + s
+  per_block = 2 * l * columns * (dk * (3 + tiles) + dv) + 2 * l * 2 * l * dv + 3 * 2 * l * s * dv
+  return b * h * (seq_len // l) * per_block, b * h * seq_len * columns * (1 + tiles)
+
+
 # -- the kernels ---------------------------------------------------------------------------------------
 
 
@@ -306,6 +317,8 @@ def gradients(
   scratch.add("gv_prev", (lq, l), f32)
   scratch.add("gv_cur", (lq, l), f32)
   scratch.add("g_sum", (lq, s), f32)
+  flops, exps = work(batch=b, heads=h, seq_len=t, block_len=l, n_code=s, d_k=dk, d_v=dv, tiles=nj)
+  scores_share = (dk * 4 + dv) / (dk * (3 + nj) + dv)  # the first kernel's part of `work`, roughly
   first = pl.pallas_call(
     functools.partial(_scores_kernel, names=toolkit.ref_names(inputs, outputs, scratch), **kw),
     out_shape=outputs.shapes,
@@ -316,6 +329,7 @@ def gradients(
     compiler_params=toolkit.compiler_params(2, sequential=True, num_sequential=3),
     interpret=interpret,
     name="vq_attention_dq",
+    cost_estimate=toolkit.cost_estimate(flops * scores_share, exps / (1 + nj), [*inputs.arrays, *outputs.shapes]),
   )
   grads = outputs.named(first(*inputs.arrays))
 
@@ -350,6 +364,9 @@ def gradients(
     compiler_params=toolkit.compiler_params(3, sequential=True, num_sequential=2),
     interpret=interpret,
     name="vq_attention_dv",
+    cost_estimate=toolkit.cost_estimate(
+      flops * (1 - scores_share), exps * nj / (1 + nj), [*inputs.arrays, *outputs.shapes]
+    ),
   )
   grads.update(outputs.named(second(*inputs.arrays)))
   return grads
