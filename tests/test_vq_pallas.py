@@ -16,7 +16,6 @@ import tiers
 from lra_core import kernels
 from lra_core.errors import ConfigError
 from lra_core.kernels import per_device, toolkit, vq
-from lra_core.kernels.vq import gpu_backward as vq_gpu_backward
 from lra_core.kernels.vq import gpu_parallel as vq_parallel
 from lra_core.kernels.vq import pallas as vq_pallas
 from lra_core.kernels.vq import tpu_grid as vq_grid
@@ -98,18 +97,19 @@ KERNEL_CALLS = {"grid": 3, "parallel": 4}  # the forward's call and the backward
 
 
 class _BackwardTiles:
-  """The parallel backward's tiles for one test: `toolkit.GPU_TILES` read through `gpu_backward.tiles`."""
+  """The parallel backward's tiles for one test, in `toolkit.GPU_TILES` (which `gpu_parallel.tiles` reads)."""
 
   def __init__(self, tiles):
     self.tiles, self.saved = tiles, None
 
   def __enter__(self):
-    self.saved = vq_gpu_backward.tiles
+    self.saved = dict(toolkit.GPU_TILES["vq_attention_backward"])
     if self.tiles is not None:
-      vq_gpu_backward.tiles = lambda *a, **k: self.tiles
+      names = ("value_block", "query_block", "key_block", "code_block")
+      toolkit.GPU_TILES["vq_attention_backward"].update(zip(names, self.tiles))
 
   def __exit__(self, *exc):
-    vq_gpu_backward.tiles = self.saved
+    toolkit.GPU_TILES["vq_attention_backward"] = self.saved
 
 
 def gradient_case(driver, h=2, hk=1, dtype=jnp.float32, documents=False, bias=False, **options):

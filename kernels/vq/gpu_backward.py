@@ -369,19 +369,6 @@ def gradients(
   return result
 
 
-def tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]:
-  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the backward: `toolkit.GPU_TILES`, each cut to its
-  dimension (a dimension that the tile does not divide is taken whole)."""
-  want = toolkit.gpu_tiles("vq_attention_backward")
-  fit = lambda size, tile: min(tile, size) if size % min(tile, size) == 0 else size
-  return (
-    fit(d_v, want["value_block"]),
-    fit(block_len, want["query_block"]),
-    fit(block_len, want["key_block"]),
-    fit(n_code, want["code_block"]),
-  )
-
-
 def _cache_adjoint(dmean, count, z_fold, reset, carry_count) -> tuple[Array, Array]:
   """The gradient of `reference.cache_variables`' means, dmean [B,R,Hk,S,Dv] (the cache after the last block
   has none), to its previous blocks' values [B,R,L,Hk,Dv] and the carried means [B,Hk,S,Dv]. With the counts

@@ -255,10 +255,11 @@ def cost(
   return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
 
 
-def tiles(d_v: int, *, block_len: int, n_code: int) -> tuple[int, int, int, int]:
-  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the parallel driver: `toolkit.GPU_TILES`, each cut
-  to its dimension (a dimension that the tile does not divide is taken whole)."""
-  tiles = toolkit.gpu_tiles("vq_attention")
+def tiles(d_v: int, *, block_len: int, n_code: int, kernel: str = "vq_attention") -> tuple[int, int, int, int]:
+  """(value tile Dt, query rows Lq, key rows Lk, codes Sc) of the parallel driver's `kernel` (its forward, or
+  "vq_attention_backward"): `toolkit.GPU_TILES`, each cut to its dimension (a dimension that the tile does
+  not divide is taken whole)."""
+  tiles = toolkit.gpu_tiles(kernel)
   fit = lambda size, want: min(want, size) if size % min(want, size) == 0 else size
   return (
     fit(d_v, tiles["value_block"]),

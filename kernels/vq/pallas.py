@@ -240,7 +240,8 @@ def vq_attention_blocks(
   )
   if driver == "parallel":
     statics += (("key_block", tiles[2]), ("code_block", tiles[3]))
-    statics += (("backward_tiles", gpu_backward.tiles(dv, block_len=block_len, n_code=s)),)
+    backward = gpu_parallel.tiles(dv, block_len=block_len, n_code=s, kernel="vq_attention_backward")
+    statics += (("backward_tiles", backward),)
   else:  # the backward's scores kernel keeps the whole cache: its query sub-block fits what remains
     sizes = dict(block_len=block_len, n_code=s, d_k=q.shape[-1], d_v=dv, value_block=tiles[0])
     sizes.update(itemsize=max(jnp.dtype(x.dtype).itemsize for x in (q, k_hat, v)), has_bias=bias is not None)
