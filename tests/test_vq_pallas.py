@@ -365,10 +365,11 @@ def test_value_tiles_and_query_sub_blocks_equal_the_xla_form(driver, tiles):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_parallel_driver_at_the_enwik8_heads_sizes_equals_the_xla_form(dtype):
-  """The GPU's driver with its own tiles (`vq_parallel.tiles`: 64 x 64 score tiles, 128 value columns) at
-  Transformer-VQ's enwik8 head, the sizes it compiles at for the H100 (block 512, 512 codes, Dk 128,
-  Dv 1536, XL biases; two blocks, so the second reads a cache), in interpret mode: values and gradients
-  equal `vq.cached_attention`."""
+  """The GPU's driver with its own tiles (`vq_parallel.tiles`: 64 x 64 score tiles, 128 value columns; its
+  backward's 32-row tiles) at Transformer-VQ's enwik8 head, the sizes it compiles at for the H100 (block 512,
+  512 codes, Dk 128, Dv 1536, XL biases; two blocks, so the second reads a cache), in interpret mode: values
+  equal `vq.cached_attention`'s in both types, gradients in float32 (bfloat16 gradients: the small cases of
+  `test_gradient_is_kernels_equal_to_the_reference_vjp`; here they took 20 s of interpreted bfloat16 matmuls)."""
   b, t, l, s, dk, dv = 1, 1024, 512, 512, 128, 1536
   q, k, v, codebook = inputs(b, t, 1, 1, dk, dv, s, dtype)
   z, _ = vq.quantize(k, codebook)
@@ -392,10 +393,11 @@ def test_parallel_driver_at_the_enwik8_heads_sizes_equals_the_xla_form(dtype):
   got, want = (jit(lambda *a, p=p: attend(p, *a))(*args) for p in (True, False))
   atol = 1e-5 if dtype == jnp.float32 else 3e-2
   np.testing.assert_allclose(np.float32(got), np.float32(want), atol=atol)
-  grads = [jit(jax.grad(loss_of(lambda *a, p=p: attend(p, *a)), argnums=(0, 1, 2)))(*args) for p in (True, False)]
-  for g_got, g_want in zip(*grads):  # the tolerances of the quadratic-definition test, scaled by the gradient
-    scale = max(1.0, float(jnp.abs(g_want.astype(jnp.float32)).max()))
-    np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=3 * atol * scale)
+  if dtype == jnp.float32:
+    grads = [jit(jax.grad(loss_of(lambda *a, p=p: attend(p, *a)), argnums=(0, 1, 2)))(*args) for p in (True, False)]
+    for g_got, g_want in zip(*grads):  # the tolerances of the quadratic-definition test, scaled by the gradient
+      scale = max(1.0, float(jnp.abs(g_want.astype(jnp.float32)).max()))
+      np.testing.assert_allclose(np.float32(g_got), np.float32(g_want), atol=3 * atol * scale)
 
 
 def test_block_sizes_fit_the_target_vmem():
