@@ -11,18 +11,21 @@ this is softmax attention's backward over [previous block, present block, codes]
 
 (for a code, k_j is c_s and v_j mean_s: the codebook's gradient and each block's cache's, dmean_r). Triton
 keeps a program's working set in registers, so no product runs over all of Dv: dout_i . v_j sums the value
-tiles in a loop, and dv takes a program per value tile. Four kernels, every grid axis parallel:
+tiles in a loop, and dv takes a program per value tile. Three calls, every grid axis parallel:
 
-  `_dq_kernel`      (B, H, R, L/Lq): a query tile against its window's key tiles and the codes: dq, dbias.
-  `_dk_kernel`      (B, H, R+1 + R, L/Lk): a key tile of the window ([carried block, sequence], each read
-                    as the present block by the block it is and as the previous one by the block after)
-                    or, in the last R rows, a code tile of block r's cache (S/Sc of them: the grid's last
-                    axis runs over the longer of the two): dk, or the codebook's gradient per block.
-  `_dv_kernel`      the same, times Dv/Dt value tiles: dv, or dmean per block.
+  "vq_attention_dq"  `_dq_kernel`, (B, H, R, L/Lq): a query tile against its window's key tiles and the
+                     codes: dq, dbias.
+  "vq_attention_dk"  `_column_kernel`, (B, H, R+1 + R, N): a key tile of the window ([carried block,
+                     sequence], each read as the present block by the block it is and as the previous one by
+                     the block after) or, in the last R rows, a code tile of block r's cache (N: the more of
+                     L/Lk and S/Sc; a program past its kind's count does nothing): dk, or the codebook's
+                     gradient per block.
+  "vq_attention_dv"  `_column_kernel` again, times Dv/Dt value tiles: dv, or dmean per block.
 
-The cache's own gradient is XLA's: dmean per block goes through the VJP of `reference.cache_variables` (the
-forward's prefix over blocks) to the values and the carried means. With `grad_through_cache=False` the
-previous block and the cache are constants: no dk, dv from the previous-block role, no dmean.
+The cache's own gradient is XLA's (`_cache_adjoint`): with the counts constant, each block's cache mean is
+its folded sums over max(count, 1), linear in the values, so dmean per block goes back to the values and
+the carried means by a reverse scan. With `grad_through_cache=False` the previous block and the cache are
+constants: no dk, dv from the previous-block role, no dmean.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ def _value_products(g_ref, rows_at, v_ref, cols_at, *, value_block: int, lq: int
 
 
 class _Block:
-  """What a program reads of a query tile (block r, tile qi): its rows, queries, lse, D, document ids and a
-  score tile's mask and bias, for the kernels' shared steps."""
+  """What a program reads of a query tile (block r, tile qi): its rows, queries, lse, D and document ids, and
+  its weights over a key tile or a code tile, for the kernels' shared steps."""
 
   def __init__(self, x: dict, r, qi, *, lq: int, lk: int, block_len: int, n_code: int, compressive: bool):
     self.x, self.l, self.lq, self.lk = x, block_len, lq, lk
@@ -82,8 +85,8 @@ class _Block:
     self.q_seg = x["q_seg"][self.at, :] if "q_seg" in x else None
 
   def key_weights(self, half: int, kt):
-    """(p, keep) of the queries against key tile kt of half 0 (the previous block) or 1 (the present one)
-    of the window they read: [Lq,Lk] each; p = exp(s - lse) where kept."""
+    """(p [Lq,Lk], the tile's rows in the window arrays) of the queries against key tile kt of half 0 (the
+    previous block) or 1 (the present one) of the window they read; p = exp(s - lse) where a query reads."""
     x, l, lq, lk = self.x, self.l, self.lq, self.lk
     window_at = pl.ds(self.r * l + half * l + kt * lk, lk)  # in the [T + L] window arrays
     scores = toolkit.dot(self.q, x["k"][window_at, :].astype(f32), (1, 1))
@@ -96,7 +99,8 @@ class _Block:
     return jnp.where(keep, jnp.exp(jnp.where(keep, scores, 0.0) - self.lse), 0.0), window_at
 
   def code_weights(self, ct, sc: int):
-    """p of the queries against code tile ct of the cache their block reads: [Lq,Sc]."""
+    """(p [Lq,Sc], the tile's rows in the cache) of the queries against code tile ct of the cache their
+    block reads."""
     x = self.x
     codes = pl.ds(ct * sc, sc)
     log_count = x["log_count"][:, codes]  # -MASK where a code is empty
