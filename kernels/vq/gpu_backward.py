@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import toolkit
-from lra_core.kernels.vq import reference
+from lra_core.kernels.vq import gpu_parallel, reference
 
 Array = jax.Array
 f32 = jnp.float32
@@ -237,12 +237,7 @@ def gradients(
   nr, g = t // l, h // hk
   tiles = dict(value_block=value_block, query_block=lq, key_block=lk, code_block=sc)
   statics = dict(n_code=s, compressive=compressive, block_len=l, tiles=tiles)
-  plan = None if segments is None else reference.document_plan(segments, carry["seg"], l)
-  z_prev = reference.previous_blocks(z, carry["z"], l)
-
-  v_prev = reference.previous_blocks(v, carry["v"], l)
-  mean, count = reference.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
-  log_count = jnp.where(count[:, :nr] > 0, jnp.log(jnp.maximum(count[:, :nr], 1.0)), -MASK)[:, :, :, None]
+  plan, z_prev, mean, count, log_count = gpu_parallel.block_caches(z, v, carry, segments, block_len=l, n_code=s)
   heads = lambda x: x.transpose(0, 2, 1, 3)
   window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)
   g_hm = heads(dout)

@@ -109,6 +109,19 @@ def _kernel(
     out["lse"][...] = m + jnp.log(total)
 
 
+def block_caches(z, v, carry, segments, *, block_len: int, n_code: int) -> tuple:
+  """What the forward and the backward (kernels/vq/gpu_backward.py) read of the cache: the documents' plan
+  (or None), each block's previous block's codes z_prev [B,R,L,Hk], XLA's prefix (`reference.cache_variables`:
+  mean [B,R+1,Hk,S,Dv], count [B,R+1,Hk,S]) and the log counts block r reads [B,R,Hk,1,S] (-MASK: empty)."""
+  r = z.shape[1] // block_len
+  plan = None if segments is None else reference.document_plan(segments, carry["seg"], block_len)
+  z_prev = reference.previous_blocks(z, carry["z"], block_len)
+  v_prev = reference.previous_blocks(v, carry["v"], block_len)
+  mean, count = reference.cache_variables(z_prev, v_prev, carry, plan, n_code=n_code, reduction="serial")
+  log_count = jnp.where(count[:, :r] > 0, jnp.log(jnp.maximum(count[:, :r], 1.0)), -MASK)[:, :, :, None]
+  return plan, z_prev, mean, count, log_count
+
+
 def attention(
   q,
   k_hat,
@@ -136,10 +149,7 @@ def attention(
   dv = v.shape[-1]
   l, dt, lq = block_len, value_block, query_block
   r, g = t // l, h // hk
-  plan = None if segments is None else reference.document_plan(segments, carry["seg"], l)
-  z_prev, v_prev = reference.previous_blocks(z, carry["z"], l), reference.previous_blocks(v, carry["v"], l)
-  mean, count = reference.cache_variables(z_prev, v_prev, carry, plan, n_code=s, reduction="serial")
-  log_count = jnp.where(count[:, :r] > 0, jnp.log(jnp.maximum(count[:, :r], 1.0)), -MASK)[:, :, :, None]
+  plan, z_prev, mean, count, log_count = block_caches(z, v, carry, segments, block_len=l, n_code=s)
   # every block's [previous, present] window is rows r L .. r L + 2L of the carried block + the sequence
   window = lambda x, carried: jnp.concatenate([carried.astype(x.dtype), x], axis=1)
   heads = lambda x: x.transpose(0, 2, 1, 3)

@@ -221,23 +221,18 @@ def _values_kernel(*refs, names, n_code: int, compressive: bool, through_cache: 
 
   ops = grid_layout.step_operands(x, r == 0)
   s = x["codebook"].shape[0]
-  if compressive and through_cache:
 
-    @pl.when(qi == 0)
-    def _():
-      out["dv"][...] = scratch["later"][...]
+  @pl.when(qi == 0)
+  def _():  # block r's dv starts from what its keys collected at block r + 1; block r - 1's collection begins
+    out["dv"][...] = scratch["later"][...]
+    if compressive and through_cache:
       # block r - 1's keys enter the cache block r + 1 reads: T_{r+1} at their codes (code S: none)
       l = ops["z_fold"].shape[0]
       onehot = (ops["z_fold"] == jax.lax.broadcasted_iota(jnp.int32, (l, s), 1)).astype(f32)
       scratch["later"][...] = toolkit.dot(onehot, scratch["adjoint"][...])
       if ops["keep"] is not None:  # a fold that drops the cache ends the earlier blocks' share of T
         scratch["adjoint"][...] *= ops["keep"].max(-1, keepdims=True)
-
-  else:
-
-    @pl.when(qi == 0)
-    def _():
-      out["dv"][...] = scratch["later"][...]
+    else:
       scratch["later"][...] = jnp.zeros_like(scratch["later"])
 
   q = ops["q"].astype(f32)
