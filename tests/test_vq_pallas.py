@@ -459,6 +459,34 @@ def test_kernel_under_an_8_device_mesh_equals_the_unsharded_kernel():
     np.testing.assert_allclose(g_got, g_want, atol=1e-5)
 
 
+def test_kernel_with_documents_under_a_data_fsdp_tensor_mesh_equals_the_unsharded_kernel():
+  """Batch over 'data' and 'fsdp' (as the trainer splits it under FSDP), heads over 'tensor': the document ids
+  split with the batch; values and gradients (the backward kernels, per device too) equal the unsharded
+  kernel's."""
+  q, k, v, codebook = inputs(4, 16, 2, 2, 8, 6, 64)
+  segments = jnp.array(
+    [[1] * 5 + [2] * 11, [1] * 16, [1] * 9 + [0] * 7, [1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4]]
+  )
+
+  def run():  # fresh functions per call: the mesh context is read while tracing
+    f = lambda q, k, v, codebook: kernels.vq_attention(q, k, v, codebook, block_len=4, impl="pallas", segments=segments)
+    grads = jit(jax.grad(loss_of(f), argnums=(0, 2, 3)))(q, k, v, codebook)
+    return (
+      str(jax.make_jaxpr(jax.grad(loss_of(f), argnums=(0, 2, 3)))(q, k, v, codebook)),
+      jit(f)(q, k, v, codebook),
+      grads,
+    )
+
+  _, want, want_grads = run()
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  with per_device.per_device_mesh(mesh, batch=("data", "fsdp"), heads="tensor"):
+    sharded_jaxpr, got, got_grads = run()
+  assert sharded_jaxpr.count("shard_map") == 2  # the forward kernel and the backward's, each per device
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  for g_got, g_want in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g_got, g_want, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_model_trains_with_the_kernel_as_with_xla(tmp_path):
   """enwik8 tiny with update windows (a carried cache): the kernel data-parallel over 2 devices
