@@ -56,7 +56,8 @@ CORES = (
     "mixed_chunk",
     kernels=("mixed_chunk",),
     drivers={"grid": "tpu_grid", "parallel": "gpu_parallel"},
-    gpu_tiles=("mixed_chunk_attention",),
+    gpu_tiles=("mixed_chunk_attention", "mixed_chunk_backward"),
+    backward=("grid_backward", "gpu_backward"),
   ),
 )
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -206,6 +206,10 @@ GPU_TILES: dict[str, dict[str, int]] = {
   "mixed_chunk_attention": dict(
     query_block=64, key_block=64, value_block=128, state_block=32, num_warps=8, num_stages=2
   ),  # state_block: rows of the [S, Et] state per step of lin_q KV
+  # its backward (kernels/mixed_chunk/gpu_backward.py): g . v sums every value column a tile at a time;
+  # state_block: value columns per step of the [S, E] states' products; 32 rows, 64 columns: no spill at the
+  # papers' widths (C4 causal and not, with documents, and PG-19; float32 and bfloat16)
+  "mixed_chunk_backward": dict(query_block=32, key_block=32, value_block=64, state_block=32, num_warps=8, num_stages=2),
   # Latte: time blocks (chunk; the reduction's block), value columns per program, latents per group
   # (per program for the reduction); every float32 matmul contracts a block or a latent group
   "causal_latte": dict(chunk=16, value_block=32, latent_block=16, num_warps=8, num_stages=1),
@@ -245,6 +249,12 @@ def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), precisio
   return jax.lax.dot_general(
     a, b, (((contract[0],), (contract[1],)), ((), ())), precision=precision, preferred_element_type=jnp.float32
   )
+
+
+def picked(run: Callable, names: Sequence[str], *args):
+  """run(*args)'s outputs `names` (a dict's keys), in order, from one call: a tuple for `per_device.run_per_device`."""
+  out = run(*args)
+  return tuple(out[n] for n in names)
 
 
 class _Declared:

@@ -73,16 +73,26 @@ def assert_documents_isolated(apply, doc_a, doc_b, length: int, *, vocab: int, a
   assert not np.allclose(out_a[0, :la], out[0, :la], atol=atol), "changing a document must change its outputs"
 
 
-def products_outside_kernels(jaxpr) -> int:
-  """The matrix products (dot_general) of a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
+def _count(jaxpr, name: str) -> int:
+  """The equations of primitive `name` in a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
   count = 0
   for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == name
     if eqn.primitive.name == "pallas_call":
       continue
-    count += eqn.primitive.name == "dot_general"
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else (param,):
         inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr, or a Jaxpr
         if hasattr(inner, "eqns"):
-          count += products_outside_kernels(inner)
+          count += _count(inner, name)
   return count
+
+
+def products_outside_kernels(jaxpr) -> int:
+  """The matrix products (dot_general) of a jaxpr and the jaxprs it calls, those inside Pallas kernels left out."""
+  return _count(jaxpr, "dot_general")
+
+
+def kernel_calls(jaxpr) -> int:
+  """The Pallas calls of a jaxpr and the jaxprs it calls (each once, however it prints)."""
+  return _count(jaxpr, "pallas_call")

@@ -23,7 +23,7 @@ KERNELS = tuple(catalog.kernels_at(**SIZES))
 NAMES = {
   "vq_attention": {"vq_attention", "vq_attention_dq", "vq_attention_dk", "vq_attention_dv"},
   "causal_latte": {"causal_latte", "causal_latte_backward_dp", "causal_latte_backward"},
-  "mixed_chunk": {"mixed_chunk_attention"},
+  "mixed_chunk": {"mixed_chunk_attention", "mixed_chunk_dq", "mixed_chunk_dk", "mixed_chunk_dv"},
   "bidirectional_latte": {"bidirectional_latte", "bidirectional_latte_documents", "bidirectional_latte_backward"},
 }
 

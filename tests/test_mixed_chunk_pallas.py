@@ -25,6 +25,7 @@ from lra_core.run.batches import to_device
 from lra_core.run.state import make_state_spec
 from lra_core.run.steps import make_train_step
 from lra_core.tasks import make_task
+from oracles import kernel_calls, products_outside_kernels
 
 # Tolerances relative to the largest magnitude of the reference (at least 1).
 # float32: both sides accumulate in float32 in another order. bfloat16: inputs and outputs in bf16,
@@ -185,6 +186,34 @@ def test_kernel_with_documents_equals_xla_values_and_gradients(causal, kernel, g
   assert_close(got[1], want[1], F32)
 
 
+# (causal, global_norm, documents) -> the backward's calls on each driver: the grid driver's walks (forward and
+# reverse; one, carrying nothing, non-causal without documents), the parallel driver's dq, dk and dv.
+BACKWARD_CALLS = {
+  (True, "sum", False): {"grid": 2, "parallel": 3},
+  (False, "sum", False): {"grid": 1, "parallel": 3},
+  (True, "mean", True): {"grid": 2, "parallel": 3},
+  (False, "sum", True): {"grid": 2, "parallel": 3},
+}
+
+
+@pytest.mark.parametrize("driver", ["grid", "parallel"])
+@pytest.mark.parametrize("causal,global_norm,documents", list(BACKWARD_CALLS), ids=lambda c: str(c))
+def test_the_gradient_is_kernels(driver, causal, global_norm, documents):
+  """Traced, the value and gradient hold the forward's calls and the backward's (no VJP of the XLA form), and
+  no more matrix products outside kernels than the forward's plus 2: the parallel driver's per-chunk states
+  and their adjoints (one product for all of each), the non-causal total's adjoint."""
+  (qq, qk, lq, lk), v, bias, mask = inputs(t=37, chunk=8)
+  segments = jnp.asarray(DOCUMENTS) if documents else None
+  kw = dict(chunk=8, causal=causal, quad_scale=0.125, lin_scale=0.125, mask=mask, segments=segments)
+  fn = lambda *a: flash_pallas.mixed_chunk_attention(*a[:5], bias=a[5], global_norm=global_norm, driver=driver, **kw)
+  loss = lambda *a: jnp.sum(jnp.sin(fn(*a)))
+  args = (qq, qk, lq, lk, v, bias)
+  forward = jax.make_jaxpr(loss)(*args).jaxpr
+  traced = jax.make_jaxpr(jax.value_and_grad(loss, argnums=tuple(range(6))))(*args).jaxpr
+  assert kernel_calls(traced) == kernel_calls(forward) + BACKWARD_CALLS[causal, global_norm, documents][driver]
+  assert products_outside_kernels(traced) <= products_outside_kernels(forward) + 2
+
+
 def test_one_chunk_without_the_global_part_is_quadratic_attention():
   """C >= T: the local part alone is relu2_attention (relu2 causal, softmax bidirectional; bias, padding)."""
   (qq, qk, _, _), v, bias, mask = inputs(t=13, chunk=16)
@@ -241,7 +270,8 @@ def test_linear_attention_kernel_equals_quadratic_form(monkeypatch, driver):
 @pytest.mark.parametrize("driver", ["grid", "parallel"])
 def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
   """Batch 4 over 'data', heads 2 over 'tensor' through shard_map: the unsharded values and gradients (the
-  parallel driver's per-chunk states computed outside the kernel, sharded as its operands)."""
+  parallel driver's per-chunk states computed outside the kernel, sharded as its operands), the backward's
+  kernels per device too."""
   assert jax.device_count() == 8
   with_driver(monkeypatch, driver)
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -262,7 +292,9 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
   plain = run(both, *args)
   with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
     fn = lambda *a: both(*a)  # a new function: traced (and sharded) inside the context
-    assert str(jax.make_jaxpr(fn)(*args)).count("shard_map") == 2
+    # the forwards' calls, and the backwards': on the grid driver two walks causal, one non-causal; on the
+    # parallel driver one shard_map of three calls each
+    assert str(jax.make_jaxpr(fn)(*args)).count("shard_map") == 2 + (3 if driver == "grid" else 2)
     sharded = run(fn, *args)
   assert_close(sharded, plain, F32)
 

@@ -2,7 +2,7 @@
 
 kernels/mixed_chunk/reference.py is the reference (impl="xla", the default: jnp, also the decoding steps and
 the oracles), kernels/mixed_chunk/pallas.py the kernel (impl="pallas": mixed chunk attention as one
-Pallas kernel, differentiated through the reference). This file checks `impl` and dispatches;
+Pallas kernel, its gradient Pallas kernels too). This file checks `impl` and dispatches;
 it imports both, and neither imports it.
 
 With the time axis split over chips (kernels/context_parallel.py), chunks never straddle two: each chip runs

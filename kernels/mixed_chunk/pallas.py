@@ -25,10 +25,12 @@ Two drivers (kernels/toolkit.py), both reading E in tiles of Et columns:
   "parallel"  (GPU) kernels/mixed_chunk/gpu_parallel.py: no carry, the state every chunk reads is XLA's prefix over
               the chunks, and every chunk, query tile and value tile is its own program.
 
-Backward: `jax.custom_vjp` whose backward is the VJP of the XLA reference
-(`kernels.mixed_chunk.reference.mixed_chunk_attention`), recomputed from the inputs: training memory is the XLA
-path's; the forward is where the kernel saves HBM traffic. On GPU (Triton) C, S and the tiles should
-be powers of two.
+Backward: `jax.custom_vjp` whose backward is kernels too, from the forward's inputs only (no per-chunk state and no
+scores are kept): on the grid driver walks over the chunks with the states and their adjoints in scratch
+(kernels/mixed_chunk/grid_backward.py: a forward and a reverse walk, or one walk non-causal without documents);
+on the parallel driver three calls, dq, dk and dv, over XLA's per-chunk states and adjoints
+(kernels/mixed_chunk/gpu_backward.py). The XLA reference's VJP is the tests' oracle. On GPU (Triton) C, S and
+the tiles should be powers of two.
 
 This file imports the reference, kernels/mixed_chunk/reference.py; the package (kernels/mixed_chunk/__init__.py)
 dispatches between the two on `impl`.
@@ -42,38 +44,18 @@ import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import context_parallel, toolkit
-from lra_core.kernels.mixed_chunk import gpu_parallel, reference, tpu_grid
+from lra_core.kernels.mixed_chunk import gpu_backward, gpu_parallel, grid_backward, reference, tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
 DRIVERS = ("grid", "parallel")  # TPU, GPU (kernels/toolkit.py)
 
 
-def _kernel_call(
-  quad_q,
-  quad_k,
-  lin_q,
-  lin_k,
-  v,
-  bias,
-  mask,
-  segments,
-  *,
-  chunk,
-  value_tile,
-  query_tile,
-  key_tile,
-  causal,
-  quad_scale,
-  lin_scale,
-  global_norm,
-  kernel,
-  upcast,
-  driver,
-  interpret,
-) -> Array:
-  """[B,T,H,.] in, [B,T,H,E] out: the operands both drivers read, head-major with T padded to whole chunks
-  (the local part's, the padding mask, the global layout of documents and "mean"), then the driver."""
+def _operands(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, *, chunk, causal, global_norm) -> dict:
+  """The operands both drivers read, forward and backward, from [B,T,H,.] inputs: head-major with T padded to
+  whole chunks (`head_major`) the local part's (local: v, qq, qk, row, bias, qdoc, kdoc), the global part's
+  (lin: lin_q, lin_k), the real keys (keep, float32 [B,T'], or None), the global layout of documents and
+  "mean" (layout, or None: `plain`), the documents' ids (documents: qdoc, kdoc); chunk c = min(chunk, T)."""
   b, t, h, _ = v.shape
   c = min(chunk, t)
   g = -(-t // c)
@@ -102,6 +84,40 @@ def _kernel_call(
     if segments is not None and quad_q is not None:
       local.update(documents)
   lin = None if lin_q is None else (head_major(lin_q), head_major(lin_k))
+  return dict(
+    local=local, lin=lin, layout=layout, keep=keep, documents=documents, plain=plain, c=c, head_major=head_major
+  )
+
+
+def _kernel_call(
+  quad_q,
+  quad_k,
+  lin_q,
+  lin_k,
+  v,
+  bias,
+  mask,
+  segments,
+  *,
+  chunk,
+  value_tile,
+  query_tile,
+  key_tile,
+  causal,
+  quad_scale,
+  lin_scale,
+  global_norm,
+  kernel,
+  upcast,
+  driver,
+  interpret,
+  **_backward,  # the backward's tiles
+) -> Array:
+  """[B,T,H,.] in, [B,T,H,E] out: `_operands`, then the driver."""
+  t = v.shape[1]
+  x = _operands(
+    quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, chunk=chunk, causal=causal, global_norm=global_norm
+  )
   statics = dict(
     value_tile=value_tile,
     causal=causal,
@@ -111,24 +127,23 @@ def _kernel_call(
     upcast=upcast,
     interpret=interpret,
   )
+  parts = dict(keep=x["keep"], documents=x["documents"], chunk=x["c"])
   if driver == "parallel":
     out = gpu_parallel.attention(
-      local,
-      lin,
-      layout,
-      keep=keep,
-      documents=documents,
-      chunk=c,
+      x["local"],
+      x["lin"],
+      x["layout"],
       query_tile=query_tile,
       key_tile=key_tile,
       local_documents=segments is not None,
+      **parts,
       **statics,
     )
   else:
     total = None
-    if lin is not None and plain and not causal:
+    if lin_q is not None and x["plain"] and not causal:
       total = tpu_grid.total(lin_k, v, mask, lin_scale=lin_scale)
-    out = tpu_grid.attention(local, lin, layout, keep=keep, documents=documents, total=total, chunk=c, **statics)
+    out = tpu_grid.attention(x["local"], x["lin"], x["layout"], total=total, **parts, **statics)
   return out[:, :, :t].transpose(0, 2, 1, 3)
 
 
@@ -145,21 +160,109 @@ def _attention_fwd(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, static
 
 
 def _attention_bwd(statics, residuals, cotangent):
-  *floats, mask, segments = residuals
-  kernel_only = ("value_tile", "query_tile", "key_tile", "upcast", "driver", "interpret", "sequence_axes")
-  d = {k: x for k, x in statics if k not in kernel_only}
+  quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments = residuals
+  d = dict(statics)
+  with context_parallel.within(d["sequence_axes"]):
+    if d["driver"] == "parallel":
+      grads = _parallel_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d)
+    else:
+      grads = _grid_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d)
+  t = v.shape[1]
 
-  def xla(quad_q, quad_k, lin_q, lin_k, v, bias):
-    return reference.mixed_chunk_attention(
-      quad_q, quad_k, lin_q, lin_k, v, bias=bias, mask=mask, segments=segments, **d
-    )
+  def public(name, like):  # head-major and padded -> [B,T,H,.]; an input of a dropped part gets zeros
+    if like is None or name not in grads:
+      return None if like is None else jnp.zeros_like(like)
+    return grads[name][:, :, :t].transpose(0, 2, 1, 3).astype(like.dtype)
 
-  with context_parallel.within(dict(statics)["sequence_axes"]):
-    _, vjp = jax.vjp(xla, *floats)
-    return vjp(cotangent) + (None, None)  # the mask and the segments get no gradient
+  dbias = None
+  if bias is not None and "dbias" not in grads:  # no local part: the bias is not read
+    dbias = jnp.zeros_like(bias)
+  elif bias is not None:  # the kernel read the top-left [C,C]; the rest of a larger table gets no gradient
+    c = grads["dbias"].shape[0]
+    dbias = jnp.zeros(bias.shape, f32).at[:c, :c].set(grads["dbias"]).astype(bias.dtype)
+  return (
+    public("dqq", quad_q),
+    public("dqk", quad_k),
+    public("dlq", lin_q),
+    public("dlk", lin_k),
+    public("dv", v),
+    dbias,
+    None,  # the mask and the segments get no gradient
+    None,
+  )
+
+
+def _parallel_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d) -> dict[str, Array]:
+  """The parallel driver's gradients (kernels/mixed_chunk/gpu_backward.py), head-major with T padded."""
+  x = _operands(
+    quad_q,
+    quad_k,
+    lin_q,
+    lin_k,
+    v,
+    bias,
+    mask,
+    segments,
+    chunk=d["chunk"],
+    causal=d["causal"],
+    global_norm=d["global_norm"],
+  )
+  c = x["c"]
+  tiles = dict(
+    query_block=gpu_parallel.tile(c, d["backward_tiles"][0]),
+    key_block=gpu_parallel.tile(c, d["backward_tiles"][1]),
+    value_block=d["backward_tiles"][2],
+    state_block=min(d["backward_tiles"][2], toolkit.gpu_tiles("mixed_chunk_backward")["state_block"]),
+  )
+  statics = {k: d[k] for k in ("causal", "kernel", "quad_scale", "lin_scale", "upcast", "interpret")}
+  return gpu_backward.gradients(
+    x["local"],
+    x["lin"],
+    x["layout"],
+    x["head_major"](cotangent),
+    keep=x["keep"],
+    documents=x["documents"],
+    chunk=c,
+    local_documents=segments is not None,
+    tiles=tiles,
+    **statics,
+  )
+
+
+def _grid_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d) -> dict[str, Array]:
+  """The grid driver's gradients (kernels/mixed_chunk/grid_backward.py), head-major with T padded."""
+  causal, lin_scale = d["causal"], d["lin_scale"]
+  x = _operands(
+    quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, chunk=d["chunk"], causal=causal, global_norm=d["global_norm"]
+  )
+  totals = None
+  if lin_q is not None and x["plain"] and not causal:  # the total every chunk reads, and its adjoint
+    adjoint = jnp.einsum("bths,bthe->bhse", lin_q.astype(f32), cotangent.astype(f32))
+    totals = (tpu_grid.total(lin_k, v, mask, lin_scale=lin_scale), adjoint)
+  statics = {k: d[k] for k in ("causal", "kernel", "quad_scale", "lin_scale", "upcast", "interpret")}
+  return grid_backward.gradients(
+    x["local"],
+    x["lin"],
+    x["layout"],
+    x["head_major"](cotangent),
+    keep=x["keep"],
+    documents=x["documents"],
+    totals=totals,
+    chunk=x["c"],
+    value_tile=d["backward_value_tile"],
+    **statics,
+  )
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _backward_tiles(e: int, rows: tuple[int | None, int | None], value_tile: int | None) -> tuple[int, int, int]:
+  """The parallel driver's backward tiles: (query rows, key rows, value columns), the forward's where the
+  caller gave them, else `GPU_TILES["mixed_chunk_backward"]` (rows cut to the chunk where they are used)."""
+  tiles = toolkit.gpu_tiles("mixed_chunk_backward")
+  query, key = (want or tiles[name] for want, name in zip(rows, ("query_block", "key_block"), strict=True))
+  return query, key, value_tile or gpu_parallel.tile(e, tiles["value_block"])
 
 
 def mixed_chunk_attention(
@@ -210,6 +313,7 @@ def mixed_chunk_attention(
   if quad_q is None and lin_q is None:
     return jnp.zeros_like(v)
   e = v.shape[-1]
+  given_tile, given_rows = value_tile, (query_tile, key_tile)  # the backward's too, where given
   tiles = toolkit.gpu_tiles("mixed_chunk_attention")
   if value_tile is None and toolkit.platform() == "gpu":
     value_tile = gpu_parallel.tile(e, tiles["value_block"])  # a power of two, as Triton needs
@@ -226,9 +330,19 @@ def mixed_chunk_attention(
   for name, tile in (("query", query_tile), ("key", key_tile)):
     if tile <= 0 or c % tile:
       raise ValueError(f"{name} tile {tile} does not divide the chunk {c}.")
+  upcast = not toolkit.bf16_matmuls()
+  driver = toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)
+  backward_value_tile = given_tile or e
+  if driver == "grid" and given_tile is None:  # the backward keeps more per step than the forward: its own tiles
+    s = max(x.shape[-1] for x in (quad_q, lin_q) if x is not None)
+    itemsize = max(jnp.dtype(x.dtype).itemsize for x in (quad_q, lin_q, v) if x is not None)
+    sizes = dict(chunk=c, s=s, itemsize=itemsize, budget=toolkit.vmem_budget(), platform=toolkit.platform())
+    backward_value_tile = grid_backward.value_block(e, **sizes)
   statics = (
     ("chunk", chunk),
     ("value_tile", value_tile),
+    ("backward_value_tile", backward_value_tile),
+    ("backward_tiles", _backward_tiles(e, given_rows, given_tile)),
     ("query_tile", query_tile),
     ("key_tile", key_tile),
     ("causal", causal),
@@ -236,8 +350,8 @@ def mixed_chunk_attention(
     ("lin_scale", lin_scale),
     ("global_norm", global_norm),
     ("kernel", kernel),
-    ("upcast", not toolkit.bf16_matmuls()),
-    ("driver", toolkit.driver(driver, gpu="parallel", drivers=DRIVERS)),
+    ("upcast", upcast),
+    ("driver", driver),
     ("interpret", toolkit.interpret_default() if interpret is None else interpret),
     ("sequence_axes", context_parallel.axes()),  # the backward, traced later, runs on the same chip's slice
   )

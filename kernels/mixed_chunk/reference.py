@@ -22,8 +22,8 @@ keys each sum holds and which queries read it. Cross-chunk normalisation (`globa
 (eqs. 7-8, Code 1) or "mean" (Codes 7-8 divide by the number of chunks summed).
 
 This file is the reference (impl="xla") and imports no Pallas code; kernels/mixed_chunk/pallas.py is the
-kernel, which differentiates through this file; kernels/mixed_chunk/__init__.py checks arguments and dispatches on
-`impl` between the two.
+kernel, whose gradient the tests check against this file's VJP; kernels/mixed_chunk/__init__.py checks
+arguments and dispatches on `impl` between the two.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ COLUMNS = ("col", "qdoc", "keep", "read", "oscale")  # [B,T,1] operands: one val
 # -- the chunk step ------------------------------------------------------------------------------------
 
 
-def _weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
+def weights(scores: Array, allowed: Array | None, kernel: str) -> Array:
   """Local attention weights from float32 scores [C,C]; positions not allowed get weight 0."""
   if kernel == "relu2":
     w = jnp.square(jnp.maximum(scores, 0.0))
@@ -99,7 +99,7 @@ def _chunk_step(
       allowed = tril if allowed is None else allowed & tril
     if same is not None:
       allowed = same if allowed is None else allowed & same
-    out = toolkit.dot(_weights(scores, allowed, kernel).astype(v.dtype), v)
+    out = toolkit.dot(weights(scores, allowed, kernel).astype(v.dtype), v)
   if lq is not None:
     part = toolkit.dot(lq.astype(f32), kv)  # the state is float32: so is the query that reads it
     if read is not None:
@@ -143,7 +143,7 @@ def _kernel(*refs, names: tuple[tuple[str, ...], ...], **statics):
 LANES, SUBLANES = 128, 8  # a TPU VMEM tile: a block's last two dimensions are padded to multiples of these
 
 
-def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+def tile_bytes(rows: int, cols: int, itemsize: int) -> int:
   return -(-rows // SUBLANES) * SUBLANES * -(-cols // LANES) * LANES * itemsize
 
 
@@ -151,7 +151,7 @@ def vmem_bytes(*, chunk: int, s: int, value_block: int, itemsize: int) -> int:
   """Estimated VMEM of one grid step, blocks padded to whole tiles. An upper bound: Mosaic reports 26.5 MiB
   where this gives 31.6 (C 512, S 128, Et 2048, bfloat16, v3)."""
   c, et, a = chunk, value_block, itemsize
-  x = _tile_bytes
+  x = tile_bytes
   # Double-buffered: the [C,S] query and key blocks, [C,Et] value and output, masks, bias, KV input.
   pipelined = 4 * x(c, s, a) + 2 * x(c, et, a) + x(1, c, 4) + x(c, 1, 4) + x(c, c, 4) + x(s, et, 4)
   # float32: [C,C] scores and weights, the [C,Et] output and upcast values, the KV update, upcast [C,S] operands
@@ -281,6 +281,14 @@ def total(lin_k: Array, v: Array, mask: Array | None, *, lin_scale: float) -> Ar
   return jnp.einsum("bths,bthe->bhse", keys, v, preferred_element_type=f32) * lin_scale
 
 
+def token_flags(layout: dict[str, Array], chunk: int) -> dict[str, Array]:
+  """`reference.global_layout`'s flags on their tokens, [B,T,1]: a chunk's ([B,G]) repeated over its C tokens."""
+  return {
+    k: (jnp.repeat(x, chunk, axis=1) if x.ndim == 2 else x.reshape(x.shape[0], -1))[:, :, None]
+    for k, x in layout.items()
+  }
+
+
 def attention(
   local: dict[str, Array],
   lin: tuple[Array, Array] | None,
@@ -304,10 +312,7 @@ def attention(
   args = dict(local)
   b, h, t = args["v"].shape[:3]
   c, causal = chunk, statics["causal"]
-  # Per-chunk flags onto their tokens, [B,T,1].
-  flags = {
-    k: (jnp.repeat(x, c, axis=1) if x.ndim == 2 else x.reshape(b, t))[:, :, None] for k, x in (layout or {}).items()
-  }
+  flags = token_flags(layout or {}, c)
   calls = []  # (args, carried, own, reverse)
   if lin is None:
     calls.append((args, False, False, False))
