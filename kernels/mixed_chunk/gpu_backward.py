@@ -297,9 +297,10 @@ def _running(sums: Array, restart: Array | None, *, reverse: bool) -> Array:
 def _states(lin, v, g, layout, keep, *, chunk: int, causal: bool, lin_scale: float) -> dict[str, Array]:
   """The states the chunks read (kv, kv2) and the adjoints their keys receive (dkv, dkv2), with the per-query
   and per-key factors (read, read2, acol, acol2): [B,H,G,S,E] float32 ([B,H,S,E] for the non-causal total)."""
-  # float32 operands: bfloat16 products are exact in float32, so the sums are the forward's, and XLA:CPU has
-  # no bfloat16 x bfloat16 -> float32 product for every layout it picks
-  lq, lk, v, g = (x.astype(f32) for x in (*lin, v, g))
+  lq, lk = lin
+  if toolkit.platform() == "cpu":  # interpret mode: XLA:CPU has no bfloat16 x bfloat16 -> float32 product for
+    # every layout it picks; float32 operands give the same sums (bfloat16 products are exact in float32)
+    lq, lk, v, g = (x.astype(f32) for x in (lq, lk, v, g))
   b, h, t = v.shape[:3]
   column = lambda x: x.reshape(b, t)[:, :, None]  # [B,G,C] -> [B,T,1]
   weigh = lambda x, w: jnp.where(w[:, None, :, None] > 0, x, jnp.zeros_like(x))  # keys by [B,T] weight
@@ -308,7 +309,7 @@ def _states(lin, v, g, layout, keep, *, chunk: int, causal: bool, lin_scale: flo
     factors = {} if keep is None else dict(acol=keep[:, :, None])
     if not causal:  # the total and its adjoint
       total = jnp.einsum("bhts,bhte->bhse", keys, v, preferred_element_type=f32) * lin_scale
-      adjoint = jnp.einsum("bhts,bhte->bhse", lq, g)
+      adjoint = jnp.einsum("bhts,bhte->bhse", lq, g, preferred_element_type=f32)
       return dict(kv=total, dkv=adjoint, **factors)
     x = _sums(keys[None], v, chunk)[0] * lin_scale
     a = _sums(lq[None], g, chunk)[0]
