@@ -104,6 +104,26 @@ def test_vq_kernel_at_the_paper_value_width_fits_tpu_v3_vmem():
 
 
 @needs_libtpu
+@pytest.mark.slow
+def test_flash_gradient_at_the_c4_width_fits_tpu_v3_vmem():
+  """C4 FLASH's GAU (S 128, e 1536, chunk 256), non-causal (the paper's masked LM) with packed documents, in
+  bfloat16 on TPU v3: the backward's two walks each carry a sum and the other sum's adjoint beside dW and the
+  key gradients, and the value tile `grid_backward.value_block` picks fits 16 MiB (Et 768 asked Mosaic for
+  16.2 MiB before the count held the upcast tiles). 4 Mosaic calls: two walks forward, two backward."""
+  b, t, s, e, c = 2, 1024, 128, 1536, 256
+  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  args = (x(b, t, 1, s), x(b, t, 1, s), x(b, t, 1, e), x(c, c), jax.ShapeDtypeStruct((b, t), jnp.int32))
+  core = lambda q, k, v, bias, seg: kernels.mixed_chunk_attention(
+    q, k, q, k, v, chunk=c, causal=False, quad_scale=s**-0.5, lin_scale=1 / c, bias=bias, segments=seg, impl="pallas"
+  )
+  grad = jax.value_and_grad(lambda *a: core(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))
+  mesh = jax.sharding.Mesh(np.array(topologies.tpu_devices("v3:2x2")), ("data",))
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(grad).lower(*_abstract(args, mesh)).compile()
+  assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 4
+
+
+@needs_libtpu
 def test_the_mesh_sets_the_target_and_an_explicit_target_wins(tpu_mesh):
   cpu_mesh = jax.make_mesh((2,), ("data",), devices=jax.devices("cpu")[:2])
   assert toolkit.current() == toolkit.Target("cpu", jax.devices()[0].device_kind)
