@@ -194,14 +194,9 @@ def vmem_bytes(*, chunk: int, s: int, e: int, value_block: int, itemsize: int) -
 
 
 def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None, platform: str = "tpu") -> int:
-  """The backward's value tile, a divisor of e: the widest multiple of 128 lanes whose `vmem_bytes` fits
-  `budget` on TPU (128 when none does), else e (interpret mode, or e no multiple of 128)."""
-  if platform != "tpu" or e % tpu_grid.LANES:
-    return e
-  widths = [w for w in range(e, 0, -tpu_grid.LANES) if e % w == 0]
+  """The backward's value tile, a divisor of e, as the forward's (`tpu_grid.widest_fitting`) by `vmem_bytes`."""
   size = lambda w: vmem_bytes(chunk=chunk, s=s, e=e, value_block=w, itemsize=itemsize)
-  fits = [w for w in widths if budget is None or size(w) <= budget]
-  return fits[0] if fits else widths[-1]
+  return tpu_grid.widest_fitting(e, size, budget=budget, platform=platform)
 
 
 def cost(

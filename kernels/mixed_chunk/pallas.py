@@ -163,10 +163,7 @@ def _attention_bwd(statics, residuals, cotangent):
   quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments = residuals
   d = dict(statics)
   with context_parallel.within(d["sequence_axes"]):
-    if d["driver"] == "parallel":
-      grads = _parallel_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d)
-    else:
-      grads = _grid_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d)
+    grads = _gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d)
   t = v.shape[1]
 
   def public(name, like):  # head-major and padded -> [B,T,H,.]; an input of a dropped part gets zeros
@@ -192,66 +189,30 @@ def _attention_bwd(statics, residuals, cotangent):
   )
 
 
-def _parallel_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d) -> dict[str, Array]:
-  """The parallel driver's gradients (kernels/mixed_chunk/gpu_backward.py), head-major with T padded."""
-  x = _operands(
-    quad_q,
-    quad_k,
-    lin_q,
-    lin_k,
-    v,
-    bias,
-    mask,
-    segments,
-    chunk=d["chunk"],
-    causal=d["causal"],
-    global_norm=d["global_norm"],
-  )
-  c = x["c"]
-  tiles = dict(
-    query_block=gpu_parallel.tile(c, d["backward_tiles"][0]),
-    key_block=gpu_parallel.tile(c, d["backward_tiles"][1]),
-    value_block=d["backward_tiles"][2],
-    state_block=min(d["backward_tiles"][2], toolkit.gpu_tiles("mixed_chunk_backward")["state_block"]),
-  )
-  statics = {k: d[k] for k in ("causal", "kernel", "quad_scale", "lin_scale", "upcast", "interpret")}
-  return gpu_backward.gradients(
-    x["local"],
-    x["lin"],
-    x["layout"],
-    x["head_major"](cotangent),
-    keep=x["keep"],
-    documents=x["documents"],
-    chunk=c,
-    local_documents=segments is not None,
-    tiles=tiles,
-    **statics,
-  )
-
-
-def _grid_gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d) -> dict[str, Array]:
-  """The grid driver's gradients (kernels/mixed_chunk/grid_backward.py), head-major with T padded."""
+def _gradients(quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, cotangent, d) -> dict[str, Array]:
+  """The driver's gradients (kernels/mixed_chunk/grid_backward.py or gpu_backward.py) from `_operands`,
+  head-major with T padded."""
   causal, lin_scale = d["causal"], d["lin_scale"]
   x = _operands(
     quad_q, quad_k, lin_q, lin_k, v, bias, mask, segments, chunk=d["chunk"], causal=causal, global_norm=d["global_norm"]
   )
+  args = (x["local"], x["lin"], x["layout"], x["head_major"](cotangent))
+  kw = {k: d[k] for k in ("causal", "kernel", "quad_scale", "lin_scale", "upcast", "interpret")}
+  kw.update(keep=x["keep"], documents=x["documents"], chunk=x["c"])
+  if d["driver"] == "parallel":
+    query, key, value = d["backward_tiles"]
+    tiles = dict(
+      query_block=gpu_parallel.tile(x["c"], query),
+      key_block=gpu_parallel.tile(x["c"], key),
+      value_block=value,
+      state_block=min(value, toolkit.gpu_tiles("mixed_chunk_backward")["state_block"]),
+    )
+    return gpu_backward.gradients(*args, local_documents=segments is not None, tiles=tiles, **kw)
   totals = None
   if lin_q is not None and x["plain"] and not causal:  # the total every chunk reads, and its adjoint
     adjoint = jnp.einsum("bths,bthe->bhse", lin_q.astype(f32), cotangent.astype(f32))
     totals = (tpu_grid.total(lin_k, v, mask, lin_scale=lin_scale), adjoint)
-  statics = {k: d[k] for k in ("causal", "kernel", "quad_scale", "lin_scale", "upcast", "interpret")}
-  return grid_backward.gradients(
-    x["local"],
-    x["lin"],
-    x["layout"],
-    x["head_major"](cotangent),
-    keep=x["keep"],
-    documents=x["documents"],
-    totals=totals,
-    chunk=x["c"],
-    value_tile=d["backward_value_tile"],
-    **statics,
-  )
+  return grid_backward.gradients(*args, totals=totals, value_tile=d["backward_value_tile"], **kw)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -17,6 +17,7 @@ local keys and a column [T,1] for the keys summed into KV, so the kernel transpo
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -160,15 +161,20 @@ def vmem_bytes(*, chunk: int, s: int, value_block: int, itemsize: int) -> int:
 
 
 def value_block(e: int, *, chunk: int, s: int, itemsize: int, budget: int | None, platform: str = "tpu") -> int:
-  """The width of the grid driver's value tiles, a divisor of e. TPU: the widest multiple of 128 lanes whose
-  `vmem_bytes` fits `budget` (128 when none does: the compiler then names the excess); e itself when it is
-  no multiple of 128. Elsewhere (interpret mode) e. (The GPU's: `gpu_parallel.tile`.)"""
+  """The width of the grid driver's value tiles, a divisor of e (`widest_fitting` with `vmem_bytes`). (The
+  GPU's: `gpu_parallel.tile`.)"""
+  size = lambda w: vmem_bytes(chunk=chunk, s=s, value_block=w, itemsize=itemsize)
+  return widest_fitting(e, size, budget=budget, platform=platform)
+
+
+def widest_fitting(e: int, size: Callable[[int], int], *, budget: int | None, platform: str) -> int:
+  """A value tile, a divisor of e. TPU: the widest multiple of 128 lanes whose VMEM `size(width)` fits `budget`
+  (128 when none does: the compiler then names the excess); e itself when it is no multiple of 128.
+  Elsewhere (interpret mode) e."""
   if platform != "tpu" or e % LANES:
     return e
   widths = [w for w in range(e, 0, -LANES) if e % w == 0]
-  fits = [
-    w for w in widths if budget is None or vmem_bytes(chunk=chunk, s=s, value_block=w, itemsize=itemsize) <= budget
-  ]
+  fits = [w for w in widths if budget is None or size(w) <= budget]
   return fits[0] if fits else widths[-1]
 
 
