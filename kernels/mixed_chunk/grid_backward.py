@@ -111,11 +111,14 @@ def _kernel(*refs, names, causal: bool, kernel: str, quad_scale: float, lin_scal
   if "dw" in scratch:
     scratch["dw"][...] += toolkit.dot(g, v, (1, 1))  # g_i . v_j, this tile's columns
   dv = jnp.zeros(v.shape, f32)
+  # the [C,C] scores and weights once per step: this tile's dv reads them, the last tile's dS too
+  scores, w, allowed = (
+    _local(ins, load, cast, causal=causal, kernel=kernel, quad_scale=quad_scale) if local else (None,) * 3
+  )
+  w_own, own_allowed = _own(ins, load, lin_scale=lin_scale) if own else (None, None)
   if local:
-    _, w, _ = _local(ins, load, cast, causal=causal, kernel=kernel, quad_scale=quad_scale)
     dv += toolkit.dot(w.astype(v.dtype), g, (0, 0))
   if own:
-    w_own, _ = _own(ins, load, lin_scale=lin_scale)
     dv += toolkit.dot(w_own * load("oscale"), gf, (0, 0))
   if "kv" in ins or "x" in scratch:  # the state X this chunk reads: dlq
     x = load("kv") if "kv" in ins else scratch["x"][j]
@@ -145,7 +148,6 @@ def _kernel(*refs, names, causal: bool, kernel: str, quad_scale: float, lin_scal
   def _():  # every value column summed: the [C,C] adjoints and the key gradients
     dw = scratch["dw"][...] if "dw" in scratch else None
     if local:
-      scores, w, allowed = _local(ins, load, cast, causal=causal, kernel=kernel, quad_scale=quad_scale)
       if kernel == "relu2":
         ds = dw * 2.0 * jnp.maximum(scores, 0.0)
       elif kernel == "softmax":  # w is 0 where not allowed
@@ -164,8 +166,7 @@ def _kernel(*refs, names, causal: bool, kernel: str, quad_scale: float, lin_scal
 
         out["dbias"][...] += ds  # every chunk of the walk: one [C,C] per (batch, head)
     if own:
-      _, allowed = _own(ins, load, lin_scale=lin_scale)
-      ds = jnp.where(allowed, dw * load("oscale"), 0.0) * lin_scale
+      ds = jnp.where(own_allowed, dw * load("oscale"), 0.0) * lin_scale
       scratch["dlq"][...] += toolkit.dot(ds, load("lk").astype(f32))
       scratch["dlk"][...] += toolkit.dot(ds, load("lq").astype(f32), (0, 0))
     for name in ("dlq", "dlk"):
@@ -215,13 +216,13 @@ def cost(
   adjoint: int,
 ) -> pl.CostEstimate:
   """What one walk computes and moves, for XLA's and lra_core.cost.hlo_cost's rooflines. Per chunk: the local
-  scores once per value tile and once more for dS, dW and dv over E, dS's two [C,C] x [C,S] products; the
+  scores once per value tile (the last tile's dS reuses them), dW and dv over E, dS's two [C,C] x [C,S] products; the
   own-chunk term as much again; per state [C,E] x [E,S] and [C,S] x [S,E] products. `reads` / `adjoint`: 0
   none, 1 carried (its update too), 2 a constant state read from HBM once per value tile."""
   b, h, t, c = batch, heads, seq_len, chunk
   tiles = e // value_tile
   square = local + own
-  per_chunk = square * ((tiles + 3) * 2 * c * c * s + 4 * c * c * e)
+  per_chunk = square * ((tiles + 2) * 2 * c * c * s + 4 * c * c * e)
   per_chunk += (reads > 0) * (1 + (reads == 1)) * 2 * c * s * e + (adjoint > 0) * (2 + (adjoint == 1)) * 2 * c * s * e
   # q and k operands (4 [T,S]), v and g read, dv written, the key gradients written; constant states
   moved = t * (8 * s + 3 * e) * itemsize + ((reads == 2) + (adjoint == 2)) * s * e * 4
