@@ -299,6 +299,30 @@ def test_kernel_runs_per_device_under_a_mesh(monkeypatch, driver):
   assert_close(sharded, plain, F32)
 
 
+@pytest.mark.parametrize("driver", ["grid", "parallel"])
+def test_kernel_with_documents_under_a_data_fsdp_tensor_mesh_equals_the_unsharded_kernel(monkeypatch, driver):
+  """Batch over 'data' and 'fsdp' (as the trainer splits it under FSDP), heads over 'tensor', non-causal with
+  packed documents and "mean" (both carried sums, the own-chunk term): the document ids split with the batch;
+  values and gradients (the backward's kernels per device too) equal the unsharded kernel's."""
+  with_driver(monkeypatch, driver)
+  (qq, qk, lq, lk), v, bias, _ = inputs(b=4, t=16, chunk=4)
+  segments = jnp.array(
+    [[1] * 5 + [2] * 11, [1] * 16, [1] * 9 + [0] * 7, [1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4]]
+  )
+  kw = dict(chunk=4, causal=False, quad_scale=0.25, lin_scale=0.25, mask=segments > 0, segments=segments)
+  fn = lambda *a: kernels.mixed_chunk_attention(*a[:5], bias=a[5], global_norm="mean", impl="pallas", **kw)
+  args = (qq, qk, lq, lk, v, bias)
+  want = run(lambda *a: value_and_grads(fn, *a), *args)
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  with per_device.per_device_mesh(mesh, batch=("data", "fsdp"), heads="tensor"):
+    sharded = lambda *a: value_and_grads(fn, *a)  # a new function: traced (and sharded) inside the context
+    # per device: the grid driver's two forward walks and two backward ones; the parallel driver's one call
+    # and its backward's three under one shard_map
+    assert str(jax.make_jaxpr(sharded)(*args)).count("shard_map") == (4 if driver == "grid" else 2)
+    got = run(sharded, *args)
+  assert_close(got, want, F32)
+
+
 # -- the model in the trainer ---------------------------------------------------------------------------------
 
 
