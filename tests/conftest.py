@@ -10,8 +10,13 @@ import tempfile
 # The compiler's fast mode: the tests' programs are tiny, so compiling them dominates and LLVM's
 # optimizations cost more than they save. XLA:CPU's older elementwise emitters compile a train step
 # (hundreds of small optimizer fusions) about a third faster than its MLIR fusion emitters; the
-# subprocesses the tests start inherit both settings.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# subprocesses the tests start inherit these settings. XLA:CPU also splits a program's LLVM module into
+# parts to generate their code on parallel threads, which a host whose cores the two workers keep busy
+# cannot use: one part took 15% less CPU time to compile 135 of the tests' programs (train steps and
+# losses, 21.8 s against 25.8 s, five interleaved runs each, every pair lower).
+FAST_COMPILE = (
+  "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
+)
 # Each host device of a CPU program is a thread, and a collective waits in a rendezvous for all of them:
 # XLA:CPU warns on stderr when one is 20 s late and aborts the process 40 s after that, which a loaded
 # 2-core host reached at the end of an 8-device run. The suite waits 5 + 5 minutes, within its own limit
@@ -30,11 +35,15 @@ if "LRA_CORE_CACHE" not in os.environ:
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
-# The suite's own processes keep no persistent cache: a worker compiles each program once, so a clean
+from lra_core.compilation import compile_cache  # noqa: E402
+
+# The suite's own processes keep no persistent cache: a worker compiles most programs once, so a clean
 # clone's run seldom reads an entry back, and writing every program cost more than it saved (a clean-clone
 # run took 19 min without, 21 to 25 with). The training runs the tests start in subprocesses keep theirs
-# ($LRA_CORE_CACHE/jax_compile, lra_core/compilation/compile_cache.py), where a resumed run reads its steps back.
+# ($LRA_CORE_CACHE/jax_compile, lra_core/compilation/compile_cache.py), where a resumed run reads its steps
+# back, and so do the files that use `persistent_compile_cache` below.
 jax.config.update("jax_enable_compilation_cache", False)
 
 # A worker's heap grows to millions of objects (traced programs, the test files' data), which Python's
@@ -115,6 +124,25 @@ def release_compiled_programs():
       print(f"\n{before} memory mappings, {resident:.2f} GiB: dropped the programs ({_mappings()} left)", flush=True)
   elif watch:
     print(f"\n{before} memory mappings, {resident:.2f} GiB: programs kept", flush=True)
+
+
+@pytest.fixture(scope="module")
+def persistent_compile_cache():
+  """JAX's persistent cache on for a file, in the folder the tests' training subprocesses share
+  ($LRA_CORE_CACHE/jax_compile), for files that train one small config again and again in-process: each
+  run jits its steps anew, so without it every resume, fallback and extension compiled them again (a full
+  run at 71ad3c3: 62 s of test_reliability.py's 69 s of compiles of a second or more were repeats, 12 s of
+  test_train.py's 19, 15 s of test_ema.py's 22). Only compiles of a second or more are written (JAX's
+  default), so the writes stay few; a file's module fixtures come after it (pytest sets up the fixtures
+  named by `usefixtures` first)."""
+  compile_cache.write_whole()  # the runs in subprocesses and the other worker write the same folder
+  jax.config.update("jax_compilation_cache_dir", os.path.join(os.environ["LRA_CORE_CACHE"], compile_cache.FOLDER))
+  jax.config.update("jax_enable_compilation_cache", True)
+  compilation_cache.reset_cache()  # JAX decides once per process whether to use a cache: decide again
+  yield
+  jax.config.update("jax_enable_compilation_cache", False)
+  jax.config.update("jax_compilation_cache_dir", None)
+  compilation_cache.reset_cache()
 
 
 @pytest.fixture

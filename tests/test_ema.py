@@ -28,6 +28,7 @@ SMALL = ("model.d_model=32", "model.d_latent=32", "model.d_ff=64", "model.latent
 # The recurrence is the optimizer's, the same for every family: a one-layer language model's train steps
 # compile in a third of the denoiser's time.
 STEPS_SPEC = "configs/enwik8/transformer.py:tiny"
+pytestmark = pytest.mark.usefixtures("persistent_compile_cache")  # the whole, split and resumed runs compile once
 
 
 def _steps(decay: float, n: int = 3, warmup: bool = False):

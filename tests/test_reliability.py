@@ -29,7 +29,8 @@ from lra_core.run.state import make_state_spec, param_checksum
 from lra_core.train import train_and_evaluate
 
 SPEC = fixtures.listops.SPEC
-pytestmark = pytest.mark.usefixtures("collect_garbage")  # restores made to fail here: see conftest.py
+# collect_garbage: restores made to fail here (conftest.py); the runs' steps are compiled once and read back
+pytestmark = pytest.mark.usefixtures("persistent_compile_cache", "collect_garbage")
 FAST = ["train.test_at_end=False", "train.eval_batches=1", "train.checkpoint_every=2", "train.steps=6"]
 
 

@@ -12,6 +12,7 @@ from lra_core.run.metrics import read_metrics
 from lra_core.train import train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
+pytestmark = pytest.mark.usefixtures("persistent_compile_cache")  # a stopped and resumed run compiles once
 ENWIK8 = "configs/enwik8/transformer.py:tiny"
 
 
