@@ -1,15 +1,54 @@
 """Oracles shared by the autoregressive model tests (the protocol in docs/api.md) and the kernel tests."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+# Called eagerly, a model or a kernel compiles each of its operations as a program of its own (15-25 ms
+# each on a 2-core host, a hundred and more per model): a 2-layer FLASH decoder's first forward took 3.7 s
+# of CPU time eagerly against 0.6 s compiled as one program. The tests run what they compare compiled;
+# a program is kept per function (model structure), shapes and settings, so an oracle's repeated calls
+# and the next test's same sizes reuse it. What a function reads from a context when traced (e.g.
+# `toolkit.target`) is not part of that key: enter the context inside the compiled function, with the
+# choice as a setting (tests/test_attention.py's `attention_on`).
+
+
+def _split(kwargs):
+  """(array arguments, settings): keyword values that are Python scalars become settings of the program."""
+  settings = {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str)}
+  return {k: v for k, v in kwargs.items() if k not in settings}, tuple(sorted(settings.items()))
+
+
+@nnx.jit(static_argnums=(1, 4))
+def _compiled_method(model, method, args, arrays, settings):
+  return getattr(model, method)(*args, **arrays, **dict(settings))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _compiled_function(fn, args, arrays, settings):
+  return fn(*args, **arrays, **dict(settings))
+
+
+def forward(model, *args, method: str = "__call__", **kwargs):
+  """model(*args, **kwargs) (or model.<method>(...)) compiled: arrays traced, Python scalars settings."""
+  return _compiled_method(model, method, args, *_split(kwargs))
+
+
+def compiled(fn, *args, **kwargs):
+  """fn(*args, **kwargs) compiled: arrays traced, Python scalars settings (fn: a function, not a model)."""
+  return _compiled_function(fn, args, *_split(kwargs))
+
 
 def assert_no_future_leakage(model, tokens, logits, cuts, *, vocab: int, shift: int, changed_atol: float):
-  """Changing tokens after t leaves the logits at <= t unchanged (atol 1e-6) and changes later ones."""
+  """Changing tokens after t leaves the logits at <= t unchanged (atol 1e-6) and changes later ones.
+  `model`: a model (run compiled) or any function of the tokens."""
+  apply = (lambda x: forward(model, x)) if isinstance(model, nnx.Module) else model
   for t in cuts:
     perturbed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + shift) % vocab)
-    out = model(perturbed)
+    out = apply(perturbed)
     np.testing.assert_allclose(out[:, : t + 1], logits[:, : t + 1], atol=1e-6)
     assert not np.allclose(out[:, t + 1 :], logits[:, t + 1 :], atol=changed_atol)
 

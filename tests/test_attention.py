@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import oracles
 from lra_core.kernels import toolkit
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models.layers.positions import apply_rope, sinusoid
@@ -29,6 +30,12 @@ def naive_attention(q, k, v, allowed, bias=None):
   return out
 
 
+def attention_on(q, k, v, *, platform, **kwargs):
+  """dot_product_attention traced for `platform` ('cpu', 'tpu'): the layout it picks is chosen at trace time."""
+  with toolkit.target(platform):
+    return dot_product_attention(q, k, v, **kwargs)
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)])
 @pytest.mark.parametrize("causal,window", [(True, 0), (True, 3), (False, 0), (False, 2)])
 def test_attention_matches_naive(heads, kv_heads, causal, window):
@@ -46,9 +53,11 @@ def test_attention_matches_naive(heads, kv_heads, causal, window):
   if window:
     dist = pos[:, None] - pos[None, :]
     allowed &= ((dist >= 0) & (dist < window)) if causal else (np.abs(dist) < window)
-  mask = attention_mask(jnp.arange(t), jnp.arange(t), causal=causal, window=window, k_valid=jnp.asarray(valid))
+  mask = oracles.compiled(
+    attention_mask, jnp.arange(t), jnp.arange(t), causal=causal, window=window, k_valid=jnp.asarray(valid)
+  )
   np.testing.assert_array_equal(np.broadcast_to(np.asarray(mask), allowed.shape), allowed)
-  out = np.asarray(dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask))
+  out = np.asarray(oracles.compiled(dot_product_attention, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask))
   expected = naive_attention(q, k, v, allowed)
   rows = allowed.any(-1)  # a padded query with no key in its window reads nothing meaningful
   assert np.isfinite(out).all()
@@ -76,8 +85,9 @@ def test_attention_bias_and_mask_follow_grouped_query_heads(heads, kv_heads, per
     jnp.asarray(valid)[:, None, :],
   ):
     allowed = np.broadcast_to(np.asarray(mask), (b, tq, tk))
-    with toolkit.target(platform):
-      out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias))
+    out = oracles.compiled(
+      attention_on, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, bias=jnp.asarray(bias), platform=platform
+    )
     np.testing.assert_allclose(np.asarray(out), naive_attention(q, k, v, allowed, bias), atol=1e-5)
 
 
@@ -87,8 +97,8 @@ def test_multi_query_equals_multi_head_with_shared_keys():
   k = jnp.asarray(rng.normal(size=(1, 5, 1, 8)), jnp.float32)
   v = jnp.asarray(rng.normal(size=(1, 5, 1, 8)), jnp.float32)
   mask = attention_mask(jnp.arange(5), jnp.arange(5), causal=True)
-  mqa = dot_product_attention(q, k, v, mask=mask)
-  mha = dot_product_attention(q, jnp.repeat(k, 4, 2), jnp.repeat(v, 4, 2), mask=mask)
+  mqa = oracles.compiled(dot_product_attention, q, k, v, mask=mask)
+  mha = oracles.compiled(dot_product_attention, q, jnp.repeat(k, 4, 2), jnp.repeat(v, 4, 2), mask=mask)
   np.testing.assert_allclose(mqa, mha, atol=1e-6)
 
 
@@ -97,7 +107,7 @@ def test_empty_cache_slots_and_fully_masked_rows_are_finite():
   k = v = jnp.ones((1, 3, 2, 4))
   mask = attention_mask(jnp.array([0]), jnp.array([-1, -1, -1]), causal=True)
   assert not mask.any()
-  assert jnp.isfinite(dot_product_attention(q, k, v, mask=mask)).all()
+  assert jnp.isfinite(oracles.compiled(dot_product_attention, q, k, v, mask=mask)).all()
 
 
 def test_rope_scores_depend_only_on_relative_position():
@@ -106,18 +116,20 @@ def test_rope_scores_depend_only_on_relative_position():
   k = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
 
   def score(m, n):
-    return float((apply_rope(q, jnp.array([m])) * apply_rope(k, jnp.array([n]))).sum())
+    return float(
+      (oracles.compiled(apply_rope, q, jnp.array([m])) * oracles.compiled(apply_rope, k, jnp.array([n]))).sum()
+    )
 
   assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-4)
   assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-3)
   # Norms are preserved and a partial rotation leaves the tail untouched.
-  rotated = apply_rope(q, jnp.array([5]), fraction=0.5)
+  rotated = oracles.compiled(apply_rope, q, jnp.array([5]), fraction=0.5)
   np.testing.assert_allclose(jnp.linalg.norm(rotated), jnp.linalg.norm(q), rtol=1e-5)
   np.testing.assert_array_equal(rotated[..., 8:], q[..., 8:])
 
 
 def test_sinusoid_values():
-  table = sinusoid(jnp.arange(4), 6, max_wavelength=100.0)
+  table = oracles.compiled(sinusoid, jnp.arange(4), dim=6, max_wavelength=100.0)
   freqs = 100.0 ** (-np.arange(3) / 3)
   expected = np.concatenate([np.sin(np.arange(4)[:, None] * freqs), np.cos(np.arange(4)[:, None] * freqs)], -1)
   np.testing.assert_allclose(table, expected, atol=1e-6)
@@ -125,7 +137,9 @@ def test_sinusoid_values():
 
 def test_sinusoid_of_odd_width_pads_one_zero_feature():
   """An odd model width (found by tests/test_config_fuzz.py in Transformer-VQ's XL table) works."""
-  table = sinusoid(jnp.arange(4), 7, max_wavelength=100.0)
+  table = oracles.compiled(sinusoid, jnp.arange(4), dim=7, max_wavelength=100.0)
   assert table.shape == (4, 7)
-  np.testing.assert_allclose(table[:, :6], sinusoid(jnp.arange(4), 6, max_wavelength=100.0), atol=0)
+  np.testing.assert_allclose(
+    table[:, :6], oracles.compiled(sinusoid, jnp.arange(4), dim=6, max_wavelength=100.0), atol=0
+  )
   np.testing.assert_array_equal(table[:, 6], 0.0)

@@ -11,6 +11,7 @@ from flax import nnx
 
 import fixtures.c4
 import lra_core
+import oracles
 from lra_core import decoding
 from lra_core.errors import ConfigError, DecodingError
 from lra_core.models import block_transformer as bt
@@ -71,11 +72,10 @@ VARIANTS = [
 def test_causal_at_every_position_in_a_block_and_decode_matches_forward(variant):
   model = make_model(make_config(**variant))
   x = tokens()
-  forward = jax.jit(model)
-  logits = forward(x)
+  logits = oracles.forward(model, x)
   assert logits.shape == (2, 14, VOCAB)
   # Every offset within a block, block ends (t = 3, 7, 11) and the partial last block.
-  assert_no_future_leakage(forward, x, logits, range(13), vocab=VOCAB, shift=3, changed_atol=1e-6)
+  assert_no_future_leakage(model, x, logits, range(13), vocab=VOCAB, shift=3, changed_atol=1e-6)
   assert_decode_matches_forward(model, x, logits, atol=1e-4)
 
 
@@ -84,10 +84,10 @@ def test_each_block_reads_the_previous_blocks_context():
   positions inside block 1 read the same context plus block 1's earlier tokens only."""
   model = make_model(make_config())
   x = tokens(t=12)
-  logits = model(x)
-  changed = model(x.at[:, 0].set(5 if int(x[0, 0]) != 5 else 6))
+  logits = oracles.forward(model, x)
+  changed = oracles.forward(model, x.at[:, 0].set(5 if int(x[0, 0]) != 5 else 6))
   assert not np.allclose(changed[:, 3:8], logits[:, 3:8], atol=1e-6)  # through the context embedding
-  np.testing.assert_allclose(model(x.at[:, 5].set(9))[:, 4:5], logits[:, 4:5], atol=1e-6)
+  np.testing.assert_allclose(oracles.forward(model, x.at[:, 5].set(9))[:, 4:5], logits[:, 4:5], atol=1e-6)
 
 
 # -- padding ----------------------------------------------------------------------------------------------------
@@ -99,13 +99,12 @@ def left_pad(x, n):
 
 def test_whole_pad_blocks_are_absent_and_right_padding_changes_nothing():
   model = make_model(make_config())
-  forward = jax.jit(model)
   x = tokens(t=10)
-  logits = forward(left_pad(x, 2))[:, 2:]
+  logits = oracles.forward(model, left_pad(x, 2))[:, 2:]
   for extra in (L, 3 * L):  # more whole blocks of padding on the left
-    np.testing.assert_allclose(forward(left_pad(x, 2 + extra))[:, 2 + extra :], logits, atol=2e-5)
+    np.testing.assert_allclose(oracles.forward(model, left_pad(x, 2 + extra))[:, 2 + extra :], logits, atol=2e-5)
   right = jnp.concatenate([x, jnp.full((2, 5), PAD, x.dtype)], axis=1)
-  np.testing.assert_allclose(forward(left_pad(right, 2))[:, 2:12], logits, atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, left_pad(right, 2))[:, 2:12], logits, atol=1e-5)
 
 
 def test_padding_inside_a_block_is_a_token_so_alignment_matters():
@@ -113,7 +112,7 @@ def test_padding_inside_a_block_is_a_token_so_alignment_matters():
   random-length padding in training teaches the model to handle)."""
   model = make_model(make_config())
   x = tokens(t=10)
-  a, b = jax.jit(model)(left_pad(x, 1))[:, 1:], jax.jit(model)(left_pad(x, 2))[:, 2:]
+  a, b = oracles.forward(model, left_pad(x, 1))[:, 1:], oracles.forward(model, left_pad(x, 2))[:, 2:]
   assert not np.allclose(a, b, atol=1e-4)
 
 
@@ -126,9 +125,8 @@ def greedy_by_forward(model, prompt, n):
   seq = left_pad(prompt, -prompt.shape[1] % L)
   start = seq.shape[1]
   seq = jnp.concatenate([seq, jnp.full((seq.shape[0], n), PAD, seq.dtype)], axis=1)
-  forward = jax.jit(model)
   for i in range(n):
-    nxt = jnp.argmax(forward(seq)[:, start + i - 1], -1).astype(jnp.int32)
+    nxt = jnp.argmax(oracles.forward(model, seq)[:, start + i - 1], -1).astype(jnp.int32)
     seq = seq.at[:, start + i].set(nxt)
   return seq[:, start:]
 
@@ -185,7 +183,8 @@ def test_generate_rejects_bad_input():
 def test_loss_by_block_position_splits_the_loss():
   logits = jax.random.normal(jax.random.key(0), (2, 8, VOCAB))
   batch = {"targets": tokens(t=8), "weights": jnp.ones((2, 8)).at[1, 5].set(0.0)}
-  parts = loss_by_block_position(token_nll(logits, batch["targets"]), batch, L)
+  nll_by_token = oracles.compiled(token_nll, logits, batch["targets"])
+  parts = oracles.compiled(loss_by_block_position, nll_by_token, batch, block_len=L)
   assert sorted(parts) == [f"block_pos{j}_loss" for j in range(1, L + 1)]
   nll = -jax.nn.log_softmax(logits)[jnp.arange(2)[:, None], jnp.arange(8), batch["targets"]] * batch["weights"]
   np.testing.assert_allclose(sum(float(s) for s, _ in parts.values()), float(nll.sum()), rtol=1e-6)
@@ -267,7 +266,7 @@ def test_every_layer_norm_has_pythias_epsilon_and_the_encoder_the_authors_heads(
     width = norm.scale.shape[0]
     x = 1e-3 * np.sin(np.arange(width, dtype=np.float32))[None]  # a variance near 5e-7: the epsilon weighs
     want = (x - x.mean()) / np.sqrt(x.var() + 1e-5)
-    np.testing.assert_allclose(norm(jnp.asarray(x)), want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(oracles.forward(norm, jnp.asarray(x)), want, rtol=1e-4, atol=1e-6)
   config = lra_core.load_config(SPEC, [])
   assert (config.model.encoder_width, config.model.encoder_heads) == (256, 8)
 
@@ -293,9 +292,11 @@ def test_uptraining_splits_the_vanilla_layers_and_averages_the_embeddings():
   np.testing.assert_array_equal(again["block_decoder"]["final_norm"]["bias"], np.zeros(32))
   jax.tree.map(np.testing.assert_array_equal, params["token_decoder"]["layers"][0], v["blocks"][2])
   blocks = tokens(b=1, t=8).reshape(1, 2, L)
-  np.testing.assert_allclose(model.embedder(blocks), vanilla.embed(blocks).mean(2), atol=1e-5)
+  np.testing.assert_allclose(
+    oracles.forward(model.embedder, blocks), oracles.forward(vanilla.embed, blocks).mean(2), atol=1e-5
+  )
   context = jax.random.normal(jax.random.key(1), (3, 32))
-  prefix = model.context_proj(context)
+  prefix = oracles.forward(model.context_proj, context)
   np.testing.assert_allclose(prefix, jnp.stack([context, context], 1), atol=1e-6)
   with pytest.raises(ConfigError, match="does not split into 2 \\+ 2 layers"):
     bt.uptrain_params(params, {**v, "blocks": {0: v["blocks"][0]}}, config)

@@ -53,8 +53,8 @@ def test_factorised_attention_equals_its_dense_definition(causal, documents):
   seg = np.array([[1] * 6 + [2] * 6, [1] * 3 + [2] * 9]) if documents else np.ones((b, t), int)
   doc = combiner.documents(jnp.asarray(seg), b, t)
   valid = jnp.ones((b, t), bool)
-  summaries = combiner.row_summaries(q, k, v, chunk=c, valid=valid, doc=doc)
-  got = combiner.axial_attention(q, k, v, summaries, ks, chunk=c, causal=causal, valid=valid, doc=doc)
+  summaries = oracles.compiled(combiner.row_summaries, q, k, v, chunk=c, valid=valid, doc=doc)
+  got = oracles.compiled(combiner.axial_attention, q, k, v, summaries, ks, chunk=c, causal=causal, valid=valid, doc=doc)
   np.testing.assert_allclose(got, dense_reference(q, k, v, ks, chunk=c, causal=causal, seg=seg), atol=1e-5)
 
 
@@ -83,7 +83,7 @@ def tokens(b=2, t=16):
 def test_decoder_is_causal_and_decode_matches_forward(chunk):
   model = make_model(make_config(chunk=chunk))
   x = tokens()
-  logits = model(x)
+  logits = oracles.forward(model, x)
   oracles.assert_no_future_leakage(model, x, logits, (0, 3, 6, 13), vocab=23, shift=5, changed_atol=1e-4)
   oracles.assert_decode_matches_forward(model, x, logits)
 
@@ -93,14 +93,18 @@ def test_bidirectional_padding_does_not_change_real_tokens():
   x = tokens()
   mask = jnp.broadcast_to(jnp.arange(16) < 10, (2, 16))
   padded = jnp.concatenate([x[:, :10], x[:, 10:] * 0 + 7], 1)
-  np.testing.assert_allclose(model.encode(padded, mask=mask)[0][:, :10], model.encode(x[:, :10])[0], atol=1e-5)
+  np.testing.assert_allclose(
+    oracles.forward(model, padded, mask=mask, method="encode")[0][:, :10],
+    oracles.forward(model, x[:, :10], method="encode")[0],
+    atol=1e-5,
+  )
 
 
 @pytest.mark.parametrize("task", tiers.quick(["lm", "mlm"], keep=[1], ids=["lm", "mlm"]))
 def test_packed_documents(task):
   """Exact with the second document on a row boundary (8 = 2 rows of 4); isolated otherwise."""
   model = make_model(make_config(task=task))
-  apply = lambda rows, segs: model(rows, segment_ids=segs)
+  apply = lambda rows, segs: oracles.forward(model, rows, segment_ids=segs)
   oracles.assert_documents_independent(apply, np.arange(3, 11) % 23, (np.arange(6) * 5 + 1) % 23, 16)
   oracles.assert_documents_isolated(apply, np.arange(3, 9) % 23, (np.arange(7) * 5 + 1) % 23, 16, vocab=23)
 

@@ -25,8 +25,8 @@ from lra_core.protocol import RunInfo
 
 def test_segment_positions_and_starts():
   seg = jnp.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
-  np.testing.assert_array_equal(segment_positions(seg), [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8))])
-  np.testing.assert_array_equal(segment_starts(seg)[0], [1, 0, 0, 1, 0, 1, 1, 0])
+  np.testing.assert_array_equal(oracles.compiled(segment_positions, seg), [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8))])
+  np.testing.assert_array_equal(oracles.compiled(segment_starts, seg)[0], [1, 0, 0, 1, 0, 1, 1, 0])
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -35,12 +35,14 @@ def test_local_attention_with_segments_equals_masked_quadratic(causal):
   q, k, v = jax.random.normal(jax.random.key(0), (3, b, t, h, d))
   seg = jnp.array([[1] * 6 + [2] * 9 + [3] * 4 + [0] * 2, [1] * 3 + [2] * 18])
   valid = seg > 0
-  got = local_attention(q, k, v, window=w, causal=causal, k_valid=valid, segments=seg)
-  m = attention_mask(
-    jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid, q_segments=seg, k_segments=seg
+  got = oracles.compiled(local_attention, q, k, v, window=w, causal=causal, k_valid=valid, segments=seg)
+  m = oracles.compiled(
+    attention_mask, jnp.arange(t), jnp.arange(t), causal=causal, window=w, k_valid=valid, q_segments=seg, k_segments=seg
   )
   real = np.asarray(valid)  # padding queries read no key at all: their rows are arbitrary
-  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(dot_product_attention(q, k, v, mask=m))[real], atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got)[real], np.asarray(oracles.compiled(dot_product_attention, q, k, v, mask=m))[real], atol=1e-5
+  )
 
 
 CASES = [
@@ -60,7 +62,8 @@ def test_transformer_documents_are_independent(case):
   model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   doc_a, doc_b = np.arange(3, 13) % 23, (np.arange(9) * 5 + 1) % 23
-  oracles.assert_documents_independent(lambda rows, segs: model(rows, segment_ids=segs), doc_a, doc_b, 24)
+  apply = lambda rows, segs: oracles.forward(model, rows, segment_ids=segs)
+  oracles.assert_documents_independent(apply, doc_a, doc_b, 24)
 
 
 def test_bad_segment_ids_shape_is_one_sentence():
@@ -99,7 +102,7 @@ def test_isolation_oracle_holds_for_the_transformer():
   model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=0))
   model.eval()
   oracles.assert_documents_isolated(
-    lambda rows, segs: model(rows, segment_ids=segs), np.arange(1, 8), np.arange(2, 13), 20, vocab=23
+    lambda rows, segs: oracles.forward(model, rows, segment_ids=segs), np.arange(1, 8), np.arange(2, 13), 20, vocab=23
   )
 
 

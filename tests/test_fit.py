@@ -74,25 +74,26 @@ def test_2d_grouping_keeps_neighbours_together_and_round_trips():
   side, channels, g = 8, 3, 4
   rows, cols, chans = np.meshgrid(np.arange(side), np.arange(side), np.arange(channels), indexing="ij")
   coords = np.stack([rows, cols, chans], -1).reshape(1, side * side * channels, 3)  # raster order
-  grouped = np.asarray(fit.group_2d(jnp.asarray(coords), side, channels, g))
+  grouped = np.asarray(oracles.compiled(fit.group_2d, jnp.asarray(coords), side=side, channels=channels, group_side=g))
   assert grouped.shape == (1, (side // g) ** 2, g * g * channels, 3)
   for index, group in enumerate(grouped[0]):
     r, c = divmod(index, side // g)  # groups in raster order of blocks
     assert set(map(tuple, group[:, :2])) == {(r * g + i, c * g + j) for i in range(g) for j in range(g)}
     assert len({tuple(x) for x in group}) == g * g * channels  # every pixel value once
-  np.testing.assert_array_equal(fit.ungroup_2d(jnp.asarray(grouped), side, channels, g), coords)
+  back = oracles.compiled(fit.ungroup_2d, jnp.asarray(grouped), side=side, channels=channels, group_side=g)
+  np.testing.assert_array_equal(back, coords)
 
 
 def test_1d_grouping_pads_the_end_and_prefixes_the_previous_groups_tail():
   x = jnp.arange(1, 11)[None]  # 10 tokens, groups of 4, overlap 2
-  groups, valid = fit.group_1d(x, 4, overlap=2)
+  groups, valid = oracles.compiled(fit.group_1d, x, group_size=4, overlap=2)
   np.testing.assert_array_equal(groups[0], [[0, 0, 1, 2, 3, 4], [3, 4, 5, 6, 7, 8], [7, 8, 9, 10, 0, 0]])
   np.testing.assert_array_equal(valid[0], [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
 
 
 def test_shift_latents_moves_each_group_one_right():
   lat = jnp.arange(1, 4, dtype=jnp.float32).reshape(1, 3, 1, 1) * jnp.ones((1, 3, 2, 2))
-  np.testing.assert_array_equal(fit.shift_latents(lat)[0, :, 0, 0], [0, 1, 2])
+  np.testing.assert_array_equal(oracles.compiled(fit.shift_latents, lat)[0, :, 0, 0], [0, 1, 2])
 
 
 # -- FIT-AR ----------------------------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def test_fit_ar_is_causal_and_decode_matches_forward(overlap):
   """Groups of 4: cuts inside groups, at their ends and right after; 14 tokens (a partial group)."""
   model = make_model(make_config(overlap=overlap))
   x = tokens()
-  logits = model(x)
+  logits = oracles.forward(model, x)
   assert logits.shape == (2, 14, VOCAB)
   oracles.assert_no_future_leakage(
     model, x, logits, (0, 2, 3, 4, 7, 8, 11, 12), vocab=VOCAB, shift=5, changed_atol=1e-5
@@ -115,9 +116,9 @@ def test_fit_ar_data_reads_the_previous_groups_latents():
   """The next group's first token depends on every token of the group before (through latents)."""
   model = make_model(make_config())
   x = tokens()
-  base = model(x)
+  base = oracles.forward(model, x)
   for t in range(4):  # any token of group 0 changes the prediction at position 4 (group 1)
-    out = model(x.at[:, t].set((x[:, t] + 1) % VOCAB))
+    out = oracles.forward(model, x.at[:, t].set((x[:, t] + 1) % VOCAB))
     assert not np.allclose(out[:, 4], base[:, 4], atol=1e-6), t
 
 
@@ -170,19 +171,19 @@ def test_one_group_with_only_local_layers_is_a_transformer(task):
   copy_params(model.head, base.head)
   x = tokens(t=t)
   if task == "lm":
-    np.testing.assert_allclose(model(x), base(x), atol=1e-5)
+    np.testing.assert_allclose(oracles.forward(model, x), oracles.forward(base, x), atol=1e-5)
   else:
     mask = jnp.broadcast_to(jnp.arange(t) < 11, (2, t))
-    np.testing.assert_allclose(model(x, mask=mask), base(x, mask=mask), atol=1e-5)
+    np.testing.assert_allclose(oracles.forward(model, x, mask=mask), oracles.forward(base, x, mask=mask), atol=1e-5)
 
 
 @pytest.mark.slow
 def test_encoder_ignores_padding_even_whole_padded_groups():
   model = make_model(make_config("classify", seq_len=20))
   x = tokens(t=20)
-  real = model(x[:, :10])  # 3 groups, the last partial
+  real = oracles.forward(model, x[:, :10])  # 3 groups, the last partial
   mask = jnp.broadcast_to(jnp.arange(20) < 10, (2, 20))
-  np.testing.assert_allclose(model(x.at[:, 10:].set(7), mask=mask), real, atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, x.at[:, 10:].set(7), mask=mask), real, atol=1e-5)
 
 
 def test_2d_encoder_is_the_1d_encoder_on_grouped_pixels():
@@ -192,8 +193,8 @@ def test_2d_encoder_is_the_1d_encoder_on_grouped_pixels():
   copy_params(model2d, model1d)
   x = tokens(t=64)
   flat = fit.group_2d(x, 8, 1, 4).reshape(2, 64)
-  np.testing.assert_allclose(model2d(x), model1d(flat), atol=1e-6)
-  assert not np.allclose(model2d(x), model1d(x), atol=1e-4)
+  np.testing.assert_allclose(oracles.forward(model2d, x), oracles.forward(model1d, flat), atol=1e-6)
+  assert not np.allclose(oracles.forward(model2d, x), oracles.forward(model1d, x), atol=1e-4)
 
 
 def test_config_errors_are_clear():
@@ -217,8 +218,8 @@ def test_config_errors_are_clear():
 def document_apply(model):
   """(rows, segment_ids) -> per-token outputs: logits (FIT-AR) or the encoder's final features."""
   if model.causal:
-    return lambda rows, segs: model(rows, segment_ids=segs)
-  return lambda rows, segs: model.encode(rows, segment_ids=segs)[0]
+    return lambda rows, segs: oracles.forward(model, rows, segment_ids=segs)
+  return lambda rows, segs: oracles.forward(model, rows, segment_ids=segs, method="encode")[0]
 
 
 DOCUMENT_CASES = [("lm", 0), ("lm", 2), ("classify", 0)]
@@ -228,13 +229,14 @@ def test_latent_documents_and_their_first_groups():
   seg = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 0]])  # groups of 4: [1 1 1 1] [1 2 2 2] [2 2 3 0]
   groups, real = seg.reshape(1, 3, 4), (seg != 0).reshape(1, 3, 4)
   positions = segment_positions(seg).reshape(1, 3, 4)
-  last, last_at = fit.latent_documents(groups, real, last=True)
-  first, first_at = fit.latent_documents(groups, real, last=False)
+  last, last_at = oracles.compiled(fit.latent_documents, groups, real, last=True)
+  first, first_at = oracles.compiled(fit.latent_documents, groups, real, last=False)
   np.testing.assert_array_equal(last, [[1, 2, 3]])  # padding (0) serves no latents when a document is there
   np.testing.assert_array_equal(last_at, [[3, 3, 2]])
   np.testing.assert_array_equal(first, [[1, 1, 2]])
-  np.testing.assert_array_equal(fit.document_groups(positions, last_at), [[0, 0, 0]])  # doc 2 starts in group 1
-  np.testing.assert_array_equal(fit.document_groups(positions, first_at), [[0, 1, 1]])
+  document_groups = lambda offsets: oracles.compiled(fit.document_groups, positions, offsets)
+  np.testing.assert_array_equal(document_groups(last_at), [[0, 0, 0]])  # doc 2 starts in group 1
+  np.testing.assert_array_equal(document_groups(first_at), [[0, 1, 1]])
 
 
 @pytest.mark.parametrize("task,overlap", tiers.quick(DOCUMENT_CASES, keep=[1], ids=lambda c: f"{c[0]}-{c[1]}"))
@@ -267,9 +269,9 @@ def test_fit_ar_document_starting_inside_a_group_reaches_its_later_groups():
   group 1 (positions 6, 7) reaches the next group's tokens through them."""
   model = make_model(make_config(seq_len=16))
   rows, segs = oracles.packed_pair(np.arange(1, 7), np.arange(2, 11), 16)
-  base = model(rows[:1], segment_ids=segs[:1])
+  base = oracles.forward(model, rows[:1], segment_ids=segs[:1])
   for t in (6, 7):
-    out = model(rows[:1].at[0, t].set((rows[0, t] + 1) % VOCAB), segment_ids=segs[:1])
+    out = oracles.forward(model, rows[:1].at[0, t].set((rows[0, t] + 1) % VOCAB), segment_ids=segs[:1])
     assert not np.allclose(out[0, 8], base[0, 8], atol=1e-6), t
 
 
@@ -323,12 +325,12 @@ def test_fit_ar_logits_add_a_learned_bias_to_the_tied_output_as_pix2seq():
   assert lra_core.load_config("configs/imagenet64/fit_ar.py", []).model.output_bias
   model = make_model(make_config())
   x = jax.random.normal(jax.random.key(2), (2, 3, 16))
-  tied = model.embed.attend(x) / 16  # x E^T / D, E what the embedding's lookups return
-  np.testing.assert_allclose(model.head(x), tied, atol=1e-5)  # b starts at zero
+  tied = oracles.forward(model.embed, x, method="attend") / 16  # x E^T / D, E what the embedding's lookups return
+  np.testing.assert_allclose(oracles.forward(model.head, x), tied, atol=1e-5)  # b starts at zero
   inputs = tokens()
-  before = model(inputs)
+  before = oracles.forward(model, inputs)
   b = jnp.arange(VOCAB, dtype=jnp.float32) / 7.0
   model.head.bias[...] = b
-  np.testing.assert_allclose(model.head(x), tied + b, atol=1e-5)
-  np.testing.assert_allclose(model(inputs) - before, jnp.broadcast_to(b, before.shape), atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model.head, x), tied + b, atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, inputs) - before, jnp.broadcast_to(b, before.shape), atol=1e-5)
   assert make_model(make_config(output_bias=False)).head.bias is None

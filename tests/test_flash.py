@@ -61,8 +61,14 @@ def mixed_chunk_oracle(qq, qk, lq, lk, v, *, chunk, causal, bias, segments=None,
 def test_mixed_chunk_equals_quadratic_matrix(t, chunk, causal):
   args = qkv(t)
   bias = rand(9, (chunk, chunk), 0.3)
-  got = kernels.mixed_chunk_attention(
-    *args, chunk=chunk, causal=causal, quad_scale=1 / chunk, lin_scale=1 / chunk, bias=bias
+  got = oracles.compiled(
+    kernels.mixed_chunk_attention,
+    *args,
+    chunk=chunk,
+    causal=causal,
+    quad_scale=1 / chunk,
+    lin_scale=1 / chunk,
+    bias=bias,
   )
   np.testing.assert_allclose(got, mixed_chunk_oracle(*args, chunk=chunk, causal=causal, bias=bias), atol=2e-5)
 
@@ -78,7 +84,8 @@ def test_mixed_chunk_with_documents_equals_masked_quadratic_matrix(causal, globa
   args = qkv(16)
   bias = rand(9, (4, 4), 0.3)
   mask = jnp.asarray(SEGMENTS > 0)
-  got = kernels.mixed_chunk_attention(
+  got = oracles.compiled(
+    kernels.mixed_chunk_attention,
     *args,
     chunk=4,
     causal=causal,
@@ -103,7 +110,7 @@ def test_global_norm_mean_divides_by_the_chunks_summed(causal):
   qq, qk, lq, lk, v = qkv(16)
   mask = jnp.broadcast_to(jnp.arange(16) < 11, (2, 16))  # chunks 0-2 hold real keys, chunk 3 none
   kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, mask=mask)
-  glob = lambda norm: kernels.mixed_chunk_attention(None, None, lq, lk, v, global_norm=norm, **kw)
+  glob = lambda norm: oracles.compiled(kernels.mixed_chunk_attention, None, None, lq, lk, v, global_norm=norm, **kw)
   total, mean = glob("sum"), glob("mean")
   count = np.maximum(np.arange(16) // 4, 1) if causal else np.full(16, 3)
   np.testing.assert_allclose(mean[:, :11], total[:, :11] / count[None, :11, None, None], atol=1e-5)
@@ -120,8 +127,8 @@ def test_one_document_per_row_is_no_segments(global_norm):
   for causal in (True, False):
     kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=global_norm)
     np.testing.assert_allclose(
-      kernels.mixed_chunk_attention(*args, segments=jnp.ones((2, 13), jnp.int32), **kw),
-      kernels.mixed_chunk_attention(*args, **kw),
+      oracles.compiled(kernels.mixed_chunk_attention, *args, segments=jnp.ones((2, 13), jnp.int32), **kw),
+      oracles.compiled(kernels.mixed_chunk_attention, *args, **kw),
       atol=1e-5,
     )
 
@@ -138,8 +145,9 @@ def test_one_chunk_reduces_to_quadratic_gau_values_and_gradients():
     )
   ).sum()
   quad = lambda qq, qk, v: (w * kernels.relu2_attention(qq, qk, v, scale=1 / 12, bias=bias, causal=True)).sum()
-  np.testing.assert_allclose(mixed(qq, qk, v), quad(qq, qk, v), rtol=1e-6)
-  for a, b in zip(jax.grad(mixed, argnums=(0, 1, 2))(qq, qk, v), jax.grad(quad, argnums=(0, 1, 2))(qq, qk, v)):
+  np.testing.assert_allclose(oracles.compiled(mixed, qq, qk, v), oracles.compiled(quad, qq, qk, v), rtol=1e-6)
+  value_grads = lambda f: oracles.compiled(jax.grad(f, argnums=(0, 1, 2)), qq, qk, v)
+  for a, b in zip(value_grads(mixed), value_grads(quad)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -148,8 +156,8 @@ def test_padding_keys_contribute_nothing(kernel):
   qq, qk, lq, lk, v = qkv(13)
   kw = dict(chunk=4, causal=False, quad_scale=0.25, lin_scale=0.25, kernel=kernel)
   mask = jnp.broadcast_to(jnp.arange(13) < 9, (2, 13))
-  padded = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, mask=mask, **kw)
-  cut = kernels.mixed_chunk_attention(*(x[:, :9] for x in (qq, qk, lq, lk, v)), **kw)
+  padded = oracles.compiled(kernels.mixed_chunk_attention, qq, qk, lq, lk, v, mask=mask, **kw)
+  cut = oracles.compiled(kernels.mixed_chunk_attention, *(x[:, :9] for x in (qq, qk, lq, lk, v)), **kw)
   np.testing.assert_allclose(padded[:, :9], cut, atol=1e-6)
 
 
@@ -158,11 +166,21 @@ def test_chunk_step_equals_forward(kernel, global_norm):
   qq, qk, lq, lk, v = qkv(11, heads=2)
   bias = rand(9, (4, 4), 0.3)
   kw = dict(quad_scale=0.25, lin_scale=0.25, kernel=kernel, global_norm=global_norm)
-  full = kernels.mixed_chunk_attention(qq, qk, lq, lk, v, chunk=4, causal=True, bias=bias, **kw)
+  full = oracles.compiled(kernels.mixed_chunk_attention, qq, qk, lq, lk, v, chunk=4, causal=True, bias=bias, **kw)
   state = fk.init_chunk_state(2, 2, 4, 6, 5)
   for t in range(11):
-    y, state = fk.chunk_step(
-      qq[:, t], qk[:, t], lq[:, t], lk[:, t], v[:, t], state, jnp.int32(t), chunk=4, bias_row=bias[t % 4], **kw
+    y, state = oracles.compiled(
+      fk.chunk_step,
+      qq[:, t],
+      qk[:, t],
+      lq[:, t],
+      lk[:, t],
+      v[:, t],
+      state,
+      jnp.int32(t),
+      chunk=4,
+      bias_row=bias[t % 4],
+      **kw,
     )
     np.testing.assert_allclose(y, full[:, t], atol=1e-5)
 
@@ -173,22 +191,24 @@ def test_linear_attention_equals_quadratic_form_and_steps(causal):
   mask = jnp.broadcast_to(jnp.arange(13) < 10, (2, 13))
   for m in (None, mask):
     np.testing.assert_allclose(
-      kernels.linear_attention(q, k, v, causal=causal, chunk=4, mask=m),
-      fk.linear_attention_reference(q, k, v, causal=causal, mask=m),
+      oracles.compiled(kernels.linear_attention, q, k, v, causal=causal, chunk=4, mask=m),
+      oracles.compiled(fk.linear_attention_reference, q, k, v, causal=causal, mask=m),
       atol=1e-5,
     )
   # documents: each the linear attention of its own tokens alone
   seg = jnp.array([[1] * 6 + [2] * 7, [1] * 4 + [2] * 9])
-  got = kernels.linear_attention(q, k, v, causal=causal, chunk=4, segments=seg)
+  got = oracles.compiled(kernels.linear_attention, q, k, v, causal=causal, chunk=4, segments=seg)
   for row, cut in ((0, 6), (1, 4)):
     for lo, hi in ((0, cut), (cut, 13)):
-      alone = fk.linear_attention_reference(*(x[row : row + 1, lo:hi] for x in (q, k, v)), causal=causal)
+      alone = oracles.compiled(
+        fk.linear_attention_reference, *(x[row : row + 1, lo:hi] for x in (q, k, v)), causal=causal
+      )
       np.testing.assert_allclose(got[row : row + 1, lo:hi], alone, atol=1e-5)
   if causal:
-    full = kernels.linear_attention(q, k, v, causal=True, chunk=4)
+    full = oracles.compiled(kernels.linear_attention, q, k, v, causal=True, chunk=4)
     state = fk.init_chunk_state(2, 2, 4, 6, 6)
     for t in range(13):
-      y, state = fk.linear_step(q[:, t], k[:, t], v[:, t], state, jnp.int32(t), chunk=4)
+      y, state = oracles.compiled(fk.linear_step, q[:, t], k[:, t], v[:, t], state, jnp.int32(t), chunk=4)
       np.testing.assert_allclose(y, full[:, t], atol=1e-5)
 
 
@@ -242,7 +262,7 @@ def tokens(b=2, t=16, seed=1):
 def test_decoder_is_causal_and_decode_matches_forward(variant):
   model = make_model(make_config(variant=variant))
   x = tokens()
-  logits = model(x)
+  logits = oracles.forward(model, x)
   assert logits.shape == (2, 16, 23)
   # inside and at the ends of chunks (4)
   oracles.assert_no_future_leakage(model, x, logits, (0, 3, 6, 13), vocab=23, shift=5, changed_atol=1e-4)
@@ -256,7 +276,7 @@ DOC_A_UNALIGNED, DOC_B_UNALIGNED = np.arange(3, 9) % 23, (np.arange(7) * 5 + 1) 
 
 
 def documents_apply(model):
-  return lambda rows, segs: model(rows, segment_ids=segs)
+  return lambda rows, segs: oracles.forward(model, rows, segment_ids=segs)
 
 
 FLASH_DOCUMENT_CASES = [(v, t, i) for v in ("flash_quad", "flash") for t in ("lm", "mlm") for i in ("xla", "pallas")]
@@ -302,7 +322,7 @@ def test_global_norm_config_changes_the_model(task):
     for _, variable in nnx.to_flat_state(params):  # weights of N(0, .02) hide the global part
       variable.set_value(variable.get_value() * 10)
     nnx.update(model, params)
-    return model(x)
+    return oracles.forward(model, x)
 
   mean, total = logits("mean"), logits("sum")
   if task == "lm":  # chunks 0 and 1 read at most one earlier chunk: the mean is the sum
@@ -336,12 +356,12 @@ def test_decode_state_has_constant_size_and_quad_is_bounded():
 def test_bidirectional_padding_does_not_change_real_tokens(variant):
   model = make_model(make_config(task="classify", variant=variant))
   x = tokens()
-  pooled = model(x[:, :10], mask=jnp.ones((2, 10), bool))
+  pooled = oracles.forward(model, x[:, :10], mask=jnp.ones((2, 10), bool))
   padded = jnp.concatenate([x[:, :10], x[:, 10:] * 0 + 7], 1)
   mask = jnp.broadcast_to(jnp.arange(16) < 10, (2, 16))
-  np.testing.assert_allclose(model(padded, mask=mask), pooled, atol=1e-5)
-  features, _ = model.encode(padded, mask=mask)
-  np.testing.assert_allclose(features[:, :10], model.encode(x[:, :10])[0], atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, padded, mask=mask), pooled, atol=1e-5)
+  features, _ = oracles.forward(model, padded, mask=mask, method="encode")
+  np.testing.assert_allclose(features[:, :10], oracles.forward(model, x[:, :10], method="encode")[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("task", ["lm", "mlm"])
@@ -358,7 +378,7 @@ def test_flash_with_one_chunk_and_no_global_part_is_flash_quad(task):
     variable.set_value(value)
   nnx.update(model, target)
   x = tokens()
-  np.testing.assert_allclose(model(x), quad(x), atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, x), oracles.forward(quad, x), atol=1e-5)
 
 
 def test_gau_follows_the_papers_shapes_and_init():

@@ -32,7 +32,7 @@ def qkv(b=2, t=13, h=2, l=5, d=3, scale=1.0):
 
 def grads(fn, q, k, v):
   weights = jnp.cos(jnp.arange(v.shape[-1]) + jnp.arange(v.shape[1])[:, None, None])
-  return jax.grad(lambda *a: (fn(*a) * weights).sum(), argnums=(0, 1, 2))(q, k, v)
+  return oracles.compiled(jax.grad(lambda *a: (fn(*a) * weights).sum(), argnums=(0, 1, 2)), q, k, v)
 
 
 # -- kernels ---------------------------------------------------------------------------------------------
@@ -45,7 +45,9 @@ def grads(fn, q, k, v):
 def test_causal_latte_equals_quadratic_formula_values_and_gradients(t, chunk):
   q, k, v = qkv(t=t)
   fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk)
-  np.testing.assert_allclose(fast(q, k, v), lk.causal_latte_reference(q, k, v), atol=1e-5)
+  np.testing.assert_allclose(
+    oracles.compiled(fast, q, k, v), oracles.compiled(lk.causal_latte_reference, q, k, v), atol=1e-5
+  )
   for got, want in zip(grads(fast, q, k, v), grads(lk.causal_latte_reference, q, k, v)):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -57,7 +59,9 @@ def test_causal_latte_is_stable_for_logits_spread_over_thousands(chunk):
   k = 3000.0 * (jax.random.uniform(jax.random.key(4), k.shape) - 0.5)
   q = 300.0 * q
   fast = lambda q, k, v: kernels.causal_latte(q, k, v, chunk=chunk)
-  np.testing.assert_allclose(fast(q, k, v), lk.causal_latte_reference(q, k, v), atol=1e-5)
+  np.testing.assert_allclose(
+    oracles.compiled(fast, q, k, v), oracles.compiled(lk.causal_latte_reference, q, k, v), atol=1e-5
+  )
   for got, want in zip(grads(fast, q, k, v), grads(lk.causal_latte_reference, q, k, v)):
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=1e-5)
@@ -69,29 +73,29 @@ def test_bidirectional_latte_equals_quadratic_formula_with_padding():
   k = 500.0 * k  # large logits: the softmax over time is still exact
   fast = lambda q, k, v: kernels.bidirectional_latte(q, k, v, mask=mask)
   ref = lambda q, k, v: lk.bidirectional_latte_reference(q, k, v, mask=mask)
-  np.testing.assert_allclose(fast(q, k, v), ref(q, k, v), atol=1e-5)
+  np.testing.assert_allclose(oracles.compiled(fast, q, k, v), oracles.compiled(ref, q, k, v), atol=1e-5)
   for got, want in zip(grads(fast, q, k, v), grads(ref, q, k, v)):
     np.testing.assert_allclose(got, want, atol=1e-5)
   # Padding changes nothing for the real tokens: row 1 equals its unpadded 6 tokens.
-  alone = kernels.bidirectional_latte(q[1:, :6], k[1:, :6], v[1:, :6])
-  np.testing.assert_allclose(fast(q, k, v)[1, :6], alone[0], atol=1e-6)
+  alone = oracles.compiled(kernels.bidirectional_latte, q[1:, :6], k[1:, :6], v[1:, :6])
+  np.testing.assert_allclose(oracles.compiled(fast, q, k, v)[1, :6], alone[0], atol=1e-6)
 
 
 def test_latte_step_and_carried_state_continue_the_sequence():
   q, k, v = qkv(t=12)
-  full = kernels.causal_latte(q, k, v)
+  full = oracles.compiled(kernels.causal_latte, q, k, v)
   state = lk.init_latte_state(2, 2, 5, 3)
   outs = []
   for i in range(12):
-    y, state = lk.latte_step(q[:, i], k[:, i], v[:, i], state)
+    y, state = oracles.compiled(lk.latte_step, q[:, i], k[:, i], v[:, i], state)
     outs.append(y)
   np.testing.assert_allclose(jnp.stack(outs, 1), full, atol=1e-5)
   # Two pieces with the state carried between them equal one pass.
   b, h, l, d = 2, 2, 5, 3
   first = lk.init_latte_state(b, h, l, d)
   for i in range(5):
-    _, first = lk.latte_step(q[:, i], k[:, i], v[:, i], first)
-  rest = kernels.causal_latte(q[:, 5:], k[:, 5:], v[:, 5:], chunk=3, state=first)
+    _, first = oracles.compiled(lk.latte_step, q[:, i], k[:, i], v[:, i], first)
+  rest = oracles.compiled(kernels.causal_latte, q[:, 5:], k[:, 5:], v[:, 5:], chunk=3, state=first)
   np.testing.assert_allclose(rest, full[:, 5:], atol=1e-5)
 
 
@@ -144,7 +148,7 @@ def tokens(b=2, t=16, seed=1):
 def test_decoder_is_causal_and_decode_matches_forward(variant):
   model = make_model(make_config(variant=variant))
   x = tokens()
-  logits = model(x)
+  logits = oracles.forward(model, x)
   assert logits.shape == (2, 16, 23)
   # across chunk (3) and window (4) boundaries
   oracles.assert_no_future_leakage(model, x, logits, (0, 6, 13), vocab=23, shift=5, changed_atol=1e-3)
@@ -163,12 +167,12 @@ def test_decode_state_has_constant_size():
 def test_bidirectional_padding_does_not_change_real_tokens(variant):
   model = make_model(make_config(task="classify", variant=variant))
   x = tokens()
-  pooled = model(x[:, :10], mask=jnp.ones((2, 10), bool))
+  pooled = oracles.forward(model, x[:, :10], mask=jnp.ones((2, 10), bool))
   padded = jnp.concatenate([x[:, :10], jnp.zeros((2, 6), jnp.int32)], 1)
   mask = jnp.broadcast_to(jnp.arange(16) < 10, (2, 16))
-  np.testing.assert_allclose(model(padded, mask=mask), pooled, atol=1e-5)
-  features, _ = model.encode(padded, mask=mask)
-  np.testing.assert_allclose(features[:, :10], model.encode(x[:, :10])[0], atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(model, padded, mask=mask), pooled, atol=1e-5)
+  features, _ = oracles.forward(model, padded, mask=mask, method="encode")
+  np.testing.assert_allclose(features[:, :10], oracles.forward(model, x[:, :10], method="encode")[0], atol=1e-5)
 
 
 def quadratic_layer(layer, x, causal):
@@ -207,7 +211,9 @@ def test_layer_equals_the_papers_quadratic_mixture(variant, causal):
   config = make_config(task=task, variant=variant, seq_len=12)
   layer = make_model(config).blocks[0].attn
   x = rand(5, (2, 12, 32))
-  np.testing.assert_allclose(layer(x), quadratic_layer(layer, x, causal), atol=1e-5)
+  np.testing.assert_allclose(
+    oracles.forward(layer, x), oracles.compiled(quadratic_layer, layer, x, causal=causal), atol=1e-5
+  )
 
 
 def test_rglru_scan_equals_its_recurrence_and_starts_in_the_papers_range():
@@ -217,12 +223,12 @@ def test_rglru_scan_equals_its_recurrence_and_starts_in_the_papers_range():
   x = rand(6, (2, 9, 16))
   h, outs = layer.init_state(2, jnp.float32), []
   for i in range(9):
-    y, h = layer.step(x[:, i], h)
+    y, h = oracles.forward(layer, x[:, i], h, method="step")
     outs.append(y)
-  np.testing.assert_allclose(layer(x), jnp.stack(outs, 1), atol=1e-5)
+  np.testing.assert_allclose(oracles.forward(layer, x), jnp.stack(outs, 1), atol=1e-5)
   both = latte.RGLRU(16, 4, c=8.0, causal=False, rngs=nnx.Rngs(params=0))
-  backward = layer(x[:, ::-1])[:, ::-1]
-  np.testing.assert_allclose(both(x), 0.5 * (layer(x) + backward), atol=1e-5)
+  backward = oracles.forward(layer, x[:, ::-1])[:, ::-1]
+  np.testing.assert_allclose(oracles.forward(both, x), 0.5 * (oracles.forward(layer, x) + backward), atol=1e-5)
 
 
 def test_local_attention_equals_dense_sliding_window():

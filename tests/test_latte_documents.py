@@ -67,7 +67,8 @@ def test_causal_kernel_with_segments_equals_masked_formula(impl, chunk):
   reference = lambda q, k, v: lk.causal_latte_reference(q, k, v, segments=SEGMENTS, latent_scale=scale)
   assert_same(fast, reference, q, k, v)
   # The mask matters: without segments the second document reads the first.
-  assert not np.allclose(lk.causal_latte_reference(q, k, v)[0, 4:], reference(q, k, v)[0, 4:], atol=1e-3)
+  plain = oracles.compiled(lk.causal_latte_reference, q, k, v)
+  assert not np.allclose(plain[0, 4:], oracles.compiled(reference, q, k, v)[0, 4:], atol=1e-3)
 
 
 @pytest.mark.parametrize("impl,chunk", [("xla", 1), ("xla", 4), ("xla", 16), ("pallas", 4)])
@@ -84,15 +85,16 @@ def test_bidirectional_kernel_with_segments_equals_masked_formula(impl, chunk):
     q, k, v, mask=mask, segments=SEGMENTS, latent_scale=scale
   )
   assert_same(fast, reference, q, k, v)
-  plain = lk.bidirectional_latte_reference(q, k, v, mask=mask)
-  assert not np.allclose(plain[0, :10], reference(q, k, v)[0, :10], atol=1e-3)
+  plain = oracles.compiled(lk.bidirectional_latte_reference, q, k, v, mask=mask)
+  assert not np.allclose(plain[0, :10], oracles.compiled(reference, q, k, v)[0, :10], atol=1e-3)
 
 
 def test_latent_scale_multiplies_p_of_l_given_t():
   """latent_scale = s gives sum_l s_tl p(l|t) (...): with s = 2 on every state, twice the output."""
   q, k, v = qkv()
   for core in (kernels.causal_latte, kernels.bidirectional_latte):
-    np.testing.assert_allclose(core(q, k, v, latent_scale=jnp.full(q.shape, 2.0)), 2 * core(q, k, v), atol=1e-5)
+    scaled = oracles.compiled(core, q, k, v, latent_scale=jnp.full(q.shape, 2.0))
+    np.testing.assert_allclose(scaled, 2 * oracles.compiled(core, q, k, v), atol=1e-5)
 
 
 def test_segment_and_scale_shapes_are_checked():
@@ -164,10 +166,10 @@ def test_mixers_keep_to_their_document(causal):
     latte.Conv(8, 3, causal=causal, rngs=nnx.Rngs(params=0)),
     latte.RGLRU(8, 2, c=8.0, causal=causal, rngs=nnx.Rngs(params=0)),
   ):
-    packed = mixer(x, seg)
-    np.testing.assert_allclose(packed[:, :5], mixer(x[:, :5]), atol=1e-6)
-    np.testing.assert_allclose(packed[:, 5:], mixer(x[:, 5:]), atol=1e-6)
-    assert not np.allclose(mixer(x)[:, 5:], mixer(x[:, 5:]), atol=1e-4)
+    packed = oracles.forward(mixer, x, seg)
+    np.testing.assert_allclose(packed[:, :5], oracles.forward(mixer, x[:, :5]), atol=1e-6)
+    np.testing.assert_allclose(packed[:, 5:], oracles.forward(mixer, x[:, 5:]), atol=1e-6)
+    assert not np.allclose(oracles.forward(mixer, x)[:, 5:], oracles.forward(mixer, x[:, 5:]), atol=1e-4)
 
 
 # -- latent dropout -----------------------------------------------------------------------------------------
@@ -180,13 +182,14 @@ def test_latent_dropout_acts_in_training_only(variant, task):
   x = tokens()
   dropped = make_model(make_config(task=task, variant=variant, latent_dropout=0.5))
   plain = make_model(make_config(task=task, variant=variant))
-  evaluated = plain(x)
-  np.testing.assert_array_equal(dropped(x), evaluated)  # eval: off (same parameters: dropout has none)
+  evaluated = oracles.forward(plain, x)
+  np.testing.assert_array_equal(oracles.forward(dropped, x), evaluated)  # eval: off (same parameters: dropout has none)
   dropped.train()
   plain.train()
-  one, two = dropped(x, rngs=nnx.Rngs(dropout=1)), dropped(x, rngs=nnx.Rngs(dropout=2))
+  one = oracles.forward(dropped, x, rngs=nnx.Rngs(dropout=1))
+  two = oracles.forward(dropped, x, rngs=nnx.Rngs(dropout=2))
   assert not np.allclose(one, evaluated, atol=1e-3) and not np.allclose(one, two, atol=1e-3)
-  np.testing.assert_array_equal(plain(x, rngs=nnx.Rngs(dropout=1)), evaluated)
+  np.testing.assert_array_equal(oracles.forward(plain, x, rngs=nnx.Rngs(dropout=1)), evaluated)
 
 
 def test_latent_dropout_config_is_checked_and_paper_configs_set_it():
@@ -199,6 +202,16 @@ def test_latent_dropout_config_is_checked_and_paper_configs_set_it():
 # -- the RGLRU-SWA++ baseline (Table 2) -----------------------------------------------------------------------
 
 
+def quadratic_baseline(layer, x, causal):
+  """The baseline's attention written out as a T x T matrix from the layer's own projections."""
+  pos = jnp.arange(x.shape[1])
+  z = layer.window_norm(layer.mixer(x))
+  q, k, v = apply_rope(layer.window_query(z), pos), apply_rope(layer.window_key(z), pos), layer.value(x)
+  m = attention_mask(pos, pos, causal=causal, window=layer.window)
+  scores = jnp.where(m[:, None], jnp.einsum("bthd,bshd->bhts", q, k) * q.shape[-1] ** -0.5, -1e30)
+  return layer.out(jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v))
+
+
 def test_rglru_swa_baseline_is_window_attention_over_normalised_rglru():
   """Q = Wq RMSNorm(RGLRU(X)), K = Wk RMSNorm(RGLRU(X)), V = Wv X, sliding-window softmax attention
   with RoPE, written out as a T x T matrix; causal and bidirectional."""
@@ -206,13 +219,8 @@ def test_rglru_swa_baseline_is_window_attention_over_normalised_rglru():
     layer = make_model(make_config(task=task, variant="rglru_swa++", seq_len=12)).blocks[0].attn
     assert not hasattr(layer, "query") and not hasattr(layer, "key")
     x = jax.random.normal(jax.random.key(5), (2, 12, 32))
-    pos = jnp.arange(12)
-    z = layer.window_norm(layer.mixer(x))
-    q, k, v = apply_rope(layer.window_query(z), pos), apply_rope(layer.window_key(z), pos), layer.value(x)
-    m = attention_mask(pos, pos, causal=causal, window=layer.window)
-    scores = jnp.where(m[:, None], jnp.einsum("bthd,bshd->bhts", q, k) * q.shape[-1] ** -0.5, -1e30)
-    want = layer.out(jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v))
-    np.testing.assert_allclose(layer(x), want, atol=1e-5)
+    want = oracles.compiled(quadratic_baseline, layer, x, causal=causal)
+    np.testing.assert_allclose(oracles.forward(layer, x), want, atol=1e-5)
 
 
 def test_rglru_swa_baseline_has_no_latent_parameters():

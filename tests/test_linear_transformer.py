@@ -36,7 +36,7 @@ def test_linear_attention_equals_its_quadratic_form(causal):
   q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
   mask = np.ones((2, 11), bool)
   mask[1, 8:] = False
-  out = elu_linear_attention(q, k, v, causal=causal, mask=mask)
+  out = oracles.compiled(elu_linear_attention, q, k, v, causal=causal, mask=mask)
   np.testing.assert_allclose(out, quadratic(q, k, v, causal, mask), rtol=1e-5, atol=1e-5)
 
 
@@ -44,7 +44,9 @@ def test_linear_attention_equals_its_quadratic_form(causal):
 def test_linear_attention_with_documents_equals_masked_quadratic_form(causal):
   q, k, v = (np.asarray(jax.random.normal(jax.random.key(i), (2, 11, 3, 4))) for i in range(3))
   seg = np.array([[1] * 4 + [2] * 5 + [0] * 2, [1] * 11])
-  out = np.asarray(elu_linear_attention(q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg)))
+  out = np.asarray(
+    oracles.compiled(elu_linear_attention, q, k, v, causal=causal, mask=jnp.asarray(seg > 0), segments=jnp.asarray(seg))
+  )
   for row, lo, hi in ((0, 0, 4), (0, 4, 9), (1, 0, 11)):  # each document alone
     alone = quadratic(
       q[row : row + 1, lo:hi], k[row : row + 1, lo:hi], v[row : row + 1, lo:hi], causal, np.ones((1, hi - lo), bool)
@@ -61,7 +63,10 @@ def test_packed_documents_are_independent(task):
   model = linear_transformer.Model(c, RunInfo(task, seq_len=20), rngs=nnx.Rngs(params=0))
   model.eval()
   oracles.assert_documents_independent(
-    lambda rows, segs: model(rows, segment_ids=segs), np.arange(3, 12) % 23, (np.arange(7) * 5 + 1) % 23, 20
+    lambda rows, segs: oracles.forward(model, rows, segment_ids=segs),
+    np.arange(3, 12) % 23,
+    (np.arange(7) * 5 + 1) % 23,
+    20,
   )
 
 

@@ -45,7 +45,7 @@ def test_vq_attention_equals_quadratic_attention_over_quantized_keys(reduction, 
   q, k, v, c = qkvc(hk=hk)
   w = rand(4, (v.shape[-1],))
   fast = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=block_len, reduction=reduction))
-  np.testing.assert_allclose(fast(q, k, v, c), vq.vq_attention_reference(q, k, v, c), atol=ATOL)
+  np.testing.assert_allclose(fast(q, k, v, c), oracles.compiled(vq.vq_attention_reference, q, k, v, c), atol=ATOL)
   grads = [
     jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2, 3)))(q, k, v, c)
     for f in (fast, vq.vq_attention_reference)
@@ -111,19 +111,20 @@ def test_a_cache_held_constant_equals_quadratic_attention_with_constant_old_valu
 
   oracle = lambda q, k, v, c: quadratic_with_constant_cache(q, k, v, c, block_len, segments)
   held = lambda q, k, v, c: blocks(q, k, v, c, False)
-  np.testing.assert_allclose(jax.jit(held)(q, k, v, c), oracle(q, k, v, c), atol=ATOL)
+  np.testing.assert_allclose(jax.jit(held)(q, k, v, c), oracles.compiled(oracle, q, k, v, c), atol=ATOL)
   grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 2, 3)))(q, k, v, c)
-  for name, a, b in zip("qvc", grad(held), grad(oracle)):
+  held_grads = grad(held)
+  for name, a, b in zip("qvc", held_grads, grad(oracle)):
     np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
   through = grad(lambda q, k, v, c: blocks(q, k, v, c, True))
-  assert np.abs(through[1] - grad(held)[1]).max() > 1e-2  # the switch changes the values' gradients
-  assert np.abs(through[2] - grad(held)[2]).max() > 1e-4  # and the codebook's (the previous block's keys)
+  assert np.abs(through[1] - held_grads[1]).max() > 1e-2  # the switch changes the values' gradients
+  assert np.abs(through[2] - held_grads[2]).max() > 1e-4  # and the codebook's (the previous block's keys)
 
 
 def test_reductions_agree_on_long_sequences_with_large_scores():
   # Scores in the hundreds: exp would overflow without the max shift and the running means.
   q, k, v, c = qkvc(t=64, s=16)
-  ref = vq.vq_attention_reference(q * 7, k * 7, v, c * 7)
+  ref = oracles.compiled(vq.vq_attention_reference, q * 7, k * 7, v, c * 7)
   for r in vq.REDUCTIONS:
     out = jax.jit(lambda *a: vq.vq_attention(*a, block_len=8, reduction=r))(q * 7, k * 7, v, c * 7)
     assert np.isfinite(out).all()
@@ -160,7 +161,7 @@ def test_carry_and_decode_continue_the_blockwise_computation():
   z, _ = vq.quantize(k, c)
   k_hat = vq.codewords(z, c)
   rq, table = rand(5, q.shape), rand(6, (q.shape[2], 5, q.shape[3]))
-  full, _ = vq.vq_attention_blocks(q, k_hat, z, v, c, block_len=4, rel=(rq, table))
+  full, _ = oracles.compiled(vq.vq_attention_blocks, q, k_hat, z, v, c, block_len=4, rel=(rq, table))
   parts, carry = [], None
   for sl in (slice(0, 8), slice(8, 12), slice(12, 24)):
     out, carry = jax.jit(vq.vq_attention_blocks, static_argnames="block_len")(
@@ -232,8 +233,17 @@ def test_documents_keep_the_linear_core_equal_to_masked_quadratic_attention(redu
   for name, a, b in zip(("q", "v", "rel_q"), *grads):
     np.testing.assert_allclose(a, b, atol=ATOL, err_msg=f"gradient w.r.t. {name}")
   # Without segments the documents read each other.
-  plain, _ = vq.vq_attention_blocks(
-    q, k_hat, z, v, c, block_len=4, reduction=reduction, rel=(args[2], table), compressive=compressive
+  plain, _ = oracles.compiled(
+    vq.vq_attention_blocks,
+    q,
+    k_hat,
+    z,
+    v,
+    c,
+    block_len=4,
+    reduction=reduction,
+    rel=(args[2], table),
+    compressive=compressive,
   )
   assert not np.allclose(plain, want, atol=1e-2)
 
@@ -277,7 +287,9 @@ def test_the_attention_scanned_a_few_blocks_at_a_time_equals_all_blocks_at_once(
   w = rand(7, (v.shape[-1],))
   want_grads = jax.jit(jax.grad(lambda *a: (core(0, *a)[0] * w).sum(), argnums=(0, 1, 2, 3)))(*args)
   if grad_through_cache:  # the second window continues the first: as one quadratic attention over both
-    dense = vq.dense_attention(q, vq.codewords(z, c), v, window=4, rel=(rel_q, table), segments=SEGMENTS)
+    dense = oracles.compiled(
+      vq.dense_attention, q, vq.codewords(z, c), v, window=4, rel=(rel_q, table), segments=SEGMENTS
+    )
     np.testing.assert_allclose(want_out, dense[:, 8:], atol=ATOL)
   for chunk_blocks in (1, 2, 3):
     out, carry = jax.jit(lambda *a, n=chunk_blocks: core(n, *a))(*args)
@@ -291,7 +303,7 @@ def test_the_attention_scanned_a_few_blocks_at_a_time_equals_all_blocks_at_once(
 
 def test_quantizing_a_chunk_at_a_time_gives_the_nearest_codewords_of_the_whole():
   _, k, _, c = qkvc(t=24, hk=2, s=7)
-  z, d2 = vq.quantize(k, c)
+  z, d2 = oracles.compiled(vq.quantize, k, c)
   brute = jnp.sum(jnp.square(k[:, :, :, None] - c[None, None]), -1)  # [B,T,H,S]
   np.testing.assert_array_equal(z, jnp.argmin(brute, -1))
   for chunk in (4, 8, 12):
@@ -319,7 +331,7 @@ def test_code_statistics_by_scatter_equal_the_weighted_counts_and_key_sums():
 def test_public_vq_attention_takes_segments():
   q, k, v, c = qkvc(hk=1)
   got = jax.jit(lambda *a: kernels.vq_attention(*a, block_len=4, segments=SEGMENTS))(q, k, v, c)
-  np.testing.assert_allclose(got, vq.vq_attention_reference(q, k, v, c, segments=SEGMENTS), atol=ATOL)
+  np.testing.assert_allclose(got, oracles.compiled(vq.vq_attention_reference, q, k, v, c, segments=SEGMENTS), atol=ATOL)
   with pytest.raises(ValueError, match="segments must be"):
     kernels.vq_attention(q, k, v, c, block_len=4, segments=SEGMENTS[:, :8])
 
@@ -333,12 +345,14 @@ def test_reset_prefix_merges_agree_across_reductions():
   for b in range(2):
     acc = (jnp.zeros(mean.shape[2:]), jnp.zeros(count.shape[2:]))
     for n in range(6):
-      acc = vq_xla.merge(
-        (jnp.zeros_like(acc[0]), jnp.zeros_like(acc[1])) if reset[b, n] else acc, (mean[b, n], count[b, n])
+      acc = oracles.compiled(
+        vq_xla.merge,
+        (jnp.zeros_like(acc[0]), jnp.zeros_like(acc[1])) if reset[b, n] else acc,
+        (mean[b, n], count[b, n]),
       )
       want_m[b, n], want_c[b, n] = acc
   for reduction in vq.REDUCTIONS:
-    m, c = vq_xla.prefix_summaries(mean, count, reduction, reset)
+    m, c = oracles.compiled(vq_xla.prefix_summaries, mean, count, reduction=reduction, reset=reset)
     np.testing.assert_allclose(m, want_m, atol=1e-6, err_msg=reduction)
     np.testing.assert_allclose(c, want_c, atol=1e-6, err_msg=reduction)
 
@@ -442,7 +456,7 @@ def test_grad_through_cache_changes_the_gradients_and_not_the_loss():
   def loss_and_grads(model):
     model.eval()
     loss = lambda m: jnp.mean(fwd(m, x) ** 2)
-    return nnx.value_and_grad(loss)(model)
+    return nnx.jit(nnx.value_and_grad(loss))(model)
 
   (loss_on, grads_on), (loss_off, grads_off) = (loss_and_grads(m) for m in models)
   np.testing.assert_allclose(loss_on, loss_off, rtol=1e-6)
@@ -475,7 +489,7 @@ def test_tied_classifier_is_the_authors_formula_at_the_pg19_setting():
   xn = xn + f64(model.final_norm.bias[...])
   table = f64(model.embed.embedding[...])
   expected = xn @ table.T * 0.005 + f64(model.output_bias[...]) * 0.005
-  np.testing.assert_allclose(model._logits(jnp.asarray(x)), expected, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(oracles.forward(model, jnp.asarray(x), method="_logits"), expected, rtol=2e-5, atol=2e-6)
   # The lookups are the table's rows themselves (no sqrt(d) factor), at unit variance.
   np.testing.assert_array_equal(model.embed(jnp.array([3])), model.embed.embedding[...][3:4])
   assert 0.9 < float(np.std(table)) < 1.1
@@ -572,11 +586,16 @@ def test_segment_ids_must_match_the_inputs():
     model(tokens(), segment_ids=jnp.ones((2, 16), jnp.int32))
 
 
+@nnx.jit
+def _train_forward(model, x, kwargs):
+  return apply_model(model, x, rngs=nnx.Rngs(dropout=0), **kwargs)
+
+
 def _train_step_statistics(x, **kwargs):
   """One training forward of a fresh 1-unit model: (c_sum, c_count, aux loss, metrics)."""
   _, model = make_model(num_layers=1)
   model.train()
-  _, (loss, metrics) = nnx.jit(lambda m, x, kw: apply_model(m, x, rngs=nnx.Rngs(dropout=0), **kw))(model, x, kwargs)
+  _, (loss, metrics) = _train_forward(model, x, kwargs)
   q = model.units[0].quantizer
   return q.c_sum[...], q.c_count[...], loss, metrics
 
@@ -600,7 +619,7 @@ def test_padding_stays_out_of_the_codebook_statistics_and_the_commitment_loss():
   unit = model.units[0]
   codebook = unit.quantizer.codebook()
   _, k, _, _ = nnx.jit(lambda m, x: m.units[0].projections(m._embed(x, jnp.arange(32)[None])))(model, x)
-  z, _ = vq.quantize(k, codebook)
+  z, _ = oracles.compiled(vq.quantize, k, codebook)
   onehot = jax.nn.one_hot(z, codebook.shape[1]) * real[:, :, None, None]
   gamma = model.m.ema_rate
   np.testing.assert_allclose(base[1], gamma * unit.quantizer.c_count[...] + (1 - gamma) * onehot.sum((0, 1)), atol=1e-5)
@@ -609,7 +628,7 @@ def test_padding_stays_out_of_the_codebook_statistics_and_the_commitment_loss():
   )
   err = jnp.sum(jnp.square(k - vq.codewords(z, codebook)), axis=(-2, -1))
   np.testing.assert_allclose(base[3]["commit_loss"], (err * real).sum() / real.sum(), rtol=1e-5)
-  perplexity, unused = tvq.codebook_usage(onehot.sum((0, 1)))
+  perplexity, unused = oracles.compiled(tvq.codebook_usage, onehot.sum((0, 1)))
   np.testing.assert_allclose(base[3]["codebook_perplexity"], perplexity.mean(), rtol=1e-5)
   np.testing.assert_allclose(base[3]["codebook_unused"], unused.mean())
 
@@ -622,7 +641,7 @@ def test_ema_update_equals_closed_form_target():
   old_sum, old_count = unit.quantizer.c_sum[...], unit.quantizer.c_count[...]
   codebook = unit.quantizer.codebook()
   _, k, _, _ = nnx.jit(lambda m, x: m.units[0].projections(m._embed(x, jnp.arange(32)[None])))(model, x)
-  z, _ = vq.quantize(k, codebook)
+  z, _ = oracles.compiled(vq.quantize, k, codebook)
   onehot = jax.nn.one_hot(z, codebook.shape[1])  # [B,T,H,S]
   gamma = model.m.ema_rate
   want_count = gamma * old_count + (1 - gamma) * onehot.sum((0, 1))
@@ -630,7 +649,7 @@ def test_ema_update_equals_closed_form_target():
   _, (loss, metrics) = nnx.jit(lambda m, x: apply_model(m, x, rngs=nnx.Rngs(dropout=0)))(model, x)
   np.testing.assert_allclose(unit.quantizer.c_count[...], want_count, atol=1e-5)
   np.testing.assert_allclose(unit.quantizer.c_sum[...], want_sum, atol=1e-5)
-  perplexity, unused = tvq.codebook_usage(onehot.sum((0, 1)))
+  perplexity, unused = oracles.compiled(tvq.codebook_usage, onehot.sum((0, 1)))
   np.testing.assert_allclose(metrics["codebook_perplexity"], perplexity.mean(), rtol=1e-5)
   np.testing.assert_allclose(metrics["codebook_unused"], unused.mean())
   commit = jnp.sum(jnp.square(k - vq.codewords(z, codebook)), axis=(-2, -1)).mean()
@@ -746,7 +765,7 @@ def test_band_skew_places_each_distance_on_its_diagonal(t, window):
   distance = np.arange(t)[:, None] - np.arange(t)[None, :]
   gathered = np.take_along_axis(by_distance, np.broadcast_to(np.clip(distance, 0, window), (2, 3, t, t)), -1)
   want = np.where((distance >= 0) & (distance <= window), gathered, 0.0)
-  np.testing.assert_array_equal(vq.band_to_matrix(jnp.asarray(by_distance)), want)
+  np.testing.assert_array_equal(oracles.compiled(vq.band_to_matrix, jnp.asarray(by_distance)), want)
 
 
 @pytest.mark.parametrize(
