@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from test_hlo_cost import compiled_train_step
 
 import lra_core
+import oracles
 import tiers
 from lra_core.compilation import aot_targets, topologies
 from lra_core.cost import hlo_cost
@@ -51,7 +52,7 @@ def value_and_grads(impl, q, k, v, valid, **masks):
     out = jnp.where(valid[..., None, None], out, 0).astype(jnp.float32)
     return jnp.sum(out * jnp.cos(out)), out
 
-  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
   return out, grads
 
 
@@ -101,8 +102,8 @@ def test_a_length_off_the_blocks_is_padded_to_whole_blocks(impl, causal):
 @pytest.mark.parametrize("impl", ["splash", "triton"])
 def test_one_document_without_padding_needs_no_segment_ids(impl):
   q, k, v, _, _ = inputs(H)
-  got = library.self_attention(q, k, v, causal=True, impl=impl)
-  np.testing.assert_allclose(got, library.self_attention(q, k, v, causal=True, impl="xla"), **TOLERANCE[jnp.float32])
+  attend = lambda impl: oracles.compiled(library.self_attention, q, k, v, causal=True, impl=impl)
+  np.testing.assert_allclose(attend(impl), attend("xla"), **TOLERANCE[jnp.float32])
 
 
 GROUPS = jnp.repeat(jnp.arange(T // 4), 4)  # FIT-AR's latents: a group's four see each other
@@ -154,7 +155,7 @@ def test_cross_attention_on_a_kernel_equals_the_reference(impl, tq, tk, kv_heads
     loss = lambda q, k, v: (lambda out: (jnp.sum(out * jnp.cos(out)), out))(
       library.cross_attention(q, k, v, k_valid=k_valid, impl=impl)
     )
-    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
   got, want = value_and_grads(impl), value_and_grads("xla")
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

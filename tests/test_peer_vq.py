@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 import lra_core
+import oracles
 import tiers
 from lra_core.bench import plain_jax_vq
 from lra_core.bench import train_step as bench
@@ -97,7 +98,7 @@ def test_vq_attention_matches_quadratic_oracle(seq_len, rel_bias, quantized):
   """With quantized keys (k_hat = c_z, the model's case) the oracle is dense causal softmax attention
   over the quantized keys; with other keys it pins down which blocks are exact and which cached."""
   q, k_hat, z, v, codebook, xl = attention_inputs(seq_len, rel_bias=rel_bias, quantized=quantized)
-  got = peer_attention(*map(jnp.asarray, (q, k_hat, z, v, codebook)), xl, 8)
+  got = oracles.compiled(peer_attention, *map(jnp.asarray, (q, k_hat, z, v, codebook)), xl=xl, block_len=8)
   np.testing.assert_allclose(np.asarray(got), oracle_attention(q, k_hat, z, v, codebook, xl, 8), rtol=1e-5, atol=1e-5)
 
 
