@@ -211,9 +211,11 @@ GPU_TILES: dict[str, dict[str, int]] = {
   # papers' widths (C4 causal and not, with documents, and PG-19; float32 and bfloat16)
   "mixed_chunk_backward": dict(query_block=32, key_block=32, value_block=64, state_block=32, num_warps=8, num_stages=2),
   # Latte: time blocks (chunk; the reduction's block), value columns per program, latents per group
-  # (per program for the reduction); every float32 matmul contracts a block or a latent group
-  "causal_latte": dict(chunk=16, value_block=32, latent_block=16, num_warps=8, num_stages=1),
-  "bidirectional_latte": dict(block=16, chunk=16, value_block=32, latent_block=16, num_warps=4, num_stages=1),
+  # (per program for the reduction); every float32 matmul contracts a block or a latent group; span: the
+  # tokens of one chunk-parallel pass (kernels/latte/spans.py), 16 blocks: at B 8, T 8,192 and C4 Latte's
+  # widths 8,192 programs, 62 per SM of an H100, where the unsplit scans launch 256
+  "causal_latte": dict(chunk=16, value_block=32, latent_block=16, span=256, num_warps=8, num_stages=1),
+  "bidirectional_latte": dict(block=16, chunk=16, value_block=32, latent_block=16, span=256, num_warps=4, num_stages=1),
 }
 
 

@@ -2,9 +2,10 @@
 the names models and tests use.
 
 kernels/latte/reference.py is the reference (impl="xla", the default: the chunked jnp scan, the decoding
-step and the quadratic oracles), kernels/latte/pallas.py the kernels (impl="pallas", differentiated
-through the reference). This file checks the arguments, picks the XLA form's default chunk for the
-target and dispatches; it imports both, and neither imports it.
+step and the quadratic oracles), kernels/latte/pallas.py the kernels (impl="pallas", forward and backward).
+This file checks the arguments, picks the XLA form's default chunk for the target and dispatches; it
+imports both, and neither imports it. Causal Latte with a `span` (by default the kernels on GPU) runs
+its spans side by side (kernels/latte/spans.py).
 
 Both cores take `segments` int[B,T] (packed documents, kernels/packed_documents.py: a token reads only its
 own document's tokens) and `latent_scale` float[B,T,H,L] (multiplies p(l|t): latent dropout).
@@ -18,11 +19,13 @@ pmax and one psum of [B,H,L,D+1]; the per-chip work is then one einsum, the same
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from lra_core.kernels import context_parallel, toolkit
-from lra_core.kernels.latte import pallas, reference
+from lra_core.kernels.latte import pallas, reference, spans
 from lra_core.kernels.latte.reference import (
   bidirectional_latte_reference,
   causal_latte_reference,
@@ -131,6 +134,7 @@ def causal_latte(
   state: dict[str, Array] | None = None,
   segments: Array | None = None,
   latent_scale: Array | None = None,
+  span: int | None = None,
 ) -> Array:
   """Causal Latte: a scan over chunks of `chunk` tokens, exact inside each.
 
@@ -146,6 +150,9 @@ def causal_latte(
     segments: int[B,T] packed documents: the state restarts at each document's first token (a given
       `state` continues the row's first document).
     latent_scale: float[B,T,H,L] multiplying p(l|t) (latent dropout).
+    span: the tokens per span of the chunk-parallel passes (kernels/latte/spans.py): the spans' scans run
+      side by side, each from the state the spans before it leave. None: the kernels' default on GPU
+      (`pallas.default_span`), no split elsewhere; a span >= T: no split.
 
   Returns:
     [B,T,H,D].
@@ -153,8 +160,23 @@ def causal_latte(
   _check(q, k, v, segments=segments, latent_scale=latent_scale)
   _check_impl(impl)
   _check_chunk(chunk)
+  if span is not None and span < 1:
+    raise ValueError(f"span must be >= 1, got {span}.")
   if context_parallel.split(q.shape[1]):
-    return _causal_per_chip(q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale)
+    return _causal_per_chip(
+      q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale, span=span
+    )
+  span = pallas.default_span() if span is None and impl == "pallas" else span
+  if span is not None and span < q.shape[1]:
+    b, _, h, l = q.shape
+    state = init_latte_state(b, h, l, v.shape[-1]) if state is None else state
+    core = functools.partial(_causal_core, impl=impl, chunk=chunk)
+    return spans.causal(core, q, k, v, span=span, state=state, segments=segments, latent_scale=latent_scale)
+  return _causal_core(q, k, v, impl=impl, chunk=chunk, state=state, segments=segments, latent_scale=latent_scale)
+
+
+def _causal_core(q, k, v, *, impl, chunk, state, segments, latent_scale) -> Array:
+  """One scan per row by `impl` (arguments checked)."""
   kw = dict(state=state, segments=segments, latent_scale=latent_scale)
   if impl == "pallas":  # chunk None: the kernel's own block for the target (tile-sized, not the XLA form's)
     return pallas.causal_latte(q, k, v, chunk=chunk, **kw)
@@ -164,7 +186,7 @@ def causal_latte(
 # -- one sequence over several chips (kernels/context_parallel.py) --------------------------------------------
 
 
-def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> Array:
+def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale, span) -> Array:
   b, t, h, l = q.shape
   state = init_latte_state(b, h, l, v.shape[-1]) if state is None else state
 
@@ -180,7 +202,9 @@ def _causal_per_chip(q, k, v, *, impl, chunk, state, segments, latent_scale) -> 
     carried = context_parallel.fold_before(summary, reference.merge_states, state, fresh)
     empty = init_latte_state(*q.shape[:1], *q.shape[2:], v.shape[-1])
     incoming = {n: jnp.where(boundary.reshape((-1,) + (1,) * (x.ndim - 1)), empty[n], x) for n, x in carried.items()}
-    return causal_latte(q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale)
+    return causal_latte(
+      q, k, v, impl=impl, chunk=chunk, state=incoming, segments=segments, latent_scale=latent_scale, span=span
+    )
 
   state_dims = {n: "bh" + "." * (x.ndim - 2) for n, x in state.items()}
   args = (q, k, v, state, segments, latent_scale)

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_core.kernels import per_device, toolkit
-from lra_core.kernels.latte import backward, gpu_loop, reference, tpu_grid
+from lra_core.kernels.latte import backward, gpu_loop, reference, spans, tpu_grid
 
 Array = jax.Array
 f32 = jnp.float32
@@ -79,6 +79,14 @@ def default_chunk() -> int:
   if toolkit.platform() == "gpu":
     return toolkit.gpu_tiles("causal_latte")["chunk"]
   return {"tpu": 32}.get(toolkit.platform(), 8)
+
+
+def default_span(kernel: str = "causal_latte") -> int | None:
+  """The span of `kernel`'s chunk-parallel passes on the target (kernels/latte/spans.py; "causal_latte" or
+  "bidirectional_latte"): on GPU `toolkit.GPU_TILES`'s, so that a training shape launches enough programs to
+  fill the SMs (a serial chain per batch row, head and value tile would not); None elsewhere (the TPU's grid
+  driver runs one sequential block axis per core, and its batch and heads are parallel already)."""
+  return toolkit.gpu_tiles(kernel)["span"] if toolkit.platform() == "gpu" else None
 
 
 def default_block(segmented: bool = False) -> int:
@@ -148,6 +156,7 @@ def _document_columns(segments: Array, heads: int, chunk: int, t: int) -> dict[s
   """segments int[B,T] -> {doc, cont} [B,H,T',1] in float32 for blocks of `chunk` tokens, T' = t (a multiple
   of chunk; the padding continues the last document): each token's document index, and 1 where it
   continues the document of the state carried into its block."""
+  segments = jnp.pad(segments, ((0, 0), (0, t - segments.shape[1])), mode="edge")
   doc, cont = reference.chunk_documents(reference.documents(segments), chunk)
   b = doc.shape[0]
   # one row of ids per batch row, broadcast to every head (the drivers' blocks are per head)
@@ -316,22 +325,27 @@ def _reduction_blocks(block: int, t: int) -> tuple[int, int]:
   return c, -(-t // c) * c
 
 
-def _summary_state(k, v, *, block: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]):
+def _summary_state(
+  k, v, *, block: int, span: int | None, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
+):
   """The reduction kernel on float32 keys k [B,T,H,L] (masked at NEG) and v [B,T,H,D] -> (S [B,H,D,L],
-  den [B,H,1,L], max [B,H,1,L]): S_l = sum_s softmax_s(k_sl) v_s, and the normaliser and max it came from."""
+  den [B,H,1,L], max [B,H,1,L]): S_l = sum_s softmax_s(k_sl) v_s, and the normaliser and max it came from.
+  With `span` < T each span of it is a row of its own and the rows' states merge after the kernel
+  (kernels/latte/spans.py)."""
   b, t, h, l = k.shape
   d = v.shape[-1]
   v = _triton_width(v)
-  c, tp = _reduction_blocks(block, t)
+  c = _reduction_blocks(block, t)[0]
+  g, per_span = spans.count(t, span, c)
   dp = v.shape[-1]
   init = {
     "num": jnp.zeros((b, h, dp, l), f32),
     "den": jnp.zeros((b, h, 1, l), f32),
     "max": jnp.full((b, h, 1, l), NEG, f32),  # no key yet: the first block's max replaces it
   }
-  xs = {"k": _head_major(k, tp, PAD), "v": _head_major(v, tp)}
+  xs = {"k": _head_major(k, g * per_span, PAD), "v": _head_major(v, g * per_span)}
   cost = lambda n: (n * 2 * l * dp, n * l)  # per token: v^T exp(k - m), one exp per latent
-  run = functools.partial(
+  scan = functools.partial(
     _scan,
     driver,
     (tpu_grid.summary_block, gpu_loop.summary_groups),
@@ -345,6 +359,13 @@ def _summary_state(k, v, *, block: int, driver: str, interpret: bool, tiles: tup
     tiles=tiles,
     latent_grid=True,  # the reduction is independent per latent: a latent tile per program
   )
+
+  def run(init, xs):  # this device's rows
+    if g == 1:
+      return scan(init, xs)
+    init = {n: jnp.repeat(x, g, axis=1) for n, x in init.items()}  # every span starts empty
+    return spans.merge_rows(scan(init, {n: spans.rows(x, g) for n, x in xs.items()}), g)
+
   state = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), _dims(init), batch=b, heads=h)
   return state["num"][:, :, :d] / state["den"], state["den"], state["max"]  # den >= 1
 
@@ -384,16 +405,27 @@ _summary.defvjp(_summary_fwd, _summary_bwd)
 
 
 def _linear_sums_forward(
-  r, e, v, segments, *, chunk: int, driver: str, interpret: bool, tiles: tuple[tuple[str, int], ...]
+  r,
+  e,
+  v,
+  segments,
+  *,
+  chunk: int,
+  span: int | None,
+  driver: str,
+  interpret: bool,
+  tiles: tuple[tuple[str, int], ...],
 ) -> Array:
   """y_t = sum_{s in doc(t)} (r_t . e_s) v_s for r, e [B,T,H,X] and v [B,T,H,Y] -> float32 [B,T,H,Y]: the
   linear step forward (s <= t) and over the reversed sequence (s > t). X and Y are the latents and the
-  value width in the forward; the gradient swaps them (`_linear_sums_bwd`)."""
+  value width in the forward; the gradient swaps them (`_linear_sums_bwd`). With `span` < T each span is a
+  row of its own, started from the sums the spans before it leave (kernels/latte/spans.py)."""
   b, t, h, _ = r.shape
   y_width = v.shape[-1]
   r, e, v = _triton_width(r.astype(f32)), _triton_width(e.astype(f32)), _triton_width(v)  # zeros add nothing
   x, yp = r.shape[-1], v.shape[-1]
-  tp = -(-t // chunk) * chunk
+  g, per_span = spans.count(t, span, chunk)
+  tp = g * per_span
   init = {"num": jnp.zeros((b, h, yp, x), f32)}
   # per token: r_t . e_s over the block (C X), their products with v (C Y), the carried part, the state update
   cost = lambda n: (n * (2 * chunk * x + 2 * chunk * yp + 4 * x * yp), 0)
@@ -403,7 +435,7 @@ def _linear_sums_forward(
     order = (lambda z: jnp.flip(z, axis=1)) if strict else (lambda z: z)
     xs = {"r": _head_major(order(r), tp), "e": _head_major(order(e), tp), "v": _head_major(order(v), tp)}
     xs.update(_document_columns(order(segments), h, chunk, tp))
-    run = functools.partial(
+    scan = functools.partial(
       _scan,
       driver,
       tuple(functools.partial(step, strict=strict) for step in (tpu_grid.linear_block, gpu_loop.linear_groups)),
@@ -417,6 +449,14 @@ def _linear_sums_forward(
       kernel="bidirectional_latte",
       tiles=tiles,
     )
+
+    def run(init, xs, scan=scan):  # this device's rows
+      if g == 1:
+        return scan(init, xs)
+      init = {"num": spans.linear_starts(xs["e"], xs["v"], xs["doc"], g)}
+      y = scan(init, {n: spans.rows(x, g) for n, x in xs.items()})["y"]
+      return {"y": y.reshape(y.shape[0], -1, tp, y.shape[-1])}  # [B,H G,S,Y] -> [B,H,T,Y]
+
     y = per_device.run_per_device(run, (init, xs), (_dims(init), _dims(xs)), {"y": "bh.."}, batch=b, heads=h)["y"]
     outs.append(order(y[:, :, :t, :y_width].swapaxes(1, 2)))
   return outs[0] + outs[1]
@@ -461,6 +501,7 @@ def bidirectional_latte(
   value_block: int | None = None,
   latent_block: int | None = None,
   grad_heads: int | None = None,
+  span: int | None = None,
 ) -> Array:
   """`kernels.latte.bidirectional_latte` with impl="pallas" (arguments checked there): q, k [B,T,H,L],
   v [B,T,H,D], mask bool [B,T] -> [B,T,H,D] in v's dtype. `block`: the time block of the reduction
@@ -469,10 +510,12 @@ def bidirectional_latte(
   `latent_scale` [B,T,H,L] times p(l|t). "loop" driver: value columns and latents per program (the
   reduction) or per group (the linear sums), default `toolkit.GPU_TILES`. `grad_heads`: heads per program of
   the summary's backward kernel (default per target, `backward.heads_per_program`; it must divide the heads
-  each device holds)."""
+  each device holds). `span`: the tokens per chunk-parallel pass of the reduction and the linear sums
+  (kernels/latte/spans.py; default `default_span`, on GPU only)."""
   # What both forms share; each adds its time block (hashable tuples: custom_vjp's static arguments).
   common = tuple(zip(("driver", "interpret"), _options(driver, interpret)))
   common += (("tiles", _loop_tiles("bidirectional_latte", value_block, latent_block)),)
+  common += (("span", default_span("bidirectional_latte") if span is None else span),)
   k = reference.masked_keys(k, mask)
   if segments is not None:
     # The O(T L) per-document max and normaliser are XLA's (with their VJP); the linear sums, forward and

@@ -211,7 +211,9 @@ def document_state(k: Array, v: Array, segments: Array | None) -> dict[str, Arra
     k = jnp.where((doc == doc[:, -1:])[:, :, None, None], k, NEG)
   m = sg(k.max(1))  # [B,H,L]
   e = jnp.exp(k - m[:, None])  # 0 off the last document: k - m <= NEG there
-  return {"num": jnp.einsum("bshl,bshd->bhld", e, v.astype(f32)), "den": e.sum(1), "max": m}
+  # float32 sums of exponentials: HIGHEST, or a GPU's default would round the operands to TF32
+  num = jnp.einsum("bshl,bshd->bhld", e, v.astype(f32), precision=jax.lax.Precision.HIGHEST)
+  return {"num": num, "den": e.sum(1), "max": m}
 
 
 def merge_states(first: dict[str, Array], then: dict[str, Array]) -> dict[str, Array]:
