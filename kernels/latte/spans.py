@@ -82,7 +82,9 @@ def causal(
   fresh = doc[:, :, -1] != before  # a document starts inside the span: its own state drops the earlier ones
   span_segments = None if segments is None else doc.reshape(b * g, span)
   per_span = lambda tree: jax.tree.map(lambda x: x.reshape(b, g, *x.shape[1:]), tree)  # [B G,...] -> [B,G,...]
-  start = fold(per_span(reference.document_state(k, v, span_segments)), fresh, state)
+  # recomputed in the backward: the spans' exp weights ([B,T,H,L]) are not kept for the VJP
+  own = jax.checkpoint(reference.document_state)(k, v, span_segments)
+  start = fold(per_span(own), fresh, state)
   start = _select(boundary, per_span(reference.init_latte_state(b * g, h, q.shape[-1], v.shape[-1])), start)
   start = jax.tree.map(lambda x: x.reshape(b * g, *x.shape[2:]), start)
   y = core(q, k, v, state=start, segments=span_segments, latent_scale=latent_scale)
