@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from lra_core.kernels import toolkit
-from lra_core.models.layers.core import ACTIVATIONS, contract, next_key, silu
+from lra_core.models.layers.core import ACTIVATIONS, contract, next_key, output_logits, silu
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
@@ -37,6 +37,25 @@ def test_silu_backward_keeps_only_its_input():
   assert len(residuals(jax.nn.silu)) > 1  # x and sigmoid(x) (and more), the cost this avoids
   (kept,) = residuals(silu)
   np.testing.assert_array_equal(kept, x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_output_logits_equal_the_plain_product_and_free_their_gradient_with_the_tables(dtype):
+  """The tied output projection's product equals x E^T in value and in both gradients (the same two
+  products, float32 exactly, bfloat16 to its rounding), and its backward ties the input's gradient to the
+  table's (one optimization barrier holding both), so the logits' gradient cannot outlive it."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 5, 8)), dtype)
+  table = jnp.asarray(rng.normal(size=(11, 8)), dtype)
+  plain = lambda x, t: jnp.einsum("...d,vd->...v", x, t)
+  loss = lambda f: jax.jit(jax.value_and_grad(lambda x, t: jnp.sum(jnp.sin(f(x, t).astype(jnp.float32))), (0, 1)))
+  got, want = loss(output_logits)(x, table), loss(plain)(x, table)
+  tol = 0 if dtype == jnp.float32 else 1e-2
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert a.dtype == b.dtype
+    np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol, rtol=tol)
+  backward = str(jax.make_jaxpr(jax.grad(lambda x, t: jnp.sum(output_logits(x, t)), (0, 1)))(x, table))
+  assert backward.count("optimization_barrier") == 1
 
 
 @pytest.mark.parametrize("in_shape,out_shape", [((6,), (5,)), ((2, 3), (4,)), ((6,), (2, 3))])

@@ -153,9 +153,34 @@ class Embed(nnx.Module):
 
   def attend(self, x: Array) -> Array:
     """x [..., D] -> x E^T [..., V], E the embedding lookups return (whatever the table stores)."""
-    logits = jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+    logits = output_logits(x.astype(self.dtype), self.embedding[...].astype(self.dtype))
     # The table holds E / scale: multiply back so tied logits are x E^T whatever the table stores.
     return logits * self.scale if self.scale != 1.0 else logits
+
+
+@jax.custom_vjp
+def output_logits(x: Array, table: Array) -> Array:
+  """x [..., D] times a [V,D] output table -> [..., V], with the gradient of a step's last product: its two
+  products computed together, so that the logits' gradient ([B,T,V], the step's largest buffer) is freed
+  before the layers' backward starts. Plain autodiff leaves XLA free to put the table's product after the
+  layers (it feeds only the parameter gradient); with Pallas calls in a scanned, recomputed layer XLA:GPU
+  did (PG-19 FLASH, remat=full, batch 2: 1.95 GiB of logits' buffers lived beside the layers' gradients)."""
+  return jnp.einsum("...d,vd->...v", x, table)
+
+
+def _output_logits_fwd(x: Array, table: Array):
+  return output_logits(x, table), (x, table)
+
+
+def _output_logits_bwd(saved, g: Array):
+  x, table = saved
+  dx = jnp.einsum("...v,vd->...d", g, table)
+  dtable = jnp.einsum("...v,...d->vd", g, x)
+  # dx is released to the layers only with dtable: no schedule can keep g alive through their backward
+  return jax.lax.optimization_barrier((dx, dtable))
+
+
+output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
 
 
 def rms_normalize(x: Array, eps: float = 1e-6) -> Array:
