@@ -149,9 +149,22 @@ def after(x: Array, steps: int, fill) -> Array:
   return jnp.where(index() == count() - 1, edge, _shifted(x[:, :steps], -1))
 
 
-def _where(pick: Array, a, b):
-  """pytree select by a bool that broadcasts against the leading (batch) axis of every leaf."""
+def select(pick: Array, a, b):
+  """pytree select by a bool that broadcasts against the leading axes of every leaf (the batch; or batch
+  and spans, kernels/latte/spans.py)."""
   return jax.tree.map(lambda x, y: jnp.where(pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim)), x, y), a, b)
+
+
+def restarting(merge: Callable) -> Callable:
+  """The associative step of a fold that restarts: (summary, fresh) of a run of slices, then of the next
+  run -> of both, the later run's summary alone where a document starts in it (its `fresh`), else
+  `merge(earlier, later)`. The chips' folds here and the spans' (kernels/latte/spans.py) scan with it."""
+
+  def compose(a, c):
+    (va, fa), (vc, fc) = a, c
+    return select(fc, vc, merge(va, vc)), fa | fc
+
+  return compose
 
 
 def fold_before(value, merge: Callable, first, fresh: Array | None = None):
@@ -176,16 +189,12 @@ def _fold(value, merge, edge, fresh, *, reverse: bool):
   b = jax.tree.leaves(value)[0].shape[0]
   fresh = jnp.zeros((b,), bool) if fresh is None else fresh
   ordered = (lambda x, y: merge(y, x)) if reverse else merge  # `earlier` of the direction folded in
-
-  def compose(a, c):  # the segment summary of a's chips followed by c's (in the direction folded)
-    (va, fa), (vc, fc) = a, c
-    return _where(fc, vc, ordered(va, vc)), fa | fc
-
-  prefix = _scan((value, fresh), compose, reverse)  # this chip's and every chip's before it, inclusive
+  # the segment summary of a's chips followed by c's (in the direction folded)
+  prefix = _scan((value, fresh), restarting(ordered), reverse)  # this chip's and every chip's before it, inclusive
   shift = -1 if reverse else 1
   n, me = count(), index()
   behind, stop = jax.tree.map(lambda x: _shifted(x, shift), prefix)  # the chips strictly before
-  folded = _where(stop, behind, ordered(edge, behind))
+  folded = select(stop, behind, ordered(edge, behind))
   first_chip = me == (n - 1 if reverse else 0)
   return jax.tree.map(lambda e, f: jnp.where(first_chip, e, f), edge, folded)
 

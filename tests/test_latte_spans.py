@@ -126,9 +126,10 @@ def test_spans_are_programs_of_their_own_on_gpu():
 
 
 def test_spans_run_per_device_under_a_mesh():
-  """Batch over 'data', heads over 'tensor': causal Latte over spans (the spans' rows split with their batch
-  rows) and the bidirectional linear sums over spans equal the unsplit XLA forms, values and gradients."""
-  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  """Batch over 'data' and 'fsdp' (as the trainer splits it under FSDP), heads over 'tensor': causal Latte
+  over spans (the spans' rows split with their batch rows) and the bidirectional linear sums over spans, with
+  packed documents, equal the unsplit XLA forms, values and gradients."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
   segments = np.concatenate([SEGMENTS, SEGMENTS[::-1]])
   q, k, v, _, _ = inputs(b=4)
   fns = (
@@ -140,7 +141,7 @@ def test_spans_run_per_device_under_a_mesh():
     lambda q, k, v: lk.bidirectional_latte(q, k, v, chunk=4, segments=segments),
   )
   both = lambda fns, *a: [value_and_grads(fn, *a) for fn in fns]
-  with per_device.per_device_mesh(mesh, batch="data", heads="tensor"):
+  with per_device.per_device_mesh(mesh, batch=("data", "fsdp"), heads="tensor"):
     sharded = run(functools.partial(both, fns), q, k, v)
   assert_same(sharded, run(functools.partial(both, references), q, k, v))
 

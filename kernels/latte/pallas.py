@@ -318,11 +318,9 @@ def causal_latte(
 # -- bidirectional ----------------------------------------------------------------------------------
 
 
-def _reduction_blocks(block: int, t: int) -> tuple[int, int]:
-  """(time block, padded length) of the bidirectional reduction: a short sequence is one block (a power of
-  two, for Triton)."""
-  c = min(block, pl.next_power_of_2(t))
-  return c, -(-t // c) * c
+def _reduction_block(block: int, t: int) -> int:
+  """The bidirectional reduction's time block: a short sequence is one block (a power of two, for Triton)."""
+  return min(block, pl.next_power_of_2(t))
 
 
 def _summary_state(
@@ -335,7 +333,7 @@ def _summary_state(
   b, t, h, l = k.shape
   d = v.shape[-1]
   v = _triton_width(v)
-  c = _reduction_blocks(block, t)[0]
+  c = _reduction_block(block, t)
   g, per_span = spans.count(t, span, c)
   dp = v.shape[-1]
   init = {

@@ -29,14 +29,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from lra_core.kernels import context_parallel
 from lra_core.kernels.latte import reference
 
 Array = jax.Array
-
-
-def _select(pick: Array, a, b):
-  """pytree select by a bool [B,G] that broadcasts against the two leading axes of every leaf."""
-  return jax.tree.map(lambda x, y: jnp.where(pick.reshape(pick.shape + (1,) * (x.ndim - 2)), x, y), a, b)
 
 
 def fold(own, fresh: Array, first, merge: Callable = reference.merge_states):
@@ -45,14 +41,10 @@ def fold(own, fresh: Array, first, merge: Callable = reference.merge_states):
   `fresh` (bool [B,G]) is True (its own state sums a document that starts inside it, so the earlier ones drop
   out). `merge(earlier, later)`: associative (`reference.merge_states`; a sum for the linear sums)."""
 
-  def compose(a, c):  # spans a then spans c: c's sums alone if a document starts in c
-    (va, fa), (vc, fc) = a, c
-    return _select(fc, vc, merge(va, vc)), fa | fc
-
   # [first, own_0 .. own_G-2] scanned inclusively: at g the fold of `first` and the spans before g
   shifted = jax.tree.map(lambda f, x: jnp.concatenate([f[:, None], x[:, :-1]], axis=1), first, own)
   restarts = jnp.concatenate([jnp.zeros_like(fresh[:, :1]), fresh[:, :-1]], axis=1)
-  return jax.lax.associative_scan(compose, (shifted, restarts), axis=1)[0]
+  return jax.lax.associative_scan(context_parallel.restarting(merge), (shifted, restarts), axis=1)[0]
 
 
 def causal(
@@ -85,7 +77,8 @@ def causal(
   # recomputed in the backward: the spans' exp weights ([B,T,H,L]) are not kept for the VJP
   own = jax.checkpoint(reference.document_state)(k, v, span_segments)
   start = fold(per_span(own), fresh, state)
-  start = _select(boundary, per_span(reference.init_latte_state(b * g, h, q.shape[-1], v.shape[-1])), start)
+  empty = per_span(reference.init_latte_state(b * g, h, q.shape[-1], v.shape[-1]))
+  start = context_parallel.select(boundary, empty, start)
   start = jax.tree.map(lambda x: x.reshape(b * g, *x.shape[2:]), start)
   y = core(q, k, v, state=start, segments=span_segments, latent_scale=latent_scale)
   return y.reshape(b, g * span, h, -1)[:, :t]
