@@ -29,7 +29,7 @@ from lra_core.models.layers import stack
 from lra_core.models.layers.attention import Attention, config_attention, head_width
 from lra_core.models.layers.core import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.layers.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.layers.positions import AbsolutePositions
+from lra_core.models.layers.positions import ROPE_SCALING_DEFAULTS, AbsolutePositions
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 
@@ -63,6 +63,7 @@ def model_config(variant: str = "transformer", **overrides) -> ml_collections.Co
       rope=False,
       rope_max_wavelength=1e4,
       rope_fraction=1.0,
+      rope_scaling=dict(ROPE_SCALING_DEFAULTS),  # positions past the trained length (layers/positions.py)
       mlp="mlp",  # mlp | glu | none (blocks that mix and feed forward in one, e.g. GAU)
       activation="gelu",
       norm="layer",  # layer | rms | scale

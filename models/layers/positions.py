@@ -15,6 +15,22 @@ from lra_core.models.layers.core import param
 Array = jax.Array
 
 
+# RoPE scaling: how the rotary frequencies stretch past the length a model was trained at, as Hugging
+# Face folders name it (`rope_type` / `type`). `model.rope_scaling` holds these keys; `type` "none" is
+# plain RoPE, and a key a type does not read keeps its default.
+ROPE_SCALING_TYPES = ("none", "linear", "dynamic", "yarn", "llama3")
+ROPE_SCALING_DEFAULTS = dict(
+  type="none",
+  factor=1.0,  # how many times the trained length the scaled model reads
+  original_max_len=0,  # the length the frequencies were trained at; 0 -> model.max_len
+  low_freq_factor=1.0,  # llama3: wavelengths over original_max_len / low_freq_factor are divided by factor
+  high_freq_factor=4.0,  # llama3: those under original_max_len / high_freq_factor are kept
+  beta_fast=32.0,  # yarn: dimensions turning more than beta_fast times over the trained length are kept
+  beta_slow=1.0,  # yarn: those turning fewer than beta_slow times are interpolated by factor
+  attention_factor=0.0,  # yarn: cos and sin times this; 0 -> 0.1 ln(factor) + 1
+)
+
+
 def sinusoid(positions: Array, dim: int, max_wavelength: float = 1e4) -> Array:
   """[..., T] int -> [..., T, dim] float32: concat(sin(p w), cos(p w)), w_i = max_wavelength^(-i/(dim/2));
   an odd `dim` gets a last feature of zeros, so every width works."""
