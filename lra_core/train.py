@@ -27,7 +27,7 @@ from flax import nnx
 from lra_core import cli, layout, sharding
 from lra_core.checkpoints import workdir as workdir_policy
 from lra_core.checkpoints.checkpointer import Checkpointer, SaveAbandoned, check_directory, check_writable
-from lra_core.checkpoints.init_from import warm_start
+from lra_core.checkpoints.init_from import check_source, warm_start
 from lra_core.compilation import compile_cache, step_compile
 from lra_core.config import log_interval, parse_profile_steps
 from lra_core.cost import throughput
@@ -65,6 +65,9 @@ def train_and_evaluate(
   """
   workdir = fs.path(workdir, what="workdir")
   check_directory(workdir)  # before the lock, the data and the compile
+  # train.init_from's source read from its config.json: a start refused for its model settings creates
+  # no workdir and changes nothing in one that exists (the lock's file is the run's first write).
+  check_source(config, workdir)
   with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
     return _train_and_evaluate(config, workdir, stop_at_step, force)
 

@@ -6,6 +6,7 @@ soft-capped logits); written back, the folder holds the same tensors bit for bit
 
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -320,3 +321,128 @@ def test_frozen_weights_pass_no_gradient_and_the_trained_ones_move_as_before(mon
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_all)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
   assert float(out["grad_norm"]) < float(out_all["grad_norm"])  # the norm of the trained gradients alone
+
+
+# -- the two layouts of the rotary settings (transformers 4 and 5), one-sentence refusals ----------------------
+
+# CONFIG as transformers 5 writes it: the rotary base in rope_parameters, no rope_theta at the top level.
+V5 = {
+  "architectures": ["Gemma2ForCausalLM"],
+  "model_type": "gemma2",
+  "vocab_size": 96,
+  "hidden_size": 24,
+  "intermediate_size": 40,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 8,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 64,
+  "rms_norm_eps": 1e-6,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+  "attention_bias": False,
+  "query_pre_attn_scalar": 12,
+  "sliding_window": 4,
+  "attn_logit_softcapping": 2.0,
+  "final_logit_softcapping": 3.0,
+  "tie_word_embeddings": True,
+}
+SCALINGS = {
+  "none": {},
+  "linear": {"factor": 2.0},
+  "dynamic": {"factor": 3.0},
+  "yarn": {"factor": 4.0, "original_max_len": 16, "beta_fast": 8.0, "attention_factor": 1.25},
+  "llama3": {"factor": 8.0, "original_max_len": 16, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+}
+
+
+def one_sentence(kind, says, read, *args):
+  """`read(*args)` raises `kind` with a message matching `says`, on one line."""
+  with pytest.raises(kind, match=says) as caught:
+    read(*args)
+  assert "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_transformers_5_gemma2_folder_reads_as_its_transformers_4_twin(tmp_path):
+  """V5 (hand-written), CONFIG and V5 with rope_parameters per layer type: equal sections; V5 and CONFIG
+  equal logits, the numpy forward's; our v5 writer gives back the hand-written config.json."""
+  tensors = random_tensors(CONFIG, seed=2)
+  new, new_model = hf.load_model(save(tmp_path / "v5", V5, tensors))
+  old, old_model = hf.load_model(save(tmp_path / "v4", CONFIG, tensors))
+  per_type = {**V5, "rope_parameters": {kind: V5["rope_parameters"] for kind in (hf.gemma2.FULL, hf.gemma2.SLIDING)}}
+  assert new.to_dict() == old.to_dict() == hf.read(save(tmp_path / "per_type", per_type, tensors))[0].to_dict()
+  ids = jnp.asarray(np.arange(12)[None] * 5 % 96, jnp.int32)
+  ours = np.asarray(oracles.forward(new_model, ids))
+  np.testing.assert_array_equal(ours, np.asarray(oracles.forward(old_model, ids)))
+  np.testing.assert_allclose(ours[0], gemma2_logits(tensors, CONFIG, np.asarray(ids[0])), rtol=2e-4, atol=2e-4)
+  written = hf.gemma2.config_json(new, "v5")
+  assert {k: written[k] for k in V5} == V5 and "rope_theta" not in written
+  assert {k: v for k, v in hf.gemma2.config_json(new, "v4").items() if k in CONFIG} == CONFIG
+
+
+@pytest.mark.parametrize("layout", ["v5", "v4"])
+@pytest.mark.parametrize("kind", list(SCALINGS))
+def test_both_gemma2_layouts_write_and_read_back_every_scaling(tmp_path, layout, kind):
+  """Either layout, each scaling type, whole heads rotated and part of them: the section and tensors back."""
+  tensors = random_tensors(CONFIG, seed=4)
+  section, model = hf.load_model(save(tmp_path / "in", CONFIG, tensors))
+  for fraction in (1.0, 0.75):
+    section.rope_fraction = fraction
+    section.rope_scaling.update(type=kind, **SCALINGS[kind])
+    hf.save_folder(tmp_path / "out", section, model, layout=layout)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    rotary = written["rope_parameters"] if layout == "v5" else written
+    assert rotary["rope_theta"] == 10000.0 and rotary.get("partial_rotary_factor", 1.0) == fraction
+    assert ("rope_parameters" in written) != ("rope_theta" in written)
+    assert (layout == "v4" and kind != "none") == ("rope_scaling" in written)
+    assert hf.read(tmp_path / "out")[0].to_dict() == section.to_dict()
+    again = hf.read_folder(tmp_path / "out")[1]
+    assert sorted(again) == sorted(tensors) and all(np.array_equal(again[n], v) for n, v in tensors.items())
+
+
+@pytest.mark.parametrize(
+  "change, says",
+  [
+    ({"rope_parameters": {"rope_theta": 500.0}}, r"gives rope_parameters.rope_theta 500.0 and rope_theta 10000.0"),
+    ({"partial_rotary_factor": 0.5, "rope_parameters": {"partial_rotary_factor": 0.25}}, r"factor 0.25 and partial"),
+    ({"rope_parameters": {"rope_type": "su", "factor": 2.0}}, r"rope_parameters.rope_type 'su' is not supported"),
+    ({"rope_scaling": {"factor": 2.0}}, r"Gemma 2 rope_scaling gives \['factor'\] but no rope_type"),
+    ({"rope_parameters": {"rope_type": "yarn", "mscale_all_dim": 1.0}}, r"mscale_all_dim 1.0 is not supported"),
+    (
+      {"rope_parameters": {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}},
+      r"rope_parameters differs between the layer types \['full_attention', 'sliding_attention'\]",
+    ),
+    ({"head_dim": "eight"}, r"Gemma 2 head_dim is 'eight', not a number"),
+    ({"rms_norm_eps": [1e-6]}, r"Gemma 2 rms_norm_eps is \[1e-06\], not a number"),
+  ],
+)
+def test_what_a_gemma2_config_json_cannot_say_is_one_sentence(tmp_path, change, says):
+  one_sentence(ConfigError, says, hf.read, save(tmp_path / "bad", {**CONFIG, **change}, random_tensors(CONFIG)))
+
+
+def test_a_gemma2_config_json_that_is_no_object_or_lacks_a_setting_is_one_sentence(tmp_path):
+  for text in ('"gemma2"', "null"):
+    folder = save(tmp_path / "text", CONFIG, random_tensors(CONFIG))
+    (folder / "config.json").write_text(text)
+    one_sentence(ConfigError, r"config.json is a JSON (string|null), not an object of settings", hf.read, folder)
+  one_sentence(ConfigError, r"Gemma 2 config.json is a JSON array", hf.gemma2.model_section, [CONFIG])
+  for key in ("hidden_size", "num_hidden_layers", "intermediate_size"):
+    folder = save(tmp_path / key, {k: v for k, v in CONFIG.items() if k != key}, random_tensors(CONFIG))
+    one_sentence(ConfigError, rf"the Gemma 2 config.json gives no '{key}', which the model needs", hf.read, folder)
+
+
+@pytest.mark.parametrize(
+  "name, shape",
+  [
+    ("model.layers.0.self_attn.q_proj.weight", (24, 24)),
+    ("model.layers.2.self_attn.k_proj.weight", (32, 24)),
+    ("model.layers.1.self_attn.o_proj.weight", (24, 30)),
+    ("model.layers.0.mlp.down_proj.weight", (24, 41)),
+    ("model.norm.weight", (23,)),
+  ],
+)
+def test_a_gemma2_tensor_of_the_wrong_shape_is_one_sentence(tmp_path, name, shape):
+  tensors = random_tensors(CONFIG)
+  tensors[name] = np.zeros(shape, np.float32)
+  says = re.escape(f"tensor '{name}' has shape {list(shape)}, not the [")
+  one_sentence(CheckpointError, says, hf.read, save(tmp_path / "bad", CONFIG, tensors))

@@ -3,8 +3,9 @@ parameters, and back.
 
 The architecture, as the transformer family states it: a token table read as is (`embedding="plain"`)
 whose lookups are multiplied by sqrt(hidden_size) (`embed_normaliser`) and whose transpose gives the
-logits unscaled (`tie_embeddings`, `tied_scale=False`); rotary embedding on whole heads; RMSNorm with
-the gain stored as its offset from 1 (`norm="rms_offset"`) before and after each branch
+logits unscaled (`tie_embeddings`, `tied_scale=False`); rotary embedding on whole heads (or the
+`partial_rotary_factor` a config.json gives) scaled as its `rope_scaling` says (`model.rope_scaling`);
+RMSNorm with the gain stored as its offset from 1 (`norm="rms_offset"`) before and after each branch
 (`post_norms`); grouped-query attention with its own head width (`head_dim`), scores scaled by
 query_pre_attn_scalar^-1/2 (`score_scale_dim`) and soft-capped (`attn_soft_cap`), a sliding window on
 every other layer starting with the first (`window`, `global_every=2`); a GeGLU MLP (tanh GELU); the
@@ -21,10 +22,11 @@ import ml_collections
 import numpy as np
 
 from lra_core.errors import CheckpointError, ConfigError
+from lra_core.hf import fields
 from lra_core.models import transformer
 from lra_core.models.layers.attention import head_width
 
-ARCHITECTURE = "Gemma2ForCausalLM"
+ARCHITECTURE, NAME = "Gemma2ForCausalLM", "Gemma 2"
 _LAYER = "model.layers.{i}."
 _NORMS = {
   "input_layernorm": "attn_norm",
@@ -53,48 +55,51 @@ def describes(m) -> bool:
 
 
 def model_section(hf: dict) -> ml_collections.ConfigDict:
-  """Our `config.model` for a Gemma 2 config.json (a dict); one sentence for what we cannot express."""
-  act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
-  if act not in _ACTIVATIONS:
-    raise ConfigError(f"Gemma 2 hidden_activation {act!r} is not one of {sorted(_ACTIVATIONS)}.")
-  if hf.get("rope_scaling"):
-    raise ConfigError(f"Gemma 2 rope_scaling {hf['rope_scaling']!r} is not supported; only plain rotary embedding.")
-  if hf.get("attention_bias", False):
+  """Our `config.model` for a Gemma 2 config.json (a dict, of either rotary layout: lra_core/hf/fields.py);
+  one sentence for what we cannot express."""
+  hf = fields.check_object(hf, f"a {NAME} config.json")
+  act = fields.word(hf, ("hidden_activation", "hidden_act"), "gelu_pytorch_tanh", _ACTIVATIONS, NAME)
+  if fields.flag(hf, "attention_bias", False, NAME):
     raise ConfigError("Gemma 2 with attention_bias true is not supported (Gemma's projections have no bias).")
-  if not hf.get("tie_word_embeddings", True):
+  if not fields.flag(hf, "tie_word_embeddings", True, NAME):
     raise ConfigError("Gemma 2 without tie_word_embeddings is not supported (its output reads the token table).")
-  layers = int(hf["num_hidden_layers"])
+  whole = lambda key, default=None: fields.number(hf, key, default, NAME, int)
+  real = lambda key, default: fields.number(hf, key, default, NAME)
+  layers = whole("num_hidden_layers")
   # Layer 0 slides, layer 1 reads everything, and so on (the layer_types newer configs list).
   expected = [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
   if hf.get("layer_types", expected) != expected:
     raise ConfigError(
       f"Gemma 2 layer_types {hf['layer_types']!r} is not the alternation {SLIDING}, {FULL}, ... this mapping reads."
     )
-  heads = int(hf["num_attention_heads"])
+  heads = whole("num_attention_heads")
+  fraction, theta, scaling = fields.rotary(
+    hf, NAME, fraction_keys=(fields.FRACTION,), theta_keys=(fields.THETA,), fraction=1.0, theta=10000.0
+  )
   m = transformer.model_config("transformer")
   m.update(
-    vocab_size=int(hf["vocab_size"]),
-    d_model=int(hf["hidden_size"]),
+    vocab_size=whole("vocab_size"),
+    d_model=whole("hidden_size"),
     num_layers=layers,
     num_heads=heads,
-    num_kv_heads=int(hf.get("num_key_value_heads", heads)),
-    head_dim=int(hf.get("head_dim", 256)),
-    d_ff=int(hf["intermediate_size"]),
-    max_len=int(hf.get("max_position_embeddings", 8192)),
+    num_kv_heads=whole("num_key_value_heads", heads),
+    head_dim=whole("head_dim", 256),
+    d_ff=whole("intermediate_size"),
+    max_len=whole("max_position_embeddings", 8192),
     position="none",
     rope=True,
-    rope_fraction=1.0,
-    rope_max_wavelength=float(hf.get("rope_theta", 10000.0)),
+    rope_fraction=fraction,
+    rope_max_wavelength=theta,
     mlp="glu",
     activation=_ACTIVATIONS[act],
     norm="rms_offset",
-    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    norm_eps=real("rms_norm_eps", 1e-6),
     parallel_residual=False,
     post_norms=True,
-    attn_soft_cap=float(hf.get("attn_logit_softcapping") or 0.0),
-    logit_soft_cap=float(hf.get("final_logit_softcapping") or 0.0),
-    score_scale_dim=int(hf.get("query_pre_attn_scalar", 256)),
-    window=int(hf.get("sliding_window") or 4096),
+    attn_soft_cap=real("attn_logit_softcapping", 0.0),
+    logit_soft_cap=real("final_logit_softcapping", 0.0),
+    score_scale_dim=whole("query_pre_attn_scalar", 256),
+    window=whole("sliding_window", 4096) or 4096,
     global_every=2,
     embed_normaliser=True,
     tie_embeddings=True,
@@ -103,7 +108,17 @@ def model_section(hf: dict) -> ml_collections.ConfigDict:
     use_bias=False,
     scan_layers=False,  # the layers alternate windows: one scanned layer cannot hold both
   )
+  m.rope_scaling.update(scaling)
   return m
+
+
+def _shapes(m) -> dict[str, tuple[int, int]]:
+  """The [out, in] shape of each of a layer's linear maps (_LINEAR's names) Hugging Face stores."""
+  d, f, width = m.d_model, m.d_ff, head_width(m)
+  q, kv = m.num_heads * width, (m.num_kv_heads or m.num_heads) * width
+  attention = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d)}
+  mlp = {"mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f)}
+  return {**attention, "self_attn.o_proj": (d, q), **mlp}
 
 
 def _shape(kernel: np.ndarray, heads_axis: str | None, m) -> np.ndarray:
@@ -117,17 +132,21 @@ def _shape(kernel: np.ndarray, heads_axis: str | None, m) -> np.ndarray:
 
 
 def to_params(tensors: dict[str, np.ndarray], m) -> dict[tuple[str, ...], np.ndarray]:
-  """Our parameters {path: array} from a Gemma 2 checkpoint's tensors {name: array}."""
-  out = {("embed", "embedding"): tensors["model.embed_tokens.weight"]}
+  """Our parameters {path: array} from a Gemma 2 checkpoint's tensors {name: array}, each of the shape
+  `m` implies (else one sentence naming it)."""
+  d, v = m.d_model, m.vocab_size
+  take = lambda name, *shape: fields.tensor(tensors, name, shape)
+  out = {("embed", "embedding"): take("model.embed_tokens.weight", v, d)}
+  shapes = _shapes(m)
   for i in range(m.num_layers):
     at, ours = _LAYER.format(i=i), ("blocks", str(i))
     for name, norm in _NORMS.items():
-      out[(*ours, norm, "scale")] = tensors[f"{at}{name}.weight"]
+      out[(*ours, norm, "scale")] = take(f"{at}{name}.weight", d)
     for name, (path, heads_axis) in _LINEAR.items():
-      out[(*ours, *path, "kernel")] = _shape(tensors[f"{at}{name}.weight"].T, heads_axis, m)
-  out[("final_norm", "scale")] = tensors["model.norm.weight"]
+      out[(*ours, *path, "kernel")] = _shape(take(f"{at}{name}.weight", *shapes[name]).T, heads_axis, m)
+  out[("final_norm", "scale")] = take("model.norm.weight", d)
   # Some exports write the tied matrix out as well: it must be the table (reading it accounts for it).
-  if "lm_head.weight" in tensors and not np.array_equal(tensors["lm_head.weight"], out[("embed", "embedding")]):
+  if "lm_head.weight" in tensors and not np.array_equal(take("lm_head.weight", v, d), out[("embed", "embedding")]):
     raise CheckpointError("the checkpoint's lm_head.weight differs from its token table, which Gemma 2 ties it to.")
   return out
 
@@ -147,9 +166,22 @@ def to_tensors(params: dict[tuple[str, ...], np.ndarray], m) -> dict[str, np.nda
   return out
 
 
-def config_json(m) -> dict:
-  """A Gemma 2 config.json for our `config.model` (the settings `model_section` reads)."""
-  act = {ours: theirs for theirs, ours in reversed(_ACTIVATIONS.items())}[m.activation]
+def config_json(m, layout: str | None = None, seq_len: int = 0) -> dict:
+  """A Gemma 2 config.json for our `config.model` (the settings `model_section` reads, which reads it
+  back), its rotary settings in `layout` ("v5" or "v4"; None: the one the installed transformers
+  reads). A norm_eps of 0 is written as the epsilon the model uses, a max_len of 0 as `seq_len`."""
+  layout = fields.layout_of(layout)
+  length = fields.max_len(m, seq_len)
+  act = fields.written_activation(m, _ACTIVATIONS, NAME)
+  # Gemma 2 rotates whole heads: a fraction is written only where it is not 1
+  rotary = fields.rotary_json(
+    m,
+    layout,
+    fraction_key=fields.FRACTION,
+    theta_key=fields.THETA,
+    with_fraction=m.rope_fraction != 1.0,
+    length=length,
+  )
   return {
     "architectures": [ARCHITECTURE],
     "model_type": "gemma2",
@@ -161,9 +193,9 @@ def config_json(m) -> dict:
     "num_key_value_heads": m.num_kv_heads or m.num_heads,
     "head_dim": head_width(m),
     "hidden_activation": act,
-    "max_position_embeddings": m.max_len,
-    "rms_norm_eps": m.norm_eps,
-    "rope_theta": m.rope_max_wavelength,
+    "max_position_embeddings": length,
+    "rms_norm_eps": fields.norm_eps(m),
+    **rotary,
     "attention_bias": False,
     "query_pre_attn_scalar": m.score_scale_dim,
     "sliding_window": m.window,

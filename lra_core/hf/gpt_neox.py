@@ -3,9 +3,10 @@ our parameters, and back.
 
 The architecture, as the transformer family states it: a learned token table read as is
 (`embedding="plain"`), no absolute positions, rotary embedding on the first `rotary_pct` of each head
-(GPT-NeoX's half-split pairs, `rope_fraction`), LayerNorm with biases (eps `layer_norm_eps`),
-attention and MLP side by side on the block input (`parallel_residual`), biases on every projection,
-an exact-erf GELU MLP, a final LayerNorm and an untied output matrix without bias.
+(`rope_parameters.partial_rotary_factor` in transformers 5's layout; GPT-NeoX's half-split pairs,
+`rope_fraction`) scaled as its `rope_scaling` says (`model.rope_scaling`), LayerNorm with biases (eps
+`layer_norm_eps`), attention and MLP side by side on the block input (`parallel_residual`), biases on
+every projection, an exact-erf GELU MLP, a final LayerNorm and an untied output matrix without bias.
 
 Hugging Face stores a linear map as [out, in]; ours keep [in, out] with the heads as axes of their
 own. The fused query-key-value matrix holds, per head, its query, key and value rows one after another
@@ -18,79 +19,90 @@ import ml_collections
 import numpy as np
 
 from lra_core.errors import ConfigError
+from lra_core.hf import fields
 from lra_core.models import transformer
 from lra_core.models.layers.attention import head_width
 
-ARCHITECTURE = "GPTNeoXForCausalLM"
+ARCHITECTURE, NAME = "GPTNeoXForCausalLM", "GPT-NeoX"
 _LAYER = "gpt_neox.layers.{i}."
 # HF's per-layer norm and linear names, and ours
 _NORMS = {"input_layernorm": ("attn_norm",), "post_attention_layernorm": ("mlp_norm",)}
 _LINEAR = {"attention.dense": ("attn", "out"), "mlp.dense_h_to_4h": ("mlp", "up"), "mlp.dense_4h_to_h": ("mlp", "down")}
 _QKV = ("query", "key", "value")
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# The old layout's top-level rotary keys, the one written first (transformers 4 wrote rotary_pct and
+# rotary_emb_base; its later versions rope_theta and partial_rotary_factor as well), and the defaults
+_FRACTION, _THETA = ("rotary_pct", fields.FRACTION), ("rotary_emb_base", fields.THETA)
+_DEFAULT_FRACTION, _DEFAULT_THETA = 0.25, 10000.0
 # Buffers older exports keep beside the weights; the model computes them.
 BUFFERS = ("attention.rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 
 
 def model_section(hf: dict) -> ml_collections.ConfigDict:
-  """Our `config.model` for a GPT-NeoX config.json (a dict); one sentence for what we cannot express."""
-  act = hf.get("hidden_act", "gelu")
-  if act not in _ACTIVATIONS:
-    raise ConfigError(f"GPT-NeoX hidden_act {act!r} is not one of {sorted(_ACTIVATIONS)}.")
-  if hf.get("rope_scaling"):
-    raise ConfigError(f"GPT-NeoX rope_scaling {hf['rope_scaling']!r} is not supported; only plain rotary embedding.")
-  if hf.get("tie_word_embeddings", False):
+  """Our `config.model` for a GPT-NeoX config.json (a dict, of either rotary layout: lra_core/hf/fields.py);
+  one sentence for what we cannot express."""
+  hf = fields.check_object(hf, f"a {NAME} config.json")
+  act = fields.word(hf, ("hidden_act",), "gelu", _ACTIVATIONS, NAME)
+  if fields.flag(hf, "tie_word_embeddings", False, NAME):
     raise ConfigError("GPT-NeoX with tie_word_embeddings is not supported (Pythia's output matrix is its own).")
-  if not hf.get("attention_bias", True):
+  if not fields.flag(hf, "attention_bias", True, NAME):
     raise ConfigError("GPT-NeoX with attention_bias false is not supported (every Pythia projection has a bias).")
-  d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-  if d % heads:
+  whole = lambda key, default=None: fields.number(hf, key, default, NAME, int)
+  d, heads = whole("hidden_size"), whole("num_attention_heads")
+  if heads <= 0 or d % heads:
     raise ConfigError(f"GPT-NeoX hidden_size {d} is not a multiple of num_attention_heads {heads}.")
+  fraction, theta, scaling = fields.rotary(
+    hf, NAME, fraction_keys=_FRACTION, theta_keys=_THETA, fraction=_DEFAULT_FRACTION, theta=_DEFAULT_THETA
+  )
   m = transformer.model_config("transformer")
   m.update(
-    vocab_size=int(hf["vocab_size"]),
+    vocab_size=whole("vocab_size"),
     d_model=d,
-    num_layers=int(hf["num_hidden_layers"]),
+    num_layers=whole("num_hidden_layers"),
     num_heads=heads,
-    d_ff=int(hf["intermediate_size"]),
-    max_len=int(hf.get("max_position_embeddings", 2048)),
+    d_ff=whole("intermediate_size"),
+    max_len=whole("max_position_embeddings", 2048),
     position="none",
     rope=True,
-    rope_fraction=float(hf.get("rotary_pct", 0.25)),
-    rope_max_wavelength=float(hf.get("rotary_emb_base", 10000)),
+    rope_fraction=fraction,
+    rope_max_wavelength=theta,
     mlp="mlp",
     activation=_ACTIVATIONS[act],
     norm="layer",
-    norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
-    parallel_residual=bool(hf.get("use_parallel_residual", True)),
+    norm_eps=fields.number(hf, "layer_norm_eps", 1e-5, NAME),
+    parallel_residual=fields.flag(hf, "use_parallel_residual", True, NAME),
     tie_embeddings=False,
     embedding="plain",
     use_bias=True,
   )
+  m.rope_scaling.update(scaling)
   return m
 
 
 def to_params(tensors: dict[str, np.ndarray], m) -> dict[tuple[str, ...], np.ndarray]:
-  """Our parameters {path: array} from a GPT-NeoX checkpoint's tensors {name: array}."""
-  heads, width = m.num_heads, head_width(m)
-  out = {("embed", "embedding"): tensors["gpt_neox.embed_in.weight"]}
+  """Our parameters {path: array} from a GPT-NeoX checkpoint's tensors {name: array}, each of the shape
+  `m` implies (else one sentence naming it)."""
+  heads, width, d, f, v = m.num_heads, head_width(m), m.d_model, m.d_ff, m.vocab_size
+  take = lambda name, *shape: fields.tensor(tensors, name, shape)
+  linear = {"attention.dense": (d, heads * width), "mlp.dense_h_to_4h": (f, d), "mlp.dense_4h_to_h": (d, f)}
+  out = {("embed", "embedding"): take("gpt_neox.embed_in.weight", v, d)}
   for i in range(m.num_layers):
     at, ours = _LAYER.format(i=i), ("blocks", str(i))
     for name, path in _NORMS.items():
-      out[(*ours, *path, "scale")] = tensors[f"{at}{name}.weight"]
-      out[(*ours, *path, "bias")] = tensors[f"{at}{name}.bias"]
-    qkv = tensors[f"{at}attention.query_key_value.weight"].reshape(heads, 3, width, m.d_model)
-    qkv_bias = tensors[f"{at}attention.query_key_value.bias"].reshape(heads, 3, width)
+      out[(*ours, *path, "scale")] = take(f"{at}{name}.weight", d)
+      out[(*ours, *path, "bias")] = take(f"{at}{name}.bias", d)
+    qkv = take(f"{at}attention.query_key_value.weight", 3 * heads * width, d).reshape(heads, 3, width, d)
+    qkv_bias = take(f"{at}attention.query_key_value.bias", 3 * heads * width).reshape(heads, 3, width)
     for j, name in enumerate(_QKV):
       out[(*ours, "attn", name, "kernel")] = qkv[:, j].transpose(2, 0, 1)  # [D, H, head_dim]
       out[(*ours, "attn", name, "bias")] = qkv_bias[:, j]
     for name, path in _LINEAR.items():
-      out[(*ours, *path, "kernel")] = tensors[f"{at}{name}.weight"].T  # [in, out]; the heads split below
-      out[(*ours, *path, "bias")] = tensors[f"{at}{name}.bias"]
-    out[(*ours, "attn", "out", "kernel")] = out[(*ours, "attn", "out", "kernel")].reshape(heads, width, m.d_model)
-  out[("final_norm", "scale")] = tensors["gpt_neox.final_layer_norm.weight"]
-  out[("final_norm", "bias")] = tensors["gpt_neox.final_layer_norm.bias"]
-  out[("head", "out", "kernel")] = tensors["embed_out.weight"].T
+      out[(*ours, *path, "kernel")] = take(f"{at}{name}.weight", *linear[name]).T  # [in, out]; heads split below
+      out[(*ours, *path, "bias")] = take(f"{at}{name}.bias", linear[name][0])
+    out[(*ours, "attn", "out", "kernel")] = out[(*ours, "attn", "out", "kernel")].reshape(heads, width, d)
+  out[("final_norm", "scale")] = take("gpt_neox.final_layer_norm.weight", d)
+  out[("final_norm", "bias")] = take("gpt_neox.final_layer_norm.bias", d)
+  out[("head", "out", "kernel")] = take("embed_out.weight", v, d).T
   return out
 
 
@@ -116,9 +128,16 @@ def to_tensors(params: dict[tuple[str, ...], np.ndarray], m) -> dict[str, np.nda
   return out
 
 
-def config_json(m) -> dict:
-  """A GPT-NeoX config.json for our `config.model` (the settings `model_section` reads)."""
-  act = {ours: theirs for theirs, ours in reversed(_ACTIVATIONS.items())}[m.activation]
+def config_json(m, layout: str | None = None, seq_len: int = 0) -> dict:
+  """A GPT-NeoX config.json for our `config.model` (the settings `model_section` reads, which reads it
+  back), its rotary settings in `layout` ("v5" or "v4"; None: the one the installed transformers
+  reads). A norm_eps of 0 is written as the epsilon the model uses, a max_len of 0 as `seq_len`."""
+  layout = fields.layout_of(layout)
+  length = fields.max_len(m, seq_len)
+  act = fields.written_activation(m, _ACTIVATIONS, NAME)
+  rotary = fields.rotary_json(
+    m, layout, fraction_key=_FRACTION[0], theta_key=_THETA[0], with_fraction=True, length=length
+  )
   return {
     "architectures": [ARCHITECTURE],
     "model_type": "gpt_neox",
@@ -127,11 +146,10 @@ def config_json(m) -> dict:
     "num_hidden_layers": m.num_layers,
     "num_attention_heads": m.num_heads,
     "intermediate_size": m.d_ff,
-    "max_position_embeddings": m.max_len,
-    "rotary_pct": m.rope_fraction,
-    "rotary_emb_base": m.rope_max_wavelength,
+    "max_position_embeddings": length,
+    **rotary,
     "hidden_act": act,
-    "layer_norm_eps": m.norm_eps,
+    "layer_norm_eps": fields.norm_eps(m),
     "use_parallel_residual": m.parallel_residual,
     "tie_word_embeddings": False,
     "attention_bias": True,

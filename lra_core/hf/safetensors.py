@@ -47,16 +47,21 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
       header = json.loads(f.read(size))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
       raise CheckpointError(f"{path} is not a safetensors file (its header is not JSON: {e}).") from e
+  if not isinstance(header, dict):
+    raise CheckpointError(f"{path} is not a safetensors file (its header is not a JSON object).")
   body = path.stat().st_size - 8 - size
   header.pop("__metadata__", None)
   mapped = np.memmap(path, np.uint8, mode="r", offset=8 + size, shape=(body,)) if body else np.zeros(0, np.uint8)
   tensors = {}
   for name, entry in header.items():
+    entry = entry if isinstance(entry, dict) else {}
     dtype = DTYPES.get(entry.get("dtype"))
     if dtype is None:
       raise CheckpointError(f"{path}: tensor {name!r} has dtype {entry.get('dtype')!r}, not one of {sorted(DTYPES)}.")
-    begin, end = entry["data_offsets"]
-    shape = tuple(entry["shape"])
+    offsets, shape = entry.get("data_offsets"), entry.get("shape")
+    if not (_whole_numbers(offsets) and len(offsets) == 2 and _whole_numbers(shape)):
+      raise CheckpointError(f"{path}: tensor {name!r} gives no whole-number shape and two data_offsets.")
+    (begin, end), shape = offsets, tuple(shape)
     if not 0 <= begin <= end <= body or end - begin != int(np.prod(shape)) * dtype.itemsize:
       raise CheckpointError(
         f"{path}: tensor {name!r} ({entry['dtype']} {list(shape)}) does not fit bytes {begin}..{end} of the "
@@ -64,6 +69,24 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
       )
     tensors[name] = mapped[begin:end].view(dtype).reshape(shape)
   return tensors
+
+
+def read_index(path: str | os.PathLike) -> list[str]:
+  """The shard files (sorted, each once) a `model.safetensors.index.json` names in its weight_map."""
+  path = pathlib.Path(path)
+  try:
+    index = json.loads(path.read_text())
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path} cannot be read as JSON ({e}).") from e
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    raise CheckpointError(f"{path} has no weight_map of tensor names to shard files.")
+  return sorted(set(weight_map.values()))
+
+
+def _whole_numbers(value) -> bool:
+  """Whether `value` is a list of non-negative whole numbers (JSON's, not booleans)."""
+  return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
 def write(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
