@@ -29,7 +29,7 @@ from lra_core.models.layers import stack
 from lra_core.models.layers.attention import Attention, config_attention, head_width
 from lra_core.models.layers.core import ACTIVATIONS, EMBEDDINGS, MLP, NORMS, Embed, make_norm, param
 from lra_core.models.layers.heads import POOLING, TaskHead, fold_towers
-from lra_core.models.layers.positions import ROPE_SCALING_DEFAULTS, AbsolutePositions
+from lra_core.models.layers.positions import ROPE_SCALING_DEFAULTS, AbsolutePositions, check_rope_scaling, rope_dims
 from lra_core.protocol import Capabilities, Family, PaperRow, RunInfo, Smoke
 from lra_core.sharding import constrain
 
@@ -113,6 +113,12 @@ def validate_config(config) -> None:
     raise ConfigError(f"model.num_heads {m.num_heads} is not a multiple of model.num_kv_heads {m.num_kv_heads}.")
   if m.rope and head_width(m) % 2:
     raise ConfigError("RoPE needs an even head dimension.")
+  if "rope_scaling" in m:  # a family's own section may have none (config_attention rotates plainly then)
+    scaled = m.rope_scaling.type
+    # Other families' mixers rotate some keys with plain RoPE of their own (combiner's row summaries, GAU).
+    if scaled != "none" and m.name != "transformer":
+      raise ConfigError(f"model.rope_scaling.type {scaled!r} is for the transformer family, not model {m.name!r}.")
+    check_rope_scaling(m.rope_scaling, rope=m.rope, dim=rope_dims(head_width(m), m.rope_fraction)[0])
   choices = {
     "position": AbsolutePositions.KINDS,
     "mlp": ("mlp", "glu", "none"),
@@ -240,6 +246,9 @@ class Model(nnx.Module):
     self.causal = run.kind.causal
     self.dtype = jnp.dtype(m.dtype)
     self.max_len = m.max_len or run.seq_len
+    if not m.max_len:  # the blocks' RoPE scaling reads the length the model runs at (config_attention)
+      m = ml_collections.ConfigDict(m.to_dict())
+      m.max_len = self.max_len
     multiplier = m.d_model**0.5 if m.embed_normaliser else 1.0
     self.embed = Embed(
       m.vocab_size, m.d_model, dtype=self.dtype, rngs=rngs, parameterisation=m.embedding, multiplier=multiplier
@@ -444,7 +453,8 @@ def _prefill_block(block: Block, x: Array, cache: dict, positions: Array) -> tup
 
 TASKS = ("lm", "image_ar", "mlm", "classify", "retrieval")
 # Keys added to this section after runs were saved, with the value such a run built with: the
-# table's stored form, the norms' own epsilon and residuals in sequence, and none of Gemma 2's settings
+# table's stored form, the norms' own epsilon and residuals in sequence, none of Gemma 2's settings and no
+# RoPE scaling
 # (lra_core.checkpoints.saved_config.upgrade_config).
 UPGRADES = {
   "embedding": "scaled",
@@ -458,6 +468,7 @@ UPGRADES = {
   "global_every": 0,
   "embed_normaliser": False,
   "tied_scale": True,
+  "rope_scaling": ROPE_SCALING_DEFAULTS,  # plain RoPE
 }
 
 

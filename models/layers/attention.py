@@ -8,6 +8,9 @@ remembers its position, so masking in decoding is the same position arithmetic a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -15,7 +18,7 @@ from flax import nnx
 from lra_core.kernels.softmax.library import cross_attention, self_attention
 from lra_core.kernels.softmax.reference import attention_mask, dot_product_attention
 from lra_core.models.layers.core import Dense, LayerNorm
-from lra_core.models.layers.positions import apply_rope
+from lra_core.models.layers.positions import apply_rope, rope_dims, rope_inv_freq, rope_scaling_settings
 from lra_core.sharding import constrain
 
 Array = jax.Array
@@ -29,6 +32,8 @@ def head_width(m) -> int:
 def config_attention(m) -> dict:
   """The arguments of `Attention` that every family's model config sets alike (width, heads, RoPE,
   biases); a family adds its own (the Transformer: key-value heads, window, dropout, kernel)."""
+  # A section without rope_scaling (FIT's layer sections, one saved before scaling existed) rotates plainly.
+  scaled = "rope_scaling" in m
   return dict(
     features=m.d_model,
     num_heads=m.num_heads,
@@ -36,6 +41,8 @@ def config_attention(m) -> dict:
     rope=m.rope,
     rope_max_wavelength=m.rope_max_wavelength,
     rope_fraction=m.rope_fraction,
+    rope_scaling=dict(m.rope_scaling.items()) if scaled else None,
+    rope_len=m.max_len if scaled else 0,  # transformer.Model resolves 0 to the run's length before its layers
     use_bias=m.use_bias,
   )
 
@@ -44,7 +51,9 @@ class Attention(nnx.Module):
   """Self-attention: H query heads over K key-value heads (K = H multi-head, K = 1 multi-query).
 
   causal: autoregressive mask. window > 0: sliding window (see kernels.softmax.reference.attention_mask).
-  rope: rotary embedding of q and k on the first `rope_fraction` of each head.
+  rope: rotary embedding of q and k on the first `rope_fraction` of each head; rope_scaling: how its
+  frequencies stretch past the trained length (layers/positions.py ROPE_SCALING_DEFAULTS keys, None:
+  plain); rope_len: the length the model runs at, which dynamic scaling and original_max_len 0 read.
   scale: the scores' factor (None: head_dim^-1/2); soft_cap > 0 bounds them (kernels/softmax/reference.py `cap`).
   impl: the kernel of the full forward pass (kernels/softmax/library.py); decoding reads its cache
   with the reference. mask_by_positions: the causal mask compares the positions each call is given
@@ -64,6 +73,8 @@ class Attention(nnx.Module):
     rope: bool = False,
     rope_max_wavelength: float = 1e4,
     rope_fraction: float = 1.0,
+    rope_scaling: Mapping[str, Any] | None = None,
+    rope_len: int = 0,
     use_bias: bool = False,
     dropout: float = 0.0,
     scale: float | None = None,
@@ -81,6 +92,12 @@ class Attention(nnx.Module):
     self.mask_by_positions = mask_by_positions
     self.scale, self.soft_cap = scale, soft_cap
     self.rope_max_wavelength, self.rope_fraction = rope_max_wavelength, rope_fraction
+    scaling = rope_scaling_settings(rope_scaling)
+    # Key-value pairs, hashable: a static attribute of the module; None for plain RoPE.
+    self.rope_scaling = None if scaling["type"] == "none" else tuple(sorted(scaling.items()))
+    self.rope_len = rope_len
+    if rope and self.rope_scaling:  # a missing length fails here, at build, rather than at the first call
+      rope_inv_freq(rope_dims(head_dim, rope_fraction)[0], scaling=scaling, length=rope_len)
     kw = dict(use_bias=use_bias, dtype=dtype, rngs=rngs)
     self.query = Dense(features, (num_heads, head_dim), axes=("embed", "heads", "head_dim"), **kw)
     self.key = Dense(features, (kv_heads, head_dim), axes=("embed", "kv_heads", "head_dim"), **kw)
@@ -91,7 +108,9 @@ class Attention(nnx.Module):
   def _qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
     q, k, v = self.query(x), self.key(x), self.value(x)
     if self.rope:
-      kw = dict(max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction)
+      # The same fixed frequencies for every call, the full forward's and each decoding step's.
+      kw = dict(max_wavelength=self.rope_max_wavelength, fraction=self.rope_fraction, length=self.rope_len)
+      kw["scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
       q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
     # Name the layout the projections give q and k (heads over the rules' 'heads' axis), so RoPE and the
     # scores keep it rather than leaving the choice to the partitioner.
