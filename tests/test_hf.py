@@ -322,7 +322,7 @@ V4 = dict(CONFIG, rotary_pct=0.5, rotary_emb_base=500)  # the same model as tran
 SCALINGS = {
   "none": {},
   "linear": {"factor": 2.0},
-  "dynamic": {"factor": 3.0, "original_max_len": 32},
+  "dynamic": {"factor": 3.0},
   "yarn": {"factor": 4.0, "original_max_len": 16, "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.5},
   "llama3": {"factor": 8.0, "original_max_len": 16, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
 }
@@ -545,3 +545,16 @@ def test_the_trainer_says_what_is_wrong_with_a_folder_in_one_line(tmp_path):
   )
   assert proc.returncode == EXIT_USER_ERROR and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert re.fullmatch(r"error: .*config.json is a JSON array, not an object of settings\.", own_lines(proc.stderr)[-1])
+
+
+@pytest.mark.parametrize("layout", ["v5", "v4"])
+def test_dynamic_scaling_writes_its_trained_length_where_transformers_reads_it(layout):
+  """transformers' dynamic NTK reads max_position_embeddings as the trained length and rescales at each
+  call's length: a model trained at 32 that runs at 128 is written as 32, with no original length key."""
+  section = hf.gpt_neox.model_section(dict(CONFIG, max_position_embeddings=128))
+  section.rope_scaling.update(type="dynamic", factor=3.0, original_max_len=32)
+  written = hf.gpt_neox.config_json(section, layout)
+  assert written["max_position_embeddings"] == 32
+  assert "original_max_position_embeddings" not in json.dumps(written)
+  back = hf.gpt_neox.model_section(written)
+  assert (back.max_len, back.rope_scaling.type, back.rope_scaling.factor) == (32, "dynamic", 3.0)

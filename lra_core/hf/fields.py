@@ -141,7 +141,14 @@ def norm_eps(m) -> float:
 
 
 def max_len(m, seq_len: int) -> int:
-  """The longest position the model reads: model.max_len, or where 0 the run's `seq_len`."""
+  """The length written as max_position_embeddings: model.max_len, or where 0 the run's `seq_len`. With
+  dynamic scaling, the length its frequencies were trained at (original_max_len, where set): transformers
+  reads that key as the trained length and rescales at each call's own length (it ignores
+  original_max_position_embeddings for this type), where the model here rescales at its max_len, so the
+  folder computes as the model does at inputs of max_len tokens."""
+  scaling = dict(m.get("rope_scaling") or {})
+  if scaling.get("type") == "dynamic" and scaling.get("original_max_len"):
+    return int(scaling["original_max_len"])
   if m.max_len:
     return m.max_len
   if not seq_len:
@@ -239,6 +246,8 @@ def rotary_json(m, layout: str, *, fraction_key: str, theta_key: str, with_fract
     raise ConfigError(f"model.rope_scaling.type {s['type']!r} is not one of {list(ROPE_SCALING_TYPES)}.")
   needed = REQUIRED.get(s["type"], ())
   keys = [k for k in HF_KEYS if s[k] != ROPE_SCALING_DEFAULTS[k] or k in needed]
+  if s["type"] == "dynamic":  # its trained length is max_position_embeddings (`max_len`)
+    keys = [k for k in keys if k != "original_max_len"]
   # 0 reads as the model's length; a type that needs the key written gets that length
   named = {HF_KEYS[k]: (s[k] or length) if k == "original_max_len" else s[k] for k in keys}
   if layout == "v5":
