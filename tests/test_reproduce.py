@@ -33,6 +33,7 @@ def test_every_table_resolves_to_a_function_and_is_listed():
     "fit_scaling",
     "fit_interleave",
     "block_throughput",
+    "context_extension",
   }
   assert required <= set(reproduce.BY_NAME)
 

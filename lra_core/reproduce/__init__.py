@@ -8,6 +8,7 @@ flash              FLASH: train-step latency, quality against training cost
 latte              Latte: attention core time and memory, LRA
 fit                FIT: scaling with the image, interleave patterns
 block_transformer  Block Transformer: generation throughput
+context_extension  Latte Table 4's form: perplexity past the trained length, RoPE scalings, passkey retrieval
 tpu                every paper config compiled for its TPU slice
 gpu                the GPU papers' configs compiled for their GPUs
 """

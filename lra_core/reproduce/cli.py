@@ -123,6 +123,12 @@ TABLES = (
     "PG-19 configs compiled for a v5p-64 and a v3-32 at power-of-two lengths: the longest that fits",
   ),
   Table(
+    "context_extension",
+    "context_extension",
+    "Latte Table 4 (the form, small), and passkey retrieval",
+    "a RoPE transformer read at 1x, 2x, 4x its trained length: as trained, each RoPE scaling, a fine-tuned extension",
+  ),
+  Table(
     "gpu_fit",
     "gpu",
     "the GPU papers' hardware (Latte: 4 x A100; Block Transformer: 8 x A100 40GB, 8 x H100; FLASH Table 11: V100)",
