@@ -303,19 +303,8 @@ def test_the_block_transformer_uptrain_configs_take_the_released_pythia_models(p
 # The tiny model with rotary embedding on half of each head at base 500, as transformers 5 writes it: every
 # rotary setting in rope_parameters, none at the top level.
 V5 = {
-  "architectures": ["GPTNeoXForCausalLM"],
-  "model_type": "gpt_neox",
-  "vocab_size": 96,
-  "hidden_size": 32,
-  "num_hidden_layers": 2,
-  "num_attention_heads": 4,
-  "intermediate_size": 80,
-  "max_position_embeddings": 64,
+  **{k: v for k, v in CONFIG.items() if k not in ("rotary_pct", "rotary_emb_base")},
   "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
-  "hidden_act": "gelu",
-  "layer_norm_eps": 1e-5,
-  "use_parallel_residual": True,
-  "tie_word_embeddings": False,
 }
 V4 = dict(CONFIG, rotary_pct=0.5, rotary_emb_base=500)  # the same model as transformers 4 writes it
 # Each scaling type with every key it reads away from its default

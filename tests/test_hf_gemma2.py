@@ -327,25 +327,8 @@ def test_frozen_weights_pass_no_gradient_and_the_trained_ones_move_as_before(mon
 
 # CONFIG as transformers 5 writes it: the rotary base in rope_parameters, no rope_theta at the top level.
 V5 = {
-  "architectures": ["Gemma2ForCausalLM"],
-  "model_type": "gemma2",
-  "vocab_size": 96,
-  "hidden_size": 24,
-  "intermediate_size": 40,
-  "num_hidden_layers": 3,
-  "num_attention_heads": 4,
-  "num_key_value_heads": 2,
-  "head_dim": 8,
-  "hidden_activation": "gelu_pytorch_tanh",
-  "max_position_embeddings": 64,
-  "rms_norm_eps": 1e-6,
+  **{k: v for k, v in CONFIG.items() if k != "rope_theta"},
   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-  "attention_bias": False,
-  "query_pre_attn_scalar": 12,
-  "sliding_window": 4,
-  "attn_logit_softcapping": 2.0,
-  "final_logit_softcapping": 3.0,
-  "tie_word_embeddings": True,
 }
 SCALINGS = {
   "none": {},
