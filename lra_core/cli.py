@@ -117,10 +117,12 @@ def parse_known(parser: argparse.ArgumentParser, args: Sequence[str]) -> argpars
 
 def parse_overriding(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
   """parser.parse_args for a command with an `--override KEY=VALUE` flag that also takes the
-  trainer's `--config.KEY=VALUE` / `--config.KEY VALUE` (added to args.override, after the others)."""
+  trainer's `--config.KEY=VALUE` / `--config.KEY VALUE` (added to args.override, after the others).
+  Such a command (the benchmarks) joins no multi-process run, so its backends start here."""
   overrides, rest = split_overrides(argv)
   args = parser.parse_args(rest)
   args.override += overrides
+  quiet_start.start_backends()  # with the accelerator plugins' noise dropped, before the command's first device use
   return args
 
 

@@ -33,8 +33,23 @@ def mesh_shape(mesh_config, num_devices: int) -> dict[str, int]:
       raise ConfigError(f"mesh {sizes} cannot use {num_devices} devices: {num_devices} is not a multiple of {fixed}.")
     sizes = {a: (num_devices // fixed if s == -1 else s) for a, s in sizes.items()}
   elif fixed > num_devices:
-    raise ConfigError(f"mesh {sizes} needs {fixed} devices, but only {num_devices} are available.")
+    fits = " ".join(f"--config.mesh.{axis}={size}" for axis, size in fitting_sizes(sizes, num_devices).items())
+    raise ConfigError(
+      f"mesh {sizes} needs {fixed} devices, but only {num_devices} are available; with {fits} the mesh fits them."
+    )
   return sizes
+
+
+def fitting_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int]:
+  """The axes to shrink, and their new sizes, for a mesh of fixed `sizes` to fit `num_devices`: each axis
+  in MESH_AXES order keeps as much of its size as the devices left over by the axes before it allow."""
+  left, changed = num_devices, {}
+  for axis in MESH_AXES:
+    size = min(sizes[axis], max(left, 1))
+    if size != sizes[axis]:
+      changed[axis] = size
+    left //= max(size, 1)
+  return changed
 
 
 def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:

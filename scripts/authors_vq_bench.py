@@ -21,6 +21,10 @@ import statistics
 import sys
 import time
 
+# Before JAX: a command imports it with the accelerator plugins' noise dropped (lra_core/runtime/quiet_start.py).
+import lra_core  # noqa: F401
+
+# isort: split
 import jax.numpy as jnp
 
 from lra_core import cli

@@ -1,12 +1,17 @@
 """scripts/bench.py times the trainer's train step and writes markdown / JSON tables."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
 
 from lra_core.bench import train_step as bench
+from lra_core.config import PROJECT_ROOT
 from lra_core.errors import ConfigError
+from lra_core.runtime import quiet_start
 
 ENWIK8 = "configs/enwik8/transformer.py:tiny"
 VARIANTS = ("base:", "narrow:model.d_model=32,model.d_ff=64")
@@ -233,3 +238,14 @@ def test_bench_generate_times_block_and_vanilla_generation(tmp_path, capsys):
   assert out.read_text().count("| 1.0x |") == 1 and "generated tokens/s" in capsys.readouterr().out
   with pytest.raises(SystemExit, match="not PROMPT:NEW"):
     bench_generate.parse_settings("2048-128")
+
+
+def test_a_bench_on_a_cpu_host_prints_its_rows_without_accelerator_plugin_noise(tmp_path):
+  """Parsing a benchmark's flags starts the backends inside the start-up filter (lra_core/runtime/quiet_start.py)."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  command = [sys.executable, "scripts/bench.py", f"--config={ENWIK8}", "--seq_lens=16", "--batch_size=2"]
+  command += ["--steps=1", "--warmup=0", *(f"--override={o}" for o in SMALL), f"--out={tmp_path / 'b.md'}"]
+  proc = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  if not quiet_start.has_accelerator():
+    assert [line.split(":")[0] for line in proc.stderr.splitlines()] == ["default T=16"], proc.stderr[-3000:]

@@ -5,7 +5,10 @@ table resolves to a function, bad arguments fail in one sentence before anything
 section replaces only its own part of the results file, leaving the hand-written discussion after it.
 """
 
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +17,7 @@ from lra_core.config import PROJECT_ROOT
 from lra_core.errors import ConfigError
 from lra_core.reproduce import cli as reproduce
 from lra_core.reproduce import common
+from lra_core.runtime import quiet_start
 
 
 def test_every_table_resolves_to_a_function_and_is_listed():
@@ -249,3 +253,52 @@ def test_the_readme_counts_the_tables_there_are():
 def test_plots_go_beside_the_markdown_or_under_the_workdir_never_into_the_project_by_default():
   assert reproduce.default_img_dir("docs/results.md", "runs/reproduce") == pathlib.Path("docs/img")
   assert reproduce.default_img_dir("", "runs/reproduce") == pathlib.Path("runs/reproduce/img")
+
+
+# Runs scripts/reproduce.py in a process where importing matplotlib fails as when the plot extra is not installed.
+WITHOUT_MATPLOTLIB = (
+  "import runpy, sys; sys.modules['matplotlib'] = None; sys.argv[0] = 'scripts/reproduce.py'; "
+  "runpy.run_path('scripts/reproduce.py', run_name='__main__')"
+)
+
+
+def reproduce_without_matplotlib(*argv: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, "-c", WITHOUT_MATPLOTLIB, *argv], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+  )
+
+
+def test_listing_the_tables_needs_no_matplotlib_and_a_table_that_plots_says_so_in_one_sentence():
+  listed = reproduce_without_matplotlib("--list")
+  assert listed.returncode == 0 and listed.stderr == "", listed.stderr[-3000:]
+  assert all(t.name in listed.stdout for t in reproduce.TABLES)
+  plotting = reproduce_without_matplotlib("--table", "vq_throughput")
+  assert plotting.returncode == 2
+  assert plotting.stderr.splitlines() == [
+    "error: matplotlib is not installed; install the plot extra: pip install -e \".[plot]\"."
+  ]
+  assert [t.name for t in reproduce.TABLES if t.plots] == [
+    "vq_throughput",
+    "flash_latency",
+    "flash_quality",
+    "latte_runtime",
+    "fit_scaling",
+    "fit_interleave",
+    "block_throughput",
+  ]
+
+
+def test_a_table_run_on_a_cpu_host_prints_no_accelerator_plugin_noise(tmp_path):
+  """The table starts the backends inside the start-up filter (lra_core/runtime/quiet_start.py)."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  proc = subprocess.run(
+    [sys.executable, "scripts/reproduce.py", "--table", "params", f"--workdir={tmp_path}"],
+    cwd=PROJECT_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  if not quiet_start.has_accelerator():
+    assert proc.stderr == ""

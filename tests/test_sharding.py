@@ -216,6 +216,16 @@ def test_logical_rules_replicate_what_does_not_divide():
 def test_mesh_errors_are_clear():
   with pytest.raises(lra_core.ConfigError, match="needs 16 devices, but only 8"):
     layout.make_mesh({"data": 4, "fsdp": 4, "tensor": 1})
+  # The sentence names the overrides that fit the devices there are (a run trained on more, read on one).
+  with pytest.raises(
+    lra_core.ConfigError,
+    match=r"needs 8 devices, but only 1 are available; with --config\.mesh\.sequence=1 the mesh fits them\.$",
+  ):
+    layout.mesh_shape({"data": 1, "fsdp": 1, "sequence": 8, "tensor": 1}, 1)
+  with pytest.raises(lra_core.ConfigError, match=r"; with --config\.mesh\.fsdp=2 the mesh fits them\.$"):
+    layout.make_mesh({"data": 4, "fsdp": 4, "tensor": 1})
+  with pytest.raises(lra_core.ConfigError, match=r"; with --config\.mesh\.data=1 --config\.mesh\.sequence=1 the mesh"):
+    layout.mesh_shape({"data": 4, "sequence": 8}, 1)
   with pytest.raises(lra_core.ConfigError, match="not a multiple of 3"):
     layout.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
 

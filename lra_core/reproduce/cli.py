@@ -31,7 +31,8 @@ from collections.abc import Sequence
 
 from lra_core import cli
 from lra_core.errors import ConfigError
-from lra_core.reproduce.common import Context, Result, commit
+from lra_core.reproduce.common import Context, Result, commit, pyplot
+from lra_core.runtime import quiet_start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Table:
   paper: str  # which table / figure of which paper
   summary: str
   data: str = ""  # what under --data_dir it trains on ("" for none)
+  plots: bool = False  # whether it draws plots (needs the plot extra, checked before it runs)
 
 
 TABLES = (
@@ -55,6 +57,7 @@ TABLES = (
     "transformer_vq",
     "Transformer-VQ Tables 6-9",
     "train-step throughput of full vs VQ attention: reductions, head types, sequence lengths",
+    plots=True,
   ),
   Table(
     "vq_codebook",
@@ -75,6 +78,7 @@ TABLES = (
     "flash",
     "FLASH Table 11",
     "train-step latency of FLASH, FLASH-Quad and Transformer++ by context length",
+    plots=True,
   ),
   Table(
     "flash_quality",
@@ -82,12 +86,14 @@ TABLES = (
     "FLASH Figure 6 (small)",
     "quality against training cost of FLASH, FLASH-Quad and Transformer++ on C4 bytes",
     data="c4",
+    plots=True,
   ),
   Table(
     "latte_runtime",
     "latte",
     "Latte Figures 8-10",
     "attention core time and memory of Latte vs softmax attention by sequence length",
+    plots=True,
   ),
   Table(
     "latte_lra",
@@ -96,19 +102,27 @@ TABLES = (
     "LRA rows on the available LRA data: Latte, Latte-Macchiato, Transformer",
     data="lra",
   ),
-  Table("fit_scaling", "fit", "FIT Table 2b", "train-step time and memory of FIT vs ViT as the image grows"),
+  Table(
+    "fit_scaling",
+    "fit",
+    "FIT Table 2b",
+    "train-step time and memory of FIT vs ViT as the image grows",
+    plots=True,
+  ),
   Table(
     "fit_interleave",
     "fit",
     "FIT Table 6 (small)",
     "local/global interleaving patterns: small FIT runs on LRA Image (CIFAR-10 pixels)",
     data="lra/cifar10",
+    plots=True,
   ),
   Table(
     "block_throughput",
     "block_transformer",
     "Block Transformer Table 2, Figure 2",
     "generation throughput of Block Transformer vs vanilla, and the Pareto plot",
+    plots=True,
   ),
   Table(
     "tpu_fit",
@@ -269,7 +283,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     raise ConfigError(f"table {table.name} trains on real data: pass --data_dir=<folder holding {table.data}/>.")
   if data_dir is not None and table.data and not (data_dir / table.data).exists():
     raise ConfigError(f"{data_dir / table.data} does not exist; --data_dir must hold {table.data}/.")
+  if table.plots:
+    pyplot()  # without the plot extra, its one sentence now rather than after the table has run for minutes
   cli.setup_logging()
+  quiet_start.start_backends()  # the accelerator plugins start here, not in the table: their noise dropped
   log = lambda s: print(s, file=sys.stderr, flush=True)
   ctx = Context(
     full=args.full,

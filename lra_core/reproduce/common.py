@@ -9,6 +9,7 @@ A table is a function `run(ctx: Context) -> Result` registered in `lra_core/repr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -21,9 +22,6 @@ from lra_core.config import PROJECT_ROOT as ROOT
 from lra_core.config import load_config
 from lra_core.errors import DataError, optional_import
 from lra_core.run.metrics import read_metrics
-
-optional_import("matplotlib", "plot").use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -93,9 +91,17 @@ def data_path(ctx: Context, relative: str) -> pathlib.Path:
   return path
 
 
+@functools.cache
+def pyplot():
+  """matplotlib's pyplot drawing to files (Agg), or MissingExtra naming the plot extra. Imported when a
+  table first plots, not with this module: listing the tables, or a table without plots, needs no matplotlib."""
+  optional_import("matplotlib", "plot").use("Agg")
+  return optional_import("matplotlib.pyplot", "plot")
+
+
 def figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6):
   """A matplotlib figure and its axes (always a flat list)."""
-  fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+  fig, axes = pyplot().subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
   return fig, list(axes.flat)
 
 
@@ -105,7 +111,7 @@ def save_plot(ctx: Context, fig, name: str) -> pathlib.Path:
   path = ctx.img_dir / f"{name}.png"
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
+  pyplot().close(fig)
   return path
 
 

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from matplotlib import ticker
 
 from lra_core import data as data_lib
 from lra_core.bench import cores
 from lra_core.kernels import latte as latte_kernels
 from lra_core.markdown import markdown_table
-from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, save_plot, train
+from lra_core.reproduce.common import Context, Result, data_path, figure, fmt, load_config, pyplot, save_plot, train
 
 # =============================================================================== latte_runtime
 
@@ -183,7 +182,7 @@ def _runtime_plot(ctx: Context, by_length: Sequence[dict], by_latents: Sequence[
   ):
     ax.set(xscale="log", yscale="log", xlabel=xlabel)
     ax.set_xticks(xs, [str(x) for x in xs], rotation=45 if len(xs) > 4 else 0)
-    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.xaxis.set_minor_locator(pyplot().NullLocator())
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7)
   return save_plot(ctx, fig, "latte_runtime")

@@ -44,7 +44,11 @@ def is_command(argv0: str) -> bool:
   if argv0 == "-m":  # python -m lra_core.<command>: the package is imported before the module runs
     return True
   path = pathlib.Path(argv0)
-  return path.name.startswith("lra-") or (path.parent.name == "scripts" and (path.parent.parent / "lra_core").is_dir())
+  if path.name.startswith("lra-"):
+    return True
+  # Resolved: `python plot.py` run inside scripts/ names no folder (only a .py path: "-c" run there is no script).
+  script = path.resolve() if path.suffix == ".py" else path
+  return script.parent.name == "scripts" and (script.parent.parent / "lra_core").is_dir()
 
 
 def has_accelerator() -> bool:
