@@ -65,7 +65,7 @@ def _start(config: str, workdir: pathlib.Path, overrides: list[str], logs: pathl
   ]
 
 
-def _logged_step(log: pathlib.Path, offset: int) -> int:
+def logged_step(log: pathlib.Path, offset: int) -> int:
   """The newest step the progress lines written after `offset` report (0 if none yet)."""
   if not log.exists():
     return 0
@@ -73,6 +73,12 @@ def _logged_step(log: pathlib.Path, offset: int) -> int:
     f.seek(offset)
     text = f.read().decode(errors="replace")
   return max((int(m) for m in re.findall(r" step (\d+)/\d+ ", text)), default=0)
+
+
+def timed_kill_moment(delay: float, step: int) -> str:
+  """The label of a kill `delay` seconds after a start whose log had reached `step` (0: no step yet)."""
+  where = f"at step {step}" if step else "in start-up"
+  return f"{where}, timed at {delay:.1f} s"
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float) -> list[int | None]:
@@ -116,7 +122,7 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
   log(f"soak: the uninterrupted reference, {steps} steps over 2 processes ...")
   start = time.monotonic()
   procs = _start(config, reference, overrides, logs / "reference")
-  while _logged_step(logs / "reference" / "process0.log", 0) < 1 and all(p.poll() is None for p in procs):
+  while logged_step(logs / "reference" / "process0.log", 0) < 1 and all(p.poll() is None for p in procs):
     time.sleep(0.05)
   first_step_s = time.monotonic() - start  # start-up: the window of the kills that land there
   if _wait(procs, 900) != [0, 0]:
@@ -157,12 +163,13 @@ def soak(config: str, workdir: pathlib.Path, kills: int, steps: int, seed: int, 
     # or in a checkpoint being written.
     if rng.random() < 0.25:
       delay = rng.uniform(0.5, first_step_s)
-      moment = f"{delay:.1f} s into start-up"
       _wait(procs, delay)
+      # A restart can be past its start-up by then (its compiles cached, its data read): say where it was.
+      moment = timed_kill_moment(delay, logged_step(logs / "soak" / "process0.log", offset))
     else:
       target = min((resumed // every + 1) * every + rng.randrange(every), steps - 1)
       moment = f"at step {target}"
-      while _logged_step(logs / "soak" / "process0.log", offset) < target and all(p.poll() is None for p in procs):
+      while logged_step(logs / "soak" / "process0.log", offset) < target and all(p.poll() is None for p in procs):
         time.sleep(0.005)
       time.sleep(rng.uniform(0.0, 0.05))
     if any(p.poll() is not None for p in procs):  # it ended (or failed) before the kill: not a kill

@@ -140,10 +140,12 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       return _abandoned(e, ckpt, writer)
   summary["param_checksum"] = param_checksum(loop.state["params"])
   _add_timing(summary, workdir, loop.meter, stop - start, t.steps, loop.time_before + loop.train_time)
-  writer.write(t.steps, {k: v for k, v in summary.items() if k.startswith(("val_", "test_"))})
+  metrics = {k: v for k, v in summary.items() if k.startswith(("val_", "test_")) and k not in COVERAGE_KEYS}
+  writer.write(t.steps, metrics)
   writer.write_json("summary.json", summary)
   writer.close()
   logging.info("done: %s", _fmt(summary))
+  logging.info("%s", coverage(summary))
   return summary
 
 
@@ -279,9 +281,26 @@ def _final_metrics(config, evaluate: Evaluator, state: dict) -> dict[str, float]
   """val_* over train.eval_batches of the validation split, and test_* over all of the test split
   (where train.test_at_end)."""
   out = {f"val_{k}": v for k, v in evaluate(state, "validation", config.train.eval_batches).items()}
+  # What each covers, said beside them: a few validation batches and a whole test split can differ a lot.
+  out["val_examples"], out["val_split_examples"] = evaluate.coverage("validation", config.train.eval_batches)
   if config.train.test_at_end:
     out.update({f"test_{k}": v for k, v in evaluate(state, "test").items()})
+    out["test_examples"] = evaluate.coverage("test")[0]
   return out
+
+
+# Counts, not metrics: kept out of metrics.jsonl.
+COVERAGE_KEYS = ("val_examples", "val_split_examples", "test_examples")
+
+
+def coverage(summary: dict) -> str:
+  """The line saying what val_* and test_* of a run's summary were computed over."""
+  line = f"val_* over {summary['val_examples']} of the {summary['val_split_examples']} validation examples"
+  if summary["val_examples"] < summary["val_split_examples"]:
+    line += " (train.eval_batches)"
+  if "test_examples" in summary:
+    line += f", test_* over all {summary['test_examples']} test examples"
+  return line
 
 
 def _validate(evaluate: Evaluator, state: dict, step: int, batches: int, writer: MetricWriter) -> None:
@@ -471,6 +490,7 @@ def main(argv=None) -> None:
     return
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")
+  print(coverage(summary))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import pytest
 import fixtures
 import lra_core
 import outputs
-from lra_core import cli, registry
+from lra_core import cli, registry, soak
 from lra_core.runtime import fs
 from lra_core.runtime.preemption import PreemptionNotice
 
@@ -338,3 +338,15 @@ def test_ctrl_c_while_the_steps_compile_ends_with_130_not_a_crash(tmp_path):
   # (Should the first step have begun already, the run saves it and says so: 130 as well.)
   assert err.strip().endswith("aborted (Ctrl-C).") or "interrupted: " in out, err[-3000:]
   assert "Traceback" not in err and "Segmentation" not in err
+
+
+def test_soak_labels_a_timed_kill_by_where_the_restart_was(tmp_path):
+  """A kill timed within the reference's start-up can land after a resumed start's first steps (its
+  compiles cached): the label says the step its log had reached, not "into start-up"."""
+  log = tmp_path / "process0.log"
+  log.write_text("12:00:00 INFO step 40/60 loss=1 | ETA 0:01\n")
+  earlier = log.stat().st_size
+  with log.open("a") as f:
+    f.write("12:00:09 INFO step 44/60 loss=1 | ETA 0:01\n12:00:10 INFO step 48/60 loss=1 | ETA 0:01\n")
+  assert soak.timed_kill_moment(22.1, soak.logged_step(log, earlier)) == "at step 48, timed at 22.1 s"
+  assert soak.timed_kill_moment(3.04, soak.logged_step(log, log.stat().st_size)) == "in start-up, timed at 3.0 s"

@@ -1,5 +1,6 @@
 """ListOps: generator against an independent parser/evaluator, loader on handwritten files."""
 
+import itertools
 import logging
 import pathlib
 import random
@@ -309,3 +310,44 @@ def test_cli_generate_and_stats(tmp_path, capsys):
   listops.main(["stats", str(tmp_path / "basic_train.tsv")])
   out = capsys.readouterr().out
   assert "basic_train.tsv: 5 examples; length min" in out and "labels 0:" in out
+
+
+TINY_CLI = ["--num_train", "20", "--num_val", "2", "--num_test", "2", "--max_depth", "4", "--max_args", "4"]
+TINY_CLI += ["--min_length", "8", "--max_length", "40"]
+
+
+def test_cli_generate_shows_progress_and_writes_whole_files(tmp_path, capsys):
+  listops.main(["generate", "--out", str(tmp_path), *TINY_CLI])
+  err = capsys.readouterr().err
+  assert f"writing {tmp_path / 'basic_train.tsv'}: 2 of 20 (10%)" in err
+  assert f"writing {tmp_path / 'basic_train.tsv'}: 20 of 20 (100%)" in err
+  assert f"writing {tmp_path / 'basic_test.tsv'}: 2 of 2 (100%)" in err
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(listops.SPLIT_FILES.values())  # no temporary left
+  assert len(listops.load_tsv(tmp_path / "basic_train.tsv")) == 20
+
+
+def test_cli_generate_ctrl_c_leaves_no_file_and_exits_130(tmp_path, monkeypatch, capsys):
+  real = listops.sample_expressions
+
+  def interrupted(*args, **kwargs):
+    yield from itertools.islice(real(*args, **kwargs), 5)  # some rows of basic_train.tsv written, then Ctrl-C
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(listops, "sample_expressions", interrupted)
+  (tmp_path / "basic_val.tsv").write_text("an earlier file")
+  with pytest.raises(SystemExit) as exit_:
+    listops.main(["generate", "--out", str(tmp_path), *TINY_CLI])
+  assert exit_.value.code == 130
+  assert capsys.readouterr().err.splitlines()[-1] == "aborted (Ctrl-C)."
+  assert [p.name for p in tmp_path.iterdir()] == ["basic_val.tsv"]  # no basic_train.tsv, whole or partial
+  assert (tmp_path / "basic_val.tsv").read_text() == "an earlier file"
+
+
+def test_cli_generate_help_shows_defaults(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    listops.main(["generate", "--help"])
+  assert exit_.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())
+  for name in listops.GENERATOR_FIELDS:
+    assert f"--{name}" in out
+  assert "(default: 96000)" in out and "(default: 2000)" in out and "(default: 500)" in out

@@ -80,15 +80,19 @@ def test_grid_trains_every_run_and_tables_their_summaries(grid):
     ("3", "2", "3"),
   ]
   columns = list(rows[0])
-  assert columns[:5] == ["train.steps", "train.eval_batches", "val_accuracy", "val_loss", "step"]
+  # val_examples / val_split_examples: what val_* cover (train.eval_batches of the validation split).
+  metrics = ["val_accuracy", "val_examples", "val_loss", "val_split_examples", "step"]
+  assert columns[:7] == ["train.steps", "train.eval_batches", *metrics]
+  assert [int(r["val_examples"]) for r in rows] == [s["val_examples"] for s in summaries] == [8, 12, 8, 12]
   assert columns[-1] == "param_checksum" and "status" not in columns
   assert [float(r["val_loss"]) for r in rows] == [s["val_loss"] for s in summaries]  # full precision
   checksums = [s["param_checksum"] for s in summaries]
   assert checksums[0] == checksums[1] != checksums[2] == checksums[3]  # each run got its own train.steps
   table = (workdir / "results.md").read_text().splitlines()
-  assert len(table) == 6 and table[0].startswith("| train.steps | train.eval_batches | val_accuracy | val_loss |")
+  assert len(table) == 6 and table[0].startswith("| train.steps | train.eval_batches | " + " | ".join(metrics[:3]))
   last = summaries[3]
-  assert table[5].startswith(f"| 3 | 2 | {last['val_accuracy']:.4g} | {last['val_loss']:.4g} | 3 |")
+  counts = f"{last['val_examples']} | {last['val_loss']:.4g} | {last['val_split_examples']}"
+  assert table[5].startswith(f"| 3 | 2 | {last['val_accuracy']:.4g} | {counts} | 3 |")
   record = json.loads((workdir / "sweep.json").read_text())
   assert [r["name"] for r in record["runs"]] == NAMES
   assert record["runs"][1]["overrides"] == ["train.steps=2", "train.eval_batches=2"]

@@ -1,6 +1,7 @@
 """End-to-end runs of the one trainer: every task, resume, checkpoints, accumulation, CLI."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 
 import lra_core
 from lra_core.run.metrics import read_metrics
-from lra_core.train import train_and_evaluate
+from lra_core.train import coverage, train_and_evaluate
 
 LISTOPS = "configs/lra/listops/transformer.py:tiny"
 pytestmark = pytest.mark.usefixtures("persistent_compile_cache")  # a stopped and resumed run compiles once
@@ -58,6 +59,12 @@ def test_classify_end_to_end_writes_all_outputs(tmp_path, cache_dir):
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records if "train_loss" in r] == [1, 2, 3, 4]  # tiny: log_every 0, every step of 4
   assert any("val_accuracy" in r for r in records)
+  # What val_* and test_* cover (tiny: 2 eval batches of 8 of the 40 validation examples), in the summary only.
+  saved = json.loads((tmp_path / "summary.json").read_text())
+  assert (saved["val_examples"], saved["val_split_examples"], saved["test_examples"]) == (16, 40, 40)
+  said = "val_* over 16 of the 40 validation examples (train.eval_batches), test_* over all 40 test examples"
+  assert coverage(saved) == said
+  assert not any("val_examples" in r for r in records)
   assert list((tmp_path / "tensorboard").iterdir())
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4]
 
@@ -168,6 +175,40 @@ def test_cli_reports_config_errors_in_one_sentence(tmp_path):
   ]
 
 
+@pytest.mark.parametrize(
+  "command, folder, line",
+  [
+    (
+      ["-m", "lra_core.train", f"--config={LISTOPS}", "--confg.train.steps=3"],
+      ".",
+      "error: --confg.train.steps=3 is not an option of python -m lra_core.train; did you mean --config.train.steps=3?",
+    ),
+    (["-m", "lra_core.evaluate", "--workdir={tmp}/nope"], ".", "error: workdir '{tmp}/nope' does not exist; "),
+    # Run inside scripts/, where sys.argv[0] names no folder.
+    (["plot.py", "--metrics=train_los", "{tmp}"], "scripts", "error: no workdir logged 'train_los'; "),
+    # A script that imports JAX itself.
+    (["scripts/tpu_variants.py", "--topology=nope"], ".", "error: topology 'nope' is not known; "),
+  ],
+  ids=["train", "evaluate", "plot_inside_scripts", "tpu_variants"],
+)
+def test_every_command_says_its_one_line_without_accelerator_plugin_noise(tmp_path, command, folder, line):
+  """On a host without accelerators, with the CUDA plugin of the test extra installed and JAX_PLATFORMS=cpu (as
+  the suite sets it), a command's error is its one line: the plugin's start-up lines are dropped
+  (lra_core/runtime/quiet_start.py)."""
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train_loss": 2.0}) + "\n")
+  root = pathlib.Path(__file__).resolve().parent.parent
+  proc = subprocess.run(
+    [sys.executable, *(a.format(tmp=tmp_path) for a in command)],
+    cwd=root / folder,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(line.format(tmp=tmp_path)), proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_cli_trains_tiny_config_from_another_directory(tmp_path, cache_dir):
   proc = run_cli(
@@ -179,5 +220,5 @@ def test_cli_trains_tiny_config_from_another_directory(tmp_path, cache_dir):
     cwd=tmp_path,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "test_accuracy=" in proc.stdout
+  assert "test_accuracy=" in proc.stdout and "validation examples (train.eval_batches), test_* over all" in proc.stdout
   assert (tmp_path / "run" / "summary.json").exists()

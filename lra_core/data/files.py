@@ -1,5 +1,6 @@
 """Locating dataset files, with errors that name the expected layout and how to get it,
-and tfds-style split slices such as "train[:90%]".
+tfds-style split slices such as "train[:90%]", and writing generated files whole (`atomic_text`,
+with `Progress` lines for the long ones).
 
 Data paths are `etils.epath` paths, so a data.dir may be a local folder or an object-store URL
 (gs://bucket/enwik8) alike: loaders open files through epath or the helpers here, never through
@@ -9,12 +10,16 @@ the builtin open or pathlib (which turns gs://b into gs:/b).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import itertools
 import os
+import pathlib
 import re
+import secrets
+import sys
 from collections.abc import Iterator, Sequence
-from typing import IO
+from typing import IO, TextIO
 
 from etils import epath
 
@@ -93,6 +98,39 @@ def list_files(folder: str | os.PathLike) -> list[epath.Path]:
     with os.scandir(folder) as entries:
       return [epath.Path(e.path) for e in entries if e.is_file()]
   return [p for p in folder.iterdir() if p.is_file()]
+
+
+@contextlib.contextmanager
+def atomic_text(path: str | os.PathLike, *, newline: str | None = None) -> Iterator[IO[str]]:
+  """A UTF-8 text file opened for writing under a temporary name beside the local file `path`, renamed
+  onto `path` when the block ends; an error or a Ctrl-C inside the block removes it instead, so `path`
+  is either whole or as it was before (never a truncated file that a later run would read)."""
+  target = pathlib.Path(path)
+  # Same folder: a rename within one filesystem is atomic. The dot keeps the name out of globs; mode "x"
+  # (not tempfile, which makes files 0600) gives the permissions a plain open gives.
+  tmp = target.parent / f".{target.name}-{os.getpid()}-{secrets.token_hex(4)}.partial"
+  try:
+    with open(tmp, "x", newline=newline, encoding="utf-8") as f:
+      yield f
+    os.replace(tmp, target)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+
+
+class Progress:
+  """Lines on stderr saying how far a long job of `total` items has got, one each time another
+  `every` of it is done (lines, not a bar: they read the same in a log file)."""
+
+  def __init__(self, total: int, what: str, *, every: float = 0.1, stream: TextIO | None = None):
+    self.total, self.what, self.done = max(total, 1), what, 0
+    self.step = max(1, int(self.total * every))
+    self.stream = sys.stderr if stream is None else stream
+
+  def advance(self, count: int = 1) -> None:
+    before, self.done = self.done, self.done + count
+    if self.done // self.step > before // self.step or self.done == self.total > before:
+      print(f"{self.what}: {self.done:,} of {self.total:,} ({100 * self.done / self.total:.0f}%)", file=self.stream)
 
 
 _READERS, _READ_AHEAD = 32, 4096  # threads, and files per batch, that `prefetch` reads objects with

@@ -42,6 +42,11 @@ class Evaluator:
       metrics.update({f"{k}_raw": v for k, v in raw.items()})
     return metrics
 
+  def coverage(self, split: str, limit: int = 0) -> tuple[int, int]:
+    """(examples an evaluation of `split` over `limit` batches (0: all) reads, examples in `split`)."""
+    total = len(self.readers[split].source)
+    return (min(total, limit * self.batch_size) if limit else total), total
+
   def _run(self, params: dict, model_state: dict, split: str, limit: int) -> dict[str, float]:
     reader = self.readers[split]
     # Every autoregressive eval batch starts with reset=True, so this only fixes the shapes.

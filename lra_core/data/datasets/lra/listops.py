@@ -13,6 +13,7 @@ vocabulary instead of LRA's set order, which changed with PYTHONHASHSEED.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import hashlib
@@ -22,7 +23,6 @@ import os
 import pathlib
 import random
 import shutil
-import sys
 import time
 from typing import Iterator, Sequence
 
@@ -186,8 +186,10 @@ def generate_files(
   min_length: int = 500,
   max_length: int = 2000,
   seed: int = 0,
+  progress: bool = False,
 ) -> None:
-  """Writes basic_{train,val,test}.tsv: the first num_train expressions drawn go to train, etc."""
+  """Writes basic_{train,val,test}.tsv: the first num_train expressions drawn go to train, etc. Each
+  file appears only once whole (files.atomic_text); `progress` prints how far it has got on stderr."""
   settings = dict(
     num_train=num_train,
     num_val=num_val,
@@ -210,11 +212,14 @@ def generate_files(
     max_length=max_length,
   )
   for split, count in (("train", num_train), ("validation", num_val), ("test", num_test)):
-    with open(out / SPLIT_FILES[split], "w", newline="", encoding="utf-8") as f:
+    shown = files.Progress(count, f"writing {out / SPLIT_FILES[split]}") if progress else None
+    with files.atomic_text(out / SPLIT_FILES[split], newline="") as f:
       writer = csv.writer(f, delimiter="\t")  # default "\r\n" line ends, as in the official files
       writer.writerow(HEADER)
       for _ in range(count):
         writer.writerow(next(examples))
+        if shown is not None:
+          shown.advance()
 
 
 BYTES_PER_TOKEN = 5.5  # of the TSV files, source and target: measured over 320 expressions of 500-2000 tokens
@@ -460,34 +465,49 @@ def describe(examples: Examples) -> str:
   )
 
 
+GENERATOR_HELP = dict(
+  seed="seed of the expression draw",
+  num_train="examples in basic_train.tsv",
+  num_val="examples in basic_val.tsv",
+  num_test="examples in basic_test.tsv",
+  max_depth="deepest operator nesting",
+  max_args="most arguments of one operator",
+  min_length="expressions are longer than this many tokens",
+  max_length="expressions are shorter than this many tokens",
+)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = cli.doc_parser("python -m lra_core.data.datasets.lra.listops", __doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv into --out")
-  gen.add_argument("--out", required=True)
+  gen.add_argument("--out", required=True, help="folder to write the three files into")
   for name in GENERATOR_FIELDS:
-    gen.add_argument(f"--{name}", type=int, default=_DEFAULTS[name])
+    shown = f"{GENERATOR_HELP[name]} (default: %(default)s)"
+    gen.add_argument(f"--{name}", type=int, default=_DEFAULTS[name], help=shown)
   stats = commands.add_parser("stats", help="print size, token lengths and labels of TSV files")
   stats.add_argument("files", nargs="+")
   args = parser.parse_args(argv)
-  try:
-    if args.command == "generate":
-      total = args.num_train + args.num_val + args.num_test
-      size = expected_bytes(total, args.min_length, args.max_length)
-      print(
-        f"writing {total:,} expressions of {args.min_length}-{args.max_length} tokens to {args.out}: "
-        f"about {size / 1e6:,.0f} MB"
-      )
-      start = time.time()
-      generate_files(args.out, **{name: getattr(args, name) for name in GENERATOR_FIELDS})
-      print(
-        f"wrote {args.num_train}/{args.num_val}/{args.num_test} examples to {args.out} in {time.time() - start:.1f} s"
-      )
-    else:
-      for path in args.files:
-        print(f"{path}: {describe(load_tsv(path))}")
-  except (ConfigError, DataError) as e:
-    sys.exit(f"error: {e}")
+  # A UserError is one line and status 2, a Ctrl-C one line and status 130, as for every command.
+  cli.run(lambda: _command(args))
+
+
+def _command(args: argparse.Namespace) -> None:
+  if args.command == "generate":
+    total = args.num_train + args.num_val + args.num_test
+    size = expected_bytes(total, args.min_length, args.max_length)
+    print(
+      f"writing {total:,} expressions of {args.min_length}-{args.max_length} tokens to {args.out}: "
+      f"about {size / 1e6:,.0f} MB",
+      flush=True,
+    )
+    start = time.time()
+    generate_files(args.out, progress=True, **{name: getattr(args, name) for name in GENERATOR_FIELDS})
+    took = time.time() - start
+    print(f"wrote {args.num_train}/{args.num_val}/{args.num_test} examples to {args.out} in {took:.1f} s")
+  else:
+    for path in args.files:
+      print(f"{path}: {describe(load_tsv(path))}")
 
 
 def codec(config):
