@@ -66,13 +66,22 @@ CAUSAL = {
   "transformer_vq_full": "configs/enwik8/transformer_vq.py:tiny,full",  # ring attention, no XL bias
   "transformer": "configs/enwik8/transformer.py:tiny",  # softmax attention: ring attention
   "transformer++_gqa": "configs/enwik8/transformer.py:tiny,plusplus",
+  "transformer++_yarn": "configs/enwik8/transformer.py:tiny,plusplus",  # RoPE scaled: positions per chip
   "transformer_window": "configs/enwik8/transformer.py:tiny",
   "transformer_zigzag": "configs/enwik8/transformer.py:tiny",  # without dropout: the zig-zag order
   "transformer_plain": "configs/enwik8/transformer.py:tiny",
   "block_transformer": "configs/c4/block_transformer.py:tiny",
   "fit_ar": "configs/imagenet64/fit_ar.py:tiny,overlap",
 }
-EXTRA = {"latte_pallas": ["model.impl=pallas"], "flash_pallas": ["model.impl=pallas", "model.chunk=8"]}
+EXTRA = {
+  "latte_pallas": ["model.impl=pallas"],
+  "flash_pallas": ["model.impl=pallas", "model.chunk=8"],
+  "transformer++_yarn": [
+    "model.rope_scaling.type=yarn",
+    "model.rope_scaling.factor=4",
+    "model.rope_scaling.original_max_len=16",
+  ],
+}
 EXTRA["flash"] = EXTRA["flash_mlm"] = ["model.chunk=8"]  # whole chunks on each of 8 chips
 VQ_DROPOUT = ["model.dropres=0.1", "model.droplyr=0.2", "model.dropsin=0.1"]
 EXTRA["transformer_vq"] = ["train.update_len=64", "model.block_len=8", *VQ_DROPOUT]  # one block per chip of 8
@@ -150,6 +159,7 @@ VARIANTS = {
   "flash_pallas",
   "transformer_vq_pallas",
   "transformer++_gqa",
+  "transformer++_yarn",
   "transformer_window",
   "transformer_zigzag",
   "transformer_plain",

@@ -7,10 +7,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from test_transformer import make_config as transformer_config
+from test_transformer import make_model
 
 import lra_core
 import oracles
@@ -25,7 +26,6 @@ from lra_core.models.layers.positions import (
   rope_dims,
   rope_inv_freq,
 )
-from lra_core.protocol import RunInfo
 
 SCALED = tuple(t for t in ROPE_SCALING_TYPES if t != "none")
 TRAINED = 32  # L0 of the frequency tests; positions run to 4 L0
@@ -223,18 +223,8 @@ def test_a_rotation_wider_than_the_head_is_refused():
 
 
 def make_config(seq_len=24, variant="transformer++", **model):
-  c = ml_collections.ConfigDict()
-  c.task = "lm"
-  defaults = dict(vocab_size=23, d_model=32, num_layers=2, num_heads=2, d_ff=48)
-  c.model = transformer.model_config(variant, **{**defaults, **model})
-  c.train = ml_collections.ConfigDict(dict(seq_len=seq_len))
-  return c
-
-
-def make_model(config, seed=0):
-  model = transformer.Model(config.model, RunInfo.of(config), rngs=nnx.Rngs(params=seed))
-  model.eval()
-  return model
+  """test_transformer's tiny config with two heads of 16 (the fractions below are of a 16-wide head)."""
+  return transformer_config(variant=variant, seq_len=seq_len, **{"num_heads": 2, **model})
 
 
 DECODE_CASES = [

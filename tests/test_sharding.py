@@ -173,6 +173,21 @@ def test_packed_documents_sharded_equal_single_device(spec):
   assert not np.allclose(losses1, whole_rows)
 
 
+@pytest.mark.slow
+def test_rope_scaled_transformer_sharded_equals_single_device():
+  """YaRN-scaled rotary positions (per-document positions, past the trained length of 16) with packed
+  documents under 8-way data / FSDP / tensor sharding: the single device's losses and parameters."""
+  spec = "configs/c4/transformer.py:tiny,lm,plusplus"
+  extra = ["data.document_mask=true", "model.dropout=0.1", "model.rope_scaling.type=yarn"]
+  extra += ["model.rope_scaling.factor=4", "model.rope_scaling.original_max_len=16"]
+  _, _, _, state1, losses1 = train(ONE_DEVICE, spec=spec, extra=extra, documents=True)
+  _, mesh, _, state8, losses8 = train(EIGHT_DEVICES, spec=spec, extra=extra, documents=True)
+  assert mesh.size == 8
+  np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
+  for a, b in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+
+
 def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sharded):
   _, _, _, state8, _ = sharded
   _, _, spec1, _, _ = single
