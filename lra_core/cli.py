@@ -40,7 +40,7 @@ from typing import Any
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
-from lra_core.runtime import distributed, host_memory, process_end, quiet_start
+from lra_core.runtime import distributed, host_memory, preemption, process_end, quiet_start
 from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
@@ -256,7 +256,8 @@ def run(main: Callable[[], None]) -> None:
   Freed host memory is kept for reuse from the start (lra_core.runtime.host_memory)."""
   host_memory.keep_freed_memory()
   try:
-    main()
+    with preemption.ctrl_c_latched():
+      main()
   except Exception as e:
     lost = process_end.lost_peer(e)  # a peer gone: one line naming it, not the error it caused here
     if lost is not None:

@@ -62,7 +62,7 @@ from lra_core.checkpoints.saved_config import upgrade_config
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError
 from lra_core.markdown import markdown_table
-from lra_core.runtime import quiet_start
+from lra_core.runtime import preemption, quiet_start
 
 # Metric column order: by the first matching rule (a prefix or an exact name), then alphabetical.
 ORDER = ("val_", "test_", "step", "num_params", "train_time_s", "tokens_per_s", None, "param_checksum")
@@ -203,17 +203,21 @@ def train_all(runs: Sequence[Run], force: bool) -> list[dict]:
         logging.error("run %s failed: %s", run.name, e)
         summary, status = {}, f"failed: {e}"
       if summary.get("interrupted") or summary.get("preempted"):  # Ctrl-C or SIGTERM: the sweep stops too
-        raise SweepStopped(run.name, summary)
+        raise SweepStopped(f"run {run.name} saved at step {summary['stopped_at']}", bool(summary.get("interrupted")))
+    # A Ctrl-C whose KeyboardInterrupt was raised where it is only printed (a garbage-collection hook)
+    # as the run ended: the sweep stops all the same.
+    if preemption.ctrl_c_seen():
+      raise SweepStopped(f"Ctrl-C as run {run.name} ended", interrupted=True)
     rows.append({**run.values, **summary, "status": status})
   return rows
 
 
 class SweepStopped(Exception):
-  """A run of the sweep saved and left at a Ctrl-C or a SIGTERM: the sweep starts no other run."""
+  """A Ctrl-C or a SIGTERM stopped the sweep (its run saved): it starts no other run."""
 
-  def __init__(self, name: str, summary: dict):
-    self.name, self.summary = name, summary
-    super().__init__(f"run {name} saved at step {summary['stopped_at']}")
+  def __init__(self, what: str, interrupted: bool):
+    self.interrupted = interrupted
+    super().__init__(what)
 
 
 def collect(workdir: str) -> tuple[list[str], list[dict]]:
@@ -324,9 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
       keys, rows = list(sweeps), train_all(runs, args.force)
     except SweepStopped as stop:  # as the trainer ends at Ctrl-C or SIGTERM: 130 or 75, the same command continues
-      why = "interrupted" if stop.summary.get("interrupted") else "preempted"
+      why = "interrupted" if stop.interrupted else "preempted"
       print(f"{why}: {stop}; the sweep starts no other run; run the same command again to continue")
-      return cli.EXIT_INTERRUPTED if stop.summary.get("interrupted") else cli.EXIT_PREEMPTED
+      return cli.EXIT_INTERRUPTED if stop.interrupted else cli.EXIT_PREEMPTED
   print(write_tables(args.workdir, keys, rows), end="")
   bad = [r for r in rows if r["status"] != "ok"]
   if bad:

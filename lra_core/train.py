@@ -40,7 +40,7 @@ from lra_core.run.evaluation import Evaluator
 from lra_core.run.metrics import MetricWriter, Progress
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
-from lra_core.runtime import fs, process_end
+from lra_core.runtime import fs, preemption, process_end
 from lra_core.runtime.preemption import PreemptionNotice
 from lra_core.runtime.run_lock import RunLock
 from lra_core.runtime.watchdog import StepWatchdog
@@ -68,12 +68,15 @@ def train_and_evaluate(
   # train.init_from's source read from its config.json: a start refused for its model settings creates
   # no workdir and changes nothing in one that exists (the lock's file is the run's first write).
   check_source(config, workdir)
-  with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-    return _train_and_evaluate(config, workdir, stop_at_step, force)
+  # A start refused or interrupted before its first record (data, compile, Ctrl-C) leaves the workdir as it was.
+  with workdir_policy.FirstWrites(workdir) as first_writes:
+    with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+      return _train_and_evaluate(config, workdir, stop_at_step, force, first_writes)
 
 
-def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool) -> dict:
-  workdir_policy.check_resumable(config, workdir, force)
+def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool, first_writes) -> dict:
+  resumable = workdir_policy.check_resumable(config, workdir, force)
+  earlier = resumable.earlier  # a finished length evaluated again: nothing trained, nothing of later runs touched
   compile_cache.setup(config.train.compile_cache, workdir)
   t = config.train
 
@@ -93,11 +96,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
   data_setup.check_batch(first, config, 0)
   _log_document_mask(first, task)
-  # Only now, the data found: a start refused for its data leaves the workdir as it was.
-  finished = workdir_policy.keep_finished(config, workdir)
-  writer = _open_writer(config, workdir)
   check_writable(workdir)
-  data_files_name = data_setup.keep_data_files(workdir, data_files)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
   tx, schedule, spec = run_setup(config, mesh)
@@ -109,10 +108,13 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
+    finished = workdir_policy.finished_lengths(workdir)  # their checkpoints are kept by the rotation
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
-    state, start, meta = _initial_state(config, spec, ckpt, mesh)
+    state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier)
     data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
-    writer.resume(start)
+
+    first_writes.began()
+    writer, data_files_name = _first_writes(config, workdir, resumable, data_files, start)
     loop = _Loop(config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step, data_files_name)
     loop.resume(state, start, meta)
 
@@ -134,18 +136,20 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
       loop.guard.check_skipped_share(t.steps)
       # ------------------------------------------------------------------------- Final evaluation
-      summary = {"step": t.steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, loop.state)}
+      try:
+        summary = {"step": t.steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, loop.state)}
+      except KeyboardInterrupt:  # the last step is saved: the same command evaluates it
+        if jax.process_count() > 1:  # the others wait in this evaluation: lra_core.cli.run ends them all
+          raise
+        ckpt.close()
+        writer.close()
+        return {"stopped_at": t.steps, "interrupted": True}
       ckpt.close()
     except SaveAbandoned as e:
       return _abandoned(e, ckpt, writer)
   summary["param_checksum"] = param_checksum(loop.state["params"])
-  _add_timing(summary, workdir, loop.meter, stop - start, t.steps, loop.time_before + loop.train_time)
-  metrics = {k: v for k, v in summary.items() if k.startswith(("val_", "test_")) and k not in COVERAGE_KEYS}
-  writer.write(t.steps, metrics)
-  writer.write_json("summary.json", summary)
-  writer.close()
-  logging.info("done: %s", _fmt(summary))
-  logging.info("%s", coverage(summary))
+  _add_timing(summary, workdir / _summary_name(earlier), loop.meter, stop - start, t.steps, loop.total_time)
+  _write_summary(summary, writer, earlier)
   return summary
 
 
@@ -186,6 +190,8 @@ class _Loop:
       self.ckpt.abandon = notice.asked_to_stop  # a save stuck on a failing store gives way to SIGTERM
       try:
         preempted = self._steps(train_step, batches, stop)
+        if preempted is None and notice.received is not None and self.start < stop:
+          preempted = stop  # a signal after the last step's check: that step is saved (PERIODIC)
       finally:
         self.profiler.stop()
     self.progress.close()
@@ -209,11 +215,16 @@ class _Loop:
       for due, action in PERIODIC:
         if due(self.t, done, stop):
           action(self, done)
-      if self.notice.reached(done) and done < stop:
+      if self.notice.reached(done):  # the last step too: saved, the run leaves before its final evaluation
         if self.guard.last_saved != done:
           self.save(done)
         return done
     return None
+
+  @property
+  def total_time(self) -> float:
+    """The training time of every invocation up to the end of this one's steps."""
+    return self.time_before + self.train_time
 
   def flush(self) -> None:
     """Checks and adds up the metrics of the last dispatched step, if not done yet."""
@@ -318,6 +329,37 @@ def _open_writer(config, workdir: fs.Path) -> MetricWriter:
   return writer
 
 
+def _summary_name(earlier: int | None) -> str:
+  """summary.json, or for a finished length evaluated again its own kept summary.step<N>.json."""
+  return "summary.json" if earlier is None else f"summary.step{earlier}.json"
+
+
+def _write_summary(summary: dict, writer: MetricWriter, earlier: int | None) -> None:
+  """The final metrics into metrics.jsonl (not for a finished length evaluated again: that file goes on
+  past it) and the summary into its file; logs both."""
+  if earlier is None:
+    metrics = {k: v for k, v in summary.items() if k.startswith(("val_", "test_")) and k not in COVERAGE_KEYS}
+    writer.write(summary["step"], metrics)
+  writer.write_json(_summary_name(earlier), summary)
+  writer.close()
+  logging.info("done: %s", _fmt(summary))
+  logging.info("%s", coverage(summary))
+
+
+def _first_writes(config, workdir: fs.Path, resumable, data_files: dict, start: int) -> tuple[MetricWriter, str | None]:
+  """The run's first writes into its workdir, once its data, compile and checkpoint are found good: what
+  it keeps of earlier runs, its config.json and data-file table, its metrics cut back to `start`.
+  Returns (the metric writer, the table's name). A finished length evaluated again writes none of it:
+  the later run's config.json, metrics.jsonl and TensorBoard events stay as they are."""
+  if resumable.earlier is not None:
+    return MetricWriter(workdir), None
+  workdir_policy.keep_finished(config, workdir, resumable)
+  writer = _open_writer(config, workdir)
+  data_files_name = data_setup.keep_data_files(workdir, data_files)
+  writer.resume(start)
+  return writer, data_files_name
+
+
 def _log_mesh(mesh) -> None:
   logging.info(
     "mesh %s over %d %s device(s), %d process(es)",
@@ -339,9 +381,13 @@ def _log_document_mask(batch: dict, task) -> None:
     )
 
 
-def _initial_state(config, spec, ckpt: Checkpointer, mesh) -> tuple[dict, int, dict]:
-  """(state, step, meta) to start from: the latest checkpoint's, else a fresh state (its parameters
-  from train.init_from's run, if set) at step 0 and data position 0."""
+def _initial_state(config, spec, ckpt: Checkpointer, mesh, earlier: int | None) -> tuple[dict, int, dict]:
+  """(state, step, meta) to start from: the checkpoint at `earlier` (a finished length evaluated again),
+  else the latest checkpoint's, else a fresh state (its parameters from train.init_from's run, if set)
+  at step 0 and data position 0."""
+  if earlier is not None:
+    state, meta = ckpt.restore(earlier, spec.abstract)
+    return state, earlier, meta
   restored = ckpt.restore_latest(spec.abstract)
   if restored is not None:
     state, meta, start = restored
@@ -370,14 +416,15 @@ def _stopped(preempted: int | None, stop: int, notice: PreemptionNotice, ckpt: C
   return {"stopped_at": preempted, "preempted": True}
 
 
-def _add_timing(summary: dict, workdir: fs.Path, meter, steps_run: int, steps: int, train_time: float) -> None:
+def _add_timing(summary: dict, previous: fs.Path, meter, steps_run: int, steps: int, train_time: float) -> None:
   """Training time, tokens/s and MFU of the run's `steps` steps, over every invocation that trained
-  them (`train_time`); a finished run evaluated again keeps the timing its summary.json already holds."""
-  if steps_run > 0:
+  them (`train_time`, which the checkpoints carry on); a finished run evaluated again keeps the timing
+  its summary (`previous`) holds."""
+  if (steps_run > 0 or not previous.exists()) and train_time > 0:
     summary["train_time_s"] = train_time
     summary.update(meter.overall(steps, train_time))
-  elif (workdir / "summary.json").exists():
-    previous = json.loads((workdir / "summary.json").read_text())
+  elif previous.exists():
+    previous = json.loads(previous.read_text())
     summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
 
 
@@ -491,6 +538,8 @@ def main(argv=None) -> None:
   shown = {k: v for k, v in summary.items() if k.startswith("test_") or k == "param_checksum"}
   print(f"finished {args.spec} in {args.workdir}: {_fmt(shown)}")
   print(coverage(summary))
+  if preemption.ctrl_c_seen():  # one raised where it was only printed (a garbage-collection hook) as the run ended
+    sys.exit(cli.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -312,9 +312,9 @@ def test_a_save_stuck_on_a_failing_store_gives_up_in_time_and_yields_to_sigterm(
 def test_ctrl_c_while_the_steps_compile_ends_with_130_not_a_crash(tmp_path):
   """A Ctrl-C while the train and eval steps compile (sent once the model is built, before the train
   step's compile, which takes seconds where the tiny run after it takes one): one line and exit
-  status 130. (The interpreter's teardown under XLA's compile threads once crashed here, SIGSEGV,
-  status 139: a command now leaves without it.)"""
-  argv, _ = _transformer_run(tmp_path)
+  status 130, and no workdir left behind. (The interpreter's teardown under XLA's compile threads once
+  crashed here, SIGSEGV, status 139: a command now leaves without it.)"""
+  argv, workdir = _transformer_run(tmp_path)
   env = dict(os.environ, LRA_CORE_CACHE=str(tmp_path / "cache"))  # compiles for real: no cached steps
   # Ctrl-C as a terminal delivers it: a test run in the background inherits SIGINT ignored, which the
   # command would keep (Python installs its handler only where SIGINT is not ignored).
@@ -338,6 +338,8 @@ def test_ctrl_c_while_the_steps_compile_ends_with_130_not_a_crash(tmp_path):
   # (Should the first step have begun already, the run saves it and says so: 130 as well.)
   assert err.strip().endswith("aborted (Ctrl-C).") or "interrupted: " in out, err[-3000:]
   assert "Traceback" not in err and "Segmentation" not in err
+  # Stopped before its first step, the start takes back what it made: no stub workdir is left.
+  assert "interrupted: " in out or not workdir.exists(), sorted(p.name for p in workdir.iterdir())
 
 
 def test_soak_labels_a_timed_kill_by_where_the_restart_was(tmp_path):

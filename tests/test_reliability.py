@@ -8,6 +8,7 @@ import logging
 import re
 import shutil
 import sys
+import threading
 import time
 import types
 
@@ -22,6 +23,7 @@ from lra_core import layout
 from lra_core.checkpoints import read_failures
 from lra_core.checkpoints.checkpointer import Checkpointer, restore_params
 from lra_core.checkpoints.init_from import warm_start
+from lra_core.checkpoints.saved_config import load_workdir_config
 from lra_core.errors import ConfigError, DataError, StoreFailure
 from lra_core.run import data_setup, optim
 from lra_core.run.metrics import read_metrics
@@ -331,3 +333,136 @@ def test_token_ids_outside_the_vocabulary_are_refused():
     data_setup.check_batch(dict(good, inputs=np.full((2, 4), vocab, np.int32)), cfg, 7)
   with pytest.raises(DataError, match=r"targets id -1, outside 0..9 \(model.num_classes\)"):
     data_setup.check_batch(dict(good, targets=np.array([0, -1], np.int32)), cfg, 0)
+
+
+def _files(workdir) -> dict:
+  """Every file under `workdir` with its bytes (a refused start must change none of them)."""
+  return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()}
+
+
+def test_runs_of_several_lengths_share_a_workdir_and_none_is_trained_back(data, tmp_path, caplog):
+  """6 steps, extended to 10, then 12: each finished length is kept (summary, config, checkpoint) and the
+  plain command of any of them evaluates it again, changing nothing of the longer runs; a train.steps
+  below the last checkpoint that no run finished at is one sentence, every file left as it was."""
+  workdir, cosine = tmp_path / "run", ["optim.schedule=cosine", "optim.warmup_steps=2"]
+  six = train_and_evaluate(config(data, *cosine), workdir)
+  ten = train_and_evaluate(config(data, *cosine, "train.steps=10"), workdir)
+  before = _files(workdir)
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    again = train_and_evaluate(config(data, *cosine), workdir)  # the first command, as typed the first time
+  assert "train.steps=6: evaluating again the run that finished at step 6" in caplog.text
+  assert "train.steps 6 -> 6" not in caplog.text and "train.steps 10 -> 6" not in caplog.text
+  assert again == six  # its metrics and its timing (kept from the first evaluation)
+  after = _files(workdir)
+  assert json.loads(after.pop("summary.step6.json")) == six and set(after) == set(before) - {"summary.step6.json"}
+  assert all(after[name] == before[name] for name in after), "evaluating step 6 changed the 10-step run's files"
+  for steps in (8, 5):
+    with pytest.raises(
+      ConfigError,
+      match=rf"holds checkpoints up to step 10, past train.steps={steps}, and a run cannot be trained back: set "
+      r"train.steps to 6 to evaluate a run that finished there again, set train.steps=10 to evaluate the run that "
+      r"finished there, or more to extend it, or use another workdir.$",
+    ):
+      train_and_evaluate(config(data, *cosine, f"train.steps={steps}"), workdir)
+  assert {k: v for k, v in _files(workdir).items() if k != "summary.step6.json"} == after
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    assert (
+      train_and_evaluate(config(data, *cosine, "train.steps=10"), workdir)["param_checksum"] == ten["param_checksum"]
+    )
+  assert "train.steps 10 -> 10" not in caplog.text  # nothing changed, nothing said
+  # Extended again: the 10-step run's summary is kept beside the 6-step one's, by name, without a clash.
+  twelve = train_and_evaluate(config(data, *cosine, "train.steps=12"), workdir)
+  assert json.loads((workdir / "summary.step10.json").read_text())["param_checksum"] == ten["param_checksum"]
+  assert json.loads((workdir / "summary.json").read_text()) == twelve
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert {6, 10, 12} <= set(steps)
+  with pytest.raises(ConfigError, match=r"set train.steps to 6 or 10 to evaluate a run that finished there again"):
+    train_and_evaluate(config(data, *cosine, "train.steps=11"), workdir)
+  assert train_and_evaluate(config(data, *cosine, "train.steps=10"), workdir)["param_checksum"] == ten["param_checksum"]
+  assert json.loads((workdir / "summary.json").read_text()) == twelve
+
+
+def test_a_start_that_fails_before_its_first_write_leaves_the_workdir_as_it_was(
+  data, uninterrupted, tmp_path, monkeypatch
+):
+  """A Ctrl-C or an error while the steps compile: a new workdir is not created, an existing one (here
+  a finished run being extended) keeps every file as it was. Before, config.json, an empty
+  checkpoints/ and data_files/ were left (and an extension's summary.json renamed)."""
+  from lra_core import train
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(train, "_compile_train_step", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(config(data), tmp_path / "new")
+  assert not (tmp_path / "new").exists()
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(config(data), tmp_path / "empty")
+  assert not any((tmp_path / "empty").iterdir())
+  workdir = tmp_path / "finished"
+  shutil.copytree(uninterrupted[0], workdir)
+  before = _files(workdir)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(config(data, "train.steps=8"), workdir)
+  assert _files(workdir) == before
+
+
+def test_ctrl_c_at_the_last_step_or_in_the_final_evaluation_leaves_saved_for_the_same_command(
+  data, uninterrupted, tmp_path, monkeypatch
+):
+  """A Ctrl-C at the last step: that step is saved and the run leaves before its final evaluation
+  (before, it evaluated and finished, exit status 0); one during the final evaluation: the run leaves
+  with its last step saved. Either way the same command then only evaluates, to the uninterrupted
+  run's summary."""
+  import os
+  import signal
+
+  from lra_core import train
+
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers are set from the main thread only")
+  save = train._Loop.save
+
+  def ctrl_c_at_the_last_step(loop, done):
+    save(loop, done)
+    if done == loop.t.steps:
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+
+  with monkeypatch.context() as m:
+    m.setattr(train._Loop, "save", ctrl_c_at_the_last_step)
+    assert train_and_evaluate(config(data), tmp_path / "last") == {"stopped_at": 6, "interrupted": True}
+  assert not (tmp_path / "last" / "summary.json").exists()
+  resumed = train_and_evaluate(config(data), tmp_path / "last")
+  assert _untimed(resumed) == _untimed(uninterrupted[1]) and resumed["train_time_s"] > 0  # the checkpoint's time
+
+  def ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  with monkeypatch.context() as m:
+    m.setattr(train, "_final_metrics", ctrl_c)
+    assert train_and_evaluate(config(data), tmp_path / "final") == {"stopped_at": 6, "interrupted": True}
+  assert Checkpointer(tmp_path / "final", async_save=False).all_steps()[-1] == 6
+  assert train_and_evaluate(config(data), tmp_path / "final")["param_checksum"] == uninterrupted[1]["param_checksum"]
+
+
+def _untimed(summary: dict) -> dict:
+  """A summary without its timing (which differs run to run)."""
+  return {k: v for k, v in summary.items() if k not in ("train_time_s", "tokens_per_s", "mfu")}
+
+
+def test_a_damaged_config_json_is_one_sentence(data, uninterrupted, tmp_path):
+  """Half of config.json and two bytes that are no UTF-8: resuming and reading the workdir's config each
+  say so in one sentence (the resume was a UnicodeDecodeError traceback)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  text = (workdir / "config.json").read_bytes()
+  (workdir / "config.json").write_bytes(text[: len(text) // 2] + b"\x00\xff")
+  with pytest.raises(ConfigError, match=r"holds checkpoints of a different config \(config.json: unreadable\); "):
+    train_and_evaluate(config(data), workdir)
+  with pytest.raises(ConfigError, match=r"config.json is not valid JSON \(UnicodeDecodeError: .*\); give --config"):
+    load_workdir_config(workdir)

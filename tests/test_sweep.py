@@ -7,9 +7,15 @@ they test the sweep, not training.
 """
 
 import csv
+import gc
 import json
+import os
 import pathlib
 import shutil
+import signal
+import sys
+import threading
+import time
 
 import pytest
 
@@ -227,3 +233,47 @@ def test_a_run_that_saves_at_ctrl_c_or_sigterm_ends_the_sweep(why, status, tmp_p
   assert sweep.main([f"--config={LISTOPS}", "--sweep", "optim.lr=3e-3,1e-3", f"--workdir={workdir}"]) == status
   assert len(calls) == 1
   assert capsys.readouterr().out.startswith(f"{why}: run ")
+
+
+def _ctrl_c_in_a_callback(phase, info):
+  if phase == "start":
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs in this frame: what it raises is printed and dropped
+
+
+# The callback's KeyboardInterrupt is printed and dropped by design: that is the case under test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("where", ["in a callback", "in the background"])
+def test_a_ctrl_c_as_a_run_ends_starts_no_other_run(where, tmp_path, monkeypatch):
+  """A Ctrl-C after a run's loop (its final evaluation, its `done:` line) ends the sweep with 130 and
+  starts no other run: also where its KeyboardInterrupt is raised in a callback that only prints it (as
+  JAX's garbage-collection hook does), and in a sweep started in the background, which inherits SIGINT
+  ignored. Before, the next run started and the sweep exited 0."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers are set from the main thread only")
+  calls = []
+
+  def train_and_evaluate(config, workdir):
+    calls.append(workdir)
+    if where == "in a callback":
+      gc.callbacks.append(_ctrl_c_in_a_callback)
+      try:
+        gc.collect()
+      finally:
+        gc.callbacks.remove(_ctrl_c_in_a_callback)
+    else:
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.05)
+    return {"step": 4, "val_loss": 1.0}
+
+  monkeypatch.setattr(sweep.train, "train_and_evaluate", train_and_evaluate)
+  argv = [f"--config={LISTOPS}", "--sweep", "optim.lr=3e-3,1e-3", f"--workdir={tmp_path / 'sweep'}"]
+  inherited = signal.signal(
+    signal.SIGINT, signal.SIG_IGN if where == "in the background" else signal.default_int_handler
+  )
+  try:
+    with pytest.raises(SystemExit) as exit_:
+      cli.run(lambda: sys.exit(sweep.main(argv)))
+  finally:
+    signal.signal(signal.SIGINT, inherited)
+  assert exit_.value.code == cli.EXIT_INTERRUPTED and len(calls) == 1

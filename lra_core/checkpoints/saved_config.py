@@ -12,7 +12,7 @@ import ml_collections
 
 from lra_core import registry
 from lra_core.config import apply_overrides, validate
-from lra_core.errors import ConfigError
+from lra_core.errors import ConfigError, brief
 from lra_core.layer_stacks import MODEL_DEFAULTS
 from lra_core.runtime import fs
 
@@ -130,8 +130,10 @@ def load_workdir_config(workdir, overrides: Iterable[str] = ()) -> ml_collection
     )
   try:
     saved = json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"{path} is not valid JSON ({e}); give --config=<spec> instead.") from None
+  except ValueError as e:  # not JSON, or not text at all (damaged bytes: UnicodeDecodeError)
+    raise ConfigError(
+      f"{path} is not valid JSON ({type(e).__name__}: {brief(e)}); give --config=<spec> instead."
+    ) from None
   config = from_saved(saved)
   apply_overrides(config, overrides)
   validate(config)

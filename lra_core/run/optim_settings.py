@@ -283,7 +283,8 @@ def keep_horizon(config: ml_collections.ConfigDict, saved: Mapping[str, Any]) ->
   run's horizon as decay_steps, so every step the saved run planned computes what it did and steps past
   it run at the schedule's floor. Sets them in `config` and in `saved` alike (where the saved run's
   horizon was its train.steps: the same schedule, now named), so the two compare equal; returns
-  'key=value' for each set."""
+  'key=value' for each set where train.steps differs from the horizon. (Where they are equal, a saved
+  decay_steps naming that horizon is the schedule `config` computes too: it is set there, unreported.)"""
   old_steps, new_steps = saved.get("train", {}).get("steps"), config.train.steps
   if not isinstance(old_steps, int):
     return []
@@ -294,7 +295,7 @@ def keep_horizon(config: ml_collections.ConfigDict, saved: Mapping[str, Any]) ->
       return None
     horizon = old.get("decay_steps", 0) or old_steps
     if horizon == new_steps:
-      return None
+      return horizon if old.get("decay_steps", 0) else None
     kept.append(f"{where}.decay_steps={horizon}")
     return horizon
 
@@ -311,6 +312,6 @@ def keep_horizon(config: ml_collections.ConfigDict, saved: Mapping[str, Any]) ->
     if horizon is not None:
       group["decay_steps"] = old["decay_steps"] = horizon
     groups.append(group)
-  if kept:
+  if groups != [dict(g) for g in config.optim.groups]:
     config.optim.groups = tuple(groups)
   return kept

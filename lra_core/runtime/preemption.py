@@ -12,11 +12,19 @@ with every process on the step at which all of them stop, which
 
 Ctrl-C behaves the same in one process: the step in flight finishes, a checkpoint is saved, and
 the trainer exits with status 130; a second Ctrl-C aborts at once (a command leaves with status 130
-there and then; called from Python, KeyboardInterrupt).
+there and then; called from Python, KeyboardInterrupt). The last step counts: a Ctrl-C there ends the
+run saved, before its final evaluation, with 130 too.
+
+Outside the loop a command's Ctrl-C raises KeyboardInterrupt (`ctrl_c_latched`, which lra_core.cli.run
+holds), also in a command started in the background, which inherits SIGINT ignored: the loop takes it
+there, so the rest of the command does too. It is also remembered (`ctrl_c_seen`): raised inside a
+callback that only prints what it raises (JAX's garbage-collection hook), it would be lost, and a sweep
+would start its next run; the sweep and the trainer ask before they go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -26,6 +34,35 @@ import jax
 
 from lra_core.runtime import process_end, quiet_start
 from lra_core.runtime.exit_codes import EXIT_INTERRUPTED
+
+_LATCH = {"held": False, "seen": False}
+
+
+def _latch(signum, frame) -> None:
+  del signum, frame
+  _LATCH["seen"] = True
+  raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_latched():
+  """For a command's whole run: Ctrl-C (SIGINT) raises KeyboardInterrupt whatever the process inherited
+  and is remembered for `ctrl_c_seen`. Only from the main thread (elsewhere it changes nothing)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.signal(signal.SIGINT, _latch)
+  _LATCH.update(held=True, seen=False)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    _LATCH.update(held=False, seen=False)
+
+
+def ctrl_c_seen() -> bool:
+  """Whether this command has received a Ctrl-C (always False outside `ctrl_c_latched`)."""
+  return _LATCH["held"] and _LATCH["seen"]
 
 
 class PreemptionNotice:
@@ -38,6 +75,8 @@ class PreemptionNotice:
 
   def _handle(self, signum, frame) -> None:
     del frame
+    if signum == signal.SIGINT:
+      _LATCH["seen"] = True
     if signum == signal.SIGINT and self.received == signal.SIGINT:  # the second Ctrl-C: stop now, unsaved
       if quiet_start.in_command():
         # Raised, KeyboardInterrupt can land in a callback that only prints it (JAX's garbage-collection
