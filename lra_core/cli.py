@@ -40,7 +40,7 @@ from typing import Any
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
-from lra_core.runtime import distributed, host_memory, preemption, process_end, quiet_start
+from lra_core.runtime import agreement, distributed, host_memory, preemption, process_end, quiet_start
 from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
@@ -236,15 +236,30 @@ def parse(
   overrides, rest = split_overrides(argv)
   ns = parse_known(parser, rest)
   setup_logging()
-  if ns.config is None:
-    config = config_from_workdir(ns.workdir, overrides)
-    spec = f"{ns.workdir}/config.json"
-  else:
-    config, spec = load_config(ns.config, overrides), ns.config
-  # After the config (a typo fails at once, in every process) and before anything uses a device.
+  try:
+    if ns.config is None:
+      config = config_from_workdir(ns.workdir, overrides)
+      spec = f"{ns.workdir}/config.json"
+    else:
+      config, spec = load_config(ns.config, overrides), ns.config
+  except UserError:
+    _join_to_report(ns)
+    raise
+  # After the config (a typo fails at once) and before anything uses a device.
   distributed.initialize_from_args(ns)
+  agreement.check(config)  # every process runs the same config and code, or none runs
   quiet_start.start_backends()
   return Args(config=config, workdir=getattr(ns, "workdir", None), spec=spec, overrides=overrides, extra=ns)
+
+
+def _join_to_report(ns: argparse.Namespace) -> None:
+  """A process whose config is refused still joins its multi-process run where the flags ask for one,
+  so that lra_core.cli.run can hand its sentence to the others: they would otherwise wait for it in
+  their own start for JAX's timeout (5 minutes) and then abort without a word."""
+  try:
+    distributed.initialize_from_args(ns)
+  except Exception:  # noqa: BLE001  (the config's error is the one to say)
+    pass
 
 
 def run(main: Callable[[], None]) -> None:

@@ -50,10 +50,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None, command=("-m", "lra_core.train")):
+def _launch(
+  overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None, command=("-m", "lra_core.train"), own=((), ())
+):
   """Runs `python -m lra_core.train` (or `command`) as process 0 and 1 of one run; returns their outputs
   (with check=False: [(exit status, output, seconds from start to exit)] of each). send=(i, signal, ready):
-  the signal to process i once ready() is true; the seconds are then counted from that signal."""
+  the signal to process i once ready() is true; the seconds are then counted from that signal. own[i]:
+  arguments given to process i alone."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -79,7 +82,9 @@ def _launch(overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None
   # write once 64 KiB are waiting, and its peer then waits in a collective until the time limit.
   logs = [tempfile.TemporaryFile("w+") for _ in range(2)]
   procs = [
-    subprocess.Popen([*args, f"--process_id={i}"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+    subprocess.Popen(
+      [*args, f"--process_id={i}", *own[i]], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
     for i, log in enumerate(logs)
   ]
   start = time.monotonic()
@@ -353,7 +358,7 @@ def test_a_peer_killed_without_a_word_is_one_line_naming_it(tmp_path):
 def test_a_peer_gone_from_under_a_collective_is_named_not_reported_as_the_error_it_caused(monkeypatch):
   """The save's all-gather failing on a closed Gloo connection is a lost peer, in whatever error wraps
   it; a store's own connection reset is not."""
-  monkeypatch.setattr(process_end, "_client", lambda: object())  # a multi-process run's client
+  monkeypatch.setattr(process_end, "coordination_client", lambda: object())  # a multi-process run's client
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   gloo = RuntimeError("UNKNOWN: Gloo AllGather failed: [gloo/transport/tcp/pair.cc:547] Connection closed by peer")
@@ -380,3 +385,29 @@ def test_a_sequence_split_over_two_processes_trains_like_one(tmp_path):
   two = json.loads((tmp_path / "two" / "summary.json").read_text())
   np.testing.assert_allclose(two["param_checksum"], summary["param_checksum"], rtol=1e-6)
   np.testing.assert_allclose(two["test_loss"], summary["test_loss"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_processes_started_with_another_config_are_refused_before_the_first_step(runs, tmp_path):
+  """Process 1 given another learning rate: both exit 2 before any step, each saying which key differs
+  (both trained together before, to different parameters, and config.json recorded process 0's)."""
+  *_, overrides = runs
+  (s0, out0, _), (s1, out1, _) = _launch(overrides, tmp_path / "run", check=False, own=((), ("--config.optim.lr=0.5",)))
+  for status, out in ((s0, out0), (s1, out1)):
+    assert status == cli.EXIT_USER_ERROR and "config key optim.lr is " in out, out[-3000:]
+    assert " step 1/" not in out and "resuming" not in out
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_a_peer_refused_for_its_config_ends_the_other_at_once_with_its_sentence(runs, tmp_path):
+  """Process 1's config has a misspelt key: it still joins, so process 0 says its sentence and exits 2
+  within seconds (before, it waited 300 s for process 1 to join and died of SIGABRT without a word)."""
+  *_, overrides = runs
+  (s0, out0, t0), (s1, out1, _) = _launch(
+    overrides, tmp_path / "run", check=False, own=((), ("--config.train.no_such_key=1",))
+  )
+  assert s1 == cli.EXIT_USER_ERROR and "unknown config key 'train.no_such_key'" in out1, out1[-3000:]
+  said = [line for line in out0.splitlines() if line.startswith("error: process 1 failed: unknown config key")]
+  assert s0 == cli.EXIT_USER_ERROR and len(said) == 1 and said[0].endswith("stopping process 0 as well."), out0[-3000:]
+  assert t0 < 90, t0

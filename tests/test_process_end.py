@@ -73,7 +73,7 @@ class _Process:
     self.hold: tuple[str, str] | None = None  # (thread name, step)
     self.reached, self.go = threading.Event(), threading.Event()
     self.jitter = None  # a random pause at every step (the stress loop), instead of a hold
-    monkeypatch.setattr(process_end, "_client", lambda: self.store)
+    monkeypatch.setattr(process_end, "coordination_client", lambda: self.store)
     monkeypatch.setattr(process_end, "_claim", None)
     monkeypatch.setattr(process_end, "FAILURE_GRACE_S", 0.2)
     monkeypatch.setattr(process_end, "CLAIMANT_WAIT_S", 0.3)
@@ -281,3 +281,42 @@ def test_a_line_said_while_the_main_thread_starts_the_backends_reaches_stderr(ma
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
   assert done.returncode == 2, done.stderr
   assert done.stderr.endswith(f"the backends start\nerror: {PEER_LINE}\n"), done.stderr
+
+
+def test_a_line_said_as_the_start_up_filter_begins_reaches_stderr():
+  """The watchdog saying a peer's failure and leaving at the moment the main thread enters the filter:
+  fd 2 moved to the filter's file before the filter was listed for `leave_now`, and a line written in
+  between died with the process (process 1 of a run whose process 0 failed at once: status 2, nothing
+  said, under load). A real process: os._exit ends it."""
+  script = textwrap.dedent(f"""
+    import sys
+    from lra_core.runtime import process_end, quiet_start
+
+    class Listed(list):
+      def append(self, item):  # the watchdog runs here: says its line, leaves
+        process_end.claim_end("error: {PEER_LINE}", 2)
+        process_end.leave(2, process=1)
+
+    quiet_start._FILTERS = Listed()
+    with quiet_start.noise_dropped():
+      print("not reached", file=sys.stderr)
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2 and done.stderr.endswith(f"error: {PEER_LINE}\n"), done.stderr
+
+
+@pytest.mark.parametrize(
+  "line",
+  [
+    "process 0 failed: workdir x is in use (use another workdir).",
+    "process 0 failed: workdir x is in use (use another workdir).\n",
+    "process 0 failed: workdir x is in use (use another workdir). ",
+    "process 0 failed: workdir x is in use (use another workdir)",
+  ],
+)
+def test_a_forwarded_sentence_ends_in_one_full_stop(line):
+  """A peer's sentence said by this process: its own end dropped (it read `...another workdir).; stopping
+  process 1 as well.` where the sentence ended in a full stop and a space)."""
+  assert process_end.forwarded(line, 1) == (
+    "error: process 0 failed: workdir x is in use (use another workdir); stopping process 1 as well."
+  )

@@ -52,7 +52,7 @@ EXIT_PEER_FAILED = EXIT_CRASH  # the status of a process stopped by a lost peer 
 _POLL_MS = 1000
 
 
-def _client():
+def coordination_client():
   """The coordination service's client of this process (None outside a multi-process run)."""
   from jax._src import distributed as jax_distributed
 
@@ -68,7 +68,7 @@ PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
 
 def preemption_noticed() -> bool:
   """Whether some process of this multi-process run has received SIGTERM (False in one process)."""
-  client = _client()
+  client = coordination_client()
   if client is None or jax.process_count() < 2:
     return False
   try:
@@ -131,7 +131,7 @@ class _Watchdog:
     """Says why and exits with `status`: the failing process's own (a supervisor reading any process
     sees the cause: 2 bad input, 75 preempted or stuck, 130 Ctrl-C, 1 a crash). Nothing, if this process
     is ending already (its own failure, said by the main thread)."""
-    said = f"error: {line.rstrip('.')}; stopping process {self.process} as well."  # the peer's sentence ends in "."
+    said = forwarded(line, self.process)
     if self.stopped.is_set() or not claim_end(said, status):
       return
     if acknowledge:
@@ -159,7 +159,7 @@ def claim_end(line: str | None, status: int) -> bool:
   with _ENDING:
     if _claim is not None:
       return False
-    if _client() is not None:  # a repeated in-process command (a test, a notebook) is never ended by one
+    if coordination_client() is not None:  # a repeated in-process command (a test, a notebook) is never ended by one
       _claim = (status, threading.current_thread())
     if line is not None:
       print(line, file=sys.stderr, flush=True)
@@ -175,7 +175,7 @@ def lost_peer(e: BaseException) -> str | None:
   """The line for an error (or one it wraps) that is a peer gone from under a collective, None for any
   other: a process killed mid-save shows up first as a failed all-gather of the save's barrier."""
   # The client first: the process count starts the backends, which a bad config never got to.
-  if _client() is None or jax.process_count() < 2:
+  if coordination_client() is None or jax.process_count() < 2:
     return None
   seen, hops = e, 0
   while seen is not None and hops < 8:
@@ -200,17 +200,23 @@ def _silent_peer() -> str:
   return str(min(_watchdog._heard, key=lambda p: _watchdog._heard[p][1]))
 
 
+def forwarded(line: str, process: int) -> str:
+  """The line process `process` says for a peer's failure `line` (a sentence: its own end dropped, so
+  that the whole ends in one full stop)."""
+  return f"error: {line.strip().rstrip('.;').rstrip()}; stopping process {process} as well."
+
+
 def stop_for_lost_peer(line: str) -> None:
   """Ends this process for a peer that is gone: its line once, status EXIT_PEER_FAILED (or the status of
   an end another thread claimed first, its line said)."""
-  claim_end(f"error: {line}; stopping process {jax.process_index()} as well.", EXIT_PEER_FAILED)
+  claim_end(forwarded(line, jax.process_index()), EXIT_PEER_FAILED)
   leave(EXIT_PEER_FAILED)
 
 
 def start_watchdog(peer_timeout_s: float = PEER_TIMEOUT_S) -> None:
   """Starts the failure watchdog of a multi-process run (once; stopped at exit, before JAX's shutdown)."""
   global _watchdog
-  client = _client()
+  client = coordination_client()
   if _watchdog is not None or client is None or jax.process_count() < 2:
     return
   _watchdog = _Watchdog(client, jax.process_index(), jax.process_count(), peer_timeout_s)
@@ -237,7 +243,7 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
   FAILURE_GRACE_S) and exits with `status` without JAX's shutdown barrier, after printing the
   traceback of `traceback_of` if given. Returns at once in a single-process run (the caller exits
   as usual)."""
-  client = _client()
+  client = coordination_client()
   if client is None or jax.process_count() < 2:
     return
   if traceback_of is not None:
@@ -285,7 +291,7 @@ def leave(status: int, process: int | None = None) -> None:
     time.sleep(CLAIMANT_WAIT_S)
   if claim is not None:
     status = claim[0]
-  if _client() is not None:
+  if coordination_client() is not None:
     process = jax.process_index() if process is None else process
     if process == 0 and jax.process_count() > 1:
       sys.stdout.flush()

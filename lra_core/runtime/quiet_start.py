@@ -112,9 +112,15 @@ class _Filter:
 
   def __init__(self, saved: int, spill: io.RawIOBase):
     self.saved, self.spill = saved, spill
-    os.dup2(spill.fileno(), 2)
     self.ended = False
     self.lock = threading.Lock()  # `end` runs once: the main thread leaving the context, or a leaving thread
+
+  def start(self) -> None:
+    """Fd 2 into the file, once the filter is where `leave_now` finds it: a line another thread writes
+    from this moment on is in the file a leaving thread's `end` writes out."""
+    with self.lock:
+      if not self.ended:
+        os.dup2(self.spill.fileno(), 2)
 
   def end(self) -> None:
     with self.lock:
@@ -153,7 +159,8 @@ def noise_dropped() -> Iterator[None]:
     yield
     return
   active = _Filter(saved, spill)
-  _FILTERS.append(active)
+  _FILTERS.append(active)  # before fd 2 moves: a thread leaving in between would lose what it wrote
+  active.start()
   try:
     yield
   finally:
