@@ -131,7 +131,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       preempted = loop.run(train_step, batches, stop)
       if preempted is not None or stop < t.steps:
         ckpt.close()
-        writer.close()
+        writer.close(failing_ok=preempted is not None)  # leaving at a signal: 75 or 130 says why
         return _stopped(preempted, stop, loop.notice, ckpt)
 
       loop.guard.check_skipped_share(t.steps)
@@ -142,7 +142,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
         if jax.process_count() > 1:  # the others wait in this evaluation: lra_core.cli.run ends them all
           raise
         ckpt.close()
-        writer.close()
+        writer.close(failing_ok=True)
         return {"stopped_at": t.steps, "interrupted": True}
       ckpt.close()
     except SaveAbandoned as e:
@@ -402,7 +402,7 @@ def _initial_state(config, spec, ckpt: Checkpointer, mesh, earlier: int | None) 
 def _abandoned(e: SaveAbandoned, ckpt: Checkpointer, writer: MetricWriter) -> dict:
   """The summary of a run stopped (SIGTERM) while a save stuck on a failing store was in flight: it
   leaves without that checkpoint, from the last complete one the same command resumes."""
-  writer.close()
+  writer.close(failing_ok=True)  # the store failing here too is not the end's cause: the signal is
   return {"stopped_at": ckpt.last_complete or 0, "preempted": True, "abandoned": str(e)}
 
 

@@ -121,6 +121,32 @@ def test_a_metrics_file_the_store_will_not_take_is_one_sentence(tmp_path):
   writer.close()
 
 
+def test_a_full_disk_where_tensorboard_flushes_is_one_sentence(tmp_path, monkeypatch, caplog):
+  """TensorBoard's flush finding the disk full (before metrics.jsonl does): one sentence naming its
+  folder and the cause, not a traceback; at a run's exit for a signal, a warning (its status stays
+  75 or 130, not the store's)."""
+  from tensorboardX import SummaryWriter
+
+  def full(self):
+    raise OSError(28, "No space left on device")
+
+  writer, other = MetricWriter(tmp_path / "a", enabled=True), MetricWriter(tmp_path / "b", enabled=True)
+  writer.write(1, {"train_loss": 1.0})
+  other.write(1, {"train_loss": 1.0})
+  monkeypatch.setattr(SummaryWriter, "flush", full)
+  monkeypatch.setattr(SummaryWriter, "close", full)
+  with pytest.raises(
+    StoreFailure,
+    match=r"^writing .*tensorboard failed \(OSError: \[Errno 28\] No space left on device\); the run stops",
+  ):
+    writer.write(2, {"train_loss": 1.0})
+  with caplog.at_level(logging.WARNING):
+    writer.close(failing_ok=True)
+  assert "No space left on device" in caplog.text
+  with pytest.raises(StoreFailure, match=r"No space left on device"):
+    other.close()
+
+
 def test_throughput_and_mfu_are_logged(uninterrupted, cache_dir):
   workdir, summary = uninterrupted
   t = listops(cache_dir).train

@@ -145,9 +145,10 @@ class MetricWriter:
       self.tracker.log_images(int(step), name, np.asarray(image))
 
   def _flush_tensorboard(self) -> None:
-    self._tb.flush()
-    if self._spool is not None:
-      fs.upload_tree(self._spool, self.tensorboard_dir)
+    with _writing(self.tensorboard_dir):  # a full disk is found here first: one sentence, like metrics.jsonl's
+      self._tb.flush()
+      if self._spool is not None:
+        fs.upload_tree(self._spool, self.tensorboard_dir)
 
   def _rewrite(self) -> None:
     _atomic_write(self.workdir / "metrics.jsonl", "".join(line + "\n" for line in self._records))
@@ -156,16 +157,25 @@ class MetricWriter:
     if self.enabled:
       _atomic_write(self.workdir / name, json.dumps({k: _plain(v) for k, v in payload.items()}, indent=2) + "\n")
 
-  def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
-      if self._spool is not None:
-        fs.upload_tree(self._spool, self.tensorboard_dir)
-        shutil.rmtree(self._spool, ignore_errors=True)
-      self._tb = None
-    if self.tracker is not None:
-      self.tracker.close()
-      self.tracker = None
+  def close(self, *, failing_ok: bool = False) -> None:
+    """Flushes and closes TensorBoard and the tracker. A store that refuses the last events is a
+    StoreFailure; with `failing_ok` (a run leaving at a signal, whose exit status says so) a warning."""
+    try:
+      if self._tb is not None:
+        tb, self._tb = self._tb, None
+        with _writing(self.tensorboard_dir):
+          tb.close()
+          if self._spool is not None:
+            fs.upload_tree(self._spool, self.tensorboard_dir)
+            shutil.rmtree(self._spool, ignore_errors=True)
+    except StoreFailure as e:
+      if not failing_ok:
+        raise
+      logging.warning("%s", e)
+    finally:
+      if self.tracker is not None:
+        tracker, self.tracker = self.tracker, None
+        tracker.close()
 
 
 @contextlib.contextmanager
