@@ -8,6 +8,7 @@ its way out (before it claims the end, holding the claim with its line unsaid, a
 and runs the other thread to its end before letting the first go on. One case runs as a real process:
 a line said while the main thread's stderr passes through the start-up filter reaches stderr."""
 
+import fcntl
 import json
 import logging
 import random
@@ -320,3 +321,37 @@ def test_a_forwarded_sentence_ends_in_one_full_stop(line):
   assert process_end.forwarded(line, 1) == (
     "error: process 0 failed: workdir x is in use (use another workdir); stopping process 1 as well."
   )
+
+
+PEER_FAILS_WHILE_NOBODY_READS = f"""
+import logging, threading, time
+from lra_core import cli
+from lra_core.runtime import process_end, quiet_start
+
+quiet_start.WRITE_WAIT_S = 2.0
+cli.setup_logging()
+
+def watchdog():  # a peer's failure arrives while the main thread is blocked in a log write
+  time.sleep(2)
+  process_end.claim_end("error: {PEER_LINE}", {PEER_STATUS})
+  process_end.leave({PEER_STATUS}, process=1)
+
+threading.Thread(target=watchdog, daemon=True).start()
+while True:
+  logging.info("a step " + "x" * 200)
+"""
+
+
+def test_a_peer_s_failure_ends_a_process_whose_log_stream_nobody_reads():
+  """Stderr a pipe whose reader stalled: the watchdog's line cannot be written, and the process still
+  exits with the peer's status (it hung for ever in that write before)."""
+  proc = subprocess.Popen(
+    [sys.executable, "-c", PEER_FAILS_WHILE_NOBODY_READS], stderr=subprocess.PIPE, stdout=subprocess.PIPE
+  )
+  try:
+    fcntl.fcntl(proc.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+    status = proc.wait(timeout=60)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert status == PEER_STATUS

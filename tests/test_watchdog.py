@@ -1,6 +1,7 @@
 """The step watchdog (lra_core/runtime/watchdog.py): a run whose steps stop ends with every thread's stack in its
 log and exit status 75 (the supervisors rerun it), within its limit; a run that keeps stepping does not."""
 
+import fcntl
 import logging
 import subprocess
 import sys
@@ -83,3 +84,31 @@ def test_a_log_handler_whose_file_was_closed_does_not_keep_the_watchdog_from_act
     test_a_blocked_main_thread_is_reported_with_its_stack_and_ended(capfd)
   finally:
     logging.getLogger().removeHandler(handler)
+
+
+STREAM_NOBODY_READS = """
+import logging, sys, threading, time
+from lra_core import cli
+from lra_core.runtime import quiet_start
+from lra_core.runtime.watchdog import StepWatchdog
+
+quiet_start.WRITE_WAIT_S = 2.0
+cli.setup_logging()
+with StepWatchdog(factor=5.0, floor_s=1.0, status=cli.EXIT_PREEMPTED, poll_s=0.1):
+  while True:  # the main thread logs until the stream takes no more: blocked in a write, the handler's lock held
+    logging.info("a step " + "x" * 200)
+"""
+
+
+def test_a_log_stream_nobody_reads_does_not_hang_the_watchdog():
+  """Stderr a pipe whose reader stalled (a launcher's ssh pipe): the main thread blocks in a log write,
+  and the watchdog, whose stack dump and log line would block on the same stream (its line on the same
+  handler's lock), still ends the process with 75 (it hung for ever before)."""
+  proc = subprocess.Popen([sys.executable, "-c", STREAM_NOBODY_READS], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+  try:
+    fcntl.fcntl(proc.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)  # fills at once; nobody reads it
+    status = proc.wait(timeout=60)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert status == cli.EXIT_PREEMPTED

@@ -162,7 +162,7 @@ def claim_end(line: str | None, status: int) -> bool:
     if coordination_client() is not None:  # a repeated in-process command (a test, a notebook) is never ended by one
       _claim = (status, threading.current_thread())
     if line is not None:
-      print(line, file=sys.stderr, flush=True)
+      quiet_start.within(quiet_start.WRITE_WAIT_S, lambda: print(line, file=sys.stderr, flush=True))
     return True
 
 
@@ -247,7 +247,7 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
   if client is None or jax.process_count() < 2:
     return
   if traceback_of is not None:
-    traceback.print_exception(traceback_of)
+    quiet_start.within(quiet_start.WRITE_WAIT_S, lambda: traceback.print_exception(traceback_of))
   me, count = jax.process_index(), jax.process_count()
   if _watchdog is not None:
     _watchdog.stopped.set()
@@ -269,7 +269,7 @@ def report_failure(message: str, status: int, traceback_of: BaseException | None
       client.blocking_key_value_get(f"{FAILURE_KEY}/seen/{other}", remaining_ms)
     except Exception:  # noqa: BLE001  (it stopped without a word, or the grace ran out)
       pass
-  logging.shutdown()
+  quiet_start.within(quiet_start.WRITE_WAIT_S, logging.shutdown)
   leave(status, me)
 
 
@@ -294,7 +294,6 @@ def leave(status: int, process: int | None = None) -> None:
   if coordination_client() is not None:
     process = jax.process_index() if process is None else process
     if process == 0 and jax.process_count() > 1:
-      sys.stdout.flush()
-      sys.stderr.flush()
+      quiet_start.within(quiet_start.WRITE_WAIT_S, lambda: (sys.stdout.flush(), sys.stderr.flush()))
       time.sleep(EXIT_MARGIN_S)
   quiet_start.leave_now(status)

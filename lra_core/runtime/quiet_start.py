@@ -23,10 +23,11 @@ import io
 import os
 import pathlib
 import re
+import select
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lra_core.runtime import host_memory
 
@@ -76,17 +77,58 @@ def in_command() -> bool:
   return _COMMAND
 
 
+WRITE_WAIT_S = 10.0  # how long a leaving process waits for a write to its output streams
+
+
+def within(seconds: float, write: Callable[[], object]) -> bool:
+  """Calls `write` (what a leaving process says or flushes) and waits at most `seconds` for it; True if
+  it finished. A stream nobody drains (a launcher's stalled ssh pipe) blocks a write for ever, and so
+  does a log call while another thread's write holds the handler's lock: the process must still leave
+  with its status, its line lost where nobody reads it anyway. Where stdout and stderr take writes now
+  it runs here, in this thread (which may be all the interpreter lets run: a main thread in native code
+  hands it over only between its calls); else in a daemon thread, waited for."""
+  if _taking_writes((1, 2)):  # a log call blocked in its write holds its handler's lock: never here
+    with contextlib.suppress(OSError, ValueError):
+      write()
+    return True
+  done = threading.Event()
+
+  def call() -> None:
+    try:
+      write()
+    except (OSError, ValueError):  # a closed stream: nothing to say it on
+      pass
+    finally:
+      done.set()
+
+  # Named as its caller: the write is that thread's, in a stack dump too.
+  threading.Thread(target=call, name=threading.current_thread().name, daemon=True).start()
+  return done.wait(seconds)
+
+
+def _taking_writes(fds) -> bool:
+  """Whether each of `fds` would take a write now (a pipe with room, a file, a terminal)."""
+  try:
+    return len(select.select([], list(fds), [], 0)[1]) == len(fds)
+  except (OSError, ValueError):  # closed, or not selectable: a write fails at once rather than waits
+    return True
+
+
 def leave_now(status: int):
   """Ends the process at once with `status`, without the interpreter's teardown (after a Ctrl-C, XLA's
   compile threads may still be running, and tearing the interpreter down under them has crashed it,
   SIGSEGV, exit status 139, after the command had said it was aborting; a multi-process run leaves
   without JAX's shutdown barrier). What was written to stderr reaches it first, also from inside
   `noise_dropped`: a line said by another thread while the main thread starts the backends would
-  otherwise die in the filter's file with the process."""
-  sys.stdout.flush()
-  sys.stderr.flush()
-  for active in reversed(_FILTERS):
-    active.end()
+  otherwise die in the filter's file with the process; a stream that takes nothing does not hold it."""
+
+  def flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for active in reversed(_FILTERS):
+      active.end()
+
+  within(WRITE_WAIT_S, flush)
   os._exit(status)
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from lra_core.runtime import process_end
+from lra_core.runtime import process_end, quiet_start
 
 RECENT = 50  # steps whose median sets the limit
 
@@ -89,16 +89,20 @@ class StepWatchdog:
         f"train.watchdog_min_s and train.watchdog_factor x the median step); every thread's stack follows, "
         f"and the run exits with status {self.status} to be restarted from its last checkpoint"
       )
-      logging.error("watchdog: %s", message)
       # Nothing on the way may keep the watchdog from acting: a log handler whose file was closed (by
-      # whatever opened it) raises on flush, which would end this thread with the run still stuck.
-      for handler in logging.getLogger().handlers:
-        with contextlib.suppress(ValueError, OSError):
-          handler.flush()
-      with contextlib.suppress(ValueError, OSError):
-        faulthandler.dump_traceback(file=_stderr(), all_threads=True)
+      # whatever opened it) raises on flush, and a stream nobody drains blocks every write (the stuck
+      # thread may be blocked in one, holding the handler's lock): what it says gets a bounded time.
+      quiet_start.within(quiet_start.WRITE_WAIT_S, lambda: self._say(message))
       self.leave(self.status, f"watchdog: {message}")
       return
+
+  @staticmethod
+  def _say(message: str) -> None:
+    logging.error("watchdog: %s", message)
+    for handler in logging.getLogger().handlers:
+      with contextlib.suppress(ValueError, OSError):
+        handler.flush()
+    faulthandler.dump_traceback(file=_stderr(), all_threads=True)
 
   def __enter__(self) -> StepWatchdog:
     if self.factor > 0:
