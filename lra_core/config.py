@@ -85,7 +85,9 @@ def base_config(
       nan_check=True,  # stop at the first non-finite loss / gradient / parameter
       skip_nonfinite=False,  # instead, skip such an update and count it (metric skipped_steps)
       max_skipped_fraction=0.1,  # with skip_nonfinite: a run that skipped more of its steps fails at the end
-      save_timeout_s=1800.0,  # a checkpoint still being written after this long stops the run (0: no limit)
+      # A checkpoint still being written this long after it began stops the run (0: no limit); once a save
+      # has completed, min(this, max(90 s, 10 x the slowest)): lra_core/checkpoints/save_limit.py.
+      save_timeout_s=1800.0,
       # No step for max(watchdog_min_s, watchdog_factor x the median step): every thread's stack to the
       # log, exit status 75 (restarted by the supervisors; lra_core/runtime/watchdog.py). Factor 0: off.
       watchdog_factor=20.0,

@@ -147,6 +147,9 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       ckpt.close()
     except SaveAbandoned as e:
       return _abandoned(e, ckpt, writer)
+    except TrainingDiverged:  # its sentence ends the run: the save in flight completes first, none half-written
+      ckpt.close()
+      raise
   summary["param_checksum"] = param_checksum(loop.state["params"])
   _add_timing(summary, workdir / _summary_name(earlier), loop.meter, stop - start, t.steps, loop.total_time)
   _write_summary(summary, writer, earlier)
@@ -208,6 +211,7 @@ class _Loop:
       # step late at most, before any checkpoint is written.
       self.flush()
       self.watchdog.beat()  # the step before this one has finished
+      self.ckpt.poll()  # a save in flight past its limit ends the run now, not at the next save
       done = step + 1
       self.pending = (done, metrics)
       self.profiler.after(step, self.state)

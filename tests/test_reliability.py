@@ -20,7 +20,7 @@ import pytest
 import fixtures.listops
 import lra_core
 from lra_core import layout
-from lra_core.checkpoints import read_failures
+from lra_core.checkpoints import read_failures, save_limit
 from lra_core.checkpoints.checkpointer import Checkpointer, restore_params
 from lra_core.checkpoints.init_from import warm_start
 from lra_core.checkpoints.saved_config import load_workdir_config
@@ -293,6 +293,9 @@ def test_skip_mode_drops_non_finite_updates_and_counts_them(data, tmp_path):
   with pytest.raises(lra_core.TrainingDiverged, match=r"^6 of 6 steps were skipped .* train.max_skipped_fraction=0.1 "):
     train_and_evaluate(cfg, tmp_path)
   assert not (tmp_path / "summary.json").exists()
+  # The run ended on its sentence with its last save complete, none left half-written.
+  names = [p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.startswith(".")]
+  assert "6" in names and all(name.isdigit() for name in names), names
   assert [r["skipped_steps"] for r in read_metrics(tmp_path) if "skipped_steps" in r] == [3, 6]
   summary = train_and_evaluate(config(data, *skip, "train.log_every=3", "train.max_skipped_fraction=1.0"), tmp_path)
   initial = make_state_spec(cfg, layout.make_mesh(cfg.mesh), optim.make_optimizer(cfg)[0]).init()
@@ -466,3 +469,50 @@ def test_a_damaged_config_json_is_one_sentence(data, uninterrupted, tmp_path):
     train_and_evaluate(config(data), workdir)
   with pytest.raises(ConfigError, match=r"config.json is not valid JSON \(UnicodeDecodeError: .*\); give --config"):
     load_workdir_config(workdir)
+
+
+def test_a_save_that_stops_finishing_ends_within_a_bound_from_the_measured_saves_naming_the_cause(
+  tmp_path, monkeypatch
+):
+  """A save that never completes (its writer waiting on a full disk) ends the run between two steps once
+  it has taken more than max(the floor, 10 x this run's slowest save), not at the next save nor after
+  orbax's 20 minutes, with the cause the store's log lines named."""
+  monkeypatch.setattr(save_limit, "FLOOR_S", 0.5)
+  ckpt = Checkpointer(tmp_path / "run", save_timeout_s=1800)
+  state = {"w": jax.numpy.arange(8.0)}
+  ckpt.save(1, state, {})
+  ckpt.wait()
+  assert ckpt.clock.slowest is not None and ckpt.clock.slowest < 5
+  ckpt.poll()  # nothing in flight: nothing to do
+  ckpt.save(2, state, {})
+  with monkeypatch.context() as m:
+    m.setattr(ckpt.manager, "is_saving_in_progress", lambda: True)  # its writer stuck from here on
+    full = OSError(28, "No space left on device")
+    logging.getLogger("absl").error("Failed to run 1 Handler Commit operations", exc_info=(OSError, full, None))
+    start = time.monotonic()
+    with pytest.raises(
+      StoreFailure,
+      match=r"^checkpoint step 2 in .* was still being written after [\d.]+ s \(10 x this run's slowest save, "
+      r"[\d.]+ s, and at least 0.5 s\): the store is failing or too slow \(it said: \[Errno 28\] No space left on "
+      r"device\); the last complete checkpoint is step 1.$",
+    ):
+      while time.monotonic() - start < 60:
+        ckpt.poll()
+        time.sleep(0.01)
+    assert time.monotonic() - start <= max(0.5, 10 * ckpt.clock.slowest) + 2
+  ckpt.close()
+  assert ckpt.store_errors not in logging.getLogger().handlers
+  assert Checkpointer(tmp_path / "run").all_steps() == [1, 2]
+
+
+def test_a_checkpoints_folder_deleted_under_the_run_is_said_and_saved_anew(tmp_path, caplog):
+  ckpt = Checkpointer(tmp_path / "run", async_save=False)
+  state = {"w": jax.numpy.arange(8.0)}
+  ckpt.save(1, state, {})
+  ckpt.wait()
+  shutil.rmtree(tmp_path / "run" / "checkpoints")
+  with caplog.at_level(logging.WARNING):
+    ckpt.save(2, state, {})
+    ckpt.close()
+  assert "checkpoint step 1 is gone from" in caplog.text and "step 2 is saved anew" in caplog.text
+  assert Checkpointer(tmp_path / "run").all_steps() == [2]

@@ -38,7 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
-from lra_core.checkpoints import read_failures
+from lra_core.checkpoints import read_failures, save_limit
 from lra_core.errors import CheckpointError, ConfigError, StoreFailure, brief
 from lra_core.layer_stacks import STACKED
 from lra_core.runtime import fs
@@ -110,8 +110,9 @@ class Checkpointer:
   """`workdir`'s checkpoints; a local folder or an object store (gs:// is written by TensorStore's own
   GCS driver, the small files through etils.epath: lra_core/runtime/fs.py).
 
-  Saves are asynchronous: `save` (and `wait`, `close`) first wait for the one in flight, at most
-  `save_timeout_s` seconds (0: as long as it takes), and give up once `abandon()` is true (the
+  Saves are asynchronous: `save` (and `wait`, `close`) first wait for the one in flight, within its
+  limit (lra_core/checkpoints/save_limit.py: `save_timeout_s`, then derived from the saves measured;
+  0: as long as it takes; `poll` checks it between steps), and give up once `abandon()` is true (the
   trainer's SIGTERM) and the wait has lasted ABANDON_AFTER_S (a healthy save finishes first): a store
   that keeps failing neither blocks the run for its retries nor hides its error (StoreFailure, naming
   the step and the last complete checkpoint)."""
@@ -130,13 +131,16 @@ class Checkpointer:
   ):
     check_directory(workdir)
     self.directory = fs.path(workdir, what="workdir") / "checkpoints"
-    rotation = dict(max_to_keep=keep)
+    settings = dict(max_to_keep=keep)
     if preserve:  # the last `keep` and the `preserve` steps (finished runs this one extends)
       policies = [preservation.LatestN(keep), preservation.CustomSteps(list(preserve))]
-      rotation = dict(preservation_policy=preservation.AnyPreservationPolicy(policies))
-    options = ocp.CheckpointManagerOptions(**rotation, create=True, enable_async_checkpointing=async_save)
+      settings = dict(preservation_policy=preservation.AnyPreservationPolicy(policies))
+    self.clock, self.store_errors = save_limit.SaveClock(save_timeout_s), save_limit.StoreErrors()
+    if async_save:  # a save's end is seen on orbax's writer thread, when it has finalized the step
+      settings["async_options"] = ocp.AsyncOptions(post_finalization_callback=self.clock.done)
+    options = ocp.CheckpointManagerOptions(**settings, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
-    self.save_timeout_s, self.abandon = save_timeout_s, abandon
+    self.async_save, self.abandon = async_save, abandon
     self._in_flight: int | None = None
     self._complete = self.manager.latest_step()
     self._reader = self.manager
@@ -156,17 +160,52 @@ class Checkpointer:
 
   def save(self, step: int, state: dict, meta: dict, *, force: bool = True) -> None:
     self.wait()
+    if self._complete is not None and jax.process_index() == 0 and not (self.directory / str(self._complete)).exists():
+      # Deleted under the run (a cleanup script, a mistaken rm): said, not found at the next resume.
+      logging.warning(
+        "checkpoint step %d is gone from %s (deleted while the run trained); step %d is saved anew",
+        self._complete,
+        self.directory,
+        step,
+      )
+      self.directory.mkdir(parents=True, exist_ok=True)
     meta = dict(meta, digests=digests(state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     self._in_flight = step
+    if self.store_errors not in logging.getLogger().handlers:
+      logging.getLogger().addHandler(self.store_errors)
+    self.store_errors.cause = None
+    self.clock.begin()
     try:
       self.manager.save(step, args=args, force=force)
     except Exception as e:  # noqa: BLE001  (the store's errors come in many types)
       raise self._failure(f"writing checkpoint step {step} to {self.directory} failed ({_first_line(e)})") from e
+    if not self.async_save:
+      self.clock.done()
+
+  def poll(self) -> None:
+    """Between steps, without waiting: StoreFailure where the save in flight is past its limit or has
+    failed; a finished one is recorded complete."""
+    if self._in_flight is None:
+      return
+    if self.manager.is_saving_in_progress():
+      self._raise_if_overdue()
+    else:
+      self.wait()
+
+  def _raise_if_overdue(self) -> None:
+    overdue = self.clock.overdue()
+    if overdue is not None:
+      raise self._failure(
+        f"checkpoint step {self._in_flight} in {self.directory} was still being written {overdue}: the store "
+        "is failing or too slow"
+      )
 
   def _failure(self, what: str) -> StoreFailure:
     last = f"step {self._complete}" if self._complete is not None else "none yet"
-    return StoreFailure(f"{what}; the last complete checkpoint is {last}.")
+    cause = self.store_errors.cause
+    said = f" (it said: {cause})" if cause and cause not in what else ""  # from the store's log lines
+    return StoreFailure(f"{what}{said}; the last complete checkpoint is {last}.")
 
   def restore(self, step: int, abstract_state: dict | None) -> tuple[dict, dict]:
     """-> (state placed as `abstract_state`'s shardings say, meta), its digests checked.
@@ -283,8 +322,8 @@ class Checkpointer:
     failed or did not finish in time, SaveAbandoned if `abandon()` turned true first."""
     if self._in_flight is None:
       return
-    start = time.monotonic()
-    grace = min(self.ABANDON_AFTER_S, self.save_timeout_s / 4) if self.save_timeout_s else self.ABANDON_AFTER_S
+    start, limit = time.monotonic(), self.clock.limit_s()
+    grace = min(self.ABANDON_AFTER_S, limit[0] / 4) if limit else self.ABANDON_AFTER_S
     while self.manager.is_saving_in_progress():
       if time.monotonic() - start > grace and self.abandon():
         raise SaveAbandoned(
@@ -292,11 +331,7 @@ class Checkpointer:
           "to stop; it stops without a new checkpoint"
           + (f" (the last complete one is step {self._complete})." if self._complete is not None else ".")
         )
-      if self.save_timeout_s and time.monotonic() - start > self.save_timeout_s:
-        raise self._failure(
-          f"checkpoint step {self._in_flight} in {self.directory} was still being written after "
-          f"{self.save_timeout_s:g} s (train.save_timeout_s): the store is failing or too slow"
-        )
+      self._raise_if_overdue()
       time.sleep(0.05)
     try:
       self.manager.wait_until_finished()  # raises what the writer threads met
@@ -307,7 +342,10 @@ class Checkpointer:
     self._complete, self._in_flight = self._in_flight, None
 
   def close(self) -> None:
-    self.wait()
+    try:
+      self.wait()
+    finally:
+      logging.getLogger().removeHandler(self.store_errors)
     self.manager.close()
     if self._reader is not self.manager:
       self._reader.close()
