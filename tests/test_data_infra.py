@@ -4,6 +4,7 @@ import logging
 import os
 import pathlib
 import stat
+import tempfile
 import zipfile
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 import lra_core
 from lra_core.data import DataInfo, cache, files, packing, tfds_source, tokenizer
 from lra_core.data.datasets import bytes as bytes_data
+from lra_core.data.datasets.lra import listops
 from lra_core.errors import ConfigError, DataError
 from lra_core.tasks.lm import LMTask
 
@@ -58,12 +60,58 @@ def test_a_shared_cache_s_entries_are_readable_by_the_group_and_another_user_s_a
     cache.cached_arrays("demo", {"v": 1}, lambda: {"x": np.arange(3)}, root=str(tmp_path))
 
 
+def test_a_cache_shared_by_a_group_takes_its_entries_and_one_only_read_is_one_warning(tmp_path, monkeypatch, caplog):
+  """A cache folder its owner made group-writable (chmod g+ws): entries made there are group-writable
+  and keep its group (setgid), so another user of the group can add to it. One this user may only read:
+  a new entry is built in memory with one warning for the folder (it was a PermissionError traceback);
+  ListOps, whose generator writes files, says so in one sentence."""
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  shared.chmod(0o2775)
+  previous = os.umask(0o022)
+  try:
+    cache.cached_arrays("demo", {"v": 1}, lambda: {"x": np.arange(3)}, root=str(shared))
+  finally:
+    os.umask(previous)
+  (entry,) = [p for p in shared.iterdir() if p.name.startswith("demo-")]
+  assert stat.S_IMODE(entry.stat().st_mode) & 0o2070 == 0o2070
+
+  def refused(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+
+  monkeypatch.setattr(tempfile, "mkdtemp", refused)  # the root running this suite may write anywhere
+  with caplog.at_level(logging.WARNING):
+    for v in (2, 3):
+      arrays = cache.cached_arrays("demo", {"v": v}, lambda: {"x": np.arange(4)}, root=str(shared))
+      np.testing.assert_array_equal(arrays["x"], np.arange(4))
+      assert not arrays["x"].flags.writeable
+  said = [r.getMessage() for r in caplog.records if "takes no new entries (Permission denied)" in r.getMessage()]
+  assert len(said) == 1 and said[0].endswith("What it lacks is built in memory at every start."), said
+  config = lra_core.load_config("configs/lra/listops/transformer.py:tiny", [f"data.cache_dir={shared}"])
+  with pytest.raises(ConfigError, match=r"^the data cache .* takes no new entries \(Permission denied\): ask its"):
+    listops.ensure_generated(config.data)
+
+
 def test_file_fingerprint_changes_when_a_file_is_rewritten(tmp_path):
   path = tmp_path / "f.txt"
   path.write_text("one")
   before = cache.file_fingerprint([path])
   path.write_text("one more")
   assert cache.file_fingerprint([path]) != before
+
+
+@pytest.mark.parametrize("where", [0, 50_000, 99_999])
+def test_file_fingerprint_changes_when_a_file_is_rewritten_keeping_its_size_and_mtime(tmp_path, where):
+  """A byte changed at the start, middle or end of a 100 kB file, its mtime put back (`touch -r`)."""
+  path = tmp_path / "f.bin"
+  path.write_bytes(bytes(100_000))
+  before, stat = cache.file_fingerprint([path]), path.stat()
+  with open(path, "r+b") as f:
+    f.seek(where)
+    f.write(b"x")
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  after = cache.file_fingerprint([path])
+  assert after[0][:3] == before[0][:3] and after != before
 
 
 # ----------------------------------------------------------------------------- files

@@ -5,6 +5,7 @@ The trainer runs here share one small ListOps config, so they compile once."""
 import gc
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -111,17 +112,26 @@ def test_a_resume_over_changed_data_files_warns_and_over_a_shortened_one_stops(t
   meta = json.loads((workdir / "checkpoints" / "4" / "meta" / "metadata").read_text())
   table = json.loads((workdir / "data_files" / f"{meta['data_files']}.json").read_text())
   assert str(train_file.resolve()) in table and len(list((workdir / "data_files").iterdir())) == 1
+  # Rewritten in place, its size and mtime kept (`touch -r`): the content sample tells.
+  stat, content = train_file.stat(), train_file.read_bytes()
+  train_file.write_bytes(content.replace(b"MAX", b"MIN", 1))
+  os.utime(train_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  with caplog.at_level(logging.WARNING):
+    train_and_evaluate(config(data, "train.steps=5"), workdir)
+  said = [r.getMessage() for r in caplog.records if "data file(s) changed" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith("1 data file(s) changed since checkpoint step 4 was saved ("), said
+  caplog.clear()
   with open(train_file, "a") as f:
     f.write(train_file.read_text().splitlines(keepends=True)[1])  # one more example
   with caplog.at_level(logging.WARNING):
     train_and_evaluate(config(data), workdir)
   said = [r.getMessage() for r in caplog.records if "data file(s) changed" in r.getMessage()]
-  assert len(said) == 1 and said[0].startswith("1 data file(s) changed since checkpoint step 4 was saved ("), said
+  assert len(said) == 1 and said[0].startswith("1 data file(s) changed since checkpoint step 5 was saved ("), said
   lines = train_file.read_text().splitlines(keepends=True)
   train_file.write_text("".join(lines[: len(lines) // 2]))
   with pytest.raises(DataError, match=rf"^data file {re.escape(str(train_file))} holds [\d,]+ bytes where it held"):
     train_and_evaluate(config(data, "train.steps=8"), workdir)
-  assert Checkpointer(workdir, async_save=False).all_steps() == [2, 4, 6]
+  assert Checkpointer(workdir, async_save=False).all_steps() == [4, 5, 6]  # 5: a finished length, kept
 
 
 def test_one_flipped_byte_falls_back_to_the_previous_checkpoint(data, uninterrupted, tmp_path, caplog):

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import types
 
 import jax
 import jax.numpy as jnp
@@ -286,6 +287,22 @@ def persistent_cache_on():
     jax.config.update("jax_enable_compilation_cache", False)
     jax.config.update("jax_compilation_cache_dir", saved)
     jax_compilation_cache.reset_cache()
+
+
+def test_a_compile_cache_this_user_may_not_add_to_is_one_warning(tmp_path, monkeypatch, caplog):
+  """A shared compile cache this user reads but may not write: one warning for the folder, the run goes
+  on compiling what it lacks (JAX warned with a traceback for every program)."""
+
+  def refused(self, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", str(self))
+
+  monkeypatch.setattr(pathlib.Path, "write_bytes", refused)  # the root running this suite may write anywhere
+  cache = types.SimpleNamespace(eviction_enabled=False, path=tmp_path)
+  with caplog.at_level(logging.WARNING):
+    for key in ("a", "b"):
+      compile_cache._put_whole(cache, key, b"program")
+  said = [r.getMessage() for r in caplog.records if "takes no new programs (Permission denied)" in r.getMessage()]
+  assert len(said) == 1 and not list(tmp_path.iterdir())
 
 
 def test_a_cache_turned_off_in_jax_config_stays_off(tmp_path):

@@ -57,8 +57,22 @@ def _put_whole(self, key: str, value: bytes) -> None:
   if final.exists():
     return
   tmp = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-  tmp.write_bytes(value)
+  try:
+    tmp.write_bytes(value)
+  except PermissionError as e:  # a shared cache this user reads but may not add to: said once, not per program
+    if str(self.path) not in _UNWRITABLE:
+      _UNWRITABLE.add(str(self.path))
+      logging.warning(
+        "the compile cache %s takes no new programs (%s): this run compiles what it lacks; ask its owner to make "
+        "it group-writable (chmod -R g+ws), or set train.compile_cache to a folder of your own",
+        self.path,
+        e.strerror or type(e).__name__,
+      )
+    return
   tmp.replace(final)  # a racing writer of the same key put the same program: either copy stands
+
+
+_UNWRITABLE: set[str] = set()
 
 
 def write_whole() -> None:

@@ -63,7 +63,7 @@ def saved_data_files(workdir: fs.Path, saved: str | dict | None) -> dict | None:
 
 
 def check_data_files(saved: dict | None, now: dict, step: int) -> None:
-  """A resume reads the data files checkpoint `step` was saved from (both {path: [size, mtime]},
+  """A resume reads the data files checkpoint `step` was saved from (both {path: [size, mtime, sample]},
   data/cache.py recording_files): a file shorter now is one sentence (the saved data position no longer
   names the same examples, and a memory-mapped read past its end would kill the run); one rewritten,
   grown or no longer read is a warning, once."""
@@ -76,7 +76,8 @@ def check_data_files(saved: dict | None, now: dict, step: int) -> None:
       f"data file {path} holds {size:,} bytes where it held {before:,} when checkpoint step {step} was saved; "
       "put the original back to resume, or start the changed data in a new workdir."
     )
-  changed = sorted(p for p, old in saved.items() if now.get(p) != old)
+  # A table saved before content samples were kept holds [size, mtime]: compared as far as it goes.
+  changed = sorted(p for p, old in saved.items() if (now.get(p) or [])[: len(old)] != old)
   if changed:
     logging.warning(
       "%d data file(s) changed since checkpoint step %d was saved (%s%s): the run resumes its data position "

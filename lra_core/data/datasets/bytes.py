@@ -99,11 +99,11 @@ def load_bytes(path: str) -> np.ndarray:
       f"byte file {path!r} does not exist; set --config.data.dir to the folder that holds it (or "
       "--config.data.path to the file)."
     )
-  # The key holds size and mtime so a rewritten file is read again.
-  _, size, mtime = cache.file_fingerprint([path])[0]
+  # The key holds size, mtime and a content sample so a rewritten file is read again.
+  _, size, mtime, sample = cache.file_fingerprint([path])[0]
   if size == 0:
     raise DataError(f"byte file {path!r} is empty.")
-  data = _load_cached(files.absolute(path), size, mtime)
+  data = _load_cached(files.absolute(path), size, mtime, sample)
   if data.size == 0:
     raise DataError(f"byte file {path!r} decompresses to zero bytes.")
   expected = KNOWN_SIZES.get(os.path.basename(path))
@@ -121,8 +121,8 @@ def load_bytes(path: str) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
-  del size, mtime_ns
+def _load_cached(path: str, size: int, mtime_ns: int, sample: str) -> np.ndarray:
+  del size, mtime_ns, sample
   lower = path.lower()
   if lower.endswith(".zip"):
     try:

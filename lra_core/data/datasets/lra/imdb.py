@@ -186,7 +186,7 @@ def _fingerprint(location: epath.Path) -> list:
   # 50k small files: a digest of the listing instead of a 5 MB key.
   found = _folder_files(location)
   stats = cache.file_fingerprint([p for _, _, p in found])
-  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{size}:{mtime}" for (s, l, p), (_, size, mtime) in zip(found, stats))
+  listing = sorted(f"{s}/{LABELS[l]}/{p.name}:{size}:{mtime}" for (s, l, p), (_, size, mtime, _) in zip(found, stats))
   where = str(pathlib.Path(location).resolve()) if fs.is_local(location) else str(location)
   return [where, len(listing), hashlib.sha256("\n".join(listing).encode()).hexdigest()]
 

@@ -395,10 +395,13 @@ def ensure_generated(data) -> pathlib.Path:
       return final
   except PermissionError as e:
     raise cache.unreadable(final, e) from e
-  final.parent.mkdir(parents=True, exist_ok=True)
   settings = _generator_settings(data)
   start = time.time()
-  tmp = cache.staging_folder(final)
+  try:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.staging_folder(final)
+  except PermissionError as e:  # a shared cache this user may read but not add to
+    raise cache.unwritable(final.parent, e) from e
   try:
     generate_files(tmp, **settings)
     (tmp / "generator.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
