@@ -21,6 +21,7 @@ against the reference's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import orbax.checkpoint as ocp
 
@@ -57,12 +59,30 @@ def _start(config: str, workdir: pathlib.Path, overrides: list[str], logs: pathl
   command += [f"--config.{o}" for o in overrides]
   command += [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
   logs.mkdir(parents=True, exist_ok=True)
-  return [
+  procs = [
     subprocess.Popen(
       [*command, f"--process_id={i}"], stdout=(logs / f"process{i}.log").open("a"), stderr=subprocess.STDOUT, env=env
     )
     for i in range(2)
   ]
+  _CHILDREN.extend(procs)
+  return procs
+
+
+_CHILDREN: list[subprocess.Popen] = []  # every run process started: ended with the soak, however it ends
+
+
+@contextlib.contextmanager
+def _children_ended() -> Iterator[None]:
+  """The soak's run processes end with it: stopped by Ctrl-C, SIGTERM (a job's time limit) or an error,
+  it kills those still running (they were left training on, their peer gone)."""
+  previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+    _kill(_CHILDREN)
+    _CHILDREN.clear()
 
 
 def logged_step(log: pathlib.Path, offset: int) -> int:
@@ -217,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
   args = parser.parse_args(argv)
   if args.kills < 1 or args.steps < 8:
     raise ConfigError(f"--kills must be at least 1 and --steps at least 8, got {args.kills} and {args.steps}.")
-  report = soak(args.config, pathlib.Path(args.workdir), args.kills, args.steps, args.seed)
+  with _children_ended():
+    report = soak(args.config, pathlib.Path(args.workdir), args.kills, args.steps, args.seed)
   print(json.dumps(report, indent=1))
   print(
     f"soak: {report['kills_recovered']} of {report['kills']} kills recovered from, bit-identical at the first "

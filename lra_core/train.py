@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import numpy as np
 from flax import nnx
 
 from lra_core import cli, layout, sharding
@@ -34,10 +33,11 @@ from lra_core.cost import throughput
 from lra_core.data import cache, pipeline
 from lra_core.dataset_record import SPLITS
 from lra_core.errors import TrainingDiverged
-from lra_core.run import data_setup, image_samples, trackers
+from lra_core.run import data_setup, goodput, image_samples, trackers
 from lra_core.run.batches import abstract_batch, row_block, to_device
 from lra_core.run.evaluation import Evaluator
 from lra_core.run.metrics import MetricWriter, Progress
+from lra_core.run.numerics_guard import NumericsGuard
 from lra_core.run.profiler import StepProfiler
 from lra_core.run.state import eval_params, param_checksum, run_setup
 from lra_core.runtime import fs, preemption, process_end
@@ -64,6 +64,14 @@ def train_and_evaluate(
   and a second run is refused with one sentence naming the first.
   """
   workdir = fs.path(workdir, what="workdir")
+  ledger = goodput.Ledger(workdir)  # where this invocation's time goes, kept once it may write there
+  try:
+    return _started(config, workdir, stop_at_step, force, ledger)
+  finally:
+    ledger.write()
+
+
+def _started(config, workdir: fs.Path, stop_at_step: int | None, force: bool, ledger) -> dict:
   check_directory(workdir)  # before the lock, the data and the compile
   # train.init_from's source read from its config.json: a start refused for its model settings creates
   # no workdir and changes nothing in one that exists (the lock's file is the run's first write).
@@ -71,10 +79,10 @@ def train_and_evaluate(
   # A start refused or interrupted before its first record (data, compile, Ctrl-C) leaves the workdir as it was.
   with workdir_policy.FirstWrites(workdir) as first_writes:
     with RunLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-      return _train_and_evaluate(config, workdir, stop_at_step, force, first_writes)
+      return _train_and_evaluate(config, workdir, stop_at_step, force, first_writes, ledger)
 
 
-def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool, first_writes) -> dict:
+def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, force: bool, first_writes, ledger) -> dict:
   resumable = workdir_policy.check_resumable(config, workdir, force)
   earlier = resumable.earlier  # a finished length evaluated again: nothing trained, nothing of later runs touched
   compile_cache.setup(config.train.compile_cache, workdir)
@@ -86,16 +94,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   _log_mesh(mesh)
 
   # ----------------------------------------------------------------------------- Data
-  with cache.recording_files() as data_files:  # kept with each checkpoint: a resume checks them
-    sources, task = data_setup.setup_data(config, SPLITS, mesh)
-  block, blocks = row_block(mesh, rules)  # which rows this process reads (several read the same
-  # rows where a sequence is split over hosts: mesh.sequence)
-  train_reader = pipeline.BatchReader(
-    config, sources["train"], train=True, batch_size=t.batch_size, process_index=block, process_count=blocks
-  )
-  first = train_reader(0)  # checked, and its shapes compile the step, before anything else runs
-  data_setup.check_batch(first, config, 0)
-  _log_document_mask(first, task)
+  sources, task, data_files, train_reader, first = _open_data(config, mesh)
   check_writable(workdir)
 
   # ----------------------------------------------------------------------------- Shapes, shardings, init
@@ -104,18 +103,16 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
 
   # ----------------------------------------------------------------------------- Steps
   with sharding.activate(mesh, rules):
-    train_step, flops_per_step = _compile_train_step(config, spec, task, tx, schedule, first, mesh)
+    with ledger.timing("compile"):
+      train_step, flops_per_step = _compile_train_step(config, spec, task, tx, schedule, first, mesh)
     evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
-    finished = workdir_policy.finished_lengths(workdir)  # their checkpoints are kept by the rotation
-    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
-    state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier)
-    data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
-
+    ckpt, state, start, meta = _resume(config, spec, workdir, mesh, earlier, data_files, ledger)
     first_writes.began()
+    ledger.enabled, ledger.trains = jax.process_index() == 0, earlier is None
     writer, data_files_name = _first_writes(config, workdir, resumable, data_files, start)
-    loop = _Loop(config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step, data_files_name)
+    loop = _Loop(config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step, data_files_name, ledger)
     loop.resume(state, start, meta)
 
     # --------------------------------------------------------------------------- Loop
@@ -137,20 +134,23 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
       loop.guard.check_skipped_share(t.steps)
       # ------------------------------------------------------------------------- Final evaluation
       try:
-        summary = {"step": t.steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, loop.state)}
+        with ledger.timing("evaluation"):
+          summary = {"step": t.steps, "num_params": spec.num_params, **_final_metrics(config, evaluate, loop.state)}
       except KeyboardInterrupt:  # the last step is saved: the same command evaluates it
         if jax.process_count() > 1:  # the others wait in this evaluation: lra_core.cli.run ends them all
           raise
         ckpt.close()
         writer.close(failing_ok=True)
         return {"stopped_at": t.steps, "interrupted": True}
-      ckpt.close()
+      with ledger.timing("checkpoint"):
+        ckpt.close()
     except SaveAbandoned as e:
       return _abandoned(e, ckpt, writer)
     except TrainingDiverged:  # its sentence ends the run: the save in flight completes first, none half-written
       ckpt.close()
       raise
   summary["param_checksum"] = param_checksum(loop.state["params"])
+  summary["goodput"] = ledger.summary()["goodput"]  # the breakdown: python -m lra_core.run.goodput
   _add_timing(summary, workdir / _summary_name(earlier), loop.meter, stop - start, t.steps, loop.total_time)
   _write_summary(summary, writer, earlier)
   return summary
@@ -162,8 +162,8 @@ class _Loop:
   sums since the last log and the training time before the checkpoint it resumed from. A resumed run
   carries those sums and that time on: its metrics.jsonl and summary.json are the uninterrupted run's."""
 
-  def __init__(self, config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step: float, data_files_name):
-    self.t = config.train
+  def __init__(self, config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step: float, data_files_name, ledger):
+    self.t, self.ledger = config.train, ledger
     self.config, self.spec, self.task, self.mesh, self.evaluate = config, spec, task, mesh, evaluate
     self.writer, self.ckpt, self.flops_per_step, self.data_files_name = writer, ckpt, flops_per_step, data_files_name
     self.watchdog = StepWatchdog(self.t.watchdog_factor, self.t.watchdog_min_s, cli.EXIT_PREEMPTED)
@@ -174,7 +174,7 @@ class _Loop:
     steps, the sums since the last log, the training time before it)."""
     t = self.t
     self.state, self.start, self.next_batch = state, start, meta["next_batch"]
-    self.guard = _Guard(t, self.ckpt, skipped=meta.get("skipped_steps", 0))
+    self.guard = NumericsGuard(t, self.ckpt, skipped=meta.get("skipped_steps", 0))
     self.guard.last_saved = start
     self.log_sums = {k: tuple(v) for k, v in meta.get("log_sums", {}).items()}
     self.time_before = meta.get("train_time_s", 0.0)
@@ -202,14 +202,20 @@ class _Loop:
     return preempted
 
   def _steps(self, train_step: Callable, batches, stop: int) -> int | None:
+    self.ledger.begin_steps(self.start)
     for step in range(self.start, stop):
+      waited = time.perf_counter()
       local = next(batches)
       data_setup.check_batch(local, self.config, self.next_batch + step - self.start)
+      stepped = time.perf_counter()
       with self.profiler.step(step):
         self.state, metrics = train_step(self.state, to_device(local, self.mesh, self.config.sharding.rules))
       # Read the previous step's metrics while this one runs: no stall, and a bad step is caught one
       # step late at most, before any checkpoint is written.
       self.flush()
+      self.ledger.add("data_wait", stepped - waited)
+      self.ledger.add("steps", time.perf_counter() - stepped)
+      self.ledger.reached(step + 1)
       self.watchdog.beat()  # the step before this one has finished
       self.ckpt.poll()  # a save in flight past its limit ends the run now, not at the next save
       done = step + 1
@@ -242,8 +248,10 @@ class _Loop:
     saved["log_sums"] = dict(self.log_sums)
     saved["train_time_s"] = self.time_before + time.perf_counter() - self.t_start
     saved["data_files"] = self.data_files_name
-    self.ckpt.save(step, self.state, saved)
+    with self.ledger.timing("checkpoint"):
+      self.ckpt.save(step, self.state, saved)
     self.guard.last_saved = step
+    self.ledger.write()
 
   def log(self, done: int) -> None:
     self.flush()
@@ -251,14 +259,17 @@ class _Loop:
     logged = _finish_log(self.task, self.log_sums, guard, self.meter, done)
     self.writer.write(done, logged)
     self.progress.update(done, logged)
+    self.ledger.write()
 
   def validate(self, done: int) -> None:
-    _validate(self.evaluate, self.state, done, self.t.eval_batches, self.writer)
+    with self.ledger.timing("evaluation"):
+      _validate(self.evaluate, self.state, done, self.t.eval_batches, self.writer)
     self.meter.restart(done)  # the evaluation's time is not the steps'
     self.watchdog.restart()
 
   def sample(self, done: int) -> None:
-    _write_samples(self.config, self.spec, self.state, self.writer, done)
+    with self.ledger.timing("evaluation"):
+      _write_samples(self.config, self.spec, self.state, self.writer, done)
     self.meter.restart(done)
     self.watchdog.restart()
 
@@ -350,6 +361,34 @@ def _write_summary(summary: dict, writer: MetricWriter, earlier: int | None) -> 
   logging.info("%s", coverage(summary))
 
 
+def _open_data(config, mesh) -> tuple:
+  """(the sources of every split, the task, the data files read, this process's train batch reader,
+  the first train batch): the batch checked, and its shapes compile the step, before anything else runs."""
+  with cache.recording_files() as data_files:  # kept with each checkpoint: a resume checks them
+    sources, task = data_setup.setup_data(config, SPLITS, mesh)
+  # Which rows this process reads (several read the same rows where a sequence is split over hosts).
+  block, blocks = row_block(mesh, config.sharding.rules)
+  train_reader = pipeline.BatchReader(
+    config, sources["train"], train=True, batch_size=config.train.batch_size, process_index=block, process_count=blocks
+  )
+  first = train_reader(0)
+  data_setup.check_batch(first, config, 0)
+  _log_document_mask(first, task)
+  return sources, task, data_files, train_reader, first
+
+
+def _resume(config, spec, workdir: fs.Path, mesh, earlier: int | None, data_files: dict, ledger) -> tuple:
+  """(the checkpointer, and the state, step and meta to start from), the data files checked against those
+  its checkpoint was saved from."""
+  t = config.train
+  finished = workdir_policy.finished_lengths(workdir)  # their checkpoints are kept by the rotation
+  ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
+  with ledger.timing("restore"):
+    state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier)
+  data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
+  return ckpt, state, start, meta
+
+
 def _first_writes(config, workdir: fs.Path, resumable, data_files: dict, start: int) -> tuple[MetricWriter, str | None]:
   """The run's first writes into its workdir, once its data, compile and checkpoint are found good: what
   it keeps of earlier runs, its config.json and data-file table, its metrics cut back to `start`.
@@ -432,53 +471,6 @@ def _add_timing(summary: dict, previous: fs.Path, meter, steps_run: int, steps: 
     summary.update({k: previous[k] for k in ("train_time_s", "tokens_per_s", "mfu") if k in previous})
 
 
-class _Guard:
-  """The numerics guard on the host: stops at the first non-finite objective / gradient norm /
-  parameter norm (naming the step, the metric and the last good checkpoint), or with
-  train.skip_nonfinite counts the steps whose update the train step skipped."""
-
-  def __init__(self, t, ckpt: Checkpointer, skipped: int):
-    self.nan_check, self.skip, self.max_skipped = t.nan_check, t.skip_nonfinite, t.max_skipped_fraction
-    self.ckpt, self.skipped, self.last_saved = ckpt, skipped, 0
-
-  def check_skipped_share(self, steps: int) -> None:
-    """A finished run that skipped more than train.max_skipped_fraction of its steps fails (exit status 2)
-    instead of reporting barely trained parameters as a result."""
-    if self.skip and self.skipped > self.max_skipped * steps:
-      raise TrainingDiverged(
-        f"{self.skipped} of {steps} steps were skipped for non-finite values, more than "
-        f"train.max_skipped_fraction={self.max_skipped:g} of them; lower the learning rate or check the data "
-        f"(the checkpoints in {self.ckpt.directory} are kept)."
-      )
-
-  def check_and_accumulate(self, step: int, metrics: dict, sums: dict) -> None:
-    host = jax.device_get(metrics)
-    if self.skip and float(host.pop("skipped", 0.0)):
-      self.skipped += 1
-      logging.warning(
-        "step %d: non-finite objective, gradients or parameters; update skipped (%d so far)", step, self.skipped
-      )
-      return
-    host.pop("skipped", None)
-    if self.nan_check:
-      for name in ("objective", "grad_norm", "param_norm"):
-        value = float(host[name])
-        if not np.isfinite(value):
-          where = (
-            f"the last good checkpoint is step {self.last_saved} in {self.ckpt.directory}"
-            if self.last_saved
-            else "no checkpoint was written yet"
-          )
-          raise TrainingDiverged(f"non-finite {name} ({value}) at step {step}; {where}.")
-    for name, value in host.items():
-      value = np.asarray(value, np.float64)
-      if value.shape == (2,):  # (sum, weight) pairs add up
-        s, w = sums.get(name, (0.0, 0.0))
-        sums[name] = (s + value[0], w + value[1])
-      else:  # scalars: keep the latest
-        sums[name] = (float(value), None)
-
-
 SAMPLES = 16  # images in each train.sample_every grid
 
 
@@ -490,7 +482,7 @@ def _write_samples(config, spec, state, writer: MetricWriter, step: int) -> None
   writer.write_images(step, "samples", image_samples.grid(images))
 
 
-def _finish_log(task, sums: dict, guard: _Guard | None, meter, step: int) -> dict[str, float]:
+def _finish_log(task, sums: dict, guard: NumericsGuard | None, meter, step: int) -> dict[str, float]:
   """The metrics logged at `step`: the task's from the sums since the last log (which it empties), the
   count of skipped steps (`guard`, where train.skip_nonfinite), throughput."""
   pairs = {k: v for k, v in sums.items() if v[1] is not None}

@@ -10,6 +10,7 @@ uninterrupted run of the same command: the data position, root key, optimizer, m
 EMAs), carried state and LayerDrop masks all come back.
 """
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -352,3 +353,36 @@ def test_soak_labels_a_timed_kill_by_where_the_restart_was(tmp_path):
     f.write("12:00:09 INFO step 44/60 loss=1 | ETA 0:01\n12:00:10 INFO step 48/60 loss=1 | ETA 0:01\n")
   assert soak.timed_kill_moment(22.1, soak.logged_step(log, earlier)) == "at step 48, timed at 22.1 s"
   assert soak.timed_kill_moment(3.04, soak.logged_step(log, log.stat().st_size)) == "in start-up, timed at 3.0 s"
+
+
+def test_a_soak_stopped_by_sigterm_ends_its_run_processes(tmp_path):
+  """A soak stopped (SIGTERM: a job's time limit; Ctrl-C the same) kills the two training processes it
+  started: they were left training on, orphaned, their peer's soak gone."""
+  workdir = tmp_path / "soak"
+  proc = subprocess.Popen(
+    [sys.executable, str(ROOT / "scripts" / "soak.py"), "--kills=1", "--steps=8", f"--workdir={workdir}"],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    log = workdir / "logs" / "reference" / "process1.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert log.exists(), "the soak started no run"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+  finally:
+    proc.kill()
+  time.sleep(0.5)
+  running = []
+  for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+    try:
+      if f"--workdir={workdir}/reference".encode() in cmdline.read_bytes():
+        running.append(cmdline.parent.name)
+    except OSError:  # ended meanwhile
+      pass
+  for pid in running:  # not to leave them to the rest of the suite should the test fail
+    with contextlib.suppress(OSError):
+      os.kill(int(pid), signal.SIGKILL)
+  assert not running, running
