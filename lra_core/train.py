@@ -350,11 +350,11 @@ def _summary_name(earlier: int | None) -> str:
 
 
 def _write_summary(summary: dict, writer: MetricWriter, earlier: int | None) -> None:
-  """The final metrics into metrics.jsonl (not for a finished length evaluated again: that file goes on
-  past it) and the summary into its file; logs both."""
+  """The final metrics and the run's goodput into metrics.jsonl (not for a finished length evaluated
+  again: that file goes on past it) and the summary into its file; logs both."""
   if earlier is None:
     metrics = {k: v for k, v in summary.items() if k.startswith(("val_", "test_")) and k not in COVERAGE_KEYS}
-    writer.write(summary["step"], metrics)
+    writer.write(summary["step"], {**metrics, "goodput": summary["goodput"]})
   writer.write_json(_summary_name(earlier), summary)
   writer.close()
   logging.info("done: %s", _fmt(summary))

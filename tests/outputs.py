@@ -14,7 +14,7 @@ import tempfile
 from lra_core.run.metrics import read_metrics
 from lra_core.runtime import fs
 
-TIMING = ("step_time_s", "tokens_per_s", "mfu")
+TIMING = ("step_time_s", "tokens_per_s", "mfu", "goodput")  # measured time: differs run to run
 
 
 def tensorboard_scalars(workdir) -> dict[str, list[tuple[int, float]]]:

@@ -10,6 +10,7 @@ import lra_core
 from lra_core import train
 from lra_core.errors import ConfigError
 from lra_core.run import goodput
+from lra_core.run.metrics import read_metrics
 from lra_core.train import train_and_evaluate
 
 pytestmark = pytest.mark.usefixtures("persistent_compile_cache")
@@ -57,6 +58,7 @@ def test_goodput_adds_up_to_the_wall_time_and_counts_the_steps_trained_again(dat
   assert total["compile_s"] > 0 and total["restore_s"] > 0 and total["checkpoint_s"] > 0 and total["steps_s"] > 0
   assert 0 < total["lost_s"] < total["steps_s"] and 0 < total["goodput"] < 1
   assert summary["goodput"] == pytest.approx(total["goodput"], rel=0.05)
+  assert [r["goodput"] for r in read_metrics(workdir) if "goodput" in r] == [summary["goodput"]]  # the last record
   goodput.main([f"--workdir={workdir}"])
   printed = capsys.readouterr().out
   assert "| 1 | 0-6 |" in printed and "| 2 | 4-8 |" in printed and "2 step(s) trained again after a restart" in printed
