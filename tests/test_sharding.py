@@ -162,13 +162,7 @@ def test_packed_documents_sharded_equal_single_device(spec):
   each document) under 8-way data / FSDP / tensor sharding: the single device's losses and parameters
   after three steps, and the documents really are masked apart (the losses differ from one document
   per row)."""
-  extra = ["data.document_mask=true", "model.dropout=0.1"]
-  _, _, _, state1, losses1 = train(ONE_DEVICE, spec=spec, extra=extra, documents=True)
-  _, mesh, _, state8, losses8 = train(EIGHT_DEVICES, spec=spec, extra=extra, documents=True)
-  assert mesh.size == 8
-  np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
-  for a, b in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+  losses1 = _documents_sharded_equal_single_device(spec, ["data.document_mask=true", "model.dropout=0.1"])
   _, _, _, _, whole_rows = one_document_rows_on_one_device(spec)
   assert not np.allclose(losses1, whole_rows)
 
@@ -180,12 +174,19 @@ def test_rope_scaled_transformer_sharded_equals_single_device():
   spec = "configs/c4/transformer.py:tiny,lm,plusplus"
   extra = ["data.document_mask=true", "model.dropout=0.1", "model.rope_scaling.type=yarn"]
   extra += ["model.rope_scaling.factor=4", "model.rope_scaling.original_max_len=16"]
+  _documents_sharded_equal_single_device(spec, extra)
+
+
+def _documents_sharded_equal_single_device(spec: str, extra: list[str]) -> np.ndarray:
+  """Trains `spec` on packed documents on one device and under 8-way data / FSDP / tensor sharding,
+  asserts equal losses and parameters, and returns the single device's losses."""
   _, _, _, state1, losses1 = train(ONE_DEVICE, spec=spec, extra=extra, documents=True)
   _, mesh, _, state8, losses8 = train(EIGHT_DEVICES, spec=spec, extra=extra, documents=True)
   assert mesh.size == 8
   np.testing.assert_allclose(losses8, losses1, **TOLERANCE)
   for a, b in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOLERANCE)
+  return losses1
 
 
 def test_checkpoint_saved_on_eight_devices_restores_on_one(tmp_path, single, sharded):

@@ -57,6 +57,7 @@ class Ledger:
     self.last_step: int | None = None
     self.trains = True  # False for a finished length evaluated again: no steps, none lost
     self.failed = False  # a write failed (said once)
+    self.earlier: list[dict] | None = None
 
   @contextlib.contextmanager
   def timing(self, bucket: str) -> Iterator[None]:
@@ -92,17 +93,21 @@ class Ledger:
       seconds=seconds,
     )
 
+  def _earlier(self) -> list[dict]:
+    """The earlier invocations' ledgers, read once: one run at a time writes a workdir (its lock)."""
+    if self.earlier is None:
+      self.earlier = [r for r in read(self.path.parent) if r.get("started") != self.started]
+    return self.earlier
+
   def summary(self) -> dict:
     """`summarize` over the earlier invocations kept in the workdir and this one as it is now."""
-    earlier = [r for r in read(self.path.parent) if r.get("started") != self.started]
-    return summarize([*earlier, self.record()])
+    return summarize([*self._earlier(), self.record()])
 
   def write(self) -> None:
     """Rewrites goodput.json: the earlier invocations' ledgers as read, this one's as it is now."""
     if not self.enabled:
       return
-    earlier = [r for r in read(self.path.parent) if r.get("started") != self.started]
-    text = json.dumps({"invocations": [*earlier, self.record()]}, indent=1) + "\n"
+    text = json.dumps({"invocations": [*self._earlier(), self.record()]}, indent=1) + "\n"
     try:
       if fs.is_local(self.path):
         staged = self.path.parent / f".{FILE}.tmp"
