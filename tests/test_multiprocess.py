@@ -8,6 +8,7 @@ holds a whole parameter.
 Faults, with that run as the oracle: a checkpoint that only one process cannot read (both resume
 from the same older step), and an error on one process (every process exits within seconds)."""
 
+import fcntl
 import json
 import os
 import pathlib
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import jax
@@ -26,7 +28,7 @@ import pytest
 from conftest import FAST_COMPILE, HOST_COLLECTIVES
 
 import lra_core
-from fixtures import listops
+from fixtures import listops, mounts
 from lra_core import cli, layout
 from lra_core.bench.shardings import parameter_layout
 from lra_core.checkpoints.checkpointer import Checkpointer
@@ -51,12 +53,24 @@ def _free_port() -> int:
 
 
 def _launch(
-  overrides, workdir, *extra, check=True, spec=listops.SPEC, send=None, command=("-m", "lra_core.train"), own=((), ())
+  overrides,
+  workdir,
+  *extra,
+  check=True,
+  spec=listops.SPEC,
+  send=None,
+  act=None,
+  command=("-m", "lra_core.train"),
+  own=((), ()),
+  wrap=(),
+  piped=None,
 ):
   """Runs `python -m lra_core.train` (or `command`) as process 0 and 1 of one run; returns their outputs
   (with check=False: [(exit status, output, seconds from start to exit)] of each). send=(i, signal, ready):
-  the signal to process i once ready() is true; the seconds are then counted from that signal. own[i]:
-  arguments given to process i alone."""
+  the signal to process i once ready() is true; act=(ready, action): action() once ready() is true; the
+  seconds are then counted from that moment. own[i]: arguments given to process i alone. wrap: a prefix
+  of both commands (a mount namespace's nsenter). piped=(i, drained): process i writes to a 4 KiB pipe
+  that is read only while drained() is true, as a launcher's stalled ssh pipe."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -69,6 +83,7 @@ def _launch(
   )
   port = _free_port()
   args = [
+    *wrap,
     sys.executable,
     *command,
     f"--config={spec}",
@@ -81,9 +96,16 @@ def _launch(
   # Output goes to files, not pipes: a process whose pipe nobody reads while it runs blocks in its
   # write once 64 KiB are waiting, and its peer then waits in a collective until the time limit.
   logs = [tempfile.TemporaryFile("w+") for _ in range(2)]
+  if piped is not None:
+    logs[piped[0]] = _Stalling(piped[1])
   procs = [
     subprocess.Popen(
-      [*args, f"--process_id={i}", *own[i]], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True
+      [*args, f"--process_id={i}", *own[i]],
+      env=env,
+      cwd=ROOT,
+      stdout=log.fileno(),
+      stderr=subprocess.STDOUT,
+      text=True,
     )
     for i, log in enumerate(logs)
   ]
@@ -94,6 +116,9 @@ def _launch(
       if send is not None and send[2]():
         procs[send[0]].send_signal(send[1])
         send, start = None, time.monotonic()
+      if act is not None and act[0]():
+        act[1]()
+        act, start = None, time.monotonic()
       ended.update(
         {i: time.monotonic() - start for i, p in enumerate(procs) if i not in ended and p.poll() is not None}
       )
@@ -112,6 +137,44 @@ def _launch(
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   return outputs
+
+
+class _Stalling:
+  """A process's output pipe, shrunk to 4 KiB, that is read only while drained() holds; what it read,
+  and what is left in the pipe at the end, is the process's output."""
+
+  def __init__(self, drained):
+    self.read_end, self.write_end = os.pipe()
+    fcntl.fcntl(self.read_end, 1031, 4096)  # F_SETPIPE_SZ
+    self.text = []
+    self.reader = threading.Thread(target=self._read, args=(drained,), daemon=True)
+    self.reader.start()
+
+  def _read(self, drained):
+    while drained():
+      chunk = os.read(self.read_end, 1024)
+      if not chunk:
+        return
+      self.text.append(chunk)
+
+  def fileno(self):
+    return self.write_end
+
+  def seek(self, _):
+    os.set_blocking(self.read_end, False)
+    self.reader.join(1)  # a reader left blocked in its read takes the next chunk: this output too
+    try:
+      while chunk := os.read(self.read_end, 1 << 16):
+        self.text.append(chunk)
+    except BlockingIOError:
+      pass
+
+  def read(self):
+    return b"".join(self.text).decode(errors="replace")
+
+  def close(self):
+    os.close(self.read_end)
+    os.close(self.write_end)
 
 
 @pytest.fixture(scope="module")
@@ -411,3 +474,80 @@ def test_a_peer_refused_for_its_config_ends_the_other_at_once_with_its_sentence(
   said = [line for line in out0.splitlines() if line.startswith("error: process 1 failed: unknown config key")]
   assert s0 == cli.EXIT_USER_ERROR and len(said) == 1 and said[0].endswith("stopping process 0 as well."), out0[-3000:]
   assert t0 < 90, t0
+
+
+NO_MOUNTS = mounts.available()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_MOUNTS is not None, reason=str(NO_MOUNTS))
+def test_a_disk_filled_between_the_manifests_and_the_commit_ends_both_naming_the_cause(tmp_path):
+  """The workdir on a 64 MiB tmpfs, filled as soon as both processes' manifests of step 4 exist, before
+  orbax commits it: both end with one sentence naming `No space left on device`, status 2, within
+  train.save_timeout_s (20 s here) of the fill. Before, both waited in orbax's barrier for 1,200 s."""
+  overrides = [
+    *listops.build(tmp_path / "data"),
+    *MESH,
+    "train.steps=10",
+    "train.checkpoint_every=2",
+    "train.save_timeout_s=20",
+  ]
+  disk = tmp_path / "disk"
+  with mounts.Namespace() as ns:
+    ns.tmpfs(disk, "64m")
+    saving = ns.inside(disk / "run" / "checkpoints" / "4.orbax-checkpoint-tmp")
+    manifests = lambda: (
+      {p.parent.name for p in saving.glob("state*/ocdbt.process_*/manifest.ocdbt")}
+      == {  # noqa: E731
+        "ocdbt.process_0",
+        "ocdbt.process_1",
+      }
+    )
+    results = _launch(overrides, disk / "run", check=False, wrap=ns.wrap(), act=(manifests, lambda: ns.fill(disk)))
+  for status, out, seconds in results:
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert status == cli.EXIT_USER_ERROR and len(said) == 1, out[-3000:]
+    assert "No space left on device" in said[0], said
+    assert seconds is not None and seconds < 20 + 25, seconds
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_MOUNTS is not None, reason=str(NO_MOUNTS))
+def test_checkpoints_turned_read_only_mid_run_end_both_with_one_sentence(tmp_path):
+  """`checkpoints/` remounted read-only once step 4 is committed: the save of step 6 fails, and both
+  processes end at their next step with one sentence naming `Read-only file system` and step 4, status
+  2, within seconds (not after the 90 s floor of the save's limit). Before, process 0 logged the error
+  and waited past 300 s."""
+  workdir = tmp_path / "run"
+  overrides = [*listops.build(tmp_path / "data"), *MESH, "train.steps=10", "train.checkpoint_every=2"]
+  with mounts.Namespace() as ns:
+    ready = lambda: (workdir / "checkpoints" / "4").is_dir()  # noqa: E731
+    results = _launch(
+      overrides, workdir, check=False, wrap=ns.wrap(), act=(ready, lambda: ns.read_only(workdir / "checkpoints"))
+    )
+  for status, out, seconds in results:
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert status == cli.EXIT_USER_ERROR and len(said) == 1, out[-3000:]
+    assert "Read-only file system" in said[0] and "the last complete checkpoint is step 4" in said[0], said
+    assert seconds is not None and seconds < 30, seconds
+
+
+@pytest.mark.slow
+def test_a_log_stream_that_stops_draining_does_not_hang_process_0(tmp_path):
+  """Process 0's output is a 4 KiB pipe that stops being read once step 4 is saved, as a launcher's
+  stalled ssh pipe: its next log line blocks it, process 1 waits in a step's collective, and both step
+  watchdogs (10 s here) end their process with status 75. Before, process 0 stayed blocked for ever."""
+  workdir = tmp_path / "run"
+  overrides = [
+    *listops.build(tmp_path / "data"),
+    *MESH,
+    "train.steps=100000",
+    "train.checkpoint_every=2",
+    "train.log_every=1",
+    "train.watchdog_min_s=10",
+  ]
+  saved = lambda: (workdir / "checkpoints" / "4").is_dir()  # noqa: E731
+  results = _launch(overrides, workdir, check=False, piped=(0, lambda: not saved()), act=(saved, lambda: None))
+  for status, out, seconds in results:
+    assert status == cli.EXIT_PREEMPTED, out[-3000:]
+    assert seconds is not None and seconds < 90, seconds

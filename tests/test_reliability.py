@@ -486,7 +486,7 @@ def test_a_damaged_config_json_is_one_sentence(data, uninterrupted, tmp_path):
 def test_a_save_that_stops_finishing_ends_within_a_bound_from_the_measured_saves_naming_the_cause(
   tmp_path, monkeypatch
 ):
-  """A save that never completes (its writer waiting on a full disk) ends the run between two steps once
+  """A save that never completes (its writer retrying on a full disk) ends the run between two steps once
   it has taken more than max(the floor, 10 x this run's slowest save), not at the next save nor after
   orbax's 20 minutes, with the cause the store's log lines named."""
   monkeypatch.setattr(save_limit, "FLOOR_S", 0.5)
@@ -500,7 +500,7 @@ def test_a_save_that_stops_finishing_ends_within_a_bound_from_the_measured_saves
   with monkeypatch.context() as m:
     m.setattr(ckpt.manager, "is_saving_in_progress", lambda: True)  # its writer stuck from here on
     full = OSError(28, "No space left on device")
-    logging.getLogger("absl").error("Failed to run 1 Handler Commit operations", exc_info=(OSError, full, None))
+    logging.getLogger("absl").warning("Retrying a write", exc_info=(OSError, full, None))
     start = time.monotonic()
     with pytest.raises(
       StoreFailure,
@@ -515,6 +515,32 @@ def test_a_save_that_stops_finishing_ends_within_a_bound_from_the_measured_saves
   ckpt.close()
   assert ckpt.store_errors not in logging.getLogger().handlers
   assert Checkpointer(tmp_path / "run").all_steps() == [1, 2]
+
+
+def test_a_writer_that_died_of_a_full_or_read_only_disk_ends_the_save_at_the_next_step(tmp_path, monkeypatch):
+  """orbax logs a writer thread's death as an error and then waits in its barrier for ever: one naming a
+  cause no wait mends ends the save at the next poll. A warning (a retry) or an error of another cause
+  (a permission a second try may have) leaves it to the limit."""
+  ckpt = Checkpointer(tmp_path / "run", save_timeout_s=1800)
+  state = {"w": jax.numpy.arange(8.0)}
+  ckpt.save(1, state, {})
+  ckpt.wait()
+  ckpt.save(2, state, {})
+  absl = logging.getLogger("absl")
+  with monkeypatch.context() as m:
+    m.setattr(ckpt.manager, "is_saving_in_progress", lambda: True)
+    absl.warning("retrying: [Errno 30] Read-only file system: 'checkpoints/2.orbax-checkpoint-tmp'")
+    absl.error("_SignalingThread.run() raised an exception: [Errno 13] Permission denied: 'x'")
+    ckpt.poll()
+    absl.error("_SignalingThread.run() raised an exception: [Errno 30] Read-only file system: 'x'")
+    with pytest.raises(
+      StoreFailure,
+      match=r"^checkpoint step 2 in .* cannot be written: a writer failed \(it said: \[Errno 30\] Read-only file "
+      r"system\); the last complete checkpoint is step 1.$",
+    ):
+      ckpt.poll()
+  ckpt.store_errors.reset()  # the real save behind the stand-in completed; closing waits for it
+  ckpt.close()
 
 
 def test_a_checkpoints_folder_deleted_under_the_run_is_said_and_saved_anew(tmp_path, caplog):

@@ -174,7 +174,7 @@ class Checkpointer:
     self._in_flight = step
     if self.store_errors not in logging.getLogger().handlers:
       logging.getLogger().addHandler(self.store_errors)
-    self.store_errors.cause = None
+    self.store_errors.reset()
     self.clock.begin()
     try:
       self.manager.save(step, args=args, force=force)
@@ -194,6 +194,8 @@ class Checkpointer:
       self.wait()
 
   def _raise_if_overdue(self) -> None:
+    if self.store_errors.final:
+      raise self._failure(f"checkpoint step {self._in_flight} in {self.directory} cannot be written: a writer failed")
     overdue = self.clock.overdue()
     if overdue is not None:
       raise self._failure(

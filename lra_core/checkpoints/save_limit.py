@@ -13,7 +13,9 @@ save in flight has a limit of its own, counted from the moment it began:
 The loop checks the save in flight after every step (`Checkpointer.poll`), so a failing store ends
 the run within the limit whatever the checkpoint interval. Where a store's error was logged while the
 save was in flight (orbax logs what its threads meet, then keeps waiting), the sentence carries its
-cause: `No space left on device`, `Read-only file system`.
+cause: `No space left on device`, `Read-only file system`. A writer thread that died of a cause no
+retry mends (`FINAL`, logged as an error) ends the save at once: it cannot complete, and waiting out
+the limit would idle every chip for minutes.
 """
 
 from __future__ import annotations
@@ -66,13 +68,22 @@ class SaveClock:
     return f"after {limit[0]:g} s ({limit[1]})"
 
 
+# Causes that waiting does not mend: the save in flight has failed once a writer thread died of one.
+FINAL = re.compile(r"No space left on device|Read-only file system|Disk quota exceeded")
+
+
 class StoreErrors(logging.Handler):
   """Keeps the last cause (`CAUSE`) that a log record of WARNING or above names, in its message or its
-  exception: attached to the root logger while a Checkpointer saves."""
+  exception, and whether an error record named a `FINAL` one: attached to the root logger while a
+  Checkpointer saves; `reset()` at each save."""
 
   def __init__(self):
     super().__init__(logging.WARNING)
     self.cause: str | None = None
+    self.final = False
+
+  def reset(self) -> None:
+    self.cause, self.final = None, False
 
   def emit(self, record: logging.LogRecord) -> None:
     try:
@@ -84,3 +95,5 @@ class StoreErrors(logging.Handler):
     found = CAUSE.search(text)
     if found:
       self.cause = found.group(0).strip().rstrip(".:;,")
+      # A warning is a retry to come; an error is a thread that gave up (orbax logs its writers' deaths so).
+      self.final = self.final or (record.levelno >= logging.ERROR and FINAL.search(self.cause) is not None)
