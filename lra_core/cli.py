@@ -40,7 +40,15 @@ from typing import Any
 from lra_core.config import load_config
 from lra_core.errors import ConfigError, UserError, brief
 from lra_core.registry import package_dir
-from lra_core.runtime import agreement, distributed, host_memory, preemption, process_end, quiet_start
+from lra_core.runtime import (
+  agreement,
+  coordinator_watch,
+  distributed,
+  host_memory,
+  preemption,
+  process_end,
+  quiet_start,
+)
 from lra_core.runtime.exit_codes import (  # noqa: F401  (re-exported: the commands' statuses, cli.EXIT_*)
   EXIT_CRASH,
   EXIT_FINISHED,
@@ -236,14 +244,17 @@ def parse(
   overrides, rest = split_overrides(argv)
   ns = parse_known(parser, rest)
   setup_logging()
+  # Processes 1 and up run the command as a child, whose abort by JAX's client when the coordinator is
+  # lost becomes one sentence (lra_core/runtime/coordinator_watch.py); nothing has joined yet.
+  coordinator_watch.start(ns.process_id, ns.coordinator_address, quiet_start.in_command())
   try:
     if ns.config is None:
       config = config_from_workdir(ns.workdir, overrides)
       spec = f"{ns.workdir}/config.json"
     else:
       config, spec = load_config(ns.config, overrides), ns.config
-  except UserError:
-    _join_to_report(ns)
+  except UserError as e:
+    _join_to_report(ns, e)
     raise
   # After the config (a typo fails at once) and before anything uses a device.
   distributed.initialize_from_args(ns)
@@ -252,10 +263,18 @@ def parse(
   return Args(config=config, workdir=getattr(ns, "workdir", None), spec=spec, overrides=overrides, extra=ns)
 
 
-def _join_to_report(ns: argparse.Namespace) -> None:
+def _join_to_report(ns: argparse.Namespace, e: UserError) -> None:
   """A process whose config is refused still joins its multi-process run where the flags ask for one,
   so that lra_core.cli.run can hand its sentence to the others: they would otherwise wait for it in
-  their own start for JAX's timeout (5 minutes) and then abort without a word."""
+  their own start for JAX's timeout (5 minutes) and then abort without a word. Its sentence is said
+  first: where the others never start, the join itself ends in that abort (a native stack, no word)."""
+  try:
+    if distributed.settings_from_args(ns) is None:
+      return
+  except UserError:  # flags at odds as well: the config's error is the one to say
+    return
+  process_end.claim_end(f"error: {e}", EXIT_USER_ERROR)  # before joining: printed, nothing claimed
+  e.said = True
   try:
     distributed.initialize_from_args(ns)
   except Exception:  # noqa: BLE001  (the config's error is the one to say)
@@ -292,7 +311,8 @@ def _failed(e: Exception) -> None:
   # In a multi-process run the watchdog may be ending this process for a peer's failure at this moment
   # (this error often its consequence): then its line stands, and this process leaves with its status.
   if isinstance(e, UserError):
-    if not process_end.claim_end(f"error: {e}", EXIT_USER_ERROR):
+    said = getattr(e, "said", False)  # by a process that joined only to report it (_join_to_report)
+    if not process_end.claim_end(None if said else f"error: {e}", EXIT_USER_ERROR):
       process_end.leave(EXIT_USER_ERROR)
     process_end.report_failure(str(e), EXIT_USER_ERROR)
     if getattr(e, "leave_at_once", False):  # threads stuck on a failing store would hold the exit

@@ -536,7 +536,7 @@ def test_checkpoints_turned_read_only_mid_run_end_both_with_one_sentence(tmp_pat
 def test_a_log_stream_that_stops_draining_does_not_hang_process_0(tmp_path):
   """Process 0's output is a 4 KiB pipe that stops being read once step 4 is saved, as a launcher's
   stalled ssh pipe: its next log line blocks it, process 1 waits in a step's collective, and both step
-  watchdogs (10 s here) end their process with status 75. Before, process 0 stayed blocked for ever."""
+  watchdogs (5 s here) end their process with status 75. Before, process 0 stayed blocked for ever."""
   workdir = tmp_path / "run"
   overrides = [
     *listops.build(tmp_path / "data"),
@@ -544,10 +544,48 @@ def test_a_log_stream_that_stops_draining_does_not_hang_process_0(tmp_path):
     "train.steps=100000",
     "train.checkpoint_every=2",
     "train.log_every=1",
-    "train.watchdog_min_s=10",
+    "train.watchdog_min_s=5",
   ]
   saved = lambda: (workdir / "checkpoints" / "4").is_dir()  # noqa: E731
   results = _launch(overrides, workdir, check=False, piped=(0, lambda: not saved()), act=(saved, lambda: None))
   for status, out, seconds in results:
     assert status == cli.EXIT_PREEMPTED, out[-3000:]
     assert seconds is not None and seconds < 90, seconds
+
+
+@pytest.mark.slow
+def test_the_coordinator_killed_during_its_commit_is_one_sentence_on_the_other_process(tmp_path):
+  """Process 0 SIGKILLed while step 4 is being committed: process 1's JAX client aborts it within a
+  second (SIGABRT, a native stack), and its watcher turns that into one sentence naming process 0,
+  status 1, within seconds (before: status -6 and no sentence)."""
+  workdir = tmp_path / "run"
+  overrides = [*listops.build(tmp_path / "data"), *MESH, "train.steps=100000", "train.checkpoint_every=2"]
+  committing = lambda: any((workdir / "checkpoints").glob("4.orbax-checkpoint-tmp*"))  # noqa: E731
+  (killed, *_), (survivor, out, seconds) = _launch(
+    overrides, workdir, check=False, send=(0, signal.SIGKILL, committing)
+  )
+  said = [line for line in out.splitlines() if line.startswith("error: ")]
+  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED, out[-3000:]
+  assert len(said) == 1 and said[0].startswith("error: process 0, the run's coordinator at localhost:"), out[-3000:]
+  assert said[0].endswith("it was killed or its host was lost; stopping process 1 as well."), said
+  assert seconds is not None and seconds < 15, seconds
+
+
+def test_a_refused_process_whose_peers_never_start_says_its_sentence_before_it_waits(tmp_path):
+  """Its join to report waits for peers that never come (and ends in JAX's native abort after 300 s): the
+  sentence is out first, within seconds."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  args = [f"--config={listops.SPEC}", f"--workdir={tmp_path / 'run'}", "--config.train.no_such_key=1"]
+  args += [f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2", "--process_id=1"]
+  process = subprocess.Popen(
+    [sys.executable, "-m", "lra_core.train", *args], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+  )
+  try:
+    start, line = time.monotonic(), ""
+    while not line.startswith("error: ") and time.monotonic() - start < 60:
+      line = process.stderr.readline()
+    assert line.startswith("error: unknown config key 'train.no_such_key'"), line
+    assert time.monotonic() - start < 30
+  finally:
+    process.kill()
+    process.wait()

@@ -33,7 +33,7 @@ import os
 import jax
 
 from lra_core.errors import ConfigError
-from lra_core.runtime import process_end
+from lra_core.runtime import coordinator_watch, process_end
 
 MODES = ("auto", "on", "off")
 
@@ -118,6 +118,7 @@ def initialize(
   if peer_timeout_s <= 0:
     raise ConfigError(f"--peer_timeout_s must be positive, got {peer_timeout_s:g}.")
   jax.distributed.initialize(**kwargs)
+  coordinator_watch.joined()
   # The watchdog's first device query starts the backends, outside the start-up filter: the CUDA plugin's
   # two lines pass, but a fatal line of JAX's client (a peer killed during the backends' exchange of
   # topologies, SIGABRT) cannot die in the filter's file with the process.
@@ -130,6 +131,11 @@ def initialize(
     jax.device_count(),
   )
   return True
+
+
+def settings_from_args(ns: argparse.Namespace) -> dict | None:
+  """`settings` of the parsed flags: None for one process."""
+  return settings(ns.distributed, ns.coordinator_address, ns.num_processes, ns.process_id)
 
 
 def initialize_from_args(ns: argparse.Namespace) -> bool:
