@@ -12,6 +12,9 @@ kernels) and eval step for the config's batch shapes, with no data files (lra_co
 prints memory per device, whether it fits, and a roofline estimate of the step (lra_core/compilation/aot_report.py).
 A TPU step fits its chip's HBM; a GPU step fits the part of the GPU's memory JAX preallocates,
 XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 unless set) of it, read from this process's environment.
+--slices=N compiles for N such TPU slices joined over the data-center network (DCN): the mesh's
+mesh.slice_axis (data unless set) spans them (mesh.slices, lra_core/layout.py), and the estimate
+charges the collectives between slices at the chip's DCN bandwidth (lra_core/cost/chips.py).
 Exit status: 0 fits, 3 compiles but does not fit, 2 a config or topology error (one sentence).
 The trainer's own compile and memory check is lra_core/compilation/step_compile.py.
 """
@@ -52,16 +55,18 @@ def compile_config(
   devices: list[jax.Device] | None = None,
   hotspots: int = 0,
   hlo_path: str | os.PathLike | None = None,
+  slices: int = 1,
 ) -> Report:
   """Compiles `config`'s train and eval steps for the TPU slice or GPUs `topology` (their devices by
   `target_devices` unless given) and measures them. Raises ConfigError for a bad topology or a
   mesh the devices cannot hold; a step that compiles but does not fit comes back with fits=False.
   `hlo_path` also keeps the compiled train step's HLO text there (gzip if it ends in .gz), from
   which `estimate_from_hlo` recomputes the estimate without compiling again."""
-  devices = target_devices(topology) if devices is None else devices
+  devices = target_devices(topology, slices) if devices is None else devices
   chip = chips.chip_of(devices[0])
   if chip is None:
     raise ConfigError(f"device kind {devices[0].device_kind!r} has no entry in lra_core.cost.chips.CHIPS.")
+  config = _over_slices(config, slices, chip)
   platform = "gpu" if devices[0].platform == "gpu" else "tpu"
   t = config.train
   mesh, task, spec, traced = trace_train_step(config, devices)
@@ -80,6 +85,8 @@ def compile_config(
     num_devices=len(devices),
     device_kind=devices[0].device_kind,
     mesh={k: v for k, v in mesh.shape.items()},
+    slices=int(config.mesh.get("slices", 1)),
+    slice_axis=str(config.mesh.get("slice_axis", "data")),
     hbm_gib=chip.hbm_bytes / GIB,
     compile_seconds=train_s + eval_s,
     remat=str(config.model.remat),
@@ -130,6 +137,31 @@ def compile_config(
   return estimate_from_hlo(report, hlo, hotspots=hotspots)
 
 
+def _over_slices(config, slices: int, chip: chips.Chip):
+  """`config` with mesh.slices set to --slices (where the config leaves it at 1)."""
+  saved = int(config.mesh.get("slices", 1))
+  if slices == 1 or saved == slices:
+    return config
+  if saved != 1:
+    raise ConfigError(f"--slices={slices} contradicts the config's mesh.slices={saved}; give one of them.")
+  if chip.dcn_bandwidth is None:
+    raise ConfigError(
+      f"{chip.name} has no published data-center network bandwidth (lra_core/cost/chips.py), so a multi-slice "
+      "estimate cannot be made for it; use v5e, v5p or v6e."
+    )
+  config = config.copy_and_resolve_references()
+  config.mesh.slices = slices
+  if -1 not in [config.mesh.get(axis) for axis in sharding.MESH_AXES]:
+    # A mesh over slices uses every device: a config sized for one host (the tiny ones) grows along the
+    # axis that spans the slices, as --config.mesh.<axis>=-1 would make it.
+    axis = config.mesh.get("slice_axis", "data")
+    logging.warning(
+      "mesh.%s -1 (was %s): a mesh over %d slices uses all their devices", axis, config.mesh[axis], slices
+    )
+    config.mesh[axis] = -1
+  return config
+
+
 # ----------------------------------------------------------------------------- command line
 
 EXIT_FITS, EXIT_USER_ERROR, EXIT_DOES_NOT_FIT = 0, cli.EXIT_USER_ERROR, 3
@@ -148,6 +180,13 @@ def main(argv=None) -> int:
       "or NVIDIA GPUs, <gpu>[x<count>] with <gpu> one of "
       + ", ".join(topologies.GPUS)
       + ", e.g. h100, a100x4, a100-40gx8, h100x16 (two hosts of 8)",
+    )
+    parser.add_argument(
+      "--slices",
+      type=int,
+      default=1,
+      help="TPU only: compile for this many slices of --topology joined over the data-center network "
+      "(mesh.slices; mesh.slice_axis spans them)",
     )
     parser.add_argument("--json", default="", help="also write the report's fields to this JSON file")
     parser.add_argument(
@@ -170,11 +209,16 @@ def main(argv=None) -> int:
     "(the CUDA plugin) on this host and reports memory, fit and an estimated step time.",
   )
   report = compile_config(
-    args.config, args.extra.topology, hotspots=args.extra.hotspots, hlo_path=args.extra.hlo or None
+    args.config,
+    args.extra.topology,
+    hotspots=args.extra.hotspots,
+    hlo_path=args.extra.hlo or None,
+    slices=args.extra.slices,
   )
   if report.mesh_warning():
     print(report.mesh_warning(), file=sys.stderr)
-  print(f"{args.spec} on {args.extra.topology}:")
+  on = f"{report.slices} x {args.extra.topology}" if report.slices > 1 else args.extra.topology
+  print(f"{args.spec} on {on}:")
   print(report.table())
   if args.extra.json:
     path = pathlib.Path(args.extra.json)

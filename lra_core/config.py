@@ -27,7 +27,7 @@ from lra_core.layer_stacks import MODEL_DEFAULTS, REMAT_POLICIES
 from lra_core.registry import package_dir
 from lra_core.run import optim_settings as optim_lib
 from lra_core.run.trackers import TRACKERS
-from lra_core.sharding import MESH_AXES
+from lra_core.sharding import MESH_AXES, SLICE_AXES
 
 DTYPES = ("float32", "bfloat16", "float16")
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent  # a checkout's root (tests read files there)
@@ -105,7 +105,18 @@ def base_config(
     )
   )
   c.optim = optim if optim is not None else optim_lib.default_config()
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1, tensor=1))
+  c.mesh = ml_collections.ConfigDict(
+    dict(
+      data=-1,
+      fsdp=1,
+      sequence=1,
+      tensor=1,
+      # TPU slices joined over the data-center network (or, on CPU and GPU, processes): slice_axis spans
+      # them and every other axis stays inside one (lra_core/layout.py). 1: one slice.
+      slices=1,
+      slice_axis="data",
+    )
+  )
   c.sharding = ml_collections.ConfigDict(dict(rules=DEFAULT_RULES))
   c.mlm = ml_collections.ConfigDict(
     dict(
@@ -367,8 +378,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
     size = config.mesh.get(axis)
     if not isinstance(size, int) or (size < 1 and size != -1):
       raise ConfigError(f"mesh.{axis} must be a positive integer or -1 (all remaining devices), got {size!r}.")
-  if list(config.mesh.values()).count(-1) > 1:
+  if [config.mesh.get(axis) for axis in MESH_AXES].count(-1) > 1:
     raise ConfigError("at most one mesh axis may be -1.")
+  slices = config.mesh.get("slices", 1)
+  if not isinstance(slices, int) or slices < 1:
+    raise ConfigError(f"mesh.slices must be a positive integer, got {slices!r}.")
+  if config.mesh.get("slice_axis", "data") not in SLICE_AXES:
+    raise ConfigError(
+      f"mesh.slice_axis must be one of {list(SLICE_AXES)}, got {config.mesh.slice_axis!r}: the other axes' "
+      "collectives run every layer and stay inside a slice."
+    )
   if config.model.remat not in REMAT_POLICIES:
     raise ConfigError(f"model.remat {config.model.remat!r} is not one of {list(REMAT_POLICIES)}.")
   if config.model.attention_impl not in ATTENTION_IMPLS:

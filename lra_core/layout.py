@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx, traverse_util
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -56,6 +57,8 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   sizes = mesh_shape(mesh_config, len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
+  if int(mesh_config.get("slices", 1)) > 1:
+    return _sliced_mesh(sizes, int(mesh_config.slices), mesh_config.get("slice_axis", "data"), devices)
   if math.prod(shape) < len(devices):
     if jax.process_count() > 1:
       raise ConfigError(
@@ -70,6 +73,40 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
   except (ValueError, NotImplementedError, AssertionError):  # part of a TPU slice has no torus order
     return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
+
+
+def slice_of(device: jax.Device) -> int:
+  """The slice a device belongs to: a TPU's `slice_index` (several slices joined over the data-center
+  network); elsewhere its process, each process standing for one slice (CPU and GPU hosts)."""
+  return device.slice_index if _tpu(device) else device.process_index
+
+
+def _tpu(device: jax.Device) -> bool:
+  return device.platform == "tpu" and getattr(device, "slice_index", None) is not None
+
+
+def _sliced_mesh(sizes: dict[str, int], slices: int, axis: str, devices: list[jax.Device]) -> Mesh:
+  """A mesh whose `axis` spans `slices` slices, outermost, and whose other axes stay inside one: the
+  slow data-center network then carries only `axis`'s collectives (mesh_utils.create_hybrid_device_mesh
+  lays each slice's devices by its own torus as jax.make_mesh would)."""
+  found = sorted({slice_of(d) for d in devices})
+  what = "slices" if _tpu(devices[0]) else "processes (one slice each here)"
+  if len(found) != slices:
+    raise ConfigError(f"mesh.slices={slices}, but the {len(devices)} devices are in {len(found)} {what}.")
+  if math.prod(sizes.values()) != len(devices):
+    raise ConfigError(
+      f"mesh {sizes} uses {math.prod(sizes.values())} of {len(devices)} devices; a mesh over slices must use all "
+      "of them (set one mesh axis to -1)."
+    )
+  if sizes[axis] % slices:
+    raise ConfigError(
+      f"mesh.{axis} {sizes[axis]} does not split over mesh.slices={slices} (mesh.slice_axis={axis!r}): make it a "
+      f"multiple of {slices}."
+    )
+  ici = tuple(sizes[a] // slices if a == axis else sizes[a] for a in MESH_AXES)
+  dcn = tuple(slices if a == axis else 1 for a in MESH_AXES)
+  grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not _tpu(devices[0]))
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def variable_specs(state: nnx.State, rules: Rules, mesh: Mesh) -> dict:

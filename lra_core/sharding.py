@@ -27,6 +27,9 @@ from lra_core.kernels.per_device import per_device_mesh
 # (one sequence's time steps split over chips: kernels/context_parallel.py), tensor parallel. Tensor is
 # innermost and sequence next: their collectives run every layer, between neighbouring chips.
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
+# The axes that may span slices (mesh.slice_axis): their collectives, the gradients' all-reduce and
+# FSDP's all-gathers, are few per step and large, so they bear the data-center network's lower bandwidth.
+SLICE_AXES = ("data", "fsdp")
 
 Rules = Sequence[tuple[str, str | Sequence[str] | None]]
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("mesh", default=None)

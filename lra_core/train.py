@@ -91,7 +91,7 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
   # ----------------------------------------------------------------------------- Mesh
   mesh = layout.make_mesh(config.mesh)
   rules = config.sharding.rules
-  _log_mesh(mesh)
+  _log_mesh(mesh, config.mesh.get("slices", 1))
 
   # ----------------------------------------------------------------------------- Data
   sources, task, data_files, train_reader, first = _open_data(config, mesh)
@@ -403,13 +403,14 @@ def _first_writes(config, workdir: fs.Path, resumable, data_files: dict, start: 
   return writer, data_files_name
 
 
-def _log_mesh(mesh) -> None:
+def _log_mesh(mesh, slices: int) -> None:
   logging.info(
-    "mesh %s over %d %s device(s), %d process(es)",
+    "mesh %s over %d %s device(s), %d process(es)%s",
     dict(mesh.shape),
     mesh.size,
     jax.devices()[0].platform,
     jax.process_count(),
+    f", {slices} slices" if slices > 1 else "",
   )
 
 

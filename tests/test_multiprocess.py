@@ -28,7 +28,7 @@ import pytest
 from conftest import FAST_COMPILE, HOST_COLLECTIVES
 
 import lra_core
-from fixtures import listops, mounts
+from fixtures import c4_mlm, listops, mounts
 from lra_core import cli, layout
 from lra_core.bench.shardings import parameter_layout
 from lra_core.checkpoints.checkpointer import Checkpointer
@@ -589,3 +589,29 @@ def test_a_refused_process_whose_peers_never_start_says_its_sentence_before_it_w
   finally:
     process.kill()
     process.wait()
+
+
+@pytest.mark.slow
+def test_processes_as_slices_train_like_one_process_with_packed_documents_and_resume_over_one_slice(tmp_path):
+  """mesh.slices=2 over the two processes (each one slice of 2 devices: data 2 spanning the slices x
+  fsdp 2 inside each), on C4 MLM with documents packed per row, to step 2; then resumed as one slice
+  (fsdp 4 over both processes): every parameter and the losses end where one process with the same
+  global batch ends."""
+  spec = c4_mlm.SPEC
+  (tmp_path / "data").mkdir()
+  common = [*c4_mlm.build(tmp_path / "data"), "train.steps=4", "train.checkpoint_every=2"]
+  two = tmp_path / "two"
+  first = _launch([*common, "mesh.slices=2", "mesh.data=2", "mesh.fsdp=-1"], two, "--stop_at_step=2", spec=spec)
+  assert all("2 process(es), 2 slices" in out for out in first), first[0][-3000:]
+  _launch([*common, *FSDP_ACROSS], two, spec=spec)
+  config = lra_core.load_config(spec, [*common, "mesh.data=2", "mesh.fsdp=2"])
+  summary = train_and_evaluate(config, tmp_path / "one")
+  together = json.loads((two / "summary.json").read_text())
+  np.testing.assert_allclose(together["test_loss"], summary["test_loss"], rtol=1e-5)
+  np.testing.assert_allclose(together["param_checksum"], summary["param_checksum"], rtol=1e-7)
+  abstract = make_state_spec(config, layout.make_mesh(config.mesh), optim.make_optimizer(config)[0]).abstract
+  both, alone = (
+    Checkpointer(run, async_save=False).restore(4, abstract)[0]["params"] for run in (two, tmp_path / "one")
+  )
+  for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(alone)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)

@@ -63,6 +63,10 @@ class Report:
   comm_bytes: float = 0.0
   sequence_comm_seconds: float = 0.0  # of those, the sequence axis's (mesh.sequence: kernels/context_parallel.py)
   sequence_comm_bytes: float = 0.0
+  slices: int = 1  # TPU slices joined over the data-center network (mesh.slices)
+  slice_axis: str = "data"  # the mesh axis that spans them
+  dcn_comm_seconds: float = 0.0  # of the collectives, those between slices, at the chip's DCN bandwidth
+  dcn_comm_bytes: float = 0.0
 
   JSON_FIELDS = (
     "topology",
@@ -116,6 +120,13 @@ class Report:
     """What the MFU divides by: the chip's bf16 peak (the V100 has no bf16: its float32 rate)."""
     return "float32 peak (it has no bf16)" if "V100" in self.device_kind else "bf16 peak"
 
+  @property
+  def topology_text(self) -> str:
+    """'v5e:2x2', or for several slices '2 slices of v5e:2x2 over the data-center network'."""
+    if self.slices == 1:
+      return self.topology
+    return f"{self.slices} slices of {self.topology} over the data-center network"
+
   def mesh_warning(self) -> str:
     """One line when the config's mesh leaves some of the topology's devices out, else ''."""
     used = math.prod(self.mesh.values())
@@ -150,6 +161,11 @@ class Report:
         f"; the sequence axis {duration(self.sequence_comm_seconds)}, {size(self.sequence_comm_bytes / 2**30)} "
         f"({share(self.sequence_comm_seconds)})"
       )
+    if self.slices > 1:
+      text += (
+        f"; between the {self.slices} slices (DCN, the {self.slice_axis} axis) {duration(self.dcn_comm_seconds)}, "
+        f"{size(self.dcn_comm_bytes / 2**30)} ({share(self.dcn_comm_seconds)})"
+      )
     return text
 
   def table(self) -> str:
@@ -179,7 +195,7 @@ class Report:
         ("collectives", self.comm_text()),
       ]
     rows = [
-      ("topology", f"{self.topology} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
+      ("topology", f"{self.topology_text} ({self.num_devices} x {self.device_kind}, mesh {self.mesh})"),
       ("HBM per device", self.memory_row()),
       ("train step per device", train),
       ("eval step per device", f"peak {size(self.eval_peak_gib)}" if not math.isnan(self.eval_peak_gib) else "-"),
@@ -208,7 +224,15 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
   compiled train step's HLO text for the report's chip (and, on a GPU, its Pallas kernels' costs)."""
   chip = chips.CHIPS[report.device_kind]
   mesh = tuple(report.mesh.items())  # in the mesh's axis order, as its devices are laid out
-  roof = hlo_cost.roofline(hlo, chip, top=hotspots, split=True, kernel_costs=report.kernel_costs, mesh=mesh)
+  roof = hlo_cost.roofline(
+    hlo,
+    chip,
+    top=hotspots,
+    split=True,
+    kernel_costs=report.kernel_costs,
+    mesh=mesh,
+    slices=(report.slice_axis, report.slices),
+  )
   if roof.unknown_loops:
     logging.warning(
       "%d loop(s) of the train step have no readable trip count and count once in the estimate", roof.unknown_loops
@@ -240,6 +264,8 @@ def estimate_from_hlo(report: Report, hlo: str, *, hotspots: int = 0) -> Report:
     comm_bytes=roof.comm_bytes,
     sequence_comm_seconds=roof.sequence_comm_s,
     sequence_comm_bytes=roof.sequence_comm_bytes,
+    dcn_comm_seconds=roof.dcn_comm_s,
+    dcn_comm_bytes=roof.dcn_comm_bytes,
   )
 
 

@@ -29,13 +29,17 @@ from lra_core.run.steps import make_eval_step
 from lra_core.tasks import Task, make_task
 
 
-def target_devices(topology: str) -> list[jax.Device]:
-  """The devices of a TPU slice ("v3:2x2") or of NVIDIA GPUs ("h100", "a100x4"), compile-only.
-  Raises ConfigError (one sentence) for a name that is neither."""
+def target_devices(topology: str, slices: int = 1) -> list[jax.Device]:
+  """The devices of a TPU slice ("v3:2x2"), of `slices` of them, or of NVIDIA GPUs ("h100", "a100x4"),
+  compile-only. Raises ConfigError (one sentence) for a name that is neither."""
+  if slices < 1:
+    raise ConfigError(f"--slices must be a positive integer, got {slices}.")
   if topologies.is_gpu_topology(topology):
+    if slices > 1:
+      raise ConfigError(f"--slices applies to TPU slices, not to GPUs ({topology!r}); give more GPUs instead.")
     return topologies.gpu_devices(topology)
   if ":" in topology:
-    return topologies.tpu_devices(topology)
+    return topologies.tpu_devices(topology, slices)
   raise ConfigError(
     f"topology {topology!r} is neither a TPU slice, <generation>:<chips> (e.g. v3:2x2, v5p:2x2x1), "
     f"nor GPUs, <gpu> or <gpu>x<count> with <gpu> one of {', '.join(topologies.GPUS)} (e.g. h100, "

@@ -38,8 +38,9 @@ def known_topologies() -> list[str]:
   return [f"{g}:{shape}" for g, (_, _, shapes) in GENERATIONS.items() for shape in shapes]
 
 
-def tpu_devices(topology: str) -> list[jax.Device]:
-  """The devices of the TPU slice `topology` ("v3:2x2", "v5p:2x2x4", ...), for compiling on any host.
+def tpu_devices(topology: str, slices: int = 1) -> list[jax.Device]:
+  """The devices of the TPU slice `topology` ("v3:2x2", "v5p:2x2x4", ...), or of `slices` such slices
+  joined over the data-center network (each device's `slice_index` says which), for compiling on any host.
 
   Raises ConfigError (one sentence) for an unknown name, listing the known ones, or when libtpu is
   not installed.
@@ -59,7 +60,11 @@ def tpu_devices(topology: str) -> list[jax.Device]:
     from jax.experimental import topologies as jax_topologies
 
     desc = jax_topologies.get_topology_desc(
-      platform="tpu", topology_name=topology, chip_config_name=chip_config, chips_per_host_bounds=per_host, num_slices=1
+      platform="tpu",
+      topology_name=topology,
+      chip_config_name=chip_config,
+      chips_per_host_bounds=per_host,
+      num_slices=slices,
     )
   except (ImportError, RuntimeError, jax.errors.JaxRuntimeError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

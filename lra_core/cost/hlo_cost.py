@@ -96,6 +96,7 @@ COLLECTIVES = {
 SPLIT = ("matmuls compute-bound", "matmuls HBM-bound", "kernels", "in-place updates", "elementwise", "other")
 
 _REMAT = "rematted_computation"  # in the op_name metadata of what jax.checkpoint recomputes
+_MEGASCALE = "_xla_megascale_transfer_type"  # a send / recv between TPU slices (over the data-center network)
 
 
 @dataclasses.dataclass
@@ -109,6 +110,8 @@ class Cost:
   comm_s: float = 0.0
   sequence_comm_bytes: float = 0.0  # of comm_bytes, those of the sequence axis (kernels/context_parallel.py)
   sequence_comm_s: float = 0.0
+  dcn_comm_bytes: float = 0.0  # of comm_bytes, those between slices (over the data-center network)
+  dcn_comm_s: float = 0.0
 
   def add(self, other: Cost, times: float = 1.0) -> None:
     for f in dataclasses.fields(self):
@@ -130,6 +133,8 @@ class Roofline:
   unknown_loops: int  # while loops whose trip count could not be read (counted once)
   sequence_comm_bytes: float = 0.0  # of comm_bytes, the collectives across the sequence axis
   sequence_comm_s: float = 0.0
+  dcn_comm_bytes: float = 0.0  # of comm_bytes, the collectives between slices, at the chip's DCN bandwidth
+  dcn_comm_s: float = 0.0
   hotspots: tuple = ()  # the dearest operations: Hotspot records, dearest first
   undeclared_kernels: int = 0  # Triton (Pallas) calls with no KernelCost: their traffic counted, no FLOPs
   split: tuple = ()  # (kind of operation, seconds) over the whole step, dearest first: see SPLIT
@@ -165,30 +170,49 @@ class Hotspot:
 
 
 class _Walker:
-  def __init__(self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=(), mesh=(), grid_costs=(), gpu=None):
+  def __init__(
+    self, computations: dict[str, list[Op]], chip: Chip, kernel_costs=(), mesh=(), grid_costs=(), gpu=None, slices=None
+  ):
     self.computations, self.chip = computations, chip
     self.grids, self.gpu = {g.key: g for g in grid_costs}, gpu
     # Each device's place along the sequence axis (mesh: ((axis, size), ...), the devices in order)
-    self.along_sequence = None
+    self.along_sequence = self.slice_of = None
     names, sizes = [a for a, _ in mesh], [n for _, n in mesh]
     if dict(mesh).get("sequence", 1) > 1:
       self.along_sequence = np.unravel_index(np.arange(math.prod(sizes)), sizes)[names.index("sequence")]
+    self.slice_count = 1 if slices is None else slices[1]
+    if slices is not None and slices[1] > 1:  # (axis, count): that axis spans the slices, outermost
+      axis, count = slices
+      along = np.unravel_index(np.arange(math.prod(sizes)), sizes)[names.index(axis)]
+      self.slice_of = along // (dict(mesh)[axis] // count)
     self.kernels = {k.key: k for k in kernel_costs}
     self.unknown_loops = 0
     self.undeclared = set()  # names of the Triton calls that found no KernelCost
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
 
+  def dcn_transfer(self, op: Op, shapes: dict[str, str]) -> Cost:
+    """A multi-slice TPU program's exchange between slices: XLA keeps each collective inside a slice and
+    adds, for the part between slices, a host-transfer send and recv pair that the runtime carries over
+    the data-center network. The send counts it (the recv is its other half): a ring over the S slices
+    sends 2(S-1)/S of an all-reduced buffer, (S-1)/S of a reduce-scattered one, S-1 shards of an
+    all-gathered one."""
+    if op.opcode == "recv":
+      return Cost()
+    data = size_bytes(shapes.get(op.operands[0], "")) if op.operands else 0
+    kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', op.attrs)
+    s = max(self.slice_count, 2)
+    share = {"ALL_REDUCE": 2 * (s - 1) / s, "REDUCE_SCATTER": (s - 1) / s, "ALL_GATHER": s - 1}
+    moved = data * share.get(kind.group(1) if kind else "", 1.0)
+    seconds = moved / (self.chip.dcn_bandwidth or self.chip.ici_bandwidth)
+    return Cost(comm_bytes=moved, comm_s=seconds, dcn_comm_bytes=moved, dcn_comm_s=seconds)
+
   def spans_sequence(self, op: Op) -> bool:
     """Whether a collective exchanges between devices at different places of the sequence axis."""
-    if self.along_sequence is None:
-      return False
-    groups = device_groups(op)
-    if groups is None:
-      return False
-    if not groups:  # one group of every device
-      return True
-    n = len(self.along_sequence)
-    return any(len({int(self.along_sequence[i]) for i in g if i < n}) > 1 for g in groups)
+    return _spans(op, self.along_sequence)
+
+  def spans_slices(self, op: Op) -> bool:
+    """Whether a collective exchanges between devices of different slices (over the data-center network)."""
+    return _spans(op, self.slice_of)
 
   @functools.cache
   def inner_flops(self, computation: str) -> tuple[float, float]:
@@ -335,6 +359,8 @@ class _Walker:
       return total
     operand_bytes = sum(size_bytes(shapes.get(o, "")) for o in op.operands)
     out_bytes = size_bytes(op.shape)
+    if op.opcode in ("send", "recv") and _MEGASCALE in op.attrs:
+      return self.dcn_transfer(op, shapes)
     if op.opcode in COLLECTIVES:
       if op.opcode in ("all-gather-start", "collective-permute-start"):
         # the result is a tuple (operands, results, sync flags): what is received is the results alone
@@ -342,9 +368,14 @@ class _Walker:
         out_bytes = sum(BYTES.get(t, 4) * math.prod(d) for t, d in arrays(op.shape)[n : 2 * n])
       moved = max(operand_bytes, out_bytes) * (2.0 if op.opcode.startswith("all-reduce") else 1.0)
       seconds = moved / self.chip.ici_bandwidth
+      cost = Cost(comm_bytes=moved, comm_s=seconds)
+      if self.spans_slices(op) and self.chip.dcn_bandwidth:
+        # All of it at DCN speed: an upper bound, where XLA may reduce inside each slice over ICI first.
+        cost.comm_s = cost.dcn_comm_s = moved / self.chip.dcn_bandwidth
+        cost.dcn_comm_bytes = moved
       if self.spans_sequence(op):  # between the chips of one split sequence (and maybe other axes)
-        return Cost(comm_bytes=moved, comm_s=seconds, sequence_comm_bytes=moved, sequence_comm_s=seconds)
-      return Cost(comm_bytes=moved, comm_s=seconds)
+        cost.sequence_comm_bytes, cost.sequence_comm_s = moved, cost.comm_s
+      return cost
     flops, traffic = 0.0, operand_bytes + out_bytes
     if op.opcode in ("dynamic-slice", "dynamic-update-slice", "fusion"):
       traffic = self.sliced_traffic(op, shapes)
@@ -455,6 +486,7 @@ def roofline(
   mesh=(),
   grid_costs=(),
   gpu=None,
+  slices=None,
 ) -> Roofline:
   """The estimate for one device of the SPMD program `hlo_text` (`compiled.as_text()`) on `chip`;
   `top` > 0 also lists that many of its dearest operations (Roofline.hotspots), `split` the step's
@@ -463,9 +495,11 @@ def roofline(
   of the program's mesh, its devices in order: the collectives across the `sequence` axis are also
   counted on their own (Roofline.sequence_comm_*). `grid_costs` (lra_core.cost.pallas_grid.grid_costs of
   the traced jaxpr) with `gpu` (its GpuArch: SMs, lanes, clock): each Triton call is timed by its grid
-  (`pallas_grid.gpu_seconds`) rather than at the chip's peak."""
+  (`pallas_grid.gpu_seconds`) rather than at the chip's peak. `slices`: (the mesh axis that spans them,
+  how many) of a multi-slice mesh: the collectives between slices go at the chip's DCN bandwidth and are
+  counted on their own (Roofline.dcn_comm_*)."""
   computations, entry = parse(hlo_text)
-  walker = _Walker(computations, chip, kernel_costs, mesh, grid_costs, gpu)
+  walker = _Walker(computations, chip, kernel_costs, mesh, grid_costs, gpu, slices)
   total = walker.cost(entry)
   operations = _operations(walker, entry) if top or split else []
   return Roofline(
@@ -479,11 +513,27 @@ def roofline(
     comm_s=total.comm_s,
     sequence_comm_bytes=total.sequence_comm_bytes,
     sequence_comm_s=total.sequence_comm_s,
+    dcn_comm_bytes=total.dcn_comm_bytes,
+    dcn_comm_s=total.dcn_comm_s,
     unknown_loops=walker.unknown_loops,
     hotspots=tuple(operations[:top]),
     undeclared_kernels=len(walker.undeclared),
     split=_split(operations, total.compute_s) if split else (),
   )
+
+
+def _spans(op: Op, place) -> bool:
+  """Whether collective `op` exchanges between devices at different `place`s (an array over the devices
+  in order; None: never)."""
+  if place is None:
+    return False
+  groups = device_groups(op)
+  if groups is None:
+    return False
+  if not groups:  # one group of every device
+    return True
+  n = len(place)
+  return any(len({int(place[i]) for i in g if i < n}) > 1 for g in groups)
 
 
 def step_flops(hlo_text: str, kernel_costs=()) -> tuple[float, float]:
