@@ -75,6 +75,7 @@ def test_an_abort_once_joined_with_the_coordinator_gone_is_one_sentence_and_stat
   ], err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the watcher runs on Linux only")
 @pytest.mark.parametrize("mode", ["joins and aborts", "aborts before joining"])
 def test_an_abort_while_the_coordinator_answers_or_before_joining_passes_through(mode):
@@ -88,6 +89,7 @@ def test_an_abort_while_the_coordinator_answers_or_before_joining_passes_through
   assert watcher.returncode == -signal.SIGABRT and "error: " not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the watcher runs on Linux only")
 def test_a_sigterm_to_the_watcher_reaches_the_command_and_a_sigkill_ends_both():
   watcher = _start(_closed_port(), "waits")
