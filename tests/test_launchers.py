@@ -933,7 +933,7 @@ def test_docs_dry_run_examples_print_what_the_launchers_print():
   """Every `$ python scripts/launch_*.py ... --dry-run` block of docs/launching.md, run as written."""
   text = (PROJECT_ROOT / "docs" / "launching.md").read_text()
   blocks = re.findall(r"```\n(\$ python scripts/launch_.*?)```", text, re.S)
-  assert len(blocks) == 3
+  assert len(blocks) == 4
   for block in blocks:
     lines = block.splitlines()
     end = next(i for i, line in enumerate(lines) if not line.endswith("\\"))
