@@ -81,6 +81,10 @@ def base_config(
       eval_batches=0,  # 0 -> the whole validation split
       checkpoint_every=500,  # 0 -> only at the end
       keep_checkpoints=3,
+      # Also every this many steps, each process's shards to its host's own disk (a local SSD, /dev/shm):
+      # a restart takes the newest step every process holds there (lra_core/checkpoints/local_tier.py).
+      local_checkpoint_every=0,  # 0 -> off
+      local_checkpoint_dir="",
       test_at_end=True,  # evaluate the test split after the last step
       nan_check=True,  # stop at the first non-finite loss / gradient / parameter
       skip_nonfinite=False,  # instead, skip such an update and count it (metric skipped_steps)
@@ -351,9 +355,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "peak_flops",
     "sample_every",
     "watchdog_factor",
+    "local_checkpoint_every",
   ):
     if train[key] < 0:
       raise ConfigError(f"train.{key} must be >= 0, got {train[key]}.")
+  if train.local_checkpoint_every and not train.local_checkpoint_dir:
+    raise ConfigError(
+      "train.local_checkpoint_every needs train.local_checkpoint_dir, a folder on each host's own disk "
+      "(a local SSD, or a RAM disk such as /dev/shm)."
+    )
+  if "://" in train.local_checkpoint_dir:
+    raise ConfigError(
+      f"train.local_checkpoint_dir {train.local_checkpoint_dir!r} is an object store; the local tier is each "
+      "host's own disk (a local SSD, or a RAM disk such as /dev/shm)."
+    )
   if train.watchdog_factor and not train.watchdog_min_s > 0:
     raise ConfigError(
       f"train.watchdog_min_s must be > 0 with the watchdog on (train.watchdog_factor {train.watchdog_factor}), "

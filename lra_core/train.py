@@ -24,9 +24,11 @@ import jax
 from flax import nnx
 
 from lra_core import cli, layout, sharding
+from lra_core.checkpoints import local_tier
 from lra_core.checkpoints import workdir as workdir_policy
 from lra_core.checkpoints.checkpointer import Checkpointer, SaveAbandoned, check_directory, check_writable
 from lra_core.checkpoints.init_from import check_source, warm_start
+from lra_core.checkpoints.local_tier import LocalTier
 from lra_core.compilation import compile_cache, step_compile
 from lra_core.config import log_interval, parse_profile_steps
 from lra_core.cost import throughput
@@ -108,12 +110,12 @@ def _train_and_evaluate(config, workdir: fs.Path, stop_at_step: int | None, forc
     evaluate = Evaluator(config, spec, task, mesh, {s: sources[s] for s in ("validation", "test")})
 
     # --------------------------------------------------------------------------- Resume
-    ckpt, state, start, meta = _resume(config, spec, workdir, mesh, earlier, data_files, ledger)
+    ckpt, tier, state, start, meta = _resume(config, spec, workdir, mesh, earlier, data_files, ledger)
     first_writes.began()
     ledger.enabled, ledger.trains = jax.process_index() == 0, earlier is None
     writer, data_files_name = _first_writes(config, workdir, resumable, data_files, start)
     loop = _Loop(config, spec, task, mesh, evaluate, writer, ckpt, flops_per_step, data_files_name, ledger)
-    loop.resume(state, start, meta)
+    loop.resume(state, start, meta, tier)
 
     # --------------------------------------------------------------------------- Loop
     batches = pipeline.iterate(
@@ -169,10 +171,10 @@ class _Loop:
     self.watchdog = StepWatchdog(self.t.watchdog_factor, self.t.watchdog_min_s, cli.EXIT_PREEMPTED)
     self.notice, self.pending, self.train_time = None, None, 0.0
 
-  def resume(self, state: dict, start: int, meta: dict) -> None:
+  def resume(self, state: dict, start: int, meta: dict, tier: LocalTier | None) -> None:
     """Starts at `start` from `state` and what its checkpoint's `meta` carried (data position, skipped
-    steps, the sums since the last log, the training time before it)."""
-    t = self.t
+    steps, the sums since the last log, the training time before it); `tier`: the local checkpoints'."""
+    t, self.tier = self.t, tier
     self.state, self.start, self.next_batch = state, start, meta["next_batch"]
     self.guard = NumericsGuard(t, self.ckpt, skipped=meta.get("skipped_steps", 0))
     self.guard.last_saved = start
@@ -242,15 +244,27 @@ class _Loop:
       self.guard.check_and_accumulate(*self.pending, self.log_sums)
       self.pending = None
 
-  def save(self, step: int) -> None:
+  def _meta(self, step: int) -> dict:
+    """What a checkpoint at `step` carries besides the state (the metrics of its step checked first)."""
     self.flush()
     saved = {"next_batch": self.next_batch + step - self.start, "skipped_steps": self.guard.skipped}
     saved["log_sums"] = dict(self.log_sums)
     saved["train_time_s"] = self.time_before + time.perf_counter() - self.t_start
     saved["data_files"] = self.data_files_name
+    return saved
+
+  def save(self, step: int) -> None:
+    saved = self._meta(step)
     with self.ledger.timing("checkpoint"):
       self.ckpt.save(step, self.state, saved)
     self.guard.last_saved = step
+    self.ledger.write()
+
+  def save_local(self, done: int) -> None:
+    """This process's shards to the host's own disk (lra_core/checkpoints/local_tier.py)."""
+    saved = self._meta(done)
+    with self.ledger.timing("checkpoint"):
+      self.tier.save(done, self.state, saved)
     self.ledger.write()
 
   def log(self, done: int) -> None:
@@ -281,11 +295,21 @@ class _Loop:
 # What the loop does after step `done` of a run that stops at `stop`, in this order: (due, action).
 # Not a log at a --stop_at_step between logs: a resumed run's next log averages from the last one, as
 # the uninterrupted run's does (the sums since then travel in the checkpoint).
+def _persistent_due(t, done: int, stop: int) -> bool:
+  return bool(t.checkpoint_every) and done % t.checkpoint_every == 0 or done == stop
+
+
 PERIODIC = (
   (lambda t, done, stop: done % log_interval(t) == 0 or done == t.steps, _Loop.log),
   (lambda t, done, stop: bool(t.eval_every) and done % t.eval_every == 0 and done < t.steps, _Loop.validate),
   (lambda t, done, stop: bool(t.sample_every) and done % t.sample_every == 0, _Loop.sample),
-  (lambda t, done, stop: bool(t.checkpoint_every) and done % t.checkpoint_every == 0 or done == stop, _Loop.checkpoint),
+  (
+    lambda t, done, stop: (
+      bool(t.local_checkpoint_every) and done % t.local_checkpoint_every == 0 and not _persistent_due(t, done, stop)
+    ),
+    _Loop.save_local,
+  ),
+  (_persistent_due, _Loop.checkpoint),
 )
 
 
@@ -383,10 +407,13 @@ def _resume(config, spec, workdir: fs.Path, mesh, earlier: int | None, data_file
   t = config.train
   finished = workdir_policy.finished_lengths(workdir)  # their checkpoints are kept by the rotation
   ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
+  tier = None
+  if t.local_checkpoint_every:
+    tier = LocalTier(local_tier.folder_for(t.local_checkpoint_dir, str(workdir)), local_tier.layout_key(spec.abstract))
   with ledger.timing("restore"):
-    state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier)
+    state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier, tier)
   data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)
-  return ckpt, state, start, meta
+  return ckpt, tier, state, start, meta
 
 
 def _first_writes(config, workdir: fs.Path, resumable, data_files: dict, start: int) -> tuple[MetricWriter, str | None]:
@@ -425,13 +452,21 @@ def _log_document_mask(batch: dict, task) -> None:
     )
 
 
-def _initial_state(config, spec, ckpt: Checkpointer, mesh, earlier: int | None) -> tuple[dict, int, dict]:
+def _initial_state(config, spec, ckpt: Checkpointer, mesh, earlier: int | None, tier) -> tuple[dict, int, dict]:
   """(state, step, meta) to start from: the checkpoint at `earlier` (a finished length evaluated again),
-  else the latest checkpoint's, else a fresh state (its parameters from train.init_from's run, if set)
-  at step 0 and data position 0."""
+  else the newest local checkpoint every process holds where it is newer than the workdir's latest, else
+  the latest checkpoint's, else a fresh state (its parameters from train.init_from's run, if set) at
+  step 0 and data position 0."""
   if earlier is not None:
     state, meta = ckpt.restore(earlier, spec.abstract)
     return state, earlier, meta
+  local = None if tier is None else local_tier.newest_held(tier, ckpt.latest_step())
+  if local is not None:
+    state, meta = tier.restore(local, spec.abstract)
+    logging.info(
+      "resuming at step %d (data position %d) from the local checkpoint in %s", local, meta["next_batch"], tier.folder
+    )
+    return state, local, meta
   restored = ckpt.restore_latest(spec.abstract)
   if restored is not None:
     state, meta, start = restored

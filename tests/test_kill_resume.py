@@ -17,6 +17,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -386,3 +387,47 @@ def test_a_soak_stopped_by_sigterm_ends_its_run_processes(tmp_path):
     with contextlib.suppress(OSError):
       os.kill(int(pid), signal.SIGKILL)
   assert not running, running
+
+
+def _local_steps(local: pathlib.Path, process: int = 0) -> list[int]:
+  return sorted(int(p.parent.name) for p in local.glob(f"*/process_{process}/*/meta.json"))
+
+
+def _saved_steps(workdir: pathlib.Path) -> list[int]:
+  """The workdir's complete checkpoints (an uncommitted one is a `N.orbax-checkpoint-tmp` folder)."""
+  return sorted(int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit())
+
+
+def test_a_kill_after_a_local_save_resumes_from_it_and_a_lost_local_disk_from_the_workdir(tmp_path):
+  """train.local_checkpoint_every=1 beside the workdir's checkpoints: SIGKILLed mid-run, the restart
+  starts from the newest local step (the workdir holding none past step 0), and after a second kill
+  with the local folder gone, from the workdir's newest; both end bit-identical to the uninterrupted run."""
+  argv, workdir = _transformer_run(tmp_path)
+  log, local = tmp_path / "run.log", tmp_path / "local"
+  _run([*argv[:1], f"--workdir={tmp_path / 'reference'}", *argv[2:]], log)
+  reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
+  tiered = [*argv, "--config.train.local_checkpoint_every=1", f"--config.train.local_checkpoint_dir={local}"]
+  # Only local checkpoints before the end: the workdir's every 100 steps.
+  code, _ = _interrupt([*tiered, "--config.train.checkpoint_every=100"], log, signal.SIGKILL, 4, 0.0)
+  assert code == -signal.SIGKILL and not _saved_steps(workdir)
+  newest = _local_steps(local)[-1]
+  assert newest >= 3 and len(_local_steps(local)) == 2  # the newest two kept (step 4 may be cut short)
+  # Killed again once the workdir holds a checkpoint and a newer local one exists.
+  log.write_text("")
+  proc, start = _start(tiered, log), time.monotonic()
+  try:
+    while not (_saved_steps(workdir) and _local_steps(local)[-1] > _saved_steps(workdir)[-1]) and proc.is_alive():
+      assert time.monotonic() - start < 120, "the run made no progress"
+      time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(60)
+  finally:
+    proc.kill()
+  out = log.read_text()
+  assert f"resuming at step {newest} (data position {newest}) from the local checkpoint in {local}" in out, out[-3000:]
+  assert proc.exitcode == -signal.SIGKILL, out[-3000:]
+  shutil.rmtree(local)  # the host lost its disk
+  persistent = _saved_steps(workdir)[-1]
+  out = _run(tiered, log)
+  assert _resumed_steps(out) == [persistent] and "from the local checkpoint" not in out, out[-3000:]
+  assert json.loads((workdir / "summary.json").read_text())["param_checksum"] == reference["param_checksum"]

@@ -615,3 +615,34 @@ def test_processes_as_slices_train_like_one_process_with_packed_documents_and_re
   )
   for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(alone)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_a_host_that_lost_its_local_checkpoints_sends_every_process_back_to_the_workdir_s(tmp_path):
+  """Local checkpoints every step, the workdir's every 4: process 0 SIGKILLed once both hold local
+  steps past the workdir's newest, then process 1's local folder deleted (a host replaced). The
+  restart offers what each holds; no step is held by both, so both resume from the workdir's newest."""
+  workdir, local = tmp_path / "run", tmp_path / "local"
+  overrides = [
+    *listops.build(tmp_path / "data"),
+    *MESH,
+    "train.steps=12",
+    "train.checkpoint_every=4",
+    "train.local_checkpoint_every=1",
+    f"train.local_checkpoint_dir={local}",
+  ]
+
+  def ahead():
+    saved = [int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit()]
+    held = [sorted(int(p.parent.name) for p in local.glob(f"*/process_{i}/*/meta.json")) for i in (0, 1)]
+    return bool(saved) and all(h and h[-1] > max(saved) for h in held)
+
+  (killed, *_), (survivor, *_) = _launch(overrides, workdir, check=False, send=(0, signal.SIGKILL, ahead))
+  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED
+  saved = max(int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit())
+  for folder in local.glob("*/process_1"):
+    shutil.rmtree(folder)
+  outputs = _launch(overrides, workdir)
+  for out in outputs:
+    assert f"resuming at step {saved} (data position {saved})" in out and "from the local checkpoint" not in out, out
+  assert "is not held by every process: the run starts from the workdir's checkpoint" in outputs[0]

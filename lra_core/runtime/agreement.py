@@ -28,7 +28,14 @@ from lra_core.runtime import process_end
 
 KEY = "lra_core/agreement"
 WAIT_MS = 120_000  # every process has passed jax.distributed.initialize (a barrier): they publish in seconds
-PER_HOST_KEYS = ("data.dir", "data.cache_dir", "data.num_threads", "data.prefetch", "train.compile_cache")
+PER_HOST_KEYS = (
+  "data.dir",
+  "data.cache_dir",
+  "data.num_threads",
+  "data.prefetch",
+  "train.compile_cache",
+  "train.local_checkpoint_dir",
+)
 # The packages whose files are the code a run executes (models/ and kernels/ install as lra_core's).
 PACKAGES = ("lra_core", "lra_core.models", "lra_core.kernels")
 
