@@ -91,6 +91,42 @@ def test_a_scan_counts_every_step_where_xla_counts_one(v5e):
   assert ours["scan"].seconds == pytest.approx(ours["unrolled"].seconds, rel=0.25)
 
 
+@pytest.mark.parametrize("start, direction, trips", [(0, "LT", 4), (1, "LT", 3), (1, "LE", 4)])
+def test_a_loop_whose_first_iteration_was_peeled_counts_the_iterations_it_runs(start, direction, trips):
+  """XLA peels a scan's first backward step out of its loop, which then counts from 1: a trip count read
+  off the condition's bound alone counted one step twice (seen in a 36-layer step compiled for TPU)."""
+  hlo = f"""
+HloModule m
+
+%body (p: (s32[], f32[64,64])) -> (s32[], f32[64,64]) {{
+  %p = (s32[], f32[64,64]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[64,64]{{1,0}} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = f32[64,64]{{1,0}} dot(%x, %x), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  ROOT %t = (s32[], f32[64,64]{{1,0}}) tuple(%next, %y)
+}}
+
+%cond (p: (s32[], f32[64,64])) -> pred[] {{
+  %p = (s32[], f32[64,64]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction={direction}
+}}
+
+ENTRY %main (x: f32[64,64]) -> (s32[], f32[64,64]) {{
+  %x = f32[64,64]{{1,0}} parameter(0)
+  %start = s32[] constant({start})
+  %counter = s32[] copy(%start)
+  %init = (s32[], f32[64,64]{{1,0}}) tuple(%counter, %x)
+  ROOT %w = (s32[], f32[64,64]{{1,0}}) while(%init), condition=%cond, body=%body
+}}
+"""
+  roof = hlo_cost.roofline(hlo, chips.CHIPS["TPU v5 lite"])
+  assert roof.flops == trips * 2 * 64**3 and roof.unknown_loops == 0
+
+
 def test_hotspots_count_a_loop_body_operation_once_per_step_of_the_loop(v5e):
   mesh, chip = v5e
   shapes = (((LAYERS, N, N), jax.sharding.PartitionSpec()), ((N, N), jax.sharding.PartitionSpec()))

@@ -189,6 +189,7 @@ class _Walker:
     self.unknown_loops = 0
     self.undeclared = set()  # names of the Triton calls that found no KernelCost
     self.shapes = {name: {op.name: op.shape for op in ops} for name, ops in computations.items()}
+    self.defined = {op.name: op for ops in computations.values() for op in ops}  # names are the module's
 
   def dcn_transfer(self, op: Op, shapes: dict[str, str]) -> Cost:
     """A multi-slice TPU program's exchange between slices: XLA keeps each collective inside a slice and
@@ -239,8 +240,29 @@ class _Walker:
     for o in ops:
       bounds = [int(constants[x]) for x in o.operands if x in constants]
       if o.opcode == "compare" and bounds:
-        return bounds[0] + 1 if "direction=LE" in o.attrs else bounds[0]
+        end = bounds[0] + 1 if "direction=LE" in o.attrs else bounds[0]
+        return end - self.loop_start(op, [x for x in o.operands if x not in constants], ops)
     return None
+
+  def loop_start(self, op: Op, counters: list[str], condition: list[Op]) -> int:
+    """The first value of a while loop's counter where the loop's initial tuple gives it as a constant,
+    else 0: XLA peels a scan's first iteration into the code before the loop, which then starts at 1."""
+    in_condition = {o.name: o for o in condition}
+    counter = in_condition.get(counters[0]) if counters else None
+    index = (
+      re.search(r"index=(\d+)", counter.attrs)
+      if counter is not None and counter.opcode == "get-tuple-element"
+      else None
+    )
+    init = self.defined.get(op.operands[0]) if op.operands else None
+    if index is None or init is None or init.opcode != "tuple" or int(index.group(1)) >= len(init.operands):
+      return 0
+    value = self.defined.get(init.operands[int(index.group(1))])
+    while value is not None and value.opcode in ("copy", "bitcast", "convert") and value.operands:
+      value = self.defined.get(value.operands[0])
+    if value is None or value.opcode != "constant" or not re.fullmatch(r"-?\d+", value.args):
+      return 0
+    return int(value.args)
 
   def sliced_traffic(self, op: Op, shapes: dict[str, str]) -> float:
     """HBM bytes of an operation that reads or writes only a window of a buffer: a dynamic slice reads
