@@ -618,31 +618,41 @@ def test_processes_as_slices_train_like_one_process_with_packed_documents_and_re
 
 
 @pytest.mark.slow
-def test_a_host_that_lost_its_local_checkpoints_sends_every_process_back_to_the_workdir_s(tmp_path):
+def test_processes_resume_from_the_local_step_all_hold_and_without_one_host_s_from_the_workdir_s(tmp_path):
   """Local checkpoints every step, the workdir's every 4: process 0 SIGKILLed once both hold local
-  steps past the workdir's newest, then process 1's local folder deleted (a host replaced). The
-  restart offers what each holds; no step is held by both, so both resume from the workdir's newest."""
+  steps past the workdir's newest; the restart agrees on the newest local step both hold and resumes
+  there. Killed again the same way, process 1's local folder then deleted (a host replaced): no step
+  is held by both, so both resume from the workdir's newest."""
   workdir, local = tmp_path / "run", tmp_path / "local"
   overrides = [
     *listops.build(tmp_path / "data"),
     *MESH,
-    "train.steps=12",
+    "train.steps=16",
     "train.checkpoint_every=4",
     "train.local_checkpoint_every=1",
     f"train.local_checkpoint_dir={local}",
   ]
+  saved = lambda: max((int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit()), default=0)  # noqa: E731
+  held = lambda i: sorted(int(p.parent.name) for p in local.glob(f"*/process_{i}/*/meta.json"))  # noqa: E731
 
-  def ahead():
-    saved = [int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit()]
-    held = [sorted(int(p.parent.name) for p in local.glob(f"*/process_{i}/*/meta.json")) for i in (0, 1)]
-    return bool(saved) and all(h and h[-1] > max(saved) for h in held)
+  def killed_ahead(after: int) -> int:
+    """Runs both until each holds a local step past the workdir's newest (and past `after`), SIGKILLs
+    process 0 (process 1 then ends with its coordinator's loss); the newest step both hold."""
+    ahead = lambda: saved() > after and all(held(i) and held(i)[-1] > saved() for i in (0, 1))  # noqa: E731
+    (killed, *_), (survivor, out, _) = _launch(overrides, workdir, check=False, send=(0, signal.SIGKILL, ahead))
+    assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED, out[-3000:]
+    return max(set(held(0)) & set(held(1)))
 
-  (killed, *_), (survivor, *_) = _launch(overrides, workdir, check=False, send=(0, signal.SIGKILL, ahead))
-  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED
-  saved = max(int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit())
+  both = killed_ahead(0)
+  (_, first, _), (_, second, _) = _launch(
+    overrides, workdir, check=False, send=(0, signal.SIGKILL, lambda: saved() > both and held(0)[-1] > saved())
+  )
+  for out in (first, second):
+    assert f"resuming at step {both} (data position {both}) from the local checkpoint" in out, out[-3000:]
   for folder in local.glob("*/process_1"):
     shutil.rmtree(folder)
+  step = saved()
   outputs = _launch(overrides, workdir)
   for out in outputs:
-    assert f"resuming at step {saved} (data position {saved})" in out and "from the local checkpoint" not in out, out
+    assert f"resuming at step {step} (data position {step})" in out and "from the local checkpoint" not in out, out
   assert "is not held by every process: the run starts from the workdir's checkpoint" in outputs[0]
