@@ -409,7 +409,8 @@ def _resume(config, spec, workdir: fs.Path, mesh, earlier: int | None, data_file
   ckpt = Checkpointer(workdir, keep=t.keep_checkpoints, preserve=finished, save_timeout_s=t.save_timeout_s)
   tier = None
   if t.local_checkpoint_every:
-    tier = LocalTier(local_tier.folder_for(t.local_checkpoint_dir, str(workdir)), local_tier.layout_key(spec.abstract))
+    key = local_tier.layout_key(spec.abstract, config)
+    tier = LocalTier(local_tier.folder_for(t.local_checkpoint_dir, str(workdir)), key)
   with ledger.timing("restore"):
     state, start, meta = _initial_state(config, spec, ckpt, mesh, earlier, tier)
   data_setup.check_data_files(data_setup.saved_data_files(workdir, meta.get("data_files")), data_files, start)

@@ -74,3 +74,15 @@ def test_a_workdir_s_local_folder_is_its_own():
 def test_local_tier_settings_are_checked_with_the_config(overrides, message):
   with pytest.raises(ConfigError, match=message):
     lra_core.load_config("configs/lra/listops/transformer.py:tiny", overrides)
+
+
+def test_a_run_with_other_settings_does_not_take_the_local_steps_of_the_old_one():
+  """A workdir deleted and started again with another learning rate: another layout key, so the old
+  run's local steps are not offered; the local tier's own cadence may change between restarts."""
+  abstract = _abstract(_state())
+  spec = "configs/lra/listops/transformer.py:tiny"
+  key = lambda *o: local_tier.layout_key(abstract, lra_core.load_config(spec, list(o)))  # noqa: E731
+  assert key() != key("optim.lr=0.5")
+  assert key("train.local_checkpoint_every=0") == key(
+    "train.local_checkpoint_every=3", "train.local_checkpoint_dir=/dev/shm/ckpt"
+  )

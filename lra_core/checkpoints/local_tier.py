@@ -1,4 +1,5 @@
-"""Checkpoints on each host's own disk, beside the workdir's: a preemption loses seconds, not an interval.
+"""Checkpoints on each host's own disk, beside the workdir's: a restart loses the steps since the last
+local save, not those since the workdir's last checkpoint.
 
 A save to an object store takes minutes on a large pod, so `train.checkpoint_every` stays long and a
 lost slice loses every step since the last one. With `train.local_checkpoint_every` and
@@ -6,7 +7,9 @@ lost slice loses every step since the last one. With `train.local_checkpoint_eve
 shards of the train state there that often, at its disk's speed and with no collective: one .npz of
 the arrays its devices hold (each shard once per device) and the checkpoint's meta (data position,
 sums, training time), made complete by a rename. It keeps the newest two; they are for this workdir
-only (a folder named after it) and for this mesh and process count (a layout key).
+only (a folder named after it), for this mesh and process count, and for this config (a layout key:
+a workdir deleted and started again with other settings does not pick up the old run's steps; with
+the same settings, data and code those steps are the ones it would train again).
 
 On a restart every process offers the local steps it holds with the run's layout, and the run starts
 from the newest step every process holds, if it is newer than the workdir's newest checkpoint, else
@@ -29,6 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from lra_core.errors import CheckpointError
+from lra_core.runtime import agreement
 
 KEEP = 2  # local steps kept: the newest one and the one before it, while the newest is written
 DONE = "meta.json"  # written last, inside the step's folder before its rename: a folder without it is not a step
@@ -42,10 +46,14 @@ def folder_for(root: str, workdir: str) -> pathlib.Path:
   return pathlib.Path(root).expanduser() / f"{name}-{key}" / f"process_{jax.process_index()}"
 
 
-def layout_key(state: dict) -> str:
+def layout_key(state: dict, config=None) -> str:
   """What a local step must match to be read back by this run: every array's path, shape, dtype and
-  sharding, the process count and this process's devices."""
+  sharding, the process count and this process's devices, and `config`'s settings (those every process
+  shares, the local tier's cadence aside)."""
   parts = [f"processes={jax.process_count()}", f"devices={[d.id for d in jax.local_devices()]}"]
+  if config is not None:
+    table = agreement.config_table(config)
+    parts += [f"{k}={v}" for k, v in sorted(table.items()) if k != "train.local_checkpoint_every"]
   for path, leaf in jax.tree_util.tree_leaves_with_path(state):
     parts.append(f"{jax.tree_util.keystr(path)}:{leaf.shape}:{leaf.dtype}:{getattr(leaf, 'sharding', None)}")
   return hashlib.sha1("\n".join(parts).encode()).hexdigest()
@@ -72,8 +80,9 @@ class LocalTier:
   def save(self, step: int, state: dict, meta: dict) -> None:
     """Writes this process's shards of `state` at `step` (blocks until they are on the host)."""
     self.folder.mkdir(parents=True, exist_ok=True)
+    for stale in self.folder.glob("*.partial"):  # saves a kill cut short
+      shutil.rmtree(stale, ignore_errors=True)
     staging = self.folder / f"{step}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     arrays, index = {}, []
     for i, leaf in enumerate(jax.tree.leaves(state)):
