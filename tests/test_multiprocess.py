@@ -565,9 +565,11 @@ def test_the_coordinator_killed_during_its_commit_is_one_sentence_on_the_other_p
     overrides, workdir, check=False, send=(0, signal.SIGKILL, committing)
   )
   said = [line for line in out.splitlines() if line.startswith("error: ")]
-  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED, out[-3000:]
-  assert len(said) == 1 and said[0].startswith("error: process 0, the run's coordinator at localhost:"), out[-3000:]
-  assert said[0].endswith("it was killed or its host was lost; stopping process 1 as well."), said
+  assert killed == -signal.SIGKILL and survivor == process_end.EXIT_PEER_FAILED, (killed, survivor, out[-3000:])
+  # JAX's client aborts the process (the watcher's sentence), or, where process 1 was in the save's
+  # barrier, Gloo's connection to process 0 closes first (lra_core.runtime.process_end.lost_peer's).
+  assert len(said) == 1 and said[0].startswith("error: process 0"), out[-3000:]
+  assert "it was killed or its host was lost" in said[0] and said[0].endswith("stopping process 1 as well."), said
   assert seconds is not None and seconds < 15, seconds
 
 

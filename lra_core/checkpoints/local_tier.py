@@ -46,14 +46,19 @@ def folder_for(root: str, workdir: str) -> pathlib.Path:
   return pathlib.Path(root).expanduser() / f"{name}-{key}" / f"process_{jax.process_index()}"
 
 
+# Of the train section, the settings a run's steps depend on; the others say how often it logs, evaluates
+# and saves, and may change between restarts.
+TRAJECTORY = ("seed", "steps", "batch_size", "seq_len", "update_len", "grad_accum_steps", "skip_nonfinite")
+
+
 def layout_key(state: dict, config=None) -> str:
   """What a local step must match to be read back by this run: every array's path, shape, dtype and
-  sharding, the process count and this process's devices, and `config`'s settings (those every process
-  shares, the local tier's cadence aside)."""
+  sharding, the process count and this process's devices, and what of `config` its steps depend on
+  (model, optimizer, data, task, TRAJECTORY)."""
   parts = [f"processes={jax.process_count()}", f"devices={[d.id for d in jax.local_devices()]}"]
   if config is not None:
-    table = agreement.config_table(config)
-    parts += [f"{k}={v}" for k, v in sorted(table.items()) if k != "train.local_checkpoint_every"]
+    kept = lambda k: not k.startswith(("train.", "mesh.")) or k.removeprefix("train.") in TRAJECTORY  # noqa: E731
+    parts += [f"{k}={v}" for k, v in sorted(agreement.config_table(config).items()) if kept(k)]
   for path, leaf in jax.tree_util.tree_leaves_with_path(state):
     parts.append(f"{jax.tree_util.keystr(path)}:{leaf.shape}:{leaf.dtype}:{getattr(leaf, 'sharding', None)}")
   return hashlib.sha1("\n".join(parts).encode()).hexdigest()

@@ -30,7 +30,7 @@ import sys
 
 from lra_core.runtime.exit_codes import EXIT_CRASH
 
-ENV = "LRA_CORE_WATCHED"  # in the child: "<fd it reports its joining to>:<the watcher's pid>"
+ENV = "LRA_CORE_WATCHED"  # in the child: the fd it reports its joining to
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent: a terminal's Ctrl-C reaching the group
 ANSWER_WAIT_S = 3.0  # how long the coordinator may take to accept a connection before it counts as gone
@@ -40,8 +40,8 @@ _report_fd: int | None = None  # in the child: where `joined` tells the watcher
 
 def start(process_id: int | None, coordinator_address: str | None, in_command: bool) -> None:
   """In a command joining a run as process `process_id` >= 1 through `coordinator_address`: runs the
-  command again as a child and exits with its status (never returns). In that child: arranges to die
-  with the watcher, and returns. Anywhere else (process 0, one process, a test calling the parser, not
+  command again as a child and exits with its status (never returns). In that child: keeps where to
+  report its joining, and returns. Anywhere else (process 0, one process, a test calling the parser, not
   Linux): returns at once."""
   if ENV in os.environ:
     _as_child(os.environ[ENV])
@@ -51,11 +51,19 @@ def start(process_id: int | None, coordinator_address: str | None, in_command: b
   read_end, write_end = os.pipe()
   waited = {*PASSED_ON, signal.SIGCHLD}
   signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # from here on they queue for sigtimedwait
+  watcher = os.getpid()
+
+  def in_child() -> None:  # between fork and exec: it dies with the watcher from its first instruction on
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != watcher:  # the watcher died before the line above took effect
+      os._exit(EXIT_CRASH)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)  # the command's own signals
+
   child = subprocess.Popen(
     [sys.executable, *sys.orig_argv[1:]],
-    env={**os.environ, ENV: f"{write_end}:{os.getpid()}"},
+    env={**os.environ, ENV: str(write_end)},
     pass_fds=(write_end,),
-    preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, waited),  # the command's own signals
+    preexec_fn=in_child,
   )
   os.close(write_end)
   status = _wait(child, waited)
@@ -85,12 +93,8 @@ def joined() -> None:
     _report_fd = None
 
 
-def _as_child(setting: str) -> None:
+def _as_child(fd: str) -> None:
   global _report_fd
-  fd, _, watcher = setting.partition(":")
-  ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  if os.getppid() != int(watcher):  # the watcher died before the line above took effect
-    os._exit(EXIT_CRASH)
   del os.environ[ENV]  # the command's own subprocesses are no watched children
   _report_fd = int(fd)
 
