@@ -429,7 +429,9 @@ def test_mixed_chunk_attention_split_equals_whole(impl):
   for causal, norm, segments, padding in forms:
     kw = dict(chunk=4, causal=causal, quad_scale=0.25, lin_scale=0.25, global_norm=norm, impl=impl)
     fn = lambda *a: flash_kernels.mixed_chunk_attention(*a, segments=segments, mask=padding, **kw)
-    split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=5e-5)
+    # The split sums each chip's chunk states in another order: float32 rounding of gradients up to ~13
+    # (one element of 768 missed 5e-5 by 1.4e-5 on a loaded host).
+    split_equals_whole(fn, (qq, qk, lq, lk, v), 2, 4, atol=1e-4)
 
 
 @pytest.mark.parametrize("impl", vq_kernels.IMPLS)

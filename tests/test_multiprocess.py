@@ -16,9 +16,11 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 
@@ -156,6 +158,9 @@ class _Stalling:
       if not chunk:
         return
       self.text.append(chunk)
+    # Then full at once, as a stalled reader's pipe ends up (else the run logs ~40 more steps to fill it).
+    while struct.unpack("i", fcntl.ioctl(self.read_end, termios.FIONREAD, b"\0" * 4))[0] < 4096:
+      os.write(self.write_end, b"\n")  # blocks only once the process's own writes have filled it
 
   def fileno(self):
     return self.write_end
@@ -535,7 +540,7 @@ def test_checkpoints_turned_read_only_mid_run_end_both_with_one_sentence(tmp_pat
 @pytest.mark.slow
 def test_a_log_stream_that_stops_draining_does_not_hang_process_0(tmp_path):
   """Process 0's output is a 4 KiB pipe that stops being read once step 4 is saved, as a launcher's
-  stalled ssh pipe: its next log line blocks it, process 1 waits in a step's collective, and both step
+  stalled ssh pipe, and is then full: its next log line blocks it, process 1 waits in a step's collective, and both step
   watchdogs (5 s here) end their process with status 75. Before, process 0 stayed blocked for ever."""
   workdir = tmp_path / "run"
   overrides = [
